@@ -1,0 +1,78 @@
+"""The embedder contract shared by `score`, `regenerate --mine` and `evaluate`.
+
+An embedder turns texts into L2-normalised float32 vectors. Queries may carry an instruction
+(E5 style); documents never do. Implementations: :mod:`negsynth.embed.st`
+(sentence-transformers) and :mod:`negsynth.embed.decoder` (zero-shot decoder LLMs).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Embedder(ABC):
+    """Base class: subclasses implement :meth:`_encode` on plain strings."""
+
+    #: a description recorded next to every cosine it produced, e.g. "st:all-MiniLM-L6-v2"
+    name: str = "embedder"
+    query_template: str = "Instruct: {instruction}\nQuery: {text}"
+    instruct_queries: bool = False
+
+    def format_query(self, text: str, instruction: str | None) -> str:
+        if instruction and self.instruct_queries:
+            return self.query_template.format(instruction=instruction.strip(), text=text)
+        return text
+
+    def encode_queries(self, texts: Sequence[str], instruction: str | Sequence[str] | None = None, **kw) -> np.ndarray:
+        if instruction is None or isinstance(instruction, str):
+            formatted = [self.format_query(t, instruction) for t in texts]
+        else:
+            formatted = [self.format_query(t, i) for t, i in zip(texts, instruction, strict=True)]
+        return self.encode(formatted, **kw)
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        return self.encode(list(texts), **kw)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
+        """Embed ``texts`` (already formatted) -> ``[len(texts), dim]`` float32, rows L2-normalised."""
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.asarray(self._encode(list(texts), batch_size=batch_size, show_progress=show_progress), dtype=np.float32)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.clip(norms, 1e-12, None)
+
+    @property
+    @abstractmethod
+    def dim(self) -> int: ...
+
+    @abstractmethod
+    def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray: ...
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when available, else ``mps``, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_dtype(dtype: str, device: str):
+    """``auto`` -> bf16 on CUDA with bf16 support, fp16 on other GPUs, fp32 on CPU."""
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device == "mps":
+        return torch.float16
+    return torch.float32

