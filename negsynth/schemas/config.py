@@ -151,6 +151,8 @@ class EmbedderConfig(Section):
     filter_ratio: int = Field(2, ge=1)
     base: Literal["echo", "prompteol"] = "echo"  # what EmbedFilter filters
     repeat: int = Field(2, ge=2)  # ReBA-k
+    reba_variant: Literal["paper", "code"] = "paper"  # ReBA last pooling: paper e_n (first copy) or code (final-token row)
+    padding_side: Literal["left", "right"] | None = None  # None: the tokenizer's own
 
 
 class RunConfig(Section):

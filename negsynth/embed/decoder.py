@@ -1,0 +1,559 @@
+"""Zero-shot sentence embeddings from a decoder-only LLM (issue 7; SEED_SPEC §3, §4, §6).
+
+A causal LM only lets token *i* see tokens ``<= i``, so plain pooling of its hidden states is
+weak. The methods here work around that without any training:
+
+``mean`` / ``last``
+    Classical pooling over the text tokens (mean of the final hidden states, or the last one).
+``prompteol``
+    PromptEOL: ``This sentence: "{text}" means in one word:"`` and take the hidden state of the
+    final prompt token (the model is asked to squeeze the sentence into its next token).
+``echo``
+    Echo embeddings: the text is written twice (``Rewrite the following paragraph: {text}. The
+    rewritten paragraph: {text}`` + EOS) and only the *second* copy plus EOS is pooled (mean or
+    last), because every token of the second copy has already "seen" the whole sentence.
+``reba``
+    ReBA: the text repeated ``k`` times, plus *backward attention*: all layers'/heads' attention
+    matrices are fused by symmetrise-and-max (Algorithm 1, :func:`fuse_attentions`) and the last
+    layer's token states are re-weighted by that fused matrix (see :func:`reba_weights`).
+``embedfilter``
+    EmbedFilter: an echo (mean) or PromptEOL (last) embedding projected onto the middle band of
+    right singular vectors of the unembedding matrix ``W_U = U Σ Vᵀ`` (``k = d/τ`` centred
+    rows of ``Vᵀ``), which also reduces the dimension ``d -> d/τ``. The SVD is cached on disk.
+
+Tokenisation. Every method builds one string from a template (``{text}`` slots) and tokenises it
+in one go with character offsets; a token belongs to a slot when its character span overlaps the
+slot. So the pooled positions are exact for any fast tokenizer (BPE merges such as ``."`` at a
+slot border count as part of the slot). Special tokens the tokenizer adds natively (a BOS for
+Llama/Mistral; nothing for SmolLM2/GPT-2) are added in front; echo appends EOS and pools it.
+Each copy of the text is truncated to ``max_length`` tokens (512 when not set).
+
+Batching. Sequences are sorted by length, padded on ``padding_side`` (left or right) with an
+attention mask and explicit ``position_ids`` (so left padding gives the same RoPE positions as no
+padding), and pooled in float64 (float32 on MPS). Left, right and no padding give the same
+embeddings up to float rounding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from negsynth.embed.base import Embedder
+
+log = logging.getLogger(__name__)
+
+METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
+#: PromptEOL (Jiang et al. 2023), the original wording; EmbedFilter's Qwen/Llama runs use
+#: ``'Summarize the sentence: "{text}" in one word:"'`` instead (pass it as ``prompteol_template``).
+PROMPTEOL_TEMPLATE = 'This sentence: "{text}" means in one word:"'
+#: the zero-shot echo wording used by EmbedFilter's ECHO runs (SEED_SPEC §3 "zero-shot variants")
+ECHO_TEMPLATE = "Rewrite the following paragraph: {text}. The rewritten paragraph: {text}"
+DEFAULT_MAX_LENGTH = 512
+
+_SLOT = re.compile(r"\{text\}")
+
+
+# --------------------------------------------------------------------------------------------
+# pure helpers (unit-tested on their own)
+
+
+def filter_window(d: int, tau: int) -> tuple[int, int]:
+    """EmbedFilter's centred window ``[l, r)`` of right singular vectors to keep.
+
+    ``k = d // tau`` rows of ``Vᵀ`` (sorted by descending singular value) are kept, centred:
+    ``l = (d - k) // 2``, ``r = l + k``. ``tau = 1`` keeps everything (``(0, d)``), i.e. no filter.
+    Example: ``d = 576, tau = 4 -> k = 144, (216, 360)``.
+    """
+    if tau < 1 or d // tau < 1:
+        raise ValueError(f"filter ratio tau={tau} is invalid for d={d}")
+    k = d // tau
+    lo = (d - k) // 2
+    return lo, lo + k
+
+
+def fuse_attentions(attentions: Sequence, attention_mask) -> "torch.Tensor":  # noqa: F821
+    """ReBA Algorithm 1: fuse all layers' and heads' attention matrices into one.
+
+    In: ``attentions``, one ``[B, H, L, L]`` tensor per layer (row = query, column = key;
+    softmax probabilities, lower-triangular for a causal model); ``attention_mask`` ``[B, L]``
+    (1 = real token, 0 = pad). Out: ``[B, L, L]`` float32,
+    ``A_new = max over layers p, heads q of (A^{p,q} + A^{p,q}ᵀ) / 2``, symmetric, with every row
+    and column of a pad position set to 0 *before* the max (the probabilities are >= 0, so a
+    zeroed entry never wins; the result on the real tokens is what an unpadded run gives).
+    The seed writes the max as ``(A+B)/2 + |A-B|/2`` starting from ``A_new = 0``; that is the
+    same thing because all entries are non-negative.
+    """
+    import torch
+
+    if not attentions or any(a is None for a in attentions):
+        raise RuntimeError("the model returned no attention probabilities; ReBA needs attn_implementation='eager'")
+    m = attention_mask.to(dtype=torch.float32, device=attentions[0].device)
+    valid = (m[:, :, None] * m[:, None, :])[:, None].bool()  # [B, 1, L, L]
+    fused = None
+    for a in attentions:
+        a = torch.where(valid, a.float(), 0.0)  # where, not *: a fully masked pad row may hold NaN
+        s = ((a + a.transpose(-1, -2)) / 2).amax(dim=1)  # symmetrise, max over heads
+        fused = s if fused is None else torch.maximum(fused, s)
+    return fused
+
+
+def reba_weights(fused, first_mask, attention_mask, pooling: str, variant: str = "paper"):
+    """Token weights ``w[b, k]`` so that the ReBA sentence embedding is ``Σ_k w_k v_k / Σ_k w_k``.
+
+    In: ``fused`` ``[B, L, L]`` from :func:`fuse_attentions`; ``first_mask`` ``[B, L]`` marks the
+    tokens of the *first* copy of the text (the rows, i.e. the words being embedded);
+    ``attention_mask`` ``[B, L]``. ``v_k`` are the last-layer hidden states.
+
+    - ``mean`` (paper eq. 5; the code's ``LLM_ours_mean_pool`` is the same up to scale):
+      ``w_k = Σ_{i in first copy, i <= k} A_new[i, k]`` (column sums of the upper triangle over
+      the first-copy rows), so each word i gathers the *backward* attention from itself and every
+      later token, and the words are averaged.
+    - ``last``, ``variant="paper"`` (eq. 4 for the last word of the first copy, e_n):
+      ``w_k = A_new[n, k]`` for ``k >= n``, where n = last token of the first copy.
+    - ``last``, ``variant="code"`` (``models.py LLM.get_sentence_embedding``):
+      ``w_k = A_new[N, k]`` over all real positions, where N = the final real token.
+    Out: ``[B, L]`` float, zero on pads.
+    """
+    import torch
+
+    am = attention_mask.to(fused.dtype)
+    first = first_mask.to(fused.dtype)
+    L = fused.shape[-1]
+    pos = torch.arange(L, device=fused.device)
+    if pooling == "mean":
+        upper = torch.triu(fused)  # keep k >= i
+        w = torch.einsum("bi,bik->bk", first, upper)
+    elif pooling == "last":
+        if variant == "paper":
+            n = _last_index(first_mask)
+            w = fused[torch.arange(fused.shape[0]), n] * (pos[None, :] >= n[:, None]).to(fused.dtype)
+        elif variant == "code":
+            n = _last_index(attention_mask)
+            w = fused[torch.arange(fused.shape[0]), n]
+        else:
+            raise ValueError(f"unknown ReBA variant {variant!r} (paper, code)")
+    else:
+        raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
+    return w * am
+
+
+def _last_index(mask):
+    """Index of the last 1 in each row of a ``[B, L]`` 0/1 mask (works for left or right padding)."""
+    import torch
+
+    L = mask.shape[-1]
+    pos = torch.arange(L, device=mask.device)[None, :].expand_as(mask)
+    return torch.where(mask.bool(), pos, torch.full_like(pos, -1)).amax(dim=-1)
+
+
+def pool(hidden, weights, pooling: str):
+    """Pool ``hidden`` ``[B, L, d]`` with non-negative ``weights`` ``[B, L]`` -> ``[B, d]``.
+
+    ``mean``: ``Σ_k w_k h_k / Σ_k w_k`` (with a 0/1 mask this is the plain mean over the masked
+    positions). ``last``: ``h`` at the last position whose weight is non-zero.
+    """
+    import torch
+
+    if pooling == "mean":
+        w = weights.to(hidden.dtype)
+        return torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
+    if pooling == "last":
+        idx = _last_index(weights > 0)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
+    raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
+
+
+# --------------------------------------------------------------------------------------------
+# EmbedFilter basis
+
+
+def unembedding_matrix(model):
+    """``W_U`` ``[|V|, d]``: ``lm_head.weight`` of a causal LM, or the input embeddings of a bare
+    backbone whose config ties them to the LM head. Raises if neither is available."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    out = get_out() if get_out is not None else None
+    if out is not None and getattr(out, "weight", None) is not None:
+        return out.weight
+    if getattr(model.config, "tie_word_embeddings", False):
+        return model.get_input_embeddings().weight
+    raise ValueError("EmbedFilter needs the unembedding matrix: load the model with causal_lm=True (lm_head)")
+
+
+_BASIS_MEMO: dict[str, np.ndarray] = {}
+
+
+def svd_basis(weight, model_key: str, cache: Path | str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Right singular vectors of ``W_U``: ``(Vh [d, d], S [d])`` float32, descending ``S``.
+
+    Computed once per (``model_key``, sha256 of the weight bytes) with
+    ``torch.linalg.svd(W.float(), full_matrices=False)`` and kept as ``.npz`` under
+    ``cache`` (default: ``negsynth.embed.hf.cache_dir() / "embedfilter"``) and in memory.
+    The signs of singular vectors are arbitrary; projections and cosines do not depend on them.
+    """
+    import torch
+
+    w = weight.detach().to("cpu", torch.float32).contiguous()
+    digest = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_key).strip("_")[-80:] or "model"
+    key = f"{slug}-{digest}"
+    if key in _BASIS_MEMO:
+        return _BASIS_MEMO[key]
+    if cache is None:
+        from negsynth.embed.hf import cache_dir
+
+        cache = cache_dir() / "embedfilter"
+    path = Path(cache) / f"{key}.npz"
+    if path.exists():
+        try:
+            z = np.load(path)
+            _BASIS_MEMO[key] = (z["vh"], z["s"])
+            return _BASIS_MEMO[key]
+        except Exception as exc:  # a torn file from a killed run: recompute
+            log.warning("ignoring unreadable SVD cache %s (%s)", path, exc)
+    log.info("EmbedFilter: SVD of the %dx%d unembedding matrix (cached at %s)", *w.shape, path)
+    _, s, vh = torch.linalg.svd(w, full_matrices=False)
+    vh_np, s_np = vh.numpy().astype(np.float32), s.numpy().astype(np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + f".tmp{id(w)}.npz")
+    np.savez(tmp, vh=vh_np, s=s_np)
+    tmp.replace(path)
+    _BASIS_MEMO[key] = (vh_np, s_np)
+    return _BASIS_MEMO[key]
+
+
+# --------------------------------------------------------------------------------------------
+# tokenisation
+
+
+@dataclass
+class Tokenized:
+    """One text turned into model input. ``pool`` marks the positions that are pooled; ``first``
+    marks the first copy of the text (ReBA rows); both are 0/1 lists as long as ``ids``."""
+
+    ids: list[int]
+    pool: list[int]
+    first: list[int] = field(default_factory=list)
+
+
+class DecoderEmbedder(Embedder):
+    """Zero-shot embeddings from a decoder LLM; see the module docstring for the methods.
+
+    Construct from a config (``DecoderEmbedder.from_config(EmbedderConfig(kind="decoder",
+    method="echo"))``, which loads the model with :func:`negsynth.embed.hf.load_decoder`) or pass
+    any transformers decoder (bare ``AutoModel`` or ``AutoModelForCausalLM``) and its **fast**
+    tokenizer directly (tests use a tiny random Llama)::
+
+        emb = DecoderEmbedder(model, tok, method="reba", pooling="mean", repeat=2)
+        vecs = emb.encode(["a sentence", "another one"])  # [2, emb.dim] float32, L2-normalised
+
+    Arguments: ``method`` in ``mean, last, prompteol, echo, reba, embedfilter``; ``pooling``
+    (``mean``/``last``) for mean/last/echo/reba and for embedfilter with ``base="echo"``
+    (PromptEOL always pools the last token); ``repeat`` = ReBA's k; ``reba_variant`` = ``paper``
+    or ``code`` (only changes ``last``; see :func:`reba_weights`); ``filter_ratio`` = EmbedFilter's
+    τ; ``base`` = what EmbedFilter filters (``echo`` or ``prompteol``); ``max_length`` = token cap
+    per copy of the text; ``padding_side`` (default: the tokenizer's); ``model_name`` for
+    :attr:`name` and the SVD cache key.
+
+    ReBA variant implemented: Algorithm 1 exactly (symmetrise, max over all layers and heads,
+    pads zeroed first); mean = paper eq. 5 (= the code up to scale, so cosine-identical); last =
+    the paper's e_n (row of the last token of the *first* copy, keys k >= n) by default, the
+    code's final-token row with ``reba_variant="code"``. Copies are joined with one space (the
+    code concatenates raw strings, which lets BPE merge across the copy border), and the last
+    layer's states are used (as in the code's evaluation).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        method: str = "mean",
+        pooling: str = "mean",
+        repeat: int = 2,
+        reba_variant: str = "paper",
+        filter_ratio: int = 2,
+        base: str = "echo",
+        max_length: int | None = None,
+        batch_size: int = 32,
+        padding_side: str | None = None,
+        model_name: str | None = None,
+        prompteol_template: str = PROMPTEOL_TEMPLATE,
+        echo_template: str = ECHO_TEMPLATE,
+        query_template: str | None = None,
+        instruct_queries: bool = False,
+    ):
+        import torch
+
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+        if pooling not in ("mean", "last"):
+            raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
+        if base not in ("echo", "prompteol"):
+            raise ValueError(f"unknown EmbedFilter base {base!r} (echo, prompteol)")
+        if repeat < 2 and method == "reba":
+            raise ValueError("ReBA needs repeat >= 2")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("DecoderEmbedder needs a fast tokenizer (character offsets locate the text spans)")
+        if len(_SLOT.findall(prompteol_template)) != 1 or len(_SLOT.findall(echo_template)) != 2:
+            raise ValueError("prompteol_template needs one {text} slot and echo_template two")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.method, self.pooling, self.repeat, self.reba_variant = method, pooling, repeat, reba_variant
+        self.filter_ratio, self.base = filter_ratio, base
+        self.max_length = max_length or DEFAULT_MAX_LENGTH
+        self.batch_size = batch_size
+        self.padding_side = padding_side or getattr(tokenizer, "padding_side", "right") or "right"
+        if self.padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be left or right, not {self.padding_side!r}")
+        self.prompteol_template, self.echo_template = prompteol_template, echo_template
+        if query_template:
+            self.query_template = query_template
+        self.instruct_queries = instruct_queries
+        # the bare transformer (final hidden states after the final norm)
+        self.backbone = getattr(model, getattr(model, "base_model_prefix", ""), None) or model
+        self.device = next(model.parameters()).device
+        self.pool_dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        if method == "reba" and getattr(model.config, "_attn_implementation", "eager") != "eager":
+            log.info("ReBA needs attention probabilities: switching %s to eager attention", type(model).__name__)
+            model.set_attn_implementation("eager")
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.eos_id = tokenizer.eos_token_id
+        # special tokens this tokenizer adds on its own around a text (BOS for Llama, none for GPT-2)
+        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = tokenizer("a", add_special_tokens=True)["input_ids"]
+        at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+        self.prefix_ids = list(full[:at])
+        self._basis = None
+        if method == "embedfilter":
+            vh, _ = svd_basis(unembedding_matrix(model), self._model_key(model, model_name))
+            lo, hi = filter_window(vh.shape[0], filter_ratio)
+            self._basis = vh[lo:hi].T.astype(np.float64)  # [d, k]
+            self.window = (lo, hi)
+        short = _short_name(model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        self.name = f"decoder:{short}:{self.describe()}"
+
+    @classmethod
+    def from_config(cls, cfg) -> "DecoderEmbedder":
+        """Load ``cfg.model`` with :func:`negsynth.embed.hf.load_decoder` and wrap it.
+
+        ``method="reba"`` loads with eager attention (the only method that needs attention
+        probabilities); ``method="embedfilter"`` loads the LM head (unembedding matrix).
+        """
+        from negsynth.embed.hf import load_decoder
+
+        model, tok = load_decoder(
+            cfg.model,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            causal_lm=cfg.method == "embedfilter",
+            attn_implementation="eager" if cfg.method == "reba" else None,
+        )
+        return cls(
+            model,
+            tok,
+            method=cfg.method,
+            pooling=cfg.pooling,
+            repeat=cfg.repeat,
+            reba_variant=getattr(cfg, "reba_variant", "paper"),
+            filter_ratio=cfg.filter_ratio,
+            base=cfg.base,
+            max_length=cfg.max_length,
+            batch_size=cfg.batch_size,
+            padding_side=getattr(cfg, "padding_side", None),
+            model_name=cfg.model,
+            query_template=cfg.query_template,
+            instruct_queries=cfg.instruct_queries,
+        )
+
+    # ---------------------------------------------------------------- description
+
+    def describe(self) -> str:
+        """The method part of :attr:`name`, e.g. ``echo-mean``, ``reba2-last``, ``embedfilter-echo-mean-tau2``."""
+        m = self.method
+        if m in ("mean", "last"):
+            return m
+        if m == "prompteol":
+            return "prompteol-last"
+        if m == "echo":
+            return f"echo-{self.pooling}"
+        if m == "reba":
+            return f"reba{self.repeat}-{self.pooling}" + ("-code" if self.reba_variant == "code" and self.pooling == "last" else "")
+        base = "echo-" + self.pooling if self.base == "echo" else "prompteol-last"
+        return f"embedfilter-{base}-tau{self.filter_ratio}"
+
+    @property
+    def dim(self) -> int:
+        if self._basis is not None:
+            return int(self._basis.shape[1])
+        return int(self.model.config.hidden_size)
+
+    @staticmethod
+    def _model_key(model, model_name: str | None) -> str:
+        """What the SVD cache is keyed by (with a hash of the weight): the folder the model was
+        loaded from when known, else ``model_name``."""
+        return getattr(model.config, "_name_or_path", "") or model_name or type(model).__name__
+
+    # ---------------------------------------------------------------- tokenisation
+
+    def _truncate(self, text: str) -> str:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) <= self.max_length:
+            return text
+        return text[: enc["offset_mapping"][self.max_length - 1][1]]
+
+    def _effective(self) -> tuple[str, str]:
+        """(input kind, pooling) actually run: embedfilter delegates to its base."""
+        if self.method == "embedfilter":
+            return (self.base, self.pooling if self.base == "echo" else "last")
+        if self.method == "prompteol":
+            return ("prompteol", "last")
+        if self.method in ("mean", "last"):
+            return ("plain", self.method)
+        return (self.method, self.pooling)
+
+    def tokenize(self, text: str) -> Tokenized:
+        """Build the model input for one text and mark the pooled positions.
+
+        ``plain``: ``[prefix] text`` (pool the text tokens). ``prompteol``: the template, pool the
+        final token. ``echo``: the echo template + EOS, pool the second text copy and EOS.
+        ``reba``: ``[prefix] text text ...`` (``repeat`` copies joined by a space); ``pool`` marks
+        every real token, ``first`` the first copy.
+        """
+        kind, _ = self._effective()
+        text = self._truncate(text)
+        if kind == "plain":
+            pieces = ["{text}"]
+        elif kind == "prompteol":
+            pieces = _split(self.prompteol_template)
+        elif kind == "echo":
+            pieces = _split(self.echo_template)
+        else:  # reba
+            pieces = ["{text}", " "] * self.repeat
+            pieces = pieces[:-1]
+        s, spans = "", []
+        for p in pieces:
+            if p == "{text}":
+                spans.append((len(s), len(s) + len(text)))
+                s += text
+            else:
+                s += p
+        enc = self.tokenizer(s, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
+
+        n_pre = len(self.prefix_ids)
+        # token j belongs to slot (lo, hi) when its (non-empty) character span overlaps it
+        masks = [
+            [0] * n_pre + [int(b > a and a < hi and b > lo) for a, b in offs]
+            for lo, hi in spans
+        ]
+        ids = self.prefix_ids + ids
+        first = masks[0]
+        if kind == "plain":
+            pool_mask = masks[0]
+        elif kind == "prompteol":
+            pool_mask = [0] * (len(ids) - 1) + [1]
+        elif kind == "echo":
+            pool_mask = masks[1]
+            if self.eos_id is not None:
+                ids = ids + [self.eos_id]
+                pool_mask = pool_mask + [1]
+                first = first + [0]
+        else:
+            pool_mask = [1] * len(ids)
+        if not any(pool_mask):  # empty text: fall back to the final token
+            pool_mask = [0] * (len(ids) - 1) + [1]
+        if not ids:
+            raise ValueError("nothing to embed: empty text and no special tokens")
+        if kind == "reba" and not any(first):
+            first = [0] * (len(ids) - 1) + [1]
+        return Tokenized(ids, pool_mask, first)
+
+    def collate(self, items: Sequence[Tokenized]) -> dict:
+        """Pad a batch on :attr:`padding_side` -> tensors ``input_ids``, ``attention_mask``,
+        ``position_ids`` (0.. on the real tokens, whatever the padding), ``pool``, ``first``."""
+        import torch
+
+        L = max(len(t.ids) for t in items)
+        rows = {k: [] for k in ("input_ids", "attention_mask", "pool", "first")}
+        for t in items:
+            n = L - len(t.ids)
+            first = t.first or [0] * len(t.ids)
+            seqs = (t.ids, [1] * len(t.ids), t.pool, first)
+            fills = (self.pad_id, 0, 0, 0)
+            for k, seq, f in zip(rows, seqs, fills, strict=True):
+                rows[k].append(([f] * n + seq) if self.padding_side == "left" else (seq + [f] * n))
+        out = {k: torch.tensor(v, dtype=torch.long) for k, v in rows.items()}
+        out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp_min(0)
+        return out
+
+    # ---------------------------------------------------------------- encoding
+
+    def embed_batch(self, batch: dict):
+        """Run the model on one collated batch -> ``[B, d]`` (``[B, k]`` for EmbedFilter), float64."""
+        import torch
+
+        kind, pooling = self._effective()
+        need_attn = kind == "reba"
+        dev = self.device
+        with torch.inference_mode():
+            kw = dict(
+                input_ids=batch["input_ids"].to(dev),
+                attention_mask=batch["attention_mask"].to(dev),
+                position_ids=batch["position_ids"].to(dev),
+                use_cache=False,
+            )
+            if need_attn:
+                kw["output_attentions"] = True
+            out = self.backbone(**kw)
+            # zero the pad positions (a fully masked pad row can come out as NaN with some kernels)
+            hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~kw["attention_mask"].bool()[..., None], 0.0)
+            if need_attn:
+                fused = fuse_attentions(out.attentions, kw["attention_mask"]).to(self.pool_dtype)
+                w = reba_weights(fused, batch["first"].to(dev), kw["attention_mask"], pooling, self.reba_variant)
+                emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
+            else:
+                emb = pool(hidden, batch["pool"].to(dev), pooling)
+        emb = emb.cpu().numpy().astype(np.float64)
+        if self._basis is not None:
+            emb = emb @ self._basis  # linear, so filtering the pooled vector = pooling filtered tokens
+        return emb
+
+    def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
+        bs = batch_size or self.batch_size
+        items = [self.tokenize(t) for t in texts]
+        order = sorted(range(len(items)), key=lambda i: -len(items[i].ids))
+        out = np.zeros((len(items), self.dim), dtype=np.float64)
+        for b0 in range(0, len(order), bs):
+            idx = order[b0 : b0 + bs]
+            out[idx] = self.embed_batch(self.collate([items[i] for i in idx]))
+            if show_progress:
+                log.info("%s: %d/%d texts", self.name, min(b0 + bs, len(order)), len(order))
+        return out
+
+
+def _split(template: str) -> list[str]:
+    """``'a {text} b'`` -> ``['a ', '{text}', ' b']`` (empty literals dropped)."""
+    parts: list[str] = []
+    pos = 0
+    for m in _SLOT.finditer(template):
+        if m.start() > pos:
+            parts.append(template[pos : m.start()])
+        parts.append("{text}")
+        pos = m.end()
+    if pos < len(template):
+        parts.append(template[pos:])
+    return parts
+
+
+def _short_name(model: str) -> str:
+    if model in ("default", "smollm2", "smollm2-135m") or "smollm2-135m" in model.lower():
+        return "smollm2-135m"
+    return Path(model.rstrip("/")).name.lower() or model.lower()
