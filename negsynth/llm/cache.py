@@ -1,0 +1,53 @@
+"""A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
+
+Keyed by a SHA-256 of everything that shapes a request (model, messages, response format,
+sampling parameters, extra body, sample index). Stored in SQLite (WAL): each answer is
+committed as soon as it arrives, so a process killed a millisecond later keeps it.
+The API key is never part of the key or the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def request_key(payload: dict[str, Any]) -> str:
+    """Stable hash of a request payload (dict keys sorted, no whitespace)."""
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class RequestCache:
+    """``get(key) -> dict | None`` and ``put(key, value)``; values are JSON objects."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, value: dict) -> None:
+        blob = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, blob))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,376 @@
+"""An async client for any OpenAI-compatible chat-completions endpoint.
+
+It knows nothing of MGH: it sends the messages it is given and returns parsed, validated
+objects. Two retry layers, kept apart:
+
+* **transport** (tenacity): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
+  resets and empty ``choices`` are retried with jittered exponential backoff. They are never
+  shown to the model.
+* **validation re-ask**: an answer that fails to parse or validate is sent back with the error
+  so the model can correct it, up to ``llm.max_attempts`` attempts.
+
+Every answered request is stored in a :class:`~negsynth.llm.cache.RequestCache` before it is
+used, keyed by everything that shapes it, so a rerun or resumed run pays for nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import httpx
+import openai
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from negsynth.llm.cache import RequestCache, request_key
+from negsynth.llm.parsing import ParseError, extract_json
+from negsynth.schemas.config import LLMConfig
+from negsynth.schemas.records import Usage
+
+log = logging.getLogger(__name__)
+for _name in ("openai", "httpx", "httpcore", "aiohttp"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+T = TypeVar("T")
+
+
+class LLMFatalError(RuntimeError):
+    """A fault no retry can fix (bad key, unknown model, unreachable server): stop the stage."""
+
+
+class TransportError(RuntimeError):
+    """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class EmptyResponse(RuntimeError):
+    """The server answered 200 with no choices."""
+
+
+class ValidationFailure(ValueError):
+    """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class LLMResult(Generic[T]):
+    value: T | None
+    raw: str | None
+    reason: str | None = None  # reject reason of the last attempt when value is None
+    detail: str = ""
+    usage: Usage = field(default_factory=Usage)
+    reasons: list[str] = field(default_factory=list)  # reason of each failed attempt
+
+
+@dataclass
+class ClientStats:
+    requests: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasks: int = 0
+    transport_retries: Counter = field(default_factory=Counter)
+    transport_failures: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "reasks": self.reasks,
+            "transport_retries": dict(self.transport_retries),
+            "transport_failures": dict(self.transport_failures),
+        }
+
+
+def transport_kind(exc: BaseException) -> str | None:
+    """Classify a retryable transport fault, or None when the exception is not one."""
+    if isinstance(exc, openai.RateLimitError):
+        return "rate_limited"
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "connection"
+    if isinstance(exc, EmptyResponse):
+        return "empty_choices"
+    if isinstance(exc, openai.APIStatusError):
+        code = exc.status_code
+        if code in (408, 409, 425, 429) or code >= 500:
+            return f"http_{code}"
+    return None
+
+
+def _retry_after_seconds(exc: BaseException) -> float | None:
+    resp = getattr(exc, "response", None)
+    if resp is None:
+        return None
+    headers = resp.headers
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    ra = headers.get("retry-after")
+    if not ra:
+        return None
+    try:
+        return max(0.0, float(ra))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(ra)
+            return max(0.0, when.timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+class _Wait:
+    """Backoff that honours ``Retry-After`` (capped by ``backoff_max``), else jittered exponential."""
+
+    def __init__(self, initial: float, maximum: float):
+        self.maximum = maximum
+        self.exp = wait_random_exponential(multiplier=initial, max=maximum)
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        ra = _retry_after_seconds(exc) if exc is not None else None
+        if ra is not None:
+            return min(ra, self.maximum)
+        return self.exp(state)
+
+
+def resolve_api_key(cfg: LLMConfig) -> str:
+    """Read the key from ``api_key_env`` or ``api_key_file``; local servers need none."""
+    import os
+
+    if cfg.api_key_env:
+        v = os.environ.get(cfg.api_key_env)
+        if not v:
+            raise LLMFatalError(
+                f"environment variable {cfg.api_key_env} (llm.api_key_env) is not set; export it or change llm.api_key_env"
+            )
+        return v.strip()
+    if cfg.api_key_file:
+        try:
+            return open(os.path.expanduser(cfg.api_key_file), encoding="utf-8").read().strip()
+        except OSError as e:
+            raise LLMFatalError(f"cannot read llm.api_key_file {cfg.api_key_file}: {e.strerror}; fix the path") from None
+    return "sk-no-key-required"
+
+
+def response_format_for(mode: str, schema: dict | None, name: str) -> dict | None:
+    if schema is None or mode == "prompt":
+        return None
+    if mode == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": False}}
+    return {"type": "json_object", "schema": schema}  # llama.cpp / vLLM accept a schema here
+
+
+class LLMClient:
+    """Bounded-concurrency chat client with caching, transport retries and validation re-asks.
+
+    Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
+    ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``.
+    """
+
+    def __init__(
+        self,
+        cfg: LLMConfig,
+        *,
+        base_url: str,
+        api_key: str | None = None,
+        cache: RequestCache | None = None,
+        limiter: Any | None = None,
+    ):
+        self.cfg = cfg
+        self.base_url = base_url
+        self.cache = cache if cfg.cache else None
+        self.stats = ClientStats()
+        self.limiter = limiter
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
+        self._client: openai.AsyncOpenAI | None = None
+
+    def _make_client(self) -> openai.AsyncOpenAI:
+        timeout = httpx.Timeout(self.cfg.timeout, connect=self.cfg.connect_timeout)
+        kw: dict[str, Any] = {}
+        if self.cfg.transport == "aiohttp":
+            kw["http_client"] = openai.DefaultAioHttpClient(timeout=timeout)
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=timeout, **kw)
+
+    async def __aenter__(self) -> "LLMClient":
+        self._client = self._make_client()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    # -- one request -------------------------------------------------------------------------
+    def payload(self, messages: list[dict], *, response_format: dict | None, temperature: float | None, sample_index: int) -> dict:
+        cfg = self.cfg
+        p: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": messages,
+            "temperature": cfg.temperature if temperature is None else temperature,
+            "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens,
+        }
+        if response_format is not None:
+            p["response_format"] = response_format
+        if cfg.seed is not None:
+            p["seed"] = cfg.seed
+        if cfg.extra_body:
+            p["extra_body"] = cfg.extra_body
+        return p
+
+    async def chat(self, payload: dict, *, sample_index: int = 0) -> dict:
+        """Send one request (or serve it from the cache): ``{"text", "finish_reason", "usage", "cached"}``."""
+        key = request_key({"p": payload, "n": sample_index}) if self.cache is not None else None
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.stats.cache_hits += 1
+                return {**hit, "cached": True}
+        async with self._sem:
+            if self.limiter is not None:
+                await self.limiter.acquire(payload)
+            result = await self._send_with_retries(payload)
+        if key is not None:
+            self.cache.put(key, result)
+        return {**result, "cached": False}
+
+    async def _send_with_retries(self, payload: dict) -> dict:
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception()
+            kind = transport_kind(exc) or "other"
+            self.stats.transport_retries[kind] += 1
+            if self.limiter is not None and kind == "rate_limited":
+                self.limiter.on_rate_limited()
+            log.debug("transport fault %s (attempt %d), retrying", kind, state.attempt_number)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.cfg.max_retries + 1),
+            wait=_Wait(self.cfg.backoff_initial, self.cfg.backoff_max),
+            retry=retry_if_exception(lambda e: transport_kind(e) is not None),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._send(payload)
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+            raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
+        except openai.NotFoundError as e:
+            raise LLMFatalError(
+                f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({_short(e)})"
+            ) from None
+        except openai.APIStatusError as e:
+            kind = transport_kind(e)
+            if kind is None:
+                raise TransportError("bad_request", f"HTTP {e.status_code}: {_short(e)}") from None
+            self.stats.transport_failures[kind] += 1
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {_short(e)}") from None
+        except (openai.APIConnectionError, EmptyResponse) as e:
+            kind = transport_kind(e) or "connection"
+            self.stats.transport_failures[kind] += 1
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {_short(e)}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send(self, payload: dict) -> dict:
+        assert self._client is not None, "use LLMClient inside 'async with'"
+        self.stats.requests += 1
+        resp = await self._client.chat.completions.create(**payload)
+        if not resp.choices:
+            raise EmptyResponse("the server answered with no choices")
+        ch = resp.choices[0]
+        u = resp.usage
+        pt = (u.prompt_tokens or 0) if u else 0
+        ct = (u.completion_tokens or 0) if u else 0
+        self.stats.prompt_tokens += pt
+        self.stats.completion_tokens += ct
+        if self.limiter is not None:
+            self.limiter.record_tokens(pt + ct)
+        text = ch.message.content if ch.message is not None else None
+        return {"text": text, "finish_reason": ch.finish_reason, "usage": [pt, ct]}
+
+    # -- structured output with re-asks ----------------------------------------------------
+    async def structured(
+        self,
+        messages: list[dict],
+        *,
+        validate: Callable[[Any], T],
+        schema: dict | None = None,
+        name: str = "output",
+        sample_index: int = 0,
+        temperature: float | None = None,
+        reask_template: str = "Your answer was rejected: {detail}\nReturn a corrected JSON object only.",
+    ) -> LLMResult[T]:
+        """Ask until ``validate(parsed_json)`` returns a value or attempts run out.
+
+        ``validate`` raises :class:`ValidationFailure` (or :class:`ParseError`) to reject. A
+        transport failure after all retries yields a result with reason ``transport_*``.
+        """
+        rf = response_format_for(self.cfg.structured_output, schema, name)
+        msgs = list(messages)
+        usage = Usage()
+        reasons: list[str] = []
+        raw: str | None = None
+        reason, detail = None, ""
+        for attempt in range(self.cfg.max_attempts):
+            payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
+            try:
+                out = await self.chat(payload, sample_index=sample_index)
+            except TransportError as e:
+                usage = usage.add(Usage(attempts=1))
+                return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
+            pt, ct = out["usage"]
+            usage = usage.add(
+                Usage(
+                    prompt_tokens=pt,
+                    completion_tokens=ct,
+                    requests=0 if out["cached"] else 1,
+                    cached=1 if out["cached"] else 0,
+                    attempts=1,
+                )
+            )
+            raw = out["text"]
+            try:
+                if out["finish_reason"] == "length":
+                    raise ValidationFailure(
+                        "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
+                    )
+                value = validate(extract_json(raw))
+                return LLMResult(value, raw, None, "", usage, reasons)
+            except (ValidationFailure, ParseError) as e:
+                reason, detail = e.reason, e.detail
+                reasons.append(reason)
+            if attempt + 1 < self.cfg.max_attempts:
+                self.stats.reasks += 1
+                msgs = msgs + [
+                    {"role": "assistant", "content": raw or ""},
+                    {"role": "user", "content": reask_template.format(detail=detail)},
+                ]
+        return LLMResult(None, raw, reason, detail, usage, reasons)
+
+
+def _short(e: BaseException, n: int = 200) -> str:
+    s = str(e).replace("\n", " ")
+    return s if len(s) <= n else s[: n - 1] + "…"

@@ -1,0 +1,44 @@
+"""Turn an LLM's text into a JSON object, tolerating what models commonly wrap it in."""
+
+from __future__ import annotations
+
+import json
+import re
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+
+
+class ParseError(ValueError):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def extract_json(text: str | None) -> object:
+    """Parse the JSON value in ``text``: bare, inside a markdown fence, or after some prose.
+
+    Control characters inside strings are accepted (``strict=False``). Raises :class:`ParseError`
+    with reason ``empty_output`` or ``invalid_json``.
+    """
+    if text is None or not text.strip():
+        raise ParseError("empty_output", "the answer was empty")
+    s = text.strip()
+    try:
+        return json.loads(s, strict=False)
+    except json.JSONDecodeError as first:
+        err = first
+    m = _FENCE.search(s)
+    if m:
+        try:
+            return json.loads(m.group(1).strip(), strict=False)
+        except json.JSONDecodeError as e:
+            err = e
+    start = min((i for i in (s.find("{"), s.find("[")) if i >= 0), default=-1)
+    if start >= 0:
+        try:
+            obj, _ = json.JSONDecoder(strict=False).raw_decode(s[start:])
+            return obj
+        except json.JSONDecodeError as e:
+            err = e
+    raise ParseError("invalid_json", f"the answer is not valid JSON ({err.msg} at char {err.pos})")

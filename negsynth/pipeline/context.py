@@ -1,0 +1,50 @@
+"""What a stage needs to run, independent of the CLI: config, run dir, options, reporter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from negsynth.pipeline.progress import Reporter
+from negsynth.schemas.config import RunConfig
+
+
+@dataclass
+class Budget:
+    """Stop a stage cleanly once any limit is reached (in-flight requests still finish)."""
+
+    max_requests: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+    def exceeded(self, requests: int, tokens: int, cost: float) -> str | None:
+        if self.max_requests is not None and requests >= self.max_requests:
+            return f"max_requests={self.max_requests}"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"max_tokens={self.max_tokens}"
+        if self.max_cost is not None and cost >= self.max_cost:
+            return f"max_cost={self.max_cost}"
+        return None
+
+
+@dataclass
+class StageContext:
+    cfg: RunConfig
+    run_dir: Path
+    overwrite: bool = False
+    shard_index: int = 0
+    num_shards: int = 1
+    budget: Budget = field(default_factory=Budget)
+    reporter: Reporter = field(default_factory=Reporter)
+    mode: str = "online"  # or "batch" (OpenAI Batch API)
+    base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        if not (0 <= self.shard_index < self.num_shards):
+            from negsynth.errors import UserError
+
+            raise UserError(f"--shard-index {self.shard_index} must be in [0, --num-shards {self.num_shards})")
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage

@@ -1,0 +1,130 @@
+"""Shared plumbing of the LLM stages: endpoint, client, cache, budgets and stats.json."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from negsynth.data.shards import atomic_write_json
+from negsynth.errors import UserError
+from negsynth.llm.cache import RequestCache
+from negsynth.llm.client import LLMClient, LLMFatalError, resolve_api_key
+from negsynth.llm.server import preflight
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.runner import RunReport
+from negsynth.schemas.config import LLMConfig
+
+
+def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
+    """The LLM settings that shape outputs (part of a stage's config hash); no key, no URL."""
+    return cfg.model_dump(
+        mode="json",
+        include={"model", "temperature", "top_p", "max_tokens", "seed", "structured_output", "max_attempts", "extra_body"},
+    )
+
+
+def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> float:
+    return (prompt_tokens * cfg.price.input_per_mtok + completion_tokens * cfg.price.output_per_mtok) / 1e6
+
+
+def endpoint(ctx: StageContext) -> str:
+    url = ctx.base_url or ctx.cfg.llm.base_url
+    if url == "embedded":
+        raise UserError("llm.base_url is 'embedded' but no server is running: use `negsynth run`, or start `negsynth serve` and pass --set llm.base_url=http://127.0.0.1:8765/v1")
+    return url
+
+
+@asynccontextmanager
+async def llm_session(ctx: StageContext, *, check: bool = True):
+    """Yield a ready :class:`LLMClient` with the run dir's request cache."""
+    cfg = ctx.cfg.llm
+    url = endpoint(ctx)
+    try:
+        key = resolve_api_key(cfg)
+    except LLMFatalError as e:
+        raise UserError(str(e)) from None
+    if check:
+        preflight(url, key, timeout=min(10.0, cfg.connect_timeout))
+    cache = RequestCache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
+    limiter = None
+    if cfg.rpm or cfg.tpm:
+        from negsynth.llm.ratelimit import RateLimiter
+
+        limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm)
+    try:
+        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
+            yield client
+    except LLMFatalError as e:
+        raise UserError(str(e)) from None
+    finally:
+        if cache is not None:
+            cache.close()
+
+
+def budget_checker(ctx: StageContext, client: LLMClient):
+    cfg = ctx.cfg.llm
+
+    def check() -> str | None:
+        st = client.stats
+        tokens = st.prompt_tokens + st.completion_tokens
+        return ctx.budget.exceeded(st.requests, tokens, cost_usd(cfg, st.prompt_tokens, st.completion_tokens))
+
+    return check
+
+
+def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
+    """Write ``RUN_DIR/<stage>/stats.json`` and return it."""
+    cfg = ctx.cfg.llm
+    u = rep.usage
+    stats: dict[str, Any] = {
+        "stage": stage,
+        "items": rep.items,
+        "valid": rep.valid,
+        "rejected": rep.rejected,
+        "rejects_by_reason": dict(sorted(rep.reasons.items(), key=lambda kv: -kv[1])),
+        "shards_done": rep.shards_done,
+        "shards_total": rep.shards_total,
+        "complete": rep.shards_done == rep.shards_total,
+        "stopped_by": rep.stopped_by,
+        "tokens": {"prompt": u.get("prompt_tokens", 0), "completion": u.get("completion_tokens", 0)},
+        "estimated_cost_usd": round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6),
+        "attempts": u.get("attempts", 0),
+        "wall_time_s": round(rep.wall_time_s, 3),
+        "model": cfg.model,
+        "shard_index": ctx.shard_index,
+        "num_shards": ctx.num_shards,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if client is not None:
+        stats["this_run"] = client.stats.as_dict()
+        stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
+    if extra:
+        stats.update(extra)
+    name = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
+    atomic_write_json(Path(ctx.stage_dir(stage)) / name, stats)
+    return stats
+
+
+def summary_rows(stats: dict) -> list[tuple[str, str]]:
+    rows = [
+        ("valid", str(stats["valid"])),
+        ("rejected", str(stats["rejected"])),
+    ]
+    for reason, n in stats["rejects_by_reason"].items():
+        rows.append((f"  rejected: {reason}", str(n)))
+    rows += [
+        ("tokens in / out", f"{stats['tokens']['prompt']} / {stats['tokens']['completion']}"),
+        ("estimated cost", f"${stats['estimated_cost_usd']:.4f}"),
+    ]
+    tr = stats.get("this_run")
+    if tr:
+        rows.append(("requests sent / cache hits", f"{tr['requests']} / {tr['cache_hits']}"))
+        rows.append(("re-asks", str(tr["reasks"])))
+        if tr["transport_retries"]:
+            rows.append(("transport retries", ", ".join(f"{k}={v}" for k, v in tr["transport_retries"].items())))
+    rows.append(("wall time", f"{stats['wall_time_s']:.1f} s"))
+    if stats.get("stopped_by"):
+        rows.append(("stopped by budget", stats["stopped_by"]))
+    return rows

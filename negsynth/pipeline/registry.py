@@ -1,0 +1,28 @@
+"""The stages ``negsynth run`` can drive, by name, imported lazily (torch only when needed)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from negsynth.pipeline.context import StageContext
+
+#: stage name -> "module:function"; each function takes a StageContext and returns its stats
+STAGES: dict[str, str] = {
+    "brainstorm": "negsynth.stages.brainstorm:run",
+    "generate": "negsynth.stages.generate:run",
+}
+
+#: stages that call the LLM (``negsynth run`` starts the embedded server only for these)
+LLM_STAGES = {"brainstorm", "generate", "regenerate"}
+
+
+def get_stage(name: str) -> Callable[[StageContext], dict]:
+    try:
+        target = STAGES[name]
+    except KeyError:
+        from negsynth.errors import UserError
+
+        raise UserError(f"unknown stage {name!r} in pipeline.stages; choose from {', '.join(STAGES)}") from None
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)

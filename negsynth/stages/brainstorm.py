@@ -1,0 +1,166 @@
+"""Stage 1 — brainstorm: the LLM invents embedding tasks per task type.
+
+In:  config ``[brainstorm]`` (types, how many tasks per type), ``[llm]``.
+Out: ``RUN_DIR/brainstorm/shard-00000.jsonl`` — :class:`~negsynth.schemas.records.Task` records
+     (deduplicated on normalised text), plus the fixed STS task; rejects (invalid, duplicate or
+     copied-from-the-example tasks, failed requests) in ``rejects/`` with reason and raw output.
+
+Per type it asks for lists of ``tasks_per_request`` tasks, in rounds, until ``tasks_per_type``
+distinct tasks are in hand or ``max_requests_per_type`` lists were asked. Each list request has
+its own sample index, so the request cache makes a rerun free and identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from typing import Any
+
+from pydantic import ValidationError
+
+from negsynth.data.shards import atomic_write_json, write_jsonl
+from negsynth.llm.client import LLMClient
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.llm_stage import llm_fingerprint, llm_session, summary_rows, write_stats
+from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.runner import RunReport
+from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.schemas.outputs import TaskListOut, task_list_schema
+from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
+from negsynth.stages.common import schema_failure, short_id
+from negsynth.validators import check_task, normalize
+
+STAGE = "brainstorm"
+
+
+def build_messages(task_type: str, n: int, *, few_shot: bool = True) -> list[dict[str, str]]:
+    """System prompt, an optional worked example turn, and the brainstorm prompt for ``task_type``."""
+    msgs = [{"role": "system", "content": load_template("system").strip()}]
+    prompt = render(f"brainstorm_{task_type}", n=n)
+    if few_shot:
+        ex = load_example(f"brainstorm_{task_type}")
+        msgs.append({"role": "user", "content": render(f"brainstorm_{task_type}", n=len(ex["output"]["tasks"]))})
+        msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
+    msgs.append({"role": "user", "content": prompt})
+    return msgs
+
+
+def _validate_list(obj: Any) -> list[str]:
+    try:
+        out = TaskListOut.model_validate(obj)
+    except ValidationError as e:
+        raise schema_failure(e) from None
+    return out.tasks
+
+
+def stage_hash(ctx: StageContext) -> str:
+    return config_hash(
+        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint(), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
+    )
+
+
+async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task], list[Reject], RunReport]:
+    bc = ctx.cfg.brainstorm
+    rep = RunReport(stage=STAGE)
+    tasks: list[Task] = []
+    rejects: list[Reject] = []
+    examples = {t: {normalize(x) for x in load_example(f"brainstorm_{t}")["output"]["tasks"]} for t in bc.task_types}
+
+    async def one_type(tt: str) -> None:
+        seen: set[str] = set()
+        kept: list[Task] = []
+        asked = 0
+        with_usage: Usage = Usage()
+        while len(kept) < bc.tasks_per_type and asked < bc.max_requests_per_type:
+            need = bc.tasks_per_type - len(kept)
+            batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
+            idx = list(range(asked, asked + batch))
+            asked += batch
+            msgs = build_messages(tt, bc.tasks_per_request)
+            results = await asyncio.gather(
+                *(
+                    client.structured(
+                        msgs,
+                        validate=_validate_list,
+                        schema=task_list_schema(bc.tasks_per_request, max_chars=bc.max_task_chars),
+                        name="task_list",
+                        sample_index=i,
+                        temperature=bc.temperature,
+                    )
+                    for i in idx
+                )
+            )
+            for i, res in zip(idx, results, strict=True):
+                rid = short_id("req", tt, i)
+                rep.usage.update(res.usage.model_dump())
+                with_usage = with_usage.add(res.usage)
+                if res.value is None:
+                    rejects.append(Reject(id=rid, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input={"task_type": tt, "sample_index": i}, usage=res.usage))
+                    continue
+                for pos, text in enumerate(res.value):
+                    tid = short_id("task", tt, i, pos)
+                    v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
+                    norm = normalize(text) if isinstance(text, str) else ""
+                    reason, detail = v.reason, v.detail
+                    if v.keep and norm in examples[tt]:
+                        reason, detail = "copied_example", "the task repeats the worked example"
+                    elif v.keep and norm in seen:
+                        reason, detail = "duplicate_task", "the task repeats an earlier one"
+                    if reason:
+                        rejects.append(Reject(id=tid, stage=STAGE, reason=reason, detail=detail, raw=str(text), input={"task_type": tt, "sample_index": i, "position": pos}))
+                        continue
+                    seen.add(norm)
+                    kept.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
+        tasks.extend(kept)
+
+    with ctx.reporter.progress("brainstorm", len(bc.task_types)) as bar:
+
+        async def run_type(tt: str) -> None:
+            await one_type(tt)
+            bar.update(advance=1, valid=len(tasks), rejected=len(rejects))
+
+        await asyncio.gather(*(run_type(t) for t in bc.task_types))
+    order = {t: i for i, t in enumerate(bc.task_types)}
+    tasks.sort(key=lambda t: (order[t.task_type], t.id))
+    if ctx.cfg.generate.ratio.get("sts", 0) > 0:
+        tasks.append(Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed"))
+    rejects.sort(key=lambda r: r.id)
+    return tasks, rejects, rep
+
+
+def run(ctx: StageContext) -> dict:
+    """Run brainstorm and return its stats (also written to ``brainstorm/stats.json``)."""
+    t0 = time.monotonic()
+    h = stage_hash(ctx)
+    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite)
+    d = ctx.stage_dir(STAGE)
+    if (d / "shard-00000.jsonl").exists() and (d / "stats.json").exists():
+        stats = json.loads((d / "stats.json").read_text(encoding="utf-8"))
+        ctx.reporter.info(f"brainstorm: already complete in {d} ({stats['valid']} tasks); --overwrite to redo")
+        return stats
+
+    async def main():
+        async with llm_session(ctx) as client:
+            tasks, rejects, rep = await _brainstorm(ctx, client)
+            return tasks, rejects, rep, client
+
+    tasks, rejects, rep, client = asyncio.run(main())
+    write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
+    write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
+    rep.items = len(tasks) + len(rejects)
+    rep.valid = len(tasks)
+    rep.rejected = len(rejects)
+    rep.reasons = Counter(r.reason for r in rejects)
+    rep.shards_done = rep.shards_total = 1
+    rep.wall_time_s = time.monotonic() - t0
+    per_type = Counter(t.task_type for t in tasks)
+    stats = write_stats(ctx, STAGE, rep, client, {"tasks_per_type": dict(per_type)})
+    atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
+    rows = summary_rows(stats)
+    rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in per_type.items())))
+    ctx.reporter.table("brainstorm", rows)
+    return stats

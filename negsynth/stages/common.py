@@ -1,0 +1,60 @@
+"""Helpers shared by the stage modules."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from negsynth.data.shards import ShardError, iter_jsonl, list_shards
+from negsynth.errors import UserError
+from negsynth.llm.client import ValidationFailure
+
+
+def short_id(prefix: str, *parts: object, n: int = 16) -> str:
+    h = hashlib.sha1("|".join(str(p) for p in parts).encode("utf-8")).hexdigest()[:n]
+    return f"{prefix}-{h}"
+
+
+def read_stage_records(run_dir: Path, stage: str, *, hint: str) -> Iterator[dict]:
+    folder = Path(run_dir) / stage
+    shards = list_shards(folder)
+    if not shards:
+        raise UserError(f"{folder}: no finished shards; {hint}")
+    try:
+        for p in shards:
+            yield from iter_jsonl(p)
+    except ShardError as e:
+        raise UserError(str(e)) from None
+
+
+def inputs_fingerprint(run_dir: Path, stage: str) -> str:
+    """Names and sizes of a stage's finished shards: changes when its outputs change."""
+    h = hashlib.sha256()
+    for p in list_shards(Path(run_dir) / stage):
+        h.update(p.name.encode())
+        h.update(str(p.stat().st_size).encode())
+    return h.hexdigest()[:16]
+
+
+def schema_failure(e: ValidationError) -> ValidationFailure:
+    """Turn a pydantic error on the LLM's JSON into a short reason and a message for the re-ask."""
+    errs = e.errors()
+    first = errs[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "the object"
+    if first["type"] == "missing":
+        detail = f"the key '{loc}' is missing"
+    elif first["type"] in ("model_type", "dict_type"):
+        detail = "the answer must be a JSON object"
+    else:
+        detail = f"'{loc}': {first['msg']}"
+    if len(errs) > 1:
+        detail += f" (and {len(errs) - 1} more problems)"
+    return ValidationFailure("schema", detail)
+
+
+def run_async(coro):
+    return asyncio.run(coro)

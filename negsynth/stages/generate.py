@@ -1,0 +1,238 @@
+"""Stage 2 — generate: one example per work item with 4 negatives ordered hardest -> easiest.
+
+In:  ``RUN_DIR/brainstorm`` tasks; config ``[generate]`` (examples, seed, ratio, ...), ``[llm]``.
+Out: ``RUN_DIR/generate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example`
+     records; ``rejects/`` with reason and raw output; ``stats.json``.
+
+The ``examples`` budget is split over task types by ``ratio`` (largest remainder, at least
+``min_per_type`` each). Item ``k`` of a type uses the type's tasks in a seed-shuffled cycle and
+samples its E5 attributes (query type/length, clarity, difficulty, words, language) from a
+generator seeded by ``(seed, type, k)``, so the same config always makes the same requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+from pydantic import ValidationError
+
+from negsynth.errors import UserError
+from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, summary_rows, write_stats
+from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.runner import Outcome, ShardedRunner, WorkItem
+from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.schemas.config import GenerateConfig
+from negsynth.schemas.outputs import OUTPUTS, output_schema
+from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task, Usage
+from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
+from negsynth.validators import check_example, normalize
+
+STAGE = "generate"
+
+# E5 placeholder value sets (spec §1.4)
+QUERY_TYPES = ["extremely long-tail", "long-tail", "common"]
+QUERY_LENGTHS = ["less than 5 words", "5 to 15 words", "at least 10 words"]
+CLARITY = ["clear", "understandable with some effort", "ambiguous"]
+DIFFICULTY = ["high school", "college", "PhD"]
+STS_DIFFICULTY = ["elementary school", "high school", "college"]
+STS_UNITS = ["sentence", "phrase", "passage"]
+STS_HIGH = [4, 4.5, 5]
+MAJOR_LANGUAGES = [
+    "Chinese", "Spanish", "French", "German", "Japanese", "Russian", "Portuguese",
+    "Italian", "Korean", "Arabic", "Hindi", "Dutch", "Turkish",
+]  # fmt: skip
+MINOR_LANGUAGES = ["Polish", "Swedish", "Vietnamese", "Indonesian", "Thai", "Greek", "Czech", "Hebrew", "Danish", "Finnish"]
+
+
+def allocate(cfg: GenerateConfig) -> dict[str, int]:
+    """Split ``cfg.examples`` over task types: ``min_per_type`` each, the rest by ratio (largest remainder)."""
+    types = [t for t in TASK_TYPES if cfg.ratio.get(t, 0) > 0]
+    base = {t: min(cfg.min_per_type, cfg.examples) for t in types}
+    while sum(base.values()) > cfg.examples:  # fewer examples than floors: trim the rarest types
+        t = min((t for t in types if base[t] > 0), key=lambda t: cfg.ratio[t])
+        base[t] -= 1
+    rest = cfg.examples - sum(base.values())
+    total = sum(cfg.ratio[t] for t in types)
+    exact = {t: rest * cfg.ratio[t] / total for t in types}
+    out = {t: base[t] + int(exact[t]) for t in types}
+    left = cfg.examples - sum(out.values())
+    for t in sorted(types, key=lambda t: (-(exact[t] - int(exact[t])), TASK_TYPES.index(t)))[:left]:
+        out[t] += 1
+    return out
+
+
+def _language(rng: random.Random, mode: str) -> str:
+    if mode == "english":
+        return "English"
+    x = rng.random()
+    if x < 0.431:
+        return "English"
+    if x < 0.431 + 0.029 * len(MAJOR_LANGUAGES):
+        return rng.choice(MAJOR_LANGUAGES)
+    return rng.choice(MINOR_LANGUAGES)
+
+
+def sample_attributes(task_type: str, rng: random.Random, cfg: GenerateConfig) -> dict[str, Any]:
+    """The E5-style attributes a prompt of ``task_type`` needs, drawn from ``rng``."""
+    lang = _language(rng, cfg.languages)
+    if task_type == "short-long":
+        return {
+            "query_type": rng.choice(QUERY_TYPES),
+            "query_length": rng.choice(QUERY_LENGTHS),
+            "clarity": rng.choice(CLARITY),
+            "num_words": rng.choice(cfg.num_words),
+            "language": lang,
+            "difficulty": rng.choice(DIFFICULTY),
+        }
+    if task_type == "long-short":
+        return {"clarity": rng.choice(CLARITY), "num_words": rng.choice(cfg.num_words), "language": lang, "difficulty": rng.choice(DIFFICULTY)}
+    if task_type == "short-short":
+        return {"language": lang}
+    if task_type == "long-long":
+        return {"num_words": rng.choice(cfg.num_words), "language": lang, "difficulty": rng.choice(DIFFICULTY)}
+    if task_type == "sts":
+        return {"unit": rng.choice(STS_UNITS), "high_score": rng.choice(STS_HIGH), "language": lang, "difficulty": rng.choice(STS_DIFFICULTY)}
+    raise UserError(f"unknown task type {task_type!r}; choose from {', '.join(TASK_TYPES)}")
+
+
+def render_prompt(task_type: str, task: str, attributes: dict[str, Any]) -> str:
+    if task_type == "sts":
+        return render("generate_sts", **attributes)
+    return render(f"generate_{task_type}", task=task, **attributes)
+
+
+def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few_shot: bool = True) -> list[dict[str, str]]:
+    """System prompt, an optional worked-example turn of the same type, then the real prompt."""
+    msgs = [{"role": "system", "content": load_template("system").strip()}]
+    if few_shot:
+        ex = load_example(f"generate_{task_type}")
+        msgs.append({"role": "user", "content": render_prompt(task_type, ex["task"], ex["attributes"])})
+        msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
+    msgs.append({"role": "user", "content": render_prompt(task_type, task, attributes)})
+    return msgs
+
+
+def make_validator(task_type: str, cfg: GenerateConfig):
+    """Return ``validate(obj) -> (query, positive, negatives)`` raising ValidationFailure on any problem."""
+    model, qk, pk, nk = OUTPUTS[task_type]
+    shown = load_example(f"generate_{task_type}")["output"]
+    copied = {normalize(shown[qk]), normalize(shown[pk])}
+
+    def validate(obj: Any) -> tuple[str, str, list[str]]:
+        try:
+            out = model.model_validate(obj)
+        except ValidationError as e:
+            raise schema_failure(e) from None
+        q, p, negs = getattr(out, qk), getattr(out, pk), list(getattr(out, nk))
+        if cfg.few_shot and isinstance(q, str) and (normalize(q) in copied or normalize(p) in copied):
+            raise ValidationFailure("copied_example", "you copied the worked example; write a new example for the given task")
+        v = check_example(q, p, negs, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+        if not v.keep:
+            detail = v.detail.replace("'negatives'", f"'{nk}'")
+            raise ValidationFailure(v.reason, detail)
+        return q.strip(), p.strip(), [n.strip() for n in negs]
+
+    return validate
+
+
+def load_tasks(ctx: StageContext) -> dict[str, list[Task]]:
+    by_type: dict[str, list[Task]] = defaultdict(list)
+    for row in read_stage_records(ctx.run_dir, "brainstorm", hint="run `negsynth brainstorm` first"):
+        try:
+            t = Task.model_validate(row)
+        except ValidationError as e:
+            raise UserError(f"{ctx.run_dir / 'brainstorm'}: a task record is malformed ({e.errors()[0]['loc']}); rerun brainstorm with --overwrite") from None
+        by_type[t.task_type].append(t)
+    return by_type
+
+
+def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem]:
+    """The deterministic list of work items: type by type, ``k`` = 0..count-1."""
+    cfg = ctx.cfg.generate
+    items: list[WorkItem] = []
+    for tt, n in allocate(cfg).items():
+        pool = sorted(tasks.get(tt, []), key=lambda t: t.id)
+        if not pool:
+            ctx.reporter.warn(f"no {tt} tasks from brainstorm; its {n} examples are skipped (check brainstorm/rejects)")
+            continue
+        random.Random(f"{cfg.seed}:{tt}:order").shuffle(pool)
+        for k in range(n):
+            task = pool[k % len(pool)]
+            attrs = sample_attributes(tt, random.Random(f"{cfg.seed}:{tt}:{k}"), cfg)
+            iid = short_id("ex", cfg.seed, tt, k, task.id)
+            items.append(WorkItem(len(items), iid, {"task_id": task.id, "task": task.task, "task_type": tt, "attributes": attrs, "k": k}))
+    return items
+
+
+def stage_hash(ctx: StageContext) -> str:
+    return config_hash(
+        {
+            "generate": ctx.cfg.generate,
+            "llm": llm_fingerprint(ctx.cfg.llm),
+            "prompts": templates_fingerprint(),
+            "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm"),
+        }
+    )
+
+
+async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, model: str) -> Outcome:
+    p = it.payload
+    tt = p["task_type"]
+    res = await client.structured(
+        build_messages(tt, p["task"], p["attributes"], few_shot=cfg.few_shot),
+        validate=make_validator(tt, cfg),
+        schema=output_schema(tt, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
+        name="example",
+        sample_index=p["k"],
+    )
+    if res.value is None:
+        rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
+        return Outcome(reject=rej.model_dump(mode="json"))
+    q, pos, negs = res.value
+    ex = Example(
+        id=it.id,
+        task_id=p["task_id"],
+        task=p["task"],
+        task_type=tt,
+        attributes=p["attributes"],
+        query=q,
+        positive=pos,
+        negatives=negs,
+        model=model,
+        usage=res.usage,
+        meta={"failed_attempts": res.reasons} if res.reasons else {},
+    )
+    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
+def run(ctx: StageContext) -> dict:
+    """Run generate and return its stats (also written to ``generate/stats.json``)."""
+    tasks = load_tasks(ctx)
+    items = plan_items(ctx, tasks)
+    h = stage_hash(ctx)
+    check_and_record(
+        ctx.run_dir,
+        STAGE,
+        {"config_hash": h, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed, "items": len(items)},
+        overwrite=ctx.overwrite,
+    )
+    cfg = ctx.cfg.generate
+
+    async def main():
+        async with llm_session(ctx) as client:
+            runner = ShardedRunner(ctx, STAGE, concurrency=ctx.cfg.llm.max_concurrency, budget_check=budget_checker(ctx, client))
+            rep = await runner.run(items, lambda it: process_item(client, it, cfg, ctx.cfg.llm.model), description="generate")
+            return rep, client
+
+    rep, client = asyncio.run(main())
+    stats = write_stats(ctx, STAGE, rep, client, {"planned_per_type": allocate(cfg)})
+    ctx.reporter.table("generate", summary_rows(stats))
+    return stats
