@@ -327,3 +327,14 @@ def test_from_config_loads_real_smollm2():
     v = e.encode(["A man is playing a guitar.", "A man plays the guitar.", "The stock market fell sharply today."])
     assert v.shape == (3, 576)
     assert v[0] @ v[1] > v[0] @ v[2] + 0.05
+
+
+def test_encode_raw_shares_forward_and_matches_encode(tiny):
+    model, _ = tiny
+    e = make(tiny, "reba")
+    raw = e.encode_raw(TEXTS, ("mean", "last:paper", "last:code"), batch_size=3)
+    for p, method_kw in (("mean", {}), ("last:paper", {"pooling": "last"}), ("last:code", {"pooling": "last", "reba_variant": "code"})):
+        ref = make(tiny, "reba", **method_kw).encode(TEXTS)
+        got = raw[p] / np.linalg.norm(raw[p], axis=1, keepdims=True)
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert not np.allclose(raw["last:paper"], raw["last:code"])

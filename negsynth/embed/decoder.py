@@ -496,13 +496,19 @@ class DecoderEmbedder(Embedder):
 
     # ---------------------------------------------------------------- encoding
 
-    def embed_batch(self, batch: dict):
-        """Run the model on one collated batch -> ``[B, d]`` (``[B, k]`` for EmbedFilter), float64."""
+    def embed_batch(self, batch: dict, poolings: Sequence[str] | None = None):
+        """Run the model on one collated batch -> ``[B, d]`` (``[B, k]`` for EmbedFilter), float64.
+
+        With ``poolings`` (e.g. ``("mean", "last")``) the one forward pass is pooled several ways
+        and a dict ``pooling -> [B, d]`` is returned (for ReBA, ``"last:code"`` / ``"last:paper"``
+        pick the variant). Used by ablations/benchmarks to share the expensive forward pass.
+        """
         import torch
 
-        kind, pooling = self._effective()
+        kind, default_pooling = self._effective()
         need_attn = kind == "reba"
         dev = self.device
+        out_d = {}
         with torch.inference_mode():
             kw = dict(
                 input_ids=batch["input_ids"].to(dev),
@@ -515,16 +521,35 @@ class DecoderEmbedder(Embedder):
             out = self.backbone(**kw)
             # zero the pad positions (a fully masked pad row can come out as NaN with some kernels)
             hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~kw["attention_mask"].bool()[..., None], 0.0)
-            if need_attn:
-                fused = fuse_attentions(out.attentions, kw["attention_mask"]).to(self.pool_dtype)
-                w = reba_weights(fused, batch["first"].to(dev), kw["attention_mask"], pooling, self.reba_variant)
-                emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
-            else:
-                emb = pool(hidden, batch["pool"].to(dev), pooling)
-        emb = emb.cpu().numpy().astype(np.float64)
-        if self._basis is not None:
-            emb = emb @ self._basis  # linear, so filtering the pooled vector = pooling filtered tokens
-        return emb
+            fused = fuse_attentions(out.attentions, kw["attention_mask"]).to(self.pool_dtype) if need_attn else None
+            del out
+            for p in poolings or (default_pooling,):
+                if need_attn:
+                    pooling, _, variant = p.partition(":")
+                    w = reba_weights(fused, batch["first"].to(dev), kw["attention_mask"], pooling, variant or self.reba_variant)
+                    emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
+                else:
+                    emb = pool(hidden, batch["pool"].to(dev), p)
+                out_d[p] = self.project(emb.cpu().numpy().astype(np.float64))
+        return out_d if poolings else out_d[default_pooling]
+
+    def project(self, emb: np.ndarray) -> np.ndarray:
+        """EmbedFilter's ``e -> e · V[l:r]ᵀ`` on pooled vectors ``[N, d] -> [N, d/τ]`` (identity for
+        the other methods). Linear, so filtering the pooled vector equals pooling filtered tokens."""
+        return emb @ self._basis if self._basis is not None else emb
+
+    def encode_raw(self, texts: Sequence[str], poolings: Sequence[str], *, batch_size: int | None = None) -> dict[str, np.ndarray]:
+        """One forward pass per batch, pooled each way in ``poolings`` -> ``{pooling: [N, dim]}``
+        float64, **not** L2-normalised (see :meth:`embed_batch`)."""
+        bs = batch_size or self.batch_size
+        items = [self.tokenize(t) for t in texts]
+        order = sorted(range(len(items)), key=lambda i: -len(items[i].ids))
+        res = {p: np.zeros((len(items), self.dim), dtype=np.float64) for p in poolings}
+        for b0 in range(0, len(order), bs):
+            idx = order[b0 : b0 + bs]
+            for p, v in self.embed_batch(self.collate([items[i] for i in idx]), poolings).items():
+                res[p][idx] = v
+        return res
 
     def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
         bs = batch_size or self.batch_size
