@@ -343,13 +343,7 @@ class LLMClient:
                 return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
             pt, ct = out["usage"]
             usage = usage.add(
-                Usage(
-                    prompt_tokens=pt,
-                    completion_tokens=ct,
-                    requests=0 if out["cached"] else 1,
-                    cached=1 if out["cached"] else 0,
-                    attempts=1,
-                )
+                Usage(prompt_tokens=pt, completion_tokens=ct, attempts=1)
             )
             raw = out["text"]
             try:

@@ -27,9 +27,9 @@ class Usage(Record):
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    requests: int = 0  # requests actually sent to the server (cache hits excluded)
-    cached: int = 0  # attempts served from the request cache
     attempts: int = 0  # attempts in the re-ask loop (1 = valid at first try)
+    # Whether an attempt was served from the cache is run state, not data: it is counted in
+    # stats.json ("this_run") so that a rerun from the cache writes byte-identical records.
 
     def add(self, other: "Usage") -> "Usage":
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})

@@ -1,0 +1,17 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture
+def fake_server():
+    """Start a FakeOpenAI with the given responder: ``with fake_server(responder) as srv``."""
+    from fake_openai import FakeOpenAI
+
+    return FakeOpenAI

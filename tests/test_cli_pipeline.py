@@ -1,0 +1,156 @@
+"""brainstorm + generate end to end through the CLI against a real-socket fake server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.data.shards import read_stage
+
+runner = CliRunner()
+
+
+def write_config(tmp: Path, base_url: str, **extra: str) -> Path:
+    cfg = tmp / "run.toml"
+    lines = [
+        "[llm]",
+        f'base_url = "{base_url}"',
+        'model = "fake"',
+        "max_concurrency = 4",
+        "backoff_initial = 0.01",
+        "backoff_max = 0.05",
+        "timeout = 5",
+        "[pipeline]",
+        "shard_size = 7",
+        "[brainstorm]",
+        "tasks_per_type = 5",
+        "tasks_per_request = 5",
+        "[generate]",
+        "examples = 20",
+        "min_per_type = 2",
+    ]
+    for k, v in extra.items():
+        lines.append(f"# {k}\n{v}")
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_brainstorm_and_generate_write_shards_stats_manifest(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        r = invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "--quiet")
+        assert r.exit_code == 0, r.output
+        tasks = list(read_stage(rd / "brainstorm"))
+        types = {t["task_type"] for t in tasks}
+        assert types == {"short-long", "long-short", "long-long", "short-short", "sts"}
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--json")
+        assert r.exit_code == 0, r.output
+        stats = json.loads(r.stdout)
+        assert stats["valid"] == 20 and stats["rejected"] == 0
+        shards = sorted((rd / "generate").glob("shard-*.jsonl"))
+        assert [p.name for p in shards] == ["shard-00000.jsonl", "shard-00001.jsonl", "shard-00002.jsonl"]
+        rows = list(read_stage(rd / "generate"))
+        assert len(rows) == 20 and len({r["id"] for r in rows}) == 20
+        assert {r["task_type"] for r in rows} == types
+        assert all(len(r["negatives"]) == 4 for r in rows)
+        assert not list((rd / "generate").glob("*.partial"))
+        man = json.loads((rd / "manifest.json").read_text())
+        assert man["stages"]["generate"]["shard_size"] == 7
+        n_sent = len(srv.requests)
+
+        # rerun: nothing left to do, no request sent
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--quiet")
+        assert r.exit_code == 0
+        assert len(srv.requests) == n_sent
+
+        # overwrite: every request served from the cache, identical records
+        before = (rd / "generate" / "shard-00001.jsonl").read_bytes()
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--quiet", "--overwrite")
+        assert r.exit_code == 0
+        assert len(srv.requests) == n_sent
+        assert (rd / "generate" / "shard-00001.jsonl").read_bytes() == before
+
+
+def test_invalid_answers_are_reasked_then_rejected_with_reason(tmp_path):
+    def responder(req, n):
+        prompt = [m for m in req["messages"] if m["role"] == "user"][-1]["content"]
+        if prompt.startswith("Your answer was rejected"):
+            return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n)) if "short-long" in json.dumps(req) and False else Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
+        if '"S1"' in prompt:
+            return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
+        return Reply(content=valid_answer(req, n))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--json")
+        stats = json.loads(r.stdout)
+        n_sts = stats["planned_per_type"]["sts"]
+        assert stats["rejects_by_reason"] == {"duplicate_negatives": n_sts}
+        rejects = list(read_stage(rd / "generate" / "rejects"))
+        assert len(rejects) == n_sts
+        assert all(r["reason"] == "duplicate_negatives" and '"x y", "x y"' in r["raw"] for r in rejects)
+        # each STS item was asked max_attempts (3) times, and the re-ask showed the error
+        reasks = [q for q in srv.requests if q["messages"][-1]["content"].startswith("Your answer was rejected")]
+        assert len(reasks) == 2 * n_sts
+        assert "negatives 1 and 2 are the same" in reasks[0]["messages"][-1]["content"]
+        assert stats["valid"] + stats["rejected"] == 20
+
+
+def test_changed_config_is_refused_without_overwrite(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q")
+        invoke("generate", "-c", str(cfg), "-d", str(rd), "-q")
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "generate.seed=5")
+        assert r.exit_code == 2
+        assert "different config" in r.stderr and "--overwrite" in r.stderr
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "pipeline.shard_size=3")
+        assert r.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--set", "llm.temprature=1"], "unknown key 'temprature'"),
+        (["--set", "llm.max_concurrency=0"], "max_concurrency"),
+        (["--set", "llm.base_url=ftp://x"], "base_url"),
+        (["--set", "llm.api_key_env=NEGSYNTH_TEST_MISSING_KEY", "--set", "llm.base_url=http://127.0.0.1:9/v1"], "NEGSYNTH_TEST_MISSING_KEY"),
+        (["--set", "llm.base_url=http://127.0.0.1:9/v1"], "cannot reach llm.base_url"),
+        (["--set", "brainstorm.task_types=['bitext']"], "unknown task type 'bitext'"),
+        (["--set", "nokey"], "expected KEY=VALUE"),
+    ],
+)
+def test_bad_config_fails_in_one_line(tmp_path, args, needle):
+    r = runner.invoke(app, ["brainstorm", "-d", str(tmp_path / "r"), *args])
+    assert r.exit_code == 2
+    assert needle in r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_missing_config_file_and_bad_toml(tmp_path):
+    r = runner.invoke(app, ["brainstorm", "-c", str(tmp_path / "nope.toml"), "-d", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "config file not found" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[llm\nmodel = 1\n")
+    r = runner.invoke(app, ["brainstorm", "-c", str(bad), "-d", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "invalid TOML" in r.stderr and str(bad) in r.stderr
+
+
+def test_generate_without_brainstorm_says_what_to_run(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(tmp_path / "r")])
+        assert r.exit_code == 2 and "run `negsynth brainstorm` first" in r.stderr
