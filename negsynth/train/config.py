@@ -1,0 +1,71 @@
+"""Trainer configuration (pydantic, ``extra="forbid"``): no torch/transformers import here.
+
+See ``docs/train.md`` for the field table. Example::
+
+    TrainConfig(model="smollm2", pooling="ata", bidirectional="all", lora={"enabled": True})
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TEXT_COLUMNS = ["anchor", "positive", "negative"]
+DECODER_ALIASES = ("smollm2", "smollm2-135m")
+ENCODER_ALIASES = ("default", "minilm")
+LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+BERT_LORA_TARGETS = ["query", "key", "value", "dense"]
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapter settings (SEED_SPEC §1.8: r 16, α 32, dropout 0.05, q,k,v,o,gate,up,down)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    targets: list[str] | Literal["auto"] = "auto"  # auto: Llama q,k,v,o,gate,up,down; BERT query,key,value,dense
+
+
+class TrainConfig(BaseModel):
+    """Trainer settings. Defaults follow SEED_SPEC §1.8 where they are cheap enough for CPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "default"  # "default"/"minilm" = all-MiniLM-L6-v2; "smollm2" = SmolLM2-135M decoder; or a local path
+    pooling: Literal["mean", "last", "ata", "latent"] = "mean"
+    latent_num: int = Field(512, ge=1)  # NV-Embed latent array size r
+    latent_heads: int = Field(8, ge=1)
+    ata_detach: bool = False
+    temperature: float = Field(0.02, gt=0)  # τ; scale = 1/τ. 0.02 = LLM2Vec/E5; 1.0 = literal seed text
+    batch_size: int = Field(64, ge=2)
+    grad_accum: int = Field(8, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    max_steps: int = -1  # optimizer steps; -1 = run `epochs` passes over the data
+    epochs: float = Field(1.0, gt=0)
+    max_length: int = Field(512, ge=8)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    bidirectional: str = "none"  # "none" | "all" (LLM2Vec) | "last:K" (BeLLM: last:1); decoders only
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (or fp16) on GPU, fp32 on CPU
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    save_steps: int = Field(500, ge=1)
+    save_total_limit: int | None = 2
+    logging_steps: int = Field(1, ge=1)
+    output_dir: str = "runs/train"
+    resume: bool | str = False  # True = latest checkpoint in output_dir; str = a checkpoint folder
+    check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
+
+    @field_validator("bidirectional")
+    @classmethod
+    def _check_bidir(cls, v: str) -> str:
+        import re
+
+        v = v.strip().lower()
+        if v not in ("none", "all") and not re.fullmatch(r"last:[1-9]\d*", v):
+            raise ValueError(f"bidirectional={v!r}: use 'none', 'all' or 'last:K' (K >= 1), e.g. 'last:1' for BeLLM")
+        return v

@@ -1,0 +1,47 @@
+"""LoRA adapters for the embedding backbone via peft (SEED_SPEC §1.8: r 16, α 32, dropout 0.05).
+
+Uses sentence-transformers' ``model.add_adapter`` (transformers' ``PeftAdapterMixin``), which injects
+LoRA layers in place: the backbone class, the ATA hook on the final attention module and the
+bidirectional hooks on the decoder layers all stay valid. Only LoRA weights (and trainable pooling
+such as the latent array) get gradients. Saving writes ``adapter_model.safetensors`` +
+``adapter_config.json``; ``SentenceTransformer(path)`` reloads base model + adapter.
+
+Example::
+
+    from negsynth.train.lora import add_lora
+    from negsynth.train.config import LoraSettings
+    add_lora(st_model, LoraSettings(enabled=True), is_decoder=True)
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def resolve_targets(backbone, targets, is_decoder: bool) -> list[str]:
+    """``auto`` -> Llama q,k,v,o,gate,up,down or BERT query,key,value,dense; keep names present in the model."""
+    from negsynth.train.config import BERT_LORA_TARGETS, LLAMA_LORA_TARGETS
+
+    wanted = (LLAMA_LORA_TARGETS if is_decoder else BERT_LORA_TARGETS) if targets == "auto" else list(targets)
+    names = {n.rsplit(".", 1)[-1] for n, _ in backbone.named_modules()}
+    found = [t for t in wanted if t in names]
+    if not found:
+        raise ValueError(f"lora.targets={wanted}: none of these module names exist in {type(backbone).__name__}; pick from e.g. {sorted(names)[:20]}")
+    if len(found) < len(wanted):
+        log.warning("LoRA targets not in the model and skipped: %s", sorted(set(wanted) - set(found)))
+    return found
+
+
+def add_lora(model, settings, is_decoder: bool) -> None:
+    """Attach a fresh LoRA adapter to the SentenceTransformer's backbone (in place)."""
+    from peft import LoraConfig
+
+    backbone = model[0].auto_model
+    targets = resolve_targets(backbone, settings.targets, is_decoder)
+    cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets, task_type="FEATURE_EXTRACTION")
+    model.add_adapter(cfg)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    log.info("LoRA r=%d alpha=%d on %s: %d / %d parameters trainable", settings.r, settings.alpha, targets, n_train, n_all)

@@ -1,0 +1,325 @@
+"""Pooling modules for embedding training: mean, last-token, ATA and NV-Embed latent attention.
+
+All modules are sentence-transformers ``Module`` subclasses, so they are saved with the model
+(``modules.json`` records their import path) and ``SentenceTransformer(path)`` reloads them.
+
+Inputs (the ``features`` dict produced by the ``Transformer`` module before us):
+
+- ``token_embeddings``  ``[B, n, d]`` final hidden states (after the final norm: HF ``last_hidden_state``)
+- ``attention_mask``    ``[B, n]`` 1 for real tokens, 0 for padding (left or right padding both work)
+
+Output: ``features["sentence_embedding"]`` ``[B, d]``.
+
+Example::
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Transformer
+    from negsynth.train.pooling import EmbeddingPooling
+
+    tr = Transformer("path/to/minilm")
+    model = SentenceTransformer(modules=[tr, EmbeddingPooling(tr.get_embedding_dimension(), mode="ata")])
+    emb = model.encode(["a query", "a document"])
+
+ATA (anchor-token-aware pooling, SEED_SPEC §2.2–2.3)
+----------------------------------------------------
+For token j the anchor score is the attention it *receives* from every valid query position i in the
+FINAL layer, averaged over heads: ``s_j = (1/H) Σ_h Σ_{i valid} A^h_{i,j}``; then ``w = s / Σ_P s`` over
+the pooled set P (all non-pad tokens) and ``e = Σ_j w_j h_j``. Pad rows are excluded from the sum over
+i (they still hold valid distributions over the real keys) and pad keys get zero weight.
+
+How we obtain ``A`` without eager attention: SDPA / flash kernels never materialise the probabilities,
+so :class:`EmbeddingPooling` registers a forward *pre-hook* on the backbone's final self-attention
+module (``layers[-1].self_attn`` for Llama-family decoders, ``encoder.layer[-1].attention.self`` for
+BERT-family encoders). The hook stores that module's input hidden states (and, for RoPE models, the
+``position_embeddings`` (cos, sin) the layer received). The pooling then recomputes
+``q = q_proj(h)``, ``k = k_proj(h)`` through the module's own projections (so LoRA adapters are
+included), applies RoPE with the model's own ``apply_rotary_pos_emb`` and GQA ``repeat_kv``, and forms
+``softmax(q k^T * scaling + mask)`` in float32 with the padding mask (and the causal mask if that layer
+is still causal, see ``attn.is_causal``, which :mod:`negsynth.train.bidirectional` switches off).
+Only the last layer is recomputed: one extra ``[B,H,n,n]`` matmul, no extra parameters. Gradients
+flow through the weights unless ``ata_detach=True``. The recomputation is checked against eager
+``output_attentions=True`` in ``tests/test_train.py`` for both a Llama and a BERT model.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import torch
+from sentence_transformers.base.modules import Module
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+POOLING_MODES = ("mean", "last", "ata", "latent")
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def mean_pool(token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Average of the real (non-pad) token vectors: ``[B,n,d], [B,n] -> [B,d]``."""
+    m = attention_mask.to(token_embeddings.dtype).unsqueeze(-1)
+    return (token_embeddings * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each row, for left *or* right padding.
+
+    ``[[1,1,0]] -> [1]`` (right padding), ``[[0,1,1]] -> [2]`` (left padding). The index of the last
+    1 is ``n - 1 - argmax(flip(mask))``, which works for both layouts (and for an all-ones row).
+    """
+    n = attention_mask.shape[1]
+    return n - 1 - attention_mask.flip(1).to(torch.int64).argmax(1)
+
+
+def last_pool(token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    idx = last_token_index(attention_mask)
+    return token_embeddings[torch.arange(token_embeddings.shape[0], device=idx.device), idx]
+
+
+def ata_weights(attn_probs: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Anchor-token weights from final-layer attention probabilities (SEED_SPEC §2.2 eq. 3–4).
+
+    Args:
+        attn_probs: ``[B, H, n, n]`` softmax probabilities, row i = query, column j = key.
+        attention_mask: ``[B, n]`` 1 = real token. Pad query rows are dropped from the column sum.
+        pool_mask: ``[B, n]`` the pooled set P (default: all real tokens).
+
+    Returns:
+        ``[B, n]`` float32 weights, zero outside P, summing to 1 over P:
+        ``s_j = mean_h Σ_{i real} A[h,i,j]``, ``w_j = s_j / Σ_{k∈P} s_k``.
+        The spec's ``×n`` and ``1/H`` factors cancel in the ratio.
+    """
+    valid = attention_mask.to(torch.float32)
+    pool = valid if pool_mask is None else pool_mask.to(torch.float32) * valid
+    s = (attn_probs.to(torch.float32) * valid[:, None, :, None]).sum(dim=2).mean(dim=1)  # [B, n]
+    s = s * pool
+    return s / s.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def _projections(attn: nn.Module) -> tuple[nn.Module, nn.Module]:
+    for q, k in (("q_proj", "k_proj"), ("query", "key")):
+        if hasattr(attn, q) and hasattr(attn, k):
+            return getattr(attn, q), getattr(attn, k)
+    raise TypeError(f"{type(attn).__name__} has neither q_proj/k_proj nor query/key projections; ATA cannot recompute attention")
+
+
+def recompute_attention_probs(
+    attn: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Attention probabilities ``[B, H, n, n]`` (float32) of one self-attention module.
+
+    Recomputes ``softmax(q k^T * scaling + mask)`` from the module's *input* hidden states with the
+    module's own projections, RoPE (when ``position_embeddings`` is given) and GQA head repetition.
+    The mask hides pad keys, plus future keys when ``attn.is_causal`` is true.
+    """
+    q_proj, k_proj = _projections(attn)
+    B, n, _ = hidden_states.shape
+    head_dim = getattr(attn, "head_dim", None) or getattr(attn, "attention_head_size")
+    q = q_proj(hidden_states).view(B, n, -1, head_dim)
+    k = k_proj(hidden_states).view(B, n, -1, head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3 / OLMo2-style per-head q/k norms
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if position_embeddings is not None:
+        mod = sys.modules[type(attn).__module__]
+        cos, sin = position_embeddings
+        q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+    if k.shape[1] != q.shape[1]:  # grouped-query attention
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scaling = getattr(attn, "scaling", head_dim**-0.5)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    allowed = attention_mask.bool()[:, None, None, :].expand(B, 1, n, n)
+    if getattr(attn, "is_causal", False):
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+    # a fully masked row (a pad query under a causal mask with left padding) would give NaN;
+    # let it see itself — such rows are dropped from the ATA sum anyway
+    allowed = allowed | torch.eye(n, dtype=torch.bool, device=scores.device)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1)
+
+
+def find_last_self_attention(backbone: nn.Module) -> nn.Module:
+    """The final self-attention module of a transformers backbone (Llama-family or BERT-family)."""
+    last = None
+    for name, mod in backbone.named_modules():
+        if "crossattention" in name.lower():
+            continue
+        try:
+            _projections(mod)
+        except TypeError:
+            continue
+        last = mod
+    if last is None:
+        raise TypeError(f"could not find a self-attention module with q/k projections in {type(backbone).__name__}")
+    return last
+
+
+class _AttentionInputCapture:
+    """Forward pre-hook storing the final attention layer's inputs for ATA (see module docstring)."""
+
+    def __init__(self, attn: nn.Module):
+        self.attn = attn
+        self.hidden_states: torch.Tensor | None = None
+        self.position_embeddings = None
+        self.handle = attn.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        self.hidden_states = args[0] if args else kwargs["hidden_states"]
+        self.position_embeddings = kwargs.get("position_embeddings")
+
+    def pop(self):
+        h, pe = self.hidden_states, self.position_embeddings
+        self.hidden_states = self.position_embeddings = None
+        return h, pe
+
+
+def _backbone_of(model) -> nn.Module:
+    first = model[0]
+    return getattr(first, "auto_model", None) or getattr(first, "model")
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class EmbeddingPooling(Module):
+    """Parameter-free pooling: ``mode`` in ``mean`` | ``last`` | ``ata``.
+
+    - ``mean``: average of the real tokens.
+    - ``last``: the last real token (decoders; build the tokenizer to append EOS, see trainer).
+    - ``ata``: anchor-token-aware weighted mean from the final layer's attention (module docstring).
+
+    ``ata_detach=True`` stops gradients through the ATA weights (ablation; default keeps them).
+    For ``ata`` the module must know the backbone: ``on_model_ready`` (called by
+    ``SentenceTransformer`` on construction and reload) installs the capture hook; call
+    :meth:`bind` yourself if you append the module to an already-built model.
+    """
+
+    config_keys = ["embedding_dimension", "mode", "ata_detach"]
+    config_file_name = "config.json"
+
+    def __init__(self, embedding_dimension: int, mode: str = "mean", ata_detach: bool = False):
+        super().__init__()
+        if mode not in ("mean", "last", "ata"):
+            raise ValueError(f"EmbeddingPooling mode={mode!r}: use 'mean', 'last' or 'ata' (or LatentAttentionPooling for 'latent')")
+        self.embedding_dimension = int(embedding_dimension)
+        self.mode = mode
+        self.ata_detach = bool(ata_detach)
+        self._capture: _AttentionInputCapture | None = None
+
+    def on_model_ready(self, model) -> None:
+        if self.mode == "ata":
+            self.bind(_backbone_of(model))
+
+    def bind(self, backbone: nn.Module) -> None:
+        """Hook the backbone's final self-attention (idempotent)."""
+        if self._capture is not None:
+            self._capture.handle.remove()
+        self._capture = _AttentionInputCapture(find_last_self_attention(backbone))
+
+    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+        tok, mask = features["token_embeddings"], features["attention_mask"]
+        if self.mode == "mean":
+            emb = mean_pool(tok, mask)
+        elif self.mode == "last":
+            emb = last_pool(tok, mask)
+        else:
+            if self._capture is None:
+                raise RuntimeError("ATA pooling is not bound to a backbone: build it inside a SentenceTransformer or call .bind(backbone)")
+            h, pe = self._capture.pop()
+            if h is None or h.shape[:2] != mask.shape:
+                raise RuntimeError("ATA pooling found no captured final-layer input for this batch (was the backbone run first?)")
+            probs = recompute_attention_probs(self._capture.attn, h, mask, pe)
+            w = ata_weights(probs, mask)
+            if self.ata_detach:
+                w = w.detach()
+            features["ata_weights"] = w
+            emb = torch.einsum("bn,bnd->bd", w.to(tok.dtype), tok)
+        features["sentence_embedding"] = emb
+        return features
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+
+
+class LatentAttentionPooling(Module):
+    """NV-Embed latent-attention pooling (SEED_SPEC §2.4), trainable.
+
+    ``h = CrossAttn(LN(h), ctx=LN(latents)) + h``; ``h = GEGLU-FF(LN(h)) + h``; masked mean over tokens.
+    ``latents`` is an ``[num_latents, d]`` trainable array used as keys and values (NV-Embed: r = 512,
+    8 heads). ``dim_head`` defaults to ``d // num_heads`` and the FF width to ``ff_mult * d`` so the
+    module stays small on CPU (NV-Embed-v2 uses much wider heads). Adds parameters, unlike ATA.
+    """
+
+    config_keys = ["embedding_dimension", "num_latents", "num_heads", "dim_head", "ff_mult"]
+    config_file_name = "config.json"
+
+    def __init__(self, embedding_dimension: int, num_latents: int = 512, num_heads: int = 8, dim_head: int | None = None, ff_mult: int = 4):
+        super().__init__()
+        d = int(embedding_dimension)
+        self.embedding_dimension, self.num_latents, self.num_heads = d, int(num_latents), int(num_heads)
+        self.dim_head = int(dim_head or max(1, d // num_heads))
+        self.ff_mult = int(ff_mult)
+        inner = self.num_heads * self.dim_head
+        self.latents = nn.Parameter(torch.randn(self.num_latents, d) * d**-0.5)
+        self.norm_q, self.norm_ctx, self.norm_ff = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.to_q = nn.Linear(d, inner, bias=False)
+        self.to_kv = nn.Linear(d, 2 * inner, bias=False)
+        self.to_out = nn.Linear(inner, d, bias=False)
+        self.ff_in = nn.Linear(d, 2 * self.ff_mult * d)
+        self.ff_out = nn.Linear(self.ff_mult * d, d)
+
+    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+        h, mask = features["token_embeddings"], features["attention_mask"]
+        dt = h.dtype
+        x = h.to(self.to_q.weight.dtype)
+        B, n, _ = x.shape
+        q = self.to_q(self.norm_q(x)).view(B, n, self.num_heads, self.dim_head).transpose(1, 2)
+        k, v = self.to_kv(self.norm_ctx(self.latents)).chunk(2, dim=-1)
+        k = k.view(self.num_latents, self.num_heads, self.dim_head).transpose(0, 1)  # [H, r, dh]
+        v = v.view(self.num_latents, self.num_heads, self.dim_head).transpose(0, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))
+        x = self.to_out(o.transpose(1, 2).reshape(B, n, -1)) + x
+        a, g = self.ff_in(self.norm_ff(x)).chunk(2, dim=-1)
+        x = self.ff_out(a * torch.nn.functional.gelu(g)) + x
+        features["sentence_embedding"] = mean_pool(x, mask).to(dt)
+        return features
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None, local_files_only: bool = False, init_defaults=None, **kwargs):
+        hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
+        config = cls.load_config(model_name_or_path=model_name_or_path, **hub)
+        for k, v in (init_defaults or {}).items():
+            config.setdefault(k, v)
+        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=cls(**config), **hub)
+
+
+def make_pooling(mode: str, embedding_dimension: int, **kwargs) -> Module:
+    """``mean`` | ``last`` | ``ata`` -> :class:`EmbeddingPooling`; ``latent`` -> :class:`LatentAttentionPooling`."""
+    if mode == "latent":
+        return LatentAttentionPooling(embedding_dimension, **kwargs)
+    if mode in ("mean", "last", "ata"):
+        return EmbeddingPooling(embedding_dimension, mode=mode, **kwargs)
+    raise ValueError(f"pooling={mode!r}: choose one of {POOLING_MODES}")

@@ -1,0 +1,269 @@
+"""Train an embedding model on the ordered MGH curriculum with the sentence-transformers trainer.
+
+Input: a ``datasets.Dataset`` (or a parquet path) already in training order with columns
+``anchor, positive, negative, level, phase, task_type, example_id`` (one hard negative per row, the
+one of that row's curriculum level). Output: a SentenceTransformer folder (``output_dir/final``).
+
+Why the stock trainer is enough: :class:`SentenceTransformerTrainer` brings checkpoints, resume,
+logging, gradient accumulation, warmup + linear schedule and mixed precision. The one thing it would
+break is the curriculum: its default batch sampler is ``BatchSampler(RandomSampler(...))``. We pass
+:class:`OrderedBatchSampler` *as a class* in ``SentenceTransformerTrainingArguments.batch_sampler``;
+``BaseTrainer.get_batch_sampler`` instantiates ``DefaultBatchSampler`` subclasses itself, so no trainer
+subclass is needed. On resume the HF trainer skips the already-consumed batches of the epoch, which
+with an order-preserving sampler lands exactly on the next curriculum batch.
+
+Example::
+
+    from negsynth.train import TrainConfig, train
+    out = train("curriculum.parquet", TrainConfig(model="default", pooling="ata", batch_size=64,
+                                                   grad_accum=8, lr=2e-5, output_dir="runs/mgh"))
+    SentenceTransformer(out).encode(["Instruct: ...\\nQuery: ..."])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from negsynth.train.config import DECODER_ALIASES, ENCODER_ALIASES, TEXT_COLUMNS, TrainConfig
+from negsynth.train.sampler import OrderedBatchSampler, check_batches
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------- model building
+
+
+def _is_decoder_path(path: str) -> bool:
+    cfg = Path(path) / "config.json"
+    if not cfg.exists():
+        return False
+    c = json.loads(cfg.read_text())
+    return any(a.endswith("ForCausalLM") for a in c.get("architectures") or []) or bool(c.get("is_decoder"))
+
+
+def resolve_model_path(model: str) -> tuple[str, bool]:
+    """(local folder, is_decoder) for ``default``/``minilm``, ``smollm2`` or a local path."""
+    if model in ENCODER_ALIASES:
+        from negsynth.resources import minilm_path
+
+        return str(minilm_path()), False
+    if model in DECODER_ALIASES:
+        from negsynth.embed.hf import resolve_decoder_path
+
+        return resolve_decoder_path("default"), True
+    if not Path(model).exists():
+        raise ValueError(f"model={model!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled)")
+    return model, _is_decoder_path(model)
+
+
+def build_model(config: TrainConfig, device: str | None = None):
+    """A SentenceTransformer: ``Transformer`` [+ ``BidirectionalAttention``] + pooling [+ LoRA].
+
+    Decoders get a pad token (EOS), right padding, and for ``last`` pooling an appended EOS token
+    (``tokenizer.add_eos_token``), so the pooled token has seen the whole text.
+    """
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Transformer
+
+    from negsynth.train.bidirectional import BidirectionalAttention
+    from negsynth.train.pooling import make_pooling
+
+    path, is_decoder = resolve_model_path(config.model)
+    if config.bidirectional != "none" and not is_decoder:
+        raise ValueError(f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')")
+    tr = Transformer(path, model_kwargs={"attn_implementation": "sdpa", "dtype": torch.float32}, max_seq_length=config.max_length)
+    tok = tr.tokenizer
+    if is_decoder:
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "right"
+        if config.pooling == "last":
+            _append_eos(tok)
+    modules: list = [tr]
+    if config.bidirectional != "none":
+        modules.append(BidirectionalAttention(config.bidirectional))
+    dim = tr.get_embedding_dimension()
+    kw: dict[str, Any] = {}
+    if config.pooling == "latent":
+        kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
+    elif config.pooling == "ata":
+        kw = {"ata_detach": config.ata_detach}
+    modules.append(make_pooling(config.pooling, dim, **kw))
+    model = SentenceTransformer(modules=modules, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if config.lora.enabled:
+        from negsynth.train.lora import add_lora
+
+        add_lora(model, config.lora, is_decoder=is_decoder)
+    if config.gradient_checkpointing:
+        tr.auto_model.gradient_checkpointing_enable()
+    return model
+
+
+def load_model(path: str, device: str | None = None):
+    """Reload a model saved by :func:`train` (or ``model.save``) with its negsynth modules.
+
+    sentence-transformers 6 refuses to import module classes outside its own namespace unless
+    ``trust_remote_code=True`` (the classes here come from the installed ``negsynth`` package, not
+    from files in the model folder), so this is ``SentenceTransformer(path, trust_remote_code=True)``.
+    """
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device=device, trust_remote_code=True)
+
+
+def _append_eos(tok) -> None:
+    """Make a fast tokenizer append EOS to every text (saved with the tokenizer)."""
+    try:
+        tok.add_eos_token = True
+        if tok("a").input_ids[-1] == tok.eos_token_id:
+            return
+    except Exception:  # noqa: BLE001 - fall back to a post-processor
+        pass
+    from tokenizers.processors import TemplateProcessing
+
+    eos = tok.eos_token
+    tok._tokenizer.post_processor = TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, tok.eos_token_id)])
+
+
+# ----------------------------------------------------------------------------- callbacks and train()
+
+
+def _load_dataset(dataset):
+    from datasets import Dataset
+
+    if isinstance(dataset, (str, Path)):
+        return Dataset.from_parquet(str(dataset))
+    if isinstance(dataset, Dataset):
+        return dataset
+    if isinstance(dataset, dict):
+        return Dataset.from_dict(dataset)
+    raise TypeError(f"dataset: expected a datasets.Dataset, a dict of columns or a parquet path, got {type(dataset).__name__}")
+
+
+def _curriculum_callback(phases: list | None, levels: list | None, batch_size: int, grad_accum: int):
+    from transformers import TrainerCallback
+
+    class CurriculumLogCallback(TrainerCallback):
+        """Adds the curriculum ``phase``/``level`` of the last consumed batch to each log record.
+
+        Optimizer step s consumed micro-batches ``[(s-1)·A, s·A)``; the phase is that of the first row of
+        the last one. ``state.log_history[-1]`` is the record the trainer just stored, so the phase lands
+        in ``trainer_state.json`` next to the loss.
+        """
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if not phases or not state.global_step or logs is None or "loss" not in logs:
+                return
+            n_batches = -(-len(phases) // batch_size)
+            row = (((state.global_step * grad_accum) - 1) % n_batches) * batch_size
+            rec = state.log_history[-1] if state.log_history else {}
+            rec["phase"] = phases[row]
+            if levels:
+                rec["level"] = levels[row]
+            log.info("step %d loss %.4f phase %s level %s lr %.2e", state.global_step, logs["loss"], phases[row], levels[row] if levels else "-", logs.get("learning_rate", float("nan")))
+
+    return CurriculumLogCallback()
+
+
+def _precision(config: TrainConfig) -> dict[str, bool]:
+    import torch
+
+    p = config.precision
+    if p == "auto":
+        if not torch.cuda.is_available():
+            p = "fp32"
+        else:
+            p = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if p in ("bf16", "fp16") and not torch.cuda.is_available():
+        raise ValueError(f"precision={config.precision!r} needs a GPU; use 'auto' or 'fp32' on CPU")
+    return {"bf16": p == "bf16", "fp16": p == "fp16"}
+
+
+def make_trainer(dataset, config: TrainConfig, model=None):
+    """Build (trainer, model) without training — used by :func:`train` and the benchmark."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from transformers import set_seed
+
+    from negsynth.train.loss import make_loss
+
+    set_seed(config.seed)
+    ds = _load_dataset(dataset)
+    missing = [c for c in TEXT_COLUMNS if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"dataset is missing column(s) {missing}; the trainer needs {TEXT_COLUMNS} (+ optional phase, level)")
+    phases = ds["phase"] if "phase" in ds.column_names else None
+    levels = ds["level"] if "level" in ds.column_names else None
+    if config.check_batches:
+        cols = {c: ds[c] for c in TEXT_COLUMNS}
+        if phases is not None:
+            cols["phase"] = phases
+        for p in check_batches(cols, config.batch_size):
+            log.warning("curriculum batches: %s", p)
+    train_ds = ds.select_columns(TEXT_COLUMNS)  # ST treats every other column as an input text
+    model = model if model is not None else build_model(config)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=config.output_dir,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum,
+        learning_rate=config.lr,
+        # transformers 5 reads a float warmup_steps < 1 as a ratio (warmup_ratio is deprecated)
+        warmup_steps=config.warmup_steps if config.warmup_steps or not config.warmup_ratio else config.warmup_ratio,
+        lr_scheduler_type="linear",
+        weight_decay=0.0,  # AdamW with no decay = the Adam of SEED_SPEC Table 5
+        max_steps=config.max_steps,
+        num_train_epochs=config.epochs,
+        batch_sampler=OrderedBatchSampler,
+        seed=config.seed,
+        data_seed=config.seed,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        logging_steps=config.logging_steps,
+        report_to="none",
+        dataloader_drop_last=False,
+        disable_tqdm=True,
+        **_precision(config),
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        loss=make_loss(model, config.temperature),
+        callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum)],
+    )
+    return trainer, model
+
+
+def train(dataset, config: TrainConfig | dict | None = None) -> str:
+    """Train on the ordered curriculum and return the folder of the final SentenceTransformer.
+
+    ``dataset``: a ``datasets.Dataset``, a dict of columns, or a parquet path (rows already in
+    training order). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
+    saved to ``<output_dir>/final`` (with LoRA: the adapter plus its base-model reference), the
+    checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
+    ``<output_dir>/final/train_log.json``.
+    """
+    config = config if isinstance(config, TrainConfig) else TrainConfig(**(config or {}))
+    trainer, model = make_trainer(dataset, config)
+    resume: str | bool | None = None
+    if config.resume is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        resume = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+        if resume is None:
+            log.warning("resume=True but no checkpoint in %s; starting from scratch", config.output_dir)
+    elif isinstance(config.resume, str):
+        if not os.path.isdir(config.resume):
+            raise ValueError(f"resume={config.resume!r}: no such checkpoint folder (use True for the latest in output_dir)")
+        resume = config.resume
+    trainer.train(resume_from_checkpoint=resume)
+    out = os.path.join(config.output_dir, "final")
+    model.save(out)
+    with open(os.path.join(out, "train_log.json"), "w") as f:
+        json.dump({"config": config.model_dump(), "log_history": trainer.state.log_history}, f, indent=1)
+    log.info("saved the trained model to %s", out)
+    return out

@@ -1,0 +1,309 @@
+"""Tests for negsynth.train: ATA maths, bidirectional masks, sampler order, loss, training, save/reload.
+
+Fast tests use a tiny random Llama / BERT built from a config and the bundled MiniLM (no network).
+The SmolLM2 + LoRA training test is marked slow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("datasets")
+
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel  # noqa: E402
+
+from negsynth.train.bidirectional import make_bidirectional, parse_mode  # noqa: E402
+from negsynth.train.config import TrainConfig  # noqa: E402
+from negsynth.train.loss import info_nce, make_loss  # noqa: E402
+from negsynth.train.pooling import (  # noqa: E402
+    _AttentionInputCapture,
+    ata_weights,
+    find_last_self_attention,
+    last_token_index,
+    recompute_attention_probs,
+)
+from negsynth.train.sampler import OrderedBatchSampler, check_batches  # noqa: E402
+
+
+def tiny_llama(impl="sdpa", layers=3, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, attn_implementation=impl)
+    return LlamaModel(cfg).eval()
+
+
+def tiny_bert(impl="sdpa"):
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, attn_implementation=impl)
+    return BertModel(cfg).eval()
+
+
+# ----------------------------------------------------------------------------- ATA maths
+
+
+def test_ata_weights_hand_computed_two_heads_with_padding():
+    rng = np.random.default_rng(0)
+    n, H = 4, 2
+    # example 0: 3 real tokens + 1 pad (right padding); example 1: left padding, 1 pad
+    mask = np.array([[1, 1, 1, 0], [0, 1, 1, 1]])
+    probs = np.zeros((2, H, n, n))
+    for b in range(2):
+        for h in range(H):
+            for i in range(n):
+                logits = rng.normal(size=n)
+                logits[mask[b] == 0] = -np.inf  # pad keys get no attention
+                p = np.exp(logits - logits[np.isfinite(logits)].max())
+                probs[b, h, i] = p / p.sum()
+    # by hand: column sums over REAL query rows, head mean, zero pads, normalise
+    expected = np.zeros((2, n))
+    for b in range(2):
+        s = np.zeros(n)
+        for j in range(n):
+            s[j] = np.mean([sum(probs[b, h, i, j] for i in range(n) if mask[b, i]) for h in range(H)])
+        s *= mask[b]
+        expected[b] = s / s.sum()
+    got = ata_weights(torch.tensor(probs), torch.tensor(mask)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert got[0, 3] == 0 and got[1, 0] == 0
+    # pad query rows hold real distributions; including them would change the answer
+    wrong = probs.sum(2).mean(1) * mask
+    wrong /= wrong.sum(1, keepdims=True)
+    assert not np.allclose(wrong, got)
+    # a pooled subset renormalises over that subset only
+    pool = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    sub = ata_weights(torch.tensor(probs), torch.tensor(mask), pool).numpy()
+    assert sub[0, 0] == 0 and abs(sub[0].sum() - 1) < 1e-6
+    np.testing.assert_allclose(sub[0, 1:3], expected[0, 1:3] / expected[0, 1:3].sum(), rtol=1e-5)
+
+
+def test_last_token_index_left_and_right_padding():
+    m = torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1]])
+    assert last_token_index(m).tolist() == [1, 3, 3]
+
+
+@pytest.mark.parametrize("bidir", ["none", "all"])
+def test_recomputed_llama_attention_matches_eager(bidir):
+    m = tiny_llama("eager")
+    h = make_bidirectional(m, bidir)
+    cap = _AttentionInputCapture(find_last_self_attention(m))
+    ids = torch.randint(0, 64, (2, 7))
+    am = torch.ones(2, 7, dtype=torch.long)
+    am[1, 5:] = 0
+    ref = m(input_ids=ids, attention_mask=am, output_attentions=True).attentions[-1]
+    hs, pe = cap.pop()
+    got = recompute_attention_probs(cap.attn, hs, am, pe)
+    real = am.bool()
+    for b in range(2):  # compare real query rows (pad rows are excluded from ATA anyway)
+        torch.testing.assert_close(got[b][:, real[b]], ref[b][:, real[b]].float(), atol=1e-5, rtol=1e-4)
+    if h:
+        h.remove()
+
+
+def test_recomputed_bert_attention_matches_eager():
+    m = tiny_bert("eager")
+    cap = _AttentionInputCapture(find_last_self_attention(m))
+    ids = torch.randint(0, 64, (2, 6))
+    am = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    ref = m(input_ids=ids, attention_mask=am, output_attentions=True).attentions[-1]
+    hs, pe = cap.pop()
+    got = recompute_attention_probs(cap.attn, hs, am, pe)
+    torch.testing.assert_close(got[:, :, :4], ref[:, :, :4].float(), atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- bidirectional
+
+
+def _hidden(m, ids, am):
+    with torch.no_grad():
+        return m(input_ids=ids, attention_mask=am, output_hidden_states=True).hidden_states
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_bidirectional_all_and_last_k(impl):
+    m = tiny_llama(impl, layers=4)
+    ids = torch.randint(0, 64, (2, 8))
+    am = torch.ones(2, 8, dtype=torch.long)
+    am[1, 6:] = 0
+    ids2 = ids.clone()
+    ids2[:, 4] = (ids[:, 4] + 1) % 64  # change a LATER token
+
+    def early_changes():  # per hidden_states entry (0 = embeddings, k = after layer k)
+        a, b = _hidden(m, ids, am), _hidden(m, ids2, am)
+        return [(x[:, :4] - y[:, :4]).abs().max().item() for x, y in zip(a, b)]
+
+    assert max(early_changes()) == 0.0  # causal: earlier tokens never see token 4
+    h = make_bidirectional(m, "last:2")
+    d = early_changes()
+    assert d[0] == d[1] == d[2] == 0.0 and d[3] > 1e-4 and d[4] > 1e-4  # only layers 3, 4 react
+    h.remove()
+    assert max(early_changes()) == 0.0  # remove() restores causal attention
+    h = make_bidirectional(m, "all")
+    d = early_changes()
+    assert d[0] == 0.0 and all(x > 1e-4 for x in d[1:])
+    # padding mask kept: changing pad tokens does not move real tokens
+    ids3 = ids.clone()
+    ids3[1, 6:] = (ids[1, 6:] + 7) % 64
+    a, b = _hidden(m, ids, am), _hidden(m, ids3, am)
+    assert (a[-1][1, :6] - b[-1][1, :6]).abs().max().item() == 0.0
+    h.remove()
+
+
+def test_parse_mode_errors_name_the_fix():
+    assert parse_mode("last:1", 4) == [3]
+    with pytest.raises(ValueError, match="last:K"):
+        parse_mode("last", 4)
+    with pytest.raises(ValueError, match="only 4 layers"):
+        parse_mode("last:9", 4)
+
+
+# ----------------------------------------------------------------------------- sampler and loss
+
+
+def test_ordered_sampler_yields_dataset_order():
+    data = list(range(23))
+    s = OrderedBatchSampler(data, batch_size=5, drop_last=False, generator=torch.Generator().manual_seed(1), seed=3)
+    batches = list(s)
+    assert batches[0] == [0, 1, 2, 3, 4] and batches[-1] == [20, 21, 22]
+    assert [i for b in batches for i in b] == data and len(s) == 5
+    s.set_epoch(1)
+    assert list(s) == batches  # no reshuffle across epochs
+    assert len(OrderedBatchSampler(data, batch_size=5, drop_last=True)) == 4
+
+
+def test_check_batches_flags_mixed_phases_and_duplicates():
+    cols = {"anchor": ["a", "b", "c", "d"], "positive": ["p", "q", "r", "s"], "negative": ["n", "a", "x", "y"], "phase": [0, 0, 0, 1]}
+    probs = check_batches(cols, 2)
+    assert any("duplicate" in p and "batch 0" in p for p in probs)
+    assert any("mixes phases" in p and "batch 1" in p for p in probs)
+    assert check_batches({**cols, "negative": ["n", "m", "x", "y"], "phase": [0, 0, 1, 1]}, 2) == []
+
+
+def test_mnrl_equals_info_nce():
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    torch.manual_seed(0)
+    q, p, n = torch.randn(6, 8), torch.randn(6, 8), torch.randn(6, 8)
+
+    class Fake(torch.nn.Module):  # MNRL only calls model(features) -> sentence_embedding
+        def forward(self, f):
+            return {"sentence_embedding": f["x"]}
+
+    loss = make_loss(Fake(), temperature=0.05)
+    assert isinstance(loss, MultipleNegativesRankingLoss) and loss.scale == pytest.approx(20.0)
+    got = loss([{"x": q}, {"x": p}, {"x": n}], None)
+    torch.testing.assert_close(got, info_nce(q, p, n, 0.05))
+
+
+# ----------------------------------------------------------------------------- training and reload
+
+
+def _dataset(n=16, seed=0):
+    """Arbitrary code-word pairs: a pretrained model cannot already solve them, so loss must be learnt."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+    words = ["amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "iris", "jade", "kelp", "lichen", "marl", "nickel", "onyx", "pumice", "quartz", "rust", "slate", "topaz"]
+    rows = []
+    for i in range(n):
+        w = rng.choice(words, 3, replace=False)
+        rows.append(
+            {
+                "anchor": f"Instruct: Retrieve the matching code\nQuery: code {i} {w[0]}",
+                "positive": f"{w[1]} {w[2]} {i * 7}",
+                "negative": f"{w[2]} {w[0]} {i * 3 + 1}",
+                "level": 4 - (i * 4) // n,
+                "phase": (i * 4) // n,
+                "task_type": "short-short",
+                "example_id": f"ex{i}",
+            }
+        )
+    return Dataset.from_list(rows)
+
+
+def _dataset_loss(model, ds, temperature):
+    from negsynth.train.loss import info_nce
+
+    with torch.no_grad():
+        e = [model.encode(ds[c], convert_to_tensor=True, batch_size=64) for c in ("anchor", "positive", "negative")]
+    return info_nce(*e, temperature=temperature).item()
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from negsynth.resources import MissingResource, minilm_path
+
+    try:
+        return str(minilm_path())
+    except MissingResource as e:
+        pytest.skip(str(e))
+
+
+def test_minilm_training_reduces_loss_and_logs_phase(minilm, tmp_path):
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train.trainer import train
+
+    ds = _dataset(8)
+    before = _dataset_loss(SentenceTransformer(minilm, device="cpu"), ds, 0.05)
+    cfg = TrainConfig(model=minilm, pooling="mean", batch_size=2, grad_accum=1, lr=3e-4, epochs=2, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run"), temperature=0.05)
+    out = train(ds, cfg)
+    after = _dataset_loss(SentenceTransformer(out, device="cpu", trust_remote_code=True), ds, 0.05)
+    assert after < 0.7 * before, (before, after)
+    hist = [r for r in json.loads(open(f"{out}/train_log.json").read())["log_history"] if "loss" in r]
+    assert len(hist) == 8
+    # one batch = one phase, logged in curriculum order 0,1,2,3 in each epoch (the sampler keeps the order)
+    assert [r["phase"] for r in hist] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [r["level"] for r in hist[:4]] == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "ata", "latent"])
+def test_saved_model_reloads_with_its_pooling(minilm, tmp_path, pooling):
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train.trainer import build_model
+
+    cfg = TrainConfig(model=minilm, pooling=pooling, latent_num=16, max_length=32)
+    m = build_model(cfg, device="cpu")
+    if pooling == "latent":  # make the latent weights non-default so a failed load would show
+        with torch.no_grad():
+            m[1].latents.add_(0.5)
+    texts = ["a cat sat on the mat", "rivers flow to the sea and further on", "x"]
+    e1 = m.encode(texts, convert_to_numpy=True)
+    m.save(str(tmp_path / "m"))
+    m2 = SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)
+    assert type(m2[1]).__name__ == type(m[1]).__name__
+    e2 = m2.encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(e1, e2, atol=1e-5)
+    if pooling == "ata":  # ATA differs from mean pooling on the same backbone
+        mean = build_model(TrainConfig(model=minilm, pooling="mean", max_length=32), device="cpu").encode(texts, convert_to_numpy=True)
+        assert np.abs(mean - e1).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train.trainer import train
+
+    try:
+        from negsynth.embed.hf import resolve_decoder_path
+
+        resolve_decoder_path("default")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"SmolLM2 not available: {e}")
+    from negsynth.train.trainer import build_model
+
+    ds = _dataset(8)
+    cfg = TrainConfig(
+        model="smollm2", pooling="ata", bidirectional="last:2", lora={"enabled": True}, batch_size=4, grad_accum=1, lr=1e-3, epochs=3, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run")
+    )
+    before = _dataset_loss(build_model(cfg, device="cpu"), ds, cfg.temperature)
+    out = train(ds, cfg)
+    m2 = SentenceTransformer(out, device="cpu", trust_remote_code=True)
+    assert type(m2[1]).__name__ == "BidirectionalAttention" and m2[2].mode == "ata"
+    after = _dataset_loss(m2, ds, cfg.temperature)
+    assert after < before, (before, after)
