@@ -155,6 +155,37 @@ class EmbedderConfig(Section):
     padding_side: Literal["left", "right"] | None = None  # None: the tokenizer's own
 
 
+class ScoreConfig(Section):
+    """How ``score`` checks the LLM's difficulty grading with a local embedder (``[embedder]``).
+
+    Per negative: **false negative** when ``cos(q, neg) >= fn_ratio * cos(q, pos)`` (NV-Retriever's
+    TopK-PercPos; for a negative ``cos(q, pos)`` the margin ``(1 - fn_ratio) * |cos(q, pos)|`` is
+    kept below the positive instead), **too easy** when ``cos(q, neg) < too_easy_floor``.
+
+    ``policy``: ``annotate`` adds the scores and flags only; ``reorder`` also sorts the negatives
+    by measured similarity (the LLM's ranks go to ``score.llm_order``); ``filter`` drops the
+    negatives flagged by ``filter_flags`` and rejects an example left with fewer than
+    ``min_negatives``.
+    """
+
+    policy: Literal["annotate", "reorder", "filter"] = "annotate"
+    inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate"])  # absent stages are skipped
+    fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
+    too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
+    filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
+    min_negatives: int = Field(1, ge=1, le=4)  # filter: fewer kept negatives -> score/rejects
+    block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one input stage, e.g. [\"generate\"]")
+        if "score" in v:
+            raise ValueError("score cannot read its own outputs; use e.g. [\"generate\", \"regenerate\"]")
+        return v
+
+
 class RunConfig(Section):
     """The whole run file. Sections of later stages are added as they land."""
 
@@ -164,6 +195,7 @@ class RunConfig(Section):
     brainstorm: BrainstormConfig = Field(default_factory=BrainstormConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
