@@ -2,6 +2,7 @@
 
 from negsynth.llm.cache import RequestCache, request_key
 from negsynth.llm.client import (
+    BudgetStop,
     LLMClient,
     LLMFatalError,
     LLMResult,
@@ -12,6 +13,7 @@ from negsynth.llm.client import (
 from negsynth.llm.parsing import ParseError, extract_json
 
 __all__ = [
+    "BudgetStop",
     "LLMClient",
     "LLMFatalError",
     "LLMResult",

@@ -57,6 +57,14 @@ class EmptyResponse(RuntimeError):
     """The server answered 200 with no choices."""
 
 
+class BudgetStop(RuntimeError):
+    """A --max-* budget is spent: no new request is sent. The item stays unfinished (a rerun does it)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 class ValidationFailure(ValueError):
     """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
 
@@ -83,6 +91,7 @@ class ClientStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasks: int = 0
+    failed_attempts: Counter = field(default_factory=Counter)  # validation reason -> attempts
     transport_retries: Counter = field(default_factory=Counter)
     transport_failures: Counter = field(default_factory=Counter)
 
@@ -93,6 +102,7 @@ class ClientStats:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "reasks": self.reasks,
+            "failed_attempts": dict(self.failed_attempts),
             "transport_retries": dict(self.transport_retries),
             "transport_failures": dict(self.transport_failures),
         }
@@ -196,12 +206,18 @@ class LLMClient:
         api_key: str | None = None,
         cache: RequestCache | None = None,
         limiter: Any | None = None,
+        gate: Callable[[], str | None] | None = None,
+        transport: Any | None = None,
     ):
         self.cfg = cfg
         self.base_url = base_url
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
         self.limiter = limiter
+        #: called before every request that would be sent (not cache hits): a reason stops it
+        self.gate = gate
+        #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
+        self.transport = transport
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._client: openai.AsyncOpenAI | None = None
@@ -248,9 +264,10 @@ class LLMClient:
             if hit is not None:
                 self.stats.cache_hits += 1
                 return {**hit, "cached": True}
+        if self.transport is not None:
+            result = await self.transport.submit(key or request_key({"p": payload, "n": sample_index}), payload)
+            return {**result, "cached": False}  # the batch transport stored it in the cache
         async with self._sem:
-            if self.limiter is not None:
-                await self.limiter.acquire(payload)
             result = await self._send_with_retries(payload)
         if key is not None:
             self.cache.put(key, result)
@@ -262,7 +279,7 @@ class LLMClient:
             kind = transport_kind(exc) or "other"
             self.stats.transport_retries[kind] += 1
             if self.limiter is not None and kind == "rate_limited":
-                self.limiter.on_rate_limited()
+                self.limiter.on_rate_limited(_retry_after_seconds(exc))
             log.debug("transport fault %s (attempt %d), retrying", kind, state.attempt_number)
 
         retrying = AsyncRetrying(
@@ -296,20 +313,36 @@ class LLMClient:
 
     async def _send(self, payload: dict) -> dict:
         assert self._client is not None, "use LLMClient inside 'async with'"
-        self.stats.requests += 1
-        resp = await self._client.chat.completions.create(**payload)
-        if not resp.choices:
-            raise EmptyResponse("the server answered with no choices")
-        ch = resp.choices[0]
-        u = resp.usage
-        pt = (u.prompt_tokens or 0) if u else 0
-        ct = (u.completion_tokens or 0) if u else 0
-        self.stats.prompt_tokens += pt
-        self.stats.completion_tokens += ct
-        if self.limiter is not None:
-            self.limiter.record_tokens(pt + ct)
-        text = ch.message.content if ch.message is not None else None
-        return {"text": text, "finish_reason": ch.finish_reason, "usage": [pt, ct]}
+        lim = self.limiter
+        reserved = 0
+        if lim is not None:
+            reserved = await lim.acquire(payload)
+        ok = False
+        try:
+            # the gate and the count happen with no await between them, so concurrent senders
+            # can never overshoot --max-requests
+            if self.gate is not None:
+                why = self.gate()
+                if why is not None:
+                    raise BudgetStop(why)
+            self.stats.requests += 1
+            resp = await self._client.chat.completions.create(**payload)
+            if not resp.choices:
+                raise EmptyResponse("the server answered with no choices")
+            ch = resp.choices[0]
+            u = resp.usage
+            pt = (u.prompt_tokens or 0) if u else 0
+            ct = (u.completion_tokens or 0) if u else 0
+            self.stats.prompt_tokens += pt
+            self.stats.completion_tokens += ct
+            if lim is not None:
+                lim.record_tokens(pt + ct, reserved, ct)
+            text = ch.message.content if ch.message is not None else None
+            ok = True
+            return {"text": text, "finish_reason": ch.finish_reason, "usage": [pt, ct]}
+        finally:
+            if lim is not None:
+                lim.release(ok=ok)
 
     # -- structured output with re-asks ----------------------------------------------------
     async def structured(
@@ -328,6 +361,15 @@ class LLMClient:
         ``validate`` raises :class:`ValidationFailure` (or :class:`ParseError`) to reject. A
         transport failure after all retries yields a result with reason ``transport_*``.
         """
+        if self.transport is not None:
+            self.transport.begin()
+            try:
+                return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
+            finally:
+                self.transport.end()
+        return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
+
+    async def _structured(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
         rf = response_format_for(self.cfg.structured_output, schema, name)
         msgs = list(messages)
         usage = Usage()
@@ -356,6 +398,7 @@ class LLMClient:
             except (ValidationFailure, ParseError) as e:
                 reason, detail = e.reason, e.detail
                 reasons.append(reason)
+                self.stats.failed_attempts[reason] += 1
             if attempt + 1 < self.cfg.max_attempts:
                 self.stats.reasks += 1
                 msgs = msgs + [

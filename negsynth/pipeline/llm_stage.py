@@ -11,6 +11,7 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import LLMClient, LLMFatalError, resolve_api_key
+from negsynth.llm.ratelimit import RateLimiter
 from negsynth.llm.server import preflight
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.runner import RunReport
@@ -37,8 +38,8 @@ def endpoint(ctx: StageContext) -> str:
 
 
 @asynccontextmanager
-async def llm_session(ctx: StageContext, *, check: bool = True):
-    """Yield a ready :class:`LLMClient` with the run dir's request cache."""
+async def llm_session(ctx: StageContext, *, check: bool = True, transport: Any | None = None):
+    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate."""
     cfg = ctx.cfg.llm
     url = endpoint(ctx)
     try:
@@ -48,13 +49,11 @@ async def llm_session(ctx: StageContext, *, check: bool = True):
     if check:
         preflight(url, key, timeout=min(10.0, cfg.connect_timeout))
     cache = RequestCache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
-    limiter = None
-    if cfg.rpm or cfg.tpm:
-        from negsynth.llm.ratelimit import RateLimiter
-
-        limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm)
+    # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
+    limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
     try:
-        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
+        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter, transport=transport) as client:
+            client.gate = budget_checker(ctx, client)
             yield client
     except LLMFatalError as e:
         raise UserError(str(e)) from None
@@ -100,6 +99,10 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
     if client is not None:
         stats["this_run"] = client.stats.as_dict()
         stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
+        if client.limiter is not None and hasattr(client.limiter, "as_dict"):
+            stats["this_run"]["rate_limiter"] = client.limiter.as_dict()
+    b = ctx.budget
+    stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": "this invocation"}
     if extra:
         stats.update(extra)
     name = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"

@@ -28,6 +28,7 @@ from negsynth.data.shards import (
     shard_name,
     write_jsonl,
 )
+from negsynth.llm.client import BudgetStop
 from negsynth.pipeline.context import StageContext
 
 
@@ -139,6 +140,8 @@ class ShardedRunner:
             if self._final(s).exists():
                 rep.shards_done += 1
                 rep.add_shard(self._shard_stats(s))
+                if self._partial(s).exists():  # killed between the final rename and the unlink
+                    os.unlink(self._partial(s))
                 continue
             done: dict[int, tuple[str, dict]] = {}
             if self._partial(s).exists():
@@ -172,7 +175,11 @@ class ShardedRunner:
                         it = queue.get_nowait()
                     except asyncio.QueueEmpty:
                         return
-                    out = await process(it)
+                    try:
+                        out = await process(it)
+                    except BudgetStop as e:  # the item stays unfinished: a rerun does it
+                        stop["why"] = e.reason
+                        return
                     s = it.index // self.shard_size
                     kind, row = ("ok", out.record) if out.record is not None else ("rej", out.reject)
                     w = writers.get(s)

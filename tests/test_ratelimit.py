@@ -1,0 +1,162 @@
+"""RateLimiter on a fake clock: RPM/TPM buckets, usage correction, AIMD slow-down on 429 bursts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_openai import FakeOpenAI, Reply, always_valid
+
+from negsynth.llm.client import LLMClient
+from negsynth.llm.ratelimit import RateLimiter, estimate_prompt_tokens
+from negsynth.schemas.config import LLMConfig
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    async def sleep(self, dt: float) -> None:
+        self.sleeps.append(dt)
+        self.t += dt
+        await asyncio.sleep(0)
+
+
+def payload(chars: int = 400, max_tokens: int = 100) -> dict:
+    return {"messages": [{"role": "user", "content": "x" * chars}], "max_tokens": max_tokens}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_rpm_spaces_requests_after_the_burst():
+    clk = FakeClock()
+    lim = RateLimiter(rpm=60, burst_s=5.0, clock=clk, sleep=clk.sleep)  # 1/s, burst of 5
+
+    async def go():
+        times = []
+        for _ in range(15):
+            await lim.acquire(payload())
+            lim.release()
+            times.append(clk.t)
+        return times
+
+    times = run(go())
+    assert times[:5] == [1000.0] * 5  # the bucket starts full
+    gaps = [b - a for a, b in zip(times[4:], times[5:])]
+    assert all(g == pytest.approx(1.0, abs=1e-6) for g in gaps)  # then one per second
+    # 15 requests at 60 rpm with a 5-request burst need >= 10 s of (fake) waiting
+    assert clk.t - 1000.0 == pytest.approx(10.0, abs=1e-6)
+
+
+def test_tpm_reserves_an_estimate_and_corrects_with_real_usage():
+    clk = FakeClock()
+    lim = RateLimiter(tpm=6000, burst_s=10.0, clock=clk, sleep=clk.sleep)  # 100 tok/s, bucket 1000
+    p = payload(chars=400, max_tokens=100)
+    est = lim.estimate(p)
+    assert est == estimate_prompt_tokens(p) + 100  # no completion seen yet: max_tokens
+
+    async def go():
+        r = await lim.acquire(p)
+        assert r == est
+        # the real answer was much smaller: the difference is given back
+        lim.record_tokens(actual=50, reserved=r, completion=10)
+        return lim._t
+
+    left = run(go())
+    assert left == pytest.approx(1000 - 50)
+    # the completion estimate now follows real completions instead of max_tokens
+    assert lim.estimate(p) < est
+
+
+def test_tpm_waits_for_refill_when_bucket_is_spent():
+    clk = FakeClock()
+    lim = RateLimiter(tpm=600, burst_s=10.0, clock=clk, sleep=clk.sleep)  # 10 tok/s, bucket 100
+
+    async def go():
+        await lim.acquire(payload(chars=40, max_tokens=60))
+        lim.record_tokens(actual=100, reserved=lim.estimate(payload(chars=40, max_tokens=60)), completion=60)
+        lim.release()
+        t0 = clk.t
+        await lim.acquire(payload(chars=40, max_tokens=60))
+        return clk.t - t0
+
+    waited = run(go())
+    assert waited > 0  # the bucket was empty: the second request had to wait for refill
+    assert lim.waited_s == pytest.approx(waited)
+
+
+def test_429_burst_halves_window_once_and_everyone_cools_down():
+    clk = FakeClock()
+    lim = RateLimiter(max_concurrency=16, cooldown_s=2.0, clock=clk, sleep=clk.sleep)
+    for _ in range(5):  # one burst of five 429s
+        lim.on_rate_limited()
+    assert lim.window == 8 and lim.window_cuts == 1 and lim.rate_limited == 5
+
+    async def go():
+        t0 = clk.t
+        await lim.acquire(payload())
+        return clk.t - t0
+
+    assert run(go()) == pytest.approx(2.0)  # the shared cool-down
+    lim.release(ok=True)
+    assert lim.window == pytest.approx(8 + 1 / 8)  # additive increase
+    clk.t += 3.0
+    lim.on_rate_limited(retry_after=0.5)  # a later burst cuts again
+    assert lim.window == pytest.approx((8 + 1 / 8) / 2) and lim.window_cuts == 2
+    for _ in range(200):  # successes widen it back, never beyond max_concurrency
+        lim.inflight += 1
+        lim.release(ok=True)
+    assert lim.window == 16
+
+
+def test_window_bounds_requests_in_flight():
+    clk = FakeClock()
+    lim = RateLimiter(max_concurrency=8, clock=clk, sleep=clk.sleep)
+    lim.on_rate_limited(retry_after=0.0)
+    assert lim.window == 4
+    peak = {"now": 0, "max": 0}
+
+    async def one():
+        await lim.acquire(payload())
+        peak["now"] += 1
+        peak["max"] = max(peak["max"], peak["now"])
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        peak["now"] -= 1
+        lim.release(ok=False)  # no widening: the window stays at 4
+
+    async def go():
+        await asyncio.gather(*(one() for _ in range(20)))
+
+    run(go())
+    assert peak["max"] == 4
+
+
+def test_client_feeds_the_limiter_429_retry_after_and_usage():
+    """Through the real client and a real socket: a 429 with Retry-After reaches the limiter."""
+
+    def responder(req, n):
+        if n == 0:
+            return Reply(status=429, headers={"Retry-After": "0.01"})
+        return always_valid(req, n)
+
+    cfg = LLMConfig(base_url="http://x", model="fake", backoff_initial=0.01, backoff_max=0.05, timeout=5, max_concurrency=4)
+
+    async def go(url):
+        lim = RateLimiter(tpm=10**6, max_concurrency=4, cooldown_s=0.01)
+        async with LLMClient(cfg, base_url=url, api_key="k", limiter=lim) as c:
+            out = await c.chat(c.payload([{"role": "user", "content": "Brainstorm tasks"}], response_format=None, temperature=None, sample_index=0))
+        return lim, c, out
+
+    with FakeOpenAI(responder) as srv:
+        lim, c, out = run(go(srv.base_url))
+    assert out["text"] and len(srv.requests) == 2
+    assert lim.rate_limited == 1 and lim.window_cuts == 1
+    assert c.stats.transport_retries == {"rate_limited": 1}
+    assert lim.inflight == 0 and lim._completions == 1  # released and corrected with real usage
