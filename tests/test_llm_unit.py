@@ -1,0 +1,108 @@
+"""Cache key, JSON extraction and the client's two retry layers (against the fake server)."""
+
+import asyncio
+import json
+
+import pytest
+from fake_openai import FakeOpenAI, Reply
+
+from negsynth.llm import LLMClient, ParseError, RequestCache, ValidationFailure, extract_json, request_key
+from negsynth.schemas.config import LLMConfig
+
+
+def test_request_key_covers_every_input():
+    base = {"p": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, "max_tokens": 5}, "n": 0}
+    k = request_key(base)
+    assert k == request_key(json.loads(json.dumps(base)))  # order/identity independent
+    variants = [
+        {**base, "n": 1},
+        {**base, "p": {**base["p"], "model": "m2"}},
+        {**base, "p": {**base["p"], "temperature": 0.8}},
+        {**base, "p": {**base["p"], "max_tokens": 6}},
+        {**base, "p": {**base["p"], "messages": [{"role": "user", "content": "hi!"}]}},
+        {**base, "p": {**base["p"], "response_format": {"type": "json_object"}}},
+    ]
+    assert len({request_key(v) for v in variants} | {k}) == len(variants) + 1
+
+
+def test_cache_persists(tmp_path):
+    c = RequestCache(tmp_path / "c.sqlite")
+    c.put("k", {"text": "x", "usage": [1, 2]})
+    c.close()
+    c2 = RequestCache(tmp_path / "c.sqlite")
+    assert c2.get("k") == {"text": "x", "usage": [1, 2]} and c2.get("other") is None and len(c2) == 1
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"a": 1}', {"a": 1}),
+        ('```json\n{"a": 1}\n```', {"a": 1}),
+        ('Sure! Here it is: {"a": [1, 2]} hope it helps', {"a": [1, 2]}),
+        ('{"a": "line\x01break"}', {"a": "line\x01break"}),
+    ],
+)
+def test_extract_json(text, expected):
+    assert extract_json(text) == expected
+
+
+@pytest.mark.parametrize("text, reason", [("", "empty_output"), (None, "empty_output"), ('{"a": ', "invalid_json"), ("no json here", "invalid_json")])
+def test_extract_json_errors(text, reason):
+    with pytest.raises(ParseError) as e:
+        extract_json(text)
+    assert e.value.reason == reason
+
+
+def _cfg(url, **kw):
+    return LLMConfig(base_url=url, model="fake", backoff_initial=0.01, backoff_max=0.05, timeout=2, **kw)
+
+
+def test_transport_retry_then_success_is_not_shown_to_model(tmp_path):
+    def responder(req, n):
+        if n < 2:
+            return Reply(status=429, headers={"Retry-After": "0"})
+        return Reply(content='{"ok": true}')
+
+    async def go(url):
+        async with LLMClient(_cfg(url), base_url=url, cache=RequestCache(tmp_path / "c.sqlite")) as llm:
+            res = await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
+            return res, llm.stats
+
+    with FakeOpenAI(responder) as srv:
+        res, stats = asyncio.run(go(srv.base_url))
+        assert res.value == {"ok": True} and stats.transport_retries["rate_limited"] == 2
+        assert all(len(r["messages"]) == 1 for r in srv.requests)  # the 429s never reached the prompt
+
+
+def test_reask_shows_error_and_sums_usage(tmp_path):
+    def responder(req, n):
+        return Reply(content='{"v": %d}' % n, prompt_tokens=3, completion_tokens=4)
+
+    def validate(o):
+        if o["v"] < 2:
+            raise ValidationFailure("too_small", f"v={o['v']} is too small")
+        return o["v"]
+
+    async def go(url):
+        async with LLMClient(_cfg(url, max_attempts=3), base_url=url, cache=None) as llm:
+            return await llm.structured([{"role": "user", "content": "x"}], validate=validate)
+
+    with FakeOpenAI(responder) as srv:
+        res = asyncio.run(go(srv.base_url))
+        assert res.value == 2 and res.reasons == ["too_small", "too_small"]
+        assert res.usage.prompt_tokens == 9 and res.usage.completion_tokens == 12 and res.usage.attempts == 3
+        last = srv.requests[-1]["messages"]
+        assert last[-1]["content"].startswith("Your answer was rejected: v=1 is too small")
+        assert last[-2] == {"role": "assistant", "content": '{"v": 1}'}
+
+
+def test_fatal_auth_error(tmp_path):
+    from negsynth.llm import LLMFatalError
+
+    async def go(url):
+        async with LLMClient(_cfg(url), base_url=url, api_key="wrong") as llm:
+            return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
+
+    with FakeOpenAI(lambda r, n: Reply(content="{}"), require_key="right") as srv:
+        with pytest.raises(LLMFatalError, match="refused the API key"):
+            asyncio.run(go(srv.base_url))

@@ -1,0 +1,98 @@
+"""Every validator reject reason, and the ones that must keep."""
+
+import pytest
+from pydantic import ValidationError
+
+from negsynth.llm.client import ValidationFailure
+from negsynth.schemas.config import GenerateConfig
+from negsynth.stages.generate import make_validator
+from negsynth.validators import REASONS, check_example, check_task, normalize
+
+Q = "how do vaccines train the immune system"
+P = "Vaccines expose the immune system to a harmless piece of a germ so it learns to recognise it."
+N = [
+    "Vaccines are stored at low temperatures to keep them effective during transport.",
+    "The immune system includes white blood cells that fight infections in the body.",
+    "Antibiotics kill bacteria but have no effect on viruses such as the flu.",
+    "Hand washing with soap removes many germs from the skin.",
+]
+
+
+def reason(q=Q, p=P, n=N, **kw):
+    return check_example(q, p, n, **kw).reason
+
+
+def test_valid_example_is_kept():
+    v = check_example(Q, P, N)
+    assert v.keep and v.reason is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"n": N[:3]}, "wrong_negative_count"),
+        ({"n": N + ["Extra negative text here."]}, "wrong_negative_count"),
+        ({"n": N[:3] + ["   "]}, "empty_text"),
+        ({"q": ""}, "empty_text"),
+        ({"n": N[:3] + ["..."]}, "placeholder_text"),
+        ({"n": N[:3] + ["Document 4"]}, "placeholder_text"),
+        ({"n": N[:3] + ["ok"], "min_chars": 5}, "too_short"),
+        ({"p": "x" * 50, "max_chars": 40}, "too_long"),
+        ({"n": [N[0], N[1], N[2], " " + N[0].upper() + "!"]}, "duplicate_negatives"),
+        ({"n": [P.lower(), N[1], N[2], N[3]]}, "negative_equals_positive"),
+        ({"n": [N[0], Q + "?", N[2], N[3]]}, "negative_equals_query"),
+        ({"p": "How do vaccines train the immune system?"}, "positive_equals_query"),
+        ({"n": [N[0], N[1], N[2], "This document is not relevant to the query about vaccines."]}, "meta_commentary"),
+        ({"n": [N[0], N[1], "Hard negative: antibiotics and viruses.", N[3]]}, "meta_commentary"),
+    ],
+)
+def test_each_reject_reason(kwargs, expected):
+    assert reason(**kwargs) == expected
+    assert expected in REASONS
+
+
+def test_normalize():
+    assert normalize("  Hello,\tWORLD!! ") == "hello, world"
+    assert normalize("Ｆｕｌｌ width") == "full width"
+
+
+def test_task_checks():
+    assert check_task("Retrieve news about sports events for a query.", min_chars=15, max_chars=300).keep
+    assert check_task("", min_chars=15, max_chars=300).reason == "empty_text"
+    assert check_task("N/A", min_chars=1, max_chars=300).reason == "placeholder_text"
+    assert check_task("short", min_chars=15, max_chars=300).reason == "too_short"
+    assert check_task("x" * 301, min_chars=15, max_chars=300).reason == "too_long"
+
+
+def test_generate_validator_maps_keys_and_reports_schema_errors():
+    v = make_validator("short-long", GenerateConfig())
+    q, p, negs = v({"user_query": Q, "positive_document": P, "hard_negative_documents": N})
+    assert (q, p, negs) == (Q, P, N)
+    with pytest.raises(ValidationFailure) as e:
+        v({"user_query": Q, "positive_document": P})
+    assert e.value.reason == "schema" and "hard_negative_documents" in e.value.detail
+    with pytest.raises(ValidationFailure) as e:
+        v({"user_query": Q, "positive_document": P, "hard_negative_documents": [1, 2, 3, 4]})
+    assert e.value.reason == "schema"
+    with pytest.raises(ValidationFailure) as e:
+        v(["not", "an", "object"])
+    assert e.value.reason == "schema"
+    with pytest.raises(ValidationFailure) as e:
+        v({"user_query": Q, "positive_document": P, "hard_negative_documents": N[:3]})
+    assert e.value.reason == "wrong_negative_count" and "hard_negative_documents" in e.value.detail
+
+
+def test_copied_worked_example_is_rejected():
+    from negsynth.prompts import load_example
+
+    ex = load_example("generate_sts")["output"]
+    with pytest.raises(ValidationFailure) as e:
+        make_validator("sts", GenerateConfig())({**ex, "negatives": N})
+    assert e.value.reason == "copied_example"
+
+
+def test_example_record_rejects_unknown_fields():
+    from negsynth.schemas.records import Example
+
+    with pytest.raises(ValidationError):
+        Example(id="a", task="t", task_type="sts", query="q", positive="p", negatives=N, bogus=1)
