@@ -1,0 +1,341 @@
+"""Turn scored examples into the training dataset, in TRAINING ORDER (spec §1.7).
+
+Each :class:`~negsynth.schemas.records.Example` has 4 negatives ordered hardest -> easiest
+(``negatives[0]`` = level 1, ``negatives[3]`` = level 4). The curriculum feeds them "from
+coarse to fine": level 4 for the first 25% of the steps, then 3, 2, 1.
+
+How examples are assigned (the spec's §1.7 reading, "each example visited once (≈1 epoch)"):
+
+1. A *stream* of example indices is built from seeded permutations of the pool (one fresh
+   permutation per pass). With ``epochs=1`` (the default) every example appears once.
+2. The stream is cut into consecutive phase segments, so the 4 phases get **disjoint** random
+   groups of examples; a row uses the example's negative at its phase's level. Each row is
+   thus (query, positive, ONE negative) — the other 3 negatives of that example are unused.
+3. Rows of a phase are packed into batches in stream order (= shuffled by ``seed``). Phases
+   never mix in a batch. With ``homogeneous_batches`` every batch holds one ``task_type``
+   (LLM2Vec / E5 style: in-batch negatives come from the same kind of task).
+4. No text occurs twice in a batch: the query, positive and negative of every row must be
+   distinct from all texts of the other rows (compared after NFKC + casefold + whitespace
+   collapse). A row that collides is *moved to a later batch of the same phase* (it opens or
+   joins another open batch). A row whose own three texts collide (e.g. negative == positive)
+   can never be placed and is dropped, counted in ``stats["dropped_self_duplicate"]``.
+5. Rows are emitted only as full batches: rows left in incomplete batches at the end of a
+   phase are **dropped** (counted in ``stats["dropped_incomplete"]``), never padded — padding
+   would repeat an example and so create a duplicate text in a batch.
+
+Length: with ``total_steps`` each phase takes exactly its share of steps (``total_steps // 4``
+for the first three phases, the remainder for the last, as in the §1.7 pseudo-code), drawing
+from the stream (another seeded pass starts when the pool is exhausted, so examples repeat
+only if ``total_steps * batch_size`` exceeds the pool). With ``epochs`` (default 1) the stream
+is ``round(epochs * N)`` long and split into 4 equal segments; the step count follows from it.
+
+Schedules: ``curriculum`` (4 -> 3 -> 2 -> 1), ``reverse`` (1 -> 2 -> 3 -> 4), ``random`` (one
+phase; each row's level drawn uniformly from 1-4 by ``seed``; phase = 1 throughout),
+``fixed:K`` (one phase, level K).
+
+Negatives are taken as given: if the scorer's ``filter`` policy removed false negatives the
+example may hold fewer than 4. Examples with fewer negatives than a schedule needs (4 for
+curriculum / reverse / random, K for ``fixed:K``) are skipped and counted
+(``stats["skipped_few_negatives"]``). ``use_mined=True`` uses ``Example.mined_negatives``
+(retriever-mined, assumed ordered hardest first) in place of the LLM negatives — the
+mined-negative baseline — with the same level logic.
+
+The result is a list of row dicts (a :class:`CurriculumRows`, which also carries ``stats``)::
+
+    {"anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source"}
+
+The trainer must NOT shuffle it: consume it in order, ``batch_size`` rows per batch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
+SCHEDULES = ("curriculum", "reverse", "random", "fixed:K")
+COLUMNS = ("anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source")
+
+
+class CurriculumError(ValueError):
+    """Bad input or options for the curriculum builder (message names the field and the fix)."""
+
+
+class CurriculumRows(list):
+    """A ``list`` of row dicts in training order, plus ``stats`` (counts, options)."""
+
+    stats: dict[str, Any]
+
+    def __init__(self, rows=(), stats: dict | None = None):
+        super().__init__(rows)
+        self.stats = stats or {}
+
+
+def normalise(text: str) -> str:
+    """The key under which two texts count as the same: NFKC, casefolded, whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
+    """``schedule`` -> (kind, level per phase (None = random per row), negatives needed)."""
+    s = schedule.strip().lower()
+    if s == "curriculum":
+        return "curriculum", [4, 3, 2, 1], 4
+    if s == "reverse":
+        return "reverse", [1, 2, 3, 4], 4
+    if s == "random":
+        return "random", [None], 4
+    m = re.fullmatch(r"fixed:([1-4])", s)
+    if m:
+        k = int(m.group(1))
+        return f"fixed:{k}", [k], k
+    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4")
+
+
+def _to_example(obj, i: int):
+    from pydantic import ValidationError
+
+    from negsynth.schemas.records import Example
+
+    if isinstance(obj, Example):
+        return obj
+    if not isinstance(obj, dict):
+        raise CurriculumError(f"curriculum: example #{i} is a {type(obj).__name__}, not a dict or Example; pass Example records")
+    try:
+        return Example.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(record)"
+        raise CurriculumError(
+            f"curriculum: example #{i} (id={obj.get('id', '?')!r}) field {loc!r}: {err['msg']}; fix that record"
+        ) from None
+
+
+def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:
+    """Seeded permutations of range(n), one after another, forever."""
+    while True:
+        yield from rng.permutation(n).tolist()
+
+
+def build_curriculum(
+    examples: Iterable,
+    *,
+    schedule: str = "curriculum",
+    batch_size: int = 64,
+    total_steps: int | None = None,
+    epochs: float | None = None,
+    seed: int = 0,
+    homogeneous_batches: bool = True,
+    use_mined: bool = False,
+    instruction_template: str | None = DEFAULT_TEMPLATE,
+) -> CurriculumRows:
+    """Build the training rows in training order (see the module docstring for the rules).
+
+    ``examples``: :class:`Example` records or their dicts. ``total_steps`` and ``epochs`` are
+    alternatives (default: ``epochs=1``). ``instruction_template`` formats the anchor with
+    ``{instruction}`` (the example's ``task``) and ``{query}``; ``None`` or an example with an
+    empty task gives the bare query.
+    """
+    kind, levels, needed = parse_schedule(schedule)
+    if batch_size < 1:
+        raise CurriculumError(f"curriculum: batch_size must be >= 1, got {batch_size}")
+    if total_steps is not None and epochs is not None:
+        raise CurriculumError("curriculum: give total_steps or epochs, not both")
+    if total_steps is not None and total_steps < len(levels):
+        raise CurriculumError(f"curriculum: total_steps={total_steps} is fewer than the {len(levels)} phases of {kind!r}")
+    if epochs is None and total_steps is None:
+        epochs = 1
+    if epochs is not None and epochs <= 0:
+        raise CurriculumError(f"curriculum: epochs must be > 0, got {epochs}")
+    if instruction_template is not None and "{query}" not in instruction_template:
+        raise CurriculumError("curriculum: instruction_template must contain {query} (and usually {instruction})")
+
+    stats: dict[str, Any] = Counter()
+    pool = []
+    for i, obj in enumerate(examples):
+        ex = _to_example(obj, i)
+        negs = list(ex.mined_negatives if use_mined else ex.negatives)
+        if len(negs) < needed:
+            stats["skipped_few_negatives"] += 1
+            continue
+        if instruction_template and ex.task.strip():
+            anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query)
+        else:
+            anchor = ex.query
+        pool.append((ex, negs, anchor, normalise(ex.query), normalise(ex.positive), [normalise(n) for n in negs]))
+    stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
+    if not pool:
+        raise CurriculumError(
+            f"curriculum: no usable example (need >= {needed} {'mined_negatives' if use_mined else 'negatives'} each); "
+            "check the input stage or use schedule fixed:K"
+        )
+
+    rng = np.random.default_rng(seed)
+    level_rng = np.random.default_rng([seed, 1])
+    stream = _stream(len(pool), rng)
+    n_phases = len(levels)
+    if total_steps is not None:
+        first = total_steps // n_phases
+        step_targets: list[int | None] = [first] * (n_phases - 1) + [total_steps - first * (n_phases - 1)]
+        seg_sizes: list[int | None] = [None] * n_phases
+    else:
+        total_rows = max(int(round(epochs * len(pool))), 1)
+        seg_sizes = [len(a) for a in np.array_split(np.arange(total_rows), n_phases)]
+        step_targets = [None] * n_phases
+
+    rows: CurriculumRows = CurriculumRows()
+    used_examples: set[int] = set()
+    batch_no = 0
+    for p, (lvl, target, seg) in enumerate(zip(levels, step_targets, seg_sizes), start=1):
+        open_batches: dict[str, list[tuple[list[dict], set[str]]]] = {}
+        done: list[list[dict]] = []
+        consumed = 0
+        limit = None if target is None else 20 * target * batch_size + 10 * len(pool)
+        while True:
+            if target is not None and len(done) >= target:
+                break
+            if seg is not None and consumed >= seg:
+                break
+            if limit is not None and consumed >= limit:
+                raise CurriculumError(
+                    f"curriculum: phase {p} cannot fill {target} batches of {batch_size} rows with distinct texts "
+                    f"from {len(pool)} examples; lower batch_size or total_steps, or set homogeneous_batches=False"
+                )
+            idx = next(stream)
+            consumed += 1
+            ex, negs, anchor, q_key, pos_key, neg_keys = pool[idx]
+            level = int(level_rng.integers(1, 5)) if lvl is None else lvl
+            keys = {q_key, pos_key, neg_keys[level - 1]}
+            if len(keys) < 3:
+                stats["dropped_self_duplicate"] += 1
+                continue
+            row = {
+                "anchor": anchor, "positive": ex.positive, "negative": negs[level - 1], "level": level,
+                "phase": p, "batch": -1, "task_type": ex.task_type, "example_id": ex.id, "source": ex.source,
+            }
+            group = ex.task_type if homogeneous_batches else ""
+            slots = open_batches.setdefault(group, [])
+            for slot in slots:
+                if slot[1].isdisjoint(keys):
+                    break
+                stats["moved_to_later_batch"] += 1
+            else:
+                slot = ([], set())
+                slots.append(slot)
+            slot[0].append(row)
+            slot[1].update(keys)
+            used_examples.add(idx)
+            if len(slot[0]) == batch_size:
+                slots.remove(slot)
+                done.append(slot[0])
+        leftover = sum(len(s[0]) for slots in open_batches.values() for s in slots)
+        stats["dropped_incomplete"] += leftover
+        stats[f"phase{p}_batches"] = len(done)
+        for batch in done[: target if target is not None else None]:
+            for r in batch:
+                r["batch"] = batch_no
+            rows.extend(batch)
+            batch_no += 1
+    stats = dict(stats)
+    stats.update({
+        "schedule": kind, "levels": levels, "batch_size": batch_size, "seed": seed, "epochs": epochs,
+        "total_steps": total_steps, "steps": batch_no, "rows": len(rows), "homogeneous_batches": homogeneous_batches,
+        "use_mined": use_mined, "instruction_template": instruction_template,
+        "examples_used": len(used_examples), "examples_unused": len(pool) - len(used_examples),
+    })
+    for k in ("skipped_few_negatives", "dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch"):
+        stats.setdefault(k, 0)
+    rows.stats = stats
+    return rows
+
+
+def composition(rows: list[dict], stats: dict | None = None) -> dict[str, Any]:
+    """Counts per phase, level, task_type, source and (phase, level) — the dataset card."""
+    stats = dict(stats or getattr(rows, "stats", {}) or {})
+    card = {
+        "rows": len(rows),
+        "batches": len({r["batch"] for r in rows}),
+        "per_phase": dict(sorted(Counter(r["phase"] for r in rows).items())),
+        "per_level": dict(sorted(Counter(r["level"] for r in rows).items())),
+        "per_phase_level": {f"{p}/{lv}": n for (p, lv), n in sorted(Counter((r["phase"], r["level"]) for r in rows).items())},
+        "per_task_type": dict(sorted(Counter(r["task_type"] for r in rows).items())),
+        "per_source": dict(sorted(Counter(r["source"] for r in rows).items())),
+        "build": stats,
+    }
+    return {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) and k != "build" else v) for k, v in card.items()}
+
+
+def _card_md(card: dict) -> str:
+    b = card["build"]
+    lines = [
+        "# Curriculum training set",
+        "",
+        f"Schedule `{b.get('schedule')}` (levels by phase {b.get('levels')}), batch size {b.get('batch_size')}, "
+        f"seed {b.get('seed')}, homogeneous batches {b.get('homogeneous_batches')}, mined negatives {b.get('use_mined')}.",
+        f"{card['rows']} rows = {card['batches']} batches, in training order (do not shuffle).",
+        "",
+    ]
+    for key, title in (("per_phase", "phase"), ("per_level", "level"), ("per_phase_level", "phase/level"),
+                       ("per_task_type", "task_type"), ("per_source", "source")):
+        lines += [f"| {title} | rows |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in card[key].items()] + [""]
+    lines += ["| build statistic | value |", "|---|---|"]
+    lines += [f"| {k} | {str(v).replace(chr(10), chr(92) + 'n')} |" for k, v in b.items()] + [""]
+    return "\n".join(lines)
+
+
+def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None = None) -> Path:
+    """Write ``out_dir/{dataset/ (HF save_to_disk), train.parquet, card.json, card.md}``.
+
+    Atomic: everything is written to a temp dir beside ``out_dir`` and renamed into place, so
+    a crash leaves either the old folder or the new one. Row order is preserved.
+    """
+    import datasets
+
+    from negsynth.data.shards import atomic_write_json  # noqa: F401  (same atomic convention)
+
+    out_dir = Path(out_dir)
+    if not rows:
+        raise CurriculumError(f"curriculum: no rows to save to {out_dir}; build_curriculum produced none")
+    missing = [c for c in COLUMNS if c not in rows[0]]
+    if missing:
+        raise CurriculumError(f"curriculum: rows lack column(s) {missing}; pass the output of build_curriculum")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        ds = datasets.Dataset.from_list([{c: r[c] for c in COLUMNS} for r in rows])
+        ds.save_to_disk(str(tmp / "dataset"))
+        ds.to_parquet(str(tmp / "train.parquet"))
+        card = composition(rows, stats)
+        import json
+
+        (tmp / "card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        (tmp / "card.md").write_text(_card_md(card), encoding="utf-8")
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def load_curriculum(out_dir: str | Path):
+    """The saved rows as a ``datasets.Dataset`` (training order)."""
+    import datasets
+
+    path = Path(out_dir) / "dataset"
+    if not path.is_dir():
+        raise CurriculumError(f"curriculum: {path} does not exist; run save_curriculum first")
+    return datasets.load_from_disk(str(path))

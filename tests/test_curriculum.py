@@ -1,0 +1,187 @@
+"""Curriculum dataset builder: phase order, schedules, determinism, batch hygiene, saving."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from negsynth.data.curriculum import (
+    CurriculumError,
+    build_curriculum,
+    load_curriculum,
+    normalise,
+    save_curriculum,
+)
+
+TASK_TYPES = ("short-long", "long-short", "sts")
+
+
+def make_examples(n: int, *, task_types=TASK_TYPES, n_negs: int = 4) -> list[dict]:
+    """Distinct texts everywhere; the negative of level L of example i is ``neg L of i``."""
+    return [
+        {
+            "id": f"ex{i}",
+            "task": f"Task {i % 7}",
+            "task_type": task_types[i % len(task_types)],
+            "query": f"query {i}",
+            "positive": f"positive {i}",
+            "negatives": [f"neg {lvl} of {i}" for lvl in range(1, n_negs + 1)],
+            "source": "synthetic" if i % 2 else "public",
+        }
+        for i in range(n)
+    ]
+
+
+def batches(rows, bs):
+    assert len(rows) % bs == 0, "rows must come as full batches"
+    return [rows[i : i + bs] for i in range(0, len(rows), bs)]
+
+
+def test_curriculum_phase_order_levels_and_quarter_split():
+    rows = build_curriculum(make_examples(400), batch_size=8, total_steps=40, seed=1, homogeneous_batches=False)
+    assert len(rows) == 40 * 8
+    phases = [r["phase"] for r in rows]
+    assert phases == sorted(phases), "phases must come in order 1,2,3,4"
+    per_phase = Counter(phases)
+    assert per_phase == {1: 80, 2: 80, 3: 80, 4: 80}  # 25% of the steps each
+    assert {r["phase"]: r["level"] for r in rows} == {1: 4, 2: 3, 3: 2, 4: 1}  # easy -> hard
+    for r in rows:  # the negative is the example's negative at that level
+        i = r["example_id"][2:]
+        assert r["negative"] == f"neg {r['level']} of {i}"
+    # each example visited at most once (400 examples, 320 rows) -> disjoint phase groups
+    assert len({r["example_id"] for r in rows}) == len(rows)
+
+
+def test_uneven_total_steps_gives_remainder_to_last_phase():
+    rows = build_curriculum(make_examples(200), batch_size=4, total_steps=10, homogeneous_batches=False)
+    assert Counter(r["phase"] for r in rows) == {1: 8, 2: 8, 3: 8, 4: 16}  # 10 // 4 = 2 steps, last gets 4
+
+
+def test_epochs_one_uses_every_example_once_in_four_groups():
+    ex = make_examples(64)
+    rows = build_curriculum(ex, batch_size=4, seed=3, homogeneous_batches=False)  # default epochs=1
+    assert len(rows) == 64 and rows.stats["examples_used"] == 64
+    assert sorted(r["example_id"] for r in rows) == sorted(e["id"] for e in ex)
+    assert Counter(r["phase"] for r in rows) == {1: 16, 2: 16, 3: 16, 4: 16}
+
+
+def test_reverse_and_fixed_and_random():
+    ex = make_examples(200)
+    rev = build_curriculum(ex, schedule="reverse", batch_size=5, total_steps=8, homogeneous_batches=False)
+    assert [r["level"] for r in rev][::5] == [1, 1, 2, 2, 3, 3, 4, 4]
+    fixed = build_curriculum(ex, schedule="fixed:2", batch_size=5, total_steps=8, homogeneous_batches=False)
+    assert {r["level"] for r in fixed} == {2} and {r["phase"] for r in fixed} == {1}
+    rnd = build_curriculum(ex, schedule="random", batch_size=5, total_steps=30, seed=4, homogeneous_batches=False)
+    levels = Counter(r["level"] for r in rnd)
+    assert set(levels) == {1, 2, 3, 4} and min(levels.values()) > 15  # 150 rows, ~37 each
+    assert {r["phase"] for r in rnd} == {1}
+    rnd2 = build_curriculum(ex, schedule="random", batch_size=5, total_steps=30, seed=4, homogeneous_batches=False)
+    assert [r["level"] for r in rnd] == [r["level"] for r in rnd2]
+    with pytest.raises(CurriculumError, match="schedule"):
+        build_curriculum(ex, schedule="fixed:5", batch_size=5)
+
+
+def test_shuffle_is_seed_deterministic_and_seed_sensitive():
+    ex = make_examples(120)
+    a = build_curriculum(ex, batch_size=6, seed=7)
+    b = build_curriculum(ex, batch_size=6, seed=7)
+    c = build_curriculum(ex, batch_size=6, seed=8)
+    assert list(a) == list(b)
+    assert [r["example_id"] for r in a] != [r["example_id"] for r in c]
+    ids = [int(r["example_id"][2:]) for r in a if r["phase"] == 1]
+    assert ids != sorted(ids), "rows within a phase must be shuffled"
+
+
+def test_few_negatives_skipped_unless_fixed_level_exists():
+    ex = make_examples(40)
+    short = [dict(e, id=f"short{i}", query=f"sq {i}", positive=f"sp {i}", negatives=[f"sn1 {i}", f"sn2 {i}"])
+             for i, e in enumerate(make_examples(20))]
+    rows = build_curriculum(ex + short, batch_size=4, homogeneous_batches=False)
+    assert rows.stats["skipped_few_negatives"] == 20
+    assert not any(r["example_id"].startswith("short") for r in rows)
+    rows2 = build_curriculum(ex + short, schedule="fixed:2", batch_size=4, homogeneous_batches=False)
+    assert rows2.stats["skipped_few_negatives"] == 0
+    assert any(r["example_id"].startswith("short") for r in rows2)
+
+
+def test_no_duplicate_text_in_a_batch_with_adversarial_duplicates():
+    ex = make_examples(60, task_types=("sts",))
+    # adversarial: many examples share a positive, one's negative is another's query,
+    # one differs only by case/whitespace, one repeats its own positive as a negative
+    for i in range(0, 60, 3):
+        ex[i]["positive"] = "The SAME positive"
+    ex[1]["negatives"] = [f"query 2"] * 4
+    ex[4]["query"] = "  the same   POSITIVE "
+    ex[5]["negatives"] = ["positive 5"] * 4
+    rows = build_curriculum(ex, batch_size=4, seed=0, homogeneous_batches=False)  # epochs=1: all visited
+    for batch in batches(rows, 4):
+        keys = []
+        for r in batch:
+            query = r["anchor"].split("\nQuery: ", 1)[1]
+            keys += [normalise(query), normalise(r["positive"]), normalise(r["negative"])]
+        assert len(keys) == len(set(keys)), batch
+        assert len({r["phase"] for r in batch}) == 1
+    assert rows.stats["moved_to_later_batch"] > 0
+    assert rows.stats["dropped_self_duplicate"] >= 1  # ex5: negative == positive
+    assert all(r["example_id"] != "ex5" for r in rows)
+
+
+def test_impossible_batch_raises_clear_error():
+    ex = make_examples(10)
+    for e in ex:
+        e["positive"] = "one positive for all"
+    with pytest.raises(CurriculumError, match="distinct texts"):
+        build_curriculum(ex, batch_size=2, total_steps=4, homogeneous_batches=False)
+
+
+def test_homogeneous_batches_hold_one_task_type():
+    ex = make_examples(300)
+    rows = build_curriculum(ex, batch_size=8, total_steps=12, homogeneous_batches=True)
+    bs = batches(rows, 8)
+    assert len(bs) == 12
+    assert all(len({r["task_type"] for r in b}) == 1 for b in bs)
+    assert len({b[0]["task_type"] for b in bs}) > 1
+    mixed = build_curriculum(ex, batch_size=8, total_steps=12, homogeneous_batches=False)
+    assert any(len({r["task_type"] for r in b}) > 1 for b in batches(mixed, 8))
+
+
+def test_instruction_template_and_bad_record():
+    rows = build_curriculum(make_examples(8), batch_size=2, homogeneous_batches=False)
+    r = rows[0]
+    assert r["anchor"].startswith("Instruct: Task ") and "\nQuery: query " in r["anchor"]
+    bare = build_curriculum(make_examples(8), batch_size=2, homogeneous_batches=False, instruction_template=None)
+    assert bare[0]["anchor"].startswith("query ")
+    bad = make_examples(3)
+    del bad[1]["positive"]
+    with pytest.raises(CurriculumError, match=r"example #1 \(id='ex1'\) field 'positive'"):
+        build_curriculum(bad, batch_size=1)
+
+
+def test_use_mined_takes_mined_negatives():
+    ex = make_examples(16)
+    for e in ex[:12]:
+        e["mined_negatives"] = [f"mined {k} {e['id']}" for k in range(4)]
+    rows = build_curriculum(ex, batch_size=2, use_mined=True, schedule="fixed:1", homogeneous_batches=False)
+    assert rows.stats["skipped_few_negatives"] == 4
+    assert all(r["negative"].startswith("mined 0 ") for r in rows)
+
+
+def test_save_and_reload_same_rows_same_order(tmp_path):
+    rows = build_curriculum(make_examples(90), batch_size=4, seed=2)
+    out = save_curriculum(rows, tmp_path / "cur")
+    ds = load_curriculum(out)
+    assert ds.to_list() == [{k: r[k] for k in ds.column_names} for r in rows]
+    import json
+
+    import polars as pl
+
+    assert pl.read_parquet(out / "train.parquet")["example_id"].to_list() == [r["example_id"] for r in rows]
+    card = json.loads((out / "card.json").read_text())
+    assert card["rows"] == len(rows) and card["build"]["schedule"] == "curriculum"
+    assert sum(card["per_phase"].values()) == len(rows)
+    assert "| phase | rows |" in (out / "card.md").read_text()
+    # overwrite atomically: the second save replaces the first, no temp dirs left behind
+    save_curriculum(rows[:8], out)
+    assert len(load_curriculum(out)) == 8
+    assert [p.name for p in tmp_path.iterdir()] == ["cur"]
