@@ -11,6 +11,8 @@ from negsynth.pipeline.context import StageContext
 STAGES: dict[str, str] = {
     "brainstorm": "negsynth.stages.brainstorm:run",
     "generate": "negsynth.stages.generate:run",
+    "regenerate": "negsynth.stages.regenerate:run",
+    "score": "negsynth.stages.score:run",
 }
 
 #: stages that call the LLM (``negsynth run`` starts the embedded server only for these)

