@@ -231,6 +231,21 @@ def serve(
     sys.exit(srv.wait())
 
 
+@app.command("config")
+@guarded
+def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
+    """Print the resolved config (defaults + --config + --set) as TOML, or JSON with --json."""
+    from negsynth.pipeline.config_io import load_config
+
+    cfg = load_config(config, set_ or []).model_dump(mode="json", exclude_none=True)
+    if json_out:
+        typer.echo(json.dumps(cfg, indent=2))
+        return
+    import tomli_w
+
+    typer.echo(tomli_w.dumps(cfg), nl=False)
+
+
 def register_later_stages() -> None:
     """Subcommands of later stages live beside their stage modules (see negsynth/cli_*.py)."""
     import importlib
