@@ -113,7 +113,9 @@ def transport_kind(exc: BaseException) -> str | None:
     if isinstance(exc, openai.RateLimitError):
         return "rate_limited"
     if isinstance(exc, openai.APITimeoutError):
-        return "timeout"
+        # the aiohttp transport maps every aiohttp.ClientConnectionError (a reset, a closed
+        # socket) to httpx.ConnectTimeout: look at the original cause to tell them apart
+        return "connection" if _caused_by_disconnect(exc) else "timeout"
     if isinstance(exc, openai.APIConnectionError):
         return "connection"
     if isinstance(exc, EmptyResponse):
@@ -123,6 +125,22 @@ def transport_kind(exc: BaseException) -> str | None:
         if code in (408, 409, 425, 429) or code >= 500:
             return f"http_{code}"
     return None
+
+
+def _caused_by_disconnect(exc: BaseException) -> bool:
+    e: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(6):
+        if e is None:
+            return False
+        if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
+            return False
+        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ in ("ServerDisconnectedError", "ClientOSError", "ClientPayloadError"):
+            return True
+        mod = type(e).__module__ or ""
+        if mod.startswith("aiohttp") and "Timeout" not in type(e).__name__:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _retry_after_seconds(exc: BaseException) -> float | None:
