@@ -167,3 +167,40 @@ def regenerate(
 
 
 # ============================================================================ end regenerate
+
+
+# ============================================================================ inspect (issue 4)
+
+
+@app.command("inspect")
+@guarded
+def inspect_cmd(
+    path: Annotated[Path, typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl")],
+    sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="pretty-print N examples (with cosines and flags when scored)")] = 0,
+    task_type: Annotated[str | None, typer.Option("--task-type", help="only examples of this task type")] = None,
+    flag: Annotated[str | None, typer.Option("--flag", help="only examples with this flag: false_negative | too_easy | non_monotonic")] = None,
+    level: Annotated[int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,
+    plots: Annotated[Path | None, typer.Option("--plots", help="also write PNG figures to this directory")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Summarise a run: counts per stage, task-type mix, rejects, tokens/cost, score statistics per level."""
+    from negsynth.inspect import inspect_path, render, write_plots
+
+    _setup_logging(verbose)
+    report = inspect_path(path, sample=sample, task_type=task_type, flag=flag, level=level, seed=seed)
+    if plots is not None:
+        report["plots"] = [str(p) for p in write_plots(path, plots, task_type=task_type)]
+    if json_out:
+        _emit(report, True)
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    render(report, console)
+    for p in report.get("plots", []):
+        console.print(f"wrote {p}")
+
+
+# ============================================================================ end inspect
