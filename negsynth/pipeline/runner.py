@@ -32,6 +32,21 @@ from negsynth.llm.client import BudgetStop
 from negsynth.pipeline.context import StageContext
 
 
+#: reject reasons of an unfinished shard that a rerun retries (outages, not model failures)
+RETRY_ON_RESUME = ("transport_",)
+
+
+def _crash_point(name: str) -> None:
+    """Fault injection for the resume tests: ``NEGSYNTH_CRASH_AT=<name>`` SIGKILLs us here."""
+    if _CRASH_AT is not None and _CRASH_AT == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_CRASH_AT = os.environ.get("NEGSYNTH_CRASH_AT") or None
+
+
 @dataclass
 class WorkItem:
     index: int
@@ -118,7 +133,9 @@ class ShardedRunner:
             "usage": dict(usage),
         }
         atomic_write_json(self.dir / "_shards" / f"{s:05d}.json", stats)
+        _crash_point("before_final")
         write_jsonl(self._final(s), records)  # its presence marks the shard done: written last
+        _crash_point("after_final")
         try:
             os.unlink(self._partial(s))
         except FileNotFoundError:
@@ -146,8 +163,12 @@ class ShardedRunner:
             done: dict[int, tuple[str, dict]] = {}
             if self._partial(s).exists():
                 for row in iter_jsonl(self._partial(s), tolerate_truncated_tail=True):
-                    if lo <= row.get("i", -1) < hi:
-                        done[row["i"]] = (row["k"], row["r"])
+                    if not (lo <= row.get("i", -1) < hi):
+                        continue
+                    if row["k"] == "rej" and str(row["r"].get("reason", "")).startswith(RETRY_ON_RESUME):
+                        done.pop(row["i"], None)  # the server failed, not the model: try it again
+                        continue
+                    done[row["i"]] = (row["k"], row["r"])
             state[s] = done
             remaining[s] = (hi - lo) - len(done)
             for kind, r in done.values():
