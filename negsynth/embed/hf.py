@@ -77,5 +77,4 @@ def load_decoder(model: str = "default", *, device: str = "auto", dtype: str = "
         kw["attn_implementation"] = attn_implementation
     m = cls.from_pretrained(path, **kw).to(dev)
     m.eval()
-    torch.set_grad_enabled(True)
     return m, tok
