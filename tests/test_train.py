@@ -299,7 +299,7 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
 
     ds = _dataset(8)
     cfg = TrainConfig(
-        model="smollm2", pooling="ata", bidirectional="last:2", lora={"enabled": True}, batch_size=4, grad_accum=1, lr=1e-3, epochs=3, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run")
+        model="smollm2", pooling="ata", bidirectional="last:2", lora={"enabled": True}, batch_size=4, grad_accum=1, lr=1e-3, epochs=2, max_length=24, save_steps=1000, output_dir=str(tmp_path / "run")
     )
     before = _dataset_loss(build_model(cfg, device="cpu"), ds, cfg.temperature)
     out = train(ds, cfg)
