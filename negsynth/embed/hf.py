@@ -60,7 +60,6 @@ def load_decoder(model: str = "default", *, device: str = "auto", dtype: str = "
     ``causal_lm=True`` loads the LM head too (EmbedFilter needs the unembedding matrix);
     otherwise the bare backbone (``AutoModel``). A missing pad token is set to EOS.
     """
-    import torch
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     from negsynth.embed.base import resolve_device, resolve_dtype
