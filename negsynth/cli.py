@@ -35,9 +35,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print the stats as JSON o
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="discard this stage's existing outputs first")]
 ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's index when n machines split one run")]
 NumShardsOpt = Annotated[int, typer.Option("--num-shards", min=1, help="number of workers splitting the run")]
-MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", min=0, help="stop after this many LLM requests")]
-MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", min=0, help="stop after this many tokens (in + out)")]
-MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", min=0, help="stop after this estimated cost in USD (llm.price)")]
+MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop after this many LLM requests (this invocation; exit code 3)")]
+MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="stop after this many tokens in + out (this invocation; exit code 3)")]
+MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", help="stop after this estimated cost in USD, llm.price (this invocation; exit code 3)")]
+ModeOpt = Annotated[str, typer.Option("--mode", help="online (live requests) or batch (OpenAI Batch API: upload, poll, download)")]
+
+#: exit code when a --max-* budget stopped a stage: finished work is written, rerun to continue
+EXIT_BUDGET = 3
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
 
 
@@ -70,6 +74,18 @@ def _setup_logging(verbose: int) -> None:
 def _emit(stats: Any, json_mode: bool) -> None:
     if json_mode:
         typer.echo(json.dumps(stats, indent=2, ensure_ascii=False, default=str))
+
+
+def _emit_llm(stats: dict, json_mode: bool) -> None:
+    """Print the stats; a stage stopped by a budget exits with EXIT_BUDGET and says how to go on."""
+    _emit(stats, json_mode)
+    if stats.get("stopped_by"):
+        typer.echo(
+            f"stopped by budget {stats['stopped_by']}: {stats.get('items', 0)} items done and written; "
+            "rerun the same command (with a larger budget) to continue",
+            err=True,
+        )
+        raise typer.Exit(EXIT_BUDGET)
 
 
 def make_context(
@@ -145,12 +161,13 @@ def brainstorm(
     max_requests: MaxReqOpt = None,
     max_tokens: MaxTokOpt = None,
     max_cost: MaxCostOpt = None,
+    mode: ModeOpt = "online",
     verbose: VerboseOpt = 0,
 ) -> None:
     """Stage 1: the LLM invents embedding tasks per task type -> RUN_DIR/brainstorm/."""
     _setup_logging(verbose)
-    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost)
-    _emit(_llm_stage("brainstorm", ctx), json_out)
+    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost, mode=mode)
+    _emit_llm(_llm_stage("brainstorm", ctx), json_out)
 
 
 @app.command()
@@ -167,15 +184,33 @@ def generate(
     max_requests: MaxReqOpt = None,
     max_tokens: MaxTokOpt = None,
     max_cost: MaxCostOpt = None,
+    mode: ModeOpt = "online",
     verbose: VerboseOpt = 0,
 ) -> None:
     """Stage 2: per task, one example with 4 negatives ordered hardest -> easiest -> RUN_DIR/generate/."""
     _setup_logging(verbose)
     ctx = make_context(
         config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, shard_index=shard_index,
-        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost,
+        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost, mode=mode,
     )  # fmt: skip
-    _emit(_llm_stage("generate", ctx), json_out)
+    _emit_llm(_llm_stage("generate", ctx), json_out)
+
+
+@app.command()
+@guarded
+def merge(
+    run_dir: RunDirOpt = Path("runs/default"),
+    stage: Annotated[str, typer.Option("--stage", help="the stage whose --num-shards workers to merge")] = "generate",
+    json_out: JsonOpt = False,
+) -> None:
+    """After n workers (--shard-index 0..n-1 --num-shards n): check every shard is done, write one stats.json."""
+    from negsynth.pipeline.llm_stage import merge_stage
+
+    stats = merge_stage(run_dir, stage)
+    if json_out:
+        _emit(stats, True)
+    else:
+        typer.echo(f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}", err=True)
 
 
 @app.command()

@@ -1,5 +1,9 @@
 """A real-socket fake of an OpenAI-compatible server for tests (no mocked functions).
 
+It also fakes the Batch API: ``POST /v1/files`` (multipart upload), ``GET /v1/files/{id}/content``,
+``POST /v1/batches`` and ``GET /v1/batches/{id}``; a batch runs every line through the same
+responder when it is polled (``batch_polls_to_complete``, ``batch_hold``).
+
 ``FakeOpenAI(responder)`` serves ``/v1/models`` and ``/v1/chat/completions`` on 127.0.0.1 in a
 background thread. ``responder(request: dict, n: int) -> Reply`` decides each answer (``n``
 counts chat requests from 0); ``Reply`` can carry content, status, headers, a delay, empty
@@ -54,6 +58,14 @@ class FakeOpenAI:
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self._lock = threading.Lock()
+        # Batch API: uploaded files, batches, the chat bodies run inside batches, and controls
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict] = {}
+        self.batch_requests: list[dict] = []
+        self.batch_polls_to_complete = 1  # retrieves answered "in_progress" before a batch completes
+        self.batch_hold = threading.Event()  # clear() it to keep every batch "in_progress"
+        self.batch_hold.set()
+        self.on_batch_poll: Callable[[dict], None] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,18 +89,42 @@ class FakeOpenAI:
                     return True
                 return self.headers.get("Authorization") == f"Bearer {outer.require_key}"
 
+            def _send_bytes(self, status: int, data: bytes, ctype: str = "application/octet-stream") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_GET(self) -> None:
                 if not self._auth_ok():
                     return self._send(401, {"error": {"message": "bad key"}})
+                parts = self.path.split("?")[0].rstrip("/").split("/")
+                if len(parts) >= 3 and parts[-1] == "content" and parts[-3] == "files":
+                    data = outer.files.get(parts[-2])
+                    if data is None:
+                        return self._send(404, {"error": {"message": "no such file"}})
+                    return self._send_bytes(200, data)
+                if len(parts) >= 2 and parts[-2] == "batches":
+                    b = outer.batches.get(parts[-1])
+                    if b is None:
+                        return self._send(404, {"error": {"message": "no such batch"}})
+                    return self._send(200, outer._poll_batch(b))
                 if self.path.rstrip("/").endswith("/models"):
                     return self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]})
                 self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
                 n_bytes = int(self.headers.get("Content-Length") or 0)
-                req = json.loads(self.rfile.read(n_bytes) or b"{}")
+                raw = self.rfile.read(n_bytes)
                 if not self._auth_ok():
                     return self._send(401, {"error": {"message": "bad key"}})
+                path = self.path.split("?")[0].rstrip("/")
+                if path.endswith("/files"):
+                    return self._send(200, outer._upload(self.headers.get("Content-Type", ""), raw))
+                if path.endswith("/batches"):
+                    return self._send(200, outer._create_batch(json.loads(raw)))
+                req = json.loads(raw or b"{}")
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "not found"}})
                 with outer._lock:
@@ -121,6 +157,90 @@ class FakeOpenAI:
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    # -- Batch API -------------------------------------------------------------------------
+    def _new_file(self, data: bytes, purpose: str, name: str = "file.jsonl") -> dict:
+        with self._lock:
+            fid = f"file-{len(self.files):04d}"
+            self.files[fid] = data
+        return {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()), "filename": name, "purpose": purpose, "status": "processed"}
+
+    def _upload(self, content_type: str, raw: bytes) -> dict:
+        from email.parser import BytesParser
+        from email.policy import HTTP
+
+        msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw)
+        fields: dict[str, Any] = {}
+        for part in msg.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            fields[name] = (part.get_filename(), part.get_payload(decode=True))
+        fname, data = fields["file"]
+        purpose = fields.get("purpose", (None, b"batch"))[1].decode()
+        return self._new_file(data, purpose, fname or "file.jsonl")
+
+    def _create_batch(self, req: dict) -> dict:
+        with self._lock:
+            bid = f"batch-{len(self.batches):04d}"
+            b = {
+                "id": bid,
+                "object": "batch",
+                "endpoint": req["endpoint"],
+                "input_file_id": req["input_file_id"],
+                "completion_window": req.get("completion_window", "24h"),
+                "status": "validating",
+                "created_at": int(time.time()),
+                "output_file_id": None,
+                "error_file_id": None,
+                "request_counts": {"total": 0, "completed": 0, "failed": 0},
+                "_polls": 0,
+            }
+            self.batches[bid] = b
+        return {k: v for k, v in b.items() if not k.startswith("_")}
+
+    def _poll_batch(self, b: dict) -> dict:
+        if self.on_batch_poll is not None:
+            self.on_batch_poll(b)
+        with self._lock:
+            if b["status"] not in ("completed", "expired", "failed"):
+                b["_polls"] += 1
+                if self.batch_hold.is_set() and b["_polls"] > self.batch_polls_to_complete:
+                    self._run_batch(b)
+                else:
+                    b["status"] = "in_progress"
+        return {k: v for k, v in b.items() if not k.startswith("_")}
+
+    def _run_batch(self, b: dict) -> None:
+        """Answer every line with the responder: 200s to the output file, errors to the error file.
+
+        A ``Reply(status=0)`` leaves the line unprocessed (the batch then ends "expired").
+        """
+        out, err = [], []
+        lines = [json.loads(x) for x in self.files[b["input_file_id"]].decode().splitlines() if x.strip()]
+        expired = False
+        for line in lines:
+            body = line["body"]
+            n = len(self.requests) + len(self.batch_requests)
+            self.batch_requests.append(body)
+            r = self.responder(body, n)
+            if r.status == 0:
+                expired = True
+                continue
+            if r.status != 200:
+                err.append({"id": f"req-{n}", "custom_id": line["custom_id"], "response": {"status_code": r.status, "body": {"error": {"message": "fake"}}}, "error": None})
+                continue
+            cb = completion_body(r.content, model=body.get("model", "fake"), finish_reason=r.finish_reason, empty=r.empty_choices, pt=r.prompt_tokens, ct=r.completion_tokens)
+            out.append({"id": f"req-{n}", "custom_id": line["custom_id"], "response": {"status_code": 200, "request_id": f"r{n}", "body": cb}, "error": None})
+        if out:
+            b["output_file_id"] = self._new_file_locked("".join(json.dumps(x) + "\n" for x in out).encode(), "batch_output")
+        if err:
+            b["error_file_id"] = self._new_file_locked("".join(json.dumps(x) + "\n" for x in err).encode(), "batch_output")
+        b["request_counts"] = {"total": len(lines), "completed": len(out), "failed": len(err)}
+        b["status"] = "expired" if expired else "completed"
+
+    def _new_file_locked(self, data: bytes, purpose: str) -> str:
+        fid = f"file-{len(self.files):04d}"
+        self.files[fid] = data
+        return fid
 
     @property
     def base_url(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,13 @@ class Budget:
     max_requests: int | None = None
     max_tokens: int | None = None
     max_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        for flag, v in (("--max-requests", self.max_requests), ("--max-tokens", self.max_tokens), ("--max-cost", self.max_cost)):
+            if v is not None and v < 0:
+                from negsynth.errors import UserError
+
+                raise UserError(f"{flag} {v}: a budget must be >= 0 (omit the flag for no limit)")
 
     def exceeded(self, requests: int, tokens: int, cost: float) -> str | None:
         if self.max_requests is not None and requests >= self.max_requests:
@@ -37,10 +45,15 @@ class StageContext:
     budget: Budget = field(default_factory=Budget)
     reporter: Reporter = field(default_factory=Reporter)
     mode: str = "online"  # or "batch" (OpenAI Batch API)
+    batch_poll_s: float = field(default_factory=lambda: float(os.environ.get("NEGSYNTH_BATCH_POLL_S", "30")))
     base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
+        if self.mode not in ("online", "batch"):
+            from negsynth.errors import UserError
+
+            raise UserError(f"--mode {self.mode!r}: choose 'online' (live requests) or 'batch' (OpenAI Batch API)")
         if not (0 <= self.shard_index < self.num_shards):
             from negsynth.errors import UserError
 

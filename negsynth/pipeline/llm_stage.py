@@ -37,9 +37,18 @@ def endpoint(ctx: StageContext) -> str:
     return url
 
 
+def stage_concurrency(ctx: StageContext, n_items: int) -> int:
+    """Items in flight: ``llm.max_concurrency`` online; every item in batch mode (a batch holds them all)."""
+    return max(1, n_items) if ctx.mode == "batch" else ctx.cfg.llm.max_concurrency
+
+
 @asynccontextmanager
-async def llm_session(ctx: StageContext, *, check: bool = True, transport: Any | None = None):
-    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate."""
+async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | None = None):
+    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate.
+
+    With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
+    (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``).
+    """
     cfg = ctx.cfg.llm
     url = endpoint(ctx)
     try:
@@ -52,9 +61,20 @@ async def llm_session(ctx: StageContext, *, check: bool = True, transport: Any |
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
     limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
     try:
-        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter, transport=transport) as client:
+        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
             client.gate = budget_checker(ctx, client)
-            yield client
+            if ctx.mode == "batch":
+                from negsynth.llm.batch import BatchTransport
+
+                if cache is None:
+                    raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
+                client.transport = BatchTransport(client, ctx.stage_dir(stage or "llm") / "_batch", poll_s=ctx.batch_poll_s)
+                try:
+                    yield client
+                finally:
+                    await client.transport.aclose()
+            else:
+                yield client
     except LLMFatalError as e:
         raise UserError(str(e)) from None
     finally:
@@ -131,3 +151,82 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
     if stats.get("stopped_by"):
         rows.append(("stopped by budget", stats["stopped_by"]))
     return rows
+
+
+def merge_stage(run_dir: Path, stage: str) -> dict:
+    """Combine the work of ``--num-shards n`` workers into one ``RUN_DIR/<stage>/stats.json``.
+
+    Every worker writes its shards into the same stage folder (so ``read_stage`` already sees the
+    union) and its own ``stats.KKKKK-of-NNNNN.json``. This checks that every shard the manifest
+    planned is finished, sums the per-shard stats and the workers' request counters, and writes
+    ``stats.json``. Raises :class:`UserError` naming the missing shards and their workers.
+    """
+    import json
+
+    from negsynth.pipeline.manifest import read_manifest
+
+    run_dir = Path(run_dir)
+    d = run_dir / stage
+    entry = read_manifest(run_dir).get("stages", {}).get(stage)
+    if not entry or not d.is_dir():
+        raise UserError(f"{d}: no {stage} outputs recorded in {run_dir / 'manifest.json'}; run `negsynth {stage}` first")
+    n_items, size, n = entry.get("items"), entry.get("shard_size"), entry.get("num_shards") or 1
+    if n_items is None or not size:
+        total = len(list(d.glob("shard-*.jsonl")))
+    else:
+        total = (n_items + size - 1) // size
+    missing = [s for s in range(total) if not (d / f"shard-{s:05d}.jsonl").exists()]
+    if missing:
+        workers = sorted({s % n for s in missing})
+        shown = ", ".join(f"{s:05d}" for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise UserError(
+            f"{d}: {len(missing)} of {total} shards are not finished ({shown}); rerun "
+            + ", ".join(f"--shard-index {k}" for k in workers)
+            + f" --num-shards {n} (the same command resumes), then merge again"
+        )
+    rep = RunReport(stage=stage, shards_total=total, shards_done=total)
+    for s in range(total):
+        p = d / "_shards" / f"{s:05d}.json"
+        try:
+            rep.add_shard(json.loads(p.read_text(encoding="utf-8")))
+        except (FileNotFoundError, json.JSONDecodeError):
+            raise UserError(f"{p}: per-shard stats missing or corrupt; rerun the worker --shard-index {s % n} --num-shards {n}") from None
+    workers: dict[str, Any] = {}
+    this_run: dict[str, Any] = {}
+    wall = 0.0
+    for p in sorted(d.glob("stats.*-of-*.json")) + ([d / "stats.json"] if n == 1 and (d / "stats.json").exists() else []):
+        try:
+            w = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise UserError(f"{p}: not valid JSON; rerun that worker") from None
+        workers[p.name] = {k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")}
+        wall = max(wall, float(w.get("wall_time_s") or 0.0))
+        for k, v in (w.get("this_run") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                this_run[k] = this_run.get(k, 0) + v
+            elif isinstance(v, dict) and k != "rate_limiter":
+                acc = this_run.setdefault(k, {})
+                for kk, vv in v.items():
+                    acc[kk] = acc.get(kk, 0) + vv
+    rep.wall_time_s = wall
+    u = rep.usage
+    stats: dict[str, Any] = {
+        "stage": stage,
+        "items": rep.items,
+        "valid": rep.valid,
+        "rejected": rep.rejected,
+        "rejects_by_reason": dict(sorted(rep.reasons.items(), key=lambda kv: -kv[1])),
+        "shards_done": total,
+        "shards_total": total,
+        "complete": True,
+        "stopped_by": None,
+        "tokens": {"prompt": u.get("prompt_tokens", 0), "completion": u.get("completion_tokens", 0)},
+        "attempts": u.get("attempts", 0),
+        "wall_time_s": round(wall, 3),
+        "num_shards": n,
+        "merged_from": workers,
+        "this_run": this_run,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_json(d / "stats.json", stats)
+    return stats

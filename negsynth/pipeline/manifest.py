@@ -44,8 +44,25 @@ def stage_has_outputs(stage_dir: Path) -> bool:
     return stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*"))
 
 
-def check_and_record(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool) -> None:
-    """Refuse a relaunch that changes what made existing outputs; record the stage's entry."""
+def _remove_worker_outputs(stage_dir: Path, shard_index: int, num_shards: int) -> None:
+    """--overwrite for worker k of n: remove only the shards this worker owns (s % n == k)."""
+    for p in list(stage_dir.glob("shard-*.jsonl*")) + list((stage_dir / "rejects").glob("shard-*.jsonl*")) + list((stage_dir / "_shards").glob("*.json")):
+        digits = "".join(ch for ch in p.name.split(".")[0] if ch.isdigit())
+        if digits and int(digits) % num_shards == shard_index:
+            p.unlink()
+    stats = stage_dir / f"stats.{shard_index:05d}-of-{num_shards:05d}.json"
+    if stats.exists():
+        stats.unlink()
+
+
+def check_and_record(
+    run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, shard_index: int = 0, num_shards: int = 1
+) -> None:
+    """Refuse a relaunch that changes what made existing outputs; record the stage's entry.
+
+    Workers ``0..n-1`` of one ``--num-shards n`` split share the entry (same config hash, shard
+    size and n); a relaunch with another n is refused, because shard ownership would change.
+    """
     run_dir = Path(run_dir)
     stage_dir = run_dir / stage
     man = read_manifest(run_dir)
@@ -62,7 +79,10 @@ def check_and_record(run_dir: Path, stage: str, entry: dict[str, Any], *, overwr
                     f"rerun with --overwrite to discard them, or use a new --run-dir"
                 )
     if overwrite and stage_dir.exists():
-        shutil.rmtree(stage_dir)
+        if num_shards > 1 and old and old.get("num_shards") == num_shards:
+            _remove_worker_outputs(stage_dir, shard_index, num_shards)  # leave the other workers' shards alone
+        else:
+            shutil.rmtree(stage_dir)
     man.setdefault("stages", {})[stage] = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     man["versions"] = versions()
     man.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))

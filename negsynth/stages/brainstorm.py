@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from negsynth.data.shards import atomic_write_json, write_jsonl
-from negsynth.llm.client import LLMClient
+from negsynth.llm.client import BudgetStop, LLMClient
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import llm_fingerprint, llm_session, summary_rows, write_stats
@@ -144,11 +144,17 @@ def run(ctx: StageContext) -> dict:
         return stats
 
     async def main():
-        async with llm_session(ctx) as client:
-            tasks, rejects, rep = await _brainstorm(ctx, client)
+        async with llm_session(ctx, stage=STAGE) as client:
+            try:
+                tasks, rejects, rep = await _brainstorm(ctx, client)
+            except BudgetStop as e:  # nothing is written; the cache keeps every answer for the rerun
+                return None, None, RunReport(stage=STAGE, stopped_by=e.reason, shards_total=1), client
             return tasks, rejects, rep, client
 
     tasks, rejects, rep, client = asyncio.run(main())
+    if tasks is None:
+        rep.wall_time_s = time.monotonic() - t0
+        return write_stats(ctx, STAGE, rep, client)
     write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
     write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
     rep.items = len(tasks) + len(rejects)

@@ -25,7 +25,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, summary_rows, write_stats
+from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, stage_concurrency, summary_rows, write_stats
 from negsynth.pipeline.manifest import check_and_record
 from negsynth.pipeline.runner import Outcome, ShardedRunner, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
@@ -223,12 +223,14 @@ def run(ctx: StageContext) -> dict:
         STAGE,
         {"config_hash": h, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed, "items": len(items)},
         overwrite=ctx.overwrite,
+        shard_index=ctx.shard_index,
+        num_shards=ctx.num_shards,
     )
     cfg = ctx.cfg.generate
 
     async def main():
-        async with llm_session(ctx) as client:
-            runner = ShardedRunner(ctx, STAGE, concurrency=ctx.cfg.llm.max_concurrency, budget_check=budget_checker(ctx, client))
+        async with llm_session(ctx, stage=STAGE) as client:
+            runner = ShardedRunner(ctx, STAGE, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
             rep = await runner.run(items, lambda it: process_item(client, it, cfg, ctx.cfg.llm.model), description="generate")
             return rep, client
 
