@@ -92,8 +92,12 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                         temperature=bc.temperature,
                     )
                     for i in idx
-                )
+                ),
+                return_exceptions=True,  # a budget stop lets the requests in flight finish (and be cached)
             )
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
             for i, res in zip(idx, results, strict=True):
                 rid = short_id("req", tt, i)
                 rep.usage.update(res.usage.model_dump())
@@ -123,7 +127,10 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
             await one_type(tt)
             bar.update(advance=1, valid=len(tasks), rejected=len(rejects))
 
-        await asyncio.gather(*(run_type(t) for t in bc.task_types))
+        done = await asyncio.gather(*(run_type(t) for t in bc.task_types), return_exceptions=True)
+        for r in done:
+            if isinstance(r, BaseException):
+                raise r
     order = {t: i for i, t in enumerate(bc.task_types)}
     tasks.sort(key=lambda t: (order[t.task_type], t.id))
     if ctx.cfg.generate.ratio.get("sts", 0) > 0:

@@ -1,0 +1,214 @@
+"""Scale-out (--shard-index/--num-shards + merge) and budgets (--max-requests/-tokens/-cost)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
+from typer.testing import CliRunner
+
+from negsynth.cli import EXIT_BUDGET, app
+from negsynth.data.shards import read_stage
+
+runner = CliRunner()
+EXAMPLES = 22
+SHARD = 4  # 6 shards
+
+
+def write_config(tmp: Path, base_url: str, extra: str = "") -> Path:
+    cfg = tmp / "run.toml"
+    cfg.write_text(
+        f"""[llm]
+base_url = "{base_url}"
+model = "fake"
+max_concurrency = 3
+backoff_initial = 0.01
+backoff_max = 0.05
+timeout = 5
+max_attempts = 2
+[llm.price]
+input_per_mtok = 1000.0
+output_per_mtok = 1000.0
+[pipeline]
+shard_size = {SHARD}
+[brainstorm]
+tasks_per_type = 5
+tasks_per_request = 5
+[generate]
+examples = {EXAMPLES}
+min_per_type = 2
+{extra}"""
+    )
+    return cfg
+
+
+def responder(req, n):
+    """STS items need one re-ask; everything else is valid at once. Deterministic by body."""
+    last = req["messages"][-1]["content"]
+    if last.startswith("Your answer was rejected"):
+        return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n))
+    if '"S1"' in last:
+        return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
+    return Reply(content=valid_answer(req, n))
+
+
+@pytest.fixture(scope="module")
+def brainstormed(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bs")
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp, srv.base_url)
+        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q"])
+        assert r.exit_code == 0, r.output
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, brainstormed):
+    """One uninterrupted single-worker run: its data files and the requests it needed."""
+    tmp = tmp_path_factory.mktemp("ref")
+    rd = tmp / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp, srv.base_url)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", "--json"])
+        assert r.exit_code == 0, r.output
+        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+    return data_files(rd), json.loads(r.stdout), bodies
+
+
+def data_files(rd: Path) -> dict[str, bytes]:
+    d = rd / "generate"
+    files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*.json")]
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
+
+
+def gen(cfg: Path, rd: Path, *extra: str):
+    return runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", *extra])
+
+
+# -- scale-out ----------------------------------------------------------------------------------
+def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainstormed, reference):
+    ref_files, ref_stats, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    n = 3
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        # worker 2 alone first: merge must name what is missing and who owns it
+        assert gen(cfg, rd, "--shard-index", "2", "--num-shards", str(n)).exit_code == 0
+        r = runner.invoke(app, ["merge", "-d", str(rd)])
+        assert r.exit_code == 2 and "shards are not finished" in r.stderr
+        assert "--shard-index 0, --shard-index 1 --num-shards 3" in r.stderr and r.stderr.count("\n") == 1
+        # a relaunch with another worker count is refused
+        r = gen(cfg, rd, "--shard-index", "0", "--num-shards", "2")
+        assert r.exit_code == 2 and "--num-shards" in r.stderr
+        # workers 0 and 1 run at the same time, as separate processes on the same run dir
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q", "--shard-index", str(k), "--num-shards", str(n)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+            )  # fmt: skip
+            for k in (0, 1)
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+    # each worker wrote only its own shards (s % n == k) and its own stats file
+    for k in range(n):
+        st = json.loads((rd / "generate" / f"stats.{k:05d}-of-{n:05d}.json").read_text())
+        assert st["shard_index"] == k and st["complete"] and st["shards_total"] == 2
+    assert not (rd / "generate" / "stats.json").exists()
+    assert data_files(rd) == ref_files  # the union is byte-identical to one worker's run
+    assert bodies == ref_bodies  # and together they sent exactly the requests one worker sends
+
+    r = runner.invoke(app, ["merge", "-d", str(rd), "--json"])
+    assert r.exit_code == 0, r.stderr
+    merged = json.loads(r.stdout)
+    for k in ("items", "valid", "rejected", "rejects_by_reason", "tokens", "attempts", "shards_total"):
+        assert merged[k] == ref_stats[k], k
+    assert merged["complete"] and merged["num_shards"] == n and len(merged["merged_from"]) == n
+    assert merged["this_run"]["requests"] == ref_stats["this_run"]["requests"]
+    assert json.loads((rd / "generate" / "stats.json").read_text())["valid"] == ref_stats["valid"]
+    rows = list(read_stage(rd / "generate"))
+    assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]
+
+
+def test_worker_overwrite_removes_only_its_own_shards(tmp_path, brainstormed):
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        for k in (0, 1):
+            assert gen(cfg, rd, "--shard-index", str(k), "--num-shards", "2").exit_code == 0
+        other = {p.name: p.read_bytes() for p in (rd / "generate").glob("shard-*.jsonl") if int(p.name[6:11]) % 2 == 1}
+        n0 = len(srv.requests)
+        assert gen(cfg, rd, "--shard-index", "0", "--num-shards", "2", "--overwrite").exit_code == 0
+        assert len(srv.requests) == n0  # worker 0 redid its shards from the cache
+    assert {p.name: p.read_bytes() for p in (rd / "generate").glob("shard-*.jsonl") if int(p.name[6:11]) % 2 == 1} == other
+    assert runner.invoke(app, ["merge", "-d", str(rd)]).exit_code == 0
+
+
+# -- budgets ------------------------------------------------------------------------------------
+def test_max_requests_stops_cleanly_and_a_larger_budget_continues(tmp_path, brainstormed, reference):
+    ref_files, ref_stats, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        r = gen(cfg, rd, "--max-requests", "9", "--json")
+        assert r.exit_code == EXIT_BUDGET, r.output
+        assert "stopped by budget max_requests=9" in r.stderr and "rerun" in r.stderr
+        assert len(srv.requests) == 9  # never overshoots, even with 3 requests in flight
+        st = json.loads((rd / "generate" / "stats.json").read_text())
+        assert st["stopped_by"] == "max_requests=9" and not st["complete"] and st["this_run"]["requests"] == 9
+        done = list(read_stage(rd / "generate")) + [json.loads(x)["r"] for p in (rd / "generate").glob("*.partial") for x in p.read_text().splitlines()]
+        assert 0 < len(done) == st["items"] < EXAMPLES  # everything finished is written
+        # a second, still small budget makes progress again
+        r = gen(cfg, rd, "--max-requests", "5")
+        assert r.exit_code == EXIT_BUDGET and len(srv.requests) == 14
+        # a large enough budget finishes the job: same data as an uninterrupted run, nothing resent
+        r = gen(cfg, rd, "--max-requests", "1000", "--json")
+        assert r.exit_code == 0, r.output
+        final = json.loads(r.stdout)
+        assert final["complete"] and final["stopped_by"] is None
+        assert Counter(json.dumps(q, sort_keys=True) for q in srv.requests) == ref_bodies
+    assert data_files(rd) == ref_files
+
+
+@pytest.mark.parametrize("flag, value, why", [("--max-tokens", "200", "max_tokens=200"), ("--max-cost", "0.2", "max_cost=0.2")])
+def test_token_and_cost_budgets_stop_cleanly(tmp_path, brainstormed, flag, value, why):
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        r = gen(cfg, rd, flag, value)
+        assert r.exit_code == EXIT_BUDGET, r.output
+        st = json.loads((rd / "generate" / "stats.json").read_text())
+        assert st["stopped_by"] == why and not st["complete"]
+        # 30 tokens per request (fake usage): the budget stops within the requests in flight
+        assert 200 / 30 <= len(srv.requests) <= 200 / 30 + 3
+        r = gen(cfg, rd)
+        assert r.exit_code == 0 and json.loads((rd / "generate" / "stats.json").read_text())["complete"]
+
+
+def test_brainstorm_budget_writes_nothing_partial_and_rerun_completes(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(rd), "-q", "--max-requests", "2"])
+        assert r.exit_code == EXIT_BUDGET, r.output
+        assert not (rd / "brainstorm" / "shard-00000.jsonl").exists()
+        assert json.loads((rd / "brainstorm" / "stats.json").read_text())["stopped_by"] == "max_requests=2"
+        assert len(srv.requests) == 2
+        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(rd), "-q"])
+        assert r.exit_code == 0, r.output
+        assert len(srv.requests) == 4  # the two answered requests came from the cache
+    assert len(list(read_stage(rd / "brainstorm"))) == 21
