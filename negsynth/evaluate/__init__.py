@@ -1,0 +1,28 @@
+"""A small offline MTEB on the real benchmark files in ``shared/data``.
+
+Public API::
+
+    from negsynth.evaluate import evaluate, render_table, compare, print_report
+    report = evaluate(embedder, suite="quick")          # dict, see runner.py for the schema
+    print_report(report, baseline=old_report)           # rich table with deltas
+
+``python -m negsynth.evaluate --help`` runs it from the shell (MiniLM by default).
+"""
+
+from negsynth.evaluate.data import EvalDataError
+from negsynth.evaluate.runner import compare, evaluate, load_report, print_report, render_table, write_report
+from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, select_tasks
+
+__all__ = [
+    "TASKS",
+    "EvalDataError",
+    "TaskSpec",
+    "UnknownTask",
+    "compare",
+    "evaluate",
+    "load_report",
+    "print_report",
+    "render_table",
+    "select_tasks",
+    "write_report",
+]

@@ -1,0 +1,373 @@
+"""``evaluate``: run an :class:`~negsynth.embed.base.Embedder` over the suite and build a report.
+
+The report (JSON, ``schema = "negsynth.evaluate/1"``)::
+
+    {"schema", "embedder", "suite", "data_dir", "created", "seconds", "seed",
+     "tasks": {name: {"category", "main_metric", "main_score", "metrics", "n", "seconds",
+                      "files", "subsampled", "instruction", "note"}},
+     "categories": {"STS": mean main score, ...},      # MTEB categories present
+     "average": mean main score over all MTEB-category tasks (MTEB: mean over datasets),
+     "extra": {"Triplet": mean}, "skipped": {name: reason}, "notes": [...]}
+
+Scores are 0-1; :func:`render_table` shows them x100 as MTEB leaderboards do.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from negsynth.evaluate.data import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TaskSpec, select_tasks
+
+SCHEMA = "negsynth.evaluate/1"
+
+
+def _subsample(n: int, cap: int | None, seed: int, labels: list[str] | None = None) -> np.ndarray:
+    """Sorted indices of at most ``cap`` of ``n`` rows (stratified by ``labels`` when given)."""
+    if not cap or n <= cap:
+        return np.arange(n)
+    if labels is not None:
+        from sklearn.model_selection import train_test_split
+
+        idx, _ = train_test_split(np.arange(n), train_size=cap, random_state=seed, stratify=labels)
+        return np.sort(idx)
+    return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
+
+
+def _encode(embedder, texts: list[str], instruction: str | None, *, query: bool) -> np.ndarray:
+    """Embed unique texts once (STS / NLI sets repeat sentences a lot), then scatter back."""
+    uniq = list(dict.fromkeys(texts))
+    emb = embedder.encode_queries(uniq, instruction) if query else embedder.encode_documents(uniq)
+    emb = np.asarray(emb, dtype=np.float32)
+    where = {t: i for i, t in enumerate(uniq)}
+    return emb[[where[t] for t in texts]]
+
+
+def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) -> tuple[dict, int, bool]:
+    from negsynth.evaluate import metrics as M
+
+    cap = spec.quick if quick else {}
+    files = [data_dir / f for f in spec.files]
+    c = spec.columns
+    ins = spec.instruction
+
+    if spec.category == "STS":
+        cols = read_tsv(files[0], (c["text1"], c["text2"], c["score"]))
+        gold = parse_floats(files[0], c["score"], cols[c["score"]])
+        idx = _subsample(len(gold), cap.get("rows"), seed)
+        t1 = [cols[c["text1"]][i] for i in idx]
+        t2 = [cols[c["text2"]][i] for i in idx]
+        e = _encode(embedder, t1 + t2, ins, query=True)
+        return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
+
+    if spec.category == "Pair":
+        cols = read_tsv(files[0], (c["text1"], c["text2"], c["label"]))
+        t1, t2, y = [], [], []
+        for a, b, lab in zip(cols[c["text1"]], cols[c["text2"]], cols[c["label"]]):
+            key = lab.strip().lower()
+            if key in {p.lower() for p in spec.positive_labels}:
+                y.append(1)
+            elif key in {n.lower() for n in spec.negative_labels}:
+                y.append(0)
+            else:
+                continue
+            t1.append(a)
+            t2.append(b)
+        if len(set(y)) < 2:
+            raise EvalDataError(
+                f"{files[0]}: column {c['label']!r} needs both positive {spec.positive_labels} and negative "
+                f"{spec.negative_labels} labels; check the label values"
+            )
+        idx = _subsample(len(y), cap.get("rows"), seed, [str(v) for v in y])
+        t1, t2, yy = [t1[i] for i in idx], [t2[i] for i in idx], [y[i] for i in idx]
+        e = _encode(embedder, t1 + t2, ins, query=True)
+        return M.pair_scores(e[: len(t1)], e[len(t1) :], yy), len(idx), len(idx) < len(y)
+
+    if spec.category == "Triplet":
+        cols = read_tsv(files[0], (c["anchor"], c["positive"], c["negative"]))
+        n = len(cols[c["anchor"]])
+        idx = _subsample(n, cap.get("rows"), seed)
+        a, p, ng = ([cols[c[k]][i] for i in idx] for k in ("anchor", "positive", "negative"))
+        e = _encode(embedder, a + p + ng, ins, query=True)
+        m = len(idx)
+        return M.triplet_scores(e[:m], e[m : 2 * m], e[2 * m :]), m, m < n
+
+    if spec.category == "Retr":
+        queries, corpus, qrels = read_beir(files[0], doc_title=spec.doc_title)
+        qids, dids = list(queries), list(corpus)
+        sub = False
+        if cap.get("queries") and len(qids) > cap["queries"]:
+            qids = [qids[i] for i in _subsample(len(qids), cap["queries"], seed)]
+            sub = True
+        if cap.get("corpus") and len(dids) > cap["corpus"]:
+            # keep every judged document of the kept queries, fill up with random distractors
+            judged = {d for q in qids for d in qrels[q]}
+            rest = [d for d in dids if d not in judged]
+            fill = max(cap["corpus"] - len(judged), 0)
+            extra = {rest[i] for i in _subsample(len(rest), fill, seed)} if fill else set()
+            dids = [d for d in dids if d in judged or d in extra]
+            sub = True
+        q_emb = embedder.encode_queries([queries[q] for q in qids], ins)
+        d_emb = embedder.encode_documents([corpus[d] for d in dids])
+        return M.retrieval_scores(q_emb, d_emb, qids, dids, qrels), len(qids), sub
+
+    if spec.category in ("Class", "Clust"):
+        parts = [read_tsv(f, (c["text"], c["label"])) for f in files]
+        if spec.category == "Class" and spec.eval_mode == "train_test":
+            tr, te = parts
+            idx = _subsample(len(tr[c["label"]]), cap.get("train"), seed, tr[c["label"]])
+            xtr_t = [tr[c["text"]][i] for i in idx]
+            ytr = [tr[c["label"]][i] for i in idx]
+            e = _encode(embedder, xtr_t + te[c["text"]], ins, query=True)
+            res = M.classification_scores(e[: len(xtr_t)], ytr, e[len(xtr_t) :], te[c["label"]], seed=seed)
+            res["train"] = len(xtr_t)
+            return res, len(te[c["label"]]), len(idx) < len(tr[c["label"]])
+        texts = [t for p in parts for t in p[c["text"]]]
+        labels = [lab for p in parts for lab in p[c["label"]]]
+        idx = _subsample(len(labels), cap.get("rows"), seed, labels)
+        texts, ys = [texts[i] for i in idx], [labels[i] for i in idx]
+        e = _encode(embedder, texts, ins, query=True)
+        if spec.category == "Class":
+            res = M.classification_scores(None, None, e, ys, seed=seed)
+        else:
+            res = M.clustering_scores(e, ys)
+        return res, len(idx), len(idx) < len(labels)
+
+    raise ValueError(f"evaluate: task {spec.name} has unknown category {spec.category!r}")
+
+
+def _summarise(tasks: dict[str, dict]) -> tuple[dict, float | None, dict]:
+    cats: dict[str, float] = {}
+    for cat in CATEGORIES:
+        vals = [t["main_score"] for t in tasks.values() if t["category"] == cat]
+        if vals:
+            cats[cat] = float(np.mean(vals))
+    mteb = [t["main_score"] for t in tasks.values() if t["category"] in CATEGORIES]
+    extra = {}
+    for cat in EXTRA_CATEGORIES:
+        vals = [t["main_score"] for t in tasks.values() if t["category"] == cat]
+        if vals:
+            extra[cat] = float(np.mean(vals))
+    return cats, (float(np.mean(mteb)) if mteb else None), extra
+
+
+def empty_report(suite: str, reason: str, embedder_name: str = "") -> dict[str, Any]:
+    return {
+        "schema": SCHEMA, "embedder": embedder_name, "suite": suite, "data_dir": None,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0,
+        "tasks": {}, "categories": {}, "average": None, "extra": {}, "skipped": {}, "notes": [reason],
+    }
+
+
+def evaluate(
+    embedder,
+    suite: str = "quick",
+    data_dir: str | Path | None = None,
+    tasks: list[str] | str | None = None,
+    progress: bool = True,
+    *,
+    out: str | Path | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
+
+    ``suite``: ``"quick"`` (subsampled, CPU demo) or ``"full"``. ``tasks``: names or category
+    names (``["STS", "SciFact"]`` or ``"STS,SciFact"``) instead of the suite's defaults.
+    ``data_dir``: the benchmark folder (default :func:`negsynth.resources.default_data_dir`).
+    When no data is reachable this prints ONE line and returns an empty report (``tasks = {}``,
+    the reason in ``notes``). A set missing from the data dir is listed under ``skipped``; a
+    malformed file raises :class:`~negsynth.evaluate.data.EvalDataError`. ``out``: write the
+    JSON report there atomically. ``progress``: one line per task on stderr.
+    """
+    specs = select_tasks(suite, tasks)
+    name = getattr(embedder, "name", type(embedder).__name__)
+    if data_dir is None:
+        from negsynth.resources import default_data_dir
+
+        data_dir = default_data_dir()
+    if data_dir is None or not Path(data_dir).is_dir():
+        reason = (
+            f"evaluate: no benchmark data at {data_dir} - set NEGSYNTH_DATA_DIR or pass data_dir; empty report"
+            if data_dir is not None
+            else "evaluate: no benchmark data found (set NEGSYNTH_DATA_DIR or pass data_dir); empty report"
+        )
+        print(reason, file=sys.stderr)
+        rep = empty_report(suite, reason, name)
+        if out is not None:
+            write_report(rep, out)
+        return rep
+
+    data_dir = Path(data_dir)
+    quick = suite == "quick"
+    t_all = time.perf_counter()
+    results: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    for i, spec in enumerate(specs, 1):
+        missing = [f for f in spec.files if not (data_dir / f).exists()]
+        if missing:
+            skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
+            if progress:
+                print(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})", file=sys.stderr)
+            continue
+        t0 = time.perf_counter()
+        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed)
+        dt = time.perf_counter() - t0
+        results[spec.name] = {
+            "category": spec.category, "main_metric": spec.main_metric,
+            "main_score": float(metrics[spec.main_metric]), "metrics": metrics, "n": int(n),
+            "seconds": round(dt, 2), "files": list(spec.files), "subsampled": bool(sub),
+            "instruction": spec.instruction, "note": spec.note,
+        }
+        if progress:
+            print(f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
+                  f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s", file=sys.stderr)
+    cats, avg, extra = _summarise(results)
+    notes = []
+    try:
+        import mteb  # noqa: F401
+
+        notes.append("mteb is importable but not used: this suite runs offline on the shared data")
+    except ImportError:
+        pass
+    if quick:
+        notes.append("quick suite: subsampled (seed %d); compare only with quick reports" % seed)
+    report = {
+        "schema": SCHEMA, "embedder": name, "suite": suite, "data_dir": str(data_dir),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - t_all, 2), "seed": seed,
+        "instruct_queries": bool(getattr(embedder, "instruct_queries", False)),
+        "tasks": results, "categories": cats, "average": avg, "extra": extra,
+        "skipped": skipped, "notes": notes,
+    }
+    if out is not None:
+        write_report(report, out)
+    return report
+
+
+def write_report(report: dict, path: str | Path) -> Path:
+    """Write the report as JSON atomically (temp file + rename)."""
+    from negsynth.data.shards import atomic_write_json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, report)
+    return path
+
+
+def load_report(path: str | Path) -> dict:
+    import json
+
+    path = Path(path)
+    try:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise EvalDataError(f"{path}: not a readable evaluation report ({e}); pass a JSON written by evaluate") from None
+    if not isinstance(rep, dict) or rep.get("schema") != SCHEMA:
+        raise EvalDataError(f"{path}: field 'schema' is not {SCHEMA!r}; pass a JSON written by evaluate")
+    return rep
+
+
+def compare(report: dict, baseline: dict) -> dict[str, Any]:
+    """Deltas (report - baseline) of main scores for tasks in both, categories and average.
+
+    Categories and average are recomputed over the *shared* tasks only, so a task present in
+    one report does not shift the comparison. Warns (in ``notes``) when the suites differ.
+    """
+    shared = [t for t in report["tasks"] if t in baseline.get("tasks", {})]
+    a = {t: report["tasks"][t] for t in shared}
+    b = {t: baseline["tasks"][t] for t in shared}
+    rows = {
+        t: {"category": a[t]["category"], "main_metric": a[t]["main_metric"], "score": a[t]["main_score"],
+            "baseline": b[t]["main_score"], "delta": a[t]["main_score"] - b[t]["main_score"]}
+        for t in shared
+    }
+    ca, avg_a, ea = _summarise(a)
+    cb, avg_b, eb = _summarise(b)
+    cats = {c: {"score": ca[c], "baseline": cb[c], "delta": ca[c] - cb[c]} for c in ca if c in cb}
+    cats.update({c: {"score": ea[c], "baseline": eb[c], "delta": ea[c] - eb[c]} for c in ea if c in eb})
+    notes = []
+    if report.get("suite") != baseline.get("suite"):
+        notes.append(f"suites differ ({report.get('suite')} vs {baseline.get('suite')}): deltas are not comparable")
+    only = sorted(set(report["tasks"]) ^ set(baseline.get("tasks", {})))
+    if only:
+        notes.append("not in both reports: " + ", ".join(only))
+    return {
+        "embedder": report.get("embedder"), "baseline_embedder": baseline.get("embedder"), "tasks": rows,
+        "categories": cats,
+        "average": None if avg_a is None or avg_b is None else {"score": avg_a, "baseline": avg_b, "delta": avg_a - avg_b},
+        "notes": notes,
+    }
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def _fmt_delta(x: float | None) -> str:
+    if x is None:
+        return "-"
+    colour = "green" if x > 0 else "red" if x < 0 else "white"
+    return f"[{colour}]{100 * x:+.2f}[/{colour}]"
+
+
+def render_table(report: dict, baseline: dict | None = None):
+    """A :class:`rich.table.Table`: one row per task (main score x100), then category means and
+    the MTEB-style average. With ``baseline``: baseline and delta columns (see :func:`compare`)."""
+    from rich.table import Table
+
+    title = f"evaluate [{report.get('suite')}] {report.get('embedder')}"
+    if baseline is not None:
+        title += f" vs {baseline.get('embedder')}"
+    table = Table(title=title)
+    for col in ("task", "category", "metric", "n", "score"):
+        table.add_column(col, justify="right" if col in ("n", "score") else "left")
+    cmp = compare(report, baseline) if baseline is not None else None
+    if cmp:
+        table.add_column("baseline", justify="right")
+        table.add_column("delta", justify="right")
+    order = {c: i for i, c in enumerate(CATEGORIES + EXTRA_CATEGORIES)}
+    for name, t in sorted(report["tasks"].items(), key=lambda kv: (order.get(kv[1]["category"], 99), kv[0])):
+        row = [name, t["category"], t["main_metric"], str(t["n"]), _fmt(t["main_score"])]
+        if cmp:
+            r = cmp["tasks"].get(name)
+            row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
+        table.add_row(*row)
+    table.add_section()
+    for cat, val in list(report["categories"].items()) + list(report.get("extra", {}).items()):
+        n = sum(1 for t in report["tasks"].values() if t["category"] == cat)
+        row = [f"{cat} mean", cat, "", str(n), _fmt(val)]
+        if cmp:
+            r = cmp["categories"].get(cat)
+            row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
+        table.add_row(*row)
+    n_mteb = sum(1 for t in report["tasks"].values() if t["category"] in CATEGORIES)
+    row = ["[bold]Average[/bold]", "MTEB-style", "mean over tasks", str(n_mteb), f"[bold]{_fmt(report.get('average'))}[/bold]"]
+    if cmp:
+        r = cmp["average"]
+        row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
+    table.add_row(*row)
+    return table
+
+
+def print_report(report: dict, baseline: dict | None = None, console=None) -> None:
+    """Print :func:`render_table` plus skipped tasks and notes."""
+    from rich.console import Console
+
+    console = console or Console()
+    if not report["tasks"]:
+        console.print("evaluate: empty report - " + "; ".join(report.get("notes", [])))
+        return
+    console.print(render_table(report, baseline))
+    for name, why in report.get("skipped", {}).items():
+        console.print(f"skipped {name}: {why}")
+    for note in report.get("notes", []):
+        console.print(f"note: {note}")
+    if baseline is not None:
+        for note in compare(report, baseline)["notes"]:
+            console.print(f"note: {note}")

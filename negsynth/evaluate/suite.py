@@ -1,0 +1,208 @@
+"""The built-in evaluation suite: every set in the shared benchmark folder, one row each.
+
+A :class:`TaskSpec` says where a set lives (relative to the data dir), which columns hold
+what, which MTEB category it belongs to and which E5-style instruction its queries get.
+
+Categories (MTEB names, spec §1.10) and their main metric:
+
+======== ========================================== =====================
+category what is measured                           main score
+======== ========================================== =====================
+STS      Spearman of cosine vs. gold similarity     ``spearman``
+Retr     exact dense search over a BEIR corpus      ``ndcg@10``
+Pair     AP of cosine for binary pair labels        ``ap``
+Class    logistic regression on embeddings          ``accuracy``
+Clust    k-means (k = #labels) on embeddings        ``v_measure``
+Triplet  cos(a, p) > cos(a, n) on NLI triples       ``accuracy``
+======== ========================================== =====================
+
+``Triplet`` is not an MTEB category: it is reported (it measures exactly what hard negatives
+train) but kept out of the MTEB-style averages.
+
+Instructions (spec §1.9): queries get ``Instruct: {instruction}\\nQuery: {text}`` when the
+embedder's ``instruct_queries`` is on; retrieval documents never get one; in symmetric tasks
+(STS, Pair, Class, Clust, Triplet) every input is a query. All STS tasks use
+``STS_INSTRUCTION``. Where E5 / LLM2Vec (Table 8) has an instruction for the set it is used
+verbatim (SciFact, TwitterSemEval2015, SNLI-style NLI); the others are our wording in the same
+style and marked ``instruction_source="ours"``.
+
+Suites: ``full`` = every task with ``default=True`` on all rows; ``quick`` = the same tasks
+subsampled deterministically (seed 0) to the ``quick`` caps below so a CPU demo with MiniLM
+runs in about a minute. Quick numbers are NOT comparable with full numbers (a retrieval corpus
+cut to 1,000 documents is easier) — compare quick with quick only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STS_INSTRUCTION = "Retrieve semantically similar text."
+
+CATEGORIES: tuple[str, ...] = ("Class", "Clust", "Pair", "Retr", "STS")  # MTEB-style averages
+EXTRA_CATEGORIES: tuple[str, ...] = ("Triplet",)
+MAIN_METRIC = {
+    "STS": "spearman",
+    "Retr": "ndcg@10",
+    "Pair": "ap",
+    "Class": "accuracy",
+    "Clust": "v_measure",
+    "Triplet": "accuracy",
+}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One evaluation set.
+
+    ``files`` are paths relative to the data dir (a retrieval task names its folder).
+    ``columns`` maps roles to header names: STS ``text1/text2/score``; Pair
+    ``text1/text2/label``; Class / Clust ``text/label``; Triplet ``anchor/positive/negative``.
+    ``positive_labels`` / ``negative_labels`` turn a multi-class pair label into 1 / 0 (other
+    labels are dropped). ``quick`` caps the rows (pairs, texts, queries/corpus) in the quick suite.
+    """
+
+    name: str
+    category: str
+    files: tuple[str, ...]
+    instruction: str
+    columns: dict[str, str] = field(default_factory=dict)
+    positive_labels: tuple[str, ...] = ("1",)
+    negative_labels: tuple[str, ...] = ("0",)
+    doc_title: bool = True  # retrieval: embed "title text" (BEIR); False when text repeats title
+    eval_mode: str = ""  # classification: "train_test" or "cv"
+    quick: dict[str, int] = field(default_factory=dict)
+    default: bool = True
+    instruction_source: str = "e5"
+    note: str = ""
+
+    @property
+    def main_metric(self) -> str:
+        return MAIN_METRIC[self.category]
+
+
+_STS_COLS = {"text1": "sentence1", "text2": "sentence2", "score": "score"}
+_PAIR_COLS = {"text1": "text1", "text2": "text2", "label": "label"}
+_CLS_COLS = {"text": "text", "label": "label"}
+_TRIPLE_COLS = {"anchor": "anchor", "positive": "positive", "negative": "negative"}
+_STS_QUICK = {"rows": 500}
+
+
+def _sts(name: str, path: str, *, default: bool = True, note: str = "", columns: dict | None = None) -> TaskSpec:
+    return TaskSpec(name, "STS", (path,), STS_INSTRUCTION, columns or _STS_COLS, quick=_STS_QUICK, default=default, note=note)
+
+
+TASKS: tuple[TaskSpec, ...] = (
+    # --- STS (Spearman) -----------------------------------------------------------------
+    _sts("STS12", "sts12/test.tsv"),
+    _sts("STS13", "sts13/test.tsv", note="SMT subset absent (LDC), as in SentEval/MTEB"),
+    _sts("STS14", "sts14/test.tsv"),
+    _sts("STS15", "sts15/test.tsv"),
+    _sts("STS16", "sts16/test.tsv"),
+    _sts("STSBenchmark", "stsb/test.tsv"),
+    _sts("SICK-R", "sickr/test.tsv"),
+    _sts("STSBenchmark-dev", "stsb/dev.tsv", default=False, note="dev split: for tuning, not reporting"),
+    _sts("TwitterSemEval2015-graded", "twitter_semeval2015/test_graded.tsv", default=False,
+         columns={"text1": "text1", "text2": "text2", "score": "label"}, note="0-5 expert scores of all 972 pairs; not an MTEB task"),
+    # --- Retrieval (nDCG@10) --------------------------------------------------------------
+    TaskSpec(
+        "SciFact", "Retr", ("scifact",),
+        "Given a scientific claim, retrieve documents that support or refute the claim",
+        quick={"queries": 100, "corpus": 1000},
+        note="corpus rebuilt from HF allenai/scifact (0.007% bytes off BEIR)",
+    ),
+    TaskSpec(
+        "Cranfield", "Retr", ("cranfield",),
+        "Given a question about aeronautics, retrieve scientific abstracts that answer the question",
+        doc_title=False, quick={"queries": 100, "corpus": 1000}, instruction_source="ours",
+        note="graded qrels (gain 1-4); not an MTEB task; title repeated in text so text only",
+    ),
+    # --- Pair classification (AP of cosine) -----------------------------------------------
+    TaskSpec(
+        "TwitterSemEval2015", "Pair", ("twitter_semeval2015/test.tsv",),
+        "Retrieve tweets that are semantically similar to the given tweet", _PAIR_COLS,
+        quick={"rows": 500},
+    ),
+    TaskSpec(
+        "MRPC", "Pair", ("mrpc/test.tsv",),
+        "Retrieve sentences from news articles that are paraphrases of the given sentence", _PAIR_COLS,
+        quick={"rows": 500}, instruction_source="ours", note="not an MTEB task",
+    ),
+    TaskSpec(
+        "SICK-E", "Pair", ("sickr/test_entailment.tsv",),
+        "Given a premise, retrieve a hypothesis that is entailed by the premise", _PAIR_COLS,
+        positive_labels=("entailment",), negative_labels=("contradiction",), quick={"rows": 500},
+        note="entailment=1 vs contradiction=0, neutral dropped; not an MTEB task",
+    ),
+    TaskSpec(
+        "SNLI-PC", "Pair", ("snli/test.tsv",),
+        "Given a premise, retrieve a hypothesis that is entailed by the premise", _PAIR_COLS,
+        positive_labels=("entailment",), negative_labels=("contradiction",), quick={"rows": 500},
+        note="entailment=1 vs contradiction=0, neutral dropped; SentEval-tokenised text; not an MTEB task",
+    ),
+    # --- Classification (accuracy) ---------------------------------------------------------
+    TaskSpec(
+        "TREC", "Class", ("trec/train.tsv", "trec/test.tsv"),
+        "Classify the given question by the type of its expected answer", _CLS_COLS,
+        eval_mode="train_test", quick={"train": 1000}, instruction_source="ours",
+        note="coarse labels (6); logistic regression fit on train, accuracy on test",
+    ),
+    TaskSpec(
+        "AGNews", "Class", ("ag_news/test.tsv",),
+        "Classify the given news article into its topic", _CLS_COLS,
+        eval_mode="cv", quick={"rows": 2000}, instruction_source="ours",
+        note="no train split: stratified 5-fold CV (shuffle, seed 0) on the test split, mean accuracy",
+    ),
+    # --- Clustering (V-measure) --------------------------------------------------------------
+    TaskSpec(
+        "AGNewsClustering", "Clust", ("ag_news/test.tsv",),
+        "Identify the topic or theme of the given news articles", _CLS_COLS,
+        quick={"rows": 2000}, note="k = 4 topics",
+    ),
+    TaskSpec(
+        "TRECClustering", "Clust", ("trec/train.tsv", "trec/test.tsv"),
+        "Identify the type of answer the given question asks for", _CLS_COLS,
+        quick={"rows": 2000}, instruction_source="ours", note="train+test, k = 6 coarse labels",
+    ),
+    # --- Triplets (accuracy; not in the MTEB average) ---------------------------------------
+    TaskSpec(
+        "SICK-Triplets", "Triplet", ("sickr/triples_test.tsv",),
+        "Given a premise, retrieve a hypothesis that is entailed by the premise", _TRIPLE_COLS,
+        note="(premise, entailed, contradicting) - the hard-negative setting",
+    ),
+    TaskSpec(
+        "SNLI-Triplets", "Triplet", ("snli/triples_test.tsv",),
+        "Given a premise, retrieve a hypothesis that is entailed by the premise", _TRIPLE_COLS,
+        quick={"rows": 500},
+    ),
+)
+
+TASKS_BY_NAME: dict[str, TaskSpec] = {t.name: t for t in TASKS}
+
+
+class UnknownTask(ValueError):
+    pass
+
+
+def select_tasks(suite: str = "quick", tasks: list[str] | tuple[str, ...] | str | None = None) -> list[TaskSpec]:
+    """The tasks to run: an explicit list (names, or category names like ``STS``), else the
+    suite's defaults. Names are case-insensitive; an unknown name raises :class:`UnknownTask`."""
+    if suite not in ("full", "quick"):
+        raise UnknownTask(f"evaluate: suite must be 'full' or 'quick', got {suite!r}")
+    if tasks is None:
+        return [t for t in TASKS if t.default]
+    if isinstance(tasks, str):
+        tasks = [x for x in tasks.split(",") if x.strip()]
+    lower = {t.name.lower(): t for t in TASKS}
+    chosen: list[TaskSpec] = []
+    for raw in tasks:
+        key = raw.strip().lower()
+        cats = [c for c in CATEGORIES + EXTRA_CATEGORIES if c.lower() == key]
+        if cats:
+            picked = [t for t in TASKS if t.category == cats[0] and t.default]
+        elif key in lower:
+            picked = [lower[key]]
+        else:
+            known = ", ".join(t.name for t in TASKS)
+            raise UnknownTask(f"evaluate: unknown task {raw!r}; use one of: {known} (or a category: {', '.join(CATEGORIES + EXTRA_CATEGORIES)})")
+        chosen.extend(t for t in picked if t not in chosen)
+    return chosen
