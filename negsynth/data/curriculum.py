@@ -223,13 +223,14 @@ def build_curriculum(
             }
             group = ex.task_type if homogeneous_batches else ""
             slots = open_batches.setdefault(group, [])
-            for slot in slots:
+            for k, slot in enumerate(slots):
                 if slot[1].isdisjoint(keys):
                     break
-                stats["moved_to_later_batch"] += 1
             else:
-                slot = ([], set())
+                k, slot = len(slots), ([], set())
                 slots.append(slot)
+            if k > 0:  # did not fit the earliest open batch: placed in a later one
+                stats["moved_to_later_batch"] += 1
             slot[0].append(row)
             slot[1].update(keys)
             used_examples.add(idx)
