@@ -240,6 +240,13 @@ class LLMClient:
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._client: openai.AsyncOpenAI | None = None
 
+    def _redact(self, text: str) -> str:
+        """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
+        k = self._api_key
+        if k and len(k) >= 8 and k in text:
+            text = text.replace(k, "[redacted]")
+        return text
+
     def _make_client(self) -> openai.AsyncOpenAI:
         timeout = httpx.Timeout(self.cfg.timeout, connect=self.cfg.connect_timeout)
         kw: dict[str, Any] = {}
@@ -315,18 +322,18 @@ class LLMClient:
             raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
         except openai.NotFoundError as e:
             raise LLMFatalError(
-                f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({_short(e)})"
+                f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(_short(e))})"
             ) from None
         except openai.APIStatusError as e:
             kind = transport_kind(e)
             if kind is None:
-                raise TransportError("bad_request", f"HTTP {e.status_code}: {_short(e)}") from None
+                raise TransportError("bad_request", f"HTTP {e.status_code}: {self._redact(_short(e))}") from None
             self.stats.transport_failures[kind] += 1
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {_short(e)}") from None
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
         except (openai.APIConnectionError, EmptyResponse) as e:
             kind = transport_kind(e) or "connection"
             self.stats.transport_failures[kind] += 1
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {_short(e)}") from None
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _send(self, payload: dict) -> dict:
