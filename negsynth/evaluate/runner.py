@@ -3,7 +3,7 @@
 The report (JSON, ``schema = "negsynth.evaluate/1"``)::
 
     {"schema", "embedder", "suite", "data_dir", "created", "seconds", "seed",
-     "tasks": {name: {"category", "main_metric", "main_score", "metrics", "n", "seconds",
+     "tasks": {name: {"category", "main_metric", "main_score", "metrics", "n", "seconds", "cpu_seconds",
                       "files", "subsampled", "instruction", "note"}},
      "categories": {"STS": mean main score, ...},      # MTEB categories present
      "average": mean main score over all MTEB-category tasks (MTEB: mean over datasets),
@@ -205,7 +205,7 @@ def evaluate(
 
     data_dir = Path(data_dir)
     quick = suite == "quick"
-    t_all = time.perf_counter()
+    t_all, c_all = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     for i, spec in enumerate(specs, 1):
@@ -215,18 +215,18 @@ def evaluate(
             if progress:
                 print(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})", file=sys.stderr)
             continue
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         results[spec.name] = {
             "category": spec.category, "main_metric": spec.main_metric,
             "main_score": float(metrics[spec.main_metric]), "metrics": metrics, "n": int(n),
-            "seconds": round(dt, 2), "files": list(spec.files), "subsampled": bool(sub),
+            "seconds": round(dt, 2), "cpu_seconds": round(cpu, 2), "files": list(spec.files), "subsampled": bool(sub),
             "instruction": spec.instruction, "note": spec.note,
         }
         if progress:
             print(f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
-                  f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s", file=sys.stderr)
+                  f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)", file=sys.stderr)
     cats, avg, extra = _summarise(results)
     notes = []
     try:
@@ -240,7 +240,8 @@ def evaluate(
     report = {
         "schema": SCHEMA, "embedder": name, "suite": suite, "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - t_all, 2), "seed": seed,
+        "seconds": round(time.perf_counter() - t_all, 2), "cpu_seconds": round(time.process_time() - c_all, 2),
+        "seed": seed,
         "instruct_queries": bool(getattr(embedder, "instruct_queries", False)),
         "tasks": results, "categories": cats, "average": avg, "extra": extra,
         "skipped": skipped, "notes": notes,
