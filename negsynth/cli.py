@@ -34,7 +34,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the stats as JSON on stdout")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="discard this stage's existing outputs first")]
 ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's index when n machines split one run")]
-NumShardsOpt = Annotated[int, typer.Option("--num-shards", min=1, help="number of workers splitting the run")]
+NumShardsOpt = Annotated[int, typer.Option("--num-shards", help="number of workers splitting the run")]
 MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop after this many LLM requests (this invocation; exit code 3)")]
 MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="stop after this many tokens in + out (this invocation; exit code 3)")]
 MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", help="stop after this estimated cost in USD, llm.price (this invocation; exit code 3)")]

@@ -54,6 +54,10 @@ class StageContext:
             from negsynth.errors import UserError
 
             raise UserError(f"--mode {self.mode!r}: choose 'online' (live requests) or 'batch' (OpenAI Batch API)")
+        if self.num_shards < 1:
+            from negsynth.errors import UserError
+
+            raise UserError(f"--num-shards {self.num_shards}: must be >= 1 (the number of workers splitting the run)")
         if not (0 <= self.shard_index < self.num_shards):
             from negsynth.errors import UserError
 

@@ -83,6 +83,9 @@ def check_and_record(
             _remove_worker_outputs(stage_dir, shard_index, num_shards)  # leave the other workers' shards alone
         else:
             shutil.rmtree(stage_dir)
+    same = old is not None and {k: v for k, v in old.items() if k != "updated"} == entry and man.get("versions") == versions()
+    if same and not overwrite:
+        return  # nothing to record: a relaunch of the same job leaves the manifest untouched
     man.setdefault("stages", {})[stage] = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     man["versions"] = versions()
     man.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))

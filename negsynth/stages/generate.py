@@ -151,6 +151,8 @@ def load_tasks(ctx: StageContext) -> dict[str, list[Task]]:
         except ValidationError as e:
             raise UserError(f"{ctx.run_dir / 'brainstorm'}: a task record is malformed ({e.errors()[0]['loc']}); rerun brainstorm with --overwrite") from None
         by_type[t.task_type].append(t)
+    if not by_type:
+        raise UserError(f"{ctx.run_dir / 'brainstorm'}: the finished shards hold no tasks; rerun `negsynth brainstorm --overwrite`")
     return by_type
 
 
