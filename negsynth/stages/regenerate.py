@@ -1,0 +1,460 @@
+"""Stage "regenerate": 4 graded negatives from the LLM for (query, positive) pairs of public data.
+
+In:  ``[regenerate] inputs`` — source specs (BEIR folder, HF dataset, JSONL/parquet/CSV/TSV; see
+     :mod:`negsynth.data.sources`); ``[llm]``; with ``mine > 0`` also ``[embedder]``.
+Out: ``RUN_DIR/regenerate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example`
+     records (same schema as ``generate``, with ``source``/``source_id`` set, so ``score``,
+     ``inspect`` and ``curriculum`` read both); ``rejects/``; ``stats.json``.
+
+How it works (MGH spec §1.5):
+
+1. Every source is read into pairs; ``limit`` takes a seeded sample. Pairs are deduplicated
+   across all inputs on the normalised (query, positive) — the first input wins, duplicates
+   are counted per source. Pairs whose own texts would fail the validators (positive equal
+   to the query, a text over ``max_chars``) are skipped and counted, since no answer could pass.
+2. Each pair gets an instruction: the source spec's ``instruction``, else the row's
+   instruction column, else the per-source table (MGH Table 7, overridable with
+   ``regenerate.instructions``), else ``default_instruction``. Symmetric sources (NLI, Quora)
+   alternate between their two instructions by row and get ``task_type = "sts"``.
+3. With ``mine = K``, K negatives per pair are mined from the source's own corpus with
+   sentence-transformers' ``mine_hard_negatives`` (positive-aware: relative margin 5% by
+   default, every known positive of the query excluded) and stored in ``mined_negatives``.
+   Results are cached in ``regenerate/_mined/`` so a resumed run does not re-embed.
+4. The LLM sees the instruction, query and positive (cut to ``prompt_positive_chars``) and
+   returns ``{"hard_negative_documents": [4 strings]}`` hardest -> easiest, in the positive's
+   language. The answer goes through the same :func:`~negsynth.validators.check_example` as
+   ``generate`` (count, empty, placeholder, length, distinct from each other and from the query
+   and positive, meta talk); failures are re-asked and finally rejected with their reason.
+
+The LLM plumbing (request cache, resume from partial shards, budgets, retries, stats) is the
+shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm_session`` and
+``budget_checker`` as ``generate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from negsynth.data.shards import atomic_write_json
+from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
+from negsynth.errors import UserError
+from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, stage_concurrency, summary_rows, write_stats
+from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.runner import Outcome, ShardedRunner, WorkItem
+from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
+from negsynth.schemas.outputs import NegativesOut, negatives_schema
+from negsynth.schemas.records import Example, Reject
+from negsynth.stages.common import schema_failure, short_id
+from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty, normalize
+
+STAGE = "regenerate"
+
+#: extra sentence for sources whose "documents" are not documents (spec §1.5)
+NOTES = {
+    "nli": " Here the texts are hypotheses that are NOT entailed by the query (the premise).",
+    "quora": " Here the texts are questions that do NOT ask the same thing as the query.",
+}
+
+
+# -- planning -------------------------------------------------------------------------------
+def pair_key(query: str, positive: str) -> str:
+    """Dedup key: normalised query and positive (see :func:`negsynth.validators.normalize`)."""
+    return normalize(query) + "\x1f" + normalize(positive)
+
+
+def kind_for(spec: SourceSpec, name: str, cfg: RegenerateConfig) -> tuple[SourceKind, bool]:
+    """The source's instructions / symmetry / task type after the spec's and run's overrides."""
+    kind, known = source_kind(name, cfg.instructions, SourceKind((cfg.default_instruction,)))
+    ins = (spec.instruction,) if spec.instruction else kind.instructions
+    sym = kind.symmetric if spec.symmetric is None else spec.symmetric
+    tt = spec.task_type or ("sts" if sym else kind.task_type)
+    return SourceKind(ins, sym, tt), known or bool(spec.instruction)
+
+
+def load_inputs(ctx: StageContext) -> list[tuple[SourceSpec, SourceData]]:
+    cfg = ctx.cfg.regenerate
+    if not cfg.inputs:
+        raise UserError("regenerate has no inputs: pass --input PATH, or add [[regenerate.inputs]] path = \"...\" to the run file")
+    out = []
+    for spec in cfg.inputs:
+        data = load_source(spec)
+        out.append((spec, data))
+    return out
+
+
+def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) -> tuple[list[WorkItem], dict[str, Any]]:
+    """Deterministic work items (input order, then row order) and per-source planning stats."""
+    cfg = ctx.cfg.regenerate
+    items: list[WorkItem] = []
+    seen: dict[str, str] = {}
+    per_source: dict[str, dict[str, Any]] = {}
+    for si, (spec, data) in enumerate(sources):
+        kind, known = kind_for(spec, data.name, cfg)
+        if not known:
+            ctx.reporter.warn(
+                f"source {data.name!r} is not in the instruction table; using {kind.instructions[0]!r} "
+                f"(set instruction in the source spec, --instruction, or regenerate.instructions.{data.name})"
+            )
+        label = data.name if data.name not in per_source else f"{data.name}#{si}"
+        st = per_source[label] = {
+            "path": spec.path,
+            "split": data.split,
+            "pairs_in_source": data.total_rows,
+            "selected": len(data.pairs),
+            "duplicates": 0,
+            "skipped": Counter(),
+            "items": 0,
+            "instructions": list(kind.instructions),
+            "symmetric": kind.symmetric,
+            "task_type": kind.task_type,
+            "columns": data.columns,
+            "invalid_rows_skipped": data.skipped_rows,
+        }
+        for p in data.pairs:
+            for v in (
+                check_nonempty({"query": p.query, "positive": p.positive}),
+                check_lengths({"query": p.query, "positive": p.positive}, cfg.min_chars, cfg.max_chars),
+                check_distinct(p.query, p.positive, []),
+            ):
+                if not v.keep:
+                    st["skipped"][v.reason] += 1
+                    break
+            else:
+                key = pair_key(p.query, p.positive)
+                if cfg.dedup and key in seen:
+                    st["duplicates"] += 1
+                    continue
+                seen[key] = p.source_id
+                instruction = p.instruction or kind.instructions[p.row % len(kind.instructions)]
+                if spec.instruction:
+                    instruction = spec.instruction
+                payload = {
+                    "source": data.name,
+                    "source_id": p.source_id,
+                    "source_index": si,
+                    "query_key": p.query_key,
+                    "instruction": instruction,
+                    "task_type": kind.task_type,
+                    "symmetric": kind.symmetric,
+                    "query": p.query,
+                    "positive": p.positive,
+                    "source_negatives": p.negatives,
+                    "meta": p.meta,
+                }
+                items.append(WorkItem(len(items), short_id("rg", p.source_id, key), payload))
+                st["items"] += 1
+        st["skipped"] = dict(st["skipped"])
+    return items, per_source
+
+
+def _path_fingerprint(path: str) -> list:
+    """Names and sizes of an input's files (a changed input changes the stage hash)."""
+    p = Path(path)
+    if p.is_file():
+        return [p.name, p.stat().st_size]
+    if p.is_dir():
+        out = []
+        for root, _, files in sorted(os.walk(p)):
+            for f in sorted(files):
+                fp = Path(root) / f
+                out.append([str(fp.relative_to(p)), fp.stat().st_size])
+        return out
+    return [path]  # a hub name
+
+
+def stage_hash(ctx: StageContext) -> str:
+    cfg = ctx.cfg.regenerate
+    parts: dict[str, Any] = {
+        "regenerate": cfg,
+        "llm": llm_fingerprint(ctx.cfg.llm),
+        "prompts": templates_fingerprint(),
+        "inputs": [_path_fingerprint(s.path) + ([_path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
+    }
+    if cfg.mine:
+        parts["embedder"] = ctx.cfg.embedder
+    return config_hash(parts)
+
+
+# -- mining ---------------------------------------------------------------------------------
+def load_st_model(cfg: EmbedderConfig):
+    """A SentenceTransformer for mining: ``model = "default"`` is the bundled all-MiniLM-L6-v2 (offline)."""
+    if cfg.kind != "sentence-transformers":
+        raise UserError("--mine needs a sentence-transformers embedder; set embedder.kind = \"sentence-transformers\" (decoder embedders are not supported for mining)")
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.embed.base import resolve_device
+    from negsynth.resources import MissingResource, minilm_path
+
+    try:
+        name = str(minilm_path()) if cfg.model == "default" else cfg.model
+    except MissingResource as e:
+        raise UserError(str(e)) from None
+    model = SentenceTransformer(name, device=resolve_device(cfg.device))
+    if cfg.max_length:
+        model.max_seq_length = cfg.max_length
+    return model
+
+
+def mine_pairs(
+    model,
+    queries: dict[str, str],
+    known_positives: dict[str, list[str]],
+    corpus: list[str],
+    k: int,
+    opts: MiningConfig,
+    *,
+    batch_size: int = 64,
+    cache_folder: str | Path | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Mine ``k`` negatives per query key from ``corpus`` with ``mine_hard_negatives``.
+
+    ``queries`` maps a query key to its text and ``known_positives`` the key to every positive
+    the source knows for it: all of them are given to the library, which never returns a
+    positive of the same query and measures the margin against the *hardest* (least similar)
+    positive. A candidate equal to the query or a positive after normalisation is dropped too
+    (near-identical copies in a corpus). Returns ``{key: {"negatives", "scores", "pos_score"}}``
+    with the negatives hardest first; a query may get fewer than ``k`` when the corpus has too
+    few candidates under the margin. ``cache_folder`` keeps the library's query/corpus
+    embeddings (keyed by their texts): use one folder per model.
+    """
+    import datasets
+    from sentence_transformers.util import mine_hard_negatives
+
+    rows_q, rows_p, keys = [], [], []
+    for key, q in queries.items():
+        for pos in known_positives.get(key) or []:
+            rows_q.append(q)
+            rows_p.append(pos)
+            keys.append(key)
+    if not rows_q:
+        return {}
+    ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
+    extra = 4 * max(len(v) for v in known_positives.values()) if known_positives else 4
+    range_max = opts.range_max or opts.range_min + 10 * k + extra
+    range_max = min(range_max, len(set(corpus) | set(rows_p)))
+    if range_max - opts.range_min < 1:
+        return {key: {"negatives": [], "scores": [], "pos_score": None} for key in queries}
+    out_ds = mine_hard_negatives(
+        ds,
+        model,
+        anchor_column_name="query",
+        positive_column_name="positive",
+        corpus=list(corpus),
+        num_negatives=min(k, range_max - opts.range_min),
+        range_min=opts.range_min,
+        range_max=range_max,
+        relative_margin=opts.relative_margin,
+        absolute_margin=opts.absolute_margin,
+        max_score=opts.max_score,
+        sampling_strategy=opts.sampling,
+        output_format="triplet",
+        output_scores=True,
+        batch_size=batch_size,
+        verbose=False,
+        cache_folder=str(cache_folder) if cache_folder else None,
+    )
+    text_to_key: dict[str, str] = {}
+    for key, q in queries.items():
+        text_to_key.setdefault(q, key)
+    found: dict[str, dict[str, Any]] = {key: {"negatives": [], "scores": [], "pos_score": None} for key in queries}
+    banned = {key: {normalize(p) for p in known_positives.get(key, [])} | {normalize(queries[key])} for key in queries}
+    for row in out_ds:
+        key = text_to_key.get(row["query"])
+        if key is None:
+            continue
+        f = found[key]
+        pos_s, neg_s = row["scores"]
+        f["pos_score"] = pos_s if f["pos_score"] is None else min(f["pos_score"], pos_s)
+        neg = row["negative"]
+        if neg in f["negatives"] or normalize(neg) in banned[key] or len(f["negatives"]) >= k:
+            continue
+        f["negatives"].append(neg)
+        f["scores"].append(round(float(neg_s), 6))
+    for f in found.values():
+        if f["pos_score"] is not None:
+            f["pos_score"] = round(float(f["pos_score"]), 6)
+    return found
+
+
+def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
+    """Fill ``payload["mined"]`` for every item (cached per source in ``regenerate/_mined/``)."""
+    cfg = ctx.cfg.regenerate
+    k = cfg.mine
+    cache_dir = ctx.stage_dir(STAGE) / "_mined"
+    model = None
+    stats: dict[str, Any] = {}
+    for si, (spec, data) in enumerate(sources):
+        mine_items = [it for it in items if it.payload["source_index"] == si]
+        if not mine_items:
+            continue
+        queries = {it.payload["query_key"]: it.payload["query"] for it in mine_items}
+        key = config_hash({"spec": spec, "mining": cfg.mining, "k": k, "embedder": ctx.cfg.embedder, "queries": sorted(queries), "corpus": len(data.corpus), "input": _path_fingerprint(spec.path)})
+        path = cache_dir / f"{si:03d}-{key}.json"
+        if path.exists():
+            found = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            if model is None:
+                ctx.reporter.info(f"mining {k} negatives per pair with the embedder ({ctx.cfg.embedder.model}) ...")
+                model = load_st_model(ctx.cfg.embedder)
+            known = {q: data.positives_by_query.get(q, []) for q in queries}
+            emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
+            found = mine_pairs(model, queries, known, data.corpus, k, cfg.mining, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
+            atomic_write_json(path, found)
+        short = 0
+        for it in mine_items:
+            f = found.get(it.payload["query_key"]) or {"negatives": [], "scores": [], "pos_score": None}
+            # a negative of a multi-positive query must not be this pair's positive either
+            negs = [(n, s) for n, s in zip(f["negatives"], f["scores"]) if normalize(n) != normalize(it.payload["positive"])]
+            it.payload["mined"] = {"negatives": [n for n, _ in negs], "scores": [s for _, s in negs], "pos_score": f["pos_score"]}
+            short += len(negs) < k
+        label = data.name if data.name not in stats else f"{data.name}#{si}"
+        stats[label] = {"pairs": len(mine_items), "fewer_than_k": short, "corpus": len(data.corpus)}
+    return stats
+
+
+# -- prompting and validation ---------------------------------------------------------------
+def cut(text: str, limit: int | None) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters (``" ..."`` marks a cut)."""
+    if limit is None or len(text) <= limit:
+        return text
+    head = text[:limit]
+    sp = head.rfind(" ")
+    return (head[:sp] if sp > limit // 2 else head).rstrip() + " ..."
+
+
+def render_prompt(instruction: str, query: str, positive: str, *, symmetric: bool, source: str = "") -> str:
+    return render(
+        "regenerate",
+        instruction=instruction,
+        query=query,
+        positive=positive,
+        doc_word="text" if symmetric else "document",
+        note=NOTES.get(source_key(source), ""),
+    )
+
+
+def example_name(symmetric: bool) -> str:
+    return "regenerate_symmetric" if symmetric else "regenerate"
+
+
+def build_messages(payload: dict[str, Any], cfg: RegenerateConfig) -> list[dict[str, str]]:
+    """System prompt, an optional worked example (retrieval or symmetric), then the real prompt."""
+    sym = payload["symmetric"]
+    msgs = [{"role": "system", "content": load_template("system").strip()}]
+    if cfg.few_shot:
+        ex = load_example(example_name(sym))
+        msgs.append({"role": "user", "content": render_prompt(ex["instruction"], ex["query"], ex["positive"], symmetric=sym, source="nli" if sym else "")})
+        msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
+    pos = cut(payload["positive"], cfg.prompt_positive_chars)
+    msgs.append({"role": "user", "content": render_prompt(payload["instruction"], payload["query"], pos, symmetric=sym, source=payload["source"])})
+    return msgs
+
+
+def make_validator(payload: dict[str, Any], cfg: RegenerateConfig):
+    """``validate(obj) -> negatives``: the generate checks against the source's query and positive."""
+    shown = {normalize(n) for n in load_example(example_name(payload["symmetric"]))["output"]["hard_negative_documents"]}
+    q, pos = payload["query"], payload["positive"]
+
+    def validate(obj: Any) -> list[str]:
+        try:
+            out = NegativesOut.model_validate(obj)
+        except ValidationError as e:
+            raise schema_failure(e) from None
+        negs = list(out.hard_negative_documents)
+        if cfg.few_shot and any(isinstance(n, str) and normalize(n) in shown for n in negs):
+            raise ValidationFailure("copied_example", "you copied the worked example; write new negatives for the given query")
+        v = check_example(q, pos, negs, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
+        if not v.keep:
+            raise ValidationFailure(v.reason, v.detail.replace("'negatives'", "'hard_negative_documents'"))
+        return [n.strip() for n in negs]
+
+    return validate
+
+
+async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, model: str) -> Outcome:
+    p = it.payload
+    res = await client.structured(
+        build_messages(p, cfg),
+        validate=make_validator(p, cfg),
+        schema=negatives_schema(cfg.max_doc_chars),
+        name="negatives",
+        sample_index=0,
+    )
+    if res.value is None:
+        rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
+        return Outcome(reject=rej.model_dump(mode="json"))
+    meta: dict[str, Any] = dict(p["meta"])
+    if p["source_negatives"]:
+        meta["source_negatives"] = p["source_negatives"]
+    mined = p.get("mined")
+    if mined is not None:
+        meta["mined_scores"] = mined["scores"]
+        meta["mined_pos_score"] = mined["pos_score"]
+    if res.reasons:
+        meta["failed_attempts"] = res.reasons
+    ex = Example(
+        id=it.id,
+        task=p["instruction"],
+        task_type=p["task_type"],
+        attributes={"symmetric": p["symmetric"]},
+        query=p["query"],
+        positive=p["positive"],
+        negatives=res.value,
+        model=model,
+        usage=res.usage,
+        source=p["source"],
+        source_id=p["source_id"],
+        mined_negatives=list(mined["negatives"]) if mined else [],
+        meta=meta,
+    )
+    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
+def run(ctx: StageContext) -> dict:
+    """Run regenerate and return its stats (also written to ``regenerate/stats.json``)."""
+    cfg = ctx.cfg.regenerate
+    sources = load_inputs(ctx)
+    items, per_source = plan_items(ctx, sources)
+    if not items:
+        raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
+    check_and_record(
+        ctx.run_dir,
+        STAGE,
+        {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "items": len(items), "mine": cfg.mine},
+        overwrite=ctx.overwrite,
+        shard_index=ctx.shard_index,
+        num_shards=ctx.num_shards,
+    )
+    mining = mine_for_items(ctx, items, sources) if cfg.mine else None
+
+    async def main():
+        async with llm_session(ctx, stage=STAGE) as client:
+            runner = ShardedRunner(ctx, STAGE, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
+            rep = await runner.run(items, lambda it: process_item(client, it, cfg, ctx.cfg.llm.model), description="regenerate")
+            return rep, client
+
+    rep, client = asyncio.run(main())
+    extra: dict[str, Any] = {
+        "sources": per_source,
+        "duplicates": sum(v["duplicates"] for v in per_source.values()),
+        "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
+    }
+    if mining is not None:
+        extra["mining"] = {"k": cfg.mine, **mining}
+    stats = write_stats(ctx, STAGE, rep, client, extra)
+    rows = summary_rows(stats)
+    rows.insert(0, ("pairs (after dedup)", str(len(items))))
+    rows.insert(1, ("duplicates dropped", str(extra["duplicates"])))
+    ctx.reporter.table("regenerate", rows)
+    return stats
