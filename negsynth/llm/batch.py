@@ -166,7 +166,7 @@ class BatchTransport:
             await self._finish(rnd)
 
     async def _run_batch(self, todo: dict[str, dict]) -> None:
-        oa = self.client._client
+        oa = self.client.sdk
         n = len(self.state["rounds"])
         name = f"round-{n:04d}.jsonl"
         lines = [dumps_line({"custom_id": k, "method": "POST", "url": ENDPOINT, "body": p}) for k, p in todo.items()]
@@ -183,7 +183,7 @@ class BatchTransport:
         await self._finish(rnd)
 
     async def _create(self, rnd: dict) -> None:
-        oa = self.client._client
+        oa = self.client.sdk
         b = await oa.batches.create(input_file_id=rnd["input_file_id"], endpoint=ENDPOINT, completion_window=self.window)
         rnd["batch_id"] = b.id
         rnd["status"] = b.status
@@ -191,7 +191,7 @@ class BatchTransport:
         log.info("submitted batch %s (%d requests)", b.id, rnd.get("requests", 0))
 
     async def _finish(self, rnd: dict) -> None:
-        oa = self.client._client
+        oa = self.client.sdk
         while True:
             b = await oa.batches.retrieve(rnd["batch_id"])
             if b.status != rnd.get("status"):

@@ -22,6 +22,18 @@ def request_key(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def request_key_and_body(payload: dict[str, Any], sample_index: int) -> tuple[str, bytes]:
+    """``request_key({"p": payload, "n": sample_index})`` and the request body, from one JSON dump.
+
+    The sorted dump of ``{"n": .., "p": payload}`` is ``{"n":N,"p":<payload, sorted>}``: the body
+    sent to the server is that inner slice (key order does not matter to a JSON server), so the
+    payload is serialised once per request instead of twice.
+    """
+    blob = json.dumps({"n": sample_index, "p": payload}, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    head = len(b'{"n":%d,"p":' % sample_index)
+    return hashlib.sha256(blob).hexdigest(), blob[head:-1]
+
+
 class RequestCache:
     """``get(key) -> dict | None`` and ``put(key, value)``; values are JSON objects."""
 

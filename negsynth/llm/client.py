@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import time
 from collections import Counter
@@ -24,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import aiohttp
 import httpx
 import openai
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from negsynth.llm.cache import RequestCache, request_key
+from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
@@ -108,8 +110,35 @@ class ClientStats:
         }
 
 
+class HTTPFault(Exception):
+    """A non-200 answer on the lean aiohttp path (the SDK path raises openai.APIStatusError)."""
+
+    def __init__(self, status_code: int, headers: Any, message: str):
+        super().__init__(f"HTTP {status_code}: {message}")
+        self.status_code = status_code
+        self.headers = headers
+        self.message = message
+
+
+class BadResponse(RuntimeError):
+    """A 200 whose body is not a chat completion (cut off, not JSON): retried like a reset."""
+
+
 def transport_kind(exc: BaseException) -> str | None:
     """Classify a retryable transport fault, or None when the exception is not one."""
+    if isinstance(exc, HTTPFault):
+        code = exc.status_code
+        if code == 429:
+            return "rate_limited"
+        if code in (408, 409, 425) or code >= 500:
+            return f"http_{code}"
+        return None
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return "timeout"
+    if isinstance(exc, BadResponse):
+        return "bad_response"
+    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)):
+        return "connection"
     if isinstance(exc, openai.RateLimitError):
         return "rate_limited"
     if isinstance(exc, openai.APITimeoutError):
@@ -144,10 +173,12 @@ def _caused_by_disconnect(exc: BaseException) -> bool:
 
 
 def _retry_after_seconds(exc: BaseException) -> float | None:
-    resp = getattr(exc, "response", None)
-    if resp is None:
-        return None
-    headers = resp.headers
+    headers = getattr(exc, "headers", None)
+    if headers is None:
+        resp = getattr(exc, "response", None)
+        if resp is None:
+            return None
+        headers = resp.headers
     ms = headers.get("retry-after-ms")
     if ms:
         try:
@@ -239,6 +270,7 @@ class LLMClient:
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._client: openai.AsyncOpenAI | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
@@ -254,14 +286,89 @@ class LLMClient:
             kw["http_client"] = openai.DefaultAioHttpClient(timeout=timeout)
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=timeout, **kw)
 
+    @property
+    def sdk(self) -> openai.AsyncOpenAI:
+        """The openai SDK client (files/batches, and chat with ``llm.transport = "httpx"``)."""
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
     async def __aenter__(self) -> "LLMClient":
-        self._client = self._make_client()
+        if self.cfg.transport == "aiohttp":
+            # the lean path: one aiohttp session, JSON in and out, no SDK models on the hot path
+            # (the SDK's request transform and response models cost ~2 ms CPU per request)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.cfg.max_concurrency + 8, limit_per_host=0, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout, sock_read=self.cfg.timeout),
+                headers={"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json"},
+                skip_auto_headers=("User-Agent",),
+            )
+            self._chat_url = self.base_url.rstrip("/") + "/chat/completions"
+        else:
+            self.sdk  # noqa: B018
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    async def preflight(self, timeout: float = 10.0) -> None:
+        """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key.
+
+        The lean-path twin of :func:`negsynth.llm.server.preflight` (same messages): it reuses the
+        session instead of importing and building an httpx client (~0.5 s of CPU at start).
+        """
+        from negsynth.errors import UserError
+
+        url = self.base_url
+        if self._session is None:
+            from negsynth.llm.server import preflight
+
+            return preflight(url, self._api_key, timeout=timeout)
+        try:
+            async with self._session.get(url.rstrip("/") + "/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                status = r.status
+                await r.read()
+        except aiohttp.ClientConnectorError:
+            raise UserError(f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url") from None
+        except (asyncio.TimeoutError, TimeoutError):
+            raise UserError(f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server") from None
+        except aiohttp.ClientError as e:
+            raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None
+        if status in (401, 403):
+            raise UserError(f"llm.base_url={url} refused the API key (HTTP {status}); check llm.api_key_env")
+        # 404/405: some OpenAI-compatible servers have no /models; the first request will tell
+
+    async def _post_chat(self, payload: dict, data: bytes | None = None) -> tuple[str | None, str | None, int, int]:
+        """One chat request on the lean path: ``(text, finish_reason, prompt_tokens, completion_tokens)``.
+
+        ``data`` is the payload already serialised (see ``request_key_and_body``); ``extra_body``
+        keys are merged into the top level, as the openai SDK does.
+        """
+        extra = payload.get("extra_body")
+        if extra is not None or data is None:
+            body = {k: v for k, v in payload.items() if k != "extra_body"}
+            body.update(extra or {})
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        async with self._session.post(self._chat_url, data=data) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise HTTPFault(resp.status, resp.headers, _error_message(raw))
+        try:
+            obj = json.loads(raw)
+            choices = obj.get("choices")
+        except (ValueError, AttributeError):
+            raise BadResponse(f"the server answered 200 with a body that is not a chat completion ({len(raw)} bytes)") from None
+        if not choices:
+            raise EmptyResponse("the server answered with no choices")
+        ch = choices[0]
+        u = obj.get("usage") or {}
+        msg = ch.get("message") or {}
+        return msg.get("content"), ch.get("finish_reason"), u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0
 
     # -- one request -------------------------------------------------------------------------
     def payload(self, messages: list[dict], *, response_format: dict | None, temperature: float | None, sample_index: int) -> dict:
@@ -283,22 +390,24 @@ class LLMClient:
 
     async def chat(self, payload: dict, *, sample_index: int = 0) -> dict:
         """Send one request (or serve it from the cache): ``{"text", "finish_reason", "usage", "cached"}``."""
-        key = request_key({"p": payload, "n": sample_index}) if self.cache is not None else None
+        key, body = request_key_and_body(payload, sample_index)
+        if self.cache is None:
+            key = None
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self.stats.cache_hits += 1
                 return {**hit, "cached": True}
         if self.transport is not None:
-            result = await self.transport.submit(key or request_key({"p": payload, "n": sample_index}), payload)
+            result = await self.transport.submit(key or request_key_and_body(payload, sample_index)[0], payload)
             return {**result, "cached": False}  # the batch transport stored it in the cache
         async with self._sem:
-            result = await self._send_with_retries(payload)
+            result = await self._send_with_retries(payload, body)
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
 
-    async def _send_with_retries(self, payload: dict) -> dict:
+    async def _send_with_retries(self, payload: dict, body: bytes | None = None) -> dict:
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception()
             kind = transport_kind(exc) or "other"
@@ -317,7 +426,24 @@ class LLMClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._send(payload)
+                    return await self._send(payload, body)
+        except HTTPFault as e:
+            if e.status_code in (401, 403):
+                raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
+            if e.status_code == 404:
+                raise LLMFatalError(
+                    f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(_short(e))})"
+                ) from None
+            kind = transport_kind(e)
+            if kind is None:
+                raise TransportError("bad_request", self._redact(_short(e))) from None
+            self.stats.transport_failures[kind] += 1
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
+        except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError, BadResponse) as e:
+            kind = transport_kind(e) or "connection"
+            self.stats.transport_failures[kind] += 1
+            detail = _short(e) or type(e).__name__
+            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(detail)}") from None
         except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
             raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
         except openai.NotFoundError as e:
@@ -336,8 +462,8 @@ class LLMClient:
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _send(self, payload: dict) -> dict:
-        assert self._client is not None, "use LLMClient inside 'async with'"
+    async def _send(self, payload: dict, body: bytes | None = None) -> dict:
+        assert self._session is not None or self._client is not None, "use LLMClient inside 'async with'"
         lim = self.limiter
         reserved = 0
         if lim is not None:
@@ -351,20 +477,24 @@ class LLMClient:
                 if why is not None:
                     raise BudgetStop(why)
             self.stats.requests += 1
-            resp = await self._client.chat.completions.create(**payload)
-            if not resp.choices:
-                raise EmptyResponse("the server answered with no choices")
-            ch = resp.choices[0]
-            u = resp.usage
-            pt = (u.prompt_tokens or 0) if u else 0
-            ct = (u.completion_tokens or 0) if u else 0
+            if self._session is not None:
+                text, finish, pt, ct = await self._post_chat(payload, body)
+            else:
+                resp = await self._client.chat.completions.create(**payload)
+                if not resp.choices:
+                    raise EmptyResponse("the server answered with no choices")
+                ch = resp.choices[0]
+                u = resp.usage
+                pt = (u.prompt_tokens or 0) if u else 0
+                ct = (u.completion_tokens or 0) if u else 0
+                text = ch.message.content if ch.message is not None else None
+                finish = ch.finish_reason
             self.stats.prompt_tokens += pt
             self.stats.completion_tokens += ct
             if lim is not None:
                 lim.record_tokens(pt + ct, reserved, ct)
-            text = ch.message.content if ch.message is not None else None
             ok = True
-            return {"text": text, "finish_reason": ch.finish_reason, "usage": [pt, ct]}
+            return {"text": text, "finish_reason": finish, "usage": [pt, ct]}
         finally:
             if lim is not None:
                 lim.release(ok=ok)
@@ -431,6 +561,17 @@ class LLMClient:
                     {"role": "user", "content": reask_template.format(detail=detail)},
                 ]
         return LLMResult(None, raw, reason, detail, usage, reasons)
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        obj = json.loads(raw)
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    except ValueError:
+        pass
+    return raw[:200].decode("utf-8", "replace")
 
 
 def _short(e: BaseException, n: int = 200) -> str:

@@ -12,7 +12,6 @@ from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import LLMClient, LLMFatalError, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter
-from negsynth.llm.server import preflight
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.runner import RunReport
 from negsynth.schemas.config import LLMConfig
@@ -55,13 +54,13 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
         key = resolve_api_key(cfg)
     except LLMFatalError as e:
         raise UserError(str(e)) from None
-    if check:
-        preflight(url, key, timeout=min(10.0, cfg.connect_timeout))
     cache = RequestCache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
     limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
     try:
         async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
+            if check:
+                await client.preflight(timeout=min(10.0, cfg.connect_timeout))
             client.gate = budget_checker(ctx, client)
             if ctx.mode == "batch":
                 from negsynth.llm.batch import BatchTransport

@@ -1,0 +1,234 @@
+"""Throughput of the real `generate` stage against a fake OpenAI server with 100 ms latency.
+
+Protocol (issue 3): the server runs pinned to one core (``taskset -c 1``), the client to the
+other (``taskset -c 0``). The client is the real stage — prompt building, request cache
+(SQLite), transport retries, rate limiter, JSON extraction, validation, partial/shard writes,
+stats — on 2,000 examples, at concurrency 16, 64 and 128. We print requests/s, the ratio to the
+ideal ``C / 0.1 s``, and client CPU ms per request (``resource.getrusage`` of the client
+process, measured around the stage only). A bare aiohttp client at the same concurrency shows
+the server's own ceiling under the current machine load.
+
+    python benchmarks/llm_throughput.py                    # 2,000 examples, C = 16, 64, 128
+    python benchmarks/llm_throughput.py --examples 500 --concurrency 64 --profile   # py-spy
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LATENCY = 0.1
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the server (aiohttp.web; run in its own process, pinned) -----------------------------------
+def answer(prompt: str, n: int) -> str:
+    if prompt.startswith("Brainstorm"):
+        return json.dumps({"tasks": [f"Retrieve documents about topic {n}-{i} for a given question" for i in range(20)]})
+    if '"S1"' in prompt:
+        return json.dumps({"S1": f"The cat sat on mat {n}.", "S2": f"A cat was sitting on mat {n}.", "negatives": [f"Other sentence {j} about thing {n}." for j in range(4)]})
+    if "misleading_labels" in prompt:
+        return json.dumps({"input_text": f"A text to classify, number {n}.", "label": f"category {n}", "misleading_labels": [f"wrong label {j} for {n}" for j in range(4)]})
+    if '"user_query"' in prompt:
+        return json.dumps({"user_query": f"how do indexes work {n}", "positive_document": f"Indexes speed up lookups, explained in document {n}.", "hard_negative_documents": [f"A distractor passage number {j} for query {n}." for j in range(4)]})
+    return json.dumps({"input": f"An input document {n}.", "positive_document": f"The matching document {n}.", "hard_negative_documents": [f"A non-matching document {j} for {n}." for j in range(4)]})
+
+
+def serve(port: int, latency: float) -> None:
+    from aiohttp import web
+
+    counter = [0]
+
+    async def models(_req):
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def chat(req):
+        body = await req.json(loads=json.loads)
+        counter[0] += 1
+        n = counter[0]
+        prompt = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+        await asyncio.sleep(latency)
+        out = {
+            "id": f"c{n}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", "fake"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer(prompt, n)}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 500, "completion_tokens": 120, "total_tokens": 620},
+        }
+        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+
+    app = web.Application(client_max_size=16 * 2**20)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, backlog=1024)
+
+
+# -- the client side -----------------------------------------------------------------------------
+def write_config(d: Path, port: int, examples: int, concurrency: int) -> Path:
+    cfg = d / "bench.toml"
+    cfg.write_text(
+        f"""[llm]
+base_url = "http://127.0.0.1:{port}/v1"
+model = "fake"
+max_concurrency = {concurrency}
+timeout = 30
+max_tokens = 600
+[pipeline]
+shard_size = 500
+[brainstorm]
+tasks_per_type = 20
+tasks_per_request = 20
+[generate]
+examples = {examples}
+min_per_type = 10
+"""
+    )
+    return cfg
+
+
+def run_stage(stage: str, cfg: Path, run_dir: Path, quiet: bool) -> dict:
+    """Run one stage in this process; returns wall time, CPU time and the stage's stats."""
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.pipeline.context import StageContext
+    from negsynth.pipeline.progress import Reporter
+    from negsynth.pipeline.registry import get_stage
+
+    ctx = StageContext(cfg=load_config(cfg), run_dir=run_dir, reporter=Reporter(quiet=quiet))
+    fn = get_stage(stage)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    stats = fn(ctx)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "requests": stats["this_run"]["requests"], "valid": stats["valid"], "items": stats["items"]}
+
+
+async def bare(port: int, n: int, concurrency: int) -> dict:
+    """A bare aiohttp client (no openai SDK, no stage): the server's ceiling right now."""
+    import aiohttp
+
+    body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": 'x "user_query" ' * 200}]}).encode()
+    sem = asyncio.Semaphore(concurrency)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+
+        async def one():
+            async with sem:
+                async with s.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "requests": n, "valid": n, "items": n}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the fake server did not start")
+
+
+def pinned(core: int, args: list[str]) -> list[str]:
+    return (["taskset", "-c", str(core)] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > core else []) + args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 128])
+    ap.add_argument("--latency", type=float, default=LATENCY)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per concurrency (the best is reported)")
+    ap.add_argument("--progress", action="store_true", help="show the rich progress bar (default: --quiet, as in CI logs)")
+    ap.add_argument("--profile", action="store_true", help="record a py-spy flame graph of the client")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare-client ceiling runs")
+    # internal entry points
+    ap.add_argument("--_serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_client", nargs=4, help=argparse.SUPPRESS)  # stage cfg run_dir quiet
+    ap.add_argument("--_bare", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
+    a = ap.parse_args()
+
+    if a._serve:
+        return serve(a._serve, a.latency)
+    if a._client:
+        stage, cfg, rd, quiet = a._client
+        print(json.dumps(run_stage(stage, Path(cfg), Path(rd), quiet == "1")))
+        return
+    if a._bare:
+        print(json.dumps(asyncio.run(bare(*a._bare))))
+        return
+
+    port = free_port()
+    me = [sys.executable, str(Path(__file__).resolve())]
+    srv = subprocess.Popen(pinned(1, [*me, "--_serve", str(port), "--latency", str(a.latency)]))
+    rows = []
+    try:
+        wait_port(port)
+        tmp = Path(tempfile.mkdtemp(prefix="negsynth-bench-"))
+        base = tmp / "base"
+        cfg = write_config(tmp, port, a.examples, 16)
+        out = subprocess.run(pinned(0, [*me, "--_client", "brainstorm", str(cfg), str(base), "1"]), capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr)
+        load = os.getloadavg()
+        for c in a.concurrency:
+            best = None
+            for rep in range(a.repeats):
+                rd = tmp / f"c{c}-{rep}"
+                shutil.copytree(base, rd)
+                cfg = write_config(tmp, port, a.examples, c)
+                cmd = [*me, "--_client", "generate", str(cfg), str(rd), "0" if a.progress else "1"]
+                if a.profile:
+                    cmd = ["py-spy", "record", "-o", str(ROOT / f"benchmarks/profile_c{c}.svg"), "--", *cmd]
+                out = subprocess.run(pinned(0, cmd), stdout=subprocess.PIPE, stderr=None if a.progress else subprocess.PIPE, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    raise SystemExit(out.stderr)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if best is None or r["wall_s"] < best["wall_s"]:
+                    best = r
+            assert best is not None and best["items"] == a.examples, best
+            ceiling = None
+            if not a.no_bare:
+                out = subprocess.run(pinned(0, [*me, "--_bare", str(port), str(a.examples), str(c)]), capture_output=True, text=True)
+                ceiling = json.loads(out.stdout)
+            rows.append((c, best, ceiling))
+            rps = best["requests"] / best["wall_s"]
+            print(
+                f"C={c:4d}  {rps:7.1f} req/s  ideal {c / a.latency:6.0f}  ratio {rps / (c / a.latency):5.2f}  "
+                f"client CPU {1000 * best['cpu_s'] / best['requests']:5.2f} ms/req  "
+                + (f"bare-client ceiling {ceiling['requests'] / ceiling['wall_s']:6.1f} req/s ({1000 * ceiling['cpu_s'] / ceiling['requests']:.2f} ms/req)" if ceiling else ""),
+                flush=True,
+            )
+        print(f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs; examples={a.examples}; latency={a.latency}s")
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+if __name__ == "__main__":
+    main()
