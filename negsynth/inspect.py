@@ -512,8 +512,8 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
     emb = _embedder_name(run_dir, path, ex_stage)
     ax.set_title(f"cos(query, ·) by LLM level — {len(ex)} examples" + (f", {emb}" if emb else ""), fontsize=10)
     ax.axhline(0, color="lightgrey", lw=0.8, zorder=0)
-    ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     written.append(_save(fig, out / "cos_by_level.png", plt))
 
     # false-negative / too-easy rate per level, grouped by task type
@@ -532,9 +532,9 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
         ax.set_xticks(x, [f"level {lv}" for lv in levels])
         ax.set_ylabel("% of negatives")
         ax.set_title(title)
-    axes[0].legend(fontsize=8, title="task type", title_fontsize=8)
-    fig.suptitle("flags per LLM level (1 = claimed hardest)", fontsize=10)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(tts), fontsize=8, frameon=False)
+    fig.suptitle("flags per LLM level (1 = claimed hardest), by task type", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     written.append(_save(fig, out / "flags_by_level.png", plt))
 
     tau = ex.get_column("tau").drop_nulls().to_numpy()
