@@ -26,13 +26,14 @@ MAX_ATTEMPTS = 2
 REASK = "Your answer was rejected"
 
 
-def write_config(tmp: Path, base_url: str) -> Path:
+def write_config(tmp: Path, base_url: str, transport: str = "aiohttp") -> Path:
     cfg = tmp / "run.toml"
     cfg.write_text(
         "\n".join(
             [
                 "[llm]",
                 f'base_url = "{base_url}"',
+                f'transport = "{transport}"',
                 'model = "fake"',
                 "max_concurrency = 4",
                 "backoff_initial = 0.01",
@@ -124,11 +125,11 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(tmp: Path, brainstormed: Path, responder):
+def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp"):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp, srv.base_url)
+        cfg = write_config(tmp, srv.base_url, transport)
         r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", "-q"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
@@ -173,6 +174,16 @@ def test_transient_transport_fault_is_retried_invisibly(tmp_path, brainstormed, 
     assert len(reqs) == 2 * EXAMPLES  # bounded: one fault + one success per item
     assert not any(m["content"].startswith(REASK) for q in reqs for m in q["messages"])  # never shown to the model
     assert all(r["usage"]["attempts"] == 1 for r in recs)
+
+
+@pytest.mark.parametrize("name", ["429_retry_after", "503", "hang_past_timeout", "reset_mid_response", "empty_choices"])
+def test_sdk_transport_classifies_the_same_faults(tmp_path, brainstormed, name):
+    """llm.transport = "httpx" goes through the openai SDK instead of the lean aiohttp path."""
+    fault, kind = TRANSPORT[name]
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport="httpx")
+    recs, _ = accounted(rd, stats)
+    assert len(recs) == EXAMPLES and stats["this_run"]["transport_retries"] == {kind: EXAMPLES}
+    assert len(reqs) == 2 * EXAMPLES
 
 
 @pytest.mark.parametrize("name", ["503", "reset_mid_response", "429_no_retry_after"])

@@ -120,6 +120,9 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
         stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
         if client.limiter is not None and hasattr(client.limiter, "as_dict"):
             stats["this_run"]["rate_limiter"] = client.limiter.as_dict()
+        if client.transport is not None and hasattr(client.transport, "as_dict"):
+            stats["this_run"]["batch"] = client.transport.as_dict()
+    stats["mode"] = ctx.mode
     b = ctx.budget
     stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": "this invocation"}
     if extra:
