@@ -250,3 +250,22 @@ def test_malformed_file_names_file_and_line(tmp_path):
     cols = read_tsv(p, ("sentence1", "sentence2", "score"))
     with pytest.raises(EvalDataError, match=r"bad.tsv:2: column 'score' holds 'five'"):
         parse_floats(p, "score", cols["score"])
+
+
+def test_texts_shared_by_tasks_are_embedded_once(tmp_path, monkeypatch):
+    import negsynth.evaluate.suite as S
+
+    d = tmp_path / "data"
+    d.mkdir()
+    lines = ["text\tlabel"] + [f"{w} story number {i}\t{w}" for i in range(10) for w in ("sport", "money")]
+    (d / "news.tsv").write_text("\n".join(lines) + "\n")
+    cls = S.TaskSpec("NewsCls", "Class", ("news.tsv",), "Classify", dict(S._CLS_COLS), eval_mode="cv")
+    clu = S.TaskSpec("NewsClust", "Clust", ("news.tsv",), "Cluster", dict(S._CLS_COLS))
+    monkeypatch.setattr(S, "TASKS", (cls, clu))
+    plain = HashBOW(instruct_queries=False)
+    rep = evaluate(plain, suite="full", data_dir=d, progress=False)
+    assert rep["tasks"]["NewsCls"]["main_score"] == 1.0 and rep["tasks"]["NewsClust"]["main_score"] == pytest.approx(1.0)
+    assert len(plain.seen) == 20  # the clustering task reused the classification embeddings
+    instructed = HashBOW(instruct_queries=True)
+    evaluate(instructed, suite="full", data_dir=d, progress=False)
+    assert len(instructed.seen) == 40 and len(set(instructed.seen)) == 40  # different instructions

@@ -40,16 +40,27 @@ def _subsample(n: int, cap: int | None, seed: int, labels: list[str] | None = No
     return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
 
 
-def _encode(embedder, texts: list[str], instruction: str | None, *, query: bool) -> np.ndarray:
-    """Embed unique texts once (STS / NLI sets repeat sentences a lot), then scatter back."""
-    uniq = list(dict.fromkeys(texts))
-    emb = embedder.encode_queries(uniq, instruction) if query else embedder.encode_documents(uniq)
-    emb = np.asarray(emb, dtype=np.float32)
-    where = {t: i for i, t in enumerate(uniq)}
-    return emb[[where[t] for t in texts]]
+def _encode(embedder, texts: list[str], instruction: str | None, *, query: bool, cache: dict | None = None) -> np.ndarray:
+    """Embed each distinct text once (STS / NLI sets repeat sentences; AG News and TREC feed
+    both a classification and a clustering task), then scatter back. ``cache`` lives for one
+    :func:`evaluate` call and is keyed by (query?, instruction, text), so an embedder that
+    treats instructions specially (e.g. masks them out of pooling) still gets them."""
+    cache = {} if cache is None else cache
+    # an embedder that ignores instructions (instruct_queries off) sees the same input either way
+    ins_key = instruction if query and getattr(embedder, "instruct_queries", True) else None
+    keys = [(query, ins_key, t) for t in texts]
+    todo = list(dict.fromkeys(k for k in keys if k not in cache))
+    if todo:
+        new = [k[2] for k in todo]
+        emb = embedder.encode_queries(new, instruction) if query else embedder.encode_documents(new)
+        for k, v in zip(todo, np.asarray(emb, dtype=np.float32)):
+            cache[k] = v
+    if not keys:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    return np.stack([cache[k] for k in keys])
 
 
-def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) -> tuple[dict, int, bool]:
+def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None) -> tuple[dict, int, bool]:
     from negsynth.evaluate import metrics as M
 
     cap = spec.quick if quick else {}
@@ -63,7 +74,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
         idx = _subsample(len(gold), cap.get("rows"), seed)
         t1 = [cols[c["text1"]][i] for i in idx]
         t2 = [cols[c["text2"]][i] for i in idx]
-        e = _encode(embedder, t1 + t2, ins, query=True)
+        e = _encode(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
 
     if spec.category == "Pair":
@@ -86,7 +97,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
             )
         idx = _subsample(len(y), cap.get("rows"), seed, [str(v) for v in y])
         t1, t2, yy = [t1[i] for i in idx], [t2[i] for i in idx], [y[i] for i in idx]
-        e = _encode(embedder, t1 + t2, ins, query=True)
+        e = _encode(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.pair_scores(e[: len(t1)], e[len(t1) :], yy), len(idx), len(idx) < len(y)
 
     if spec.category == "Triplet":
@@ -94,7 +105,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
         n = len(cols[c["anchor"]])
         idx = _subsample(n, cap.get("rows"), seed)
         a, p, ng = ([cols[c[k]][i] for i in idx] for k in ("anchor", "positive", "negative"))
-        e = _encode(embedder, a + p + ng, ins, query=True)
+        e = _encode(embedder, a + p + ng, ins, query=True, cache=cache)
         m = len(idx)
         return M.triplet_scores(e[:m], e[m : 2 * m], e[2 * m :]), m, m < n
 
@@ -113,8 +124,8 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
             extra = {rest[i] for i in _subsample(len(rest), fill, seed)} if fill else set()
             dids = [d for d in dids if d in judged or d in extra]
             sub = True
-        q_emb = embedder.encode_queries([queries[q] for q in qids], ins)
-        d_emb = embedder.encode_documents([corpus[d] for d in dids])
+        q_emb = _encode(embedder, [queries[q] for q in qids], ins, query=True, cache=cache)
+        d_emb = _encode(embedder, [corpus[d] for d in dids], None, query=False, cache=cache)
         return M.retrieval_scores(q_emb, d_emb, qids, dids, qrels), len(qids), sub
 
     if spec.category in ("Class", "Clust"):
@@ -124,7 +135,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
             idx = _subsample(len(tr[c["label"]]), cap.get("train"), seed, tr[c["label"]])
             xtr_t = [tr[c["text"]][i] for i in idx]
             ytr = [tr[c["label"]][i] for i in idx]
-            e = _encode(embedder, xtr_t + te[c["text"]], ins, query=True)
+            e = _encode(embedder, xtr_t + te[c["text"]], ins, query=True, cache=cache)
             res = M.classification_scores(e[: len(xtr_t)], ytr, e[len(xtr_t) :], te[c["label"]], seed=seed)
             res["train"] = len(xtr_t)
             return res, len(te[c["label"]]), len(idx) < len(tr[c["label"]])
@@ -132,7 +143,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int) 
         labels = [lab for p in parts for lab in p[c["label"]]]
         idx = _subsample(len(labels), cap.get("rows"), seed, labels)
         texts, ys = [texts[i] for i in idx], [labels[i] for i in idx]
-        e = _encode(embedder, texts, ins, query=True)
+        e = _encode(embedder, texts, ins, query=True, cache=cache)
         if spec.category == "Class":
             res = M.classification_scores(None, None, e, ys, seed=seed)
         else:
@@ -208,6 +219,7 @@ def evaluate(
     t_all, c_all = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
+    cache: dict = {}
     for i, spec in enumerate(specs, 1):
         missing = [f for f in spec.files if not (data_dir / f).exists()]
         if missing:
@@ -216,7 +228,7 @@ def evaluate(
                 print(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})", file=sys.stderr)
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed)
+        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         results[spec.name] = {
             "category": spec.category, "main_metric": spec.main_metric,
