@@ -293,8 +293,10 @@ def register_later_stages() -> None:
                 raise
 
 
+register_later_stages()  # at import time, so `from negsynth.cli import app` sees every command
+
+
 def main() -> None:
-    register_later_stages()
     app()
 
 

@@ -82,7 +82,7 @@ def score(
 
 # ============================================================================ regenerate (issue 6)
 
-from negsynth.cli import MaxCostOpt, MaxReqOpt, MaxTokOpt, NumShardsOpt, ShardIdxOpt  # noqa: E402
+from negsynth.cli import MaxCostOpt, MaxReqOpt, MaxTokOpt, ModeOpt, NumShardsOpt, ShardIdxOpt, _emit_llm  # noqa: E402
 
 
 def _filter_arg(items: list[str] | None) -> dict[str, str | list[str]]:
@@ -126,6 +126,7 @@ def regenerate(
     max_requests: MaxReqOpt = None,
     max_tokens: MaxTokOpt = None,
     max_cost: MaxCostOpt = None,
+    mode: ModeOpt = "online",
     verbose: VerboseOpt = 0,
 ) -> None:
     """LLM-graded negatives for existing (query, positive) pairs (MGH §1.5) -> RUN_DIR/regenerate/.
@@ -139,7 +140,7 @@ def regenerate(
     _setup_logging(verbose)
     ctx = make_context(
         config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, shard_index=shard_index,
-        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost,
+        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost, mode=mode,
     )  # fmt: skip
     rcfg = ctx.cfg.regenerate
     cols = {k: v for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col)) if v}
@@ -163,7 +164,7 @@ def regenerate(
             rcfg.inputs = [s.model_copy(update={"limit": limit}) for s in rcfg.inputs]
     if mine is not None:
         rcfg.mine = mine
-    _emit(_llm_stage("regenerate", ctx), json_out)
+    _emit_llm(_llm_stage("regenerate", ctx), json_out)
 
 
 # ============================================================================ end regenerate
@@ -204,3 +205,79 @@ def inspect_cmd(
 
 
 # ============================================================================ end inspect
+
+
+# ============================================================================ curriculum / train / evaluate (issue 5)
+
+
+@app.command()
+@guarded
+def curriculum(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="curriculum | reverse | random | fixed:K")] = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Build the training rows in training order (easiest level first) -> RUN_DIR/curriculum/."""
+    from negsynth.stages.curriculum import run as run_stage
+
+    _setup_logging(verbose)
+    sets = list(set_ or []) + ([f"curriculum.schedule='{schedule}'"] if schedule else [])
+    ctx = make_context(config, run_dir, sets, quiet=quiet, json_mode=json_out, overwrite=overwrite)
+    _emit(run_stage(ctx), json_out)
+
+
+@app.command()
+@guarded
+def train(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Fine-tune on the curriculum in order (InfoNCE, in-batch + hard negatives) -> RUN_DIR/train/final."""
+    from negsynth.stages.train import run as run_stage
+
+    _setup_logging(verbose)
+    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite)
+    _emit(run_stage(ctx), json_out)
+
+
+@app.command()
+@guarded
+def evaluate(
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    model: Annotated[str | None, typer.Option("--model", help="model folder or alias (default: RUN_DIR/train/final)")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="model or report.json to compare with ('' for none)")] = None,
+    suite: Annotated[str | None, typer.Option("--suite", help="quick | full")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="comma-separated task or category names")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="benchmark folder (default ../shared/data)")] = None,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
+    from negsynth.stages.evaluate import run as run_stage
+
+    _setup_logging(verbose)
+    sets = list(set_ or [])
+    if suite:
+        sets.append(f"evaluate.suite='{suite}'")
+    if data_dir:
+        sets.append(f"evaluate.data_dir='{data_dir}'")
+    if tasks:
+        sets.append("evaluate.tasks=[" + ",".join(f"'{t.strip()}'" for t in tasks.split(",")) + "]")
+    ctx = make_context(config, run_dir, sets, quiet=quiet, json_mode=json_out)
+    _emit(run_stage(ctx, model=model, baseline=baseline), json_out)
+
+
+# ============================================================================ end curriculum / train / evaluate

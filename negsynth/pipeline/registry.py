@@ -13,6 +13,9 @@ STAGES: dict[str, str] = {
     "generate": "negsynth.stages.generate:run",
     "regenerate": "negsynth.stages.regenerate:run",
     "score": "negsynth.stages.score:run",
+    "curriculum": "negsynth.stages.curriculum:run",
+    "train": "negsynth.stages.train:run",
+    "evaluate": "negsynth.stages.evaluate:run",
 }
 
 #: stages that call the LLM (``negsynth run`` starts the embedded server only for these)

@@ -29,16 +29,20 @@ def run_pipeline(
     fns = [(n, get_stage(n)) for n in names]  # fail on an unknown name before any work
     reporter = reporter or Reporter()
     out: dict[str, dict] = {}
+    llm_idx = [i for i, n in enumerate(names) if n in LLM_STAGES]
     with ExitStack() as stack:
         base_url = None
-        if cfg.llm.base_url == "embedded" and any(n in LLM_STAGES for n in names):
-            from negsynth.llm.server import EmbeddedServer
+        for i, (name, fn) in enumerate(fns):
+            if i in llm_idx and base_url is None and cfg.llm.base_url == "embedded":
+                from negsynth.llm.server import EmbeddedServer
 
-            reporter.info(f"starting the embedded llama.cpp server ({cfg.llm.model}) ...")
-            server = stack.enter_context(EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log"))
-            base_url = server.base_url
-            reporter.info(f"embedded server ready at {base_url}")
-        for name, fn in fns:
+                reporter.info(f"starting the embedded llama.cpp server ({cfg.llm.model}) ...")
+                server = stack.enter_context(EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log"))
+                base_url = server.base_url
+                reporter.info(f"embedded server ready at {base_url}")
             ctx = StageContext(cfg=cfg, run_dir=Path(run_dir), overwrite=overwrite, reporter=reporter, base_url=base_url, budget=budget or Budget())
+            reporter.info(f"[bold]== {name}[/]")
             out[name] = fn(ctx)
+            if llm_idx and i == llm_idx[-1]:
+                stack.close()  # the LLM is no longer needed: free its cores for scoring and training
     return out

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from negsynth.schemas.records import BRAINSTORM_TYPES, TASK_TYPES
+from negsynth.schemas.train import TrainConfig
 
 
 class Section(BaseModel):
@@ -77,7 +78,7 @@ class ServeConfig(Section):
 
 class PipelineConfig(Section):
     shard_size: int = Field(1000, ge=1)  # work items per output shard
-    stages: list[str] = Field(default_factory=lambda: ["brainstorm", "generate"])
+    stages: list[str] = Field(default_factory=lambda: ["brainstorm", "generate", "score", "curriculum", "train", "evaluate"])
 
 
 DEFAULT_RATIO = {"short-long": 0.40, "long-short": 0.29, "sts": 0.24, "long-long": 0.04, "short-short": 0.03}
@@ -252,6 +253,39 @@ class RegenerateConfig(Section):
     prompt_positive_chars: int | None = Field(3000, ge=50)  # longer positives are cut in the prompt only
 
 
+class CurriculumConfig(Section):
+    """``curriculum``: scored examples -> training rows in training order (spec §1.7).
+
+    ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``reverse``,
+    ``random`` or ``fixed:K``. ``batch_size`` defaults to ``train.batch_size``: the builder keeps
+    every text unique inside each batch of that size, so the two must agree.
+    ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
+    """
+
+    input: str = "score"  # stage folder to read; "generate"/"regenerate" to skip scoring
+    schedule: str = "curriculum"
+    batch_size: int | None = Field(None, ge=2)
+    epochs: float | None = Field(None, gt=0)
+    total_steps: int | None = Field(None, ge=1)
+    seed: int = 0
+    homogeneous_batches: bool = True
+    negatives: Literal["llm", "mined"] = "llm"
+    instruction_template: str | None = "Instruct: {instruction}\nQuery: {query}"
+
+
+class EvaluateConfig(Section):
+    """``evaluate``: the offline mini-MTEB on ``data_dir`` (default ``../shared/data``)."""
+
+    suite: Literal["quick", "full"] = "quick"
+    tasks: list[str] | None = None  # task or category names instead of the suite's defaults
+    data_dir: str | None = None
+    model: str | None = None  # default: RUN_DIR/train/final, else train.model
+    baseline: str | None = "base"  # "base" = train.model before training; a path; or none ("")
+    instruct_queries: bool = False
+    batch_size: int = Field(64, ge=1)
+    seed: int = 0
+
+
 class RunConfig(Section):
     """The whole run file. Sections of later stages are added as they land."""
 
@@ -261,6 +295,9 @@ class RunConfig(Section):
     brainstorm: BrainstormConfig = Field(default_factory=BrainstormConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig)
 

@@ -1,0 +1,95 @@
+"""Stage — curriculum: scored examples -> training rows in training order.
+
+In:  ``RUN_DIR/<curriculum.input>/`` (default ``score``) :class:`Example` shards.
+Out: ``RUN_DIR/curriculum/`` — ``dataset/`` (HF ``save_to_disk``), ``train.parquet``,
+     ``card.json`` / ``card.md`` (composition), ``stats.json``.
+
+Columns: ``anchor`` (instruction-formatted query), ``positive``, ``negative`` (the example's
+negative at the row's level), ``level`` (1 = hardest … 4 = easiest), ``phase``, ``batch``,
+``task_type``, ``example_id``, ``source``. Rows are in training order: never shuffle them.
+The rules (phases, disjoint groups, no duplicate text per batch) are in
+:mod:`negsynth.data.curriculum`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from negsynth.data.shards import atomic_write_json
+from negsynth.errors import UserError
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.manifest import check_and_record
+from negsynth.stages.common import inputs_fingerprint, read_stage_records
+
+STAGE = "curriculum"
+
+
+def run(ctx: StageContext) -> dict:
+    from negsynth.data.curriculum import CurriculumError, build_curriculum, save_curriculum
+
+    cc = ctx.cfg.curriculum
+    batch_size = cc.batch_size or ctx.cfg.train.batch_size
+    h = config_hash({"curriculum": cc, "batch_size": batch_size, "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
+    out = ctx.stage_dir(STAGE)
+    man_entry = {"config_hash": h, "shard_size": None, "num_shards": 1}
+    if (out / "stats.json").exists() and not ctx.overwrite:
+        from negsynth.pipeline.manifest import read_manifest
+
+        if read_manifest(ctx.run_dir).get("stages", {}).get(STAGE, {}).get("config_hash") == h:
+            stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+            ctx.reporter.info(f"curriculum: already built in {out} ({stats['rows']} rows); --overwrite to rebuild")
+            return stats
+        ctx.overwrite = True  # inputs or settings changed: the dataset is derived data, rebuild it
+    check_and_record(ctx.run_dir, STAGE, man_entry, overwrite=ctx.overwrite)
+    t0 = time.monotonic()
+    examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
+    try:
+        rows = build_curriculum(
+            examples,
+            schedule=cc.schedule,
+            batch_size=batch_size,
+            total_steps=cc.total_steps,
+            epochs=cc.epochs if cc.total_steps is None else None,
+            seed=cc.seed,
+            homogeneous_batches=cc.homogeneous_batches,
+            use_mined=cc.negatives == "mined",
+            instruction_template=cc.instruction_template,
+        )
+        if not rows:
+            raise CurriculumError(
+                f"curriculum: {len(examples)} examples gave no full batch of {batch_size}; "
+                "lower curriculum.batch_size (or train.batch_size) or make more examples"
+            )
+        save_curriculum(rows, out, stats=dict(rows.stats))
+    except CurriculumError as e:
+        raise UserError(str(e)) from None
+    phases: dict[str, int] = {}
+    for r in rows:
+        phases[str(r["phase"])] = phases.get(str(r["phase"]), 0) + 1
+    stats = {
+        "stage": STAGE,
+        "examples": len(examples),
+        "rows": len(rows),
+        "batches": len(rows) // batch_size,
+        "batch_size": batch_size,
+        "schedule": cc.schedule,
+        "rows_per_phase": phases,
+        "builder": {k: v for k, v in dict(rows.stats).items()},
+        "wall_time_s": round(time.monotonic() - t0, 3),
+    }
+    atomic_write_json(out / "stats.json", stats)
+    ctx.reporter.table(
+        "curriculum",
+        [
+            ("examples in", stats["examples"]),
+            ("rows (training order)", stats["rows"]),
+            ("batches of", f"{stats['batches']} x {batch_size}"),
+            ("schedule", cc.schedule),
+            ("rows per phase", ", ".join(f"{k}: {v}" for k, v in phases.items())),
+            *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
+            ("output", str(out)),
+        ],
+    )
+    return stats

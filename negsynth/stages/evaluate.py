@@ -1,0 +1,83 @@
+"""Stage — evaluate: the trained model (and its base, as baseline) on the offline mini-MTEB.
+
+In:  ``RUN_DIR/train/final`` (or ``evaluate.model``), benchmark files in ``evaluate.data_dir``
+     (default ``../shared/data``). When no data is reachable it says so in one line and returns.
+Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``); prints one table per category
+     with the delta against the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from negsynth.errors import UserError
+from negsynth.pipeline.context import StageContext
+
+STAGE = "evaluate"
+
+
+def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto"):
+    """An :class:`Embedder` for a base-model alias, a negsynth-trained folder or any ST folder."""
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.train.trainer import resolve_model_path
+
+    p = Path(model)
+    if p.is_dir() and (p / "modules.json").exists():
+        from negsynth.embed.base import resolve_device
+        from negsynth.train import load_model
+
+        st = load_model(str(p), device=resolve_device(device))  # trusts negsynth's own pooling modules
+        name = f"st:{p.parent.name}/{p.name}" if p.name == "final" else f"st:{p.name}"
+        return SentenceTransformerEmbedder(st, name=name, batch_size=batch_size, instruct_queries=instruct_queries)
+    path, is_decoder = resolve_model_path(model)
+    if is_decoder:
+        from negsynth.embed.decoder import DecoderEmbedder
+        from negsynth.schemas.config import EmbedderConfig
+
+        return DecoderEmbedder.from_config(EmbedderConfig(kind="decoder", model="default" if model in ("smollm2", "smollm2-135m") else path, batch_size=batch_size))
+    return SentenceTransformerEmbedder.load(path if model not in ("default", "minilm") else "default", batch_size=batch_size, instruct_queries=instruct_queries)
+
+
+def run(ctx: StageContext, model: str | None = None, baseline: str | None = None) -> dict:
+    from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, print_report, write_report
+
+    ec = ctx.cfg.evaluate
+    out = ctx.stage_dir(STAGE)
+    out.mkdir(parents=True, exist_ok=True)
+    trained = ctx.stage_dir("train") / "final"
+    model = model or ec.model or (str(trained) if trained.is_dir() else ctx.cfg.train.model)
+    baseline = baseline if baseline is not None else ec.baseline
+    if baseline == "base":
+        baseline = ctx.cfg.train.model if Path(model).resolve() != Path(ctx.cfg.train.model).resolve() else None
+    quiet = ctx.reporter.quiet
+
+    def one(m: str, dest: Path) -> dict:
+        if Path(m).suffix == ".json" and Path(m).is_file():
+            return load_report(m)  # a saved report as baseline
+        emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries)
+        try:
+            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed)
+        except (EvalDataError, UnknownTask) as e:
+            raise UserError(str(e)) from None
+        rep["model"] = m
+        write_report(rep, dest)
+        return rep
+
+    base_rep = one(baseline, out / "baseline.json") if baseline else None
+    rep = one(model, out / "report.json")
+    if not rep.get("tasks"):
+        return {"stage": STAGE, "skipped": True, "reason": "; ".join(rep.get("notes", [])) or "no benchmark data"}
+    if not quiet:
+        print_report(rep, baseline=base_rep, console=ctx.reporter.console)
+    summary = {
+        "stage": STAGE,
+        "model": model,
+        "baseline": baseline,
+        "average": rep.get("average"),
+        "categories": rep.get("categories"),
+        "baseline_average": base_rep.get("average") if base_rep else None,
+        "report": str(out / "report.json"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

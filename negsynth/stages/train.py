@@ -1,0 +1,73 @@
+"""Stage — train: fine-tune an embedding model on the curriculum, in order.
+
+In:  ``RUN_DIR/curriculum/dataset`` (training order) and ``[train]`` (:class:`TrainConfig`).
+Out: ``RUN_DIR/train/final/`` (a SentenceTransformer folder; reload with
+     ``negsynth.train.load_model(path)``), checkpoints ``RUN_DIR/train/checkpoint-N``,
+     ``final/train_log.json`` (loss, lr, phase, level per step) and ``RUN_DIR/train/stats.json``.
+
+``train.output_dir`` is ignored here (the run dir decides); ``train.resume = true`` continues
+from the latest checkpoint of a killed run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from negsynth.data.shards import atomic_write_json
+from negsynth.errors import UserError
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.manifest import check_and_record, read_manifest
+
+STAGE = "train"
+
+
+def run(ctx: StageContext) -> dict:
+    from negsynth.data.curriculum import CurriculumError, load_curriculum
+
+    out = ctx.stage_dir(STAGE)
+    data_dir = ctx.stage_dir("curriculum")
+    tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
+    card = data_dir / "card.json"
+    h = config_hash({"train": tc.model_dump(exclude={"resume", "output_dir"}), "data": card.read_text() if card.exists() else None})
+    final = out / "final"
+    old = read_manifest(ctx.run_dir).get("stages", {}).get(STAGE, {})
+    if final.is_dir() and (out / "stats.json").exists() and old.get("config_hash") == h and not ctx.overwrite:
+        stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+        ctx.reporter.info(f"train: already trained in {final}; --overwrite to retrain")
+        return stats
+    if final.is_dir() and old.get("config_hash") != h and not tc.resume:
+        ctx.overwrite = True  # settings or data changed: the old model is stale
+    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite and not tc.resume)
+    try:
+        ds = load_curriculum(data_dir)
+    except CurriculumError:
+        raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first") from None
+    from negsynth.train import train
+
+    t0 = time.monotonic()
+    ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature}")
+    try:
+        path = train(ds, tc)
+    except ValueError as e:  # config problems the trainer detects (named field + fix)
+        raise UserError(f"[train] {e}") from None
+    log = json.loads((final / "train_log.json").read_text(encoding="utf-8")).get("log_history", [])
+    losses = [e["loss"] for e in log if "loss" in e]
+    stats = {
+        "stage": STAGE,
+        "model": path,
+        "rows": len(ds),
+        "steps": len(losses),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "phases_seen": sorted({e.get("phase") for e in log if e.get("phase") is not None}),
+        "wall_time_s": round(time.monotonic() - t0, 3),
+    }
+    atomic_write_json(out / "stats.json", stats)
+    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+    ctx.reporter.table(
+        "train",
+        [("model", path), ("steps", stats["steps"]), ("loss first -> last", f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"), ("wall time", f"{stats['wall_time_s']:.1f} s")],
+    )
+    return stats
