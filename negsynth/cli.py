@@ -300,5 +300,7 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m negsynth.cli: use the imported module's app (cli_stages registers there)
+    from negsynth.cli import main as _main
+
+    _main()

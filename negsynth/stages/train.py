@@ -11,7 +11,9 @@ from the latest checkpoint of a killed run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 
 from negsynth.data.shards import atomic_write_json
@@ -49,7 +51,9 @@ def run(ctx: StageContext) -> dict:
     t0 = time.monotonic()
     ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature}")
     try:
-        path = train(ds, tc)
+        # the HF trainer prints its log dicts on stdout: keep stdout for --json output
+        with contextlib.redirect_stdout(sys.stderr):
+            path = train(ds, tc)
     except ValueError as e:  # config problems the trainer detects (named field + fix)
         raise UserError(f"[train] {e}") from None
     log = json.loads((final / "train_log.json").read_text(encoding="utf-8")).get("log_history", [])

@@ -1,0 +1,83 @@
+"""score -> curriculum -> train -> evaluate through the CLI on examples made by the fake LLM.
+
+Real MiniLM, a handful of steps, and a tiny hand-made STS set as the benchmark folder, so the
+whole chain runs in well under a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_openai import FakeOpenAI, always_valid
+from test_cli_pipeline import invoke, runner, write_config
+
+from negsynth.cli import app
+
+pytest.importorskip("sentence_transformers")
+
+STS_ROWS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.6),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
+    ("Kids are playing football.", "Children play soccer outside.", 4.0),
+    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
+    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
+    ("A man is riding a horse.", "A person rides a horse on the beach.", 3.5),
+    ("The sun is shining.", "It is raining heavily.", 1.0),
+]
+
+
+@pytest.fixture
+def run_dir_with_examples(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "generate.examples=32").exit_code == 0
+    data = tmp_path / "data" / "sts12"
+    data.mkdir(parents=True)
+    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS_ROWS))
+    return rd, tmp_path / "data"
+
+
+def test_score_curriculum_train_evaluate(run_dir_with_examples):
+    rd, data = run_dir_with_examples
+    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false"]
+    r = runner.invoke(app, ["score", *common, "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["curriculum", *common, "--json"])
+    assert r.exit_code == 0, r.output
+    cur = json.loads(r.stdout)
+    # 32 examples, 4 disjoint phase groups of 8 = 2 full batches of 4 each
+    assert cur["rows"] == 32 and cur["batch_size"] == 4
+    assert len(cur["rows_per_phase"]) == 4 and set(cur["rows_per_phase"].values()) == {8}
+    import datasets
+
+    ds = datasets.load_from_disk(str(rd / "curriculum" / "dataset"))
+    assert ds["level"][0] == 4 and ds["level"][-1] == 1  # easiest first, hardest last
+    assert ds["phase"] == sorted(ds["phase"])
+    r = runner.invoke(app, ["train", *common, "--set", "train.max_length=32", "--set", "train.grad_accum=1", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    tr = json.loads(r.stdout[r.stdout.index("{") :])
+    assert tr["steps"] == 8 and (rd / "train" / "final" / "modules.json").exists()
+    r = runner.invoke(app, ["evaluate", *common, "--data-dir", str(data), "--tasks", "STS12", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    ev = json.loads(r.stdout[r.stdout.index("{") :])
+    assert ev["model"].endswith("final") and ev["baseline"] == "default"
+    rep = json.loads((rd / "evaluate" / "report.json").read_text())
+    base = json.loads((rd / "evaluate" / "baseline.json").read_text())
+    assert set(rep["tasks"]) == {"STS12"} and rep["tasks"]["STS12"]["n"] == len(STS_ROWS)
+    assert base["tasks"]["STS12"]["main_score"] > 0.5  # MiniLM ranks these obvious pairs well
+
+
+def test_evaluate_without_data_says_so(tmp_path):
+    r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--data-dir", str(tmp_path / "nothing"), "--baseline", "", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout[r.stdout.index("{") :])
+    assert out["skipped"] is True and "no benchmark data" in out["reason"]
+
+
+def test_curriculum_without_score_says_what_to_run(tmp_path):
+    r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "run `negsynth score` first" in r.stderr
