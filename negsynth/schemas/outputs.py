@@ -69,14 +69,15 @@ def _string(max_len: int | None, min_len: int = 1) -> dict[str, Any]:
 def output_schema(task_type: str, *, max_query: int | None, max_doc: int | None) -> dict[str, Any]:
     """JSON schema for one example of ``task_type`` with exactly 4 negatives and length bounds."""
     _, qk, pk, nk = OUTPUTS[task_type]
+    # minLength keeps a grammar-constrained model from ending a string at once ("" or "a")
     if task_type == "long-short":
-        q, d = _string(max_doc), _string(min(max_query or 100, 100))
+        q, d = _string(max_doc, 20), _string(min(max_query or 100, 100), 3)
     elif task_type in ("short-short", "sts"):
-        q = d = _string(max_query)
+        q = d = _string(max_query, 5)
     elif task_type == "long-long":
-        q = d = _string(max_doc)
+        q = d = _string(max_doc, 20)
     else:
-        q, d = _string(max_query), _string(max_doc)
+        q, d = _string(max_query, 5), _string(max_doc, 20)
     return {
         "type": "object",
         "properties": {

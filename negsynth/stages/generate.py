@@ -133,7 +133,9 @@ def make_validator(task_type: str, cfg: GenerateConfig):
             raise schema_failure(e) from None
         q, p, negs = getattr(out, qk), getattr(out, pk), list(getattr(out, nk))
         if cfg.few_shot and isinstance(q, str) and (normalize(q) in copied or normalize(p) in copied):
-            raise ValidationFailure("copied_example", "you copied the worked example; write a new example for the given task")
+            raise ValidationFailure(
+                "copied_example", "you copied the earlier example; write a NEW example about the task in my last message"
+            )
         v = check_example(q, p, negs, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
         if not v.keep:
             detail = v.detail.replace("'negatives'", f"'{nk}'")
