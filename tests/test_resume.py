@@ -197,3 +197,23 @@ def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path
     assert Counter(srv.answered) == ref_answered and len(srv.answered) == n_ref
     final = json.loads((rd / "generate" / "stats.json").read_text())
     assert final["complete"] and final["items"] == EXAMPLES and final["valid"] == stats["valid"]
+
+
+def test_transport_rejects_of_an_unfinished_shard_are_retried_on_resume(tmp_path, brainstormed):
+    """An outage turns items into transport_* rejects; a rerun retries them (unlike model failures)."""
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    runner = CliRunner()
+    with FakeOpenAI(lambda q, n: Reply(status=503)) as down:
+        cfg = write_config(tmp_path, down.base_url)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "llm.max_retries=0", "--max-requests", "3"])
+        assert r.exit_code == 3, r.output
+    partial = [json.loads(x) for x in (rd / "generate" / "shard-00000.jsonl.partial").read_text().splitlines()]
+    assert len(partial) == 3 and all(p["r"]["reason"] == "transport_http_503" for p in partial)
+    with FakeOpenAI(always_valid) as up:
+        cfg = write_config(tmp_path, up.base_url)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", "--json"])
+        assert r.exit_code == 0, r.output
+        stats = json.loads(r.stdout)
+    assert stats["valid"] == EXAMPLES and stats["rejected"] == 0
+    assert len(list(read_stage(rd / "generate"))) == EXAMPLES

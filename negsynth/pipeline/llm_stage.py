@@ -67,7 +67,10 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
 
                 if cache is None:
                     raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
-                client.transport = BatchTransport(client, ctx.stage_dir(stage or "llm") / "_batch", poll_s=ctx.batch_poll_s)
+                state_dir = ctx.stage_dir(stage or "llm") / "_batch"
+                if ctx.num_shards > 1:  # each worker keeps its own batch jobs
+                    state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
+                client.transport = BatchTransport(client, state_dir, poll_s=ctx.batch_poll_s)
                 try:
                     yield client
                 finally:
