@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,15 @@ import typer
 
 from negsynth.data.shards import ShardError
 from negsynth.errors import UserError
+
+# quiet the libraries' own progress bars: stages show one progress bar each
+for _k, _v in (
+    ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+):
+    os.environ.setdefault(_k, _v)
 
 app = typer.Typer(
     name="negsynth",
@@ -122,8 +132,6 @@ def make_context(
 
 
 def _check_run_dir(run_dir: Path) -> None:
-    import os
-
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
     try:
