@@ -66,6 +66,7 @@ class FakeOpenAI:
         self.batch_hold = threading.Event()  # clear() it to keep every batch "in_progress"
         self.batch_hold.set()
         self.on_batch_poll: Callable[[dict], None] | None = None
+        self.batch_api = True  # False: /files and /batches answer 404 (a server without the Batch API)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -120,6 +121,8 @@ class FakeOpenAI:
                 if not self._auth_ok():
                     return self._send(401, {"error": {"message": "bad key"}})
                 path = self.path.split("?")[0].rstrip("/")
+                if not outer.batch_api and (path.endswith("/files") or path.endswith("/batches")):
+                    return self._send(404, {"error": {"message": "no Batch API here"}})
                 if path.endswith("/files"):
                     return self._send(200, outer._upload(self.headers.get("Content-Type", ""), raw))
                 if path.endswith("/batches"):

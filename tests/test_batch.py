@@ -201,3 +201,14 @@ def test_brainstorm_batch_mode(tmp_path):
 def test_bad_mode_is_one_line(tmp_path):
     r = runner.invoke(app, ["generate", "-d", str(tmp_path / "r"), "--mode", "turbo"])
     assert r.exit_code == 2 and "--mode 'turbo'" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_endpoint_without_batch_api_stops_in_one_line(tmp_path, brainstormed):
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(always_valid) as srv:
+        srv.batch_api = False
+        cfg = write_config(tmp_path, srv.base_url)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--mode", "batch", "-q"])
+    assert r.exit_code == 2 and "refused the Batch API request (HTTP 404)" in r.stderr and r.stderr.count("\n") == 1
+    assert not list((rd / "generate").glob("shard-*.jsonl")) and not list((rd / "generate").glob("*.partial"))

@@ -31,6 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import openai
+
 from negsynth.data.shards import atomic_write_json, atomic_write_text, dumps_line
 from negsynth.llm.client import BudgetStop, LLMFatalError, TransportError
 
@@ -137,6 +139,12 @@ class BatchTransport:
             todo = {k: p for k, p in self.pending.items() if k in self.futures}
             if todo:
                 await self._run_batch(todo)
+        except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
+            # a refused key or an endpoint without the Batch API: no retry can fix it
+            fatal = LLMFatalError(f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches")
+            self._fatal = fatal
+            for k in list(self.futures):
+                self._resolve(k, exc=fatal)
         except (LLMFatalError, BudgetStop) as e:
             self._fatal = e
             for k in list(self.futures):
