@@ -304,7 +304,14 @@ def register_later_stages() -> None:
 register_later_stages()  # at import time, so `from negsynth.cli import app` sees every command
 
 
+def _sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # unwind like Ctrl-C: context managers stop the embedded server
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _sigterm)
     app()
 
 

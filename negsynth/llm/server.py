@@ -86,6 +86,9 @@ class EmbeddedServer:
             Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        import atexit
+
+        atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -35,12 +35,16 @@ def render(name: str, **variables: Any) -> str:
     return Template(load_template(name)).substitute(**{k: str(v) for k, v in variables.items()}).strip()
 
 
-def templates_fingerprint() -> str:
-    """A hash of every template and example: part of each stage's config hash."""
+def templates_fingerprint(*prefixes: str) -> str:
+    """A hash of the templates and worked examples whose names start with ``prefixes`` (all
+    when none are given): part of a stage's config hash, so editing a stage's prompt makes a
+    relaunch over old outputs refuse, while another stage's prompts do not matter to it."""
     h = hashlib.sha256()
     root = resources.files(__package__)
     for sub in ("templates", "examples"):
         for f in sorted(root.joinpath(sub).iterdir(), key=lambda p: p.name):
+            if prefixes and not f.name.startswith(prefixes):
+                continue
             if f.name.endswith((".txt", ".json")):
                 h.update(f.name.encode())
                 h.update(f.read_bytes())

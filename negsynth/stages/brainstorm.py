@@ -59,7 +59,7 @@ def _validate_list(obj: Any) -> list[str]:
 
 def stage_hash(ctx: StageContext) -> str:
     return config_hash(
-        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint(), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
+        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("brainstorm_", "system"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
     )
 
 

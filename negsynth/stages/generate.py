@@ -181,7 +181,7 @@ def stage_hash(ctx: StageContext) -> str:
         {
             "generate": ctx.cfg.generate,
             "llm": llm_fingerprint(ctx.cfg.llm),
-            "prompts": templates_fingerprint(),
+            "prompts": templates_fingerprint("generate_", "system"),
             "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm"),
         }
     )

@@ -178,7 +178,7 @@ def stage_hash(ctx: StageContext) -> str:
     parts: dict[str, Any] = {
         "regenerate": cfg,
         "llm": llm_fingerprint(ctx.cfg.llm),
-        "prompts": templates_fingerprint(),
+        "prompts": templates_fingerprint("regenerate", "system"),
         "inputs": [_path_fingerprint(s.path) + ([_path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine:
