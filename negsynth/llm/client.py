@@ -287,6 +287,7 @@ class LLMClient:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout, sock_read=self.cfg.timeout),
                 headers={"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json"},
                 skip_auto_headers=("User-Agent",),
+                trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as the SDK's httpx client does
             )
             self._chat_url = self.base_url.rstrip("/") + "/chat/completions"
         else:
