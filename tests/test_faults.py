@@ -24,9 +24,16 @@ EXAMPLES = 10
 MAX_RETRIES = 2
 MAX_ATTEMPTS = 2
 REASK = "Your answer was rejected"
+# llm.timeout is 5 s (so a slow, loaded CI machine never times out by accident) except in the
+# hang tests: there it is SHORT and the server holds its answer HANG seconds
+SHORT, HANG = 0.75, 2.5
 
 
-def write_config(tmp: Path, base_url: str, transport: str = "aiohttp") -> Path:
+def timeout_for(name: str) -> float:
+    return SHORT if "hang" in name else 5.0
+
+
+def write_config(tmp: Path, base_url: str, transport: str = "aiohttp", timeout: float = 5.0) -> Path:
     cfg = tmp / "run.toml"
     cfg.write_text(
         "\n".join(
@@ -38,7 +45,7 @@ def write_config(tmp: Path, base_url: str, transport: str = "aiohttp") -> Path:
                 "max_concurrency = 4",
                 "backoff_initial = 0.01",
                 "backoff_max = 0.05",
-                "timeout = 0.5",
+                f"timeout = {timeout}",
                 "connect_timeout = 2",
                 f"max_retries = {MAX_RETRIES}",
                 f"max_attempts = {MAX_ATTEMPTS}",
@@ -125,11 +132,11 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp"):
+def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp", timeout: float = 5.0):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp, srv.base_url, transport)
+        cfg = write_config(tmp, srv.base_url, transport, timeout)
         r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", "-q"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
@@ -156,7 +163,7 @@ TRANSPORT = {
     "500": (lambda q, n: Reply(status=500), "http_500"),
     "502": (lambda q, n: Reply(status=502), "http_502"),
     "503": (lambda q, n: Reply(status=503), "http_503"),
-    "hang_past_timeout": (lambda q, n: Reply(content=valid_answer(q, n), delay=1.5), "timeout"),
+    "hang_past_timeout": (lambda q, n: Reply(content=valid_answer(q, n), delay=HANG), "timeout"),
     "reset_mid_response": (lambda q, n: Reply(reset=True), "connection"),
     "empty_choices": (lambda q, n: Reply(empty_choices=True), "empty_choices"),
 }
@@ -165,7 +172,7 @@ TRANSPORT = {
 @pytest.mark.parametrize("name", list(TRANSPORT))
 def test_transient_transport_fault_is_retried_invisibly(tmp_path, brainstormed, name):
     fault, kind = TRANSPORT[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault))
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), timeout=timeout_for(name))
     recs, rejs = accounted(rd, stats)
     assert len(recs) == EXAMPLES and not rejs
     tr = stats["this_run"]
@@ -180,7 +187,7 @@ def test_transient_transport_fault_is_retried_invisibly(tmp_path, brainstormed, 
 def test_sdk_transport_classifies_the_same_faults(tmp_path, brainstormed, name):
     """llm.transport = "httpx" goes through the openai SDK instead of the lean aiohttp path."""
     fault, kind = TRANSPORT[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport="httpx")
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport="httpx", timeout=timeout_for(name))
     recs, _ = accounted(rd, stats)
     assert len(recs) == EXAMPLES and stats["this_run"]["transport_retries"] == {kind: EXAMPLES}
     assert len(reqs) == 2 * EXAMPLES
@@ -297,14 +304,14 @@ def test_non_english_and_long_output_is_accepted_verbatim(tmp_path, brainstormed
     "name, fault, kind",
     [
         ("429", lambda q, n: Reply(status=429, headers={"Retry-After": "0"}), "rate_limited"),
-        ("hang", lambda q, n: Reply(content=valid_answer(q, n), delay=1.5), "timeout"),
+        ("hang", lambda q, n: Reply(content=valid_answer(q, n), delay=HANG), "timeout"),
         ("reset", lambda q, n: Reply(reset=True), "connection"),
         ("502", lambda q, n: Reply(status=502), "http_502"),
     ],
 )
 def test_brainstorm_survives_transient_transport_faults(tmp_path, name, fault, kind):
     with FakeOpenAI(first_time(fault)) as srv:
-        cfg = write_config(tmp_path, srv.base_url)
+        cfg = write_config(tmp_path, srv.base_url, timeout=timeout_for(name))
         r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp_path / "run"), "--json", "-q"], catch_exceptions=False)
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
