@@ -75,7 +75,14 @@ def build_model(config: TrainConfig, device: str | None = None):
     path, is_decoder = resolve_model_path(config.model)
     if config.bidirectional != "none" and not is_decoder:
         raise ValueError(f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')")
-    tr = Transformer(path, model_kwargs={"attn_implementation": "sdpa", "dtype": torch.float32}, max_seq_length=config.max_length)
+    mkw = {"attn_implementation": "sdpa", "dtype": torch.float32}
+    tr = Transformer(path, model_kwargs=mkw, max_seq_length=config.max_length)
+    if "message" in tr.modality_config:
+        # sentence-transformers 6 renders plain text of chat models through the chat template
+        # (SmolLM2's adds a ~20-token system prompt): every text would then share that preamble,
+        # and truncation at max_length can leave nothing else. Pin the plain text modality.
+        text_only = {k: v for k, v in tr.modality_config.items() if k != "message"}
+        tr = Transformer(path, model_kwargs=mkw, max_seq_length=config.max_length, modality_config=text_only, module_output_name=tr.module_output_name)
     tok = tr.tokenizer
     if is_decoder:
         if tok.pad_token is None:
