@@ -245,6 +245,9 @@ def run(
     from negsynth.pipeline.context import Budget
 
     out = run_pipeline(ctx.cfg, run_dir, stages=names, reporter=ctx.reporter, overwrite=overwrite, budget=Budget(max_requests, max_tokens, max_cost))
+    stopped = next((s for s in out.values() if s.get("stopped_by")), None)
+    if stopped is not None:
+        _emit_llm({**stopped, "stages": out}, json_out)
     ctx.reporter.info(f"[bold green]done[/]: outputs in {run_dir}/")
     _emit(out, json_out)
 

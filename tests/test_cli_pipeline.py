@@ -154,3 +154,16 @@ def test_generate_without_brainstorm_says_what_to_run(tmp_path):
         cfg = write_config(tmp_path, srv.base_url)
         r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(tmp_path / "r")])
         assert r.exit_code == 2 and "run `negsynth brainstorm` first" in r.stderr
+
+
+def test_run_stops_after_a_budget_stop_with_exit_3(tmp_path):
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        r = runner.invoke(app, ["run", "-c", str(cfg), "-d", str(rd), "-q", "--max-requests", "12"])
+        assert r.exit_code == 3, r.output
+        assert "stopped by budget" in r.stderr
+        assert not (rd / "score").exists()  # nothing downstream ran on partial data
+        r = runner.invoke(app, ["run", "-c", str(cfg), "-d", str(rd), "-q", "--stages", "brainstorm,generate"])
+        assert r.exit_code == 0, r.output
+        assert len(list(read_stage(rd / "generate"))) == 20
