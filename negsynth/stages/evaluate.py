@@ -65,6 +65,8 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         return rep
 
     base_rep = one(baseline, out / "baseline.json") if baseline else None
+    if base_rep is not None and not base_rep.get("tasks") and not base_rep.get("skipped"):
+        return {"stage": STAGE, "skipped": True, "reason": "; ".join(base_rep.get("notes", [])) or "no benchmark data"}
     rep = one(model, out / "report.json")
     if not rep.get("tasks"):
         return {"stage": STAGE, "skipped": True, "reason": "; ".join(rep.get("notes", [])) or "no benchmark data"}
