@@ -45,7 +45,8 @@ class StageContext:
     budget: Budget = field(default_factory=Budget)
     reporter: Reporter = field(default_factory=Reporter)
     mode: str = "online"  # or "batch" (OpenAI Batch API)
-    batch_poll_s: float = field(default_factory=lambda: float(os.environ.get("NEGSYNTH_BATCH_POLL_S", "30")))
+    # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
+    batch_poll_s: float | None = field(default_factory=lambda: float(os.environ["NEGSYNTH_BATCH_POLL_S"]) if os.environ.get("NEGSYNTH_BATCH_POLL_S") else None)
     base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
 
     def __post_init__(self) -> None:

@@ -70,7 +70,12 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
                 state_dir = ctx.stage_dir(stage or "llm") / "_batch"
                 if ctx.num_shards > 1:  # each worker keeps its own batch jobs
                     state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
-                client.transport = BatchTransport(client, state_dir, poll_s=ctx.batch_poll_s)
+                client.transport = BatchTransport(
+                    client,
+                    state_dir,
+                    poll_s=ctx.batch_poll_s if ctx.batch_poll_s is not None else ctx.cfg.llm.batch_poll_s,
+                    completion_window=ctx.cfg.llm.batch_completion_window,
+                )
                 try:
                     yield client
                 finally:

@@ -56,6 +56,8 @@ class LLMConfig(Section):
     cache: bool = True
     extra_body: dict = Field(default_factory=dict)
     price: PriceConfig = Field(default_factory=PriceConfig)
+    batch_poll_s: float = Field(30.0, gt=0)  # --mode batch: seconds between status polls
+    batch_completion_window: str = "24h"  # --mode batch: the Batch API's completion_window
 
     @field_validator("base_url")
     @classmethod
