@@ -18,30 +18,14 @@ import pytest
 from fake_openai import FakeOpenAI, always_valid
 from typer.testing import CliRunner
 
+from helpers import write_run_config
 from negsynth.cli import app
 
 runner = CliRunner()
 
 
 def write_config(tmp: Path, base_url: str) -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        f"""[llm]
-base_url = "{base_url}"
-model = "fake"
-max_concurrency = 4
-timeout = 5
-[pipeline]
-shard_size = 4
-[brainstorm]
-tasks_per_type = 5
-tasks_per_request = 5
-[generate]
-examples = 8
-min_per_type = 1
-"""
-    )
-    return cfg
+    return write_run_config(tmp, base_url)
 
 
 @pytest.fixture(scope="module")

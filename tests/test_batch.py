@@ -15,6 +15,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
+from helpers import brainstorm_run_dir, write_run_config
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
@@ -29,28 +30,9 @@ def fast_polls(monkeypatch):
 
 
 def write_config(tmp: Path, base_url: str) -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        f"""[llm]
-base_url = "{base_url}"
-model = "fake"
-max_concurrency = 4
-backoff_initial = 0.01
-backoff_max = 0.05
-timeout = 5
-max_retries = 2
-max_attempts = 2
-[pipeline]
-shard_size = 4
-[brainstorm]
-tasks_per_type = 5
-tasks_per_request = 5
-[generate]
-examples = {EXAMPLES}
-min_per_type = 2
-"""
+    return write_run_config(
+        tmp, base_url, llm={"max_retries": 2, "max_attempts": 2}, generate={"examples": EXAMPLES, "min_per_type": 2}
     )
-    return cfg
 
 
 def flaky():
@@ -93,10 +75,7 @@ def _is_short_short(req) -> bool:
 def brainstormed(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("bs")
     with FakeOpenAI(always_valid) as srv:
-        cfg = write_config(tmp, srv.base_url)
-        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q"])
-        assert r.exit_code == 0, r.output
-    return tmp / "run"
+        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
 
 
 def data_files(rd: Path) -> dict[str, bytes]:

@@ -9,35 +9,15 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
+from helpers import write_run_config
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
 runner = CliRunner()
 
 
-def write_config(tmp: Path, base_url: str, **extra: str) -> Path:
-    cfg = tmp / "run.toml"
-    lines = [
-        "[llm]",
-        f'base_url = "{base_url}"',
-        'model = "fake"',
-        "max_concurrency = 4",
-        "backoff_initial = 0.01",
-        "backoff_max = 0.05",
-        "timeout = 5",
-        "[pipeline]",
-        "shard_size = 7",
-        "[brainstorm]",
-        "tasks_per_type = 5",
-        "tasks_per_request = 5",
-        "[generate]",
-        "examples = 20",
-        "min_per_type = 2",
-    ]
-    for k, v in extra.items():
-        lines.append(f"# {k}\n{v}")
-    cfg.write_text("\n".join(lines) + "\n")
-    return cfg
+def write_config(tmp: Path, base_url: str) -> Path:
+    return write_run_config(tmp, base_url, pipeline={"shard_size": 7}, generate={"examples": 20, "min_per_type": 2})
 
 
 def invoke(*args: str):

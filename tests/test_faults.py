@@ -16,6 +16,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
+from helpers import brainstorm_run_dir, write_run_config
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
@@ -34,35 +35,13 @@ def timeout_for(name: str) -> float:
 
 
 def write_config(tmp: Path, base_url: str, transport: str = "aiohttp", timeout: float = 5.0) -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        "\n".join(
-            [
-                "[llm]",
-                f'base_url = "{base_url}"',
-                f'transport = "{transport}"',
-                'model = "fake"',
-                "max_concurrency = 4",
-                "backoff_initial = 0.01",
-                "backoff_max = 0.05",
-                f"timeout = {timeout}",
-                "connect_timeout = 2",
-                f"max_retries = {MAX_RETRIES}",
-                f"max_attempts = {MAX_ATTEMPTS}",
-                "[pipeline]",
-                "shard_size = 4",
-                "[brainstorm]",
-                "tasks_per_type = 5",
-                "tasks_per_request = 5",
-                "max_requests_per_type = 2",
-                "[generate]",
-                f"examples = {EXAMPLES}",
-                "min_per_type = 1",
-            ]
-        )
-        + "\n"
+    return write_run_config(
+        tmp,
+        base_url,
+        llm={"transport": transport, "timeout": timeout, "connect_timeout": 2, "max_retries": MAX_RETRIES, "max_attempts": MAX_ATTEMPTS},
+        brainstorm={"max_requests_per_type": 2},
+        generate={"examples": EXAMPLES},
     )
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +49,7 @@ def brainstormed(tmp_path_factory) -> Path:
     """A run dir with a finished brainstorm, copied by each test."""
     tmp = tmp_path_factory.mktemp("bs")
     with FakeOpenAI(always_valid) as srv:
-        cfg = write_config(tmp, srv.base_url)
-        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q"])
-        assert r.exit_code == 0, r.output
-    return tmp / "run"
+        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
 
 
 def _prompt_key(req: dict) -> str:

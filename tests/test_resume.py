@@ -30,6 +30,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
+from helpers import brainstorm_run_dir, write_run_config
 from negsynth.cli import app
 from negsynth.data.shards import iter_jsonl, read_stage
 
@@ -39,27 +40,13 @@ SHARD = 5
 
 
 def write_config(tmp: Path, base_url: str) -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        f"""[llm]
-base_url = "{base_url}"
-model = "fake"
-max_concurrency = 4
-backoff_initial = 0.01
-backoff_max = 0.05
-timeout = 10
-max_attempts = 2
-[pipeline]
-shard_size = {SHARD}
-[brainstorm]
-tasks_per_type = 5
-tasks_per_request = 5
-[generate]
-examples = {EXAMPLES}
-min_per_type = 2
-"""
+    return write_run_config(
+        tmp,
+        base_url,
+        llm={"timeout": 10, "max_attempts": 2},
+        pipeline={"shard_size": SHARD},
+        generate={"examples": EXAMPLES, "min_per_type": 2},
     )
-    return cfg
 
 
 def answer(req: dict, n: int) -> Reply:
@@ -130,10 +117,7 @@ def outputs(rd: Path) -> dict[str, bytes]:
 def brainstormed(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("bs")
     with FakeOpenAI(always_valid) as srv:
-        cfg = write_config(tmp, srv.base_url)
-        r = CliRunner().invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q"])
-        assert r.exit_code == 0, r.output
-    return tmp / "run"
+        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
 
 
 def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path, brainstormed):

@@ -14,6 +14,7 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
+from helpers import brainstorm_run_dir, write_run_config
 from negsynth.cli import EXIT_BUDGET, app
 from negsynth.data.shards import read_stage
 
@@ -22,31 +23,14 @@ EXAMPLES = 22
 SHARD = 4  # 6 shards
 
 
-def write_config(tmp: Path, base_url: str, extra: str = "") -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        f"""[llm]
-base_url = "{base_url}"
-model = "fake"
-max_concurrency = 3
-backoff_initial = 0.01
-backoff_max = 0.05
-timeout = 5
-max_attempts = 2
-[llm.price]
-input_per_mtok = 1000.0
-output_per_mtok = 1000.0
-[pipeline]
-shard_size = {SHARD}
-[brainstorm]
-tasks_per_type = 5
-tasks_per_request = 5
-[generate]
-examples = {EXAMPLES}
-min_per_type = 2
-{extra}"""
+def write_config(tmp: Path, base_url: str) -> Path:
+    return write_run_config(
+        tmp,
+        base_url,
+        llm={"max_concurrency": 3, "max_attempts": 2, "price": {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}},
+        pipeline={"shard_size": SHARD},
+        generate={"examples": EXAMPLES, "min_per_type": 2},
     )
-    return cfg
 
 
 def responder(req, n):
@@ -63,10 +47,7 @@ def responder(req, n):
 def brainstormed(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("bs")
     with FakeOpenAI(always_valid) as srv:
-        cfg = write_config(tmp, srv.base_url)
-        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q"])
-        assert r.exit_code == 0, r.output
-    return tmp / "run"
+        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
 
 
 @pytest.fixture(scope="module")

@@ -8,35 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import write_run_config
 from fake_openai import FakeOpenAI, Reply, always_valid
 
 KEY = "sk-planted-SECRET-7f3a9c1e5b2d4086"
 
 
-def write_config(tmp: Path, base_url: str, key_line: str) -> Path:
-    cfg = tmp / "run.toml"
-    cfg.write_text(
-        f"""[llm]
-base_url = "{base_url}"
-model = "fake"
-{key_line}
-max_concurrency = 4
-backoff_initial = 0.01
-backoff_max = 0.05
-timeout = 5
-max_retries = 1
-max_attempts = 2
-[pipeline]
-shard_size = 4
-[brainstorm]
-tasks_per_type = 5
-tasks_per_request = 5
-[generate]
-examples = 8
-min_per_type = 1
-"""
-    )
-    return cfg
+def write_config(tmp: Path, base_url: str, key_setting: dict) -> Path:
+    return write_run_config(tmp, base_url, llm={**key_setting, "max_retries": 1, "max_attempts": 2})
 
 
 def cli(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -68,7 +47,7 @@ def assert_nowhere(rd: Path, outputs: list[str]) -> int:
 def test_key_from_env_never_written(tmp_path):
     env = {**os.environ, "NEGSYNTH_TEST_API_KEY": KEY, "NEGSYNTH_BATCH_POLL_S": "0.01"}
     with FakeOpenAI(responder, require_key=KEY) as srv:
-        cfg = write_config(tmp_path, srv.base_url, 'api_key_env = "NEGSYNTH_TEST_API_KEY"')
+        cfg = write_config(tmp_path, srv.base_url, {"api_key_env": "NEGSYNTH_TEST_API_KEY"})
         rd = tmp_path / "run"
         outs = []
         # batch first, while the cache holds no generate answers, so a batch is really submitted
@@ -94,20 +73,20 @@ def test_key_from_file_and_a_server_that_echoes_a_wrong_key(tmp_path):
 
     env = dict(os.environ)
     with FakeOpenAI(always_valid, require_key=KEY) as srv:
-        cfg = write_config(tmp_path, srv.base_url, f'api_key_file = "{keyfile}"')
+        cfg = write_config(tmp_path, srv.base_url, {"api_key_file": str(keyfile)})
         rd = tmp_path / "run"
         p = cli("brainstorm", "-c", str(cfg), "-d", str(rd), "-vv", env=env)
         assert p.returncode == 0, p.stderr
         outs = [p.stdout, p.stderr]
     # the endpoint accepts /models but refuses chat with an error that quotes the key
     with FakeOpenAI(echo) as srv:
-        cfg = write_config(tmp_path, srv.base_url, f'api_key_file = "{keyfile}"')
+        cfg = write_config(tmp_path, srv.base_url, {"api_key_file": str(keyfile)})
         p = cli("generate", "-c", str(cfg), "-d", str(rd), "-vv", env=env)
         assert p.returncode == 2 and "refused the API key" in p.stderr, p.stderr
         outs += [p.stdout, p.stderr]
     # a 400 whose message quotes the key becomes a reject record: the key is redacted there
     with FakeOpenAI(lambda q, n: Reply(status=400, body={"error": {"message": f"bad request from {KEY}"}}), require_key=None) as srv:
-        cfg = write_config(tmp_path, srv.base_url, f'api_key_file = "{keyfile}"')
+        cfg = write_config(tmp_path, srv.base_url, {"api_key_file": str(keyfile)})
         p = cli("generate", "-c", str(cfg), "-d", str(rd), "-vv", env=env)
         assert p.returncode == 0, p.stderr
         outs += [p.stdout, p.stderr]

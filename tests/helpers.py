@@ -1,0 +1,40 @@
+"""Shared test helpers: the run file every CLI test starts from, and a brainstormed run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+
+#: what every fake-server test needs: the fake model, quick backoff, small brainstorm lists
+BASE_CONFIG = {
+    "llm": {"model": "fake", "max_concurrency": 4, "backoff_initial": 0.01, "backoff_max": 0.05, "timeout": 5},
+    "pipeline": {"shard_size": 4},
+    "brainstorm": {"tasks_per_type": 5, "tasks_per_request": 5},
+    "generate": {"examples": 8, "min_per_type": 1},
+}
+
+
+def write_run_config(tmp: Path, base_url: str, **sections: dict) -> Path:
+    """Write ``tmp/run.toml``: :data:`BASE_CONFIG` with ``base_url`` and per-section overrides.
+
+    ``write_run_config(tmp, url, llm={"max_attempts": 2}, generate={"examples": 24})``
+    """
+    data = {name: dict(values) for name, values in BASE_CONFIG.items()}
+    data["llm"]["base_url"] = base_url
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    cfg = Path(tmp) / "run.toml"
+    cfg.write_text(tomli_w.dumps(data))
+    return cfg
+
+
+def brainstorm_run_dir(tmp: Path, cfg: Path) -> Path:
+    """Run `negsynth brainstorm` with ``cfg`` into ``tmp/run`` and return the run dir."""
+    from typer.testing import CliRunner
+
+    from negsynth.cli import app
+
+    r = CliRunner().invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(Path(tmp) / "run"), "-q"])
+    assert r.exit_code == 0, r.output
+    return Path(tmp) / "run"
