@@ -100,11 +100,10 @@ def budget_checker(ctx: StageContext, client: LLMClient):
     return check
 
 
-def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
-    """Write ``RUN_DIR/<stage>/stats.json`` and return it."""
-    cfg = ctx.cfg.llm
+def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
+    """The counts every stats.json carries, from a :class:`RunReport`."""
     u = rep.usage
-    stats: dict[str, Any] = {
+    return {
         "stage": stage,
         "items": rep.items,
         "valid": rep.valid,
@@ -115,14 +114,19 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
         "complete": rep.shards_done == rep.shards_total,
         "stopped_by": rep.stopped_by,
         "tokens": {"prompt": u.get("prompt_tokens", 0), "completion": u.get("completion_tokens", 0)},
-        "estimated_cost_usd": round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6),
         "attempts": u.get("attempts", 0),
         "wall_time_s": round(rep.wall_time_s, 3),
-        "model": cfg.model,
-        "shard_index": ctx.shard_index,
-        "num_shards": ctx.num_shards,
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
+    """Write ``RUN_DIR/<stage>/stats.json`` and return it."""
+    cfg = ctx.cfg.llm
+    stats = report_stats(stage, rep)
+    u = rep.usage
+    stats["estimated_cost_usd"] = round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6)
+    stats.update(model=cfg.model, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
     if client is not None:
         stats["this_run"] = client.stats.as_dict()
         stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
@@ -219,24 +223,7 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
                 for kk, vv in v.items():
                     acc[kk] = acc.get(kk, 0) + vv
     rep.wall_time_s = wall
-    u = rep.usage
-    stats: dict[str, Any] = {
-        "stage": stage,
-        "items": rep.items,
-        "valid": rep.valid,
-        "rejected": rep.rejected,
-        "rejects_by_reason": dict(sorted(rep.reasons.items(), key=lambda kv: -kv[1])),
-        "shards_done": total,
-        "shards_total": total,
-        "complete": True,
-        "stopped_by": None,
-        "tokens": {"prompt": u.get("prompt_tokens", 0), "completion": u.get("completion_tokens", 0)},
-        "attempts": u.get("attempts", 0),
-        "wall_time_s": round(wall, 3),
-        "num_shards": n,
-        "merged_from": workers,
-        "this_run": this_run,
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    stats = report_stats(stage, rep)
+    stats.update(num_shards=n, merged_from=workers, this_run=this_run)
     atomic_write_json(d / "stats.json", stats)
     return stats
