@@ -13,7 +13,7 @@ from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import LLMClient, LLMFatalError, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.runner import RunReport
+from negsynth.pipeline.runner import RunReport, ShardedRunner, WorkItem
 from negsynth.schemas.config import LLMConfig
 
 
@@ -98,6 +98,20 @@ def budget_checker(ctx: StageContext, client: LLMClient):
         return ctx.budget.exceeded(st.requests, tokens, cost_usd(cfg, st.prompt_tokens, st.completion_tokens))
 
     return check
+
+
+def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process) -> tuple[RunReport, LLMClient]:
+    """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
+    with the stage's LLM session, concurrency and budget; returns the report and the client."""
+    import asyncio
+
+    async def main() -> tuple[RunReport, LLMClient]:
+        async with llm_session(ctx, stage=stage) as client:
+            runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
+            rep = await runner.run(items, lambda it: process(client, it), description=stage)
+            return rep, client
+
+    return asyncio.run(main())
 
 
 def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:

@@ -12,10 +12,8 @@ generator seeded by ``(seed, type, k)``, so the same config always makes the sam
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -25,13 +23,13 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, stage_concurrency, summary_rows, write_stats
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_items, summary_rows, write_stats
 from negsynth.pipeline.manifest import check_and_record
-from negsynth.pipeline.runner import Outcome, ShardedRunner, WorkItem
+from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
-from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task, Usage
+from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
 from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
 from negsynth.validators import check_example, normalize
 
@@ -232,13 +230,7 @@ def run(ctx: StageContext) -> dict:
     )
     cfg = ctx.cfg.generate
 
-    async def main():
-        async with llm_session(ctx, stage=STAGE) as client:
-            runner = ShardedRunner(ctx, STAGE, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
-            rep = await runner.run(items, lambda it: process_item(client, it, cfg, ctx.cfg.llm.model), description="generate")
-            return rep, client
-
-    rep, client = asyncio.run(main())
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model))
     stats = write_stats(ctx, STAGE, rep, client, {"planned_per_type": allocate(cfg)})
     ctx.reporter.table("generate", summary_rows(stats))
     return stats

@@ -33,7 +33,6 @@ shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections import Counter
@@ -48,9 +47,9 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import budget_checker, llm_fingerprint, llm_session, stage_concurrency, summary_rows, write_stats
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_items, summary_rows, write_stats
 from negsynth.pipeline.manifest import check_and_record
-from negsynth.pipeline.runner import Outcome, ShardedRunner, WorkItem
+from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -438,13 +437,7 @@ def run(ctx: StageContext) -> dict:
     )
     mining = mine_for_items(ctx, items, sources) if cfg.mine else None
 
-    async def main():
-        async with llm_session(ctx, stage=STAGE) as client:
-            runner = ShardedRunner(ctx, STAGE, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
-            rep = await runner.run(items, lambda it: process_item(client, it, cfg, ctx.cfg.llm.model), description="regenerate")
-            return rep, client
-
-    rep, client = asyncio.run(main())
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model))
     extra: dict[str, Any] = {
         "sources": per_source,
         "duplicates": sum(v["duplicates"] for v in per_source.values()),
