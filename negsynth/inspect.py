@@ -265,7 +265,6 @@ def read_lines(picks: list[tuple[str, int]]) -> list[dict]:
 
 def pick_samples(frame, n: int, seed: int) -> list[dict]:
     """``n`` records chosen with ``seed`` among the (file, row) pairs of ``frame``."""
-    pl = _pl()
     if n <= 0 or frame.height == 0:
         return []
     keys = frame.select("_file", "_i", "_row").unique(subset=["_row"]).sort("_row")

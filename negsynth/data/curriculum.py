@@ -300,8 +300,6 @@ def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None
     """
     import datasets
 
-    from negsynth.data.shards import atomic_write_json  # noqa: F401  (same atomic convention)
-
     out_dir = Path(out_dir)
     if not rows:
         raise CurriculumError(f"curriculum: no rows to save to {out_dir}; build_curriculum produced none")
