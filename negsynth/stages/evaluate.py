@@ -23,13 +23,8 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
     from negsynth.train.trainer import resolve_model_path
 
     p = Path(model)
-    if p.is_dir() and (p / "modules.json").exists():
-        from negsynth.embed.base import resolve_device
-        from negsynth.train import load_model
-
-        st = load_model(str(p), device=resolve_device(device))  # trusts negsynth's own pooling modules
-        name = f"st:{p.parent.name}/{p.name}" if p.name == "final" else f"st:{p.name}"
-        return SentenceTransformerEmbedder(st, name=name, batch_size=batch_size, instruct_queries=instruct_queries)
+    if p.is_dir() and (p / "modules.json").exists():  # any sentence-transformers folder, negsynth-trained ones included
+        return SentenceTransformerEmbedder.load(str(p), device=device, batch_size=batch_size, instruct_queries=instruct_queries)
     path, is_decoder = resolve_model_path(model)
     if is_decoder:
         from negsynth.embed.decoder import DecoderEmbedder
