@@ -92,3 +92,13 @@ def test_worked_examples_pass_their_own_validators():
 
 def test_fingerprint_is_stable():
     assert templates_fingerprint() == templates_fingerprint() and len(templates_fingerprint()) == 16
+
+
+def test_stage_fingerprint_covers_only_its_own_templates():
+    from negsynth.prompts import resources
+
+    gen = templates_fingerprint("generate_", "system")
+    names = [f.name for f in resources.files("negsynth.prompts").joinpath("templates").iterdir()]
+    assert any(n.startswith("regenerate") for n in names)  # a template generate must not depend on
+    assert gen != templates_fingerprint()  # the all-templates hash includes it ...
+    assert gen == templates_fingerprint("system", "generate_")  # ... the stage hash does not, in any order
