@@ -81,3 +81,9 @@ def test_evaluate_without_data_says_so(tmp_path):
 def test_curriculum_without_score_says_what_to_run(tmp_path):
     r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r")])
     assert r.exit_code == 2 and "run `negsynth score` first" in r.stderr
+
+
+def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):
+    r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--model", str(tmp_path / "nope"), "--baseline", ""])
+    assert r.exit_code == 2 and "nope" in r.stderr and "--model" in r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

@@ -50,7 +50,10 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     def one(m: str, dest: Path) -> dict:
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
-        emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries)
+        try:
+            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries)
+        except ValueError as e:  # an unknown alias or a missing folder
+            raise UserError(f"evaluate: {e}; pass --model (or --baseline) a model folder, 'default' or 'smollm2'") from None
         try:
             rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed)
         except (EvalDataError, UnknownTask) as e:
