@@ -87,3 +87,8 @@ def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):
     r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--model", str(tmp_path / "nope"), "--baseline", ""])
     assert r.exit_code == 2 and "nope" in r.stderr and "--model" in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
+    r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r"), "--schedule", "backwards"])
+    assert r.exit_code == 2 and "unknown schedule 'backwards'" in r.stderr and "fixed:1" in r.stderr

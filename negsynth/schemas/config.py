@@ -274,6 +274,13 @@ class CurriculumConfig(Section):
     negatives: Literal["llm", "mined"] = "llm"
     instruction_template: str | None = "Instruct: {instruction}\nQuery: {query}"
 
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        if v not in ("curriculum", "reverse", "random") and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4"):
+            raise ValueError(f"unknown schedule {v!r}; choose curriculum, reverse, random or fixed:1..fixed:4")
+        return v
+
 
 class EvaluateConfig(Section):
     """``evaluate``: the offline mini-MTEB on ``data_dir`` (default ``../shared/data``)."""
