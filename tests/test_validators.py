@@ -96,3 +96,4 @@ def test_example_record_rejects_unknown_fields():
 
     with pytest.raises(ValidationError):
         Example(id="a", task="t", task_type="sts", query="q", positive="p", negatives=N, bogus=1)
+

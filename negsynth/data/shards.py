@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 SHARD_GLOB = "shard-*.jsonl"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 class ShardError(ValueError):
@@ -39,6 +41,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual umask permissions
         os.replace(tmp, path)
     except BaseException:
         try:
