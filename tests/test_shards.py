@@ -1,5 +1,6 @@
 """Shard IO: atomic writes."""
 
+
 def test_atomic_writes_get_umask_permissions(tmp_path):
     import os
     import stat
