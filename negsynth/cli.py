@@ -52,6 +52,11 @@ ModeOpt = Annotated[str, typer.Option("--mode", help="online (live requests) or 
 
 #: exit code when a --max-* budget stopped a stage: finished work is written, rerun to continue
 EXIT_BUDGET = 3
+#: exit code when requests failed at the transport level (an outage, timeouts): the items are
+#: pending, not rejected; finished work is written, rerun the same command to retry them
+EXIT_PENDING = 4
+#: exit code of an environment failure (disk full, unreadable file): one line, no traceback
+EXIT_ENV = 1
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
 
 
@@ -70,10 +75,46 @@ def guarded(fn):
         except (UserError, ShardError) as e:
             _fail(str(e))
         except KeyboardInterrupt:
+            _ignore_signals()  # a second Ctrl-C while we exit must not end in a traceback
             typer.echo("interrupted: finished shards are kept; rerun the same command to resume", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if _TERMINATED else 130) from None
+        except OSError as e:
+            typer.echo(f"error: {_os_error_line(e)}", err=True)
+            raise typer.Exit(EXIT_ENV) from None
+        except Exception as e:
+            import sqlite3
+
+            if not isinstance(e, sqlite3.Error):
+                raise
+            typer.echo(f"error: the request cache (RUN_DIR/cache/llm.sqlite) failed: {e}; check the disk, or move the file away and rerun", err=True)
+            raise typer.Exit(EXIT_ENV) from None
 
     return wrapper
+
+
+def _os_error_line(e: OSError) -> str:
+    """One line for an OSError that reached the top: the file, the reason and the fix."""
+    import errno
+
+    where = e.filename or "a file in the run dir"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"cannot write {where}: {e.strerror}; free some space and rerun the same command to resume"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{where}: {e.strerror}; fix its permissions (or use another --run-dir) and rerun"
+    return f"{where}: {e.strerror or e}; check the file and rerun"
+
+
+_TERMINATED = False
+
+
+def _ignore_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread (tests)
+            pass
 
 
 def _setup_logging(verbose: int) -> None:
@@ -87,8 +128,24 @@ def _emit(stats: Any, json_mode: bool) -> None:
 
 
 def _emit_llm(stats: dict, json_mode: bool) -> None:
-    """Print the stats; a stage stopped by a budget exits with EXIT_BUDGET and says how to go on."""
+    """Print the stats; a stage stopped by a budget exits with EXIT_BUDGET and says how to go on;
+    a failed stage exits 2 and an outage or pending items EXIT_PENDING, each with one line."""
     _emit(stats, json_mode)
+    stage = stats.get("stage", "stage")
+    if stats.get("failed"):
+        typer.echo(f"error: {stats['failed']}", err=True)
+        raise typer.Exit(2)
+    if stats.get("outage"):
+        typer.echo(f"error: {stage} stopped: {stats['outage']}", err=True)
+        raise typer.Exit(EXIT_PENDING)
+    if stats.get("pending") and not stats.get("stopped_by"):
+        kinds = ", ".join(f"{k} {v}" for k, v in (stats.get("pending_by_reason") or {}).items())
+        typer.echo(
+            f"error: {stage}: {stats['pending']} items failed at the transport level ({kinds}) and are pending, not rejected; "
+            "rerun the same command to retry them",
+            err=True,
+        )
+        raise typer.Exit(EXIT_PENDING)
     if stats.get("stopped_by"):
         typer.echo(
             f"stopped by budget {stats['stopped_by']}: {stats.get('items', 0)} items done and written; "
@@ -245,7 +302,7 @@ def run(
     from negsynth.pipeline.context import Budget
 
     out = run_pipeline(ctx.cfg, run_dir, stages=names, reporter=ctx.reporter, overwrite=overwrite, budget=Budget(max_requests, max_tokens, max_cost))
-    stopped = next((s for s in out.values() if s.get("stopped_by")), None)
+    stopped = next((s for s in out.values() if s.get("stopped_by") or s.get("failed") or s.get("outage") or s.get("pending")), None)
     if stopped is not None:
         _emit_llm({**stopped, "stages": out}, json_out)
     ctx.reporter.info(f"[bold green]done[/]: outputs in {run_dir}/")
@@ -308,14 +365,32 @@ register_later_stages()  # at import time, so `from negsynth.cli import app` see
 
 
 def _sigterm(signum, frame) -> None:
-    raise KeyboardInterrupt  # unwind like Ctrl-C: context managers stop the embedded server
+    """Unwind like Ctrl-C (context managers stop the embedded server), then exit 143.
+
+    Inside ``asyncio.run`` a SIGINT cancels the main task cleanly (asyncio's own handler); raising
+    KeyboardInterrupt from a SIGTERM handler instead would tear the loop down mid-callback and
+    print its tasks' tracebacks. So SIGTERM is turned into that SIGINT."""
+    global _TERMINATED
+    import signal
+
+    _TERMINATED = True
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not _sigterm:
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def main() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, _sigterm)
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # outside a command (or a second Ctrl-C during start-up)
+        _ignore_signals()
+        typer.echo("interrupted", err=True)
+        sys.exit(143 if _TERMINATED else 130)
 
 
 if __name__ == "__main__":  # python -m negsynth.cli: use the imported module's app (cli_stages registers there)

@@ -108,7 +108,7 @@ def resolve(path: Path) -> tuple[Path | None, dict[str, list[Path]]]:
     if _shards(path) or (path / "stats.json").exists():
         return None, {path.name: _shards(path)}
     stages = {}
-    subdirs = [d for d in path.iterdir() if d.is_dir() and (_shards(d) or (d / "stats.json").exists() or (d / "rejects").is_dir())]
+    subdirs = [d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".") and (_shards(d) or (d / "stats.json").exists() or (d / "rejects").is_dir())]
     for d in sorted(subdirs, key=lambda d: (STAGE_ORDER.index(d.name) if d.name in STAGE_ORDER else len(STAGE_ORDER), d.name)):
         stages[d.name] = _shards(d)
     return path, stages
@@ -121,6 +121,22 @@ def _stats_files(folder: Path) -> list[dict]:
             out.append(json.loads(p.read_text(encoding="utf-8")))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise UserError(f"{p}: not valid JSON; rerun the stage that wrote it") from None
+    return out
+
+
+def _pending(folder: Path) -> Counter:
+    """Items of unfinished shards whose requests failed at the transport level: not rejected,
+    a rerun retries them (see :data:`negsynth.pipeline.runner.PENDING`)."""
+    from negsynth.data.shards import iter_jsonl
+    from negsynth.pipeline.runner import PENDING
+
+    out: Counter = Counter()
+    for p in sorted(folder.glob("shard-*.jsonl.partial")):
+        last: dict[int, str] = {}
+        for row in iter_jsonl(p, tolerate_truncated_tail=True):
+            reason = str((row.get("r") or {}).get("reason", "")) if row.get("k") == "rej" else ""
+            last[row.get("i", -1)] = reason
+        out.update(r for r in last.values() if r.startswith(PENDING))
     return out
 
 
@@ -142,6 +158,9 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
             out["rejects_by_reason"] = {r[0]: int(r[1]) for r in df.get_column("reason").value_counts(sort=True).iter_rows()}
         else:
             out["rejected"], out["rejects_by_reason"] = 0, {}
+        pending = _pending(folder)
+        if pending:
+            out["pending"], out["pending_by_reason"] = sum(pending.values()), dict(pending)
         stats = _stats_files(folder)
         if stats:
             tok = Counter()
@@ -157,6 +176,8 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
                 out["wall_time_s"] = round(sum(wall), 3)
             if name == "score" and stats[0].get("embedder"):
                 out["embedder"] = stats[0]["embedder"]
+            if name == "score" and stats[0].get("clean"):
+                out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
     return out
 
 
@@ -335,7 +356,7 @@ def render(report: dict[str, Any], console) -> None:
     from rich.table import Table
 
     t = Table(title=f"{report['path']}: stages", title_justify="left")
-    for h in ("stage", "shards", "records", "rejected", "tokens in / out", "cost (USD)", "wall time"):
+    for h in ("stage", "shards", "records", "rejected", "pending", "tokens in / out", "cost (USD)", "wall time"):
         t.add_column(h, justify="right" if h != "stage" else "left")
     for name, s in report["stages"].items():
         tok = s.get("tokens")
@@ -344,11 +365,19 @@ def render(report: dict[str, Any], console) -> None:
             str(s["shards"]),
             str(s["records"]),
             str(s.get("rejected", "")),
+            str(s.get("pending", "")),
             f"{tok.get('prompt', 0)} / {tok.get('completion', 0)}" if tok else "",
             f"{s['estimated_cost_usd']:.4f}" if "estimated_cost_usd" in s else "",
             f"{s['wall_time_s']:.1f} s" if "wall_time_s" in s else "",
         )
     console.print(t)
+
+    for name, s in report["stages"].items():
+        cl = s.get("clean")
+        if cl:
+            by_set = ", ".join(f"{k} {v}" for k, v in (cl.get("contaminated_by_set") or {}).items())
+            con = f"decontamination skipped ({cl['decontam_skipped']})" if cl.get("decontam_skipped") else f"{cl['contaminated']} contaminated{f' ({by_set})' if by_set else ''}"
+            console.print(f"{name} cleaning: {cl['near_duplicate']} near-duplicates dropped, {con}")
 
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]
     if reasons:

@@ -36,6 +36,8 @@ class Reply:
     body: dict | None = None  # raw JSON body to send instead of a completion
     prompt_tokens: int = 10
     completion_tokens: int = 20
+    trickle: float = 0.0  # send the headers, then the body one byte every `trickle` seconds
+    raw: bytes | None = None  # send these bytes (text/html) with the status instead of JSON
 
 
 def completion_body(content: str | None, *, model: str = "fake", finish_reason: str = "stop", empty: bool = False, pt: int = 10, ct: int = 20) -> dict:
@@ -51,7 +53,7 @@ def completion_body(content: str | None, *, model: str = "fake", finish_reason: 
 
 
 class FakeOpenAI:
-    def __init__(self, responder: Callable[[dict, int], Reply], *, models: list[str] | None = None, require_key: str | None = None):
+    def __init__(self, responder: Callable[[dict, int], Reply], *, models: list[str] | None = None, require_key: str | None = None, port: int = 0):
         self.responder = responder
         self.models = models or ["fake"]
         self.require_key = require_key
@@ -67,6 +69,8 @@ class FakeOpenAI:
         self.batch_hold.set()
         self.on_batch_poll: Callable[[dict], None] | None = None
         self.batch_api = True  # False: /files and /batches answer 404 (a server without the Batch API)
+        self.down = False  # go_down(): refuse new connections, reset the open ones; come_back() undoes it
+        self.dropped = 0  # requests reset because the server was down
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -97,7 +101,15 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _reset(self) -> None:
+                # SO_LINGER 0 -> the kernel sends RST: a connection reset mid-response
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                self.close_connection = True
+
             def do_GET(self) -> None:
+                if outer.down:
+                    return self._reset()
                 if not self._auth_ok():
                     return self._send(401, {"error": {"message": "bad key"}})
                 parts = self.path.split("?")[0].rstrip("/").split("/")
@@ -118,6 +130,10 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 n_bytes = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n_bytes)
+                if outer.down:
+                    with outer._lock:
+                        outer.dropped += 1
+                    return self._reset()
                 if not self._auth_ok():
                     return self._send(401, {"error": {"message": "bad key"}})
                 path = self.path.split("?")[0].rstrip("/")
@@ -137,17 +153,29 @@ class FakeOpenAI:
                 r = outer.responder(req, n)
                 if r.delay:
                     time.sleep(r.delay)
-                if r.reset:
-                    # SO_LINGER 0 -> the kernel sends RST: a connection reset mid-response
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.connection.close()
-                    self.close_connection = True
-                    return
+                if r.reset or outer.down:
+                    return self._reset()
+                if r.raw is not None:
+                    return self._send_bytes(r.status, r.raw, "text/html")
                 if r.status != 200:
                     return self._send(r.status, r.body or {"error": {"message": f"fake error {r.status}", "type": "fake"}}, r.headers)
                 body = r.body or completion_body(
                     r.content, model=req.get("model", "fake"), finish_reason=r.finish_reason, empty=r.empty_choices, pt=r.prompt_tokens, ct=r.completion_tokens
                 )
+                if r.trickle:
+                    data = json.dumps(body).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    try:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i : i + 1])
+                            self.wfile.flush()
+                            time.sleep(r.trickle)
+                    except OSError:  # the client gave up
+                        self.close_connection = True
+                    return
                 self._send(200, body, r.headers)
 
         class Server(ThreadingHTTPServer):
@@ -157,9 +185,43 @@ class FakeOpenAI:
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a client that gave up (timeout test) is expected, not an error
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self._server_cls, self._handler_cls = Server, Handler
+        self.server = Server(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serving = False
+
+    # -- an outage -------------------------------------------------------------------------
+    def go_down(self) -> None:
+        """The server goes away: new connections are refused, open ones reset. Safe from a responder."""
+        self.down = True
+        threading.Thread(target=self._stop_listening, daemon=True).start()
+
+    def _stop_listening(self) -> None:
+        with self._lock:
+            if not self._serving:
+                return
+            self._serving = False
+        self.server.shutdown()
+        self.server.server_close()
+
+    def come_back(self) -> None:
+        """The server is back on the same port, with the same state (files, batches, requests)."""
+        deadline = time.monotonic() + 5
+        while self._serving and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while True:
+            try:
+                self.server = self._server_cls(("127.0.0.1", self.port), self._handler_cls)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.down = False
+        self._serving = True
+        self.thread.start()
 
     # -- Batch API -------------------------------------------------------------------------
     def _new_file(self, data: bytes, purpose: str, name: str = "file.jsonl") -> dict:
@@ -250,12 +312,13 @@ class FakeOpenAI:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> "FakeOpenAI":
+        self._serving = True
         self.thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.down = True
+        self._stop_listening()
 
 
 # -- canned valid answers per request kind -------------------------------------------------

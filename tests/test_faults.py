@@ -108,26 +108,27 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp", timeout: float = 5.0):
+def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
         cfg = write_config(tmp, srv.base_url, transport, timeout)
-        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", "-q"], catch_exceptions=False)
-        assert r.exit_code == 0, r.output
+        args = [a for kv in sets for a in ("--set", kv)]
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", "-q", *args], catch_exceptions=False)
+        assert r.exit_code == exit_code, r.output
         stats = json.loads(r.stdout)
         requests = list(srv.requests)
     return rd, stats, requests
 
 
-def accounted(rd: Path, stats: dict) -> tuple[list[dict], list[dict]]:
+def accounted(rd: Path, stats: dict, complete: bool = True) -> tuple[list[dict], list[dict]]:
     """Every planned item appears exactly once, as a record or a reject."""
     recs = list(read_stage(rd / "generate"))
     rejs = list(read_stage(rd / "generate" / "rejects"))
     ids = [r["id"] for r in recs] + [r["id"] for r in rejs]
     assert len(ids) == len(set(ids)) == EXAMPLES == stats["items"]
     assert stats["valid"] == len(recs) and stats["rejected"] == len(rejs)
-    assert stats["complete"] is True
+    assert stats["complete"] is complete
     assert not list((rd / "generate").glob("*.partial"))
     return recs, rejs
 
@@ -170,16 +171,19 @@ def test_sdk_transport_classifies_the_same_faults(tmp_path, brainstormed, name):
 
 
 @pytest.mark.parametrize("name", ["503", "reset_mid_response", "429_no_retry_after"])
-def test_persistent_transport_fault_rejects_every_item_after_bounded_retries(tmp_path, brainstormed, name):
+def test_persistent_transport_fault_leaves_every_item_pending_after_bounded_retries(tmp_path, brainstormed, name):
+    """Retries run out: the items are pending (not rejected), their shards unfinished, exit 4.
+    (llm.max_consecutive_failures is raised so that every item gets its bounded retries.)"""
     fault, kind = TRANSPORT[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, fault)
-    recs, rejs = accounted(rd, stats)
-    assert not recs and len(rejs) == EXAMPLES
-    assert stats["rejects_by_reason"] == {f"transport_{kind}": EXAMPLES}
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, fault, exit_code=4, sets=("llm.max_consecutive_failures=1000",))
+    assert not list(read_stage(rd / "generate")) and not list((rd / "generate" / "rejects").glob("*.jsonl"))
+    assert stats["complete"] is False and stats["rejected"] == 0 and stats["valid"] == 0
+    assert stats["pending"] == EXAMPLES and stats["pending_by_reason"] == {f"transport_{kind}": EXAMPLES}
     assert len(reqs) == EXAMPLES * (MAX_RETRIES + 1)  # bounded, and no re-ask for a transport fault
     assert stats["this_run"]["transport_retries"] == {kind: EXAMPLES * MAX_RETRIES}
     assert stats["this_run"]["transport_failures"] == {kind: EXAMPLES}
-    assert all(r["input"]["task_type"] for r in rejs)  # the reject keeps what to redo
+    partial = [json.loads(x) for p in (rd / "generate").glob("*.partial") for x in p.read_text().splitlines()]
+    assert len(partial) == EXAMPLES and all(p["r"]["input"]["task_type"] for p in partial)  # what to redo
 
 
 # -- validation faults: re-asked with the error, bounded by max_attempts -----------------------
@@ -217,8 +221,10 @@ def test_validation_fault_is_reasked_with_the_error(tmp_path, brainstormed, name
 @pytest.mark.parametrize("name", ["truncated_json", "duplicate_negatives", "wrong_types"])
 def test_persistent_validation_fault_rejects_with_reason_and_raw(tmp_path, brainstormed, name):
     bad, reason, _ = VALIDATION[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, always_answer(bad))
-    recs, rejs = accounted(rd, stats)
+    # no valid output at all: the stage fails (exit 2), its rejects are final and kept
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, always_answer(bad), exit_code=2)
+    recs, rejs = accounted(rd, stats, complete=False)
+    assert stats["failed"].startswith(f"generate: 0 valid outputs of {EXAMPLES} items")
     assert not recs and stats["rejects_by_reason"] == {reason: EXAMPLES}
     assert len(reqs) == EXAMPLES * MAX_ATTEMPTS  # bounded by max_attempts
     assert all(r["reason"] == reason and r["raw"] and r["usage"]["attempts"] == MAX_ATTEMPTS for r in rejs)

@@ -220,7 +220,8 @@ def _apply_filter(df, flt: dict[str, Any], where: str):
 
     for col, val in flt.items():
         if col not in df.columns:
-            raise UserError(f"{where}: filter column {col!r} does not exist (columns: {', '.join(df.columns)}); fix --filter / filter")
+            cols = ", ".join(c for c in df.columns if c != "__row__")  # our row number is not the user's column
+            raise UserError(f"{where}: filter column {col!r} does not exist (columns: {cols}); fix --filter / filter")
         vals = val if isinstance(val, list) else [val]
         df = df.filter(pl.col(col).cast(pl.Utf8).is_in([str(v) for v in vals]))
     return df

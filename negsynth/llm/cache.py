@@ -42,11 +42,17 @@ class RequestCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
-        # checkpoint (the only fsync) every ~40 MB of WAL instead of ~4 MB: halves the cost of a put
-        self._db.execute("PRAGMA wal_autocheckpoint=10000")
-        self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
+            # checkpoint (the only fsync) every ~40 MB of WAL instead of ~4 MB: halves the cost of a put
+            self._db.execute("PRAGMA wal_autocheckpoint=10000")
+            self._db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            # a corrupt file can open and still fail on the first read: find out now, before any work
+            self._db.execute("SELECT key, value FROM responses LIMIT 1").fetchall()
+        except sqlite3.Error:
+            self._db.close()
+            raise
 
     def get(self, key: str) -> dict | None:
         with self._lock:

@@ -68,6 +68,17 @@ class BudgetStop(RuntimeError):
         self.reason = reason
 
 
+class OutageStop(BudgetStop):
+    """Too many requests in a row failed at the transport/HTTP level: the server is down or is the
+    wrong one. No new request is sent; the unfinished items stay pending (a rerun does them).
+    ``fatal``: the server answers but refuses or garbles every request, a setting to fix (exit 2)
+    rather than an outage to wait out."""
+
+    def __init__(self, reason: str, fatal: bool = False):
+        super().__init__(reason)
+        self.fatal = fatal
+
+
 class ValidationFailure(ValueError):
     """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
 
@@ -209,13 +220,25 @@ def resolve_api_key(cfg: LLMConfig) -> str:
             raise LLMFatalError(
                 f"environment variable {cfg.api_key_env} (llm.api_key_env) is not set; export it or change llm.api_key_env"
             )
-        return v.strip()
+        return _one_line_key(v.strip(), f"environment variable {cfg.api_key_env} (llm.api_key_env)")
     if cfg.api_key_file:
         try:
-            return open(os.path.expanduser(cfg.api_key_file), encoding="utf-8").read().strip()
+            v = open(os.path.expanduser(cfg.api_key_file), encoding="utf-8").read().strip()
         except OSError as e:
             raise LLMFatalError(f"cannot read llm.api_key_file {cfg.api_key_file}: {e.strerror}; fix the path") from None
+        except UnicodeDecodeError:
+            raise LLMFatalError(f"llm.api_key_file {cfg.api_key_file} is not UTF-8 text; it must hold the key on one line") from None
+        if not v:
+            raise LLMFatalError(f"llm.api_key_file {cfg.api_key_file} is empty; put the key in it")
+        return _one_line_key(v, f"llm.api_key_file {cfg.api_key_file}")
     return "sk-no-key-required"
+
+
+def _one_line_key(key: str, where: str) -> str:
+    """An HTTP header cannot hold a line break or control character: say so instead of a traceback."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise LLMFatalError(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
+    return key
 
 
 def response_format_for(mode: str, schema: dict | None, name: str) -> dict | None:
@@ -257,6 +280,13 @@ class LLMClient:
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._client: openai.AsyncOpenAI | None = None
         self._session: aiohttp.ClientSession | None = None
+        #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it
+        self.consecutive_failures = 0
+        self.failure_kinds: Counter = Counter()  # reason -> requests, in the current run of failures
+        self.last_failure: str = ""
+        #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
+        self.outage: str | None = None
+        self.outage_fatal = False
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
@@ -385,14 +415,32 @@ class LLMClient:
             if hit is not None:
                 self.stats.cache_hits += 1
                 return {**hit, "cached": True}
-        if self.transport is not None:
-            result = await self.transport.submit(key or request_key_and_body(payload, sample_index)[0], payload)
-            return {**result, "cached": False}  # the batch transport stored it in the cache
-        async with self._sem:
-            result = await self._send_with_retries(payload, body)
+        if self.outage is not None:
+            raise OutageStop(self.outage, self.outage_fatal)
+        try:
+            if self.transport is not None:
+                result = await self.transport.submit(key or request_key_and_body(payload, sample_index)[0], payload)
+                self.consecutive_failures = 0
+                return {**result, "cached": False}  # the batch transport stored it in the cache
+            async with self._sem:
+                result = await self._send_with_retries(payload, body)
+        except TransportError as e:
+            self._note_failure(e)
+            raise
+        self.consecutive_failures = 0
+        self.failure_kinds.clear()
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
+
+    def _note_failure(self, e: "TransportError") -> None:
+        """One more request failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""
+        self.consecutive_failures += 1
+        self.failure_kinds[e.reason] += 1
+        self.last_failure = e.detail
+        if self.outage is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
+            self.outage_fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
+            self.outage = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
         """Seconds before retry ``attempt`` (1 = the first retry): ``Retry-After`` when the server
@@ -476,15 +524,26 @@ class LLMClient:
         try:
             # the gate and the count happen with no await between them, so concurrent senders
             # can never overshoot --max-requests
+            if self.outage is not None:
+                raise OutageStop(self.outage, self.outage_fatal)
             if self.gate is not None:
                 why = self.gate()
                 if why is not None:
                     raise BudgetStop(why)
             self.stats.requests += 1
-            if self._session is not None:
-                text, finish, pt, ct = await self._post_chat(payload, body)
-            else:
-                resp = await self._client.chat.completions.create(**payload)
+            try:
+                # llm.timeout is a deadline for the whole request (a server that trickles its
+                # answer byte by byte cannot hold it open): past it, a transport "timeout"
+                async with asyncio.timeout(self.cfg.timeout):
+                    if self._session is not None:
+                        text, finish, pt, ct = await self._post_chat(payload, body)
+                    else:
+                        resp = await self._client.chat.completions.create(**payload)
+            except Exception as e:
+                if _never_sent(e):
+                    self.stats.requests -= 1  # a refused connection sent nothing: not a request
+                raise
+            if self._session is None:
                 if not resp.choices:
                     raise EmptyResponse("the server answered with no choices")
                 ch = resp.choices[0]
@@ -565,6 +624,49 @@ class LLMClient:
                     {"role": "user", "content": reask_template.format(detail=detail)},
                 ]
         return LLMResult(None, raw, reason, detail, usage, reasons)
+
+
+def _never_sent(e: BaseException) -> bool:
+    """The connection was refused (nothing reached the server): the request does not count."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return True
+    if isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
+        c = e.__cause__ or e.__context__
+        for _ in range(4):
+            if c is None:
+                break
+            if isinstance(c, (ConnectionRefusedError, aiohttp.ClientConnectorError)) or type(c).__name__ == "ConnectError":
+                return True
+            c = c.__cause__ or c.__context__
+    return False
+
+
+#: when most failed requests in a row failed like this, the server answers but something is
+#: misconfigured (URL, model, request parameters): fix it, then rerun (the items are retried)
+FATAL_KINDS = ("bad_request", "transport_bad_response", "transport_empty_choices")
+
+
+def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: str) -> str:
+    """One line: why the stage stopped after ``n`` failed requests in a row, and the likely cause."""
+    top = kinds.most_common(1)[0][0] if kinds else "transport"
+    what = ", ".join(f"{k} {v}" for k, v in kinds.most_common())
+    if "connection" in top:
+        hint = f"the server at {base_url} is down or unreachable; start it (or fix llm.base_url)"
+    elif "timeout" in top:
+        hint = f"the server at {base_url} did not answer within llm.timeout={cfg.timeout:g} s; check that it is up and serving llm.model={cfg.model!r}, or raise llm.timeout"
+    elif "bad_response" in top or "empty_choices" in top:
+        hint = f"{base_url} answers, but not with chat completions (an HTML page? a wrong path?); llm.base_url should end in /v1"
+    elif "bad_request" in top:
+        hint = f"{base_url} refuses the requests as bad ({last[:120]}); check llm.model={cfg.model!r}, llm.structured_output and llm.extra_body"
+    elif "rate_limited" in top:
+        hint = f"{base_url} keeps answering 429; lower llm.max_concurrency or set llm.rpm / llm.tpm"
+    elif "batch" in top:
+        hint = f"the Batch API at {base_url} failed ({last[:120]}); check the server"
+    else:
+        hint = f"the server at {base_url} keeps failing ({last[:120]})"
+    if top in FATAL_KINDS:
+        return f"{n} requests in a row failed ({what}): {hint}; then rerun the same command (the failed items are retried)"
+    return f"{n} requests in a row failed ({what}): {hint}; the unfinished items are kept as pending, rerun the same command to resume"
 
 
 def _error_message(raw: bytes) -> str:

@@ -48,6 +48,9 @@ class StageContext:
     # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
     batch_poll_s: float | None = field(default_factory=lambda: float(os.environ["NEGSYNTH_BATCH_POLL_S"]) if os.environ.get("NEGSYNTH_BATCH_POLL_S") else None)
     base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
+    #: stage -> the folder its outputs are written to instead of RUN_DIR/<stage> (an --overwrite
+    #: builds the new outputs beside the old ones and swaps them in when the stage finishes)
+    outputs: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -65,4 +68,4 @@ class StageContext:
             raise UserError(f"--shard-index {self.shard_index} must be in [0, --num-shards {self.num_shards})")
 
     def stage_dir(self, stage: str) -> Path:
-        return self.run_dir / stage
+        return self.outputs.get(stage) or self.run_dir / stage

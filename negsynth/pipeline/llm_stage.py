@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -10,10 +11,11 @@ from typing import Any
 from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
-from negsynth.llm.client import LLMClient, LLMFatalError, resolve_api_key
+from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.runner import RunReport, ShardedRunner, WorkItem
+from negsynth.pipeline.manifest import begin_staging, check_manifest, record_manifest, swap_in
+from negsynth.pipeline.runner import RunReport, ShardedRunner, WorkItem, storage_error
 from negsynth.schemas.config import LLMConfig
 
 
@@ -41,10 +43,64 @@ def stage_concurrency(ctx: StageContext, n_items: int) -> int:
     return max(1, n_items) if ctx.mode == "batch" else ctx.cfg.llm.max_concurrency
 
 
+def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> None:
+    """Called once every check passed (inputs, key, endpoint, cache), before the first write.
+
+    A plain run records the manifest entry and writes into ``RUN_DIR/<stage>``; an
+    ``--overwrite`` writes into a staging folder beside it, swapped in by :func:`finish_stage`.
+    """
+    d = ctx.run_dir / stage
+    if ctx.overwrite:
+        try:
+            ctx.outputs[stage] = begin_staging(ctx.run_dir, stage, entry, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+        except OSError as e:
+            raise storage_error(e, ctx.run_dir) from None
+        return
+    for sub in (d, d / "rejects", d / "_shards"):
+        if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
+            raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
+    try:
+        record_manifest(ctx.run_dir, stage, entry)
+    except OSError as e:
+        raise storage_error(e, ctx.run_dir / "manifest.json") from None
+
+
+def stage_complete(rep: RunReport) -> bool:
+    return rep.shards_done == rep.shards_total and not (rep.failed or rep.outage or rep.stopped_by or rep.pending)
+
+
+def finish_stage(ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
+    """Write stats.json; an --overwrite that finished swaps its outputs in (else the old ones stay)."""
+    stats = write_stats(ctx, stage, rep, client, extra)
+    staged = ctx.outputs.get(stage)
+    if staged is not None and ctx.overwrite and stage_complete(rep):
+        try:
+            swap_in(ctx.run_dir, stage, entry, staged, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+        except OSError as e:
+            raise storage_error(e, ctx.run_dir / stage) from None
+        del ctx.outputs[stage]
+    elif staged is not None:
+        stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / stage} are kept; the new ones wait in {staged}"
+    return stats
+
+
+def open_cache(path) -> RequestCache:
+    import sqlite3
+
+    try:
+        return RequestCache(path)
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"{path}: the request cache is unreadable ({e}); move it away (its answers are then requested again) or restore it") from None
+    except OSError as e:
+        raise storage_error(e, path) from None
+
+
 @asynccontextmanager
-async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | None = None):
+async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | None = None, entry: dict[str, Any] | None = None):
     """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate.
 
+    Every check that can fail (key, endpoint, cache) runs before anything is written; then, with
+    ``entry``, :func:`prepare_outputs` records the manifest or starts the --overwrite staging.
     With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
     (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``).
     """
@@ -54,19 +110,21 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
         key = resolve_api_key(cfg)
     except LLMFatalError as e:
         raise UserError(str(e)) from None
-    cache = RequestCache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
+    if ctx.mode == "batch" and not cfg.cache:
+        raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
+    cache = open_cache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
     limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
     try:
         async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
             if check:
                 await client.preflight(timeout=min(10.0, cfg.connect_timeout))
+            if entry is not None and stage is not None:
+                prepare_outputs(ctx, stage, entry)
             client.gate = budget_checker(ctx, client)
             if ctx.mode == "batch":
                 from negsynth.llm.batch import BatchTransport
 
-                if cache is None:
-                    raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
                 state_dir = ctx.stage_dir(stage or "llm") / "_batch"
                 if ctx.num_shards > 1:  # each worker keeps its own batch jobs
                     state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
@@ -100,13 +158,24 @@ def budget_checker(ctx: StageContext, client: LLMClient):
     return check
 
 
-def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process) -> tuple[RunReport, LLMClient]:
+def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, entry: dict[str, Any]) -> tuple[RunReport, LLMClient | None]:
     """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
-    with the stage's LLM session, concurrency and budget; returns the report and the client."""
+    with the stage's LLM session, concurrency and budget; returns the report and the client.
+
+    Checks the manifest first (nothing is written before every check passed). A relaunch of a
+    finished stage needs no server, key or cache: it only re-reads the shards' stats."""
     import asyncio
 
+    check_manifest(ctx.run_dir, stage, entry, overwrite=ctx.overwrite)
+    if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
+
+        async def noop(it: WorkItem):  # pragma: no cover - every shard is finished
+            raise AssertionError(it)
+
+        return asyncio.run(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
+
     async def main() -> tuple[RunReport, LLMClient]:
-        async with llm_session(ctx, stage=stage) as client:
+        async with llm_session(ctx, stage=stage, entry=entry) as client:
             runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
             rep = await runner.run(items, lambda it: process(client, it), description=stage)
             return rep, client
@@ -125,8 +194,14 @@ def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
         "rejects_by_reason": dict(sorted(rep.reasons.items(), key=lambda kv: -kv[1])),
         "shards_done": rep.shards_done,
         "shards_total": rep.shards_total,
-        "complete": rep.shards_done == rep.shards_total,
+        "complete": rep.shards_done == rep.shards_total and not rep.failed,
         "stopped_by": rep.stopped_by,
+        # items whose requests failed at the transport level (not the model's fault): not
+        # rejected, their shards stay unfinished, a rerun retries them
+        "pending": rep.pending,
+        "pending_by_reason": dict(rep.pending_reasons),
+        "outage": rep.outage,
+        "failed": rep.failed,
         "tokens": {"prompt": u.get("prompt_tokens", 0), "completion": u.get("completion_tokens", 0)},
         "attempts": u.get("attempts", 0),
         "wall_time_s": round(rep.wall_time_s, 3),
@@ -141,7 +216,9 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
     u = rep.usage
     stats["estimated_cost_usd"] = round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6)
     stats.update(model=cfg.model, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
-    if client is not None:
+    if client is None:  # a relaunch of a finished stage sent nothing
+        stats["this_run"] = {**ClientStats().as_dict(), "cost_usd": 0.0}
+    else:
         stats["this_run"] = client.stats.as_dict()
         stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
         if client.limiter is not None and hasattr(client.limiter, "as_dict"):
@@ -154,7 +231,10 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
     if extra:
         stats.update(extra)
     name = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
-    atomic_write_json(Path(ctx.stage_dir(stage)) / name, stats)
+    try:
+        atomic_write_json(Path(ctx.stage_dir(stage)) / name, stats)
+    except OSError as e:
+        raise storage_error(e, Path(ctx.stage_dir(stage)) / name) from None
     return stats
 
 
@@ -175,6 +255,10 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
         rows.append(("re-asks", str(tr["reasks"])))
         if tr["transport_retries"]:
             rows.append(("transport retries", ", ".join(f"{k}={v}" for k, v in tr["transport_retries"].items())))
+    if stats.get("pending"):
+        rows.append(("pending (transport failures, retried by a rerun)", str(stats["pending"])))
+        for reason, n in stats.get("pending_by_reason", {}).items():
+            rows.append((f"  pending: {reason}", str(n)))
     rows.append(("wall time", f"{stats['wall_time_s']:.1f} s"))
     if stats.get("stopped_by"):
         rows.append(("stopped by budget", stats["stopped_by"]))

@@ -43,9 +43,13 @@ def run_pipeline(
             ctx = StageContext(cfg=cfg, run_dir=Path(run_dir), overwrite=overwrite, reporter=reporter, base_url=base_url, budget=budget or Budget())
             reporter.info(f"[bold]== {name}[/]")
             out[name] = fn(ctx)
-            if out[name].get("stopped_by"):
-                reporter.warn(f"{name} stopped by budget {out[name]['stopped_by']}; later stages not run")
-                break  # later stages would train and evaluate on partial data
+            st = out[name]
+            if st.get("failed") or st.get("outage") or st.get("stopped_by") or st.get("pending"):
+                if st.get("stopped_by"):
+                    reporter.warn(f"{name} stopped by budget {st['stopped_by']}; later stages not run")
+                else:
+                    reporter.warn(f"{name} did not finish; later stages not run")
+                break  # later stages would train and evaluate on partial (or no) data
             if llm_idx and i == llm_idx[-1]:
                 stack.close()  # the LLM is no longer needed: free its cores for scoring and training
     return out

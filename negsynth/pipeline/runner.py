@@ -28,12 +28,32 @@ from negsynth.data.shards import (
     shard_name,
     write_jsonl,
 )
-from negsynth.llm.client import BudgetStop
+from negsynth.errors import UserError
+from negsynth.llm.client import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
 
-
+#: failures that are not the model's: never final. An item that ends with one stays *pending*:
+#: its shard is not finished, and a rerun retries it
+PENDING = ("transport_",)
+#: an HTTP-level refusal (4xx): final only when the stage as a whole succeeds (a shard holding one
+#: is finished at the end of the run, unless the failure rate says the requests are wrong)
+HTTP_LEVEL = ("bad_request",)
 #: reject reasons of an unfinished shard that a rerun retries (outages, not model failures)
-RETRY_ON_RESUME = ("transport_",)
+RETRY_ON_RESUME = PENDING + HTTP_LEVEL
+
+
+def storage_error(e: OSError, what: Path | str) -> UserError:
+    """A full disk or an unwritable folder, as one line naming the file and the fix."""
+    import errno
+
+    where = e.filename or what
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space (or move the run dir) and rerun the same command to resume"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable (or use another --run-dir) and rerun the same command to resume"
+    else:
+        fix = "check the disk and rerun the same command to resume"
+    return UserError(f"cannot write {where}: {e.strerror or e}; {fix}")
 
 
 def _crash_point(name: str) -> None:
@@ -75,9 +95,21 @@ class RunReport:
     usage: Counter = field(default_factory=Counter)  # prompt/completion tokens, requests, cached, attempts
     stopped_by: str | None = None
     wall_time_s: float = 0.0
+    #: items whose last request failed at the transport level: not rejected, retried by a rerun
+    pending: int = 0
+    pending_reasons: Counter = field(default_factory=Counter)
+    outage: str | None = None  # why too many requests in a row failed (the stage stopped)
+    failed: str | None = None  # why the stage as a whole failed (no valid output, too many 4xx)
+    details: dict[str, str] = field(default_factory=dict)  # reason -> the first detail seen
 
     def count(self, kind: str, row: dict) -> None:
+        if kind == "rej" and str(row.get("reason", "")).startswith(PENDING):
+            self.pending += 1
+            self.pending_reasons[row["reason"]] += 1
+            return
         self.items += 1
+        if kind != "ok":
+            self.details.setdefault(row["reason"], str(row.get("detail") or "")[:160])
         if kind == "ok":
             self.valid += 1
         else:
@@ -116,6 +148,12 @@ class ShardedRunner:
         return self.dir / shard_name(s)
 
     def _finalize(self, s: int, rows: dict[int, tuple[str, dict]]) -> dict:
+        try:
+            return self._finalize_shard(s, rows)
+        except OSError as e:
+            raise storage_error(e, self._final(s)) from None
+
+    def _finalize_shard(self, s: int, rows: dict[int, tuple[str, dict]]) -> dict:
         ordered = [rows[i] for i in sorted(rows)]
         records = [r for kind, r in ordered if kind == "ok"]
         rejects = [r for kind, r in ordered if kind == "rej"]
@@ -142,9 +180,17 @@ class ShardedRunner:
             pass
         return stats
 
+    def has_work(self, n_items: int) -> bool:
+        """Whether a shard this worker owns is unfinished (a relaunch of a finished stage has none)."""
+        mine = shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
+        return not all(self._final(s).exists() for s in mine)
+
     async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None) -> RunReport:
         t0 = time.monotonic()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e, self.dir) from None
         rep = RunReport(stage=self.stage)
         mine = shard_assignment(len(items), self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
         rep.shards_total = len(mine)
@@ -152,6 +198,18 @@ class ShardedRunner:
         state: dict[int, dict[int, tuple[str, dict]]] = {}
         remaining: dict[int, int] = {}
         writers: dict[int, PartialWriter] = {}
+        deferred: set[int] = set()  # all items done, but holding an HTTP-level refusal: decided at the end
+
+        def shard_done(s: int) -> None:
+            rows = state[s]
+            if any(k == "rej" and str(r.get("reason", "")).startswith(PENDING) for k, r in rows.values()):
+                return  # items pending after a transport failure: the shard stays unfinished
+            if any(k == "rej" and str(r.get("reason", "")).startswith(HTTP_LEVEL) for k, r in rows.values()):
+                deferred.add(s)
+                return
+            self._finalize(s, state.pop(s))
+            rep.shards_done += 1
+
         for s in mine:
             lo, hi = s * self.shard_size, min(len(items), (s + 1) * self.shard_size)
             if self._final(s).exists():
@@ -175,22 +233,21 @@ class ShardedRunner:
                 rep.count(kind, r)
             todo.extend(items[i] for i in range(lo, hi) if i not in done)
             if remaining[s] == 0:
-                self._finalize(s, done)
-                rep.shards_done += 1
+                shard_done(s)
         total_items = sum(min(len(items), (s + 1) * self.shard_size) - s * self.shard_size for s in mine)
         queue: asyncio.Queue[WorkItem | None] = asyncio.Queue()
         for it in todo:
             queue.put_nowait(it)
-        stop = {"why": None}
+        stop: dict[str, Any] = {"why": None, "outage": None}
 
         with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
             bar.update(advance=rep.items, valid=rep.valid, rejected=rep.rejected)
 
             async def worker() -> None:
                 while True:
-                    if stop["why"] is None:
+                    if stop["why"] is None and stop["outage"] is None:
                         stop["why"] = self.budget_check()
-                    if stop["why"] is not None:
+                    if stop["why"] is not None or stop["outage"] is not None:
                         return
                     try:
                         it = queue.get_nowait()
@@ -198,15 +255,22 @@ class ShardedRunner:
                         return
                     try:
                         out = await process(it)
+                    except OutageStop as e:  # the server is gone (or wrong): the item stays unfinished
+                        stop["outage"] = e.reason
+                        stop["fatal"] = e.fatal
+                        return
                     except BudgetStop as e:  # the item stays unfinished: a rerun does it
                         stop["why"] = e.reason
                         return
                     s = it.index // self.shard_size
                     kind, row = ("ok", out.record) if out.record is not None else ("rej", out.reject)
-                    w = writers.get(s)
-                    if w is None:
-                        w = writers[s] = PartialWriter(self._partial(s))
-                    w.write({"i": it.index, "k": kind, "r": row})
+                    try:
+                        w = writers.get(s)
+                        if w is None:
+                            w = writers[s] = PartialWriter(self._partial(s))
+                        w.write({"i": it.index, "k": kind, "r": row})
+                    except OSError as e:
+                        raise storage_error(e, self._partial(s)) from None
                     state[s][it.index] = (kind, row)
                     remaining[s] -= 1
                     rep.count(kind, row)
@@ -214,17 +278,32 @@ class ShardedRunner:
                     if remaining[s] == 0:
                         w.close()
                         writers.pop(s, None)
-                        self._finalize(s, state.pop(s))
-                        rep.shards_done += 1
+                        shard_done(s)
 
             try:
                 await asyncio.gather(*(worker() for _ in range(min(self.concurrency, max(1, len(todo))))))
             finally:
                 for w in writers.values():
                     w.close()
-        rep.stopped_by = stop["why"] if rep.shards_done < rep.shards_total else None
+        if stop.get("fatal"):
+            rep.failed = f"{self.stage}: {stop['outage']}"
+        else:
+            rep.outage = stop["outage"]
+        if stop["outage"] is None and stop["why"] is None:
+            rep.failed = self._verdict(rep)
+            if rep.failed is None:
+                for s in sorted(deferred):
+                    self._finalize(s, state.pop(s))
+                    rep.shards_done += 1
+        rep.stopped_by = stop["why"] if rep.shards_done < rep.shards_total and stop["outage"] is None else None
         rep.wall_time_s = time.monotonic() - t0
         return rep
+
+    def _verdict(self, rep: RunReport) -> str | None:
+        """None, or why the stage failed as a whole: no valid output, or too many HTTP-level refusals."""
+        if rep.pending or rep.items == 0:
+            return None
+        return failure_message(self.stage, rep, self.ctx)
 
     def _shard_stats(self, s: int) -> dict:
         p = self.dir / "_shards" / f"{s:05d}.json"
@@ -236,3 +315,30 @@ class ShardedRunner:
 
     def finished_shards(self) -> list[Path]:
         return list_shards(self.dir)
+
+
+def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None:
+    """One line when a stage produced nothing usable: the counts and the likely cause."""
+    cfg = ctx.cfg.llm
+    url = ctx.base_url or cfg.base_url
+    http = sum(n for r, n in rep.reasons.items() if r.startswith(HTTP_LEVEL))
+    if rep.valid > 0 and http <= cfg.max_failure_rate * rep.items:
+        return None
+    what = ", ".join(f"{r} {n}" for r, n in rep.reasons.most_common(3))
+    if http * 2 >= rep.items:
+        detail = next((rep.details[r] for r in rep.reasons if r.startswith(HTTP_LEVEL) and rep.details.get(r)), "")
+        hint = (
+            f"{url} refuses the requests ({detail or 'HTTP 4xx'}); check llm.model={cfg.model!r}, "
+            "llm.structured_output and llm.extra_body (or llm.base_url)"
+        )
+    else:
+        hint = (
+            f"the model {cfg.model!r} at {url} answers but never validly; check llm.model (a chat/instruct "
+            f"model?) and llm.structured_output, and read {ctx.stage_dir(stage)}/rejects/"
+        )
+    if rep.valid == 0:
+        return f"{stage}: 0 valid outputs of {rep.items} items ({what}): {hint}"
+    return (
+        f"{stage}: {http} of {rep.items} items were refused at the HTTP level, above "
+        f"llm.max_failure_rate={cfg.max_failure_rate:g} ({what}): {hint}"
+    )

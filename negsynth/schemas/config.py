@@ -58,6 +58,11 @@ class LLMConfig(Section):
     price: PriceConfig = Field(default_factory=PriceConfig)
     batch_poll_s: float = Field(30.0, gt=0)  # --mode batch: seconds between status polls
     batch_completion_window: str = "24h"  # --mode batch: the Batch API's completion_window
+    # an outage: after this many requests in a row failed at the transport/HTTP level (retries
+    # spent: refused, reset, timeout, 5xx, 4xx), the stage stops; the unfinished items stay pending
+    max_consecutive_failures: int = Field(8, ge=1)
+    # a stage whose items failed at the HTTP level (4xx "bad_request") above this fraction fails
+    max_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
 
     @field_validator("base_url")
     @classmethod

@@ -22,12 +22,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from negsynth.data.shards import atomic_write_json, write_jsonl
-from negsynth.llm.client import BudgetStop, LLMClient
+from negsynth.llm.client import BudgetStop, LLMClient, OutageStop
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_fingerprint, llm_session, summary_rows, write_stats
-from negsynth.pipeline.manifest import check_and_record
-from negsynth.pipeline.runner import RunReport
+from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
+from negsynth.pipeline.manifest import check_manifest
+from negsynth.pipeline.runner import PENDING, RunReport, failure_message
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
@@ -98,6 +98,7 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
+            rep.usage["list_requests"] += len(idx)
             for i, res in zip(idx, results, strict=True):
                 rid = short_id("req", tt, i)
                 rep.usage.update(res.usage.model_dump())
@@ -142,26 +143,55 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
 def run(ctx: StageContext) -> dict:
     """Run brainstorm and return its stats (also written to ``brainstorm/stats.json``)."""
     t0 = time.monotonic()
-    h = stage_hash(ctx)
-    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite)
-    d = ctx.stage_dir(STAGE)
-    if (d / "shard-00000.jsonl").exists() and (d / "stats.json").exists():
+    entry = {"config_hash": stage_hash(ctx), "shard_size": None, "num_shards": 1}
+    check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)
+    d = ctx.run_dir / STAGE
+    if not ctx.overwrite and (d / "shard-00000.jsonl").exists() and (d / "stats.json").exists():
+        # a relaunch of a finished stage: no server, key or cache needed
         stats = json.loads((d / "stats.json").read_text(encoding="utf-8"))
         ctx.reporter.info(f"brainstorm: already complete in {d} ({stats['valid']} tasks); --overwrite to redo")
         return stats
 
     async def main():
-        async with llm_session(ctx, stage=STAGE) as client:
+        async with llm_session(ctx, stage=STAGE, entry=entry) as client:
             try:
                 tasks, rejects, rep = await _brainstorm(ctx, client)
             except BudgetStop as e:  # nothing is written; the cache keeps every answer for the rerun
-                return None, None, RunReport(stage=STAGE, stopped_by=e.reason, shards_total=1), client
+                rep = RunReport(stage=STAGE, shards_total=1)
+                if isinstance(e, OutageStop) and e.fatal:
+                    rep.failed = f"{STAGE}: {e.reason}"
+                elif isinstance(e, OutageStop):
+                    rep.outage = e.reason
+                else:
+                    rep.stopped_by = e.reason
+                return None, None, rep, client
             return tasks, rejects, rep, client
 
     tasks, rejects, rep, client = asyncio.run(main())
+    rep.shards_total = 1
+    d = ctx.stage_dir(STAGE)  # a staging folder beside the old outputs under --overwrite
+    if tasks is not None:
+        # a list request that failed at the transport level is not the model's fault: write
+        # nothing, so that a rerun asks again (its answered requests come from the cache)
+        failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
+        if failed_requests:
+            rep.pending = len(failed_requests)
+            rep.pending_reasons = Counter(r.reason for r in failed_requests)
+            tasks = None
     if tasks is None:
         rep.wall_time_s = time.monotonic() - t0
-        return write_stats(ctx, STAGE, rep, client)
+        return finish_stage(ctx, STAGE, entry, rep, client)
+    # the verdict: one line when no list request gave a usable task, or too many were refused
+    verdict = RunReport(stage=STAGE)
+    verdict.items = int(rep.usage.get("list_requests", 0))
+    verdict.valid = sum(1 for t in tasks if t.model != "fixed")
+    verdict.reasons = Counter(r.reason for r in rejects if "position" not in (r.input or {}))
+    for r in rejects:
+        verdict.details.setdefault(r.reason, r.detail[:160])
+    rep.failed = failure_message(STAGE, verdict, ctx) if verdict.items else None
+    if rep.failed:
+        rep.wall_time_s = time.monotonic() - t0
+        return finish_stage(ctx, STAGE, entry, rep, client)
     write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
     write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
     rep.items = len(tasks) + len(rejects)
@@ -171,8 +201,8 @@ def run(ctx: StageContext) -> dict:
     rep.shards_done = rep.shards_total = 1
     rep.wall_time_s = time.monotonic() - t0
     per_type = Counter(t.task_type for t in tasks)
-    stats = write_stats(ctx, STAGE, rep, client, {"tasks_per_type": dict(per_type)})
     atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
+    stats = finish_stage(ctx, STAGE, entry, rep, client, {"tasks_per_type": dict(per_type)})
     rows = summary_rows(stats)
     rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in per_type.items())))
     ctx.reporter.table("brainstorm", rows)

@@ -23,8 +23,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_fingerprint, run_items, summary_rows, write_stats
-from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
@@ -217,20 +216,15 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, mod
 
 def run(ctx: StageContext) -> dict:
     """Run generate and return its stats (also written to ``generate/stats.json``)."""
+    cfg = ctx.cfg.generate
+    if cfg.examples == 0:
+        raise UserError("generate.examples = 0: nothing to generate; set generate.examples to the number of examples wanted")
     tasks = load_tasks(ctx)
     items = plan_items(ctx, tasks)
-    h = stage_hash(ctx)
-    check_and_record(
-        ctx.run_dir,
-        STAGE,
-        {"config_hash": h, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed, "items": len(items)},
-        overwrite=ctx.overwrite,
-        shard_index=ctx.shard_index,
-        num_shards=ctx.num_shards,
-    )
-    cfg = ctx.cfg.generate
-
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model))
-    stats = write_stats(ctx, STAGE, rep, client, {"planned_per_type": allocate(cfg)})
+    if not items:
+        raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
+    entry = {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": cfg.seed, "items": len(items)}
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
+    stats = finish_stage(ctx, STAGE, entry, rep, client, {"planned_per_type": allocate(cfg)})
     ctx.reporter.table("generate", summary_rows(stats))
     return stats

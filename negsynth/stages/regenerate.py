@@ -47,8 +47,8 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_fingerprint, run_items, summary_rows, write_stats
-from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
@@ -427,17 +427,11 @@ def run(ctx: StageContext) -> dict:
     items, per_source = plan_items(ctx, sources)
     if not items:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
-    check_and_record(
-        ctx.run_dir,
-        STAGE,
-        {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "items": len(items), "mine": cfg.mine},
-        overwrite=ctx.overwrite,
-        shard_index=ctx.shard_index,
-        num_shards=ctx.num_shards,
-    )
+    entry = {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "items": len(items), "mine": cfg.mine}
+    check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)  # reads only: refuse before mining
     mining = mine_for_items(ctx, items, sources) if cfg.mine else None
 
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model))
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
     extra: dict[str, Any] = {
         "sources": per_source,
         "duplicates": sum(v["duplicates"] for v in per_source.values()),
@@ -445,7 +439,7 @@ def run(ctx: StageContext) -> dict:
     }
     if mining is not None:
         extra["mining"] = {"k": cfg.mine, **mining}
-    stats = write_stats(ctx, STAGE, rep, client, extra)
+    stats = finish_stage(ctx, STAGE, entry, rep, client, extra)
     rows = summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(len(items))))
     rows.insert(1, ("duplicates dropped", str(extra["duplicates"])))
