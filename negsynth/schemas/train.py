@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TEXT_COLUMNS = ["anchor", "positive", "negative"]
+ENCODER_TEMPERATURE = 0.05  # sentence-transformers models: MNRL scale 20
+DECODER_TEMPERATURE = 0.02  # LLM2Vec loss_scale 50, E5-Mistral
 DECODER_ALIASES = ("smollm2", "smollm2-135m")
 ENCODER_ALIASES = ("default", "minilm")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -35,16 +37,25 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "default"  # "default"/"minilm" = all-MiniLM-L6-v2; "smollm2" = SmolLM2-135M decoder; or a local path
-    pooling: Literal["mean", "last", "ata", "latent"] = "mean"
+    # mean / cls / last are saved as sentence-transformers' own Pooling (plain SentenceTransformer(path)
+    # loads them); ata / latent are negsynth modules (load with trust_remote_code=True, see docs/train.md)
+    pooling: Literal["mean", "cls", "last", "ata", "latent"] = "mean"
     latent_num: int = Field(512, ge=1)  # NV-Embed latent array size r
     latent_heads: int = Field(8, ge=1)
     ata_detach: bool = False
-    temperature: float = Field(0.02, gt=0)  # τ; scale = 1/τ. 0.02 = LLM2Vec/E5; 1.0 = literal seed text
+    # τ; scale = 1/τ. None = per model family: 0.05 for sentence-transformers encoders (pretrained
+    # at MNRL's scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral); 1.0 = the literal seed text
+    temperature: float | None = Field(None, gt=0)
     batch_size: int = Field(64, ge=2)
     grad_accum: int = Field(8, ge=1)
     lr: float = Field(2e-5, gt=0)
     warmup_steps: int = Field(0, ge=0)
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)  # linear warmup over this share of the steps (ignored when warmup_steps > 0)
+    max_grad_norm: float | None = Field(1.0, gt=0)  # gradient clipping; None = off
+    # sentence-transformers' MNRL hardness weighting of negative logits (None = off)
+    hardness_mode: Literal["in_batch_negatives", "hard_negatives", "all_negatives"] | None = None
+    hardness_strength: float = Field(0.0, ge=0.0)
+    gather_across_devices: bool = True  # multi-GPU: every rank's in-batch negatives seen by all ranks
     max_steps: int = -1  # optimizer steps; -1 = run `epochs` passes over the data
     epochs: float = Field(1.0, gt=0)
     max_length: int = Field(512, ge=8)
@@ -59,6 +70,7 @@ class TrainConfig(BaseModel):
     output_dir: str = "runs/train"
     resume: bool | str = False  # True = latest checkpoint in output_dir; str = a checkpoint folder
     check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
+    no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
 
     @field_validator("bidirectional")
     @classmethod

@@ -29,10 +29,16 @@ def info_nce(q: torch.Tensor, d_pos: torch.Tensor, d_neg: torch.Tensor | None = 
     return F.cross_entropy(scores, torch.arange(q.shape[0], device=q.device))
 
 
-def make_loss(model, temperature: float = DEFAULT_TEMPERATURE):
-    """``MultipleNegativesRankingLoss`` with ``scale = 1/temperature`` (cosine similarity)."""
+def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode: str | None = None, hardness_strength: float = 0.0, gather_across_devices: bool = False):
+    """``MultipleNegativesRankingLoss`` with ``scale = 1/temperature`` (cosine similarity).
+
+    ``hardness_mode`` / ``hardness_strength``: the library's hardness weighting of negative logits.
+    ``gather_across_devices``: under DDP, every rank scores its queries against all ranks' documents
+    (a no-op in a single process).
+    """
     if not temperature > 0:
-        raise ValueError(f"temperature={temperature}: must be > 0 (0.02 = LLM2Vec/E5 default, 1.0 = literal seed)")
+        raise ValueError(f"temperature={temperature}: must be > 0 (0.05 = sentence-transformers encoders, 0.02 = LLM2Vec/E5 decoders, 1.0 = literal seed)")
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    return MultipleNegativesRankingLoss(model, scale=1.0 / temperature)
+    kw = {"hardness_mode": hardness_mode, "hardness_strength": hardness_strength} if hardness_mode else {}
+    return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)

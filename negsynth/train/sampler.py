@@ -1,26 +1,140 @@
-"""Order-preserving batch sampler for the curriculum, plus a cheap batch check.
+"""Batch samplers for contrastive training that keep the dataset's order.
 
-The curriculum dataset is already in training order; sentence-transformers' default sampler is
-``BatchSampler(RandomSampler(...))``, which would erase it. :class:`OrderedBatchSampler` is a
-``DefaultBatchSampler`` subclass, so it can be passed as a class in
-``SentenceTransformerTrainingArguments(batch_sampler=OrderedBatchSampler)``.
+MultipleNegativesRankingLoss treats every other text of a batch as a negative, so a text that
+appears twice in a batch (the same positive for two queries, a negative that is another row's
+positive) is a *false* in-batch negative. sentence-transformers' ``NoDuplicatesBatchSampler``
+avoids that but shuffles, which would erase a curriculum; its default sampler keeps neither.
+
+:class:`CurriculumBatchSampler` guarantees both, for any dataset:
+
+* rows are consumed in dataset order; a row is put in the earliest open batch that holds none of
+  its texts (texts compared by :func:`negsynth.data.curriculum.normalise`), so a colliding row
+  moves a little later instead of being dropped;
+* batches never mix curriculum phases (``phases``: one value per row; consecutive equal values
+  form a phase): a phase's last, incomplete batches are emitted as they are (``drop_last=False``)
+  or dropped (``drop_last=True``);
+* a row whose own texts repeat (negative == positive) can never be placed and is skipped
+  (counted in :attr:`skipped_rows`).
+
+On a curriculum built by :func:`negsynth.data.curriculum.build_curriculum` (already free of
+duplicates, phase-pure, whole batches) the batches are exactly ``[0..B), [B..2B), ...``.
+It is a ``DefaultBatchSampler`` subclass; :func:`curriculum_batch_sampler` binds the phases and
+returns the callable that ``SentenceTransformerTrainingArguments(batch_sampler=...)`` accepts::
+
+    args = SentenceTransformerTrainingArguments(..., batch_sampler=curriculum_batch_sampler(ds["phase"]))
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 from sentence_transformers.base.sampler import DefaultBatchSampler
 
-from negsynth.train.config import TEXT_COLUMNS
+from negsynth.data.curriculum import normalise
+
+LABEL_COLUMNS = ("label", "labels", "score", "scores")
+
+
+def text_columns(column_names: Sequence[str]) -> list[str]:
+    """The columns the loss embeds: everything but label columns and ``dataset_name``."""
+    return [c for c in column_names if c not in LABEL_COLUMNS and c != "dataset_name"]
+
+
+def plan_batches(
+    rows: Sequence[Sequence[str]],
+    batch_size: int,
+    *,
+    phases: Sequence[Any] | None = None,
+    drop_last: bool = False,
+) -> tuple[list[list[int]], dict[str, int]]:
+    """Order-preserving, duplicate-free, phase-pure batches of row indices (see module docstring).
+
+    ``rows[i]``: the texts of row i. Returns (batches, counts) with counts ``moved`` (rows placed
+    in a later batch than the earliest open one), ``skipped_self_duplicate`` and
+    ``dropped_incomplete`` (only with ``drop_last``).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = len(rows)
+    batches: list[list[int]] = []
+    counts = {"moved": 0, "skipped_self_duplicate": 0, "dropped_incomplete": 0}
+    start = 0
+    while start < n:
+        end = start + 1
+        if phases is not None:
+            while end < n and phases[end] == phases[start]:
+                end += 1
+        else:
+            end = n
+        open_batches: list[tuple[list[int], set[str]]] = []
+        for i in range(start, end):
+            keys = [normalise(t) for t in rows[i] if t is not None]
+            kset = set(keys)
+            if len(kset) < len(keys):
+                counts["skipped_self_duplicate"] += 1
+                continue
+            for k, (members, seen) in enumerate(open_batches):
+                if seen.isdisjoint(kset):
+                    break
+            else:
+                k, (members, seen) = len(open_batches), ([], set())
+                open_batches.append((members, seen))
+            counts["moved"] += k > 0
+            members.append(i)
+            seen.update(kset)
+            if len(members) == batch_size:
+                batches.append(members)
+                del open_batches[k]
+        for members, _ in open_batches:  # the phase's leftovers, in order of their first row
+            if drop_last:
+                counts["dropped_incomplete"] += len(members)
+            else:
+                batches.append(members)
+        start = end
+    return batches, counts
+
+
+class CurriculumBatchSampler(DefaultBatchSampler):
+    """Order-preserving, duplicate-free, phase-pure batches (module docstring). Never shuffles:
+    ``generator`` and ``seed`` are accepted for the trainer's call and ignored on purpose."""
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        drop_last: bool = False,
+        valid_label_columns=None,
+        generator=None,
+        seed: int = 0,
+        phases: Sequence[Any] | None = None,
+    ):
+        super().__init__(range(len(dataset)), batch_size=batch_size, drop_last=drop_last, valid_label_columns=valid_label_columns, generator=generator, seed=seed)
+        cols = text_columns(dataset.column_names)
+        data = [dataset[c] for c in cols]
+        if phases is not None and len(phases) != len(dataset):
+            raise ValueError(f"phases has {len(phases)} values for {len(dataset)} rows")
+        self.batches, self.counts = plan_batches(list(zip(*data)) if data else [()] * len(dataset), batch_size, phases=phases, drop_last=drop_last)
+        self.skipped_rows = self.counts["skipped_self_duplicate"]
+
+    def __iter__(self):
+        yield from (list(b) for b in self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def curriculum_batch_sampler(phases: Sequence[Any] | None = None):
+    """The ``batch_sampler`` argument for ``SentenceTransformerTrainingArguments``, with ``phases``
+    (one per row, or None) bound: works with the stock ``SentenceTransformerTrainer`` too."""
+    return functools.partial(CurriculumBatchSampler, phases=list(phases) if phases is not None else None)
 
 
 class OrderedBatchSampler(DefaultBatchSampler):
-    """Consecutive batches ``[0..B), [B..2B), ...`` in dataset order — never shuffles.
+    """Consecutive batches ``[0..B), [B..2B), ...`` in dataset order, with no duplicate check.
 
-    Accepts the keyword arguments ``BaseTrainer.get_batch_sampler`` passes (``generator`` and ``seed``
-    are ignored on purpose: the curriculum order IS the order). ``set_epoch`` is inherited and a no-op
-    for ordering, so epoch 2 replays the same curriculum.
+    Kept for callers that want the raw order; the trainer uses :class:`CurriculumBatchSampler`.
     """
 
     def __init__(self, dataset, batch_size: int, drop_last: bool = False, valid_label_columns=None, generator=None, seed: int = 0):
@@ -46,7 +160,7 @@ def check_batches(columns: dict[str, list[Any]], batch_size: int, max_report: in
     problems: list[str] = []
     n = len(next(iter(columns.values())))
     phases = columns.get("phase")
-    texts = [columns[c] for c in TEXT_COLUMNS if c in columns]
+    texts = [columns[c] for c in columns if c not in ("phase", "level") and c not in LABEL_COLUMNS]
     for bi, start in enumerate(range(0, n, batch_size)):
         end = min(start + batch_size, n)
         if phases is not None and len(set(phases[start:end])) > 1:

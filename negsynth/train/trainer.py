@@ -28,8 +28,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from negsynth.train.config import DECODER_ALIASES, ENCODER_ALIASES, TEXT_COLUMNS, TrainConfig
-from negsynth.train.sampler import OrderedBatchSampler, check_batches
+from negsynth.train.config import DECODER_ALIASES, ENCODER_ALIASES, TrainConfig
+from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,6 @@ def build_model(config: TrainConfig, device: str | None = None):
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     from negsynth.train.bidirectional import BidirectionalAttention
-    from negsynth.train.pooling import make_pooling
 
     path, is_decoder = resolve_model_path(config.model)
     if config.bidirectional != "none" and not is_decoder:
@@ -94,12 +93,11 @@ def build_model(config: TrainConfig, device: str | None = None):
     if config.bidirectional != "none":
         modules.append(BidirectionalAttention(config.bidirectional))
     dim = tr.get_embedding_dimension()
-    kw: dict[str, Any] = {}
-    if config.pooling == "latent":
-        kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
-    elif config.pooling == "ata":
-        kw = {"ata_detach": config.ata_detach}
-    modules.append(make_pooling(config.pooling, dim, **kw))
+    modules.append(_pooling_module(config, dim))
+    if _base_normalizes(path):
+        from sentence_transformers.sentence_transformer.modules import Normalize
+
+        modules.append(Normalize())
     model = SentenceTransformer(modules=modules, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if config.lora.enabled:
         from negsynth.train.lora import add_lora
@@ -108,6 +106,56 @@ def build_model(config: TrainConfig, device: str | None = None):
     if config.gradient_checkpointing:
         tr.auto_model.gradient_checkpointing_enable()
     return model
+
+
+def _pooling_module(config: TrainConfig, dim: int):
+    """mean / cls / last -> sentence-transformers' own ``Pooling`` (portable: a plain
+    ``SentenceTransformer(path)`` reloads it); ata / latent -> negsynth's modules."""
+    if config.pooling in ("mean", "cls", "last"):
+        from sentence_transformers.sentence_transformer.modules import Pooling
+
+        return Pooling(dim, pooling_mode={"last": "lasttoken"}.get(config.pooling, config.pooling))
+    from negsynth.train.pooling import make_pooling
+
+    kw: dict[str, Any] = {}
+    if config.pooling == "latent":
+        kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
+    elif config.pooling == "ata":
+        kw = {"ata_detach": config.ata_detach}
+    return make_pooling(config.pooling, dim, **kw)
+
+
+def _base_normalizes(path: str) -> bool:
+    """True when the base model folder is a sentence-transformers model ending in ``Normalize``
+    (all-MiniLM-L6-v2 does): the trained model keeps the same output contract."""
+    mj = Path(path) / "modules.json"
+    try:
+        return mj.is_file() and any(m.get("type", "").endswith("Normalize") for m in json.loads(mj.read_text()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def is_decoder_model(model) -> bool:
+    """Whether a built SentenceTransformer's backbone is a causal LM (decides the default τ)."""
+    cfg = getattr(getattr(model[0], "auto_model", None), "config", None)
+    return bool(cfg is not None and (getattr(cfg, "is_decoder", False) or any(a.endswith("ForCausalLM") for a in getattr(cfg, "architectures", None) or [])))
+
+
+def resolve_temperature(config: TrainConfig, is_decoder: bool) -> float:
+    """``train.temperature``, or the family default: 0.05 for encoders (sentence-transformers models were
+    pretrained at MNRL scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral)."""
+    from negsynth.schemas.train import DECODER_TEMPERATURE, ENCODER_TEMPERATURE
+
+    if config.temperature is not None:
+        return config.temperature
+    return DECODER_TEMPERATURE if is_decoder else ENCODER_TEMPERATURE
+
+
+def negative_columns(column_names) -> list[str]:
+    """``negative`` or ``negative_1..negative_n`` (n-tuple rows, hardest first), in column order."""
+    import re
+
+    return [c for c in column_names if c == "negative" or re.fullmatch(r"negative_\d+", c)]
 
 
 def load_model(path: str, device: str | None = None):
@@ -199,19 +247,29 @@ def make_trainer(dataset, config: TrainConfig, model=None):
 
     set_seed(config.seed)
     ds = _load_dataset(dataset)
-    missing = [c for c in TEXT_COLUMNS if c not in ds.column_names]
+    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
     if missing:
-        raise ValueError(f"dataset is missing column(s) {missing}; the trainer needs {TEXT_COLUMNS} (+ optional phase, level)")
+        raise ValueError(f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)")
     phases = ds["phase"] if "phase" in ds.column_names else None
     levels = ds["level"] if "level" in ds.column_names else None
-    if config.check_batches:
-        cols = {c: ds[c] for c in TEXT_COLUMNS}
-        if phases is not None:
-            cols["phase"] = phases
-        for p in check_batches(cols, config.batch_size):
-            log.warning("curriculum batches: %s", p)
-    train_ds = ds.select_columns(TEXT_COLUMNS)  # ST treats every other column as an input text
+    text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
+    # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs
+    train_ds = ds.select_columns(text_cols)
+    if config.no_duplicates:
+        sampler = curriculum_batch_sampler(phases)
+        planned = sampler(train_ds, batch_size=config.batch_size, drop_last=False)
+        if planned.counts["moved"] or planned.skipped_rows:
+            log.info("batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)", planned.counts["moved"], planned.skipped_rows)
+    else:
+        sampler = OrderedBatchSampler
+        if config.check_batches:
+            cols = {c: ds[c] for c in text_cols}
+            if phases is not None:
+                cols["phase"] = phases
+            for p in check_batches(cols, config.batch_size):
+                log.warning("curriculum batches: %s", p)
     model = model if model is not None else build_model(config)
+    temperature = resolve_temperature(config, is_decoder_model(model))
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=config.batch_size,
@@ -219,11 +277,12 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         learning_rate=config.lr,
         # transformers 5 reads a float warmup_steps < 1 as a ratio (warmup_ratio is deprecated)
         warmup_steps=config.warmup_steps if config.warmup_steps or not config.warmup_ratio else config.warmup_ratio,
+        max_grad_norm=config.max_grad_norm if config.max_grad_norm is not None else 0.0,
         lr_scheduler_type="linear",
         weight_decay=0.0,  # AdamW with no decay = the Adam of SEED_SPEC Table 5
         max_steps=config.max_steps,
         num_train_epochs=config.epochs,
-        batch_sampler=OrderedBatchSampler,
+        batch_sampler=sampler,
         seed=config.seed,
         data_seed=config.seed,
         save_strategy="steps",
@@ -239,7 +298,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         model=model,
         args=args,
         train_dataset=train_ds,
-        loss=make_loss(model, config.temperature),
+        loss=make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=config.gather_across_devices),
         callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum)],
     )
     return trainer, model
