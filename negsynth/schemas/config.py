@@ -173,16 +173,25 @@ class ScoreConfig(Section):
     ``policy``: ``annotate`` adds the scores and flags only; ``reorder`` also sorts the negatives
     by measured similarity (the LLM's ranks go to ``score.llm_order``); ``filter`` drops the
     negatives flagged by ``filter_flags`` and rejects an example left with fewer than
-    ``min_negatives``.
+    ``min_negatives``; ``measured`` (the default) filters like ``filter`` and then orders the
+    surviving negatives by measured similarity, so each negative's curriculum level comes from the
+    embedder, not from the LLM's claim (a weak LLM's grading is close to random).
     """
 
-    policy: Literal["annotate", "reorder", "filter"] = "annotate"
+    policy: Literal["annotate", "reorder", "filter", "measured"] = "measured"
     inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate"])  # absent stages are skipped
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
     block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
+    # cleaning (negsynth.data.clean), see docs/score.md: near-duplicate examples and evaluation-set overlap
+    dedup: bool = True  # drop later near-duplicates of a kept example (query AND positive match)
+    dedup_threshold: float | None = Field(0.95, gt=0.0, le=1.0)  # cosine of raw texts; None: exact (normalised) only
+    decontam_sets: Literal["auto"] | list[str] = "auto"  # evaluation sets to decontaminate against; [] = off
+    decontam_threshold: float | None = Field(0.95, gt=0.0, le=1.0)  # None: exact (normalised) matches only
+    decontam_retrieval_docs: Literal["none", "judged", "corpus"] = "none"  # retrieval sets: test queries, + judged docs, + corpus
+    decontam_data_dir: str | None = None  # None: evaluate.data_dir, else $NEGSYNTH_DATA_DIR or ../shared/data
 
     @field_validator("inputs")
     @classmethod
@@ -242,6 +251,18 @@ class MiningConfig(Section):
     range_min: int = Field(0, ge=0)  # skip this many top candidates
     range_max: int | None = Field(None, ge=1)  # consider this many candidates (None: library default)
     sampling: Literal["top", "random"] = "top"
+    # "top": the K hardest candidates; "graded": multi-granularity, one negative per rank band
+    # (level 1 = hardest band ... level 4 = easiest), see negsynth.embed.mining.mine_graded
+    strategy: Literal["top", "graded"] = "top"
+    bands: list[tuple[int, int]] = Field(default_factory=lambda: [(1, 3), (4, 10), (11, 30), (31, 100)])
+    seed: int = 0  # draws within a band
+
+    @field_validator("bands")
+    @classmethod
+    def _bands(cls, v):
+        from negsynth.embed.mining import check_bands
+
+        return check_bands(v)
 
 
 class RegenerateConfig(Section):
@@ -278,6 +299,9 @@ class CurriculumConfig(Section):
     homogeneous_batches: bool = True
     negatives: Literal["llm", "mined"] = "llm"
     instruction_template: str | None = "Instruct: {instruction}\nQuery: {query}"
+    # anchors get instruction_template when "on"; "auto" = exactly when evaluation formats queries the
+    # same way (evaluate.instruct_queries), so training and evaluation see the same text (spec §1.9)
+    instructions: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("schedule")
     @classmethod

@@ -61,7 +61,7 @@ class ExampleScore(Record):
     monotonic: bool  # the LLM's order had strictly decreasing cosines
     false_negative: list[bool]  # cos_neg >= fn_ratio * cos_pos
     too_easy: list[bool]  # cos_neg < too_easy_floor
-    policy: Literal["annotate", "reorder", "filter"] = "annotate"
+    policy: Literal["annotate", "reorder", "filter", "measured"] = "annotate"
     # with `reorder` / `filter`: LLM rank (0 = claimed hardest = level 1) of each negative as written
     llm_order: list[int] | None = None
 

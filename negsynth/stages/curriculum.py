@@ -26,12 +26,20 @@ from negsynth.stages.common import inputs_fingerprint, read_stage_records
 STAGE = "curriculum"
 
 
+def anchor_template(cfg) -> str | None:
+    """The anchor format: ``curriculum.instruction_template`` when instructions are on ("on", or
+    "auto" with ``evaluate.instruct_queries``), else the bare query — train as you evaluate."""
+    cc = cfg.curriculum
+    on = cc.instructions == "on" or (cc.instructions == "auto" and cfg.evaluate.instruct_queries)
+    return cc.instruction_template if on else None
+
+
 def run(ctx: StageContext) -> dict:
     from negsynth.data.curriculum import CurriculumError, build_curriculum, save_curriculum
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    h = config_hash({"curriculum": cc, "batch_size": batch_size, "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
+    h = config_hash({"curriculum": cc, "batch_size": batch_size, "anchor": anchor_template(ctx.cfg), "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
     out = ctx.stage_dir(STAGE)
     man_entry = {"config_hash": h, "shard_size": None, "num_shards": 1}
     if (out / "stats.json").exists() and not ctx.overwrite:
@@ -55,7 +63,7 @@ def run(ctx: StageContext) -> dict:
             seed=cc.seed,
             homogeneous_batches=cc.homogeneous_batches,
             use_mined=cc.negatives == "mined",
-            instruction_template=cc.instruction_template,
+            instruction_template=anchor_template(ctx.cfg),
         )
         if not rows:
             raise CurriculumError(

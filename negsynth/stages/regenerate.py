@@ -216,74 +216,17 @@ def mine_pairs(
     batch_size: int = 64,
     cache_folder: str | Path | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Mine ``k`` negatives per query key from ``corpus`` with ``mine_hard_negatives``.
+    """``regenerate.mining`` applied: the ``k`` hardest negatives (``strategy = "top"``) or one per
+    rank band (``"graded"``) per query key, from :mod:`negsynth.embed.mining`."""
+    from negsynth.embed.mining import mine_graded, mine_negatives
 
-    ``queries`` maps a query key to its text and ``known_positives`` the key to every positive
-    the source knows for it: all of them are given to the library, which never returns a
-    positive of the same query and measures the margin against the *hardest* (least similar)
-    positive. A candidate equal to the query or a positive after normalisation is dropped too
-    (near-identical copies in a corpus). Returns ``{key: {"negatives", "scores", "pos_score"}}``
-    with the negatives hardest first; a query may get fewer than ``k`` when the corpus has too
-    few candidates under the margin. ``cache_folder`` keeps the library's query/corpus
-    embeddings (keyed by their texts): use one folder per model.
-    """
-    import datasets
-    from sentence_transformers.util import mine_hard_negatives
-
-    rows_q, rows_p, keys = [], [], []
-    for key, q in queries.items():
-        for pos in known_positives.get(key) or []:
-            rows_q.append(q)
-            rows_p.append(pos)
-            keys.append(key)
-    if not rows_q:
-        return {}
-    ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
-    extra = 4 * max(len(v) for v in known_positives.values()) if known_positives else 4
-    range_max = opts.range_max or opts.range_min + 10 * k + extra
-    range_max = min(range_max, len(set(corpus) | set(rows_p)))
-    if range_max - opts.range_min < 1:
-        return {key: {"negatives": [], "scores": [], "pos_score": None} for key in queries}
-    out_ds = mine_hard_negatives(
-        ds,
-        model,
-        anchor_column_name="query",
-        positive_column_name="positive",
-        corpus=list(corpus),
-        num_negatives=min(k, range_max - opts.range_min),
-        range_min=opts.range_min,
-        range_max=range_max,
-        relative_margin=opts.relative_margin,
-        absolute_margin=opts.absolute_margin,
-        max_score=opts.max_score,
-        sampling_strategy=opts.sampling,
-        output_format="triplet",
-        output_scores=True,
-        batch_size=batch_size,
-        verbose=False,
-        cache_folder=str(cache_folder) if cache_folder else None,
-    )
-    text_to_key: dict[str, str] = {}
-    for key, q in queries.items():
-        text_to_key.setdefault(q, key)
-    found: dict[str, dict[str, Any]] = {key: {"negatives": [], "scores": [], "pos_score": None} for key in queries}
-    banned = {key: {normalize(p) for p in known_positives.get(key, [])} | {normalize(queries[key])} for key in queries}
-    for row in out_ds:
-        key = text_to_key.get(row["query"])
-        if key is None:
-            continue
-        f = found[key]
-        pos_s, neg_s = row["scores"]
-        f["pos_score"] = pos_s if f["pos_score"] is None else min(f["pos_score"], pos_s)
-        neg = row["negative"]
-        if neg in f["negatives"] or normalize(neg) in banned[key] or len(f["negatives"]) >= k:
-            continue
-        f["negatives"].append(neg)
-        f["scores"].append(round(float(neg_s), 6))
-    for f in found.values():
-        if f["pos_score"] is not None:
-            f["pos_score"] = round(float(f["pos_score"]), 6)
-    return found
+    if opts.strategy == "graded":
+        return mine_graded(model, queries, known_positives, corpus, bands=opts.bands, relative_margin=opts.relative_margin, seed=opts.seed, batch_size=batch_size, cache_folder=cache_folder)
+    return mine_negatives(
+        model, queries, known_positives, corpus, k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin,
+        max_score=opts.max_score, range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling,
+        batch_size=batch_size, cache_folder=cache_folder,
+    )  # fmt: skip
 
 
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:

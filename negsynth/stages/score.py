@@ -55,7 +55,20 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from negsynth.data.shards import ShardError, atomic_write_json, atomic_write_text, iter_jsonl, list_shards, shard_name, write_jsonl
+from negsynth.data.clean import (
+    Decontaminator,
+    Deduplicator,
+    EvalSetError,
+    EvalTexts,
+    eval_vectors,
+    exact_key,
+    load_eval_texts,
+    pack_kept,
+    quantize,
+    unpack_kept,
+)
+from negsynth.data.shards import ShardError, atomic_write_bytes, atomic_write_json, atomic_write_text, iter_jsonl, list_shards, shard_name, write_jsonl
+from negsynth.evaluate.data import EvalDataError
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
@@ -132,8 +145,10 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     order = list(range(k))
     if cfg.policy == "reorder":
         order = sorted(range(k), key=lambda i: -m["cos_neg"][i])  # stable: ties keep the LLM order
-    elif cfg.policy == "filter":
+    elif cfg.policy in ("filter", "measured"):
         order = [i for i in range(k) if not any(m[f][i] for f in cfg.filter_flags)]
+        if cfg.policy == "measured":  # levels from the measurement: survivors sorted by cosine, hardest first
+            order.sort(key=lambda i: -m["cos_neg"][i])
     score = {
         "embedder": embedder,
         "cos_pos": m["cos_pos"],
@@ -148,7 +163,7 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     out = dict(row)
     out["negatives"] = [row["negatives"][i] for i in order]
     out["score"] = score
-    if cfg.policy == "filter" and len(order) < cfg.min_negatives:
+    if cfg.policy in ("filter", "measured") and len(order) < cfg.min_negatives:
         causes = sorted({f for f in cfg.filter_flags for i in range(k) if i not in order and m[f][i]})
         reason = "+".join(causes) or "too_few_negatives"
         dropped = ", ".join(f"level {i + 1} ({'+'.join(f for f in FLAGS if m[f][i])}, cos {m['cos_neg'][i]:.3f})" for i in range(k) if i not in order)
@@ -169,12 +184,17 @@ def _uses_base_formatting(embedder) -> bool:
     return t.encode_queries is Embedder.encode_queries and t.encode_documents is Embedder.encode_documents
 
 
-def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, label: str) -> tuple[np.ndarray, np.ndarray, dict]:
+def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, label: str, raw: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
     """Embed the texts of ``examples``, each distinct text once -> (cos_pos [N], cos_neg list per example, info).
 
     Texts are sorted by length (longest first) once over the whole block and fed to the
     embedder in chunks of ``8 * batch_size`` (one progress step per chunk); the embedder's own
     per-call sort (sentence-transformers') then sees sorted input and changes nothing.
+
+    ``raw``: also embed each query as written (as a document, no instruction; the same pool row
+    when that is how queries are embedded anyway) and return ``info["pool"]`` = the pool texts,
+    vectors and per-example rows (``q`` raw query, ``p`` positive, ``n`` negatives), for
+    :mod:`negsynth.data.clean`.
     """
     shared = _uses_base_formatting(embedder)
     # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
@@ -206,6 +226,7 @@ def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, la
             qi[e] = add(("q", ex["query"], ex.get("task")), ex["query"], True, ex.get("task"))
         pi[e] = add(ex["positive"], ex["positive"], False)
         ni.append([add(n, n, False) for n in ex["negatives"]])
+    qr = np.array([add(ex["query"], ex["query"], False) for ex in examples], dtype=np.int64) if raw else None
     n_texts = sum(2 + len(ex["negatives"]) for ex in examples)
 
     dim = embedder.dim
@@ -235,7 +256,10 @@ def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, la
 
     cos_pos = np.einsum("nd,nd->n", vecs[qi], vecs[pi])
     cos_neg = [vecs[ni[e]] @ vecs[qi[e]] for e in range(len(examples))] if examples else []
-    return cos_pos, cos_neg, {"texts": n_texts, "unique_texts": len(pool_texts), "embed_s": embed_s}
+    info: dict[str, Any] = {"texts": n_texts, "unique_texts": len(pool_texts), "embed_s": embed_s}
+    if raw:
+        info["pool"] = {"texts": pool_texts, "vecs": vecs, "q": qr, "p": pi, "n": ni}
+    return cos_pos, cos_neg, info
 
 
 @contextmanager
@@ -313,14 +337,35 @@ def embedder_fingerprint(cfg) -> dict:
     return cfg.model_dump(mode="json", exclude={"device", "batch_size"})
 
 
-def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]]) -> str:
-    return config_hash(
-        {
-            "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples"}),
-            "embedder": embedder_fingerprint(ctx.cfg.embedder),
-            "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
-        }
-    )
+def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
+    """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
+    parts: dict[str, Any] = {
+        "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir"}),
+        "embedder": embedder_fingerprint(ctx.cfg.embedder),
+        "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
+    }
+    if eval_fingerprint is not None:
+        parts["decontam"] = eval_fingerprint
+    return config_hash(parts)
+
+
+def decontam_data_dir(ctx: StageContext) -> Path | None:
+    """``score.decontam_data_dir``, else ``evaluate.data_dir``, else what ``negsynth evaluate`` uses by default."""
+    d = ctx.cfg.score.decontam_data_dir or ctx.cfg.evaluate.data_dir
+    if d:
+        return Path(d)
+    from negsynth.resources import default_data_dir
+
+    return default_data_dir()
+
+
+def load_decontam_texts(ctx: StageContext) -> EvalTexts:
+    """The evaluation texts of ``score.decontam_sets`` (``skipped`` says why there are none)."""
+    cfg = ctx.cfg.score
+    try:
+        return load_eval_texts(decontam_data_dir(ctx), cfg.decontam_sets, cfg.decontam_retrieval_docs)
+    except (EvalSetError, EvalDataError) as e:
+        raise UserError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -459,9 +504,29 @@ def print_summary(ctx: StageContext, stats: dict) -> None:
     ]
     for reason, k in stats["rejects_by_reason"].items():
         rows.append((f"  rejected: {reason}", str(k)))
+    rows += clean_rows(stats)
     if tp.get("examples"):
         rows.append(("throughput (this run)", f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})"))
     rep.table("score", rows)
+
+
+def clean_rows(stats: dict) -> list[tuple[str, str]]:
+    """Summary rows for the cleaning checks (also used by ``negsynth inspect``)."""
+    cl = stats.get("clean")
+    if not cl:
+        return []
+    if cl["dedup"]:
+        how = f"query and positive cos >= {cl['dedup_threshold']}" if cl["dedup_threshold"] is not None else "exact only"
+        dup = f"{cl['near_duplicate']} ({cl['near_duplicate_exact']} exact; {how})"
+    else:
+        dup = "off"
+    if cl.get("decontam_skipped"):
+        con = f"skipped: {cl['decontam_skipped']}"
+    else:
+        sets = ", ".join(f"{k} {v}" for k, v in cl["contaminated_by_set"].items())
+        how = f"cos >= {cl['decontam_threshold']}" if cl["decontam_threshold"] is not None else "exact only"
+        con = f"{cl['contaminated']}{f' ({sets})' if sets else ''}; checked against {cl['eval_texts']} texts of {len(cl['eval_sets'])} eval sets, {how}"
+    return [("near-duplicates dropped", dup), ("contaminated dropped", con)]
 
 
 # ---------------------------------------------------------------------------- the stage
@@ -488,11 +553,18 @@ def run(ctx: StageContext, embedder=None) -> dict:
     t_start = time.perf_counter()
     cfg = ctx.cfg.score
     shards = input_shards(ctx)
-    h = stage_hash(ctx, shards)
+    ev = load_decontam_texts(ctx)
+    h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
     out_dir = ctx.stage_dir(STAGE)
     stats_path = out_dir / "stats.json"
     check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1, "inputs": len(shards)}, overwrite=ctx.overwrite)
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
+    if todo and cfg.dedup:
+        # a shard's duplicates depend on every earlier shard: redo everything from the first missing one
+        redo = [k for k in range(todo[0], len(shards)) if k not in todo]
+        if redo:
+            ctx.reporter.info(f"score: {len(redo)} finished shard(s) after the first missing one are redone (dedup runs in input order)")
+        todo = list(range(todo[0], len(shards)))
     if not todo and stats_path.exists():
         stats = json.loads(stats_path.read_text(encoding="utf-8"))
         if stats.get("config_hash") == h and stats.get("complete"):
@@ -509,19 +581,20 @@ def run(ctx: StageContext, embedder=None) -> dict:
             ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
             emb = load_embedder(ctx.cfg.embedder)
         bs = ctx.cfg.embedder.batch_size
+        cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
         # group consecutive shards into blocks of ~block_examples examples (dedupe scope)
         blocks: list[list[tuple[int, list[dict]]]] = [[]]
         size = 0
         for k in todo:
             rows = read_examples(shards[k][1])
             if blocks[-1] and size + len(rows) > cfg.block_examples:
-                _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks))
+                _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
                 blocks.append([])
                 size = 0
             blocks[-1].append((k, rows))
             size += len(rows)
         if blocks[-1]:
-            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks))
+            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
 
     sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
     stats: dict[str, Any] = {
@@ -531,13 +604,15 @@ def run(ctx: StageContext, embedder=None) -> dict:
         "fn_ratio": cfg.fn_ratio,
         "too_easy_floor": cfg.too_easy_floor,
         **summarize(sidecars, cfg),
+        "input_examples": sum(s.get("examples", len(s["cos_pos"])) for s in sidecars),
+        "clean": clean_stats(ctx, sidecars, ev),
         "kept": sum(s["kept"] for s in sidecars),
         "rejected": sum(s["rejected"] for s in sidecars),
         "rejects_by_reason": dict(sum((Counter(s["reasons"]) for s in sidecars), Counter()).most_common()),
         "negatives_dropped": sum(s["negatives_dropped"] for s in sidecars),
         "reordered": sum(s["reordered"] for s in sidecars),
         "paper_table4": list(PAPER_TABLE4),
-        "inputs": [{"stage": st, "shard": p.name, "out": shard_name(k), "examples": len(sidecars[k]["cos_pos"])} for k, (st, p) in enumerate(shards)],
+        "inputs": [{"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))} for k, (st, p) in enumerate(shards)],
         "shards_scored_this_run": len(todo),
         "throughput": _throughput(this_run, emb),
         "config_hash": h,
@@ -566,12 +641,120 @@ def _throughput(c: Counter, emb) -> dict:
     }
 
 
-def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int) -> None:
-    """Embed one block of input shards together, then write each shard's outputs."""
+def _kept_path(ctx: StageContext, k: int) -> Path:
+    return ctx.stage_dir(STAGE) / "_shards" / f"{k:05d}.kept.npy"
+
+
+class _Cleaner:
+    """This run's near-duplicate and contamination checks; the dedup state of the shards before
+    ``first`` is rebuilt from their ``_shards/XXXXX.kept.npy`` (what a resumed run needs)."""
+
+    def __init__(self, ctx: StageContext, emb, ev: EvalTexts, *, first: int, batch_size: int):
+        cfg = ctx.cfg.score
+        self.dedup: Deduplicator | None = None
+        if cfg.dedup:
+            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim)
+            for k in range(first):
+                p = _kept_path(ctx, k)
+                try:
+                    ids, keys, q, pv = unpack_kept(p)
+                except (OSError, ValueError, KeyError):
+                    raise UserError(f"{p}: missing or unreadable (needed to resume near-duplicate removal); rerun `negsynth score --overwrite`") from None
+                if self.dedup.uses_vectors and q is None:
+                    raise UserError(f"{p}: holds no vectors (written without score.dedup_threshold); rerun `negsynth score --overwrite`")
+                self.dedup.add(ids, keys, q if self.dedup.uses_vectors else None, pv if self.dedup.uses_vectors else None)
+        self.decontam: Decontaminator | None = None
+        if ev.texts:
+            vecs = None
+            if cfg.decontam_threshold is not None:
+                vecs, _ = eval_vectors(
+                    emb, ev, ctx.run_dir / "cache", embedder_fingerprint(ctx.cfg.embedder), batch_size=batch_size,
+                    progress=lambda label, total: _progress(ctx.reporter, label, total),
+                )  # fmt: skip
+            self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
+        elif ev.skipped and cfg.decontam_sets != []:
+            ctx.reporter.warn(f"score: decontamination skipped: {ev.skipped}")
+
+    @property
+    def needs_vectors(self) -> bool:
+        return bool((self.dedup is not None and self.dedup.uses_vectors) or (self.decontam is not None and self.decontam.uses_vectors))
+
+    def contamination(self, examples: list[dict], pool: dict | None, vecs16: np.ndarray | None) -> list[tuple[str, str] | None]:
+        """Per example: ``(eval set, detail)`` of its first text (query, positive, negatives) matching an evaluation text."""
+        out: list[tuple[str, str] | None] = [None] * len(examples)
+        dc = self.decontam
+        if dc is None:
+            return out
+        if pool is not None:
+            rows = sorted({int(r) for r in pool["q"]} | {int(r) for r in pool["p"]} | {int(r) for ns in pool["n"] for r in ns})
+            found = dict(zip(rows, dc.match([pool["texts"][r] for r in rows], vecs16[rows]), strict=True))
+
+            def roles(e: int) -> list[tuple[str, Any]]:
+                return [("query", int(pool["q"][e])), ("positive", int(pool["p"][e]))] + [(f"negative {i + 1}", int(r)) for i, r in enumerate(pool["n"][e])]
+        else:
+            distinct = list(dict.fromkeys(t for ex in examples for t in (ex["query"], ex["positive"], *ex["negatives"])))
+            found = dict(zip(distinct, dc.match(distinct, None), strict=True))
+
+            def roles(e: int) -> list[tuple[str, Any]]:
+                ex = examples[e]
+                return [("query", ex["query"]), ("positive", ex["positive"])] + [(f"negative {i + 1}", t) for i, t in enumerate(ex["negatives"])]
+
+        for e in range(len(examples)):
+            for role, key in roles(e):
+                m = found[key]
+                if m is not None:
+                    set_name, where = dc.describe(m)
+                    out[e] = (set_name, f"{role} matches {where}")
+                    break
+        return out
+
+
+def clean_stats(ctx: StageContext, sidecars: list[dict], ev: EvalTexts) -> dict[str, Any]:
+    """The ``clean`` block of stats.json: thresholds used and what each check dropped."""
+    cfg = ctx.cfg.score
+    c: Counter = Counter()
+    by_set: Counter = Counter()
+    for sc in sidecars:
+        cl = sc.get("cleaned") or {}
+        c.update({k: cl.get(k, 0) for k in ("near_duplicate", "near_duplicate_exact", "contaminated")})
+        by_set.update(cl.get("contaminated_by_set") or {})
+    return {
+        "dedup": cfg.dedup,
+        "dedup_threshold": cfg.dedup_threshold if cfg.dedup else None,
+        "near_duplicate": c["near_duplicate"],
+        "near_duplicate_exact": c["near_duplicate_exact"],
+        "decontam_sets": cfg.decontam_sets,
+        "decontam_threshold": cfg.decontam_threshold if ev.texts else None,
+        "decontam_retrieval_docs": cfg.decontam_retrieval_docs,
+        "decontam_data_dir": str(ev.data_dir) if ev.data_dir is not None else None,
+        "decontam_skipped": None if ev.texts else ev.skipped,
+        "eval_texts": len(ev.texts),
+        "eval_sets": dict(ev.per_set),
+        "contaminated": c["contaminated"],
+        "contaminated_by_set": dict(sorted(by_set.items())),
+    }
+
+
+def _reject(row: dict, reason: str, detail: str) -> dict:
+    return {"id": row["id"], "stage": STAGE, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
+
+
+def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner) -> None:
+    """Embed one block of input shards together, clean, then write each shard's outputs.
+
+    Per example, in input order: contaminated -> dropped; else the policy; an example the policy
+    keeps is then checked against the examples kept so far (earlier shards and blocks included)
+    and dropped as a near-duplicate or added to them. Only examples that end in an output shard
+    count as kept, so a duplicate of an example the policy rejected still gets its chance.
+    """
     t0 = time.perf_counter()
     cfg = ctx.cfg.score
     examples = [r for _, rows in block for r in rows]
-    cos_pos, cos_neg, info = embed_block(emb, examples, batch_size=batch_size, reporter=ctx.reporter, label=f"score: embedding (block {nblock})")
+    cos_pos, cos_neg, info = embed_block(
+        emb, examples, batch_size=batch_size, reporter=ctx.reporter, label=f"score: embedding (block {nblock})", raw=cleaner.needs_vectors
+    )
+    pool = info.get("pool")
+    vecs16 = quantize(pool["vecs"]) if pool is not None else None
     # measure per negative count (normally all 4)
     by_k: dict[int, list[int]] = defaultdict(list)
     for e, cn in enumerate(cos_neg):
@@ -589,27 +772,59 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
                 "tau": None if np.isnan(tau) else round(float(tau), 6),
                 "monotonic": bool(m["monotonic"][r]),
             }
+    contam = cleaner.contamination(examples, pool, vecs16)
+    policy = [None if contam[e] else apply_policy(row, per_ex[e], cfg, emb.name) for e, row in enumerate(examples)]
+    dups: dict[int, Any] = {}
+    keys: dict[int, bytes] = {}
+    if cleaner.dedup is not None:
+        cand = [e for e in range(len(examples)) if policy[e] is not None and policy[e][0] is not None]
+        keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
+        qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
+        pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
+        found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv)
+        dups = {e: d for e, d in zip(cand, found, strict=True) if d is not None}
     out_dir = ctx.stage_dir(STAGE)
-    e = 0
+    e0 = 0
     for k, rows in block:
         records, rejects = [], []
         reasons: Counter = Counter()
+        cleaned: Counter = Counter()
+        by_set: Counter = Counter()
+        scored: list[int] = []  # examples that stay in the statistics (not cleaned out)
+        kept: list[int] = []
         dropped = reordered = 0
-        ms = per_ex[e : e + len(rows)]
-        for row, m in zip(rows, ms, strict=True):
-            rec, rej = apply_policy(row, m, cfg, emb.name)
-            scored = rec if rec is not None else rej["input"]
-            dropped += len(row["negatives"]) - len(scored["negatives"])
-            reordered += int(cfg.policy == "reorder" and scored["score"]["llm_order"] != sorted(scored["score"]["llm_order"]))
+        for e in range(e0, e0 + len(rows)):
+            row = examples[e]
+            if contam[e] is not None:
+                set_name, detail = contam[e]
+                rejects.append(_reject(row, "contaminated", detail))
+                cleaned["contaminated"] += 1
+                by_set[set_name] += 1
+                continue
+            rec, rej = policy[e]
+            if e in dups:
+                d = dups[e]
+                rejects.append(_reject(rec, "near_duplicate", d.detail()))
+                cleaned["near_duplicate"] += 1
+                cleaned["near_duplicate_exact"] += int(d.cos_query is None)
+                continue
+            scored.append(e)
+            sc = rec if rec is not None else rej["input"]
+            dropped += len(row["negatives"]) - len(sc["negatives"])
+            reordered += int(cfg.policy == "reorder" and sc["score"]["llm_order"] != sorted(sc["score"]["llm_order"]))
             if rec is not None:
                 records.append(rec)
+                kept.append(e)
             else:
                 rejects.append(rej)
-                reasons[rej["reason"]] += 1
-        e += len(rows)
+        for r in rejects:
+            reasons[r["reason"]] += 1
+        e0 += len(rows)
+        ms = [per_ex[e] for e in scored]
         sidecar = {
             "embedder": emb.name,
-            "task_type": [r["task_type"] for r in rows],
+            "examples": len(rows),
+            "task_type": [examples[e]["task_type"] for e in scored],
             "cos_pos": [m["cos_pos"] for m in ms],
             "cos_neg": [m["cos_neg"] for m in ms],
             "false_negative": [m["false_negative"] for m in ms],
@@ -621,8 +836,18 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
             "reasons": dict(reasons),
             "negatives_dropped": dropped,
             "reordered": reordered,
+            "cleaned": {**{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")}, "contaminated_by_set": dict(sorted(by_set.items()))},
         }
         atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
+        if cleaner.dedup is not None:
+            uv = cleaner.dedup.uses_vectors
+            atomic_write_bytes(
+                _kept_path(ctx, k),
+                pack_kept(
+                    [examples[e]["id"] for e in kept], [keys[e] for e in kept],
+                    vecs16[pool["q"][kept]] if uv else None, vecs16[pool["p"][kept]] if uv else None,
+                ),
+            )  # fmt: skip
         write_jsonl(out_dir / "rejects" / shard_name(k), rejects)
         write_jsonl(out_dir / shard_name(k), records)  # its presence marks the shard done: written last
     this_run["examples"] += len(examples)

@@ -49,7 +49,7 @@ def run(ctx: StageContext) -> dict:
     from negsynth.train import train
 
     t0 = time.monotonic()
-    ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature}")
+    ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}")
     try:
         # the HF trainer prints its log dicts on stdout: keep stdout for --json output
         with contextlib.redirect_stdout(sys.stderr):

@@ -1,0 +1,178 @@
+"""Hard-negative mining over a corpus, on sentence-transformers' ``mine_hard_negatives``.
+
+Two shapes of the same search (positive-aware: every known positive of a query is excluded and
+candidates within ``relative_margin`` of the positive's score are dropped as likely false
+negatives, NV-Retriever's TopK-PercPos):
+
+* :func:`mine_negatives` — the ``k`` hardest surviving candidates per query (the stock recipe);
+* :func:`mine_graded` — **multi-granularity**: one negative per similarity band. The surviving
+  candidates are ranked by similarity and cut into rank bands (default ``[1, 3], [4, 10],
+  [11, 30], [31, 100]``); level 1 (hardest) comes from the first band, level 4 (easiest) from the
+  last. Within a band the candidate is drawn with a per-query seed, so runs are reproducible.
+  A user with no LLM, or a weak one, still gets four graded, verified negatives per pair, in the
+  same ``hardest -> easiest`` layout as the LLM's negatives, so the curriculum reads both.
+
+Both take a loaded ``SentenceTransformer``; queries and positives are keyed by the caller's ids.
+
+    from sentence_transformers import SentenceTransformer
+    found = mine_graded(SentenceTransformer(path), {"q1": "a claim"}, {"q1": ["its abstract"]}, corpus)
+    found["q1"]["negatives"]   # 4 texts, hardest first; found["q1"]["scores"], ["ranks"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+from negsynth.data.curriculum import normalise
+
+#: default rank bands (1-based, inclusive) for levels 1..4 of :func:`mine_graded`
+DEFAULT_BANDS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 100))
+
+
+def mine_negatives(
+    model,
+    queries: dict[str, str],
+    known_positives: dict[str, list[str]],
+    corpus: list[str],
+    k: int,
+    *,
+    relative_margin: float | None = 0.05,
+    absolute_margin: float | None = None,
+    max_score: float | None = None,
+    range_min: int = 0,
+    range_max: int | None = None,
+    sampling: str = "top",
+    batch_size: int = 64,
+    cache_folder: str | Path | None = None,
+    use_faiss: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Up to ``k`` negatives per query key, hardest first, from ``mine_hard_negatives``.
+
+    Every positive the source knows for a query is given to the library, which never returns a
+    positive of the same query and measures the margin against the *hardest* (least similar)
+    positive. A candidate equal to the query or a positive after normalisation is dropped too
+    (near-identical copies in a corpus). Returns ``{key: {"negatives", "scores", "pos_score"}}``;
+    a query may get fewer than ``k`` when the corpus has too few candidates under the margin.
+    ``cache_folder`` keeps the library's query/corpus embeddings (keyed by their texts).
+    """
+    import datasets
+    from sentence_transformers.util import mine_hard_negatives
+
+    rows_q, rows_p = [], []
+    for key, q in queries.items():
+        for pos in known_positives.get(key) or []:
+            rows_q.append(q)
+            rows_p.append(pos)
+    found: dict[str, dict[str, Any]] = {key: {"negatives": [], "scores": [], "pos_score": None} for key in queries}
+    if not rows_q:
+        return found
+    ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
+    extra = 4 * max(len(v) for v in known_positives.values()) if known_positives else 4
+    range_max = range_max or range_min + 10 * k + extra
+    range_max = min(range_max, len(set(corpus) | set(rows_p)))
+    if range_max - range_min < 1:
+        return found
+    out_ds = mine_hard_negatives(
+        ds,
+        model,
+        anchor_column_name="query",
+        positive_column_name="positive",
+        corpus=list(corpus),
+        num_negatives=min(k, range_max - range_min),
+        range_min=range_min,
+        range_max=range_max,
+        relative_margin=relative_margin,
+        absolute_margin=absolute_margin,
+        max_score=max_score,
+        sampling_strategy=sampling,
+        output_format="triplet",
+        output_scores=True,
+        batch_size=batch_size,
+        verbose=False,
+        use_faiss=use_faiss,
+        cache_folder=str(cache_folder) if cache_folder else None,
+    )
+    text_to_key: dict[str, str] = {}
+    for key, q in queries.items():
+        text_to_key.setdefault(q, key)
+    banned = {key: {normalise(p) for p in known_positives.get(key, [])} | {normalise(queries[key])} for key in queries}
+    for row in out_ds:
+        key = text_to_key.get(row["query"])
+        if key is None:
+            continue
+        f = found[key]
+        pos_s, neg_s = row["scores"]
+        f["pos_score"] = pos_s if f["pos_score"] is None else min(f["pos_score"], pos_s)
+        neg = row["negative"]
+        if neg in f["negatives"] or normalise(neg) in banned[key] or len(f["negatives"]) >= k:
+            continue
+        f["negatives"].append(neg)
+        f["scores"].append(round(float(neg_s), 6))
+    for f in found.values():
+        if f["pos_score"] is not None:
+            f["pos_score"] = round(float(f["pos_score"]), 6)
+    return found
+
+
+def check_bands(bands) -> list[tuple[int, int]]:
+    """Validate rank bands: 1-based, inclusive, increasing and non-overlapping."""
+    out = [(int(a), int(b)) for a, b in bands]
+    prev = 0
+    for a, b in out:
+        if not (1 <= a <= b) or a <= prev:
+            raise ValueError(f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order")
+        prev = b
+    return out
+
+
+def pick_from_bands(candidates: list[str], scores: list[float], bands, seed: str) -> dict[str, list]:
+    """One candidate per rank band (candidates sorted hardest first). A band past the end of the
+    list is left out, so a query with few candidates gets fewer levels."""
+    rng = random.Random(int(hashlib.sha256(seed.encode()).hexdigest()[:16], 16))
+    negs, scs, ranks = [], [], []
+    for a, b in bands:
+        lo, hi = a - 1, min(b, len(candidates))
+        if lo >= hi:
+            break
+        i = rng.randrange(lo, hi)
+        negs.append(candidates[i])
+        scs.append(scores[i])
+        ranks.append(i + 1)
+    return {"negatives": negs, "scores": scs, "ranks": ranks}
+
+
+def mine_graded(
+    model,
+    queries: dict[str, str],
+    known_positives: dict[str, list[str]],
+    corpus: list[str],
+    *,
+    bands=DEFAULT_BANDS,
+    relative_margin: float | None = 0.05,
+    seed: int = 0,
+    batch_size: int = 64,
+    cache_folder: str | Path | None = None,
+    use_faiss: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Multi-granularity negatives: one per rank band of the positive-aware candidate list.
+
+    Returns ``{key: {"negatives", "scores", "ranks", "pos_score"}}`` with the negatives ordered
+    level 1 (hardest band) -> level ``len(bands)`` (easiest band); ``ranks`` are 1-based ranks
+    among the surviving candidates.
+    """
+    bands = check_bands(bands)
+    depth = bands[-1][1]
+    pool = mine_negatives(
+        model, queries, known_positives, corpus, depth, relative_margin=relative_margin,
+        range_max=depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
+        batch_size=batch_size, cache_folder=cache_folder, use_faiss=use_faiss,
+    )  # fmt: skip
+    out: dict[str, dict[str, Any]] = {}
+    for key, f in pool.items():
+        picked = pick_from_bands(f["negatives"], f["scores"], bands, f"{seed}:{key}")
+        picked["pos_score"] = f["pos_score"]
+        out[key] = picked
+    return out
