@@ -64,9 +64,16 @@ def example(i: int = 0, *, tt: str = "short-long", q: str = "Q", negs=("n1", "n2
     return Example(id=f"ex-{i}", task="find it", task_type=tt, query=q, positive=pos, negatives=list(negs)).model_dump(mode="json", exclude={"score"})
 
 
+@pytest.fixture(autouse=True)
+def _no_eval_data(tmp_path, monkeypatch):
+    # decontamination (tests/test_clean.py) would compare the fake 3-D vectors with the shared eval sets
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+
+
 def make_ctx(tmp_path, **score_kw) -> StageContext:
     cfg = RunConfig()
-    cfg.score = ScoreConfig(**score_kw)
+    # these fixtures repeat one (query, positive) on purpose; near-duplicate removal is tested in test_clean.py
+    cfg.score = ScoreConfig(**{"dedup": False, **score_kw})
     return StageContext(cfg=cfg, run_dir=tmp_path, reporter=Reporter(quiet=True))
 
 
