@@ -228,7 +228,7 @@ def test_decontam_by_cosine_and_eval_vectors_cached(tmp_path, minilm):
     v = minilm.encode([near, "A man is playing a guitar."])
     assert float(v[0] @ v[1]) >= 0.95
     rows = [ex(0, "Who plays music?", "A musician performs on stage.", ["A cat sleeps on the sofa.", near, "Rain falls on the city.", "Snow melts in spring."]), ex(1, *OTHER)]
-    stats = run(tmp_path / "r", [rows], minilm, decontam_data_dir=str(data))
+    stats = run(tmp_path / "r", [rows], minilm, decontam_data_dir=str(data), decontam_threshold=0.95)
     assert kept_ids(tmp_path / "r") == ["ex-1"]
     (rej,) = rejects(tmp_path / "r")
     assert rej["reason"] == "contaminated" and rej["detail"].startswith("negative 2 matches stsb stsb/test.tsv:2:sentence1 (cos 0.9")
@@ -240,7 +240,7 @@ def test_decontam_by_cosine_and_eval_vectors_cached(tmp_path, minilm):
     orig = minilm.encode_documents
     minilm.encode_documents = lambda texts, **kw: (calls.append(list(texts)), orig(texts, **kw))[1]
     try:
-        run(tmp_path / "r", [rows], minilm, overwrite=True, decontam_data_dir=str(data))
+        run(tmp_path / "r", [rows], minilm, overwrite=True, decontam_data_dir=str(data), decontam_threshold=0.95)
     finally:
         del minilm.encode_documents
     assert not any("A woman cuts an onion." in c for c in calls)
@@ -304,7 +304,7 @@ def _outputs(run_dir) -> dict[str, bytes]:
 
 def test_resume_after_a_killed_run_gives_byte_identical_shards(tmp_path, minilm, monkeypatch):
     data = make_eval_dir(tmp_path / "data")
-    kw = {"decontam_data_dir": str(data), "block_examples": 6}
+    kw = {"decontam_data_dir": str(data), "decontam_threshold": 0.95, "block_examples": 6}
     ref = run(tmp_path / "ref", RESUME_SHARDS, minilm, **kw)
     want = _outputs(tmp_path / "ref")
     assert ref["clean"]["near_duplicate"] == 4 and ref["clean"]["contaminated"] == 1  # ex-3, 5, 7, 8; ex-4

@@ -189,7 +189,9 @@ class ScoreConfig(Section):
     dedup: bool = True  # drop later near-duplicates of a kept example (query AND positive match)
     dedup_threshold: float | None = Field(0.95, gt=0.0, le=1.0)  # cosine of raw texts; None: exact (normalised) only
     decontam_sets: Literal["auto"] | list[str] = "auto"  # evaluation sets to decontaminate against; [] = off
-    decontam_threshold: float | None = Field(0.95, gt=0.0, le=1.0)  # None: exact (normalised) matches only
+    # None (default): normalised-equal matches only; 0.95 also catches near-verbatim copies but embeds every
+    # evaluation text once per run dir (~57k with the shared data: seconds on a GPU, minutes or more on 2 CPU cores)
+    decontam_threshold: float | None = Field(None, gt=0.0, le=1.0)
     decontam_retrieval_docs: Literal["none", "judged", "corpus"] = "none"  # retrieval sets: test queries, + judged docs, + corpus
     decontam_data_dir: str | None = None  # None: evaluate.data_dir, else $NEGSYNTH_DATA_DIR or ../shared/data
 
