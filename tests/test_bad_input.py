@@ -116,7 +116,8 @@ CASES: list[Case] = [
     ("--shard-index out of range", lambda t, rd, c: gen(c, rd, "--shard-index", "2", "--num-shards", "2"), ("--shard-index 2", "[0, --num-shards 2)")),
     ("--num-shards 0", lambda t, rd, c: gen(c, rd, "--num-shards", "0"), ("--num-shards",)),
     ("unknown stage in run", lambda t, rd, c: ["run", "-c", str(c), "-d", str(rd), "-q", "--stages", "brainstorm,bogus"], ("unknown stage 'bogus'",)),
-    ("missing key file", lambda t, rd, c: gen(c, rd, "--set", f"llm.api_key_file={t / 'nokey.txt'}"), ("llm.api_key_file", "nokey.txt")),
+    # (a relaunch of the finished stage needs no key: --overwrite does, and must leave the run dir as it was)
+    ("missing key file", lambda t, rd, c: gen(c, rd, "--overwrite", "--set", f"llm.api_key_file={t / 'nokey.txt'}"), ("llm.api_key_file", "nokey.txt")),
     # -- run dir -----------------------------------------------------------------------------
     ("run dir is a file", lambda t, rd, c: (t / "afile").write_text("x") and gen(c, t / "afile"), ("--run-dir", "not a directory")),
     ("run dir under a file", lambda t, rd, c: (t / "afile2").write_text("x") and gen(c, t / "afile2" / "sub"), ("--run-dir", "cannot create")),

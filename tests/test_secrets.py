@@ -84,13 +84,15 @@ def test_key_from_file_and_a_server_that_echoes_a_wrong_key(tmp_path):
         p = cli("generate", "-c", str(cfg), "-d", str(rd), "-vv", env=env)
         assert p.returncode == 2 and "refused the API key" in p.stderr, p.stderr
         outs += [p.stdout, p.stderr]
-    # a 400 whose message quotes the key becomes a reject record: the key is redacted there
+    # a 400 whose message quotes the key becomes a reject record: the key is redacted there (and
+    # in the one line that says the stage failed: every request was refused, exit 2; the
+    # refusals stay in the unfinished shard, retried by a rerun)
     with FakeOpenAI(lambda q, n: Reply(status=400, body={"error": {"message": f"bad request from {KEY}"}}), require_key=None) as srv:
         cfg = write_config(tmp_path, srv.base_url, {"api_key_file": str(keyfile)})
         p = cli("generate", "-c", str(cfg), "-d", str(rd), "-vv", env=env)
-        assert p.returncode == 0, p.stderr
+        assert p.returncode == 2 and "[redacted]" in p.stderr, p.stderr
         outs += [p.stdout, p.stderr]
-    rejects = (rd / "generate" / "rejects" / "shard-00000.jsonl").read_text()
+    rejects = (rd / "generate" / "shard-00000.jsonl.partial").read_text()
     assert "bad_request" in rejects and "[redacted]" in rejects
     assert_nowhere(rd, outs)
     assert KEY not in json.dumps(json.loads((rd / "manifest.json").read_text()))
