@@ -365,3 +365,33 @@ def test_a_stage_failing_its_checks_does_not_touch_the_manifest(tmp_path, rd, mo
     assert r.exit_code == 2, r.output
     one_line(r)
     assert (rd / "manifest.json").read_text() == before and not (rd / "generate").exists()
+
+
+@pytest.mark.parametrize("signals, code", [(("SIGTERM",), 143), (("SIGINT", "SIGINT"), 130)])
+def test_sigterm_and_a_double_ctrl_c_exit_with_one_line(tmp_path, rd, signals, code):
+    import signal
+    import subprocess
+    import sys
+
+    started = threading.Event()
+
+    def slow(req, n):
+        started.set()
+        return Reply(content=valid_answer(req, n), delay=0.5)
+
+    with FakeOpenAI(slow) as srv:
+        cfg = config(tmp_path, srv.base_url)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+        p = subprocess.Popen([sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q"], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert started.wait(60), "no request arrived"
+            for name in signals:
+                p.send_signal(getattr(signal, name))
+                time.sleep(0.05)
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == code, err
+    assert "Traceback" not in err and err.strip().count("\n") == 0, err
+    assert "rerun the same command" in err or "interrupted" in err
