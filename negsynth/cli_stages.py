@@ -62,7 +62,7 @@ def score(
         str | None,
         typer.Option("--embedder", "-e", help="st (MiniLM), st:PATH_OR_NAME, decoder, decoder:PATH, or a sentence-transformers folder / hub name"),
     ] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="annotate | reorder | filter (default score.policy)")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="measured | annotate | reorder | filter (default score.policy)")] = None,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
     overwrite: OverwriteOpt = False,
@@ -277,7 +277,7 @@ def evaluate(
     if tasks:
         sets.append("evaluate.tasks=[" + ",".join(f"'{t.strip()}'" for t in tasks.split(",")) + "]")
     ctx = make_context(config, run_dir, sets, quiet=quiet, json_mode=json_out)
-    _emit(run_stage(ctx, model=model, baseline=baseline), json_out)
+    _emit(run_stage(ctx, model=model, baseline=baseline, require_data=True), json_out)
 
 
 # ============================================================================ end curriculum / train / evaluate

@@ -231,7 +231,7 @@ def test_evaluate_with_explicit_data_dir_missing_sets_and_compare(tmp_path, monk
 def test_no_data_gives_one_line_and_empty_report(tmp_path, capsys):
     rep = evaluate(HashBOW(), data_dir=tmp_path / "nope", out=tmp_path / "r.json")
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no benchmark data" in err[0]
+    assert len(err) == 1 and "no evaluation data" in err[0] and "NEGSYNTH_DATA_DIR" in err[0]
     assert rep["tasks"] == {} and rep["average"] is None
     assert json.loads((tmp_path / "r.json").read_text())["tasks"] == {}
 

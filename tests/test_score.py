@@ -73,7 +73,8 @@ def _no_eval_data(tmp_path, monkeypatch):
 def make_ctx(tmp_path, **score_kw) -> StageContext:
     cfg = RunConfig()
     # these fixtures repeat one (query, positive) on purpose; near-duplicate removal is tested in test_clean.py
-    cfg.score = ScoreConfig(**{"dedup": False, **score_kw})
+    # and check the LLM's own order, so they pin the policy that keeps it (measured is tested in test_quality.py)
+    cfg.score = ScoreConfig(**{"dedup": False, "policy": "annotate", **score_kw})
     return StageContext(cfg=cfg, run_dir=tmp_path, reporter=Reporter(quiet=True))
 
 

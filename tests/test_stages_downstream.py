@@ -43,7 +43,8 @@ def run_dir_with_examples(tmp_path):
 
 def test_score_curriculum_train_evaluate(run_dir_with_examples):
     rd, data = run_dir_with_examples
-    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false"]
+    # policy annotate: the fake LLM's negatives are arbitrary, the measured policy would drop most of them
+    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate"]
     r = runner.invoke(app, ["score", *common, "--json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["curriculum", *common, "--json"])
@@ -73,9 +74,9 @@ def test_score_curriculum_train_evaluate(run_dir_with_examples):
 
 def test_evaluate_without_data_says_so(tmp_path):
     r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--data-dir", str(tmp_path / "nothing"), "--baseline", "", "--json"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout[r.stdout.index("{") :])
-    assert out["skipped"] is True and "no benchmark data" in out["reason"]
+    # nothing evaluated: one line naming the way to get data, and a failing exit code
+    assert r.exit_code == 2, r.output
+    assert "no evaluation data" in r.stderr and "NEGSYNTH_DATA_DIR" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_curriculum_without_score_says_what_to_run(tmp_path):

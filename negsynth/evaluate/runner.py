@@ -185,6 +185,7 @@ def evaluate(
     *,
     out: str | Path | None = None,
     seed: int = 0,
+    announce: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
 
@@ -203,12 +204,13 @@ def evaluate(
 
         data_dir = default_data_dir()
     if data_dir is None or not Path(data_dir).is_dir():
+        where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
         reason = (
-            f"evaluate: no benchmark data at {data_dir} - set NEGSYNTH_DATA_DIR or pass data_dir; empty report"
-            if data_dir is not None
-            else "evaluate: no benchmark data found (set NEGSYNTH_DATA_DIR or pass data_dir); empty report"
+            f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
+            "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data)"
         )
-        print(reason, file=sys.stderr)
+        if announce:  # the caller may say it itself (the evaluate command fails with this line)
+            print(reason, file=sys.stderr)
         rep = empty_report(suite, reason, name)
         if out is not None:
             write_report(rep, out)

@@ -400,7 +400,9 @@ class LLMClient:
         if response_format is not None:
             p["response_format"] = response_format
         if cfg.seed is not None:
-            p["seed"] = cfg.seed
+            # one seed per sample: repeated requests for the same prompt (brainstorm's lists, several
+            # samples of one item) must not all draw the same answer
+            p["seed"] = cfg.seed + sample_index
         if cfg.extra_body:
             p["extra_body"] = cfg.extra_body
         return p

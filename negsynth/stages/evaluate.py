@@ -34,7 +34,10 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
     return SentenceTransformerEmbedder.load(path if model not in ("default", "minilm") else "default", batch_size=batch_size, instruct_queries=instruct_queries)
 
 
-def run(ctx: StageContext, model: str | None = None, baseline: str | None = None) -> dict:
+def run(ctx: StageContext, model: str | None = None, baseline: str | None = None, *, require_data: bool = False) -> dict:
+    """Evaluate the trained model and its baseline. With no evaluation data the runner prints one
+    line saying how to get it; ``require_data`` (the ``evaluate`` command) then fails with exit 2,
+    while ``negsynth run`` ends its pipeline with that line."""
     from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, print_report, write_report
 
     ec = ctx.cfg.evaluate
@@ -55,19 +58,25 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         except ValueError as e:  # an unknown alias or a missing folder
             raise UserError(f"evaluate: {e}; pass --model (or --baseline) a model folder, 'default' or 'smollm2'") from None
         try:
-            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed)
+            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data)
         except (EvalDataError, UnknownTask) as e:
             raise UserError(str(e)) from None
         rep["model"] = m
         write_report(rep, dest)
         return rep
 
+    def nothing(rep: dict) -> dict:
+        reason = "; ".join(rep.get("notes", [])) or "no evaluation data"
+        if require_data:
+            raise UserError(reason)
+        return {"stage": STAGE, "skipped": True, "reason": reason}
+
     base_rep = one(baseline, out / "baseline.json") if baseline else None
     if base_rep is not None and not base_rep.get("tasks") and not base_rep.get("skipped"):
-        return {"stage": STAGE, "skipped": True, "reason": "; ".join(base_rep.get("notes", [])) or "no benchmark data"}
+        return nothing(base_rep)
     rep = one(model, out / "report.json")
     if not rep.get("tasks"):
-        return {"stage": STAGE, "skipped": True, "reason": "; ".join(rep.get("notes", [])) or "no benchmark data"}
+        return nothing(rep)
     if not quiet:
         print_report(rep, baseline=base_rep, console=ctx.reporter.console)
     summary = {

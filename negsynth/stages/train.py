@@ -46,6 +46,8 @@ def run(ctx: StageContext) -> dict:
         ds = load_curriculum(data_dir)
     except CurriculumError:
         raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first") from None
+    if len(ds) == 0:
+        raise UserError(f"{data_dir}: the curriculum has 0 rows; rerun score and curriculum (check generate's valid count and score's rejects)")
     from negsynth.train import train
 
     t0 = time.monotonic()
