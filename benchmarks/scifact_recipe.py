@@ -1,0 +1,308 @@
+"""Before/after benchmark on real data: does negsynth's data make all-MiniLM-L6-v2 better?
+
+Train split: SciFact **train** (809 claims, all 919 (claim, abstract) pairs, corpus of 5,183
+abstracts). Evaluation: the **full** SciFact test split (300 claims against all 5,183 abstracts,
+nDCG@10), STS-B test (1,379 pairs, Spearman) and TREC clustering (5,952 questions, V-measure),
+through ``negsynth.evaluate``'s ``full`` suite. Every trained arm uses the same base model,
+batch size, optimizer steps and learning rate; only the data (negatives, order) and the trainer
+differ:
+
+=====================  ==========================================================================
+arm                    what it is
+=====================  ==========================================================================
+base                   the untouched all-MiniLM-L6-v2
+st-inbatch             sentence-transformers' own trainer + MNRL on (claim, abstract), its
+                       ``NO_DUPLICATES`` sampler: what a user writes without negsynth
+st-mined-1             the same + ``mine_hard_negatives`` (1 negative, TopK-PercPos 95 %, top)
+st-mined-4             the same with 4 mined negatives per row (n-tuple)
+ns-graded-curriculum   negsynth: multi-granularity mined negatives (one per rank band
+                       1-3 / 4-10 / 11-30 / 31-100, positive-aware), curriculum 4 -> 1 (easiest
+                       band first, 25 % of the steps each), negsynth's trainer defaults
+ns-graded-random       the same negatives, level drawn at random per row (order ablation)
+ns-graded-reverse      the same negatives, hardest band first
+ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
+random,reverse}        examples' scored levels), in curriculum / random / reverse order
+=====================  ==========================================================================
+
+The arm trained with negsynth's default settings (``ns-graded-curriculum``) is also saved as
+``OUT/negsynth-default/``; every arm's model is saved under ``OUT/<arm>/`` (a plain
+``SentenceTransformer(path)`` loads each), so anyone can evaluate them on other data.
+
+The key arms (``st-mined-4``, the strongest stock recipe, and ``ns-graded-curriculum``) run over
+``--seeds`` (default 0,1,2: the seed drives the trainer, the sampler, the mining draws and the
+curriculum); the others over the first seed (``--all-seeds`` for every arm). Every arm runs once
+before any second seed, so an interrupted run still has the whole table. Prints a Markdown table (mean +- sd) and
+writes ``OUT/results.json`` after every arm, so an interrupted run keeps what it measured and a
+rerun skips the arms already in it (``--fresh`` to redo them).
+
+Default invocation (about an hour on 2 CPU cores)::
+
+    python benchmarks/scifact_recipe.py --out runs/recipe
+    python benchmarks/scifact_recipe.py --out runs/recipe --llm-run runs/scifact-llm   # + LLM arms
+
+The LLM-graded arms read a finished ``regenerate`` (+ ``score``) run on SciFact train, made once::
+
+    negsynth regenerate --run-dir runs/scifact-llm --config benchmarks/scifact_llm.toml
+    negsynth score --run-dir runs/scifact-llm --config benchmarks/scifact_llm.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
+ALL_ARMS = ("base", "st-inbatch", "st-mined-1", "st-mined-4", "ns-graded-curriculum", "ns-graded-random", "ns-graded-reverse",
+            "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+DEFAULT_ARM = "ns-graded-curriculum"
+
+
+def scifact_train(data_dir: Path):
+    """(pairs, corpus texts) of SciFact train, documents as negsynth reads BEIR ("title text")."""
+    from negsynth.data.sources import load_source
+    from negsynth.schemas.config import SourceSpec
+
+    src = load_source(SourceSpec(path=str(data_dir / "scifact"), split="train"))
+    return src
+
+
+def base_model():
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.resources import minilm_path
+
+    return SentenceTransformer(str(minilm_path()), device="cpu")
+
+
+def evaluate_model(path: str | None, args) -> dict:
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.evaluate import evaluate
+
+    emb = SentenceTransformerEmbedder.load(path or "default", device="cpu", batch_size=64)
+    rep = evaluate(emb, suite="full", tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
+    return {name: float(t["main_score"]) for name, t in rep["tasks"].items()}
+
+
+# ------------------------------------------------------------------------------ data of each arm
+
+
+def mined_graded(src, args, seed: int) -> list[dict]:
+    """Examples with 4 multi-granularity mined negatives (cached per seed under OUT/_mined)."""
+    from negsynth.embed.mining import mine_graded
+
+    cache = args.out / "_mined" / f"graded-seed{seed}.json"
+    if cache.exists():
+        found = json.loads(cache.read_text())
+    else:
+        queries = {p.query_key: p.query for p in src.pairs}
+        positives = {k: src.positives_by_query.get(k, []) for k in queries}
+        found = mine_graded(base_model(), queries, positives, src.corpus, seed=seed, cache_folder=args.out / "_mined" / "emb")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(found))
+    out = []
+    for i, p in enumerate(src.pairs):
+        f = found.get(p.query_key) or {}
+        negs = [n for n in f.get("negatives", []) if n != p.positive]
+        if len(negs) == 4:
+            out.append({"id": f"scifact-{i}", "task": "", "task_type": "short-long", "query": p.query, "positive": p.positive, "negatives": negs, "source": "scifact"})
+    return out
+
+
+def llm_examples(run_dir: Path) -> list[dict]:
+    """Scored (else regenerated) SciFact examples of an LLM run, 4 negatives each."""
+    from negsynth.data.shards import read_stage
+
+    for stage in ("score", "regenerate"):
+        d = run_dir / stage
+        if d.is_dir() and any(d.glob("shard-*.jsonl")):
+            ex = [r for r in read_stage(d) if r.get("source") == "scifact" and len(r["negatives"]) == 4]
+            for r in ex:
+                r["task"] = ""  # MiniLM is evaluated without instructions: train the same way
+            return ex
+    sys.exit(f"scifact_recipe: {run_dir} has no finished regenerate or score shards; run regenerate first (see --help)")
+
+
+def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) -> list[dict]:
+    from negsynth.data.curriculum import build_curriculum
+
+    return list(build_curriculum(examples, schedule=schedule, batch_size=args.batch_size, total_steps=steps, seed=seed, homogeneous_batches=False, instruction_template=None))
+
+
+# ------------------------------------------------------------------------------ trainers
+
+
+def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
+    """sentence-transformers' own recipe: SentenceTransformerTrainer + MNRL (scale 20), NO_DUPLICATES."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.util import mine_hard_negatives
+    from transformers import set_seed
+
+    set_seed(seed)
+    model = base_model()
+    model.max_seq_length = args.max_length
+    ds = Dataset.from_dict({"anchor": [p.query for p in src.pairs], "positive": [p.positive for p in src.pairs]})
+    if arm.startswith("st-mined-"):
+        k = int(arm.rsplit("-", 1)[1])
+        ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
+                                 output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
+                                 cache_folder=str(args.out / "_mined" / "st-emb"))  # fmt: skip
+    targs = SentenceTransformerTrainingArguments(
+        output_dir=str(dest / "_ckpt"), per_device_train_batch_size=args.batch_size, learning_rate=args.lr, max_steps=args.steps,
+        warmup_ratio=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=seed, data_seed=seed, save_strategy="no", report_to="none",
+        logging_steps=max(1, args.steps // 4), disable_tqdm=True,
+    )  # fmt: skip
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
+    trainer.train()
+    model.save(str(dest))
+    return {"rows": len(ds), "columns": ds.column_names, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+
+
+def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
+    """negsynth's trainer with its defaults (τ by model family, warmup, clipping, order-keeping sampler)."""
+    from datasets import Dataset
+
+    from negsynth.train import TrainConfig, make_trainer
+
+    cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=args.steps, max_length=args.max_length,
+                      seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4))  # fmt: skip
+    ds = Dataset.from_dict({k: [r[k] for r in rows] for k in ("anchor", "positive", "negative", "phase", "level")})
+    trainer, model = make_trainer(ds, cfg)
+    trainer.train()
+    model.save(str(dest))
+    return {"rows": len(rows), "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+
+
+# ------------------------------------------------------------------------------ driver
+
+
+def run_arm(arm: str, seed: int, src, args) -> dict:
+    t0 = time.time()
+    dest = args.out / arm / f"seed{seed}"
+    info: dict = {}
+    if arm == "base":
+        path = None
+    elif arm.startswith("st-"):
+        info = train_stock(src, arm, args, seed, dest)
+        path = str(dest)
+    else:
+        if arm.startswith("ns-graded-"):
+            examples = mined_graded(src, args, seed)
+        else:
+            examples = llm_examples(args.llm_run)
+        steps = min(args.steps, len(examples) // args.batch_size)
+        rows = ns_rows(examples, arm.rsplit("-", 1)[1], steps, args, seed)
+        info = train_ns(rows, args, seed, dest)
+        info["examples"] = len(examples)
+        path = str(dest)
+    scores = evaluate_model(path, args)
+    return {"arm": arm, "seed": seed, "scores": scores, "model": path, "seconds": round(time.time() - t0, 1), **info}
+
+
+def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
+    by_arm: dict[str, list[dict]] = {}
+    for r in results:
+        by_arm.setdefault(r["arm"], []).append(r)
+    table = []
+    for arm in ALL_ARMS:
+        rs = by_arm.get(arm)
+        if not rs:
+            continue
+        cells = []
+        for t in tasks:
+            v = [100 * r["scores"][t] for r in rs if t in r["scores"]]
+            if not v:
+                cells.append("-")
+            elif len(v) == 1:
+                cells.append(f"{v[0]:.2f}")
+            else:
+                cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}")
+        table.append((arm, len(rs), cells, round(sum(r["seconds"] for r in rs))))
+    return table
+
+
+def print_table(results: list[dict], args) -> None:
+    tasks = args.eval_tasks
+    print(f"\nall-MiniLM-L6-v2 on SciFact train ({args.steps} steps x batch {args.batch_size}, lr {args.lr}); full test sets\n")
+    print("| arm | seeds | " + " | ".join(tasks) + " | time (s) |")
+    print("|---|---:|" + "---:|" * len(tasks) + "---:|")
+    for arm, n, cells, secs in summarise(results, tasks):
+        print(f"| {arm} | {n} | " + " | ".join(cells) + f" | {secs} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="models (one folder per arm and seed) and results.json")
+    ap.add_argument("--data-dir", type=Path, default=None, help="evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
+    ap.add_argument("--llm-run", type=Path, default=None, help="a regenerate(+score) run dir on SciFact train for the ns-llm-* arms")
+    ap.add_argument("--arms", default=",".join(ALL_ARMS))
+    ap.add_argument("--seeds", default="0,1,2", help="seeds of the key arms; other arms use the first")
+    ap.add_argument("--all-seeds", action="store_true", help="run every arm over every seed")
+    ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
+    ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
+    args = ap.parse_args(argv)
+    args.eval_tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip()]
+
+    from negsynth.resources import default_data_dir
+
+    args.data_dir = args.data_dir or default_data_dir()
+    if args.data_dir is None or not (Path(args.data_dir) / "scifact" / "train" / "qrels.tsv").exists():
+        sys.exit("scifact_recipe: no SciFact data; point NEGSYNTH_DATA_DIR (or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ALL_ARMS]
+    if bad:
+        sys.exit(f"scifact_recipe: unknown arm(s) {bad}; choose from {','.join(ALL_ARMS)}")
+    if args.llm_run is None:
+        dropped = [a for a in arms if a.startswith("ns-llm-")]
+        arms = [a for a in arms if not a.startswith("ns-llm-")]
+        if dropped:
+            print(f"scifact_recipe: no --llm-run, skipping {', '.join(dropped)}", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    res_path = args.out / "results.json"
+    results: list[dict] = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
+    done = {(r["arm"], r["seed"]) for r in results}
+    src = scifact_train(Path(args.data_dir))
+    print(f"SciFact train: {len(src.pairs)} pairs, corpus {len(src.corpus)}", file=sys.stderr)
+    t0 = time.time()
+    # every arm once first, then the further seeds of the key arms: an interrupted run has the whole table
+    jobs = [(arm, seeds[0]) for arm in arms] + [(arm, s) for s in seeds[1:] for arm in arms if arm != "base" and (arm in KEY_ARMS or args.all_seeds)]
+    for arm, seed in jobs:
+        if (arm, seed) in done:
+            continue
+        r = run_arm(arm, seed, src, args)
+        results.append(r)
+        print(f"{arm} seed {seed}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["scores"].items()) + f" ({r['seconds']:.0f} s)", file=sys.stderr)
+        tmp = res_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+        tmp.replace(res_path)
+    default = [r for r in results if r["arm"] == DEFAULT_ARM and r["seed"] == seeds[0] and r.get("model")]
+    if default:
+        import shutil
+
+        target = args.out / "negsynth-default"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(default[0]["model"], target, ignore=shutil.ignore_patterns("_ckpt"))
+        print(f"negsynth's default arm saved as {target}", file=sys.stderr)
+    print_table(results, args)
+    print(f"\nmodels under {args.out}/<arm>/seed<N>/; results in {res_path}; this invocation {time.time() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
