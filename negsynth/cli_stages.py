@@ -281,3 +281,37 @@ def evaluate(
 
 
 # ============================================================================ end curriculum / train / evaluate
+
+
+# ============================================================================ export
+
+
+@app.command()
+@guarded
+def export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder: OUT/dataset (HF dataset repo) and OUT/model (sentence-transformers model + card)")],
+    run_dir: RunDirOpt = Path("runs/default"),
+    only: Annotated[str | None, typer.Option("--only", help="dataset | model (default: both)")] = None,
+    with_shards: Annotated[bool, typer.Option("--with-shards", help="also export the generate/regenerate/score records as dataset configurations")] = False,
+    ntuple: Annotated[int | None, typer.Option("--ntuple", min=1, help="also write the 'ntuple' configuration: anchor, positive, negative_1..N per scored example")] = None,
+    license_: Annotated[str, typer.Option("--license", help="licence id for both cards (e.g. cc-by-4.0, apache-2.0)")] = "unknown",
+    push: Annotated[str | None, typer.Option("--push", help="upload to the Hub as USER/NAME (dataset and model repo); needs HF_TOKEN")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Write the curriculum as a Hugging Face dataset folder and the trained model with a model card (optionally push)."""
+    from negsynth.export import export_run
+
+    _setup_logging(verbose)
+    res = export_run(run_dir, out, only=only, with_shards=with_shards, ntuple=ntuple, license=license_, push_repo=push)
+    if json_out:
+        _emit(res, True)
+        return
+    for k in ("dataset", "model"):
+        if k in res:
+            typer.echo(f"wrote {res[k][k]}")
+    for url in res.get("pushed", []):
+        typer.echo(f"pushed {url}")
+
+
+# ============================================================================ end export

@@ -1,0 +1,430 @@
+"""Export a run as folders the Hugging Face ecosystem expects (``negsynth export``).
+
+``OUT/dataset/``: a dataset repo folder — parquet files + ``README.md`` (dataset card with YAML
+front matter: configs, licence, composition, generator model(s), schedule, score filters).
+Configurations: ``curriculum`` (default; the training rows in training order), ``ntuple`` (with
+``ntuple=n``: ``anchor, positive, negative_1..n`` per example) and, with ``with_shards``, the
+stage records (``generate``, ``regenerate``, ``score``). ``datasets.load_dataset(OUT/dataset)``
+reads it offline; ``push_to_hub`` / :func:`push` upload it as it is.
+
+``OUT/model/``: a copy of ``RUN_DIR/train/final`` with a model card (base model, data, schedule,
+pooling, training settings, and the evaluation table from ``RUN_DIR/evaluate/report.json`` and
+``baseline.json`` when present). ``SentenceTransformer(OUT/model)`` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from negsynth.errors import UserError
+
+HUB_IDS = {
+    "default": "sentence-transformers/all-MiniLM-L6-v2",
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+    "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+    "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
+SHARD_STAGES = ("generate", "regenerate", "score")
+PARQUET = "train-00000-of-00001.parquet"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not readable JSON ({e}); rerun the stage that wrote it") from None
+
+
+def _size_category(n: int) -> str:
+    for limit, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M")):
+        if n < limit:
+            return name
+    return "10M<n<100M"
+
+
+def _yaml_front(meta: dict) -> str:
+    import yaml
+
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000) + "---\n"
+
+
+def _flat_record(rec: dict) -> dict:
+    """An Example record for parquet: free-form dicts (attributes, meta) as JSON strings."""
+    out = dict(rec)
+    for k in ("attributes", "meta"):
+        if k in out:
+            out[k] = json.dumps(out[k], ensure_ascii=False, sort_keys=True)
+    return out
+
+
+def _write_parquet(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+
+
+def _examples_stage(run_dir: Path) -> Path | None:
+    for st in ("score", "generate", "regenerate"):
+        if any((run_dir / st).glob("shard-*.jsonl")):
+            return run_dir / st
+    return None
+
+
+def _generators(run_dir: Path) -> dict[str, int]:
+    """Generator model -> examples, from the scored (else generated) records."""
+    from negsynth.data.shards import read_stage
+
+    folder = _examples_stage(run_dir)
+    if folder is None:
+        return {}
+    c = Counter((r.get("model") or "unknown") for r in read_stage(folder))
+    return dict(c.most_common())
+
+
+def _score_filters(run_dir: Path) -> dict[str, Any]:
+    st = _read_json(run_dir / "score" / "stats.json") or {}
+    keys = ("embedder", "policy", "fn_ratio", "too_easy_floor", "kept", "rejected", "rejects_by_reason", "negatives_dropped", "reordered")
+    out = {k: st[k] for k in keys if k in st}
+    clean = st.get("clean")
+    if isinstance(clean, dict):
+        out["clean"] = {k: v for k, v in clean.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    return out
+
+
+def _md_table(title: str, counts: dict) -> list[str]:
+    return [f"| {title} | rows |", "|---|---:|", *[f"| {k} | {v} |" for k, v in counts.items()], ""]
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+def export_dataset(
+    run_dir: str | Path, out_dir: str | Path, *, with_shards: bool = False, ntuple: int | None = None, license: str = "unknown",
+    pretty_name: str | None = None, repo_id: str | None = None,
+) -> dict:
+    """Write ``out_dir`` as a dataset repo folder (module docstring). Returns a summary dict."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    cur = run_dir / "curriculum"
+    parquet = cur / "train.parquet"
+    if not parquet.is_file():
+        raise UserError(f"{parquet}: no curriculum to export; run `negsynth curriculum -d {run_dir}` first (or export only the model with --only model)")
+    card = _read_json(cur / "card.json") or {}
+    build = card.get("build", {}) or {}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
+    try:
+        (tmp / "curriculum").mkdir()
+        shutil.copyfile(parquet, tmp / "curriculum" / PARQUET)
+        configs: list[dict] = [{"config_name": "curriculum", "data_files": [{"split": "train", "path": f"curriculum/{PARQUET}"}], "default": True}]
+        summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {"curriculum": card.get("rows")}}
+        nt_stats = None
+        if ntuple:
+            from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError
+            from negsynth.data.shards import read_stage
+            from negsynth.data.stock import ntuple_rows
+
+            score = run_dir / "score"
+            if not any(score.glob("shard-*.jsonl")):
+                raise UserError(f"{score}: no scored examples for --ntuple; run `negsynth score -d {run_dir}` first")
+            try:
+                rows = ntuple_rows(read_stage(score), ntuple, instruction_template=build.get("instruction_template", DEFAULT_TEMPLATE), use_mined=bool(build.get("use_mined")))
+            except CurriculumError as e:
+                raise UserError(str(e)) from None
+            if not rows:
+                raise UserError(f"{score}: no example has {ntuple} negatives (--ntuple {ntuple}); lower --ntuple or use score.policy=annotate")
+            _write_parquet(list(rows), tmp / "ntuple" / PARQUET)
+            configs.append({"config_name": "ntuple", "data_files": [{"split": "train", "path": f"ntuple/{PARQUET}"}]})
+            nt_stats = {k: v for k, v in rows.stats.items() if k != "instruction_template"}
+            summary["configs"]["ntuple"] = len(rows)
+        shard_counts = {}
+        if with_shards:
+            from negsynth.data.shards import read_stage
+
+            for st in SHARD_STAGES:
+                if not any((run_dir / st).glob("shard-*.jsonl")):
+                    continue
+                recs = [_flat_record(r) for r in read_stage(run_dir / st)]
+                if not recs:
+                    continue
+                _write_parquet(recs, tmp / st / PARQUET)
+                configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{PARQUET}"}]})
+                shard_counts[st] = len(recs)
+                summary["configs"][st] = len(recs)
+        gens = _generators(run_dir)
+        filters = _score_filters(run_dir)
+        n_rows = int(card.get("rows") or 0)
+        meta = {
+            "license": license,
+            "language": ["en"],
+            "pretty_name": pretty_name or f"negsynth curriculum ({run_dir.name})",
+            "size_categories": [_size_category(n_rows)],
+            "task_categories": ["sentence-similarity", "feature-extraction"],
+            "tags": ["sentence-transformers", "hard-negatives", "synthetic", "curriculum", "negsynth"],
+            "configs": configs,
+            "negsynth": {
+                "generator_models": gens,
+                "schedule": build.get("schedule"),
+                "levels_by_phase": build.get("levels"),
+                "batch_size": build.get("batch_size"),
+                "seed": build.get("seed"),
+                "homogeneous_batches": build.get("homogeneous_batches"),
+                "mined_negatives": build.get("use_mined"),
+                "composition": {k: card.get(k) for k in ("rows", "batches", "per_phase", "per_level", "per_task_type", "per_source")},
+                "score_filters": filters,
+                **({"ntuple": nt_stats} if nt_stats else {}),
+                **({"shards": shard_counts} if shard_counts else {}),
+            },
+        }
+        (tmp / "README.md").write_text(_yaml_front(meta) + _dataset_body(meta, card, build).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8")
+        if (cur / "card.json").is_file():
+            shutil.copyfile(cur / "card.json", tmp / "negsynth_card.json")
+        _replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def _dataset_body(meta: dict, card: dict, build: dict) -> str:
+    ns = meta["negsynth"]
+    gens = ", ".join(f"`{m}` ({n})" for m, n in ns["generator_models"].items()) or "unknown"
+    f = ns["score_filters"]
+    lines = [
+        f"# {meta['pretty_name']}",
+        "",
+        "Contrastive training data made by negsynth (MGH multi-granularity hard-negative synthesis): "
+        "an LLM wrote each query, its positive and four hard negatives graded hardest → easiest; a local embedder checked the "
+        "grading and flagged false negatives; the rows form a curriculum (easiest level first).",
+        "",
+        f"- **Generator model(s)**: {gens}",
+        f"- **Schedule**: `{ns['schedule']}` (levels by phase {ns['levels_by_phase']}), batch size {ns['batch_size']}, seed {ns['seed']}, "
+        f"homogeneous batches {ns['homogeneous_batches']}, mined negatives {ns['mined_negatives']}",
+        f"- **Score filters**: embedder `{f.get('embedder', '?')}`, policy `{f.get('policy', '?')}`, false negative when "
+        f"cos(q, neg) ≥ {f.get('fn_ratio', '?')} × cos(q, pos), too easy below {f.get('too_easy_floor', '?')}; "
+        f"kept {f.get('kept', '?')}, rejected {f.get('rejected', '?')} {f.get('rejects_by_reason', '') or ''}",
+        f"- **Licence**: `{meta['license']}`. Check the generator's terms of use and, for regenerated data, each source dataset's licence "
+        f"(sources: {', '.join(map(str, (card.get('per_source') or {}).keys())) or '?'}) before publishing.",
+        "",
+        "## Configurations",
+        "",
+        "| config | rows | columns |",
+        "|---|---:|---|",
+    ]
+    cols = {
+        "curriculum": "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source",
+        "ntuple": "anchor, positive, negative_1 … negative_n (hardest first), task_type, example_id, source",
+    }
+    for c in meta["configs"]:
+        name = c["config_name"]
+        n = card.get("rows") if name == "curriculum" else (ns.get("ntuple") or {}).get("rows") if name == "ntuple" else (ns.get("shards") or {}).get(name)
+        lines.append(f"| `{name}`{' (default)' if c.get('default') else ''} | {n} | {cols.get(name, 'negsynth Example records (query, positive, negatives, score, …)')} |")
+    lines += [
+        "",
+        "**The `curriculum` rows are in training order: do not shuffle them.** Train with the stock trainer:",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        "from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments",
+        "from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss",
+        "from negsynth.train.sampler import curriculum_batch_sampler  # pip install negsynth: order-keeping, phase-pure batches",
+        "",
+        'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
+        'ds = load_dataset("REPO_ID", "curriculum", split="train")',
+        "train_ds = ds.select_columns([\"anchor\", \"positive\", \"negative\"])  # metadata stays out of the inputs",
+        f"args = SentenceTransformerTrainingArguments(\"out\", per_device_train_batch_size={ns['batch_size']}, batch_sampler=curriculum_batch_sampler(ds[\"phase\"]))",
+        "SentenceTransformerTrainer(model, args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model)).train()",
+        "```",
+        "",
+        "## Composition",
+        "",
+    ]
+    for key, title in (("per_phase", "phase"), ("per_level", "level"), ("per_task_type", "task_type"), ("per_source", "source")):
+        if card.get(key):
+            lines += _md_table(title, card[key])
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _eval_table(report: dict | None, baseline: dict | None) -> list[str]:
+    if not report or not report.get("tasks"):
+        return ["No evaluation report in the run (`negsynth evaluate` writes `RUN_DIR/evaluate/report.json`).", ""]
+    pct = lambda x: "-" if x is None else f"{100 * x:.2f}"  # noqa: E731
+    has_b = bool(baseline and baseline.get("tasks"))
+    head = f"| task | category | metric | {'baseline | ' if has_b else ''}this model |{' Δ |' if has_b else ''}"
+    lines = [
+        f"Offline mini-MTEB (`negsynth evaluate`, suite `{report.get('suite')}`), main score × 100"
+        + (f"; baseline `{baseline.get('model') or baseline.get('embedder')}`." if has_b else "."),
+        "",
+        head,
+        "|---|---|---|" + ("---:|" * (3 if has_b else 1)),
+    ]
+    bt = (baseline or {}).get("tasks", {})
+    for name, t in sorted(report["tasks"].items(), key=lambda kv: (kv[1].get("category", ""), kv[0])):
+        b = bt.get(name, {}).get("main_score") if has_b else None
+        row = f"| {name} | {t.get('category')} | {t.get('main_metric')} | "
+        if has_b:
+            d = None if b is None else t["main_score"] - b
+            row += f"{pct(b)} | {pct(t['main_score'])} | {'-' if d is None else f'{100 * d:+.2f}'} |"
+        else:
+            row += f"{pct(t['main_score'])} |"
+        lines.append(row)
+    for cat, v in report.get("categories", {}).items():
+        b = (baseline or {}).get("categories", {}).get(cat) if has_b else None
+        lines.append(f"| **{cat} mean** | {cat} | | " + (f"{pct(b)} | {pct(v)} | {'-' if b is None or v is None else f'{100 * (v - b):+.2f}'} |" if has_b else f"{pct(v)} |"))
+    a, b = report.get("average"), (baseline or {}).get("average") if has_b else None
+    lines.append("| **Average** | | | " + (f"{pct(b)} | **{pct(a)}** | {'-' if a is None or b is None else f'{100 * (a - b):+.2f}'} |" if has_b else f"**{pct(a)}** |"))
+    if has_b and baseline.get("suite") != report.get("suite"):
+        lines.append(f"\nNote: suites differ ({report.get('suite')} vs {baseline.get('suite')}); deltas are not comparable.")
+    return lines + [""]
+
+
+def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "unknown", dataset_repo: str | None = None) -> dict:
+    """Copy ``RUN_DIR/train/final`` to ``out_dir`` and write its model card. Returns a summary dict."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    final = run_dir / "train" / "final"
+    if not (final / "modules.json").is_file():
+        raise UserError(f"{final / 'modules.json'}: no trained model to export; run `negsynth train -d {run_dir}` first (or export only the data with --only dataset)")
+    log = _read_json(final / "train_log.json") or {}
+    cfg = log.get("config", {}) or {}
+    hist = log.get("log_history", []) or []
+    losses = [e["loss"] for e in hist if "loss" in e]
+    base = str(cfg.get("model", "unknown"))
+    base_id = HUB_IDS.get(base.lower(), base if ("/" in base and not Path(base).exists() and base.count("/") == 1) else None)
+    modules = json.loads((final / "modules.json").read_text(encoding="utf-8"))
+    custom = [m.get("type") for m in modules if "negsynth" in str(m.get("type", ""))]
+    card = _read_json(run_dir / "curriculum" / "card.json") or {}
+    build = card.get("build", {}) or {}
+    report = _read_json(run_dir / "evaluate" / "report.json")
+    baseline = _read_json(run_dir / "evaluate" / "baseline.json")
+    gens = _generators(run_dir)
+    meta: dict[str, Any] = {
+        "library_name": "sentence-transformers",
+        "pipeline_tag": "sentence-similarity",
+        "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", "negsynth", "hard-negatives"],
+        "license": license,
+        "language": ["en"],
+    }
+    if base_id:
+        meta["base_model"] = base_id
+    if dataset_repo:
+        meta["datasets"] = [dataset_repo]
+    rid = dataset_repo or "REPO_ID"
+    load = f'SentenceTransformer("{rid}", trust_remote_code=True)  # needs `pip install negsynth`' if custom else f'SentenceTransformer("{rid}")'
+    lora = cfg.get("lora") or {}
+    lines = [
+        f"# {run_dir.name}: fine-tuned with negsynth",
+        "",
+        f"A sentence-transformers model fine-tuned from **{base_id or base}** on LLM-synthesised hard negatives "
+        "(MGH multi-granularity hard-negative synthesis) with a curriculum (easiest negatives first), by negsynth.",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        f"model = {load}",
+        'emb = model.encode(["a query", "a passage"])',
+        "```",
+        "",
+        "## Training",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | {base_id or base} |",
+        f"| data | {card.get('rows', '?')} rows" + (f" ([{dataset_repo}](https://huggingface.co/datasets/{dataset_repo}))" if dataset_repo else "") + f", generator model(s): {', '.join(gens) or '?'} |",
+        f"| schedule | `{build.get('schedule', '?')}` (levels by phase {build.get('levels', '?')}), batch size {build.get('batch_size', '?')} |",
+        f"| pooling | `{cfg.get('pooling', '?')}`{' (negsynth module: ' + ', '.join(custom) + ')' if custom else ''} |",
+        f"| loss | MultipleNegativesRankingLoss (InfoNCE, in-batch + hard negatives), τ = {cfg.get('temperature') or 'auto'} |",
+        f"| optimisation | lr {cfg.get('lr', '?')}, batch {cfg.get('batch_size', '?')} × accumulation {cfg.get('grad_accum', '?')}, max_steps {cfg.get('max_steps', '?')}, epochs {cfg.get('epochs', '?')}, max_length {cfg.get('max_length', '?')} |",
+        f"| LoRA / bidirectional | {'r ' + str(lora.get('r')) if lora.get('enabled') else 'no'} / {cfg.get('bidirectional', 'none')} |",
+        f"| steps, loss first → last | {len(losses)}, " + (f"{losses[0]:.4f} → {losses[-1]:.4f}" if losses else "-") + " |",
+        "",
+        "## Evaluation",
+        "",
+        *_eval_table(report, baseline),
+    ]
+    if custom:
+        lines += ["The pooling module comes from the `negsynth` package: install it and pass `trust_remote_code=True` to load the model.", ""]
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
+    try:
+        shutil.copytree(final, tmp, dirs_exist_ok=True)
+        (tmp / "README.md").write_text(_yaml_front(meta) + "\n".join(lines) + "\n", encoding="utf-8")
+        _replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"model": str(out_dir), "base_model": base_id or base, "evaluation": bool(report and report.get("tasks")), "needs_negsynth": bool(custom)}
+
+
+# ----------------------------------------------------------------------------- both, push
+
+
+def _parent(out_dir: Path) -> Path:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return out_dir.parent
+
+
+def _replace(tmp: Path, out_dir: Path) -> None:
+    """Move ``tmp`` into place as ``out_dir`` (an existing folder is replaced)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def export_run(run_dir: str | Path, out: str | Path, *, only: str | None = None, with_shards: bool = False, ntuple: int | None = None, license: str = "unknown", push_repo: str | None = None) -> dict:
+    """``out/dataset`` and ``out/model`` (``only``: ``dataset`` or ``model``); with ``push_repo`` uploads both."""
+    run_dir, out = Path(run_dir), Path(out)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory; pass -d RUN_DIR of a run (e.g. runs/demo)")
+    if only not in (None, "dataset", "model"):
+        raise UserError(f"--only {only!r}: use 'dataset' or 'model'")
+    if push_repo:
+        _token()  # fail before writing anything
+        if push_repo.count("/") != 1:
+            raise UserError(f"--push {push_repo!r}: use USER/NAME (or ORG/NAME)")
+    res: dict[str, Any] = {}
+    if only in (None, "dataset"):
+        res["dataset"] = export_dataset(run_dir, out / "dataset", with_shards=with_shards, ntuple=ntuple, license=license, repo_id=push_repo)
+    if only in (None, "model"):
+        res["model"] = export_model(run_dir, out / "model", license=license, dataset_repo=push_repo if only is None else None)
+    if push_repo:
+        res["pushed"] = push(out, push_repo, only=only)
+    return res
+
+
+def _token() -> str:
+    tok = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    if not tok:
+        raise UserError("--push: no Hugging Face token; set HF_TOKEN to a write token (https://huggingface.co/settings/tokens) or drop --push and upload OUT/ yourself")
+    return tok
+
+
+def push(out: str | Path, repo: str, *, only: str | None = None) -> list[str]:
+    """Upload ``out/dataset`` (dataset repo) and ``out/model`` (model repo) as ``repo``."""
+    out = Path(out)
+    token = _token()
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        raise UserError("--push: HF_HUB_OFFLINE is set; unset it to upload (the folders are written in OUT/)")
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    urls = []
+    for kind, folder in (("dataset", out / "dataset"), ("model", out / "model")):
+        if only not in (None, kind) or not folder.is_dir():
+            continue
+        try:
+            api.create_repo(repo, repo_type=kind, exist_ok=True)
+            api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type=kind, commit_message="negsynth export")
+        except Exception as e:  # network, auth, permissions: one line
+            raise UserError(f"--push {repo} ({kind}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; check HF_TOKEN's write access and the network") from None
+        urls.append(f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{repo}")
+    return urls

@@ -1,0 +1,118 @@
+"""negsynth export: the curriculum as a HF dataset folder and the model with a card, loaded back offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("sentence_transformers")
+datasets = pytest.importorskip("datasets")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from negsynth.cli import app  # noqa: E402
+from negsynth.data.curriculum import build_curriculum, save_curriculum  # noqa: E402
+from negsynth.data.shards import atomic_write_json, write_jsonl  # noqa: E402
+
+runner = CliRunner()
+
+
+def scored(i: int, n_negs: int = 4) -> dict:
+    return {
+        "id": f"ex-{i}", "task": "Retrieve a passage.", "task_type": "short-long", "query": f"query {i}",
+        "positive": f"positive passage {i}", "negatives": [f"negative {i} level {k + 1}" for k in range(n_negs)],
+        "model": "gpt-test", "attributes": {"clarity": "clear", "num_words": 50 + i},
+        "score": {"embedder": "fake", "cos_pos": 0.9, "cos_neg": [0.8, 0.7, 0.6, 0.5][:n_negs], "kendall_tau": 1.0, "monotonic": True,
+                  "false_negative": [False] * n_negs, "too_easy": [False] * n_negs, "policy": "annotate", "llm_order": None},
+    }  # fmt: skip
+
+
+def report(score: float) -> dict:
+    from negsynth.evaluate.runner import SCHEMA
+
+    return {
+        "schema": SCHEMA, "embedder": "st:x", "suite": "quick", "model": "m",
+        "tasks": {"STS12": {"category": "STS", "main_metric": "cos_sim_spearman", "main_score": score, "n": 8}},
+        "categories": {"STS": score}, "average": score,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from negsynth.train import train
+
+    d = tmp_path_factory.mktemp("exp") / "run"
+    exs = [scored(i) for i in range(15)] + [scored(15, n_negs=3)]
+    write_jsonl(d / "generate" / "shard-00000.jsonl", [{k: v for k, v in e.items() if k != "score"} for e in exs])
+    write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+    atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "policy": "annotate", "fn_ratio": 0.95, "too_easy_floor": 0.1, "kept": 16, "rejected": 0})
+    rows = build_curriculum(exs[:15] + [scored(16)], batch_size=4, seed=0)
+    save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+    train(str(d / "curriculum" / "train.parquet"), {"model": "default", "batch_size": 4, "grad_accum": 1, "max_steps": 1, "max_length": 16, "output_dir": str(d / "train"), "save_steps": 1000})
+    atomic_write_json(d / "evaluate" / "report.json", report(0.8123))
+    atomic_write_json(d / "evaluate" / "baseline.json", report(0.8000))
+    return d
+
+
+def front_matter(path):
+    import yaml
+
+    text = path.read_text()
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1]), text
+
+
+def test_export_dataset_and_model_load_back(run_dir, tmp_path):
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["export", "-d", str(run_dir), "--out", str(out), "--ntuple", "4", "--with-shards", "--license", "cc-by-4.0", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["dataset"]["configs"] == {"curriculum": 16, "ntuple": 15, "generate": 16, "score": 16}
+    # the dataset: default config = the curriculum, in training order
+    ds = datasets.load_dataset(str(out / "dataset"))["train"]
+    cur = datasets.load_from_disk(str(run_dir / "curriculum" / "dataset"))
+    assert ds.column_names == cur.column_names and ds["anchor"] == cur["anchor"] and ds["phase"] == cur["phase"]
+    nt = datasets.load_dataset(str(out / "dataset"), "ntuple", split="train")
+    assert nt.column_names[:6] == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"] and len(nt) == 15
+    sc = datasets.load_dataset(str(out / "dataset"), "score", split="train")
+    assert sc[0]["score"]["cos_pos"] == 0.9 and json.loads(sc[0]["attributes"])["clarity"] == "clear"
+    meta, text = front_matter(out / "dataset" / "README.md")
+    assert meta["license"] == "cc-by-4.0" and meta["size_categories"] == ["n<1K"]
+    assert [c["config_name"] for c in meta["configs"]] == ["curriculum", "ntuple", "generate", "score"]
+    ns = meta["negsynth"]
+    assert ns["generator_models"] == {"gpt-test": 16} and ns["schedule"] == "curriculum" and ns["batch_size"] == 4
+    assert ns["composition"]["rows"] == 16 and ns["score_filters"]["fn_ratio"] == 0.95 and ns["ntuple"]["skipped_few_negatives"] == 1
+    assert "do not shuffle" in text
+    # the model: loads with a plain SentenceTransformer, card with base model and evaluation table
+    from sentence_transformers import SentenceTransformer
+
+    m = SentenceTransformer(str(out / "model"), device="cpu")
+    assert m.encode(["query 1"]).shape == (1, 384)
+    meta, text = front_matter(out / "model" / "README.md")
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["library_name"] == "sentence-transformers"
+    assert meta["license"] == "cc-by-4.0"
+    assert "| STS12 | STS | cos_sim_spearman | 80.00 | 81.23 | +1.23 |" in text
+    assert "`mean`" in text and "gpt-test" in text and "trust_remote_code" not in text
+
+
+def test_only_one_part_and_bad_input(run_dir, tmp_path):
+    r = runner.invoke(app, ["export", "-d", str(run_dir), "--out", str(tmp_path / "o"), "--only", "dataset"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "o" / "dataset" / "README.md").is_file() and not (tmp_path / "o" / "model").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(app, ["export", "-d", str(empty), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2
+    line = r.output.strip()
+    assert "\n" not in line and "curriculum/train.parquet" in line and "negsynth curriculum" in line
+    r = runner.invoke(app, ["export", "-d", str(empty), "--out", str(tmp_path / "x"), "--only", "model"])
+    assert r.exit_code == 2 and "train/final/modules.json" in r.output and "negsynth train" in r.output
+
+
+def test_push_without_token_is_one_line(run_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    r = runner.invoke(app, ["export", "-d", str(run_dir), "--out", str(tmp_path / "o"), "--push", "me/data"])
+    assert r.exit_code == 2 and "HF_TOKEN" in r.output and r.output.strip().count("\n") == 0
+    assert not (tmp_path / "o").exists()  # nothing written before the check
