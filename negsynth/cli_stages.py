@@ -183,6 +183,7 @@ def inspect_cmd(
     level: Annotated[int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")] = None,
     seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,
     plots: Annotated[Path | None, typer.Option("--plots", help="also write PNG figures to this directory")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="also write one self-contained HTML page (tables, plots, a filterable sample browser)")] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
@@ -193,6 +194,10 @@ def inspect_cmd(
     report = inspect_path(path, sample=sample, task_type=task_type, flag=flag, level=level, seed=seed)
     if plots is not None:
         report["plots"] = [str(p) for p in write_plots(path, plots, task_type=task_type)]
+    if html_out is not None:
+        from negsynth.report_html import write_html
+
+        report["html"] = str(write_html(path, html_out, seed=seed))
     if json_out:
         _emit(report, True)
         return
@@ -200,7 +205,7 @@ def inspect_cmd(
 
     console = Console(highlight=False)
     render(report, console)
-    for p in report.get("plots", []):
+    for p in report.get("plots", []) + ([report["html"]] if "html" in report else []):
         console.print(f"wrote {p}")
 
 
