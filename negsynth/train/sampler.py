@@ -18,6 +18,19 @@ avoids that but shuffles, which would erase a curriculum; its default sampler ke
 
 On a curriculum built by :func:`negsynth.data.curriculum.build_curriculum` (already free of
 duplicates, phase-pure, whole batches) the batches are exactly ``[0..B), [B..2B), ...``.
+
+**Data-parallel training** (``torchrun`` / ``accelerate launch``, world size W): the trainer gives
+each rank ``batch_size`` = the per-device batch b/W. The sampler plans the *global* batches of
+b = batch_size·W rows exactly as in one process (:func:`plan_batches`), cuts each into W equal,
+consecutive slices and yields the slices one after another. accelerate wraps it in
+``BatchSamplerShard(split_batches=False)``, which deals batch i to rank i % W, so rank r trains on
+slice r of every global batch: all ranks are in the same phase at the same step, no text repeats
+in a global batch, and the union of the slices is the single-process batch. ``batch_size`` is
+set to ``None`` then, so that the shard also yields a phase's short last batch (it skips a group
+whose last batch is shorter than ``batch_size`` otherwise). The loss gathers embeddings across
+ranks (all_gather needs equal shapes): a global batch whose size is not a multiple of W loses its
+last ``len % W`` rows (counted in ``counts["dropped_uneven"]``); a curriculum of whole batches of
+b rows, b a multiple of W, loses none.
 It is a ``DefaultBatchSampler`` subclass; :func:`curriculum_batch_sampler` binds the phases and
 returns the callable that ``SentenceTransformerTrainingArguments(batch_sampler=...)`` accepts::
 
@@ -27,6 +40,7 @@ returns the callable that ``SentenceTransformerTrainingArguments(batch_sampler=.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,9 +110,45 @@ def plan_batches(
     return batches, counts
 
 
+def data_parallel_world() -> tuple[int, int]:
+    """(world size, rank) of a data-parallel run: ``torch.distributed`` once initialised, else the
+    ``WORLD_SIZE``/``RANK`` variables that torchrun and accelerate launch set, else (1, 0)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+    except ImportError:  # pragma: no cover - torch is a dependency of the trainer
+        pass
+    return int(os.environ.get("WORLD_SIZE", "1") or 1), int(os.environ.get("RANK", "0") or 0)
+
+
+def split_global_batches(batches: list[list[int]], num_replicas: int) -> tuple[list[list[int]], int]:
+    """Each global batch cut into ``num_replicas`` equal consecutive slices, slices of one batch
+    adjacent (``[b0/r0, b0/r1, ..., b1/r0, ...]``). A batch of ``n`` rows loses its last
+    ``n % num_replicas`` rows; a batch left with none is dropped. Returns (slices, rows dropped)."""
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if num_replicas == 1:
+        return [list(b) for b in batches], 0
+    out: list[list[int]] = []
+    dropped = 0
+    for b in batches:
+        per = len(b) // num_replicas
+        dropped += len(b) - per * num_replicas
+        if per:
+            out.extend(list(b[r * per : (r + 1) * per]) for r in range(num_replicas))
+    return out, dropped
+
+
 class CurriculumBatchSampler(DefaultBatchSampler):
     """Order-preserving, duplicate-free, phase-pure batches (module docstring). Never shuffles:
-    ``generator`` and ``seed`` are accepted for the trainer's call and ignored on purpose."""
+    ``generator`` and ``seed`` are accepted for the trainer's call and ignored on purpose.
+
+    ``batch_size`` is the per-device batch. ``num_replicas`` (default: the data-parallel world
+    size, see :func:`data_parallel_world`) > 1 plans global batches of ``batch_size·num_replicas``
+    rows and yields their per-rank slices (module docstring); ``global_batches`` holds the plan.
+    """
 
     def __init__(
         self,
@@ -109,14 +159,23 @@ class CurriculumBatchSampler(DefaultBatchSampler):
         generator=None,
         seed: int = 0,
         phases: Sequence[Any] | None = None,
+        num_replicas: int | None = None,
     ):
         super().__init__(range(len(dataset)), batch_size=batch_size, drop_last=drop_last, valid_label_columns=valid_label_columns, generator=generator, seed=seed)
         cols = text_columns(dataset.column_names)
         data = [dataset[c] for c in cols]
         if phases is not None and len(phases) != len(dataset):
             raise ValueError(f"phases has {len(phases)} values for {len(dataset)} rows")
-        self.batches, self.counts = plan_batches(list(zip(*data)) if data else [()] * len(dataset), batch_size, phases=phases, drop_last=drop_last)
+        self.num_replicas = num_replicas if num_replicas is not None else data_parallel_world()[0]
+        self.global_batch_size = batch_size * self.num_replicas
+        rows = list(zip(*data)) if data else [()] * len(dataset)
+        self.global_batches, self.counts = plan_batches(rows, self.global_batch_size, phases=phases, drop_last=drop_last)
+        self.batches, self.counts["dropped_uneven"] = split_global_batches(self.global_batches, self.num_replicas)
         self.skipped_rows = self.counts["skipped_self_duplicate"]
+        if self.num_replicas > 1:
+            # accelerate's BatchSamplerShard yields a group of W slices only if its last slice has
+            # ``batch_size`` rows, unless batch_size is None (variable-size batches)
+            self.batch_size = None
 
     def __iter__(self):
         yield from (list(b) for b in self.batches)

@@ -1,0 +1,158 @@
+"""Data-parallel training: the curriculum sampler under accelerate's sharding, and a real
+2-process torchrun (gloo, CPU) against one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sentence_transformers")
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("accelerate")
+
+from negsynth.data.curriculum import normalise  # noqa: E402
+from negsynth.train.sampler import CurriculumBatchSampler, plan_batches, split_global_batches  # noqa: E402
+
+
+def _rank_batches(sampler, world: int) -> list[list[list[int]]]:
+    """What each rank's dataloader gets: accelerate wraps the trainer's batch sampler in
+    ``BatchSamplerShard`` (split_batches=False, even_batches=False, as the ST trainer sets)."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    return [list(BatchSamplerShard(sampler, num_processes=world, process_index=r, split_batches=False, even_batches=False)) for r in range(world)]
+
+
+def test_sampler_slices_global_batches_per_rank():
+    # SciFact-like collisions (shared positives, a repeated query) and phases of uneven length
+    n = 30
+    rows = {"anchor": [f"q{i % 26}" for i in range(n)], "positive": [f"p{i % 11}" for i in range(n)], "negative": [f"n{i}" for i in range(n)]}
+    phases = [1] * 14 + [2] * 10 + [3] * 6
+    ds = datasets.Dataset.from_dict(rows)
+    single = list(CurriculumBatchSampler(ds, batch_size=8, phases=phases, num_replicas=1))
+    for world in (2, 4):
+        s = CurriculumBatchSampler(ds, batch_size=8 // world, phases=phases, num_replicas=world)
+        assert s.global_batches == plan_batches(list(zip(*rows.values())), 8, phases=phases)[0]
+        per_rank = _rank_batches(s, world)
+        assert len({len(b) for b in per_rank}) == 1  # every rank takes the same number of steps
+        # the global batches are the single-process batches, minus the uneven tail of a short one
+        expected = [ref[: len(ref) - len(ref) % world] for ref in single if len(ref) >= world]
+        assert len(per_rank[0]) == len(expected)
+        for step, slices in enumerate(zip(*per_rank)):
+            assert len({len(x) for x in slices}) == 1  # equal shapes for the all_gather
+            glob = [i for x in slices for i in x]
+            assert {phases[i] for i in glob} == {phases[glob[0]]}  # one phase on all ranks
+            texts = [normalise(ds[i][c]) for i in glob for c in ds.column_names]
+            assert len(texts) == len(set(texts))  # no text twice in the global batch
+            assert glob == expected[step]
+        assert sum(len(b) for b in s.global_batches) - sum(len(b) for b in s.batches) == s.counts["dropped_uneven"]
+
+
+def test_split_global_batches_keeps_whole_batches():
+    slices, dropped = split_global_batches([[0, 1, 2, 3], [4, 5, 6], [7]], 2)
+    assert slices == [[0, 1], [2, 3], [4], [5]] and dropped == 2
+
+
+def test_trainer_gives_each_rank_its_slice(tmp_path, monkeypatch):
+    """make_trainer under a launcher: per-device batch = global / W and the sampler the HF trainer
+    builds plans global batches (world size read from the launcher's environment)."""
+    from negsynth.train.config import TrainConfig
+    from negsynth.train.distributed import per_device_batch_size
+    from negsynth.train.sampler import curriculum_batch_sampler
+
+    assert per_device_batch_size(8, 2) == 4
+    with pytest.raises(ValueError, match="multiple of the 3 processes"):
+        per_device_batch_size(8, 3)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = datasets.Dataset.from_dict({"anchor": [f"a{i}" for i in range(8)], "positive": [f"p{i}" for i in range(8)]})
+    s = curriculum_batch_sampler([1] * 8)(ds, batch_size=per_device_batch_size(TrainConfig(batch_size=4).batch_size))
+    assert s.global_batches == [[0, 1, 2, 3], [4, 5, 6, 7]] and s.batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert s.batch_size is None
+
+
+# ----------------------------------------------------------------------------- real 2-process run
+
+
+def _tiny_model(folder: Path) -> Path:
+    """A 2-layer BERT (hidden 32, no dropout, so both runs draw no random masks) with MiniLM's
+    tokenizer, saved as a transformers folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from negsynth.resources import MissingResource, minilm_path
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(minilm_path()))
+    except MissingResource as e:
+        pytest.skip(str(e))
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    BertModel(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _curriculum(folder: Path) -> Path:
+    n = 16
+    words = "cell gene protein tumour virus drug dose trial brain heart lung liver blood bone skin immune".split()
+    ds = datasets.Dataset.from_dict({
+        "anchor": [f"what does the {w} study {i} claim" for i, w in enumerate(words[:n])],
+        "positive": [f"the {w} result {i} shows an effect" for i, w in enumerate(words[:n])],
+        "negative": [f"an unrelated note {i} about {words[(i + 5) % n]}" for i in range(n)],
+        "phase": [1] * 8 + [2] * 8,
+        "level": [4] * 8 + [3] * 8,
+    })  # fmt: skip
+    ds.save_to_disk(str(folder))
+    return folder
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("WORLD_SIZE", None)
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+
+
+@pytest.mark.slow  # ~80 s on the shared 2-core machine: three interpreters import torch + transformers
+def test_two_process_torchrun_matches_one_process(tmp_path):
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun not on PATH")
+    model = _tiny_model(tmp_path / "tiny")
+    data = _curriculum(tmp_path / "data")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(
+        f'[train]\nmodel = "{model}"\nbatch_size = 4\ngrad_accum = 1\nlr = 1e-3\nmax_length = 16\n'
+        "temperature = 0.05\nsave_steps = 1000\nlogging_steps = 1\nseed = 7\n"
+    )
+    common = ["-m", "negsynth.train.distributed", "--config", str(cfg), "--data", str(data)]
+    _run([sys.executable, *common, "--run-dir", str(tmp_path / "one")], tmp_path)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    _run([*torchrun, *common, "--run-dir", str(tmp_path / "two")], tmp_path)
+
+    logs = {}
+    for k in ("one", "two"):
+        hist = json.loads((tmp_path / k / "train" / "final" / "train_log.json").read_text())["log_history"]
+        logs[k] = [(e["loss"], e.get("phase")) for e in hist if "loss" in e]
+    assert len(logs["one"]) == len(logs["two"]) == 4  # 16 rows / global batch 4
+    assert [p for _, p in logs["one"]] == [p for _, p in logs["two"]] == [1, 1, 2, 2]
+    assert [l for l, _ in logs["one"]] == pytest.approx([l for l, _ in logs["two"]], rel=1e-4, abs=1e-5)
+    assert logs["one"][-1][0] < logs["one"][0][0]  # it did learn
+    stats = json.loads((tmp_path / "two" / "train" / "stats.json").read_text())
+    assert stats["world_size"] == 2 and stats["steps"] == 4
+
+    from sentence_transformers import SentenceTransformer
+
+    m1 = SentenceTransformer(str(tmp_path / "one" / "train" / "final"), device="cpu")
+    m2 = SentenceTransformer(str(tmp_path / "two" / "train" / "final"), device="cpu")
+    sd1, sd2 = m1.state_dict(), m2.state_dict()
+    assert sd1.keys() == sd2.keys()
+    for k in sd1:
+        torch.testing.assert_close(sd1[k], sd2[k], rtol=1e-4, atol=1e-5)
+    base = SentenceTransformer(str(model), device="cpu")
+    assert not torch.allclose(base[0].auto_model.embeddings.word_embeddings.weight, m1[0].auto_model.embeddings.word_embeddings.weight)
