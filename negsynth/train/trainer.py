@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.train.config import DECODER_ALIASES, ENCODER_ALIASES, TrainConfig
+from negsynth.train.distributed import is_main_process, per_device_batch_size
 from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
 
 log = logging.getLogger(__name__)
@@ -255,9 +256,10 @@ def make_trainer(dataset, config: TrainConfig, model=None):
     text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
     # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs
     train_ds = ds.select_columns(text_cols)
+    per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
     if config.no_duplicates:
         sampler = curriculum_batch_sampler(phases)
-        planned = sampler(train_ds, batch_size=config.batch_size, drop_last=False)
+        planned = sampler(train_ds, batch_size=per_device, drop_last=False)
         if planned.counts["moved"] or planned.skipped_rows:
             log.info("batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)", planned.counts["moved"], planned.skipped_rows)
     else:
@@ -272,7 +274,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
     temperature = resolve_temperature(config, is_decoder_model(model))
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
-        per_device_train_batch_size=config.batch_size,
+        per_device_train_batch_size=per_device,
         gradient_accumulation_steps=config.grad_accum,
         learning_rate=config.lr,
         # transformers 5 reads a float warmup_steps < 1 as a ratio (warmup_ratio is deprecated)
@@ -328,8 +330,10 @@ def train(dataset, config: TrainConfig | dict | None = None) -> str:
         resume = config.resume
     trainer.train(resume_from_checkpoint=resume)
     out = os.path.join(config.output_dir, "final")
-    model.save(out)
-    with open(os.path.join(out, "train_log.json"), "w") as f:
-        json.dump({"config": config.model_dump(), "log_history": trainer.state.log_history}, f, indent=1)
+    if is_main_process():  # one writer under torchrun
+        model.save(out)
+        with open(os.path.join(out, "train_log.json"), "w") as f:
+            json.dump({"config": config.model_dump(), "log_history": trainer.state.log_history}, f, indent=1)
+    trainer.accelerator.wait_for_everyone()
     log.info("saved the trained model to %s", out)
     return out
