@@ -14,6 +14,13 @@ negatives, NV-Retriever's TopK-PercPos):
 
 Both take a loaded ``SentenceTransformer``; queries and positives are keyed by the caller's ids.
 
+**Corpus scale.** ``use_faiss=None`` (the default) searches with FAISS (the library's
+``use_faiss=True``: an exact inner-product ``IndexFlatIP``, sharded over all GPUs when
+``faiss-gpu`` is installed) once the corpus holds ``faiss_threshold`` texts or more (default
+100,000), and with the library's chunked torch matmul + top-k below it. Without ``faiss``
+installed (``pip install negsynth[scale]``) it logs one line and searches exactly with torch.
+``use_faiss=True``/``False`` forces either. Timings and memory: docs/scale.md.
+
     from sentence_transformers import SentenceTransformer
     found = mine_graded(SentenceTransformer(path), {"q1": "a claim"}, {"q1": ["its abstract"]}, corpus)
     found["q1"]["negatives"]   # 4 texts, hardest first; found["q1"]["scores"], ["ranks"]
@@ -22,14 +29,34 @@ Both take a loaded ``SentenceTransformer``; queries and positives are keyed by t
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from pathlib import Path
 from typing import Any
 
 from negsynth.data.curriculum import normalise
 
+log = logging.getLogger(__name__)
+
+#: corpus size (texts) from which ``use_faiss=None`` searches with FAISS
+FAISS_THRESHOLD = 100_000
+
 #: default rank bands (1-based, inclusive) for levels 1..4 of :func:`mine_graded`
 DEFAULT_BANDS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 100))
+
+
+def resolve_use_faiss(use_faiss: bool | None, corpus_size: int, faiss_threshold: int | None = FAISS_THRESHOLD) -> bool:
+    """Whether to search with FAISS: ``use_faiss`` if given, else ``corpus_size >= faiss_threshold``
+    (None = never). When FAISS is wanted but not installed: one log line and exact torch search."""
+    want = use_faiss if use_faiss is not None else (faiss_threshold is not None and corpus_size >= faiss_threshold)
+    if not want:
+        return False
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        log.warning("mining: faiss is not installed, exact torch search over %d texts instead (pip install 'negsynth[scale]' for faiss-cpu)", corpus_size)
+        return False
+    return True
 
 
 def mine_negatives(
@@ -47,7 +74,8 @@ def mine_negatives(
     sampling: str = "top",
     batch_size: int = 64,
     cache_folder: str | Path | None = None,
-    use_faiss: bool = False,
+    use_faiss: bool | None = None,
+    faiss_threshold: int | None = FAISS_THRESHOLD,
 ) -> dict[str, dict[str, Any]]:
     """Up to ``k`` negatives per query key, hardest first, from ``mine_hard_negatives``.
 
@@ -57,6 +85,7 @@ def mine_negatives(
     (near-identical copies in a corpus). Returns ``{key: {"negatives", "scores", "pos_score"}}``;
     a query may get fewer than ``k`` when the corpus has too few candidates under the margin.
     ``cache_folder`` keeps the library's query/corpus embeddings (keyed by their texts).
+    ``use_faiss`` / ``faiss_threshold``: see :func:`resolve_use_faiss` (FAISS from 100k texts).
     """
     import datasets
     from sentence_transformers.util import mine_hard_negatives
@@ -72,7 +101,9 @@ def mine_negatives(
     ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
     extra = 4 * max(len(v) for v in known_positives.values()) if known_positives else 4
     range_max = range_max or range_min + 10 * k + extra
-    range_max = min(range_max, len(set(corpus) | set(rows_p)))
+    n_corpus = len(set(corpus) | set(rows_p))
+    range_max = min(range_max, n_corpus)
+    use_faiss = resolve_use_faiss(use_faiss, n_corpus, faiss_threshold)
     if range_max - range_min < 1:
         return found
     out_ds = mine_hard_negatives(
@@ -155,7 +186,8 @@ def mine_graded(
     seed: int = 0,
     batch_size: int = 64,
     cache_folder: str | Path | None = None,
-    use_faiss: bool = False,
+    use_faiss: bool | None = None,
+    faiss_threshold: int | None = FAISS_THRESHOLD,
 ) -> dict[str, dict[str, Any]]:
     """Multi-granularity negatives: one per rank band of the positive-aware candidate list.
 
@@ -168,7 +200,7 @@ def mine_graded(
     pool = mine_negatives(
         model, queries, known_positives, corpus, depth, relative_margin=relative_margin,
         range_max=depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
-        batch_size=batch_size, cache_folder=cache_folder, use_faiss=use_faiss,
+        batch_size=batch_size, cache_folder=cache_folder, use_faiss=use_faiss, faiss_threshold=faiss_threshold,
     )  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
     for key, f in pool.items():
