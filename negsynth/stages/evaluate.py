@@ -1,6 +1,7 @@
 """Stage — evaluate: the trained model (and its base, as baseline) on the offline mini-MTEB.
 
-In:  ``RUN_DIR/train/final`` (or ``evaluate.model``), benchmark files in ``evaluate.data_dir``
+In:  ``RUN_DIR/train/final`` (or ``evaluate.model``; with no trained model and ``embedder.kind =
+     "decoder"``, the zero-shot decoder embedder that ``[embedder]`` describes), benchmark files in ``evaluate.data_dir``
      (default ``../shared/data``). When no data is reachable it says so in one line and returns.
 Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``); prints one table per category
      with the delta against the baseline.
@@ -17,9 +18,16 @@ from negsynth.pipeline.context import StageContext
 STAGE = "evaluate"
 
 
-def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto"):
-    """An :class:`Embedder` for a base-model alias, a negsynth-trained folder or any ST folder."""
+def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None):
+    """An :class:`Embedder` for a base-model alias, a negsynth-trained folder or any ST folder.
+
+    A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
+    :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
+    (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
+    ``model`` and ``batch_size`` taken from the arguments.
+    """
     from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.schemas.config import EmbedderConfig
     from negsynth.train.trainer import resolve_model_path
 
     p = Path(model)
@@ -28,9 +36,13 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
     path, is_decoder = resolve_model_path(model)
     if is_decoder:
         from negsynth.embed.decoder import DecoderEmbedder
-        from negsynth.schemas.config import EmbedderConfig
 
-        return DecoderEmbedder.from_config(EmbedderConfig(kind="decoder", model="default" if model in ("smollm2", "smollm2-135m") else path, batch_size=batch_size))
+        base = embedder if embedder is not None else EmbedderConfig()
+        update = {"kind": "decoder", "model": "default" if model in ("smollm2", "smollm2-135m") else path, "batch_size": batch_size,
+                  "instruct_queries": instruct_queries or base.instruct_queries}
+        if device != "auto":
+            update["device"] = device
+        return DecoderEmbedder.from_config(base.model_copy(update=update))
     return SentenceTransformerEmbedder.load(path if model not in ("default", "minilm") else "default", batch_size=batch_size, instruct_queries=instruct_queries)
 
 
@@ -44,7 +56,10 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     out = ctx.stage_dir(STAGE)
     out.mkdir(parents=True, exist_ok=True)
     trained = ctx.stage_dir("train") / "final"
-    model = model or ec.model or (str(trained) if trained.is_dir() else ctx.cfg.train.model)
+    emb_cfg = ctx.cfg.embedder
+    zero_shot = emb_cfg.kind == "decoder" and not trained.is_dir()  # asked for a zero-shot decoder embedder
+    default = ("smollm2" if emb_cfg.model == "default" else emb_cfg.model) if zero_shot else ctx.cfg.train.model
+    model = model or ec.model or (str(trained) if trained.is_dir() else default)
     baseline = baseline if baseline is not None else ec.baseline
     if baseline == "base":
         baseline = ctx.cfg.train.model if Path(model).resolve() != Path(ctx.cfg.train.model).resolve() else None
@@ -54,7 +69,7 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
         try:
-            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries)
+            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg)
         except ValueError as e:  # an unknown alias or a missing folder
             raise UserError(f"evaluate: {e}; pass --model (or --baseline) a model folder, 'default' or 'smollm2'") from None
         try:
