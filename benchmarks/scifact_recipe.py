@@ -61,7 +61,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
-ALL_ARMS = ("base", "st-inbatch", "st-mined-1", "st-mined-4", "ns-graded-curriculum", "ns-graded-random", "ns-graded-reverse",
+# in the order they run: the strongest stock recipe and negsynth's default first
+ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-random", "ns-graded-reverse",
             "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-graded-curriculum"
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
     ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
     args = ap.parse_args(argv)
