@@ -106,7 +106,7 @@ def mined_graded(src, args, seed: int) -> list[dict]:
     else:
         queries = {p.query_key: p.query for p in src.pairs}
         positives = {k: src.positives_by_query.get(k, []) for k in queries}
-        found = mine_graded(base_model(), queries, positives, src.corpus, seed=seed, cache_folder=args.out / "_mined" / "emb")
+        found = mine_graded(base_model(), queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(found))
     out = []
@@ -158,7 +158,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
         k = int(arm.rsplit("-", 1)[1])
         ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
                                  output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
-                                 cache_folder=str(args.out / "_mined" / "st-emb"))  # fmt: skip
+                                 cache_folder=str(args.emb_cache))  # fmt: skip
     targs = SentenceTransformerTrainingArguments(
         output_dir=str(dest / "_ckpt"), per_device_train_batch_size=args.batch_size, learning_rate=args.lr, max_steps=args.steps,
         warmup_ratio=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=seed, data_seed=seed, save_strategy="no", report_to="none",
@@ -256,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
     ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
+    ap.add_argument("--emb-cache", type=Path, default=None, help="base-model query/corpus embeddings for mining (default OUT/_mined/emb; shared by every arm)")
     args = ap.parse_args(argv)
+    args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
     args.eval_tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip()]
 
     from negsynth.resources import default_data_dir
