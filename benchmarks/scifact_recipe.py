@@ -106,7 +106,9 @@ def mined_graded(src, args, seed: int) -> list[dict]:
     else:
         queries = {p.query_key: p.query for p in src.pairs}
         positives = {k: src.positives_by_query.get(k, []) for k in queries}
-        found = mine_graded(base_model(), queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache)
+        model = base_model()
+        model.max_seq_length = args.max_length  # mined at the training length, as the stock arms do
+        found = mine_graded(model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(found))
     out = []
