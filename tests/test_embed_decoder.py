@@ -285,7 +285,8 @@ def test_embedfilter_projects_base(tiny, tmp_path, monkeypatch, base, tau):
     model, _ = tiny
     e = make(tiny, "embedfilter", base=base, filter_ratio=tau)
     assert e.dim == 16 // tau
-    assert e.name == f"decoder:tiny-llama:embedfilter-{'echo-mean' if base == 'echo' else 'prompteol-last'}-tau{tau}"
+    # the tests' own templates are literal text: "[custom]" in the name
+    assert e.name == f"decoder:tiny-llama:embedfilter-{'echo[custom]-mean' if base == 'echo' else 'prompteol[custom]-last'}-tau{tau}"
     assert list((tmp_path / "embedfilter").glob("*.npz"))
     w = model.lm_head.weight.detach().double().numpy()
     _, _, vh = np.linalg.svd(w, full_matrices=False)
@@ -303,9 +304,9 @@ def test_embedfilter_projects_base(tiny, tmp_path, monkeypatch, base, tau):
 
 
 def test_names_and_dims(tiny):
-    assert make(tiny, "echo", pooling="last").name == "decoder:tiny-llama:echo-last"
+    assert make(tiny, "echo", pooling="last").name == "decoder:tiny-llama:echo[custom]-last"
     assert make(tiny, "reba", repeat=3).name == "decoder:tiny-llama:reba3-mean"
-    assert make(tiny, "prompteol").name == "decoder:tiny-llama:prompteol-last"
+    assert make(tiny, "prompteol").name == "decoder:tiny-llama:prompteol[custom]-last"
     assert make(tiny, "mean").dim == 16
     with pytest.raises(ValueError):
         make(tiny, "cls")

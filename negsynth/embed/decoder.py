@@ -50,32 +50,130 @@ from negsynth.embed.base import Embedder
 log = logging.getLogger(__name__)
 
 METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
-#: PromptEOL (Jiang et al. 2023), the original wording; EmbedFilter's Qwen/Llama runs use
-#: ``'Summarize the sentence: "{text}" in one word:"'`` instead (pass it as ``prompteol_template``).
-PROMPTEOL_TEMPLATE = 'This sentence: "{text}" means in one word:"'
-#: the zero-shot echo wording used by EmbedFilter's ECHO runs (SEED_SPEC §3 "zero-shot variants")
-ECHO_TEMPLATE = "Rewrite the following paragraph: {text}. The rewritten paragraph: {text}"
+
+#: PromptEOL templates by name (one ``{text}`` slot; the final token is pooled).
+#: ``prompteol``: the original PromptEOL wording (Jiang et al. 2023), the default of ``method="prompteol"``.
+#: ``summarize``: EmbedFilter's Qwen/Llama prompt (seed 004 App. A; SEED_SPEC §6 "Templates"), the default
+#: base prompt of ``method="embedfilter"``. ``mistral``: EmbedFilter's Mistral prompt (same table), picked
+#: by ``"auto"`` for a ``model_type == "mistral"`` model under EmbedFilter.
+PROMPTEOL_TEMPLATES = {
+    "prompteol": 'This sentence: "{text}" means in one word:"',
+    "summarize": 'Summarize the sentence: "{text}" in one word:"',
+    "mistral": 'This sentence: "{text}" means [MASK]',
+}
+PROMPTEOL_TEMPLATE = PROMPTEOL_TEMPLATES["prompteol"]
+
+#: Echo templates by name: (query template, document template), two ``{text}`` slots each; a query
+#: template may hold one ``{instruction}`` slot. The *second* ``{text}`` plus EOS is pooled.
+#: ``echo``: the echo paper's templates (seed 003 README, "Usage": ``'query':
+#: '<s>Instruct:{!%%prompt%%,}\nQuery:{!%%text%%}\nQuery again:{%%text%%}{</s>}'`` and ``'document':
+#: '<s>Document:{!%%text%%}\nDocument again:{%%text%%}{</s>}'``; SEED_SPEC §3 "Templates"). The braces are
+#: the echo parser's pooling marks, not text; its pieces are joined with no added spaces, so the query
+#: reads ``Instruct:{instruction},\nQuery:{text}\nQuery again:{text}``. ``<s>`` = the tokenizer's own
+#: BOS (added when the tokenizer adds one, as for Llama/Mistral; SmolLM2 has none) and ``</s>`` = EOS.
+#: ``rewrite``: the zero-shot wording of EmbedFilter's ECHO runs (seed 004 App. A; SEED_SPEC §3
+#: "Zero-shot variants"), the same for queries and documents, with no instruction.
+ECHO_TEMPLATES = {
+    "echo": ("Instruct:{instruction},\nQuery:{text}\nQuery again:{text}", "Document:{text}\nDocument again:{text}"),
+    "rewrite": ("Rewrite the following paragraph: {text}. The rewritten paragraph: {text}",) * 2,
+}
+ECHO_TEMPLATE = ECHO_TEMPLATES["rewrite"][0]  # the pre-paper default, kept for callers that import it
 DEFAULT_MAX_LENGTH = 512
+#: EmbedFilter's Mistral-7B-Instruct-v0.3 runs keep V[128 : 128 + k] instead of the centred window
+#: (seed 004 App. A: "offset the whole indices until l_τ = 128"; code ``start_idx = 128``; SEED_SPEC §6)
+MISTRAL_FILTER_START = 128
 
 _SLOT = re.compile(r"\{text\}")
+_ANY_SLOT = re.compile(r"\{text\}|\{instruction\}")
 
 
 # --------------------------------------------------------------------------------------------
 # pure helpers (unit-tested on their own)
 
 
-def filter_window(d: int, tau: int) -> tuple[int, int]:
-    """EmbedFilter's centred window ``[l, r)`` of right singular vectors to keep.
+def filter_window(d: int, tau: int, start: int | None = None) -> tuple[int, int]:
+    """EmbedFilter's window ``[l, r)`` of right singular vectors to keep.
 
-    ``k = d // tau`` rows of ``Vᵀ`` (sorted by descending singular value) are kept, centred:
-    ``l = (d - k) // 2``, ``r = l + k``. ``tau = 1`` keeps everything (``(0, d)``), i.e. no filter.
-    Example: ``d = 576, tau = 4 -> k = 144, (216, 360)``.
+    ``k = d // tau`` rows of ``Vᵀ`` (sorted by descending singular value) are kept. Centred by
+    default (Qwen/Llama): ``l = (d - k) // 2``, ``r = l + k``; with ``start`` (Mistral: 128,
+    :data:`MISTRAL_FILTER_START`) ``l = start``, ``r = start + k``. ``tau = 1`` without ``start``
+    keeps everything (``(0, d)``), i.e. no filter.
+    Example: ``d = 576, tau = 4 -> k = 144, (216, 360)``; ``d = 4096, tau = 2, start = 128 -> (128, 2176)``.
     """
     if tau < 1 or d // tau < 1:
         raise ValueError(f"filter ratio tau={tau} is invalid for d={d}")
     k = d // tau
-    lo = (d - k) // 2
+    lo = (d - k) // 2 if start is None else int(start)
+    if lo < 0 or lo + k > d:
+        raise ValueError(f"filter window [{lo}, {lo + k}) does not fit d={d} (tau={tau}, start={start})")
     return lo, lo + k
+
+
+def resolve_prompteol_template(template: str, method: str, model_type: str | None = None) -> str:
+    """A PromptEOL template by name (:data:`PROMPTEOL_TEMPLATES`) or literal text with one ``{text}``.
+
+    ``"auto"``: ``prompteol`` (original wording) for ``method="prompteol"``; under EmbedFilter the
+    seed's prompt for the backbone, ``mistral`` when ``model_type == "mistral"`` else ``summarize``.
+    """
+    if template == "auto":
+        if method == "embedfilter":
+            template = "mistral" if model_type == "mistral" else "summarize"
+        else:
+            template = "prompteol"
+    out = PROMPTEOL_TEMPLATES.get(template, template)
+    if len(_SLOT.findall(out)) != 1 or "{instruction}" in out:
+        raise ValueError(f"prompteol_template needs exactly one {{text}} slot (or a name: {sorted(PROMPTEOL_TEMPLATES)}), got {template!r}")
+    return out
+
+
+def resolve_echo_templates(template: str, doc_template: str | None = None) -> tuple[str, str]:
+    """(query, document) echo templates from names (:data:`ECHO_TEMPLATES`) or literal text.
+
+    ``template`` names a pair or is literal query text; ``doc_template=None`` takes the document
+    half of the named pair, or the query text without its ``{instruction}`` line for literal text.
+    Each needs two ``{text}`` slots; only the query one may hold an ``{instruction}`` slot.
+    """
+    if template in ECHO_TEMPLATES:
+        query, doc = ECHO_TEMPLATES[template]
+    else:
+        query, doc = template, drop_instruction(template)
+    if doc_template is not None:
+        doc = ECHO_TEMPLATES[doc_template][1] if doc_template in ECHO_TEMPLATES else doc_template
+    for name, t, max_ins in (("echo_template", query, 1), ("echo_doc_template", doc, 0)):
+        if len(_SLOT.findall(t)) != 2 or t.count("{instruction}") > max_ins:
+            raise ValueError(
+                f"{name} needs two {{text}} slots" + (" and at most one {instruction}" if max_ins else " and no {instruction}")
+                + f" (or a name: {sorted(ECHO_TEMPLATES)}), got {t!r}"
+            )
+    return query, doc
+
+
+def drop_instruction(template: str) -> str:
+    """The template without the line that holds ``{instruction}`` (used when a query has none):
+    ``'Instruct:{instruction},\\nQuery:{text}…'`` -> ``'Query:{text}…'``. Unchanged without the slot."""
+    i = template.find("{instruction}")
+    if i < 0:
+        return template
+    lo = template.rfind("\n", 0, i) + 1
+    hi = template.find("\n", i)
+    return template[:lo] + ("" if hi < 0 else template[hi + 1 :])
+
+
+def render(template: str, text: str, instruction: str | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """Fill a template -> (string, character spans of each ``{text}`` slot). ``{instruction}`` is
+    filled with ``instruction`` (its line is dropped when that is empty)."""
+    if not instruction:
+        template = drop_instruction(template)
+    s, spans, pos = "", [], 0
+    for m in _ANY_SLOT.finditer(template):
+        s += template[pos : m.start()]
+        if m.group() == "{text}":
+            spans.append((len(s), len(s) + len(text)))
+            s += text
+        else:
+            s += instruction.strip()
+        pos = m.end()
+    return s + template[pos:], spans
 
 
 def fuse_attentions(attentions: Sequence, attention_mask) -> "torch.Tensor":  # noqa: F821
@@ -284,8 +382,11 @@ class DecoderEmbedder(Embedder):
         batch_size: int = 32,
         padding_side: str | None = None,
         model_name: str | None = None,
-        prompteol_template: str = PROMPTEOL_TEMPLATE,
-        echo_template: str = ECHO_TEMPLATE,
+        prompteol_template: str = "auto",
+        echo_template: str = "echo",
+        echo_doc_template: str | None = None,
+        truncation: str = "auto",
+        filter_start: int | str | None = "auto",
         query_template: str | None = None,
         instruct_queries: bool = False,
     ):
@@ -301,8 +402,8 @@ class DecoderEmbedder(Embedder):
             raise ValueError("ReBA needs repeat >= 2")
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("DecoderEmbedder needs a fast tokenizer (character offsets locate the text spans)")
-        if len(_SLOT.findall(prompteol_template)) != 1 or len(_SLOT.findall(echo_template)) != 2:
-            raise ValueError("prompteol_template needs one {text} slot and echo_template two")
+        if truncation not in ("auto", "head", "head_tail"):
+            raise ValueError(f"unknown truncation {truncation!r} (auto, head, head_tail)")
         self.model = model
         self.tokenizer = tokenizer
         self.method, self.pooling, self.repeat, self.reba_variant = method, pooling, repeat, reba_variant
@@ -312,7 +413,12 @@ class DecoderEmbedder(Embedder):
         self.padding_side = padding_side or getattr(tokenizer, "padding_side", "right") or "right"
         if self.padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be left or right, not {self.padding_side!r}")
-        self.prompteol_template, self.echo_template = prompteol_template, echo_template
+        model_type = getattr(model.config, "model_type", None)
+        self.prompteol_template = resolve_prompteol_template(prompteol_template, method, model_type)
+        self.echo_template, self.echo_doc_template = resolve_echo_templates(echo_template, echo_doc_template)
+        if truncation == "auto":  # EmbedFilter's PromptEOL runs keep the first and last 256 of 512 (SEED_SPEC §6)
+            truncation = "head_tail" if method == "embedfilter" and base == "prompteol" else "head"
+        self.truncation = truncation
         if query_template:
             self.query_template = query_template
         self.instruct_queries = instruct_queries
@@ -334,7 +440,11 @@ class DecoderEmbedder(Embedder):
         self._basis = None
         if method == "embedfilter":
             vh, _ = svd_basis(unembedding_matrix(model), self._model_key(model, model_name))
-            lo, hi = filter_window(vh.shape[0], filter_ratio)
+            if filter_start == "auto":  # the seed's Mistral exception; centred for every other backbone
+                filter_start = MISTRAL_FILTER_START if model_type == "mistral" else None
+            elif filter_start in ("centred", "centered"):
+                filter_start = None
+            lo, hi = filter_window(vh.shape[0], filter_ratio, filter_start)
             self._basis = vh[lo:hi].T.astype(np.float64)  # [d, k]
             self.window = (lo, hi)
         short = _short_name(model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__)
@@ -369,6 +479,11 @@ class DecoderEmbedder(Embedder):
             batch_size=cfg.batch_size,
             padding_side=getattr(cfg, "padding_side", None),
             model_name=cfg.model,
+            prompteol_template=getattr(cfg, "prompteol_template", "auto"),
+            echo_template=getattr(cfg, "echo_template", "echo"),
+            echo_doc_template=getattr(cfg, "echo_doc_template", None),
+            truncation=getattr(cfg, "truncation", "auto"),
+            filter_start=getattr(cfg, "filter_start", "auto"),
             query_template=cfg.query_template,
             instruct_queries=cfg.instruct_queries,
         )
@@ -380,14 +495,26 @@ class DecoderEmbedder(Embedder):
         m = self.method
         if m in ("mean", "last"):
             return m
+        tag = self._template_tag()
         if m == "prompteol":
-            return "prompteol-last"
+            return f"prompteol{tag}-last"
         if m == "echo":
-            return f"echo-{self.pooling}"
+            return f"echo{tag}-{self.pooling}"
         if m == "reba":
             return f"reba{self.repeat}-{self.pooling}" + ("-code" if self.reba_variant == "code" and self.pooling == "last" else "")
-        base = "echo-" + self.pooling if self.base == "echo" else "prompteol-last"
-        return f"embedfilter-{base}-tau{self.filter_ratio}"
+        base = f"echo{tag}-{self.pooling}" if self.base == "echo" else f"prompteol{tag}-last"
+        extra = "" if self.truncation == ("head_tail" if self.base == "prompteol" else "head") else f"-{self.truncation}"
+        return f"embedfilter-{base}-tau{self.filter_ratio}{extra}"
+
+    def _template_tag(self) -> str:
+        """``""`` for the method's default template, else ``[name]`` (``[custom]`` for literal text)."""
+        kind, _ = self._effective()
+        if kind == "echo":
+            names = [k for k, v in ECHO_TEMPLATES.items() if v == (self.echo_template, self.echo_doc_template)]
+            return "" if names == ["echo"] else f"[{names[0] if names else 'custom'}]"
+        default = "summarize" if self.method == "embedfilter" else "prompteol"
+        names = [k for k, v in PROMPTEOL_TEMPLATES.items() if v == self.prompteol_template]
+        return "" if names == [default] else f"[{names[0] if names else 'custom'}]"
 
     @property
     def dim(self) -> int:
@@ -404,10 +531,19 @@ class DecoderEmbedder(Embedder):
     # ---------------------------------------------------------------- tokenisation
 
     def _truncate(self, text: str) -> str:
+        """Cut ``text`` to ``max_length`` tokens: ``head`` keeps the first ``max_length``;
+        ``head_tail`` (EmbedFilter's PromptEOL runs, SEED_SPEC §6) keeps the first
+        ``max_length // 2`` and the last ``max_length - max_length // 2`` (256 + 256 of 512),
+        joined at the token borders of the original string."""
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if len(enc["input_ids"]) <= self.max_length:
+        n, m = len(enc["input_ids"]), self.max_length
+        if n <= m:
             return text
-        return text[: enc["offset_mapping"][self.max_length - 1][1]]
+        offs = enc["offset_mapping"]
+        if self.truncation == "head_tail":
+            h = m // 2
+            return text[: offs[h - 1][1]] + text[offs[n - (m - h)][0] :]
+        return text[: offs[m - 1][1]]
 
     def _effective(self) -> tuple[str, str]:
         """(input kind, pooling) actually run: embedfilter delegates to its base."""
@@ -419,32 +555,27 @@ class DecoderEmbedder(Embedder):
             return ("plain", self.method)
         return (self.method, self.pooling)
 
-    def tokenize(self, text: str) -> Tokenized:
+    def tokenize(self, text: str, role: str = "query", instruction: str | None = None) -> Tokenized:
         """Build the model input for one text and mark the pooled positions.
 
         ``plain``: ``[prefix] text`` (pool the text tokens). ``prompteol``: the template, pool the
-        final token. ``echo``: the echo template + EOS, pool the second text copy and EOS.
+        final token. ``echo``: the echo query template (``role="query"``, with ``instruction`` in
+        its ``{instruction}`` slot; the instruction line is dropped without one) or document
+        template (``role="document"``) + EOS, pool the second text copy and EOS.
         ``reba``: ``[prefix] text text ...`` (``repeat`` copies joined by a space); ``pool`` marks
         every real token, ``first`` the first copy.
         """
         kind, _ = self._effective()
         text = self._truncate(text)
         if kind == "plain":
-            pieces = ["{text}"]
+            template = "{text}"
         elif kind == "prompteol":
-            pieces = _split(self.prompteol_template)
+            template = self.prompteol_template
         elif kind == "echo":
-            pieces = _split(self.echo_template)
+            template = self.echo_doc_template if role == "document" else self.echo_template
         else:  # reba
-            pieces = ["{text}", " "] * self.repeat
-            pieces = pieces[:-1]
-        s, spans = "", []
-        for p in pieces:
-            if p == "{text}":
-                spans.append((len(s), len(s) + len(text)))
-                s += text
-            else:
-                s += p
+            template = " ".join(["{text}"] * self.repeat)
+        s, spans = render(template, text, instruction if kind == "echo" else None)
         enc = self.tokenizer(s, add_special_tokens=False, return_offsets_mapping=True)
         ids, offs = list(enc["input_ids"]), list(enc["offset_mapping"])
 
@@ -551,9 +682,47 @@ class DecoderEmbedder(Embedder):
                 res[p][idx] = v
         return res
 
+    def _roles_apply(self) -> bool:
+        """True when queries and documents get different inputs (echo with a role template)."""
+        return self._effective()[0] == "echo" and (
+            self.echo_template != self.echo_doc_template or "{instruction}" in self.echo_template
+        )
+
+    def encode_queries(self, texts: Sequence[str], instruction: str | Sequence[str] | None = None, **kw) -> np.ndarray:
+        """Echo: the query template, with the instruction in its ``{instruction}`` slot when
+        ``instruct_queries`` is on (else that line is dropped); a query template without the slot
+        gets the text from ``format_query``. Other methods: the base class."""
+        if not self._roles_apply():
+            return super().encode_queries(texts, instruction, **kw)
+        if instruction is None or isinstance(instruction, str):
+            instruction = [instruction] * len(texts)
+        pairs = zip(texts, instruction, strict=True)
+        if "{instruction}" in self.echo_template:
+            items = [self.tokenize(t, "query", i if self.instruct_queries else None) for t, i in pairs]
+        else:
+            items = [self.tokenize(self.format_query(t, i), "query") for t, i in pairs]
+        return self._encode_items(items, **kw)
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        """Echo: the document template. Other methods: the base class's (plain :meth:`encode`)."""
+        if not self._roles_apply():
+            return super().encode_documents(texts, **kw)
+        return self._encode_items([self.tokenize(t, "document") for t in texts], **kw)
+
+    def _encode_items(self, items: list[Tokenized], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
+        """Like :meth:`encode` on already tokenised items: float32, rows L2-normalised."""
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.asarray(self._run(items, batch_size=batch_size, show_progress=show_progress), dtype=np.float32)
+        return out / np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
+
     def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
+        """Plain :meth:`encode` (no role): echo uses the *query* template without an instruction
+        (the echo paper encodes both sides of a symmetric pair with the query template)."""
+        return self._run([self.tokenize(t) for t in texts], batch_size=batch_size, show_progress=show_progress)
+
+    def _run(self, items: list[Tokenized], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
         bs = batch_size or self.batch_size
-        items = [self.tokenize(t) for t in texts]
         order = sorted(range(len(items)), key=lambda i: -len(items[i].ids))
         out = np.zeros((len(items), self.dim), dtype=np.float64)
         for b0 in range(0, len(order), bs):
@@ -562,20 +731,6 @@ class DecoderEmbedder(Embedder):
             if show_progress:
                 log.info("%s: %d/%d texts", self.name, min(b0 + bs, len(order)), len(order))
         return out
-
-
-def _split(template: str) -> list[str]:
-    """``'a {text} b'`` -> ``['a ', '{text}', ' b']`` (empty literals dropped)."""
-    parts: list[str] = []
-    pos = 0
-    for m in _SLOT.finditer(template):
-        if m.start() > pos:
-            parts.append(template[pos : m.start()])
-        parts.append("{text}")
-        pos = m.end()
-    if pos < len(template):
-        parts.append(template[pos:])
-    return parts
 
 
 def _short_name(model: str) -> str:

@@ -161,6 +161,34 @@ class EmbedderConfig(Section):
     repeat: int = Field(2, ge=2)  # ReBA-k
     reba_variant: Literal["paper", "code"] = "paper"  # ReBA last pooling: paper e_n (first copy) or code (final-token row)
     padding_side: Literal["left", "right"] | None = None  # None: the tokenizer's own
+    # templates (negsynth.embed.decoder; docs/zeroshot.md): a name or literal text with {text} slots
+    echo_template: str = "echo"  # echo paper's query template (Instruct:…,\nQuery:…\nQuery again:…); "rewrite" = EmbedFilter's
+    echo_doc_template: str | None = None  # None: the named pair's document half ("Document:…\nDocument again:…")
+    prompteol_template: str = "auto"  # auto: "prompteol" (original) for prompteol, "summarize" (or "mistral") under embedfilter
+    truncation: Literal["auto", "head", "head_tail"] = "auto"  # auto: head_tail (first+last max_length/2) for embedfilter on prompteol
+    filter_start: Literal["auto", "centred"] | int = "auto"  # EmbedFilter window start; auto: 128 for Mistral, else centred
+
+    @field_validator("echo_template", "echo_doc_template", "prompteol_template")
+    @classmethod
+    def _templates(cls, v: str | None, info):
+        if v is None:
+            return v
+        from negsynth.embed import decoder as D
+
+        field = info.field_name
+        if field == "prompteol_template":
+            if v != "auto" and v not in D.PROMPTEOL_TEMPLATES and v.count("{text}") != 1:
+                raise ValueError(f"needs one {{text}} slot or a name ({', '.join(['auto', *D.PROMPTEOL_TEMPLATES])})")
+        elif v not in D.ECHO_TEMPLATES and v.count("{text}") != 2:
+            raise ValueError(f"needs two {{text}} slots or a name ({', '.join(D.ECHO_TEMPLATES)})")
+        return v
+
+    @field_validator("filter_start")
+    @classmethod
+    def _filter_start(cls, v):
+        if isinstance(v, int) and v < 0:
+            raise ValueError("must be >= 0, 'auto' or 'centred'")
+        return v
 
 
 class ScoreConfig(Section):
