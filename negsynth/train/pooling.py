@@ -24,8 +24,17 @@ ATA (anchor-token-aware pooling, SEED_SPEC §2.2–2.3)
 ----------------------------------------------------
 For token j the anchor score is the attention it *receives* from every valid query position i in the
 FINAL layer, averaged over heads: ``s_j = (1/H) Σ_h Σ_{i valid} A^h_{i,j}``; then ``w = s / Σ_P s`` over
-the pooled set P (all non-pad tokens) and ``e = Σ_j w_j h_j``. Pad rows are excluded from the sum over
-i (they still hold valid distributions over the real keys) and pad keys get zero weight.
+the pooled set P and ``e = Σ_j w_j h_j``. Pad rows are excluded from the sum over i (they still hold
+valid distributions over the real keys) and pad keys get zero weight.
+
+Pooled set P (``ata_pool``). ``"embed_mask"`` (default, SEED_SPEC §2.3, LLM2Vec's ``embed_mask``): for
+an input with an E5 instruction prefix ``Instruct: {instruction}\nQuery: {text}``, the leading special
+tokens (BOS/CLS) and the prefix up to and including the ``Query:`` marker are left out of P; they
+still count as attention *queries* i. The prefix is found in the token ids: the ids of ``Instruct:``
+and ``Query:`` are read once from the tokenizer (:func:`instruction_markers`), and in a row holding
+``Instruct:`` P starts after the first ``Query:`` that follows it (:func:`instruction_pool_mask`). Inputs without the prefix (documents) pool all real tokens.
+``"all"``: every real token (the behaviour before this option; models saved without the key load
+with it, so their embeddings do not change).
 
 How we obtain ``A`` without eager attention: SDPA / flash kernels never materialise the probabilities,
 so :class:`EmbeddingPooling` registers a forward *pre-hook* on the backbone's final self-attention
@@ -45,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,6 +64,9 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 POOLING_MODES = ("mean", "last", "ata", "latent")
+ATA_POOL_SETS = ("embed_mask", "all")
+#: the E5 query format whose prefix ``embed_mask`` leaves out of ATA's pooled set (SEED_SPEC §1.9, §2.3)
+INSTRUCTION_PROBE = ("Instruct: ", "x", "\nQuery: ", "y")
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -98,6 +111,63 @@ def ata_weights(attn_probs: torch.Tensor, attention_mask: torch.Tensor, pool_mas
     s = (attn_probs.to(torch.float32) * valid[:, None, :, None]).sum(dim=2).mean(dim=1)  # [B, n]
     s = s * pool
     return s / s.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+@dataclass(frozen=True)
+class InstructionMarkers:
+    """Token ids of an E5 instruction prefix: ``instruct`` (``Instruct:``), ``query`` (``Query:``)
+    and the tokenizer's special ids."""
+
+    instruct: tuple[int, ...]
+    query: tuple[int, ...]
+    special: frozenset[int]
+
+
+def instruction_markers(tokenizer) -> InstructionMarkers:
+    """Read the ids of ``Instruct:`` and ``Query:`` from how ``tokenizer`` splits the probe
+    ``"Instruct: x\\nQuery: y"`` (character offsets; the tokens overlapping each marker's
+    characters), so BPE, SentencePiece and WordPiece tokenizers all work."""
+    pre, ins, mid, text = INSTRUCTION_PROBE
+    probe = pre + ins + mid + text
+    enc = tokenizer(probe, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offs = enc["input_ids"], enc["offset_mapping"]
+
+    def covering(lo: int, hi: int) -> tuple[int, ...]:
+        return tuple(i for i, (a, b) in zip(ids, offs) if b > a and a < hi and b > lo)
+
+    q0 = probe.index("Query:")
+    instruct = covering(0, len("Instruct:"))
+    query = covering(q0, q0 + len("Query:"))
+    if not instruct or not query:
+        raise ValueError(f"could not find the instruction markers in {type(tokenizer).__name__}'s tokens")
+    return InstructionMarkers(instruct, query, frozenset(getattr(tokenizer, "all_special_ids", []) or []))
+
+
+def instruction_pool_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, markers: InstructionMarkers) -> torch.Tensor:
+    """``[B, n]`` 0/1 pooled set P: every real token, except in rows that hold ``Instruct:``
+    followed later by ``Query:``, where everything from the start of the row (BOS/CLS, a chat
+    wrapper's opening) up to and including that ``Query:`` is left out. The first ``Instruct:``
+    counts (normally the row's first text tokens). A row whose text after the marker is empty
+    keeps all its real tokens (P is never empty). Left or right padding."""
+    pool = attention_mask.clone().to(torch.long)
+    ids_rows, mask_rows = input_ids.tolist(), attention_mask.tolist()
+    I, Q = list(markers.instruct), list(markers.query)
+
+    def find(seq: list[int], sub: list[int], start: int) -> int | None:
+        return next((k for k in range(start, len(seq) - len(sub) + 1) if seq[k : k + len(sub)] == sub), None)
+
+    for b, (ids, m) in enumerate(zip(ids_rows, mask_rows)):
+        real = [j for j, v in enumerate(m) if v]
+        seq = [ids[j] for j in real]
+        s0 = find(seq, I, 0)
+        start = None if s0 is None else find(seq, Q, s0 + len(I))
+        if start is None:
+            continue
+        cut = start + len(Q)  # first pooled position in seq
+        if cut >= len(seq):
+            continue
+        pool[b, real[:cut]] = 0
+    return pool
 
 
 def _projections(attn: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -201,27 +271,56 @@ class EmbeddingPooling(Module):
     :meth:`bind` yourself if you append the module to an already-built model.
     """
 
-    config_keys = ["embedding_dimension", "mode", "ata_detach"]
+    config_keys = ["embedding_dimension", "mode", "ata_detach", "ata_pool"]
     config_file_name = "config.json"
 
-    def __init__(self, embedding_dimension: int, mode: str = "mean", ata_detach: bool = False):
+    def __init__(self, embedding_dimension: int, mode: str = "mean", ata_detach: bool = False, ata_pool: str = "embed_mask"):
         super().__init__()
         if mode not in ("mean", "last", "ata"):
             raise ValueError(f"EmbeddingPooling mode={mode!r}: use 'mean', 'last' or 'ata' (or LatentAttentionPooling for 'latent')")
+        if ata_pool not in ATA_POOL_SETS:
+            raise ValueError(f"EmbeddingPooling ata_pool={ata_pool!r}: use one of {ATA_POOL_SETS}")
         self.embedding_dimension = int(embedding_dimension)
         self.mode = mode
         self.ata_detach = bool(ata_detach)
+        self.ata_pool = ata_pool
         self._capture: _AttentionInputCapture | None = None
+        self._markers: InstructionMarkers | None = None
+        self._warned = False
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None, local_files_only: bool = False, init_defaults=None, **kwargs):
+        """Like the base ``load``; a config saved before ``ata_pool`` existed loads as ``"all"``
+        (what that model was trained with)."""
+        config = cls.load_config(model_name_or_path, subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
+        config.setdefault("ata_pool", "all")
+        for k, v in (init_defaults or {}).items():
+            config.setdefault(k, v)
+        return cls(**config)
 
     def on_model_ready(self, model) -> None:
         if self.mode == "ata":
-            self.bind(_backbone_of(model))
+            self.bind(_backbone_of(model), getattr(model[0], "tokenizer", None))
 
-    def bind(self, backbone: nn.Module) -> None:
-        """Hook the backbone's final self-attention (idempotent)."""
+    def bind(self, backbone: nn.Module, tokenizer=None) -> None:
+        """Hook the backbone's final self-attention (idempotent); ``tokenizer`` gives the
+        instruction-prefix ids for ``ata_pool="embed_mask"``."""
         if self._capture is not None:
             self._capture.handle.remove()
         self._capture = _AttentionInputCapture(find_last_self_attention(backbone))
+        if tokenizer is not None:
+            self._markers = instruction_markers(tokenizer)
+
+    def pool_mask(self, features: dict[str, Any]) -> torch.Tensor | None:
+        """The pooled set P for this batch (``None`` = all real tokens); see the module docstring."""
+        if self.ata_pool == "all":
+            return None
+        if self._markers is None or "input_ids" not in features:
+            if not self._warned:
+                log.warning("ATA ata_pool='embed_mask' has no tokenizer markers (bind(backbone, tokenizer)); pooling all tokens")
+                self._warned = True
+            return None
+        return instruction_pool_mask(features["input_ids"], features["attention_mask"], self._markers)
 
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         tok, mask = features["token_embeddings"], features["attention_mask"]
@@ -236,7 +335,7 @@ class EmbeddingPooling(Module):
             if h is None or h.shape[:2] != mask.shape:
                 raise RuntimeError("ATA pooling found no captured final-layer input for this batch (was the backbone run first?)")
             probs = recompute_attention_probs(self._capture.attn, h, mask, pe)
-            w = ata_weights(probs, mask)
+            w = ata_weights(probs, mask, self.pool_mask(features))
             if self.ata_detach:
                 w = w.detach()
             features["ata_weights"] = w
