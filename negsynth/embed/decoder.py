@@ -8,10 +8,16 @@ weak. The methods here work around that without any training:
 ``prompteol``
     PromptEOL: ``This sentence: "{text}" means in one word:"`` and take the hidden state of the
     final prompt token (the model is asked to squeeze the sentence into its next token).
+    Templates by name in :data:`PROMPTEOL_TEMPLATES` (``prompteol_template``).
 ``echo``
-    Echo embeddings: the text is written twice (``Rewrite the following paragraph: {text}. The
-    rewritten paragraph: {text}`` + EOS) and only the *second* copy plus EOS is pooled (mean or
-    last), because every token of the second copy has already "seen" the whole sentence.
+    Echo embeddings: the text is written twice and only the *second* copy plus EOS is pooled
+    (mean or last), because every token of the second copy has already "seen" the whole
+    sentence. Default: the echo paper's templates (:data:`ECHO_TEMPLATES` ``"echo"``), query
+    ``Instruct:{instruction},\nQuery:{text}\nQuery again:{text}`` (the instruction line is dropped
+    without an instruction) and document ``Document:{text}\nDocument again:{text}``, + EOS;
+    ``echo_template="rewrite"`` gives EmbedFilter's ``Rewrite the following paragraph: {text}. The
+    rewritten paragraph: {text}``. :meth:`DecoderEmbedder.encode_queries` / ``encode_documents``
+    pick the template; plain ``encode`` uses the query template (symmetric use).
 ``reba``
     ReBA: the text repeated ``k`` times, plus *backward attention*: all layers'/heads' attention
     matrices are fused by symmetrise-and-max (Algorithm 1, :func:`fuse_attentions`) and the last
@@ -19,14 +25,18 @@ weak. The methods here work around that without any training:
 ``embedfilter``
     EmbedFilter: an echo (mean) or PromptEOL (last) embedding projected onto the middle band of
     right singular vectors of the unembedding matrix ``W_U = U Σ Vᵀ`` (``k = d/τ`` centred
-    rows of ``Vᵀ``), which also reduces the dimension ``d -> d/τ``. The SVD is cached on disk.
+    rows of ``Vᵀ``; rows ``128 .. 128+k`` for Mistral, ``filter_start``), which also reduces the
+    dimension ``d -> d/τ``. The SVD is cached on disk. Its PromptEOL base defaults to the seed's
+    ``Summarize the sentence: "{text}" in one word:"`` and keeps the first and last 256 tokens of
+    a text longer than 512 (``truncation="head_tail"``).
 
 Tokenisation. Every method builds one string from a template (``{text}`` slots) and tokenises it
 in one go with character offsets; a token belongs to a slot when its character span overlaps the
 slot. So the pooled positions are exact for any fast tokenizer (BPE merges such as ``."`` at a
 slot border count as part of the slot). Special tokens the tokenizer adds natively (a BOS for
 Llama/Mistral; nothing for SmolLM2/GPT-2) are added in front; echo appends EOS and pools it.
-Each copy of the text is truncated to ``max_length`` tokens (512 when not set).
+Each copy of the text is truncated to ``max_length`` tokens (512 when not set): the first ones
+(``head``), or the first and last halves (``head_tail``, EmbedFilter's PromptEOL default).
 
 Batching. Sequences are sorted by length, padded on ``padding_side`` (left or right) with an
 attention mask and explicit ``position_ids`` (so left padding gives the same RoPE positions as no
@@ -357,7 +367,13 @@ class DecoderEmbedder(Embedder):
     or ``code`` (only changes ``last``; see :func:`reba_weights`); ``filter_ratio`` = EmbedFilter's
     τ; ``base`` = what EmbedFilter filters (``echo`` or ``prompteol``); ``max_length`` = token cap
     per copy of the text; ``padding_side`` (default: the tokenizer's); ``model_name`` for
-    :attr:`name` and the SVD cache key.
+    :attr:`name` and the SVD cache key. ``echo_template`` / ``echo_doc_template`` (a name in
+    :data:`ECHO_TEMPLATES` or literal text with two ``{text}`` slots; default ``"echo"``, the paper's
+    pair), ``prompteol_template`` (a name in :data:`PROMPTEOL_TEMPLATES` or literal text; ``"auto"``
+    = ``prompteol`` for PromptEOL, ``summarize`` / ``mistral`` under EmbedFilter), ``truncation``
+    (``auto`` = ``head_tail`` for EmbedFilter on PromptEOL, else ``head``) and ``filter_start``
+    (``auto`` = 128 for ``model_type == "mistral"``, else centred; ``"centred"`` or an int). A
+    non-default template shows in :attr:`name` as ``[name]`` or ``[custom]``.
 
     ReBA variant implemented: Algorithm 1 exactly (symmetrise, max over all layers and heads,
     pads zeroed first); mean = paper eq. 5 (= the code up to scale, so cosine-identical); last =
