@@ -335,7 +335,9 @@ def test_score_accepts_regenerated_records(tmp_path):
         import negsynth.stages.score  # noqa: F401
     except ImportError:
         pytest.skip("score stage not available")
-    r = invoke("score", "-c", cfg, "-d", tmp_path / "run", "--json")
+    # annotate: every record must come through with its 4 negatives (the fake LLM's negatives are
+    # arbitrary texts the measured policy would drop)
+    r = invoke("score", "-c", cfg, "-d", tmp_path / "run", "--json", "--policy", "annotate")
     assert r.exit_code == 0, r.output
     scored = list(read_stage(tmp_path / "run" / "score"))
     assert [x["source_id"] for x in scored] == [x["source_id"] for x in recs]
