@@ -153,6 +153,9 @@ def test_measured_policy_drops_false_negatives_and_orders_by_cosine():
     assert out["score"]["cos_neg"] == [0.6, 0.5, 0.2] and out["score"]["llm_order"] == [3, 2, 0]
     out, rej = apply_policy(row, m, ScoreConfig(policy="measured"), "st:x")  # default min_negatives 4
     assert out is None and rej["reason"] == "false_negative"
+    easy = {**m, "false_negative": [False] * 4, "too_easy": [True, False, False, False]}
+    out, rej = apply_policy(row, easy, ScoreConfig(policy="measured"), "st:x")
+    assert rej is None and out["negatives"] == ["n1", "n3", "n2", "n0"]  # too easy is kept (as the easiest level)
     assert ScoreConfig().policy == "measured"
 
 

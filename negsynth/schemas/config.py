@@ -201,7 +201,8 @@ class ScoreConfig(Section):
     ``policy``: ``annotate`` adds the scores and flags only; ``reorder`` also sorts the negatives
     by measured similarity (the LLM's ranks go to ``score.llm_order``); ``filter`` drops the
     negatives flagged by ``filter_flags`` and rejects an example left with fewer than
-    ``min_negatives``; ``measured`` (the default) filters like ``filter`` and then orders the
+    ``min_negatives``; ``measured`` (the default) drops the negatives flagged by ``measured_drop``
+    (false negatives) like ``filter`` and then orders the
     surviving negatives by measured similarity, so each negative's curriculum level comes from the
     embedder, not from the LLM's claim (a weak LLM's grading is close to random).
     """
@@ -211,6 +212,7 @@ class ScoreConfig(Section):
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
+    measured_drop: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative"])  # what `measured` removes
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
     block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
     # cleaning (negsynth.data.clean), see docs/score.md: near-duplicate examples and evaluation-set overlap

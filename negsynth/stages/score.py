@@ -135,6 +135,13 @@ def measure(cos_pos: np.ndarray, cos_neg: np.ndarray, cfg: ScoreConfig) -> dict[
     return {"cos_pos": cp, "cos_neg": cn, "false_negative": fn, "too_easy": easy, "tau": kendall_tau_claimed(cn), "monotonic": mono}
 
 
+def drop_flags(cfg: ScoreConfig) -> list[str]:
+    """The flags whose negatives a policy removes: ``filter_flags`` for ``filter``, ``measured_drop``
+    for ``measured`` (false negatives only by default: a too-easy negative is harmless as level 4,
+    a false negative teaches the model to push a right answer away)."""
+    return list(cfg.measured_drop if cfg.policy == "measured" else cfg.filter_flags)
+
+
 def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) -> tuple[dict | None, dict | None]:
     """One example + its measurements (LLM order) -> (scored record, None) or (None, reject).
 
@@ -146,7 +153,7 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     if cfg.policy == "reorder":
         order = sorted(range(k), key=lambda i: -m["cos_neg"][i])  # stable: ties keep the LLM order
     elif cfg.policy in ("filter", "measured"):
-        order = [i for i in range(k) if not any(m[f][i] for f in cfg.filter_flags)]
+        order = [i for i in range(k) if not any(m[f][i] for f in drop_flags(cfg))]
         if cfg.policy == "measured":  # levels from the measurement: survivors sorted by cosine, hardest first
             order.sort(key=lambda i: -m["cos_neg"][i])
     score = {
@@ -164,7 +171,7 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     out["negatives"] = [row["negatives"][i] for i in order]
     out["score"] = score
     if cfg.policy in ("filter", "measured") and len(order) < cfg.min_negatives:
-        causes = sorted({f for f in cfg.filter_flags for i in range(k) if i not in order and m[f][i]})
+        causes = sorted({f for f in drop_flags(cfg) for i in range(k) if i not in order and m[f][i]})
         reason = "+".join(causes) or "too_few_negatives"
         dropped = ", ".join(f"level {i + 1} ({'+'.join(f for f in FLAGS if m[f][i])}, cos {m['cos_neg'][i]:.3f})" for i in range(k) if i not in order)
         detail = f"{len(order)} of {k} negatives kept, score.min_negatives={cfg.min_negatives}; dropped: {dropped or 'none'}; cos_pos {m['cos_pos']:.3f}"
