@@ -154,6 +154,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
 
     set_seed(seed)
     model = base_model()
+    base_len = model.max_seq_length
     model.max_seq_length = args.max_length
     ds = Dataset.from_dict({"anchor": [p.query for p in src.pairs], "positive": [p.positive for p in src.pairs]})
     if arm.startswith("st-mined-"):
@@ -168,6 +169,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     )  # fmt: skip
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
     trainer.train()
+    model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
     return {"rows": len(ds), "columns": ds.column_names, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
@@ -177,13 +179,14 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
     from datasets import Dataset
 
     from negsynth.train import TrainConfig, make_trainer
+    from negsynth.train.trainer import save_model
 
     cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=args.steps, max_length=args.max_length,
                       seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4))  # fmt: skip
     ds = Dataset.from_dict({k: [r[k] for r in rows] for k in ("anchor", "positive", "negative", "phase", "level")})
     trainer, model = make_trainer(ds, cfg)
     trainer.train()
-    model.save(str(dest))
+    save_model(model, str(dest))  # with the base model's max_seq_length, like the stock arms
     return {"rows": len(rows), "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 

@@ -43,8 +43,8 @@ def run_dir_with_examples(tmp_path):
 
 def test_score_curriculum_train_evaluate(run_dir_with_examples):
     rd, data = run_dir_with_examples
-    # policy annotate: the fake LLM's negatives are arbitrary, the measured policy would drop most of them
-    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate"]
+    # policy annotate, no dedup: the fake LLM's texts are arbitrary and alike; these are plumbing checks
+    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate", "--set", "score.dedup=false"]
     r = runner.invoke(app, ["score", *common, "--json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["curriculum", *common, "--json"])

@@ -100,6 +100,9 @@ def build_model(config: TrainConfig, device: str | None = None):
 
         modules.append(Normalize())
     model = SentenceTransformer(modules=modules, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # the training length is a training choice, not the model's: the saved model keeps the base's
+    # own max_seq_length (MiniLM 256), or documents are cut shorter at evaluation than before training
+    model.negsynth_saved_max_length = _base_max_length(path, tr)
     if config.lora.enabled:
         from negsynth.train.lora import add_lora
 
@@ -126,6 +129,30 @@ def _pooling_module(config: TrainConfig, dim: int):
     return make_pooling(config.pooling, dim, **kw)
 
 
+def _base_max_length(path: str, tr) -> int | None:
+    """The base model's own max_seq_length (sentence_bert_config.json), else the tokenizer's limit."""
+    cfg = Path(path) / "sentence_bert_config.json"
+    try:
+        if cfg.is_file():
+            return int(json.loads(cfg.read_text()).get("max_seq_length") or 0) or None
+    except (OSError, ValueError):
+        pass
+    lim = getattr(tr.tokenizer, "model_max_length", None)
+    return int(lim) if isinstance(lim, int) and lim < 100_000 else None
+
+
+def save_model(model, out: str) -> None:
+    """Save with the base model's own max_seq_length restored (see :func:`build_model`)."""
+    keep = model.max_seq_length
+    saved = getattr(model, "negsynth_saved_max_length", None)
+    if saved:
+        model.max_seq_length = saved
+    try:
+        model.save(out)
+    finally:
+        model.max_seq_length = keep
+
+
 def _base_normalizes(path: str) -> bool:
     """True when the base model folder is a sentence-transformers model ending in ``Normalize``
     (all-MiniLM-L6-v2 does): the trained model keeps the same output contract."""
@@ -140,6 +167,14 @@ def is_decoder_model(model) -> bool:
     """Whether a built SentenceTransformer's backbone is a causal LM (decides the default τ)."""
     cfg = getattr(getattr(model[0], "auto_model", None), "config", None)
     return bool(cfg is not None and (getattr(cfg, "is_decoder", False) or any(a.endswith("ForCausalLM") for a in getattr(cfg, "architectures", None) or [])))
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def resolve_temperature(config: TrainConfig, is_decoder: bool) -> float:
@@ -300,7 +335,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         model=model,
         args=args,
         train_dataset=train_ds,
-        loss=make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=config.gather_across_devices),
+        loss=make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=config.gather_across_devices and _world_size() > 1),
         callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum)],
     )
     return trainer, model
@@ -331,7 +366,7 @@ def train(dataset, config: TrainConfig | dict | None = None) -> str:
     trainer.train(resume_from_checkpoint=resume)
     out = os.path.join(config.output_dir, "final")
     if is_main_process():  # one writer under torchrun
-        model.save(out)
+        save_model(model, out)
         with open(os.path.join(out, "train_log.json"), "w") as f:
             json.dump({"config": config.model_dump(), "log_history": trainer.state.log_history}, f, indent=1)
     trainer.accelerator.wait_for_everyone()
