@@ -178,6 +178,13 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
         async with llm_session(ctx, stage=stage, entry=entry) as client:
             runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
             rep = await runner.run(items, lambda it: process(client, it), description=stage)
+            if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
+                # the breaker tripped while the last items were already in flight: every item was
+                # tried, but this is still an outage (the same message as a stop mid-run)
+                if client.outage_fatal:
+                    rep.failed = f"{stage}: {client.outage}"
+                else:
+                    rep.outage = client.outage
             return rep, client
 
     return asyncio.run(main())
