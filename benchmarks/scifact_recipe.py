@@ -20,6 +20,12 @@ ns-graded-curriculum   negsynth: multi-granularity mined negatives (one per rank
                        band first, 25 % of the steps each), negsynth's trainer defaults
 ns-graded-random       the same negatives, level drawn at random per row (order ablation)
 ns-graded-reverse      the same negatives, hardest band first
+ns-tuple-curriculum    every row carries 4 mined negatives (like st-mined-4) and the curriculum
+                       moves the 4-negative window down the positive-aware candidate list:
+                       ranks 31-34 in the first quarter of the steps, then 11-14, 4-7 and
+                       finally 1-4 (the st-mined-4 row); negsynth's trainer and sampler
+ns-tuple-hard          the same rows, all at ranks 1-4 (st-mined-4's data through negsynth's
+                       trainer: separates the trainer from the schedule)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -63,7 +69,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-random", "ns-graded-reverse",
-            "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-tuple-curriculum", "ns-tuple-hard", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-graded-curriculum"
 
 
@@ -118,6 +124,47 @@ def mined_graded(src, args, seed: int) -> list[dict]:
         if len(negs) == 4:
             out.append({"id": f"scifact-{i}", "task": "", "task_type": "short-long", "query": p.query, "positive": p.positive, "negatives": negs, "source": "scifact"})
     return out
+
+
+#: first candidate rank of a level's 4-negative window (level 1 = hardest, 4 = easiest)
+TUPLE_START = {1: 1, 2: 4, 3: 11, 4: 31}
+
+
+def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
+    """n-tuple rows (``negative_1..4``, hardest first): the curriculum slides each row's window of
+    4 negatives from candidate ranks 31-34 (first quarter of the steps) to 1-4 (last quarter);
+    ``ns-tuple-hard`` puts every row at ranks 1-4."""
+    import random
+
+    from negsynth.embed.mining import mine_negatives
+
+    depth = TUPLE_START[4] + 3
+    cache = args.out / "_mined" / f"pool{depth}.json"
+    if cache.exists():
+        pool = json.loads(cache.read_text())
+    else:
+        queries = {p.query_key: p.query for p in src.pairs}
+        positives = {k: src.positives_by_query.get(k, []) for k in queries}
+        model = base_model()
+        model.max_seq_length = args.max_length
+        npos = max((len(v) for v in positives.values()), default=1)
+        pool = mine_negatives(model, queries, positives, src.corpus, depth, relative_margin=0.05, range_max=depth + 4 * npos + 300,
+                              cache_folder=args.emb_cache)  # fmt: skip
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(pool))
+    cands = {id(p): [x for x in (pool.get(p.query_key) or {}).get("negatives", []) if x != p.positive] for p in src.pairs}
+    pairs = [p for p in src.pairs if len(cands[id(p)]) >= depth]
+    random.Random(seed).shuffle(pairs)
+    n = min(len(pairs), steps * args.batch_size)
+    per_phase = n // 4
+    rows = []
+    for i, p in enumerate(pairs[: per_phase * 4]):
+        phase = i // per_phase + 1
+        level = 1 if arm == "ns-tuple-hard" else 5 - phase
+        start = TUPLE_START[level] - 1
+        negs = cands[id(p)][start : start + 4]
+        rows.append({"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}, "phase": phase, "level": level})
+    return rows
 
 
 def llm_examples(run_dir: Path) -> list[dict]:
@@ -183,7 +230,8 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
 
     cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=args.steps, max_length=args.max_length,
                       seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4))  # fmt: skip
-    ds = Dataset.from_dict({k: [r[k] for r in rows] for k in ("anchor", "positive", "negative", "phase", "level")})
+    cols = [c for c in rows[0] if c in ("anchor", "positive", "negative", "phase", "level") or c.startswith("negative_")]
+    ds = Dataset.from_dict({k: [r[k] for r in rows] for k in cols})
     trainer, model = make_trainer(ds, cfg)
     trainer.train()
     save_model(model, str(dest))  # with the base model's max_seq_length, like the stock arms
@@ -201,6 +249,10 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         path = None
     elif arm.startswith("st-"):
         info = train_stock(src, arm, args, seed, dest)
+        path = str(dest)
+    elif arm.startswith("ns-tuple-"):
+        rows = tuple_rows(src, arm, args, seed, args.steps)
+        info = train_ns(rows, args, seed, dest)
         path = str(dest)
     else:
         if arm.startswith("ns-graded-"):
