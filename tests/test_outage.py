@@ -395,3 +395,34 @@ def test_sigterm_and_a_double_ctrl_c_exit_with_one_line(tmp_path, rd, signals, c
     assert p.returncode == code, err
     assert "Traceback" not in err and err.strip().count("\n") == 0, err
     assert "rerun the same command" in err or "interrupted" in err
+
+
+def test_disk_full_mid_stage_is_one_line_and_a_rerun_pays_for_nothing_twice(tmp_path, rd, monkeypatch):
+    """ENOSPC while a shard is written (root cannot be refused a write, so the disk is simulated):
+    one line naming the file and the fix, exit 2; the rerun finishes from the request cache."""
+    import errno
+
+    from negsynth.data import shards
+
+    real_write = shards.PartialWriter.write
+    calls = {"n": 0}
+
+    def full_after_three(self, obj):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        return real_write(self, obj)
+
+    with FakeOpenAI(always_valid) as srv:
+        cfg = config(tmp_path, srv.base_url, max_concurrency=1)
+        monkeypatch.setattr(shards.PartialWriter, "write", full_after_three)
+        r = generate(cfg, rd)
+        line = one_line(r)
+        assert r.exit_code == 2 and "cannot write" in line and ".partial" in line and "free some space" in line, line
+        paid = len(srv.requests)
+        monkeypatch.setattr(shards.PartialWriter, "write", real_write)
+        r = generate(cfg, rd)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["valid"] == EXAMPLES
+        # the answer whose write failed came from the cache: every item was paid for once
+        assert len(srv.requests) == EXAMPLES, (paid, len(srv.requests))
