@@ -106,3 +106,26 @@ def test_fatal_auth_error(tmp_path):
     with FakeOpenAI(lambda r, n: Reply(content="{}"), require_key="right") as srv:
         with pytest.raises(LLMFatalError, match="refused the API key"):
             asyncio.run(go(srv.base_url))
+
+
+def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
+    """HTTP_PROXY / NO_PROXY are honoured (as the SDK's client does) without trust_env's
+    per-request lookups: the fake server plays the proxy for a host that does not resolve."""
+    from negsynth.llm.client import proxy_for
+
+    target = "http://upstream.invalid:9/v1"
+
+    async def go():
+        async with LLMClient(_cfg(target, max_retries=0, max_attempts=1), base_url=target, cache=None) as llm:
+            return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
+
+    with FakeOpenAI(lambda r, n: Reply(content='{"ok": true}')) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url.rsplit("/v1", 1)[0])
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert proxy_for(target + "/chat/completions") == proxy.base_url.rsplit("/v1", 1)[0]
+        assert asyncio.run(go()).value == {"ok": True} and len(proxy.requests) == 1
+        monkeypatch.setenv("NO_PROXY", "upstream.invalid")
+        assert proxy_for(target + "/chat/completions") is None
+        res = asyncio.run(go())  # straight to a host that does not resolve: a transport failure
+        assert res.value is None and len(proxy.requests) == 1
