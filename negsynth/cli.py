@@ -17,8 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from negsynth.data.shards import ShardError
-from negsynth.errors import UserError
+from negsynth.errors import NegsynthError, UserError
 
 # quiet the libraries' own progress bars: stages show one progress bar each
 for _k, _v in (
@@ -72,8 +71,9 @@ def guarded(fn):
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
-        except (UserError, ShardError) as e:
-            _fail(str(e))
+        except NegsynthError as e:  # every error raised on purpose: its line and its exit code
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             _ignore_signals()  # a second Ctrl-C while we exit must not end in a traceback
             typer.echo("interrupted: finished shards are kept; rerun the same command to resume", err=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from negsynth.errors import NegsynthError
 
-class MissingResource(RuntimeError):
+
+class MissingResource(NegsynthError, RuntimeError):
     pass
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.curriculum import normalise
+from negsynth.errors import NegsynthError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
@@ -254,7 +255,7 @@ class EvalTexts:
         return h.hexdigest()
 
 
-class EvalSetError(ValueError):
+class EvalSetError(NegsynthError, ValueError):
     """A named evaluation set is unknown (message lists the known ones)."""
 
 

@@ -60,12 +60,14 @@ from typing import Any
 
 import numpy as np
 
+from negsynth.errors import NegsynthError
+
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
 SCHEDULES = ("curriculum", "reverse", "random", "fixed:K")
 COLUMNS = ("anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source")
 
 
-class CurriculumError(ValueError):
+class CurriculumError(NegsynthError, ValueError):
     """Bad input or options for the curriculum builder (message names the field and the fix)."""
 
 

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from negsynth.errors import NegsynthError
+
 SHARD_GLOB = "shard-*.jsonl"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-class ShardError(ValueError):
+class ShardError(NegsynthError, ValueError):
     """A shard that cannot be read; the message names the file, line and fix."""
 
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from negsynth.errors import NegsynthError
+
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
-class EvalDataError(ValueError):
+class EvalDataError(NegsynthError, ValueError):
     """A benchmark file is unreadable or malformed (message: file, line/field, fix)."""
 
 

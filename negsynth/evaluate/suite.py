@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from negsynth.errors import NegsynthError
+
 STS_INSTRUCTION = "Retrieve semantically similar text."
 
 CATEGORIES: tuple[str, ...] = ("Class", "Clust", "Pair", "Retr", "STS")  # MTEB-style averages
@@ -179,7 +181,7 @@ TASKS: tuple[TaskSpec, ...] = (
 TASKS_BY_NAME: dict[str, TaskSpec] = {t.name: t for t in TASKS}
 
 
-class UnknownTask(ValueError):
+class UnknownTask(NegsynthError, ValueError):
     pass
 
 

@@ -31,6 +31,7 @@ import httpx
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
+from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
@@ -43,11 +44,11 @@ for _name in ("openai", "httpx", "httpcore", "aiohttp"):
 T = TypeVar("T")
 
 
-class LLMFatalError(RuntimeError):
+class LLMFatalError(NegsynthError, RuntimeError):
     """A fault no retry can fix (bad key, unknown model, unreachable server): stop the stage."""
 
 
-class TransportError(RuntimeError):
+class TransportError(NegsynthError, RuntimeError):
     """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
 
     def __init__(self, reason: str, detail: str):
@@ -56,11 +57,11 @@ class TransportError(RuntimeError):
         self.detail = detail
 
 
-class EmptyResponse(RuntimeError):
+class EmptyResponse(NegsynthError, RuntimeError):
     """The server answered 200 with no choices."""
 
 
-class BudgetStop(RuntimeError):
+class BudgetStop(NegsynthError, RuntimeError):
     """A --max-* budget is spent: no new request is sent. The item stays unfinished (a rerun does it)."""
 
     def __init__(self, reason: str):
@@ -79,7 +80,7 @@ class OutageStop(BudgetStop):
         self.fatal = fatal
 
 
-class ValidationFailure(ValueError):
+class ValidationFailure(NegsynthError, ValueError):
     """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
 
     def __init__(self, reason: str, detail: str):
@@ -122,7 +123,7 @@ class ClientStats:
         }
 
 
-class HTTPFault(Exception):
+class HTTPFault(NegsynthError):
     """A non-200 answer on the lean aiohttp path (the SDK path raises openai.APIStatusError)."""
 
     def __init__(self, status_code: int, headers: Any, message: str):
@@ -132,7 +133,7 @@ class HTTPFault(Exception):
         self.message = message
 
 
-class BadResponse(RuntimeError):
+class BadResponse(NegsynthError, RuntimeError):
     """A 200 whose body is not a chat completion (cut off, not JSON): retried like a reset."""
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+from negsynth.errors import NegsynthError
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
 
 
-class ParseError(ValueError):
+class ParseError(NegsynthError, ValueError):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
