@@ -201,17 +201,13 @@ def _check_run_dir(run_dir: Path) -> None:
 
 def _llm_stage(name: str, ctx) -> dict:
     """Run one LLM stage; with base_url = "embedded", start the bundled server around it."""
+    from negsynth.pipeline.llm_stage import llm_endpoint
     from negsynth.pipeline.registry import get_stage
 
     fn = get_stage(name)
-    if ctx.cfg.llm.base_url == "embedded":
-        from negsynth.llm.server import EmbeddedServer
-
-        ctx.reporter.info("starting the embedded llama.cpp server ...")
-        with EmbeddedServer(ctx.cfg.serve, ctx.cfg.llm.model, log_path=ctx.run_dir / "logs" / "llama-server.log") as srv:
-            ctx.base_url = srv.base_url
-            return fn(ctx)
-    return fn(ctx)
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter) as url:
+        ctx.base_url = url or ctx.base_url
+        return fn(ctx)
 
 
 @app.command()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,22 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
 
 def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> float:
     return (prompt_tokens * cfg.price.input_per_mtok + completion_tokens * cfg.price.output_per_mtok) / 1e6
+
+
+@contextmanager
+def llm_endpoint(cfg, run_dir: Path, reporter) -> Iterator[str | None]:
+    """The one place ``llm.base_url = "embedded"`` becomes a server: start the bundled llama.cpp
+    server for the duration of the block and yield its URL; any other base URL yields None (the
+    configured URL is used as it is)."""
+    if cfg.llm.base_url != "embedded":
+        yield None
+        return
+    from negsynth.llm.server import EmbeddedServer
+
+    reporter.info(f"starting the embedded llama.cpp server ({cfg.llm.model}) ...")
+    with EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log") as srv:
+        reporter.info(f"embedded server ready at {srv.base_url}")
+        yield srv.base_url
 
 
 def endpoint(ctx: StageContext) -> str:

@@ -10,6 +10,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from negsynth.pipeline.context import Budget, StageContext
+from negsynth.pipeline.llm_stage import llm_endpoint
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.registry import LLM_STAGES, get_stage
 from negsynth.schemas.config import RunConfig
@@ -33,13 +34,8 @@ def run_pipeline(
     with ExitStack() as stack:
         base_url = None
         for i, (name, fn) in enumerate(fns):
-            if i in llm_idx and base_url is None and cfg.llm.base_url == "embedded":
-                from negsynth.llm.server import EmbeddedServer
-
-                reporter.info(f"starting the embedded llama.cpp server ({cfg.llm.model}) ...")
-                server = stack.enter_context(EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log"))
-                base_url = server.base_url
-                reporter.info(f"embedded server ready at {base_url}")
+            if i == (llm_idx or [None])[0]:
+                base_url = stack.enter_context(llm_endpoint(cfg, Path(run_dir), reporter))
             ctx = StageContext(cfg=cfg, run_dir=Path(run_dir), overwrite=overwrite, reporter=reporter, base_url=base_url, budget=budget or Budget())
             reporter.info(f"[bold]== {name}[/]")
             out[name] = fn(ctx)
