@@ -97,3 +97,16 @@ def test_example_record_rejects_unknown_fields():
     with pytest.raises(ValidationError):
         Example(id="a", task="t", task_type="sts", query="q", positive="p", negatives=N, bogus=1)
 
+
+
+def test_validation_dedup_and_the_sampler_share_one_text_identity():
+    """"The cat." and "the  cat" are one text for validation, pair dedup / cleaning and the
+    trainer's no-text-twice-per-batch sampler alike (they used to disagree on edge punctuation)."""
+    from negsynth.data import clean, curriculum
+    from negsynth.data.text import text_key
+    from negsynth.train import sampler
+    from negsynth.validators import normalize
+
+    a, b = "The cat sat on the mat.", "  the cat sat ON the mat"
+    assert text_key(a) == text_key(b)
+    assert normalize is text_key and curriculum.normalise is text_key and clean.normalise is text_key and sampler.normalise is text_key

@@ -52,7 +52,6 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -60,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from negsynth.data.text import text_key
 from negsynth.errors import NegsynthError
 
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
@@ -81,9 +81,8 @@ class CurriculumRows(list):
         self.stats = stats or {}
 
 
-def normalise(text: str) -> str:
-    """The key under which two texts count as the same: NFKC, casefolded, whitespace collapsed."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+#: the one definition of "the same text" (see negsynth.data.text)
+normalise = text_key
 
 
 def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:

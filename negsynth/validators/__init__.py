@@ -8,10 +8,10 @@ stable strings: they are counted in ``stats.json`` and written to rejects shards
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from negsynth.data.text import text_key
 from negsynth.schemas.records import NUM_NEGATIVES
 
 
@@ -37,15 +37,8 @@ REASONS = {
     "placeholder_text": "a text is a template placeholder such as '...' or 'document 1'",
 }
 
-_WS = re.compile(r"\s+")
-_EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$", re.U)
-
-
-def normalize(text: str) -> str:
-    """NFKC, lower case, whitespace collapsed, punctuation stripped at both ends."""
-    t = unicodedata.normalize("NFKC", text).casefold()
-    t = _WS.sub(" ", t).strip()
-    return _EDGE_PUNCT.sub("", t)
+#: the one definition of "the same text" (see negsynth.data.text)
+normalize = text_key
 
 
 _META = re.compile(
