@@ -139,6 +139,10 @@ def time_score(emb, examples, shard_size: int) -> tuple[float, dict]:
         for s in range(0, len(examples), shard_size):
             write_jsonl(d / "generate" / f"shard-{s // shard_size:05d}.jsonl", examples[s : s + shard_size])
         cfg = RunConfig()
+        # the scoring work only: near-duplicate removal and decontamination against the local
+        # evaluation sets are separate passes (on by default in the pipeline) that bare encode lacks
+        cfg.score.dedup = False
+        cfg.score.decontam_sets = []
         ctx = StageContext(cfg=cfg, run_dir=d, reporter=Reporter(quiet=True))
         t0 = time.perf_counter()
         stats = score.run(ctx, embedder=emb)
