@@ -202,10 +202,10 @@ def _check_run_dir(run_dir: Path) -> None:
 def _llm_stage(name: str, ctx) -> dict:
     """Run one LLM stage; with base_url = "embedded", start the bundled server around it."""
     from negsynth.pipeline.llm_stage import llm_endpoint
-    from negsynth.pipeline.registry import get_stage
+    from negsynth.pipeline.registry import get_stage, uses_llm
 
     fn = get_stage(name)
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter) as url:
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=uses_llm(name, ctx.cfg)) as url:
         ctx.base_url = url or ctx.base_url
         return fn(ctx)
 

@@ -342,3 +342,46 @@ def test_score_accepts_regenerated_records(tmp_path):
     scored = list(read_stage(tmp_path / "run" / "score"))
     assert [x["source_id"] for x in scored] == [x["source_id"] for x in recs]
     assert all(x["score"] is not None and len(x["score"]["cos_neg"]) == 4 for x in scored)
+
+
+def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
+    """``regenerate.negatives = "mined"``: a user with no LLM still gets graded, verified examples —
+    one negative per rank band, positive-aware, through the same shards, stats and score."""
+    import random
+
+    from negsynth.pipeline.registry import uses_llm
+    from negsynth.schemas.config import RunConfig
+
+    root = tmp_path / "beir"
+    root.mkdir()
+    rng = random.Random(0)
+    topics = ["ocean tides and the moon", "vaccines and the immune system", "volcanoes and lava", "bees and pollination", "black holes and gravity"]
+    words = "the of a shows study effect data rate high low new model cell energy water light heat plant animal".split()
+    docs = []
+    for i in range(120):
+        t = topics[i % len(topics)]
+        docs.append({"_id": f"d{i}", "title": "", "text": f"{t}: " + " ".join(rng.choice(words) for _ in range(12)) + f" ({i})"})
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [("1", "what causes ocean tides", "d0"), ("2", "how do vaccines train immunity", "d1"), ("3", "why do volcanoes erupt lava", "d2")]
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in queries))
+    (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in queries))
+    body = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: no request may be made
+    assert not uses_llm("regenerate", RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
+    r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)
+    assert stats["valid"] == 3 and stats["attempts"] == 0 and stats["mining"]["negatives"] == "mined"
+    text = {d["_id"]: d["text"] for d in docs}
+    for x in read_stage(tmp_path / "run" / "regenerate"):
+        Example.model_validate(x)
+        pos = x["positive"]
+        assert x["model"].startswith("mined:") and len(x["negatives"]) == 4 and len(set(x["negatives"])) == 4
+        assert pos not in x["negatives"] and set(x["negatives"]) <= set(text.values())
+        ranks = x["meta"]["mined_ranks"]
+        assert 1 <= ranks[0] <= 2 and 3 <= ranks[1] <= 5 and 6 <= ranks[2] <= 10 and 11 <= ranks[3] <= 20, ranks
+        s = x["meta"]["mined_scores"]
+        assert s == sorted(s, reverse=True) and s[0] <= 0.95 * x["meta"]["mined_pos_score"] + 1e-6
+    # a rerun is a no-op, still without a server
+    r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["valid"] == 3

@@ -33,11 +33,11 @@ def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> floa
 
 
 @contextmanager
-def llm_endpoint(cfg, run_dir: Path, reporter) -> Iterator[str | None]:
+def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterator[str | None]:
     """The one place ``llm.base_url = "embedded"`` becomes a server: start the bundled llama.cpp
-    server for the duration of the block and yield its URL; any other base URL yields None (the
-    configured URL is used as it is)."""
-    if cfg.llm.base_url != "embedded":
+    server for the duration of the block and yield its URL; any other base URL, or ``needed``
+    False, yields None (the configured URL is used as it is)."""
+    if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return
     from negsynth.llm.server import EmbeddedServer
@@ -175,7 +175,7 @@ def budget_checker(ctx: StageContext, client: LLMClient):
     return check
 
 
-def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, entry: dict[str, Any]) -> tuple[RunReport, LLMClient | None]:
+def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, entry: dict[str, Any], llm: bool = True) -> tuple[RunReport, LLMClient | None]:
     """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
     with the stage's LLM session, concurrency and budget; returns the report and the client.
 
@@ -190,6 +190,11 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
             raise AssertionError(it)
 
         return asyncio.run(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
+
+    if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
+        prepare_outputs(ctx, stage, entry)
+        runner = ShardedRunner(ctx, stage, concurrency=1)
+        return asyncio.run(runner.run(items, lambda it: process(None, it), description=stage)), None
 
     async def main() -> tuple[RunReport, LLMClient]:
         async with llm_session(ctx, stage=stage, entry=entry) as client:

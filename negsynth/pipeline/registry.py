@@ -31,3 +31,13 @@ def get_stage(name: str) -> Callable[[StageContext], dict]:
         raise UserError(f"unknown stage {name!r} in pipeline.stages; choose from {', '.join(STAGES)}") from None
     mod, fn = target.split(":")
     return getattr(importlib.import_module(mod), fn)
+
+
+def uses_llm(name: str, cfg) -> bool:
+    """Whether stage ``name`` calls the LLM under ``cfg`` (a stage module may say no with
+    ``needs_llm(cfg)``, e.g. regenerate with mined negatives): no server is started for it."""
+    if name not in LLM_STAGES:
+        return False
+    mod = importlib.import_module(STAGES[name].split(":")[0])
+    check = getattr(mod, "needs_llm", None)
+    return True if check is None else bool(check(cfg))

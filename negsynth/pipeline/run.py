@@ -12,7 +12,7 @@ from pathlib import Path
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.registry import LLM_STAGES, get_stage
+from negsynth.pipeline.registry import get_stage, uses_llm
 from negsynth.schemas.config import RunConfig
 
 
@@ -30,7 +30,7 @@ def run_pipeline(
     fns = [(n, get_stage(n)) for n in names]  # fail on an unknown name before any work
     reporter = reporter or Reporter()
     out: dict[str, dict] = {}
-    llm_idx = [i for i, n in enumerate(names) if n in LLM_STAGES]
+    llm_idx = [i for i, n in enumerate(names) if uses_llm(n, cfg)]
     with ExitStack() as stack:
         base_url = None
         for i, (name, fn) in enumerate(fns):

@@ -302,6 +302,10 @@ class RegenerateConfig(Section):
 
     inputs: list[SourceSpec] = Field(default_factory=list)
     mine: int = Field(0, ge=0)  # K mined negatives per pair beside the generated ones (0 = off)
+    # where an example's 4 graded negatives come from: "llm" (the LLM writes them) or "mined"
+    # (no LLM at all: the corpus is mined, one negative per rank band of mining.bands with
+    # strategy "graded", else the 4 hardest; level 1 = hardest)
+    negatives: Literal["llm", "mined"] = "llm"
     mining: MiningConfig = Field(default_factory=MiningConfig)
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"

@@ -53,7 +53,7 @@ from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.prompts import load_example, load_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
-from negsynth.schemas.records import Example, Reject
+from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import schema_failure, short_id
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty, normalize
 
@@ -180,9 +180,21 @@ def stage_hash(ctx: StageContext) -> str:
         "prompts": templates_fingerprint("regenerate", "system"),
         "inputs": [_path_fingerprint(s.path) + ([_path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
-    if cfg.mine:
+    if cfg.mine or cfg.negatives == "mined":
         parts["embedder"] = ctx.cfg.embedder
+    if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
+        del parts["llm"], parts["prompts"]
     return config_hash(parts)
+
+
+def mine_k(cfg: RegenerateConfig) -> int:
+    """Negatives mined per pair: ``mine``, and at least the 4 levels when they are the negatives."""
+    return max(cfg.mine, NUM_NEGATIVES) if cfg.negatives == "mined" else cfg.mine
+
+
+def needs_llm(cfg) -> bool:
+    """Whether this run of the stage calls the LLM (``regenerate.negatives = "mined"`` does not)."""
+    return cfg.regenerate.negatives != "mined"
 
 
 # -- mining ---------------------------------------------------------------------------------
@@ -232,7 +244,7 @@ def mine_pairs(
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
     """Fill ``payload["mined"]`` for every item (cached per source in ``regenerate/_mined/``)."""
     cfg = ctx.cfg.regenerate
-    k = cfg.mine
+    k = mine_k(cfg)
     cache_dir = ctx.stage_dir(STAGE) / "_mined"
     model = None
     stats: dict[str, Any] = {}
@@ -257,8 +269,11 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         for it in mine_items:
             f = found.get(it.payload["query_key"]) or {"negatives": [], "scores": [], "pos_score": None}
             # a negative of a multi-positive query must not be this pair's positive either
-            negs = [(n, s) for n, s in zip(f["negatives"], f["scores"]) if normalize(n) != normalize(it.payload["positive"])]
-            it.payload["mined"] = {"negatives": [n for n, _ in negs], "scores": [s for _, s in negs], "pos_score": f["pos_score"]}
+            ranks = f.get("ranks") or [None] * len(f["negatives"])
+            negs = [(n, s, r) for n, s, r in zip(f["negatives"], f["scores"], ranks) if normalize(n) != normalize(it.payload["positive"])]
+            it.payload["mined"] = {"negatives": [n for n, _, _ in negs], "scores": [s for _, s, _ in negs], "pos_score": f["pos_score"]}
+            if f.get("ranks"):  # graded mining: the 1-based rank of each negative among the candidates
+                it.payload["mined"]["ranks"] = [r for _, _, r in negs]
             short += len(negs) < k
         label = data.name if data.name not in stats else f"{data.name}#{si}"
         stats[label] = {"pairs": len(mine_items), "fewer_than_k": short, "corpus": len(data.corpus)}
@@ -363,6 +378,29 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, m
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
 
 
+async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str) -> Outcome:
+    """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``)."""
+    p = it.payload
+    mined = p.get("mined") or {"negatives": [], "scores": [], "pos_score": None}
+    negs = mined["negatives"][:NUM_NEGATIVES]
+    if len(negs) < NUM_NEGATIVES:
+        detail = f"{len(negs)} of {NUM_NEGATIVES} negatives survived mining (corpus too small, or the margin removed the rest)"
+        rej = Reject(id=it.id, stage=STAGE, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"})
+        return Outcome(reject=rej.model_dump(mode="json"))
+    meta: dict[str, Any] = dict(p["meta"])
+    if p["source_negatives"]:
+        meta["source_negatives"] = p["source_negatives"]
+    meta["mined_scores"] = mined["scores"][:NUM_NEGATIVES]
+    meta["mined_pos_score"] = mined["pos_score"]
+    if mined.get("ranks"):
+        meta["mined_ranks"] = mined["ranks"][:NUM_NEGATIVES]
+    ex = Example(
+        id=it.id, task=p["instruction"], task_type=p["task_type"], attributes={"symmetric": p["symmetric"]}, query=p["query"],
+        positive=p["positive"], negatives=list(negs), model=model, source=p["source"], source_id=p["source_id"], meta=meta,
+    )  # fmt: skip
+    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
 def run(ctx: StageContext) -> dict:
     """Run regenerate and return its stats (also written to ``regenerate/stats.json``)."""
     cfg = ctx.cfg.regenerate
@@ -372,16 +410,19 @@ def run(ctx: StageContext) -> dict:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
     entry = {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "items": len(items), "mine": cfg.mine}
     check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)  # reads only: refuse before mining
-    mining = mine_for_items(ctx, items, sources) if cfg.mine else None
-
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
+    mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
+    if cfg.negatives == "mined":
+        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
+        rep, client = run_items(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), entry=entry, llm=False)
+    else:
+        rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
     extra: dict[str, Any] = {
         "sources": per_source,
         "duplicates": sum(v["duplicates"] for v in per_source.values()),
         "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
     }
     if mining is not None:
-        extra["mining"] = {"k": cfg.mine, **mining}
+        extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
     stats = finish_stage(ctx, STAGE, entry, rep, client, extra)
     rows = summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(len(items))))
