@@ -132,19 +132,10 @@ class SentenceTransformerEmbedder(Embedder):
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise UserError("score needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
-        from negsynth.resources import MissingResource, minilm_path
+        from negsynth.embed.models import resolve_model
 
-        if model == "default":
-            try:
-                path, local = str(minilm_path()), True
-            except MissingResource as e:
-                raise UserError(str(e)) from None
-        else:
-            p = Path(model).expanduser()
-            local = p.exists()
-            if local and not p.is_dir():
-                raise UserError(f"embedder.model {model!r}: is a file; pass a sentence-transformers model folder or a hub name")
-            path = str(p) if local else model
+        ref = resolve_model(model, what="embedder.model")
+        path, local = ref.path, ref.local
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         try:

@@ -10,45 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
-import numpy as np
 
 from negsynth.embed.base import Embedder
 
 
-class LocalSTEmbedder(Embedder):
-    """A minimal :class:`Embedder` over a local ``SentenceTransformer`` folder (fallback while
-    :mod:`negsynth.embed.st` is not importable)."""
-
-    def __init__(self, path: str | Path, *, batch_size: int = 64, instruct_queries: bool = False):
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-        self.name = f"st:{Path(path).name if Path(path).name != 'model' else Path(path).parent.name}"
-        self.batch_size = batch_size
-        self.instruct_queries = instruct_queries
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.get_sentence_embedding_dimension())
-
-    def _encode(self, texts, *, batch_size, show_progress) -> np.ndarray:
-        return self.model.encode(texts, batch_size=batch_size or self.batch_size, show_progress_bar=show_progress,
-                                 convert_to_numpy=True, normalize_embeddings=True)
-
-
 def build_embedder(model: str | None, instruct: bool) -> Embedder:
-    from negsynth.resources import minilm_path
+    from negsynth.embed.models import embedder_for
 
-    path = Path(model) if model else minilm_path()
-    try:
-        from negsynth.embed import load_embedder
-        from negsynth.schemas.config import EmbedderConfig
-
-        return load_embedder(EmbedderConfig(model=str(path) if model else "default", device="cpu", instruct_queries=instruct))
-    except ImportError:
-        return LocalSTEmbedder(path, instruct_queries=instruct)
+    return embedder_for(model or "default", instruct_queries=instruct, device="cpu")
 
 
 def main(argv: list[str] | None = None) -> int:

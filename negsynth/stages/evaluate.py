@@ -12,38 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from negsynth.embed.models import embedder_for  # noqa: F401  (re-exported: stages.evaluate.embedder_for)
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 
 STAGE = "evaluate"
-
-
-def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None):
-    """An :class:`Embedder` for a base-model alias, a negsynth-trained folder or any ST folder.
-
-    A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
-    :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
-    (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
-    ``model`` and ``batch_size`` taken from the arguments.
-    """
-    from negsynth.embed.st import SentenceTransformerEmbedder
-    from negsynth.schemas.config import EmbedderConfig
-    from negsynth.train.trainer import resolve_model_path
-
-    p = Path(model)
-    if p.is_dir() and (p / "modules.json").exists():  # any sentence-transformers folder, negsynth-trained ones included
-        return SentenceTransformerEmbedder.load(str(p), device=device, batch_size=batch_size, instruct_queries=instruct_queries)
-    path, is_decoder = resolve_model_path(model)
-    if is_decoder:
-        from negsynth.embed.decoder import DecoderEmbedder
-
-        base = embedder if embedder is not None else EmbedderConfig()
-        update = {"kind": "decoder", "model": "default" if model in ("smollm2", "smollm2-135m") else path, "batch_size": batch_size,
-                  "instruct_queries": instruct_queries or base.instruct_queries}
-        if device != "auto":
-            update["device"] = device
-        return DecoderEmbedder.from_config(base.model_copy(update=update))
-    return SentenceTransformerEmbedder.load(path if model not in ("default", "minilm") else "default", batch_size=batch_size, instruct_queries=instruct_queries)
 
 
 def run(ctx: StageContext, model: str | None = None, baseline: str | None = None, *, require_data: bool = False) -> dict:
@@ -68,10 +41,7 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     def one(m: str, dest: Path) -> dict:
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
-        try:
-            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg)
-        except ValueError as e:  # an unknown alias or a missing folder
-            raise UserError(f"evaluate: {e}; pass --model (or --baseline) a model folder, 'default' or 'smollm2'") from None
+        emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg, what="evaluate --model (or --baseline)")
         try:
             rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data)
         except (EvalDataError, UnknownTask) as e:

@@ -199,22 +199,12 @@ def needs_llm(cfg) -> bool:
 
 # -- mining ---------------------------------------------------------------------------------
 def load_st_model(cfg: EmbedderConfig):
-    """A SentenceTransformer for mining: ``model = "default"`` is the bundled all-MiniLM-L6-v2 (offline)."""
+    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2)."""
     if cfg.kind != "sentence-transformers":
         raise UserError("--mine needs a sentence-transformers embedder; set embedder.kind = \"sentence-transformers\" (decoder embedders are not supported for mining)")
-    from sentence_transformers import SentenceTransformer
+    from negsynth.embed.models import load_sentence_transformer
 
-    from negsynth.embed.base import resolve_device
-    from negsynth.resources import MissingResource, minilm_path
-
-    try:
-        name = str(minilm_path()) if cfg.model == "default" else cfg.model
-    except MissingResource as e:
-        raise UserError(str(e)) from None
-    model = SentenceTransformer(name, device=resolve_device(cfg.device))
-    if cfg.max_length:
-        model.max_seq_length = cfg.max_length
-    return model
+    return load_sentence_transformer(cfg.model, device=cfg.device, max_length=cfg.max_length)
 
 
 def mine_pairs(

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from negsynth.train.config import DECODER_ALIASES, ENCODER_ALIASES, TrainConfig
+from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
 from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
 
@@ -37,27 +37,13 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- model building
 
 
-def _is_decoder_path(path: str) -> bool:
-    cfg = Path(path) / "config.json"
-    if not cfg.exists():
-        return False
-    c = json.loads(cfg.read_text())
-    return any(a.endswith("ForCausalLM") for a in c.get("architectures") or []) or bool(c.get("is_decoder"))
-
-
 def resolve_model_path(model: str) -> tuple[str, bool]:
-    """(local folder, is_decoder) for ``default``/``minilm``, ``smollm2`` or a local path."""
-    if model in ENCODER_ALIASES:
-        from negsynth.resources import minilm_path
+    """(local folder, is_decoder) for ``default``/``minilm``, ``smollm2`` or a local folder
+    (see :func:`negsynth.embed.models.resolve_model`; no hub downloads when training)."""
+    from negsynth.embed.models import resolve_model
 
-        return str(minilm_path()), False
-    if model in DECODER_ALIASES:
-        from negsynth.embed.hf import resolve_decoder_path
-
-        return resolve_decoder_path("default"), True
-    if not Path(model).exists():
-        raise ValueError(f"model={model!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled)")
-    return model, _is_decoder_path(model)
+    ref = resolve_model(model, allow_hub=False, what="train.model")
+    return ref.path, ref.is_decoder
 
 
 def build_model(config: TrainConfig, device: str | None = None):

@@ -1,0 +1,131 @@
+"""One place that turns a model name into a model.
+
+A name is an alias (``default``/``minilm`` = the bundled all-MiniLM-L6-v2, ``smollm2`` = the
+bundled SmolLM2-135M decoder), a local folder (a sentence-transformers folder — negsynth-trained
+ones included — or a transformers folder), or, online, a Hugging Face hub name. Score, regenerate's
+mining, train and evaluate all resolve names here:
+
+* :func:`resolve_model` — name -> :class:`ModelRef` (local path, kind);
+* :func:`load_sentence_transformer` — a raw ``SentenceTransformer`` (mining, benchmarks);
+* :func:`embedder_for` — an :class:`~negsynth.embed.base.Embedder` (evaluate, score).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from negsynth.errors import UserError
+from negsynth.schemas.train import DECODER_ALIASES, ENCODER_ALIASES
+
+Kind = Literal["sentence-transformers", "decoder", "encoder"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model: ``path`` (a local folder, or the hub name when not local) and ``kind``:
+    ``sentence-transformers`` (a folder with ``modules.json``), ``decoder`` (a causal LM) or
+    ``encoder`` (any other transformers model, or a hub name)."""
+
+    name: str
+    path: str
+    kind: Kind
+    local: bool
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.kind == "decoder"
+
+
+def is_decoder_folder(path: str | Path) -> bool:
+    """A transformers folder whose config names a ``*ForCausalLM`` architecture (or ``is_decoder``)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.exists():
+        return False
+    c = json.loads(cfg.read_text())
+    return any(a.endswith("ForCausalLM") for a in c.get("architectures") or []) or bool(c.get("is_decoder"))
+
+
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub name (``org/name``): absolute, ``./``, ``../``, ``~`` or
+    more than one ``/``."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def resolve_model(name: str, *, allow_hub: bool = True, what: str = "model") -> ModelRef:
+    """``name`` -> :class:`ModelRef`. Aliases resolve to the bundled models (a one-line error
+    says which package to install when they are missing); ``allow_hub=False`` refuses names that
+    are neither an alias nor an existing folder. ``what`` names the setting in error messages."""
+    from negsynth.resources import MissingResource
+
+    if name in ENCODER_ALIASES:
+        from negsynth.resources import minilm_path
+
+        try:
+            return ModelRef(name, str(minilm_path()), "sentence-transformers", True)
+        except MissingResource as e:
+            raise UserError(str(e)) from None
+    if name in DECODER_ALIASES:
+        from negsynth.embed.hf import resolve_decoder_path
+
+        try:
+            return ModelRef(name, resolve_decoder_path("default"), "decoder", True)
+        except MissingResource as e:
+            raise UserError(str(e)) from None
+    p = Path(name).expanduser()
+    if not p.exists() and looks_like_path(name):
+        raise UserError(f"{what} {name!r}: no such folder; pass a model folder, an alias (default, minilm, smollm2) or a hub name")
+    if p.exists():
+        if not p.is_dir():
+            raise UserError(f"{what} {name!r}: is a file; pass a model folder, an alias (default, minilm, smollm2) or a hub name")
+        if (p / "modules.json").exists():
+            return ModelRef(name, str(p), "sentence-transformers", True)
+        return ModelRef(name, str(p), "decoder" if is_decoder_folder(p) else "encoder", True)
+    if not allow_hub:
+        raise UserError(f"{what} {name!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled here)")
+    return ModelRef(name, name, "encoder", False)
+
+
+def load_sentence_transformer(name: str = "default", *, device: str = "auto", max_length: int | None = None, what: str = "embedder.model"):
+    """A raw ``SentenceTransformer`` for ``name`` (mining, benchmarks): no negsynth wrapper."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise UserError("this needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
+    from negsynth.embed.base import resolve_device
+
+    ref = resolve_model(name, what=what)
+    if ref.is_decoder:
+        raise UserError(f"{what} {name!r} is a decoder LLM; this step needs a sentence-transformers encoder (decoder embedders: embedder.kind = \"decoder\")")
+    model = SentenceTransformer(ref.path, device=resolve_device(device), local_files_only=ref.local)
+    if max_length:
+        model.max_seq_length = max_length
+    return model
+
+
+def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model"):
+    """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
+    sentence-transformers folder or hub name.
+
+    A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
+    :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
+    (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
+    ``model`` and ``batch_size`` taken from the arguments.
+    """
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.schemas.config import EmbedderConfig
+
+    ref = resolve_model(model, what=what)
+    if ref.is_decoder:
+        from negsynth.embed.decoder import DecoderEmbedder
+
+        base = embedder if embedder is not None else EmbedderConfig()
+        update = {"kind": "decoder", "model": "default" if model in DECODER_ALIASES else ref.path, "batch_size": batch_size,
+                  "instruct_queries": instruct_queries or base.instruct_queries}  # fmt: skip
+        if device != "auto":
+            update["device"] = device
+        return DecoderEmbedder.from_config(base.model_copy(update=update))
+    return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
+                                            instruct_queries=instruct_queries)  # fmt: skip
