@@ -41,7 +41,10 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     def one(m: str, dest: Path) -> dict:
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
-        emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg, what="evaluate --model (or --baseline)")
+        try:
+            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg, what="evaluate --model (or --baseline)")
+        except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
+            raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
         try:
             rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data)
         except (EvalDataError, UnknownTask) as e:
