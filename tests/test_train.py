@@ -307,3 +307,15 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
     assert type(m2[1]).__name__ == "BidirectionalAttention" and m2[2].mode == "ata"
     after = _dataset_loss(m2, ds, cfg.temperature)
     assert after < before, (before, after)
+
+
+@pytest.mark.parametrize("ata_pool", ["embed_mask", "all"])
+def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tmp_path, ata_pool):
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train.trainer import build_model
+
+    m = build_model(TrainConfig(model=minilm, pooling="ata", ata_pool=ata_pool, max_length=32), device="cpu")
+    assert m[1].ata_pool == ata_pool
+    m.save(str(tmp_path / "m"))
+    assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool

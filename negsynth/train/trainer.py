@@ -111,7 +111,7 @@ def _pooling_module(config: TrainConfig, dim: int):
     if config.pooling == "latent":
         kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
     elif config.pooling == "ata":
-        kw = {"ata_detach": config.ata_detach}
+        kw = {"ata_detach": config.ata_detach, "ata_pool": config.ata_pool}
     return make_pooling(config.pooling, dim, **kw)
 
 
