@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 import negsynth.data.clean
 import negsynth.data.curriculum
+import negsynth.data.readers
 import negsynth.data.shards
 import negsynth.errors
-import negsynth.evaluate.data
 import negsynth.evaluate.suite
 import negsynth.llm.client
 import negsynth.llm.parsing
@@ -20,7 +20,7 @@ import negsynth.resources
 from negsynth.cli import app, guarded
 from negsynth.errors import BudgetExceeded, NegsynthError, UserError
 
-MODULES = (negsynth.errors, negsynth.resources, negsynth.evaluate.suite, negsynth.evaluate.data, negsynth.data.curriculum,
+MODULES = (negsynth.errors, negsynth.resources, negsynth.evaluate.suite, negsynth.data.readers, negsynth.data.curriculum,
            negsynth.data.clean, negsynth.data.shards, negsynth.llm.client, negsynth.llm.parsing)  # fmt: skip
 
 

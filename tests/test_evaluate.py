@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from negsynth.data.readers import read_beir, read_tsv
 from negsynth.embed.base import Embedder
 from negsynth.evaluate import (
     TASKS,
@@ -23,7 +24,6 @@ from negsynth.evaluate import (
     select_tasks,
 )
 from negsynth.evaluate import metrics as M
-from negsynth.evaluate.data import read_beir, read_tsv
 from negsynth.resources import default_data_dir
 
 DATA = default_data_dir()
@@ -245,7 +245,7 @@ def test_malformed_file_names_file_and_line(tmp_path):
     with pytest.raises(EvalDataError, match=r"lacks column\(s\) \['sentence1', 'sentence2'\]"):
         read_tsv(p, ("sentence1", "sentence2", "score"))
     p.write_text("sentence1\tsentence2\tscore\na\tb\tfive\n")
-    from negsynth.evaluate.data import parse_floats
+    from negsynth.data.readers import parse_floats
 
     cols = read_tsv(p, ("sentence1", "sentence2", "score"))
     with pytest.raises(EvalDataError, match=r"bad.tsv:2: column 'score' holds 'five'"):

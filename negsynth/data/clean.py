@@ -293,7 +293,7 @@ _TEXT_ROLES = ("text1", "text2", "text", "anchor", "positive", "negative")
 
 def _read_tsv_texts(path: Path, columns: list[str]):
     """``(column, line number, text)`` for the named columns of a headed TSV."""
-    from negsynth.evaluate.data import EvalDataError
+    from negsynth.data.readers import EvalDataError
 
     try:
         with path.open(encoding="utf-8", newline="") as fh:
@@ -324,7 +324,7 @@ def load_eval_texts(data_dir: Path | None, sets: str | list[str] = "auto", retri
     SciFact's train and test queries share one corpus: decontaminating against it would drop
     every example built from SciFact train. Ids: ``file:line:column`` or ``file:_id``.
     """
-    from negsynth.evaluate.data import read_beir
+    from negsynth.data.readers import read_beir
 
     out = EvalTexts(data_dir=data_dir)
     if sets != "auto" and not sets:

@@ -323,50 +323,20 @@ def _beir_paths(folder: Path, split: str | None) -> tuple[Path, Path, Path]:
     raise UserError(f"{folder}: not a BEIR folder for split {split or '(none)'}: need corpus.jsonl, queries.jsonl and qrels.tsv (tried {tried}); fix --input or --split")
 
 
-def _read_jsonl_frame(path: Path, required: tuple[str, ...]):
-    import polars as pl
-
-    try:
-        df = pl.read_ndjson(path, infer_schema_length=None)
-    except Exception as e:
-        raise UserError(f"{path}: not valid JSONL ({str(e).splitlines()[0] if str(e) else type(e).__name__}); each line must be one JSON object") from None
-    for c in required:
-        if c not in df.columns:
-            raise UserError(f"{path}: no field {c!r} (fields: {', '.join(df.columns)}); BEIR files need {', '.join(required)}")
-    return df
-
-
 def read_beir(spec, name: str, split: str) -> SourceData:
-    """One pair per (query, relevant document) with qrels score > 0."""
-    import polars as pl
+    """One pair per (query, relevant document) with qrels score > 0 (files parsed by the shared
+    :func:`negsynth.data.readers.read_beir_files`; empty documents are left out)."""
+    from negsynth.data.readers import read_beir_files
 
     corpus_p, queries_p, qrels_p = _beir_paths(Path(spec.path), spec.split)
-    cdf = _read_jsonl_frame(corpus_p, ("_id", "text"))
-    titles = cdf["title"].to_list() if "title" in cdf.columns else [None] * cdf.height
-    corpus: dict[str, str] = {}
-    for i, (did, title, text) in enumerate(zip(cdf["_id"].cast(pl.Utf8).to_list(), titles, cdf["text"].to_list())):
-        t, body = (title or "").strip(), (text or "").strip()
-        doc = f"{t} {body}".strip() if t else body
-        if doc:
-            corpus[did] = doc
-    qdf = _read_jsonl_frame(queries_p, ("_id", "text"))
-    queries = {str(q): (t or "").strip() for q, t in zip(qdf["_id"].cast(pl.Utf8).to_list(), qdf["text"].to_list())}
-    try:
-        qr = pl.read_csv(qrels_p, separator="\t", quote_char=None, infer_schema=False)
-    except Exception as e:
-        raise UserError(f"{qrels_p}: cannot read qrels ({str(e).splitlines()[0]}); it must be TSV with a header query-id, corpus-id, score") from None
-    need = ("query-id", "corpus-id", "score")
-    if any(c not in qr.columns for c in need):
-        raise UserError(f"{qrels_p}: needs the header query-id<TAB>corpus-id<TAB>score (got {', '.join(qr.columns)})")
+    queries, all_docs, rows = read_beir_files(corpus_p, queries_p, qrels_p)
+    corpus = {d: t for d, t in all_docs.items() if t}
+    queries = {q: t.strip() for q, t in queries.items()}
     pairs: list[Pair] = []
     by_q: dict[str, list[str]] = {}
     skipped = 0
-    for i, (qid, did, score) in enumerate(qr.select(need).iter_rows()):
-        loc = f"{qrels_p}: row {i + 1} (line {i + 2})"
-        try:
-            gain = float(score)
-        except (TypeError, ValueError):
-            raise UserError(f"{loc}: score {score!r} is not a number; fix that line") from None
+    for i, (qid, did, gain, line) in enumerate(rows):
+        loc = f"{qrels_p}: row {i + 1} (line {line})"
         if gain <= 0:
             continue
         if qid not in queries or not queries[qid]:
@@ -403,7 +373,9 @@ def _mining_corpus(path: str) -> list[str]:
     if not p.is_file():
         raise UserError(f"{p}: corpus file not found; fix corpus in the source spec")
     if p.suffix.lower() in (".jsonl", ".ndjson"):
-        df = _read_jsonl_frame(p, ("text",))
+        from negsynth.data.readers import read_jsonl_frame
+
+        df = read_jsonl_frame(p, ("text",))
         titles = df["title"].to_list() if "title" in df.columns else [None] * df.height
         return [f"{(t or '').strip()} {x}".strip() if (t or "").strip() else str(x) for t, x in zip(titles, df["text"].to_list()) if x]
     return [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]

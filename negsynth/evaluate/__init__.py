@@ -9,7 +9,7 @@ Public API::
 ``python -m negsynth.evaluate --help`` runs it from the shell (MiniLM by default).
 """
 
-from negsynth.evaluate.data import EvalDataError
+from negsynth.data.readers import EvalDataError
 from negsynth.evaluate.runner import compare, evaluate, load_report, print_report, render_table, write_report
 from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, select_tasks
 

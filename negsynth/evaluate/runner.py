@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.evaluate.data import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
 from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TaskSpec, select_tasks
 
 SCHEMA = "negsynth.evaluate/1"
@@ -194,7 +194,7 @@ def evaluate(
     ``data_dir``: the benchmark folder (default :func:`negsynth.resources.default_data_dir`).
     When no data is reachable this prints ONE line and returns an empty report (``tasks = {}``,
     the reason in ``notes``). A set missing from the data dir is listed under ``skipped``; a
-    malformed file raises :class:`~negsynth.evaluate.data.EvalDataError`. ``out``: write the
+    malformed file raises :class:`~negsynth.data.readers.EvalDataError`. ``out``: write the
     JSON report there atomically. ``progress``: one line per task on stderr.
     """
     specs = select_tasks(suite, tasks)

@@ -67,8 +67,8 @@ from negsynth.data.clean import (
     quantize,
     unpack_kept,
 )
+from negsynth.data.readers import EvalDataError
 from negsynth.data.shards import ShardError, atomic_write_bytes, atomic_write_json, atomic_write_text, iter_jsonl, list_shards, shard_name, write_jsonl
-from negsynth.evaluate.data import EvalDataError
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
