@@ -102,21 +102,28 @@ def evaluate_model(path: str | None, args) -> dict:
 # ------------------------------------------------------------------------------ data of each arm
 
 
+def cached_mining(src, args, name: str, mine) -> dict:
+    """``mine(model, queries, positives)`` over SciFact train with the base model at the training
+    length (as the stock arms mine), cached as ``OUT/_mined/<name>.json``."""
+    cache = args.out / "_mined" / f"{name}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    queries = {p.query_key: p.query for p in src.pairs}
+    positives = {k: src.positives_by_query.get(k, []) for k in queries}
+    model = base_model()
+    model.max_seq_length = args.max_length
+    found = mine(model, queries, positives)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(found))
+    return found
+
+
 def mined_graded(src, args, seed: int) -> list[dict]:
     """Examples with 4 multi-granularity mined negatives (cached per seed under OUT/_mined)."""
     from negsynth.embed.mining import mine_graded
 
-    cache = args.out / "_mined" / f"graded-seed{seed}.json"
-    if cache.exists():
-        found = json.loads(cache.read_text())
-    else:
-        queries = {p.query_key: p.query for p in src.pairs}
-        positives = {k: src.positives_by_query.get(k, []) for k in queries}
-        model = base_model()
-        model.max_seq_length = args.max_length  # mined at the training length, as the stock arms do
-        found = mine_graded(model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(found))
+    found = cached_mining(src, args, f"graded-seed{seed}", lambda model, queries, positives: mine_graded(
+        model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache))  # fmt: skip
     out = []
     for i, p in enumerate(src.pairs):
         f = found.get(p.query_key) or {}
@@ -139,19 +146,9 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     from negsynth.embed.mining import mine_negatives
 
     depth = TUPLE_START[4] + 3
-    cache = args.out / "_mined" / f"pool{depth}.json"
-    if cache.exists():
-        pool = json.loads(cache.read_text())
-    else:
-        queries = {p.query_key: p.query for p in src.pairs}
-        positives = {k: src.positives_by_query.get(k, []) for k in queries}
-        model = base_model()
-        model.max_seq_length = args.max_length
-        npos = max((len(v) for v in positives.values()), default=1)
-        pool = mine_negatives(model, queries, positives, src.corpus, depth, relative_margin=0.05, range_max=depth + 4 * npos + 300,
-                              cache_folder=args.emb_cache)  # fmt: skip
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(pool))
+    pool = cached_mining(src, args, f"pool{depth}", lambda model, queries, positives: mine_negatives(
+        model, queries, positives, src.corpus, depth, relative_margin=0.05,
+        range_max=depth + 4 * max((len(v) for v in positives.values()), default=1) + 300, cache_folder=args.emb_cache))  # fmt: skip
     cands = {id(p): [x for x in (pool.get(p.query_key) or {}).get("negatives", []) if x != p.positive] for p in src.pairs}
     pairs = [p for p in src.pairs if len(cands[id(p)]) >= depth]
     random.Random(seed).shuffle(pairs)

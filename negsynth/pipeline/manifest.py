@@ -184,16 +184,7 @@ def check_and_record(
     man = read_manifest(run_dir)
     old = man.get("stages", {}).get(stage)
     if old and stage_has_outputs(stage_dir) and not overwrite:
-        for key, what in (
-            ("config_hash", "a different config (or prompts, or inputs)"),
-            ("shard_size", "a different pipeline.shard_size"),
-            ("num_shards", "a different --num-shards"),
-        ):
-            if old.get(key) != entry.get(key):
-                raise UserError(
-                    f"{stage_dir}: outputs were made with {what} ({key} {old.get(key)} != {entry.get(key)}); "
-                    f"rerun with --overwrite to discard them, or use a new --run-dir"
-                )
+        _refuse_changed(stage_dir, old, entry)
     if overwrite and stage_dir.exists():
         if num_shards > 1 and old and old.get("num_shards") == num_shards:
             _remove_worker_outputs(stage_dir, shard_index, num_shards)  # leave the other workers' shards alone
