@@ -214,6 +214,9 @@ class ScoreConfig(Section):
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
     measured_drop: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative"])  # what `measured` removes
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
+    # easiness filter (NeMo Curator's retriever SDG): reject an example the embedder already solves
+    # by a wide margin, cos(q, pos) - max cos(q, neg) > easy_margin (reason "easy_query"); None = off
+    easy_margin: float | None = Field(None, ge=0.0, le=2.0)
     block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
     # cleaning (negsynth.data.clean), see docs/score.md: near-duplicate examples and evaluation-set overlap
     dedup: bool = True  # drop later near-duplicates of a kept example (query AND positive match)
