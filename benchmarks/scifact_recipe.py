@@ -150,12 +150,22 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
         model, queries, positives, src.corpus, depth, relative_margin=0.05,
         range_max=depth + 4 * max((len(v) for v in positives.values()), default=1) + 300, cache_folder=args.emb_cache))  # fmt: skip
     cands = {id(p): [x for x in (pool.get(p.query_key) or {}).get("negatives", []) if x != p.positive] for p in src.pairs}
-    pairs = [p for p in src.pairs if len(cands[id(p)]) >= depth]
-    random.Random(seed).shuffle(pairs)
-    n = min(len(pairs), steps * args.batch_size)
-    per_phase = n // 4
+    # every phase fills whole batches (steps / 4 of them); pairs whose margin-filtered candidate list
+    # is too short for the easy windows can still serve the hardest one (ranks 1-4)
+    rng = random.Random(seed)
+    deep = [p for p in src.pairs if len(cands[id(p)]) >= depth]
+    shallow = [p for p in src.pairs if 4 <= len(cands[id(p)]) < depth]
+    rng.shuffle(deep)
+    rng.shuffle(shallow)
+    per_phase = (steps // 4) * args.batch_size
+    if arm == "ns-tuple-hard":
+        chosen = (deep + shallow)[: 4 * per_phase]
+        rng.shuffle(chosen)
+    else:
+        easy_need = 3 * per_phase
+        chosen = deep[:easy_need] + (deep[easy_need:] + shallow)[:per_phase]
     rows = []
-    for i, p in enumerate(pairs[: per_phase * 4]):
+    for i, p in enumerate(chosen):
         phase = i // per_phase + 1
         level = 1 if arm == "ns-tuple-hard" else 5 - phase
         start = TUPLE_START[level] - 1
@@ -215,7 +225,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     trainer.train()
     model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
-    return {"rows": len(ds), "columns": ds.column_names, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+    return {"rows": len(ds), "columns": ds.column_names, "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 
 def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
@@ -225,14 +235,16 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
     from negsynth.train import TrainConfig, make_trainer
     from negsynth.train.trainer import save_model
 
-    cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=args.steps, max_length=args.max_length,
+    # one pass over the planned batches: the sampler keeps every text once per batch by moving
+    # colliding rows later, which can add a few partial batches; a step cap would cut the hardest phase
+    cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=-1, epochs=1, max_length=args.max_length,
                       seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4))  # fmt: skip
     cols = [c for c in rows[0] if c in ("anchor", "positive", "negative", "phase", "level") or c.startswith("negative_")]
     ds = Dataset.from_dict({k: [r[k] for r in rows] for k in cols})
     trainer, model = make_trainer(ds, cfg)
     trainer.train()
     save_model(model, str(dest))  # with the base model's max_seq_length, like the stock arms
-    return {"rows": len(rows), "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+    return {"rows": len(rows), "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 
 # ------------------------------------------------------------------------------ driver
