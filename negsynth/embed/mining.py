@@ -183,6 +183,7 @@ def mine_graded(
     *,
     bands=DEFAULT_BANDS,
     relative_margin: float | None = 0.05,
+    range_max: int | None = None,
     seed: int = 0,
     batch_size: int = 64,
     cache_folder: str | Path | None = None,
@@ -194,12 +195,17 @@ def mine_graded(
     Returns ``{key: {"negatives", "scores", "ranks", "pos_score"}}`` with the negatives ordered
     level 1 (hardest band) -> level ``len(bands)`` (easiest band); ``ranks`` are 1-based ranks
     among the surviving candidates.
+
+    ``range_max``: how many top candidates the margin filter looks at (default: the last band's
+    end + 4 per known positive + 20). When the positive itself ranks low, the filter removes most
+    of them and the easy bands stay empty for that query: on SciFact train (all-MiniLM-L6-v2,
+    128 tokens) every band is filled for 648 of 809 queries at range_max 124, 764 at 324, 783 at 600.
     """
     bands = check_bands(bands)
     depth = bands[-1][1]
     pool = mine_negatives(
         model, queries, known_positives, corpus, depth, relative_margin=relative_margin,
-        range_max=depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
+        range_max=range_max or depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
         batch_size=batch_size, cache_folder=cache_folder, use_faiss=use_faiss, faiss_threshold=faiss_threshold,
     )  # fmt: skip
     out: dict[str, dict[str, Any]] = {}

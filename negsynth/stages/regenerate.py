@@ -223,7 +223,8 @@ def mine_pairs(
     from negsynth.embed.mining import mine_graded, mine_negatives
 
     if opts.strategy == "graded":
-        return mine_graded(model, queries, known_positives, corpus, bands=opts.bands, relative_margin=opts.relative_margin, seed=opts.seed, batch_size=batch_size, cache_folder=cache_folder)
+        return mine_graded(model, queries, known_positives, corpus, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max,
+                           seed=opts.seed, batch_size=batch_size, cache_folder=cache_folder)  # fmt: skip
     return mine_negatives(
         model, queries, known_positives, corpus, k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin,
         max_score=opts.max_score, range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling,
