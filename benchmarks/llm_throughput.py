@@ -164,7 +164,8 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=LATENCY)
     ap.add_argument("--repeats", type=int, default=1, help="runs per concurrency (the best is reported)")
     ap.add_argument("--progress", action="store_true", help="show the rich progress bar (default: --quiet, as in CI logs)")
-    ap.add_argument("--profile", action="store_true", help="record a py-spy flame graph of the client")
+    ap.add_argument("--profile", nargs="?", const="svg", choices=["svg", "raw"], default=None,
+                    help="record a py-spy profile of the client: a flame graph (svg) or collapsed stacks (raw, text)")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-client ceiling runs")
     # internal entry points
     ap.add_argument("--_serve", type=int, help=argparse.SUPPRESS)
@@ -203,7 +204,9 @@ def main() -> None:
                 cfg = write_config(tmp, port, a.examples, c)
                 cmd = [*me, "--_client", "generate", str(cfg), str(rd), "0" if a.progress else "1"]
                 if a.profile:
-                    cmd = ["py-spy", "record", "-o", str(ROOT / f"benchmarks/profile_c{c}.svg"), "--", *cmd]
+                    fmt = "raw" if a.profile == "raw" else "flamegraph"
+                    ext = "txt" if fmt == "raw" else "svg"
+                    cmd = ["py-spy", "record", "-r", "200", "-f", fmt, "-o", str(ROOT / f"benchmarks/profile_c{c}.{ext}"), "--", *cmd]
                 out = subprocess.run(pinned(0, cmd), stdout=subprocess.PIPE, stderr=None if a.progress else subprocess.PIPE, text=True, cwd=ROOT)
                 if out.returncode != 0:
                     raise SystemExit(out.stderr)
