@@ -41,7 +41,11 @@ before any second seed, so an interrupted run still has the whole table. Prints 
 writes ``OUT/results.json`` after every arm, so an interrupted run keeps what it measured and a
 rerun skips the arms already in it (``--fresh`` to redo them).
 
-Default invocation (about an hour on 2 CPU cores)::
+Cost, measured on this project's 2-core CPU while other jobs shared it: training one arm (28
+steps x 32 rows) took 25-60 min on one core (n-tuple rows with 4 negatives cost the most), a quick
+evaluation 8-15 min, a full one ~45 CPU-min (SciFact's 5,183 abstracts). The default invocation
+(10 arms, key arms over 3 seeds, full evaluation) is therefore an overnight job on such a machine;
+``--eval-suite quick --arms ... --seeds 0`` picks a slice, and a GPU makes every arm minutes::
 
     python benchmarks/scifact_recipe.py --out runs/recipe
     python benchmarks/scifact_recipe.py --out runs/recipe --llm-run runs/scifact-llm   # + LLM arms
