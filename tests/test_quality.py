@@ -12,17 +12,7 @@ datasets = pytest.importorskip("datasets")
 
 from negsynth.data.curriculum import normalise  # noqa: E402
 from negsynth.train.config import TrainConfig  # noqa: E402
-from negsynth.train.sampler import CurriculumBatchSampler, curriculum_batch_sampler, plan_batches  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    from negsynth.resources import MissingResource, minilm_path
-
-    try:
-        return str(minilm_path())
-    except MissingResource as e:
-        pytest.skip(str(e))
+from negsynth.train.sampler import CurriculumBatchSampler, plan_batches  # noqa: E402
 
 
 def _texts_per_batch(ds, batches):

@@ -230,16 +230,6 @@ def _dataset_loss(model, ds, temperature):
     return info_nce(*e, temperature=temperature).item()
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    from negsynth.resources import MissingResource, minilm_path
-
-    try:
-        return str(minilm_path())
-    except MissingResource as e:
-        pytest.skip(str(e))
-
-
 def test_minilm_training_reduces_loss_and_logs_phase(minilm, tmp_path):
     import json
 
