@@ -285,17 +285,18 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
         resolve_decoder_path("default")
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"SmolLM2 not available: {e}")
-    from negsynth.train.trainer import build_model
+    from negsynth.train.trainer import build_model, resolve_temperature
 
     ds = _dataset(8)
     cfg = TrainConfig(
         model="smollm2", pooling="ata", bidirectional="last:2", lora={"enabled": True}, batch_size=4, grad_accum=1, lr=1e-3, epochs=2, max_length=24, save_steps=1000, output_dir=str(tmp_path / "run")
     )
-    before = _dataset_loss(build_model(cfg, device="cpu"), ds, cfg.temperature)
+    tau = resolve_temperature(cfg, is_decoder=True)  # the decoder family's default, 0.02
+    before = _dataset_loss(build_model(cfg, device="cpu"), ds, tau)
     out = train(ds, cfg)
     m2 = SentenceTransformer(out, device="cpu", trust_remote_code=True)
     assert type(m2[1]).__name__ == "BidirectionalAttention" and m2[2].mode == "ata"
-    after = _dataset_loss(m2, ds, cfg.temperature)
+    after = _dataset_loss(m2, ds, tau)
     assert after < before, (before, after)
 
 
