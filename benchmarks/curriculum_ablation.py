@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from negsynth.data.curriculum import build_curriculum
     from negsynth.data.shards import read_stage
+    from negsynth.embed import embedder_for
     from negsynth.evaluate import evaluate
-    from negsynth.stages.evaluate import embedder_for
     from negsynth.train import TrainConfig, train
 
     run_dir = Path(a.run_dir)

@@ -102,10 +102,10 @@ def run_stage(stage: str, cfg: Path, run_dir: Path, quiet: bool) -> dict:
     from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
-    from negsynth.pipeline.registry import get_stage
+    from negsynth.stages import get
 
     ctx = StageContext(cfg=load_config(cfg), run_dir=run_dir, reporter=Reporter(quiet=quiet))
-    fn = get_stage(stage)
+    fn = get(stage).function()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     stats = fn(ctx)

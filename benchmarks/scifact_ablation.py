@@ -77,11 +77,12 @@ def data_dir() -> Path:
 
 def regenerate(args, run_dir: Path) -> dict:
     """Run (or resume) the regenerate stage on the SciFact train pairs."""
-    from negsynth.cli import _llm_stage
     from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
+    from negsynth.pipeline.stage import run_stage
     from negsynth.schemas.config import SourceSpec
+    from negsynth.stages import get
 
     if args.config:
         cfg = load_config(args.config, args.set or [])
@@ -93,7 +94,7 @@ def regenerate(args, run_dir: Path) -> dict:
     cfg.regenerate.inputs = [SourceSpec(path=str(data_dir() / "scifact"), split="train", limit=args.pairs, seed=args.seed)]
     cfg.regenerate.mine = 4
     ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
-    return _llm_stage("regenerate", ctx)
+    return run_stage(get("regenerate"), ctx)
 
 
 def load_examples(run_dir: Path) -> list[dict]:

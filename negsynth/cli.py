@@ -1,17 +1,23 @@
-"""The ``negsynth`` command: one subcommand per stage, plus ``run``, ``serve`` and ``inspect``.
+"""The ``negsynth`` command: one subcommand per stage, plus ``run``, ``serve``, ``inspect`` and more.
 
-Every stage takes ``--config FILE.toml`` (default: the built-in embedded-LLM config) and
-``--run-dir DIR``; ``--set section.key=value`` overrides single keys. User mistakes end with
-one line on stderr and exit code 2; ``--json`` prints machine-readable stats on stdout.
+Every stage command is a declaration: its own options, the shared ones (:class:`Options`, declared
+once and added by :func:`stage_command`) and one call to
+:func:`negsynth.pipeline.stage.run_stage`. ``--config FILE.toml`` (default: the built-in
+embedded-LLM config), ``--run-dir DIR`` and ``--set section.key=value`` work everywhere. Errors
+raised on purpose (:class:`negsynth.errors.NegsynthError`) end with one line on stderr and their
+exit code, in one place (:func:`guarded`); ``--json`` prints machine-readable stats on stdout.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
 import sys
+import typing
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,11 +63,6 @@ EXIT_PENDING = 4
 #: exit code of an environment failure (disk full, unreadable file): one line, no traceback
 EXIT_ENV = 1
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def guarded(fn):
@@ -155,6 +156,68 @@ def _emit_llm(stats: dict, json_mode: bool) -> None:
         raise typer.Exit(EXIT_BUDGET)
 
 
+@dataclass
+class Options:
+    """The options every stage command shares, declared once (:func:`stage_command` adds them)."""
+
+    config: ConfigOpt = None
+    run_dir: RunDirOpt = Path("runs/default")
+    set_: SetOpt = None
+    quiet: QuietOpt = False
+    json_out: JsonOpt = False
+    overwrite: OverwriteOpt = False
+    verbose: VerboseOpt = 0
+    # LLM stages only
+    shard_index: ShardIdxOpt = 0
+    num_shards: NumShardsOpt = 1
+    max_requests: MaxReqOpt = None
+    max_tokens: MaxTokOpt = None
+    max_cost: MaxCostOpt = None
+    mode: ModeOpt = "online"
+
+    def context(self, extra_sets: list[str] | None = None):
+        """The stage's context: config (defaults + --config + overrides + --set), run dir, budget."""
+        return make_context(
+            self.config, self.run_dir, list(extra_sets or []) + list(self.set_ or []), quiet=self.quiet, json_mode=self.json_out,
+            overwrite=self.overwrite, shard_index=self.shard_index, num_shards=self.num_shards, max_requests=self.max_requests,
+            max_tokens=self.max_tokens, max_cost=self.max_cost, mode=self.mode,
+        )  # fmt: skip
+
+
+#: the shared options of the commands that call the LLM: workers, mode, budgets
+_SHARDS = ("shard_index", "num_shards", "mode")
+_BUDGETS = ("max_requests", "max_tokens", "max_cost")
+_BASIC = tuple(f.name for f in fields(Options) if f.name not in _SHARDS + _BUDGETS)
+
+
+def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool = False, overwrite: bool = True):
+    """Declare a command: ``fn(opts: Options, **own_options)``. The shared options are added to
+    its signature (with ``llm`` also workers, mode and budgets; with ``budgets`` the budgets alone;
+    without ``overwrite`` no --overwrite), logging is set up, and errors become one line and an
+    exit code (:func:`guarded`)."""
+    extra = _SHARDS + _BUDGETS if llm else _BUDGETS if budgets else ()
+    shared = [n for n in _BASIC + extra if overwrite or n != "overwrite"]
+    hints = typing.get_type_hints(Options, include_extras=True)
+    defaults = Options()
+
+    def deco(fn):
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]  # after opts
+        params = own + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, n), annotation=hints[n]) for n in shared]
+
+        def command(**kw):
+            opts = Options(**{n: kw.pop(n) for n in shared})
+            _setup_logging(opts.verbose)
+            return fn(opts, **kw)
+
+        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        app.command(name)(guarded(command))
+        return fn
+
+    return deco
+
+
 def make_context(
     config: Path | None,
     run_dir: Path,
@@ -199,62 +262,182 @@ def _check_run_dir(run_dir: Path) -> None:
         raise UserError(f"--run-dir {run_dir}: not writable; fix its permissions or choose another directory")
 
 
-def _llm_stage(name: str, ctx) -> dict:
-    """Run one LLM stage; with base_url = "embedded", start the bundled server around it."""
-    from negsynth.pipeline.llm_stage import llm_endpoint
-    from negsynth.pipeline.registry import get_stage, uses_llm
+def _run(name: str, opts: Options, extra_sets: list[str] | None = None, **kwargs) -> dict:
+    """Run stage ``name`` under the command's options and report its stats (exit code included)."""
+    from negsynth.pipeline.stage import run_stage
+    from negsynth.stages import get
 
-    fn = get_stage(name)
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=uses_llm(name, ctx.cfg)) as url:
-        ctx.base_url = url or ctx.base_url
-        return fn(ctx)
+    ctx = opts.context(extra_sets)
+    stats = run_stage(get(name), ctx, **kwargs)
+    _emit_llm(stats, opts.json_out)
+    return stats
 
 
-@app.command()
-@guarded
-def brainstorm(
-    config: ConfigOpt = None,
-    run_dir: RunDirOpt = Path("runs/default"),
-    set_: SetOpt = None,
-    quiet: QuietOpt = False,
-    json_out: JsonOpt = False,
-    overwrite: OverwriteOpt = False,
-    max_requests: MaxReqOpt = None,
-    max_tokens: MaxTokOpt = None,
-    max_cost: MaxCostOpt = None,
-    mode: ModeOpt = "online",
-    verbose: VerboseOpt = 0,
-) -> None:
+# ============================================================================ the method's stages
+
+
+@stage_command(llm=True)
+def brainstorm(opts: Options) -> None:
     """Stage 1: the LLM invents embedding tasks per task type -> RUN_DIR/brainstorm/."""
-    _setup_logging(verbose)
-    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost, mode=mode)
-    _emit_llm(_llm_stage("brainstorm", ctx), json_out)
+    _run("brainstorm", opts)
 
 
-@app.command()
-@guarded
-def generate(
-    config: ConfigOpt = None,
-    run_dir: RunDirOpt = Path("runs/default"),
-    set_: SetOpt = None,
-    quiet: QuietOpt = False,
-    json_out: JsonOpt = False,
-    overwrite: OverwriteOpt = False,
-    shard_index: ShardIdxOpt = 0,
-    num_shards: NumShardsOpt = 1,
-    max_requests: MaxReqOpt = None,
-    max_tokens: MaxTokOpt = None,
-    max_cost: MaxCostOpt = None,
-    mode: ModeOpt = "online",
-    verbose: VerboseOpt = 0,
-) -> None:
+@stage_command(llm=True)
+def generate(opts: Options) -> None:
     """Stage 2: per task, one example with 4 negatives ordered hardest -> easiest -> RUN_DIR/generate/."""
-    _setup_logging(verbose)
-    ctx = make_context(
-        config, run_dir, set_, quiet=quiet, json_mode=json_out, overwrite=overwrite, shard_index=shard_index,
-        num_shards=num_shards, max_requests=max_requests, max_tokens=max_tokens, max_cost=max_cost, mode=mode,
-    )  # fmt: skip
-    _emit_llm(_llm_stage("generate", ctx), json_out)
+    _run("generate", opts)
+
+
+def _filter_arg(items: list[str] | None) -> dict[str, str | list[str]]:
+    """``--filter label=entailment`` / ``--filter label=a,b`` -> the source spec's ``filter``."""
+    out: dict[str, str | list[str]] = {}
+    for it in items or []:
+        col, sep, val = it.partition("=")
+        if not sep or not col.strip():
+            raise UserError(f"--filter {it!r}: expected COLUMN=VALUE (or COLUMN=V1,V2), e.g. --filter label=entailment")
+        vals = [v.strip() for v in val.split(",")]
+        out[col.strip()] = vals if len(vals) > 1 else vals[0]
+    return out
+
+
+@stage_command(llm=True)
+def regenerate(
+    opts: Options,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="a BEIR folder, a saved HF dataset (or hub name), or a .jsonl/.parquet/.csv/.tsv file; repeatable"),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
+    query_col: Annotated[str | None, typer.Option("--query-col", help="column holding the query (default: query, anchor, question, premise, text1, ...)")] = None,
+    positive_col: Annotated[str | None, typer.Option("--positive-col", help="column holding the positive (default: positive, document, answer, hypothesis, text2, ...)")] = None,
+    instruction_col: Annotated[str | None, typer.Option("--instruction-col", help="column with a per-row instruction")] = None,
+    negatives_col: Annotated[str | None, typer.Option("--negatives-col", help="column with the source's own negatives (kept in meta, never used)")] = None,
+    source_name: Annotated[str | None, typer.Option("--source-name", help="source name: instruction-table key and source_id prefix (default: from the path)")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="BEIR qrels split (train/dev/test) or a DatasetDict split")] = None,
+    filter_: Annotated[list[str] | None, typer.Option("--filter", help="keep rows with COLUMN=VALUE[,VALUE...], e.g. --filter label=entailment")] = None,
+    instruction: Annotated[str | None, typer.Option("--instruction", help="instruction for every pair (overrides the per-source table)")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most N pairs per input (a seeded random sample)")] = None,
+    mine: Annotated[int | None, typer.Option("--mine", min=0, help="also mine K negatives per pair from the source's corpus with the embedder")] = None,
+) -> None:
+    """LLM-graded negatives for existing (query, positive) pairs (MGH §1.5) -> RUN_DIR/regenerate/.
+
+    With --input the command line describes the input(s); without it, the inputs listed under
+    regenerate.inputs in the run file are used (--limit and --mine still apply to them).
+    """
+    from negsynth.pipeline.stage import run_stage
+    from negsynth.schemas.config import SourceSpec
+    from negsynth.stages import get
+
+    ctx = opts.context()
+    rcfg = ctx.cfg.regenerate
+    cols = {k: v for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col)) if v}
+    if inputs:
+        if source_name and len(inputs) > 1:
+            raise UserError("--source-name applies to one --input; describe several named inputs with [[regenerate.inputs]] in a --config file")
+        try:
+            rcfg.inputs = [
+                SourceSpec(
+                    path=p, format=fmt, name=source_name, split=split, columns=cols, filter=_filter_arg(filter_),
+                    instruction=instruction, limit=limit,
+                )  # fmt: skip
+                for p in inputs
+            ]
+        except ValueError as e:
+            raise UserError(f"--input: {str(e).splitlines()[-1].strip()}") from None
+    else:
+        if cols or fmt != "auto" or source_name or split or filter_ or instruction:
+            raise UserError("--format/--*-col/--source-name/--split/--filter/--instruction describe an --input; pass --input PATH too (or edit [[regenerate.inputs]])")
+        if limit is not None:
+            rcfg.inputs = [s.model_copy(update={"limit": limit}) for s in rcfg.inputs]
+    if mine is not None:
+        rcfg.mine = mine
+    _emit_llm(run_stage(get("regenerate"), ctx), opts.json_out)
+
+
+def embedder_overrides(spec: str | None) -> list[str]:
+    """``--embedder`` shortcut -> ``--set`` overrides.
+
+    ``decoder`` / ``decoder:MODEL`` -> a zero-shot decoder embedder (method via
+    ``--set embedder.method=echo``); ``st`` / ``st:MODEL`` / ``sentence-transformers`` -> a
+    sentence-transformers model; anything else is a sentence-transformers folder or hub name.
+    """
+    if not spec:
+        return []
+    kind, _, model = spec.partition(":") if spec.split(":", 1)[0] in ("decoder", "st", "sentence-transformers") else ("st", "", spec)
+    out = ["embedder.kind=decoder"] if kind == "decoder" else ["embedder.kind=sentence-transformers"]
+    if model:
+        out.append(f"embedder.model='{model}'" if "'" not in model else f"embedder.model={model}")  # TOML literal: no escapes
+    elif kind == "decoder" or spec in ("st", "sentence-transformers"):
+        out.append("embedder.model='default'")
+    return out
+
+
+@stage_command()
+def score(
+    opts: Options,
+    embedder: Annotated[
+        str | None,
+        typer.Option("--embedder", "-e", help="st (MiniLM), st:PATH_OR_NAME, decoder, decoder:PATH, or a sentence-transformers folder / hub name"),
+    ] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="measured | annotate | reorder | filter (default score.policy)")] = None,
+) -> None:
+    """Stage 3: measure cos(query, positive/negatives) with a local embedder, flag false negatives -> RUN_DIR/score/."""
+    _run("score", opts, embedder_overrides(embedder) + ([f"score.policy={policy}"] if policy else []))
+
+
+@stage_command()
+def curriculum(
+    opts: Options,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="curriculum | reverse | random | fixed:K")] = None,
+) -> None:
+    """Build the training rows in training order (easiest level first) -> RUN_DIR/curriculum/."""
+    _run("curriculum", opts, [f"curriculum.schedule='{schedule}'"] if schedule else [])
+
+
+@stage_command()
+def train(opts: Options) -> None:
+    """Fine-tune on the curriculum in order (InfoNCE, in-batch + hard negatives) -> RUN_DIR/train/final."""
+    _run("train", opts)
+
+
+@stage_command(overwrite=False)
+def evaluate(
+    opts: Options,
+    model: Annotated[str | None, typer.Option("--model", help="model folder or alias (default: RUN_DIR/train/final)")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="model or report.json to compare with ('' for none)")] = None,
+    suite: Annotated[str | None, typer.Option("--suite", help="quick | full")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="comma-separated task or category names")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="benchmark folder (default ../shared/data)")] = None,
+) -> None:
+    """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
+    sets = [f"evaluate.suite='{suite}'"] if suite else []
+    if data_dir:
+        sets.append(f"evaluate.data_dir='{data_dir}'")
+    if tasks:
+        sets.append("evaluate.tasks=[" + ",".join(f"'{t.strip()}'" for t in tasks.split(",")) + "]")
+    _run("evaluate", opts, sets, model=model, baseline=baseline, require_data=True)
+
+
+@stage_command(budgets=True)
+def run(
+    opts: Options,
+    stages: Annotated[str | None, typer.Option("--stages", help="comma-separated subset, default pipeline.stages")] = None,
+) -> None:
+    """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM)."""
+    from negsynth.pipeline.stage import unfinished
+    from negsynth.stages import run_pipeline
+
+    ctx = opts.context()
+    names = [s.strip() for s in stages.split(",")] if stages else None
+    out = run_pipeline(ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget)
+    stopped = next((s for s in out.values() if unfinished(s)), None)
+    if stopped is not None:
+        _emit_llm({**stopped, "stages": out}, opts.json_out)
+    ctx.reporter.info(f"[bold green]done[/]: outputs in {opts.run_dir}/")
+    _emit(out, opts.json_out)
+
+
+# ============================================================================ around the stages
 
 
 @app.command()
@@ -272,37 +455,6 @@ def merge(
         _emit(stats, True)
     else:
         typer.echo(f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}", err=True)
-
-
-@app.command()
-@guarded
-def run(
-    config: ConfigOpt = None,
-    run_dir: RunDirOpt = Path("runs/default"),
-    set_: SetOpt = None,
-    stages: Annotated[str | None, typer.Option("--stages", help="comma-separated subset, default pipeline.stages")] = None,
-    quiet: QuietOpt = False,
-    json_out: JsonOpt = False,
-    overwrite: OverwriteOpt = False,
-    max_requests: MaxReqOpt = None,
-    max_tokens: MaxTokOpt = None,
-    max_cost: MaxCostOpt = None,
-    verbose: VerboseOpt = 0,
-) -> None:
-    """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM)."""
-    from negsynth.pipeline.run import run_pipeline
-
-    _setup_logging(verbose)
-    ctx = make_context(config, run_dir, set_, quiet=quiet, json_mode=json_out)
-    names = [s.strip() for s in stages.split(",")] if stages else None
-    from negsynth.pipeline.context import Budget
-
-    out = run_pipeline(ctx.cfg, run_dir, stages=names, reporter=ctx.reporter, overwrite=overwrite, budget=Budget(max_requests, max_tokens, max_cost))
-    stopped = next((s for s in out.values() if s.get("stopped_by") or s.get("failed") or s.get("outage") or s.get("pending")), None)
-    if stopped is not None:
-        _emit_llm({**stopped, "stages": out}, json_out)
-    ctx.reporter.info(f"[bold green]done[/]: outputs in {run_dir}/")
-    _emit(out, json_out)
 
 
 @app.command()
@@ -345,19 +497,68 @@ def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt
     typer.echo(tomli_w.dumps(cfg), nl=False)
 
 
-def register_later_stages() -> None:
-    """Subcommands of later stages live beside their stage modules (see negsynth/cli_*.py)."""
-    import importlib
+@app.command("inspect")
+@guarded
+def inspect_cmd(
+    path: Annotated[Path, typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl")],
+    sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="pretty-print N examples (with cosines and flags when scored)")] = 0,
+    task_type: Annotated[str | None, typer.Option("--task-type", help="only examples of this task type")] = None,
+    flag: Annotated[str | None, typer.Option("--flag", help="only examples with this flag: false_negative | too_easy | non_monotonic")] = None,
+    level: Annotated[int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,
+    plots: Annotated[Path | None, typer.Option("--plots", help="also write PNG figures to this directory")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="also write one self-contained HTML page (tables, plots, a filterable sample browser)")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Summarise a run: counts per stage, task-type mix, rejects, tokens/cost, score statistics per level."""
+    from negsynth.inspect import inspect_path, render, write_plots
 
-    for mod in ("negsynth.cli_stages",):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
+    _setup_logging(verbose)
+    report = inspect_path(path, sample=sample, task_type=task_type, flag=flag, level=level, seed=seed)
+    if plots is not None:
+        report["plots"] = [str(p) for p in write_plots(path, plots, task_type=task_type)]
+    if html_out is not None:
+        from negsynth.report_html import write_html
+
+        report["html"] = str(write_html(path, html_out, seed=seed))
+    if json_out:
+        _emit(report, True)
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    render(report, console)
+    for p in report.get("plots", []) + ([report["html"]] if "html" in report else []):
+        console.print(f"wrote {p}")
 
 
-register_later_stages()  # at import time, so `from negsynth.cli import app` sees every command
+@app.command()
+@guarded
+def export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder: OUT/dataset (HF dataset repo) and OUT/model (sentence-transformers model + card)")],
+    run_dir: RunDirOpt = Path("runs/default"),
+    only: Annotated[str | None, typer.Option("--only", help="dataset | model (default: both)")] = None,
+    with_shards: Annotated[bool, typer.Option("--with-shards", help="also export the generate/regenerate/score records as dataset configurations")] = False,
+    ntuple: Annotated[int | None, typer.Option("--ntuple", min=1, help="also write the 'ntuple' configuration: anchor, positive, negative_1..N per scored example")] = None,
+    license_: Annotated[str, typer.Option("--license", help="licence id for both cards (e.g. cc-by-4.0, apache-2.0)")] = "unknown",
+    push: Annotated[str | None, typer.Option("--push", help="upload to the Hub as USER/NAME (dataset and model repo); needs HF_TOKEN")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Write the curriculum as a Hugging Face dataset folder and the trained model with a model card (optionally push)."""
+    from negsynth.export import export_run
+
+    _setup_logging(verbose)
+    res = export_run(run_dir, out, only=only, with_shards=with_shards, ntuple=ntuple, license=license_, push_repo=push)
+    if json_out:
+        _emit(res, True)
+        return
+    for k in ("dataset", "model"):
+        if k in res:
+            typer.echo(f"wrote {res[k][k]}")
+    for url in res.get("pushed", []):
+        typer.echo(f"pushed {url}")
 
 
 def _sigterm(signum, frame) -> None:
@@ -389,7 +590,5 @@ def main() -> None:
         sys.exit(143 if _TERMINATED else 130)
 
 
-if __name__ == "__main__":  # python -m negsynth.cli: use the imported module's app (cli_stages registers there)
-    from negsynth.cli import main as _main
-
-    _main()
+if __name__ == "__main__":
+    main()

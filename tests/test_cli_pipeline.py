@@ -136,6 +136,43 @@ def test_generate_without_brainstorm_says_what_to_run(tmp_path):
         assert r.exit_code == 2 and "run `negsynth brainstorm` first" in r.stderr
 
 
+def test_missing_inputs_are_reported_before_the_embedded_server_starts(tmp_path, monkeypatch):
+    """The stage contract checks a stage's inputs first: no LLM server is started (or paid) for a
+    stage that cannot run, from the stage command or from ``negsynth run``."""
+    from negsynth.llm import server
+
+    started = []
+    monkeypatch.setattr(server.EmbeddedServer, "start", lambda self: started.append(1) or (_ for _ in ()).throw(AssertionError("server started")))
+    cfg = write_run_config(tmp_path, "embedded")
+    for args in (["generate"], ["run", "--stages", "generate,score"]):
+        r = runner.invoke(app, [*args, "-c", str(cfg), "-d", str(tmp_path / "r")])
+        assert r.exit_code == 2 and "run `negsynth brainstorm` first" in r.stderr, r.output
+    r = runner.invoke(app, ["curriculum", "-c", str(cfg), "-d", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "run `negsynth score` first" in r.stderr
+    assert started == []
+
+
+def test_every_stage_command_takes_the_shared_options():
+    """One options type, declared once: every stage command has it; the LLM stages add workers,
+    mode and budgets; the method's order is the default pipeline's."""
+    import typer.main
+
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages import METHOD
+
+    group = typer.main.get_command(app)
+    opts = {name: {o for p in cmd.params if p.param_type_name == "option" for o in p.opts} for name, cmd in group.commands.items()}
+    shared = {"--config", "--run-dir", "--set", "--quiet", "--json", "--verbose"}
+    for stage in METHOD:
+        assert shared <= opts[stage.name], stage.name
+        llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--num-shards", "--shard-index", "--mode"}
+        assert (llm_flags <= opts[stage.name]) == (stage.name in ("brainstorm", "generate", "regenerate")), stage.name
+    assert {"--max-requests", "--overwrite"} <= opts["run"] and "--num-shards" not in opts["run"]
+    assert "--overwrite" not in opts["evaluate"]
+    default = RunConfig().pipeline.stages
+    assert [s.name for s in METHOD if s.name in default] == default
+
+
 def test_run_stops_after_a_budget_stop_with_exit_3(tmp_path):
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)

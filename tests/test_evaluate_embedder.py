@@ -33,7 +33,7 @@ def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
     """Fast: the [embedder] section as the decoder embedder receives it (no model loaded)."""
     from negsynth.embed.decoder import DecoderEmbedder
     from negsynth.schemas.config import EmbedderConfig
-    from negsynth.stages.evaluate import embedder_for
+    from negsynth.embed import embedder_for
 
     seen = []
 
@@ -70,7 +70,7 @@ def test_evaluate_command_reports_the_method(tmp_path):
     assert rep["model"] == "smollm2"
     # the same section reaches a decoder given with --model
     from negsynth.schemas.config import EmbedderConfig
-    from negsynth.stages.evaluate import embedder_for
+    from negsynth.embed import embedder_for
 
     emb = embedder_for("smollm2", batch_size=4, embedder=EmbedderConfig(kind="decoder", method="prompteol", pooling="last"))
     assert emb.name.startswith("decoder:") and "prompteol" in emb.name, emb.name

@@ -136,9 +136,8 @@ def test_plots_written(run_dir, tmp_path):
 def test_cli_inspect(run_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from negsynth.cli import app, register_later_stages
+    from negsynth.cli import app
 
-    register_later_stages()
     r = CliRunner().invoke(app, ["inspect", str(run_dir), "--sample", "1", "--flag", "false_negative"], terminal_width=160)
     assert r.exit_code == 0, r.output
     assert "score per LLM level" in r.output and "FALSE NEG" in r.output and "schema" in r.output

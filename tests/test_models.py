@@ -59,4 +59,4 @@ def test_every_stage_resolves_through_it():
     assert "resolve_model" in inspect.getsource(st.SentenceTransformerEmbedder.load)
     assert "load_sentence_transformer" in inspect.getsource(regenerate.load_st_model)
     assert "resolve_model" in inspect.getsource(trainer.resolve_model_path)
-    assert evaluate.embedder_for.__module__ == "negsynth.embed.models"
+    assert evaluate.embedder_for.__module__ == "negsynth.embed" and "resolve_model" in inspect.getsource(evaluate.embedder_for)

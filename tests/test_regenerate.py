@@ -17,14 +17,13 @@ import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
 from typer.testing import CliRunner
 
-from negsynth.cli import app, register_later_stages
+from negsynth.cli import app
 from negsynth.data.shards import read_stage
 from negsynth.data.sources import load_source
 from negsynth.errors import UserError
 from negsynth.schemas.config import SourceSpec
 from negsynth.schemas.records import Example
 
-register_later_stages()
 runner = CliRunner()
 
 ROWS = [
@@ -349,8 +348,8 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     one negative per rank band, positive-aware, through the same shards, stats and score."""
     import random
 
-    from negsynth.pipeline.registry import uses_llm
     from negsynth.schemas.config import RunConfig
+    from negsynth.stages import get
 
     root = tmp_path / "beir"
     root.mkdir()
@@ -367,7 +366,8 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in queries))
     body = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: no request may be made
-    assert not uses_llm("regenerate", RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
+    assert not get("regenerate").needs_llm(RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
+    assert get("regenerate").needs_llm(RunConfig()) and not get("score").needs_llm(RunConfig())
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)

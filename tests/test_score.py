@@ -297,9 +297,8 @@ def test_cli_score_prints_table_and_json(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     import negsynth.embed
-    from negsynth.cli import app, register_later_stages
+    from negsynth.cli import app
 
-    register_later_stages()
     monkeypatch.setattr(negsynth.embed, "load_embedder", lambda cfg: FakeEmbedder(HAND))
     write_generate(tmp_path, [[example(0)]])
     r = CliRunner().invoke(app, ["score", "--run-dir", str(tmp_path), "--json", "--policy", "reorder"])

@@ -5,7 +5,7 @@ Never imports :mod:`negsynth.stages`, so a user can use an embedder on its own.
 
 from negsynth.embed.base import Embedder, resolve_device, resolve_dtype
 
-__all__ = ["Embedder", "load_embedder", "resolve_device", "resolve_dtype"]
+__all__ = ["Embedder", "embedder_for", "load_embedder", "resolve_device", "resolve_dtype"]
 
 
 def load_embedder(cfg=None) -> Embedder:
@@ -20,3 +20,31 @@ def load_embedder(cfg=None) -> Embedder:
     from negsynth.embed.decoder import DecoderEmbedder
 
     return DecoderEmbedder.from_config(cfg)
+
+
+def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model"):
+    """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
+    sentence-transformers folder or hub name.
+
+    A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
+    :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
+    (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
+    ``model`` and ``batch_size`` taken from the arguments.
+    """
+    from negsynth.embed.models import resolve_model
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.schemas.config import EmbedderConfig
+    from negsynth.schemas.train import DECODER_ALIASES, ENCODER_ALIASES
+
+    ref = resolve_model(model, what=what)
+    if ref.is_decoder:
+        from negsynth.embed.decoder import DecoderEmbedder
+
+        base = embedder if embedder is not None else EmbedderConfig()
+        update = {"kind": "decoder", "model": "default" if model in DECODER_ALIASES else ref.path, "batch_size": batch_size,
+                  "instruct_queries": instruct_queries or base.instruct_queries}  # fmt: skip
+        if device != "auto":
+            update["device"] = device
+        return DecoderEmbedder.from_config(base.model_copy(update=update))
+    return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
+                                            instruct_queries=instruct_queries)  # fmt: skip

@@ -7,7 +7,8 @@ mining, train and evaluate all resolve names here:
 
 * :func:`resolve_model` — name -> :class:`ModelRef` (local path, kind);
 * :func:`load_sentence_transformer` — a raw ``SentenceTransformer`` (mining, benchmarks);
-* :func:`embedder_for` — an :class:`~negsynth.embed.base.Embedder` (evaluate, score).
+
+and :func:`negsynth.embed.embedder_for` turns the result into an embedder (evaluate, score).
 """
 
 from __future__ import annotations
@@ -103,29 +104,3 @@ def load_sentence_transformer(name: str = "default", *, device: str = "auto", ma
     if max_length:
         model.max_seq_length = max_length
     return model
-
-
-def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model"):
-    """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
-    sentence-transformers folder or hub name.
-
-    A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
-    :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
-    (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
-    ``model`` and ``batch_size`` taken from the arguments.
-    """
-    from negsynth.embed.st import SentenceTransformerEmbedder
-    from negsynth.schemas.config import EmbedderConfig
-
-    ref = resolve_model(model, what=what)
-    if ref.is_decoder:
-        from negsynth.embed.decoder import DecoderEmbedder
-
-        base = embedder if embedder is not None else EmbedderConfig()
-        update = {"kind": "decoder", "model": "default" if model in DECODER_ALIASES else ref.path, "batch_size": batch_size,
-                  "instruct_queries": instruct_queries or base.instruct_queries}  # fmt: skip
-        if device != "auto":
-            update["device"] = device
-        return DecoderEmbedder.from_config(base.model_copy(update=update))
-    return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
-                                            instruct_queries=instruct_queries)  # fmt: skip

@@ -6,7 +6,7 @@ Public API::
     report = evaluate(embedder, suite="quick")          # dict, see runner.py for the schema
     print_report(report, baseline=old_report)           # rich table with deltas
 
-``python -m negsynth.evaluate --help`` runs it from the shell (MiniLM by default).
+``negsynth evaluate --help`` runs it from the shell (MiniLM by default).
 """
 
 from negsynth.data.readers import EvalDataError

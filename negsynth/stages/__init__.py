@@ -1,0 +1,74 @@
+"""The MGH method, stage by stage, in the order ``negsynth run`` runs them.
+
+Each stage module implements only its own loop, ``run(ctx) -> stats``; what every stage shares
+(input checks, the embedded LLM server, the relaunch policies) is the contract in
+:mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
+
+==============  ==========================================================  ========  ========
+stage           makes                                                       LLM       relaunch
+==============  ==========================================================  ========  ========
+brainstorm      embedding tasks per task type                               yes       resume
+generate        per task: query, positive, 4 negatives hardest -> easiest   yes       resume
+regenerate      the same graded negatives for existing (query, positive)    yes [1]   resume
+score           measured difficulty, the order checked, false negatives     no        resume
+curriculum      training rows in curriculum order (easiest level first)     no        rebuild
+train           the fine-tuned embedder (InfoNCE, in-batch + hard negs)     no        rebuild
+evaluate        the report on real benchmarks, beside the base model        no        always
+==============  ==========================================================  ========  ========
+
+[1] not with ``regenerate.negatives = "mined"`` (mined negatives only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from negsynth.errors import UserError
+from negsynth.pipeline.context import Budget
+from negsynth.pipeline.progress import Reporter
+from negsynth.pipeline.stage import Stage, run_stage, run_stages
+from negsynth.schemas.config import RunConfig
+
+METHOD: tuple[Stage, ...] = (
+    Stage("brainstorm", "negsynth.stages.brainstorm:run", "embedding tasks per task type", llm=True),
+    Stage("generate", "negsynth.stages.generate:run", "examples with 4 graded negatives", inputs=("brainstorm",), llm=True),
+    Stage(
+        "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs",
+        llm=lambda cfg: cfg.regenerate.negatives != "mined",
+    ),  # fmt: skip
+    Stage("score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True),
+    Stage("curriculum", "negsynth.stages.curriculum:run", "training rows, easiest level first", inputs=lambda cfg: (cfg.curriculum.input,), relaunch="rebuild"),
+    Stage("train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",), relaunch="rebuild"),
+    Stage("evaluate", "negsynth.stages.evaluate:run", "the benchmark report", relaunch="always"),
+)
+
+BY_NAME: dict[str, Stage] = {s.name: s for s in METHOD}
+
+
+def get(name: str) -> Stage:
+    """The stage called ``name``; one line listing the stages when there is none."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UserError(f"unknown stage {name!r}; choose from {', '.join(BY_NAME)}") from None
+
+
+def run_pipeline(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    *,
+    stages: list[str] | None = None,
+    reporter: Reporter | None = None,
+    overwrite: bool = False,
+    budget: Budget | None = None,
+) -> dict[str, dict]:
+    """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
+
+    >>> from negsynth.stages import run_pipeline
+    >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
+    """
+    chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
+    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget)
+
+
+__all__ = ["METHOD", "Stage", "get", "run_pipeline", "run_stage"]

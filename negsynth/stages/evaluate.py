@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from negsynth.embed.models import embedder_for  # noqa: F401  (re-exported: stages.evaluate.embedder_for)
+from negsynth.embed import embedder_for
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 

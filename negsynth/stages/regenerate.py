@@ -192,11 +192,6 @@ def mine_k(cfg: RegenerateConfig) -> int:
     return max(cfg.mine, NUM_NEGATIVES) if cfg.negatives == "mined" else cfg.mine
 
 
-def needs_llm(cfg) -> bool:
-    """Whether this run of the stage calls the LLM (``regenerate.negatives = "mined"`` does not)."""
-    return cfg.regenerate.negatives != "mined"
-
-
 # -- mining ---------------------------------------------------------------------------------
 def load_st_model(cfg: EmbedderConfig):
     """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2)."""
