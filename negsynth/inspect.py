@@ -232,33 +232,11 @@ def select_examples(neg, *, flag: str | None, level: int | None):
 
 
 def score_stats(neg, *, level: int | None = None) -> dict[str, Any]:
-    """Per-level statistics over the per-negative frame (see :func:`score_frame`)."""
-    pl = _pl()
-    ex = neg.unique(subset=["_file", "_row"], keep="first")
-    lv = (
-        neg.filter(pl.col("level") == level if level is not None else pl.lit(True))
-        .group_by("level")
-        .agg(
-            pl.len().alias("n"),
-            pl.col("cos").mean().alias("mean"),
-            pl.col("cos").median().alias("median"),
-            pl.col("fn").mean().alias("fn_rate"),
-            pl.col("easy").mean().alias("too_easy_rate"),
-        )
-        .sort("level")
-    )
-    by_tt = neg.group_by("task_type").agg(pl.col("fn").mean().alias("fn_rate"), pl.col("_row").n_unique().alias("n")).sort("task_type")
-    r = lambda x, nd=4: None if x is None else round(float(x), nd)  # noqa: E731
-    tau = ex.get_column("tau").drop_nulls()
-    return {
-        "examples": ex.height,
-        "cos_pos": {"mean": r(ex.get_column("cos_pos").mean()), "median": r(ex.get_column("cos_pos").median())},
-        "levels": [{k: (r(v) if isinstance(v, float) else v) for k, v in row.items()} for row in lv.iter_rows(named=True)],
-        "monotonic_pct": r(100 * ex.get_column("monotonic").mean(), 2) if ex.height else None,
-        "kendall_tau_mean": r(tau.mean()) if len(tau) else None,
-        "fn_rate": r(neg.get_column("fn").mean()) if neg.height else None,
-        "fn_rate_by_task_type": {row["task_type"]: r(row["fn_rate"]) for row in by_tt.iter_rows(named=True)},
-    }
+    """Per-level statistics over the per-negative frame (see :func:`score_frame`): the score
+    stage's own definition, so ``inspect`` and ``score/stats.json`` agree key for key."""
+    from negsynth.stages.score.stats import level_stats
+
+    return level_stats(neg, level=level)
 
 
 # ---------------------------------------------------------------------------- samples

@@ -310,17 +310,19 @@ def test_resume_after_a_killed_run_gives_byte_identical_shards(tmp_path, minilm,
     assert ref["clean"]["near_duplicate"] == 4 and ref["clean"]["contaminated"] == 1  # ex-3, 5, 7, 8; ex-4
     assert kept_ids(tmp_path / "ref") == ["ex-0", "ex-1", "ex-2", "ex-6"]
     # killed while writing shard 1 (block {0, 1}): shard 0 done, shard 1's sidecar written, its output not
-    real = S.write_jsonl
+    from negsynth.stages.score import stage as score_stage
+
+    real = score_stage.write_jsonl
 
     def dying(path, rows):
         if path.name == "shard-00001.jsonl" and path.parent.name == "score":
             raise KeyboardInterrupt
         return real(path, rows)
 
-    monkeypatch.setattr(S, "write_jsonl", dying)
+    monkeypatch.setattr(score_stage, "write_jsonl", dying)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "kill", RESUME_SHARDS, minilm, **kw)
-    monkeypatch.setattr(S, "write_jsonl", real)
+    monkeypatch.setattr(score_stage, "write_jsonl", real)
     assert (tmp_path / "kill" / "score" / "shard-00000.jsonl").exists() and not (tmp_path / "kill" / "score" / "shard-00001.jsonl").exists()
     resumed = run(tmp_path / "kill", RESUME_SHARDS, minilm, **kw)  # blocks now {1, 2}: other batches
     assert resumed["shards_scored_this_run"] == 2

@@ -150,6 +150,20 @@ def test_too_easy_floor_is_strict():
     assert m["too_easy"].tolist() == [[False, True, False, True]]
 
 
+def test_score_stats_and_inspect_share_one_definition(tmp_path):
+    """score's stats.json and ``negsynth inspect`` compute the per-level statistics with the same
+    function, so they agree key for key — also after ``reorder`` moved the negatives."""
+    from negsynth.inspect import inspect_path
+
+    rows = [example(0), example(1, tt="sts", negs=("n2", "n1", "n4", "n3")), example(2, q="Q2")]
+    write_generate(tmp_path, [rows[:2], rows[2:]])
+    stats = S.run(make_ctx(tmp_path, policy="reorder"), embedder=FakeEmbedder({**HAND, "Q2": 0.0}))
+    seen = inspect_path(tmp_path)["score"]
+    for key in ("examples", "cos_pos", "levels", "levels_decreasing", "monotonic_pct", "kendall_tau_mean", "fn_rate", "by_task_type", "fn_rate_by_task_type"):
+        assert seen[key] == stats[key], key
+    assert [lv["n"] for lv in stats["levels"]] == [3, 3, 3, 3] and stats["by_task_type"]["sts"]["examples"] == 1
+
+
 # ---------------------------------------------------------------- policies
 
 

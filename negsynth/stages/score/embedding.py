@@ -1,0 +1,128 @@
+"""Embedding the examples in blocks, with progress."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+
+def _uses_base_formatting(embedder) -> bool:
+    """True when queries are just ``format_query`` + ``encode`` (so queries and documents can share one pool)."""
+    from negsynth.embed.base import Embedder
+
+    t = type(embedder)
+    return t.encode_queries is Embedder.encode_queries and t.encode_documents is Embedder.encode_documents
+
+
+def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, label: str, raw: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Embed the texts of ``examples``, each distinct text once -> (cos_pos [N], cos_neg list per example, info).
+
+    Texts are sorted by length (longest first) once over the whole block and fed to the
+    embedder in chunks of ``8 * batch_size`` (one progress step per chunk); the embedder's own
+    per-call sort (sentence-transformers') then sees sorted input and changes nothing.
+
+    ``raw``: also embed each query as written (as a document, no instruction; the same pool row
+    when that is how queries are embedded anyway) and return ``info["pool"]`` = the pool texts,
+    vectors and per-example rows (``q`` raw query, ``p`` positive, ``n`` negatives), for
+    :mod:`negsynth.data.clean`.
+    """
+    shared = _uses_base_formatting(embedder)
+    # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
+    doc_index: dict[Any, int] = {}
+    q_index: dict[Any, int] = doc_index if shared else {}
+    q_items: list[tuple[str, str | None]] = []  # (text, instruction) of pool rows that are queries (non-shared)
+    pool_texts: list[str] = []
+    is_query: list[bool] = []
+
+    def add(key, text: str, query: bool, instr: str | None = None) -> int:
+        idx = q_index if (query and not shared) else doc_index
+        j = idx.get(key)
+        if j is None:
+            j = idx[key] = len(pool_texts)
+            pool_texts.append(text)
+            is_query.append(query and not shared)
+            if query and not shared:
+                q_items.append((text, instr))
+        return j
+
+    qi = np.empty(len(examples), dtype=np.int64)
+    pi = np.empty(len(examples), dtype=np.int64)
+    ni: list[list[int]] = []
+    for e, ex in enumerate(examples):
+        if shared:
+            qt = embedder.format_query(ex["query"], ex.get("task"))
+            qi[e] = add(qt, qt, True)
+        else:
+            qi[e] = add(("q", ex["query"], ex.get("task")), ex["query"], True, ex.get("task"))
+        pi[e] = add(ex["positive"], ex["positive"], False)
+        ni.append([add(n, n, False) for n in ex["negatives"]])
+    qr = np.array([add(ex["query"], ex["query"], False) for ex in examples], dtype=np.int64) if raw else None
+    n_texts = sum(2 + len(ex["negatives"]) for ex in examples)
+
+    dim = embedder.dim
+    vecs = np.zeros((len(pool_texts), dim), dtype=np.float32)
+    instr_of = {}
+    if not shared:
+        # pool row -> instruction, for the query rows
+        qrows = [j for j, q in enumerate(is_query) if q]
+        instr_of = {j: q_items[n][1] for n, j in enumerate(qrows)}
+    order = sorted(range(len(pool_texts)), key=lambda j: -len(pool_texts[j]))
+    chunk = max(1, 8 * batch_size)
+    t0 = time.perf_counter()
+    with _progress(reporter, label, len(order)) as bar:
+        for c0 in range(0, len(order), chunk):
+            rows = order[c0 : c0 + chunk]
+            if shared:
+                vecs[rows] = embedder.encode([pool_texts[j] for j in rows], batch_size=batch_size)
+            else:
+                qrows = [j for j in rows if is_query[j]]
+                drows = [j for j in rows if not is_query[j]]
+                if qrows:
+                    vecs[qrows] = embedder.encode_queries([pool_texts[j] for j in qrows], [instr_of[j] for j in qrows], batch_size=batch_size)
+                if drows:
+                    vecs[drows] = embedder.encode_documents([pool_texts[j] for j in drows], batch_size=batch_size)
+            bar.update(advance=len(rows))
+    embed_s = time.perf_counter() - t0
+
+    cos_pos = np.einsum("nd,nd->n", vecs[qi], vecs[pi])
+    cos_neg = [vecs[ni[e]] @ vecs[qi[e]] for e in range(len(examples))] if examples else []
+    info: dict[str, Any] = {"texts": n_texts, "unique_texts": len(pool_texts), "embed_s": embed_s}
+    if raw:
+        info["pool"] = {"texts": pool_texts, "vecs": vecs, "q": qr, "p": pi, "n": ni}
+    return cos_pos, cos_neg, info
+
+
+@contextmanager
+def _progress(reporter, label: str, total: int):
+    """A texts-embedded progress bar on the reporter's console (silent with --quiet / --json)."""
+    if reporter.quiet or total == 0:
+        yield _NoBar()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    prog = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("texts"),
+        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=reporter.console, refresh_per_second=4,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    with prog:
+        tid = prog.add_task(label, total=total, rate="")
+
+        class Bar:
+            done = 0
+
+            def update(self, advance: int = 0) -> None:
+                self.done += advance
+                dt = time.perf_counter() - t0
+                prog.update(tid, advance=advance, rate=f"{self.done / dt:.0f}/s" if dt > 0 else "")
+
+        yield Bar()
+
+
+class _NoBar:
+    def update(self, advance: int = 0) -> None:
+        pass

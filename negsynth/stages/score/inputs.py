@@ -1,0 +1,91 @@
+"""The stage's inputs: finished shards, their examples, the fingerprint, the decontamination texts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from negsynth.data.clean import (
+    EvalSetError,
+    EvalTexts,
+    load_eval_texts,
+)
+from negsynth.data.readers import EvalDataError
+from negsynth.data.shards import ShardError, iter_jsonl, list_shards
+from negsynth.errors import UserError
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.schemas.records import Example
+from negsynth.stages.common import inputs_fingerprint
+
+
+def input_shards(ctx: StageContext) -> list[tuple[str, Path]]:
+    """(stage, shard path) of every finished input shard, in output order; one-line error if none."""
+    out: list[tuple[str, Path]] = []
+    for st in ctx.cfg.score.inputs:
+        folder = ctx.run_dir / st
+        shards = list_shards(folder)
+        out += [(st, p) for p in shards]
+        if folder.is_dir() and any(folder.glob("shard-*.jsonl.partial")):
+            ctx.reporter.warn(f"{folder} has unfinished shards (.partial); score covers its finished shards only")
+    if not out:
+        where = " or ".join(str(ctx.run_dir / s) for s in ctx.cfg.score.inputs)
+        raise UserError(f"no finished shards in {where}; run `negsynth generate` first (or set score.inputs)")
+    return out
+
+
+def read_examples(path: Path) -> list[dict]:
+    """The records of one input shard, checked against :class:`Example` (one-line error naming the record)."""
+    rows: list[dict] = []
+    try:
+        for n, row in enumerate(iter_jsonl(path), start=1):
+            try:
+                Example.model_validate(row)
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"]) or "record"
+                raise UserError(f"{path}: record {n} is not an Example ({loc}: {err['msg']}); rerun the stage that wrote it with --overwrite") from None
+            row = dict(row)
+            row.pop("score", None)
+            rows.append(row)
+    except ShardError as e:
+        raise UserError(str(e)) from None
+    return rows
+
+
+def embedder_fingerprint(cfg) -> dict:
+    """The embedder settings that change cosines (device and batch size do not, beyond float noise)."""
+    return cfg.model_dump(mode="json", exclude={"device", "batch_size"})
+
+
+def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
+    """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
+    parts: dict[str, Any] = {
+        "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir"}),
+        "embedder": embedder_fingerprint(ctx.cfg.embedder),
+        "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
+    }
+    if eval_fingerprint is not None:
+        parts["decontam"] = eval_fingerprint
+    return config_hash(parts)
+
+
+def decontam_data_dir(ctx: StageContext) -> Path | None:
+    """``score.decontam_data_dir``, else ``evaluate.data_dir``, else what ``negsynth evaluate`` uses by default."""
+    d = ctx.cfg.score.decontam_data_dir or ctx.cfg.evaluate.data_dir
+    if d:
+        return Path(d)
+    from negsynth.resources import default_data_dir
+
+    return default_data_dir()
+
+
+def load_decontam_texts(ctx: StageContext) -> EvalTexts:
+    """The evaluation texts of ``score.decontam_sets`` (``skipped`` says why there are none)."""
+    cfg = ctx.cfg.score
+    try:
+        return load_eval_texts(decontam_data_dir(ctx), cfg.decontam_sets, cfg.decontam_retrieval_docs)
+    except (EvalSetError, EvalDataError) as e:
+        raise UserError(str(e)) from None

@@ -1,0 +1,355 @@
+"""The score stage: embed, measure, clean and write each shard; resume by shard."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from negsynth.data.clean import (
+    Decontaminator,
+    Deduplicator,
+    EvalTexts,
+    eval_vectors,
+    exact_key,
+    pack_kept,
+    quantize,
+    unpack_kept,
+)
+from negsynth.data.shards import atomic_write_bytes, atomic_write_json, atomic_write_text, shard_name, write_jsonl
+from negsynth.errors import UserError
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.manifest import check_and_record
+from negsynth.stages.score.embedding import _progress, embed_block
+from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
+from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, measure
+from negsynth.stages.score.stats import print_summary, summarize
+
+
+def _sidecar_path(ctx: StageContext, k: int) -> Path:
+    return ctx.stage_dir(STAGE) / "_shards" / f"{k:05d}.json"
+
+
+def _load_sidecar(ctx: StageContext, k: int) -> dict:
+    p = _sidecar_path(ctx, k)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        raise UserError(f"{p}: missing or unreadable (needed for stats.json); rerun `negsynth score --overwrite`") from None
+
+
+def run(ctx: StageContext, embedder=None) -> dict:
+    """Score every input example; return the stats (also in ``score/stats.json``).
+
+    ``embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
+    ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
+    """
+    t_start = time.perf_counter()
+    cfg = ctx.cfg.score
+    shards = input_shards(ctx)
+    ev = load_decontam_texts(ctx)
+    h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
+    out_dir = ctx.stage_dir(STAGE)
+    stats_path = out_dir / "stats.json"
+    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1, "inputs": len(shards)}, overwrite=ctx.overwrite)
+    todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
+    if todo and cfg.dedup:
+        # a shard's duplicates depend on every earlier shard: redo everything from the first missing one
+        redo = [k for k in range(todo[0], len(shards)) if k not in todo]
+        if redo:
+            ctx.reporter.info(f"score: {len(redo)} finished shard(s) after the first missing one are redone (dedup runs in input order)")
+        todo = list(range(todo[0], len(shards)))
+    if not todo and stats_path.exists():
+        stats = json.loads(stats_path.read_text(encoding="utf-8"))
+        if stats.get("config_hash") == h and stats.get("complete"):
+            ctx.reporter.info(f"score: up to date ({len(shards)} shards); --overwrite recomputes")
+            print_summary(ctx, stats)
+            return stats
+
+    emb = embedder
+    this_run = Counter()
+    if todo:
+        if emb is None:
+            from negsynth.embed import load_embedder
+
+            ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
+            emb = load_embedder(ctx.cfg.embedder)
+        bs = ctx.cfg.embedder.batch_size
+        cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
+        # group consecutive shards into blocks of ~block_examples examples (dedupe scope)
+        blocks: list[list[tuple[int, list[dict]]]] = [[]]
+        size = 0
+        for k in todo:
+            rows = read_examples(shards[k][1])
+            if blocks[-1] and size + len(rows) > cfg.block_examples:
+                _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
+                blocks.append([])
+                size = 0
+            blocks[-1].append((k, rows))
+            size += len(rows)
+        if blocks[-1]:
+            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
+
+    sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
+    stats: dict[str, Any] = {
+        "stage": STAGE,
+        "embedder": (emb.name if emb is not None else next((s["embedder"] for s in sidecars if s.get("embedder")), "?")),
+        "policy": cfg.policy,
+        "fn_ratio": cfg.fn_ratio,
+        "too_easy_floor": cfg.too_easy_floor,
+        **summarize(sidecars, cfg),
+        "input_examples": sum(s.get("examples", len(s["cos_pos"])) for s in sidecars),
+        "clean": clean_stats(ctx, sidecars, ev),
+        "kept": sum(s["kept"] for s in sidecars),
+        "rejected": sum(s["rejected"] for s in sidecars),
+        "rejects_by_reason": dict(sum((Counter(s["reasons"]) for s in sidecars), Counter()).most_common()),
+        "negatives_dropped": sum(s["negatives_dropped"] for s in sidecars),
+        "reordered": sum(s["reordered"] for s in sidecars),
+        "paper_table4": list(PAPER_TABLE4),
+        "inputs": [{"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))} for k, (st, p) in enumerate(shards)],
+        "shards_scored_this_run": len(todo),
+        "throughput": _throughput(this_run, emb),
+        "config_hash": h,
+        "complete": True,
+        "wall_time_s": round(time.perf_counter() - t_start, 3),
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_json(stats_path, stats)
+    print_summary(ctx, stats)
+    return stats
+
+
+def _throughput(c: Counter, emb) -> dict:
+    if not c.get("examples"):
+        return {"examples": 0}
+    return {
+        "examples": c["examples"],
+        "texts": c["texts"],
+        "unique_texts": c["unique_texts"],
+        "embed_s": round(c["embed_s"], 3),
+        "total_s": round(c["total_s"], 3),
+        "examples_per_s": round(c["examples"] / max(c["total_s"], 1e-9), 2),
+        "texts_per_s": round(c["texts"] / max(c["embed_s"], 1e-9), 2),
+        "unique_texts_per_s": round(c["unique_texts"] / max(c["embed_s"], 1e-9), 2),
+        "device": getattr(emb, "device", "?") if emb is not None else "?",
+    }
+
+
+def _kept_path(ctx: StageContext, k: int) -> Path:
+    return ctx.stage_dir(STAGE) / "_shards" / f"{k:05d}.kept.npy"
+
+
+class _Cleaner:
+    """This run's near-duplicate and contamination checks; the dedup state of the shards before
+    ``first`` is rebuilt from their ``_shards/XXXXX.kept.npy`` (what a resumed run needs)."""
+
+    def __init__(self, ctx: StageContext, emb, ev: EvalTexts, *, first: int, batch_size: int):
+        cfg = ctx.cfg.score
+        self.dedup: Deduplicator | None = None
+        if cfg.dedup:
+            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim)
+            for k in range(first):
+                p = _kept_path(ctx, k)
+                try:
+                    ids, keys, q, pv = unpack_kept(p)
+                except (OSError, ValueError, KeyError):
+                    raise UserError(f"{p}: missing or unreadable (needed to resume near-duplicate removal); rerun `negsynth score --overwrite`") from None
+                if self.dedup.uses_vectors and q is None:
+                    raise UserError(f"{p}: holds no vectors (written without score.dedup_threshold); rerun `negsynth score --overwrite`")
+                self.dedup.add(ids, keys, q if self.dedup.uses_vectors else None, pv if self.dedup.uses_vectors else None)
+        self.decontam: Decontaminator | None = None
+        if ev.texts:
+            vecs = None
+            if cfg.decontam_threshold is not None:
+                vecs, _ = eval_vectors(
+                    emb, ev, ctx.run_dir / "cache", embedder_fingerprint(ctx.cfg.embedder), batch_size=batch_size,
+                    progress=lambda label, total: _progress(ctx.reporter, label, total),
+                )  # fmt: skip
+            self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
+        elif ev.skipped and cfg.decontam_sets != []:
+            ctx.reporter.warn(f"score: decontamination skipped: {ev.skipped}")
+
+    @property
+    def needs_vectors(self) -> bool:
+        return bool((self.dedup is not None and self.dedup.uses_vectors) or (self.decontam is not None and self.decontam.uses_vectors))
+
+    def contamination(self, examples: list[dict], pool: dict | None, vecs16: np.ndarray | None) -> list[tuple[str, str] | None]:
+        """Per example: ``(eval set, detail)`` of its first text (query, positive, negatives) matching an evaluation text."""
+        out: list[tuple[str, str] | None] = [None] * len(examples)
+        dc = self.decontam
+        if dc is None:
+            return out
+        if pool is not None:
+            rows = sorted({int(r) for r in pool["q"]} | {int(r) for r in pool["p"]} | {int(r) for ns in pool["n"] for r in ns})
+            found = dict(zip(rows, dc.match([pool["texts"][r] for r in rows], vecs16[rows]), strict=True))
+
+            def roles(e: int) -> list[tuple[str, Any]]:
+                return [("query", int(pool["q"][e])), ("positive", int(pool["p"][e]))] + [(f"negative {i + 1}", int(r)) for i, r in enumerate(pool["n"][e])]
+        else:
+            distinct = list(dict.fromkeys(t for ex in examples for t in (ex["query"], ex["positive"], *ex["negatives"])))
+            found = dict(zip(distinct, dc.match(distinct, None), strict=True))
+
+            def roles(e: int) -> list[tuple[str, Any]]:
+                ex = examples[e]
+                return [("query", ex["query"]), ("positive", ex["positive"])] + [(f"negative {i + 1}", t) for i, t in enumerate(ex["negatives"])]
+
+        for e in range(len(examples)):
+            for role, key in roles(e):
+                m = found[key]
+                if m is not None:
+                    set_name, where = dc.describe(m)
+                    out[e] = (set_name, f"{role} matches {where}")
+                    break
+        return out
+
+
+def clean_stats(ctx: StageContext, sidecars: list[dict], ev: EvalTexts) -> dict[str, Any]:
+    """The ``clean`` block of stats.json: thresholds used and what each check dropped."""
+    cfg = ctx.cfg.score
+    c: Counter = Counter()
+    by_set: Counter = Counter()
+    for sc in sidecars:
+        cl = sc.get("cleaned") or {}
+        c.update({k: cl.get(k, 0) for k in ("near_duplicate", "near_duplicate_exact", "contaminated")})
+        by_set.update(cl.get("contaminated_by_set") or {})
+    return {
+        "dedup": cfg.dedup,
+        "dedup_threshold": cfg.dedup_threshold if cfg.dedup else None,
+        "near_duplicate": c["near_duplicate"],
+        "near_duplicate_exact": c["near_duplicate_exact"],
+        "decontam_sets": cfg.decontam_sets,
+        "decontam_threshold": cfg.decontam_threshold if ev.texts else None,
+        "decontam_retrieval_docs": cfg.decontam_retrieval_docs,
+        "decontam_data_dir": str(ev.data_dir) if ev.data_dir is not None else None,
+        "decontam_skipped": None if ev.texts else ev.skipped,
+        "eval_texts": len(ev.texts),
+        "eval_sets": dict(ev.per_set),
+        "contaminated": c["contaminated"],
+        "contaminated_by_set": dict(sorted(by_set.items())),
+    }
+
+
+def _reject(row: dict, reason: str, detail: str) -> dict:
+    return {"id": row["id"], "stage": STAGE, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
+
+
+def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner) -> None:
+    """Embed one block of input shards together, clean, then write each shard's outputs.
+
+    Per example, in input order: contaminated -> dropped; else the policy; an example the policy
+    keeps is then checked against the examples kept so far (earlier shards and blocks included)
+    and dropped as a near-duplicate or added to them. Only examples that end in an output shard
+    count as kept, so a duplicate of an example the policy rejected still gets its chance.
+    """
+    t0 = time.perf_counter()
+    cfg = ctx.cfg.score
+    examples = [r for _, rows in block for r in rows]
+    cos_pos, cos_neg, info = embed_block(
+        emb, examples, batch_size=batch_size, reporter=ctx.reporter, label=f"score: embedding (block {nblock})", raw=cleaner.needs_vectors
+    )
+    pool = info.get("pool")
+    vecs16 = quantize(pool["vecs"]) if pool is not None else None
+    # measure per negative count (normally all 4)
+    by_k: dict[int, list[int]] = defaultdict(list)
+    for e, cn in enumerate(cos_neg):
+        by_k[len(cn)].append(e)
+    per_ex: list[dict] = [None] * len(examples)  # type: ignore[list-item]
+    for k, idx in by_k.items():
+        m = measure(cos_pos[idx], np.stack([cos_neg[e] for e in idx]) if k else np.zeros((len(idx), 0)), cfg)
+        for r, e in enumerate(idx):
+            tau = m["tau"][r]
+            per_ex[e] = {
+                "cos_pos": float(m["cos_pos"][r]),
+                "cos_neg": [float(x) for x in m["cos_neg"][r]],
+                "false_negative": [bool(x) for x in m["false_negative"][r]],
+                "too_easy": [bool(x) for x in m["too_easy"][r]],
+                "tau": None if np.isnan(tau) else round(float(tau), 6),
+                "monotonic": bool(m["monotonic"][r]),
+            }
+    contam = cleaner.contamination(examples, pool, vecs16)
+    policy = [None if contam[e] else apply_policy(row, per_ex[e], cfg, emb.name) for e, row in enumerate(examples)]
+    dups: dict[int, Any] = {}
+    keys: dict[int, bytes] = {}
+    if cleaner.dedup is not None:
+        cand = [e for e in range(len(examples)) if policy[e] is not None and policy[e][0] is not None]
+        keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
+        qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
+        pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
+        found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv)
+        dups = {e: d for e, d in zip(cand, found, strict=True) if d is not None}
+    out_dir = ctx.stage_dir(STAGE)
+    e0 = 0
+    for k, rows in block:
+        records, rejects = [], []
+        reasons: Counter = Counter()
+        cleaned: Counter = Counter()
+        by_set: Counter = Counter()
+        scored: list[int] = []  # examples that stay in the statistics (not cleaned out)
+        kept: list[int] = []
+        dropped = reordered = 0
+        for e in range(e0, e0 + len(rows)):
+            row = examples[e]
+            if contam[e] is not None:
+                set_name, detail = contam[e]
+                rejects.append(_reject(row, "contaminated", detail))
+                cleaned["contaminated"] += 1
+                by_set[set_name] += 1
+                continue
+            rec, rej = policy[e]
+            if e in dups:
+                d = dups[e]
+                rejects.append(_reject(rec, "near_duplicate", d.detail()))
+                cleaned["near_duplicate"] += 1
+                cleaned["near_duplicate_exact"] += int(d.cos_query is None)
+                continue
+            scored.append(e)
+            sc = rec if rec is not None else rej["input"]
+            dropped += len(row["negatives"]) - len(sc["negatives"])
+            reordered += int(cfg.policy == "reorder" and sc["score"]["llm_order"] != sorted(sc["score"]["llm_order"]))
+            if rec is not None:
+                records.append(rec)
+                kept.append(e)
+            else:
+                rejects.append(rej)
+        for r in rejects:
+            reasons[r["reason"]] += 1
+        e0 += len(rows)
+        ms = [per_ex[e] for e in scored]
+        sidecar = {
+            "embedder": emb.name,
+            "examples": len(rows),
+            "task_type": [examples[e]["task_type"] for e in scored],
+            "cos_pos": [m["cos_pos"] for m in ms],
+            "cos_neg": [m["cos_neg"] for m in ms],
+            "false_negative": [m["false_negative"] for m in ms],
+            "too_easy": [m["too_easy"] for m in ms],
+            "tau": [m["tau"] for m in ms],
+            "monotonic": [m["monotonic"] for m in ms],
+            "kept": len(records),
+            "rejected": len(rejects),
+            "reasons": dict(reasons),
+            "negatives_dropped": dropped,
+            "reordered": reordered,
+            "cleaned": {**{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")}, "contaminated_by_set": dict(sorted(by_set.items()))},
+        }
+        atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
+        if cleaner.dedup is not None:
+            uv = cleaner.dedup.uses_vectors
+            atomic_write_bytes(
+                _kept_path(ctx, k),
+                pack_kept(
+                    [examples[e]["id"] for e in kept], [keys[e] for e in kept],
+                    vecs16[pool["q"][kept]] if uv else None, vecs16[pool["p"][kept]] if uv else None,
+                ),
+            )  # fmt: skip
+        write_jsonl(out_dir / "rejects" / shard_name(k), rejects)
+        write_jsonl(out_dir / shard_name(k), records)  # its presence marks the shard done: written last
+    this_run["examples"] += len(examples)
+    this_run["texts"] += info["texts"]
+    this_run["unique_texts"] += info["unique_texts"]
+    this_run["embed_s"] += info["embed_s"]
+    this_run["total_s"] += time.perf_counter() - t0

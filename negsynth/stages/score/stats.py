@@ -1,0 +1,180 @@
+"""Statistics per LLM level, written to ``score/stats.json`` and read by ``negsynth inspect``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from negsynth.pipeline.context import StageContext
+from negsynth.schemas.config import ScoreConfig
+from negsynth.stages.score.measure import PAPER_TABLE4
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+def negatives_frame(sidecars: list[dict]):
+    """The per-negative frame of :func:`level_stats` built from score's sidecars (one per shard)."""
+    import polars as pl
+
+    cols: dict[str, list] = {k: [] for k in ("_file", "_row", "task_type", "cos_pos", "cos", "level", "fn", "easy", "monotonic", "tau")}
+    row = 0
+    for k, sc in enumerate(sidecars):
+        for tt, cp, cn, fn, ez, mono, tau in zip(
+            sc["task_type"], sc["cos_pos"], sc["cos_neg"], sc["false_negative"], sc["too_easy"], sc["monotonic"], sc["tau"], strict=True
+        ):
+            for lv, (c, f, z) in enumerate(zip(cn, fn, ez, strict=True), start=1):
+                for key, v in (("_file", str(k)), ("_row", row), ("task_type", tt), ("cos_pos", cp), ("cos", c), ("level", lv), ("fn", f),
+                               ("easy", z), ("monotonic", mono), ("tau", tau)):  # fmt: skip
+                    cols[key].append(v)
+            row += 1
+    schema = {"_file": pl.String, "_row": pl.Int64, "task_type": pl.String, "cos_pos": pl.Float64, "cos": pl.Float64, "level": pl.Int64,
+              "fn": pl.Boolean, "easy": pl.Boolean, "monotonic": pl.Boolean, "tau": pl.Float64}  # fmt: skip
+    return pl.DataFrame(cols, schema=schema)
+
+
+def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
+    """Statistics per LLM level over a per-negative frame — the one definition that score's
+    ``stats.json`` and ``negsynth inspect`` share.
+
+    ``neg`` has one row per (example, negative): ``_file``, ``_row`` (together the example),
+    ``task_type``, ``cos_pos``, ``cos``, ``level`` (the LLM's, 1 = claimed hardest), ``fn``,
+    ``easy``, ``monotonic``, ``tau``. ``level`` restricts the level table to one level.
+
+    Keys: ``examples``; ``cos_pos`` {mean, median}; ``levels``: one entry per level with ``n``,
+    ``mean``, ``median``, ``gap_to_pos`` (mean cos_pos - mean cos_neg), ``fn_rate``,
+    ``too_easy_rate`` and ``paper_mean`` (MGH Table 4); ``levels_decreasing`` (the means fall
+    strictly from level 1 to 4, MGH's claim); ``monotonic_pct``; ``kendall_tau_mean``;
+    ``tau_undefined``; ``fn_rate`` / ``too_easy_rate`` over all negatives; ``by_task_type``
+    (examples, cos_pos_mean, monotonic_pct, kendall_tau_mean, fn_rate and per-level mean /
+    fn_rate / too_easy_rate) and ``fn_rate_by_task_type``.
+    """
+    import polars as pl
+
+    ex = neg.unique(subset=["_file", "_row"], keep="first", maintain_order=True)
+    per_level = pl.col("cos").mean().alias("mean"), pl.col("fn").mean().alias("fn_rate"), pl.col("easy").mean().alias("too_easy_rate")
+    lv_frame = (
+        neg.filter(pl.col("level") == level if level is not None else pl.lit(True))
+        .group_by("level")
+        .agg(pl.len().alias("n"), *per_level, pl.col("cos").median().alias("median"))
+        .sort("level")
+    )
+    pos_mean = ex.get_column("cos_pos").mean() if ex.height else None
+    levels = [
+        {
+            "level": r["level"],
+            "n": r["n"],
+            "mean": _r(r["mean"]),
+            "median": _r(r["median"]),
+            "gap_to_pos": _r(pos_mean - r["mean"]) if pos_mean is not None else None,
+            "fn_rate": _r(r["fn_rate"]),
+            "too_easy_rate": _r(r["too_easy_rate"]),
+            "paper_mean": PAPER_TABLE4[r["level"] - 1] if r["level"] <= len(PAPER_TABLE4) else None,
+        }
+        for r in lv_frame.iter_rows(named=True)
+    ]
+    means = [lv["mean"] for lv in levels]
+    by_tt: dict[str, Any] = {}
+    for tt in sorted(set(ex.get_column("task_type").to_list())):
+        e = ex.filter(pl.col("task_type") == tt)
+        n_tt = neg.filter(pl.col("task_type") == tt)
+        tau = e.get_column("tau").drop_nulls().drop_nans()
+        by_tt[tt] = {
+            "examples": e.height,
+            "cos_pos_mean": _r(e.get_column("cos_pos").mean()),
+            "monotonic_pct": _r(100 * e.get_column("monotonic").mean(), 2),
+            "kendall_tau_mean": _r(tau.mean()) if len(tau) else None,
+            "fn_rate": _r(n_tt.get_column("fn").mean()) if n_tt.height else None,
+            "levels": {str(r["level"]): {k: _r(r[k]) for k in ("mean", "fn_rate", "too_easy_rate")}
+                       for r in n_tt.group_by("level").agg(*per_level).sort("level").iter_rows(named=True)},  # fmt: skip
+        }
+    tau = ex.get_column("tau").drop_nulls().drop_nans()
+    return {
+        "examples": ex.height,
+        "cos_pos": {"mean": _r(pos_mean), "median": _r(ex.get_column("cos_pos").median()) if ex.height else None},
+        "levels": levels,
+        "levels_decreasing": bool(len(means) > 1 and all(a is not None and b is not None and a > b for a, b in zip(means, means[1:]))),
+        "monotonic_pct": _r(100 * ex.get_column("monotonic").mean(), 2) if ex.height else None,
+        "kendall_tau_mean": _r(tau.mean()) if len(tau) else None,
+        "tau_undefined": ex.height - len(tau),
+        "fn_rate": _r(neg.get_column("fn").mean()) if neg.height else None,
+        "too_easy_rate": _r(neg.get_column("easy").mean()) if neg.height else None,
+        "by_task_type": by_tt,
+        "fn_rate_by_task_type": {tt: v["fn_rate"] for tt, v in by_tt.items()},
+    }
+
+
+def summarize(sidecars: list[dict], cfg: ScoreConfig) -> dict[str, Any]:
+    """:func:`level_stats` over every scored example (before any policy)."""
+    return level_stats(negatives_frame(sidecars))
+
+
+def table_rows(stats: dict) -> list[tuple]:
+    """The per-level table: positive first, then levels 1..4 against MGH Table 4."""
+    pos = stats["cos_pos"]
+    rows: list[tuple] = [("positive", stats["examples"], _f(pos["mean"]), _f(pos["median"]), "", "", "", "")]
+    for lv in stats["levels"]:
+        rows.append(
+            (
+                f"level {lv['level']}",
+                lv["n"],
+                _f(lv["mean"]),
+                _f(lv["median"]),
+                _f(lv["gap_to_pos"]),
+                _pct(lv["fn_rate"]),
+                _pct(lv["too_easy_rate"]),
+                _f(lv["paper_mean"], 3),
+            )
+        )
+    return rows
+
+
+TABLE_HEADER = ("cos(q, ·)", "n", "mean", "median", "pos-mean", "false neg", "too easy", "MGH T4")
+
+
+def _f(x, nd: int = 4) -> str:
+    return "" if x is None else f"{x:.{nd}f}"
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def print_summary(ctx: StageContext, stats: dict) -> None:
+    rep = ctx.reporter
+    rep.table(f"score: by LLM level ({stats['embedder']})", table_rows(stats), TABLE_HEADER)
+    tp = stats.get("throughput") or {}
+    rows = [
+        ("examples scored / kept / rejected", f"{stats['examples']} / {stats['kept']} / {stats['rejected']}"),
+        ("levels decreasing (MGH claim)", "yes" if stats["levels_decreasing"] else "no"),
+        ("monotonic examples", f"{_f(stats['monotonic_pct'], 1)}%"),
+        ("mean Kendall tau", _f(stats["kendall_tau_mean"], 3)),
+        ("policy", stats["policy"]),
+    ]
+    for reason, k in stats["rejects_by_reason"].items():
+        rows.append((f"  rejected: {reason}", str(k)))
+    rows += clean_rows(stats)
+    if tp.get("examples"):
+        rows.append(("throughput (this run)", f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})"))
+    rep.table("score", rows)
+
+
+def clean_rows(stats: dict) -> list[tuple[str, str]]:
+    """Summary rows for the cleaning checks (also used by ``negsynth inspect``)."""
+    cl = stats.get("clean")
+    if not cl:
+        return []
+    if cl["dedup"]:
+        how = f"query and positive cos >= {cl['dedup_threshold']}" if cl["dedup_threshold"] is not None else "exact only"
+        dup = f"{cl['near_duplicate']} ({cl['near_duplicate_exact']} exact; {how})"
+    else:
+        dup = "off"
+    if cl.get("decontam_skipped"):
+        con = f"skipped: {cl['decontam_skipped']}"
+    else:
+        sets = ", ".join(f"{k} {v}" for k, v in cl["contaminated_by_set"].items())
+        how = f"cos >= {cl['decontam_threshold']}" if cl["decontam_threshold"] is not None else "exact only"
+        con = f"{cl['contaminated']}{f' ({sets})' if sets else ''}; checked against {cl['eval_texts']} texts of {len(cl['eval_sets'])} eval sets, {how}"
+    return [("near-duplicates dropped", dup), ("contaminated dropped", con)]
