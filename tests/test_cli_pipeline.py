@@ -88,6 +88,30 @@ def test_invalid_answers_are_reasked_then_rejected_with_reason(tmp_path):
         assert stats["valid"] + stats["rejected"] == 20
 
 
+def test_the_reask_turn_is_the_reask_prompt_template(tmp_path, monkeypatch):
+    """The re-ask text is package data (prompts/templates/reask.txt), not a string in the client:
+    what the template says is what the model is told."""
+    from negsynth import prompts
+
+    assert prompts.reask_template() == "Your answer was rejected: ${detail}\nReturn a corrected JSON object only."
+    monkeypatch.setattr(prompts, "load_template", lambda name, real=prompts.load_template: "Bad answer (${detail}); try again." if name == "reask" else real(name))
+
+    def responder(req, n):
+        prompt = [m for m in req["messages"] if m["role"] == "user"][-1]["content"]
+        if '"S1"' in prompt or prompt.startswith("Bad answer"):
+            return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
+        return Reply(content=valid_answer(req, n))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        reasks = [q["messages"][-1]["content"] for q in srv.requests if '"x y", "x y"' in q["messages"][-2]["content"]]  # after the bad answer
+        assert reasks and all(t.startswith("Bad answer (") and t.endswith("); try again.") for t in reasks)
+        assert "negatives 1 and 2 are the same" in reasks[0]
+
+
 def test_changed_config_is_refused_without_overwrite(tmp_path):
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)

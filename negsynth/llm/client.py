@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from string import Template
 from typing import Any, Generic, TypeVar
 
 import aiohttp
@@ -580,12 +581,14 @@ class LLMClient:
         name: str = "output",
         sample_index: int = 0,
         temperature: float | None = None,
-        reask_template: str = "Your answer was rejected: {detail}\nReturn a corrected JSON object only.",
+        reask_template: str = "Your answer was rejected: ${detail}\nReturn a corrected JSON object only.",
     ) -> LLMResult[T]:
         """Ask until ``validate(parsed_json)`` returns a value or attempts run out.
 
-        ``validate`` raises :class:`ValidationFailure` (or :class:`ParseError`) to reject. A
-        transport failure after all retries yields a result with reason ``transport_*``.
+        ``validate`` raises :class:`ValidationFailure` (or :class:`ParseError`) to reject; the
+        next attempt appends ``reask_template`` with ``${detail}`` filled in (the stages pass
+        the ``reask`` prompt template). A transport failure after all retries yields a result
+        with reason ``transport_*``.
         """
         if self.transport is not None:
             self.transport.begin()
@@ -629,7 +632,7 @@ class LLMClient:
                 self.stats.reasks += 1
                 msgs = msgs + [
                     {"role": "assistant", "content": raw or ""},
-                    {"role": "user", "content": reask_template.format(detail=detail)},
+                    {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
                 ]
         return LLMResult(None, raw, reason, detail, usage, reasons)
 

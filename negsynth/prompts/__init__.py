@@ -35,6 +35,11 @@ def render(name: str, **variables: Any) -> str:
     return Template(load_template(name)).substitute(**{k: str(v) for k, v in variables.items()}).strip()
 
 
+def reask_template() -> str:
+    """What the LLM is told after an invalid answer (``${detail}``: the validator's reason)."""
+    return load_template("reask").strip()
+
+
 def templates_fingerprint(*prefixes: str) -> str:
     """A hash of the templates and worked examples whose names start with ``prefixes`` (all
     when none are given): part of a stage's config hash, so editing a stage's prompt makes a

@@ -28,7 +28,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
 from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
-from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
 from negsynth.stages.common import schema_failure, short_id
@@ -59,7 +59,7 @@ def _validate_list(obj: Any) -> list[str]:
 
 def stage_hash(ctx: StageContext) -> str:
     return config_hash(
-        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("brainstorm_", "system"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
+        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("brainstorm_", "system", "reask"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
     )
 
 
@@ -90,6 +90,7 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                         name="task_list",
                         sample_index=i,
                         temperature=bc.temperature,
+                        reask_template=reask_template(),
                     )
                     for i in idx
                 ),

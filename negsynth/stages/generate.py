@@ -25,7 +25,7 @@ from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
 from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
@@ -178,7 +178,7 @@ def stage_hash(ctx: StageContext) -> str:
         {
             "generate": ctx.cfg.generate,
             "llm": llm_fingerprint(ctx.cfg.llm),
-            "prompts": templates_fingerprint("generate_", "system"),
+            "prompts": templates_fingerprint("generate_", "system", "reask"),
             "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm"),
         }
     )
@@ -193,6 +193,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, mod
         schema=output_schema(tt, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
         name="example",
         sample_index=p["k"],
+        reask_template=reask_template(),
     )
     if res.value is None:
         rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)

@@ -50,7 +50,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.prompts import load_example, load_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
@@ -177,7 +177,7 @@ def stage_hash(ctx: StageContext) -> str:
     parts: dict[str, Any] = {
         "regenerate": cfg,
         "llm": llm_fingerprint(ctx.cfg.llm),
-        "prompts": templates_fingerprint("regenerate", "system"),
+        "prompts": templates_fingerprint("regenerate", "system", "reask"),
         "inputs": [_path_fingerprint(s.path) + ([_path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine or cfg.negatives == "mined":
@@ -333,6 +333,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, m
         schema=negatives_schema(cfg.max_doc_chars),
         name="negatives",
         sample_index=0,
+        reask_template=reask_template(),
     )
     if res.value is None:
         rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
