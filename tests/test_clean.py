@@ -273,7 +273,9 @@ def test_auto_reads_test_queries_not_the_scifact_corpus(monkeypatch):
     d = default_data_dir()
     if d is None or not (d / "scifact" / "train" / "queries.jsonl").exists():
         pytest.skip("no shared evaluation data")
-    ev = load_eval_texts(d, "auto")
+    from negsynth.evaluate import TASKS
+
+    ev = load_eval_texts(d, TASKS, "auto")
     assert ev.per_set["scifact"] == 300 and {"stsb", "sts12", "sickr", "ag_news", "trec"} <= set(ev.per_set)
     texts = set(ev.texts)
     doc = json.loads((d / "scifact" / "corpus.jsonl").open().readline())

@@ -10,7 +10,8 @@ datasets = pytest.importorskip("datasets")
 
 from negsynth.data.curriculum import CurriculumError, build_curriculum, save_curriculum  # noqa: E402
 from negsynth.data.shards import read_stage, write_jsonl  # noqa: E402
-from negsynth.data.stock import for_stock_trainer, ntuple_rows  # noqa: E402
+from negsynth.data.stock import ntuple_rows  # noqa: E402
+from negsynth.train import for_stock_trainer  # noqa: E402
 
 B = 4
 

@@ -36,6 +36,7 @@ import hashlib
 import io
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,12 +264,12 @@ def _set_of(path: str) -> str:
     return path.split("/", 1)[0]
 
 
-def select_eval_files(sets: str | list[str]) -> list[tuple[str, Any]]:
-    """``(set, TaskSpec)`` pairs to read: ``"auto"`` = every default ``negsynth evaluate`` task;
-    a list names data folders (``stsb``, ``scifact``: their default tasks) or task names
-    (``STSBenchmark-dev``: that task even if not default), case-insensitive."""
-    from negsynth.evaluate.suite import TASKS
-
+def select_eval_files(sets: str | list[str], tasks: Sequence[Any]) -> list[tuple[str, Any]]:
+    """``(set, TaskSpec)`` pairs to read out of ``tasks`` (the evaluator's task table):
+    ``"auto"`` = every default task; a list names data folders (``stsb``, ``scifact``: their
+    default tasks) or task names (``STSBenchmark-dev``: that task even if not default),
+    case-insensitive."""
+    TASKS = tasks
     if sets == "auto":
         return [(_set_of(t.files[0]), t) for t in TASKS if t.default]
     out: list[tuple[str, Any]] = []
@@ -313,8 +314,11 @@ def _read_tsv_texts(path: Path, columns: list[str]):
         raise EvalDataError(f"{path}: not UTF-8 ({e.reason}); re-encode the file as UTF-8") from None
 
 
-def load_eval_texts(data_dir: Path | None, sets: str | list[str] = "auto", retrieval_docs: str = "none") -> EvalTexts:
+def load_eval_texts(data_dir: Path | None, tasks: Sequence[Any], sets: str | list[str] = "auto", retrieval_docs: str = "none") -> EvalTexts:
     """The evaluation texts to decontaminate against, read in place from ``data_dir``.
+
+    ``tasks``: the evaluator's task table (``negsynth.evaluate.TASKS``: name, files, columns,
+    default); ``sets`` picks from it (:func:`select_eval_files`).
 
     Per task: the text columns of its files (STS / pair / classification / clustering / triplet
     sets: every sentence of the files ``evaluate`` reads, which are test splits — plus TREC's
@@ -330,7 +334,7 @@ def load_eval_texts(data_dir: Path | None, sets: str | list[str] = "auto", retri
     if sets != "auto" and not sets:
         out.skipped = "score.decontam_sets = []"
         return out
-    specs = select_eval_files(sets)
+    specs = select_eval_files(sets, tasks)
     if data_dir is None or not Path(data_dir).is_dir():
         out.skipped = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found (set evaluate.data_dir or NEGSYNTH_DATA_DIR)"
         return out

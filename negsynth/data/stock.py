@@ -1,20 +1,13 @@
-"""Hand negsynth's training data to the stock sentence-transformers trainer.
+"""Training rows in the layouts the stock sentence-transformers trainer reads.
 
-Two layouts:
-
-* **the curriculum** (``RUN_DIR/curriculum/dataset``: one row per (example, level), in training
-  order, with metadata columns). :func:`for_stock_trainer` turns it into what
-  ``SentenceTransformerTrainer`` wants: the three text columns only (ST embeds every column it is
-  given) and a batch sampler that keeps the order and never mixes phases::
-
-      from negsynth.data.stock import for_stock_trainer
-      train_ds, sampler = for_stock_trainer("runs/demo")       # or the Dataset itself
-      args = SentenceTransformerTrainingArguments(..., batch_sampler=sampler)
-      SentenceTransformerTrainer(model, args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model)).train()
-
+* **the curriculum** (``RUN_DIR/curriculum/dataset``, built by :mod:`negsynth.data.curriculum`):
+  one row per (example, level), in training order, with metadata columns;
 * **n-tuples** (:func:`ntuple_rows`): one row per example, ``anchor, positive, negative_1 ..
   negative_n`` (hardest first), for training with several hard negatives per row and no
-  curriculum. :func:`for_stock_trainer` accepts that layout too (no phases: plain order).
+  curriculum.
+
+:func:`negsynth.train.for_stock_trainer` hands either to ``SentenceTransformerTrainer`` (the
+text columns only, and a batch sampler that keeps the order and never mixes phases).
 """
 
 from __future__ import annotations
@@ -22,8 +15,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import Any
 
 from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, _to_example, normalise
 
@@ -34,42 +25,6 @@ def text_columns(column_names: Sequence[str]) -> list[str]:
     """``anchor, positive`` + ``negative`` or ``negative_1..n`` (in column order): what the loss embeds."""
     negs = [c for c in column_names if c == "negative" or re.fullmatch(r"negative_\d+", c)]
     return ["anchor", "positive", *negs]
-
-
-def _as_dataset(data):
-    """A ``datasets.Dataset`` from a Dataset, a run dir, a curriculum dir, a saved dataset dir or a parquet file."""
-    import datasets
-
-    if isinstance(data, datasets.Dataset):
-        return data
-    if isinstance(data, dict):
-        return datasets.Dataset.from_dict(data)
-    p = Path(data)
-    if p.is_file() and p.suffix == ".parquet":
-        return datasets.Dataset.from_parquet(str(p))
-    for cand in (p / "curriculum" / "dataset", p / "dataset", p):
-        if (cand / "dataset_info.json").is_file():
-            return datasets.load_from_disk(str(cand))
-    raise CurriculumError(f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); run `negsynth curriculum` first or pass a Dataset")
-
-
-def for_stock_trainer(data) -> tuple[Any, Any]:
-    """``(train_dataset, batch_sampler)`` for ``SentenceTransformerTrainer``.
-
-    ``data``: the curriculum as a ``datasets.Dataset`` (or a run dir / curriculum dir / saved
-    dataset dir / parquet file), or n-tuple rows. ``train_dataset`` keeps only the text columns
-    (``anchor, positive, negative`` or ``negative_1..n``); ``batch_sampler`` is
-    :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``phase`` column (None
-    when there is none): pass it as ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
-    """
-    from negsynth.train.sampler import curriculum_batch_sampler
-
-    ds = _as_dataset(data)
-    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
-    if missing:
-        raise CurriculumError(f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or ntuple_rows output")
-    phases = ds["phase"] if "phase" in ds.column_names else None
-    return ds.select_columns(text_columns(ds.column_names)), curriculum_batch_sampler(phases)
 
 
 def ntuple_rows(

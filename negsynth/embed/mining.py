@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.data.curriculum import normalise
+from negsynth.schemas.config import check_bands
 
 log = logging.getLogger(__name__)
 
@@ -146,17 +147,6 @@ def mine_negatives(
         if f["pos_score"] is not None:
             f["pos_score"] = round(float(f["pos_score"]), 6)
     return found
-
-
-def check_bands(bands) -> list[tuple[int, int]]:
-    """Validate rank bands: 1-based, inclusive, increasing and non-overlapping."""
-    out = [(int(a), int(b)) for a, b in bands]
-    prev = 0
-    for a, b in out:
-        if not (1 <= a <= b) or a <= prev:
-            raise ValueError(f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order")
-        prev = b
-    return out
 
 
 def pick_from_bands(candidates: list[str], scores: list[float], bands, seed: str) -> dict[str, list]:

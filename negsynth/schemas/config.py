@@ -14,6 +14,16 @@ from negsynth.schemas.records import BRAINSTORM_TYPES, TASK_TYPES
 from negsynth.schemas.train import TrainConfig
 
 
+def check_bands(bands) -> list[tuple[int, int]]:
+    """Validate rank bands: 1-based, inclusive, increasing and non-overlapping."""
+    out = [(int(a), int(b)) for a, b in bands]
+    prev = 0
+    for a, b in out:
+        if not (1 <= a <= b) or a <= prev:
+            raise ValueError(f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order")
+        prev = b
+    return out
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -173,7 +183,7 @@ class EmbedderConfig(Section):
     def _templates(cls, v: str | None, info):
         if v is None:
             return v
-        from negsynth.embed import decoder as D
+        from negsynth.prompts import embedding as D
 
         field = info.field_name
         if field == "prompteol_template":
@@ -295,8 +305,6 @@ class MiningConfig(Section):
     @field_validator("bands")
     @classmethod
     def _bands(cls, v):
-        from negsynth.embed.mining import check_bands
-
         return check_bands(v)
 
 

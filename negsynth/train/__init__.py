@@ -21,6 +21,7 @@ _EXPORTS = {
     "build_model": "negsynth.train.trainer",
     "load_model": "negsynth.train.trainer",
     "OrderedBatchSampler": "negsynth.train.sampler",
+    "for_stock_trainer": "negsynth.train.sampler",
     "check_batches": "negsynth.train.sampler",
     "EmbeddingPooling": "negsynth.train.pooling",
     "LatentAttentionPooling": "negsynth.train.pooling",

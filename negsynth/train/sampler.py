@@ -42,11 +42,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sentence_transformers.base.sampler import DefaultBatchSampler
 
-from negsynth.data.curriculum import normalise
+from negsynth.data.curriculum import CurriculumError, normalise
+from negsynth.data.stock import text_columns as loss_columns
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")
 
@@ -236,3 +238,37 @@ def check_batches(columns: dict[str, list[Any]], batch_size: int, max_report: in
             problems.append("... (more not checked)")
             break
     return problems
+
+
+def _as_dataset(data):
+    """A ``datasets.Dataset`` from a Dataset, a run dir, a curriculum dir, a saved dataset dir or a parquet file."""
+    import datasets
+
+    if isinstance(data, datasets.Dataset):
+        return data
+    if isinstance(data, dict):
+        return datasets.Dataset.from_dict(data)
+    p = Path(data)
+    if p.is_file() and p.suffix == ".parquet":
+        return datasets.Dataset.from_parquet(str(p))
+    for cand in (p / "curriculum" / "dataset", p / "dataset", p):
+        if (cand / "dataset_info.json").is_file():
+            return datasets.load_from_disk(str(cand))
+    raise CurriculumError(f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); run `negsynth curriculum` first or pass a Dataset")
+
+
+def for_stock_trainer(data) -> tuple[Any, Any]:
+    """``(train_dataset, batch_sampler)`` for ``SentenceTransformerTrainer``.
+
+    ``data``: the curriculum as a ``datasets.Dataset`` (or a run dir / curriculum dir / saved
+    dataset dir / parquet file), or n-tuple rows. ``train_dataset`` keeps only the text columns
+    (``anchor, positive, negative`` or ``negative_1..n``); ``batch_sampler`` is
+    :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``phase`` column (None
+    when there is none): pass it as ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
+    """
+    ds = _as_dataset(data)
+    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
+    if missing:
+        raise CurriculumError(f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or ntuple_rows output")
+    phases = ds["phase"] if "phase" in ds.column_names else None
+    return ds.select_columns(loss_columns(ds.column_names)), curriculum_batch_sampler(phases)

@@ -15,6 +15,7 @@ from negsynth.data.clean import (
 from negsynth.data.readers import EvalDataError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
+from negsynth.evaluate.suite import TASKS
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.schemas.records import Example
@@ -86,6 +87,6 @@ def load_decontam_texts(ctx: StageContext) -> EvalTexts:
     """The evaluation texts of ``score.decontam_sets`` (``skipped`` says why there are none)."""
     cfg = ctx.cfg.score
     try:
-        return load_eval_texts(decontam_data_dir(ctx), cfg.decontam_sets, cfg.decontam_retrieval_docs)
+        return load_eval_texts(decontam_data_dir(ctx), TASKS, cfg.decontam_sets, cfg.decontam_retrieval_docs)
     except (EvalSetError, EvalDataError) as e:
         raise UserError(str(e)) from None
