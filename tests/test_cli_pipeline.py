@@ -61,31 +61,35 @@ def test_brainstorm_and_generate_write_shards_stats_manifest(tmp_path):
         assert (rd / "generate" / "shard-00001.jsonl").read_bytes() == before
 
 
-def test_invalid_answers_are_reasked_then_rejected_with_reason(tmp_path):
-    def responder(req, n):
-        prompt = [m for m in req["messages"] if m["role"] == "user"][-1]["content"]
-        if prompt.startswith("Your answer was rejected"):
-            return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n)) if "short-long" in json.dumps(req) and False else Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
-        if '"S1"' in prompt:
-            return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
-        return Reply(content=valid_answer(req, n))
+def sts_always_bad(req, n):
+    """STS answers always repeat a negative (every STS item is re-asked, then rejected); the rest are valid."""
+    if any('"S1"' in m["content"] for m in req["messages"] if m["role"] == "user"):
+        return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
+    return Reply(content=valid_answer(req, n))
 
+
+def brainstorm_then_generate(tmp_path, responder) -> tuple[Path, dict, list[dict]]:
     with FakeOpenAI(responder) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         rd = tmp_path / "run"
         assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
         r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--json")
-        stats = json.loads(r.stdout)
-        n_sts = stats["planned_per_type"]["sts"]
-        assert stats["rejects_by_reason"] == {"duplicate_negatives": n_sts}
-        rejects = list(read_stage(rd / "generate" / "rejects"))
-        assert len(rejects) == n_sts
-        assert all(r["reason"] == "duplicate_negatives" and '"x y", "x y"' in r["raw"] for r in rejects)
-        # each STS item was asked max_attempts (3) times, and the re-ask showed the error
-        reasks = [q for q in srv.requests if q["messages"][-1]["content"].startswith("Your answer was rejected")]
-        assert len(reasks) == 2 * n_sts
-        assert "negatives 1 and 2 are the same" in reasks[0]["messages"][-1]["content"]
-        assert stats["valid"] + stats["rejected"] == 20
+        assert r.exit_code == 0, r.output
+        return rd, json.loads(r.stdout), list(srv.requests)
+
+
+def test_invalid_answers_are_reasked_then_rejected_with_reason(tmp_path):
+    rd, stats, requests = brainstorm_then_generate(tmp_path, sts_always_bad)
+    n_sts = stats["planned_per_type"]["sts"]
+    assert stats["rejects_by_reason"] == {"duplicate_negatives": n_sts}
+    rejects = list(read_stage(rd / "generate" / "rejects"))
+    assert len(rejects) == n_sts
+    assert all(r["reason"] == "duplicate_negatives" and '"x y", "x y"' in r["raw"] for r in rejects)
+    # each STS item was asked max_attempts (3) times, and the re-ask showed the error
+    reasks = [q for q in requests if q["messages"][-1]["content"].startswith("Your answer was rejected")]
+    assert len(reasks) == 2 * n_sts
+    assert "negatives 1 and 2 are the same" in reasks[0]["messages"][-1]["content"]
+    assert stats["valid"] + stats["rejected"] == 20
 
 
 def test_the_reask_turn_is_the_reask_prompt_template(tmp_path, monkeypatch):
@@ -95,21 +99,11 @@ def test_the_reask_turn_is_the_reask_prompt_template(tmp_path, monkeypatch):
 
     assert prompts.reask_template() == "Your answer was rejected: ${detail}\nReturn a corrected JSON object only."
     monkeypatch.setattr(prompts, "load_template", lambda name, real=prompts.load_template: "Bad answer (${detail}); try again." if name == "reask" else real(name))
-
-    def responder(req, n):
-        prompt = [m for m in req["messages"] if m["role"] == "user"][-1]["content"]
-        if '"S1"' in prompt or prompt.startswith("Bad answer"):
-            return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
-        return Reply(content=valid_answer(req, n))
-
-    with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp_path, srv.base_url)
-        rd = tmp_path / "run"
-        assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
-        assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
-        reasks = [q["messages"][-1]["content"] for q in srv.requests if '"x y", "x y"' in q["messages"][-2]["content"]]  # after the bad answer
-        assert reasks and all(t.startswith("Bad answer (") and t.endswith("); try again.") for t in reasks)
-        assert "negatives 1 and 2 are the same" in reasks[0]
+    _, stats, requests = brainstorm_then_generate(tmp_path, sts_always_bad)
+    reasks = [q["messages"][-1]["content"] for q in requests if '"x y", "x y"' in q["messages"][-2]["content"]]  # after the bad answer
+    assert len(reasks) == 2 * stats["planned_per_type"]["sts"]
+    assert all(t.startswith("Bad answer (") and t.endswith("); try again.") for t in reasks)
+    assert "negatives 1 and 2 are the same" in reasks[0]
 
 
 def test_changed_config_is_refused_without_overwrite(tmp_path):
