@@ -1,15 +1,23 @@
-"""Throughput of the real `generate` stage against a fake OpenAI server with 100 ms latency.
+"""Throughput of the real `generate` stage against a fake OpenAI server with 100 ms latency,
+side by side with what a user would compare it to.
 
-Protocol (issue 3): the server runs pinned to one core (``taskset -c 1``), the client to the
-other (``taskset -c 0``). The client is the real stage — prompt building, request cache
-(SQLite), transport retries, rate limiter, JSON extraction, validation, partial/shard writes,
-stats — on 2,000 examples, at concurrency 16, 64 and 128. We print requests/s, the ratio to the
-ideal ``C / 0.1 s``, and client CPU ms per request (``resource.getrusage`` of the client
-process, measured around the stage only). A bare aiohttp client at the same concurrency shows
-the server's own ceiling under the current machine load.
+The server runs pinned to one core (``taskset -c 1``), every client to the other (``taskset -c
+0``). Four drivers, each in its own process, at concurrency 16, 64 and 128:
 
-    python benchmarks/llm_throughput.py                    # 2,000 examples, C = 16, 64, 128
-    python benchmarks/llm_throughput.py --examples 500 --concurrency 64 --profile   # py-spy
+``raw``    a bare aiohttp client posting a fixed 3 KB body: the ceiling of this server right now;
+``sdk``    the openai SDK (``AsyncOpenAI`` on its aiohttp transport) sending the same body;
+``stage``  the real generate stage in process — prompt building, request cache (SQLite), transport
+           retries, rate limiter, JSON extraction, validation, partial/shard writes, stats;
+``cli``    ``negsynth generate --quiet`` as a user runs it: the whole process, start-up included.
+
+Runs are interleaved (repetition r runs every concurrency and every driver before r+1), each
+configuration ``--repeats`` times (default 3); the table shows medians: requests/s, the ratio to
+the raw ceiling at the same concurrency, and client CPU ms per request (``getrusage`` of the
+client process: around the work for raw/sdk/stage, the whole child process for cli). Only
+ratios within one run mean anything on a shared machine: the load average is printed.
+
+    python benchmarks/llm_throughput.py                    # 2,000 examples, C = 16, 64, 128, 3 repeats
+    python benchmarks/llm_throughput.py --examples 500 --concurrency 64 --profile   # py-spy of the stage
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,6 +145,26 @@ async def bare(port: int, n: int, concurrency: int) -> dict:
     return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "requests": n, "valid": n, "items": n}
 
 
+async def sdk(port: int, n: int, concurrency: int) -> dict:
+    """The openai SDK on its aiohttp transport, same body as :func:`bare`."""
+    from openai import AsyncOpenAI, DefaultAioHttpClient
+
+    messages = [{"role": "user", "content": 'x "user_query" ' * 200}]
+    sem = asyncio.Semaphore(concurrency)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", http_client=DefaultAioHttpClient(), max_retries=0) as client:
+
+        async def one():
+            async with sem:
+                await client.chat.completions.create(model="fake", messages=messages)
+
+        await asyncio.gather(*(one() for _ in range(n)))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "requests": n, "valid": n, "items": n}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,20 +186,42 @@ def pinned(core: int, args: list[str]) -> list[str]:
     return (["taskset", "-c", str(core)] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > core else []) + args
 
 
+def run_child(cmd: list[str], *, cli: bool = False, progress: bool = False, pythonpath: Path | None = None) -> dict:
+    """Run one driver process; a driver prints its JSON line, the CLI its stats (--json) and is
+    measured from outside: wall time and the child's whole CPU time."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else None
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {out.returncode}\n{out.stderr}")
+    if cli:
+        st = json.loads(out.stdout)
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        return {"wall_s": wall, "cpu_s": cpu, "requests": st["this_run"]["requests"], "valid": st["valid"], "items": st["items"]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--latency", type=float, default=LATENCY)
-    ap.add_argument("--repeats", type=int, default=1, help="runs per concurrency (the best is reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of every (driver, concurrency); medians are reported")
+    ap.add_argument("--drivers", nargs="+", default=["raw", "sdk", "stage", "cli"], choices=["raw", "sdk", "stage", "cli", "cli-ref", "stage-ref"])
+    ap.add_argument("--ref", type=Path, default=None, help="another checkout of negsynth (e.g. `git worktree add /tmp/ref HEAD~3`): "
+                                                               "the drivers cli-ref / stage-ref run it, for before/after in one interleaved run")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write medians and every run to this JSON file")
     ap.add_argument("--progress", action="store_true", help="show the rich progress bar (default: --quiet, as in CI logs)")
     ap.add_argument("--profile", nargs="?", const="svg", choices=["svg", "raw"], default=None,
                     help="record a py-spy profile of the client: a flame graph (svg) or collapsed stacks (raw, text)")
-    ap.add_argument("--no-bare", action="store_true", help="skip the bare-client ceiling runs")
     # internal entry points
     ap.add_argument("--_serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_client", nargs=4, help=argparse.SUPPRESS)  # stage cfg run_dir quiet
     ap.add_argument("--_bare", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
+    ap.add_argument("--_sdk", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
     a = ap.parse_args()
 
     if a._serve:
@@ -181,6 +232,9 @@ def main() -> None:
         return
     if a._bare:
         print(json.dumps(asyncio.run(bare(*a._bare))))
+        return
+    if a._sdk:
+        print(json.dumps(asyncio.run(sdk(*a._sdk))))
         return
 
     port = free_port()
@@ -196,37 +250,53 @@ def main() -> None:
         if out.returncode != 0:
             raise SystemExit(out.stderr)
         load = os.getloadavg()
-        for c in a.concurrency:
-            best = None
-            for rep in range(a.repeats):
-                rd = tmp / f"c{c}-{rep}"
-                shutil.copytree(base, rd)
-                cfg = write_config(tmp, port, a.examples, c)
-                cmd = [*me, "--_client", "generate", str(cfg), str(rd), "0" if a.progress else "1"]
-                if a.profile:
-                    fmt = "raw" if a.profile == "raw" else "flamegraph"
-                    ext = "txt" if fmt == "raw" else "svg"
-                    cmd = ["py-spy", "record", "-r", "200", "-f", fmt, "-o", str(ROOT / f"benchmarks/profile_c{c}.{ext}"), "--", *cmd]
-                out = subprocess.run(pinned(0, cmd), stdout=subprocess.PIPE, stderr=None if a.progress else subprocess.PIPE, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(out.stderr)
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                if best is None or r["wall_s"] < best["wall_s"]:
-                    best = r
-            assert best is not None and best["items"] == a.examples, best
-            ceiling = None
-            if not a.no_bare:
-                out = subprocess.run(pinned(0, [*me, "--_bare", str(port), str(a.examples), str(c)]), capture_output=True, text=True)
-                ceiling = json.loads(out.stdout)
-            rows.append((c, best, ceiling))
-            rps = best["requests"] / best["wall_s"]
-            print(
-                f"C={c:4d}  {rps:7.1f} req/s  ideal {c / a.latency:6.0f}  ratio {rps / (c / a.latency):5.2f}  "
-                f"client CPU {1000 * best['cpu_s'] / best['requests']:5.2f} ms/req  "
-                + (f"bare-client ceiling {ceiling['requests'] / ceiling['wall_s']:6.1f} req/s ({1000 * ceiling['cpu_s'] / ceiling['requests']:.2f} ms/req)" if ceiling else ""),
-                flush=True,
-            )
-        print(f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs; examples={a.examples}; latency={a.latency}s")
+        runs: dict[tuple[str, int], list[dict]] = {}
+        for rep in range(a.repeats):
+            for c in a.concurrency:
+                for drv in a.drivers:
+                    if drv in ("raw", "sdk"):
+                        r = run_child(pinned(0, [*me, f"--_{'bare' if drv == 'raw' else 'sdk'}", str(port), str(a.examples), str(c)]))
+                    else:
+                        rd = tmp / f"{drv}-c{c}-{rep}"
+                        shutil.copytree(base, rd)
+                        cfg = write_config(tmp, port, a.examples, c)
+                        ref = a.ref if drv.endswith("-ref") else None
+                        if ref is None and drv.endswith("-ref"):
+                            raise SystemExit(f"--drivers {drv} needs --ref PATH")
+                        if drv.startswith("stage"):
+                            cmd = [*me, "--_client", "generate", str(cfg), str(rd), "0" if a.progress else "1"]
+                            if a.profile:
+                                fmt = "raw" if a.profile == "raw" else "flamegraph"
+                                ext = "txt" if fmt == "raw" else "svg"
+                                cmd = ["py-spy", "record", "-r", "200", "-f", fmt, "-o", str(ROOT / f"benchmarks/profile_c{c}.{ext}"), "--", *cmd]
+                            r = run_child(pinned(0, cmd), progress=a.progress, pythonpath=ref)
+                        else:
+                            cli_cmd = [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "--json", *([] if a.progress else ["-q"])]
+                            r = run_child(pinned(0, cli_cmd), cli=True, pythonpath=ref)
+                        assert r["items"] == a.examples, r
+                        shutil.rmtree(rd, ignore_errors=True)
+                    runs.setdefault((drv, c), []).append(r)
+                    print(f"  rep {rep} C={c} {drv:5s} {r['requests'] / r['wall_s']:7.1f} req/s  {1000 * r['cpu_s'] / r['requests']:5.2f} ms/req", flush=True)
+        end_load = os.getloadavg()
+
+        def med(drv: str, c: int, key: str) -> float | None:
+            rs = runs.get((drv, c))
+            if not rs:
+                return None
+            return statistics.median(r["requests"] / r["wall_s"] if key == "rps" else 1000 * r["cpu_s"] / r["requests"] for r in rs)
+
+        print(f"\nmedians of {a.repeats} interleaved runs; {a.examples} requests per run; latency {a.latency}s")
+        print(f"{'driver':8s} " + " ".join(f"{'C=' + str(c) + ' req/s':>12s} {'/raw':>5s} {'ms/req':>7s}" for c in a.concurrency))
+        for drv in a.drivers:
+            cells = []
+            for c in a.concurrency:
+                rps, ms, ceil = med(drv, c, "rps"), med(drv, c, "ms"), med("raw", c, "rps")
+                cells.append(f"{rps:12.1f} {rps / ceil if ceil else float('nan'):5.2f} {ms:7.2f}")
+            print(f"{drv:8s} " + " ".join(cells))
+            rows.append({"driver": drv, **{f"C{c}": {"req_s": med(drv, c, "rps"), "ms_per_request": med(drv, c, "ms")} for c in a.concurrency}})
+        print(f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}; {os.cpu_count()} CPUs")
+        if a.json_out:
+            Path(a.json_out).write_text(json.dumps({"args": vars(a) | {"json_out": str(a.json_out)}, "medians": rows, "load_start": load, "load_end": end_load, "runs": {f"{d}@{c}": v for (d, c), v in runs.items()}}, indent=1, default=str))
         shutil.rmtree(tmp, ignore_errors=True)
     finally:
         srv.terminate()

@@ -129,3 +129,34 @@ def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
         assert proxy_for(target + "/chat/completions") is None
         res = asyncio.run(go())  # straight to a host that does not resolve: a transport failure
         assert res.value is None and len(proxy.requests) == 1
+
+
+def test_the_lean_chat_path_never_imports_the_openai_sdk(tmp_path):
+    """Importing openai costs ~0.9 s of CPU per process; the aiohttp chat path (and a stage
+    command's imports) must not pay it — also when a request fails and is retried."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import asyncio, sys
+import negsynth.cli, negsynth.stages.generate, negsynth.stages.score
+from negsynth.llm import LLMClient
+from negsynth.schemas.config import LLMConfig
+url = sys.argv[1]
+async def go():
+    async with LLMClient(LLMConfig(base_url=url, model="fake", max_retries=2, backoff_initial=0.01), base_url=url, cache=None) as llm:
+        return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
+res = asyncio.run(go())
+print(res.value, "openai" in sys.modules, "httpx" in sys.modules)
+"""
+    calls = []
+
+    def flaky(req, n):
+        calls.append(n)
+        return Reply(status=500) if len(calls) == 1 else Reply(content='{"v": 1}')
+
+    with FakeOpenAI(flaky) as srv:
+        out = subprocess.run([sys.executable, "-c", script, srv.base_url], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["{'v':", "1}", "False", "False"] and len(calls) == 2

@@ -20,6 +20,7 @@ import email.utils
 import json
 import logging
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,8 +29,6 @@ from string import Template
 from typing import Any, Generic, TypeVar
 
 import aiohttp
-import httpx
-import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from negsynth.errors import NegsynthError
@@ -41,6 +40,25 @@ from negsynth.schemas.records import Usage
 log = logging.getLogger(__name__)
 for _name in ("openai", "httpx", "httpcore", "aiohttp"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+class _OpenAIOnUse:
+    """The ``openai`` module, imported on first use: the lean aiohttp chat path never needs it,
+    and importing it costs ~0.9 s of CPU at every start (files/batches and the httpx transport
+    import it when they run). An exception can only be an openai one once openai is imported,
+    so :func:`_openai_loaded` guards the checks that classify exceptions."""
+
+    def __getattr__(self, name: str) -> Any:
+        import openai as module
+
+        return getattr(module, name)
+
+
+openai = _OpenAIOnUse()
+
+
+def _openai_loaded() -> bool:
+    return "openai" in sys.modules
 
 T = TypeVar("T")
 
@@ -153,6 +171,10 @@ def transport_kind(exc: BaseException) -> str | None:
         return "bad_response"
     if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)):
         return "connection"
+    if isinstance(exc, EmptyResponse):
+        return "empty_choices"
+    if not _openai_loaded():
+        return None
     if isinstance(exc, openai.RateLimitError):
         return "rate_limited"
     if isinstance(exc, openai.APITimeoutError):
@@ -161,8 +183,6 @@ def transport_kind(exc: BaseException) -> str | None:
         return "connection" if _caused_by_disconnect(exc) else "timeout"
     if isinstance(exc, openai.APIConnectionError):
         return "connection"
-    if isinstance(exc, EmptyResponse):
-        return "empty_choices"
     if isinstance(exc, openai.APIStatusError):
         code = exc.status_code
         if code in (408, 409, 425, 429) or code >= 500:
@@ -299,6 +319,8 @@ class LLMClient:
         return text
 
     def _make_client(self) -> openai.AsyncOpenAI:
+        import httpx
+
         timeout = httpx.Timeout(self.cfg.timeout, connect=self.cfg.connect_timeout)
         kw: dict[str, Any] = {}
         if self.cfg.transport == "aiohttp":
@@ -500,28 +522,38 @@ class LLMClient:
                 raise TransportError("bad_request", self._redact(_short(e))) from None
             self.stats.transport_failures[kind] += 1
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
-        except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError, BadResponse) as e:
+        except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError, BadResponse, EmptyResponse) as e:
             kind = transport_kind(e) or "connection"
             self.stats.transport_failures[kind] += 1
             detail = _short(e) or type(e).__name__
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(detail)}") from None
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+        except Exception as e:
+            # the SDK's errors (httpx transport, files/batches); not named in an except clause, so
+            # an exception passing through (a cancellation) never imports openai on its way
+            if not _openai_loaded():
+                raise
+            self._raise_sdk_error(e)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise_sdk_error(self, e: Exception) -> None:
+        """One of openai's exceptions as a fatal error or a transport failure; anything else as it is."""
+        if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError)):
             raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
-        except openai.NotFoundError as e:
+        if isinstance(e, openai.NotFoundError):
             raise LLMFatalError(
                 f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(_short(e))})"
             ) from None
-        except openai.APIStatusError as e:
+        if isinstance(e, openai.APIStatusError):
             kind = transport_kind(e)
             if kind is None:
                 raise TransportError("bad_request", f"HTTP {e.status_code}: {self._redact(_short(e))}") from None
             self.stats.transport_failures[kind] += 1
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
-        except (openai.APIConnectionError, EmptyResponse) as e:
+        if isinstance(e, openai.APIConnectionError):
             kind = transport_kind(e) or "connection"
             self.stats.transport_failures[kind] += 1
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise e
 
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
         assert self._session is not None or self._client is not None, "use LLMClient inside 'async with'"
@@ -641,7 +673,7 @@ def _never_sent(e: BaseException) -> bool:
     """The connection was refused (nothing reached the server): the request does not count."""
     if isinstance(e, aiohttp.ClientConnectorError):
         return True
-    if isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
+    if _openai_loaded() and isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
         c = e.__cause__ or e.__context__
         for _ in range(4):
             if c is None:
