@@ -192,7 +192,8 @@ def run_child(cmd: list[str], *, cli: bool = False, progress: bool = False, pyth
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else None
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    # `python -m` puts the working directory first on sys.path: a reference checkout runs from its own root
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, cwd=pythonpath or ROOT, env=env)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
