@@ -202,7 +202,7 @@ def run_child(cmd: list[str], *, cli: bool = False, progress: bool = False, pyth
         st = json.loads(out.stdout)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         return {"wall_s": wall, "cpu_s": cpu, "requests": st["this_run"]["requests"], "valid": st["valid"], "items": st["items"]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(next(line for line in reversed(out.stdout.splitlines()) if line.startswith("{")))  # py-spy prints after it
 
 
 def main() -> None:
