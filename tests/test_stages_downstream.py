@@ -70,6 +70,18 @@ def test_score_curriculum_train_evaluate(run_dir_with_examples):
     base = json.loads((rd / "evaluate" / "baseline.json").read_text())
     assert set(rep["tasks"]) == {"STS12"} and rep["tasks"]["STS12"]["n"] == len(STS_ROWS)
     assert base["tasks"]["STS12"]["main_score"] > 0.5  # MiniLM ranks these obvious pairs well
+    # relaunch policy "rebuild": unchanged config and inputs -> reused as they are; changed -> rebuilt
+    # without --overwrite (derived data), and the stage downstream of it follows
+    train_args = ["train", *common, "--set", "train.max_length=32", "--set", "train.grad_accum=1", "--json", "-q"]
+    stamps = {p: p.stat().st_mtime_ns for p in (rd / "curriculum" / "stats.json", rd / "train" / "stats.json")}
+    assert runner.invoke(app, ["curriculum", *common, "-q"]).exit_code == 0 and runner.invoke(app, train_args).exit_code == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    r = runner.invoke(app, ["curriculum", *common, "--schedule", "reverse", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["schedule"] == "reverse" and datasets.load_from_disk(str(rd / "curriculum" / "dataset"))["level"][0] == 1
+    r = runner.invoke(app, train_args)
+    assert r.exit_code == 0, r.output
+    assert (rd / "train" / "stats.json").stat().st_mtime_ns != stamps[rd / "train" / "stats.json"]
 
 
 def test_evaluate_without_data_says_so(tmp_path):

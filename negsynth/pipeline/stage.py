@@ -21,6 +21,7 @@ Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint
+from negsynth.pipeline.manifest import read_manifest
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig
 
@@ -45,6 +47,8 @@ class Stage:
     the stages that need it). ``inputs`` names the stages whose finished outputs it reads (a
     function of the config where that is configurable); with ``any_input`` one of them suffices.
     ``llm`` says whether it calls the LLM (a function of the config where that depends on it).
+    A ``rebuild`` stage names its ``fingerprint`` (``"module:function"``, ctx -> the hash of its
+    config and inputs) and the files in its folder that make it finished (``done_files``).
     """
 
     name: str
@@ -54,16 +58,22 @@ class Stage:
     any_input: bool = False
     llm: bool | Callable[[RunConfig], bool] = False
     relaunch: Relaunch = "resume"
+    fingerprint: str | None = None
+    done_files: tuple[str, ...] = ("stats.json",)
 
     def function(self) -> Callable[..., dict]:
-        mod, fn = self.target.split(":")
-        return getattr(importlib.import_module(mod), fn)
+        return _load(self.target)
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)
 
     def needs_llm(self, cfg: RunConfig) -> bool:
         return bool(self.llm(cfg) if callable(self.llm) else self.llm)
+
+
+def _load(target: str) -> Callable[..., Any]:
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)
 
 
 def finished(folder: Path) -> bool:
@@ -81,10 +91,33 @@ def check_inputs(stage: Stage, ctx: StageContext) -> None:
     raise UserError(f"{stage.name}: no finished outputs in {where}; run `negsynth {missing[0]}` first")
 
 
+def reuse_or_rebuild(stage: Stage, ctx: StageContext) -> dict | None:
+    """The ``rebuild`` policy: the stage's stats when its outputs are finished and were made from
+    the same config and inputs (fingerprint = the manifest's hash); else None, and outputs made
+    from another config are marked for rebuilding (``ctx.overwrite``) without asking."""
+    if stage.relaunch != "rebuild" or stage.fingerprint is None or ctx.overwrite:
+        return None
+    out = ctx.stage_dir(stage.name)
+    if not any((out / f).exists() for f in stage.done_files):
+        return None
+    recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name, {}).get("config_hash")
+    if recorded == _load(stage.fingerprint)(ctx) and all((out / f).exists() for f in stage.done_files):
+        stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+        ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
+        return stats
+    ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
+    ctx.overwrite = True
+    return None
+
+
 def run_stage(stage: Stage, ctx: StageContext, **kwargs: Any) -> dict:
-    """Run one stage: check its inputs, start the embedded server if it calls the LLM and no
-    endpoint is up yet, run its loop and return its stats."""
+    """Run one stage: check its inputs, reuse it when its relaunch policy says it is up to date,
+    start the embedded server if it calls the LLM and no endpoint is up yet, run its loop and
+    return its stats."""
     check_inputs(stage, ctx)
+    reused = reuse_or_rebuild(stage, ctx)
+    if reused is not None:
+        return reused
     needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
     with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
         if url:

@@ -37,8 +37,14 @@ METHOD: tuple[Stage, ...] = (
         llm=lambda cfg: cfg.regenerate.negatives != "mined",
     ),  # fmt: skip
     Stage("score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True),
-    Stage("curriculum", "negsynth.stages.curriculum:run", "training rows, easiest level first", inputs=lambda cfg: (cfg.curriculum.input,), relaunch="rebuild"),
-    Stage("train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",), relaunch="rebuild"),
+    Stage(
+        "curriculum", "negsynth.stages.curriculum:run", "training rows, easiest level first", inputs=lambda cfg: (cfg.curriculum.input,),
+        relaunch="rebuild", fingerprint="negsynth.stages.curriculum:fingerprint",
+    ),  # fmt: skip
+    Stage(
+        "train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",),
+        relaunch="rebuild", fingerprint="negsynth.stages.train:fingerprint", done_files=("stats.json", "final"),
+    ),  # fmt: skip
     Stage("evaluate", "negsynth.stages.evaluate:run", "the benchmark report", relaunch="always"),
 )
 

@@ -13,7 +13,6 @@ The rules (phases, disjoint groups, no duplicate text per batch) are in
 
 from __future__ import annotations
 
-import json
 import time
 
 from negsynth.data.shards import atomic_write_json
@@ -34,23 +33,21 @@ def anchor_template(cfg) -> str | None:
     return cc.instruction_template if on else None
 
 
+def fingerprint(ctx: StageContext) -> str:
+    """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
+    cc = ctx.cfg.curriculum
+    batch_size = cc.batch_size or ctx.cfg.train.batch_size
+    return config_hash({"curriculum": cc, "batch_size": batch_size, "anchor": anchor_template(ctx.cfg), "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
+
+
 def run(ctx: StageContext) -> dict:
+    """Build the dataset (derived data: ``run_stage`` reuses it while :func:`fingerprint` is unchanged)."""
     from negsynth.data.curriculum import CurriculumError, build_curriculum, save_curriculum
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    h = config_hash({"curriculum": cc, "batch_size": batch_size, "anchor": anchor_template(ctx.cfg), "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
     out = ctx.stage_dir(STAGE)
-    man_entry = {"config_hash": h, "shard_size": None, "num_shards": 1}
-    if (out / "stats.json").exists() and not ctx.overwrite:
-        from negsynth.pipeline.manifest import read_manifest
-
-        if read_manifest(ctx.run_dir).get("stages", {}).get(STAGE, {}).get("config_hash") == h:
-            stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
-            ctx.reporter.info(f"curriculum: already built in {out} ({stats['rows']} rows); --overwrite to rebuild")
-            return stats
-        ctx.overwrite = True  # inputs or settings changed: the dataset is derived data, rebuild it
-    check_and_record(ctx.run_dir, STAGE, man_entry, overwrite=ctx.overwrite)
+    check_and_record(ctx.run_dir, STAGE, {"config_hash": fingerprint(ctx), "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite)
     t0 = time.monotonic()
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:

@@ -20,28 +20,28 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.manifest import check_and_record, read_manifest
+from negsynth.pipeline.manifest import check_and_record
 
 STAGE = "train"
 
 
+def fingerprint(ctx: StageContext) -> str:
+    """The hash of what the model is trained from: the train settings and the curriculum's card."""
+    card = ctx.stage_dir("curriculum") / "card.json"
+    tc = ctx.cfg.train
+    return config_hash({"train": tc.model_dump(exclude={"resume", "output_dir"}), "data": card.read_text() if card.exists() else None})
+
+
 def run(ctx: StageContext) -> dict:
+    """Train (derived data: ``run_stage`` reuses the model while :func:`fingerprint` is unchanged;
+    with ``train.resume`` a changed config is refused instead of retrained)."""
     from negsynth.data.curriculum import CurriculumError, load_curriculum
 
     out = ctx.stage_dir(STAGE)
     data_dir = ctx.stage_dir("curriculum")
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
-    card = data_dir / "card.json"
-    h = config_hash({"train": tc.model_dump(exclude={"resume", "output_dir"}), "data": card.read_text() if card.exists() else None})
     final = out / "final"
-    old = read_manifest(ctx.run_dir).get("stages", {}).get(STAGE, {})
-    if final.is_dir() and (out / "stats.json").exists() and old.get("config_hash") == h and not ctx.overwrite:
-        stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
-        ctx.reporter.info(f"train: already trained in {final}; --overwrite to retrain")
-        return stats
-    if final.is_dir() and old.get("config_hash") != h and not tc.resume:
-        ctx.overwrite = True  # settings or data changed: the old model is stale
-    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite and not tc.resume)
+    check_and_record(ctx.run_dir, STAGE, {"config_hash": fingerprint(ctx), "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite and not tc.resume)
     try:
         ds = load_curriculum(data_dir)
     except CurriculumError:
