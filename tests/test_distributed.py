@@ -183,3 +183,40 @@ def test_multi_device_encode_equals_one_process():
     assert np.abs(one - two).max() < 1e-5
     with multi_device(emb, 1):  # one device: no pool
         assert emb.pool is None
+
+
+@pytest.mark.slow  # two spawned workers import torch + sentence-transformers
+def test_score_on_two_devices_equals_one(tmp_path, minilm, monkeypatch):
+    """``embedder.devices = 2`` (two CPU worker processes here, GPUs on a GPU machine): the score
+    stage measures the same cosines, levels and flags as on one device."""
+    from negsynth.data.shards import read_stage, write_jsonl
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.pipeline.context import StageContext
+    from negsynth.pipeline.progress import Reporter
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages import score
+
+    topics = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents"]
+    rows = [
+        {"id": f"ex-{i}", "task": "find the passage", "task_type": "short-long", "query": f"what about {t}?", "positive": f"A passage explaining {t} in detail.",
+         "negatives": [f"A passage about {u}." for u in topics if u != t][:4]}
+        for i, t in enumerate(topics)
+    ]  # fmt: skip
+    workers = []  # how many worker processes each encode call ran on
+    real = SentenceTransformerEmbedder.encode
+    monkeypatch.setattr(SentenceTransformerEmbedder, "encode", lambda self, *a, **k: workers.append(len(self.pool["processes"]) if self.pool else 1) or real(self, *a, **k))
+    out = {}
+    for name, devices in (("one", None), ("two", 2)):
+        rd = tmp_path / name
+        write_jsonl(rd / "generate" / "shard-00000.jsonl", rows)
+        cfg = RunConfig.model_validate({"embedder": {"model": minilm, "device": "cpu", "devices": devices}, "score": {"dedup": False, "decontam_sets": []}})
+        stats = score.run(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)))
+        out[name] = (stats, [r["score"] for r in read_stage(rd / "score")])
+        out[name] += (set(workers),)
+        workers.clear()
+    assert out["one"][2] == {1} and out["two"][2] == {2}
+    (s1, r1, _), (s2, r2, _) = out["one"], out["two"]
+    assert [lv["n"] for lv in s1["levels"]] == [lv["n"] for lv in s2["levels"]] and s1["kept"] == s2["kept"]
+    for a, b in zip(r1, r2, strict=True):
+        assert abs(a["cos_pos"] - b["cos_pos"]) < 1e-5 and max(abs(x - y) for x, y in zip(a["cos_neg"], b["cos_neg"], strict=True)) < 1e-5
+        assert a["false_negative"] == b["false_negative"] and a["too_easy"] == b["too_easy"]

@@ -158,6 +158,9 @@ class EmbedderConfig(Section):
     kind: Literal["sentence-transformers", "decoder"] = "sentence-transformers"
     model: str = "default"
     device: str = "auto"  # auto -> cuda, mps, cpu
+    # score on several devices (sentence-transformers models): a list such as ["cuda:0", "cuda:1"],
+    # or n = the first n GPUs (n CPU worker processes without a GPU); None = one device
+    devices: list[str] | int | None = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: bf16/fp16 on GPU, fp32 on CPU
     batch_size: int = Field(64, ge=1)
     max_length: int | None = Field(None, ge=8)

@@ -57,8 +57,8 @@ def read_examples(path: Path) -> list[dict]:
 
 
 def embedder_fingerprint(cfg) -> dict:
-    """The embedder settings that change cosines (device and batch size do not, beyond float noise)."""
-    return cfg.model_dump(mode="json", exclude={"device", "batch_size"})
+    """The embedder settings that change cosines (devices and batch size do not, beyond float noise)."""
+    return cfg.model_dump(mode="json", exclude={"device", "devices", "batch_size"})
 
 
 def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -72,28 +73,53 @@ def run(ctx: StageContext, embedder=None) -> dict:
 
     emb = embedder
     this_run = Counter()
-    if todo:
-        if emb is None:
-            from negsynth.embed import load_embedder
+    with ExitStack() as devices:
+        if todo:
+            if emb is None:
+                from negsynth.embed import load_embedder
 
-            ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
-            emb = load_embedder(ctx.cfg.embedder)
-        bs = ctx.cfg.embedder.batch_size
-        cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
-        # group consecutive shards into blocks of ~block_examples examples (dedupe scope)
-        blocks: list[list[tuple[int, list[dict]]]] = [[]]
-        size = 0
-        for k in todo:
-            rows = read_examples(shards[k][1])
-            if blocks[-1] and size + len(rows) > cfg.block_examples:
-                _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
-                blocks.append([])
-                size = 0
-            blocks[-1].append((k, rows))
-            size += len(rows)
-        if blocks[-1]:
+                ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
+                emb = load_embedder(ctx.cfg.embedder)
+            if ctx.cfg.embedder.devices is not None:
+                devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
+            _score_shards(ctx, emb, shards, todo, this_run, ev)
+    stats = _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stats_path)
+    print_summary(ctx, stats)
+    return stats
+
+
+def on_devices(emb, devices):
+    """``embedder.devices``: sentence-transformers' multi-process pool over those devices."""
+    from negsynth.embed.st import SentenceTransformerEmbedder, multi_device
+
+    if not isinstance(emb, SentenceTransformerEmbedder):
+        raise UserError(f"embedder.devices = {devices!r}: several devices work with sentence-transformers models; remove it for {type(emb).__name__}")
+    return multi_device(emb, devices)
+
+
+def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> None:
+    """Score the shards in ``todo`` in blocks of ~``score.block_examples`` examples (the dedup scope)."""
+    cfg = ctx.cfg.score
+    bs = ctx.cfg.embedder.batch_size
+    cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
+    # group consecutive shards into blocks of ~block_examples examples (dedupe scope)
+    blocks: list[list[tuple[int, list[dict]]]] = [[]]
+    size = 0
+    for k in todo:
+        rows = read_examples(shards[k][1])
+        if blocks[-1] and size + len(rows) > cfg.block_examples:
             _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
+            blocks.append([])
+            size = 0
+        blocks[-1].append((k, rows))
+        size += len(rows)
+    if blocks[-1]:
+        _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
 
+
+def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, stats_path: Path) -> dict:
+    """The stage's stats over every shard (this run's and earlier ones), written atomically."""
+    cfg = ctx.cfg.score
     sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
     stats: dict[str, Any] = {
         "stage": STAGE,
@@ -119,7 +145,6 @@ def run(ctx: StageContext, embedder=None) -> dict:
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_json(stats_path, stats)
-    print_summary(ctx, stats)
     return stats
 
 
