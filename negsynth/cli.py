@@ -177,11 +177,22 @@ class Options:
 
     def context(self, extra_sets: list[str] | None = None):
         """The stage's context: config (defaults + --config + overrides + --set), run dir, budget."""
-        return make_context(
-            self.config, self.run_dir, list(extra_sets or []) + list(self.set_ or []), quiet=self.quiet, json_mode=self.json_out,
-            overwrite=self.overwrite, shard_index=self.shard_index, num_shards=self.num_shards, max_requests=self.max_requests,
-            max_tokens=self.max_tokens, max_cost=self.max_cost, mode=self.mode,
-        )  # fmt: skip
+        from negsynth.pipeline.config_io import load_config
+        from negsynth.pipeline.context import Budget, StageContext
+        from negsynth.pipeline.progress import Reporter
+
+        cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []))
+        _check_run_dir(self.run_dir)
+        return StageContext(
+            cfg=cfg,
+            run_dir=self.run_dir,
+            overwrite=self.overwrite,
+            shard_index=self.shard_index,
+            num_shards=self.num_shards,
+            budget=Budget(self.max_requests, self.max_tokens, self.max_cost),
+            reporter=Reporter(quiet=self.quiet, json_mode=self.json_out),
+            mode=self.mode,
+        )
 
 
 #: the shared options of the commands that call the LLM: workers, mode, budgets
@@ -216,39 +227,6 @@ def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool =
         return fn
 
     return deco
-
-
-def make_context(
-    config: Path | None,
-    run_dir: Path,
-    sets: list[str] | None,
-    *,
-    quiet: bool = False,
-    json_mode: bool = False,
-    overwrite: bool = False,
-    shard_index: int = 0,
-    num_shards: int = 1,
-    max_requests: int | None = None,
-    max_tokens: int | None = None,
-    max_cost: float | None = None,
-    mode: str = "online",
-):
-    from negsynth.pipeline.config_io import load_config
-    from negsynth.pipeline.context import Budget, StageContext
-    from negsynth.pipeline.progress import Reporter
-
-    cfg = load_config(config, sets or [])
-    _check_run_dir(run_dir)
-    return StageContext(
-        cfg=cfg,
-        run_dir=run_dir,
-        overwrite=overwrite,
-        shard_index=shard_index,
-        num_shards=num_shards,
-        budget=Budget(max_requests, max_tokens, max_cost),
-        reporter=Reporter(quiet=quiet, json_mode=json_mode),
-        mode=mode,
-    )
 
 
 def _check_run_dir(run_dir: Path) -> None:

@@ -269,15 +269,14 @@ def select_eval_files(sets: str | list[str], tasks: Sequence[Any]) -> list[tuple
     ``"auto"`` = every default task; a list names data folders (``stsb``, ``scifact``: their
     default tasks) or task names (``STSBenchmark-dev``: that task even if not default),
     case-insensitive."""
-    TASKS = tasks
     if sets == "auto":
-        return [(_set_of(t.files[0]), t) for t in TASKS if t.default]
+        return [(_set_of(t.files[0]), t) for t in tasks if t.default]
     out: list[tuple[str, Any]] = []
-    folders = sorted({_set_of(f) for t in TASKS for f in t.files})
+    folders = sorted({_set_of(f) for t in tasks for f in t.files})
     for raw in sets:
         key = raw.strip().lower()
-        by_task = [t for t in TASKS if t.name.lower() == key]
-        by_folder = [t for t in TASKS if _set_of(t.files[0]).lower() == key]
+        by_task = [t for t in tasks if t.name.lower() == key]
+        by_folder = [t for t in tasks if _set_of(t.files[0]).lower() == key]
         if by_folder:
             chosen = [t for t in by_folder if t.default] or by_folder
         elif by_task:
