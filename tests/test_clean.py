@@ -24,7 +24,9 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig, ScoreConfig
 from negsynth.schemas.records import Example, Reject
-from negsynth.stages import score as S
+from negsynth.stages import get, run_stage
+
+SCORE = get("score")
 
 
 class HashEmbedder(Embedder):
@@ -79,7 +81,7 @@ def run(run_dir, shards, emb, *, overwrite=False, **score_kw) -> dict:
     cfg.score = ScoreConfig(**{"policy": "annotate", **score_kw})  # the cleaning alone, no policy rejects
     ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
     ctx.overwrite = overwrite
-    return S.run(ctx, embedder=emb)
+    return run_stage(SCORE, ctx, embedder=emb)
 
 
 def kept_ids(run_dir) -> list[str]:

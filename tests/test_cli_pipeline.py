@@ -119,6 +119,33 @@ def test_changed_config_is_refused_without_overwrite(tmp_path):
         assert r.exit_code == 2
 
 
+def test_a_finished_stage_is_reused_by_the_contract_not_rerun(tmp_path, monkeypatch):
+    """run_stage decides "up to date" for every stage: a rerun of finished brainstorm/generate
+    sends no request and never enters the stage's loop, still prints its summary, and leaves its
+    stats.json (written by run_stage) as it was; a changed config is still refused."""
+    from negsynth.stages import brainstorm, generate
+
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
+        stamps = {p: p.stat().st_mtime_ns for p in (rd / "brainstorm" / "stats.json", rd / "generate" / "stats.json")}
+        n_req = len(srv.requests)
+        for mod in (brainstorm, generate):
+            monkeypatch.setattr(mod, "run", lambda ctx: (_ for _ in ()).throw(AssertionError("the loop ran")))
+        r = invoke("run", "-c", str(cfg), "-d", str(rd), "--stages", "brainstorm,generate")
+        assert r.exit_code == 0, r.output
+        assert "brainstorm: up to date" in r.stderr and "generate: up to date" in r.stderr
+        assert "valid" in r.output and "requests sent" not in r.output  # the summary, without the last run's requests
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["reused"] is True
+        assert len(srv.requests) == n_req and {p: p.stat().st_mtime_ns for p in stamps} == stamps
+        monkeypatch.undo()  # the loop refuses a changed config
+        r = invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "generate.seed=5")
+        assert r.exit_code == 2 and "different config" in r.stderr
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [

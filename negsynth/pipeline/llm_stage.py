@@ -87,8 +87,9 @@ def stage_complete(rep: RunReport) -> bool:
 
 
 def finish_stage(ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
-    """Write stats.json; an --overwrite that finished swaps its outputs in (else the old ones stay)."""
-    stats = write_stats(ctx, stage, rep, client, extra)
+    """The stage's stats (``run_stage`` writes them); an --overwrite that finished swaps its
+    outputs in (else the old ones stay)."""
+    stats = llm_stats(ctx, stage, rep, client, extra)
     staged = ctx.outputs.get(stage)
     if staged is not None and ctx.overwrite and stage_complete(rep):
         try:
@@ -238,8 +239,8 @@ def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
     }
 
 
-def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
-    """Write ``RUN_DIR/<stage>/stats.json`` and return it."""
+def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
+    """The stats of an LLM stage: its counts, tokens, cost, this run's requests and budget."""
     cfg = ctx.cfg.llm
     stats = report_stats(stage, rep)
     u = rep.usage
@@ -259,11 +260,6 @@ def write_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient
     stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": "this invocation"}
     if extra:
         stats.update(extra)
-    name = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
-    try:
-        atomic_write_json(Path(ctx.stage_dir(stage)) / name, stats)
-    except OSError as e:
-        raise storage_error(e, Path(ctx.stage_dir(stage)) / name) from None
     return stats
 
 
@@ -278,7 +274,7 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
         ("tokens in / out", f"{stats['tokens']['prompt']} / {stats['tokens']['completion']}"),
         ("estimated cost", f"${stats['estimated_cost_usd']:.4f}"),
     ]
-    tr = stats.get("this_run")
+    tr = None if stats.get("reused") else stats.get("this_run")  # a reused stage sent nothing
     if tr:
         rows.append(("requests sent / cache hits", f"{tr['requests']} / {tr['cache_hits']}"))
         rows.append(("re-asks", str(tr["reasks"])))

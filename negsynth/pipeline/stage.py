@@ -1,16 +1,20 @@
 """The stage contract: what every stage declares, and the one function that runs a stage.
 
 A stage module implements only its own loop (``run(ctx) -> stats``). What is the same for every
-stage lives here: its inputs are checked before anything is paid for, the embedded LLM server
-runs around the stages that call the LLM (and only those), and ``negsynth run`` is a loop over
-:func:`run_stage`. The method's stages, in order, are declared in :mod:`negsynth.stages`.
+stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
+paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`); the
+embedded LLM server runs around the stages that call the LLM (and only those); the stats the loop
+returns are written atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is
+printed from them. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
+order, are declared in :mod:`negsynth.stages`.
 
 Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 
 ``resume``
-    LLM and scoring stages. Finished shards are kept and a rerun continues where the last run
-    stopped, so no request is paid for twice; a changed config is refused with one line
-    (``--overwrite`` starts afresh, building the new outputs beside the old ones).
+    LLM and scoring stages. A finished stage is reused as it is; finished shards are kept and a
+    rerun continues where the last run stopped, so no request is paid for twice; a changed
+    config is refused with one line (``--overwrite`` starts afresh, building the new outputs
+    beside the old ones).
 ``rebuild``
     Derived data (curriculum, train). Reused when its config and inputs are unchanged;
     rebuilt, without asking, when either changed, because the old result is stale.
@@ -26,17 +30,26 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from negsynth.data.shards import list_shards
+from negsynth.data.shards import atomic_write_json, list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint
 from negsynth.pipeline.manifest import read_manifest
 from negsynth.pipeline.progress import Reporter
+from negsynth.pipeline.runner import storage_error
 from negsynth.schemas.config import RunConfig
 
 Relaunch = Literal["resume", "rebuild", "always"]
+
+
+class Summary(NamedTuple):
+    """One table of a stage's summary: a title and its rows (two columns unless ``header`` says)."""
+
+    title: str
+    rows: list[tuple[Any, ...]]
+    header: tuple[str, ...] = ("", "")
 
 
 @dataclass(frozen=True)
@@ -47,8 +60,10 @@ class Stage:
     the stages that need it). ``inputs`` names the stages whose finished outputs it reads (a
     function of the config where that is configurable); with ``any_input`` one of them suffices.
     ``llm`` says whether it calls the LLM (a function of the config where that depends on it).
-    A ``rebuild`` stage names its ``fingerprint`` (``"module:function"``, ctx -> the hash of its
-    config and inputs) and the files in its folder that make it finished (``done_files``).
+    ``fingerprint`` (``"module:function"``, ctx -> the hash of its config and inputs, or the
+    fields of its manifest entry) and ``done_files`` (the files in its folder that make it finished)
+    let :func:`run_stage` reuse finished work. ``report`` (``"module:function"``, stats -> the
+    :class:`Summary` tables) is its summary, printed after it ran (or was reused).
     """
 
     name: str
@@ -60,6 +75,7 @@ class Stage:
     relaunch: Relaunch = "resume"
     fingerprint: str | None = None
     done_files: tuple[str, ...] = ("stats.json",)
+    report: str | None = None
 
     def function(self) -> Callable[..., dict]:
         return _load(self.target)
@@ -91,38 +107,96 @@ def check_inputs(stage: Stage, ctx: StageContext) -> None:
     raise UserError(f"{stage.name}: no finished outputs in {where}; run `negsynth {missing[0]}` first")
 
 
-def reuse_or_rebuild(stage: Stage, ctx: StageContext) -> dict | None:
-    """The ``rebuild`` policy: the stage's stats when its outputs are finished and were made from
-    the same config and inputs (fingerprint = the manifest's hash); else None, and outputs made
-    from another config are marked for rebuilding (``ctx.overwrite``) without asking."""
-    if stage.relaunch != "rebuild" or stage.fingerprint is None or ctx.overwrite:
+def stats_path(ctx: StageContext, name: str) -> Path:
+    """Where a stage's stats go: ``stats.json``; worker k of n writes ``stats.k-of-n.json``
+    (``negsynth merge`` combines them)."""
+    file = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
+    return ctx.stage_dir(name) / file
+
+
+def up_to_date(stage: Stage, ctx: StageContext) -> dict | None:
+    """The stage's recorded stats when its outputs are finished and were made from the same config
+    and inputs (its fingerprint = the manifest's hash), else None.
+
+    Otherwise a ``rebuild`` stage is marked for rebuilding (``ctx.overwrite``) without asking; a
+    ``resume`` stage runs, continuing unfinished work or refusing a changed config."""
+    if stage.relaunch == "always" or stage.fingerprint is None or ctx.overwrite or ctx.num_shards != 1:
         return None
     out = ctx.stage_dir(stage.name)
     if not any((out / f).exists() for f in stage.done_files):
         return None
-    recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name, {}).get("config_hash")
-    if recorded == _load(stage.fingerprint)(ctx) and all((out / f).exists() for f in stage.done_files):
-        stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    stats = _read_stats(out / "stats.json")
+    if stats is not None and _finished_as_recorded(out, stage, stats) and _made_from_same(stage, ctx):
         ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
-        return stats
-    ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
-    ctx.overwrite = True
+        return {**stats, "reused": True}
+    if stage.relaunch == "rebuild":
+        ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
+        ctx.overwrite = True
     return None
 
 
-def run_stage(stage: Stage, ctx: StageContext, **kwargs: Any) -> dict:
-    """Run one stage: check its inputs, reuse it when its relaunch policy says it is up to date,
-    start the embedded server if it calls the LLM and no endpoint is up yet, run its loop and
-    return its stats."""
+def _made_from_same(stage: Stage, ctx: StageContext) -> bool:
+    """The manifest's entry matches the fingerprint: a hash (its ``config_hash``) or a dict of the
+    entry's fields (hash, shard layout, seed, ...)."""
+    recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
+    want = _load(stage.fingerprint)(ctx)
+    if isinstance(want, dict):
+        return all(recorded.get(k) == v for k, v in want.items())
+    return recorded.get("config_hash") == want
+
+
+def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
+    """Its done files are there, its stats say complete, and its shards are the ones they count
+    (none turned back into a ``.partial`` or lost since)."""
+    if not all((out / f).exists() for f in stage.done_files) or not stats.get("complete", True) or unfinished(stats):
+        return False
+    if any(out.glob("shard-*.partial")):
+        return False
+    expected = stats.get("shards_total")
+    if expected is None and isinstance(stats.get("inputs"), list):  # score: one output shard per input shard
+        expected = len(stats["inputs"])
+    return expected is None or len(list_shards(out)) == expected
+
+
+def _read_stats(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # missing or torn: the stage runs and writes it again
+
+
+def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
+    path = stats_path(ctx, stage.name)
+    try:
+        atomic_write_json(path, stats)
+    except OSError as e:
+        raise storage_error(e, path) from None
+
+
+def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
+    if stage.report is None or stats.get("skipped"):
+        return
+    for t in _load(stage.report)(stats):
+        ctx.reporter.table(t.title, t.rows, t.header)
+
+
+def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None, **kwargs: Any) -> dict:
+    """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
+    if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
+    use), run its loop, write its stats atomically, print its summary and return its stats."""
     check_inputs(stage, ctx)
-    reused = reuse_or_rebuild(stage, ctx)
-    if reused is not None:
-        return reused
-    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
-        if url:
-            ctx.base_url = url
-        return stage.function()(ctx, **kwargs)
+    stats = up_to_date(stage, ctx)
+    if stats is None:
+        needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
+        if needed and start_llm is not None:
+            ctx.base_url, needed = start_llm(), False
+        with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
+            if url:
+                ctx.base_url = url
+            stats = stage.function()(ctx, **kwargs)
+        write_stats(stage, ctx, stats)
+    print_report(stage, ctx, stats)
+    return stats
 
 
 def unfinished(stats: dict) -> bool:
@@ -141,22 +215,26 @@ def run_stages(
 ) -> dict[str, dict]:
     """Run ``stages`` in order with :func:`run_stage`; returns each stage's stats.
 
-    One embedded server serves every LLM stage of the run (started before the first, stopped
-    after the last so scoring and training get its cores). A stage that stops early ends the
+    One embedded server serves every LLM stage of the run (started when the first one has work,
+    stopped after the last so scoring and training get its cores). A stage that stops early ends the
     run: later stages would train and evaluate on partial (or no) data."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
     out: dict[str, dict] = {}
     with ExitStack() as stack:
-        base_url = None
+        base_url: str | None = None
+
+        def start_llm() -> str:  # on first use: a run whose LLM stages are all up to date starts none
+            nonlocal base_url
+            if base_url is None:
+                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter))
+            return base_url
+
         for i, stage in enumerate(stages):
-            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, base_url=base_url, budget=budget or Budget())
-            if llm_idx and i == llm_idx[0]:
-                check_inputs(stage, ctx)  # before the server starts
-                base_url = ctx.base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter))
+            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget or Budget())
             reporter.info(f"[bold]== {stage.name}[/]")
-            out[stage.name] = st = run_stage(stage, ctx)
+            out[stage.name] = st = run_stage(stage, ctx, start_llm=start_llm)
             if unfinished(st):
                 if st.get("stopped_by"):
                     reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")

@@ -1,7 +1,8 @@
 """The MGH method, stage by stage, in the order ``negsynth run`` runs them.
 
-Each stage module implements only its own loop, ``run(ctx) -> stats``; what every stage shares
-(input checks, the embedded LLM server, the relaunch policies) is the contract in
+Each stage module implements only its own loop, ``run(ctx) -> stats``, and its summary,
+``report(stats)``; what every stage shares (input checks, reusing finished work, the embedded LLM
+server, writing ``stats.json``, printing the summary) is the contract in
 :mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
 
 ==============  ==========================================================  ========  ========
@@ -30,23 +31,32 @@ from negsynth.pipeline.stage import Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 
 METHOD: tuple[Stage, ...] = (
-    Stage("brainstorm", "negsynth.stages.brainstorm:run", "embedding tasks per task type", llm=True),
-    Stage("generate", "negsynth.stages.generate:run", "examples with 4 graded negatives", inputs=("brainstorm",), llm=True),
     Stage(
-        "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs",
-        llm=lambda cfg: cfg.regenerate.negatives != "mined",
-    ),  # fmt: skip
-    Stage("score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True),
+        "brainstorm", "negsynth.stages.brainstorm:run", "embedding tasks per task type", llm=True,
+        fingerprint="negsynth.stages.brainstorm:stage_hash", done_files=("stats.json", "shard-00000.jsonl"), report="negsynth.stages.brainstorm:report",
+    ),
+    Stage(
+        "generate", "negsynth.stages.generate:run", "examples with 4 graded negatives", inputs=("brainstorm",), llm=True,
+        fingerprint="negsynth.stages.generate:made_from", report="negsynth.stages.generate:report",
+    ),
+    Stage(
+        "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs", llm=lambda cfg: cfg.regenerate.negatives != "mined",
+        fingerprint="negsynth.stages.regenerate:made_from", report="negsynth.stages.regenerate:report",
+    ),
+    Stage(
+        "score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True,
+        fingerprint="negsynth.stages.score:fingerprint", report="negsynth.stages.score:report",
+    ),
     Stage(
         "curriculum", "negsynth.stages.curriculum:run", "training rows, easiest level first", inputs=lambda cfg: (cfg.curriculum.input,),
-        relaunch="rebuild", fingerprint="negsynth.stages.curriculum:fingerprint",
-    ),  # fmt: skip
+        relaunch="rebuild", fingerprint="negsynth.stages.curriculum:fingerprint", report="negsynth.stages.curriculum:report",
+    ),
     Stage(
         "train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",),
-        relaunch="rebuild", fingerprint="negsynth.stages.train:fingerprint", done_files=("stats.json", "final"),
-    ),  # fmt: skip
+        relaunch="rebuild", fingerprint="negsynth.stages.train:fingerprint", done_files=("stats.json", "final"), report="negsynth.stages.train:report",
+    ),
     Stage("evaluate", "negsynth.stages.evaluate:run", "the benchmark report", relaunch="always"),
-)
+)  # fmt: skip
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in METHOD}
 

@@ -28,6 +28,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
 from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
+from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
@@ -142,16 +143,10 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
 
 
 def run(ctx: StageContext) -> dict:
-    """Run brainstorm and return its stats (also written to ``brainstorm/stats.json``)."""
+    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``)."""
     t0 = time.monotonic()
     entry = {"config_hash": stage_hash(ctx), "shard_size": None, "num_shards": 1}
     check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)
-    d = ctx.run_dir / STAGE
-    if not ctx.overwrite and (d / "shard-00000.jsonl").exists() and (d / "stats.json").exists():
-        # a relaunch of a finished stage: no server, key or cache needed
-        stats = json.loads((d / "stats.json").read_text(encoding="utf-8"))
-        ctx.reporter.info(f"brainstorm: already complete in {d} ({stats['valid']} tasks); --overwrite to redo")
-        return stats
 
     async def main():
         async with llm_session(ctx, stage=STAGE, entry=entry) as client:
@@ -203,8 +198,11 @@ def run(ctx: StageContext) -> dict:
     rep.wall_time_s = time.monotonic() - t0
     per_type = Counter(t.task_type for t in tasks)
     atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
-    stats = finish_stage(ctx, STAGE, entry, rep, client, {"tasks_per_type": dict(per_type)})
+    return finish_stage(ctx, STAGE, entry, rep, client, {"tasks_per_type": dict(per_type)})
+
+
+def report(stats: dict) -> list[Summary]:
     rows = summary_rows(stats)
-    rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in per_type.items())))
-    ctx.reporter.table("brainstorm", rows)
-    return stats
+    if stats.get("tasks_per_type"):
+        rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
+    return [Summary("brainstorm", rows)]

@@ -2,7 +2,7 @@
 
 In:  ``RUN_DIR/<curriculum.input>/`` (default ``score``) :class:`Example` shards.
 Out: ``RUN_DIR/curriculum/`` — ``dataset/`` (HF ``save_to_disk``), ``train.parquet``,
-     ``card.json`` / ``card.md`` (composition), ``stats.json``.
+     ``card.json`` / ``card.md`` (composition), ``stats.json`` (written by ``run_stage``).
 
 Columns: ``anchor`` (instruction-formatted query), ``positive``, ``negative`` (the example's
 negative at the row's level), ``level`` (1 = hardest … 4 = easiest), ``phase``, ``batch``,
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 
-from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.stage import Summary
 from negsynth.stages.common import inputs_fingerprint, read_stage_records
 
 STAGE = "curriculum"
@@ -82,19 +82,24 @@ def run(ctx: StageContext) -> dict:
         "schedule": cc.schedule,
         "rows_per_phase": phases,
         "builder": {k: v for k, v in dict(rows.stats).items()},
+        "output": str(out),
         "wall_time_s": round(time.monotonic() - t0, 3),
     }
-    atomic_write_json(out / "stats.json", stats)
-    ctx.reporter.table(
-        "curriculum",
-        [
-            ("examples in", stats["examples"]),
-            ("rows (training order)", stats["rows"]),
-            ("batches of", f"{stats['batches']} x {batch_size}"),
-            ("schedule", cc.schedule),
-            ("rows per phase", ", ".join(f"{k}: {v}" for k, v in phases.items())),
-            *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
-            ("output", str(out)),
-        ],
-    )
     return stats
+
+
+def report(stats: dict) -> list[Summary]:
+    return [
+        Summary(
+            "curriculum",
+            [
+                ("examples in", stats["examples"]),
+                ("rows (training order)", stats["rows"]),
+                ("batches of", f"{stats['batches']} x {stats['batch_size']}"),
+                ("schedule", stats["schedule"]),
+                ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),
+                *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
+                ("output", stats.get("output", "")),
+            ],
+        )
+    ]

@@ -3,15 +3,15 @@
 In:  ``RUN_DIR/train/final`` (or ``evaluate.model``; with no trained model and ``embedder.kind =
      "decoder"``, the zero-shot decoder embedder that ``[embedder]`` describes), benchmark files in ``evaluate.data_dir``
      (default ``../shared/data``). When no data is reachable it says so in one line and returns.
-Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``); prints one table per category
+Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``), ``summary.json`` = ``stats.json``; prints one table per category
      with the delta against the baseline.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from negsynth.data.shards import atomic_write_json
 from negsynth.embed import embedder_for
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
@@ -76,5 +76,5 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         "baseline_average": base_rep.get("average") if base_rep else None,
         "report": str(out / "report.json"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(out / "summary.json", summary)
     return summary

@@ -25,6 +25,7 @@ from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
+from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
@@ -173,6 +174,11 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
     return items
 
 
+def made_from(ctx: StageContext) -> dict[str, Any]:
+    """What the outputs are made from, as the manifest records it (the items follow from it)."""
+    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed}
+
+
 def stage_hash(ctx: StageContext) -> str:
     return config_hash(
         {
@@ -216,7 +222,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, mod
 
 
 def run(ctx: StageContext) -> dict:
-    """Run generate and return its stats (also written to ``generate/stats.json``)."""
+    """Run generate and return its stats (``run_stage`` writes them to ``generate/stats.json``)."""
     cfg = ctx.cfg.generate
     if cfg.examples == 0:
         raise UserError("generate.examples = 0: nothing to generate; set generate.examples to the number of examples wanted")
@@ -224,8 +230,10 @@ def run(ctx: StageContext) -> dict:
     items = plan_items(ctx, tasks)
     if not items:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
-    entry = {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": cfg.seed, "items": len(items)}
+    entry = {**made_from(ctx), "items": len(items)}
     rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
-    stats = finish_stage(ctx, STAGE, entry, rep, client, {"planned_per_type": allocate(cfg)})
-    ctx.reporter.table("generate", summary_rows(stats))
-    return stats
+    return finish_stage(ctx, STAGE, entry, rep, client, {"planned_per_type": allocate(cfg)})
+
+
+def report(stats: dict) -> list[Summary]:
+    return [Summary("generate", summary_rows(stats))]

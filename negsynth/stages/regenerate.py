@@ -50,6 +50,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import Outcome, WorkItem
+from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -170,6 +171,11 @@ def _path_fingerprint(path: str) -> list:
                 out.append([str(fp.relative_to(p)), fp.stat().st_size])
         return out
     return [path]  # a hub name
+
+
+def made_from(ctx: StageContext) -> dict[str, Any]:
+    """What the outputs are made from, as the manifest records it (the items follow from it)."""
+    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "mine": ctx.cfg.regenerate.mine}
 
 
 def stage_hash(ctx: StageContext) -> str:
@@ -389,13 +395,13 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
 
 
 def run(ctx: StageContext) -> dict:
-    """Run regenerate and return its stats (also written to ``regenerate/stats.json``)."""
+    """Run regenerate and return its stats (``run_stage`` writes them to ``regenerate/stats.json``)."""
     cfg = ctx.cfg.regenerate
     sources = load_inputs(ctx)
     items, per_source = plan_items(ctx, sources)
     if not items:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
-    entry = {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "items": len(items), "mine": cfg.mine}
+    entry = {**made_from(ctx), "items": len(items)}
     check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)  # reads only: refuse before mining
     mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
     if cfg.negatives == "mined":
@@ -410,9 +416,11 @@ def run(ctx: StageContext) -> dict:
     }
     if mining is not None:
         extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
-    stats = finish_stage(ctx, STAGE, entry, rep, client, extra)
+    return finish_stage(ctx, STAGE, entry, rep, client, {"pairs": len(items), **extra})
+
+
+def report(stats: dict) -> list[Summary]:
     rows = summary_rows(stats)
-    rows.insert(0, ("pairs (after dedup)", str(len(items))))
-    rows.insert(1, ("duplicates dropped", str(extra["duplicates"])))
-    ctx.reporter.table("regenerate", rows)
-    return stats
+    rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
+    rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
+    return [Summary("regenerate", rows)]

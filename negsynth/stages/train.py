@@ -3,7 +3,8 @@
 In:  ``RUN_DIR/curriculum/dataset`` (training order) and ``[train]`` (:class:`TrainConfig`).
 Out: ``RUN_DIR/train/final/`` (a SentenceTransformer folder; reload with
      ``negsynth.train.load_model(path)``), checkpoints ``RUN_DIR/train/checkpoint-N``,
-     ``final/train_log.json`` (loss, lr, phase, level per step) and ``RUN_DIR/train/stats.json``.
+     ``final/train_log.json`` (loss, lr, phase, level per step) and ``RUN_DIR/train/stats.json``
+     (written by ``run_stage``).
 
 ``train.output_dir`` is ignored here (the run dir decides); ``train.resume = true`` continues
 from the latest checkpoint of a killed run.
@@ -16,11 +17,11 @@ import json
 import sys
 import time
 
-from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import check_and_record
+from negsynth.pipeline.stage import Summary
 
 STAGE = "train"
 
@@ -70,10 +71,10 @@ def run(ctx: StageContext) -> dict:
         "phases_seen": sorted({e.get("phase") for e in log if e.get("phase") is not None}),
         "wall_time_s": round(time.monotonic() - t0, 3),
     }
-    atomic_write_json(out / "stats.json", stats)
-    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-    ctx.reporter.table(
-        "train",
-        [("model", path), ("steps", stats["steps"]), ("loss first -> last", f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"), ("wall time", f"{stats['wall_time_s']:.1f} s")],
-    )
     return stats
+
+
+def report(stats: dict) -> list[Summary]:
+    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+    loss = f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"
+    return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s")])]

@@ -44,7 +44,7 @@ inputs is refused unless ``--overwrite`` (manifest config hash).
 """
 
 from negsynth.stages.score.measure import FLAGS, PAPER_TABLE4, STAGE, apply_policy, fn_threshold, kendall_tau_claimed, measure
-from negsynth.stages.score.stage import run
-from negsynth.stages.score.stats import summarize
+from negsynth.stages.score.stage import fingerprint, run
+from negsynth.stages.score.stats import report, summarize
 
-__all__ = ["FLAGS", "PAPER_TABLE4", "STAGE", "apply_policy", "fn_threshold", "kendall_tau_claimed", "measure", "run", "summarize"]
+__all__ = ["FLAGS", "PAPER_TABLE4", "STAGE", "apply_policy", "fn_threshold", "kendall_tau_claimed", "measure", "run", "summarize", "fingerprint", "report"]

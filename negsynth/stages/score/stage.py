@@ -21,14 +21,14 @@ from negsynth.data.clean import (
     quantize,
     unpack_kept,
 )
-from negsynth.data.shards import atomic_write_bytes, atomic_write_json, atomic_write_text, shard_name, write_jsonl
+from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import check_and_record
 from negsynth.stages.score.embedding import _progress, embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
 from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, measure
-from negsynth.stages.score.stats import print_summary, summarize
+from negsynth.stages.score.stats import summarize
 
 
 def _sidecar_path(ctx: StageContext, k: int) -> Path:
@@ -44,7 +44,7 @@ def _load_sidecar(ctx: StageContext, k: int) -> dict:
 
 
 def run(ctx: StageContext, embedder=None) -> dict:
-    """Score every input example; return the stats (also in ``score/stats.json``).
+    """Score every input example; return the stats (``run_stage`` writes ``score/stats.json``).
 
     ``embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
     ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
@@ -55,7 +55,6 @@ def run(ctx: StageContext, embedder=None) -> dict:
     ev = load_decontam_texts(ctx)
     h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
     out_dir = ctx.stage_dir(STAGE)
-    stats_path = out_dir / "stats.json"
     check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1, "inputs": len(shards)}, overwrite=ctx.overwrite)
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
     if todo and cfg.dedup:
@@ -64,13 +63,6 @@ def run(ctx: StageContext, embedder=None) -> dict:
         if redo:
             ctx.reporter.info(f"score: {len(redo)} finished shard(s) after the first missing one are redone (dedup runs in input order)")
         todo = list(range(todo[0], len(shards)))
-    if not todo and stats_path.exists():
-        stats = json.loads(stats_path.read_text(encoding="utf-8"))
-        if stats.get("config_hash") == h and stats.get("complete"):
-            ctx.reporter.info(f"score: up to date ({len(shards)} shards); --overwrite recomputes")
-            print_summary(ctx, stats)
-            return stats
-
     emb = embedder
     this_run = Counter()
     with ExitStack() as devices:
@@ -83,9 +75,13 @@ def run(ctx: StageContext, embedder=None) -> dict:
             if ctx.cfg.embedder.devices is not None:
                 devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
             _score_shards(ctx, emb, shards, todo, this_run, ev)
-    stats = _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stats_path)
-    print_summary(ctx, stats)
-    return stats
+    return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
+
+
+def fingerprint(ctx: StageContext) -> str:
+    """The hash of the settings, input shards and evaluation texts the scores are made from."""
+    ev = load_decontam_texts(ctx)
+    return stage_hash(ctx, input_shards(ctx), ev.fingerprint() if ev.texts else None)
 
 
 def on_devices(emb, devices):
@@ -117,8 +113,8 @@ def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Cou
         _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
 
 
-def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, stats_path: Path) -> dict:
-    """The stage's stats over every shard (this run's and earlier ones), written atomically."""
+def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> dict:
+    """The stage's stats over every shard (this run's and earlier ones)."""
     cfg = ctx.cfg.score
     sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
     stats: dict[str, Any] = {
@@ -144,7 +140,6 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
         "wall_time_s": round(time.perf_counter() - t_start, 3),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    atomic_write_json(stats_path, stats)
     return stats
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.stage import Summary
 from negsynth.schemas.config import ScoreConfig
 from negsynth.stages.score.measure import PAPER_TABLE4
 
@@ -142,9 +142,8 @@ def _pct(x) -> str:
     return "" if x is None else f"{100 * x:.1f}%"
 
 
-def print_summary(ctx: StageContext, stats: dict) -> None:
-    rep = ctx.reporter
-    rep.table(f"score: by LLM level ({stats['embedder']})", table_rows(stats), TABLE_HEADER)
+def report(stats: dict) -> list[Summary]:
+    """The per-level table and the stage's summary."""
     tp = stats.get("throughput") or {}
     rows = [
         ("examples scored / kept / rejected", f"{stats['examples']} / {stats['kept']} / {stats['rejected']}"),
@@ -158,7 +157,7 @@ def print_summary(ctx: StageContext, stats: dict) -> None:
     rows += clean_rows(stats)
     if tp.get("examples"):
         rows.append(("throughput (this run)", f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})"))
-    rep.table("score", rows)
+    return [Summary(f"score: by LLM level ({stats['embedder']})", table_rows(stats), TABLE_HEADER), Summary("score", rows)]
 
 
 def clean_rows(stats: dict) -> list[tuple[str, str]]:
