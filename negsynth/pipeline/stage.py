@@ -2,8 +2,9 @@
 
 A stage module implements only its own loop (``run(ctx) -> stats``). What is the same for every
 stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
-paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`); the
-embedded LLM server runs around the stages that call the LLM (and only those); the stats the loop
+paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`);
+outputs made from another config are refused unless ``--overwrite`` and the run manifest records
+what the new ones are made from (:func:`check_manifest_entry`); the embedded LLM server runs around the stages that call the LLM (and only those); the stats the loop
 returns are written atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is
 printed from them. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
 order, are declared in :mod:`negsynth.stages`.
@@ -36,7 +37,7 @@ from negsynth.data.shards import atomic_write_json, list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint
-from negsynth.pipeline.manifest import read_manifest
+from negsynth.pipeline.manifest import check_and_record, check_manifest, read_manifest
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.schemas.config import RunConfig
@@ -62,7 +63,11 @@ class Stage:
     ``llm`` says whether it calls the LLM (a function of the config where that depends on it).
     ``fingerprint`` (``"module:function"``, ctx -> the hash of its config and inputs, or the
     fields of its manifest entry) and ``done_files`` (the files in its folder that make it finished)
-    let :func:`run_stage` reuse finished work. ``report`` (``"module:function"``, stats -> the
+    let :func:`run_stage` reuse finished work and check (and record) the run manifest before the
+    loop. A ``staged`` stage (the LLM stages) records its entry itself once its endpoint, key and
+    cache checks passed, or when an ``--overwrite`` built beside the old outputs is swapped in.
+    ``keep_on_change`` (a function of the config) makes a ``rebuild`` stage refuse a changed
+    config instead (train with ``train.resume``). ``report`` (``"module:function"``, stats -> the
     :class:`Summary` tables) is its summary, printed after it ran (or was reused).
     """
 
@@ -76,6 +81,8 @@ class Stage:
     fingerprint: str | None = None
     done_files: tuple[str, ...] = ("stats.json",)
     report: str | None = None
+    staged: bool = False
+    keep_on_change: Callable[[RunConfig], bool] | None = None
 
     def function(self) -> Callable[..., dict]:
         return _load(self.target)
@@ -114,35 +121,46 @@ def stats_path(ctx: StageContext, name: str) -> Path:
     return ctx.stage_dir(name) / file
 
 
-def up_to_date(stage: Stage, ctx: StageContext) -> dict | None:
-    """The stage's recorded stats when its outputs are finished and were made from the same config
-    and inputs (its fingerprint = the manifest's hash), else None.
+def manifest_entry(stage: Stage, ctx: StageContext) -> dict[str, Any] | None:
+    """What the stage's outputs are made from, as the manifest records it: its fingerprint (a hash,
+    or a dict of fields) over a one-process shard layout."""
+    if stage.fingerprint is None:
+        return None
+    fp = _load(stage.fingerprint)(ctx)
+    return {"shard_size": None, "num_shards": 1, **(fp if isinstance(fp, dict) else {"config_hash": fp})}
 
-    Otherwise a ``rebuild`` stage is marked for rebuilding (``ctx.overwrite``) without asking; a
-    ``resume`` stage runs, continuing unfinished work or refusing a changed config."""
-    if stage.relaunch == "always" or stage.fingerprint is None or ctx.overwrite or ctx.num_shards != 1:
+
+def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) -> dict | None:
+    """The stage's recorded stats when its outputs are finished and were made from the same config
+    and inputs (``entry`` = the manifest's), else None.
+
+    Otherwise a ``rebuild`` stage is marked for rebuilding (``ctx.overwrite``) without asking
+    (unless ``keep_on_change``); a ``resume`` stage runs, continuing unfinished work or refusing a
+    changed config."""
+    if stage.relaunch == "always" or entry is None or ctx.overwrite or ctx.num_shards != 1:
         return None
     out = ctx.stage_dir(stage.name)
     if not any((out / f).exists() for f in stage.done_files):
         return None
     stats = _read_stats(out / "stats.json")
-    if stats is not None and _finished_as_recorded(out, stage, stats) and _made_from_same(stage, ctx):
+    recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
+    if stats is not None and _finished_as_recorded(out, stage, stats) and all(recorded.get(k) == v for k, v in entry.items()):
         ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
         return {**stats, "reused": True}
-    if stage.relaunch == "rebuild":
+    if stage.relaunch == "rebuild" and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg)):
         ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
         ctx.overwrite = True
     return None
 
 
-def _made_from_same(stage: Stage, ctx: StageContext) -> bool:
-    """The manifest's entry matches the fingerprint: a hash (its ``config_hash``) or a dict of the
-    entry's fields (hash, shard layout, seed, ...)."""
-    recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
-    want = _load(stage.fingerprint)(ctx)
-    if isinstance(want, dict):
-        return all(recorded.get(k) == v for k, v in want.items())
-    return recorded.get("config_hash") == want
+def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any]) -> None:
+    """Refuse (one line) outputs made from another config unless ``--overwrite``; record the entry,
+    except for a ``staged`` stage, which records it when it starts writing."""
+    overwrite = ctx.overwrite and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg))
+    if stage.staged:
+        check_manifest(ctx.run_dir, stage.name, entry, overwrite=overwrite)
+    else:
+        check_and_record(ctx.run_dir, stage.name, entry, overwrite=overwrite)
 
 
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
@@ -185,8 +203,11 @@ def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] |
     if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
     use), run its loop, write its stats atomically, print its summary and return its stats."""
     check_inputs(stage, ctx)
-    stats = up_to_date(stage, ctx)
+    entry = manifest_entry(stage, ctx)
+    stats = up_to_date(stage, ctx, entry)
     if stats is None:
+        if entry is not None and ctx.num_shards == 1:  # workers of a split check their layout in the loop
+            check_manifest_entry(stage, ctx, entry)
         needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
         if needed and start_llm is not None:
             ctx.base_url, needed = start_llm(), False

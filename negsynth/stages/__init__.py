@@ -33,15 +33,15 @@ from negsynth.schemas.config import RunConfig
 METHOD: tuple[Stage, ...] = (
     Stage(
         "brainstorm", "negsynth.stages.brainstorm:run", "embedding tasks per task type", llm=True,
-        fingerprint="negsynth.stages.brainstorm:stage_hash", done_files=("stats.json", "shard-00000.jsonl"), report="negsynth.stages.brainstorm:report",
+        fingerprint="negsynth.stages.brainstorm:stage_hash", staged=True, done_files=("stats.json", "shard-00000.jsonl"), report="negsynth.stages.brainstorm:report",
     ),
     Stage(
         "generate", "negsynth.stages.generate:run", "examples with 4 graded negatives", inputs=("brainstorm",), llm=True,
-        fingerprint="negsynth.stages.generate:made_from", report="negsynth.stages.generate:report",
+        fingerprint="negsynth.stages.generate:made_from", staged=True, report="negsynth.stages.generate:report",
     ),
     Stage(
         "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs", llm=lambda cfg: cfg.regenerate.negatives != "mined",
-        fingerprint="negsynth.stages.regenerate:made_from", report="negsynth.stages.regenerate:report",
+        fingerprint="negsynth.stages.regenerate:made_from", staged=True, report="negsynth.stages.regenerate:report",
     ),
     Stage(
         "score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True,
@@ -54,6 +54,7 @@ METHOD: tuple[Stage, ...] = (
     Stage(
         "train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",),
         relaunch="rebuild", fingerprint="negsynth.stages.train:fingerprint", done_files=("stats.json", "final"), report="negsynth.stages.train:report",
+        keep_on_change=lambda cfg: cfg.train.resume,
     ),
     Stage("evaluate", "negsynth.stages.evaluate:run", "the benchmark report", relaunch="always"),
 )  # fmt: skip

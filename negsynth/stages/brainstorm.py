@@ -26,7 +26,6 @@ from negsynth.llm.client import BudgetStop, LLMClient, OutageStop
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
-from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
 from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -146,7 +145,6 @@ def run(ctx: StageContext) -> dict:
     """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``)."""
     t0 = time.monotonic()
     entry = {"config_hash": stage_hash(ctx), "shard_size": None, "num_shards": 1}
-    check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)
 
     async def main():
         async with llm_session(ctx, stage=STAGE, entry=entry) as client:

@@ -18,7 +18,6 @@ import time
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.manifest import check_and_record
 from negsynth.pipeline.stage import Summary
 from negsynth.stages.common import inputs_fingerprint, read_stage_records
 
@@ -47,7 +46,6 @@ def run(ctx: StageContext) -> dict:
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
     out = ctx.stage_dir(STAGE)
-    check_and_record(ctx.run_dir, STAGE, {"config_hash": fingerprint(ctx), "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite)
     t0 = time.monotonic()
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:

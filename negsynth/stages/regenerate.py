@@ -48,7 +48,6 @@ from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
-from negsynth.pipeline.manifest import check_manifest
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -402,7 +401,6 @@ def run(ctx: StageContext) -> dict:
     if not items:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
     entry = {**made_from(ctx), "items": len(items)}
-    check_manifest(ctx.run_dir, STAGE, entry, overwrite=ctx.overwrite)  # reads only: refuse before mining
     mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
     if cfg.negatives == "mined":
         label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"

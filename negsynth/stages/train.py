@@ -20,7 +20,6 @@ import time
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.manifest import check_and_record
 from negsynth.pipeline.stage import Summary
 
 STAGE = "train"
@@ -35,14 +34,13 @@ def fingerprint(ctx: StageContext) -> str:
 
 def run(ctx: StageContext) -> dict:
     """Train (derived data: ``run_stage`` reuses the model while :func:`fingerprint` is unchanged;
-    with ``train.resume`` a changed config is refused instead of retrained)."""
+    with ``train.resume`` a changed config is refused instead of retrained: ``keep_on_change``)."""
     from negsynth.data.curriculum import CurriculumError, load_curriculum
 
     out = ctx.stage_dir(STAGE)
     data_dir = ctx.stage_dir("curriculum")
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
     final = out / "final"
-    check_and_record(ctx.run_dir, STAGE, {"config_hash": fingerprint(ctx), "shard_size": None, "num_shards": 1}, overwrite=ctx.overwrite and not tc.resume)
     try:
         ds = load_curriculum(data_dir)
     except CurriculumError:

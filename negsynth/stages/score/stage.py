@@ -24,7 +24,6 @@ from negsynth.data.clean import (
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.manifest import check_and_record
 from negsynth.stages.score.embedding import _progress, embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
 from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, measure
@@ -55,7 +54,6 @@ def run(ctx: StageContext, embedder=None) -> dict:
     ev = load_decontam_texts(ctx)
     h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
     out_dir = ctx.stage_dir(STAGE)
-    check_and_record(ctx.run_dir, STAGE, {"config_hash": h, "shard_size": None, "num_shards": 1, "inputs": len(shards)}, overwrite=ctx.overwrite)
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
     if todo and cfg.dedup:
         # a shard's duplicates depend on every earlier shard: redo everything from the first missing one
@@ -78,10 +76,12 @@ def run(ctx: StageContext, embedder=None) -> dict:
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
 
 
-def fingerprint(ctx: StageContext) -> str:
-    """The hash of the settings, input shards and evaluation texts the scores are made from."""
+def fingerprint(ctx: StageContext) -> dict:
+    """The hash of the settings, input shards and evaluation texts the scores are made from, and
+    the number of input shards (the manifest's entry)."""
     ev = load_decontam_texts(ctx)
-    return stage_hash(ctx, input_shards(ctx), ev.fingerprint() if ev.texts else None)
+    shards = input_shards(ctx)
+    return {"config_hash": stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
 
 
 def on_devices(emb, devices):
