@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
-from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TaskSpec, select_tasks
+from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TASKS_BY_NAME, TaskSpec, select_tasks
 
 SCHEMA = "negsynth.evaluate/1"
 
@@ -186,6 +186,7 @@ def evaluate(
     out: str | Path | None = None,
     seed: int = 0,
     announce: bool = True,
+    engine: str = "negsynth",
 ) -> dict[str, Any]:
     """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
 
@@ -196,18 +197,27 @@ def evaluate(
     the reason in ``notes``). A set missing from the data dir is listed under ``skipped``; a
     malformed file raises :class:`~negsynth.data.readers.EvalDataError`. ``out``: write the
     JSON report there atomically. ``progress``: one line per task on stderr.
+
+    ``engine = "mteb"`` scores the MTEB tasks through the mteb library
+    (:mod:`negsynth.evaluate.mteb_engine`: local files where present, else mteb's hub copies, and
+    MTEB task names negsynth does not list); the other sets keep negsynth's evaluator.
     """
-    specs = select_tasks(suite, tasks)
+    hub_names: list[str] = []
+    if engine == "mteb":
+        specs, hub_names = _split_mteb_names(suite, tasks)
+    else:
+        specs = select_tasks(suite, tasks)
     name = getattr(embedder, "name", type(embedder).__name__)
     if data_dir is None:
         from negsynth.resources import default_data_dir
 
         data_dir = default_data_dir()
-    if data_dir is None or not Path(data_dir).is_dir():
+    if (data_dir is None or not Path(data_dir).is_dir()) and not hub_names:
         where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
         reason = (
             f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
-            "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data)"
+            "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data), "
+            "or, online, pip install 'negsynth[eval]' and use --engine mteb --tasks STSBenchmark,SciFact (MTEB's own copies)"
         )
         if announce:  # the caller may say it itself (the evaluate command fails with this line)
             print(reason, file=sys.stderr)
@@ -216,14 +226,21 @@ def evaluate(
             write_report(rep, out)
         return rep
 
-    data_dir = Path(data_dir)
+    data_dir = Path(data_dir) if data_dir is not None else None
     quick = suite == "quick"
     t_all, c_all = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     cache: dict = {}
+    if engine == "mteb":
+        from negsynth.evaluate.mteb_engine import LOCAL_CATEGORIES, evaluate_mteb, is_mteb_task
+
+        through_mteb = [s.name for s in specs if s.category in LOCAL_CATEGORIES and is_mteb_task(s.name)] + hub_names
+        specs = [s for s in specs if s.name not in through_mteb]
+        bs = getattr(embedder, "batch_size", 64)
+        results.update(evaluate_mteb(embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs))
     for i, spec in enumerate(specs, 1):
-        missing = [f for f in spec.files if not (data_dir / f).exists()]
+        missing = [f for f in spec.files if data_dir is None or not (data_dir / f).exists()]
         if missing:
             skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
             if progress:
@@ -243,16 +260,12 @@ def evaluate(
                   f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)", file=sys.stderr)
     cats, avg, extra = _summarise(results)
     notes = []
-    try:
-        import mteb  # noqa: F401
-
-        notes.append("mteb is importable but not used: this suite runs offline on the shared data")
-    except ImportError:
-        pass
+    if engine == "mteb":
+        notes.append("engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator")
     if quick:
         notes.append("quick suite: subsampled (seed %d); compare only with quick reports" % seed)
     report = {
-        "schema": SCHEMA, "embedder": name, "suite": suite, "data_dir": str(data_dir),
+        "schema": SCHEMA, "embedder": name, "suite": suite, "engine": engine, "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t_all, 2), "cpu_seconds": round(time.process_time() - c_all, 2),
         "seed": seed,
@@ -263,6 +276,15 @@ def evaluate(
     if out is not None:
         write_report(report, out)
     return report
+
+
+def _split_mteb_names(suite: str, tasks) -> tuple[list[TaskSpec], list[str]]:
+    """negsynth's task specs for the names it lists, and the other names (MTEB tasks from the hub)."""
+    names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks or [])
+    known = [n for n in names if n in TASKS_BY_NAME or n in CATEGORIES or n in EXTRA_CATEGORIES]
+    hub = [n for n in names if n not in known]
+    specs = select_tasks(suite, known) if known or not names else []
+    return specs, hub
 
 
 def write_report(report: dict, path: str | Path) -> Path:
@@ -348,7 +370,7 @@ def render_table(report: dict, baseline: dict | None = None):
         table.add_column("delta", justify="right")
     order = {c: i for i, c in enumerate(CATEGORIES + EXTRA_CATEGORIES)}
     for name, t in sorted(report["tasks"].items(), key=lambda kv: (order.get(kv[1]["category"], 99), kv[0])):
-        row = [name, t["category"], t["main_metric"], str(t["n"]), _fmt(t["main_score"])]
+        row = [name, t["category"], t["main_metric"], "-" if t.get("n") is None else str(t["n"]), _fmt(t["main_score"])]
         if cmp:
             r = cmp["tasks"].get(name)
             row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]

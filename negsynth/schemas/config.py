@@ -372,6 +372,7 @@ class EvaluateConfig(Section):
     instruct_queries: bool = False
     batch_size: int = Field(64, ge=1)
     seed: int = 0
+    engine: Literal["negsynth", "mteb"] = "negsynth"  # "mteb": MTEB tasks scored by the mteb library (negsynth[eval])
 
 
 class RunConfig(Section):

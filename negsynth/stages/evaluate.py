@@ -24,6 +24,7 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     line saying how to get it; ``require_data`` (the ``evaluate`` command) then fails with exit 2,
     while ``negsynth run`` ends its pipeline with that line."""
     from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, print_report, write_report
+    from negsynth.evaluate.mteb_engine import MtebUnavailable
 
     ec = ctx.cfg.evaluate
     out = ctx.stage_dir(STAGE)
@@ -46,8 +47,8 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
             raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
         try:
-            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data)
-        except (EvalDataError, UnknownTask) as e:
+            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data, engine=ec.engine)
+        except (EvalDataError, UnknownTask, MtebUnavailable) as e:
             raise UserError(str(e)) from None
         rep["model"] = m
         write_report(rep, dest)
