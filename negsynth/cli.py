@@ -54,6 +54,9 @@ MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop afte
 MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="stop after this many tokens in + out (this invocation; exit code 3)")]
 MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", help="stop after this estimated cost in USD, llm.price (this invocation; exit code 3)")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="online (live requests) or batch (OpenAI Batch API: upload, poll, download)")]
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="local, or ray: --workers shard workers as Ray tasks (pip install 'negsynth[ray]')")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help="with --executor ray: shard workers (the global LLM limits are split among them)")]
+RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", help="with --executor ray: the cluster (default $RAY_ADDRESS, else a local one)")]
 
 #: exit code when a --max-* budget stopped a stage: finished work is written, rerun to continue
 EXIT_BUDGET = 3
@@ -174,6 +177,9 @@ class Options:
     max_tokens: MaxTokOpt = None
     max_cost: MaxCostOpt = None
     mode: ModeOpt = "online"
+    executor: ExecutorOpt = "local"
+    workers: WorkersOpt = 2
+    ray_address: RayAddressOpt = None
 
     def context(self, extra_sets: list[str] | None = None):
         """The stage's context: config (defaults + --config + overrides + --set), run dir, budget."""
@@ -196,7 +202,7 @@ class Options:
 
 
 #: the shared options of the commands that call the LLM: workers, mode, budgets
-_SHARDS = ("shard_index", "num_shards", "mode")
+_SHARDS = ("shard_index", "num_shards", "mode", "executor", "workers", "ray_address")
 _BUDGETS = ("max_requests", "max_tokens", "max_cost")
 _BASIC = tuple(f.name for f in fields(Options) if f.name not in _SHARDS + _BUDGETS)
 
@@ -242,13 +248,25 @@ def _check_run_dir(run_dir: Path) -> None:
 
 def _run(name: str, opts: Options, extra_sets: list[str] | None = None, **kwargs) -> dict:
     """Run stage ``name`` under the command's options and report its stats (exit code included)."""
+
+    ctx = opts.context(extra_sets)
+    stats = _execute(name, opts, ctx, **kwargs)
+    _emit_llm(stats, opts.json_out)
+    return stats
+
+
+def _execute(name: str, opts: Options, ctx, **kwargs) -> dict:
+    """The stage in this process, or (``--executor ray``) as shard workers on Ray."""
     from negsynth.pipeline.stage import run_stage
     from negsynth.stages import get
 
-    ctx = opts.context(extra_sets)
-    stats = run_stage(get(name), ctx, **kwargs)
-    _emit_llm(stats, opts.json_out)
-    return stats
+    if opts.executor == "ray":
+        from negsynth.pipeline.ray_executor import run_on_ray
+
+        return run_on_ray(get(name), ctx, workers=opts.workers, address=opts.ray_address)
+    if opts.executor != "local":
+        raise UserError(f"--executor {opts.executor!r}: choose local or ray")
+    return run_stage(get(name), ctx, **kwargs)
 
 
 # ============================================================================ the method's stages
@@ -302,9 +320,7 @@ def regenerate(
     With --input the command line describes the input(s); without it, the inputs listed under
     regenerate.inputs in the run file are used (--limit and --mine still apply to them).
     """
-    from negsynth.pipeline.stage import run_stage
     from negsynth.schemas.config import SourceSpec
-    from negsynth.stages import get
 
     ctx = opts.context()
     rcfg = ctx.cfg.regenerate
@@ -329,7 +345,7 @@ def regenerate(
             rcfg.inputs = [s.model_copy(update={"limit": limit}) for s in rcfg.inputs]
     if mine is not None:
         rcfg.mine = mine
-    _emit_llm(run_stage(get("regenerate"), ctx), opts.json_out)
+    _emit_llm(_execute("regenerate", opts, ctx), opts.json_out)
 
 
 def embedder_overrides(spec: str | None) -> list[str]:

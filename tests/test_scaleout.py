@@ -122,6 +122,34 @@ def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainsto
     assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]
 
 
+def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, reference):
+    """--executor ray: the same shard workers as Ray tasks on a local cluster, merged by the
+    driver; byte-identical data and exactly one worker's requests; limits split among workers."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.pipeline.ray_executor import worker_config
+
+    ref_files, ref_stats, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "3", "--json")
+        finally:
+            ray.shutdown()
+        assert r.exit_code == 0, r.output
+        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+    assert data_files(rd) == ref_files and bodies == ref_bodies
+    merged = json.loads(r.stdout)
+    assert merged["executor"] == "ray" and merged["num_shards"] == 3 and merged["valid"] == ref_stats["valid"] and merged["complete"]
+    split = worker_config(load_config(cfg, ["llm.rpm=100", "llm.tpm=7"]), 3).llm
+    assert (split.max_concurrency, split.rpm, split.tpm) == (1, 33, 2)  # 3 -> ceil(3/3); global limits stay global
+    r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--max-requests", "3")
+    assert r.exit_code == 2 and "budgets are counted per process" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_worker_overwrite_removes_only_its_own_shards(tmp_path, brainstormed):
     rd = tmp_path / "run"
     shutil.copytree(brainstormed, rd)
