@@ -20,6 +20,10 @@ ns-graded-curriculum   negsynth: multi-granularity mined negatives (one per rank
                        band first, 25 % of the steps each), negsynth's trainer defaults
 ns-graded-random       the same negatives, level drawn at random per row (order ablation)
 ns-graded-reverse      the same negatives, hardest band first
+ns-graded-tuple        every graded negative used: each row carries its 4 multi-granularity
+                       negatives (negative_1..4, hardest band first) and the curriculum orders
+                       the rows by measured difficulty (hardest negative's cosine over the
+                       positive's), easiest quarter first
 ns-tuple-curriculum    every row carries 4 mined negatives (like st-mined-4) and the curriculum
                        moves the 4-negative window down the positive-aware candidate list:
                        ranks 31-34 in the first quarter of the steps, then 11-14, 4-7 and
@@ -72,7 +76,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
-ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-random", "ns-graded-reverse",
+ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
             "ns-tuple-curriculum", "ns-tuple-hard", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-graded-curriculum"
 
@@ -122,12 +126,36 @@ def cached_mining(src, args, name: str, mine) -> dict:
     return found
 
 
-def mined_graded(src, args, seed: int) -> list[dict]:
-    """Examples with 4 multi-granularity mined negatives (cached per seed under OUT/_mined)."""
+def graded_found(src, args, seed: int) -> dict:
+    """Multi-granularity mining over SciFact train (cached per seed under OUT/_mined)."""
     from negsynth.embed.mining import mine_graded
 
-    found = cached_mining(src, args, f"graded-seed{seed}", lambda model, queries, positives: mine_graded(
+    return cached_mining(src, args, f"graded-seed{seed}", lambda model, queries, positives: mine_graded(
         model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache))  # fmt: skip
+
+
+def graded_tuple_rows(src, args, seed: int) -> list[dict]:
+    """n-tuple rows with all 4 graded negatives (hardest band first), in 4 phases of measured
+    row difficulty: the hardest negative's cosine relative to the positive's, easiest first."""
+    found = graded_found(src, args, seed)
+    rows = []
+    for p in src.pairs:
+        f = found.get(p.query_key) or {}
+        negs = [n for n in f.get("negatives", []) if n != p.positive]
+        if len(negs) == 4 and f.get("pos_score"):
+            rows.append(({"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}}, f["scores"][0] / f["pos_score"]))
+    rows.sort(key=lambda r: r[1])
+    n = len(rows) - len(rows) % args.batch_size  # whole batches
+    out = []
+    for i, (r, _) in enumerate(rows[:n]):
+        phase = i * 4 // n + 1
+        out.append({**r, "phase": phase, "level": 5 - phase})
+    return out
+
+
+def mined_graded(src, args, seed: int) -> list[dict]:
+    """Examples with 4 multi-granularity mined negatives (cached per seed under OUT/_mined)."""
+    found = graded_found(src, args, seed)
     out = []
     for i, p in enumerate(src.pairs):
         f = found.get(p.query_key) or {}
@@ -262,6 +290,10 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         path = None
     elif arm.startswith("st-"):
         info = train_stock(src, arm, args, seed, dest)
+        path = str(dest)
+    elif arm == "ns-graded-tuple":
+        rows = graded_tuple_rows(src, args, seed)
+        info = train_ns(rows, args, seed, dest)
         path = str(dest)
     elif arm.startswith("ns-tuple-"):
         rows = tuple_rows(src, arm, args, seed, args.steps)
