@@ -150,6 +150,50 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     assert r.exit_code == 2 and "budgets are counted per process" in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
+def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed, reference):
+    """SIGKILL one Ray worker process while its requests are in flight: Ray retries the task, it
+    resumes from its .partial shards and the cache, and the data equals a one-process run."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+    import signal
+    import threading
+    import time
+
+    ref_files, _, _ = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+
+    def slow(req, n):
+        r = responder(req, n)
+        r.delay = 0.15
+        return r
+
+    with FakeOpenAI(slow) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            out = {}
+            t = threading.Thread(target=lambda: out.setdefault("r", gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")))
+            t.start()
+            killed = None
+            deadline = time.monotonic() + 60
+            while killed is None and time.monotonic() < deadline:
+                if len(srv.requests) >= 4:  # both workers are sending
+                    pids = subprocess.run(["pgrep", "-f", "ray::_worker"], capture_output=True, text=True).stdout.split()
+                    if pids:
+                        killed = int(pids[0])
+                        os.kill(killed, signal.SIGKILL)
+                time.sleep(0.05)
+            t.join(timeout=240)
+        finally:
+            ray.shutdown()
+    assert killed is not None, "no Ray worker process was found to kill"
+    r = out["r"]
+    assert r.exit_code == 0, r.output
+    assert data_files(rd) == ref_files  # the retried task resumed and finished its shards
+    assert json.loads((rd / "generate" / "stats.json").read_text())["complete"]  # merged by the driver
+
+
 def test_worker_overwrite_removes_only_its_own_shards(tmp_path, brainstormed):
     rd = tmp_path / "run"
     shutil.copytree(brainstormed, rd)
