@@ -88,6 +88,9 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             if isinstance(cause, NegsynthError):
                 raise cause from None
             raise
+        except ray.exceptions.RayError as e:  # a worker died more often than Ray retries it, or the cluster went away
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume") from None
     if any(p.get("failed") or p.get("outage") or p.get("pending") or p.get("stopped_by") for p in parts):
         bad = next(p for p in parts if p.get("failed") or p.get("outage") or p.get("pending") or p.get("stopped_by"))
         return {**bad, "executor": "ray", "workers": workers}
