@@ -68,15 +68,23 @@ def write_beir(root, n_docs=60, n_queries=12, seed=0):
     (d / "qrels.tsv").write_text("\n".join(qrels) + "\n")
 
 
-def test_mteb_engine_scores_local_files_like_negsynths_evaluator(tmp_path):
+@pytest.mark.parametrize("instruct", [False, True], ids=["plain", "instructed-queries"])
+def test_mteb_engine_scores_local_files_like_negsynths_evaluator(tmp_path, instruct):
     """One scoring question, two code paths: mteb's evaluators on the local files give the same
-    Spearman and nDCG@10 as negsynth's (any negsynth embedder, through the mteb encoder wrapper);
-    mteb's own result files are written beside the report."""
+    Spearman and nDCG@10 as negsynth's (any negsynth embedder, through the mteb encoder wrapper,
+    queries with their task instruction when the embedder uses them); mteb's own result files
+    are written beside the report."""
     data = tmp_path / "data"
     write_sts(data)
     write_beir(data)
-    ours = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False)
-    rep = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False, engine="mteb", out=tmp_path / "ev" / "report.json")
+
+    def emb():
+        e = GaussBOW()
+        e.instruct_queries = instruct
+        return e
+
+    ours = evaluate(emb(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False)
+    rep = evaluate(emb(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False, engine="mteb", out=tmp_path / "ev" / "report.json")
     for name in ("STSBenchmark", "SciFact"):
         assert rep["tasks"][name]["engine"] == "mteb" and rep["tasks"][name]["source"].startswith(str(data))
         assert rep["tasks"][name]["main_score"] == pytest.approx(ours["tasks"][name]["main_score"], abs=1e-4), name

@@ -94,7 +94,8 @@ def mteb_task(name: str, data_dir: Path | None):
 
 class _EmbedderEncoder:
     """An mteb encoder over any negsynth :class:`~negsynth.embed.base.Embedder` (decoder
-    embedders, zero-shot methods): queries are encoded as queries, the rest as documents."""
+    embedders, zero-shot methods), encoding as negsynth's evaluator does: documents with
+    ``encode_documents``, everything else as queries with the task's instruction."""
 
     def __init__(self, embedder):
         from mteb.models import ModelMeta
@@ -104,9 +105,12 @@ class _EmbedderEncoder:
         self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": f"negsynth/{name.replace('/', '_')}"}) if hasattr(ModelMeta, "create_empty") else None
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
+        from negsynth.evaluate.runner import _encode
+
         texts = [t for batch in inputs for t in batch["text"]]
-        is_query = prompt_type is not None and getattr(prompt_type, "value", str(prompt_type)) == "query"
-        return np.asarray(self.embedder.encode(texts, query=is_query) if _takes_query(self.embedder) else self.embedder.encode(texts))
+        spec = TASKS_BY_NAME.get(task_metadata.name)
+        is_doc = prompt_type is not None and getattr(prompt_type, "value", str(prompt_type)) == "document"
+        return _encode(self.embedder, texts, spec.instruction if spec is not None else None, query=not is_doc)
 
     def similarity(self, a, b):
         from sentence_transformers.util import cos_sim
@@ -117,15 +121,6 @@ class _EmbedderEncoder:
         from sentence_transformers.util import pairwise_cos_sim
 
         return pairwise_cos_sim(a, b)
-
-
-def _takes_query(embedder) -> bool:
-    import inspect
-
-    try:
-        return "query" in inspect.signature(embedder.encode).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def mteb_model(embedder):

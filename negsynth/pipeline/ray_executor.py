@@ -27,7 +27,7 @@ from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint, merge_stage
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.stage import Stage, check_inputs, run_stage
+from negsynth.pipeline.stage import Stage, check_inputs, run_stage, unfinished
 from negsynth.schemas.config import RunConfig
 
 #: stages whose work splits into shard workers (score dedups in input order: one process, see docs/scale.md)
@@ -91,8 +91,8 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
         except ray.exceptions.RayError as e:  # a worker died more often than Ray retries it, or the cluster went away
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume") from None
-    if any(p.get("failed") or p.get("outage") or p.get("pending") or p.get("stopped_by") for p in parts):
-        bad = next(p for p in parts if p.get("failed") or p.get("outage") or p.get("pending") or p.get("stopped_by"))
+    bad = next((p for p in parts if unfinished(p)), None)
+    if bad is not None:
         return {**bad, "executor": "ray", "workers": workers}
     merged = merge_stage(ctx.run_dir, stage.name)
     return {**merged, "executor": "ray", "workers": workers}
