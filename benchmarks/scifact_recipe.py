@@ -30,6 +30,10 @@ ns-tuple-curriculum    every row carries 4 mined negatives (like st-mined-4) and
                        finally 1-4 (the st-mined-4 row); negsynth's trainer and sampler
 ns-tuple-hard          the same rows, all at ranks 1-4 (st-mined-4's data through negsynth's
                        trainer: separates the trainer from the schedule)
+ns-tuple-hard-hw       ns-tuple-hard with hardness weighting: MNRL ``hardness_mode =
+                       "hard_negatives"``, ``hardness_strength`` 5 (EmbeddingGemma's alpha;
+                       ``--hardness-strength``): each row's own hard negatives weigh by how close
+                       the model currently puts them (train.hardness_mode / hardness_strength)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -77,7 +81,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
-            "ns-tuple-curriculum", "ns-tuple-hard", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-graded-curriculum"
 
 
@@ -190,7 +194,7 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     rng.shuffle(deep)
     rng.shuffle(shallow)
     per_phase = (steps // 4) * args.batch_size
-    if arm == "ns-tuple-hard":
+    if arm.startswith("ns-tuple-hard"):
         chosen = (deep + shallow)[: 4 * per_phase]
         rng.shuffle(chosen)
     else:
@@ -199,7 +203,7 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     rows = []
     for i, p in enumerate(chosen):
         phase = i // per_phase + 1
-        level = 1 if arm == "ns-tuple-hard" else 5 - phase
+        level = 1 if arm.startswith("ns-tuple-hard") else 5 - phase
         start = TUPLE_START[level] - 1
         negs = cands[id(p)][start : start + 4]
         rows.append({"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}, "phase": phase, "level": level})
@@ -260,7 +264,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     return {"rows": len(ds), "columns": ds.column_names, "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 
-def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
+def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict:
     """negsynth's trainer with its defaults (τ by model family, warmup, clipping, order-keeping sampler)."""
     from datasets import Dataset
 
@@ -270,7 +274,8 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path) -> dict:
     # one pass over the planned batches: the sampler keeps every text once per batch by moving
     # colliding rows later, which can add a few partial batches; a step cap would cut the hardest phase
     cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=-1, epochs=1, max_length=args.max_length,
-                      seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4))  # fmt: skip
+                      seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4),
+                      **overrides)  # fmt: skip
     cols = [c for c in rows[0] if c in ("anchor", "positive", "negative", "phase", "level") or c.startswith("negative_")]
     ds = Dataset.from_dict({k: [r[k] for r in rows] for k in cols})
     trainer, model = make_trainer(ds, cfg)
@@ -297,7 +302,8 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         path = str(dest)
     elif arm.startswith("ns-tuple-"):
         rows = tuple_rows(src, arm, args, seed, args.steps)
-        info = train_ns(rows, args, seed, dest)
+        hw = {"hardness_mode": "hard_negatives", "hardness_strength": args.hardness_strength} if arm.endswith("-hw") else {}
+        info = train_ns(rows, args, seed, dest, **hw)
         path = str(dest)
     else:
         if arm.startswith("ns-graded-"):
@@ -355,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--hardness-strength", type=float, default=5.0, help="alpha of the *-hw arms (MNRL hardness_mode='hard_negatives')")
     ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
     ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
     ap.add_argument("--eval-suite", choices=["full", "quick"], default="full",
