@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from negsynth.prompts import load_example, render, templates_fingerprint
+from negsynth.prompts import load_example, load_examples, render, templates_fingerprint
 from negsynth.stages import brainstorm, generate
 
 SL_ATTRS = {
@@ -84,10 +84,43 @@ def test_brainstorm_prompt_exact_tail_and_example():
 def test_worked_examples_pass_their_own_validators():
     cfg = generate.GenerateConfig()
     for tt in ("short-long", "long-short", "short-short", "long-long", "sts"):
-        ex = load_example(f"generate_{tt}")
-        # the example is valid in shape and content (the copy check is off when few_shot is off)
-        q, p, negs = generate.make_validator(tt, cfg.model_copy(update={"few_shot": False}))(ex["output"])
-        assert len(negs) == 4 and q and p
+        pool = load_examples(f"generate_{tt}")
+        assert len(pool) == 4 and pool[0] == load_example(f"generate_{tt}")
+        assert len({json.dumps(ex["output"]) for ex in pool}) == 4
+        for ex in pool:
+            # valid in shape and content (the copy check is off when few_shot is off), and fits the prompt
+            q, p, negs = generate.make_validator(tt, cfg.model_copy(update={"few_shot": False}))(ex["output"])
+            assert len(negs) == 4 and q and p
+            generate.render_prompt(tt, ex["task"], ex["attributes"])
+            # with few_shot on, answering with any example of the pool is a copy, whichever was shown
+            with pytest.raises(generate.ValidationFailure) as e:
+                generate.make_validator(tt, cfg)(ex["output"])
+            assert e.value.reason == "copied_example"
+
+
+def test_worked_examples_rotate_per_item_and_fixed_shows_the_first(tmp_path):
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.schemas.records import Task
+
+    tasks = {"short-long": [Task(id=f"t{i}", task_type="short-long", task=f"Find recipes {i}.") for i in range(3)]}
+
+    def shots(**gen):
+        cfg = RunConfig.model_validate({"generate": {"examples": 40, "ratio": {"short-long": 1.0}, **gen}})
+        ctx = StageContext(cfg=cfg, run_dir=tmp_path)
+        return [it.payload.get("shot") for it in generate.plan_items(ctx, tasks)]
+
+    rot = shots()
+    assert rot == shots() and len(set(rot)) == 4  # deterministic, and every example is used
+    assert rot != shots(seed=1)
+    assert set(shots(worked_examples="fixed")) == {None} and set(shots(few_shot=False)) == {None}
+    pool = load_examples("generate_short-long")
+    for shot in range(4):
+        msgs = generate.build_messages("short-long", "Find recipes.", SL_ATTRS, shot=shot)
+        assert json.loads(msgs[2]["content"]) == pool[shot]["output"]
+    # "fixed" keeps the requests of before the pool: the first example, and only it counts as a copy
+    fixed = generate.GenerateConfig(worked_examples="fixed")
+    assert generate.make_validator("short-long", fixed)(pool[1]["output"])[0] == pool[1]["output"]["user_query"]
 
 
 def test_fingerprint_is_stable():

@@ -2,8 +2,10 @@
 
 Templates use ``string.Template`` placeholders (``${name}``) so JSON braces in the text need no
 escaping; a missing variable raises ``KeyError`` instead of leaving a hole in the prompt.
-Worked examples (one per task type) live in ``examples/*.json`` and are shown to the model as a
-prior user/assistant turn when ``generate.few_shot`` is on: small models need them.
+Worked examples live in ``examples/*.json`` and are shown to the model as a prior user/assistant
+turn when ``generate.few_shot`` is on: small models need them. A name can have a pool of them
+(``generate_sts.json``, ``generate_sts.2.json``, ...; :func:`load_examples`), from which generate
+draws one per request so a small model has no single example to copy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ def load_template(name: str) -> str:
 def load_example(name: str) -> dict:
     text = resources.files(__package__).joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
     return json.loads(text)
+
+
+@lru_cache(maxsize=None)
+def load_examples(name: str) -> tuple[dict, ...]:
+    """The pool of worked examples of ``name``: ``name.json`` first, then ``name.2.json``, ``name.3.json``, ..."""
+    root = resources.files(__package__).joinpath("examples")
+    extra = sorted((f.name for f in root.iterdir() if f.name.startswith(f"{name}.") and f.name.endswith(".json") and f.name[len(name) + 1 : -5].isdigit()),
+                   key=lambda n: int(n[len(name) + 1 : -5]))  # fmt: skip
+    return (load_example(name), *(json.loads(root.joinpath(n).read_text(encoding="utf-8")) for n in extra))
 
 
 def render(name: str, **variables: Any) -> str:

@@ -26,7 +26,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Summary
-from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.prompts import load_examples, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
 from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
@@ -107,11 +107,13 @@ def render_prompt(task_type: str, task: str, attributes: dict[str, Any]) -> str:
     return render(f"generate_{task_type}", task=task, **attributes)
 
 
-def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few_shot: bool = True) -> list[dict[str, str]]:
-    """System prompt, an optional worked-example turn of the same type, then the real prompt."""
+def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few_shot: bool = True, shot: int = 0) -> list[dict[str, str]]:
+    """System prompt, an optional worked-example turn of the same type (number ``shot`` of its
+    pool), then the real prompt."""
     msgs = [{"role": "system", "content": load_template("system").strip()}]
     if few_shot:
-        ex = load_example(f"generate_{task_type}")
+        pool = load_examples(f"generate_{task_type}")
+        ex = pool[shot % len(pool)]
         msgs.append({"role": "user", "content": render_prompt(task_type, ex["task"], ex["attributes"])})
         msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
     msgs.append({"role": "user", "content": render_prompt(task_type, task, attributes)})
@@ -119,10 +121,13 @@ def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few
 
 
 def make_validator(task_type: str, cfg: GenerateConfig):
-    """Return ``validate(obj) -> (query, positive, negatives)`` raising ValidationFailure on any problem."""
+    """Return ``validate(obj) -> (query, positive, negatives)`` raising ValidationFailure on any problem.
+
+    With ``few_shot`` on, an answer whose query or positive is any worked example's of the type
+    (not only the one shown) is a copy: rotating the examples must not let a copy of another through."""
     model, qk, pk, nk = OUTPUTS[task_type]
-    shown = load_example(f"generate_{task_type}")["output"]
-    copied = {normalize(shown[qk]), normalize(shown[pk])}
+    pool = load_examples(f"generate_{task_type}")[: 1 if cfg.worked_examples == "fixed" else None]
+    copied = {normalize(ex["output"][k]) for ex in pool for k in (qk, pk)}
 
     def validate(obj: Any) -> tuple[str, str, list[str]]:
         try:
@@ -170,7 +175,10 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
             task = pool[k % len(pool)]
             attrs = sample_attributes(tt, random.Random(f"{cfg.seed}:{tt}:{k}"), cfg)
             iid = short_id("ex", cfg.seed, tt, k, task.id)
-            items.append(WorkItem(len(items), iid, {"task_id": task.id, "task": task.task, "task_type": tt, "attributes": attrs, "k": k}))
+            payload = {"task_id": task.id, "task": task.task, "task_type": tt, "attributes": attrs, "k": k}
+            if cfg.few_shot and cfg.worked_examples == "rotate":
+                payload["shot"] = random.Random(f"{cfg.seed}:{tt}:{k}:shot").randrange(len(load_examples(f"generate_{tt}")))
+            items.append(WorkItem(len(items), iid, payload))
     return items
 
 
@@ -194,7 +202,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, mod
     p = it.payload
     tt = p["task_type"]
     res = await client.structured(
-        build_messages(tt, p["task"], p["attributes"], few_shot=cfg.few_shot),
+        build_messages(tt, p["task"], p["attributes"], few_shot=cfg.few_shot, shot=p.get("shot", 0)),
         validate=make_validator(tt, cfg),
         schema=output_schema(tt, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
         name="example",
