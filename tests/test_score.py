@@ -355,3 +355,75 @@ def test_several_devices_need_a_sentence_transformers_model(tmp_path):
 
     with pytest.raises(UserError, match=r"embedder.devices = 2: .*sentence-transformers"):
         run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+
+
+# ---------------------------------------------------------------- false-negative judge
+
+
+class FakeJudge:
+    """A cross-encoder stand-in: hand-set relevance per text, counts the pairs it scores."""
+
+    name = "fake:judge"
+
+    def __init__(self, scores: dict[str, float]):
+        self.scores = scores
+        self.pairs: list[tuple[str, str]] = []
+
+    def score_examples(self, examples):
+        from negsynth.embed.judge import CrossEncoderJudge
+
+        judge = CrossEncoderJudge(model=None, name=self.name)
+        judge.score = lambda pairs: (self.pairs.extend(pairs), np.array([self.scores[t] for _, t in pairs]))[1]
+        return judge.score_examples(examples)
+
+
+def test_judge_flags_a_false_negative_the_cosine_rule_let_through(tmp_path):
+    # cosines: only n2 (0.86 >= 0.855) is a false negative by the embedder; the judge says n3 answers the query too
+    write_generate(tmp_path, [[example(0), example(1, q="Q again")]])
+    judge = FakeJudge({"pos": 0.9, "n1": 0.2, "n2": 0.3, "n3": 0.88, "n4": 0.01})
+    stats = run_stage(SCORE, make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="fake-ce"), embedder=FakeEmbedder(HAND), judge=judge)
+    recs = list(read_stage(tmp_path / "score"))
+    assert len(recs) == 2 and len(judge.pairs) == 10  # each distinct (query, text) pair scored once
+    sc = ExampleScore.model_validate(recs[0]["score"])
+    # n2 (cosine rule) and n3 (judge: 0.88 >= 0.95 * 0.9) are dropped; the rest ordered by cosine
+    assert recs[0]["negatives"] == ["n1", "n4"]
+    assert sc.judge == "fake:judge" and sc.judge_pos == pytest.approx(0.9) and sc.judge_neg == pytest.approx([0.2, 0.01])
+    assert sc.judged_false_negative == [False, False]
+    assert stats["judge"] == {"model": "fake-ce", "ratio": 0.95, "negatives": 8, "false_negatives": 2, "only_by_judge": 2}
+    assert stats["negatives_dropped"] == 4
+    lines = "\n".join(" ".join(map(str, r)) for s in S.report(stats) for r in s.rows)
+    assert "false-negative judge fake-ce: 2 of 8 negatives >= 0.95 x the positive (2 the cosine rule let through)" in lines
+
+
+def test_judge_off_keeps_records_and_hash_as_before(tmp_path):
+    write_generate(tmp_path, [[example()]])
+    ctx = make_ctx(tmp_path)
+    stats = run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+    (rec,) = list(read_stage(tmp_path / "score"))
+    assert "judge" not in rec["score"] and stats["judge"] is None
+    from negsynth.stages.score.inputs import input_shards, stage_hash
+
+    shards = input_shards(ctx)
+    on = make_ctx(tmp_path, judge_model="some-ce")
+    assert stage_hash(ctx, shards) == stage_hash(make_ctx(tmp_path, judge_ratio=0.5), shards)  # unused judge settings do not count
+    assert stage_hash(ctx, shards) != stage_hash(on, shards)
+
+
+def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
+    from negsynth.embed.judge import CrossEncoderJudge
+    from negsynth.errors import UserError
+    from negsynth.resources import minilm_path
+
+    with pytest.raises(UserError, match="is not a cross-encoder .*BertModel.*not at an embedding model"):
+        CrossEncoderJudge.load(str(minilm_path()), device="cpu")
+    with pytest.raises(UserError, match="could not load it as a cross-encoder"):
+        CrossEncoderJudge.load(str(tmp_path / "missing"), device="cpu")
+    # a one-label reranker (MiniLM's encoder with a fixed head) loads and scores pairs in [0, 1]
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    CrossEncoder(str(minilm_path()), num_labels=1, device="cpu").save(str(tmp_path / "ce"))
+    judge = CrossEncoderJudge.load(str(tmp_path / "ce"), device="cpu")
+    pos, negs = judge.score_examples([{"query": "a cat", "positive": "a cat sleeping", "negatives": ["a dog", "a car"]}])
+    assert pos.shape == (1,) and len(negs[0]) == 2 and all(0.0 <= x <= 1.0 for x in [pos[0], *negs[0]])

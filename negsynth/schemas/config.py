@@ -233,6 +233,12 @@ class ScoreConfig(Section):
     # easiness filter (NeMo Curator's retriever SDG): reject an example the embedder already solves
     # by a wide margin, cos(q, pos) - max cos(q, neg) > easy_margin (reason "easy_query"); None = off
     easy_margin: float | None = Field(None, ge=0.0, le=2.0)
+    # false-negative judge (mine_hard_negatives' cross_encoder rescoring): a cross-encoder (folder or
+    # hub name) scores (query, positive) and (query, negative) in [0, 1]; a negative it scores at or above
+    # judge_ratio x the positive is a false negative too (flag judged_false_negative). None = off
+    judge_model: str | None = None
+    judge_ratio: float = Field(0.95, gt=0.0, le=1.0)
+    judge_batch_size: int = Field(32, ge=1)
     block_examples: int = Field(20000, ge=1)  # examples embedded together: dedupe scope and memory bound
     # cleaning (negsynth.data.clean), see docs/score.md: near-duplicate examples and evaluation-set overlap
     dedup: bool = True  # drop later near-duplicates of a kept example (query AND positive match)

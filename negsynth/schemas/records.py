@@ -59,11 +59,17 @@ class ExampleScore(Record):
     cos_neg: list[float]  # aligned with Example.negatives (after any reorder / filter)
     kendall_tau: float | None  # tau-b, LLM's claimed order vs measured cosines; None if all cosines tie
     monotonic: bool  # the LLM's order had strictly decreasing cosines
-    false_negative: list[bool]  # cos_neg >= fn_ratio * cos_pos
+    false_negative: list[bool]  # cos_neg >= fn_ratio * cos_pos (or the judge's verdict, below)
     too_easy: list[bool]  # cos_neg < too_easy_floor
     policy: Literal["annotate", "reorder", "filter", "measured"] = "annotate"
     # with `reorder` / `filter`: LLM rank (0 = claimed hardest = level 1) of each negative as written
     llm_order: list[int] | None = None
+    # with score.judge_model: the cross-encoder's scores in [0, 1] and its verdicts (aligned like
+    # cos_neg); false_negative then holds the cosine rule OR the judge's verdict
+    judge: str | None = None
+    judge_pos: float | None = None
+    judge_neg: list[float] | None = None
+    judged_false_negative: list[bool] | None = None
 
 
 class Example(Record):

@@ -61,10 +61,16 @@ def embedder_fingerprint(cfg) -> dict:
     return cfg.model_dump(mode="json", exclude={"device", "devices", "batch_size"})
 
 
+def judge_fields_unhashed(cfg) -> set[str]:
+    """The judge's settings when it is off: left out of the hash, so runs scored before the judge
+    existed (or with it off) keep their hash."""
+    return {"judge_model", "judge_ratio", "judge_batch_size"} if cfg.judge_model is None else {"judge_batch_size"}
+
+
 def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
     """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
     parts: dict[str, Any] = {
-        "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir"}),
+        "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}),
         "embedder": embedder_fingerprint(ctx.cfg.embedder),
         "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
     }

@@ -26,7 +26,7 @@ from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.stages.score.embedding import _progress, embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
-from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, measure
+from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, fn_threshold, measure
 from negsynth.stages.score.stats import summarize
 
 
@@ -42,11 +42,13 @@ def _load_sidecar(ctx: StageContext, k: int) -> dict:
         raise UserError(f"{p}: missing or unreadable (needed for stats.json); rerun `negsynth score --overwrite`") from None
 
 
-def run(ctx: StageContext, embedder=None) -> dict:
+def run(ctx: StageContext, embedder=None, judge=None) -> dict:
     """Score every input example; return the stats (``run_stage`` writes ``score/stats.json``).
 
     ``embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
     ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
+    ``judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name`` and
+    ``score_examples``) instead of loading ``score.judge_model``.
     """
     t_start = time.perf_counter()
     cfg = ctx.cfg.score
@@ -70,9 +72,14 @@ def run(ctx: StageContext, embedder=None) -> dict:
 
                 ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
                 emb = load_embedder(ctx.cfg.embedder)
+            if judge is None and cfg.judge_model is not None:
+                from negsynth.embed.judge import CrossEncoderJudge
+
+                ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
+                judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
             if ctx.cfg.embedder.devices is not None:
                 devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
-            _score_shards(ctx, emb, shards, todo, this_run, ev)
+            _score_shards(ctx, emb, shards, todo, this_run, ev, judge)
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
 
 
@@ -93,7 +100,7 @@ def on_devices(emb, devices):
     return multi_device(emb, devices)
 
 
-def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> None:
+def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, judge=None) -> None:
     """Score the shards in ``todo`` in blocks of ~``score.block_examples`` examples (the dedup scope)."""
     cfg = ctx.cfg.score
     bs = ctx.cfg.embedder.batch_size
@@ -104,13 +111,13 @@ def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Cou
     for k in todo:
         rows = read_examples(shards[k][1])
         if blocks[-1] and size + len(rows) > cfg.block_examples:
-            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
+            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner, judge)
             blocks.append([])
             size = 0
         blocks[-1].append((k, rows))
         size += len(rows)
     if blocks[-1]:
-        _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner)
+        _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner, judge)
 
 
 def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> dict:
@@ -130,6 +137,7 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
         "rejected": sum(s["rejected"] for s in sidecars),
         "rejects_by_reason": dict(sum((Counter(s["reasons"]) for s in sidecars), Counter()).most_common()),
         "negatives_dropped": sum(s["negatives_dropped"] for s in sidecars),
+        "judge": _judge_stats(cfg, sidecars),
         "reordered": sum(s["reordered"] for s in sidecars),
         "paper_table4": list(PAPER_TABLE4),
         "inputs": [{"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))} for k, (st, p) in enumerate(shards)],
@@ -141,6 +149,21 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     return stats
+
+
+def _judge_stats(cfg, sidecars: list[dict]) -> dict | None:
+    """What the false-negative judge flagged: all negatives it called false, and those the
+    embedder's cosine rule had let through (its own contribution)."""
+    if cfg.judge_model is None and not any("judged_false_negative" in s for s in sidecars):
+        return None
+    judged = flagged = only = 0
+    for sc in sidecars:
+        for j, cp, cn in zip(sc.get("judged_false_negative") or [], sc["cos_pos"], sc["cos_neg"], strict=False):
+            judged += len(j)
+            flagged += sum(j)
+            thr = float(fn_threshold(cp, cfg.fn_ratio))
+            only += sum(v and not c >= thr for v, c in zip(j, cn, strict=True))
+    return {"model": cfg.judge_model, "ratio": cfg.judge_ratio, "negatives": judged, "false_negatives": flagged, "only_by_judge": only}
 
 
 def _throughput(c: Counter, emb) -> dict:
@@ -156,6 +179,7 @@ def _throughput(c: Counter, emb) -> dict:
         "texts_per_s": round(c["texts"] / max(c["embed_s"], 1e-9), 2),
         "unique_texts_per_s": round(c["unique_texts"] / max(c["embed_s"], 1e-9), 2),
         "device": getattr(emb, "device", "?") if emb is not None else "?",
+        **({"judge_pairs": c["judge_pairs"], "judge_s": round(c["judge_s"], 3)} if c.get("judge_pairs") else {}),
     }
 
 
@@ -253,11 +277,32 @@ def clean_stats(ctx: StageContext, sidecars: list[dict], ev: EvalTexts) -> dict[
     }
 
 
+def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[dict], contam: list, this_run: Counter) -> None:
+    """The cross-encoder's second opinion: score (query, positive) and (query, negative) of every
+    example that is not contaminated, and OR its verdict into ``false_negative`` so every policy
+    drops what either check calls a false negative."""
+    from negsynth.embed.judge import judged_false_negatives
+
+    t0 = time.perf_counter()
+    idx = [e for e in range(len(examples)) if contam[e] is None]
+    ctx.reporter.info(f"score: judging {len(idx)} examples' negatives with {judge.name} ...")
+    pos, negs = judge.score_examples([examples[e] for e in idx])
+    ratio = ctx.cfg.score.judge_ratio
+    for e, p, ns in zip(idx, pos, negs, strict=True):
+        m = per_ex[e]
+        jp, jn = round(float(p), 6), [round(float(x), 6) for x in ns]
+        verdict = judged_false_negatives(jp, jn, ratio)
+        m.update(judge=judge.name, judge_pos=jp, judge_neg=jn, judged_false_negative=verdict)
+        m["false_negative"] = [a or b for a, b in zip(m["false_negative"], verdict, strict=True)]
+    this_run["judge_pairs"] += sum(1 + len(examples[e]["negatives"]) for e in idx)
+    this_run["judge_s"] += time.perf_counter() - t0
+
+
 def _reject(row: dict, reason: str, detail: str) -> dict:
     return {"id": row["id"], "stage": STAGE, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
 
 
-def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner) -> None:
+def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner, judge=None) -> None:
     """Embed one block of input shards together, clean, then write each shard's outputs.
 
     Per example, in input order: contaminated -> dropped; else the policy; an example the policy
@@ -291,6 +336,8 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
                 "monotonic": bool(m["monotonic"][r]),
             }
     contam = cleaner.contamination(examples, pool, vecs16)
+    if judge is not None:
+        _judge_block(ctx, judge, examples, per_ex, contam, this_run)
     policy = [None if contam[e] else apply_policy(row, per_ex[e], cfg, emb.name) for e, row in enumerate(examples)]
     dups: dict[int, Any] = {}
     keys: dict[int, bytes] = {}
@@ -349,6 +396,7 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
             "too_easy": [m["too_easy"] for m in ms],
             "tau": [m["tau"] for m in ms],
             "monotonic": [m["monotonic"] for m in ms],
+            **({"judged_false_negative": [m["judged_false_negative"] for m in ms]} if judge is not None else {}),
             "kept": len(records),
             "rejected": len(rejects),
             "reasons": dict(reasons),
