@@ -310,3 +310,88 @@ def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tm
     assert m[1].ata_pool == ata_pool
     m.save(str(tmp_path / "m"))
     assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool
+
+
+# ----------------------------------------------------------------------------- BeLLM recipe
+
+
+def test_bellm_recipe_sets_what_the_seed_defines_and_explicit_fields_win():
+    from negsynth.schemas.train import BELLM_RECIPE
+
+    c = TrainConfig(model="smollm2", recipe="bellm")
+    assert (c.bidirectional, c.pooling, c.temperature, c.infonce_weight, c.angle_weight, c.lr) == ("last:1", "last", 0.05, 20.0, 1.0, 2e-4)
+    assert c.text_template == 'The representative word for sentence {text} is:"' and c.text_preprocess == "bellm"
+    assert (c.lora.enabled, c.lora.r, c.lora.alpha, c.lora.dropout) == (True, 32, 32, 0.1)
+    # the ablations of the paper: same recipe, other attention
+    assert TrainConfig(model="smollm2", recipe="bellm", bidirectional="none").bidirectional == "none"
+    assert TrainConfig(model="smollm2", recipe="bellm", lr=1e-3).lr == 1e-3
+    assert TrainConfig().text_template is None and TrainConfig().angle_weight == 0.0 and set(BELLM_RECIPE) <= set(TrainConfig.model_fields)
+    with pytest.raises(ValueError, match="exactly one"):
+        TrainConfig(text_template="no slot")
+
+
+def test_bellm_text_format_and_clean_up():
+    from negsynth.train.text import TextFormat, bellm_clean
+
+    assert bellm_clean(" Is it raining? ") == "Is it raining." and bellm_clean("a dog runs") == "a dog runs." and bellm_clean("ok.") == "ok."
+    f = TextFormat('The representative word for sentence {text} is:"', "bellm")
+    assert f.apply("A man plays {guitar}") == 'The representative word for sentence A man plays {guitar}. is:"'
+    assert TextFormat().is_identity and not f.is_identity
+
+
+def test_angle_infonce_loss_is_the_weighted_sum_of_the_library_losses():
+    from sentence_transformers.sentence_transformer.losses import AnglELoss
+
+    from negsynth.train.loss import make_angle_infonce_loss
+
+    torch.manual_seed(0)
+    q, p, n1, n2 = (torch.randn(5, 8) for _ in range(4))
+
+    class Fake(torch.nn.Module):
+        def forward(self, f):
+            return {"sentence_embedding": f["x"]}
+
+    fake = Fake()
+    feats = [{"x": t} for t in (q, p, n1, n2)]
+    only_nce = make_angle_infonce_loss(fake, 0.05, infonce_weight=1.0, angle_weight=0.0)(feats, None)
+    torch.testing.assert_close(only_nce, make_loss(fake, 0.05)(feats, None))
+    both = make_angle_infonce_loss(fake, 0.05, infonce_weight=20.0, angle_weight=1.0, angle_scale=20.0)(feats, None)
+    angle = AnglELoss(fake, scale=20.0).compute_loss_from_embeddings([torch.cat([q, q, q]), torch.cat([p, n1, n2])], torch.tensor([1.0] * 5 + [0.0] * 10))
+    torch.testing.assert_close(both, 20.0 * only_nce + angle)
+    # the AnglE term prefers positives above negatives: it is lower when they are apart
+    apart = make_angle_infonce_loss(fake, 0.05, angle_weight=1.0)([{"x": q}, {"x": q + 0.01}, {"x": -q}], None)
+    close = make_angle_infonce_loss(fake, 0.05, angle_weight=1.0)([{"x": q}, {"x": -q}, {"x": q + 0.01}], None)
+    assert apart < close
+
+
+@pytest.mark.slow
+def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_path):
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.train.text import load_text_format
+    from negsynth.train.trainer import train
+
+    try:
+        from negsynth.embed.hf import resolve_decoder_path
+
+        resolve_decoder_path("default")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"SmolLM2 not available: {e}")
+    ds = _dataset(8)
+    cfg = TrainConfig(model="smollm2", recipe="bellm", batch_size=4, grad_accum=1, epochs=1, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run"))
+    out = train(ds, cfg)
+    fmt = load_text_format(out)
+    assert fmt is not None and fmt.template == cfg.text_template and fmt.preprocess == "bellm"
+    assert json.loads(open(f"{out}/train_log.json").read())["config"]["recipe"] == "bellm"
+    plain = SentenceTransformer(out, device="cpu", trust_remote_code=True)
+    assert type(plain[1]).__name__ == "BidirectionalAttention" and plain[1].mode == "last:1"
+    # the pooled token is the prompt's last one: no EOS appended
+    ids = plain.tokenizer(fmt.apply("a dog runs"))["input_ids"]
+    assert ids[-1] != plain.tokenizer.eos_token_id
+    texts = ["a dog runs", "Is it raining?"]
+    ours = SentenceTransformerEmbedder.load(out, device="cpu").encode(texts)
+    theirs = plain.encode([fmt.apply(t) for t in texts], normalize_embeddings=True)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)

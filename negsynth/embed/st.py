@@ -91,6 +91,8 @@ class SentenceTransformerEmbedder(Embedder):
         name: recorded next to every cosine it produces (``st:<model>``).
         batch_size: default batch size of :meth:`encode`.
         query_template / instruct_queries: see :meth:`Embedder.format_query`.
+        text_format: a :class:`negsynth.train.text.TextFormat` wrapped around every text (queries
+            after their instruction, documents); :meth:`load` reads it from a trained folder.
     """
 
     def __init__(
@@ -101,8 +103,11 @@ class SentenceTransformerEmbedder(Embedder):
         batch_size: int = 64,
         query_template: str = "Instruct: {instruction}\nQuery: {text}",
         instruct_queries: bool = False,
+        text_format=None,
     ):
         self.model = model
+        #: the trained model's text format (``negsynth_text.json``, e.g. BeLLM's prompt), applied to every text
+        self.text_format = text_format
         self.name = name
         self.batch_size = batch_size
         self.query_template = query_template
@@ -149,12 +154,15 @@ class SentenceTransformerEmbedder(Embedder):
         if max_length is not None:
             st.max_seq_length = max_length
         log.info("loaded %s on %s (%s)", path, dev, torch_dtype)
+        from negsynth.train.text import load_text_format
+
         return cls(
             st,
             name=f"st:{_short_name(path)}",
             batch_size=batch_size,
             query_template=query_template,
             instruct_queries=instruct_queries,
+            text_format=load_text_format(path) if local else None,
         )
 
     @classmethod
@@ -182,6 +190,8 @@ class SentenceTransformerEmbedder(Embedder):
         return str(self.model.device)
 
     def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
+        if self.text_format is not None:
+            texts = [self.text_format.apply(t) for t in texts]
         unique, inverse = dedupe(texts)
         self.texts_requested += len(texts)
         self.texts_encoded += len(unique)

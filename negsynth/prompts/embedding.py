@@ -29,3 +29,7 @@ ECHO_TEMPLATES = {
     "echo": ("Instruct:{instruction},\nQuery:{text}\nQuery again:{text}", "Document:{text}\nDocument again:{text}"),
     "rewrite": ("Rewrite the following paragraph: {text}. The rewritten paragraph: {text}",) * 2,
 }
+
+#: BeLLM's prompt (seed 001; SEED_SPEC §5): the hidden state of its last token (``:"``) is the
+#: embedding. Used by ``train.recipe = "bellm"`` for every text at training and evaluation.
+BELLM_TEMPLATE = 'The representative word for sentence {text} is:"'

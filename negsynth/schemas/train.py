@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from negsynth.prompts.embedding import BELLM_TEMPLATE
 
 TEXT_COLUMNS = ["anchor", "positive", "negative"]
 ENCODER_TEMPERATURE = 0.05  # sentence-transformers models: MNRL scale 20
@@ -37,6 +39,14 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "default"  # "default"/"minilm" = all-MiniLM-L6-v2; "smollm2" = SmolLM2-135M decoder; or a local path
+    # "bellm": BeLLM's recipe for a decoder (seed 001, SEED_SPEC §5): last layer bidirectional, its
+    # prompt around every text, last-prompt-token pooling, 20 x contrastive + 1 x AnglE, LoRA r 32 /
+    # alpha 32 / dropout 0.1, lr 2e-4 — each only where the field is not set explicitly (BELLM_RECIPE)
+    recipe: Literal["mgh", "bellm"] = "mgh"
+    # every text (anchors and documents) becomes text_template.format(text=...) after text_preprocess,
+    # at training and, through negsynth_text.json in the saved folder, when negsynth loads the model
+    text_template: str | None = None
+    text_preprocess: Literal["none", "bellm"] = "none"
     # mean / cls / last are saved as sentence-transformers' own Pooling (plain SentenceTransformer(path)
     # loads them); ata / latent are negsynth modules (load with trust_remote_code=True, see docs/train.md)
     pooling: Literal["mean", "cls", "last", "ata", "latent"] = "mean"
@@ -58,6 +68,11 @@ class TrainConfig(BaseModel):
     # sentence-transformers' MNRL hardness weighting of negative logits (None = off)
     hardness_mode: Literal["in_batch_negatives", "hard_negatives", "all_negatives"] | None = None
     hardness_strength: float = Field(0.0, ge=0.0)
+    # loss = infonce_weight x InfoNCE + angle_weight x AnglE (sentence-transformers' AnglELoss at
+    # angle_scale on (anchor, positive) = 1 and (anchor, negative) = 0 pairs); AnglE's trainer, as BeLLM uses it
+    infonce_weight: float = Field(1.0, gt=0.0)
+    angle_weight: float = Field(0.0, ge=0.0)
+    angle_scale: float = Field(20.0, gt=0.0)
     gather_across_devices: bool = True  # multi-GPU: every rank's in-batch negatives seen by all ranks
     max_steps: int = -1  # optimizer steps; -1 = run `epochs` passes over the data
     epochs: float = Field(1.0, gt=0)
@@ -75,6 +90,17 @@ class TrainConfig(BaseModel):
     check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
     no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
 
+    @model_validator(mode="after")
+    def _recipe(self):
+        if self.recipe == "bellm":
+            explicit = self.model_fields_set
+            for k, v in BELLM_RECIPE.items():
+                if k not in explicit:
+                    object.__setattr__(self, k, LoraSettings(**v) if k == "lora" else v)
+        if self.text_template is not None and self.text_template.count("{text}") != 1:
+            raise ValueError(f"text_template={self.text_template!r}: needs exactly one {{text}} slot")
+        return self
+
     @field_validator("bidirectional")
     @classmethod
     def _check_bidir(cls, v: str) -> str:
@@ -84,3 +110,19 @@ class TrainConfig(BaseModel):
         if v not in ("none", "all") and not re.fullmatch(r"last:[1-9]\d*", v):
             raise ValueError(f"bidirectional={v!r}: use 'none', 'all' or 'last:K' (K >= 1), e.g. 'last:1' for BeLLM")
         return v
+
+
+#: what ``recipe = "bellm"`` sets (SEED_SPEC §5: paper LoRA r 32 / alpha 32 / dropout 0.1, lr 2e-4;
+#: README stage 1 loss ibn_w 20 + angle_w 1 at scale 20; the prompt and its last token)
+BELLM_RECIPE = {
+    "bidirectional": "last:1",
+    "pooling": "last",
+    "text_template": BELLM_TEMPLATE,
+    "text_preprocess": "bellm",
+    "temperature": 0.05,
+    "infonce_weight": 20.0,
+    "angle_weight": 1.0,
+    "angle_scale": 20.0,
+    "lr": 2e-4,
+    "lora": {"enabled": True, "r": 32, "alpha": 32, "dropout": 0.1},
+}

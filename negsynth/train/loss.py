@@ -42,3 +42,43 @@ def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode:
 
     kw = {"hardness_mode": hardness_mode, "hardness_strength": hardness_strength} if hardness_mode else {}
     return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)
+
+
+def make_angle_infonce_loss(model, temperature: float, *, infonce_weight: float = 1.0, angle_weight: float = 0.0, angle_scale: float = 20.0,
+                            gather_across_devices: bool = False):  # fmt: skip
+    """``infonce_weight x MNRL + angle_weight x AnglELoss`` — AnglE's trainer on (text, positive,
+    negative) rows as BeLLM trains (SEED_SPEC §5: ``ibn_w = 20``, ``angle_w = 1``, both at scale 20).
+
+    The AnglE term ranks every (anchor, positive) pair (label 1) above every (anchor, negative)
+    pair (label 0) of the batch, on angle differences (sentence-transformers' ``AnglELoss``, a
+    CoSENT variant); each row's hard negatives (``negative`` or ``negative_1..n``) each make one
+    label-0 pair. Both terms read the same embeddings: one forward pass per batch.
+    """
+    import torch
+    from sentence_transformers.sentence_transformer.losses import AnglELoss
+
+    mnrl = make_loss(model, temperature, gather_across_devices=gather_across_devices)
+
+    class AnglEInfoNCELoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.infonce = mnrl
+            self.angle = AnglELoss(model, scale=angle_scale)
+            self.infonce_weight, self.angle_weight = infonce_weight, angle_weight
+
+        def forward(self, sentence_features, labels):
+            embeddings = [self.model(f)["sentence_embedding"] for f in sentence_features]
+            loss = self.infonce_weight * self.infonce.compute_loss_from_embeddings(embeddings, labels)
+            if self.angle_weight > 0 and len(embeddings) > 2:
+                q, pos, negs = embeddings[0], embeddings[1], embeddings[2:]
+                a = torch.cat([q] * (1 + len(negs)))
+                b = torch.cat([pos, *negs])
+                y = torch.cat([torch.ones(len(q), device=q.device), torch.zeros(len(q) * len(negs), device=q.device)])
+                loss = loss + self.angle_weight * self.angle.compute_loss_from_embeddings([a, b], y)
+            return loss
+
+        def get_config_dict(self):
+            return {"infonce_weight": infonce_weight, "angle_weight": angle_weight, "scale": 1.0 / temperature, "angle_scale": angle_scale}
+
+    return AnglEInfoNCELoss()

@@ -74,8 +74,8 @@ def build_model(config: TrainConfig, device: str | None = None):
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         tok.padding_side = "right"
-        if config.pooling == "last":
-            _append_eos(tok)
+        if config.pooling == "last" and config.text_template is None:
+            _append_eos(tok)  # with a prompt (BeLLM) the prompt's own last token is pooled
     modules: list = [tr]
     if config.bidirectional != "none":
         modules.append(BidirectionalAttention(config.bidirectional))
@@ -89,6 +89,7 @@ def build_model(config: TrainConfig, device: str | None = None):
     # the training length is a training choice, not the model's: the saved model keeps the base's
     # own max_seq_length (MiniLM 256), or documents are cut shorter at evaluation than before training
     model.negsynth_saved_max_length = _base_max_length(path, tr)
+    model.negsynth_text_format = text_format(config)
     if config.lora.enabled:
         from negsynth.train.lora import add_lora
 
@@ -128,7 +129,8 @@ def _base_max_length(path: str, tr) -> int | None:
 
 
 def save_model(model, out: str) -> None:
-    """Save with the base model's own max_seq_length restored (see :func:`build_model`)."""
+    """Save with the base model's own max_seq_length restored (see :func:`build_model`), and the
+    text format the model was trained with (``negsynth_text.json``, :mod:`negsynth.train.text`)."""
     keep = model.max_seq_length
     saved = getattr(model, "negsynth_saved_max_length", None)
     if saved:
@@ -137,6 +139,16 @@ def save_model(model, out: str) -> None:
         model.save(out)
     finally:
         model.max_seq_length = keep
+    fmt = getattr(model, "negsynth_text_format", None)
+    if fmt is not None and not fmt.is_identity:
+        fmt.save(out)
+
+
+def text_format(config: TrainConfig):
+    """The :class:`~negsynth.train.text.TextFormat` of ``train.text_template`` / ``text_preprocess``."""
+    from negsynth.train.text import TextFormat
+
+    return TextFormat(template=config.text_template or "{text}", preprocess=config.text_preprocess)
 
 
 def _base_normalizes(path: str) -> bool:
@@ -277,6 +289,9 @@ def make_trainer(dataset, config: TrainConfig, model=None):
     text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
     # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs
     train_ds = ds.select_columns(text_cols)
+    fmt = text_format(config)
+    if not fmt.is_identity:  # every text as the model will see it at evaluation (negsynth_text.json)
+        train_ds = train_ds.map(lambda row: {c: fmt.apply(row[c]) for c in text_cols}, desc="text format")
     per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
     if config.no_duplicates:
         sampler = curriculum_batch_sampler(phases)
@@ -292,7 +307,18 @@ def make_trainer(dataset, config: TrainConfig, model=None):
             for p in check_batches(cols, config.batch_size):
                 log.warning("curriculum batches: %s", p)
     model = model if model is not None else build_model(config)
+    model.negsynth_text_format = fmt
     temperature = resolve_temperature(config, is_decoder_model(model))
+    gather = config.gather_across_devices and _world_size() > 1
+    if config.angle_weight > 0 or config.infonce_weight != 1.0:
+        from negsynth.train.loss import make_angle_infonce_loss
+
+        if config.hardness_mode:
+            raise ValueError("hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None")
+        loss = make_angle_infonce_loss(model, temperature, infonce_weight=config.infonce_weight, angle_weight=config.angle_weight,
+                                       angle_scale=config.angle_scale, gather_across_devices=gather)  # fmt: skip
+    else:
+        loss = make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=gather)
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=per_device,
@@ -321,7 +347,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         model=model,
         args=args,
         train_dataset=train_ds,
-        loss=make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=config.gather_across_devices and _world_size() > 1),
+        loss=loss,
         callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum)],
     )
     return trainer, model
