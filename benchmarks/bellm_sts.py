@@ -1,0 +1,153 @@
+"""BeLLM on SmolLM2-135M: does making only the last layer bidirectional help, as the seed claims?
+
+BeLLM (seed 001) reports, on LLaMA-2-7B trained on NLI: last layer bidirectional 86.26 (STS avg),
+all layers causal 85.24, all layers bidirectional 75.55. This script trains the same decoder with
+``train.recipe = "bellm"`` (its prompt ``The representative word for sentence {text} is:"``,
+last-prompt-token pooling, 20 x contrastive + 1 x AnglE at scale 20, LoRA r 32 / alpha 32 /
+dropout 0.1, lr 2e-4) and changes only the attention:
+
+==============  ==============================================================================
+arm             what it is
+==============  ==============================================================================
+zero-shot       the untrained decoder with BeLLM's prompt and pooling, all layers causal
+causal          the BeLLM recipe with ``bidirectional = "none"`` (the paper's "no bidirectional layer")
+bellm           the BeLLM recipe (``bidirectional = "last:1"``)
+all-bidir       the BeLLM recipe with ``bidirectional = "all"``
+==============  ==============================================================================
+
+Training data: the (premise, entailment, contradiction) triples of SNLI 1.0 test in
+``../shared/data/snli/triples_test.tsv`` (3,247 rows; BeLLM trains on MNLI + SNLI train, which
+are not in the shared data), less every row with a text that also occurs in an evaluation set
+(normalised-equal), first ``--rows`` in file order. Evaluation: ``negsynth.evaluate`` on the
+full STS-B test (1,379 pairs) and SICK-R test (4,927 pairs), Spearman x 100; the trained folder
+is loaded by negsynth's loader, which applies the saved prompt (``negsynth_text.json``).
+
+Writes ``OUT/results.json`` after every arm (a rerun skips the arms in it; ``--fresh`` redoes
+them) and prints a Markdown table::
+
+    python benchmarks/bellm_sts.py --out runs/bellm --rows 1024 --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ARMS = {"zero-shot": None, "causal": "none", "bellm": "last:1", "all-bidir": "all"}
+PAPER = {"causal": 85.24, "bellm": 86.26, "all-bidir": 75.55}  # BeLLM Table/ablation, STS avg (LLaMA-2-7B)
+
+
+def training_rows(data_dir: Path, n: int, eval_tasks: list[str]) -> list[dict]:
+    from negsynth.data.text import text_key
+    from negsynth.evaluate.runner import select_tasks
+
+    path = data_dir / "snli" / "triples_test.tsv"
+    if not path.is_file():
+        sys.exit(f"bellm_sts: {path} not found; point --data-dir (or NEGSYNTH_DATA_DIR) at the shared evaluation data")
+    seen = set()
+    for spec in select_tasks("full", eval_tasks):
+        for name in spec.files:
+            for line in (data_dir / name).read_text(encoding="utf-8").splitlines()[1:]:
+                a, b = line.split("\t")[:2]
+                seen.update((text_key(a), text_key(b)))
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        a, p, ng = line.split("\t")
+        if seen.isdisjoint((text_key(a), text_key(p), text_key(ng))):
+            rows.append({"anchor": a, "positive": p, "negative": ng})
+    return rows[:n]
+
+
+def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
+    from datasets import Dataset
+
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.evaluate import evaluate
+    from negsynth.train import TrainConfig
+    from negsynth.train.trainer import build_model, make_trainer, save_model, text_format
+
+    t0 = time.time()
+    dest = args.out / arm / f"seed{seed}"
+    common = dict(model="smollm2", recipe="bellm", batch_size=args.batch_size, grad_accum=1, epochs=1, max_length=args.max_length, seed=seed,
+                  output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, len(rows) // args.batch_size // 8))  # fmt: skip
+    info: dict = {}
+    if arm == "zero-shot":
+        cfg = TrainConfig(**{**common, "bidirectional": "none", "lora": {"enabled": False}})
+        model = build_model(cfg, device="cpu")
+        model.negsynth_text_format = text_format(cfg)
+    else:
+        cfg = TrainConfig(**{**common, "bidirectional": ARMS[arm]})
+        trainer, model = make_trainer(Dataset.from_list(rows), cfg)
+        trainer.train()
+        info = {"steps": trainer.state.global_step, "loss": [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e]}
+    save_model(model, str(dest))
+    t_train = time.time() - t0
+    emb = SentenceTransformerEmbedder.load(str(dest), device="cpu", batch_size=32)
+    rep = evaluate(emb, suite="full", tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
+    scores = {name: round(100 * float(t["main_score"]), 2) for name, t in rep["tasks"].items()}
+    return {"arm": arm, "seed": seed, "scores": scores, "avg": round(statistics.mean(scores.values()), 2), "rows": len(rows),
+            "train_s": round(t_train, 1), "seconds": round(time.time() - t0, 1), **info}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/bellm"))
+    ap.add_argument("--data-dir", type=Path, default=None, help="shared evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--rows", type=int, default=1024, help="training triples (first N after decontamination)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-length", type=int, default=64, help="BeLLM's README trains at maxlen 60")
+    ap.add_argument("--eval-tasks", default="STSBenchmark,SICK-R")
+    ap.add_argument("--fresh", action="store_true")
+    args = ap.parse_args(argv)
+    from negsynth.resources import default_data_dir
+
+    args.data_dir = args.data_dir or default_data_dir()
+    if args.data_dir is None or not Path(args.data_dir).is_dir():
+        sys.exit("bellm_sts: no evaluation data; set NEGSYNTH_DATA_DIR or --data-dir to the shared data folder")
+    args.data_dir = Path(args.data_dir)
+    args.eval_tasks = [t for t in args.eval_tasks.split(",") if t]
+    arms = [a for a in args.arms.split(",") if a]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        sys.exit(f"bellm_sts: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+    rows = training_rows(args.data_dir, args.rows, args.eval_tasks)
+    print(f"SNLI triples for training: {len(rows)} (after dropping rows that share a text with {', '.join(args.eval_tasks)})", flush=True)
+    res_path = args.out / "results.json"
+    results = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
+    done = {(r["arm"], r["seed"]) for r in results}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for arm in arms:
+            if (arm, seed) in done or (arm == "zero-shot" and any(r["arm"] == arm for r in results)):
+                continue
+            r = run_arm(arm, seed, rows, args)
+            results.append(r)
+            args.out.mkdir(parents=True, exist_ok=True)
+            tmp = res_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+            tmp.replace(res_path)
+            print(f"{arm} seed {seed}: {r['scores']} avg {r['avg']} ({r['seconds']:.0f} s)", flush=True)
+    print(f"\n| arm | {' | '.join(args.eval_tasks)} | avg | paper (LLaMA-2-7B, 7 STS sets) |\n|---|{'---:|' * (len(args.eval_tasks) + 2)}")
+    for arm in ARMS:
+        rs = [r for r in results if r["arm"] == arm]
+        if not rs:
+            continue
+        cell = [f"{statistics.mean(r['scores'][t] for r in rs):.2f}" for t in args.eval_tasks]
+        avg = statistics.mean(r["avg"] for r in rs)
+        sd = f" ± {statistics.stdev(r['avg'] for r in rs):.2f}" if len(rs) > 1 else ""
+        print(f"| {arm} ({len(rs)} seed{'s' if len(rs) > 1 else ''}) | {' | '.join(cell)} | {avg:.2f}{sd} | {PAPER.get(arm, '—')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
