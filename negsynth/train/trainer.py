@@ -50,7 +50,8 @@ def build_model(config: TrainConfig, device: str | None = None):
     """A SentenceTransformer: ``Transformer`` [+ ``BidirectionalAttention``] + pooling [+ LoRA].
 
     Decoders get a pad token (EOS), right padding, and for ``last`` pooling an appended EOS token
-    (``tokenizer.add_eos_token``), so the pooled token has seen the whole text.
+    (``tokenizer.add_eos_token``), so the pooled token has seen the whole text — unless
+    ``text_template`` puts a prompt after the text (BeLLM), whose last token is then pooled.
     """
     import torch
     from sentence_transformers import SentenceTransformer
@@ -74,8 +75,8 @@ def build_model(config: TrainConfig, device: str | None = None):
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         tok.padding_side = "right"
-        if config.pooling == "last" and config.text_template is None:
-            _append_eos(tok)  # with a prompt (BeLLM) the prompt's own last token is pooled
+        if config.pooling == "last" and (config.text_template or "{text}").endswith("{text}"):
+            _append_eos(tok)  # a prompt after the text (BeLLM's ` is:"`) is pooled at its own last token
     modules: list = [tr]
     if config.bidirectional != "none":
         modules.append(BidirectionalAttention(config.bidirectional))

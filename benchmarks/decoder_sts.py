@@ -1,10 +1,12 @@
-"""BeLLM on SmolLM2-135M: does making only the last layer bidirectional help, as the seed claims?
+"""Decoder embedders trained on the same data, one setting changed per arm (SmolLM2-135M + LoRA).
 
-BeLLM (seed 001) reports, on LLaMA-2-7B trained on NLI: last layer bidirectional 86.26 (STS avg),
-all layers causal 85.24, all layers bidirectional 75.55. This script trains the same decoder with
+Two studies of the seed methods, each arm a :class:`~negsynth.train.TrainConfig` away from the next:
+
+**BeLLM** (seed 001) reports, on LLaMA-2-7B trained on NLI: last layer bidirectional 86.26 (STS
+avg), all layers causal 85.24, all layers bidirectional 75.55. These arms use
 ``train.recipe = "bellm"`` (its prompt ``The representative word for sentence {text} is:"``,
 last-prompt-token pooling, 20 x contrastive + 1 x AnglE at scale 20, LoRA r 32 / alpha 32 /
-dropout 0.1, lr 2e-4) and changes only the attention:
+dropout 0.1, lr 2e-4) and change only the attention:
 
 ==============  ==============================================================================
 arm             what it is
@@ -14,6 +16,13 @@ causal          the BeLLM recipe with ``bidirectional = "none"`` (the paper's "n
 bellm           the BeLLM recipe (``bidirectional = "last:1"``)
 all-bidir       the BeLLM recipe with ``bidirectional = "all"``
 ==============  ==============================================================================
+
+**Pooling** (MGH's ATA, seed 002): the MGH recipe on a decoder (all layers bidirectional as
+LLM2Vec, LoRA r 16 / alpha 32, InfoNCE at the decoder tau 0.02, lr 1e-4), every text in E5's STS
+format ``Instruct: Retrieve semantically similar text.\nQuery: {text}`` (training and
+evaluation), and only the pooling changed: ``pool-mean``, ``pool-last``, ``pool-ata`` (ATA,
+instruction tokens left out of the pooled set: ``embed_mask``), ``pool-ata-all`` (ATA pooling
+every token), ``pool-latent`` (NV-Embed's latent attention, 512 latents).
 
 Training data: the (premise, entailment, contradiction) triples of SNLI 1.0 test in
 ``../shared/data/snli/triples_test.tsv`` (3,247 rows; BeLLM trains on MNLI + SNLI train, which
@@ -25,7 +34,8 @@ is loaded by negsynth's loader, which applies the saved prompt (``negsynth_text.
 Writes ``OUT/results.json`` after every arm (a rerun skips the arms in it; ``--fresh`` redoes
 them) and prints a Markdown table::
 
-    python benchmarks/bellm_sts.py --out runs/bellm --rows 1024 --seeds 0
+    python benchmarks/decoder_sts.py --out runs/decoder --rows 1024 --seeds 0
+    python benchmarks/decoder_sts.py --out runs/decoder --arms pool-mean,pool-last,pool-ata,pool-ata-all,pool-latent
 """
 
 from __future__ import annotations
@@ -42,7 +52,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ARMS = {"zero-shot": None, "causal": "none", "bellm": "last:1", "all-bidir": "all"}
+BELLM = {"recipe": "bellm"}
+E5_STS = "Instruct: Retrieve semantically similar text.\nQuery: {text}"
+POOL = {"recipe": "mgh", "bidirectional": "all", "lora": {"enabled": True}, "lr": 1e-4, "text_template": E5_STS}
+#: arm -> TrainConfig overrides (None: the untrained zero-shot model)
+ARMS = {
+    "zero-shot": None,
+    "causal": {**BELLM, "bidirectional": "none"},
+    "bellm": BELLM,
+    "all-bidir": {**BELLM, "bidirectional": "all"},
+    "pool-mean": {**POOL, "pooling": "mean"},
+    "pool-last": {**POOL, "pooling": "last"},
+    "pool-ata": {**POOL, "pooling": "ata"},
+    "pool-ata-all": {**POOL, "pooling": "ata", "ata_pool": "all"},
+    "pool-latent": {**POOL, "pooling": "latent"},
+}
+DEFAULT_ARMS = "zero-shot,causal,bellm,all-bidir"
 PAPER = {"causal": 85.24, "bellm": 86.26, "all-bidir": 75.55}  # BeLLM Table/ablation, STS avg (LLaMA-2-7B)
 
 
@@ -52,7 +77,7 @@ def training_rows(data_dir: Path, n: int, eval_tasks: list[str]) -> list[dict]:
 
     path = data_dir / "snli" / "triples_test.tsv"
     if not path.is_file():
-        sys.exit(f"bellm_sts: {path} not found; point --data-dir (or NEGSYNTH_DATA_DIR) at the shared evaluation data")
+        sys.exit(f"decoder_sts: {path} not found; point --data-dir (or NEGSYNTH_DATA_DIR) at the shared evaluation data")
     seen = set()
     for spec in select_tasks("full", eval_tasks):
         for name in spec.files:
@@ -77,15 +102,15 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
 
     t0 = time.time()
     dest = args.out / arm / f"seed{seed}"
-    common = dict(model="smollm2", recipe="bellm", batch_size=args.batch_size, grad_accum=1, epochs=1, max_length=args.max_length, seed=seed,
+    common = dict(model="smollm2", batch_size=args.batch_size, grad_accum=1, epochs=1, max_length=args.max_length, seed=seed,
                   output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, len(rows) // args.batch_size // 8))  # fmt: skip
     info: dict = {}
     if arm == "zero-shot":
-        cfg = TrainConfig(**{**common, "bidirectional": "none", "lora": {"enabled": False}})
+        cfg = TrainConfig(**{**common, **BELLM, "bidirectional": "none", "lora": {"enabled": False}})
         model = build_model(cfg, device="cpu")
         model.negsynth_text_format = text_format(cfg)
     else:
-        cfg = TrainConfig(**{**common, "bidirectional": ARMS[arm]})
+        cfg = TrainConfig(**{**common, **ARMS[arm]})
         trainer, model = make_trainer(Dataset.from_list(rows), cfg)
         trainer.train()
         info = {"steps": trainer.state.global_step, "loss": [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e]}
@@ -102,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/bellm"))
     ap.add_argument("--data-dir", type=Path, default=None, help="shared evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=DEFAULT_ARMS, help=f"from {','.join(ARMS)}")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--rows", type=int, default=1024, help="training triples (first N after decontamination)")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -114,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args.data_dir = args.data_dir or default_data_dir()
     if args.data_dir is None or not Path(args.data_dir).is_dir():
-        sys.exit("bellm_sts: no evaluation data; set NEGSYNTH_DATA_DIR or --data-dir to the shared data folder")
+        sys.exit("decoder_sts: no evaluation data; set NEGSYNTH_DATA_DIR or --data-dir to the shared data folder")
     args.data_dir = Path(args.data_dir)
     args.eval_tasks = [t for t in args.eval_tasks.split(",") if t]
     arms = [a for a in args.arms.split(",") if a]
     bad = [a for a in arms if a not in ARMS]
     if bad:
-        sys.exit(f"bellm_sts: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
+        sys.exit(f"decoder_sts: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
     rows = training_rows(args.data_dir, args.rows, args.eval_tasks)
     print(f"SNLI triples for training: {len(rows)} (after dropping rows that share a text with {', '.join(args.eval_tasks)})", flush=True)
     res_path = args.out / "results.json"
@@ -137,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
             tmp.replace(res_path)
             print(f"{arm} seed {seed}: {r['scores']} avg {r['avg']} ({r['seconds']:.0f} s)", flush=True)
-    print(f"\n| arm | {' | '.join(args.eval_tasks)} | avg | paper (LLaMA-2-7B, 7 STS sets) |\n|---|{'---:|' * (len(args.eval_tasks) + 2)}")
+    print(f"\n| arm | {' | '.join(args.eval_tasks)} | avg | BeLLM paper (LLaMA-2-7B, 7 STS sets) |\n|---|{'---:|' * (len(args.eval_tasks) + 2)}")
     for arm in ARMS:
         rs = [r for r in results if r["arm"] == arm]
         if not rs:
