@@ -28,7 +28,8 @@ Training data: the (premise, entailment, contradiction) triples of SNLI 1.0 test
 ``../shared/data/snli/triples_test.tsv`` (3,247 rows; BeLLM trains on MNLI + SNLI train, which
 are not in the shared data), less every row with a text that also occurs in an evaluation set
 (normalised-equal), first ``--rows`` in file order. Evaluation: ``negsynth.evaluate`` on the
-full STS-B test (1,379 pairs) and SICK-R test (4,927 pairs), Spearman x 100; the trained folder
+full STS-B test (1,379 pairs) and SICK-R test (4,927 pairs), Spearman x 100 (``--eval-suite
+quick``: 500 pairs of each, seed 0 — SmolLM2 embeds ~5-15 texts/s on a loaded 2-core CPU); the trained folder
 is loaded by negsynth's loader, which applies the saved prompt (``negsynth_text.json``).
 
 Writes ``OUT/results.json`` after every arm (a rerun skips the arms in it; ``--fresh`` redoes
@@ -117,7 +118,7 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
     save_model(model, str(dest))
     t_train = time.time() - t0
     emb = SentenceTransformerEmbedder.load(str(dest), device="cpu", batch_size=32)
-    rep = evaluate(emb, suite="full", tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
+    rep = evaluate(emb, suite=args.eval_suite, tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
     scores = {name: round(100 * float(t["main_score"]), 2) for name, t in rep["tasks"].items()}
     return {"arm": arm, "seed": seed, "scores": scores, "avg": round(statistics.mean(scores.values()), 2), "rows": len(rows),
             "train_s": round(t_train, 1), "seconds": round(time.time() - t0, 1), **info}  # fmt: skip
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=64, help="BeLLM's README trains at maxlen 60")
     ap.add_argument("--eval-tasks", default="STSBenchmark,SICK-R")
+    ap.add_argument("--eval-suite", choices=["full", "quick"], default="full", help="quick: 500 pairs per set (seed 0)")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args(argv)
     from negsynth.resources import default_data_dir
