@@ -34,6 +34,10 @@ ns-tuple-hard-hw       ns-tuple-hard with hardness weighting: MNRL ``hardness_mo
                        "hard_negatives"``, ``hardness_strength`` 5 (EmbeddingGemma's alpha;
                        ``--hardness-strength``): each row's own hard negatives weigh by how close
                        the model currently puts them (train.hardness_mode / hardness_strength)
+ns-tuple-hard-noeasy   ns-tuple-hard with the easiness filter (NeMo Curator's retriever SDG; negsynth's
+                       ``score.easy_margin``): queries whose positive the base model already ranks
+                       above the hardest kept negative by more than ``--easy-margin`` (0.1: a
+                       quarter of SciFact train) are dropped, and the same 28 steps cycle over the rest
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -81,7 +85,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
-            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-graded-curriculum"
 
 
@@ -189,13 +193,22 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     # every phase fills whole batches (steps / 4 of them); pairs whose margin-filtered candidate list
     # is too short for the easy windows can still serve the hardest one (ranks 1-4)
     rng = random.Random(seed)
-    deep = [p for p in src.pairs if len(cands[id(p)]) >= depth]
-    shallow = [p for p in src.pairs if 4 <= len(cands[id(p)]) < depth]
+    pairs = src.pairs
+    if arm.endswith("-noeasy"):  # the easiness filter: cos_pos - hardest negative's cosine > margin -> dropped
+        def margin(p) -> float:
+            f = pool.get(p.query_key) or {}
+            return f["pos_score"] - f["scores"][0] if f.get("scores") and f.get("pos_score") is not None else float("inf")
+
+        pairs = [p for p in pairs if margin(p) <= args.easy_margin]
+        print(f"easiness filter: {len(src.pairs) - len(pairs)} of {len(src.pairs)} queries dropped (margin > {args.easy_margin})", flush=True)
+    deep = [p for p in pairs if len(cands[id(p)]) >= depth]
+    shallow = [p for p in pairs if 4 <= len(cands[id(p)]) < depth]
     rng.shuffle(deep)
     rng.shuffle(shallow)
     per_phase = (steps // 4) * args.batch_size
     if arm.startswith("ns-tuple-hard"):
-        chosen = (deep + shallow)[: 4 * per_phase]
+        kept = deep + shallow
+        chosen = (kept * (-(-4 * per_phase // max(len(kept), 1))))[: 4 * per_phase]  # cycle when the filter left fewer rows
         rng.shuffle(chosen)
     else:
         easy_need = 3 * per_phase
@@ -361,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--easy-margin", type=float, default=0.1, help="the *-noeasy arms: drop queries with cos_pos - hardest negative > this")
     ap.add_argument("--hardness-strength", type=float, default=5.0, help="alpha of the *-hw arms (MNRL hardness_mode='hard_negatives')")
     ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
     ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
