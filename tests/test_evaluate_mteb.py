@@ -94,6 +94,33 @@ def test_mteb_engine_scores_local_files_like_negsynths_evaluator(tmp_path, instr
     assert saved["task_name"] == "SciFact" and saved["scores"]["test"][0]["ndcg_at_10"] == pytest.approx(rep["tasks"]["SciFact"]["main_score"])
 
 
+def write_pairs(root, n=60, seed=0):
+    rng = random.Random(seed)
+    rows = ["text1\ttext2\tlabel"]
+    for i in range(n):
+        a = rng.sample(WORDS, 8)
+        keep = rng.randint(0, 7)
+        b = a[:keep] + rng.sample(WORDS, 8 - keep)
+        rows.append(f"{' '.join(a)}\t{' '.join(b)}\t{int(keep + rng.random() * 3 > 5)}")
+    (root / "twitter_semeval2015").mkdir(parents=True)
+    (root / "twitter_semeval2015" / "test.tsv").write_text("\n".join(rows) + "\n")
+
+
+def test_mteb_engine_scores_local_pair_classification_like_negsynth(tmp_path):
+    """TwitterSemEval2015 (an MTEB pair-classification task) from the local TSV: mteb's main score
+    is the best AP over its similarity functions, negsynth's the AP of cosine; on unit vectors
+    mteb's cosine AP is negsynth's."""
+    data = tmp_path / "data"
+    write_pairs(data)
+    ours = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="TwitterSemEval2015", progress=False)
+    rep = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="TwitterSemEval2015", progress=False, engine="mteb", out=tmp_path / "ev" / "r.json")
+    t = rep["tasks"]["TwitterSemEval2015"]
+    assert t["engine"] == "mteb" and t["source"].startswith(str(data)) and t["n"] == 60
+    saved = json.loads((tmp_path / "ev" / "mteb" / "TwitterSemEval2015.json").read_text())["scores"]["test"][0]
+    assert saved["cosine_ap"] == pytest.approx(ours["tasks"]["TwitterSemEval2015"]["main_score"], abs=1e-4)
+    assert t["main_score"] == pytest.approx(saved["max_ap"]) and t["main_score"] >= saved["cosine_ap"] - 1e-9
+
+
 def test_mteb_engine_keeps_negsynths_evaluator_for_sets_mteb_does_not_list(tmp_path):
     data = tmp_path / "data"
     write_sts(data)

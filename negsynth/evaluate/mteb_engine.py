@@ -1,16 +1,18 @@
 """Evaluation through the ``mteb`` library (``pip install 'negsynth[eval]'``).
 
 MTEB's own task definitions and evaluators score the model; negsynth only supplies the data when
-it is local. For a task whose files are in the data dir (the STS sets and the BEIR retrieval
-folders of :data:`negsynth.evaluate.TASKS`), the registered MTEB task is filled from those files
+it is local. For a task whose files are in the data dir (the STS sets, the BEIR retrieval
+folders and the pair-classification sets of :data:`negsynth.evaluate.TASKS` that MTEB registers,
+e.g. TwitterSemEval2015), the registered MTEB task is filled from those files
 instead of the Hugging Face hub, so offline runs and online runs go through the same scoring
 code. Any other MTEB task name (``--tasks ArguAna``) is loaded by mteb from the hub, which needs a
 network. Results are written in mteb's own format (``OUT/mteb/<task>.json``) and summarised in
 negsynth's report schema, so the before/after table and ``compare`` work unchanged.
 
 Where mteb does not serve, negsynth's evaluator stays: the sets that are not MTEB tasks (MRPC,
-SICK-E, SNLI, Cranfield, the triplet sets, TREC) and the pair-classification, classification and
-clustering sets, whose local layouts differ from the MTEB tasks of the same data.
+SICK-E, SNLI, Cranfield, the triplet sets, TREC, AG News) and the classification and clustering
+sets, whose local layouts (one label per text, our splits) differ from the MTEB tasks of the same
+data.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from negsynth.errors import NegsynthError
 from negsynth.evaluate.suite import TASKS_BY_NAME, TaskSpec
 
 #: negsynth categories whose local files fill the MTEB task of the same name
-LOCAL_CATEGORIES = ("STS", "Retr")
+LOCAL_CATEGORIES = ("STS", "Retr", "Pair")
 
 
 class MtebUnavailable(NegsynthError, ImportError):
@@ -72,6 +74,12 @@ def local_dataset(spec: TaskSpec, data_dir: Path) -> Any:
             "top_ranked": None,
         }
         return {"default": {"test": split}}
+    if spec.category == "Pair":
+        from negsynth.evaluate.runner import pair_labels
+
+        f = data_dir / spec.files[0]
+        t1, t2, y = pair_labels(spec, f)
+        return DatasetDict({"test": Dataset.from_dict({"sentence1": t1, "sentence2": t2, "labels": y})})
     raise ValueError(f"{spec.name}: category {spec.category} is not read from local files for mteb")
 
 

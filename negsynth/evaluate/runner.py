@@ -60,6 +60,29 @@ def _encode(embedder, texts: list[str], instruction: str | None, *, query: bool,
     return np.stack([cache[k] for k in keys])
 
 
+def pair_labels(spec: TaskSpec, path: Path) -> tuple[list[str], list[str], list[int]]:
+    """A pair-classification file as (texts 1, texts 2, 0/1 labels): ``spec.positive_labels`` -> 1,
+    ``negative_labels`` -> 0, other labels (SICK-E's neutral) left out."""
+    c = spec.columns
+    cols = read_tsv(path, (c["text1"], c["text2"], c["label"]))
+    pos = {p.lower() for p in spec.positive_labels}
+    neg = {n.lower() for n in spec.negative_labels}
+    t1, t2, y = [], [], []
+    for a, b, lab in zip(cols[c["text1"]], cols[c["text2"]], cols[c["label"]], strict=True):
+        key = lab.strip().lower()
+        if key in pos:
+            y.append(1)
+        elif key in neg:
+            y.append(0)
+        else:
+            continue
+        t1.append(a)
+        t2.append(b)
+    if len(set(y)) < 2:
+        raise EvalDataError(f"{path}: column {c['label']!r} needs both positive {spec.positive_labels} and negative {spec.negative_labels} labels; check the label values")
+    return t1, t2, y
+
+
 def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None) -> tuple[dict, int, bool]:
     from negsynth.evaluate import metrics as M
 
@@ -78,23 +101,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
         return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
 
     if spec.category == "Pair":
-        cols = read_tsv(files[0], (c["text1"], c["text2"], c["label"]))
-        t1, t2, y = [], [], []
-        for a, b, lab in zip(cols[c["text1"]], cols[c["text2"]], cols[c["label"]]):
-            key = lab.strip().lower()
-            if key in {p.lower() for p in spec.positive_labels}:
-                y.append(1)
-            elif key in {n.lower() for n in spec.negative_labels}:
-                y.append(0)
-            else:
-                continue
-            t1.append(a)
-            t2.append(b)
-        if len(set(y)) < 2:
-            raise EvalDataError(
-                f"{files[0]}: column {c['label']!r} needs both positive {spec.positive_labels} and negative "
-                f"{spec.negative_labels} labels; check the label values"
-            )
+        t1, t2, y = pair_labels(spec, files[0])
         idx = _subsample(len(y), cap.get("rows"), seed, [str(v) for v in y])
         t1, t2, yy = [t1[i] for i in idx], [t2[i] for i in idx], [y[i] for i in idx]
         e = _encode(embedder, t1 + t2, ins, query=True, cache=cache)
