@@ -273,18 +273,22 @@ def test_saved_model_reloads_with_its_pooling(minilm, tmp_path, pooling):
         assert np.abs(mean - e1).max() > 1e-3
 
 
-@pytest.mark.slow
-def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
-    from sentence_transformers import SentenceTransformer
-
-    from negsynth.train.trainer import train
-
+def need_smollm2() -> None:
     try:
         from negsynth.embed.hf import resolve_decoder_path
 
         resolve_decoder_path("default")
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"SmolLM2 not available: {e}")
+
+
+@pytest.mark.slow
+def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train.trainer import train
+
+    need_smollm2()
     from negsynth.train.trainer import build_model, resolve_temperature
 
     ds = _dataset(8)
@@ -374,12 +378,7 @@ def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_p
     from negsynth.train.text import load_text_format
     from negsynth.train.trainer import train
 
-    try:
-        from negsynth.embed.hf import resolve_decoder_path
-
-        resolve_decoder_path("default")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"SmolLM2 not available: {e}")
+    need_smollm2()
     ds = _dataset(8)
     cfg = TrainConfig(model="smollm2", recipe="bellm", batch_size=4, grad_accum=1, epochs=1, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run"))
     out = train(ds, cfg)
