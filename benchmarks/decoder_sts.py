@@ -99,7 +99,7 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
     from negsynth.embed.st import SentenceTransformerEmbedder
     from negsynth.evaluate import evaluate
     from negsynth.train import TrainConfig
-    from negsynth.train.trainer import build_model, make_trainer, save_model, text_format
+    from negsynth.train.trainer import build_model, make_trainer, save_model
 
     t0 = time.time()
     dest = args.out / arm / f"seed{seed}"
@@ -109,7 +109,6 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
     if arm == "zero-shot":
         cfg = TrainConfig(**{**common, **BELLM, "bidirectional": "none", "lora": {"enabled": False}})
         model = build_model(cfg, device="cpu")
-        model.negsynth_text_format = text_format(cfg)
     else:
         cfg = TrainConfig(**{**common, **ARMS[arm]})
         trainer, model = make_trainer(Dataset.from_list(rows), cfg)
