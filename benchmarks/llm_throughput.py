@@ -2,12 +2,15 @@
 side by side with what a user would compare it to.
 
 The server runs pinned to one core (``taskset -c 1``), every client to the other (``taskset -c
-0``). Four drivers, each in its own process, at concurrency 16, 64 and 128:
+0``). Drivers, each in its own process, at concurrency 16, 64 and 128:
 
 ``raw``    a bare aiohttp client posting a fixed 3 KB body: the ceiling of this server right now;
+``raw-h1`` the same body through negsynth's own HTTP/1.1 pool (``negsynth.llm.http1``), bare;
 ``sdk``    the openai SDK (``AsyncOpenAI`` on its aiohttp transport) sending the same body;
 ``stage``  the real generate stage in process — prompt building, request cache (SQLite), transport
-           retries, rate limiter, JSON extraction, validation, partial/shard writes, stats;
+           retries, rate limiter, JSON extraction, validation, partial/shard writes, stats — on the
+           default transport (``llm.transport = "http1"``);
+``stage-aiohttp`` the same stage with ``llm.transport = "aiohttp"`` (what it used before);
 ``cli``    ``negsynth generate --quiet`` as a user runs it: the whole process, start-up included.
 
 Runs are interleaved (repetition r runs every concurrency and every driver before r+1), each
@@ -84,12 +87,13 @@ def serve(port: int, latency: float) -> None:
 
 
 # -- the client side -----------------------------------------------------------------------------
-def write_config(d: Path, port: int, examples: int, concurrency: int) -> Path:
-    cfg = d / "bench.toml"
+def write_config(d: Path, port: int, examples: int, concurrency: int, transport: str | None = None) -> Path:
+    cfg = d / f"bench-{transport or 'default'}.toml"
     cfg.write_text(
         f"""[llm]
 base_url = "http://127.0.0.1:{port}/v1"
 model = "fake"
+{f'transport = "{transport}"' if transport else ''}
 max_concurrency = {concurrency}
 timeout = 30
 max_tokens = 600
@@ -140,6 +144,27 @@ async def bare(port: int, n: int, concurrency: int) -> dict:
                     await r.read()
 
         await asyncio.gather(*(one() for _ in range(n)))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "requests": n, "valid": n, "items": n}
+
+
+async def bare_h1(port: int, n: int, concurrency: int) -> dict:
+    """negsynth's HTTP/1.1 pool, bare: the same body and concurrency as :func:`bare`."""
+    from negsynth.llm.http1 import H1Pool
+
+    body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": 'x "user_query" ' * 200}]}).encode()
+    sem = asyncio.Semaphore(concurrency)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    pool = H1Pool(f"http://127.0.0.1:{port}/v1", headers={"Content-Type": "application/json"}, limit=concurrency)
+
+    async def one():
+        async with sem:
+            await pool.request("POST", "/v1/chat/completions", body)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    await pool.close()
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "requests": n, "valid": n, "items": n}
@@ -211,7 +236,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--latency", type=float, default=LATENCY)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of every (driver, concurrency); medians are reported")
-    ap.add_argument("--drivers", nargs="+", default=["raw", "sdk", "stage", "cli"], choices=["raw", "sdk", "stage", "cli", "cli-ref", "stage-ref"])
+    ap.add_argument("--drivers", nargs="+", default=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli"], choices=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli", "cli-ref", "stage-ref"])
     ap.add_argument("--ref", type=Path, default=None, help="another checkout of negsynth (e.g. `git worktree add /tmp/ref HEAD~3`): "
                                                                "the drivers cli-ref / stage-ref run it, for before/after in one interleaved run")
     ap.add_argument("--json", dest="json_out", default=None, help="also write medians and every run to this JSON file")
@@ -222,6 +247,7 @@ def main() -> None:
     ap.add_argument("--_serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_client", nargs=4, help=argparse.SUPPRESS)  # stage cfg run_dir quiet
     ap.add_argument("--_bare", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
+    ap.add_argument("--_bare_h1", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
     ap.add_argument("--_sdk", nargs=3, type=int, help=argparse.SUPPRESS)  # port n concurrency
     a = ap.parse_args()
 
@@ -236,6 +262,9 @@ def main() -> None:
         return
     if a._sdk:
         print(json.dumps(asyncio.run(sdk(*a._sdk))))
+        return
+    if a._bare_h1:
+        print(json.dumps(asyncio.run(bare_h1(*a._bare_h1))))
         return
 
     port = free_port()
@@ -255,12 +284,13 @@ def main() -> None:
         for rep in range(a.repeats):
             for c in a.concurrency:
                 for drv in a.drivers:
-                    if drv in ("raw", "sdk"):
-                        r = run_child(pinned(0, [*me, f"--_{'bare' if drv == 'raw' else 'sdk'}", str(port), str(a.examples), str(c)]))
+                    if drv in ("raw", "raw-h1", "sdk"):
+                        flag = {"raw": "--_bare", "raw-h1": "--_bare_h1", "sdk": "--_sdk"}[drv]
+                        r = run_child(pinned(0, [*me, flag, str(port), str(a.examples), str(c)]))
                     else:
                         rd = tmp / f"{drv}-c{c}-{rep}"
                         shutil.copytree(base, rd)
-                        cfg = write_config(tmp, port, a.examples, c)
+                        cfg = write_config(tmp, port, a.examples, c, "aiohttp" if drv == "stage-aiohttp" else None)
                         ref = a.ref if drv.endswith("-ref") else None
                         if ref is None and drv.endswith("-ref"):
                             raise SystemExit(f"--drivers {drv} needs --ref PATH")
@@ -277,7 +307,7 @@ def main() -> None:
                         assert r["items"] == a.examples, r
                         shutil.rmtree(rd, ignore_errors=True)
                     runs.setdefault((drv, c), []).append(r)
-                    print(f"  rep {rep} C={c} {drv:5s} {r['requests'] / r['wall_s']:7.1f} req/s  {1000 * r['cpu_s'] / r['requests']:5.2f} ms/req", flush=True)
+                    print(f"  rep {rep} C={c} {drv:13s} {r['requests'] / r['wall_s']:7.1f} req/s  {1000 * r['cpu_s'] / r['requests']:5.2f} ms/req", flush=True)
         end_load = os.getloadavg()
 
         def med(drv: str, c: int, key: str) -> float | None:
@@ -287,13 +317,13 @@ def main() -> None:
             return statistics.median(r["requests"] / r["wall_s"] if key == "rps" else 1000 * r["cpu_s"] / r["requests"] for r in rs)
 
         print(f"\nmedians of {a.repeats} interleaved runs; {a.examples} requests per run; latency {a.latency}s")
-        print(f"{'driver':8s} " + " ".join(f"{'C=' + str(c) + ' req/s':>12s} {'/raw':>5s} {'ms/req':>7s}" for c in a.concurrency))
+        print(f"{'driver':13s} " + " ".join(f"{'C=' + str(c) + ' req/s':>12s} {'/raw':>5s} {'ms/req':>7s}" for c in a.concurrency))
         for drv in a.drivers:
             cells = []
             for c in a.concurrency:
                 rps, ms, ceil = med(drv, c, "rps"), med(drv, c, "ms"), med("raw", c, "rps")
                 cells.append(f"{rps:12.1f} {rps / ceil if ceil else float('nan'):5.2f} {ms:7.2f}")
-            print(f"{drv:8s} " + " ".join(cells))
+            print(f"{drv:13s} " + " ".join(cells))
             rows.append({"driver": drv, **{f"C{c}": {"req_s": med(drv, c, "rps"), "ms_per_request": med(drv, c, "ms")} for c in a.concurrency}})
         print(f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}; {os.cpu_count()} CPUs")
         if a.json_out:

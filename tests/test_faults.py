@@ -34,7 +34,7 @@ def timeout_for(name: str) -> float:
     return SHORT if "hang" in name else 5.0
 
 
-def write_config(tmp: Path, base_url: str, transport: str = "aiohttp", timeout: float = 5.0) -> Path:
+def write_config(tmp: Path, base_url: str, transport: str = "http1", timeout: float = 5.0) -> Path:
     return write_run_config(
         tmp,
         base_url,
@@ -108,7 +108,7 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "aiohttp", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()):
+def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "http1", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
@@ -160,11 +160,13 @@ def test_transient_transport_fault_is_retried_invisibly(tmp_path, brainstormed, 
     assert all(r["usage"]["attempts"] == 1 for r in recs)
 
 
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
 @pytest.mark.parametrize("name", ["429_retry_after", "503", "hang_past_timeout", "reset_mid_response", "empty_choices"])
-def test_sdk_transport_classifies_the_same_faults(tmp_path, brainstormed, name):
-    """llm.transport = "httpx" goes through the openai SDK instead of the lean aiohttp path."""
+def test_other_transports_classify_the_same_faults(tmp_path, brainstormed, name, transport):
+    """llm.transport = "httpx" (the openai SDK) and "aiohttp" (the lean path's stand-in behind a
+    proxy) instead of the default http1 pool."""
     fault, kind = TRANSPORT[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport="httpx", timeout=timeout_for(name))
+    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport=transport, timeout=timeout_for(name))
     recs, _ = accounted(rd, stats)
     assert len(recs) == EXAMPLES and stats["this_run"]["transport_retries"] == {kind: EXAMPLES}
     assert len(reqs) == 2 * EXAMPLES

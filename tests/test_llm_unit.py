@@ -132,8 +132,8 @@ def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
 
 
 def test_the_lean_chat_path_never_imports_the_openai_sdk(tmp_path):
-    """Importing openai costs ~0.9 s of CPU per process; the aiohttp chat path (and a stage
-    command's imports) must not pay it — also when a request fails and is retried."""
+    """Importing openai costs ~0.9 s of CPU per process and aiohttp ~0.3 s; the lean chat path
+    (and a stage command's imports) must pay neither — also when a request fails and is retried."""
     import subprocess
     import sys
     from pathlib import Path
@@ -148,7 +148,7 @@ async def go():
     async with LLMClient(LLMConfig(base_url=url, model="fake", max_retries=2, backoff_initial=0.01), base_url=url, cache=None) as llm:
         return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
 res = asyncio.run(go())
-print(res.value, "openai" in sys.modules, "httpx" in sys.modules)
+print(res.value, "openai" in sys.modules, "httpx" in sys.modules, "aiohttp" in sys.modules)
 """
     calls = []
 
@@ -159,4 +159,5 @@ print(res.value, "openai" in sys.modules, "httpx" in sys.modules)
     with FakeOpenAI(flaky) as srv:
         out = subprocess.run([sys.executable, "-c", script, srv.base_url], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["{'v':", "1}", "False", "False"] and len(calls) == 2
+    assert out.stdout.split() == ["{'v':", "1}", "False", "False", "False"] and len(calls) == 2
+

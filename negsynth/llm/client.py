@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
+from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
@@ -59,6 +59,12 @@ openai = _OpenAIOnUse()
 
 def _openai_loaded() -> bool:
     return "openai" in sys.modules
+
+
+def _aiohttp_errors() -> tuple[type[BaseException], ...]:
+    """aiohttp's base error once aiohttp is imported (only the proxy path imports it: ~0.3 s at start)."""
+    mod = sys.modules.get("aiohttp")
+    return (mod.ClientError,) if mod is not None else ()
 
 T = TypeVar("T")
 
@@ -143,7 +149,7 @@ class ClientStats:
 
 
 class HTTPFault(NegsynthError):
-    """A non-200 answer on the lean aiohttp path (the SDK path raises openai.APIStatusError)."""
+    """A non-200 answer on the lean path (the SDK path raises openai.APIStatusError)."""
 
     def __init__(self, status_code: int, headers: Any, message: str):
         super().__init__(f"HTTP {status_code}: {message}")
@@ -167,9 +173,9 @@ def transport_kind(exc: BaseException) -> str | None:
         return None
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return "timeout"
-    if isinstance(exc, BadResponse):
+    if isinstance(exc, (BadResponse, ProtocolFault)):
         return "bad_response"
-    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)):
+    if isinstance(exc, (ConnectionError, *_aiohttp_errors())):
         return "connection"
     if isinstance(exc, EmptyResponse):
         return "empty_choices"
@@ -301,7 +307,8 @@ class LLMClient:
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._client: openai.AsyncOpenAI | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: H1Pool | None = None  # the lean path (llm.transport = "http1")
+        self._session: Any | None = None  # aiohttp.ClientSession: "aiohttp", or "http1" through a proxy
         self._proxy: str | None = None
         #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it
         self.consecutive_failures = 0
@@ -335,9 +342,23 @@ class LLMClient:
         return self._client
 
     async def __aenter__(self) -> "LLMClient":
-        if self.cfg.transport == "aiohttp":
-            # the lean path: one aiohttp session, JSON in and out, no SDK models on the hot path
-            # (the SDK's request transform and response models cost ~2 ms CPU per request)
+        self._chat_url = self.base_url.rstrip("/") + "/chat/completions"
+        self._proxy = proxy_for(self._chat_url) if self.cfg.transport != "httpx" else None
+        if self.cfg.transport == "http1" and self._proxy is None:
+            # the lean path: keep-alive HTTP/1.1 on asyncio, JSON in and out, no SDK models
+            # (the SDK's request transform and response models cost ~2 ms CPU per request,
+            # aiohttp's request machinery ~0.3 ms more than this)
+            self._pool = H1Pool(
+                self._chat_url,
+                headers={"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json", "Accept": "application/json"},
+                limit=self.cfg.max_concurrency + 8,
+                connect_timeout=self.cfg.connect_timeout,
+            )
+            self._chat_target = self._pool.target(self._chat_url)
+        elif self.cfg.transport in ("http1", "aiohttp"):
+            # aiohttp: chosen, or the lean path's stand-in when the environment names a proxy
+            import aiohttp
+
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.cfg.max_concurrency + 8, limit_per_host=0, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout, sock_read=self.cfg.timeout),
@@ -348,13 +369,14 @@ class LLMClient:
                 # a proxy lookup per request, ~0.3 ms of CPU each
                 trust_env=False,
             )
-            self._chat_url = self.base_url.rstrip("/") + "/chat/completions"
-            self._proxy = proxy_for(self._chat_url)
         else:
             self.sdk  # noqa: B018
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -366,25 +388,40 @@ class LLMClient:
         """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key.
 
         The lean-path twin of :func:`negsynth.llm.server.preflight` (same messages): it reuses the
-        session instead of importing and building an httpx client (~0.5 s of CPU at start).
+        connection pool instead of importing and building an httpx client (~0.5 s of CPU at start).
         """
         from negsynth.errors import UserError
 
         url = self.base_url
-        if self._session is None:
+        if self._pool is None and self._session is None:
             from negsynth.llm.server import preflight
 
             return preflight(url, self._api_key, timeout=timeout)
-        try:
-            async with self._session.get(url.rstrip("/") + "/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-                status = r.status
-                await r.read()
-        except aiohttp.ClientConnectorError:
-            raise UserError(f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url") from None
-        except (asyncio.TimeoutError, TimeoutError):
-            raise UserError(f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server") from None
-        except aiohttp.ClientError as e:
-            raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None
+        refused = f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
+        slow = f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server"
+        if self._pool is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    status = (await self._pool.request("GET", self._pool.target(url.rstrip("/") + "/models"))).status
+            except ConnectFailed:
+                raise UserError(refused) from None
+            except TimeoutError:
+                raise UserError(slow) from None
+            except ConnectionError as e:
+                raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None
+        else:
+            import aiohttp
+
+            try:
+                async with self._session.get(url.rstrip("/") + "/models", timeout=aiohttp.ClientTimeout(total=timeout), proxy=self._proxy) as r:
+                    status = r.status
+                    await r.read()
+            except aiohttp.ClientConnectorError:
+                raise UserError(refused) from None
+            except (asyncio.TimeoutError, TimeoutError):
+                raise UserError(slow) from None
+            except aiohttp.ClientError as e:
+                raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None
         if status in (401, 403):
             raise UserError(f"llm.base_url={url} refused the API key (HTTP {status}); check llm.api_key_env")
         # 404/405: some OpenAI-compatible servers have no /models; the first request will tell
@@ -400,10 +437,16 @@ class LLMClient:
             body = {k: v for k, v in payload.items() if k != "extra_body"}
             body.update(extra or {})
             data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        async with self._session.post(self._chat_url, data=data, proxy=self._proxy) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise HTTPFault(resp.status, resp.headers, _error_message(raw))
+        if self._pool is not None:
+            resp = await self._pool.request("POST", self._chat_target, data)
+            status, raw = resp.status, resp.body
+            if status != 200:
+                raise HTTPFault(status, resp.headers, _error_message(raw))
+        else:
+            async with self._session.post(self._chat_url, data=data, proxy=self._proxy) as r:
+                raw = await r.read()
+                if r.status != 200:
+                    raise HTTPFault(r.status, r.headers, _error_message(raw))
         try:
             obj = json.loads(raw)
             choices = obj.get("choices")
@@ -522,7 +565,7 @@ class LLMClient:
                 raise TransportError("bad_request", self._redact(_short(e))) from None
             self.stats.transport_failures[kind] += 1
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(_short(e))}") from None
-        except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError, BadResponse, EmptyResponse) as e:
+        except (asyncio.TimeoutError, ConnectionError, BadResponse, EmptyResponse, *_aiohttp_errors()) as e:
             kind = transport_kind(e) or "connection"
             self.stats.transport_failures[kind] += 1
             detail = _short(e) or type(e).__name__
@@ -556,7 +599,8 @@ class LLMClient:
         raise e
 
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
-        assert self._session is not None or self._client is not None, "use LLMClient inside 'async with'"
+        lean = self._pool is not None or self._session is not None
+        assert lean or self._client is not None, "use LLMClient inside 'async with'"
         lim = self.limiter
         reserved = 0
         if lim is not None:
@@ -576,7 +620,7 @@ class LLMClient:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
-                    if self._session is not None:
+                    if lean:
                         text, finish, pt, ct = await self._post_chat(payload, body)
                     else:
                         resp = await self._client.chat.completions.create(**payload)
@@ -584,7 +628,7 @@ class LLMClient:
                 if _never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
                 raise
-            if self._session is None:
+            if not lean:
                 if not resp.choices:
                     raise EmptyResponse("the server answered with no choices")
                 ch = resp.choices[0]
@@ -671,14 +715,17 @@ class LLMClient:
 
 def _never_sent(e: BaseException) -> bool:
     """The connection was refused (nothing reached the server): the request does not count."""
-    if isinstance(e, aiohttp.ClientConnectorError):
+    if isinstance(e, ConnectFailed):
+        return True
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(e, aiohttp.ClientConnectorError):
         return True
     if _openai_loaded() and isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
         c = e.__cause__ or e.__context__
         for _ in range(4):
             if c is None:
                 break
-            if isinstance(c, (ConnectionRefusedError, aiohttp.ClientConnectorError)) or type(c).__name__ == "ConnectError":
+            if isinstance(c, ConnectionRefusedError) or type(c).__name__ in ("ConnectError", "ClientConnectorError"):
                 return True
             c = c.__cause__ or c.__context__
     return False
