@@ -161,3 +161,34 @@ print(res.value, "openai" in sys.modules, "httpx" in sys.modules, "aiohttp" in s
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["{'v':", "1}", "False", "False", "False"] and len(calls) == 2
 
+
+def test_cache_answers_put_in_one_loop_iteration_share_a_commit_and_survive(tmp_path):
+    """Inside an event loop puts are committed together before the loop waits again: visible to
+    ``get`` at once, on disk for another connection after one loop turn, and on close."""
+    import sqlite3
+
+    from negsynth.llm.cache import RequestCache
+
+    path = tmp_path / "c.sqlite"
+    cache = RequestCache(path)
+
+    def on_disk() -> int:
+        with sqlite3.connect(path) as other:
+            return other.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    async def go():
+        for i in range(5):
+            cache.put(f"k{i}", {"text": str(i)})
+        assert cache.get("k3") == {"text": "3"} and on_disk() == 0  # pending, still readable
+        await asyncio.sleep(0)
+        assert on_disk() == 5
+        cache.put("k5", {"text": "5"})
+
+    asyncio.run(go())
+    cache.close()
+    assert on_disk() == 6
+    again = RequestCache(path)
+    assert again.get("k5") == {"text": "5"} and len(again) == 6
+    again.put("k6", {"text": "6"})  # no loop: committed at once
+    assert on_disk() == 7
+    again.close()

@@ -1,13 +1,16 @@
 """A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
 
 Keyed by a SHA-256 of everything that shapes a request (model, messages, response format,
-sampling parameters, extra body, sample index). Stored in SQLite (WAL): each answer is
-committed as soon as it arrives, so a process killed a millisecond later keeps it.
-The API key is never part of the key or the value.
+sampling parameters, extra body, sample index). Stored in SQLite (WAL). Inside an event loop
+the answers that arrive in one loop iteration share one transaction, committed before the loop
+next waits on the network (a commit per answer cost ~0.1 ms of CPU, a tenth of a request); so a
+process killed at any point keeps every answer whose item could have needed it again. Outside an
+event loop each ``put`` commits at once. The API key is never part of the key or the value.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sqlite3
@@ -53,22 +56,63 @@ class RequestCache:
         except sqlite3.Error:
             self._db.close()
             raise
+        self._pending: dict[str, str] = {}  # key -> value, written at the end of this loop iteration
+        self._error: Exception | None = None  # a failed deferred commit, raised by the next put
 
     def get(self, key: str) -> dict | None:
         with self._lock:
-            row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+            blob = self._pending.get(key)
+            if blob is None:
+                row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
+                blob = row[0] if row else None
+        return json.loads(blob) if blob is not None else None
 
     def put(self, key: str, value: dict) -> None:
         blob = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, blob))
+            if loop is None:
+                self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, blob))
+                return
+            first = not self._pending
+            self._pending[key] = blob
+        if first:
+            loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        try:
+            self.flush()
+        except (sqlite3.Error, OSError) as e:  # disk full, read-only: the answers stay pending, the next put says so
+            self._error = e
+
+    def flush(self) -> None:
+        """Commit the answers put since the last flush, in one transaction."""
+        with self._lock:
+            if not self._pending:
+                return
+            rows, self._pending = list(self._pending.items()), {}
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._pending = dict(rows) | self._pending
+                raise
+            self._db.execute("COMMIT")
 
     def __len__(self) -> int:
+        self.flush()
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
 
     def close(self) -> None:
+        self.flush()
         with self._lock:
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
