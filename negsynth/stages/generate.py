@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from functools import lru_cache
 from typing import Any
 
 from pydantic import ValidationError
@@ -110,14 +111,28 @@ def render_prompt(task_type: str, task: str, attributes: dict[str, Any]) -> str:
 def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few_shot: bool = True, shot: int = 0) -> list[dict[str, str]]:
     """System prompt, an optional worked-example turn of the same type (number ``shot`` of its
     pool), then the real prompt."""
-    msgs = [{"role": "system", "content": load_template("system").strip()}]
+    msgs = [_system_turn()]
     if few_shot:
-        pool = load_examples(f"generate_{task_type}")
-        ex = pool[shot % len(pool)]
-        msgs.append({"role": "user", "content": render_prompt(task_type, ex["task"], ex["attributes"])})
-        msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
+        msgs.extend(_worked_turns(task_type, shot))
     msgs.append({"role": "user", "content": render_prompt(task_type, task, attributes)})
     return msgs
+
+
+@lru_cache(maxsize=None)
+def _system_turn() -> dict[str, str]:
+    return {"role": "system", "content": load_template("system").strip()}
+
+
+@lru_cache(maxsize=None)
+def _worked_turns(task_type: str, shot: int) -> tuple[dict[str, str], dict[str, str]]:
+    """The worked example's prompt and answer, rendered once per (type, shot) instead of per item
+    (shared, never mutated: the client copies the list before a re-ask appends to it)."""
+    pool = load_examples(f"generate_{task_type}")
+    ex = pool[shot % len(pool)]
+    return (
+        {"role": "user", "content": render_prompt(task_type, ex["task"], ex["attributes"])},
+        {"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)},
+    )
 
 
 def make_validator(task_type: str, cfg: GenerateConfig):
@@ -198,13 +213,29 @@ def stage_hash(ctx: StageContext) -> str:
     )
 
 
-async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, model: str) -> Outcome:
+class PerType:
+    """Validator and output schema of each task type, built once per run instead of per item."""
+
+    def __init__(self, cfg: GenerateConfig):
+        self.cfg = cfg
+        self._made: dict[str, tuple[Any, dict[str, Any]]] = {}
+
+    def __call__(self, task_type: str) -> tuple[Any, dict[str, Any]]:
+        made = self._made.get(task_type)
+        if made is None:
+            cfg = self.cfg
+            made = self._made[task_type] = (make_validator(task_type, cfg), output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars))
+        return made
+
+
+async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, model: str, per_type: PerType | None = None) -> Outcome:
     p = it.payload
     tt = p["task_type"]
+    validate, schema = (per_type or PerType(cfg))(tt)
     res = await client.structured(
         build_messages(tt, p["task"], p["attributes"], few_shot=cfg.few_shot, shot=p.get("shot", 0)),
-        validate=make_validator(tt, cfg),
-        schema=output_schema(tt, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
+        validate=validate,
+        schema=schema,
         name="example",
         sample_index=p["k"],
         reask_template=reask_template(),
@@ -239,7 +270,8 @@ def run(ctx: StageContext) -> dict:
     if not items:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
     entry = {**made_from(ctx), "items": len(items)}
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
+    per_type = PerType(cfg)
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), entry=entry)
     return finish_stage(ctx, STAGE, entry, rep, client, {"planned_per_type": allocate(cfg)})
 
 
