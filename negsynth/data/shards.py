@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from negsynth.data import jsonfast
 from negsynth.errors import NegsynthError
 
 SHARD_GLOB = "shard-*.jsonl"
@@ -62,7 +63,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def dumps_line(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+    """One JSONL line: ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))``, written faster."""
+    return jsonfast.dumps(obj).decode("utf-8") + "\n"
 
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> int:

@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from negsynth.data import jsonfast
+
 
 def request_key(payload: dict[str, Any]) -> str:
     """Stable hash of a request payload (dict keys sorted, no whitespace)."""
@@ -32,7 +34,7 @@ def request_key_and_body(payload: dict[str, Any], sample_index: int) -> tuple[st
     sent to the server is that inner slice (key order does not matter to a JSON server), so the
     payload is serialised once per request instead of twice.
     """
-    blob = json.dumps({"n": sample_index, "p": payload}, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    blob = jsonfast.dumps({"n": sample_index, "p": payload}, sort_keys=True)  # the same bytes as json.dumps
     head = len(b'{"n":%d,"p":' % sample_index)
     return hashlib.sha256(blob).hexdigest(), blob[head:-1]
 
@@ -65,10 +67,10 @@ class RequestCache:
             if blob is None:
                 row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
                 blob = row[0] if row else None
-        return json.loads(blob) if blob is not None else None
+        return jsonfast.loads(blob) if blob is not None else None
 
     def put(self, key: str, value: dict) -> None:
-        blob = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        blob = jsonfast.dumps(value).decode("utf-8")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

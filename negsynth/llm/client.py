@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
+from negsynth.data import jsonfast
 from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
@@ -436,7 +437,7 @@ class LLMClient:
         if extra is not None or data is None:
             body = {k: v for k, v in payload.items() if k != "extra_body"}
             body.update(extra or {})
-            data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            data = jsonfast.dumps(body)
         if self._pool is not None:
             resp = await self._pool.request("POST", self._chat_target, data)
             status, raw = resp.status, resp.body
@@ -448,7 +449,7 @@ class LLMClient:
                 if r.status != 200:
                     raise HTTPFault(r.status, r.headers, _error_message(raw))
         try:
-            obj = json.loads(raw)
+            obj = jsonfast.loads(raw)
             choices = obj.get("choices")
         except (ValueError, AttributeError):
             raise BadResponse(f"the server answered 200 with a body that is not a chat completion ({len(raw)} bytes)") from None
