@@ -25,31 +25,48 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib pat
 _I64 = 2**63
 
 
+def _float_ok(x: float) -> bool:
+    return math.isfinite(x) and orjson.dumps(x) == repr(x).encode()
+
+
 def _same_in_both(obj: Any) -> bool:
+    """True when orjson writes ``obj`` exactly as the stdlib does. Strings, bools, None and small
+    ints are settled where they are met; only containers and floats go on the stack."""
     stack = [obj]
+    push, pop = stack.append, stack.pop
     while stack:
-        x = stack.pop()
+        x = pop()
         t = type(x)
-        if t is str or t is bool or x is None:
-            continue
-        if t is int:
-            if -_I64 <= x < _I64:
-                continue
-            return False
-        if t is float:
-            if math.isfinite(x) and orjson.dumps(x) == repr(x).encode():
-                continue
-            return False
-        if t is list or t is tuple:
-            stack.extend(x)
-            continue
         if t is dict:
-            for k in x:
+            for k, v in x.items():
                 if type(k) is not str:
                     return False
-            stack.extend(x.values())
-            continue
-        return False
+                tv = type(v)
+                if tv is str or v is None or tv is bool:
+                    continue
+                if tv is int:
+                    if -_I64 <= v < _I64:
+                        continue
+                    return False
+                push(v)
+        elif t is list or t is tuple:
+            for v in x:
+                tv = type(v)
+                if tv is str or v is None or tv is bool:
+                    continue
+                if tv is int:
+                    if -_I64 <= v < _I64:
+                        continue
+                    return False
+                push(v)
+        elif t is float:
+            if not _float_ok(x):
+                return False
+        elif t is int:
+            if not -_I64 <= x < _I64:
+                return False
+        elif not (t is str or t is bool or x is None):
+            return False
     return True
 
 

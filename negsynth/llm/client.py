@@ -678,7 +678,7 @@ class LLMClient:
     async def _structured(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
         rf = response_format_for(self.cfg.structured_output, schema, name)
         msgs = list(messages)
-        usage = Usage()
+        pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt
         reasons: list[str] = []
         raw: str | None = None
         reason, detail = None, ""
@@ -687,12 +687,10 @@ class LLMClient:
             try:
                 out = await self.chat(payload, sample_index=sample_index)
             except TransportError as e:
-                usage = usage.add(Usage(attempts=1))
+                usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts + 1)
                 return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
             pt, ct = out["usage"]
-            usage = usage.add(
-                Usage(prompt_tokens=pt, completion_tokens=ct, attempts=1)
-            )
+            pt_sum, ct_sum, attempts = pt_sum + pt, ct_sum + ct, attempts + 1
             raw = out["text"]
             try:
                 if out["finish_reason"] == "length":
@@ -700,7 +698,7 @@ class LLMClient:
                         "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
                     )
                 value = validate(extract_json(raw))
-                return LLMResult(value, raw, None, "", usage, reasons)
+                return LLMResult(value, raw, None, "", Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
             except (ValidationFailure, ParseError) as e:
                 reason, detail = e.reason, e.detail
                 reasons.append(reason)
@@ -711,7 +709,7 @@ class LLMClient:
                     {"role": "assistant", "content": raw or ""},
                     {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
                 ]
-        return LLMResult(None, raw, reason, detail, usage, reasons)
+        return LLMResult(None, raw, reason, detail, Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
 
 
 def _never_sent(e: BaseException) -> bool:
