@@ -101,6 +101,10 @@ def check_distinct(query: str, positive: str, negatives: Sequence[str]) -> Verdi
 
 
 def check_meta(fields: dict[str, str]) -> Verdict:
+    # one search over all fields (no pattern can span the newline), then find the field: six
+    # searches per example were ~4 % of generate's client CPU
+    if not _META.search("\n".join(fields.values())):
+        return KEEP
     for name, text in fields.items():
         m = _META.search(text)
         if m:
