@@ -192,3 +192,30 @@ def test_cache_answers_put_in_one_loop_iteration_share_a_commit_and_survive(tmp_
     again.put("k6", {"text": "6"})  # no loop: committed at once
     assert on_disk() == 7
     again.close()
+
+
+def test_an_answer_is_on_disk_before_its_re_ask_is_sent(tmp_path):
+    """The re-ask depends on the first answer: a kill right after the re-ask left must not lose it."""
+    import sqlite3
+
+    from negsynth.llm.cache import RequestCache
+
+    path = tmp_path / "c.sqlite"
+    seen_on_disk = []
+
+    def responder(req, n):
+        with sqlite3.connect(path) as other:
+            seen_on_disk.append(other.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+        return Reply(content="not json" if len(seen_on_disk) == 1 else '{"ok": true}')
+
+    async def go(url):
+        cache = RequestCache(path)
+        try:
+            async with LLMClient(_cfg(url), base_url=url, cache=cache) as llm:
+                return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
+        finally:
+            cache.close()
+
+    with FakeOpenAI(responder) as srv:
+        assert asyncio.run(go(srv.base_url)).value == {"ok": True}
+    assert seen_on_disk == [0, 1]

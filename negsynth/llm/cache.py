@@ -2,10 +2,11 @@
 
 Keyed by a SHA-256 of everything that shapes a request (model, messages, response format,
 sampling parameters, extra body, sample index). Stored in SQLite (WAL). Inside an event loop
-the answers that arrive in one loop iteration share one transaction, committed before the loop
-next waits on the network (a commit per answer cost ~0.1 ms of CPU, a tenth of a request); so a
-process killed at any point keeps every answer whose item could have needed it again. Outside an
-event loop each ``put`` commits at once. The API key is never part of the key or the value.
+the answers that arrive in one loop iteration share one transaction, committed at the end of that
+iteration (a commit per answer cost ~0.1 ms of CPU, a tenth of a request); a caller about to send
+a request that depends on a pending answer (a re-ask) calls :meth:`RequestCache.flush` first, so
+a process killed at any point keeps every answer an item could need again. Outside an event loop
+each ``put`` commits at once. The API key is never part of the key or the value.
 """
 
 from __future__ import annotations

@@ -683,6 +683,8 @@ class LLMClient:
         raw: str | None = None
         reason, detail = None, ""
         for attempt in range(self.cfg.max_attempts):
+            if attempt and self.cache is not None:
+                self.cache.flush()  # the answer being re-asked is on disk before the re-ask leaves
             payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
             try:
                 out = await self.chat(payload, sample_index=sample_index)
