@@ -177,3 +177,36 @@ def test_a_cancelled_request_drops_its_connection():
         server.close()
 
     asyncio.run(go())
+
+
+def test_https_with_certificate_verification(tmp_path, monkeypatch):
+    """TLS through the system's trust store (SSL_CERT_FILE points it at a self-signed test CA);
+    a certificate the store does not trust is a failed connect, not a silent downgrade."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def go(trusted: bool):
+        script = Script([lambda c: http(200, BODY)])
+        server = await asyncio.start_server(script.handle, "127.0.0.1", 0, ssl=server_ctx)
+        pool = H1Pool(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", connect_timeout=5)
+        try:
+            return [(await pool.request("POST", "/v1/chat/completions", b"{}")).body for _ in range(2)], script.connections
+        finally:
+            await pool.close()
+            server.close()
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert asyncio.run(go(True)) == ([BODY, BODY], 1)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "none.pem"))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
+    with pytest.raises(ConnectFailed):
+        asyncio.run(go(False))
