@@ -176,6 +176,8 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
                 out["wall_time_s"] = round(sum(wall), 3)
             if name == "score" and stats[0].get("embedder"):
                 out["embedder"] = stats[0]["embedder"]
+            if name == "score" and stats[0].get("judge"):
+                out["judge"] = stats[0]["judge"]  # what the false-negative judge flagged
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
     return out
@@ -356,6 +358,11 @@ def render(report: dict[str, Any], console) -> None:
             by_set = ", ".join(f"{k} {v}" for k, v in (cl.get("contaminated_by_set") or {}).items())
             con = f"decontamination skipped ({cl['decontam_skipped']})" if cl.get("decontam_skipped") else f"{cl['contaminated']} contaminated{f' ({by_set})' if by_set else ''}"
             console.print(f"{name} cleaning: {cl['near_duplicate']} near-duplicates dropped, {con}")
+        j = s.get("judge")
+        if j:
+            nj = f", {j['not_judged']} examples not judged" if j.get("not_judged") else ""
+            console.print(f"{name} false-negative judge ({j['model']}): {j['false_negatives']} of {j['negatives']} negatives judged false "
+                          f"({j['only_by_judge']} the cosine rule let through){nj}")  # fmt: skip
 
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]
     if reasons:
@@ -419,7 +426,8 @@ def _sample_panel(ex: dict, level: int | None):
     order = sc.get("llm_order") or list(range(len(ex.get("negatives", []))))
     for i, neg in enumerate(ex.get("negatives", [])):
         lv = order[i] + 1 if i < len(order) else i + 1
-        flags = [name for key, name in (("false_negative", "[red]FALSE NEG[/]"), ("too_easy", "[yellow]too easy[/]")) if (sc.get(key) or [False] * 9)[i]]
+        flags = [name for key, name in (("false_negative", "[red]FALSE NEG[/]"), ("too_easy", "[yellow]too easy[/]"), ("judged_false_negative", "[magenta]judged FN[/]"))
+                 if (sc.get(key) or [False] * 9)[i]]  # fmt: skip
         label = f"level {lv}" + (" ◀" if level == lv else "")
         cos = sc.get("cos_neg", [None] * 9)[i] if sc else None
         t.add_row(label, _f(cos), " ".join(flags), escape(_clip(neg)))

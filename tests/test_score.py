@@ -427,3 +427,59 @@ def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
     judge = CrossEncoderJudge.load(str(tmp_path / "ce"), device="cpu")
     pos, negs = judge.score_examples([{"query": "a cat", "positive": "a cat sleeping", "negatives": ["a dog", "a car"]}])
     assert pos.shape == (1,) and len(negs[0]) == 2 and all(0.0 <= x <= 1.0 for x in [pos[0], *negs[0]])
+
+
+def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counted(tmp_path):
+    """score.judge_model = "llm": one validated JSON request per example through the run's LLM
+    session; a judged negative is dropped like a cosine false negative, a failed judgement leaves
+    the embedder's verdict, and a rerun is served from the request cache."""
+    import re
+
+    from fake_openai import FakeOpenAI, Reply
+
+    from negsynth.stages.score.llm_judge import judge_messages
+
+    seen: list[str] = []
+
+    def responder(req, n):
+        prompt = req["messages"][-1]["content"] if len(req["messages"]) == 1 else req["messages"][0]["content"]
+        seen.append(prompt)
+        if "Q bad" in prompt:
+            return Reply(content='{"answers_query": "no idea"}')  # invalid every time: not judged
+        cands = re.findall(r"^\[(\d+)\] (.*)$", prompt, flags=re.M)
+        if "Q again" in prompt and len(req["messages"]) == 1:
+            return Reply(content='{"answers_query": [false]}')  # wrong count: re-asked with the error
+        return Reply(content=json.dumps({"answers_query": [t == "n3" for _, t in cands]}))
+
+    write_generate(tmp_path, [[example(0), example(1, q="Q again"), example(2, q="Q bad")]])
+    with FakeOpenAI(responder) as srv:
+        ctx = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
+        ctx.cfg.llm.base_url, ctx.cfg.llm.max_attempts, ctx.cfg.llm.backoff_initial = srv.base_url, 2, 0.01
+        stats = run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+        assert len(seen) == 1 + 2 + 2  # one each; "Q again" re-asked once; "Q bad" re-asked once then given up
+        recs = {r["id"]: r for r in read_stage(tmp_path / "score")}
+        # ex-0 and ex-1: n2 (cosine) and n3 (LLM) dropped; ex-2 unjudged: only n2 dropped
+        assert recs["ex-0"]["negatives"] == ["n1", "n4"] and recs["ex-1"]["negatives"] == ["n1", "n4"]
+        assert recs["ex-2"]["negatives"] == ["n1", "n3", "n4"] and recs["ex-2"]["score"].get("judge") is None
+        assert recs["ex-0"]["score"]["judge"] == "llm"
+        assert stats["judge"] == {"model": "llm", "ratio": 0.95, "negatives": 8, "false_negatives": 2, "only_by_judge": 2, "not_judged": 1}
+        assert stats["throughput"]["judge_llm_requests"] == 5 and stats["throughput"]["judge_llm_cache_hits"] == 0
+        lines = "\n".join(" ".join(map(str, r)) for s in S.report(stats) for r in s.rows)
+        assert "1 examples not judged" in lines
+        # a rerun over the same outputs asks nothing new: every answer comes from the cache
+        again = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
+        again.cfg.llm.base_url, again.cfg.llm.max_attempts = srv.base_url, 2
+        again.overwrite = True
+        stats2 = run_stage(SCORE, again, embedder=FakeEmbedder(HAND))
+        assert len(seen) == 5 and stats2["judge"] == stats["judge"] and stats2["throughput"]["judge_llm_cache_hits"] == 5
+    from negsynth.inspect import inspect_path
+
+    assert inspect_path(tmp_path)["stages"]["score"]["judge"]["false_negatives"] == 2  # inspect shows it too
+    assert "[3] n3" in judge_messages("q", "p", ["n1", "n2", "n3"])[0]["content"]
+    # the judge's LLM settings are part of the hash only while it is on
+    from negsynth.stages.score.inputs import input_shards, stage_hash
+
+    shards = input_shards(ctx)
+    other = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
+    other.cfg.llm.model = "another-model"
+    assert stage_hash(ctx, shards) != stage_hash(other, shards)

@@ -235,7 +235,9 @@ class ScoreConfig(Section):
     easy_margin: float | None = Field(None, ge=0.0, le=2.0)
     # false-negative judge (mine_hard_negatives' cross_encoder rescoring): a cross-encoder (folder or
     # hub name) scores (query, positive) and (query, negative) in [0, 1]; a negative it scores at or above
-    # judge_ratio x the positive is a false negative too (flag judged_false_negative). None = off
+    # judge_ratio x the positive is a false negative too (flag judged_false_negative). "llm": the
+    # configured LLM reads query, positive and negatives and says which negatives answer the query
+    # (RLHN-style relabelling; cached and re-asked like every LLM call). None = off
     judge_model: str | None = None
     judge_ratio: float = Field(0.95, gt=0.0, le=1.0)
     judge_batch_size: int = Field(32, ge=1)

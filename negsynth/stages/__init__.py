@@ -45,6 +45,7 @@ METHOD: tuple[Stage, ...] = (
     ),
     Stage(
         "score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True,
+        llm=lambda cfg: cfg.score.judge_model == "llm",
         fingerprint="negsynth.stages.score:fingerprint", report="negsynth.stages.score:report",
     ),
     Stage(

@@ -72,7 +72,11 @@ def run(ctx: StageContext, embedder=None, judge=None) -> dict:
 
                 ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
                 emb = load_embedder(ctx.cfg.embedder)
-            if judge is None and cfg.judge_model is not None:
+            if judge is None and cfg.judge_model == "llm":
+                from negsynth.stages.score.llm_judge import LLMJudge
+
+                judge = LLMJudge(ctx)
+            elif judge is None and cfg.judge_model is not None:
                 from negsynth.embed.judge import CrossEncoderJudge
 
                 ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
@@ -156,14 +160,20 @@ def _judge_stats(cfg, sidecars: list[dict]) -> dict | None:
     embedder's cosine rule had let through (its own contribution)."""
     if cfg.judge_model is None and not any("judged_false_negative" in s for s in sidecars):
         return None
-    judged = flagged = only = 0
+    judged = flagged = only = not_judged = 0
     for sc in sidecars:
         for j, cp, cn in zip(sc.get("judged_false_negative") or [], sc["cos_pos"], sc["cos_neg"], strict=False):
+            if j is None:  # the LLM judge's answer failed for this example
+                not_judged += 1
+                continue
             judged += len(j)
             flagged += sum(j)
             thr = float(fn_threshold(cp, cfg.fn_ratio))
             only += sum(v and not c >= thr for v, c in zip(j, cn, strict=True))
-    return {"model": cfg.judge_model, "ratio": cfg.judge_ratio, "negatives": judged, "false_negatives": flagged, "only_by_judge": only}
+    out = {"model": cfg.judge_model, "ratio": cfg.judge_ratio, "negatives": judged, "false_negatives": flagged, "only_by_judge": only}
+    if cfg.judge_model == "llm":
+        out["not_judged"] = not_judged  # examples whose judgement failed (kept the embedder's verdict)
+    return out
 
 
 def _throughput(c: Counter, emb) -> dict:
@@ -180,6 +190,7 @@ def _throughput(c: Counter, emb) -> dict:
         "unique_texts_per_s": round(c["unique_texts"] / max(c["embed_s"], 1e-9), 2),
         "device": getattr(emb, "device", "?") if emb is not None else "?",
         **({"judge_pairs": c["judge_pairs"], "judge_s": round(c["judge_s"], 3)} if c.get("judge_pairs") else {}),
+        **({"judge_llm_requests": c["judge_requests"], "judge_llm_cache_hits": c["judge_cache_hits"]} if "judge_requests" in c else {}),
     }
 
 
@@ -290,11 +301,16 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
     ratio = ctx.cfg.score.judge_ratio
     for e, p, ns in zip(idx, pos, negs, strict=True):
         m = per_ex[e]
+        if p is None or ns is None:  # an LLM judgement that failed: the embedder's verdict stands
+            this_run["judge_not_judged"] += 1
+            continue
         jp, jn = round(float(p), 6), [round(float(x), 6) for x in ns]
         verdict = judged_false_negatives(jp, jn, ratio)
         m.update(judge=judge.name, judge_pos=jp, judge_neg=jn, judged_false_negative=verdict)
         m["false_negative"] = [a or b for a, b in zip(m["false_negative"], verdict, strict=True)]
     this_run["judge_pairs"] += sum(1 + len(examples[e]["negatives"]) for e in idx)
+    if hasattr(judge, "requests"):  # the LLM judge: what it sent and what the cache answered
+        this_run["judge_requests"], this_run["judge_cache_hits"] = judge.requests, judge.cache_hits
     this_run["judge_s"] += time.perf_counter() - t0
 
 
@@ -396,7 +412,7 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
             "too_easy": [m["too_easy"] for m in ms],
             "tau": [m["tau"] for m in ms],
             "monotonic": [m["monotonic"] for m in ms],
-            **({"judged_false_negative": [m["judged_false_negative"] for m in ms]} if judge is not None else {}),
+            **({"judged_false_negative": [m.get("judged_false_negative") for m in ms]} if judge is not None else {}),
             "kept": len(records),
             "rejected": len(rejects),
             "reasons": dict(reasons),

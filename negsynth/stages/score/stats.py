@@ -157,7 +157,8 @@ def report(stats: dict) -> list[Summary]:
     j = stats.get("judge")
     if j:
         rows.append(("false-negative judge", f"{j['model']}: {j['false_negatives']} of {j['negatives']} negatives >= {j['ratio']} x the positive "
-                                             f"({j['only_by_judge']} the cosine rule let through)"))  # fmt: skip
+                                             f"({j['only_by_judge']} the cosine rule let through)"
+                                             + (f"; {j['not_judged']} examples not judged" if j.get("not_judged") else "")))  # fmt: skip
     rows += clean_rows(stats)
     if tp.get("examples"):
         rows.append(("throughput (this run)", f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})"))

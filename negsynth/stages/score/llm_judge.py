@@ -1,0 +1,101 @@
+"""The configured LLM as the false-negative judge (``score.judge_model = "llm"``).
+
+RLHN (Thakur et al., 2025) relabels hard negatives that an LLM judges relevant to the query and
+reports +0.7 to +1.4 nDCG@10 on BEIR. Here the LLM reads the query, the positive and the
+example's negatives in one request and answers, as validated JSON, which negatives also answer
+the query; those become judged false negatives (the same flag a cross-encoder judge sets). It has
+the interface of :class:`~negsynth.embed.judge.CrossEncoderJudge` (``name``, ``score_examples``):
+a negative it says answers the query scores 1.0 against a positive of 1.0, so
+:func:`~negsynth.embed.judge.judged_false_negatives` flags it at any ``judge_ratio``.
+
+Every request goes through the run's LLM session: the request cache (a rerun of score pays for no
+judgement twice), re-asks of invalid answers, transport retries, the budget. An example whose
+judgement fails (invalid after the re-asks, or the transport gave up) is left unjudged: its
+negatives keep the embedder's verdict and it is counted in ``stats.json["judge"]["not_judged"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from negsynth.llm.client import ValidationFailure
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.llm_stage import llm_session
+from negsynth.prompts import reask_template, render
+
+NAME = "llm"
+
+
+def judge_messages(query: str, positive: str, negatives: Sequence[str]) -> list[dict[str, str]]:
+    cands = "\n\n".join(f"[{i + 1}] {t}" for i, t in enumerate(negatives))
+    return [{"role": "user", "content": render("judge", query=query, positive=positive, candidates=cands, n=len(negatives))}]
+
+
+def judge_schema(n: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"answers_query": {"type": "array", "items": {"type": "boolean"}, "minItems": n, "maxItems": n}},
+        "required": ["answers_query"],
+    }
+
+
+def make_validator(n: int):
+    def validate(obj: Any) -> list[bool]:
+        if not isinstance(obj, dict) or "answers_query" not in obj:
+            raise ValidationFailure("schema_error", 'the answer must be a JSON object with the key "answers_query"')
+        v = obj["answers_query"]
+        if not isinstance(v, list) or not all(isinstance(x, bool) for x in v):
+            raise ValidationFailure("schema_error", '"answers_query" must be a list of true/false values')
+        if len(v) != n:
+            raise ValidationFailure("wrong_count", f'"answers_query" must hold exactly {n} values, one per candidate; got {len(v)}')
+        return v
+
+    return validate
+
+
+class LLMJudge:
+    """Judges examples' negatives with the run's LLM (``llm.*`` settings, temperature 0)."""
+
+    name = NAME
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.failed: Counter = Counter()  # reason -> examples left unjudged, this run
+        self.requests = 0
+        self.cache_hits = 0
+
+    def score_examples(self, examples: Sequence[dict]) -> tuple[list[float | None], list[list[float] | None]]:
+        """``(1.0 per judged positive, 1.0 / 0.0 per negative)``; ``None`` for an example not judged."""
+        return asyncio.run(self._run(list(examples)))
+
+    async def _run(self, examples: list[dict]):
+        async with llm_session(self.ctx, stage="score") as client:
+            results = await asyncio.gather(*(self._one(client, ex) for ex in examples))
+            self.requests += client.stats.requests
+            self.cache_hits += client.stats.cache_hits
+        pos: list[float | None] = []
+        negs: list[list[float] | None] = []
+        for verdict in results:
+            pos.append(None if verdict is None else 1.0)
+            negs.append(None if verdict is None else [1.0 if v else 0.0 for v in verdict])
+        return pos, negs
+
+    async def _one(self, client, ex: dict) -> list[bool] | None:
+        n = len(ex["negatives"])
+        if n == 0:
+            return []
+        res = await client.structured(
+            judge_messages(ex["query"], ex["positive"], ex["negatives"]),
+            validate=make_validator(n),
+            schema=judge_schema(n),
+            name="judgement",
+            temperature=0.0,
+            reask_template=reask_template(),
+        )
+        if res.value is None:
+            self.failed[res.reason or "unknown"] += 1
+            return None
+        return res.value
