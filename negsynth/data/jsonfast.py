@@ -38,35 +38,33 @@ def _same_in_both(obj: Any) -> bool:
         x = pop()
         t = type(x)
         if t is dict:
-            for k, v in x.items():
+            for k in x:
                 if type(k) is not str:
                     return False
-                tv = type(v)
-                if tv is str or v is None or tv is bool:
-                    continue
-                if tv is int:
-                    if -_I64 <= v < _I64:
-                        continue
-                    return False
-                push(v)
+            items = x.values()
         elif t is list or t is tuple:
-            for v in x:
-                tv = type(v)
-                if tv is str or v is None or tv is bool:
-                    continue
-                if tv is int:
-                    if -_I64 <= v < _I64:
-                        continue
-                    return False
-                push(v)
+            items = x
         elif t is float:
             if not _float_ok(x):
                 return False
+            continue
         elif t is int:
             if not -_I64 <= x < _I64:
                 return False
-        elif not (t is str or t is bool or x is None):
+            continue
+        elif t is str or t is bool or x is None:
+            continue
+        else:
             return False
+        for v in items:
+            tv = type(v)
+            if tv is str or v is None or tv is bool:
+                continue
+            if tv is int:
+                if -_I64 <= v < _I64:
+                    continue
+                return False
+            push(v)
     return True
 
 
