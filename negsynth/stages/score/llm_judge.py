@@ -73,7 +73,16 @@ class LLMJudge:
 
     async def _run(self, examples: list[dict]):
         async with llm_session(self.ctx, stage="score") as client:
-            results = await asyncio.gather(*(self._one(client, ex) for ex in examples))
+            with self.ctx.reporter.progress("score: LLM judge", len(examples)) as bar:
+                done = Counter()
+
+                async def one(ex: dict) -> list[bool] | None:
+                    v = await self._one(client, ex)
+                    done["valid" if v is not None else "rejected"] += 1
+                    bar.update(advance=1, valid=done["valid"], rejected=done["rejected"])
+                    return v
+
+                results = await asyncio.gather(*(one(ex) for ex in examples))
             self.requests += client.stats.requests
             self.cache_hits += client.stats.cache_hits
         pos: list[float | None] = []
