@@ -21,10 +21,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel, StrictBool, ValidationError
+
 from negsynth.llm.client import ValidationFailure
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import llm_session
 from negsynth.prompts import reask_template, render
+from negsynth.stages.common import schema_failure
 
 NAME = "llm"
 
@@ -42,16 +45,21 @@ def judge_schema(n: int) -> dict[str, Any]:
     }
 
 
+class Judgement(BaseModel):
+    """The judge's answer: one verdict per candidate, in order."""
+
+    answers_query: list[StrictBool]
+
+
 def make_validator(n: int):
     def validate(obj: Any) -> list[bool]:
-        if not isinstance(obj, dict) or "answers_query" not in obj:
-            raise ValidationFailure("schema_error", 'the answer must be a JSON object with the key "answers_query"')
-        v = obj["answers_query"]
-        if not isinstance(v, list) or not all(isinstance(x, bool) for x in v):
-            raise ValidationFailure("schema_error", '"answers_query" must be a list of true/false values')
-        if len(v) != n:
-            raise ValidationFailure("wrong_count", f'"answers_query" must hold exactly {n} values, one per candidate; got {len(v)}')
-        return v
+        try:
+            verdicts = Judgement.model_validate(obj).answers_query
+        except ValidationError as e:
+            raise schema_failure(e) from None
+        if len(verdicts) != n:
+            raise ValidationFailure("wrong_count", f'"answers_query" must hold exactly {n} values, one per candidate; got {len(verdicts)}')
+        return verdicts
 
     return validate
 
