@@ -62,7 +62,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
         self.buf = bytearray()
-        self.closed = False
         self.reusable = True
         self.received = 0  # bytes of the current answer received so far
         self.method = "POST"
@@ -99,7 +98,6 @@ class _Connection(asyncio.Protocol):
         return False  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
         self.reusable = False
         if self.waiter is not None and not self.waiter.done():
             if self.framing == "eof":
@@ -300,7 +298,7 @@ class H1Pool:
     def _take_idle(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to have timed out
-            if conn.reusable and not conn.closed and not conn.transport.is_closing():  # type: ignore[union-attr]
+            if conn.reusable and not conn.transport.is_closing():  # type: ignore[union-attr]
                 return conn
             self._drop(conn)
         return None
