@@ -199,6 +199,10 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
 
     async def main() -> tuple[RunReport, LLMClient]:
         async with llm_session(ctx, stage=stage, entry=entry) as client:
+            if client.cache is not None and client.transport is None:
+                # the runner writes an item to its partial shard as soon as its last answer is in
+                # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
+                client.cache.commit_window = 0.05
             runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
             rep = await runner.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
