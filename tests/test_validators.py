@@ -131,3 +131,33 @@ def test_text_key_equals_its_regular_expression_definition():
     for _ in range(20_000):
         s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         assert text_key(s) == by_regex(s), repr(s)
+
+
+def test_meta_prefilter_never_changes_the_verdict():
+    """check_meta skips its regex for ASCII text without a word the regex needs: on every phrase
+    the pattern matches (each alternative spelled out, in random case, inside other text) and on
+    random text, the verdict equals a plain regex search."""
+    import itertools
+    import random
+
+    from negsynth.validators import _META, check_meta
+
+    phrases = [
+        f"{a} {b} {c} not {d}"
+        for a, b, c, d in itertools.product(["this", "the"], ["document", "passage", "text", "answer", "label", "sentence"], ["is", "does"], ["relevant", "answer", "address", "satisfy", "match"])
+    ]
+    phrases += [f"not relevant to the {w}" for w in ("query", "question", "task")]
+    phrases += ["hard negative", "hard-negative", "as an ai"]
+    phrases += [f"{a} {b}" for a in ("irrelevant", "negative") for b in ("document", "passage", "example")]
+    phrases += [f"{a} {b} {c}" for a in ("less", "least", "most") for b in ("relevant", "similar") for c in ("document", "passage", "negative")]
+    rng = random.Random(0)
+    words = "the cat sat on a mat vaccines reduce measles cases notably hardly negatives relevance ai".split()
+    texts = []
+    for p in phrases:
+        cased = "".join(ch.upper() if rng.random() < 0.3 else ch for ch in p)
+        texts += [cased, f"{rng.choice(words)} {cased}.", f"Intro text. {cased} and more"]
+    texts += [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(2000)]
+    texts += ["ſimilar passage", "MOST ſIMILAR DOCUMENT", "Ⅰ not relevant to the query"]  # non-ASCII: always searched
+    for t in texts:
+        assert check_meta({"query": t}).keep == (_META.search(t) is None), t
+    assert sum(_META.search(t) is not None for t in texts) >= 3 * len(phrases)  # the phrases do match
