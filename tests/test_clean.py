@@ -148,7 +148,7 @@ def test_paraphrase_dropped_by_threshold_and_kept_without(tmp_path, minilm):
     assert len(kept_ids(tmp_path / "c")) == 4 and stats["clean"]["dedup"] is False
 
 
-def test_dedup_is_the_same_whatever_the_blocks():
+def _planted_duplicates():
     rng = np.random.default_rng(0)
     n, d = 300, 16
     q = rng.normal(size=(n, d))
@@ -162,16 +162,37 @@ def test_dedup_is_the_same_whatever_the_blocks():
     ids = [f"e{i}" for i in range(n)]
     keys = [exact_key(f"q{i}", f"p{i}") for i in range(n)]
 
-    def decide(cuts):
-        dd = Deduplicator(0.95, d)
+    def decide(cuts, spill_dir=None):
+        dd = Deduplicator(0.95, d, spill_dir=spill_dir)
         out = []
         for a, b in zip([0, *cuts], [*cuts, n]):
             out += dd.check_block(ids[a:b], keys[a:b], q[a:b], p[a:b])
-        return [(i, m.kept_id) for i, m in enumerate(out) if m is not None]
+        return [(i, m.kept_id) for i, m in enumerate(out) if m is not None], dd
 
-    one = decide([])
+    return decide, decide([])[0]
+
+
+def test_dedup_is_the_same_whatever_the_blocks():
+    decide, one = _planted_duplicates()
     assert one == [(10, "e3"), (50, "e3"), (200, "e7"), (299, "e150")]  # 50 ~ 10 ~ 3: the first kept one
-    assert decide([7, 11, 100, 250]) == one and decide(list(range(1, n))) == one
+    assert decide([7, 11, 100, 250])[0] == one and decide(list(range(1, 300)))[0] == one
+
+
+def test_dedup_spills_kept_vectors_to_disk_with_the_same_decisions(tmp_path, monkeypatch):
+    """With a spill dir, all but the last SPILL_ROWS kept vectors live in a file, read back per
+    screen: the decisions are the in-memory ones, memory holds only the tail, close() cleans up."""
+    from negsynth.data import clean
+
+    decide, one = _planted_duplicates()
+    monkeypatch.setattr(clean, "SPILL_ROWS", 32)
+    monkeypatch.setattr(clean, "SCREEN_CELLS", 64 * 1024)  # screen in chunks of 64 kept rows
+    for cuts in ([], [7, 11, 100, 250], list(range(1, 300, 3))):
+        got, dd = decide(cuts, spill_dir=tmp_path / "_dedup")
+        assert got == one
+        assert dd._q._tail_n < 32 and dd._q.on_disk + dd._q._tail_n == 300 - len(one)  # only the tail in memory
+        assert (tmp_path / "_dedup" / "kept-queries.f16").stat().st_size == dd._q.on_disk * 16 * 2
+        dd.close()
+        assert not (tmp_path / "_dedup").exists()
 
 
 # ---------------------------------------------------------------- decontamination

@@ -12,11 +12,14 @@ Two checks, both on the texts as written (no E5 instruction), with unit vectors 
   identity: the same (query, positive) with other negatives teaches the same positive pair
   twice. The first example in input order is kept; a later one is dropped and names it.
 
-  Bound: the kept examples' query and positive vectors are held as float16 in two growing
-  matrices, ``2 * 2 * dim`` bytes per kept example: 1.5 KB at 384 dims, so 1M kept examples
-  take 1.5 GB (plus a 16-byte exact key and the id per example). Each new example is screened
-  against every kept query (float32 matrix products in chunks of :data:`SCREEN_CELLS` cells),
-  so the work grows as O(N^2 * dim): fine to ~1M examples on a GPU box's CPU, hours beyond.
+  Bound: the kept examples' query and positive vectors are float16, ``2 * 2 * dim`` bytes per
+  kept example (1.5 KB at 384 dims, 1.5 GB for 1M kept examples). With a ``spill_dir`` (the
+  score stage gives one) only the last :data:`SPILL_ROWS` of them stay in memory; the rest are
+  appended to a file there and read back chunk by chunk for each block's screen, so memory stays
+  flat whatever the run's size (a 16-byte exact key and the id per kept example stay in memory).
+  Each new example is screened against every kept query (float32 matrix products in chunks of
+  :data:`SCREEN_CELLS` cells), so the work grows as O(N^2 * dim): fine to ~1M examples on a GPU
+  box's CPU, hours beyond.
 
 * **Decontamination** (:class:`Decontaminator`). An example whose query, positive or any
   negative matches an evaluation text (normalised-equal, or cosine ``>= threshold``) is dropped.
@@ -35,6 +38,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +56,8 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 SCREEN_MARGIN = 1e-4
 #: cells of one screening product (rows x columns), ~256 MB of float32
 SCREEN_CELLS = 1 << 26
+#: kept vectors held in memory before they go to the spill file (48 MB of float16 at 384 dims)
+SPILL_ROWS = 1 << 16
 
 
 def quantize(v: np.ndarray) -> np.ndarray:
@@ -110,42 +116,106 @@ class DupMatch:
         return f"near-duplicate of {self.kept_id} (query cos {self.cos_query:.4f}, positive cos {self.cos_positive:.4f})"
 
 
-class Deduplicator:
-    """The kept examples so far (exact keys, ids, float16 query/positive vectors) and the check."""
+class _Rows:
+    """float16 rows ``[n, dim]`` appended in order. With ``spill`` (a file path), every full
+    :data:`SPILL_ROWS` rows are appended to that file and only the tail stays in memory;
+    :meth:`chunks` and :meth:`take` read the file back (``os.pread``: no mapping stays resident)."""
 
-    def __init__(self, threshold: float | None, dim: int):
+    def __init__(self, dim: int, spill: Path | None = None):
+        self.dim = dim
+        self.spill = spill
+        self._fd: int | None = None
+        self.on_disk = 0  # rows in the file
+        self._tail = np.zeros((0, dim), dtype=np.float16)
+        self._tail_n = 0
+
+    def __len__(self) -> int:
+        return self.on_disk + self._tail_n
+
+    def append(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.float16)
+        need = self._tail_n + len(rows)
+        if need > len(self._tail):
+            cap = max(need, 2 * len(self._tail), 1024)
+            new = np.zeros((cap, self.dim), dtype=np.float16)
+            new[: self._tail_n] = self._tail[: self._tail_n]
+            self._tail = new
+        self._tail[self._tail_n : need] = rows
+        self._tail_n = need
+        if self.spill is not None and self._tail_n >= SPILL_ROWS:
+            if self._fd is None:
+                self.spill.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.spill, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.pwrite(self._fd, self._tail[: self._tail_n].tobytes(), self.on_disk * self.dim * 2)
+            self.on_disk += self._tail_n
+            self._tail = np.zeros((0, self.dim), dtype=np.float16)
+            self._tail_n = 0
+
+    def _read(self, start: int, n: int) -> np.ndarray:
+        width = self.dim * 2
+        buf = os.pread(self._fd, n * width, start * width)
+        return np.frombuffer(buf, dtype=np.float16).reshape(n, self.dim)
+
+    def chunks(self, rows: int):
+        """``(first row, float16 [<= rows, dim])`` over every row in order."""
+        for c0 in range(0, self.on_disk, rows):
+            yield c0, self._read(c0, min(rows, self.on_disk - c0))
+        tail = self._tail[: self._tail_n]
+        for c0 in range(0, len(tail), rows):
+            yield self.on_disk + c0, tail[c0 : c0 + rows]
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """The rows at ``idx`` (any order, repeats allowed)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.zeros((len(idx), self.dim), dtype=np.float16)
+        mem = idx >= self.on_disk
+        out[mem] = self._tail[idx[mem] - self.on_disk]
+        for k in np.nonzero(~mem)[0]:
+            out[k] = self._read(int(idx[k]), 1)[0]
+        return out
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self.spill.unlink(missing_ok=True)
+            try:
+                self.spill.parent.rmdir()  # the other store's file may still be there: then it goes last
+            except OSError:
+                pass
+
+
+class Deduplicator:
+    """The kept examples so far (exact keys, ids, float16 query/positive vectors) and the check.
+    ``spill_dir``: where kept vectors beyond :data:`SPILL_ROWS` go (removed by :meth:`close`)."""
+
+    def __init__(self, threshold: float | None, dim: int, spill_dir: Path | None = None):
         self.threshold = threshold
         self.dim = dim
         self.keys: dict[bytes, int] = {}
         self.ids: list[str] = []
-        self._q = np.zeros((0, dim), dtype=np.float16)
-        self._p = np.zeros((0, dim), dtype=np.float16)
+        self._q = _Rows(dim, spill_dir / "kept-queries.f16" if spill_dir is not None else None)
+        self._p = _Rows(dim, spill_dir / "kept-positives.f16" if spill_dir is not None else None)
         self.n = 0
 
     @property
     def uses_vectors(self) -> bool:
         return self.threshold is not None
 
-    def _grow(self, extra: int) -> None:
-        need = self.n + extra
-        if self.uses_vectors and need > len(self._q):
-            cap = max(need, 2 * len(self._q), 1024)
-            for name in ("_q", "_p"):
-                old = getattr(self, name)
-                new = np.zeros((cap, self.dim), dtype=np.float16)
-                new[: self.n] = old[: self.n]
-                setattr(self, name, new)
-
     def add(self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None) -> None:
         """Append kept examples in input order (``q``/``p``: float16 ``[n, dim]``, or None without a threshold)."""
-        self._grow(len(ids))
         for i, (eid, key) in enumerate(zip(ids, keys, strict=True)):
             self.keys.setdefault(key, self.n + i)
         if self.uses_vectors:
-            self._q[self.n : self.n + len(ids)] = q
-            self._p[self.n : self.n + len(ids)] = p
+            self._q.append(q)
+            self._p.append(p)
         self.ids += ids
         self.n += len(ids)
+
+    def close(self) -> None:
+        """Remove the spill files (the kept state is gone; the shards' ``kept.npy`` keep it)."""
+        self._q.close()
+        self._p.close()
 
     def check_block(self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None) -> list[DupMatch | None]:
         """Decide a block of candidate examples in input order; the kept ones are added.
@@ -159,14 +229,15 @@ class Deduplicator:
         intra: dict[int, list[int]] = {}  # block row -> earlier block rows whose query passed the screen
         thr = self.threshold
         if thr is not None and n:
-            for ii, jj in _screen(q, self._q[: self.n], thr):
-                cq = _dot64(q[ii], self._q[jj])
-                cp = _dot64(p[ii], self._p[jj])
-                ok = (cq >= thr) & (cp >= thr)
-                for i, j, a, b in zip(ii[ok], jj[ok], cq[ok], cp[ok]):
-                    i, j = int(i), int(j)
-                    if i not in prior or j < prior[i][0]:
-                        prior[i] = (j, float(a), float(b))
+            for c0, kept_q in self._q.chunks(max(1, SCREEN_CELLS // 1024)):  # from the spill file, then memory
+                for ii, jj in _screen(q, kept_q, thr, b_offset=c0):
+                    cq = _dot64(q[ii], self._q.take(jj))
+                    cp = _dot64(p[ii], self._p.take(jj))
+                    ok = (cq >= thr) & (cp >= thr)
+                    for i, j, a, b in zip(ii[ok], jj[ok], cq[ok], cp[ok]):
+                        i, j = int(i), int(j)
+                        if i not in prior or j < prior[i][0]:
+                            prior[i] = (j, float(a), float(b))
             for ii, jj in _screen(q, q, thr, lower_only=True):
                 for i, j in zip(ii.tolist(), jj.tolist()):
                     intra.setdefault(i, []).append(j)

@@ -109,19 +109,24 @@ def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Cou
     cfg = ctx.cfg.score
     bs = ctx.cfg.embedder.batch_size
     cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
-    # group consecutive shards into blocks of ~block_examples examples (dedupe scope)
-    blocks: list[list[tuple[int, list[dict]]]] = [[]]
-    size = 0
-    for k in todo:
-        rows = read_examples(shards[k][1])
-        if blocks[-1] and size + len(rows) > cfg.block_examples:
-            _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner, judge)
-            blocks.append([])
-            size = 0
-        blocks[-1].append((k, rows))
-        size += len(rows)
-    if blocks[-1]:
-        _score_block(ctx, emb, blocks[-1], bs, this_run, len(blocks), cleaner, judge)
+    try:
+        # consecutive shards in blocks of ~block_examples examples (the unit of embedding); only
+        # the current block's examples are held, never the run's
+        block: list[tuple[int, list[dict]]] = []
+        size = nblock = 0
+        for k in todo:
+            rows = read_examples(shards[k][1])
+            if block and size + len(rows) > cfg.block_examples:
+                nblock += 1
+                _score_block(ctx, emb, block, bs, this_run, nblock, cleaner, judge)
+                block, size = [], 0
+            block.append((k, rows))
+            size += len(rows)
+        if block:
+            _score_block(ctx, emb, block, bs, this_run, nblock + 1, cleaner, judge)
+    finally:
+        if cleaner.dedup is not None:
+            cleaner.dedup.close()
 
 
 def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> dict:
@@ -206,7 +211,8 @@ class _Cleaner:
         cfg = ctx.cfg.score
         self.dedup: Deduplicator | None = None
         if cfg.dedup:
-            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim)
+            # kept vectors beyond the first 64k go to a file there, removed when the stage ends
+            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim, spill_dir=ctx.stage_dir(STAGE) / "_dedup")
             for k in range(first):
                 p = _kept_path(ctx, k)
                 try:
