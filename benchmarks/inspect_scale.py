@@ -26,11 +26,12 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _child import measured_run  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,16 +102,6 @@ def build(run: Path, rows: int) -> None:
         (d / "stats.json").write_text(json.dumps(stats))
 
 
-def timed(cmd: list[str]) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "TIME %M %U %S", *cmd], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {out.returncode}\n{out.stderr[-3000:]}")
-    _, kb, u, s = next(x for x in reversed(out.stderr.splitlines()) if x.startswith("TIME ")).split()
-    return {"wall_s": wall, "cpu_s": float(u) + float(s), "peak_rss_mb": int(kb) / 1024, "report": json.loads(out.stdout)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -131,8 +122,8 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"report": [], "sample": []}
             for rep in range(a.repeats):
                 for name, extra in (("report", []), ("sample", ["--sample", "5", "--flag", "false_negative", "--task-type", "short-long"])):
-                    r = timed(cli + extra)
-                    rep_json = r.pop("report")
+                    r = measured_run(cli + extra, ROOT)
+                    rep_json = json.loads(r.pop("stdout"))
                     if name == "report":
                         assert rep_json["stages"]["score"]["records"] == n, rep_json["stages"]["score"]
                     else:

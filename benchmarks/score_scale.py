@@ -31,11 +31,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _child import measured_run  # benchmarks/ is on sys.path when a script runs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -96,17 +96,6 @@ def bare(run: Path, model: str, batch_size: int) -> None:
     print(json.dumps({"texts": len(texts), "dim": int(v.shape[1])}))
 
 
-def timed(cmd: list[str]) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "TIME %M %U %S", *cmd], capture_output=True, text=True, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {out.returncode}\n{out.stderr[-3000:]}")
-    line = next(x for x in reversed(out.stderr.splitlines()) if x.startswith("TIME "))
-    _, kb, u, s = line.split()
-    return {"wall_s": wall, "cpu_s": float(u) + float(s), "peak_rss_mb": int(kb) / 1024, "stdout": out.stdout}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, nargs="+", default=[2000])
@@ -140,12 +129,12 @@ def main() -> None:
                 shutil.copytree(base, rd)
                 cmd = [sys.executable, "-m", "negsynth.cli", "score", "-d", str(rd), "--quiet", "--json",
                        "--set", f"embedder.model={model}", "--set", f"embedder.batch_size={a.batch_size}", "--set", "score.decontam_sets=[]"]  # fmt: skip
-                r = timed(cmd)
+                r = measured_run(cmd, ROOT)
                 st = json.loads(r.pop("stdout"))
                 r["kept"] = st.get("valid", st.get("kept"))
                 runs["score"].append(r)
                 shutil.rmtree(rd, ignore_errors=True)
-                r = timed([sys.executable, str(Path(__file__).resolve()), "--_bare", str(base), st_model, str(a.batch_size)])
+                r = measured_run([sys.executable, str(Path(__file__).resolve()), "--_bare", str(base), st_model, str(a.batch_size)], ROOT)
                 r.update(json.loads(r.pop("stdout").strip().splitlines()[-1]))
                 runs["bare"].append(r)
                 print(f"  n={n} rep {rep}: score {runs['score'][-1]['wall_s']:.1f} s {runs['score'][-1]['peak_rss_mb']:.0f} MB | "
