@@ -129,9 +129,6 @@ class _Rows:
         self._tail = np.zeros((0, dim), dtype=np.float16)
         self._tail_n = 0
 
-    def __len__(self) -> int:
-        return self.on_disk + self._tail_n
-
     def append(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.float16)
         need = self._tail_n + len(rows)
