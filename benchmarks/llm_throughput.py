@@ -17,7 +17,9 @@ Runs are interleaved (repetition r runs every concurrency and every driver befor
 configuration ``--repeats`` times (default 3); the table shows medians: requests/s, the ratio to
 the raw ceiling at the same concurrency, and client CPU ms per request (``getrusage`` of the
 client process: around the work for raw/sdk/stage, the whole child process for cli). Only
-ratios within one run mean anything on a shared machine: the load average is printed.
+ratios within one run mean anything on a shared machine: the load average is printed. The
+package's bytecode is compiled first (``compileall``, as ``pip install`` does), so the CLI's
+start-up is a user's steady state even where ``PYTHONDONTWRITEBYTECODE`` is set (containers, CI).
 
     python benchmarks/llm_throughput.py                    # 2,000 examples, C = 16, 64, 128, 3 repeats
     python benchmarks/llm_throughput.py --examples 500 --concurrency 64 --profile   # py-spy of the stage
@@ -273,6 +275,8 @@ def main() -> None:
     rows = []
     try:
         wait_port(port)
+        for root in {ROOT, *([a.ref] if a.ref else [])}:
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "negsynth")], check=True, stdout=subprocess.DEVNULL)
         tmp = Path(tempfile.mkdtemp(prefix="negsynth-bench-"))
         base = tmp / "base"
         cfg = write_config(tmp, port, a.examples, 16)
