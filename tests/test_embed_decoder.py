@@ -339,3 +339,37 @@ def test_encode_raw_shares_forward_and_matches_encode(tiny):
         got = raw[p] / np.linalg.norm(raw[p], axis=1, keepdims=True)
         np.testing.assert_allclose(got, ref, atol=1e-5)
     assert not np.allclose(raw["last:paper"], raw["last:code"])
+
+
+def test_shared_pass_views_equal_the_embedders_and_resume_from_disk(tiny, tmp_path, monkeypatch):
+    import negsynth.embed.decoder as dec
+    from negsynth.embed.decoder import SharedPass
+
+    monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    base = make(tiny, "echo")
+    shared = SharedPass(base, ("mean", "last"), cache=tmp_path / "echo.npz")
+    ef = make(tiny, "embedfilter", base="echo", filter_ratio=2)
+    views = {"mean": shared.view("mean"), "last": shared.view("last"), "ef": shared.view("mean", projector=ef)}
+    # each view embeds as the method's own embedder does (query side, instruction dropped when off)
+    np.testing.assert_allclose(views["mean"].encode_queries(TEXTS, "an instruction"), base.encode_queries(TEXTS, "an instruction"), atol=1e-5)
+    np.testing.assert_allclose(views["last"].encode(TEXTS), make(tiny, "echo", pooling="last").encode(TEXTS), atol=1e-5)
+    got, want = views["ef"].encode(TEXTS), ef.encode(TEXTS)
+    assert views["ef"].dim == ef.dim == 8 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert shared.encoded == len(TEXTS)  # one pass for all three views
+
+    # nothing is embedded twice: in this process, nor in a new one reading the cache file
+    def boom(*a, **k):
+        raise AssertionError("embedded again")
+
+    monkeypatch.setattr(type(base), "embed_batch", boom)
+    np.testing.assert_allclose(views["mean"].encode(TEXTS[::-1]), base_mean := views["mean"].encode(TEXTS)[::-1], atol=0)
+    again = SharedPass(base, ("mean", "last"), cache=tmp_path / "echo.npz")
+    np.testing.assert_array_equal(again.view("mean").encode(TEXTS), base_mean[::-1])
+    assert again.encoded == 0
+    # a file written for another method or poolings is refused, not mixed in
+    with pytest.raises(ValueError, match="written for"):
+        SharedPass(base, ("mean",), cache=tmp_path / "echo.npz")
+    with pytest.raises(ValueError, match="not computed"):
+        shared.view("max")

@@ -725,6 +725,97 @@ class DecoderEmbedder(Embedder):
         return out
 
 
+
+class SharedPass:
+    """One forward pass of ``embedder`` per distinct text, pooled every way in ``poolings`` and
+    served as one :class:`Embedder` per pooling (:meth:`view`), so comparing poolings (or
+    EmbedFilter on top of its base) costs one pass instead of one per row::
+
+        shared = SharedPass(DecoderEmbedder(model, tok, method="echo"), ("mean", "last"), cache="echo.npz")
+        report = evaluate(shared.view("mean"), suite="full", tasks="STS")
+
+    A view embeds exactly as ``embedder.encode`` / ``encode_queries`` without an instruction would
+    with that pooling (the symmetric, query-side input: what STS uses). Vectors are kept per text
+    (raw, not normalised); with ``cache`` they are also written to that ``.npz`` file (atomically,
+    after every pass over new texts) and read back at start, so a killed run resumes without
+    embedding a text twice. The file records the embedder's name, ``max_length`` and the
+    poolings; a file written for anything else is refused rather than mixed in.
+    """
+
+    def __init__(self, embedder: "DecoderEmbedder", poolings: Sequence[str], cache: str | Path | None = None):
+        self.embedder = embedder
+        self.poolings = tuple(poolings)
+        self.cache = Path(cache) if cache is not None else None
+        self.key = f"{embedder.name}|max_length={embedder.max_length}|poolings={','.join(self.poolings)}"
+        self.index: dict[str, int] = {}
+        self._vecs: dict[str, np.ndarray] = {}
+        #: texts embedded by this process and the seconds their forward passes took
+        self.encoded, self.seconds = 0, 0.0
+        if self.cache is not None and self.cache.exists():
+            with np.load(self.cache, allow_pickle=False) as z:
+                if str(z["key"]) != self.key:
+                    raise ValueError(f"{self.cache}: written for {z['key']}, not {self.key}; remove it or pass another cache path")
+                self.index = {t: i for i, t in enumerate(z["texts"].tolist())}
+                for p in self.poolings:
+                    self._vecs[p] = z[f"pool:{p}"]
+
+    def vectors(self, texts: Sequence[str], pooling: str) -> np.ndarray:
+        """Raw pooled vectors ``[len(texts), d]`` (float64), embedding only texts not seen before."""
+        import time
+
+        new = [t for t in dict.fromkeys(texts) if t not in self.index]
+        if new:
+            t0 = time.perf_counter()
+            raw = self.embedder.encode_raw(new, self.poolings)
+            self.seconds += time.perf_counter() - t0
+            self.encoded += len(new)
+            for t in new:
+                self.index[t] = len(self.index)
+            for p in self.poolings:
+                self._vecs[p] = np.concatenate([self._vecs[p], raw[p]]) if p in self._vecs else raw[p]
+            self._save()
+        rows = [self.index[t] for t in texts]
+        return self._vecs[pooling][rows]
+
+    def _save(self) -> None:
+        if self.cache is None:
+            return
+        import os
+
+        self.cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache.with_name(self.cache.name + ".tmp.npz")
+        texts = np.array(list(self.index), dtype=str)
+        np.savez(tmp, key=np.array(self.key), texts=texts, **{f"pool:{p}": v for p, v in self._vecs.items()})
+        os.replace(tmp, self.cache)
+
+    def view(self, pooling: str, projector: "DecoderEmbedder | None" = None, name: str | None = None) -> Embedder:
+        """An :class:`Embedder` serving ``pooling`` from this pass; with ``projector`` (an
+        EmbedFilter embedder on this pass's base) its :meth:`DecoderEmbedder.project` is applied
+        to the pooled vectors, as that embedder would itself."""
+        if pooling not in self.poolings:
+            raise ValueError(f"pooling {pooling!r} is not computed by this pass ({', '.join(self.poolings)})")
+        return _PassView(self, pooling, projector, name or f"{self.embedder.name}|{pooling}")
+
+
+class _PassView(Embedder):
+    def __init__(self, shared: SharedPass, pooling: str, projector, name: str):
+        self.shared, self.pooling, self.projector, self.name = shared, pooling, projector, name
+        self.batch_size = shared.embedder.batch_size
+
+    @property
+    def dim(self) -> int:
+        return (self.projector or self.shared.embedder).dim
+
+    def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
+        v = self.shared.vectors(texts, self.pooling)
+        return self.projector.project(v) if self.projector is not None else v
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        if self.shared.embedder._roles_apply():
+            raise NotImplementedError("a shared pass serves the query-side (symmetric) input; documents of this method use another template")
+        return super().encode_documents(texts, **kw)
+
+
 def _short_name(model: str) -> str:
     if model in ("default", "smollm2", "smollm2-135m") or "smollm2-135m" in model.lower():
         return "smollm2-135m"
