@@ -368,6 +368,12 @@ def test_shared_pass_views_equal_the_embedders_and_resume_from_disk(tiny, tmp_pa
     again = SharedPass(base, ("mean", "last"), cache=tmp_path / "echo.npz")
     np.testing.assert_array_equal(again.view("mean").encode(TEXTS), base_mean[::-1])
     assert again.encoded == 0
+    # texts of any length and script come back from the file as they went in
+    monkeypatch.undo()
+    odd = ["café , naïve 東京 cat", "", "the " * 50]
+    again.view("mean").encode(odd)
+    third = SharedPass(base, ("mean", "last"), cache=tmp_path / "echo.npz")
+    assert list(third.index) == [*TEXTS, *odd] and third.encoded == 0
     # a file written for another method or poolings is refused, not mixed in
     with pytest.raises(ValueError, match="written for"):
         SharedPass(base, ("mean",), cache=tmp_path / "echo.npz")

@@ -755,7 +755,8 @@ class SharedPass:
             with np.load(self.cache, allow_pickle=False) as z:
                 if str(z["key"]) != self.key:
                     raise ValueError(f"{self.cache}: written for {z['key']}, not {self.key}; remove it or pass another cache path")
-                self.index = {t: i for i, t in enumerate(z["texts"].tolist())}
+                blob, ends = z["texts_utf8"].tobytes(), z["text_ends"].tolist()
+                self.index = {blob[a:b].decode("utf-8"): i for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends))}
                 for p in self.poolings:
                     self._vecs[p] = z[f"pool:{p}"]
 
@@ -784,8 +785,10 @@ class SharedPass:
 
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.cache.with_name(self.cache.name + ".tmp.npz")
-        texts = np.array(list(self.index), dtype=str)
-        np.savez(tmp, key=np.array(self.key), texts=texts, **{f"pool:{p}": v for p, v in self._vecs.items()})
+        encoded = [t.encode("utf-8") for t in self.index]  # one byte blob + offsets: a fixed-width str array would pad every text to the longest
+        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        ends = np.cumsum([len(b) for b in encoded], dtype=np.int64)
+        np.savez(tmp, key=np.array(self.key), texts_utf8=blob, text_ends=ends, **{f"pool:{p}": v for p, v in self._vecs.items()})
         os.replace(tmp, self.cache)
 
     def view(self, pooling: str, projector: "DecoderEmbedder | None" = None, name: str | None = None) -> Embedder:
