@@ -38,6 +38,37 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a listening TCP socket on ``port``: True / False from Linux's
+    ``/proc``, None where ``/proc`` cannot tell (another OS, a restricted container)."""
+    inodes = set()
+    seen_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        seen_table = True
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                inodes.add(f[9])
+    if not seen_table:
+        return None
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            link = fd.readlink().name
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
+
+
 def server_command(cfg: ServeConfig, model_alias: str, port: int) -> list[str]:
     from negsynth.resources import MissingResource, smollm2_gguf_path
 
@@ -78,26 +109,46 @@ class EmbeddedServer:
     def base_url(self) -> str:
         return f"http://{self.cfg.host}:{self.port}/v1"
 
+    #: how often start() moves to another port when a server it did not start answers on its port
+    PORT_RETRIES = 3
+
     def start(self) -> str:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
-        cmd = server_command(self.cfg, self.alias, self.port)
         if self.log_path:
             Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         import atexit
 
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
+        for _ in range(self.PORT_RETRIES + 1):
+            if self._spawn_and_wait(deadline):
+                log.info("embedded server ready at %s", self.base_url)
+                return self.base_url
+            # another process took the port between the check and our server's bind (two runs
+            # starting together): ours cannot bind there, so move to a port that is free now
+            self.stop()
+            self.port = _free_port(self.cfg.host)
+        raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
+
+    def _spawn_and_wait(self, deadline: float) -> bool:
+        """Start the server on ``self.port`` and wait until it answers. True when the answer comes
+        from our process; False when another process answers on that port."""
+        cmd = server_command(self.cfg, self.alias, self.port)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if not _port_free(self.cfg.host, self.port):
+                    return False  # it exited because the port was taken meanwhile
                 raise UserError(f"the embedded llama.cpp server exited with code {self.proc.returncode}; see {self.log_path or 'its output'}")
             try:
                 r = httpx.get(self.base_url + "/models", timeout=2.0)
                 if r.status_code == 200:
-                    log.info("embedded server ready at %s", self.base_url)
-                    return self.base_url
+                    ours = listens_on(self.proc.pid, self.port)
+                    if ours is None or ours:
+                        return True
+                    return False  # a server that is not ours answers here
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
