@@ -259,3 +259,49 @@ def test_an_answer_is_on_disk_before_its_re_ask_is_sent(tmp_path):
     with FakeOpenAI(responder) as srv:
         assert asyncio.run(go(srv.base_url)).value == {"ok": True}
     assert seen_on_disk == [0, 1]
+
+
+def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
+    """Requests in flight when the server goes away can be answered after later ones have already
+    failed; such an answer must not reset the count of failures in a row (it did, so a busy
+    machine turned an outage into a long trickle of failed items)."""
+    from negsynth.llm.client import TransportError
+
+    async def go():
+        url = "http://127.0.0.1:9/v1"
+        async with LLMClient(_cfg(url, max_consecutive_failures=3), base_url=url, cache=None) as llm:
+            release = asyncio.Event()
+
+            async def send(payload, body):
+                if payload["messages"][0]["content"] == "slow":
+                    await release.wait()  # answered by the server just before it went away
+                    return {"text": "{}", "finish_reason": "stop", "usage": {}}
+                raise TransportError("transport_connection", "refused")
+
+            llm._send_with_retries = send
+            slow = asyncio.create_task(llm.chat(llm.payload([{"role": "user", "content": "slow"}], response_format=None, temperature=None, sample_index=0)))
+            await asyncio.sleep(0)
+            for i in range(2):
+                with pytest.raises(TransportError):
+                    await llm.chat(llm.payload([{"role": "user", "content": f"down {i}"}], response_format=None, temperature=None, sample_index=0))
+            release.set()
+            assert (await slow)["text"] == "{}"
+            assert llm.consecutive_failures == 2 and llm.outage is None
+            with pytest.raises(TransportError):
+                await llm.chat(llm.payload([{"role": "user", "content": "down 2"}], response_format=None, temperature=None, sample_index=0))
+            assert llm.outage and "3 requests in a row failed" in llm.outage
+            # an answer to a request sent after the failures began does reset it
+            llm.outage = None
+            llm.consecutive_failures = 0
+
+            async def ok(payload, body):
+                return {"text": "{}", "finish_reason": "stop", "usage": {}}
+
+            llm._send_with_retries = send
+            with pytest.raises(TransportError):
+                await llm.chat(llm.payload([{"role": "user", "content": "down 3"}], response_format=None, temperature=None, sample_index=0))
+            llm._send_with_retries = ok
+            await llm.chat(llm.payload([{"role": "user", "content": "fine"}], response_format=None, temperature=None, sample_index=0))
+            assert llm.consecutive_failures == 0
+
+    asyncio.run(go())

@@ -311,8 +311,12 @@ class LLMClient:
         self._pool: H1Pool | None = None  # the lean path (llm.transport = "http1")
         self._session: Any | None = None  # aiohttp.ClientSession: "aiohttp", or "http1" through a proxy
         self._proxy: str | None = None
-        #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it
+        #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it,
+        #: unless that request was sent before the first failure of the run (an answer the server
+        #: wrote just before it went away says nothing about it now)
         self.consecutive_failures = 0
+        self._sent = 0  # requests sent so far, in order (the send order decides "before")
+        self._streak_from = 0  # send number of the first failed request of the current run
         self.failure_kinds: Counter = Counter()  # reason -> requests, in the current run of failures
         self.last_failure: str = ""
         #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
@@ -492,18 +496,24 @@ class LLMClient:
                 return {**hit, "cached": True}
         if self.outage is not None:
             raise OutageStop(self.outage, self.outage_fatal)
+        sent = self._sent
         try:
             if self.transport is not None:
                 result = await self.transport.submit(key or request_key_and_body(payload, sample_index)[0], payload)
                 self.consecutive_failures = 0
                 return {**result, "cached": False}  # the batch transport stored it in the cache
             async with self._sem:
+                self._sent += 1
+                sent = self._sent
                 result = await self._send_with_retries(payload, body)
         except TransportError as e:
+            if self.consecutive_failures == 0:
+                self._streak_from = sent
             self._note_failure(e)
             raise
-        self.consecutive_failures = 0
-        self.failure_kinds.clear()
+        if self.consecutive_failures == 0 or sent > self._streak_from:
+            self.consecutive_failures = 0
+            self.failure_kinds.clear()
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
