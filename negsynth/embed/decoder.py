@@ -725,7 +725,6 @@ class DecoderEmbedder(Embedder):
         return out
 
 
-
 class SharedPass:
     """One forward pass of ``embedder`` per distinct text, pooled every way in ``poolings`` and
     served as one :class:`Embedder` per pooling (:meth:`view`), so comparing poolings (or

@@ -145,10 +145,8 @@ class EmbeddedServer:
             try:
                 r = httpx.get(self.base_url + "/models", timeout=2.0)
                 if r.status_code == 200:
-                    ours = listens_on(self.proc.pid, self.port)
-                    if ours is None or ours:
-                        return True
-                    return False  # a server that is not ours answers here
+                    # False: a server that is not ours answers here (None: /proc cannot tell)
+                    return listens_on(self.proc.pid, self.port) is not False
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
