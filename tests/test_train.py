@@ -394,3 +394,33 @@ def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_p
     ours = SentenceTransformerEmbedder.load(out, device="cpu").encode(texts)
     theirs = plain.encode([fmt.apply(t) for t in texts], normalize_embeddings=True)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_installed_transformers_accepts_the_installed_peft():
+    """LoRA goes through transformers' peft integration, which refuses a peft older than it wants."""
+    pytest.importorskip("peft")
+    from transformers.integrations import peft as tf_peft
+    from transformers.utils.peft_utils import check_peft_version
+
+    check_peft_version(tf_peft.MIN_PEFT_VERSION)  # raises ValueError on a pair that cannot add or load an adapter
+
+
+def test_add_lora_turns_transformers_peft_refusal_into_one_line():
+    from negsynth.errors import UserError
+    from negsynth.train.config import LoraSettings
+    from negsynth.train.lora import add_lora
+
+    class Backbone(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(2, 2)
+
+    class First:
+        auto_model = Backbone()
+
+    class Model(list):
+        def add_adapter(self, cfg):
+            raise ValueError("The version of PEFT you are using is not compatible, please use a version >= 9.0.0")
+
+    with pytest.raises(UserError, match=r"pip install 'transformers<5.24'"):
+        add_lora(Model([First()]), LoraSettings(enabled=True, targets=["q_proj"]), is_decoder=True)

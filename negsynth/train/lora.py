@@ -41,7 +41,19 @@ def add_lora(model, settings, is_decoder: bool) -> None:
     backbone = model[0].auto_model
     targets = resolve_targets(backbone, settings.targets, is_decoder)
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets, task_type="FEATURE_EXTRACTION")
-    model.add_adapter(cfg)
+    try:
+        model.add_adapter(cfg)
+    except ValueError as e:
+        if "PEFT" not in str(e):
+            raise
+        # transformers checks peft's version itself; its message names no way out for this project
+        import peft
+        import transformers
+
+        from negsynth.errors import UserError
+
+        raise UserError(f"LoRA: transformers {transformers.__version__} rejects peft {peft.__version__} ({e}); "
+                           f"pip install 'transformers<5.24' (negsynth's [train] extra pins it) or a peft it accepts") from None
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     log.info("LoRA r=%d alpha=%d on %s: %d / %d parameters trainable", settings.r, settings.alpha, targets, n_train, n_all)
