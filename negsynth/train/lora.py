@@ -53,7 +53,7 @@ def add_lora(model, settings, is_decoder: bool) -> None:
         from negsynth.errors import UserError
 
         raise UserError(f"LoRA: transformers {transformers.__version__} rejects peft {peft.__version__} ({e}); "
-                           f"pip install 'transformers<5.24' (negsynth's [train] extra pins it) or a peft it accepts") from None
+                        f"pip install 'transformers<5.24' (negsynth's [train] extra pins it) or a peft it accepts") from None
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     log.info("LoRA r=%d alpha=%d on %s: %d / %d parameters trainable", settings.r, settings.alpha, targets, n_train, n_all)
