@@ -37,6 +37,12 @@ them) and prints a Markdown table::
 
     python benchmarks/decoder_sts.py --out runs/decoder --rows 1024 --seeds 0
     python benchmarks/decoder_sts.py --out runs/decoder --arms pool-mean,pool-last,pool-ata,pool-ata-all,pool-latent
+
+On a GPU with a larger decoder nothing changes but the arguments (device and precision are
+picked automatically; ``--device cpu`` forces the CPU)::
+
+    python benchmarks/decoder_sts.py --model /models/Qwen2.5-1.5B --rows 3000 --batch-size 64 --steps 500 \
+        --arms pool-mean,pool-last,pool-ata,pool-ata-all,pool-latent --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -103,12 +109,13 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
 
     t0 = time.time()
     dest = args.out / arm / f"seed{seed}"
-    common = dict(model="smollm2", batch_size=args.batch_size, grad_accum=1, epochs=1, max_length=args.max_length, seed=seed,
-                  output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, len(rows) // args.batch_size // 8))  # fmt: skip
+    steps = args.steps if args.steps > 0 else max(1, len(rows) // args.batch_size)
+    common = dict(model=args.model, batch_size=args.batch_size, grad_accum=1, epochs=1, max_steps=args.steps, max_length=args.max_length, seed=seed,
+                  output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, steps // 8))  # fmt: skip
     info: dict = {}
     if arm == "zero-shot":
         cfg = TrainConfig(**{**common, **BELLM, "bidirectional": "none", "lora": {"enabled": False}})
-        model = build_model(cfg, device="cpu")
+        model = build_model(cfg, device=None if args.device == "auto" else args.device)
     else:
         cfg = TrainConfig(**{**common, **ARMS[arm]})
         trainer, model = make_trainer(Dataset.from_list(rows), cfg)
@@ -116,7 +123,7 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
         info = {"steps": trainer.state.global_step, "loss": [round(e["loss"], 4) for e in trainer.state.log_history if "loss" in e]}
     save_model(model, str(dest))
     t_train = time.time() - t0
-    emb = SentenceTransformerEmbedder.load(str(dest), device="cpu", batch_size=32)
+    emb = SentenceTransformerEmbedder.load(str(dest), device=args.device, batch_size=args.eval_batch_size)
     rep = evaluate(emb, suite=args.eval_suite, tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
     scores = {name: round(100 * float(t["main_score"]), 2) for name, t in rep["tasks"].items()}
     return {"arm": arm, "seed": seed, "scores": scores, "avg": round(statistics.mean(scores.values()), 2), "rows": len(rows),
@@ -129,13 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=None, help="shared evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
     ap.add_argument("--arms", default=DEFAULT_ARMS, help=f"from {','.join(ARMS)}")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--model", default="smollm2", help="decoder to train: 'smollm2' (bundled SmolLM2-135M) or a local model folder")
     ap.add_argument("--rows", type=int, default=1024, help="training triples (first N after decontamination)")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=-1, help="optimizer steps (default: one pass over --rows; more steps cycle the rows)")
+    ap.add_argument("--device", default="auto", help="auto = CUDA when present (bf16/fp16 picked by the trainer), else CPU")
+    ap.add_argument("--eval-batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64, help="BeLLM's README trains at maxlen 60")
     ap.add_argument("--eval-tasks", default="STSBenchmark,SICK-R")
     ap.add_argument("--eval-suite", choices=["full", "quick"], default="full", help="quick: 500 pairs per set (seed 0)")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer picks CUDA whenever it sees one
     from negsynth.resources import default_data_dir
 
     args.data_dir = args.data_dir or default_data_dir()
@@ -150,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = training_rows(args.data_dir, args.rows, args.eval_tasks)
     print(f"SNLI triples for training: {len(rows)} (after dropping rows that share a text with {', '.join(args.eval_tasks)})", flush=True)
     res_path = args.out / "results.json"
-    results = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
+    saved = {} if args.fresh or not res_path.exists() else json.loads(res_path.read_text())
+    for key in ("model", "rows", "batch_size", "steps", "max_length", "eval_suite"):
+        was = saved.get("args", {}).get(key, {"model": "smollm2", "steps": "-1"}.get(key))
+        if saved and was != str(getattr(args, key)):
+            sys.exit(f"decoder_sts: {res_path} holds arms run with --{key.replace('_', '-')} {was}; use another --out, the same setting, or --fresh")
+    results = saved.get("results", [])
     done = {(r["arm"], r["seed"]) for r in results}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in arms:
