@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   + [(f"embedfilter τ={t} on prompteol[summarize]", "last", emb("embedfilter", base="prompteol", filter_ratio=t)) for t in (2, 4)]),
         "echo": (emb("echo"), [("echo-mean", "mean", None), ("echo-last", "last", None)]
                  + [(f"embedfilter τ={t} on echo-mean", "mean", emb("embedfilter", base="echo", filter_ratio=t)) for t in (2, 4)]),
+        "echo-rewrite": (emb("echo", echo_template="rewrite"), [("echo-mean [rewrite]", "mean", None), ("echo-last [rewrite]", "last", None)]),
         "reba": (emb("reba", repeat=2), [("reba2-mean", "mean", None), ("reba2-last (paper e_n)", "last:paper", None),
                                          ("reba2-last (code: final row)", "last:code", None)]),
     }
