@@ -149,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer picks CUDA whenever it sees one
+    res_path = args.out / "results.json"
+    saved = {} if args.fresh or not res_path.exists() else json.loads(res_path.read_text())
+    for key in ("model", "rows", "batch_size", "steps", "max_length", "eval_suite"):
+        was = saved.get("args", {}).get(key, {"model": "smollm2", "steps": "-1"}.get(key))
+        if saved and was != str(getattr(args, key)):
+            sys.exit(f"decoder_sts: {res_path} holds arms run with --{key.replace('_', '-')} {was}; use another --out, the same setting, or --fresh")
     from negsynth.resources import default_data_dir
 
     args.data_dir = args.data_dir or default_data_dir()
@@ -162,12 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"decoder_sts: unknown arm(s) {bad}; choose from {','.join(ARMS)}")
     rows = training_rows(args.data_dir, args.rows, args.eval_tasks)
     print(f"SNLI triples for training: {len(rows)} (after dropping rows that share a text with {', '.join(args.eval_tasks)})", flush=True)
-    res_path = args.out / "results.json"
-    saved = {} if args.fresh or not res_path.exists() else json.loads(res_path.read_text())
-    for key in ("model", "rows", "batch_size", "steps", "max_length", "eval_suite"):
-        was = saved.get("args", {}).get(key, {"model": "smollm2", "steps": "-1"}.get(key))
-        if saved and was != str(getattr(args, key)):
-            sys.exit(f"decoder_sts: {res_path} holds arms run with --{key.replace('_', '-')} {was}; use another --out, the same setting, or --fresh")
     results = saved.get("results", [])
     done = {(r["arm"], r["seed"]) for r in results}
     for seed in [int(s) for s in args.seeds.split(",")]:
