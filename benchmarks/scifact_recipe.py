@@ -38,11 +38,16 @@ ns-tuple-hard-noeasy   ns-tuple-hard with the easiness filter (NeMo Curator's re
                        ``score.easy_margin``): queries whose positive the base model already ranks
                        above the hardest kept negative by more than ``--easy-margin`` (0.1: a
                        quarter of SciFact train) are dropped, and the same 28 steps cycle over the rest
+ns-pipeline            negsynth's own pipeline with its defaults, end to end through the stages:
+                       ``regenerate.negatives = "mined"`` (no LLM: the 4 hardest positive-aware
+                       candidates, ``mining.strategy = "top"``) -> ``score`` (measured policy) ->
+                       ``curriculum`` (``schedule = "auto"`` -> ``tuple``) -> ``train``; only batch,
+                       lr, length and seed set as for every arm (run dir ``OUT/ns-pipeline/seedN/run``)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
 
-The arm trained with negsynth's default settings (``ns-graded-curriculum``) is also saved as
+The arm trained with negsynth's default settings (``ns-pipeline``) is also saved as
 ``OUT/negsynth-default/``; every arm's model is saved under ``OUT/<arm>/`` (a plain
 ``SentenceTransformer(path)`` loads each), so anyone can evaluate them on other data.
 
@@ -85,8 +90,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
-            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
-DEFAULT_ARM = "ns-graded-curriculum"
+            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
 
 
 def scifact_train(data_dir: Path):
@@ -243,6 +248,31 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
     return list(build_curriculum(examples, schedule=schedule, batch_size=args.batch_size, total_steps=steps, seed=seed, homogeneous_batches=False, instruction_template=None))
 
 
+def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
+    """negsynth's stages with their defaults on SciFact train (no LLM: mined negatives), then the model
+    copied to ``dest``. Only what every arm shares is set: batch, lr, training length, seed."""
+    import shutil
+
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.stages import run_pipeline
+
+    run_dir = dest / "run"
+    toml = dest / "pipeline.toml"
+    dest.mkdir(parents=True, exist_ok=True)
+    toml.write_text(
+        f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
+        f"[curriculum]\nseed = {seed}\n"
+        f"[train]\nbatch_size = {args.batch_size}\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+    )
+    stats = run_pipeline(load_config(toml), run_dir, stages=["regenerate", "score", "curriculum", "train"])
+    final = run_dir / "train" / "final"
+    shutil.rmtree(dest / "model", ignore_errors=True)
+    shutil.copytree(final, dest / "model")
+    cur, tr = stats.get("curriculum", {}), stats.get("train", {})
+    return {"rows": cur.get("rows"), "schedule": cur.get("schedule"), "examples": stats.get("score", {}).get("kept", stats.get("regenerate", {}).get("valid")),
+            "steps": tr.get("steps"), "loss": [tr.get("loss_first"), tr.get("loss_last")], "model_dir": str(dest / "model")}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ trainers
 
 
@@ -309,6 +339,9 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
     elif arm.startswith("st-"):
         info = train_stock(src, arm, args, seed, dest)
         path = str(dest)
+    elif arm == "ns-pipeline":
+        info = train_pipeline(Path(args.data_dir), args, seed, dest)
+        path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)
         info = train_ns(rows, args, seed, dest)

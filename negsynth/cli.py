@@ -382,7 +382,7 @@ def score(
 @stage_command()
 def curriculum(
     opts: Options,
-    schedule: Annotated[str | None, typer.Option("--schedule", help="curriculum | reverse | random | fixed:K")] = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K")] = None,
 ) -> None:
     """Build the training rows in training order (easiest level first) -> RUN_DIR/curriculum/."""
     _run("curriculum", opts, [f"curriculum.schedule='{schedule}'"] if schedule else [])

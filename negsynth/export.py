@@ -204,7 +204,9 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "",
         "Contrastive training data made by negsynth (MGH multi-granularity hard-negative synthesis): "
         "an LLM wrote each query, its positive and four hard negatives graded hardest → easiest; a local embedder checked the "
-        "grading and flagged false negatives; the rows form a curriculum (easiest level first).",
+        "grading and flagged false negatives; "
+        + ("each row carries its hardest negatives (n-tuple rows, no curriculum order)." if str(ns.get("schedule", "")).startswith("tuple")
+           else "the rows form a curriculum (easiest level first)."),
         "",
         f"- **Generator model(s)**: {gens}",
         f"- **Schedule**: `{ns['schedule']}` (levels by phase {ns['levels_by_phase']}), batch size {ns['batch_size']}, seed {ns['seed']}, "
@@ -221,7 +223,9 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "|---|---:|---|",
     ]
     cols = {
-        "curriculum": "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source",
+        "curriculum": ("anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
+                       if str(ns.get("schedule", "")).startswith("tuple")
+                       else "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source"),
         "ntuple": "anchor, positive, negative_1 … negative_n (hardest first), task_type, example_id, source",
     }
     for c in meta["configs"]:

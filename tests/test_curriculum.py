@@ -185,3 +185,45 @@ def test_save_and_reload_same_rows_same_order(tmp_path):
     save_curriculum(rows[:8], out)
     assert len(load_curriculum(out)) == 8
     assert [p.name for p in tmp_path.iterdir()] == ["cur"]
+
+
+def test_tuple_rows_carry_every_negative_hardest_first_without_duplicates():
+    ex = make_examples(61, task_types=("sts",))
+    ex[3]["negatives"][2] = "positive 3"  # a row whose own texts repeat cannot be placed
+    ex[7]["negatives"] = ["neg 1 of 7"]  # too few for a 4-tuple
+    for i in range(10, 20):  # shared texts across examples: rows must move, never share a batch
+        ex[i]["negatives"][3] = "the shared easy negative"
+    rows = build_curriculum(ex, schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    assert rows.stats["schedule"] == "tuple" and rows.stats["levels"] == [0]
+    assert rows.stats["dropped_self_duplicate"] == 1 and rows.stats["skipped_few_negatives"] == 1
+    assert rows.stats["moved_to_later_batch"] > 0
+    for r in rows:
+        i = r["example_id"][2:]
+        assert "negative" not in r and r["level"] == 0 and r["phase"] == 1
+        negs = [r[f"negative_{k}"] for k in range(1, 5)]
+        assert negs[:3] == [f"neg {lvl} of {i}" for lvl in (1, 2, 3)]  # the example's order: hardest first
+    for batch in batches(rows, 4):
+        keys = [normalise(r[c]) for r in batch for c in ("positive", "negative_1", "negative_2", "negative_3", "negative_4")]
+        assert len(keys) == len(set(keys)), batch
+    assert len({r["example_id"] for r in rows}) == len(rows)  # one pass: each example at most once
+    # the order is the seed's: another seed, another order, the same examples' rows
+    other = build_curriculum(ex, schedule="tuple", batch_size=4, seed=1, homogeneous_batches=False)
+    assert [r["example_id"] for r in other] != [r["example_id"] for r in rows]
+    two = build_curriculum(ex, schedule="tuple:2", batch_size=4, seed=0, homogeneous_batches=False)
+    assert two.stats["schedule"] == "tuple:2" and "negative_3" not in two[0] and two.stats["skipped_few_negatives"] == 1
+    with pytest.raises(CurriculumError, match="tuple:K"):
+        build_curriculum(ex, schedule="tuple:0", batch_size=4)
+
+
+def test_tuple_rows_save_reload_and_train_columns(tmp_path):
+    from negsynth.train.trainer import negative_columns
+
+    rows = build_curriculum(make_examples(40), schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    out = save_curriculum(rows, tmp_path / "cur")
+    ds = load_curriculum(out)
+    assert ds.column_names[:6] == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"]
+    assert ds.to_list() == [{k: r[k] for k in ds.column_names} for r in rows]
+    assert negative_columns(ds.column_names) == ["negative_1", "negative_2", "negative_3", "negative_4"]
+    import json
+
+    assert json.loads((out / "card.json").read_text())["per_level"] == {"0": len(rows)}

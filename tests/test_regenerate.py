@@ -385,3 +385,9 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     # a rerun is a no-op, still without a server
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["valid"] == 3
+    # all negatives mined: the curriculum's "auto" schedule makes n-tuple rows (every negative used)
+    assert invoke("score", "-c", cfg, "-d", tmp_path / "run", "-q").exit_code == 0
+    r = invoke("curriculum", "-c", cfg, "-d", tmp_path / "run", "--set", "curriculum.batch_size=2", "--set", "curriculum.homogeneous_batches=false", "--json")
+    assert r.exit_code == 0, r.output
+    cur = json.loads(r.stdout)
+    assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 2

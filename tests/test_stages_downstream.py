@@ -105,3 +105,21 @@ def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):
 def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
     r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r"), "--schedule", "backwards"])
     assert r.exit_code == 2 and "unknown schedule 'backwards'" in r.stderr and "fixed:1" in r.stderr
+
+
+def test_tuple_schedule_trains_on_every_negative(run_dir_with_examples):
+    rd, _ = run_dir_with_examples
+    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate", "--set", "score.dedup=false"]
+    assert runner.invoke(app, ["score", *common, "-q"]).exit_code == 0
+    r = runner.invoke(app, ["curriculum", *common, "--schedule", "tuple", "--json"])
+    assert r.exit_code == 0, r.output
+    cur = json.loads(r.stdout)
+    assert cur["schedule"] == "tuple" and cur["rows"] == 32 and cur["rows_per_phase"] == {"1": 32}  # one pass, one phase
+    import datasets
+
+    ds = datasets.load_from_disk(str(rd / "curriculum" / "dataset"))
+    assert [c for c in ds.column_names if c.startswith("negative")] == ["negative_1", "negative_2", "negative_3", "negative_4"]
+    r = runner.invoke(app, ["train", *common, "--set", "train.max_length=32", "--set", "train.grad_accum=1", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    tr = json.loads(r.stdout[r.stdout.index("{") :])
+    assert tr["steps"] == 8 and tr["rows"] == 32

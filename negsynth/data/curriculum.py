@@ -31,7 +31,10 @@ is ``round(epochs * N)`` long and split into 4 equal segments; the step count fo
 
 Schedules: ``curriculum`` (4 -> 3 -> 2 -> 1), ``reverse`` (1 -> 2 -> 3 -> 4), ``random`` (one
 phase; each row's level drawn uniformly from 1-4 by ``seed``; phase = 1 throughout),
-``fixed:K`` (one phase, level K).
+``fixed:K`` (one phase, level K), and ``tuple`` / ``tuple:K`` (one phase, no order: each row
+carries the example's K hardest negatives, K = 4 by default, as ``negative_1 .. negative_K``
+hardest first, ``level = 0``: every negative is used, as in sentence-transformers' n-tuple
+recipe; on SciFact this beat the graded curriculum, see ``benchmarks/scifact_recipe.py``).
 
 Negatives are taken as given: if the scorer's ``filter`` policy removed false negatives the
 example may hold fewer than 4. Examples with fewer negatives than a schedule needs (4 for
@@ -63,7 +66,7 @@ from negsynth.data.text import text_key
 from negsynth.errors import NegsynthError
 
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
-SCHEDULES = ("curriculum", "reverse", "random", "fixed:K")
+SCHEDULES = ("curriculum", "reverse", "random", "fixed:K", "tuple", "tuple:K")
 COLUMNS = ("anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source")
 
 
@@ -98,7 +101,11 @@ def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
     if m:
         k = int(m.group(1))
         return f"fixed:{k}", [k], k
-    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4")
+    m = re.fullmatch(r"tuple(?::([1-9][0-9]*))?", s)
+    if m:  # level 0 = the row carries every level up to K
+        k = int(m.group(1) or 4)
+        return ("tuple" if k == 4 else f"tuple:{k}"), [0], k
+    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K")
 
 
 def _to_example(obj, i: int):
@@ -214,12 +221,17 @@ def build_curriculum(
             consumed += 1
             ex, negs, anchor, q_key, pos_key, neg_keys = pool[idx]
             level = int(level_rng.integers(1, 5)) if lvl is None else lvl
-            keys = {q_key, pos_key, neg_keys[level - 1]}
-            if len(keys) < 3:
+            if level == 0:  # n-tuple row: the K hardest negatives, hardest first
+                keys = {q_key, pos_key, *neg_keys[:needed]}
+                row_negs = {f"negative_{j + 1}": t for j, t in enumerate(negs[:needed])}
+            else:
+                keys = {q_key, pos_key, neg_keys[level - 1]}
+                row_negs = {"negative": negs[level - 1]}
+            if len(keys) < 2 + len(row_negs):
                 stats["dropped_self_duplicate"] += 1
                 continue
             row = {
-                "anchor": anchor, "positive": ex.positive, "negative": negs[level - 1], "level": level,
+                "anchor": anchor, "positive": ex.positive, **row_negs, "level": level,
                 "phase": p, "batch": -1, "task_type": ex.task_type, "example_id": ex.id, "source": ex.source,
             }
             group = ex.task_type if homogeneous_batches else ""
@@ -293,6 +305,15 @@ def _card_md(card: dict) -> str:
     return "\n".join(lines)
 
 
+def row_columns(row: dict) -> list[str]:
+    """The saved columns: :data:`COLUMNS`, with ``negative_1..negative_K`` in place of ``negative``
+    for n-tuple rows (``tuple`` schedules)."""
+    negs = sorted((c for c in row if re.fullmatch(r"negative_\d+", c)), key=lambda c: int(c.rsplit("_", 1)[1]))
+    if not negs:
+        return list(COLUMNS)
+    return [c for c in COLUMNS if c != "negative"][:2] + negs + [c for c in COLUMNS if c not in ("anchor", "positive", "negative")]
+
+
 def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None = None) -> Path:
     """Write ``out_dir/{dataset/ (HF save_to_disk), train.parquet, card.json, card.md}``.
 
@@ -304,13 +325,14 @@ def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None
     out_dir = Path(out_dir)
     if not rows:
         raise CurriculumError(f"curriculum: no rows to save to {out_dir}; build_curriculum produced none")
-    missing = [c for c in COLUMNS if c not in rows[0]]
+    columns = row_columns(rows[0])
+    missing = [c for c in columns if c not in rows[0]]
     if missing:
         raise CurriculumError(f"curriculum: rows lack column(s) {missing}; pass the output of build_curriculum")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        ds = datasets.Dataset.from_list([{c: r[c] for c in COLUMNS} for r in rows])
+        ds = datasets.Dataset.from_list([{c: r[c] for c in columns} for r in rows])
         ds.save_to_disk(str(tmp / "dataset"))
         ds.to_parquet(str(tmp / "train.parquet"))
         card = composition(rows, stats)

@@ -6,6 +6,7 @@ so an empty file is a valid config that runs the embedded local default end to e
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -346,13 +347,17 @@ class CurriculumConfig(Section):
     """``curriculum``: scored examples -> training rows in training order (spec §1.7).
 
     ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``reverse``,
-    ``random`` or ``fixed:K``. ``batch_size`` defaults to ``train.batch_size``: the builder keeps
+    ``random``, ``fixed:K``, ``tuple`` / ``tuple:K`` (every row carries the K = 4 hardest
+    negatives as ``negative_1..K``, no order), or ``auto`` (the default): ``tuple`` when every
+    negative was mined (``negatives = "mined"``, or every input example made by
+    ``regenerate.negatives = "mined"``), where it beat the graded curriculum on SciFact
+    (``benchmarks/scifact_recipe.py``), else ``curriculum`` (LLM-graded negatives, the method). ``batch_size`` defaults to ``train.batch_size``: the builder keeps
     every text unique inside each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
     """
 
     input: str = "score"  # stage folder to read; "generate"/"regenerate" to skip scoring
-    schedule: str = "curriculum"
+    schedule: str = "auto"
     batch_size: int | None = Field(None, ge=2)
     epochs: float | None = Field(None, gt=0)
     total_steps: int | None = Field(None, ge=1)
@@ -367,8 +372,9 @@ class CurriculumConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: str) -> str:
-        if v not in ("curriculum", "reverse", "random") and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4"):
-            raise ValueError(f"unknown schedule {v!r}; choose curriculum, reverse, random or fixed:1..fixed:4")
+        if v not in ("auto", "curriculum", "reverse", "random", "tuple") and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4") \
+                and not re.fullmatch(r"tuple:[1-9][0-9]*", v):
+            raise ValueError(f"unknown schedule {v!r}; choose auto, curriculum, reverse, random, fixed:1..fixed:4, tuple or tuple:K")
         return v
 
 

@@ -5,8 +5,10 @@ Out: ``RUN_DIR/curriculum/`` — ``dataset/`` (HF ``save_to_disk``), ``train.par
      ``card.json`` / ``card.md`` (composition), ``stats.json`` (written by ``run_stage``).
 
 Columns: ``anchor`` (instruction-formatted query), ``positive``, ``negative`` (the example's
-negative at the row's level), ``level`` (1 = hardest … 4 = easiest), ``phase``, ``batch``,
-``task_type``, ``example_id``, ``source``. Rows are in training order: never shuffle them.
+negative at the row's level; ``negative_1..4``, hardest first, with a ``tuple`` schedule), ``level``
+(1 = hardest … 4 = easiest; 0 = every level), ``phase``, ``batch``, ``task_type``, ``example_id``,
+``source``. Rows are in training order: never shuffle them. ``schedule = "auto"`` (the default)
+is resolved by :func:`resolve_schedule`.
 The rules (phases, disjoint groups, no duplicate text per batch) are in
 :mod:`negsynth.data.curriculum`.
 """
@@ -32,6 +34,18 @@ def anchor_template(cfg) -> str | None:
     return cc.instruction_template if on else None
 
 
+def resolve_schedule(cc, examples: list[dict]) -> str:
+    """``curriculum.schedule``, with ``auto`` resolved: ``tuple`` (every row carries its 4 hardest
+    negatives) when all negatives were mined — ``curriculum.negatives = "mined"`` or every example
+    made by ``regenerate.negatives = "mined"`` (``model`` = ``mined:…``) — since on SciFact mined
+    negatives trained better that way than as a graded curriculum (benchmarks/scifact_recipe.py);
+    else ``curriculum``, the method's order for LLM-graded negatives."""
+    if cc.schedule != "auto":
+        return cc.schedule
+    mined = cc.negatives == "mined" or (bool(examples) and all(str(e.get("model") or "").startswith("mined:") for e in examples))
+    return "tuple" if mined else "curriculum"
+
+
 def fingerprint(ctx: StageContext) -> str:
     """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
     cc = ctx.cfg.curriculum
@@ -49,9 +63,10 @@ def run(ctx: StageContext) -> dict:
     t0 = time.monotonic()
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:
+        schedule = resolve_schedule(cc, examples)
         rows = build_curriculum(
             examples,
-            schedule=cc.schedule,
+            schedule=schedule,
             batch_size=batch_size,
             total_steps=cc.total_steps,
             epochs=cc.epochs if cc.total_steps is None else None,
@@ -77,7 +92,8 @@ def run(ctx: StageContext) -> dict:
         "rows": len(rows),
         "batches": len(rows) // batch_size,
         "batch_size": batch_size,
-        "schedule": cc.schedule,
+        "schedule": schedule,
+        "schedule_setting": cc.schedule,
         "rows_per_phase": phases,
         "builder": {k: v for k, v in dict(rows.stats).items()},
         "output": str(out),
@@ -94,7 +110,7 @@ def report(stats: dict) -> list[Summary]:
                 ("examples in", stats["examples"]),
                 ("rows (training order)", stats["rows"]),
                 ("batches of", f"{stats['batches']} x {stats['batch_size']}"),
-                ("schedule", stats["schedule"]),
+                ("schedule", stats["schedule"] + (" (auto)" if stats.get("schedule_setting") == "auto" else "")),
                 ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),
                 *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
                 ("output", stats.get("output", "")),
