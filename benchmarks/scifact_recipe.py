@@ -51,7 +51,7 @@ The arm trained with negsynth's default settings (``ns-pipeline``) is also saved
 ``OUT/negsynth-default/``; every arm's model is saved under ``OUT/<arm>/`` (a plain
 ``SentenceTransformer(path)`` loads each), so anyone can evaluate them on other data.
 
-The key arms (``st-mined-4``, the strongest stock recipe, and ``ns-graded-curriculum``) run over
+The key arms (``st-mined-4``, the strongest stock recipe, and ``ns-pipeline``, negsynth's defaults) run over
 ``--seeds`` (default 0,1,2: the seed drives the trainer, the sampler, the mining draws and the
 curriculum); the others over the first seed (``--all-seeds`` for every arm). Every arm runs once
 before any second seed, so an interrupted run still has the whole table. Prints a Markdown table (mean +- sd) and
@@ -61,7 +61,7 @@ rerun skips the arms already in it (``--fresh`` to redo them).
 Cost, measured on this project's 2-core CPU while other jobs shared it: training one arm (28
 steps x 32 rows) took 25-60 min on one core (n-tuple rows with 4 negatives cost the most), a quick
 evaluation 8-15 min, a full one ~45 CPU-min (SciFact's 5,183 abstracts). The default invocation
-(10 arms, key arms over 3 seeds, full evaluation) is therefore an overnight job on such a machine;
+(every arm, key arms over 3 seeds, full evaluation) is therefore an overnight job on such a machine;
 ``--eval-suite quick --arms ... --seeds 0`` picks a slice, and a GPU makes every arm minutes::
 
     python benchmarks/scifact_recipe.py --out runs/recipe
@@ -87,7 +87,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-KEY_ARMS = ("st-mined-4", "ns-graded-curriculum")  # the strongest stock recipe and negsynth's default
+KEY_ARMS = ("st-mined-4", "ns-pipeline")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
             "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
@@ -259,6 +259,11 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
     run_dir = dest / "run"
     toml = dest / "pipeline.toml"
     dest.mkdir(parents=True, exist_ok=True)
+    # the mined examples do not depend on the seed: another seed's finished regenerate + score are
+    # copied in and reused by the stages' own resume check (same config -> not recomputed)
+    done = [d for d in sorted(dest.parent.glob("seed*/run")) if d != run_dir and (d / "score" / "stats.json").is_file()]
+    if done and not run_dir.exists():
+        shutil.copytree(done[0], run_dir, ignore=lambda folder, names: [n for n in names if n in ("curriculum", "train", "evaluate")] if Path(folder) == done[0] else [])
     toml.write_text(
         f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
         f"[curriculum]\nseed = {seed}\n"

@@ -222,9 +222,12 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "| config | rows | columns |",
         "|---|---:|---|",
     ]
+    tuple_rows = str(ns.get("schedule", "")).startswith("tuple")
+    n_neg = int(str(ns.get("schedule")).split(":")[1]) if tuple_rows and ":" in str(ns.get("schedule")) else 4
+    text_cols = ["anchor", "positive", *([f"negative_{k}" for k in range(1, n_neg + 1)] if tuple_rows else ["negative"])]
     cols = {
         "curriculum": ("anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
-                       if str(ns.get("schedule", "")).startswith("tuple")
+                       if tuple_rows
                        else "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source"),
         "ntuple": "anchor, positive, negative_1 … negative_n (hardest first), task_type, example_id, source",
     }
@@ -244,7 +247,7 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "",
         'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
         'ds = load_dataset("REPO_ID", "curriculum", split="train")',
-        "train_ds = ds.select_columns([\"anchor\", \"positive\", \"negative\"])  # metadata stays out of the inputs",
+        f"train_ds = ds.select_columns({text_cols!r})  # metadata stays out of the inputs",
         f"args = SentenceTransformerTrainingArguments(\"out\", per_device_train_batch_size={ns['batch_size']}, batch_sampler=curriculum_batch_sampler(ds[\"phase\"]))",
         "SentenceTransformerTrainer(model, args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model)).train()",
         "```",

@@ -116,3 +116,22 @@ def test_push_without_token_is_one_line(run_dir, tmp_path, monkeypatch):
     r = runner.invoke(app, ["export", "-d", str(run_dir), "--out", str(tmp_path / "o"), "--push", "me/data"])
     assert r.exit_code == 2 and "HF_TOKEN" in r.output and r.output.strip().count("\n") == 0
     assert not (tmp_path / "o").exists()  # nothing written before the check
+
+
+def test_a_tuple_curriculum_exports_its_negative_columns(tmp_path):
+    d = tmp_path / "run"
+    exs = [scored(i) for i in range(8)]
+    write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+    atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "policy": "annotate", "kept": 8, "rejected": 0})
+    rows = build_curriculum(exs, schedule="tuple", batch_size=4, seed=0)
+    save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+    r = runner.invoke(app, ["export", "-d", str(d), "--out", str(tmp_path / "o"), "--only", "dataset"])
+    assert r.exit_code == 0, r.output
+    meta, text = front_matter(tmp_path / "o" / "dataset" / "README.md")
+    assert meta["negsynth"]["schedule"] == "tuple"
+    assert "select_columns(['anchor', 'positive', 'negative_1', 'negative_2', 'negative_3', 'negative_4'])" in text
+    assert "n-tuple rows" in text and "easiest level first" not in text
+    import polars as pl
+
+    assert pl.read_parquet(tmp_path / "o" / "dataset" / "curriculum" / "train-00000-of-00001.parquet").columns[:6] == [
+        "anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"]  # fmt: skip
