@@ -250,7 +250,8 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
 
 def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
     """negsynth's stages with their defaults on SciFact train (no LLM: mined negatives), then the model
-    copied to ``dest``. Only what every arm shares is set: batch, lr, training length, seed."""
+    copied to ``dest``. Only what every arm shares is set: batch (32 rows per optimizer step, no
+    accumulation), lr, training length, seed."""
     import shutil
 
     from negsynth.pipeline.config_io import load_config
@@ -267,7 +268,7 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
     toml.write_text(
         f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
         f"[curriculum]\nseed = {seed}\n"
-        f"[train]\nbatch_size = {args.batch_size}\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     )
     stats = run_pipeline(load_config(toml), run_dir, stages=["regenerate", "score", "curriculum", "train"])
     final = run_dir / "train" / "final"
