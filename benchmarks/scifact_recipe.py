@@ -441,6 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         arms = [a for a in arms if not a.startswith("ns-llm-")]
         if dropped:
             print(f"scifact_recipe: no --llm-run, skipping {', '.join(dropped)}", file=sys.stderr)
+    llm_arms = [a for a in arms if a.startswith("ns-llm-")]
+    if llm_arms:  # a weak LLM leaves few usable examples: say so before any training
+        usable = len(llm_examples(args.llm_run))
+        if min(args.steps, usable // args.batch_size) < 4:
+            sys.exit(f"scifact_recipe: {args.llm_run} has {usable} scored examples with 4 negatives, {usable // args.batch_size} batch(es) of "
+                     f"{args.batch_size}; the {', '.join(llm_arms)} arms need >= 4 (one per curriculum phase): regenerate more pairs "
+                     f"(regenerate.inputs limit) or lower --batch-size")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
     results: list[dict] = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
