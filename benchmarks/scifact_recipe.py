@@ -42,7 +42,7 @@ ns-pipeline            negsynth's own pipeline with its defaults, end to end thr
                        ``regenerate.negatives = "mined"`` (no LLM: the 4 hardest positive-aware
                        candidates, ``mining.strategy = "top"``) -> ``score`` (measured policy) ->
                        ``curriculum`` (``schedule = "auto"`` -> ``tuple``) -> ``train``; only batch,
-                       lr, length and seed set as for every arm (run dir ``OUT/ns-pipeline/seedN/run``)
+                       steps, lr, length and seed set as for every arm (run dir ``OUT/ns-pipeline/seedN/run``)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -251,7 +251,8 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
 def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
     """negsynth's stages with their defaults on SciFact train (no LLM: mined negatives), then the model
     copied to ``dest``. Only what every arm shares is set: batch (32 rows per optimizer step, no
-    accumulation), lr, training length, seed."""
+    accumulation), optimizer steps (the curriculum's ``total_steps``: another seeded pass over the
+    examples when the filters left fewer rows), lr, training length, seed."""
     import shutil
 
     from negsynth.pipeline.config_io import load_config
@@ -267,7 +268,7 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
         shutil.copytree(done[0], run_dir, ignore=lambda folder, names: [n for n in names if n in ("curriculum", "train", "evaluate")] if Path(folder) == done[0] else [])
     toml.write_text(
         f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
-        f"[curriculum]\nseed = {seed}\n"
+        f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
         f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     )
     stats = run_pipeline(load_config(toml), run_dir, stages=["regenerate", "score", "curriculum", "train"])
