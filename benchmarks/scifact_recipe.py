@@ -403,6 +403,21 @@ def print_table(results: list[dict], args) -> None:
         print(f"| {arm} | {n} | " + " | ".join(cells) + f" | {secs} |")
 
 
+def save_result(res_path: Path, r: dict, args) -> list[dict]:
+    """Add one arm's result to ``results.json`` and return them all. The file is read again right
+    before the write, so arms run by other processes into the same ``--out`` are kept."""
+    import fcntl
+
+    with open(res_path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = json.loads(res_path.read_text())["results"] if res_path.exists() else []
+        results = [x for x in results if (x["arm"], x["seed"]) != (r["arm"], r["seed"])] + [r]
+        tmp = res_path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+        tmp.replace(res_path)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="models (one folder per arm and seed) and results.json")
@@ -462,11 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         if (arm, seed) in done:
             continue
         r = run_arm(arm, seed, src, args)
-        results.append(r)
         print(f"{arm} seed {seed}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["scores"].items()) + f" ({r['seconds']:.0f} s)", file=sys.stderr)
-        tmp = res_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
-        tmp.replace(res_path)
+        results = save_result(res_path, r, args)
     default = [r for r in results if r["arm"] == DEFAULT_ARM and r["seed"] == seeds[0] and r.get("model")]
     if default:
         import shutil
