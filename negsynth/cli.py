@@ -384,7 +384,7 @@ def curriculum(
     opts: Options,
     schedule: Annotated[str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K")] = None,
 ) -> None:
-    """Build the training rows in training order (easiest level first) -> RUN_DIR/curriculum/."""
+    """Build the training rows in training order (easiest level first; n-tuple rows when all negatives were mined) -> RUN_DIR/curriculum/."""
     _run("curriculum", opts, [f"curriculum.schedule='{schedule}'"] if schedule else [])
 
 

@@ -351,8 +351,9 @@ class CurriculumConfig(Section):
     negatives as ``negative_1..K``, no order), or ``auto`` (the default): ``tuple`` when every
     negative was mined (``negatives = "mined"``, or every input example made by
     ``regenerate.negatives = "mined"``), where it beat the graded curriculum on SciFact
-    (``benchmarks/scifact_recipe.py``), else ``curriculum`` (LLM-graded negatives, the method). ``batch_size`` defaults to ``train.batch_size``: the builder keeps
-    every text unique inside each batch of that size, so the two must agree.
+    (``benchmarks/scifact_recipe.py``), else ``curriculum`` (LLM-graded negatives, the method).
+    ``batch_size`` defaults to ``train.batch_size``: the builder keeps every text unique inside
+    each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
     """
 
