@@ -38,3 +38,14 @@ def brainstorm_run_dir(tmp: Path, cfg: Path) -> Path:
     r = CliRunner().invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(Path(tmp) / "run"), "-q"])
     assert r.exit_code == 0, r.output
     return Path(tmp) / "run"
+
+
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,19 +1,14 @@
 """benchmarks/decoder_sts.py: a results file made with other settings is refused, not mixed in."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "decoder_sts.py"
+from helpers import load_benchmark
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("decoder_sts", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("decoder_sts")
 
 
 def write_results(out: Path, **args) -> None:

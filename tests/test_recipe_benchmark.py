@@ -2,19 +2,15 @@
 LLM-graded examples are refused in one line."""
 
 import argparse
-import importlib.util
 import json
 import multiprocessing
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "scifact_recipe.py"
+from helpers import load_benchmark
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("scifact_recipe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("scifact_recipe")
 
 
 def _save(args):
