@@ -199,13 +199,21 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
     ns = meta["negsynth"]
     gens = ", ".join(f"`{m}` ({n})" for m, n in ns["generator_models"].items()) or "unknown"
     f = ns["score_filters"]
+    from negsynth.data.curriculum import CurriculumError, parse_schedule
+
+    try:
+        _, levels, n_neg = parse_schedule(str(ns.get("schedule") or "curriculum"))
+    except CurriculumError:  # a card from an older or hand-made run: the one-negative layout
+        levels, n_neg = [], 1
+    tuple_rows = levels == [0]
+    text_cols = ["anchor", "positive", *([f"negative_{k}" for k in range(1, n_neg + 1)] if tuple_rows else ["negative"])]
     lines = [
         f"# {meta['pretty_name']}",
         "",
         "Contrastive training data made by negsynth (MGH multi-granularity hard-negative synthesis): "
         "an LLM wrote each query, its positive and four hard negatives graded hardest → easiest; a local embedder checked the "
         "grading and flagged false negatives; "
-        + ("each row carries its hardest negatives (n-tuple rows, no curriculum order)." if str(ns.get("schedule", "")).startswith("tuple")
+        + ("each row carries its hardest negatives (n-tuple rows, no curriculum order)." if tuple_rows
            else "the rows form a curriculum (easiest level first)."),
         "",
         f"- **Generator model(s)**: {gens}",
@@ -222,9 +230,6 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "| config | rows | columns |",
         "|---|---:|---|",
     ]
-    tuple_rows = str(ns.get("schedule", "")).startswith("tuple")
-    n_neg = int(str(ns.get("schedule")).split(":")[1]) if tuple_rows and ":" in str(ns.get("schedule")) else 4
-    text_cols = ["anchor", "positive", *([f"negative_{k}" for k in range(1, n_neg + 1)] if tuple_rows else ["negative"])]
     cols = {
         "curriculum": ("anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
                        if tuple_rows

@@ -311,7 +311,7 @@ def row_columns(row: dict) -> list[str]:
     negs = sorted((c for c in row if re.fullmatch(r"negative_\d+", c)), key=lambda c: int(c.rsplit("_", 1)[1]))
     if not negs:
         return list(COLUMNS)
-    return [c for c in COLUMNS if c != "negative"][:2] + negs + [c for c in COLUMNS if c not in ("anchor", "positive", "negative")]
+    return ["anchor", "positive", *negs, *COLUMNS[3:]]  # COLUMNS[2] is "negative"
 
 
 def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None = None) -> Path:
