@@ -69,9 +69,11 @@ def _no_shared_eval_data(tmp_path, monkeypatch):
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
 
 
-def ex(i: int, query: str, positive: str, negatives=None, tt: str = "short-long") -> dict:
+def ex(i: int, query: str, positive: str, negatives=None, tt: str = "short-long", source: str = "synthetic") -> dict:
     negs = list(negatives or [f"unrelated filler {i} {w}" for w in ("alpha", "bravo", "charlie", "delta")])
-    return Example(id=f"ex-{i}", task="find it", task_type=tt, query=query, positive=positive, negatives=negs).model_dump(mode="json", exclude={"score"})
+    return Example(id=f"ex-{i}", task="find it", task_type=tt, query=query, positive=positive, negatives=negs, source=source).model_dump(
+        mode="json", exclude={"score"}
+    )
 
 
 def run(run_dir, shards, emb, *, overwrite=False, **score_kw) -> dict:
@@ -146,6 +148,24 @@ def test_paraphrase_dropped_by_threshold_and_kept_without(tmp_path, minilm):
     assert kept_ids(tmp_path / "b") == ["ex-0", "ex-1", "ex-2", "ex-3"] and stats["clean"]["near_duplicate"] == 0
     stats = run(tmp_path / "c", [rows], minilm, dedup=False)
     assert len(kept_ids(tmp_path / "c")) == 4 and stats["clean"]["dedup"] is False
+
+
+def test_dataset_pairs_are_dropped_only_as_exact_duplicates(tmp_path, minilm):
+    """A dataset's near-identical pairs are its own distinct labels (SciFact: a claim and its altered
+    copy with the same abstract); generated examples near one of them still go."""
+    rows = [
+        ex(0, *PARA[0], source="scifact"),
+        ex(3, *PARA[1]),  # generated, near ex-0: dropped
+        ex(1, *PARA[1], source="scifact"),  # the dataset's own paraphrase: kept
+        ex(2, "  how do I reset my ROUTER password? ", PARA[0][1], source="scifact"),  # exact after normalisation: dropped
+        ex(4, *OTHER),
+    ]
+    stats = run(tmp_path / "a", [rows], minilm)
+    assert kept_ids(tmp_path / "a") == ["ex-0", "ex-1", "ex-4"]
+    assert {r["id"]: r["detail"].split()[2] for r in rejects(tmp_path / "a")} == {"ex-2": "ex-0", "ex-3": "ex-0"}
+    assert stats["clean"]["dedup_labelled"] == "exact" and stats["clean"]["near_duplicate"] == 2
+    stats = run(tmp_path / "b", [rows], minilm, dedup_labelled="near")
+    assert kept_ids(tmp_path / "b") == ["ex-0", "ex-4"] and stats["clean"]["near_duplicate"] == 3
 
 
 def _planted_duplicates():

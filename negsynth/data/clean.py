@@ -214,11 +214,16 @@ class Deduplicator:
         self._q.close()
         self._p.close()
 
-    def check_block(self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None) -> list[DupMatch | None]:
+    def check_block(
+        self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None, exact_only: Sequence[bool] | None = None
+    ) -> list[DupMatch | None]:
         """Decide a block of candidate examples in input order; the kept ones are added.
 
         An example is a duplicate of the earliest kept example (earlier blocks, or earlier in this
         block) whose key is equal, or whose query AND positive cosines are ``>= threshold``.
+        ``exact_only[i]``: row ``i`` is a duplicate only by its key (a pair a dataset labelled on
+        purpose, such as SciFact's claim and its altered copy); once kept, its vectors still screen
+        the rows after it.
         """
         n = len(ids)
         out: list[DupMatch | None] = [None] * n
@@ -249,11 +254,12 @@ class Deduplicator:
             if k is not None:
                 out[i] = DupMatch(self.ids[k], None, None)
                 continue
-            if i in prior:
+            near = exact_only is None or not exact_only[i]
+            if near and i in prior:
                 j, a, b = prior[i]
                 out[i] = DupMatch(self.ids[j], a, b)
                 continue
-            for j in sorted(intra.get(i, ())):
+            for j in sorted(intra.get(i, ())) if near else ():
                 if j in row_of:
                     a = float(_dot64(q[i : i + 1], q[j : j + 1])[0])
                     b = float(_dot64(p[i : i + 1], p[j : j + 1])[0])

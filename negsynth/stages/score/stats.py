@@ -172,6 +172,8 @@ def clean_rows(stats: dict) -> list[tuple[str, str]]:
         return []
     if cl["dedup"]:
         how = f"query and positive cos >= {cl['dedup_threshold']}" if cl["dedup_threshold"] is not None else "exact only"
+        if cl["dedup_threshold"] is not None and cl.get("dedup_labelled") == "exact":
+            how += "; dataset pairs exact only"
         dup = f"{cl['near_duplicate']} ({cl['near_duplicate_exact']} exact; {how})"
     else:
         dup = "off"
