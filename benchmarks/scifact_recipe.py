@@ -43,6 +43,11 @@ ns-pipeline            negsynth's own pipeline with its defaults, end to end thr
                        candidates, ``mining.strategy = "top"``) -> ``score`` (measured policy) ->
                        ``curriculum`` (``schedule = "auto"`` -> ``tuple``) -> ``train``; only batch,
                        steps, lr, length and seed set as for every arm (run dir ``OUT/ns-pipeline/seedN/run``)
+ns-pipeline-neardedup  ns-pipeline with ``score.dedup_labelled = "near"`` (the default before): a
+                       dataset's near-identical pairs dropped too (SciFact: 115 claim / altered-claim
+                       pairs with the same abstract)
+ns-pipeline-wide       ns-pipeline with ``regenerate.mining.range_max = 340`` instead of ~44
+                       candidates: 29 queries short of 4 negatives instead of 121
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -90,8 +95,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KEY_ARMS = ("st-mined-4", "ns-pipeline")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
-            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-pipeline-neardedup",
+            "ns-pipeline-wide", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
+# the pipeline arms: negsynth's stages with their defaults, plus these TOML lines
+PIPELINE_ARMS = {
+    "ns-pipeline": "",
+    # the default until score kept a dataset's near-identical pairs: SciFact's claim / altered-claim
+    # pairs (same abstract, query cos >= 0.95) dropped as near-duplicates
+    "ns-pipeline-neardedup": '[score]\ndedup_labelled = "near"\n',
+    # 340 mining candidates per query instead of ~44: fewer queries short of 4 negatives
+    "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
+}
 
 
 def scifact_train(data_dir: Path):
@@ -248,7 +263,16 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
     return list(build_curriculum(examples, schedule=schedule, batch_size=args.batch_size, total_steps=steps, seed=seed, homogeneous_batches=False, instruction_template=None))
 
 
-def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
+def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "") -> str:
+    """The run file of a pipeline arm: mined negatives for SciFact train, the shared training protocol."""
+    return (
+        f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
+        f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
+        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n" + extra_toml
+    )
+
+
+def train_pipeline(src_dir: Path, args, seed: int, dest: Path, extra_toml: str = "") -> dict:
     """negsynth's stages with their defaults on SciFact train (no LLM: mined negatives), then the model
     copied to ``dest``. Only what every arm shares is set: batch (32 rows per optimizer step, no
     accumulation), optimizer steps (the curriculum's ``total_steps``: another seeded pass over the
@@ -266,11 +290,7 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path) -> dict:
     done = [d for d in sorted(dest.parent.glob("seed*/run")) if d != run_dir and (d / "score" / "stats.json").is_file()]
     if done and not run_dir.exists():
         shutil.copytree(done[0], run_dir, ignore=lambda folder, names: [n for n in names if n in ("curriculum", "train", "evaluate")] if Path(folder) == done[0] else [])
-    toml.write_text(
-        f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
-        f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
-        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
-    )
+    toml.write_text(pipeline_toml(src_dir, args, seed, extra_toml))
     stats = run_pipeline(load_config(toml), run_dir, stages=["regenerate", "score", "curriculum", "train"])
     final = run_dir / "train" / "final"
     shutil.rmtree(dest / "model", ignore_errors=True)
@@ -346,8 +366,8 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
     elif arm.startswith("st-"):
         info = train_stock(src, arm, args, seed, dest)
         path = str(dest)
-    elif arm == "ns-pipeline":
-        info = train_pipeline(Path(args.data_dir), args, seed, dest)
+    elif arm in PIPELINE_ARMS:
+        info = train_pipeline(Path(args.data_dir), args, seed, dest, PIPELINE_ARMS[arm])
         path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)

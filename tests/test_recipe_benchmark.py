@@ -46,3 +46,23 @@ def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch)
     with pytest.raises(SystemExit, match=r"has 40 scored examples with 4 negatives, 1 batch\(es\) of 32.*need >= 4"):
         load_script().main(["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--arms", "ns-llm-curriculum", "--llm-run", str(run)])
     assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
+def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_path):
+    from negsynth.pipeline.config_io import load_config
+
+    mod = load_script()
+    args = argparse.Namespace(steps=28, batch_size=32, lr=2e-5, max_length=128)
+    cfgs = {}
+    for arm, extra in mod.PIPELINE_ARMS.items():
+        assert arm in mod.ALL_ARMS
+        toml = tmp_path / f"{arm}.toml"
+        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra))
+        cfgs[arm] = load_config(toml)
+    base = cfgs["ns-pipeline"]
+    assert base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
+    assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
+    assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
+    for arm, cfg in cfgs.items():
+        changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
+        assert changed <= {"ns-pipeline": set(), "ns-pipeline-neardedup": {"score"}, "ns-pipeline-wide": {"regenerate"}}[arm], (arm, changed)
