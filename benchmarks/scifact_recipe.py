@@ -48,6 +48,8 @@ ns-pipeline-neardedup  ns-pipeline with ``score.dedup_labelled = "near"`` (the d
                        pairs with the same abstract)
 ns-pipeline-wide       ns-pipeline with ``regenerate.mining.range_max = 340`` instead of ~44
                        candidates: 29 queries short of 4 negatives instead of 121
+ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easiness filter of the
+                       ns-tuple-hard-noeasy arm, through the stages)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -96,7 +98,7 @@ KEY_ARMS = ("st-mined-4", "ns-pipeline")  # the strongest stock recipe and negsy
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
             "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-pipeline-neardedup",
-            "ns-pipeline-wide", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-pipeline-wide", "ns-pipeline-noeasy", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
 # the pipeline arms: negsynth's stages with their defaults, plus these TOML lines
 PIPELINE_ARMS = {
@@ -106,6 +108,8 @@ PIPELINE_ARMS = {
     "ns-pipeline-neardedup": '[score]\ndedup_labelled = "near"\n',
     # 340 mining candidates per query instead of ~44: fewer queries short of 4 negatives
     "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
+    # + the easiness filter: queries the base model already solves by > 0.1 cosine dropped
+    "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
 }
 
 

@@ -65,4 +65,5 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     for arm, cfg in cfgs.items():
         changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
-        assert changed <= {"ns-pipeline": set(), "ns-pipeline-neardedup": {"score"}, "ns-pipeline-wide": {"regenerate"}}[arm], (arm, changed)
+        assert changed <= {"ns-pipeline": set(), "ns-pipeline-neardedup": {"score"}, "ns-pipeline-wide": {"regenerate"}, "ns-pipeline-noeasy": {"score"}}[arm], (arm, changed)
+    assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
