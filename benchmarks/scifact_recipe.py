@@ -46,7 +46,7 @@ ns-pipeline            negsynth's own pipeline with its defaults, end to end thr
 ns-pipeline-neardedup  ns-pipeline with ``score.dedup_labelled = "near"`` (the default before): a
                        dataset's near-identical pairs dropped too (SciFact: 115 claim / altered-claim
                        pairs with the same abstract)
-ns-pipeline-wide       ns-pipeline with ``regenerate.mining.range_max = 340`` instead of ~44
+ns-pipeline-wide       ns-pipeline with ``regenerate.mining.range_max = 340`` instead of ~44-60
                        candidates: 29 queries short of 4 negatives instead of 121
 ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easiness filter of the
                        ns-tuple-hard-noeasy arm, through the stages)
@@ -106,7 +106,7 @@ PIPELINE_ARMS = {
     # the default until score kept a dataset's near-identical pairs: SciFact's claim / altered-claim
     # pairs (same abstract, query cos >= 0.95) dropped as near-duplicates
     "ns-pipeline-neardedup": '[score]\ndedup_labelled = "near"\n',
-    # 340 mining candidates per query instead of ~44: fewer queries short of 4 negatives
+    # 340 mining candidates per query instead of ~44-60: fewer queries short of 4 negatives
     "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
     # + the easiness filter: queries the base model already solves by > 0.1 cosine dropped
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
