@@ -72,6 +72,10 @@ class ExampleScore(Record):
     judged_false_negative: list[bool] | None = None
 
 
+#: ``Example.source`` of LLM-generated examples; any other value names the dataset a pair was read from
+SYNTHETIC_SOURCE = "synthetic"
+
+
 class Example(Record):
     """One training example: a query, its positive and 4 negatives ordered hardest -> easiest.
 
@@ -90,7 +94,7 @@ class Example(Record):
     negatives: list[str]
     model: str = ""
     usage: Usage = Field(default_factory=Usage)
-    source: str = "synthetic"
+    source: str = SYNTHETIC_SOURCE  # a dataset's name for pairs read by regenerate
     source_id: str | None = None
     mined_negatives: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)

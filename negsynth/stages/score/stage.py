@@ -24,6 +24,7 @@ from negsynth.data.clean import (
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
+from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import _progress, embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
 from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, fn_threshold, measure
@@ -369,7 +370,7 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
         keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
         qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
         pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
-        exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", "synthetic") != "synthetic" for e in cand]
+        exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
         found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv, exact_only=exact)
         dups = {e: d for e, d in zip(cand, found, strict=True) if d is not None}
     out_dir = ctx.stage_dir(STAGE)
