@@ -59,20 +59,24 @@ The arm trained with negsynth's default settings (``ns-pipeline``) is also saved
 ``SentenceTransformer(path)`` loads each), so anyone can evaluate them on other data.
 
 The key arms (``st-mined-4``, the strongest stock recipe, and ``ns-pipeline``, negsynth's defaults) run over
-``--seeds`` (default 0,1,2: the seed drives the trainer, the sampler, the mining draws and the
+``--seeds`` (default 0; 0,1,2 for the spread: the seed drives the trainer, the sampler, the mining draws and the
 curriculum); the others over the first seed (``--all-seeds`` for every arm). Every arm runs once
 before any second seed, so an interrupted run still has the whole table. Prints a Markdown table (mean +- sd) and
 writes ``OUT/results.json`` after every arm, so an interrupted run keeps what it measured and a
 rerun skips the arms already in it (``--fresh`` to redo them).
 
-Cost, measured on this project's 2-core CPU while other jobs shared it: training one arm (28
-steps x 32 rows) took 25-60 min on one core (n-tuple rows with 4 negatives cost the most), a quick
-evaluation 8-15 min, a full one ~45 CPU-min (SciFact's 5,183 abstracts). The default invocation
-(every arm, key arms over 3 seeds, full evaluation) is therefore an overnight job on such a machine;
-``--eval-suite quick --arms ... --seeds 0`` picks a slice, and a GPU makes every arm minutes::
+The default invocation runs the headline: ``base``, ``st-mined-4`` and ``ns-pipeline`` at seed 0
+(``--arms all`` for every arm, ``--seeds 0,1,2`` for the key arms' spread). Cost, measured on this
+project's 2-core CPU while other jobs shared it (one core per process, load 2-5): one trained arm,
+28 steps x 32 rows plus the full evaluation, took 25-48 min, the full evaluation alone (SciFact's
+5,183 abstracts) most of it; so the default invocation should take about an hour or a little more on
+2 cores (an estimate from those per-arm times, not a timed run), and the whole
+grid (every arm, key arms over 3 seeds) an overnight job. ``--eval-suite quick`` cuts the evaluation,
+and a GPU makes every arm minutes::
 
-    python benchmarks/scifact_recipe.py --out runs/recipe
-    python benchmarks/scifact_recipe.py --out runs/recipe --llm-run runs/scifact-llm   # + LLM arms
+    python benchmarks/scifact_recipe.py --out runs/recipe                                   # the headline, seed 0
+    python benchmarks/scifact_recipe.py --out runs/recipe --seeds 0,1,2                     # + the key arms' spread
+    python benchmarks/scifact_recipe.py --out runs/recipe --arms all --llm-run runs/scifact-llm   # every arm
 
 The LLM-graded arms read a finished ``regenerate`` (+ ``score``) run on SciFact train, made once::
 
@@ -100,6 +104,7 @@ ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mine
             "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-pipeline-neardedup",
             "ns-pipeline-wide", "ns-pipeline-noeasy", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
+HEADLINE_ARMS = ("base", "st-mined-4", DEFAULT_ARM)  # the default invocation (~1-1.5 h on 2 CPU cores)
 # the pipeline arms: negsynth's stages with their defaults, plus these TOML lines
 PIPELINE_ARMS = {
     "ns-pipeline": "",
@@ -442,13 +447,22 @@ def save_result(res_path: Path, r: dict, args) -> list[dict]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def select_arms(text: str) -> list[str]:
+    """``--arms``: comma-separated names, or ``all``; an unknown name stops the run in one line."""
+    arms = list(ALL_ARMS) if text.strip() == "all" else [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ALL_ARMS]
+    if bad:
+        sys.exit(f"scifact_recipe: unknown arm(s) {bad}; choose from {','.join(ALL_ARMS)} or 'all'")
+    return arms
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="models (one folder per arm and seed) and results.json")
     ap.add_argument("--data-dir", type=Path, default=None, help="evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
     ap.add_argument("--llm-run", type=Path, default=None, help="a regenerate(+score) run dir on SciFact train for the ns-llm-* arms")
-    ap.add_argument("--arms", default=",".join(ALL_ARMS))
-    ap.add_argument("--seeds", default="0,1,2", help="seeds of the key arms; other arms use the first")
+    ap.add_argument("--arms", default=",".join(HEADLINE_ARMS), help=f"comma-separated, or 'all' ({','.join(ALL_ARMS)})")
+    ap.add_argument("--seeds", default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first")
     ap.add_argument("--all-seeds", action="store_true", help="run every arm over every seed")
     ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -462,7 +476,11 @@ def main(argv: list[str] | None = None) -> int:
                          "a full SciFact evaluation embeds 5,183 abstracts (~45 min on one loaded CPU core)")
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
     ap.add_argument("--emb-cache", type=Path, default=None, help="base-model query/corpus embeddings for mining (default OUT/_mined/emb; shared by every arm)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
     args.eval_tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip()]
 
@@ -472,10 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir is None or not (Path(args.data_dir) / "scifact" / "train" / "qrels.tsv").exists():
         sys.exit("scifact_recipe: no SciFact data; point NEGSYNTH_DATA_DIR (or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")
     seeds = [int(s) for s in args.seeds.split(",")]
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    bad = [a for a in arms if a not in ALL_ARMS]
-    if bad:
-        sys.exit(f"scifact_recipe: unknown arm(s) {bad}; choose from {','.join(ALL_ARMS)}")
+    arms = select_arms(args.arms)
     if args.llm_run is None:
         dropped = [a for a in arms if a.startswith("ns-llm-")]
         arms = [a for a in arms if not a.startswith("ns-llm-")]
