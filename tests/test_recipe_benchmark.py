@@ -74,7 +74,7 @@ def test_default_invocation_is_the_headline_and_all_means_every_arm():
 
     mod = load_script()
     args = mod.build_parser().parse_args([])
-    # the default run finishes in about an hour on 2 cores: base, the stock recipe, negsynth's default
+    # the default run is the headline (an hour or so on 2 cores): base, the stock recipe, negsynth's default
     assert mod.select_arms(args.arms) == ["base", "st-mined-4", "ns-pipeline"] and args.seeds == "0"
     assert mod.select_arms("all") == list(mod.ALL_ARMS) and mod.select_arms(" st-inbatch , base ") == ["st-inbatch", "base"]
     with pytest.raises(SystemExit, match=r"unknown arm\(s\) \['st-mined-9'\]"):
