@@ -451,9 +451,20 @@ def select_arms(text: str) -> list[str]:
     """``--arms``: comma-separated names, or ``all``; an unknown name stops the run in one line."""
     arms = list(ALL_ARMS) if text.strip() == "all" else [a.strip() for a in text.split(",") if a.strip()]
     bad = [a for a in arms if a not in ALL_ARMS]
-    if bad:
-        sys.exit(f"scifact_recipe: unknown arm(s) {bad}; choose from {','.join(ALL_ARMS)} or 'all'")
+    if bad or not arms:
+        sys.exit(f"scifact_recipe: unknown arm(s) {bad or text!r}; choose from {','.join(ALL_ARMS)} or 'all'")
     return arms
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers (argparse turns the ValueError into a one-line usage error)."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seed given; e.g. --seeds 0")
+    return seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -462,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-dir", type=Path, default=None, help="evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
     ap.add_argument("--llm-run", type=Path, default=None, help="a regenerate(+score) run dir on SciFact train for the ns-llm-* arms")
     ap.add_argument("--arms", default=",".join(HEADLINE_ARMS), help=f"comma-separated, or 'all' ({','.join(ALL_ARMS)})")
-    ap.add_argument("--seeds", default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first")
+    ap.add_argument("--seeds", type=seed_list, default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first")
     ap.add_argument("--all-seeds", action="store_true", help="run every arm over every seed")
     ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -489,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir = args.data_dir or default_data_dir()
     if args.data_dir is None or not (Path(args.data_dir) / "scifact" / "train" / "qrels.tsv").exists():
         sys.exit("scifact_recipe: no SciFact data; point NEGSYNTH_DATA_DIR (or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     arms = select_arms(args.arms)
     if args.llm_run is None:
         dropped = [a for a in arms if a.startswith("ns-llm-")]

@@ -75,8 +75,22 @@ def test_default_invocation_is_the_headline_and_all_means_every_arm():
     mod = load_script()
     args = mod.build_parser().parse_args([])
     # the default run is the headline (an hour or so on 2 cores): base, the stock recipe, negsynth's default
-    assert mod.select_arms(args.arms) == ["base", "st-mined-4", "ns-pipeline"] and args.seeds == "0"
+    assert mod.select_arms(args.arms) == ["base", "st-mined-4", "ns-pipeline"] and args.seeds == [0]
     assert mod.select_arms("all") == list(mod.ALL_ARMS) and mod.select_arms(" st-inbatch , base ") == ["st-inbatch", "base"]
     with pytest.raises(SystemExit, match=r"unknown arm\(s\) \['st-mined-9'\]"):
         mod.select_arms("base,st-mined-9")
     mod.build_parser().format_help()  # the docstring epilog renders (a stray % would raise here)
+
+
+def test_bad_seeds_and_empty_arms_stop_in_one_line(capsys):
+    import pytest
+
+    mod = load_script()
+    assert mod.build_parser().parse_args(["--seeds", "0, 1,2"]).seeds == [0, 1, 2]
+    for bad, says in (("zero", "'zero': expected comma-separated integers"), (",", "no seed given")):
+        with pytest.raises(SystemExit) as e:
+            mod.build_parser().parse_args(["--seeds", bad])
+        last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse: usage line, then one error line
+        assert e.value.code == 2 and last.endswith(f"argument --seeds: {says}, e.g. 0,1,2" if bad == "zero" else f"argument --seeds: {says}; e.g. --seeds 0")
+    with pytest.raises(SystemExit, match=r"unknown arm\(s\) ' , '"):
+        mod.select_arms(" , ")
