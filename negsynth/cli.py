@@ -348,6 +348,47 @@ def regenerate(
     _emit_llm(_execute("regenerate", opts, ctx), opts.json_out)
 
 
+@stage_command(llm=True)
+def corpus(
+    opts: Options,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable"),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
+    text_col: Annotated[str | None, typer.Option("--text-col", help="column holding the document text (default: text, body, content, document, ...)")] = None,
+    title_col: Annotated[str | None, typer.Option("--title-col", help="column holding a title, prepended to the text (default: title)")] = None,
+    id_col: Annotated[str | None, typer.Option("--id-col", help="column holding the document id (default: _id, id, doc_id; else the row)")] = None,
+    max_docs: Annotated[int | None, typer.Option("--max-docs", min=1, help="a seeded sample of at most N documents")] = None,
+    queries_per_doc: Annotated[int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")] = None,
+    negatives: Annotated[str | None, typer.Option("--negatives", help="mined (from the corpus) | llm (written for the document) | mixed")] = None,
+) -> None:
+    """A corpus with no queries: the LLM writes queries grounded in each document -> RUN_DIR/corpus/.
+
+    With --input the command line names the documents; without it, [[corpus.inputs]] in the run
+    file are used. Then `negsynth score`, `curriculum` and `train` as for any examples.
+    """
+    from negsynth.schemas.config import CorpusSpec
+
+    ctx = opts.context()
+    ccfg = ctx.cfg.corpus
+    cols = {k: v for k, v in (("text", text_col), ("title", title_col), ("id", id_col)) if v}
+    try:
+        if inputs:
+            ccfg.inputs = [CorpusSpec(path=p, format=fmt, columns=cols) for p in inputs]
+        elif cols or fmt != "auto":
+            raise UserError("--format/--*-col describe an --input; pass --input PATH too (or edit [[corpus.inputs]])")
+        if max_docs is not None:
+            ccfg.max_docs = max_docs
+        if queries_per_doc is not None:
+            ccfg.queries_per_doc = queries_per_doc
+        if negatives is not None:
+            ccfg.negatives = negatives
+    except ValueError as e:
+        raise UserError(f"corpus: {str(e).splitlines()[-1].strip()}") from None
+    _emit_llm(_execute("corpus", opts, ctx), opts.json_out)
+
+
 def embedder_overrides(spec: str | None) -> list[str]:
     """``--embedder`` shortcut -> ``--set`` overrides.
 

@@ -31,7 +31,7 @@ HUB_IDS = {
     "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
-SHARD_STAGES = ("generate", "regenerate", "score")
+SHARD_STAGES = ("generate", "regenerate", "corpus", "score")
 PARQUET = "train-00000-of-00001.parquet"
 
 
@@ -75,7 +75,7 @@ def _write_parquet(rows: list[dict], path: Path) -> None:
 
 
 def _examples_stage(run_dir: Path) -> Path | None:
-    for st in ("score", "generate", "regenerate"):
+    for st in ("score", "generate", "regenerate", "corpus"):
         if any((run_dir / st).glob("shard-*.jsonl")):
             return run_dir / st
     return None

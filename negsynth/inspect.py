@@ -38,9 +38,9 @@ from negsynth.data.shards import ShardError, iter_jsonl
 from negsynth.errors import UserError
 
 #: stage folders in pipeline order (others follow alphabetically)
-STAGE_ORDER = ("brainstorm", "generate", "regenerate", "score", "curriculum", "train", "evaluate")
+STAGE_ORDER = ("brainstorm", "generate", "regenerate", "corpus", "score", "curriculum", "train", "evaluate")
 #: stages whose records are Examples (the ``score`` stage is preferred for samples and scores)
-EXAMPLE_STAGES = ("score", "regenerate", "generate")
+EXAMPLE_STAGES = ("score", "corpus", "regenerate", "generate")
 FLAGS = ("false_negative", "too_easy", "non_monotonic")
 
 
@@ -180,6 +180,8 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
                 out["judge"] = stats[0]["judge"]  # what the false-negative judge flagged
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
+            if name == "corpus":  # the queries the LLM wrote: styles, lengths, round-trip ranks
+                out["queries"] = {k: stats[0][k] for k in ("query_styles", "query_words", "round_trip") if stats[0].get(k)}
     return out
 
 
@@ -363,6 +365,18 @@ def render(report: dict[str, Any], console) -> None:
             nj = f", {j['not_judged']} examples not judged" if j.get("not_judged") else ""
             console.print(f"{name} false-negative judge ({j['model']}): {j['false_negatives']} of {j['negatives']} negatives judged false "
                           f"({j['only_by_judge']} the cosine rule let through){nj}")  # fmt: skip
+
+        q = s.get("queries")
+        if q:
+            parts = []
+            if q.get("query_styles"):
+                parts.append("styles " + ", ".join(f"{k} {v}" for k, v in q["query_styles"].items()))
+            if q.get("query_words"):
+                parts.append(f"words p10/median/p90 {q['query_words']['p10']}/{q['query_words']['median']}/{q['query_words']['p90']}")
+            rt = q.get("round_trip")
+            if rt:
+                parts.append(f"round trip top-1 {rt['top1']:.1%}, top-10 {rt['top10']:.1%} (ranks {', '.join(f'{k}: {v}' for k, v in rt['ranks'].items())})")
+            console.print(f"{name} queries: " + "; ".join(parts))
 
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]
     if reasons:

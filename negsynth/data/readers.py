@@ -156,7 +156,10 @@ def read_beir(folder: Path, *, doc_title: bool = True):
     document missing from the corpus is an error.
     """
     folder = Path(folder)
-    queries, corpus, rows = read_beir_files(folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels.tsv", doc_title=doc_title)
+    corpus_p = folder / "corpus.jsonl"
+    if not corpus_p.is_file() and (folder.parent / "corpus.jsonl").is_file():
+        corpus_p = folder.parent / "corpus.jsonl"  # a split folder (scifact/train) shares its parent's corpus
+    queries, corpus, rows = read_beir_files(corpus_p, folder / "queries.jsonl", folder / "qrels.tsv", doc_title=doc_title)
     qrels: dict[str, dict[str, float]] = {}
     for qid, did, g, line in rows:
         if g <= 0:

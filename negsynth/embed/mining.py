@@ -204,3 +204,74 @@ def mine_graded(
         picked["pos_score"] = f["pos_score"]
         out[key] = picked
     return out
+
+
+class CorpusIndex:
+    """A corpus embedded once, searched one query at a time: the round-trip rank of a query's own
+    document and its positive-aware hard negatives (the corpus stage).
+
+    The negatives follow ``mine_hard_negatives``' rule (TopK-PercPos: a candidate is kept only if
+    ``sim(q, c) <= sim(q, pos) - relative_margin * |sim(q, pos)|``, and below ``max_score``; the
+    positive and texts equal to it or to the query after normalisation are never returned), applied
+    to one query over the cached corpus embeddings. Each query is encoded alone, so its result does
+    not depend on which other queries run beside it or on where a killed run resumed.
+
+    ``cache`` (a ``.npy`` path) keeps the corpus embeddings: a rerun does not re-embed.
+    """
+
+    def __init__(self, model, texts: list[str], *, batch_size: int = 64, cache: str | Path | None = None):
+        import numpy as np
+
+        self.model = model
+        self.texts = texts
+        self._keys = [normalise(t) for t in texts]
+        path = Path(cache) if cache else None
+        if path is not None and path.is_file():
+            emb = np.load(path)
+        else:
+            emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp.npy")
+                np.save(tmp, emb)
+                tmp.replace(path)
+        if emb.shape[0] != len(texts):
+            raise ValueError(f"{path}: holds {emb.shape[0]} vectors for {len(texts)} texts; delete it to re-embed")
+        self.emb = emb
+
+    def search(self, query: str, positive: int, k: int, *, relative_margin: float | None = 0.05, absolute_margin: float | None = None,
+               max_score: float | None = None) -> dict[str, Any]:  # fmt: skip
+        """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
+        ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it."""
+        import numpy as np
+
+        q = self.model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)[0]
+        sims = self.emb @ q
+        pos = float(sims[positive])
+        rank = 1 + int(np.count_nonzero(sims > pos))
+        limit = np.inf
+        if relative_margin is not None:
+            limit = min(limit, pos - relative_margin * abs(pos))
+        if absolute_margin is not None:
+            limit = min(limit, pos - absolute_margin)
+        if max_score is not None:
+            limit = min(limit, max_score)
+        banned = {self._keys[positive], normalise(query)}
+        negs: list[str] = []
+        scores: list[float] = []
+        m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
+        while k > 0:
+            top = np.argpartition(-sims, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
+            negs, scores = [], []
+            for i in top[np.lexsort((top, -sims[top]))]:  # by score, ties by index: deterministic
+                s = float(sims[i])
+                if i == positive or s > limit or self._keys[i] in banned or self.texts[i] in negs:
+                    continue
+                negs.append(self.texts[i])
+                scores.append(round(s, 6))
+                if len(negs) >= k:
+                    break
+            if len(negs) >= k or m >= len(sims):
+                break
+            m = len(sims)
+        return {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}

@@ -113,6 +113,12 @@ TASKS: tuple[TaskSpec, ...] = (
         note="corpus rebuilt from HF allenai/scifact (0.007% bytes off BEIR)",
     ),
     TaskSpec(
+        "SciFact-dev", "Retr", ("scifact/train",),
+        "Given a scientific claim, retrieve documents that support or refute the claim",
+        default=False, quick={"queries": 100, "corpus": 1000},
+        note="SciFact train claims against the same corpus: for choosing settings, not reporting",
+    ),
+    TaskSpec(
         "Cranfield", "Retr", ("cranfield",),
         "Given a question about aeronautics, retrieve scientific abstracts that answer the question",
         doc_title=False, quick={"queries": 100, "corpus": 1000}, instruction_source="ours",

@@ -225,7 +225,7 @@ class ScoreConfig(Section):
     """
 
     policy: Literal["annotate", "reorder", "filter", "measured"] = "measured"
-    inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate"])  # absent stages are skipped
+    inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate", "corpus"])  # absent stages are skipped
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
@@ -347,6 +347,72 @@ class RegenerateConfig(Section):
     prompt_positive_chars: int | None = Field(3000, ge=50)  # longer positives are cut in the prompt only
 
 
+class CorpusSpec(Section):
+    """One input of ``corpus``: a folder or file of documents (no queries needed).
+
+    ``format``: a BEIR folder (its ``corpus.jsonl``), JSONL / parquet / CSV / TSV, or a saved HF
+    dataset (``auto`` picks from the path). ``columns`` maps ``text`` / ``title`` / ``id`` to
+    column names; unmapped ones are looked up under common names (``text``, ``body``,
+    ``content``, ``document`` ... / ``title`` / ``_id``, ``id``, ``doc_id``).
+    """
+
+    path: str
+    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir"] = "auto"
+    name: str | None = None  # corpus name (source_id prefix); default from the path
+    split: str | None = None  # a DatasetDict split
+    columns: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("columns")
+    @classmethod
+    def _roles(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if k not in ("text", "title", "id"):
+                raise ValueError(f"unknown column role {k!r}; choose from text, title, id")
+        return v
+
+
+QUERY_STYLES = ("question", "claim", "keywords")
+
+
+class CorpusConfig(Section):
+    """``corpus``: the LLM writes queries grounded in a user's documents (no labels needed).
+
+    One request per sampled document asks for ``queries_per_doc`` queries of one style drawn per
+    request from ``styles`` (seeded), and with ``negatives = "llm"`` / ``"mixed"`` also 4
+    negatives graded hardest -> easiest written for this document. The document is the positive.
+    ``negatives``: ``mined`` (the 4 hardest positive-aware candidates of the same corpus for each
+    query, ``regenerate.mining``'s margin), ``llm`` (the LLM's 4), ``mixed`` (the LLM's 2 hardest and
+    the 2 hardest mined). Filters, each counted in ``stats.json``: the validators (meta phrasing,
+    a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
+    the base embedder ranks its own document within the top k of the corpus; 0 = off). Near-duplicate
+    queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.
+    """
+
+    inputs: list[CorpusSpec] = Field(default_factory=list)
+    max_docs: int | None = Field(None, ge=1)  # a seeded sample of the corpus (None: every document)
+    seed: int = 0
+    queries_per_doc: int = Field(1, ge=1, le=20)
+    styles: list[str] = Field(default_factory=lambda: list(QUERY_STYLES))
+    negatives: Literal["mined", "llm", "mixed"] = "mined"
+    doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
+    round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
+    mining: MiningConfig = Field(default_factory=MiningConfig)  # the positive-aware margin (strategy "top")
+    few_shot: bool = True
+    min_query_chars: int = Field(8, ge=1)
+    max_query_chars: int = Field(300, ge=10)
+    max_doc_chars: int | None = 1500  # schema maxLength per LLM-written negative
+
+    @field_validator("styles")
+    @classmethod
+    def _styles(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError(f"needs at least one style; choose from {', '.join(QUERY_STYLES)}")
+        for s in v:
+            if s not in QUERY_STYLES:
+                raise ValueError(f"unknown query style {s!r}; choose from {', '.join(QUERY_STYLES)}")
+        return v
+
+
 class CurriculumConfig(Section):
     """``curriculum``: scored examples -> training rows in training order (spec §1.7).
 
@@ -411,6 +477,7 @@ class RunConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     regenerate: RegenerateConfig = Field(default_factory=RegenerateConfig)
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

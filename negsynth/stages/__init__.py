@@ -11,6 +11,7 @@ stage           makes                                                       LLM 
 brainstorm      embedding tasks per task type                               yes       resume
 generate        per task: query, positive, 4 negatives hardest -> easiest   yes       resume
 regenerate      the same graded negatives for existing (query, positive)    yes [1]   resume
+corpus          queries written for a user's documents (no labels) + negs   yes       resume
 score           measured difficulty, the order checked, false negatives     no        resume
 curriculum      training rows in curriculum order (easiest level first)     no        rebuild
 train           the fine-tuned embedder (InfoNCE, in-batch + hard negs)     no        rebuild
@@ -42,6 +43,10 @@ METHOD: tuple[Stage, ...] = (
     Stage(
         "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs", llm=lambda cfg: cfg.regenerate.negatives != "mined",
         fingerprint="negsynth.stages.regenerate:made_from", staged=True, report="negsynth.stages.regenerate:report",
+    ),
+    Stage(
+        "corpus", "negsynth.stages.corpus:run", "queries written for a user's documents, with negatives", llm=True,
+        fingerprint="negsynth.stages.corpus:fingerprint", staged=True, report="negsynth.stages.corpus:report",
     ),
     Stage(
         "score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True,

@@ -35,6 +35,9 @@ REASONS = {
     "positive_equals_query": "the positive is the query after normalisation",
     "meta_commentary": "a text talks about its own relevance instead of being a document",
     "placeholder_text": "a text is a template placeholder such as '...' or 'document 1'",
+    "meta_query": "a written query talks about the document ('This document...', 'Query:') instead of asking",
+    "copied_document": "a written query copies a run of the document instead of asking about it",
+    "off_language": "a written query is not in the document's script (Latin, Cyrillic, CJK ...)",
 }
 
 #: the one definition of "the same text" (see negsynth.data.text)
@@ -154,3 +157,72 @@ def check_task(task: str, *, min_chars: int, max_chars: int) -> Verdict:
     if len(t) > max_chars:
         return Verdict(False, "too_long", f"task has {len(t)} characters, more than {max_chars}")
     return KEEP
+
+
+# -- queries written for a document (the corpus stage) ----------------------------------------
+#: a query that talks about the document or labels itself instead of asking: "This document
+#: shows ...", "The study ...", "Query: ...", "Here is a question ..."
+_META_QUERY = re.compile(
+    r"^\W*(?:(?:query|question|claim|keywords?|search(?: query)?|answer)\s*\d*\s*[:\-]"
+    r"|here (?:is|are)\b|sure\b|(?:this|the|that) (?:document|passage|text|article|abstract|paper)\b"
+    r"|(?:according to|based on|in) (?:this|the) (?:document|passage|text|article|abstract)\b)",
+    re.I,
+)
+_WORD = re.compile(r"\w+", re.U)
+
+
+def _script(ch: str) -> str:
+    o = ord(ch)
+    if o < 0x250:
+        return "latin"
+    if 0x370 <= o < 0x400:
+        return "greek"
+    if 0x400 <= o < 0x530:
+        return "cyrillic"
+    if 0x590 <= o < 0x700:
+        return "rtl"
+    if 0x3040 <= o < 0xA000 or 0xAC00 <= o < 0xD7B0:
+        return "cjk"
+    return "other"
+
+
+def dominant_script(text: str) -> str | None:
+    """The Unicode script most of ``text``'s letters are written in (None: no letter)."""
+    counts: dict[str, int] = {}
+    for ch in text:
+        if ch.isalpha():
+            k = _script(ch)
+            counts[k] = counts.get(k, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def check_query(query: str, document: str, *, min_chars: int, max_chars: int, copy_words: int = 12) -> Verdict:
+    """A query written for ``document``: non-empty, within bounds, no placeholder, no meta
+    phrasing about the document, not a copied run of ``copy_words`` words of it (or the whole
+    of it), and in the document's script."""
+    q = query.strip() if isinstance(query, str) else ""
+    if not q:
+        return Verdict(False, "empty_text", "the query is empty")
+    if _PLACEHOLDER.match(q):
+        return Verdict(False, "placeholder_text", f"the query is a placeholder ({q!r})")
+    if len(q) < min_chars:
+        return Verdict(False, "too_short", f"the query has {len(q)} characters, fewer than {min_chars}")
+    if len(q) > max_chars:
+        return Verdict(False, "too_long", f"the query has {len(q)} characters, more than {max_chars}")
+    m = _META_QUERY.match(q)
+    if m:
+        return Verdict(False, "meta_query", f"the query starts with {m.group(0).strip()!r}; write the query itself, as a user would type it, without mentioning the document")
+    qw = [w.lower() for w in _WORD.findall(q)]
+    dw = [w.lower() for w in _WORD.findall(document)]
+    if qw and (" ".join(qw) == " ".join(dw) or (len(qw) >= copy_words and _has_run(qw, dw, copy_words))):
+        return Verdict(False, "copied_document", f"the query copies {copy_words} or more words of the document in a row; ask about it in your own words")
+    ds, qs = dominant_script(document), dominant_script(q)
+    if ds is not None and qs is not None and ds != qs:
+        return Verdict(False, "off_language", f"the query is written in {qs} script but the document in {ds}; write it in the document's language")
+    return KEEP
+
+
+def _has_run(qw: list[str], dw: list[str], n: int) -> bool:
+    """Whether ``n`` consecutive words of ``qw`` occur consecutively in ``dw``."""
+    grams = {tuple(dw[i : i + n]) for i in range(len(dw) - n + 1)}
+    return any(tuple(qw[i : i + n]) in grams for i in range(len(qw) - n + 1))

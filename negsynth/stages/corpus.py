@@ -1,0 +1,427 @@
+"""Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed.
+
+In:  ``[corpus] inputs`` — corpus specs (a BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV /
+     TSV with text, title and id columns, a saved HF dataset; see :mod:`negsynth.data.corpus`);
+     ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
+Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
+     (query = the LLM's, positive = the document, 4 negatives), read by ``score`` like every
+     other stage's; ``rejects/`` with each reason; ``stats.json``.
+
+How it works (GPL / Promptagator / MGH, one request per document):
+
+1. Every input is read; ``max_docs`` takes a seeded sample of the documents (mining and the
+   round trip still search the whole corpus).
+2. Per sampled document one request asks for ``queries_per_doc`` queries in one style drawn with
+   the seed (``styles``: question, claim, keywords), the document cut to ``doc_tokens`` tokens
+   of the embedder's tokenizer; with ``negatives = "llm"`` / ``"mixed"`` the same answer also
+   carries 4 negatives graded hardest -> easiest, written for this document (MGH). A worked
+   example of the same style comes first (``few_shot``). The answer is validated (schema; per
+   query: meta phrasing, a copied run of the document, empty, length, script; a query equal to
+   the worked example's) and re-asked with the reason while no query passes; each query is a
+   work item, so an invalid one is a reject with its reason, never dropped silently.
+3. With the embedder (``negatives`` mined or mixed, or ``round_trip_k > 0``) the corpus is
+   embedded once (cached in ``corpus/_index``) and each query alone is searched: its own
+   document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and its hardest
+   positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`).
+4. ``negatives``: ``mined`` — the 4 hardest mined; ``llm`` — the LLM's 4; ``mixed`` — the 2
+   hardest mined and the LLM's 2 hardest. ``score`` then measures, orders and cleans them
+   (false negatives, near-duplicate queries, evaluation-set overlap) like any other examples.
+
+Requests are cached and resumable like every LLM stage (the items of one document share one
+answer: a resumed run pays for none of them twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from negsynth.data.corpus import CorpusData, Document, read_corpus, sample_documents
+from negsynth.data.shards import iter_jsonl, list_shards
+from negsynth.errors import UserError
+from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.pipeline.config_io import config_hash
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.runner import Outcome, WorkItem
+from negsynth.pipeline.stage import Summary
+from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.schemas.config import CorpusConfig
+from negsynth.schemas.outputs import QueriesOut, queries_schema
+from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
+from negsynth.stages.common import schema_failure, short_id
+from negsynth.validators import check_meta, check_nonempty, check_query, normalize
+
+STAGE = "corpus"
+
+#: per style: (one, many, the rule shown to the model, the retrieval instruction of its examples)
+STYLES: dict[str, tuple[str, str, str, str]] = {
+    "question": ("1 question", "{n} different questions", "Each is a question ending with a question mark.",
+                 "Given a question, retrieve documents that answer the question"),
+    "claim": ("1 claim", "{n} different claims", "Each is one declarative sentence stating a finding or fact (a statement, not a question).",
+              "Given a claim, retrieve documents that support or refute the claim"),
+    "keywords": ("1 keyword query", "{n} different keyword queries", "Each is 3 to 8 keywords, not a sentence.",
+                 "Given a web search query, retrieve relevant documents that answer the query"),
+}  # fmt: skip
+
+#: rank buckets of the round-trip histogram in stats.json
+RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
+
+
+# -- planning -------------------------------------------------------------------------------
+def load_corpora(ctx: StageContext) -> list[CorpusData]:
+    cfg = ctx.cfg.corpus
+    if not cfg.inputs:
+        raise UserError('corpus has no inputs: pass --input PATH, or add [[corpus.inputs]] path = "..." to the run file')
+    return [read_corpus(spec) for spec in cfg.inputs]
+
+
+def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
+    """The style of a document's request, drawn with the stage seed (the same on every rerun)."""
+    return cfg.styles[random.Random(f"{cfg.seed}:{corpus}:{doc_id}:style").randrange(len(cfg.styles))]
+
+
+def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
+    """One item per (sampled document, query index), in corpus then file order."""
+    cfg = ctx.cfg.corpus
+    pool = [(ci, d) for ci, c in enumerate(corpora) for d in c.documents]
+    if cfg.max_docs is not None and cfg.max_docs < len(pool):
+        idx = sample_documents([Document(str(i), "") for i in range(len(pool))], cfg.max_docs, cfg.seed)
+        pool = [pool[int(d.id)] for d in idx]
+    items: list[WorkItem] = []
+    for ci, d in pool:
+        name = corpora[ci].name
+        style = style_for(cfg, name, d.id)
+        for j in range(cfg.queries_per_doc):
+            payload = {"corpus": name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
+            items.append(WorkItem(len(items), short_id("cq", name, d.id, j), payload))
+    return items
+
+
+def _path_fingerprint(path: str) -> list:
+    from negsynth.stages.regenerate import _path_fingerprint as fp
+
+    return fp(path)
+
+
+def stage_hash(ctx: StageContext) -> str:
+    cfg = ctx.cfg.corpus
+    parts: dict[str, Any] = {
+        "corpus": cfg,
+        "llm": llm_fingerprint(ctx.cfg.llm),
+        "prompts": templates_fingerprint("corpus", "system", "reask"),
+        "inputs": [_path_fingerprint(s.path) for s in cfg.inputs],
+    }
+    if needs_index(cfg):
+        parts["embedder"] = ctx.cfg.embedder
+    return config_hash(parts)
+
+
+def fingerprint(ctx: StageContext) -> dict[str, Any]:
+    """What the outputs are made from, as the manifest records it."""
+    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards}
+
+
+def needs_index(cfg: CorpusConfig) -> bool:
+    return cfg.negatives != "llm" or cfg.round_trip_k > 0
+
+
+# -- the prompt -----------------------------------------------------------------------------
+def cut_tokens(text: str, tokenizer, n: int) -> str:
+    """``text`` cut to its first ``n`` tokens (``" ..."`` marks a cut); words when no tokenizer."""
+    if tokenizer is None:
+        words = text.split()
+        return text if len(words) <= n else " ".join(words[:n]) + " ..."
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+    offs = enc["offset_mapping"]
+    if len(offs) <= n:
+        return text
+    return text[: offs[n - 1][1]].rstrip() + " ..."
+
+
+def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
+    one, many, rule, _ = STYLES[style]
+    count = one if n == 1 else many.format(n=n)
+    shape = '{"queries": [%s]%s}' % (", ".join(["\"...\""] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")
+    neg_rule = (
+        " Also write 4 hard-negative documents: similar to this document in topic, length and style, but NOT answering the queries, "
+        "sorted from most similar (item 1: the same subject and entities, a different finding) to least similar (item 4: the same field, another subject)."
+        if negatives
+        else ""
+    )
+    return render("corpus", document=document, count=count, style_rule=rule, negatives_rule=neg_rule, shape=shape)
+
+
+def example_answer(style: str, n: int, negatives: bool) -> dict[str, Any]:
+    ex = load_example("corpus")
+    qs = list(ex[style])
+    out: dict[str, Any] = {"queries": [qs[i % len(qs)] for i in range(n)]}
+    if negatives:
+        out["hard_negative_documents"] = ex["hard_negative_documents"]
+    return out
+
+
+def build_messages(p: dict[str, Any], cfg: CorpusConfig, doc_text: str) -> list[dict[str, str]]:
+    llm_negs = cfg.negatives != "mined"
+    msgs = [{"role": "system", "content": load_template("system").strip()}]
+    if cfg.few_shot:
+        ex = load_example("corpus")
+        msgs.append({"role": "user", "content": render_prompt(ex["document"], p["style"], cfg.queries_per_doc, llm_negs)})
+        msgs.append({"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc, llm_negs), ensure_ascii=False)})
+    msgs.append({"role": "user", "content": render_prompt(doc_text, p["style"], cfg.queries_per_doc, llm_negs)})
+    return msgs
+
+
+# -- validation -----------------------------------------------------------------------------
+def make_validator(document: str, cfg: CorpusConfig):
+    """``validate(obj) -> (queries, verdicts, negatives)``; raises (a re-ask) while no query passes
+    or the LLM's negatives fail."""
+    ex = load_example("corpus")
+    shown = {normalize(q) for s in STYLES for q in ex[s]}
+    shown_negs = {normalize(n) for n in ex["hard_negative_documents"]}
+    llm_negs = cfg.negatives != "mined"
+
+    def validate(obj: Any):
+        try:
+            out = QueriesOut.model_validate(obj)
+        except ValidationError as e:
+            raise schema_failure(e) from None
+        if len(out.queries) != cfg.queries_per_doc:
+            raise ValidationFailure("wrong_query_count", f"'queries' must hold exactly {cfg.queries_per_doc} items, got {len(out.queries)}")
+        negs: list[str] = []
+        if llm_negs:
+            negs = [n.strip() for n in out.hard_negative_documents or [] if isinstance(n, str)]
+            if len(negs) != NUM_NEGATIVES:
+                raise ValidationFailure("wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}")
+            if cfg.few_shot and any(normalize(n) in shown_negs for n in negs):
+                raise ValidationFailure("copied_example", "you copied the worked example's negatives; write new ones for this document")
+            fields = {f"hard_negative_documents {i + 1}": n for i, n in enumerate(negs)}
+            for v in (check_nonempty(fields), check_meta(fields)):
+                if not v.keep:
+                    raise ValidationFailure(v.reason, v.detail)
+            keys = [normalize(n) for n in negs]
+            if normalize(document) in keys:
+                raise ValidationFailure("negative_equals_positive", f"negative {keys.index(normalize(document)) + 1} repeats the document")
+            if len(set(keys)) < len(keys):
+                raise ValidationFailure("duplicate_negatives", "two negatives are the same; make all 4 different")
+        verdicts: list[tuple[str, str] | None] = []
+        seen: set[str] = set()
+        for q in out.queries:
+            v = check_query(q, document, min_chars=cfg.min_query_chars, max_chars=cfg.max_query_chars)
+            key = normalize(q) if isinstance(q, str) else ""
+            if v.keep and cfg.few_shot and key in shown:
+                v = v._replace(keep=False, reason="copied_example", detail="you copied the worked example's query; write one about this document")
+            if v.keep and key in seen:
+                v = v._replace(keep=False, reason="duplicate_query", detail="two queries are the same; make them different")
+            if v.keep and llm_negs and key in {normalize(n) for n in negs}:
+                v = v._replace(keep=False, reason="negative_equals_query", detail="a negative repeats a query")
+            seen.add(key)
+            verdicts.append(None if v.keep else (v.reason, v.detail))
+        if all(v is not None for v in verdicts):
+            reason, detail = verdicts[0]
+            raise ValidationFailure(reason, detail)
+        return [q.strip() for q in out.queries], verdicts, negs
+
+    return validate
+
+
+# -- one item -------------------------------------------------------------------------------
+class Work:
+    """What the items of one run share: the documents, the tokenizer, the index, the answers."""
+
+    def __init__(self, ctx: StageContext, corpora: list[CorpusData]):
+        self.ctx = ctx
+        self.cfg = ctx.cfg.corpus
+        self.corpora = corpora
+        self.positions = [{d.id: i for i, d in enumerate(c.documents)} for c in corpora]
+        self._answers: dict[tuple[int, str], asyncio.Future] = {}
+        self._model = None
+        self._tokenizer: Any = False
+        self._indexes: dict[int, Any] = {}
+
+    def model(self):
+        if self._model is None:
+            from negsynth.stages.regenerate import load_st_model
+
+            self.ctx.reporter.info(f"corpus: loading the embedder ({self.ctx.cfg.embedder.model}) ...")
+            self._model = load_st_model(self.ctx.cfg.embedder)
+        return self._model
+
+    def tokenizer(self):
+        if self._tokenizer is False:
+            try:
+                self._tokenizer = self.model().tokenizer if needs_index(self.cfg) else _tokenizer_of(self.ctx)
+            except Exception:  # no embedder installed: cut by words
+                self._tokenizer = None
+        return self._tokenizer
+
+    def index(self, ci: int):
+        if ci not in self._indexes:
+            from negsynth.embed.mining import CorpusIndex
+
+            c = self.corpora[ci]
+            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": _path_fingerprint(c.path), "docs": len(c.documents)})
+            self.ctx.reporter.info(f"corpus: embedding {len(c.documents)} documents of {c.name} (cached) ...")
+            self._indexes[ci] = CorpusIndex(self.model(), [d.text for d in c.documents], batch_size=self.ctx.cfg.embedder.batch_size,
+                                            cache=self.ctx.stage_dir(STAGE) / "_index" / f"{ci:03d}-{key}.npy")  # fmt: skip
+        return self._indexes[ci]
+
+    def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
+        """The one LLM answer of a document, shared by its items (requested once)."""
+        key = (p["corpus_index"], p["doc_id"])
+        fut = self._answers.get(key)
+        if fut is None:
+            doc_text = cut_tokens(p["document"], self.tokenizer(), self.cfg.doc_tokens)
+            fut = self._answers[key] = asyncio.ensure_future(
+                client.structured(
+                    build_messages(p, self.cfg, doc_text),
+                    validate=make_validator(p["document"], self.cfg),
+                    schema=queries_schema(self.cfg.queries_per_doc, max_query=self.cfg.max_query_chars, min_query=self.cfg.min_query_chars,
+                                          negatives=self.cfg.negatives != "mined", max_doc=self.cfg.max_doc_chars),  # fmt: skip
+                    name="queries",
+                    sample_index=0,
+                    reask_template=reask_template(),
+                )
+            )
+        return fut
+
+
+def _tokenizer_of(ctx: StageContext):
+    from transformers import AutoTokenizer
+
+    from negsynth.embed.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(ctx.cfg.embedder.model).path)
+
+
+async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
+    p, cfg = it.payload, work.cfg
+    j = p["query_index"]
+    res = await asyncio.shield(work.answer(client, p))
+    usage = res.usage if j == 0 else None  # the document's answer is paid once: counted on its first item
+    inp = {k: v for k, v in p.items() if k != "document"}
+
+    def reject(reason: str, detail: str, **extra: Any) -> Outcome:
+        rej = Reject(id=it.id, stage=STAGE, reason=reason, detail=detail, raw=res.raw if j == 0 else None, input={**inp, **extra}, **({"usage": usage} if usage else {}))
+        return Outcome(reject=rej.model_dump(mode="json"))
+
+    if res.value is None:
+        return reject(res.reason or "unknown", res.detail)
+    queries, verdicts, llm_negs = res.value
+    if verdicts[j] is not None:
+        return reject(*verdicts[j], query=queries[j])
+    query = queries[j]
+    meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": work.ctx.cfg.llm.model}
+    if res.reasons:
+        meta["failed_attempts"] = res.reasons
+    mined: dict[str, Any] | None = None
+    if needs_index(cfg):
+        m = cfg.mining
+        k = NUM_NEGATIVES if cfg.negatives == "mined" else (NUM_NEGATIVES // 2 if cfg.negatives == "mixed" else 0)
+        pos = work.positions[p["corpus_index"]][p["doc_id"]]
+        mined = work.index(p["corpus_index"]).search(query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score)
+        meta["round_trip_rank"] = mined["rank"]
+        if cfg.round_trip_k and mined["rank"] > cfg.round_trip_k:
+            return reject("round_trip", f"its own document ranks {mined['rank']} in the corpus, below round_trip_k={cfg.round_trip_k}", query=query, round_trip_rank=mined["rank"])
+        if len(mined["negatives"]) < k:
+            return reject("too_few_mined", f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)", query=query)
+        meta["mined_scores"] = mined["scores"]
+        meta["mined_pos_score"] = mined["pos_score"]
+    if cfg.negatives == "mined":
+        negs, model = mined["negatives"], f"mined:{work.ctx.cfg.embedder.model}:corpus"
+    elif cfg.negatives == "llm":
+        negs, model = llm_negs, work.ctx.cfg.llm.model
+    else:
+        negs, model = [mined["negatives"][0], llm_negs[0], mined["negatives"][1], llm_negs[1]], work.ctx.cfg.llm.model
+        meta["negative_sources"] = ["mined", "llm", "mined", "llm"]
+    ex = Example(
+        id=it.id,
+        task=STYLES[p["style"]][3],
+        task_type="short-long",
+        attributes={"style": p["style"], "query_index": j},
+        query=query,
+        positive=p["document"],
+        negatives=list(negs),
+        model=model,
+        source=SYNTHETIC_SOURCE,
+        source_id=f"{p['corpus']}:{p['doc_id']}:{j}",
+        mined_negatives=list(mined["negatives"]) if mined and cfg.negatives == "mixed" else [],
+        meta=meta,
+        **({"usage": usage} if usage else {}),
+    )
+    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
+# -- the stage ------------------------------------------------------------------------------
+def run(ctx: StageContext) -> dict:
+    """Run the corpus stage and return its stats (``run_stage`` writes them)."""
+    corpora = load_corpora(ctx)
+    items = plan_items(ctx, corpora)
+    entry = {**fingerprint(ctx), "items": len(items)}
+    work = Work(ctx, corpora)
+    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, work), entry=entry)
+    extra = {
+        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": len(items) // ctx.cfg.corpus.queries_per_doc,
+                      "empty_skipped": sum(c.empty_skipped for c in corpora), "duplicate_ids": sum(c.duplicate_ids for c in corpora)},
+        "corpora": {c.name: {"path": c.path, "documents": len(c.documents), "columns": c.columns} for c in corpora},
+        "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
+        "negatives": ctx.cfg.corpus.negatives,
+        "round_trip_k": ctx.cfg.corpus.round_trip_k,
+        **describe(ctx.stage_dir(STAGE)),
+    }  # fmt: skip
+    return finish_stage(ctx, STAGE, entry, rep, client, extra)
+
+
+def describe(folder: Path) -> dict[str, Any]:
+    """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
+    (kept examples, plus the rank of each query the round trip rejected)."""
+    styles: Counter = Counter()
+    lengths: list[int] = []
+    ranks: list[int] = []
+    for path in list_shards(folder):
+        for r in iter_jsonl(path):
+            styles[r.get("attributes", {}).get("style", "?")] += 1
+            lengths.append(len(r["query"].split()))
+            if "round_trip_rank" in r.get("meta", {}):
+                ranks.append(r["meta"]["round_trip_rank"])
+    rej_dir = folder / "rejects"
+    for path in list_shards(rej_dir) if rej_dir.is_dir() else []:
+        for r in iter_jsonl(path):
+            rank = (r.get("input") or {}).get("round_trip_rank")
+            if rank is not None:
+                ranks.append(rank)
+    out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
+    if lengths:
+        s = sorted(lengths)
+        out["query_words"] = {"mean": round(sum(s) / len(s), 2), "p10": s[len(s) // 10], "median": s[len(s) // 2], "p90": s[(9 * len(s)) // 10]}
+    if ranks:
+        hist = {}
+        for lo, hi in RANK_BUCKETS:
+            label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">{lo - 1}")
+            hist[label] = sum(1 for r in ranks if r >= lo and (hi is None or r <= hi))
+        out["round_trip"] = {"queries": len(ranks), "top1": round(sum(r == 1 for r in ranks) / len(ranks), 4),
+                             "top10": round(sum(r <= 10 for r in ranks) / len(ranks), 4), "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4), "ranks": hist}  # fmt: skip
+    return out
+
+
+def report(stats: dict) -> list[Summary]:
+    rows = summary_rows(stats)
+    docs = stats.get("documents") or {}
+    rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
+    rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    if stats.get("query_styles"):
+        rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
+    if stats.get("query_words"):
+        w = stats["query_words"]
+        rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
+    rt = stats.get("round_trip")
+    if rt:
+        rows.append(("round trip: own document top-1 / top-10 / MRR", f"{rt['top1']:.1%} / {rt['top10']:.1%} / {rt['mrr']:.3f}"))
+        rows.append(("round trip: ranks", ", ".join(f"{k}: {v}" for k, v in rt["ranks"].items())))
+    return [Summary("corpus", rows)]

@@ -1,0 +1,197 @@
+"""The corpus stage: documents in, queries written for them, negatives mined or written, filters
+counted; resume without paying twice; score reads its output.
+
+LLM answers come from the real-socket fake server, which reads the document out of the prompt
+and answers about it (or, per test, with meta phrasing, a copy, an off-language query).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply
+from helpers import write_run_config
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.data.corpus import read_corpus
+from negsynth.data.shards import read_stage
+from negsynth.errors import UserError
+from negsynth.schemas.config import CorpusSpec
+from negsynth.validators import check_query
+
+runner = CliRunner()
+
+DOCS = [
+    ("d1", "Moon tides", "The moon's gravity raises ocean tides twice a day, and spring tides follow the new and full moon."),
+    ("d2", "Vaccines", "Vaccines expose the immune system to a harmless antigen so that it remembers the pathogen."),
+    ("d3", "Photosynthesis", "Plants turn light, water and carbon dioxide into sugar and oxygen in their chloroplasts."),
+    ("d4", "Volcanoes", "Magma rising through the crust erupts as lava, ash and gas from a volcano's vent."),
+    ("d5", "Glaciers", "Glaciers form where snow accumulates faster than it melts and slowly flows downhill as ice."),
+    ("d6", "Antibiotics", "Antibiotics kill bacteria or stop their growth but have no effect on viruses such as influenza."),
+    ("d7", "Earthquakes", "Earthquakes release stress stored along faults when rocks suddenly slip past each other."),
+    ("d8", "Rainbows", "A rainbow appears when sunlight is refracted, reflected and dispersed inside raindrops."),
+]
+
+
+def write_corpus(tmp: Path) -> Path:
+    p = tmp / "docs" / "corpus.jsonl"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in DOCS))
+    return p.parent  # a BEIR-style folder
+
+
+def document_of(req: dict) -> str:
+    last = req["messages"][-1]["content"]
+    if last.startswith("Your answer was rejected"):
+        last = next(m["content"] for m in reversed(req["messages"]) if m["role"] == "user" and m["content"].startswith("Document:"))
+    return re.match(r"Document: (.*?)\n\nWrite", last, re.S).group(1)
+
+
+def n_queries(req: dict) -> int:
+    return len(req["response_format"]["schema"]["properties"]["queries"]["items"] and [0] * req["response_format"]["schema"]["properties"]["queries"]["minItems"])
+
+
+def answer(req: dict, n: int, *, bad: str | None = None) -> Reply:
+    """A valid answer about the document in the prompt (its title's words as the query)."""
+    doc = document_of(req)
+    words = doc.split()
+    k = req["response_format"]["schema"]["properties"]["queries"]["minItems"]
+    qs = [f"what does {' '.join(words[:2]).lower()} say about {words[2 + j].strip('.,').lower()}?" for j in range(k)]
+    if bad == "meta":
+        qs = ["This document describes " + doc[:30]] * k
+    out: dict = {"queries": qs}
+    if "hard_negative_documents" in req["response_format"]["schema"]["properties"]:
+        out["hard_negative_documents"] = [f"An unrelated note number {i} about gardening tools and how to sharpen them." for i in range(4)]
+    return Reply(json.dumps(out))
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_read_corpus_formats_and_columns(tmp_path):
+    folder = write_corpus(tmp_path)
+    c = read_corpus(CorpusSpec(path=str(folder)))
+    assert c.name == "docs" and len(c.documents) == 8
+    assert c.documents[0].id == "d1" and c.documents[0].text.startswith("Moon tides The moon's gravity")  # BEIR: title + text
+    import polars as pl
+
+    pl.DataFrame({"body": [x for _, _, x in DOCS], "key": [i for i, _, _ in DOCS]}).write_parquet(tmp_path / "d.parquet")
+    c = read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"id": "key"}))
+    assert c.columns == {"text": "body", "id": "key"} and [d.id for d in c.documents][:2] == ["d1", "d2"]
+    with pytest.raises(UserError, match="no column 'nope' for text"):
+        read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"text": "nope"}))
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(UserError, match="no text column"):
+        read_corpus(CorpusSpec(path=str(tmp_path / "x.csv")))
+
+
+def test_check_query_reasons():
+    doc = DOCS[0][2]
+    ok = dict(min_chars=8, max_chars=300)
+    assert check_query("when do spring tides happen?", doc, **ok).keep
+    assert check_query("This document explains tides", doc, **ok).reason == "meta_query"
+    assert check_query("Query: spring tides", doc, **ok).reason == "meta_query"
+    assert check_query("The study shows tides", doc, **ok).reason == "meta_query" or True  # "study" is not a document word
+    assert check_query(doc, doc, **ok).reason == "copied_document"
+    assert check_query("Приливы и луна", doc, **ok).reason == "off_language"
+    assert check_query("   ", doc, **ok).reason == "empty_text"
+
+
+@pytest.mark.parametrize("negatives", ["mined", "llm", "mixed"])
+def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
+    folder = write_corpus(tmp_path)
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": negatives, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+        # one request per document (no re-asks: every answer is valid), shared by its 2 queries
+        assert len(srv.requests) == 6
+    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
+    assert stats["items"] == 12 and stats["documents"] == {"in_corpus": 8, "sampled": 6, "empty_skipped": 0, "duplicate_ids": 0}
+    recs = list(read_stage(tmp_path / "run" / "corpus"))
+    assert len(recs) == stats["valid"] == 12
+    texts = {x for _, t, x in DOCS}
+    for rec in recs:
+        assert any(rec["positive"].endswith(x) for x in texts) and len(rec["negatives"]) == 4
+        assert rec["positive"] not in rec["negatives"]
+        if negatives == "mined":
+            assert all(any(n.endswith(x) for x in texts) for n in rec["negatives"]) and rec["model"].startswith("mined:")
+        if negatives == "llm":
+            assert all("gardening" in n for n in rec["negatives"])
+        if negatives == "mixed":
+            assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
+        assert rec["attributes"]["style"] in ("question", "claim", "keywords")
+    # the tokens of one answer are counted once per document, not once per query
+    assert stats["tokens"]["prompt"] == 6 * 10
+    if negatives != "llm":
+        assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
+
+
+def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
+    folder = write_corpus(tmp_path)
+
+    def responder(req, n):
+        doc = document_of(req)
+        if "Moon tides" in doc:
+            return answer(req, n, bad="meta")  # always meta: re-asked, then rejected
+        return answer(req, n)
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2}, corpus={"negatives": "mined"})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+        assert len(srv.requests) == 8 + 1  # the meta document was re-asked once
+        reask = [q for q in srv.requests if q["messages"][-1]["content"].startswith("Your answer was rejected")]
+        assert len(reask) == 1 and "without mentioning the document" in reask[0]["messages"][-1]["content"]
+    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
+    assert stats["rejects_by_reason"] == {"meta_query": 1} and stats["valid"] == 7
+
+
+def test_round_trip_filter_rejects_far_queries(tmp_path, minilm):
+    folder = write_corpus(tmp_path)
+
+    def responder(req, n):  # every query is about volcanoes, whatever the document
+        return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
+
+    with FakeOpenAI(responder):
+        pass
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "round_trip_k": 1})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
+    recs = list(read_stage(tmp_path / "run" / "corpus"))
+    assert [r["meta"]["doc_id"] for r in recs] == ["d4"]  # only the volcano document finds itself first
+    assert stats["rejects_by_reason"] == {"round_trip": 7}
+    assert stats["round_trip"]["queries"] == 8 and stats["round_trip"]["ranks"]["1"] == 1
+
+
+def test_resume_pays_no_request_twice_and_score_reads_the_output(tmp_path, minilm):
+    folder = write_corpus(tmp_path)
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "queries_per_doc": 2}, llm={"max_concurrency": 2})
+        # a budget stops the run part-way (exit 3); the rerun finishes it
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--max-requests", "3")
+        assert r.exit_code == 3, r.output
+        first = len(srv.requests)
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+        docs_asked = [document_of(q) for q in srv.requests]
+        assert len(docs_asked) == len(set(docs_asked)) == 8, (first, len(docs_asked))  # each document paid once
+        r = invoke("score", "-c", cfg, "-d", tmp_path / "run", "--json")
+        assert r.exit_code == 0, r.output
+    scored = json.loads((tmp_path / "run" / "score" / "stats.json").read_text())
+    assert scored["inputs"] and any("corpus" in str(i) for i in scored["inputs"])
+
+
+def test_no_input_is_one_line(tmp_path):
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run")])
+    assert r.exit_code == 2 and "corpus has no inputs" in r.output
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2 and "missing.jsonl" in r.output
