@@ -25,8 +25,8 @@ claims against the same corpus — never on the test claims) and ``cranfield`` (
 abstracts; its 225 queries are the test; it has no train split, which is this setting). Both also
 report STS-B test (Spearman) and TREC clustering (V-measure) to show nothing else broke.
 
-Training protocol, every arm: batch 32, lr 2e-5, 128 tokens, ``--steps`` optimizer steps (28 by
-default, as in ``scifact_recipe.py``; the rows are cycled when there are fewer), seeds drive the
+Training protocol, every arm: batch 32, lr 2e-5, 128 tokens, one pass over the kept examples
+(``--steps N`` for a fixed count, the rows cycled when there are fewer), seeds drive the
 curriculum and the trainer. The LLM's answers are cached per dataset (``OUT/<dataset>/_cache``)
 and shared by every arm and seed that sends the same request, so seeds and the round-trip arms
 cost no LLM time. Each arm's model is saved as ``OUT/<dataset>/<arm>/seed<N>/model`` (a plain
@@ -80,7 +80,7 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     return (
         llm + "[pipeline]\nshard_size = 100\n" + corpus + '[score]\ninputs = ["corpus"]\n'
-        f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
+        f"[curriculum]\nseed = {seed}\n" + (f"total_steps = {args.steps}\n" if args.steps else "epochs = 1\n") +
         f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     )
 
@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--arms", default=f"base,{DEFAULT_ARM}", help=f"comma-separated, or 'all': {', '.join(ARMS)}")
     ap.add_argument("--seeds", default="0,1,2", help="seeds of the trained arms (the base model has none)")
     ap.add_argument("--max-docs", type=int, default=300, help="documents sampled per corpus (seeded)")
-    ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: one pass over the kept examples)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--max-length", type=int, default=128)
