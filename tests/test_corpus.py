@@ -195,3 +195,24 @@ def test_no_input_is_one_line(tmp_path):
     assert r.exit_code == 2 and "corpus has no inputs" in r.output
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "missing.jsonl" in r.output
+
+
+def test_negsynth_run_from_one_toml(tmp_path, minilm):
+    """`negsynth run` takes the corpus path from one run file through score and curriculum."""
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "lantern", "quartz"]
+    folder = tmp_path / "big"
+    folder.mkdir()
+    docs = [{"_id": f"b{i}", "title": f"{words[i % 12]} {words[(i * 5 + 1) % 12]}",
+             "text": f"Notes on {words[i % 12]} and {words[(i * 7 + 3) % 12]}: chapter {i} covers {words[(i + 4) % 12]} in detail."} for i in range(36)]  # fmt: skip
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        cfg = write_run_config(
+            tmp_path, srv.base_url,
+            corpus={"inputs": [{"path": str(folder)}], "negatives": "mined", "mining": {"relative_margin": 0.0}},
+            pipeline={"shard_size": 4, "stages": ["corpus", "score", "curriculum"]},
+            curriculum={"batch_size": 2, "homogeneous_batches": False},
+        )  # fmt: skip
+        r = invoke("run", "-c", cfg, "-d", tmp_path / "run", "--json")
+        assert r.exit_code == 0, r.output
+    cur = json.loads((tmp_path / "run" / "curriculum" / "stats.json").read_text())
+    assert cur["rows"] > 0 and cur["schedule"] == "tuple"  # mined negatives: the n-tuple rows
