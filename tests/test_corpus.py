@@ -44,6 +44,17 @@ def write_corpus(tmp: Path) -> Path:
     return p.parent  # a BEIR-style folder
 
 
+def write_big_corpus(tmp: Path, n: int = 36) -> Path:
+    """``n`` short documents over 12 words: enough distinct mined negatives for batches of 2."""
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "lantern", "quartz"]
+    folder = tmp / "big"
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = [{"_id": f"b{i}", "title": f"{words[i % 12]} {words[(i * 5 + 1) % 12]}",
+             "text": f"Notes on {words[i % 12]} and {words[(i * 7 + 3) % 12]}: chapter {i} covers {words[(i + 4) % 12]} in detail."} for i in range(n)]  # fmt: skip
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder
+
+
 def document_of(req: dict) -> str:
     last = req["messages"][-1]["content"]
     if last.startswith("Your answer was rejected"):
@@ -199,12 +210,7 @@ def test_no_input_is_one_line(tmp_path):
 
 def test_negsynth_run_from_one_toml(tmp_path, minilm):
     """`negsynth run` takes the corpus path from one run file through score and curriculum."""
-    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "lantern", "quartz"]
-    folder = tmp_path / "big"
-    folder.mkdir()
-    docs = [{"_id": f"b{i}", "title": f"{words[i % 12]} {words[(i * 5 + 1) % 12]}",
-             "text": f"Notes on {words[i % 12]} and {words[(i * 7 + 3) % 12]}: chapter {i} covers {words[(i + 4) % 12]} in detail."} for i in range(36)]  # fmt: skip
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    folder = write_big_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
         cfg = write_run_config(
             tmp_path, srv.base_url,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.data.shards import atomic_write_json
+from negsynth.aio import run_sync
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, resolve_api_key
@@ -190,12 +191,12 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
         async def noop(it: WorkItem):  # pragma: no cover - every shard is finished
             raise AssertionError(it)
 
-        return asyncio.run(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
+        return run_sync(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
 
     if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
         prepare_outputs(ctx, stage, entry)
         runner = ShardedRunner(ctx, stage, concurrency=1)
-        return asyncio.run(runner.run(items, lambda it: process(None, it), description=stage)), None
+        return run_sync(runner.run(items, lambda it: process(None, it), description=stage)), None
 
     async def main() -> tuple[RunReport, LLMClient]:
         async with llm_session(ctx, stage=stage, entry=entry) as client:
@@ -214,7 +215,7 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
                     rep.outage = client.outage
             return rep, client
 
-    return asyncio.run(main())
+    return run_sync(main())
 
 
 def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:

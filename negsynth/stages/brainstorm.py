@@ -33,6 +33,7 @@ from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
 from negsynth.stages.common import schema_failure, short_id
 from negsynth.validators import check_task, normalize
+from negsynth.aio import run_sync
 
 STAGE = "brainstorm"
 
@@ -161,7 +162,7 @@ def run(ctx: StageContext) -> dict:
                 return None, None, rep, client
             return tasks, rejects, rep, client
 
-    tasks, rejects, rep, client = asyncio.run(main())
+    tasks, rejects, rep, client = run_sync(main())
     rep.shards_total = 1
     d = ctx.stage_dir(STAGE)  # a staging folder beside the old outputs under --overwrite
     if tasks is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
+from negsynth.aio import run_sync
 from negsynth.errors import UserError
 from negsynth.llm.client import ValidationFailure
 
@@ -57,4 +57,4 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
 
 
 def run_async(coro):
-    return asyncio.run(coro)
+    return run_sync(coro)

@@ -28,6 +28,7 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import llm_session
 from negsynth.prompts import reask_template, render
 from negsynth.stages.common import schema_failure
+from negsynth.aio import run_sync
 
 NAME = "llm"
 
@@ -77,7 +78,7 @@ class LLMJudge:
 
     def score_examples(self, examples: Sequence[dict]) -> tuple[list[float | None], list[list[float] | None]]:
         """``(1.0 per judged positive, 1.0 / 0.0 per negative)``; ``None`` for an example not judged."""
-        return asyncio.run(self._run(list(examples)))
+        return run_sync(self._run(list(examples)))
 
     async def _run(self, examples: list[dict]):
         async with llm_session(self.ctx, stage="score") as client:

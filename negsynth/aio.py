@@ -1,0 +1,40 @@
+"""Run a coroutine to completion from synchronous code, whether or not an event loop is running.
+
+The stages are synchronous functions that drive their LLM requests with asyncio. Called from a
+plain script, :func:`run_sync` is ``asyncio.run``. Called where a loop is already running in this
+thread — a Jupyter notebook, an async web handler — ``asyncio.run`` refuses; there the coroutine
+runs on a fresh loop in a worker thread and the caller blocks until it is done (its result
+returned, its exception raised, KeyboardInterrupt included), so ``run_pipeline(...)`` in a
+notebook cell behaves as in a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, or the same on a worker thread when this thread's loop is running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="negsynth-loop", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
