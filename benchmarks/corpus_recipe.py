@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -130,19 +129,20 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
 
 
 def run_one(dataset: str, arm: str, seed: int, args) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _mem import PeakRSS
+
     _, tasks = DATASETS[dataset]
-    t0 = time.monotonic()
     info: dict = {}
     path = None
-    if ARMS[arm] is not None:
-        info = train_arm(dataset, arm, seed, args)
-        path = info["model_dir"]
-    t1 = time.monotonic()
-    scores = evaluate_model(path, tasks, args)
-    t2 = time.monotonic()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB, this process so far
-    return {"dataset": dataset, "arm": arm, "seed": seed, "scores": scores, **info, "train_s": round(t1 - t0, 1), "eval_s": round(t2 - t1, 1),
-            "peak_rss_mib_so_far": round(peak)}  # fmt: skip
+    with PeakRSS() as train_mem:
+        if ARMS[arm] is not None:
+            info = train_arm(dataset, arm, seed, args)
+            path = info["model_dir"]
+    with PeakRSS() as eval_mem:
+        scores = evaluate_model(path, tasks, args)
+    return {"dataset": dataset, "arm": arm, "seed": seed, "scores": scores, **info, "train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1),
+            "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}  # fmt: skip
 
 
 def summarise(results: list[dict], dataset: str) -> list[tuple]:

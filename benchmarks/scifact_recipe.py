@@ -367,7 +367,20 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict
 
 
 def run_arm(arm: str, seed: int, src, args) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _mem import PeakRSS
+
     t0 = time.time()
+    with PeakRSS() as train_mem:
+        info, path = train_arm(arm, seed, src, args)
+    with PeakRSS() as eval_mem:
+        scores = evaluate_model(path, args)
+    cost = {"train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1), "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}
+    return {"arm": arm, "seed": seed, "scores": scores, "model": path, "seconds": round(time.time() - t0, 1), **cost, **info}
+
+
+def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
+    """Train one arm: ``(its info, the model folder)``; the base arm trains nothing (None)."""
     dest = args.out / arm / f"seed{seed}"
     info: dict = {}
     if arm == "base":
@@ -397,8 +410,7 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         info = train_ns(rows, args, seed, dest)
         info["examples"] = len(examples)
         path = str(dest)
-    scores = evaluate_model(path, args)
-    return {"arm": arm, "seed": seed, "scores": scores, "model": path, "seconds": round(time.time() - t0, 1), **info}
+    return info, path
 
 
 def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
@@ -419,17 +431,22 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
                 cells.append(f"{v[0]:.2f}")
             else:
                 cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}")
-        table.append((arm, len(rs), cells, round(sum(r["seconds"] for r in rs))))
+        def med(key: str) -> str:  # per seed: median over the seeds that recorded it
+            v = [r[key] for r in rs if r.get(key) is not None]
+            return f"{statistics.median(v):.0f}" if v else "-"
+
+        table.append((arm, len(rs), cells, round(sum(r["seconds"] for r in rs)), [med(k) for k in ("train_s", "eval_s", "train_peak_mib", "eval_peak_mib")]))
     return table
 
 
 def print_table(results: list[dict], args) -> None:
     tasks = args.eval_tasks
     print(f"\nall-MiniLM-L6-v2 on SciFact train ({args.steps} steps x batch {args.batch_size}, lr {args.lr}); {args.eval_suite} test sets\n")
-    print("| arm | seeds | " + " | ".join(tasks) + " | time (s) |")
-    print("|---|---:|" + "---:|" * len(tasks) + "---:|")
-    for arm, n, cells, secs in summarise(results, tasks):
-        print(f"| {arm} | {n} | " + " | ".join(cells) + f" | {secs} |")
+    print("| arm | seeds | " + " | ".join(tasks) + " | train s | eval s | train peak MiB | eval peak MiB |")
+    print("|---|---:|" + "---:|" * len(tasks) + "---:|---:|---:|---:|")
+    for arm, n, cells, _secs, cost in summarise(results, tasks):
+        print(f"| {arm} | {n} | " + " | ".join(cells) + " | " + " | ".join(cost) + " |")
+    print("\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-' for results recorded before they were measured)")
 
 
 def save_result(res_path: Path, r: dict, args) -> list[dict]:

@@ -1,0 +1,23 @@
+"""The benchmarks' memory probe: a block that allocates shows a peak above one that does not."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from _mem import PeakRSS  # noqa: E402
+
+
+def test_peak_rss_sees_an_allocation():
+    with PeakRSS() as idle:
+        pass
+    with PeakRSS() as busy:
+        block = bytearray(200 * 2**20)  # 200 MiB, touched
+        block[:: 4096] = b"x" * len(block[:: 4096])
+        time.sleep(0.3)  # held longer than the sampling interval
+        del block
+    assert busy.peak_mib >= idle.peak_mib + 150
+    assert busy.seconds >= 0 and idle.peak_mib > 0
