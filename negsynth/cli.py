@@ -38,9 +38,29 @@ app = typer.Typer(
     name="negsynth",
     help="LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # help texts are plain: "pip install 'negsynth[eval]'" keeps its brackets
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("negsynth")
+        except PackageNotFoundError:  # a source tree that was never installed
+            v = "unknown (not installed)"
+        typer.echo(f"negsynth {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version_flag: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    """LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training."""
+
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML run file (default: built-in embedded-LLM config)")]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", "-d", help="run directory holding every stage's shards")]

@@ -211,7 +211,7 @@ def test_every_stage_command_takes_the_shared_options():
     for stage in METHOD:
         assert shared <= opts[stage.name], stage.name
         llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--num-shards", "--shard-index", "--mode"}
-        assert (llm_flags <= opts[stage.name]) == (stage.name in ("brainstorm", "generate", "regenerate")), stage.name
+        assert (llm_flags <= opts[stage.name]) == (stage.name in ("brainstorm", "generate", "regenerate", "corpus")), stage.name
     assert {"--max-requests", "--overwrite"} <= opts["run"] and "--num-shards" not in opts["run"]
     assert "--overwrite" not in opts["evaluate"]
     default = RunConfig().pipeline.stages

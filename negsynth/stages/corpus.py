@@ -361,6 +361,10 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
 # -- the stage ------------------------------------------------------------------------------
 def run(ctx: StageContext) -> dict:
     """Run the corpus stage and return its stats (``run_stage`` writes them)."""
+    qpd = ctx.cfg.corpus.queries_per_doc
+    if ctx.num_shards > 1 and ctx.cfg.pipeline.shard_size % qpd:
+        # a document's queries share one answer: split across two workers, it would be paid twice
+        raise UserError(f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run")
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
     entry = {**fingerprint(ctx), "items": len(items)}
