@@ -138,7 +138,7 @@ def cut_tokens(text: str, tokenizer, n: int) -> str:
     if tokenizer is None:
         words = text.split()
         return text if len(words) <= n else " ".join(words[:n]) + " ..."
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
     offs = enc["offset_mapping"]
     if len(offs) <= n:
         return text
