@@ -335,7 +335,7 @@ def test_bellm_recipe_sets_what_the_seed_defines_and_explicit_fields_win():
 
 
 def test_bellm_text_format_and_clean_up():
-    from negsynth.train.text import TextFormat, bellm_clean
+    from negsynth.embed.text import TextFormat, bellm_clean
 
     assert bellm_clean(" Is it raining? ") == "Is it raining." and bellm_clean("a dog runs") == "a dog runs." and bellm_clean("ok.") == "ok."
     f = TextFormat('The representative word for sentence {text} is:"', "bellm")
@@ -375,7 +375,7 @@ def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_p
     from sentence_transformers import SentenceTransformer
 
     from negsynth.embed.st import SentenceTransformerEmbedder
-    from negsynth.train.text import load_text_format
+    from negsynth.embed.text import load_text_format
     from negsynth.train.trainer import train
 
     need_smollm2()

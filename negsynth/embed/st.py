@@ -91,7 +91,7 @@ class SentenceTransformerEmbedder(Embedder):
         name: recorded next to every cosine it produces (``st:<model>``).
         batch_size: default batch size of :meth:`encode`.
         query_template / instruct_queries: see :meth:`Embedder.format_query`.
-        text_format: a :class:`negsynth.train.text.TextFormat` wrapped around every text (queries
+        text_format: a :class:`negsynth.embed.text.TextFormat` wrapped around every text (queries
             after their instruction, documents); :meth:`load` reads it from a trained folder.
     """
 
@@ -154,7 +154,7 @@ class SentenceTransformerEmbedder(Embedder):
         if max_length is not None:
             st.max_seq_length = max_length
         log.info("loaded %s on %s (%s)", path, dev, torch_dtype)
-        from negsynth.train.text import load_text_format
+        from negsynth.embed.text import load_text_format
 
         return cls(
             st,

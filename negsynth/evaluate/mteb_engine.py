@@ -75,7 +75,7 @@ def local_dataset(spec: TaskSpec, data_dir: Path) -> Any:
         }
         return {"default": {"test": split}}
     if spec.category == "Pair":
-        from negsynth.evaluate.runner import pair_labels
+        from negsynth.evaluate.encode import pair_labels
 
         f = data_dir / spec.files[0]
         t1, t2, y = pair_labels(spec, f)
@@ -113,12 +113,12 @@ class _EmbedderEncoder:
         self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": f"negsynth/{name.replace('/', '_')}"}) if hasattr(ModelMeta, "create_empty") else None
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
-        from negsynth.evaluate.runner import _encode
+        from negsynth.evaluate.encode import encode_texts
 
         texts = [t for batch in inputs for t in batch["text"]]
         spec = TASKS_BY_NAME.get(task_metadata.name)
         is_doc = prompt_type is not None and getattr(prompt_type, "value", str(prompt_type)) == "document"
-        return _encode(self.embedder, texts, spec.instruction if spec is not None else None, query=not is_doc)
+        return encode_texts(self.embedder, texts, spec.instruction if spec is not None else None, query=not is_doc)
 
     def similarity(self, a, b):
         from sentence_transformers.util import cos_sim

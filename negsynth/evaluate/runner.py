@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.evaluate.encode import encode_texts, pair_labels
 from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TASKS_BY_NAME, TaskSpec, select_tasks
 
 SCHEMA = "negsynth.evaluate/1"
@@ -40,49 +41,6 @@ def _subsample(n: int, cap: int | None, seed: int, labels: list[str] | None = No
     return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
 
 
-def _encode(embedder, texts: list[str], instruction: str | None, *, query: bool, cache: dict | None = None) -> np.ndarray:
-    """Embed each distinct text once (STS / NLI sets repeat sentences; AG News and TREC feed
-    both a classification and a clustering task), then scatter back. ``cache`` lives for one
-    :func:`evaluate` call and is keyed by (query?, instruction, text), so an embedder that
-    treats instructions specially (e.g. masks them out of pooling) still gets them."""
-    cache = {} if cache is None else cache
-    # an embedder that ignores instructions (instruct_queries off) sees the same input either way
-    ins_key = instruction if query and getattr(embedder, "instruct_queries", True) else None
-    keys = [(query, ins_key, t) for t in texts]
-    todo = list(dict.fromkeys(k for k in keys if k not in cache))
-    if todo:
-        new = [k[2] for k in todo]
-        emb = embedder.encode_queries(new, instruction) if query else embedder.encode_documents(new)
-        for k, v in zip(todo, np.asarray(emb, dtype=np.float32)):
-            cache[k] = v
-    if not keys:
-        return np.zeros((0, embedder.dim), dtype=np.float32)
-    return np.stack([cache[k] for k in keys])
-
-
-def pair_labels(spec: TaskSpec, path: Path) -> tuple[list[str], list[str], list[int]]:
-    """A pair-classification file as (texts 1, texts 2, 0/1 labels): ``spec.positive_labels`` -> 1,
-    ``negative_labels`` -> 0, other labels (SICK-E's neutral) left out."""
-    c = spec.columns
-    cols = read_tsv(path, (c["text1"], c["text2"], c["label"]))
-    pos = {p.lower() for p in spec.positive_labels}
-    neg = {n.lower() for n in spec.negative_labels}
-    t1, t2, y = [], [], []
-    for a, b, lab in zip(cols[c["text1"]], cols[c["text2"]], cols[c["label"]], strict=True):
-        key = lab.strip().lower()
-        if key in pos:
-            y.append(1)
-        elif key in neg:
-            y.append(0)
-        else:
-            continue
-        t1.append(a)
-        t2.append(b)
-    if len(set(y)) < 2:
-        raise EvalDataError(f"{path}: column {c['label']!r} needs both positive {spec.positive_labels} and negative {spec.negative_labels} labels; check the label values")
-    return t1, t2, y
-
-
 def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None) -> tuple[dict, int, bool]:
     from negsynth.evaluate import metrics as M
 
@@ -97,14 +55,14 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
         idx = _subsample(len(gold), cap.get("rows"), seed)
         t1 = [cols[c["text1"]][i] for i in idx]
         t2 = [cols[c["text2"]][i] for i in idx]
-        e = _encode(embedder, t1 + t2, ins, query=True, cache=cache)
+        e = encode_texts(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
 
     if spec.category == "Pair":
         t1, t2, y = pair_labels(spec, files[0])
         idx = _subsample(len(y), cap.get("rows"), seed, [str(v) for v in y])
         t1, t2, yy = [t1[i] for i in idx], [t2[i] for i in idx], [y[i] for i in idx]
-        e = _encode(embedder, t1 + t2, ins, query=True, cache=cache)
+        e = encode_texts(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.pair_scores(e[: len(t1)], e[len(t1) :], yy), len(idx), len(idx) < len(y)
 
     if spec.category == "Triplet":
@@ -112,7 +70,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
         n = len(cols[c["anchor"]])
         idx = _subsample(n, cap.get("rows"), seed)
         a, p, ng = ([cols[c[k]][i] for i in idx] for k in ("anchor", "positive", "negative"))
-        e = _encode(embedder, a + p + ng, ins, query=True, cache=cache)
+        e = encode_texts(embedder, a + p + ng, ins, query=True, cache=cache)
         m = len(idx)
         return M.triplet_scores(e[:m], e[m : 2 * m], e[2 * m :]), m, m < n
 
@@ -131,8 +89,8 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
             extra = {rest[i] for i in _subsample(len(rest), fill, seed)} if fill else set()
             dids = [d for d in dids if d in judged or d in extra]
             sub = True
-        q_emb = _encode(embedder, [queries[q] for q in qids], ins, query=True, cache=cache)
-        d_emb = _encode(embedder, [corpus[d] for d in dids], None, query=False, cache=cache)
+        q_emb = encode_texts(embedder, [queries[q] for q in qids], ins, query=True, cache=cache)
+        d_emb = encode_texts(embedder, [corpus[d] for d in dids], None, query=False, cache=cache)
         return M.retrieval_scores(q_emb, d_emb, qids, dids, qrels), len(qids), sub
 
     if spec.category in ("Class", "Clust"):
@@ -142,7 +100,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
             idx = _subsample(len(tr[c["label"]]), cap.get("train"), seed, tr[c["label"]])
             xtr_t = [tr[c["text"]][i] for i in idx]
             ytr = [tr[c["label"]][i] for i in idx]
-            e = _encode(embedder, xtr_t + te[c["text"]], ins, query=True, cache=cache)
+            e = encode_texts(embedder, xtr_t + te[c["text"]], ins, query=True, cache=cache)
             res = M.classification_scores(e[: len(xtr_t)], ytr, e[len(xtr_t) :], te[c["label"]], seed=seed)
             res["train"] = len(xtr_t)
             return res, len(te[c["label"]]), len(idx) < len(tr[c["label"]])
@@ -150,7 +108,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
         labels = [lab for p in parts for lab in p[c["label"]]]
         idx = _subsample(len(labels), cap.get("rows"), seed, labels)
         texts, ys = [texts[i] for i in idx], [labels[i] for i in idx]
-        e = _encode(embedder, texts, ins, query=True, cache=cache)
+        e = encode_texts(embedder, texts, ins, query=True, cache=cache)
         if spec.category == "Class":
             res = M.classification_scores(None, None, e, ys, seed=seed)
         else:

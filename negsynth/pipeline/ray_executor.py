@@ -45,12 +45,12 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     return cfg.model_copy(update={"llm": llm.model_copy(update=update)})
 
 
-def _worker(stage_name: str, cfg_json: dict, run_dir: str, k: int, n: int, base_url: str | None, overwrite: bool, mode: str) -> dict:
-    from negsynth.stages import get
-
+def _worker(stage: Stage, cfg_json: dict, run_dir: str, k: int, n: int, base_url: str | None, overwrite: bool, mode: str) -> dict:
+    """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
+    task, so this layer needs no registry of the method's stages)."""
     cfg = RunConfig.model_validate(cfg_json)
     ctx = StageContext(cfg=cfg, run_dir=Path(run_dir), overwrite=overwrite, shard_index=k, num_shards=n, reporter=Reporter(quiet=True), mode=mode, base_url=base_url)
-    return run_stage(get(stage_name), ctx)
+    return run_stage(stage, ctx)
 
 
 def _ray():
@@ -80,7 +80,7 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
         ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
-        refs = [task.remote(stage.name, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode) for k in range(workers)]
+        refs = [task.remote(stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode) for k in range(workers)]
         try:
             parts = ray.get(refs)
         except ray.exceptions.RayTaskError as e:

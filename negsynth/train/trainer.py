@@ -131,7 +131,7 @@ def _base_max_length(path: str, tr) -> int | None:
 
 def save_model(model, out: str) -> None:
     """Save with the base model's own max_seq_length restored (see :func:`build_model`), and the
-    text format the model was trained with (``negsynth_text.json``, :mod:`negsynth.train.text`)."""
+    text format the model was trained with (``negsynth_text.json``, :mod:`negsynth.embed.text`)."""
     keep = model.max_seq_length
     saved = getattr(model, "negsynth_saved_max_length", None)
     if saved:
@@ -146,8 +146,8 @@ def save_model(model, out: str) -> None:
 
 
 def text_format(config: TrainConfig):
-    """The :class:`~negsynth.train.text.TextFormat` of ``train.text_template`` / ``text_preprocess``."""
-    from negsynth.train.text import TextFormat
+    """The :class:`~negsynth.embed.text.TextFormat` of ``train.text_template`` / ``text_preprocess``."""
+    from negsynth.embed.text import TextFormat
 
     return TextFormat(template=config.text_template or "{text}", preprocess=config.text_preprocess)
 

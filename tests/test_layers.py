@@ -1,0 +1,101 @@
+"""The package's layers, as docs/architecture.md states them, checked on every import statement
+(module level and inside functions alike, read with ``ast``): a module imports only its own layer
+or the layers below it, and no two modules import each other, directly or in a loop."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "negsynth"
+
+#: bottom to top; a module may import its own layer and those below it
+LAYERS: list[set[str]] = [
+    {"negsynth", "errors", "aio", "resources"},
+    {"prompts"},
+    {"schemas"},
+    {"data"},
+    {"validators", "llm", "embed"},
+    {"train", "evaluate"},
+    {"pipeline"},
+    {"stages"},
+    {"export", "inspect", "report_html"},
+    {"cli", "__main__"},
+]
+#: entry points run by a launcher (torchrun), above everything they start
+ENTRY_POINTS = {"negsynth.train.distributed"}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "negsynth"
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (``from negsynth.x import y`` counts as x.y when
+    that is a module, else x)."""
+    modules = {module_name(p): p for p in PKG.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        deps: set[str] = set()
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            deps |= {n for n in names if n == "negsynth" or n.startswith("negsynth.")}
+        # a name imported from a package resolves to the package's __init__ or the submodule
+        out[mod] = {d if d in modules else d.rsplit(".", 1)[0] for d in deps} - {mod}
+    return out
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = []
+    for mod, deps in imports().items():
+        if mod in ENTRY_POINTS:
+            continue
+        for d in deps:
+            if layer_of(d) > layer_of(mod):
+                bad.append(f"{mod} -> {d}")
+    assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycle_between_modules():
+    graph = imports()
+    # a package's __init__ may re-export its own submodules; those edges are not a design cycle
+    edges = {m: {d for d in ds if not (m == d.rsplit(".", 1)[0] and Path(PKG.parent, *m.split("."), "__init__.py").exists())} for m, ds in graph.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(edges.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
