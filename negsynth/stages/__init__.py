@@ -94,23 +94,15 @@ def run_pipeline(
     return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget)
 
 
-async def arun_pipeline(
-    cfg: RunConfig,
-    run_dir: str | Path,
-    *,
-    stages: list[str] | None = None,
-    reporter: Reporter | None = None,
-    overwrite: bool = False,
-    budget: Budget | None = None,
-) -> dict[str, dict]:
-    """:func:`run_pipeline` for async code and notebooks: ``stats = await arun_pipeline(cfg, "runs/x")``.
+async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
+    """:func:`run_pipeline` (same keywords) for async code and notebooks: ``stats = await arun_pipeline(cfg, "runs/x")``.
 
     The stages run in a worker thread, so the caller's event loop (Jupyter's, a web server's)
     keeps running meanwhile. (``run_pipeline`` itself also works inside a running loop: it blocks
     the cell until the run is done.)"""
     import asyncio
 
-    return await asyncio.to_thread(run_pipeline, cfg, run_dir, stages=stages, reporter=reporter, overwrite=overwrite, budget=budget)
+    return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
 __all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]

@@ -145,18 +145,23 @@ def check_example(query: str, positive: str, negatives: Sequence[str], *, min_ch
     return KEEP
 
 
+def check_text(name: str, text: str, *, min_chars: int, max_chars: int) -> Verdict:
+    """One written text (a task, a query): non-empty, not a placeholder, within bounds."""
+    t = text.strip() if isinstance(text, str) else ""
+    if not t:
+        return Verdict(False, "empty_text", f"{name} is empty")
+    if _PLACEHOLDER.match(t):
+        return Verdict(False, "placeholder_text", f"{name} is a placeholder ({t!r})")
+    if len(t) < min_chars:
+        return Verdict(False, "too_short", f"{name} has {len(t)} characters, fewer than {min_chars}")
+    if len(t) > max_chars:
+        return Verdict(False, "too_long", f"{name} has {len(t)} characters, more than {max_chars}")
+    return KEEP
+
+
 def check_task(task: str, *, min_chars: int, max_chars: int) -> Verdict:
     """A brainstormed task: non-empty, within bounds, not a placeholder or meta talk."""
-    t = task.strip() if isinstance(task, str) else ""
-    if not t:
-        return Verdict(False, "empty_text", "task is empty")
-    if _PLACEHOLDER.match(t):
-        return Verdict(False, "placeholder_text", f"task is a placeholder ({t!r})")
-    if len(t) < min_chars:
-        return Verdict(False, "too_short", f"task has {len(t)} characters, fewer than {min_chars}")
-    if len(t) > max_chars:
-        return Verdict(False, "too_long", f"task has {len(t)} characters, more than {max_chars}")
-    return KEEP
+    return check_text("task", task, min_chars=min_chars, max_chars=max_chars)
 
 
 # -- queries written for a document (the corpus stage) ----------------------------------------
@@ -200,15 +205,10 @@ def check_query(query: str, document: str, *, min_chars: int, max_chars: int, co
     """A query written for ``document``: non-empty, within bounds, no placeholder, no meta
     phrasing about the document, not a copied run of ``copy_words`` words of it (or the whole
     of it), and in the document's script."""
-    q = query.strip() if isinstance(query, str) else ""
-    if not q:
-        return Verdict(False, "empty_text", "the query is empty")
-    if _PLACEHOLDER.match(q):
-        return Verdict(False, "placeholder_text", f"the query is a placeholder ({q!r})")
-    if len(q) < min_chars:
-        return Verdict(False, "too_short", f"the query has {len(q)} characters, fewer than {min_chars}")
-    if len(q) > max_chars:
-        return Verdict(False, "too_long", f"the query has {len(q)} characters, more than {max_chars}")
+    v = check_text("the query", query, min_chars=min_chars, max_chars=max_chars)
+    if not v.keep:
+        return v
+    q = query.strip()
     m = _META_QUERY.match(q)
     if m:
         return Verdict(False, "meta_query", f"the query starts with {m.group(0).strip()!r}; write the query itself, as a user would type it, without mentioning the document")
