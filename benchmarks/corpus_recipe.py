@@ -106,6 +106,11 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     shared.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "cache").exists():
         (run_dir / "cache").symlink_to(shared.resolve(), target_is_directory=True)
+    index = args.out / dataset / "_index"  # the corpus embedded once for every arm (same embedder)
+    index.mkdir(parents=True, exist_ok=True)
+    (run_dir / "corpus").mkdir(exist_ok=True)
+    if not (run_dir / "corpus" / "_index").exists():
+        (run_dir / "corpus" / "_index").symlink_to(index.resolve(), target_is_directory=True)
     toml = dest / "pipeline.toml"
     toml.write_text(pipeline_toml(Path(args.data_dir) / folder, ARMS[arm], args, seed))
     t0 = time.monotonic()
