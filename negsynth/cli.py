@@ -404,8 +404,10 @@ def corpus(
             ccfg.queries_per_doc = queries_per_doc
         if negatives is not None:
             ccfg.negatives = negatives
-    except ValueError as e:
-        raise UserError(f"corpus: {str(e).splitlines()[-1].strip()}") from None
+    except ValueError as e:  # pydantic's ValidationError: the first error's message, with the field
+        errs = getattr(e, "errors", lambda: [])()
+        msg = f"{'.'.join(str(x) for x in errs[0]['loc'])}: {errs[0]['msg']}" if errs else str(e).splitlines()[0]
+        raise UserError(f"corpus: {msg}; see negsynth corpus --help") from None
     _emit_llm(_execute("corpus", opts, ctx), opts.json_out)
 
 

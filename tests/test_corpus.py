@@ -222,3 +222,12 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
         assert r.exit_code == 0, r.output
     cur = json.loads((tmp_path / "run" / "curriculum" / "stats.json").read_text())
     assert cur["rows"] > 0 and cur["schedule"] == "tuple"  # mined negatives: the n-tuple rows
+
+
+def test_bad_options_are_one_line(tmp_path):
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path), "--negatives", "foo"])
+    assert r.exit_code == 2 and "corpus: negatives: Input should be 'mined', 'llm' or 'mixed'" in r.output
+    (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl")])
+    assert r.exit_code == 2 and "no text column (columns: a)" in r.output and "Traceback" not in r.output
