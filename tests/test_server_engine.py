@@ -122,6 +122,7 @@ def test_llama_server_command(gguf, fake_binary):
     assert _opt(cmd, "--ctx-size") == str(4096 * 3)  # llama-server splits the context across its slots
     assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
     assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
+    assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
     assert "--no-cache-prompt" not in cmd
 
 

@@ -92,6 +92,8 @@ ENGINES = ("llama-server", "llama-cpp-python")
 #: llama-server slots when ``serve.parallel`` is unset: ``llm.max_concurrency``, at most this many
 #: (each slot holds ``serve.n_ctx`` tokens of KV cache; a larger GGUF than SmolLM2 needs far more)
 MAX_AUTO_SLOTS = 8
+#: llama-cpp-python's server samples with this repeat penalty (over the last 64 tokens) by default
+REPEAT_PENALTY = 1.1
 #: llama-server's host-memory prompt cache in MiB (its default, 8 GiB, is too much on a shared box)
 CACHE_RAM_MIB = 256
 
@@ -196,6 +198,9 @@ def server_command(
             "--threads", str(t),
             "--threads-batch", str(t),
             "--poll", "0",
+            # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
+            # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
+            "--repeat-penalty", str(REPEAT_PENALTY),
             "--cache-ram", str(CACHE_RAM_MIB),
             "--no-webui",
         ]  # fmt: skip
