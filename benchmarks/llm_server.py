@@ -100,6 +100,8 @@ def demo_requests(n: int) -> list[dict]:
 
 
 # -- the servers ----------------------------------------------------------------------------
+# llama-cpp-python's defaults: n_threads = cpu_count // 2 (generation), n_threads_batch = cpu_count (prompt)
+PY_SERVER_THREADS = f"{max((os.cpu_count() or 2) // 2, 1)} gen / {os.cpu_count() or 1} prompt"
 PERF = re.compile(r"llama_perf_context_print:\s+(prompt eval|eval) time =\s+([\d.]+) ms /\s+(\d+)")
 
 
@@ -145,7 +147,7 @@ def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path) -> 
         p_ms = sum(float(ms) for k, ms, _ in m if k == "prompt eval")
         g_ms = sum(float(ms) for k, ms, _ in m if k == "eval")
         p_eval = sum(int(n) for k, _, n in m if k == "prompt eval")
-    return {"wall": wall, "prompt_tokens": pt, "completion_tokens": ct, "prompt_ms": p_ms, "gen_ms": g_ms, "prompt_evaluated": p_eval, "texts": texts, "threads": srv.threads or max((os.cpu_count() or 2) // 2, 1), "slots": srv.slots}  # llama-cpp-python's default: cpu_count // 2
+    return {"wall": wall, "prompt_tokens": pt, "completion_tokens": ct, "prompt_ms": p_ms, "gen_ms": g_ms, "prompt_evaluated": p_eval, "texts": texts, "threads": srv.threads or PY_SERVER_THREADS, "slots": srv.slots}
 
 
 # -- the in-process reference (a child process) ---------------------------------------------
