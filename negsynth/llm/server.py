@@ -88,7 +88,6 @@ def listens_on(pid: int, port: int) -> bool | None:
     return False
 
 
-ENGINES = ("llama-server", "llama-cpp-python")
 #: llama-server slots when ``serve.parallel`` is unset: ``llm.max_concurrency``, at most this many
 #: (each slot holds ``serve.n_ctx`` tokens of KV cache; a larger GGUF than SmolLM2 needs far more)
 MAX_AUTO_SLOTS = 8
