@@ -536,9 +536,9 @@ def serve(
         cfg.serve.port = port
     if model_path:
         cfg.serve.model_path = str(model_path)
-    srv = EmbeddedServer(cfg.serve, cfg.llm.model)
+    srv = EmbeddedServer(cfg.serve, cfg.llm.model, slots=cfg.llm.max_concurrency)
     srv.start()
-    typer.echo(f"serving {cfg.llm.model} at {srv.base_url}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it", err=True)
+    typer.echo(f"serving {cfg.llm.model} at {srv.base_url} with {srv.describe()}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it", err=True)
     sys.exit(srv.wait())
 
 

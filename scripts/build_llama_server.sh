@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own `llama-server` for the embedded LLM (serve.engine = "auto").
+#
+# Source: the llama.cpp that the installed llama-cpp-python vendors (its sdist from the package
+# registry holds vendor/llama.cpp), so both engines run the same llama.cpp. Build: native
+# (-DGGML_NATIVE=ON: AVX-512 etc. where the CPU has them), a portable build when that fails, no
+# curl / OpenSSL / web UI, static, only the `llama-server` target, ggml's own thread pool instead
+# of OpenMP (so negsynth can pass --poll 0: no threads spinning on a core another process needs).
+# Installed next to the Python interpreter's scripts (`sysconfig.get_path("scripts")`), where
+# negsynth looks first. Idempotent: skips when that binary exists and was built from the same
+# llama-cpp-python version (stamp file `llama-server.negsynth-version` beside it).
+# About 6 min on 2 cores. Env: PYTHON, LLAMA_SERVER_JOBS (parallel compile jobs),
+# LLAMA_SERVER_BUILD_DIR (work dir; default ~/.cache/negsynth/llama-server-<version>),
+# LLAMA_SERVER_FORCE=1 (rebuild).
+set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+PY=${PYTHON:-python3}
+
+VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))" 2>/dev/null) || {
+  echo "build_llama_server: llama-cpp-python is not installed; install it first (its sdist is the llama.cpp source)" >&2
+  exit 1
+}
+BIN_DIR=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
+DEST="$BIN_DIR/llama-server"
+STAMP="$DEST.negsynth-version"
+if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$VER" ]] && "$DEST" --version >/dev/null 2>&1; then
+  echo "llama-server: already built from llama-cpp-python $VER ($DEST)"
+  exit 0
+fi
+
+WORK=${LLAMA_SERVER_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/negsynth/llama-server-$VER}
+mkdir -p "$WORK"
+SRC="$WORK/llama_cpp_python-$VER/vendor/llama.cpp"
+if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
+  SDIST="$WORK/llama_cpp_python-$VER.tar.gz"
+  if [[ ! -f "$SDIST" ]]; then
+    "$PY" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VER" -d "$WORK"
+  fi
+  tar -xzf "$SDIST" -C "$WORK" "llama_cpp_python-$VER/vendor/llama.cpp"
+fi
+
+# cmake >= 3.21 (the floor llama-cpp-python itself builds with); from PyPI when missing or older
+CMAKE=$(command -v cmake || true)
+if [[ -z "$CMAKE" ]] || ! "$CMAKE" --version | head -1 | awk '{split($3, v, "."); exit !(v[1] > 3 || (v[1] == 3 && v[2] >= 21))}'; then
+  "$PY" -m pip install "cmake>=3.21"
+  CMAKE="$BIN_DIR/cmake"
+fi
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+JOBS=${LLAMA_SERVER_JOBS:-$(nproc)}
+
+build() {  # build <native ON|OFF> <dir>
+  "$CMAKE" -S "$SRC" -B "$2" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE="$1" -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -Wno-dev >"$2.log" 2>&1 \
+  && "$CMAKE" --build "$2" --target llama-server -j "$JOBS" >>"$2.log" 2>&1 \
+  && "$2/bin/llama-server" --version >>"$2.log" 2>&1
+}
+
+t0=$SECONDS
+echo "llama-server: building llama.cpp from llama-cpp-python $VER (native; log $WORK/build-native.log) ..."
+if build ON "$WORK/build-native"; then
+  OUT="$WORK/build-native/bin/llama-server"
+else
+  echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
+  build OFF "$WORK/build-portable" || { echo "llama-server: the portable build failed too; see $WORK/build-portable.log" >&2; exit 1; }
+  OUT="$WORK/build-portable/bin/llama-server"
+fi
+install -m 755 "$OUT" "$DEST"
+echo "$VER" >"$STAMP"
+echo "llama-server: installed $DEST ($((SECONDS - t0)) s)"

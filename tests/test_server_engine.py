@@ -1,0 +1,185 @@
+"""The embedded server's engine choice (llama-server / llama-cpp-python), its command line, its
+thread and slot choice, and a stand-in llama-server started through EmbeddedServer."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from negsynth.errors import UserError
+from negsynth.llm import server
+from negsynth.schemas.config import RunConfig, ServeConfig
+
+
+def _opt(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+@pytest.fixture
+def gguf(tmp_path) -> Path:
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF")
+    return p
+
+
+def _executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def fake_binary(tmp_path) -> Path:
+    return _executable(tmp_path / "llama-server")
+
+
+@pytest.fixture
+def no_llama_server(monkeypatch):
+    monkeypatch.setattr(server, "find_llama_server", lambda server_path=None: None)
+
+
+# -- thread and slot choice ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cpus", "load", "want"),
+    [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.7, 1), (2, 9.0, 1), (16, 3.2, 13), (1, 0.0, 1)],
+)
+def test_threads_are_the_cores_the_load_leaves_free(cpus, load, want):
+    assert server.choose_threads(None, cpus=cpus, load=load) == want
+
+
+def test_serve_n_threads_overrides_the_choice():
+    assert server.choose_threads(3, cpus=2, load=1.9) == 3
+    assert server.choose_threads(0, cpus=4, load=0.0) == 4  # 0 = choose
+
+
+def test_threads_read_this_machine_when_not_given(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert server.choose_threads() == 3
+
+
+def test_slots_follow_the_run_concurrency_capped_unless_set():
+    assert server.choose_slots(None, 2) == 2
+    assert server.choose_slots(None, 16) == server.MAX_AUTO_SLOTS == 8
+    assert server.choose_slots(12, 2) == 12
+
+
+# -- engine choice -------------------------------------------------------------------------------
+def test_auto_takes_llama_server_when_found(fake_binary):
+    assert server.resolve_engine(ServeConfig(server_path=str(fake_binary))) == ("llama-server", fake_binary)
+
+
+def test_auto_falls_back_to_the_python_server_without_a_binary(no_llama_server):
+    assert server.resolve_engine(ServeConfig()) == ("llama-cpp-python", None)
+
+
+def test_engine_llama_server_without_a_binary_fails_in_one_line(no_llama_server):
+    with pytest.raises(UserError, match="build_llama_server.sh"):
+        server.resolve_engine(ServeConfig(engine="llama-server"))
+
+
+def test_a_wrong_server_path_is_an_error_not_a_silent_fallback(tmp_path):
+    not_exec = tmp_path / "llama-server"
+    not_exec.write_text("")
+    for p in (tmp_path / "missing", not_exec):
+        with pytest.raises(UserError, match="serve.server_path"):
+            server.resolve_engine(ServeConfig(server_path=str(p)))
+
+
+def test_engine_llama_cpp_python_ignores_a_built_binary(fake_binary):
+    assert server.resolve_engine(ServeConfig(engine="llama-cpp-python", server_path=str(fake_binary))) == ("llama-cpp-python", None)
+
+
+def test_the_binary_is_found_beside_the_interpreter(tmp_path, monkeypatch):
+    _executable(tmp_path / "llama-server")
+    monkeypatch.setattr(server.sysconfig, "get_path", lambda name: str(tmp_path))
+    assert server.find_llama_server() == tmp_path / "llama-server"
+
+
+def test_config_rejects_an_unknown_engine_and_bad_counts():
+    for bad in ({"engine": "vllm"}, {"parallel": 0}, {"n_threads": -1}):
+        with pytest.raises(ValidationError):
+            ServeConfig(**bad)
+    assert RunConfig().serve.engine == "auto"
+
+
+# -- command lines -------------------------------------------------------------------------------
+def test_llama_server_command(gguf, fake_binary):
+    cfg = ServeConfig(model_path=str(gguf), server_path=str(fake_binary), n_ctx=4096, host="127.0.0.1")
+    cmd = server.server_command(cfg, "smollm2-135m-instruct", 9001, slots=3, threads=2)
+    assert cmd[0] == str(fake_binary)
+    assert _opt(cmd, "--model") == str(gguf) and _opt(cmd, "--alias") == "smollm2-135m-instruct"
+    assert _opt(cmd, "--port") == "9001" and _opt(cmd, "--host") == "127.0.0.1"
+    assert _opt(cmd, "--parallel") == "3"
+    assert _opt(cmd, "--ctx-size") == str(4096 * 3)  # llama-server splits the context across its slots
+    assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
+    assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
+    assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
+    assert "--no-cache-prompt" not in cmd
+
+
+def test_llama_server_command_takes_serve_n_threads(gguf, fake_binary):
+    cfg = ServeConfig(model_path=str(gguf), server_path=str(fake_binary), n_threads=5)
+    assert _opt(server.server_command(cfg, "m", 1), "--threads") == "5"
+
+
+def test_python_server_command_is_unchanged(gguf, monkeypatch, no_llama_server):
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+    cmd = server.server_command(ServeConfig(model_path=str(gguf), n_ctx=2048), "m", 9002, slots=4)
+    assert cmd[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    assert _opt(cmd, "--n_ctx") == "2048" and _opt(cmd, "--model_alias") == "m" and "--n_threads" not in cmd
+    cmd = server.server_command(ServeConfig(model_path=str(gguf), engine="llama-cpp-python", n_threads=2), "m", 9002)
+    assert _opt(cmd, "--n_threads") == "2"
+
+
+def test_a_missing_model_is_a_user_error(tmp_path, fake_binary):
+    with pytest.raises(UserError, match="serve.model_path"):
+        server.server_command(ServeConfig(model_path=str(tmp_path / "none.gguf"), server_path=str(fake_binary)), "m", 1)
+
+
+def test_the_python_engine_has_one_slot(no_llama_server):
+    es = server.EmbeddedServer(ServeConfig(parallel=4), "m", slots=2)
+    assert es.engine == "llama-cpp-python" and es.slots == 1
+    assert "llama-cpp-python" in es.describe() and "build_llama_server.sh" in es.describe()
+
+
+# -- a stand-in llama-server through EmbeddedServer --------------------------------------------
+STAND_IN = r"""#!{python}
+import http.server, json, sys
+argv = sys.argv[1:]
+opt = lambda f: argv[argv.index(f) + 1]
+open({argv_file!r}, "w").write(json.dumps(argv))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+        self.wfile.write(json.dumps({{"data": [{{"id": opt("--alias")}}]}}).encode())
+    def log_message(self, *a): pass
+try:
+    srv = http.server.HTTPServer((opt("--host"), int(opt("--port"))), H)
+except OSError:
+    sys.exit(1)
+srv.serve_forever()
+"""
+
+
+def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
+    argv_file = tmp_path / "argv.json"
+    binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
+    cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30)
+    es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=2, log_path=tmp_path / "logs" / "llama-server.log")
+    assert es.engine == "llama-server" and es.slots == 2 and es.threads >= 1
+    with es:
+        assert httpx.get(es.base_url + "/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+        argv = json.loads(argv_file.read_text())
+        assert _opt(argv, "--parallel") == "2" and _opt(argv, "--ctx-size") == str(cfg.n_ctx * 2)
+        assert _opt(argv, "--threads") == str(es.threads)
+        proc = es.proc
+    assert proc.poll() is not None  # stopped on exit
