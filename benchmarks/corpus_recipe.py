@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (Path(args.data_dir) / DATASETS[d][0]).is_dir():
             print(f"corpus_recipe: no {d} data under {args.data_dir}; pass --data-dir (the folder holding {DATASETS[d][0]}/)", file=sys.stderr)
             return 2
+    # score decontaminates the generated queries against the evaluation sets read from here
+    os.environ["NEGSYNTH_DATA_DIR"] = str(Path(args.data_dir).resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
     done = {(r["dataset"], r["arm"], r["seed"]) for r in load_results(res_path)} if not args.fresh else set()
