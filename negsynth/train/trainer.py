@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from negsynth.embed.base import quiet_loading
 from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
 from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
@@ -46,6 +47,7 @@ def resolve_model_path(model: str) -> tuple[str, bool]:
     return ref.path, ref.is_decoder
 
 
+@quiet_loading()
 def build_model(config: TrainConfig, device: str | None = None):
     """A SentenceTransformer: ``Transformer`` [+ ``BidirectionalAttention``] + pooling [+ LoRA].
 
@@ -193,6 +195,7 @@ def negative_columns(column_names) -> list[str]:
     return [c for c in column_names if c == "negative" or re.fullmatch(r"negative_\d+", c)]
 
 
+@quiet_loading()
 def load_model(path: str, device: str | None = None):
     """Reload a model saved by :func:`train` (or ``model.save``) with its negsynth modules.
 
