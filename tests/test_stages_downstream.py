@@ -111,6 +111,19 @@ def test_curriculum_without_score_says_what_to_run(tmp_path):
     assert r.exit_code == 2 and "run `negsynth score` first" in r.stderr
 
 
+def test_train_on_a_zero_row_curriculum_says_so_in_one_line(tmp_path):
+    import datasets
+
+    rd = tmp_path / "run"
+    cur = rd / "curriculum"
+    datasets.Dataset.from_dict({"anchor": [], "positive": [], "negative": []}).save_to_disk(str(cur / "dataset"))
+    (cur / "stats.json").write_text(json.dumps({"stage": "curriculum", "rows": 0}))
+    r = runner.invoke(app, ["train", "-d", str(rd)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(cur) in r.stderr and "0 rows" in r.stderr and "negsynth curriculum" in r.stderr, r.stderr
+
+
 def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):
     r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--model", str(tmp_path / "nope"), "--baseline", ""])
     assert r.exit_code == 2 and "nope" in r.stderr and "--model" in r.stderr

@@ -41,12 +41,17 @@ def run(ctx: StageContext) -> dict:
     data_dir = ctx.stage_dir("curriculum")
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
     final = out / "final"
+    if not (data_dir / "dataset").is_dir():
+        raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first")
     try:
         ds = load_curriculum(data_dir)
-    except CurriculumError:
-        raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first") from None
+    except CurriculumError as e:
+        raise UserError(str(e)) from None
     if len(ds) == 0:
-        raise UserError(f"{data_dir}: the curriculum has 0 rows; rerun score and curriculum (check generate's valid count and score's rejects)")
+        raise UserError(
+            f"{data_dir}: the curriculum has 0 rows, nothing to train on; make more examples (or keep more in score) and rerun "
+            "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
+        )
     from negsynth.train import train
 
     t0 = time.monotonic()
