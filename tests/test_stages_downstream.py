@@ -91,9 +91,37 @@ def test_evaluate_without_data_says_so(tmp_path):
     assert "no evaluation data" in r.stderr and "NEGSYNTH_DATA_DIR" in r.stderr and r.stderr.count("\n") == 1
 
 
+def test_evaluate_without_data_says_so_with_transformers_progress_bars_on(tmp_path):
+    """transformers reads HF_HUB_DISABLE_PROGRESS_BARS when first imported: imported before the
+    CLI sets it (another test, a notebook), its "Loading weights" bar reached stderr."""
+    from transformers.utils import logging as tl
+
+    was = tl.is_progress_bar_enabled()
+    tl.enable_progress_bar()
+    try:
+        test_evaluate_without_data_says_so(tmp_path)
+        assert tl.is_progress_bar_enabled()  # negsynth quiets its own loading only, then restores the setting
+    finally:
+        if not was:
+            tl.disable_progress_bar()
+
+
 def test_curriculum_without_score_says_what_to_run(tmp_path):
     r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r")])
     assert r.exit_code == 2 and "run `negsynth score` first" in r.stderr
+
+
+def test_train_on_a_zero_row_curriculum_says_so_in_one_line(tmp_path):
+    import datasets
+
+    rd = tmp_path / "run"
+    cur = rd / "curriculum"
+    datasets.Dataset.from_dict({"anchor": [], "positive": [], "negative": []}).save_to_disk(str(cur / "dataset"))
+    (cur / "stats.json").write_text(json.dumps({"stage": "curriculum", "rows": 0}))
+    r = runner.invoke(app, ["train", "-d", str(rd)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(cur) in r.stderr and "0 rows" in r.stderr and "negsynth curriculum" in r.stderr, r.stderr
 
 
 def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):

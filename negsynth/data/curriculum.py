@@ -354,10 +354,23 @@ def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None
 
 
 def load_curriculum(out_dir: str | Path):
-    """The saved rows as a ``datasets.Dataset`` (training order)."""
+    """The saved rows as a ``datasets.Dataset`` (training order); a saved 0-row dataset loads as
+    an empty one (``datasets.load_from_disk`` fails on it with an IndexError)."""
+    import json
+
     import datasets
 
     path = Path(out_dir) / "dataset"
     if not path.is_dir():
         raise CurriculumError(f"curriculum: {path} does not exist; run save_curriculum first")
-    return datasets.load_from_disk(str(path))
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        if not state.get("_data_files"):  # saved with no rows: no arrow file to load
+            try:
+                feats = datasets.Features.from_dict(json.loads((path / "dataset_info.json").read_text(encoding="utf-8"))["features"])
+                return datasets.Dataset.from_dict({k: [] for k in feats}, features=feats)
+            except (OSError, ValueError, KeyError, TypeError):
+                return datasets.Dataset.from_dict({})
+        return datasets.load_from_disk(str(path))
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise CurriculumError(f"{path}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); rebuild it with `negsynth curriculum --overwrite`") from None

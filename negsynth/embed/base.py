@@ -8,7 +8,8 @@ An embedder turns texts into L2-normalised float32 vectors. Queries may carry an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,6 +51,32 @@ class Embedder(ABC):
 
     @abstractmethod
     def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray: ...
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' and the hub's progress bars off while negsynth loads a model (a decorator too).
+
+    transformers reads ``HF_HUB_DISABLE_PROGRESS_BARS`` once, when it is imported: imported
+    before the CLI sets it (by a test, a notebook, a library user), its "Loading weights" bar
+    reached stderr, where a stage promises one line. The previous setting is restored after."""
+    try:
+        from huggingface_hub import utils as hub
+        from transformers.utils import logging as tl
+    except ImportError:
+        yield
+        return
+    was, hub_was = tl.is_progress_bar_enabled(), not hub.are_progress_bars_disabled()
+    tl.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            tl.enable_progress_bar()
+            if not hub_was:
+                hub.disable_progress_bars()
+        elif hub_was:
+            hub.enable_progress_bars()
 
 
 def resolve_device(device: str = "auto") -> str:

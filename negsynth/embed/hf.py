@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+
+from negsynth.embed.base import quiet_loading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,7 @@ def cache_dir() -> Path:
     return d
 
 
+@quiet_loading()
 def resolve_decoder_path(model: str = "default") -> str:
     """``default`` -> a transformers folder converted from the SmolLM2 GGUF; else ``model`` itself."""
     if model not in ("default", "smollm2", "smollm2-135m"):
@@ -54,6 +57,7 @@ def resolve_decoder_path(model: str = "default") -> str:
     return str(out)
 
 
+@quiet_loading()
 def load_decoder(model: str = "default", *, device: str = "auto", dtype: str = "auto", causal_lm: bool = False, attn_implementation: str | None = None):
     """Return ``(model, tokenizer)`` for a decoder LLM on ``device`` in ``dtype``.
 

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from negsynth.embed.base import quiet_loading
+
 
 class CrossEncoderJudge:
     """Scores ``(query, text)`` pairs with a sentence-transformers ``CrossEncoder``."""
@@ -30,6 +32,7 @@ class CrossEncoderJudge:
         self.batch_size = batch_size
 
     @classmethod
+    @quiet_loading()
     def load(cls, model: str, *, device: str = "auto", batch_size: int = 32) -> CrossEncoderJudge:
         """A local folder or a hub name (offline: the folder must exist or the hub cache hold it)."""
         from pathlib import Path

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from negsynth.embed.base import quiet_loading
 from negsynth.errors import UserError
 from negsynth.schemas.train import DECODER_ALIASES, ENCODER_ALIASES
 
@@ -89,6 +90,7 @@ def resolve_model(name: str, *, allow_hub: bool = True, what: str = "model") -> 
     return ModelRef(name, name, "encoder", False)
 
 
+@quiet_loading()
 def load_sentence_transformer(name: str = "default", *, device: str = "auto", max_length: int | None = None, what: str = "embedder.model"):
     """A raw ``SentenceTransformer`` for ``name`` (mining, benchmarks): no negsynth wrapper."""
     try:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from negsynth.embed.base import Embedder, resolve_device, resolve_dtype
+from negsynth.embed.base import Embedder, quiet_loading, resolve_device, resolve_dtype
 from negsynth.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class SentenceTransformerEmbedder(Embedder):
     # ------------------------------------------------------------------ loading
 
     @classmethod
+    @quiet_loading()
     def load(
         cls,
         model: str = "default",

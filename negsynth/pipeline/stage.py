@@ -37,6 +37,7 @@ from negsynth.data.shards import atomic_write_json, list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.llm_stage import llm_endpoint
+from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import check_and_record, check_manifest, read_manifest
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
@@ -201,7 +202,16 @@ def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
 def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None, **kwargs: Any) -> dict:
     """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
     if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
-    use), run its loop, write its stats atomically, print its summary and return its stats."""
+    use), run its loop, write its stats atomically, print its summary and return its stats.
+
+    The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`; a worker of a split
+    run holds its own (stage, shard)): a second process on it stops with one line, nothing sent."""
+    shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 else None
+    with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn):
+        return _run_stage(stage, ctx, start_llm=start_llm, **kwargs)
+
+
+def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None, **kwargs: Any) -> dict:
     check_inputs(stage, ctx)
     entry = manifest_entry(stage, ctx)
     stats = up_to_date(stage, ctx, entry)
@@ -243,7 +253,7 @@ def run_stages(
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
     out: dict[str, dict] = {}
-    with ExitStack() as stack:
+    with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
         base_url: str | None = None
 
         def start_llm() -> str:  # on first use: a run whose LLM stages are all up to date starts none

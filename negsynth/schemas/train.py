@@ -86,7 +86,9 @@ class TrainConfig(BaseModel):
     save_total_limit: int | None = 2
     logging_steps: int = Field(1, ge=1)
     output_dir: str = "runs/train"
-    resume: bool | str = False  # True = latest checkpoint in output_dir; str = a checkpoint folder
+    # train(): True = the latest whole (sealed) checkpoint in output_dir; str = a checkpoint folder.
+    # `negsynth train` resumes an interrupted run of the same config by default (--overwrite: afresh)
+    resume: bool | str = False
     check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
     no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
 

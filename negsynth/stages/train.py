@@ -6,8 +6,12 @@ Out: ``RUN_DIR/train/final/`` (a SentenceTransformer folder; reload with
      ``final/train_log.json`` (loss, lr, phase, level per step) and ``RUN_DIR/train/stats.json``
      (written by ``run_stage``).
 
-``train.output_dir`` is ignored here (the run dir decides); ``train.resume = true`` continues
-from the latest checkpoint of a killed run.
+``train.output_dir`` is ignored here (the run dir decides). A rerun of an interrupted train
+continues from its latest whole checkpoint (one every ``train.save_steps`` steps, sealed once
+written) when the config and the curriculum are those it was made from (``train/_made_from.json``):
+the same steps on the same batches as an uninterrupted run. ``--overwrite`` starts afresh, and so
+does a changed config or curriculum. ``train.resume = true`` (or a checkpoint folder) resumes even
+then and makes a changed config an error instead of a retrain (``keep_on_change``).
 """
 
 from __future__ import annotations
@@ -41,14 +45,21 @@ def run(ctx: StageContext) -> dict:
     data_dir = ctx.stage_dir("curriculum")
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
     final = out / "final"
+    if not (data_dir / "dataset").is_dir():
+        raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first")
     try:
         ds = load_curriculum(data_dir)
-    except CurriculumError:
-        raise UserError(f"{data_dir}: no curriculum dataset; run `negsynth curriculum` first") from None
+    except CurriculumError as e:
+        raise UserError(str(e)) from None
     if len(ds) == 0:
-        raise UserError(f"{data_dir}: the curriculum has 0 rows; rerun score and curriculum (check generate's valid count and score's rejects)")
+        raise UserError(
+            f"{data_dir}: the curriculum has 0 rows, nothing to train on; make more examples (or keep more in score) and rerun "
+            "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
+        )
     from negsynth.train import train
 
+    tc = _resume_point(ctx, tc)
+    resumed_from = _checkpoint_step_of(tc.resume, out)
     t0 = time.monotonic()
     ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}")
     try:
@@ -64,12 +75,57 @@ def run(ctx: StageContext) -> dict:
         "model": path,
         "rows": len(ds),
         "steps": len(losses),
+        # the step of the checkpoint this run continued from (None: it trained from step 0)
+        "resumed_from_step": resumed_from,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "phases_seen": sorted({e.get("phase") for e in log if e.get("phase") is not None}),
         "wall_time_s": round(time.monotonic() - t0, 3),
     }
     return stats
+
+
+def _resume_point(ctx: StageContext, tc):
+    """``tc`` with ``resume`` set to the checkpoint an interrupted run of the same job left, or
+    afresh (old checkpoints removed) when there is none or it was made from something else."""
+    import shutil
+
+    from negsynth.data.shards import atomic_write_json
+    from negsynth.train.trainer import checkpoints, last_checkpoint
+
+    if tc.resume is not False:  # asked for explicitly: the trainer takes it as given
+        return tc
+    out = ctx.stage_dir(STAGE)
+    made_from = {"config_hash": fingerprint(ctx)}
+    marker = out / "_made_from.json"
+    try:
+        same = json.loads(marker.read_text(encoding="utf-8")) == made_from
+    except (OSError, ValueError):
+        same = False
+    last = last_checkpoint(out) if same and not ctx.overwrite else None
+    if last is not None:
+        ctx.reporter.info(f"train: resuming from {last} (an interrupted run of the same config); --overwrite starts afresh")
+        return tc.model_copy(update={"resume": str(last)})
+    old = checkpoints(out)
+    if old:
+        why = "--overwrite" if ctx.overwrite else "made from another config or curriculum" if marker.exists() and not same else "none is whole"
+        ctx.reporter.info(f"train: starting afresh ({why}): removing {len(old)} old checkpoint(s) in {out}")
+        for _, p, _ in old:
+            shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(out / "final", ignore_errors=True)
+    atomic_write_json(marker, made_from)
+    return tc
+
+
+def _checkpoint_step_of(resume, out) -> int | None:
+    """The step of the checkpoint ``resume`` names (True: the latest whole one in ``out``)."""
+    from pathlib import Path
+
+    from negsynth.train.trainer import _checkpoint_step, last_checkpoint
+
+    if resume is True:
+        resume = last_checkpoint(out)
+    return _checkpoint_step(Path(resume)) if resume else None
 
 
 def report(stats: dict) -> list[Summary]:

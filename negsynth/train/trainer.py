@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from negsynth.embed.base import quiet_loading
 from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
 from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
@@ -46,6 +47,7 @@ def resolve_model_path(model: str) -> tuple[str, bool]:
     return ref.path, ref.is_decoder
 
 
+@quiet_loading()
 def build_model(config: TrainConfig, device: str | None = None):
     """A SentenceTransformer: ``Transformer`` [+ ``BidirectionalAttention``] + pooling [+ LoRA].
 
@@ -193,6 +195,7 @@ def negative_columns(column_names) -> list[str]:
     return [c for c in column_names if c == "negative" or re.fullmatch(r"negative_\d+", c)]
 
 
+@quiet_loading()
 def load_model(path: str, device: str | None = None):
     """Reload a model saved by :func:`train` (or ``model.save``) with its negsynth modules.
 
@@ -257,6 +260,75 @@ def _curriculum_callback(phases: list | None, levels: list | None, batch_size: i
             log.info("step %d loss %.4f phase %s level %s lr %.2e", state.global_step, logs["loss"], phases[row], levels[row] if levels else "-", logs.get("learning_rate", float("nan")))
 
     return CurriculumLogCallback()
+
+
+#: written into checkpoint-N once the trainer has saved everything in it: the files and their sizes
+SEAL = "negsynth_checkpoint.json"
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("checkpoint-") or not name[len("checkpoint-") :].isdigit():
+        return None
+    return int(name[len("checkpoint-") :])
+
+
+def _sealed(path: Path) -> bool:
+    """Whether ``checkpoint-N`` is whole: its seal lists every file with the size it had when saved."""
+    try:
+        files = json.loads((path / SEAL).read_text(encoding="utf-8"))["files"]
+        return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def checkpoints(output_dir: str | Path) -> list[tuple[int, Path, bool]]:
+    """``(step, folder, sealed)`` of every ``checkpoint-N`` in ``output_dir``, by step."""
+    d = Path(output_dir)
+    if not d.is_dir():
+        return []
+    out = [(s, p, _sealed(p)) for p in d.iterdir() if p.is_dir() and (s := _checkpoint_step(p)) is not None]
+    return sorted(out, key=lambda t: t[0])
+
+
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    """The latest whole checkpoint (sealed: a kill mid-save leaves an unsealed one, never used)."""
+    sealed = [p for _, p, ok in checkpoints(output_dir) if ok]
+    return sealed[-1] if sealed else None
+
+
+def _drop_checkpoint(path: Path) -> None:
+    import shutil
+
+    (path / SEAL).unlink(missing_ok=True)  # unsealed first: a kill mid-removal leaves no half checkpoint that looks whole
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _seal_callback(limit: int | None):
+    """Seal each checkpoint once the trainer has written it, then keep the ``limit`` newest sealed
+    ones (the trainer's own rotation is off: it removes old checkpoints before the new one is sealed)."""
+    from transformers import TrainerCallback
+
+    from negsynth.data.shards import atomic_write_text
+    from negsynth.pipeline.runner import _crash_point
+
+    class CheckpointSeal(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            if not state.is_world_process_zero:
+                return
+            ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not ck.is_dir():
+                return
+            _crash_point(f"checkpoint_saved:{state.global_step}")  # the resume test's kill mid-save
+            files = {str(p.relative_to(ck)): p.stat().st_size for p in sorted(ck.rglob("*")) if p.is_file() and p.name != SEAL}
+            atomic_write_text(ck / SEAL, json.dumps({"step": state.global_step, "files": files}, indent=1) + "\n")
+            _crash_point(f"checkpoint_sealed:{state.global_step}")
+            if limit is not None:
+                sealed = [p for _, p, ok in checkpoints(args.output_dir) if ok]
+                for old in sealed[: max(0, len(sealed) - limit)]:
+                    _drop_checkpoint(old)
+
+    return CheckpointSeal()
 
 
 def _precision(config: TrainConfig) -> dict[str, bool]:
@@ -337,7 +409,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         data_seed=config.seed,
         save_strategy="steps",
         save_steps=config.save_steps,
-        save_total_limit=config.save_total_limit,
+        save_total_limit=None,  # rotation in _seal_callback, after the new checkpoint is sealed
         logging_steps=config.logging_steps,
         report_to="none",
         dataloader_drop_last=False,
@@ -349,7 +421,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         args=args,
         train_dataset=train_ds,
         loss=loss,
-        callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum)],
+        callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum), _seal_callback(config.save_total_limit)],
     )
     return trainer, model
 
@@ -361,21 +433,28 @@ def train(dataset, config: TrainConfig | dict | None = None) -> str:
     training order). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
     saved to ``<output_dir>/final`` (with LoRA: the adapter plus its base-model reference), the
     checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
-    ``<output_dir>/final/train_log.json``.
+    ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole (:data:`SEAL`);
+    ``resume=True`` continues from the latest sealed one.
     """
     config = config if isinstance(config, TrainConfig) else TrainConfig(**(config or {}))
     trainer, model = make_trainer(dataset, config)
     resume: str | bool | None = None
     if config.resume is True:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        resume = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+        last = last_checkpoint(config.output_dir)
+        resume = str(last) if last is not None else None
         if resume is None:
-            log.warning("resume=True but no checkpoint in %s; starting from scratch", config.output_dir)
+            log.warning("resume=True but no whole checkpoint in %s; starting from scratch", config.output_dir)
     elif isinstance(config.resume, str):
         if not os.path.isdir(config.resume):
             raise ValueError(f"resume={config.resume!r}: no such checkpoint folder (use True for the latest in output_dir)")
         resume = config.resume
+    if config.resume is not False and is_main_process():
+        # a checkpoint a kill left half-written, after the one resumed from: the trainer would save into it
+        start = _checkpoint_step(Path(resume)) if resume else None
+        for step, p, ok in checkpoints(config.output_dir):
+            if not ok and (start is None or step > start):
+                log.warning("%s is not whole (killed while it was saved): removed", p)
+                _drop_checkpoint(p)
     trainer.train(resume_from_checkpoint=resume)
     out = os.path.join(config.output_dir, "final")
     if is_main_process():  # one writer under torchrun

@@ -64,6 +64,7 @@ def run(ctx: StageContext, embedder=None, judge=None) -> dict:
         if redo:
             ctx.reporter.info(f"score: {len(redo)} finished shard(s) after the first missing one are redone (dedup runs in input order)")
         todo = list(range(todo[0], len(shards)))
+    blocks = plan_blocks([p for _, p in shards], cfg.block_examples) if todo else []
     emb = embedder
     this_run = Counter()
     with ExitStack() as devices:
@@ -84,7 +85,7 @@ def run(ctx: StageContext, embedder=None, judge=None) -> dict:
                 judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
             if ctx.cfg.embedder.devices is not None:
                 devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
-            _score_shards(ctx, emb, shards, todo, this_run, ev, judge)
+            _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
 
 
@@ -105,26 +106,48 @@ def on_devices(emb, devices):
     return multi_device(emb, devices)
 
 
-def _score_shards(ctx: StageContext, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, judge=None) -> None:
-    """Score the shards in ``todo`` in blocks of ~``score.block_examples`` examples (the dedup scope)."""
+def count_rows(path: Path) -> int:
+    """The number of records in a JSONL shard (its non-blank lines), without parsing them."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
+    """The input shards grouped into consecutive blocks of ~``block_examples`` examples, from
+    shard 0 whatever is already scored: a block is the unit of embedding (its texts are sorted
+    and batched together), so fixing the blocks fixes every batch, and a resumed run embeds each
+    text in the same batch as an uninterrupted one, to the same bits."""
+    blocks: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for k, p in enumerate(paths):
+        n = count_rows(p)
+        if cur and size + n > block_examples:
+            blocks.append(cur)
+            cur, size = [], 0
+        cur.append(k)
+        size += n
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+def _score_shards(ctx: StageContext, emb, shards, blocks: list[list[int]], todo: list[int], this_run: Counter, ev: EvalTexts, judge=None) -> None:
+    """Score the shards in ``todo``: every block holding one is embedded whole (finished shards
+    in it are recomputed, not rewritten), so its batches are those of an uninterrupted run."""
     cfg = ctx.cfg.score
     bs = ctx.cfg.embedder.batch_size
-    cleaner = _Cleaner(ctx, emb, ev, first=todo[0], batch_size=bs)
+    want = set(todo)
+    run_blocks = [b for b in blocks if want.intersection(b)]
+    first = run_blocks[0][0]
+    if first < todo[0]:
+        ctx.reporter.info(f"score: {todo[0] - first} finished shard(s) embedded again with the block they belong to (not rewritten)")
+    cleaner = _Cleaner(ctx, emb, ev, first=first, batch_size=bs)
     try:
-        # consecutive shards in blocks of ~block_examples examples (the unit of embedding); only
-        # the current block's examples are held, never the run's
-        block: list[tuple[int, list[dict]]] = []
-        size = nblock = 0
-        for k in todo:
-            rows = read_examples(shards[k][1])
-            if block and size + len(rows) > cfg.block_examples:
-                nblock += 1
-                _score_block(ctx, emb, block, bs, this_run, nblock, cleaner, judge)
-                block, size = [], 0
-            block.append((k, rows))
-            size += len(rows)
-        if block:
-            _score_block(ctx, emb, block, bs, this_run, nblock + 1, cleaner, judge)
+        # only the current block's examples are held, never the run's
+        for nblock, b in enumerate(run_blocks, start=1):
+            block = [(k, read_examples(shards[k][1])) for k in b]
+            _score_block(ctx, emb, block, bs, this_run, nblock, cleaner, judge, write=want)
     finally:
         if cleaner.dedup is not None:
             cleaner.dedup.close()
@@ -326,8 +349,12 @@ def _reject(row: dict, reason: str, detail: str) -> dict:
     return {"id": row["id"], "stage": STAGE, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
 
 
-def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner, judge=None) -> None:
-    """Embed one block of input shards together, clean, then write each shard's outputs.
+def _score_block(
+    ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner, judge=None,
+    write: set[int] | None = None,
+) -> None:  # fmt: skip
+    """Embed one block of input shards together, clean, then write each shard's outputs (those in
+    ``write``, when given: the others are finished and come out the same).
 
     Per example, in input order: contaminated -> dropped; else the policy; an example the policy
     keeps is then checked against the examples kept so far (earlier shards and blocks included)
@@ -410,6 +437,8 @@ def _score_block(ctx: StageContext, emb, block: list[tuple[int, list[dict]]], ba
         for r in rejects:
             reasons[r["reason"]] += 1
         e0 += len(rows)
+        if write is not None and k not in write:
+            continue
         ms = [per_ex[e] for e in scored]
         sidecar = {
             "embedder": emb.name,
