@@ -263,7 +263,7 @@ def test_no_inputs_is_one_line_error(tmp_path):
     # run_stage checks a stage's inputs before it runs; the stage's own check says the same
     with pytest.raises(UserError, match=r"no finished outputs in .*generate or .*regenerate or .*corpus; run `negsynth generate` first"):
         run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
-    with pytest.raises(UserError, match=r"no finished shards in .*generate or .*regenerate; run `negsynth generate` first"):
+    with pytest.raises(UserError, match=r"no finished shards in .*generate or .*regenerate or .*corpus; run `negsynth generate` first"):
         S.run(make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
 
 
