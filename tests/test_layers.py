@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parent.parent / "negsynth"
 
 #: bottom to top; a module may import its own layer and those below it
 LAYERS: list[set[str]] = [
-    {"negsynth", "errors", "aio", "resources"},
+    {"negsynth", "errors", "aio", "faults", "resources"},
     {"prompts"},
     {"schemas"},
     {"data"},

@@ -29,6 +29,7 @@ from negsynth.data.shards import (
     write_jsonl,
 )
 from negsynth.errors import UserError
+from negsynth.faults import crash_point
 from negsynth.llm.client import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
 
@@ -56,15 +57,6 @@ def storage_error(e: OSError, what: Path | str) -> UserError:
     return UserError(f"cannot write {where}: {e.strerror or e}; {fix}")
 
 
-def _crash_point(name: str) -> None:
-    """Fault injection for the resume tests: ``NEGSYNTH_CRASH_AT=<name>`` SIGKILLs us here."""
-    if _CRASH_AT is not None and _CRASH_AT == name:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-_CRASH_AT = os.environ.get("NEGSYNTH_CRASH_AT") or None
 
 
 @dataclass
@@ -171,9 +163,9 @@ class ShardedRunner:
             "usage": dict(usage),
         }
         atomic_write_json(self.dir / "_shards" / f"{s:05d}.json", stats)
-        _crash_point("before_final")
+        crash_point("before_final")
         write_jsonl(self._final(s), records)  # its presence marks the shard done: written last
-        _crash_point("after_final")
+        crash_point("after_final")
         try:
             os.unlink(self._partial(s))
         except FileNotFoundError:

@@ -310,7 +310,7 @@ def _seal_callback(limit: int | None):
     from transformers import TrainerCallback
 
     from negsynth.data.shards import atomic_write_text
-    from negsynth.pipeline.runner import _crash_point
+    from negsynth.faults import crash_point
 
     class CheckpointSeal(TrainerCallback):
         def on_save(self, args, state, control, **kw):
@@ -319,10 +319,10 @@ def _seal_callback(limit: int | None):
             ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not ck.is_dir():
                 return
-            _crash_point(f"checkpoint_saved:{state.global_step}")  # the resume test's kill mid-save
+            crash_point(f"checkpoint_saved:{state.global_step}")  # the resume test's kill mid-save
             files = {str(p.relative_to(ck)): p.stat().st_size for p in sorted(ck.rglob("*")) if p.is_file() and p.name != SEAL}
             atomic_write_text(ck / SEAL, json.dumps({"step": state.global_step, "files": files}, indent=1) + "\n")
-            _crash_point(f"checkpoint_sealed:{state.global_step}")
+            crash_point(f"checkpoint_sealed:{state.global_step}")
             if limit is not None:
                 sealed = [p for _, p, ok in checkpoints(args.output_dir) if ok]
                 for old in sealed[: max(0, len(sealed) - limit)]:
