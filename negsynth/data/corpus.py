@@ -17,8 +17,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from negsynth.errors import UserError
+
+T = TypeVar("T")
 
 #: names tried, in order, for a role whose column is not given in ``columns``
 COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
@@ -115,8 +118,8 @@ def _corpus_format(path: str) -> str:
     return detect_format(path)
 
 
-def sample_documents(docs: list[Document], max_docs: int | None, seed: int) -> list[Document]:
-    """At most ``max_docs`` documents: a seeded random sample kept in corpus order."""
+def sample_documents(docs: list[T], max_docs: int | None, seed: int) -> list[T]:
+    """At most ``max_docs`` documents (or anything standing for them): a seeded random sample kept in corpus order."""
     if max_docs is None or max_docs >= len(docs):
         return list(docs)
     idx = sorted(random.Random(f"{seed}:corpus").sample(range(len(docs)), max_docs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +59,18 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
 
 def run_async(coro):
     return run_sync(coro)
+
+
+def path_fingerprint(path: str) -> list:
+    """Names and sizes of an input's files (a changed input changes the stage hash)."""
+    p = Path(path)
+    if p.is_file():
+        return [p.name, p.stat().st_size]
+    if p.is_dir():
+        out = []
+        for root, _, files in sorted(os.walk(p)):
+            for f in sorted(files):
+                fp = Path(root) / f
+                out.append([str(fp.relative_to(p)), fp.stat().st_size])
+        return out
+    return [path]  # a hub name

@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from negsynth.data.corpus import CorpusData, Document, read_corpus, sample_documents
+from negsynth.data.corpus import CorpusData, read_corpus, sample_documents
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
@@ -55,7 +55,7 @@ from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
-from negsynth.stages.common import schema_failure, short_id
+from negsynth.stages.common import path_fingerprint, schema_failure, short_id
 from negsynth.validators import check_meta, check_nonempty, check_query, normalize
 
 STAGE = "corpus"
@@ -90,10 +90,7 @@ def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
 def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
     """One item per (sampled document, query index), in corpus then file order."""
     cfg = ctx.cfg.corpus
-    pool = [(ci, d) for ci, c in enumerate(corpora) for d in c.documents]
-    if cfg.max_docs is not None and cfg.max_docs < len(pool):
-        idx = sample_documents([Document(str(i), "") for i in range(len(pool))], cfg.max_docs, cfg.seed)
-        pool = [pool[int(d.id)] for d in idx]
+    pool = sample_documents([(ci, d) for ci, c in enumerate(corpora) for d in c.documents], cfg.max_docs, cfg.seed)
     items: list[WorkItem] = []
     for ci, d in pool:
         name = corpora[ci].name
@@ -104,19 +101,13 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
     return items
 
 
-def _path_fingerprint(path: str) -> list:
-    from negsynth.stages.regenerate import _path_fingerprint as fp
-
-    return fp(path)
-
-
 def stage_hash(ctx: StageContext) -> str:
     cfg = ctx.cfg.corpus
     parts: dict[str, Any] = {
         "corpus": cfg,
         "llm": llm_fingerprint(ctx.cfg.llm),
         "prompts": templates_fingerprint("corpus", "system", "reask"),
-        "inputs": [_path_fingerprint(s.path) for s in cfg.inputs],
+        "inputs": [path_fingerprint(s.path) for s in cfg.inputs],
     }
     if needs_index(cfg):
         parts["embedder"] = ctx.cfg.embedder
@@ -266,7 +257,7 @@ class Work:
             from negsynth.embed.mining import CorpusIndex
 
             c = self.corpora[ci]
-            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": _path_fingerprint(c.path), "docs": len(c.documents)})
+            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": len(c.documents)})
             self.ctx.reporter.info(f"corpus: embedding {len(c.documents)} documents of {c.name} (cached) ...")
             self._indexes[ci] = CorpusIndex(self.model(), [d.text for d in c.documents], batch_size=self.ctx.cfg.embedder.batch_size,
                                             cache=self.ctx.stage_dir(STAGE) / "_index" / f"{ci:03d}-{key}.npy")  # fmt: skip

@@ -34,7 +34,6 @@ shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
-from negsynth.stages.common import schema_failure, short_id
+from negsynth.stages.common import path_fingerprint, schema_failure, short_id
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty, normalize
 
 STAGE = "regenerate"
@@ -157,21 +156,6 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
     return items, per_source
 
 
-def _path_fingerprint(path: str) -> list:
-    """Names and sizes of an input's files (a changed input changes the stage hash)."""
-    p = Path(path)
-    if p.is_file():
-        return [p.name, p.stat().st_size]
-    if p.is_dir():
-        out = []
-        for root, _, files in sorted(os.walk(p)):
-            for f in sorted(files):
-                fp = Path(root) / f
-                out.append([str(fp.relative_to(p)), fp.stat().st_size])
-        return out
-    return [path]  # a hub name
-
-
 def made_from(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
     return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "mine": ctx.cfg.regenerate.mine}
@@ -183,7 +167,7 @@ def stage_hash(ctx: StageContext) -> str:
         "regenerate": cfg,
         "llm": llm_fingerprint(ctx.cfg.llm),
         "prompts": templates_fingerprint("regenerate", "system", "reask"),
-        "inputs": [_path_fingerprint(s.path) + ([_path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
+        "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine or cfg.negatives == "mined":
         parts["embedder"] = ctx.cfg.embedder
@@ -244,7 +228,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         if not mine_items:
             continue
         queries = {it.payload["query_key"]: it.payload["query"] for it in mine_items}
-        key = config_hash({"spec": spec, "mining": cfg.mining, "k": k, "embedder": ctx.cfg.embedder, "queries": sorted(queries), "corpus": len(data.corpus), "input": _path_fingerprint(spec.path)})
+        key = config_hash({"spec": spec, "mining": cfg.mining, "k": k, "embedder": ctx.cfg.embedder, "queries": sorted(queries), "corpus": len(data.corpus), "input": path_fingerprint(spec.path)})
         path = cache_dir / f"{si:03d}-{key}.json"
         if path.exists():
             found = json.loads(path.read_text(encoding="utf-8"))
