@@ -231,3 +231,16 @@ def test_bad_options_are_one_line(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl")])
     assert r.exit_code == 2 and "no text column (columns: a)" in r.output and "Traceback" not in r.output
+
+
+def test_a_split_folder_reads_its_parents_corpus(tmp_path):
+    """SciFact-dev reads scifact/train: its queries and qrels, the corpus one level up."""
+    from negsynth.data.readers import read_beir
+
+    root = tmp_path / "set"
+    (root / "train").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in DOCS))
+    (root / "train" / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "when are spring tides"}) + "\n")
+    (root / "train" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    queries, corpus, qrels = read_beir(root / "train")
+    assert queries == {"q1": "when are spring tides"} and qrels == {"q1": {"d1": 1.0}} and len(corpus) == len(DOCS)
