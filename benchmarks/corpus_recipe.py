@@ -17,6 +17,8 @@ mined-rt1       the same with ``round_trip_k = 1`` (Promptagator's strict filter
 llm             the LLM's 4 graded negatives written for the document
 mixed           the LLM's 2 hardest + the 2 hardest mined
 mined-q3        3 queries per document (one request), mined negatives
+mined-e2        ``mined`` trained for two passes over its kept examples (no new LLM call)
+mined-q3-e2     ``mined-q3`` trained for two passes
 ==============  ===========================================================================
 
 Datasets (``--datasets``): ``scifact`` (5,183 abstracts; reported on the full SciFact test
@@ -34,7 +36,8 @@ cost no LLM time. Each arm's model is saved as ``OUT/<dataset>/<arm>/seed<N>/mod
 seed; a rerun skips what is in it (``--fresh`` redoes).
 
     python benchmarks/corpus_recipe.py --out runs/corpus                  # the default run
-    python benchmarks/corpus_recipe.py --out runs/corpus --arms all --seeds 0
+    python benchmarks/corpus_recipe.py --out runs/corpus --arms all --seeds 0 --select   # choose on the dev split
+    python benchmarks/corpus_recipe.py --out runs/corpus --arms mined --seeds 0,1,2      # then the test split once
     python benchmarks/corpus_recipe.py --out runs/corpus --llm-base-url http://127.0.0.1:8000/v1 --llm-model Qwen/Qwen2.5-7B-Instruct --max-docs 5000
 """
 
@@ -61,6 +64,9 @@ ARMS: dict[str, dict | None] = {
     "llm": {"negatives": "llm"},
     "mixed": {"negatives": "mixed"},
     "mined-q3": {"negatives": "mined", "queries_per_doc": 3},
+    # training-side arms: the same cached LLM answers, another pass count over the kept examples
+    "mined-e2": {"negatives": "mined", "curriculum": {"epochs": 2}},
+    "mined-q3-e2": {"negatives": "mined", "queries_per_doc": 3, "curriculum": {"epochs": 2}},
 }
 DEFAULT_ARM = "mined"
 DATASETS = {
@@ -75,11 +81,16 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     llm += "temperature = 0.7\nseed = 0\nmax_tokens = 400\nmax_attempts = 3\ntimeout = 300\n"
     if args.llm_key_env:
         llm += f"api_key_env = {json.dumps(args.llm_key_env)}\n"
+    if args.llm_threads:
+        llm += f"[serve]\nn_threads = {args.llm_threads}\n"
+    arm = dict(arm)
+    cur = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
+    cur.update(arm.pop("curriculum", {}))
     corpus = f"[corpus]\nmax_docs = {args.max_docs}\nseed = 0\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.items())
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     return (
         llm + "[pipeline]\nshard_size = 100\n" + corpus + '[score]\ninputs = ["corpus"]\n'
-        f"[curriculum]\nseed = {seed}\n" + (f"total_steps = {args.steps}\n" if args.steps else "epochs = 1\n") +
+        f"[curriculum]\nseed = {seed}\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in cur.items()) +
         f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     )
 
@@ -133,11 +144,21 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     }
 
 
-def run_one(dataset: str, arm: str, seed: int, args) -> dict:
+def dev_tasks(dataset: str) -> list[str]:
+    return [t for t in DATASETS[dataset][1] if t.endswith("-dev")]
+
+
+def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: dict | None = None) -> dict:
+    """Train the arm (unless ``prior`` already holds its saved model) and evaluate ``tasks``."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _mem import PeakRSS
 
-    _, tasks = DATASETS[dataset]
+    if prior and (ARMS[arm] is None or Path(prior.get("model_dir", "")).is_dir()):
+        # a model trained and scored on the dev split earlier: only the missing tasks are evaluated
+        todo = [t for t in tasks if t not in prior["scores"]]
+        with PeakRSS() as eval_mem:
+            scores = evaluate_model(prior.get("model_dir"), todo, args)
+        return {**prior, "scores": {**prior["scores"], **scores}, "eval_s": round(prior.get("eval_s", 0) + eval_mem.seconds, 1)}
     info: dict = {}
     path = None
     with PeakRSS() as train_mem:
@@ -222,8 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--llm-model", default="smollm2-135m-instruct")
     ap.add_argument("--llm-key-env", default=None, help="environment variable holding the API key")
     ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--llm-threads", type=int, default=None,
+                    help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)")
     ap.add_argument("--data-dir", default=str(default_data_dir() or "../shared/data"))
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
+    ap.add_argument("--select", action="store_true",
+                    help="evaluate the dev split only (SciFact-dev: SciFact's train claims): choose settings with this, "
+                         "then run without it to score the chosen arm on the test split once (its saved model is reused)")
     return ap
 
 
@@ -249,16 +275,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["NEGSYNTH_DATA_DIR"] = str(Path(args.data_dir).resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
-    done = {(r["dataset"], r["arm"], r["seed"]) for r in load_results(res_path)} if not args.fresh else set()
-    results = load_results(res_path)
+    results = [] if args.fresh else load_results(res_path)
     # every arm once before any second seed: an interrupted run still has the whole table
     plan = [(d, a, s) for s_i, s in enumerate(seeds) for d in datasets for a in arms if not (a == "base" and s_i > 0)]
     for d, a, s in plan:
         key = (d, a, -1 if a == "base" else s)
-        if key in done:
+        tasks = dev_tasks(d) if args.select else DATASETS[d][1]
+        if not tasks:
+            print(f"corpus_recipe: {d} has no dev split; --select skips it", file=sys.stderr)
             continue
-        print(f"corpus_recipe: {d} {a} seed {key[2]} ...", file=sys.stderr, flush=True)
-        r = run_one(d, a, key[2], args)
+        prior = next((r for r in results if (r["dataset"], r["arm"], r["seed"]) == key), None)
+        if prior and all(t in prior["scores"] for t in tasks):
+            continue
+        print(f"corpus_recipe: {d} {a} seed {key[2]} ({', '.join(tasks)}) ...", file=sys.stderr, flush=True)
+        r = run_one(d, a, key[2], args, tasks, prior)
         results = save_result(res_path, r)
         print(json.dumps({k: r[k] for k in ("dataset", "arm", "seed", "scores", "train_s", "eval_s")}), file=sys.stderr, flush=True)
     print_table(results, datasets)
