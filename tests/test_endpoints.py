@@ -327,3 +327,33 @@ def test_per_endpoint_keys_are_sent_and_never_written(tmp_path):
             if path.is_file():
                 assert key[-16:].encode() not in path.read_bytes(), f"the key leaked into {path}"
         assert all(key[-16:] not in text for text in outs)
+
+
+# -- Ray workers -----------------------------------------------------------------------------------
+def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
+    """--executor ray: the endpoint list travels with the config; every worker spreads over the
+    same servers with 1/n of each one's slots; the union equals a one-server run, each request
+    answered once."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.pipeline.ray_executor import worker_config
+
+    ref_files, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as a, FakeOpenAI(responder) as b:
+        cfg = write_config(tmp_path, endpoints=[{"base_url": a.base_url, "max_concurrency": 2}, b.base_url])
+        split = worker_config(load_config(cfg), 2).llm
+        assert [e.base_url for e in split.endpoints] == [a.base_url, b.base_url]
+        assert [split.endpoint_concurrency(e) for e in split.endpoints] == [1, 2]  # 2 -> 1, llm.max_concurrency 3 -> 2
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        try:
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")
+        finally:
+            ray.shutdown()
+        assert r.exit_code == 0, r.output
+    assert data_files(rd) == ref_files
+    assert bodies(a.requests) + bodies(b.requests) == ref_bodies
+    assert a.requests and b.requests
+    merged = json.loads(r.stdout)["this_run"]
+    assert merged["endpoint_requests"] == {a.base_url: len(a.requests), b.base_url: len(b.requests)}
