@@ -288,6 +288,29 @@ def test_an_endpoint_taken_out_is_probed_back_in():
     assert counts["endpoint_taken_out"] == {a.base_url: 0, b.base_url: 1}
 
 
+def test_an_endpoint_answering_5xx_is_taken_out_and_its_requests_answered_elsewhere():
+    """B passes its health check but answers every chat request 503: each request it fails is
+    retried on A, once; B is taken out again after each probe, with a growing wait."""
+    from negsynth.llm.client import LLMClient
+    from negsynth.schemas.config import LLMConfig
+
+    async def main(a, b):
+        cfg = LLMConfig(model="fake", endpoints=[a.base_url, b.base_url], max_concurrency=2, backoff_initial=0.05, backoff_max=1.0, max_retries=3, connect_timeout=1)
+        async with LLMClient(cfg, base_url=cfg.base_url) as c:
+            await c.preflight()
+            outs = await asyncio.gather(*(c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0)) for i in range(30)))
+            return outs, c.stats, c.router.endpoints[1]
+
+    with FakeOpenAI(lambda req, n: Reply(content='{"ok": 1}')) as a, FakeOpenAI(lambda req, n: Reply(status=503)) as b:
+        outs, stats, eb = asyncio.run(main(a, b))
+    assert len(outs) == 30 and all(o["text"] == '{"ok": 1}' for o in outs)
+    assert len(a.requests) == 30
+    assert len({json.dumps(r["messages"]) for r in a.requests}) == 30  # each answered once
+    # out at its first failure (the two requests it had at once), then one trial request per probe
+    assert 1 <= eb.taken_out <= len(b.requests) <= eb.taken_out + 1, (eb.taken_out, len(b.requests))
+    assert stats.transport_retries == {"http_503": len(b.requests)} and not stats.transport_failures
+
+
 # -- secrets --------------------------------------------------------------------------------------
 def test_per_endpoint_keys_are_sent_and_never_written(tmp_path):
     key_a, key_b = "sk-endpoint-A-SECRET-4c1d9e7a2b", "sk-endpoint-B-SECRET-8f0e3a6c5d"

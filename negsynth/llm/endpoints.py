@@ -10,9 +10,10 @@ An endpoint is **taken out** when its health check fails at start (``GET /models
 unanswered) or when a request to it meets a transport fault: a refused or reset connection, a
 timeout, a 5xx, a 200 that is not a chat completion. Nothing more is sent to it until a probe
 (``GET /models``) answers; the first probe comes ``llm.backoff_initial`` seconds after it went
-out, each failed probe doubles the wait up to ``llm.backoff_max``, and only a real answer resets
-it (so an endpoint whose health check passes but whose chat requests fail is not retried at
-the pace of a healthy one). A 429 does not take an endpoint out: the rate limiter slows down.
+out, each failed probe doubles the wait up to ``llm.backoff_max``. Back in by a probe, it gets
+one request at a time until one is answered, and only a real answer resets its wait (so an
+endpoint whose health check passes but whose chat requests fail costs one attempt per probe,
+ever more rarely). A 429 does not take an endpoint out: the rate limiter slows down.
 
 What does not change with several endpoints:
 
@@ -100,6 +101,7 @@ class Endpoint:
     backoff: float = 0.0  # seconds from its last failure to its next probe; reset by an answer
     why: str = ""
     probing: bool = False
+    trial: bool = False  # back in by a probe, no answer yet: one request at a time until one comes
     requests: int = 0  # requests sent to it (this run)
     taken_out: int = 0
 
@@ -189,7 +191,8 @@ class EndpointSet:
         e.taken_out += 1
         log.warning("%s taken out (%s); probing it again in %.2g s", e.label, why, e.backoff)
 
-    def _back_in(self, e: Endpoint, how: str) -> None:
+    def _back_in(self, e: Endpoint, how: str, trial: bool) -> None:
+        e.trial = trial
         if e.out:
             e.out = False
             log.warning("%s is back (%s)", e.label, how)
@@ -201,7 +204,7 @@ class EndpointSet:
         finally:
             e.probing = False
         if why is None:
-            self._back_in(e, "its health check answered")
+            self._back_in(e, "its health check answered", trial=True)
         else:
             e.backoff = min(self.backoff_max, e.backoff * 2 if e.backoff else self.backoff_initial)
             e.retry_at = time.monotonic() + e.backoff
@@ -227,7 +230,7 @@ class EndpointSet:
     # -- one attempt ---------------------------------------------------------------------------
     def _pick(self) -> Endpoint | None:
         eps = self.endpoints
-        free = [e for e in eps if not e.out and e.in_flight < e.concurrency]
+        free = [e for e in eps if not e.out and e.in_flight < (1 if e.trial else e.concurrency)]
         if free:
             return min(free, key=lambda e: (e.in_flight / e.concurrency, -e.concurrency, e.index))
         if any(not e.out for e in eps):
@@ -260,8 +263,9 @@ class EndpointSet:
 
     def answered(self, e: Endpoint) -> None:
         e.backoff = 0.0
+        e.trial = False
         if e.out:
-            self._back_in(e, "it answered a request")
+            self._back_in(e, "it answered a request", trial=False)
 
     def release(self, e: Endpoint) -> None:
         e.in_flight -= 1
