@@ -33,6 +33,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from negsynth.data import jsonfast
 from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
+from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
@@ -305,8 +306,13 @@ class LLMClient:
         self.gate = gate
         #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
         self.transport = transport
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._sem = asyncio.Semaphore(cfg.total_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
+        #: llm.endpoints: several servers, one picked per attempt (None: ``base_url`` alone)
+        self.router: EndpointSet | None = None
+        if cfg.endpoints:
+            self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
+            self.base_url = self.router.describe()
         self._client: openai.AsyncOpenAI | None = None
         self._pool: H1Pool | None = None  # the lean path (llm.transport = "http1")
         self._session: Any | None = None  # aiohttp.ClientSession: "aiohttp", or "http1" through a proxy
@@ -325,10 +331,15 @@ class LLMClient:
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
-        k = self._api_key
-        if k and len(k) >= 8 and k in text:
-            text = text.replace(k, "[redacted]")
+        for k in (self._api_key, *(self.router.keys() if self.router is not None else ())):
+            if k and len(k) >= 8 and k in text:
+                text = text.replace(k, "[redacted]")
         return text
+
+    def _endpoint_client(self, url: str, key: str, concurrency: int) -> "LLMClient":
+        """The single-URL client whose transport carries one endpoint's requests."""
+        cfg = self.cfg.model_copy(update={"base_url": url, "max_concurrency": concurrency, "endpoints": []})
+        return LLMClient(cfg, base_url=url, api_key=key)
 
     def _make_client(self) -> openai.AsyncOpenAI:
         import httpx
@@ -347,6 +358,9 @@ class LLMClient:
         return self._client
 
     async def __aenter__(self) -> "LLMClient":
+        if self.router is not None:  # each endpoint opens its own transport
+            await self.router.open()
+            return self
         self._chat_url = self.base_url.rstrip("/") + "/chat/completions"
         self._proxy = proxy_for(self._chat_url) if self.cfg.transport != "httpx" else None
         if self.cfg.transport == "http1" and self._proxy is None:
@@ -379,6 +393,8 @@ class LLMClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self.router is not None:
+            await self.router.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -397,6 +413,8 @@ class LLMClient:
         """
         from negsynth.errors import UserError
 
+        if self.router is not None:
+            return await self.router.preflight(timeout)
         url = self.base_url
         if self._pool is None and self._session is None:
             from negsynth.llm.server import preflight
@@ -610,14 +628,19 @@ class LLMClient:
         raise e
 
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
-        lean = self._pool is not None or self._session is not None
-        assert lean or self._client is not None, "use LLMClient inside 'async with'"
         lim = self.limiter
         reserved = 0
         if lim is not None:
             reserved = await lim.acquire(payload)
         ok = False
+        ep = None  # with llm.endpoints: the endpoint this attempt goes to, and its transport
+        via = self
         try:
+            if self.router is not None:
+                ep = await self.router.acquire()
+                via = ep.client
+            lean = via._pool is not None or via._session is not None
+            assert lean or via._client is not None, "use LLMClient inside 'async with'"
             # the gate and the count happen with no await between them, so concurrent senders
             # can never overshoot --max-requests
             if self.outage is not None:
@@ -627,17 +650,21 @@ class LLMClient:
                 if why is not None:
                     raise BudgetStop(why)
             self.stats.requests += 1
+            if ep is not None:
+                ep.requests += 1
             try:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
                     if lean:
-                        text, finish, pt, ct = await self._post_chat(payload, body)
+                        text, finish, pt, ct = await via._post_chat(payload, body)
                     else:
-                        resp = await self._client.chat.completions.create(**payload)
+                        resp = await via._client.chat.completions.create(**payload)
             except Exception as e:
                 if _never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
+                if ep is not None:
+                    self.router.failed(ep, transport_kind(e), _never_sent(e))
                 raise
             if not lean:
                 if not resp.choices:
@@ -653,8 +680,12 @@ class LLMClient:
             if lim is not None:
                 lim.record_tokens(pt + ct, reserved, ct)
             ok = True
+            if ep is not None:
+                self.router.answered(ep)
             return {"text": text, "finish_reason": finish, "usage": [pt, ct]}
         finally:
+            if ep is not None:
+                self.router.release(ep)
             if lim is not None:
                 lim.release(ok=ok)
 

@@ -48,12 +48,18 @@ def apply_override(data: dict, assignment: str, source: str = "--set") -> None:
 
 
 def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
+    import typing
+
     m: Any = model
     for part in loc[:-1]:
+        if part.isdigit():  # an entry of a list of sections (llm.endpoints.0)
+            continue
         f = getattr(m, "model_fields", {}).get(part)
         if f is None:
             return []
         m = f.annotation
+        if typing.get_origin(m) is list:
+            m = typing.get_args(m)[0]
     return list(getattr(m, "model_fields", {}).keys())
 
 

@@ -58,8 +58,9 @@ def endpoint(ctx: StageContext) -> str:
 
 
 def stage_concurrency(ctx: StageContext, n_items: int) -> int:
-    """Items in flight: ``llm.max_concurrency`` online; every item in batch mode (a batch holds them all)."""
-    return max(1, n_items) if ctx.mode == "batch" else ctx.cfg.llm.max_concurrency
+    """Items in flight: ``llm.max_concurrency`` online (with ``llm.endpoints``, their concurrencies
+    summed); every item in batch mode (a batch holds them all)."""
+    return max(1, n_items) if ctx.mode == "batch" else ctx.cfg.llm.total_concurrency
 
 
 def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> None:
@@ -132,9 +133,11 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
         raise UserError(str(e)) from None
     if ctx.mode == "batch" and not cfg.cache:
         raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
+    if ctx.mode == "batch" and cfg.endpoints:
+        raise UserError("--mode batch sends through one Batch API: set llm.base_url instead of llm.endpoints, or drop --mode batch")
     cache = open_cache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
-    limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
+    limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.total_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
     try:
         async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
             if check:
@@ -261,6 +264,8 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
             stats["this_run"]["rate_limiter"] = client.limiter.as_dict()
         if client.transport is not None and hasattr(client.transport, "as_dict"):
             stats["this_run"]["batch"] = client.transport.as_dict()
+        if client.router is not None:  # requests per endpoint URL (never a key)
+            stats["this_run"].update(client.router.as_dict())
     stats["mode"] = ctx.mode
     b = ctx.budget
     stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": "this invocation"}

@@ -10,10 +10,13 @@ nothing new decides what is written.
 - The run dir must be on a filesystem every Ray node sees (one node: any local folder).
 - Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
   up) and of ``llm.rpm`` / ``llm.tpm`` (rounded down, at least 1).
+- ``llm.endpoints`` travels with the config: every worker spreads its requests over the same
+  servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead
+  one out on its own.
 - ``llm.base_url = "embedded"`` starts one server in the driver and every worker uses it, so it
   serves a one-node cluster; a multi-node cluster needs a served endpoint (vLLM, OpenAI, ...).
-- The API key is read by each worker from its own environment (``llm.api_key_env``), never
-  shipped in the task's arguments.
+- The API key is read by each worker from its own environment (``llm.api_key_env``, and each
+  endpoint's ``api_key_env``), never shipped in the task's arguments.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     """``cfg`` with the global LLM limits divided among ``n`` workers."""
     llm = cfg.llm
     update: dict[str, Any] = {"max_concurrency": max(1, math.ceil(llm.max_concurrency / n))}
+    if llm.endpoints:  # every worker sends to every endpoint: each gets 1/n of each one's slots
+        update["endpoints"] = [e.model_copy(update={"max_concurrency": max(1, math.ceil(llm.endpoint_concurrency(e) / n))}) for e in llm.endpoints]
     if llm.rpm is not None:
         update["rpm"] = max(1, llm.rpm // n)
     if llm.tpm is not None:

@@ -36,6 +36,26 @@ class PriceConfig(Section):
     output_per_mtok: float = 0.0
 
 
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must be an http(s):// URL such as http://10.0.0.2:8000/v1")
+    return v.rstrip("/")
+
+
+class EndpointConfig(Section):
+    """One of several servers of the same model (``llm.endpoints``); unset fields fall back to ``[llm]``'s."""
+
+    base_url: str
+    max_concurrency: int | None = Field(None, ge=1, le=4096)  # None: llm.max_concurrency
+    api_key_env: str | None = None  # None (and no api_key_file): llm.api_key_env / llm.api_key_file
+    api_key_file: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _http_url(v)
+
+
 class LLMConfig(Section):
     """How to reach an OpenAI-compatible chat-completions endpoint.
 
@@ -43,6 +63,10 @@ class LLMConfig(Section):
     and stopped by ``negsynth run``. Any other value is used as is (OpenAI, DeepSeek, vLLM,
     Ollama, ...). The key itself never appears in a config: ``api_key_env`` names the
     environment variable that holds it (or ``api_key_file`` a file).
+
+    ``endpoints``: several servers of the same model instead of one ``base_url``; requests go
+    to the one with the most free capacity (see :mod:`negsynth.llm.endpoints`). ``base_url``
+    then reads as the first of them.
     """
 
     base_url: str = "embedded"
@@ -74,6 +98,33 @@ class LLMConfig(Section):
     max_consecutive_failures: int = Field(8, ge=1)
     # a stage whose items failed at the HTTP level (4xx "bad_request") above this fraction fails
     max_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
+    # several servers of the same model: [{base_url = "http://a:8000/v1", max_concurrency = 32}, ...]
+    # (a plain URL string is short for {base_url = URL}); defined after base_url, which it checks
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_endpoint(cls, data):
+        """With ``endpoints`` and no URL of its own, ``base_url`` is the first endpoint (so every
+        reader of ``llm.base_url`` sees a real server, and the embedded one is never started)."""
+        if not isinstance(data, dict):
+            return data
+        eps = data.get("endpoints")
+        if isinstance(eps, list) and eps and data.get("base_url", "embedded") == "embedded":
+            first = eps[0]
+            url = first if isinstance(first, str) else first.get("base_url") if isinstance(first, dict) else getattr(first, "base_url", None)
+            if isinstance(url, str):
+                data = {**data, "base_url": url}
+        return data
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _one_url(cls, v):
+        if isinstance(v, (list, tuple)):
+            raise ValueError(
+                'takes one URL; for several servers list them in llm.endpoints instead: endpoints = [{base_url = "http://a:8000/v1"}, {base_url = "http://b:8000/v1"}]'
+            )
+        return v
 
     @field_validator("base_url")
     @classmethod
@@ -81,6 +132,35 @@ class LLMConfig(Section):
         if v != "embedded" and not v.startswith(("http://", "https://")):
             raise ValueError("must be 'embedded' or an http(s):// URL such as http://127.0.0.1:8000/v1")
         return v.rstrip("/")
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _url_shorthand(cls, v):
+        if isinstance(v, list):
+            return [{"base_url": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: list[EndpointConfig], info) -> list[EndpointConfig]:
+        urls = [e.base_url for e in v]
+        for i, u in enumerate(urls):
+            if u in urls[:i]:
+                raise ValueError(f"lists {u} twice (entries {urls.index(u)} and {i}); list each server once")
+        base = info.data.get("base_url")
+        if v and base is not None and base != "embedded" and base not in urls:
+            raise ValueError(f"llm.base_url={base} is not one of them; list every server in llm.endpoints and remove llm.base_url")
+        return v
+
+    def endpoint_concurrency(self, ep: EndpointConfig) -> int:
+        return ep.max_concurrency or self.max_concurrency
+
+    @property
+    def total_concurrency(self) -> int:
+        """Requests in flight at once: the endpoints' concurrencies summed, or ``max_concurrency``."""
+        if self.endpoints:
+            return sum(self.endpoint_concurrency(e) for e in self.endpoints)
+        return self.max_concurrency
 
 
 class ServeConfig(Section):
