@@ -135,6 +135,8 @@ class ClientStats:
     failed_attempts: Counter = field(default_factory=Counter)  # validation reason -> attempts
     transport_retries: Counter = field(default_factory=Counter)
     transport_failures: Counter = field(default_factory=Counter)
+    outage_waits: int = 0  # outages waited out (the server came back within llm.outage_wait)
+    outage_wait_s: float = 0.0  # seconds spent waiting for the server
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -146,6 +148,8 @@ class ClientStats:
             "failed_attempts": dict(self.failed_attempts),
             "transport_retries": dict(self.transport_retries),
             "transport_failures": dict(self.transport_failures),
+            "outage_waits": self.outage_waits,
+            "outage_wait_s": round(self.outage_wait_s, 3),
         }
 
 
@@ -355,6 +359,14 @@ class LLMClient:
         #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
         self.outage: str | None = None
         self.outage_fatal = False
+        #: waiting out an outage (llm.outage_wait): set while the server is probed; requests wait
+        #: for it before they are sent
+        self._back: asyncio.Event | None = None
+        self._probe_task: asyncio.Task | None = None
+        self._outage_since: float | None = None  # when the current outage's first wait began
+        self._settled_waits = 0  # outages waited out whose failed items were already sent again
+        #: told (one line) when a wait for the server begins and ends; the stage shows it
+        self.on_wait: Callable[[str, bool], None] | None = None
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
@@ -414,6 +426,12 @@ class LLMClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
+            try:
+                await self._probe_task
+            except (asyncio.CancelledError, Exception):
+                pass
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -560,6 +578,8 @@ class LLMClient:
             if hit is not None:
                 self.stats.cache_hits += 1
                 return {**hit, "cached": True}
+        while self._back is not None:  # the server is down: wait with everyone for it to come back
+            await self._back.wait()
         if self.outage is not None:
             raise OutageStop(self.outage, self.outage_fatal)
         sent = self._sent
@@ -580,6 +600,7 @@ class LLMClient:
         if self.consecutive_failures == 0 or sent > self._streak_from:
             self.consecutive_failures = 0
             self.failure_kinds.clear()
+            self._outage_since = None
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
@@ -589,9 +610,104 @@ class LLMClient:
         self.consecutive_failures += 1
         self.failure_kinds[e.reason] += 1
         self.last_failure = e.detail
-        if self.outage is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
-            self.outage_fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
-            self.outage = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
+        if self.outage is None and self._back is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
+            fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
+            message = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
+            if fatal or not self._can_wait():
+                self.outage_fatal, self.outage = fatal, message
+            else:
+                self._start_wait(message)
+
+    # -- riding out an outage ---------------------------------------------------------------
+    def _can_wait(self) -> bool:
+        return self.cfg.outage_wait > 0 and self.transport is None and (self._pool is not None or self._session is not None or self._client is not None)
+
+    def _start_wait(self, message: str) -> None:
+        """Hold every request and probe the server with backoff until it answers (then resume) or
+        ``llm.outage_wait`` has passed since the outage began (then stop as an outage)."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+        left = self._outage_since + self.cfg.outage_wait - now
+        if left <= 0:
+            self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+            return
+        self._back = asyncio.Event()
+        self._probe_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
+
+    async def _wait_for_server(self, message: str, deadline: float) -> None:
+        back, t0, delay = self._back, time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
+        cause = message.split(":", 1)[0]
+        self._tell(f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)", True)
+        try:
+            while True:
+                pause = min(delay, deadline - time.monotonic())
+                if pause <= 0:
+                    self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+                    break
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 30.0, max(self.cfg.backoff_max, 0.05))
+                if await self._probe():
+                    self.consecutive_failures = 0
+                    self.failure_kinds.clear()
+                    self.stats.outage_waits += 1
+                    self._tell(f"the LLM server answers again after {time.monotonic() - t0:.0f} s; resuming", False)
+                    break
+        finally:
+            self.stats.outage_wait_s += time.monotonic() - t0
+            self._back = None
+            back.set()
+
+    def _tell(self, line: str, waiting: bool) -> None:
+        log.info(line)
+        if self.on_wait is not None:
+            self.on_wait(line, waiting)
+
+    async def _probe(self) -> bool:
+        """One cheap request that costs nothing (``GET /models``): does the server answer again?
+        Any HTTP answer but a 5xx or a 429 counts (some servers have no /models: 404 is fine)."""
+        url = self.base_url.rstrip("/") + "/models"
+        timeout = max(1.0, min(self.cfg.connect_timeout, 10.0))
+        try:
+            async with asyncio.timeout(timeout):
+                if self._pool is not None:
+                    status = (await self._pool.request("GET", self._pool.target(url))).status
+                elif self._session is not None:
+                    async with self._session.get(url, proxy=self._proxy, allow_redirects=False) as r:
+                        status = r.status
+                        await r.read()
+                else:
+                    try:
+                        await self._client.models.list()
+                        status = 200
+                    except Exception as e:  # an openai.APIStatusError still means it answers
+                        status = getattr(e, "status_code", None)
+                        if status is None:
+                            return False
+        except Exception:
+            return False
+        return status < 500 and status != 429
+
+    async def settle(self, parked: int) -> bool:
+        """After a pass over the items left ``parked`` of them failed at the transport level: True
+        when they should be sent again (the runner does it), False to leave them pending.
+
+        True when an outage was waited out since the last call (they failed while the server was
+        down), or when they failed in a row with no answer since (an outage too small to reach
+        ``llm.max_consecutive_failures``: wait for the server as above). False for a sporadic
+        failure, with ``llm.outage_wait = 0``, or when the wait ran out."""
+        if parked <= 0 or self.outage is not None or not self._can_wait():
+            return False
+        if self._back is None and self.stats.outage_waits > self._settled_waits:
+            self._settled_waits = self.stats.outage_waits  # they failed while it was down: it is back
+            return True
+        if self._back is None:
+            if self.consecutive_failures < parked:
+                return False  # answers came between the failures: not an outage
+            self._start_wait(outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure))
+        while self._back is not None:
+            await self._back.wait()
+        return self.outage is None
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
         """Seconds before retry ``attempt`` (1 = the first retry): ``Retry-After`` when the server

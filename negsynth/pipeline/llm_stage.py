@@ -142,6 +142,7 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
             if entry is not None and stage is not None:
                 prepare_outputs(ctx, stage, entry)
             client.gate = budget_checker(ctx, client)
+            client.on_wait = ctx.reporter.waiting
             if ctx.mode == "batch":
                 from negsynth.llm.batch import BatchTransport
 
@@ -205,7 +206,9 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
                 # the runner writes an item to its partial shard as soon as its last answer is in
                 # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
                 client.cache.commit_window = 0.05
-            runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
+            runner = ShardedRunner(
+                ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), settle=client.settle
+            )
             rep = await runner.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
                 # the breaker tripped while the last items were already in flight: every item was
