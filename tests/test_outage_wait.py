@@ -132,3 +132,23 @@ def test_the_default_waits_a_few_minutes():
     from negsynth.schemas.config import LLMConfig
 
     assert 60 <= LLMConfig().outage_wait <= 900
+
+
+@pytest.mark.parametrize("stage", ["brainstorm", "generate"])
+def test_a_small_stage_failing_alike_exits_2_naming_the_cause_whatever_the_wait(tmp_path, rd, stage):
+    """6 items against an HTML page (fewer than llm.max_consecutive_failures): exit 2 naming it,
+    as 20 items do; never waited for nor resent (the server answers, wrongly)."""
+    html = lambda req, n: Reply(raw=b"<html><body>Welcome to nginx</body></html>")  # noqa: E731
+    with FakeOpenAI(html) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_retries": 1, "outage_wait": 60}, generate={"examples": 6, "min_per_type": 1})
+        if stage == "brainstorm":
+            shutil.rmtree(rd)
+        t0 = time.monotonic()
+        r = runner.invoke(app, [stage, "-c", str(cfg), "-d", str(rd), "-q"])
+        took = time.monotonic() - t0
+        sent = len(srv.requests)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "not with chat completions" in r.stderr and "pending" not in r.stderr
+    assert "waiting" not in r.stderr and took < 30
+    if stage == "generate":
+        assert sent <= 6 * 2  # each item's request and its one retry, no second pass

@@ -698,6 +698,8 @@ class LLMClient:
         failure, with ``llm.outage_wait = 0``, or when the wait ran out."""
         if parked <= 0 or self.outage is not None or not self._can_wait():
             return False
+        if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:
+            return False  # the server answers, wrongly: a setting to fix, not an outage to wait out
         if self._back is None and self.stats.outage_waits > self._settled_waits:
             self._settled_waits = self.stats.outage_waits  # they failed while it was down: it is back
             return True

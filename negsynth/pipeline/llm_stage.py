@@ -217,9 +217,24 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
                     rep.failed = f"{stage}: {client.outage}"
                 else:
                     rep.outage = client.outage
+            all_failed_the_same_way(stage, rep, client)
             return rep, client
 
     return run_sync(main())
+
+
+def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None) -> None:
+    """Every item of a stage too small to trip ``llm.max_consecutive_failures`` failed for one
+    reason that is a setting to fix (the server answers, but not with chat completions): the
+    stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending."""
+    from negsynth.llm.client import FATAL_KINDS, outage_message
+
+    if client is None or rep.failed or rep.outage or not rep.pending or rep.valid or rep.rejected:
+        return
+    kinds = set(rep.pending_reasons)
+    if len(kinds) != 1 or next(iter(kinds)) not in FATAL_KINDS:
+        return
+    rep.failed = f"{stage}: " + outage_message(client.base_url, client.cfg, rep.pending, rep.pending_reasons, client.last_failure)
 
 
 def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
