@@ -497,6 +497,43 @@ def run(
     _emit(out, opts.json_out)
 
 
+@app.command()
+@guarded
+def estimate(
+    run_file: Annotated[Path | None, typer.Argument(help="TOML run file (or --config)", show_default=False)] = None,
+    config: ConfigOpt = None,
+    run_dir: RunDirOpt = Path("runs/default"),
+    set_: SetOpt = None,
+    stages: Annotated[str | None, typer.Option("--stages", help="comma-separated LLM stages to estimate (default: those of pipeline.stages)")] = None,
+    rps: Annotated[float | None, typer.Option("--rps", help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)")] = None,
+    latency: Annotated[float, typer.Option("--latency", help="seconds one request takes, for the wall time when --rps is not given")] = 5.0,
+    price_in: Annotated[float | None, typer.Option("--price-in", help="USD per 1M prompt tokens (default: llm.price.input_per_mtok)")] = None,
+    price_out: Annotated[float | None, typer.Option("--price-out", help="USD per 1M completion tokens (default: llm.price.output_per_mtok)")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = 0,
+) -> None:
+    """Requests, tokens, wall time and USD of each LLM stage of a run, before any request is sent."""
+    from negsynth.estimate import estimate as run_estimate
+    from negsynth.estimate import render
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.pipeline.context import StageContext
+    from negsynth.pipeline.progress import Reporter
+
+    _setup_logging(verbose)
+    if run_file is not None and config is not None and run_file != config:
+        raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
+    cfg = load_config(run_file or config, list(set_ or []))
+    ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True, json_mode=json_out))
+    names = [x.strip() for x in stages.split(",") if x.strip()] if stages else None
+    est = run_estimate(ctx, names, rps=rps, latency_s=latency, price_in=price_in, price_out=price_out)
+    if json_out:
+        _emit(est, True)
+    else:
+        render(est)
+
+
 # ============================================================================ around the stages
 
 

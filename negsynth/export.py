@@ -404,13 +404,45 @@ def export_run(run_dir: str | Path, out: str | Path, *, only: str | None = None,
         if push_repo.count("/") != 1:
             raise UserError(f"--push {push_repo!r}: use USER/NAME (or ORG/NAME)")
     res: dict[str, Any] = {}
-    if only in (None, "dataset"):
-        res["dataset"] = export_dataset(run_dir, out / "dataset", with_shards=with_shards, ntuple=ntuple, license=license, repo_id=push_repo)
-    if only in (None, "model"):
-        res["model"] = export_model(run_dir, out / "model", license=license, dataset_repo=push_repo if only is None else None)
+    parts = [p for p in ("dataset", "model") if only in (None, p)]
+    check_out(out, parts)
+    try:
+        if "dataset" in parts:
+            res["dataset"] = export_dataset(run_dir, out / "dataset", with_shards=with_shards, ntuple=ntuple, license=license, repo_id=push_repo)
+        if "model" in parts:
+            res["model"] = export_model(run_dir, out / "model", license=license, dataset_repo=push_repo if only is None else None)
+    except OSError as e:
+        if e.filename is None or not _under(Path(e.filename), out):
+            raise
+        raise UserError(f"--out {out}: cannot write {e.filename} ({e.strerror or e}); free some space or choose another --out") from None
     if push_repo:
         res["pushed"] = push(out, push_repo, only=only)
     return res
+
+
+def _under(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def check_out(out: Path, parts: list[str]) -> None:
+    """``--out`` is (or can be made) a writable folder, and OUT/dataset, OUT/model are not files:
+    one line naming --out otherwise, before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; pass a folder (export writes OUT/dataset and OUT/model)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a parent is a file, not a folder" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or str(e)
+        raise UserError(f"--out {out}: cannot create it ({why}); choose another --out") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: not writable; fix its permissions or choose another --out")
+    for p in parts:
+        if (out / p).exists() and not (out / p).is_dir():
+            raise UserError(f"--out {out}: {out / p} is a file, not a folder; move it away or choose another --out")
 
 
 def _token() -> str:

@@ -9,7 +9,8 @@ import tomli_w
 #: what every fake-server test needs: the fake model, quick backoff, small brainstorm lists
 #: (a 30 s request timeout: on a loaded machine a slow fake answer must not turn into a counted retry)
 BASE_CONFIG = {
-    "llm": {"model": "fake", "max_concurrency": 4, "backoff_initial": 0.01, "backoff_max": 0.05, "timeout": 30},
+    # outage_wait 0: an outage stops the stage at once (the tests of waiting it out opt in)
+    "llm": {"model": "fake", "max_concurrency": 4, "backoff_initial": 0.01, "backoff_max": 0.05, "timeout": 30, "outage_wait": 0},
     "pipeline": {"shard_size": 4},
     "brainstorm": {"tasks_per_type": 5, "tasks_per_request": 5},
     "generate": {"examples": 8, "min_per_type": 1},

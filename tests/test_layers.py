@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"train", "evaluate"},
     {"pipeline"},
     {"stages"},
-    {"export", "inspect", "report_html"},
+    {"export", "inspect", "report_html", "estimate"},
     {"cli", "__main__"},
 ]
 #: entry points run by a launcher (torchrun), above everything they start

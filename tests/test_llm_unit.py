@@ -54,7 +54,7 @@ def test_extract_json_errors(text, reason):
 
 
 def _cfg(url, **kw):
-    return LLMConfig(base_url=url, model="fake", backoff_initial=0.01, backoff_max=0.05, timeout=2, **kw)
+    return LLMConfig(base_url=url, model="fake", backoff_initial=0.01, backoff_max=0.05, timeout=2, **{"outage_wait": 0, **kw})
 
 
 def test_transport_retry_then_success_is_not_shown_to_model(tmp_path):

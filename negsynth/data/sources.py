@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,16 +83,43 @@ class Pair:
 
 @dataclass
 class SourceData:
-    """Everything read from one source: the pairs and, for mining, a corpus and known positives."""
+    """Everything read from one source: the pairs and, for mining, a corpus and known positives.
+
+    ``corpus`` and ``positives_by_query`` are only needed to mine negatives: a source read as a
+    stream (a ``limit`` on a file) builds them on first use, by reading the file once more."""
 
     name: str
     split: str
     pairs: list[Pair]
-    corpus: list[str]  # candidate documents for --mine (BEIR corpus, or every positive of the source)
-    positives_by_query: dict[str, list[str]]  # query_key -> all positive texts the source knows
+    _corpus: list[str] | None  # candidate documents for --mine (BEIR corpus, or every positive of the source)
+    _positives_by_query: dict[str, list[str]] | None  # query_key -> all positive texts the source knows
     total_rows: int  # pairs before limit
     columns: dict[str, str] = field(default_factory=dict)  # role -> column actually used
     skipped_rows: int = 0  # rows dropped by skip_invalid
+    #: builds ``(corpus, positives_by_query)`` when they were not read up front
+    mining_loader: Callable[[], tuple[list[str], dict[str, list[str]]]] | None = None
+    extra_corpus: str | None = None  # a separate mining corpus (SourceSpec.corpus), merged in on use
+
+    def _mining(self) -> None:
+        if self._corpus is None or self._positives_by_query is None:
+            self._corpus, self._positives_by_query = self.mining_loader()  # type: ignore[misc]
+        if self.extra_corpus is not None:
+            self._corpus = list(dict.fromkeys(_mining_corpus(self.extra_corpus) + self._corpus))
+            self.extra_corpus = None
+
+    @property
+    def corpus(self) -> list[str]:
+        self._mining()
+        return self._corpus  # type: ignore[return-value]
+
+    @corpus.setter
+    def corpus(self, value: list[str]) -> None:
+        self._corpus = value
+
+    @property
+    def positives_by_query(self) -> dict[str, list[str]]:
+        self._mining()
+        return self._positives_by_query  # type: ignore[return-value]
 
 
 # -- format and name detection --------------------------------------------------------------
@@ -145,6 +172,7 @@ def _read_frame(path: str, fmt: str, split: str | None):
     p = Path(path)
     if fmt != "hf" and not p.is_file():
         raise UserError(f"{p}: file not found; check --input")
+    sniff(p, fmt)
     try:
         if fmt == "csv":
             return pl.read_csv(p, infer_schema=False), 2
@@ -164,6 +192,27 @@ def _read_frame(path: str, fmt: str, split: str | None):
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{p}: cannot read as {fmt} ({msg}); check the file or pass the right --format") from None
     raise UserError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+
+_SNIFF = 64 * 1024
+
+
+def sniff(p: Path, fmt: str) -> None:
+    """Refuse, after reading at most 64 KiB, a file that cannot be what ``fmt`` says: NUL bytes in
+    a text format (a binary file, an image, a zeroed disk), a parquet file without its magic."""
+    if fmt not in ("jsonl", "csv", "tsv", "parquet"):
+        return
+    try:
+        with open(p, "rb") as f:
+            head = f.read(_SNIFF)
+    except OSError as e:
+        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
+    if fmt == "parquet":
+        if head[:4] != b"PAR1":
+            raise UserError(f"{p}: not a parquet file (it does not start with PAR1); pass the right --format or fix --input")
+        return
+    if b"\x00" in head:
+        raise UserError(f"{p}: holds NUL bytes in its first 64 KiB, so it is not {fmt} text (a binary file?); pass the right --format or fix --input")
 
 
 def _read_hf(path: str, split: str | None):
@@ -400,12 +449,205 @@ def load_source(spec) -> SourceData:
         if spec.columns or spec.filter:
             raise UserError(f"{spec.path}: columns/filter do not apply to BEIR folders (pairs come from qrels.tsv); drop them or use --format jsonl")
         data = read_beir(spec, name, split)
+    elif spec.limit is not None and streamable(spec.path, fmt):
+        data = read_tabular_stream(spec, fmt, name, split)
     else:
         data = read_tabular(spec, fmt, name, split)
     if spec.corpus:
-        data.corpus = list(dict.fromkeys(_mining_corpus(spec.corpus) + data.corpus))
+        data.extra_corpus = spec.corpus
     data.pairs = select(data.pairs, spec.limit, spec.seed)
     return data
+
+
+# -- streaming: a limit on a large file -------------------------------------------------------
+#: bytes of a text file parsed at a time; one line may be at most _MAX_LINE
+_CHUNK = 8 << 20
+_MAX_LINE = 64 << 20
+
+
+def streamable(path: str, fmt: str) -> bool:
+    """A file read in bounded batches: JSON lines, CSV/TSV, parquet (not a ``.json`` array, not hf)."""
+    return fmt in ("jsonl", "csv", "tsv", "parquet") and not (fmt == "jsonl" and Path(path).suffix.lower() == ".json")
+
+
+def _text_blocks(p: Path) -> Iterator[bytes]:
+    """The file in blocks of whole lines (about _CHUNK bytes each), never holding more than one
+    block and one line: a file without line breaks is refused instead of read whole."""
+    with open(p, "rb") as f:
+        carry = b""
+        while True:
+            block = f.read(_CHUNK)
+            if not block:
+                if carry.strip():
+                    yield carry
+                return
+            data = carry + block
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                if len(data) > _MAX_LINE:
+                    raise UserError(f"{p}: a line longer than {_MAX_LINE >> 20} MiB; not a line-per-record file, check --input and --format")
+                carry = data
+                continue
+            carry = data[cut + 1 :]
+            yield data[: cut + 1]
+
+
+def _frames(p: Path, fmt: str) -> Iterator[Any]:
+    """polars DataFrames of consecutive rows of the file, each of bounded size."""
+    import io
+
+    import polars as pl
+
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(p).iter_batches(batch_size=65536):
+                yield pl.from_arrow(batch)
+            return
+        header = b""
+        for i, block in enumerate(_text_blocks(p)):
+            if fmt == "jsonl":
+                yield pl.read_ndjson(io.BytesIO(block), infer_schema_length=None)
+                continue
+            if i == 0:  # CSV/TSV: the header line goes with every block
+                nl = block.find(b"\n")
+                header, block = block[: nl + 1], block[nl + 1 :]
+                if not block.strip():
+                    continue
+            sep = {"separator": "\t", "quote_char": None} if fmt == "tsv" else {}
+            yield pl.read_csv(io.BytesIO(header + block), infer_schema=False, **sep)
+    except UserError:
+        raise
+    except Exception as e:  # polars/pyarrow raise many error types; keep the first line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{p}: cannot read as {fmt} ({msg}); check the file or pass the right --format") from None
+
+
+def _present(df: Any, col: str) -> Any:
+    """Where ``col`` holds what :func:`_text` accepts: a non-blank string or a scalar, vectorised."""
+    import polars as pl
+
+    dt = df.schema[col]
+    c = pl.col(col)
+    if dt == pl.String:
+        return c.is_not_null() & (c.str.strip_chars() != "")
+    if dt == pl.Null or dt.is_nested() or isinstance(dt, pl.Struct):
+        return pl.lit(False)
+    return c.is_not_null()
+
+
+def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
+    """:func:`read_tabular` with ``spec.limit`` in bounded memory: the file is read in batches,
+    once to find the valid rows (the ``limit`` of them ``select`` would pick: the same pairs) and
+    once more up to the last picked row; with ``seed < 0`` (the first pairs) reading stops there.
+    Only the picked pairs are kept; the mining corpus is read again only when mining asks for it."""
+    p = Path(spec.path)
+    if not p.is_file():
+        raise UserError(f"{p}: file not found; check --input")
+    sniff(p, fmt)
+    where = spec.path
+    line_offset = {"csv": 2, "tsv": 2, "jsonl": 1}.get(fmt, 0)
+    state: dict[str, Any] = {}
+
+    def batches() -> Iterator[Any]:
+        """Per batch of the file: its rows kept by the filter, with ``__row__`` (the file row) and
+        ``__ok__`` (query and positive both non-empty), in file order."""
+        import polars as pl
+
+        offset = 0
+        for df in _frames(p, fmt):
+            height = df.height
+            df = df.with_row_index("__row__", offset=offset)
+            offset += height
+            if "cols" not in state:
+                state["cols"] = _resolve_columns([c for c in df.columns if c != "__row__"], dict(spec.columns), where)
+            cols = state["cols"]
+            df = _apply_filter(df, dict(spec.filter), where)
+            keep = ["__row__"] + sorted(set(cols.values()))
+            for c in keep:  # a column absent from this batch's rows: empty cells
+                if c not in df.columns:
+                    df = df.with_columns(pl.lit(None).alias(c))
+            df = df.select([pl.col(c) for c in keep])
+            yield df.with_columns((_present(df, cols["query"]) & _present(df, cols["positive"])).alias("__ok__"))
+
+    def rows() -> Iterator[tuple[int, dict, bool]]:
+        for df in batches():
+            for rec in df.iter_rows(named=True):
+                yield int(rec["__row__"]), rec, bool(rec["__ok__"])
+
+    def pair(row: int, rec: dict) -> Pair:
+        cols = state["cols"]
+        rid = _text(rec[cols["id"]]) if "id" in cols else None
+        q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
+        return Pair(
+            query=q, positive=pos, source=name, source_id=f"{name}:{split}:{rid if rid is not None else row}", query_key=q, row=row,
+            instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
+            negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [], meta={"row": row},
+        )  # fmt: skip
+
+    def invalid(row: int, rec: dict) -> None:
+        cols = state["cols"]
+        bad = "query" if _text(rec[cols["query"]]) is None else "positive"
+        loc = f"{where}: row {row + 1}" + (f" (line {row + line_offset})" if line_offset else "")
+        flag = "--query-col" if bad == "query" else "--positive-col"
+        raise UserError(f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true")
+
+    import polars as pl
+
+    limit = spec.limit
+    valid: list[int] = []  # file rows of the valid pairs, in order
+    first: list[Pair] = []
+    skipped = seen = 0
+    for df in batches():
+        seen += df.height
+        bad = df.filter(~pl.col("__ok__"))
+        if bad.height:
+            if not spec.skip_invalid:
+                rec = bad.row(0, named=True)
+                invalid(int(rec["__row__"]), rec)
+            skipped += bad.height
+        good = df.filter(pl.col("__ok__"))
+        if spec.seed < 0:
+            for rec in good.head(limit - len(first)).iter_rows(named=True):
+                first.append(pair(int(rec["__row__"]), rec))
+                valid.append(int(rec["__row__"]))
+            if len(first) >= limit:
+                break  # the first `limit` pairs: the rest of the file is never read
+        else:
+            valid.extend(good["__row__"].to_list())
+    if seen == 0:
+        if spec.filter:
+            raise UserError(f"{where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)")
+        raise UserError(f"{where}: holds no rows; check --input")
+    if spec.seed < 0:
+        pairs = first
+    else:
+        picked = {valid[i] for i in (range(len(valid)) if limit >= len(valid) else random.Random(f"{spec.seed}:select").sample(range(len(valid)), limit))}
+        last = max(picked) if picked else -1
+        wanted = sorted(picked)
+        pairs = []
+        for df in batches():
+            for rec in df.filter(pl.col("__row__").is_in(wanted) & pl.col("__ok__")).iter_rows(named=True):
+                pairs.append(pair(int(rec["__row__"]), rec))
+            if df.height and df["__row__"][-1] >= last:
+                break
+
+    def mining() -> tuple[list[str], dict[str, list[str]]]:
+        corpus: dict[str, None] = {}
+        by_q: dict[str, list[str]] = {}
+        for row, rec, ok in rows():
+            if not ok:
+                continue
+            pr = pair(row, rec)
+            corpus[pr.positive] = None
+            lst = by_q.setdefault(pr.query_key, [])
+            if pr.positive not in lst:
+                lst.append(pr.positive)
+        return list(corpus), by_q
+
+    # total_rows: the valid pairs of the file (with seed < 0, those read before the limit was met)
+    return SourceData(name, split, pairs, None, None, len(valid), dict(state["cols"]), skipped, mining_loader=mining)
 
 
 # -- per-source instructions (spec §1.5; MGH Table 7 = LLM2Vec's E5_EMBEDDING_PROMPTS) --------

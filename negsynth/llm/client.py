@@ -34,7 +34,7 @@ from negsynth.data import jsonfast
 from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.endpoints import EndpointSet
-from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
+from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault, TLSFailed
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
@@ -136,6 +136,8 @@ class ClientStats:
     failed_attempts: Counter = field(default_factory=Counter)  # validation reason -> attempts
     transport_retries: Counter = field(default_factory=Counter)
     transport_failures: Counter = field(default_factory=Counter)
+    outage_waits: int = 0  # outages waited out (the server came back within llm.outage_wait)
+    outage_wait_s: float = 0.0  # seconds spent waiting for the server
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +149,8 @@ class ClientStats:
             "failed_attempts": dict(self.failed_attempts),
             "transport_retries": dict(self.transport_retries),
             "transport_failures": dict(self.transport_failures),
+            "outage_waits": self.outage_waits,
+            "outage_wait_s": round(self.outage_wait_s, 3),
         }
 
 
@@ -265,10 +269,43 @@ def resolve_api_key(cfg: LLMConfig) -> str:
 
 
 def _one_line_key(key: str, where: str) -> str:
-    """An HTTP header cannot hold a line break or control character: say so instead of a traceback."""
+    """An HTTP header cannot hold a line break or control character, and no key holds an invisible
+    one (a pasted zero-width space, a no-break space, a byte-order mark): say which, at start-up,
+    instead of a traceback or a 401 later. Visible non-ASCII characters are sent as UTF-8 on
+    every transport, as aiohttp sends them (keys it accepts keep working)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise LLMFatalError(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
+    bad = _invisible_char(key)
+    if bad is not None:
+        i, c = bad
+        raise LLMFatalError(
+            f"the API key in {where} contains the invisible character {_char_name(c)} at position {i + 1} "
+            "(a copy-paste accident?); remove it (the key is never shown here)"
+        )
     return key
+
+
+def _invisible_char(key: str) -> tuple[int, str] | None:
+    import unicodedata
+
+    for i, c in enumerate(key):
+        if ord(c) > 127 and (c.isspace() or unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Cc", "Co", "Cn")):
+            return i, c
+    return None
+
+
+def _char_name(c: str) -> str:
+    import unicodedata
+
+    return f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}"
+
+
+def non_ascii_note(key: str) -> str:
+    """For a refused key: its first non-ASCII character, named (never the key), or ''."""
+    for i, c in enumerate(key):
+        if ord(c) > 127:
+            return f"; the key has the non-ASCII character {_char_name(c)} at position {i + 1}, which API keys never have"
+    return ""
 
 
 def response_format_for(mode: str, schema: dict | None, name: str) -> dict | None:
@@ -328,6 +365,14 @@ class LLMClient:
         #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
         self.outage: str | None = None
         self.outage_fatal = False
+        #: waiting out an outage (llm.outage_wait): set while the server is probed; requests wait
+        #: for it before they are sent
+        self._back: asyncio.Event | None = None
+        self._probe_task: asyncio.Task | None = None
+        self._outage_since: float | None = None  # when the current outage's first wait began
+        self._settled_waits = 0  # outages waited out whose failed items were already sent again
+        #: told (one line) when a wait for the server begins and ends; the stage shows it
+        self.on_wait: Callable[[str, bool], None] | None = None
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
@@ -344,6 +389,8 @@ class LLMClient:
     def _make_client(self) -> openai.AsyncOpenAI:
         import httpx
 
+        if not self._api_key.isascii():
+            raise LLMFatalError(f"the openai SDK's HTTP client cannot send an API key with a non-ASCII character{non_ascii_note(self._api_key)[1:]}; fix the key in llm.api_key_env")
         timeout = httpx.Timeout(self.cfg.timeout, connect=self.cfg.connect_timeout)
         kw: dict[str, Any] = {}
         if self.cfg.transport == "aiohttp":
@@ -393,6 +440,12 @@ class LLMClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
+            try:
+                await self._probe_task
+            except (asyncio.CancelledError, Exception):
+                pass
         if self.router is not None:
             await self.router.close()
         if self._pool is not None:
@@ -422,12 +475,18 @@ class LLMClient:
             return preflight(url, self._api_key, timeout=timeout)
         refused = f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
         slow = f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server"
+        models = url.rstrip("/") + "/models"
         if self._pool is not None:
             try:
                 async with asyncio.timeout(timeout):
-                    status = (await self._pool.request("GET", self._pool.target(url.rstrip("/") + "/models"))).status
-            except ConnectFailed:
-                raise UserError(refused) from None
+                    resp = await self._pool.request("GET", self._pool.target(models))
+                    status, headers = resp.status, resp.headers
+            except TLSFailed as e:
+                raise UserError(tls_message(url, str(e))) from None
+            except ConnectFailed as e:
+                if isinstance(e.__cause__, ConnectionRefusedError):
+                    raise UserError(refused) from None
+                raise UserError(f"cannot reach llm.base_url={url}: {e}; start the server or fix llm.base_url") from None
             except TimeoutError:
                 raise UserError(slow) from None
             except ConnectionError as e:
@@ -436,17 +495,26 @@ class LLMClient:
             import aiohttp
 
             try:
-                async with self._session.get(url.rstrip("/") + "/models", timeout=aiohttp.ClientTimeout(total=timeout), proxy=self._proxy) as r:
-                    status = r.status
+                async with self._session.get(models, timeout=aiohttp.ClientTimeout(total=timeout), proxy=self._proxy, allow_redirects=False) as r:
+                    status, headers = r.status, r.headers
                     await r.read()
-            except aiohttp.ClientConnectorError:
-                raise UserError(refused) from None
+            except aiohttp.ClientSSLError as e:  # before ClientConnectorError: it is one
+                raise UserError(tls_message(url, _ssl_detail(e))) from None
+            except aiohttp.ClientConnectorError as e:
+                if isinstance(e.os_error, ConnectionRefusedError):
+                    raise UserError(refused) from None
+                raise UserError(f"cannot reach llm.base_url={url}: {e.os_error.strerror or e.os_error}; start the server or fix llm.base_url") from None
             except (asyncio.TimeoutError, TimeoutError):
                 raise UserError(slow) from None
             except aiohttp.ClientError as e:
                 raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None
+        if status in _REDIRECTS:
+            try:
+                redirect_target(self.base_url, models, status, headers)
+            except OutageStop as e:
+                raise UserError(str(e)) from None
         if status in (401, 403):
-            raise UserError(f"llm.base_url={url} refused the API key (HTTP {status}); check llm.api_key_env")
+            raise UserError(f"llm.base_url={url} refused the API key (HTTP {status}); check llm.api_key_env{non_ascii_note(self._api_key)}")
         # 404/405: some OpenAI-compatible servers have no /models; the first request will tell
 
     async def _post_chat(self, payload: dict, data: bytes | None = None) -> tuple[str | None, str | None, int, int]:
@@ -460,16 +528,32 @@ class LLMClient:
             body = {k: v for k, v in payload.items() if k != "extra_body"}
             body.update(extra or {})
             data = jsonfast.dumps(body)
-        if self._pool is not None:
-            resp = await self._pool.request("POST", self._chat_target, data)
-            status, raw = resp.status, resp.body
-            if status != 200:
-                raise HTTPFault(status, resp.headers, _error_message(raw))
+        url = self._chat_url
+        for _ in range(_MAX_REDIRECTS + 1):
+            if self._pool is not None:
+                resp = await self._pool.request("POST", self._pool.target(url) if url is not self._chat_url else self._chat_target, data)
+                status, headers, raw = resp.status, resp.headers, resp.body
+            else:
+                # redirects are followed below, the same way on both transports
+                async with self._session.post(url, data=data, proxy=self._proxy, allow_redirects=False) as r:
+                    raw = await r.read()
+                    status, headers = r.status, r.headers
+            if status == 200:
+                break
+            if status not in _REDIRECTS:
+                raise HTTPFault(status, headers, _error_message(raw))
+            try:
+                url = redirect_target(self.base_url, url, status, headers)
+            except OutageStop as e:  # a redirect not to follow: every request would meet it
+                self.outage, self.outage_fatal = str(e), True
+                raise
+            if status == 308:  # permanent: later requests go straight there
+                self._chat_url = url
+                if self._pool is not None:
+                    self._chat_target = self._pool.target(url)
         else:
-            async with self._session.post(self._chat_url, data=data, proxy=self._proxy) as r:
-                raw = await r.read()
-                if r.status != 200:
-                    raise HTTPFault(r.status, r.headers, _error_message(raw))
+            self.outage, self.outage_fatal = f"llm.base_url={self.base_url}: more than {_MAX_REDIRECTS} redirects for one request; set llm.base_url to the final address", True
+            raise OutageStop(self.outage, True)
         try:
             obj = jsonfast.loads(raw)
             choices = obj.get("choices")
@@ -512,6 +596,8 @@ class LLMClient:
             if hit is not None:
                 self.stats.cache_hits += 1
                 return {**hit, "cached": True}
+        while self._back is not None:  # the server is down: wait with everyone for it to come back
+            await self._back.wait()
         if self.outage is not None:
             raise OutageStop(self.outage, self.outage_fatal)
         sent = self._sent
@@ -532,6 +618,7 @@ class LLMClient:
         if self.consecutive_failures == 0 or sent > self._streak_from:
             self.consecutive_failures = 0
             self.failure_kinds.clear()
+            self._outage_since = None
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
@@ -541,9 +628,106 @@ class LLMClient:
         self.consecutive_failures += 1
         self.failure_kinds[e.reason] += 1
         self.last_failure = e.detail
-        if self.outage is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
-            self.outage_fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
-            self.outage = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
+        if self.outage is None and self._back is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
+            fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
+            message = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
+            if fatal or not self._can_wait():
+                self.outage_fatal, self.outage = fatal, message
+            else:
+                self._start_wait(message)
+
+    # -- riding out an outage ---------------------------------------------------------------
+    def _can_wait(self) -> bool:
+        return self.cfg.outage_wait > 0 and self.transport is None and (self._pool is not None or self._session is not None or self._client is not None)
+
+    def _start_wait(self, message: str) -> None:
+        """Hold every request and probe the server with backoff until it answers (then resume) or
+        ``llm.outage_wait`` has passed since the outage began (then stop as an outage)."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+        left = self._outage_since + self.cfg.outage_wait - now
+        if left <= 0:
+            self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+            return
+        self._back = asyncio.Event()
+        self._probe_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
+
+    async def _wait_for_server(self, message: str, deadline: float) -> None:
+        back, t0, delay = self._back, time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
+        cause = message.split(":", 1)[0]
+        self._tell(f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)", True)
+        try:
+            while True:
+                pause = min(delay, deadline - time.monotonic())
+                if pause <= 0:
+                    self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+                    break
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 30.0, max(self.cfg.backoff_max, 0.05))
+                if await self._probe():
+                    self.consecutive_failures = 0
+                    self.failure_kinds.clear()
+                    self.stats.outage_waits += 1
+                    self._tell(f"the LLM server answers again after {time.monotonic() - t0:.0f} s; resuming", False)
+                    break
+        finally:
+            self.stats.outage_wait_s += time.monotonic() - t0
+            self._back = None
+            back.set()
+
+    def _tell(self, line: str, waiting: bool) -> None:
+        log.info(line)
+        if self.on_wait is not None:
+            self.on_wait(line, waiting)
+
+    async def _probe(self) -> bool:
+        """One cheap request that costs nothing (``GET /models``): does the server answer again?
+        Any HTTP answer but a 5xx or a 429 counts (some servers have no /models: 404 is fine)."""
+        url = self.base_url.rstrip("/") + "/models"
+        timeout = max(1.0, min(self.cfg.connect_timeout, 10.0))
+        try:
+            async with asyncio.timeout(timeout):
+                if self._pool is not None:
+                    status = (await self._pool.request("GET", self._pool.target(url))).status
+                elif self._session is not None:
+                    async with self._session.get(url, proxy=self._proxy, allow_redirects=False) as r:
+                        status = r.status
+                        await r.read()
+                else:
+                    try:
+                        await self._client.models.list()
+                        status = 200
+                    except Exception as e:  # an openai.APIStatusError still means it answers
+                        status = getattr(e, "status_code", None)
+                        if status is None:
+                            return False
+        except Exception:
+            return False
+        return status < 500 and status != 429
+
+    async def settle(self, parked: int) -> bool:
+        """After a pass over the items left ``parked`` of them failed at the transport level: True
+        when they should be sent again (the runner does it), False to leave them pending.
+
+        True when an outage was waited out since the last call (they failed while the server was
+        down), or when they failed in a row with no answer since (an outage too small to reach
+        ``llm.max_consecutive_failures``: wait for the server as above). False for a sporadic
+        failure, with ``llm.outage_wait = 0``, or when the wait ran out."""
+        if parked <= 0 or self.outage is not None or not self._can_wait():
+            return False
+        if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:
+            return False  # the server answers, wrongly: a setting to fix, not an outage to wait out
+        if self._back is None and self.stats.outage_waits > self._settled_waits:
+            self._settled_waits = self.stats.outage_waits  # they failed while it was down: it is back
+            return True
+        if self._back is None:
+            if self.consecutive_failures < parked:
+                return False  # answers came between the failures: not an outage
+            self._start_wait(outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure))
+        while self._back is not None:
+            await self._back.wait()
+        return self.outage is None
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
         """Seconds before retry ``attempt`` (1 = the first retry): ``Retry-After`` when the server
@@ -584,7 +768,7 @@ class LLMClient:
                     return await self._send(payload, body)
         except HTTPFault as e:
             if e.status_code in (401, 403):
-                raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
+                raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env{non_ascii_note(self._api_key)}") from None
             if e.status_code == 404:
                 raise LLMFatalError(
                     f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(_short(e))})"
@@ -796,7 +980,9 @@ def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: 
     """One line: why the stage stopped after ``n`` failed requests in a row, and the likely cause."""
     top = kinds.most_common(1)[0][0] if kinds else "transport"
     what = ", ".join(f"{k} {v}" for k, v in kinds.most_common())
-    if "connection" in top:
+    if "connection" in top and "TLS handshake" in last:
+        hint = tls_message(base_url, last)
+    elif "connection" in top:
         hint = f"the server at {base_url} is down or unreachable; start it (or fix llm.base_url)"
     elif "timeout" in top:
         hint = f"the server at {base_url} did not answer within llm.timeout={cfg.timeout:g} s; check that it is up and serving llm.model={cfg.model!r}, or raise llm.timeout"
@@ -813,6 +999,55 @@ def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: 
     if top in FATAL_KINDS:
         return f"{n} requests in a row failed ({what}): {hint}; then rerun the same command (the failed items are retried)"
     return f"{n} requests in a row failed ({what}): {hint}; the unfinished items are kept as pending, rerun the same command to resume"
+
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+_MAX_REDIRECTS = 5
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    from urllib.parse import urlsplit
+
+    p = urlsplit(url)
+    return p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80)
+
+
+def redirect_target(base_url: str, url: str, status: int, headers: Any) -> str:
+    """Where a redirect answer to ``url`` leads, when it is one to follow: a 307/308 on the same
+    origin (same method and body, as aiohttp does). Any other is one line naming it (a fatal
+    :class:`OutageStop`): a 301/302/303 would turn the POST into a GET, and the API key is never
+    sent to another host."""
+    from urllib.parse import urljoin
+
+    loc = headers.get("location") or headers.get("Location")
+    if not loc:
+        raise OutageStop(f"llm.base_url={base_url} answered a {status} redirect without a Location; fix llm.base_url", True)
+    new = urljoin(url, loc)
+    suggest = new[: -len("/chat/completions")] if new.endswith("/chat/completions") else new[: -len("/models")] if new.endswith("/models") else new
+    suggest = suggest[:200]
+    if _origin(new) != _origin(url):
+        raise OutageStop(
+            f"llm.base_url={base_url} redirects ({status}) to another host, {suggest}; the API key is not sent there: set llm.base_url = {suggest!r} if you trust it",
+            True,
+        )
+    if status not in (307, 308):
+        raise OutageStop(f"llm.base_url={base_url} redirects ({status}) to {suggest}, which would turn the POST into a GET; set llm.base_url = {suggest!r}", True)
+    return new
+
+
+def tls_message(url: str, detail: str) -> str:
+    return (
+        f"llm.base_url={url}: TLS failed ({detail[:200]}); the server's certificate is not trusted or not for this host: "
+        "point SSL_CERT_FILE at its CA certificate, or fix llm.base_url (http:// for a plain server)"
+    )
+
+
+def _ssl_detail(e: BaseException) -> str:
+    cause = getattr(e, "_certificate_error", None) or getattr(e, "os_error", None) or e
+    detail = getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or str(cause)
+    host = getattr(getattr(e, "_conn_key", None), "host", None)
+    port = getattr(getattr(e, "_conn_key", None), "port", None)
+    return f"TLS handshake with {host}:{port} failed: {detail}" if host else f"TLS handshake failed: {detail}"
 
 
 def _error_message(raw: bytes) -> str:

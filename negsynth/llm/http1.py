@@ -15,7 +15,8 @@ OpenAI-compatible endpoint needs and nothing more:
 A request is never re-sent here: a connection lost after the request left is a
 :class:`ConnectionResetError` for the caller's retry layer to count and retry.
 
-Not here: proxies, redirects, cookies, HTTP/2. With a proxy in the environment
+Not here: proxies, cookies, HTTP/2; redirects are the caller's (the client follows a 307/308
+on the same origin, as aiohttp does, and names any other in one line). With a proxy in the environment
 :class:`~negsynth.llm.client.LLMClient` uses aiohttp instead. Errors are the standard ones: a
 refused or failed connect is :class:`ConnectFailed` (nothing was sent), a connection lost
 mid-answer is :class:`ConnectionResetError`, a malformed answer is :class:`ProtocolFault`.
@@ -31,11 +32,16 @@ from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ConnectFailed", "H1Pool", "ProtocolFault", "Response"]
+__all__ = ["ConnectFailed", "H1Pool", "ProtocolFault", "Response", "TLSFailed"]
 
 
 class ConnectFailed(ConnectionError):
     """The connection could not be opened (refused, unresolvable host, connect timeout): nothing was sent."""
+
+
+class TLSFailed(ConnectFailed):
+    """The TCP connection opened but the TLS handshake failed (an untrusted or wrong certificate,
+    a plain-HTTP server on an https URL): nothing was sent."""
 
 
 class ProtocolFault(ConnectionError):
@@ -240,6 +246,14 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+def ssl_errors() -> tuple[type[BaseException], ...]:
+    """ssl's errors when ssl is imported (an https pool imports it), else none."""
+    import sys
+
+    mod = sys.modules.get("ssl")
+    return (mod.SSLError, mod.CertificateError) if mod is not None else ()
+
+
 class H1Pool:
     """Keep-alive connections to the origin of ``base_url``.
 
@@ -259,7 +273,9 @@ class H1Pool:
         if not default_port:
             host_header += f":{self.port}"
         fixed = {"Host": host_header, **(headers or {})}
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+        # UTF-8, as aiohttp encodes header values: an API key with a non-ASCII character is sent
+        # the same way on both transports (and is not a UnicodeEncodeError here)
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("utf-8")
         self.limit = limit
         self.connect_timeout = connect_timeout
         self._idle: deque[_Connection] = deque()
@@ -290,6 +306,9 @@ class H1Pool:
                 _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=tls, server_hostname=self.host if tls else None)
         except TimeoutError:
             raise ConnectFailed(f"connecting to {self.host}:{self.port} took longer than {self.connect_timeout:g} s") from None
+        except ssl_errors() as e:  # before OSError: ssl.SSLError is one
+            detail = getattr(e, "verify_message", None) or getattr(e, "reason", None) or str(e)
+            raise TLSFailed(f"TLS handshake with {self.host}:{self.port} failed: {detail}") from e
         except OSError as e:  # refused, unreachable, unresolvable, TLS handshake
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {e.strerror or e}") from e
         self._open += 1

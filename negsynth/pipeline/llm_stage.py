@@ -145,6 +145,7 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
             if entry is not None and stage is not None:
                 prepare_outputs(ctx, stage, entry)
             client.gate = budget_checker(ctx, client)
+            client.on_wait = ctx.reporter.waiting
             if ctx.mode == "batch":
                 from negsynth.llm.batch import BatchTransport
 
@@ -208,7 +209,9 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
                 # the runner writes an item to its partial shard as soon as its last answer is in
                 # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
                 client.cache.commit_window = 0.05
-            runner = ShardedRunner(ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client))
+            runner = ShardedRunner(
+                ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), settle=client.settle
+            )
             rep = await runner.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
                 # the breaker tripped while the last items were already in flight: every item was
@@ -217,9 +220,24 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, 
                     rep.failed = f"{stage}: {client.outage}"
                 else:
                     rep.outage = client.outage
+            all_failed_the_same_way(stage, rep, client)
             return rep, client
 
     return run_sync(main())
+
+
+def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None) -> None:
+    """Every item of a stage too small to trip ``llm.max_consecutive_failures`` failed for one
+    reason that is a setting to fix (the server answers, but not with chat completions): the
+    stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending."""
+    from negsynth.llm.client import FATAL_KINDS, outage_message
+
+    if client is None or rep.failed or rep.outage or not rep.pending or rep.valid or rep.rejected:
+        return
+    kinds = set(rep.pending_reasons)
+    if len(kinds) != 1 or next(iter(kinds)) not in FATAL_KINDS:
+        return
+    rep.failed = f"{stage}: " + outage_message(client.base_url, client.cfg, rep.pending, rep.pending_reasons, client.last_failure)
 
 
 def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:

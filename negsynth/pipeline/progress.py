@@ -28,6 +28,14 @@ class Reporter:
         # warnings are shown even with --quiet (on stderr), never in --json stdout
         self.console.print(f"[yellow]warning:[/] {msg}")
 
+    def waiting(self, line: str, waiting: bool) -> None:
+        """The LLM server went away (``waiting``) or came back: a line on stderr (also with
+        --quiet, never in --json stdout) and the bar's label says so while it lasts."""
+        self.console.print(f"[yellow]{'waiting' if waiting else 'resumed'}:[/] {line}")
+        bar = getattr(self, "_bar", None)
+        if bar is not None:
+            bar.label("waiting for the LLM server" if waiting else None)
+
     @contextmanager
     def progress(self, description: str, total: int | None):
         if self.quiet or total == 0:
@@ -48,7 +56,11 @@ class Reporter:
         )
         with prog:
             tid = prog.add_task(description, total=total, valid=0, rejected=0, rate="")
-            yield _Bar(prog, tid)
+            self._bar = _Bar(prog, tid, description)
+            try:
+                yield self._bar
+            finally:
+                self._bar = None
 
     def table(self, title: str, rows: list[tuple[Any, ...]], header: tuple[str, ...] = ("", "")) -> None:
         if self.quiet:
@@ -67,10 +79,14 @@ class _NullBar:
 
 
 class _Bar:
-    def __init__(self, prog: Progress, tid):
-        self.prog, self.tid = prog, tid
+    def __init__(self, prog: Progress, tid, description: str = ""):
+        self.prog, self.tid, self.description = prog, tid, description
         self.t0 = time.monotonic()
         self.done = 0
+
+    def label(self, note: str | None) -> None:
+        """Add ``note`` to the description (``None``: back to the plain one)."""
+        self.prog.update(self.tid, description=self.description if note is None else f"{self.description} ({note})")
 
     def update(self, advance: int = 0, **fields: Any) -> None:
         self.done += advance

@@ -125,12 +125,23 @@ def shard_assignment(n_items: int, shard_size: int, num_shards: int, shard_index
 class ShardedRunner:
     """Drive ``process(item) -> Outcome`` over items with bounded concurrency and resumable shards."""
 
-    def __init__(self, ctx: StageContext, stage: str, *, concurrency: int, budget_check: Callable[[], str | None] | None = None):
+    def __init__(
+        self,
+        ctx: StageContext,
+        stage: str,
+        *,
+        concurrency: int,
+        budget_check: Callable[[], str | None] | None = None,
+        settle: Callable[[int], Awaitable[bool]] | None = None,
+    ):
         self.ctx = ctx
         self.stage = stage
         self.dir = ctx.stage_dir(stage)
         self.concurrency = max(1, concurrency)
         self.budget_check = budget_check or (lambda: None)
+        #: ``await settle(n)`` after a pass left ``n`` items failed at the transport level: True to
+        #: send them again (the server came back after an outage), False to leave them pending
+        self.settle = settle
         self.shard_size = ctx.cfg.pipeline.shard_size
 
     def _partial(self, s: int) -> Path:
@@ -254,26 +265,44 @@ class ShardedRunner:
                     except BudgetStop as e:  # the item stays unfinished: a rerun does it
                         stop["why"] = e.reason
                         return
-                    s = it.index // self.shard_size
-                    kind, row = ("ok", out.record) if out.record is not None else ("rej", out.reject)
-                    try:
-                        w = writers.get(s)
-                        if w is None:
-                            w = writers[s] = PartialWriter(self._partial(s))
-                        w.write({"i": it.index, "k": kind, "r": row})
-                    except OSError as e:
-                        raise storage_error(e, self._partial(s)) from None
-                    state[s][it.index] = (kind, row)
-                    remaining[s] -= 1
-                    rep.count(kind, row)
-                    bar.update(advance=1, valid=rep.valid, rejected=rep.rejected)
-                    if remaining[s] == 0:
-                        w.close()
-                        writers.pop(s, None)
-                        shard_done(s)
+                    if self.settle is not None and out.record is None and str(out.reject.get("reason", "")).startswith(PENDING):
+                        parked.append((it, out))  # decided after the pass: sent again, or pending
+                        continue
+                    record(it, out)
 
+            def record(it: WorkItem, out: Outcome) -> None:
+                s = it.index // self.shard_size
+                kind, row = ("ok", out.record) if out.record is not None else ("rej", out.reject)
+                try:
+                    w = writers.get(s)
+                    if w is None:
+                        w = writers[s] = PartialWriter(self._partial(s))
+                    w.write({"i": it.index, "k": kind, "r": row})
+                except OSError as e:
+                    raise storage_error(e, self._partial(s)) from None
+                state[s][it.index] = (kind, row)
+                remaining[s] -= 1
+                rep.count(kind, row)
+                bar.update(advance=1, valid=rep.valid, rejected=rep.rejected)
+                if remaining[s] == 0:
+                    w.close()
+                    writers.pop(s, None)
+                    shard_done(s)
+
+            parked: list[tuple[WorkItem, Outcome]] = []
             try:
                 await asyncio.gather(*(worker() for _ in range(min(self.concurrency, max(1, len(todo))))))
+                passes = 0
+                # items whose requests failed at the transport level: after an outage the client
+                # waited out, they are sent again (a few passes at most); otherwise pending
+                while parked and stop["why"] is None and stop["outage"] is None and passes < 3 and await self.settle(len(parked)):
+                    passes += 1
+                    for it, _ in parked:
+                        queue.put_nowait(it)
+                    n, parked[:] = len(parked), []
+                    await asyncio.gather(*(worker() for _ in range(min(self.concurrency, n))))
+                for it, out in parked:
+                    record(it, out)
             finally:
                 for w in writers.values():
                     w.close()

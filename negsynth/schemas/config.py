@@ -96,6 +96,9 @@ class LLMConfig(Section):
     # an outage: after this many requests in a row failed at the transport/HTTP level (retries
     # spent: refused, reset, timeout, 5xx, 4xx), the stage stops; the unfinished items stay pending
     max_consecutive_failures: int = Field(8, ge=1)
+    # ...unless the server comes back: seconds to wait for it (probing with backoff, no request
+    # sent) before stopping; 0 = stop at once
+    outage_wait: float = Field(300.0, ge=0)
     # a stage whose items failed at the HTTP level (4xx "bad_request") above this fraction fails
     max_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
     # several servers of the same model: [{base_url = "http://a:8000/v1", max_concurrency = 32}, ...]

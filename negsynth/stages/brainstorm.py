@@ -25,7 +25,7 @@ from negsynth.data.shards import atomic_write_json, write_jsonl
 from negsynth.llm.client import BudgetStop, LLMClient, OutageStop
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
+from negsynth.pipeline.llm_stage import all_failed_the_same_way, finish_stage, llm_fingerprint, llm_session, summary_rows
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
 from negsynth.pipeline.stage import Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -172,6 +172,9 @@ def run(ctx: StageContext) -> dict:
         if failed_requests:
             rep.pending = len(failed_requests)
             rep.pending_reasons = Counter(r.reason for r in failed_requests)
+            list_rejects = [r for r in rejects if "position" not in (r.input or {})]
+            if len(failed_requests) == len(list_rejects) and not any(t.model != "fixed" for t in tasks):
+                all_failed_the_same_way(STAGE, rep, client)  # every list request failed alike
             tasks = None
     if tasks is None:
         rep.wall_time_s = time.monotonic() - t0

@@ -1,0 +1,109 @@
+"""negsynth estimate: requests, tokens, wall time and USD per LLM stage before any request is
+sent, checked against what the same stages then send to the real-socket fake server."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from fake_openai import FakeOpenAI, always_valid
+from typer.testing import CliRunner
+
+from helpers import write_run_config
+from negsynth.cli import app
+
+runner = CliRunner()
+
+
+def est(*args) -> dict:
+    r = runner.invoke(app, ["estimate", *[str(a) for a in args], "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def sent_prompt_tokens(reqs: list[dict]) -> int:
+    """What the requests the server got weigh, counted the way the estimate counts (chars / 4)."""
+    return sum(sum(math.ceil(len(m["content"]) / 4) + 4 for m in q["messages"]) + 3 for q in reqs)
+
+
+def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
+    rd = tmp_path / "run"
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, generate={"examples": 20}, llm={"max_attempts": 3})
+        before = est(cfg, "-d", rd, "--stages", "brainstorm,generate")
+        assert srv.requests == [] and not rd.exists()  # nothing sent, nothing written
+        assert before["assumptions"]["tokenizer"].startswith(("approx: characters / 4", "tiktoken"))
+        bs = before["stages"]["brainstorm"]
+        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(rd), "-q"])
+        assert r.exit_code == 0, r.output
+        assert bs["requests"] == len(srv.requests)
+        if before["assumptions"]["tokenizer"].startswith("approx"):
+            assert bs["prompt_tokens"] == sent_prompt_tokens(srv.requests)
+        # before brainstorm ran, generate was planned with stand-in tasks: same requests, close tokens
+        after = est(cfg, "-d", rd)
+        assert after["stages"]["brainstorm"]["done"] is True and after["stages"]["brainstorm"]["requests"] == 0
+        gen, gen0 = after["stages"]["generate"], before["stages"]["generate"]
+        assert gen["requests"] == gen0["requests"] and "tasks from RUN_DIR/brainstorm" in gen["basis"]
+        assert abs(gen0["prompt_tokens"] - gen["prompt_tokens"]) <= 0.25 * gen["prompt_tokens"]
+        n0 = len(srv.requests)
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q"])
+        assert r.exit_code == 0, r.output
+        sent = srv.requests[n0:]
+    assert gen["requests"] == len(sent)  # every answer valid: no re-ask
+    if after["assumptions"]["tokenizer"].startswith("approx"):
+        assert gen["prompt_tokens"] == sent_prompt_tokens(sent)
+    assert gen["requests_max"] == 3 * gen["requests"] and gen["prompt_tokens_max"] > 3 * gen["prompt_tokens"]
+    assert gen["completion_tokens_max"] == gen["requests_max"] * 1024  # llm.max_tokens
+    assert 0 < gen["completion_tokens"] < gen["completion_tokens_max"]
+    # an interrupted generate (its stats say incomplete): completion tokens from its cached answers
+    # (the fake server reports 20 per answer), the brainstorm answers not mixed in
+    stats = json.loads((rd / "generate" / "stats.json").read_text())
+    (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": False}))
+    again = est(cfg, "-d", rd)["stages"]["generate"]
+    assert again["completion_tokens"] == 20 * again["requests"] and any("request cache (20 tokens)" in b for b in again["basis"])
+
+
+def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):
+    from test_corpus import answer, write_corpus
+
+    folder = write_corpus(tmp_path)
+    rd = tmp_path / "run"
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"inputs": [{"path": str(folder)}], "negatives": "llm", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 0})
+        e = est(cfg, "-d", rd, "--stages", "corpus")
+        assert srv.requests == []
+        c = e["stages"]["corpus"]
+        assert c["items"] == 12 and c["requests"] == 6
+        r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(rd), "-q"])
+        assert r.exit_code == 0, r.output
+    assert len(srv.requests) == c["requests"]
+    if e["assumptions"]["tokenizer"].startswith("approx"):
+        # the stage cuts documents with the embedder's tokenizer, the estimate by words: these are short
+        assert abs(c["prompt_tokens"] - sent_prompt_tokens(srv.requests)) <= 0.05 * c["prompt_tokens"]
+
+
+def test_prices_rate_and_json_table(tmp_path):
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1", generate={"examples": 10}, llm={"price": {"input_per_mtok": 2.0, "output_per_mtok": 8.0}, "max_concurrency": 4})
+    e = est(cfg, "-d", tmp_path / "run", "--stages", "brainstorm,generate", "--latency", "2")
+    for s in e["stages"].values():
+        assert s["cost_usd"] == pytest.approx((s["prompt_tokens"] * 2 + s["completion_tokens"] * 8) / 1e6, abs=1e-6)
+        assert s["wall_s"] == pytest.approx(s["requests"] / 2.0, abs=0.1)  # 4 in flight, 2 s each
+    assert e["assumptions"]["price_basis"] == "llm.price"
+    e2 = est(cfg, "-d", tmp_path / "run", "--stages", "generate", "--price-in", "0.5", "--price-out", "1", "--rps", "10")
+    g = e2["stages"]["generate"]
+    assert g["cost_usd"] == pytest.approx((g["prompt_tokens"] * 0.5 + g["completion_tokens"]) / 1e6, abs=1e-6)
+    assert g["wall_s"] == pytest.approx(g["requests"] / 10, abs=0.1) and e2["total"]["requests"] == g["requests"]
+    # the run file as a positional argument, and the table
+    r = runner.invoke(app, ["estimate", str(cfg), "-d", str(tmp_path / "run"), "--stages", "generate"])
+    assert r.exit_code == 0, r.output
+    assert "estimate before any request is sent" in r.stdout and "generate" in r.stdout and "worst case" in r.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_rpm_caps_the_rate_and_a_non_llm_stage_is_one_line(tmp_path):
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1", generate={"examples": 10}, llm={"rpm": 60})
+    e = est(cfg, "-d", tmp_path / "run", "--stages", "generate", "--rps", "100")
+    assert e["assumptions"]["rate_rps"] == 1.0
+    r = runner.invoke(app, ["estimate", str(cfg), "-d", str(tmp_path / "run"), "--stages", "train"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--stages train" in r.stderr

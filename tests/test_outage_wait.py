@@ -1,0 +1,154 @@
+"""Riding out an outage (llm.outage_wait): the server goes away mid-stage and comes back on the
+same port; the stage waits, probing it, and finishes by itself, every item answered once (an
+answered request is never sent again). A server that stays away stops the stage as before, after
+the configured wait; 0 keeps today's stop at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply, always_valid
+from typer.testing import CliRunner
+
+from helpers import brainstorm_run_dir, write_run_config
+from negsynth.cli import app
+from negsynth.data.shards import read_stage
+
+runner = CliRunner()
+EXAMPLES = 12
+
+
+def config(tmp: Path, base_url: str, **llm) -> Path:
+    settings = {"max_retries": 1, "max_attempts": 2, "connect_timeout": 1, "timeout": 5, "max_consecutive_failures": 3, **llm}
+    return write_run_config(tmp, base_url, llm=settings, generate={"examples": EXAMPLES})
+
+
+@pytest.fixture(scope="module")
+def brainstormed(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bs")
+    with FakeOpenAI(always_valid) as srv:
+        return brainstorm_run_dir(tmp, config(tmp, srv.base_url))
+
+
+@pytest.fixture
+def rd(tmp_path, brainstormed) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(brainstormed, d)
+    return d
+
+
+def generate(cfg: Path, rd: Path, *extra: str):
+    return runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", *extra])
+
+
+def down_for(k: int, seconds: float, srv_holder: dict):
+    """Answer ``k`` requests, then go away for ``seconds`` and come back on the same port."""
+    answered: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def back_later():
+        time.sleep(seconds)
+        srv_holder["srv"].come_back()
+
+    def responder(req, n):
+        if n == k:
+            srv_holder["srv"].go_down()
+            threading.Thread(target=back_later, daemon=True).start()
+            return Reply(reset=True)
+        key = json.dumps(req, sort_keys=True)
+        with lock:
+            answered[key] = answered.get(key, 0) + 1
+        return always_valid(req, n)
+
+    return responder, answered
+
+
+@pytest.mark.parametrize("transport", ["http1", "aiohttp"])
+def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd, transport):
+    holder: dict = {}
+    responder, answered = down_for(4, 2.5, holder)
+    srv = holder["srv"] = FakeOpenAI(responder)
+    with srv:
+        cfg = config(tmp_path, srv.base_url, outage_wait=60, transport=transport)
+        t0 = time.monotonic()
+        r = generate(cfg, rd)
+        took = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)
+    assert stats["complete"] is True and stats["valid"] == EXAMPLES and stats["pending"] == 0 and stats["rejected"] == 0
+    assert len(list(read_stage(rd / "generate"))) == EXAMPLES and not list((rd / "generate").glob("*.partial"))
+    tr = stats["this_run"]
+    assert tr["outage_waits"] >= 1 and 1.0 < tr["outage_wait_s"] < 30 and took < 40
+    # never paid twice: every answered request was answered once
+    assert answered and max(answered.values()) == 1
+    assert "waiting: the LLM server is not answering" in r.stderr and "llm.outage_wait" in r.stderr
+    assert "resumed: the LLM server answers again" in r.stderr and "Traceback" not in r.stderr
+    # a rerun sends nothing: every answer is in the cache and the stage is finished
+    n = len(srv.requests)
+    with FakeOpenAI(always_valid) as again:
+        r = generate(config(tmp_path, again.base_url, outage_wait=60), rd)
+        assert r.exit_code == 0 and again.requests == []
+    assert len(srv.requests) == n
+
+
+def test_a_server_that_stays_away_stops_the_stage_after_the_wait(tmp_path, rd):
+    holder: dict = {}
+    responder, _ = down_for(3, 3600, holder)
+    srv = holder["srv"] = FakeOpenAI(responder)
+    with srv:
+        cfg = config(tmp_path, srv.base_url, outage_wait=2)
+        t0 = time.monotonic()
+        r = generate(cfg, rd, "-q")
+        took = time.monotonic() - t0
+    assert r.exit_code == 4, r.output
+    assert 2 <= took < 30
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[0].startswith("waiting: the LLM server is not answering") and lines[-1].startswith("error:")
+    assert "requests in a row failed" in lines[-1] and "waited 2 s for it: llm.outage_wait" in lines[-1] and "rerun the same command" in lines[-1]
+    stats = json.loads(r.stdout)
+    assert stats["complete"] is False and stats["outage"] and stats["rejected"] == 0
+    # nothing is sent while waiting: the probes are GET /models, not chat requests
+    assert stats["this_run"]["outage_waits"] == 0
+
+
+def test_outage_wait_zero_stops_at_once(tmp_path, rd):
+    holder: dict = {}
+    responder, _ = down_for(3, 3600, holder)
+    srv = holder["srv"] = FakeOpenAI(responder)
+    with srv:
+        t0 = time.monotonic()
+        r = generate(config(tmp_path, srv.base_url, outage_wait=0), rd, "-q")
+        took = time.monotonic() - t0
+    assert r.exit_code == 4 and took < 15
+    assert "waiting" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_the_default_waits_a_few_minutes():
+    from negsynth.schemas.config import LLMConfig
+
+    assert 60 <= LLMConfig().outage_wait <= 900
+
+
+@pytest.mark.parametrize("stage", ["brainstorm", "generate"])
+def test_a_small_stage_failing_alike_exits_2_naming_the_cause_whatever_the_wait(tmp_path, rd, stage):
+    """6 items against an HTML page (fewer than llm.max_consecutive_failures): exit 2 naming it,
+    as 20 items do; never waited for nor resent (the server answers, wrongly)."""
+    html = lambda req, n: Reply(raw=b"<html><body>Welcome to nginx</body></html>")  # noqa: E731
+    with FakeOpenAI(html) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_retries": 1, "outage_wait": 60}, generate={"examples": 6, "min_per_type": 1})
+        if stage == "brainstorm":
+            shutil.rmtree(rd)
+        t0 = time.monotonic()
+        r = runner.invoke(app, [stage, "-c", str(cfg), "-d", str(rd), "-q"])
+        took = time.monotonic() - t0
+        sent = len(srv.requests)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "not with chat completions" in r.stderr and "pending" not in r.stderr
+    assert "waiting" not in r.stderr and took < 30
+    if stage == "generate":
+        assert sent <= 6 * 2  # each item's request and its one retry, no second pass

@@ -1,0 +1,150 @@
+"""regenerate's inputs with a limit are streamed: the same pairs as reading the whole file, in
+bounded memory, the first request soon; binary or NUL input is refused after a bounded read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI, Reply
+from typer.testing import CliRunner
+
+from helpers import write_run_config
+from negsynth.cli import app
+from negsynth.data.sources import load_source, read_tabular, read_tabular_stream, select
+from negsynth.schemas.config import SourceSpec
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        r = {"query": f"question number {i % 37} about topic {i % 11}", "positive": f"passage {i} " + "words " * (i % 5), "id": f"r{i}", "label": ["keep", "drop"][i % 3 == 0]}
+        if i % 17 == 5:
+            r["positive"] = "   "  # an empty cell
+        if i % 23 == 7:
+            r["negatives"] = [f"neg {i}"]
+        out.append(r)
+    return out
+
+
+def write(tmp: Path, fmt: str, data: list[dict]) -> Path:
+    import polars as pl
+
+    df = pl.DataFrame([{**r, "negatives": json.dumps(r.get("negatives", []))} if fmt != "jsonl" else r for r in data])
+    p = tmp / f"pairs.{fmt}"
+    if fmt == "jsonl":
+        p.write_text("".join(json.dumps(r) + "\n" for r in data))
+    elif fmt == "csv":
+        df.write_csv(p)
+    elif fmt == "tsv":
+        df.write_csv(p, separator="\t", quote_style="never")
+    else:
+        df.write_parquet(p)
+    return p
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "parquet"])
+@pytest.mark.parametrize("seed", [0, 3, -1])
+def test_a_streamed_limit_picks_the_same_pairs_as_a_whole_read(tmp_path, fmt, seed, monkeypatch):
+    import negsynth.data.sources as sources
+
+    monkeypatch.setattr(sources, "_CHUNK", 4096)  # many small batches
+    p = write(tmp_path, fmt, rows(3000))
+    for extra in ({}, {"filter": {"label": "keep"}}):
+        spec = SourceSpec(path=str(p), limit=25, seed=seed, skip_invalid=True, **extra)
+        whole = read_tabular(spec, fmt, "pairs", "all")
+        streamed = read_tabular_stream(spec, fmt, "pairs", "all")
+        assert select(streamed.pairs, 25, seed) == select(whole.pairs, 25, seed)
+        assert streamed.columns == whole.columns
+        if seed >= 0:
+            assert streamed.total_rows == whole.total_rows and streamed.skipped_rows == whole.skipped_rows
+        # the mining corpus and the known positives, read again on first use
+        assert streamed.corpus == whole.corpus and streamed.positives_by_query == whole.positives_by_query
+    # load_source streams exactly when a limit is set
+    assert load_source(SourceSpec(path=str(p), limit=5, seed=seed, skip_invalid=True)).mining_loader is not None
+    assert load_source(SourceSpec(path=str(p), skip_invalid=True)).mining_loader is None
+
+
+def test_an_empty_cell_is_the_same_one_line_as_a_whole_read(tmp_path):
+    p = write(tmp_path, "jsonl", rows(100))
+    spec = SourceSpec(path=str(p), limit=5)
+    with pytest.raises(Exception) as whole:
+        read_tabular(spec, "jsonl", "pairs", "all")
+    with pytest.raises(Exception) as streamed:
+        read_tabular_stream(spec, "jsonl", "pairs", "all")
+    assert str(streamed.value) == str(whole.value) and "row 6 (line 6)" in str(streamed.value)
+
+
+@pytest.mark.parametrize("case", ["nul", "zeros_parquet", "one_long_line"])
+def test_binary_input_is_refused_in_one_line_after_a_bounded_read(tmp_path, case):
+    if case == "nul":
+        p = tmp_path / "x.jsonl"
+        p.write_bytes(b'{"query": "a", "positive": "b"}\n' + b"\x00" * (4 << 20))
+    elif case == "zeros_parquet":
+        p = tmp_path / "x.parquet"
+        p.write_bytes(b"\x00" * (4 << 20))
+    else:
+        p = tmp_path / "x.jsonl"
+        p.write_bytes(b"a" * (70 << 20))  # no line break at all
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(p), "--limit", "10", "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and str(p) in r.stderr
+    assert {"nul": "NUL bytes", "zeros_parquet": "not a parquet file", "one_long_line": "longer than 64 MiB"}[case] in r.stderr
+    assert time.monotonic() - t0 < 30
+    if case == "nul":  # the corpus stage reads its documents through the same check
+        r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run2"), "-i", str(p), "-q"])
+        assert r.exit_code == 2 and "NUL bytes" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def big_jsonl(tmp_path_factory) -> Path:
+    """About 250 MB of JSON lines."""
+    p = tmp_path_factory.mktemp("big") / "big.jsonl"
+    body = "word " * 160
+    with open(p, "w") as f:
+        for start in range(0, 300_000, 10_000):
+            f.write("".join(json.dumps({"query": f"query {i}", "positive": f"{i} {body}", "extra": body}) + "\n" for i in range(start, start + 10_000)))
+    return p
+
+
+def test_a_limit_on_a_large_file_reads_it_in_bounded_memory(big_jsonl):
+    size_mb = big_jsonl.stat().st_size >> 20
+    code = textwrap.dedent(f"""
+        import resource, polars, pyarrow.parquet
+        from negsynth.data.sources import load_source
+        from negsynth.schemas.config import SourceSpec
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        d = load_source(SourceSpec(path={str(big_jsonl)!r}, limit=10))
+        print(len(d.pairs), d.total_rows, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300).stdout.split()
+    n, total, grown_mb = map(int, out)
+    assert n == 10 and total == 300_000
+    # a whole read grew by ~2.6 x the file; the stream by a few batches
+    assert grown_mb < 200 < size_mb, (grown_mb, size_mb)
+
+
+def test_the_first_request_leaves_soon_with_a_limit_on_a_large_file(tmp_path, big_jsonl):
+    sent: list[float] = []
+
+    def responder(req, n):
+        sent.append(time.monotonic())
+        return Reply(content=json.dumps({"hard_negative_documents": [f"unrelated text number {k} about cooking pasta" for k in range(4)]}))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url)
+        t0 = time.monotonic()
+        r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(big_jsonl), "--limit", "10", "-q"])
+    assert sent, r.output
+    assert sent[0] - t0 < 20  # the first request within seconds (two reads of the file, no more)
+    assert len({json.dumps(x["messages"]) for x in srv.requests}) <= 10 * 3
