@@ -52,6 +52,9 @@ class StageContext:
     #: stage -> the folder its outputs are written to instead of RUN_DIR/<stage> (an --overwrite
     #: builds the new outputs beside the old ones and swaps them in when the stage finishes)
     outputs: dict[str, Path] = field(default_factory=dict)
+    #: what the stage's outputs are made from: its ``fingerprint(ctx)``, computed once by
+    #: ``run_stage`` before the loop (an LLM stage's manifest entry is made from it)
+    made_from: str | dict[str, Any] | None = None
     #: objects a Python caller already holds, used instead of loading what the config names
     #: (score: an :class:`~negsynth.embed.base.Embedder` for ``[embedder]``, a false-negative
     #: judge for ``score.judge_model``; tests pass fakes)

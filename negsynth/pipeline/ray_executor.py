@@ -25,7 +25,8 @@ from typing import Any
 
 from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_endpoint, merge_stage
+from negsynth.pipeline.embedded import llm_endpoint
+from negsynth.pipeline.llm_stage import merge_stage
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.stage import Stage, check_inputs, run_stage, unfinished
 from negsynth.schemas.config import RunConfig

@@ -35,7 +35,7 @@ from typing import Any, Literal, NamedTuple
 from negsynth.data.shards import atomic_write_json, list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
-from negsynth.pipeline.llm_stage import llm_endpoint
+from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import check_and_record, check_manifest, read_manifest
 from negsynth.pipeline.progress import Reporter
@@ -121,10 +121,11 @@ def stats_path(ctx: StageContext, name: str) -> Path:
 
 def manifest_entry(stage: Stage, ctx: StageContext) -> dict[str, Any] | None:
     """What the stage's outputs are made from, as the manifest records it: its fingerprint (a hash,
-    or a dict of fields) over a one-process shard layout."""
-    if stage.fingerprint is None:
+    or a dict of fields) over a one-process shard layout. The fingerprint is computed here, once
+    per run, and kept in ``ctx.made_from`` for the stage's loop."""
+    ctx.made_from = fp = None if stage.fingerprint is None else stage.fingerprint(ctx)
+    if fp is None:
         return None
-    fp = stage.fingerprint(ctx)
     return {"shard_size": None, "num_shards": 1, **(fp if isinstance(fp, dict) else {"config_hash": fp})}
 
 
@@ -205,7 +206,10 @@ def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] |
     run holds its own (stage, shard)): a second process on it stops with one line, nothing sent."""
     shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 else None
     with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn):
-        return _run_stage(stage, ctx, start_llm=start_llm)
+        try:
+            return _run_stage(stage, ctx, start_llm=start_llm)
+        finally:
+            ctx.made_from = None  # this stage's: a later stage on the same context computes its own
 
 
 def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None) -> dict:
@@ -213,7 +217,7 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] 
     entry = manifest_entry(stage, ctx)
     stats = up_to_date(stage, ctx, entry)
     if stats is None:
-        if entry is not None and ctx.num_shards == 1:  # workers of a split check their layout in the loop
+        if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
             check_manifest_entry(stage, ctx, entry)
         needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
         if needed and start_llm is not None:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections import Counter
 from typing import Any
 
 from pydantic import ValidationError
 
 from negsynth.data.shards import atomic_write_json, write_jsonl
-from negsynth.llm.client import BudgetStop, LLMClient, OutageStop
+from negsynth.llm.client import LLMClient
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, llm_session, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_single_shard_stage, summary_rows
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -34,7 +33,6 @@ from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
 from negsynth.stages.common import schema_failure, short_id
 from negsynth.validators import check_task, normalize
-from negsynth.aio import run_sync
 
 NAME = "brainstorm"
 
@@ -145,39 +143,23 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
 
 
 def run(ctx: StageContext) -> dict:
-    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``)."""
-    t0 = time.monotonic()
-    entry = {"config_hash": fingerprint(ctx), "shard_size": None, "num_shards": 1}
+    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``).
 
-    async def main():
-        async with llm_session(ctx, stage=NAME, entry=entry) as client:
-            try:
-                tasks, rejects, rep = await _brainstorm(ctx, client)
-            except BudgetStop as e:  # nothing is written; the cache keeps every answer for the rerun
-                rep = RunReport(stage=NAME, shards_total=1)
-                if isinstance(e, OutageStop) and e.fatal:
-                    rep.failed = f"{NAME}: {e.reason}"
-                elif isinstance(e, OutageStop):
-                    rep.outage = e.reason
-                else:
-                    rep.stopped_by = e.reason
-                return None, None, rep, client
-            return tasks, rejects, rep, client
+    Its answers depend on each other (a type is asked again until enough distinct tasks are in
+    hand), so its loop writes its one shard itself, inside the shared LLM-stage shape."""
+    return run_single_shard_stage(ctx, STAGE, lambda client: _write(ctx, client))
 
-    tasks, rejects, rep, client = run_sync(main())
-    rep.shards_total = 1
-    d = ctx.stage_dir(NAME)  # a staging folder beside the old outputs under --overwrite
-    if tasks is not None:
-        # a list request that failed at the transport level is not the model's fault: write
-        # nothing, so that a rerun asks again (its answered requests come from the cache)
-        failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
-        if failed_requests:
-            rep.pending = len(failed_requests)
-            rep.pending_reasons = Counter(r.reason for r in failed_requests)
-            tasks = None
-    if tasks is None:
-        rep.wall_time_s = time.monotonic() - t0
-        return finish_stage(ctx, NAME, entry, rep, client)
+
+async def _write(ctx: StageContext, client: LLMClient) -> tuple[RunReport, dict | None]:
+    """Brainstorm, then write the tasks and rejects unless a request is pending or the stage failed."""
+    tasks, rejects, rep = await _brainstorm(ctx, client)
+    # a list request that failed at the transport level is not the model's fault: write
+    # nothing, so that a rerun asks again (its answered requests come from the cache)
+    failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
+    if failed_requests:
+        rep.pending = len(failed_requests)
+        rep.pending_reasons = Counter(r.reason for r in failed_requests)
+        return rep, None
     # the verdict: one line when no list request gave a usable task, or too many were refused
     verdict = RunReport(stage=NAME)
     verdict.items = int(rep.usage.get("list_requests", 0))
@@ -187,19 +169,17 @@ def run(ctx: StageContext) -> dict:
         verdict.details.setdefault(r.reason, r.detail[:160])
     rep.failed = failure_message(NAME, verdict, ctx) if verdict.items else None
     if rep.failed:
-        rep.wall_time_s = time.monotonic() - t0
-        return finish_stage(ctx, NAME, entry, rep, client)
+        return rep, None
+    d = ctx.stage_dir(NAME)  # a staging folder beside the old outputs under --overwrite
     write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
     write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
     rep.items = len(tasks) + len(rejects)
     rep.valid = len(tasks)
     rep.rejected = len(rejects)
     rep.reasons = Counter(r.reason for r in rejects)
-    rep.shards_done = rep.shards_total = 1
-    rep.wall_time_s = time.monotonic() - t0
-    per_type = Counter(t.task_type for t in tasks)
+    rep.shards_done = 1
     atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
-    return finish_stage(ctx, NAME, entry, rep, client, {"tasks_per_type": dict(per_type)})
+    return rep, {"tasks_per_type": dict(Counter(t.task_type for t in tasks))}
 
 
 def report(stats: dict) -> list[Summary]:

@@ -48,7 +48,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -359,11 +359,14 @@ def run(ctx: StageContext) -> dict:
         raise UserError(f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run")
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
-    entry = {**fingerprint(ctx), "items": len(items)}
     work = Work(ctx, corpora)
-    rep, client = run_items(ctx, NAME, items, lambda client, it: process_item(client, it, work), entry=entry)
-    extra = {
-        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": len(items) // ctx.cfg.corpus.queries_per_doc,
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items)))
+
+
+def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
+    """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
+    return {
+        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
                       "empty_skipped": sum(c.empty_skipped for c in corpora), "duplicate_ids": sum(c.duplicate_ids for c in corpora)},
         "corpora": {c.name: {"path": c.path, "documents": len(c.documents), "columns": c.columns} for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
@@ -371,7 +374,6 @@ def run(ctx: StageContext) -> dict:
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir(NAME)),
     }  # fmt: skip
-    return finish_stage(ctx, NAME, entry, rep, client, extra)
 
 
 def describe(folder: Path) -> dict[str, Any]:

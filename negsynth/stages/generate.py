@@ -24,7 +24,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_examples, load_template, reask_template, render, templates_fingerprint
@@ -270,10 +270,10 @@ def run(ctx: StageContext) -> dict:
     items = plan_items(ctx, tasks)
     if not items:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
-    entry = {**fingerprint(ctx), "items": len(items)}
     per_type = PerType(cfg)
-    rep, client = run_items(ctx, NAME, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), entry=entry)
-    return finish_stage(ctx, NAME, entry, rep, client, {"planned_per_type": allocate(cfg)})
+    return run_item_stage(
+        ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), extra={"planned_per_type": allocate(cfg)}
+    )
 
 
 def report(stats: dict) -> list[Summary]:

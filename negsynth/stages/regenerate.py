@@ -46,7 +46,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -385,21 +385,19 @@ def run(ctx: StageContext) -> dict:
     items, per_source = plan_items(ctx, sources)
     if not items:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
-    entry = {**fingerprint(ctx), "items": len(items)}
     mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
-    if cfg.negatives == "mined":
-        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
-        rep, client = run_items(ctx, NAME, items, lambda client, it: mined_item(client, it, cfg, label), entry=entry, llm=False)
-    else:
-        rep, client = run_items(ctx, NAME, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
     extra: dict[str, Any] = {
+        "pairs": len(items),
         "sources": per_source,
         "duplicates": sum(v["duplicates"] for v in per_source.values()),
         "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
     }
     if mining is not None:
         extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
-    return finish_stage(ctx, NAME, entry, rep, client, {"pairs": len(items), **extra})
+    if cfg.negatives == "mined":
+        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
+        return run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
 def report(stats: dict) -> list[Summary]:
