@@ -230,21 +230,16 @@ def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process: Pro
     The manifest was checked by ``run_stage`` (nothing is written before every check passed). A
     relaunch of a finished stage needs no server, key or cache: it only re-reads the shards'
     stats."""
-    import asyncio
 
-    if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
+    async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
+        raise AssertionError(it)
 
-        async def noop(it: WorkItem):  # pragma: no cover - every shard is finished
-            raise AssertionError(it)
-
-        return run_sync(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
-
-    if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
-        prepare_outputs(ctx, stage, entry)
-        runner = ShardedRunner(ctx, stage, concurrency=1)
-        return run_sync(runner.run(items, lambda it: process(None, it), description=stage)), None
-
-    async def main() -> tuple[RunReport, LLMClient]:
+    async def main() -> tuple[RunReport, LLMClient | None]:
+        if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
+            return await ShardedRunner(ctx, stage, concurrency=1).run(items, finished, description=stage), None
+        if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
+            prepare_outputs(ctx, stage, entry)
+            return await ShardedRunner(ctx, stage, concurrency=1).run(items, lambda it: process(None, it), description=stage), None
         async with llm_session(ctx, stage=stage, entry=entry) as client:
             if client.cache is not None and client.transport is None:
                 # the runner writes an item to its partial shard as soon as its last answer is in

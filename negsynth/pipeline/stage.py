@@ -4,9 +4,11 @@ A stage module implements only its own loop (``run(ctx) -> stats``). What is the
 stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
 paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`);
 outputs made from another config are refused unless ``--overwrite`` and the run manifest records
-what the new ones are made from (:func:`check_manifest_entry`); the embedded LLM server runs around the stages that call the LLM (and only those); the stats the loop
-returns are written atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is
-printed from them. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
+what the new ones are made from (:func:`check_manifest_entry`: the one manifest check of a stage
+run; its fingerprint is computed once and kept in ``ctx.made_from``); the embedded LLM server runs
+around the stages that call the LLM (and only those); the stats the loop returns are written
+atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is printed from them.
+The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
 order, are declared in :mod:`negsynth.stages`.
 
 Relaunch policies (what rerunning a finished stage does), one per kind of stage:

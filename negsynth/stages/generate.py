@@ -270,10 +270,8 @@ def run(ctx: StageContext) -> dict:
     items = plan_items(ctx, tasks)
     if not items:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
-    per_type = PerType(cfg)
-    return run_item_stage(
-        ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), extra={"planned_per_type": allocate(cfg)}
-    )
+    per_type, planned = PerType(cfg), allocate(cfg)
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), extra={"planned_per_type": planned})
 
 
 def report(stats: dict) -> list[Summary]:
