@@ -100,7 +100,7 @@ def main() -> None:
     from negsynth.embed import load_embedder
     from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
-    from negsynth.pipeline.llm_stage import llm_endpoint
+    from negsynth.pipeline.embedded import llm_endpoint
     from negsynth.pipeline.progress import Reporter
     from negsynth.resources import default_data_dir
     from negsynth.stages.score.llm_judge import LLMJudge

@@ -30,7 +30,7 @@ for k in range(6):
 emb = load_embedder(EmbedderConfig(batch_size=64))
 def go():
     cfg = RunConfig(); cfg.score = ScoreConfig(block_examples=600, decontam_sets=[])
-    t = time.perf_counter(); st = run_stage(get("score"), StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)), embedder=emb)
+    t = time.perf_counter(); st = run_stage(get("score"), StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True), embedder=emb))
     return time.perf_counter() - t, st
 full, st = go()
 (rd / "score" / "shard-00005.jsonl").unlink(); (rd / "score" / "stats.json").unlink()

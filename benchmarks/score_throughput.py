@@ -143,9 +143,9 @@ def time_score(emb, examples, shard_size: int) -> tuple[float, dict]:
         # evaluation sets are separate passes (on by default in the pipeline) that bare encode lacks
         cfg.score.dedup = False
         cfg.score.decontam_sets = []
-        ctx = StageContext(cfg=cfg, run_dir=d, reporter=Reporter(quiet=True))
+        ctx = StageContext(cfg=cfg, run_dir=d, reporter=Reporter(quiet=True), embedder=emb)
         t0 = time.perf_counter()
-        stats = score.run(ctx, embedder=emb)
+        stats = score.run(ctx)
         return time.perf_counter() - t0, stats
     finally:
         shutil.rmtree(d, ignore_errors=True)

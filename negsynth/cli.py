@@ -266,27 +266,30 @@ def _check_run_dir(run_dir: Path) -> None:
         raise UserError(f"--run-dir {run_dir}: not writable; fix its permissions or choose another directory")
 
 
-def _run(name: str, opts: Options, extra_sets: list[str] | None = None, **kwargs) -> dict:
+def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
     """Run stage ``name`` under the command's options and report its stats (exit code included)."""
 
     ctx = opts.context(extra_sets)
-    stats = _execute(name, opts, ctx, **kwargs)
+    stats = _execute(name, opts, ctx)
     _emit_llm(stats, opts.json_out)
     return stats
 
 
-def _execute(name: str, opts: Options, ctx, **kwargs) -> dict:
+def _execute(name: str, opts: Options, ctx) -> dict:
     """The stage in this process, or (``--executor ray``) as shard workers on Ray."""
     from negsynth.pipeline.stage import run_stage
-    from negsynth.stages import get
+    from negsynth.stages import SHARDABLE, get
 
+    stage = get(name)
     if opts.executor == "ray":
         from negsynth.pipeline.ray_executor import run_on_ray
 
-        return run_on_ray(get(name), ctx, workers=opts.workers, address=opts.ray_address)
+        if not stage.shardable:
+            raise UserError(f"--executor ray: {name} does not split into shard workers; run it without --executor (it splits: {', '.join(SHARDABLE)})")
+        return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
     if opts.executor != "local":
         raise UserError(f"--executor {opts.executor!r}: choose local or ray")
-    return run_stage(get(name), ctx, **kwargs)
+    return run_stage(stage, ctx)
 
 
 # ============================================================================ the method's stages
@@ -475,7 +478,13 @@ def evaluate(
         sets.append(f"evaluate.data_dir='{data_dir}'")
     if tasks:
         sets.append("evaluate.tasks=[" + ",".join(f"'{t.strip()}'" for t in tasks.split(",")) + "]")
-    _run("evaluate", opts, sets, model=model, baseline=baseline, require_data=True)
+    ctx = opts.context(sets)
+    if model:
+        ctx.cfg.evaluate.model = model
+    if baseline is not None:
+        ctx.cfg.evaluate.baseline = baseline
+    ctx.require_data = True
+    _emit_llm(_execute("evaluate", opts, ctx), opts.json_out)
 
 
 @stage_command(budgets=True)

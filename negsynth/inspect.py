@@ -36,9 +36,10 @@ from typing import Any
 
 from negsynth.data.shards import ShardError, iter_jsonl
 from negsynth.errors import UserError
+from negsynth.stages import METHOD
 
 #: stage folders in pipeline order (others follow alphabetically)
-STAGE_ORDER = ("brainstorm", "generate", "regenerate", "corpus", "score", "curriculum", "train", "evaluate")
+STAGE_ORDER = tuple(s.name for s in METHOD)
 #: stages whose records are Examples (the ``score`` stage is preferred for samples and scores)
 EXAMPLE_STAGES = ("score", "corpus", "regenerate", "generate")
 FLAGS = ("false_negative", "too_easy", "non_monotonic")

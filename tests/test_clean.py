@@ -83,7 +83,8 @@ def run(run_dir, shards, emb, *, overwrite=False, **score_kw) -> dict:
     cfg.score = ScoreConfig(**{"policy": "annotate", **score_kw})  # the cleaning alone, no policy rejects
     ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
     ctx.overwrite = overwrite
-    return run_stage(SCORE, ctx, embedder=emb)
+    ctx.embedder = emb
+    return run_stage(SCORE, ctx)
 
 
 def kept_ids(run_dir) -> list[str]:

@@ -218,6 +218,23 @@ def test_every_stage_command_takes_the_shared_options():
     assert [s.name for s in METHOD if s.name in default] == default
 
 
+def test_every_stage_is_declared_by_its_own_module():
+    """A stage is a typed object: its module's ``STAGE`` names its run, fingerprint and report
+    directly (no strings resolved at run time), and its config class is the run file's section
+    of the same name."""
+    import importlib
+
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages import METHOD
+
+    for stage in METHOD:
+        mod = importlib.import_module(f"negsynth.stages.{stage.name}")
+        assert mod.STAGE is stage
+        assert RunConfig.model_fields[stage.name].annotation is stage.config, stage.name
+        for fn in (stage.run, stage.fingerprint, stage.report):
+            assert fn is None or (callable(fn) and fn.__module__.startswith(mod.__name__)), (stage.name, fn)
+
+
 def test_run_stops_after_a_budget_stop_with_exit_3(tmp_path):
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)

@@ -25,6 +25,16 @@ from negsynth.stages import score as S
 SCORE = get("score")
 
 
+def with_embedder(ctx: StageContext, embedder, judge=None) -> StageContext:
+    """``ctx`` holding a fake embedder (and judge) instead of loading the configured ones."""
+    ctx.embedder, ctx.judge = embedder, judge
+    return ctx
+
+
+def run_score(ctx: StageContext, embedder, judge=None) -> dict:
+    return run_stage(SCORE, with_embedder(ctx, embedder, judge))
+
+
 def unit(cos: float) -> np.ndarray:
     """A 3-D unit vector whose cosine with the query (1, 0, 0) is ``cos``."""
     return np.array([cos, math.sqrt(max(0.0, 1 - cos * cos)), 0.0])
@@ -91,7 +101,7 @@ def write_generate(tmp_path, shards: list[list[dict]], stage: str = "generate") 
 
 def test_hand_made_example_cosines_tau_and_flags(tmp_path):
     write_generate(tmp_path, [[example()]])
-    stats = run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+    stats = run_score(make_ctx(tmp_path), FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     sc = ExampleScore.model_validate(rec["score"])  # the record matches the schema
     assert sc.cos_pos == pytest.approx(0.9, abs=1e-6)
@@ -160,7 +170,7 @@ def test_score_stats_and_inspect_share_one_definition(tmp_path):
 
     rows = [example(0), example(1, tt="sts", negs=("n2", "n1", "n4", "n3")), example(2, q="Q2")]
     write_generate(tmp_path, [rows[:2], rows[2:]])
-    stats = run_stage(SCORE, make_ctx(tmp_path, policy="reorder"), embedder=FakeEmbedder({**HAND, "Q2": 0.0}))
+    stats = run_score(make_ctx(tmp_path, policy="reorder"), FakeEmbedder({**HAND, "Q2": 0.0}))
     seen = inspect_path(tmp_path)["score"]
     for key in ("examples", "cos_pos", "levels", "levels_decreasing", "monotonic_pct", "kendall_tau_mean", "fn_rate", "by_task_type", "fn_rate_by_task_type"):
         assert seen[key] == stats[key], key
@@ -172,7 +182,7 @@ def test_score_stats_and_inspect_share_one_definition(tmp_path):
 
 def test_reorder_sorts_by_measured_similarity_and_keeps_llm_order(tmp_path):
     write_generate(tmp_path, [[example()]])
-    stats = run_stage(SCORE, make_ctx(tmp_path, policy="reorder"), embedder=FakeEmbedder(HAND))
+    stats = run_score(make_ctx(tmp_path, policy="reorder"), FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     assert rec["negatives"] == ["n2", "n1", "n3", "n4"]
     assert rec["score"]["llm_order"] == [1, 0, 2, 3]
@@ -188,7 +198,7 @@ def test_filter_drops_flagged_and_rejects_short_examples(tmp_path):
     good = example(1, negs=("g1", "g2", "g3", "g4"))
     cos = {**HAND, "g1": 0.7, "g2": 0.6, "g3": 0.5, "g4": 0.4}
     write_generate(tmp_path, [[example(0), good]])
-    stats = run_stage(SCORE, make_ctx(tmp_path, policy="filter", min_negatives=4), embedder=FakeEmbedder(cos))
+    stats = run_score(make_ctx(tmp_path, policy="filter", min_negatives=4), FakeEmbedder(cos))
     kept = list(read_stage(tmp_path / "score"))
     assert [r["id"] for r in kept] == ["ex-1"] and kept[0]["score"]["llm_order"] == [0, 1, 2, 3]
     (rej,) = list(read_stage(tmp_path / "score" / "rejects"))
@@ -203,7 +213,7 @@ def test_filter_drops_flagged_and_rejects_short_examples(tmp_path):
 
 def test_filter_with_lower_min_keeps_the_survivors(tmp_path):
     write_generate(tmp_path, [[example(0)]])
-    run_stage(SCORE, make_ctx(tmp_path, policy="filter", min_negatives=2, filter_flags=["false_negative"]), embedder=FakeEmbedder(HAND))
+    run_score(make_ctx(tmp_path, policy="filter", min_negatives=2, filter_flags=["false_negative"]), FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     assert rec["negatives"] == ["n1", "n3", "n4"]
     assert rec["score"]["too_easy"] == [False, False, True]  # not in filter_flags: kept, still flagged
@@ -213,7 +223,7 @@ def test_filter_with_lower_min_keeps_the_survivors(tmp_path):
 def test_annotate_changes_nothing_but_score(tmp_path):
     rows = [example(0), example(1, tt="sts")]
     write_generate(tmp_path, [rows])
-    run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+    run_score(make_ctx(tmp_path), FakeEmbedder(HAND))
     out = list(read_stage(tmp_path / "score"))
     assert [{k: v for k, v in r.items() if k != "score"} for r in out] == rows
 
@@ -226,7 +236,7 @@ def test_each_distinct_text_embedded_once(tmp_path):
     rows = [example(0), example(1, negs=("n1", "n2", "x1", "x2")), example(2, negs=("n1", "n2", "n3", "n4"))]
     write_generate(tmp_path, [rows[:2], rows[2:]])
     emb = FakeEmbedder(HAND)
-    stats = run_stage(SCORE, make_ctx(tmp_path), embedder=emb)
+    stats = run_score(make_ctx(tmp_path), emb)
     assert sorted(emb.seen) == sorted({"Q", "pos", "n1", "n2", "n3", "n4", "x1", "x2"})
     assert stats["throughput"]["texts"] == 18 and stats["throughput"]["unique_texts"] == 8
     # the texts reached the embedder longest first
@@ -241,14 +251,14 @@ def test_instructed_queries_are_a_separate_pool(tmp_path):
     rows = [example(0, q="pos")]  # the query text equals the positive text
     write_generate(tmp_path, [rows])
     emb = Instructed(HAND)
-    run_stage(SCORE, make_ctx(tmp_path), embedder=emb)
+    run_score(make_ctx(tmp_path), emb)
     assert "Q|find it|pos" in emb.seen and "pos" in emb.seen
 
 
 def test_inputs_mirror_shards_over_stages_and_skip_absent(tmp_path):
     write_generate(tmp_path, [[example(0)], [example(1)]])
     write_generate(tmp_path, [[example(2)]], stage="regenerate")
-    stats = run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+    stats = run_score(make_ctx(tmp_path), FakeEmbedder(HAND))
     assert [(i["stage"], i["shard"], i["out"]) for i in stats["inputs"]] == [
         ("generate", "shard-00000.jsonl", "shard-00000.jsonl"),
         ("generate", "shard-00001.jsonl", "shard-00001.jsonl"),
@@ -262,9 +272,9 @@ def test_no_inputs_is_one_line_error(tmp_path):
 
     # run_stage checks a stage's inputs before it runs; the stage's own check says the same
     with pytest.raises(UserError, match=r"no finished outputs in .*generate or .*regenerate or .*corpus; run `negsynth generate` first"):
-        run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+        run_score(make_ctx(tmp_path), FakeEmbedder(HAND))
     with pytest.raises(UserError, match=r"no finished shards in .*generate or .*regenerate or .*corpus; run `negsynth generate` first"):
-        S.run(make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+        S.run(with_embedder(make_ctx(tmp_path), FakeEmbedder(HAND)))
 
 
 def test_malformed_input_names_file_and_record(tmp_path):
@@ -274,7 +284,7 @@ def test_malformed_input_names_file_and_record(tmp_path):
     del bad["positive"]
     write_generate(tmp_path, [[example(0), bad]])
     with pytest.raises(UserError, match=r"shard-00000.jsonl: record 2 is not an Example \(positive: Field required\)"):
-        run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder(HAND))
+        run_score(make_ctx(tmp_path), FakeEmbedder(HAND))
 
 
 def test_rerun_skips_resumes_and_refuses_changed_config(tmp_path):
@@ -282,25 +292,25 @@ def test_rerun_skips_resumes_and_refuses_changed_config(tmp_path):
 
     write_generate(tmp_path, [[example(0)], [example(1)]])
     emb = FakeEmbedder(HAND)
-    first = run_stage(SCORE, make_ctx(tmp_path), embedder=emb)
+    first = run_score(make_ctx(tmp_path), emb)
     n = len(emb.seen)
-    again = run_stage(SCORE, make_ctx(tmp_path), embedder=emb)
+    again = run_score(make_ctx(tmp_path), emb)
     assert len(emb.seen) == n and again["levels"] == first["levels"]  # nothing re-embedded
     # a killed run: shard 1's output missing -> only it is redone, stats cover both
     (tmp_path / "score" / "shard-00001.jsonl").unlink()
-    resumed = run_stage(SCORE, make_ctx(tmp_path), embedder=emb)
+    resumed = run_score(make_ctx(tmp_path), emb)
     assert resumed["shards_scored_this_run"] == 1 and resumed["examples"] == 2
     with pytest.raises(UserError, match="--overwrite"):
-        run_stage(SCORE, make_ctx(tmp_path, fn_ratio=0.9), embedder=emb)
+        run_score(make_ctx(tmp_path, fn_ratio=0.9), emb)
     ctx = make_ctx(tmp_path, fn_ratio=0.9)
     ctx.overwrite = True
-    assert run_stage(SCORE, ctx, embedder=emb)["fn_ratio"] == 0.9
+    assert run_score(ctx, emb)["fn_ratio"] == 0.9
 
 
 def test_stats_per_task_type_and_json_shape(tmp_path):
     rows = [example(0), example(1, tt="sts", negs=("g1", "g2", "g3", "g4"))]
     write_generate(tmp_path, [rows])
-    run_stage(SCORE, make_ctx(tmp_path), embedder=FakeEmbedder({**HAND, "g1": 0.7, "g2": 0.6, "g3": 0.5, "g4": 0.4}))
+    run_score(make_ctx(tmp_path), FakeEmbedder({**HAND, "g1": 0.7, "g2": 0.6, "g3": 0.5, "g4": 0.4}))
     stats = json.loads((tmp_path / "score" / "stats.json").read_text())
     assert stats["by_task_type"]["sts"]["monotonic_pct"] == 100.0
     assert stats["by_task_type"]["short-long"]["fn_rate"] == 0.25
@@ -336,14 +346,14 @@ def test_easiness_filter_rejects_examples_the_embedder_already_solves(tmp_path):
     easy = example(1, negs=("e1", "e2", "e3", "e4"))
     cos = {**HAND, "e1": 0.3, "e2": 0.2, "e3": 0.15, "e4": 0.12}  # pos 0.9: margin 0.6
     write_generate(tmp_path, [[example(0), easy]])
-    stats = run_stage(SCORE, make_ctx(tmp_path, easy_margin=0.5), embedder=FakeEmbedder(cos))
+    stats = run_score(make_ctx(tmp_path, easy_margin=0.5), FakeEmbedder(cos))
     assert [r["id"] for r in read_stage(tmp_path / "score")] == ["ex-0"]  # margin 0.9 - 0.86 = 0.04: kept
     (rej,) = list(read_stage(tmp_path / "score" / "rejects"))
     assert rej["reason"] == "easy_query" and "0.600 > score.easy_margin=0.5" in rej["detail"]
     assert stats["rejects_by_reason"] == {"easy_query": 1}
     # off by default: both kept
     write_generate(tmp_path / "b", [[example(0), easy]])
-    run_stage(SCORE, make_ctx(tmp_path / "b"), embedder=FakeEmbedder(cos))
+    run_score(make_ctx(tmp_path / "b"), FakeEmbedder(cos))
     assert len(list(read_stage(tmp_path / "b" / "score"))) == 2
 
 
@@ -354,7 +364,7 @@ def test_several_devices_need_a_sentence_transformers_model(tmp_path):
     from negsynth.errors import UserError
 
     with pytest.raises(UserError, match=r"embedder.devices = 2: .*sentence-transformers"):
-        run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+        run_score(ctx, FakeEmbedder(HAND))
 
 
 # ---------------------------------------------------------------- false-negative judge
@@ -381,7 +391,7 @@ def test_judge_flags_a_false_negative_the_cosine_rule_let_through(tmp_path):
     # cosines: only n2 (0.86 >= 0.855) is a false negative by the embedder; the judge says n3 answers the query too
     write_generate(tmp_path, [[example(0), example(1, q="Q again")]])
     judge = FakeJudge({"pos": 0.9, "n1": 0.2, "n2": 0.3, "n3": 0.88, "n4": 0.01})
-    stats = run_stage(SCORE, make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="fake-ce"), embedder=FakeEmbedder(HAND), judge=judge)
+    stats = run_score(make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="fake-ce"), FakeEmbedder(HAND), judge=judge)
     recs = list(read_stage(tmp_path / "score"))
     assert len(recs) == 2 and len(judge.pairs) == 10  # each distinct (query, text) pair scored once
     sc = ExampleScore.model_validate(recs[0]["score"])
@@ -398,7 +408,7 @@ def test_judge_flags_a_false_negative_the_cosine_rule_let_through(tmp_path):
 def test_judge_off_keeps_records_and_hash_as_before(tmp_path):
     write_generate(tmp_path, [[example()]])
     ctx = make_ctx(tmp_path)
-    stats = run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+    stats = run_score(ctx, FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     assert "judge" not in rec["score"] and stats["judge"] is None
     from negsynth.stages.score.inputs import input_shards, stage_hash
@@ -455,7 +465,7 @@ def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counte
     with FakeOpenAI(responder) as srv:
         ctx = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
         ctx.cfg.llm.base_url, ctx.cfg.llm.max_attempts, ctx.cfg.llm.backoff_initial = srv.base_url, 2, 0.01
-        stats = run_stage(SCORE, ctx, embedder=FakeEmbedder(HAND))
+        stats = run_score(ctx, FakeEmbedder(HAND))
         assert len(seen) == 1 + 2 + 2  # one each; "Q again" re-asked once; "Q bad" re-asked once then given up
         recs = {r["id"]: r for r in read_stage(tmp_path / "score")}
         # ex-0 and ex-1: n2 (cosine) and n3 (LLM) dropped; ex-2 unjudged: only n2 dropped
@@ -470,7 +480,7 @@ def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counte
         again = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
         again.cfg.llm.base_url, again.cfg.llm.max_attempts = srv.base_url, 2
         again.overwrite = True
-        stats2 = run_stage(SCORE, again, embedder=FakeEmbedder(HAND))
+        stats2 = run_score(again, FakeEmbedder(HAND))
         assert len(seen) == 5 and stats2["judge"] == stats["judge"] and stats2["throughput"]["judge_llm_cache_hits"] == 5
     from negsynth.inspect import inspect_path
 

@@ -318,42 +318,64 @@ def _fmt_delta(x: float | None) -> str:
     return f"[{colour}]{100 * x:+.2f}[/{colour}]"
 
 
-def render_table(report: dict, baseline: dict | None = None):
-    """A :class:`rich.table.Table`: one row per task (main score x100), then category means and
-    the MTEB-style average. With ``baseline``: baseline and delta columns (see :func:`compare`)."""
-    from rich.table import Table
-
+def table_rows(report: dict, baseline: dict | None = None) -> tuple[str, tuple[str, ...], list[list[str]]]:
+    """The report as a title, a header and rows: one row per task (main score x100), then
+    category means and the MTEB-style average. With ``baseline``: baseline and delta columns
+    (see :func:`compare`). An empty ``""`` row separates the tasks from the means."""
     title = f"evaluate [{report.get('suite')}] {report.get('embedder')}"
     if baseline is not None:
         title += f" vs {baseline.get('embedder')}"
-    table = Table(title=title)
-    for col in ("task", "category", "metric", "n", "score"):
-        table.add_column(col, justify="right" if col in ("n", "score") else "left")
+    header: tuple[str, ...] = ("task", "category", "metric", "n", "score")
     cmp = compare(report, baseline) if baseline is not None else None
     if cmp:
-        table.add_column("baseline", justify="right")
-        table.add_column("delta", justify="right")
+        header += ("baseline", "delta")
+    rows: list[list[str]] = []
     order = {c: i for i, c in enumerate(CATEGORIES + EXTRA_CATEGORIES)}
     for name, t in sorted(report["tasks"].items(), key=lambda kv: (order.get(kv[1]["category"], 99), kv[0])):
         row = [name, t["category"], t["main_metric"], "-" if t.get("n") is None else str(t["n"]), _fmt(t["main_score"])]
         if cmp:
             r = cmp["tasks"].get(name)
             row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
-        table.add_row(*row)
-    table.add_section()
+        rows.append(row)
+    rows.append([])
     for cat, val in list(report["categories"].items()) + list(report.get("extra", {}).items()):
         n = sum(1 for t in report["tasks"].values() if t["category"] == cat)
         row = [f"{cat} mean", cat, "", str(n), _fmt(val)]
         if cmp:
             r = cmp["categories"].get(cat)
             row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
-        table.add_row(*row)
+        rows.append(row)
     n_mteb = sum(1 for t in report["tasks"].values() if t["category"] in CATEGORIES)
     row = ["[bold]Average[/bold]", "MTEB-style", "mean over tasks", str(n_mteb), f"[bold]{_fmt(report.get('average'))}[/bold]"]
     if cmp:
         r = cmp["average"]
         row += [_fmt(r["baseline"]), _fmt_delta(r["delta"])] if r else ["-", "-"]
-    table.add_row(*row)
+    rows.append(row)
+    return title, header, rows
+
+
+def report_notes(report: dict, baseline: dict | None = None) -> list[str]:
+    """The lines printed under the table: skipped tasks and notes (the comparison's too)."""
+    lines = [f"skipped {name}: {why}" for name, why in report.get("skipped", {}).items()]
+    lines += [f"note: {note}" for note in report.get("notes", [])]
+    if baseline is not None:
+        lines += [f"note: {note}" for note in compare(report, baseline)["notes"]]
+    return lines
+
+
+def render_table(report: dict, baseline: dict | None = None):
+    """A :class:`rich.table.Table` of :func:`table_rows`."""
+    from rich.table import Table
+
+    title, header, rows = table_rows(report, baseline)
+    table = Table(title=title)
+    for col in header:
+        table.add_column(col, justify="right" if col in ("n", "score", "baseline", "delta") else "left")
+    for row in rows:
+        if row:
+            table.add_row(*row)
+        else:
+            table.add_section()
     return table
 
 
@@ -366,10 +388,5 @@ def print_report(report: dict, baseline: dict | None = None, console=None) -> No
         console.print("evaluate: empty report - " + "; ".join(report.get("notes", [])))
         return
     console.print(render_table(report, baseline))
-    for name, why in report.get("skipped", {}).items():
-        console.print(f"skipped {name}: {why}")
-    for note in report.get("notes", []):
-        console.print(f"note: {note}")
-    if baseline is not None:
-        for note in compare(report, baseline)["notes"]:
-            console.print(f"note: {note}")
+    for line in report_notes(report, baseline):
+        console.print(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig
@@ -51,6 +52,17 @@ class StageContext:
     #: stage -> the folder its outputs are written to instead of RUN_DIR/<stage> (an --overwrite
     #: builds the new outputs beside the old ones and swaps them in when the stage finishes)
     outputs: dict[str, Path] = field(default_factory=dict)
+    #: what the stage's outputs are made from: its ``fingerprint(ctx)``, computed once by
+    #: ``run_stage`` before the loop (an LLM stage's manifest entry is made from it)
+    made_from: str | dict[str, Any] | None = None
+    #: objects a Python caller already holds, used instead of loading what the config names
+    #: (score: an :class:`~negsynth.embed.base.Embedder` for ``[embedder]``, a false-negative
+    #: judge for ``score.judge_model``; tests pass fakes)
+    embedder: Any = None
+    judge: Any = None
+    #: no data to read is an error (exit 2) instead of a skipped stage (the ``evaluate`` command;
+    #: ``negsynth run`` ends its pipeline with one line instead)
+    require_data: bool = False
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)

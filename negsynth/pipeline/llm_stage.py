@@ -1,11 +1,21 @@
-"""Shared plumbing of the LLM stages: endpoint, client, cache, budgets and stats.json."""
+"""The one shape of an LLM stage, and its plumbing: endpoint, client, cache, budgets, stats.
+
+A stage supplies only what it knows: the items it plans and ``process(client, item) ->
+Outcome`` (:func:`run_item_stage`; generate, regenerate, corpus), or, where its answers depend on
+each other, the loop that writes its one shard (:func:`run_single_shard_stage`; brainstorm's
+rounds per task type until enough distinct tasks are in hand). The rest is done here, once, the
+same for all of them: the manifest entry from the fingerprint ``run_stage`` computed (and
+checked against the manifest, before the loop), the LLM session (key, endpoint and cache checked
+before anything is written, then the entry recorded or the ``--overwrite`` staging begun), the
+concurrency, budgets and outage handling, the stats and the swap of an ``--overwrite``.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +23,12 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.aio import run_sync
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
-from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, resolve_api_key
+from negsynth.llm.client import BudgetStop, ClientStats, LLMClient, LLMFatalError, OutageStop, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.manifest import begin_staging, check_manifest, record_manifest, swap_in
-from negsynth.pipeline.runner import RunReport, ShardedRunner, WorkItem, storage_error
+from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
+from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
+from negsynth.pipeline.stage import Stage
 from negsynth.schemas.config import LLMConfig
 
 
@@ -31,23 +42,6 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
 
 def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> float:
     return (prompt_tokens * cfg.price.input_per_mtok + completion_tokens * cfg.price.output_per_mtok) / 1e6
-
-
-@contextmanager
-def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterator[str | None]:
-    """The one place ``llm.base_url = "embedded"`` becomes a server: start the bundled llama.cpp
-    server for the duration of the block and yield its URL; any other base URL, or ``needed``
-    False, yields None (the configured URL is used as it is)."""
-    if cfg.llm.base_url != "embedded" or not needed:
-        yield None
-        return
-    from negsynth.llm.server import EmbeddedServer
-
-    srv = EmbeddedServer(cfg.serve, cfg.llm.model, log_path=Path(run_dir) / "logs" / "llama-server.log", slots=cfg.llm.max_concurrency)
-    reporter.info(f"starting the embedded LLM server ({cfg.llm.model}): {srv.describe()} ...")
-    with srv:
-        reporter.info(f"embedded server ready at {srv.base_url}")
-        yield srv.base_url
 
 
 def endpoint(ctx: StageContext) -> str:
@@ -182,28 +176,74 @@ def budget_checker(ctx: StageContext, client: LLMClient):
     return check
 
 
-def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process, *, entry: dict[str, Any], llm: bool = True) -> tuple[RunReport, LLMClient | None]:
+def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> dict[str, Any]:
+    """The manifest entry an LLM stage records: its fingerprint (computed once, by ``run_stage``;
+    here only when the stage's ``run`` is called on its own) and, for an item stage, the number of
+    items."""
+    fp = ctx.made_from if ctx.made_from is not None else stage.fingerprint(ctx)
+    entry = dict(fp) if isinstance(fp, dict) else {"config_hash": fp, "shard_size": None, "num_shards": 1}
+    if n_items is not None:
+        entry["items"] = n_items
+    return entry
+
+
+Process = Callable[[LLMClient | None, WorkItem], Awaitable[Outcome]]
+
+
+def run_item_stage(ctx: StageContext, stage: Stage, items: list[WorkItem], process: Process, *, llm: bool = True, extra: Callable[[], dict] | dict | None = None) -> dict:
+    """Run an item stage: ``process(client, item) -> Outcome`` over ``items`` into the stage's
+    resumable shards (:func:`run_items`), then its stats with ``extra`` (a dict, or a function
+    called once the items are done); returns the stats (``run_stage`` writes them). With ``llm``
+    False the items need no LLM (mined negatives): the same shards, resume and stats, no session."""
+    entry = stage_entry(ctx, stage, len(items))
+    rep, client = run_items(ctx, stage.name, items, process, entry=entry, llm=llm)
+    return finish_stage(ctx, stage.name, entry, rep, client, extra() if callable(extra) else extra)
+
+
+def run_single_shard_stage(ctx: StageContext, stage: Stage, body: Callable[[LLMClient], Awaitable[tuple[RunReport, dict | None]]]) -> dict:
+    """Run a stage whose loop writes its one shard itself: ``body(client) -> (report, extra
+    stats)`` inside the stage's LLM session. A budget stop or an outage ends the loop with nothing
+    written (the request cache keeps every answer for the rerun); returns the stats."""
+    t0 = time.monotonic()
+    entry = stage_entry(ctx, stage)
+
+    async def main() -> tuple[RunReport, LLMClient, dict | None]:
+        async with llm_session(ctx, stage=stage.name, entry=entry) as client:
+            try:
+                rep, extra = await body(client)
+            except BudgetStop as e:
+                rep, extra = RunReport(stage=stage.name), None
+                if isinstance(e, OutageStop) and e.fatal:
+                    rep.failed = f"{stage.name}: {e.reason}"
+                elif isinstance(e, OutageStop):
+                    rep.outage = e.reason
+                else:
+                    rep.stopped_by = e.reason
+            return rep, client, extra
+
+    rep, client, extra = run_sync(main())
+    rep.shards_total = 1
+    rep.wall_time_s = time.monotonic() - t0
+    return finish_stage(ctx, stage.name, entry, rep, client, extra)
+
+
+def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process: Process, *, entry: dict[str, Any], llm: bool = True) -> tuple[RunReport, LLMClient | None]:
     """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
     with the stage's LLM session, concurrency and budget; returns the report and the client.
 
-    Checks the manifest first (nothing is written before every check passed). A relaunch of a
-    finished stage needs no server, key or cache: it only re-reads the shards' stats."""
-    import asyncio
+    The manifest was checked by ``run_stage`` (nothing is written before every check passed). A
+    relaunch of a finished stage needs no server, key or cache: it only re-reads the shards'
+    stats."""
 
-    check_manifest(ctx.run_dir, stage, entry, overwrite=ctx.overwrite)
-    if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
+    async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
+        raise AssertionError(it)
 
-        async def noop(it: WorkItem):  # pragma: no cover - every shard is finished
-            raise AssertionError(it)
-
-        return run_sync(ShardedRunner(ctx, stage, concurrency=1).run(items, noop, description=stage)), None
-
-    if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
-        prepare_outputs(ctx, stage, entry)
-        runner = ShardedRunner(ctx, stage, concurrency=1)
-        return run_sync(runner.run(items, lambda it: process(None, it), description=stage)), None
-
-    async def main() -> tuple[RunReport, LLMClient]:
+    async def main() -> tuple[RunReport, LLMClient | None]:
+        if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
+            return await ShardedRunner(ctx, stage, concurrency=1).run(items, finished, description=stage), None
+        if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
+            prepare_outputs(ctx, stage, entry)
+            return await ShardedRunner(ctx, stage, concurrency=1).run(items, lambda it: process(None, it), description=stage), None
         async with llm_session(ctx, stage=stage, entry=entry) as client:
             if client.cache is not None and client.transport is None:
                 # the runner writes an item to its partial shard as soon as its last answer is in

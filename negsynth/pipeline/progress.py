@@ -63,13 +63,17 @@ class Reporter:
                 self._bar = None
 
     def table(self, title: str, rows: list[tuple[Any, ...]], header: tuple[str, ...] = ("", "")) -> None:
+        """A summary table; an empty row draws a line between two sections."""
         if self.quiet:
             return
         t = Table(title=title, title_justify="left", show_header=any(header))
         for h in header:
             t.add_column(h)
         for r in rows:
-            t.add_row(*[str(x) for x in r])
+            if r:
+                t.add_row(*[str(x) for x in r])
+            else:  # an empty row ends a section
+                t.add_section()
         self.console.print(t)
 
 

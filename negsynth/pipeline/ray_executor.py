@@ -28,14 +28,11 @@ from typing import Any
 
 from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_endpoint, merge_stage
+from negsynth.pipeline.embedded import llm_endpoint
+from negsynth.pipeline.llm_stage import merge_stage
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.stage import Stage, check_inputs, run_stage, unfinished
 from negsynth.schemas.config import RunConfig
-
-#: stages whose work splits into shard workers (score dedups in input order: one process, see docs/scale.md)
-SHARDABLE = ("generate", "regenerate")
-
 
 def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     """``cfg`` with the global LLM limits divided among ``n`` workers."""
@@ -68,8 +65,8 @@ def _ray():
 
 def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | None = None, max_retries: int = 3) -> dict:
     """Run ``stage`` as ``workers`` Ray tasks and merge them; returns the merged stats."""
-    if stage.name not in SHARDABLE:
-        raise UserError(f"--executor ray: {stage.name} does not split into shard workers; run it without --executor (it splits: {', '.join(SHARDABLE)})")
+    if not stage.shardable:  # score dedups in input order: one process, see docs/scale.md
+        raise UserError(f"--executor ray: {stage.name} does not split into shard workers; run it without --executor")
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     if ctx.num_shards != 1:

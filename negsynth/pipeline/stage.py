@@ -4,9 +4,11 @@ A stage module implements only its own loop (``run(ctx) -> stats``). What is the
 stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
 paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`);
 outputs made from another config are refused unless ``--overwrite`` and the run manifest records
-what the new ones are made from (:func:`check_manifest_entry`); the embedded LLM server runs around the stages that call the LLM (and only those); the stats the loop
-returns are written atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is
-printed from them. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
+what the new ones are made from (:func:`check_manifest_entry`: the one manifest check of a stage
+run; its fingerprint is computed once and kept in ``ctx.made_from``); the embedded LLM server runs
+around the stages that call the LLM (and only those); the stats the loop returns are written
+atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is printed from them.
+The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
 order, are declared in :mod:`negsynth.stages`.
 
 Relaunch policies (what rerunning a finished stage does), one per kind of stage:
@@ -25,7 +27,6 @@ Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -36,7 +37,7 @@ from typing import Any, Literal, NamedTuple
 from negsynth.data.shards import atomic_write_json, list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
-from negsynth.pipeline.llm_stage import llm_endpoint
+from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import check_and_record, check_manifest, read_manifest
 from negsynth.pipeline.progress import Reporter
@@ -56,48 +57,46 @@ class Summary(NamedTuple):
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a pipeline, as the runner sees it.
+    """One stage of a pipeline, as the runner sees it: each stage module declares its own
+    ``STAGE = Stage(...)`` next to the functions it names, so a reader (and a type checker) can
+    follow a stage from the CLI to its code.
 
-    ``target`` is ``"module:function"``, imported when the stage runs (so torch is loaded only by
-    the stages that need it). ``inputs`` names the stages whose finished outputs it reads (a
-    function of the config where that is configurable); with ``any_input`` one of them suffices.
-    ``llm`` says whether it calls the LLM (a function of the config where that depends on it).
-    ``fingerprint`` (``"module:function"``, ctx -> the hash of its config and inputs, or the
-    fields of its manifest entry) and ``done_files`` (the files in its folder that make it finished)
-    let :func:`run_stage` reuse finished work and check (and record) the run manifest before the
-    loop. A ``staged`` stage (the LLM stages) records its entry itself once its endpoint, key and
-    cache checks passed, or when an ``--overwrite`` built beside the old outputs is swapped in.
-    ``keep_on_change`` (a function of the config) makes a ``rebuild`` stage refuse a changed
-    config instead (train with ``train.resume``). ``report`` (``"module:function"``, stats -> the
-    :class:`Summary` tables) is its summary, printed after it ran (or was reused).
+    ``run`` is its loop (ctx -> stats; heavy imports stay inside it, so torch is loaded only by
+    the stages that need it). ``config`` is the class of its section of the run file
+    (``cfg.<name>``). ``inputs`` names the stages whose finished outputs it reads (a function of
+    the config where that is configurable); with ``any_input`` one of them suffices. ``llm`` says
+    whether it calls the LLM (a function of the config where that depends on it). ``fingerprint``
+    (ctx -> the hash of its config and inputs, or the fields of its manifest entry) and
+    ``done_files`` (the files in its folder that make it finished) let :func:`run_stage` reuse
+    finished work and check (and record) the run manifest before the loop. A ``staged`` stage (the
+    LLM stages) records its entry itself once its endpoint, key and cache checks passed, or when
+    an ``--overwrite`` built beside the old outputs is swapped in. ``keep_on_change`` (a function
+    of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
+    ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
+    after it ran (or was reused). ``shardable``: its work splits into shard workers
+    (``--executor ray``).
     """
 
     name: str
-    target: str
     summary: str
+    run: Callable[[StageContext], dict]
+    config: type | None = None
+    fingerprint: Callable[[StageContext], str | dict[str, Any]] | None = None
+    report: Callable[[dict], list[Summary]] | None = None
     inputs: tuple[str, ...] | Callable[[RunConfig], Sequence[str]] = ()
     any_input: bool = False
     llm: bool | Callable[[RunConfig], bool] = False
     relaunch: Relaunch = "resume"
-    fingerprint: str | None = None
     done_files: tuple[str, ...] = ("stats.json",)
-    report: str | None = None
     staged: bool = False
     keep_on_change: Callable[[RunConfig], bool] | None = None
-
-    def function(self) -> Callable[..., dict]:
-        return _load(self.target)
+    shardable: bool = False
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)
 
     def needs_llm(self, cfg: RunConfig) -> bool:
         return bool(self.llm(cfg) if callable(self.llm) else self.llm)
-
-
-def _load(target: str) -> Callable[..., Any]:
-    mod, fn = target.split(":")
-    return getattr(importlib.import_module(mod), fn)
 
 
 def finished(folder: Path) -> bool:
@@ -124,10 +123,11 @@ def stats_path(ctx: StageContext, name: str) -> Path:
 
 def manifest_entry(stage: Stage, ctx: StageContext) -> dict[str, Any] | None:
     """What the stage's outputs are made from, as the manifest records it: its fingerprint (a hash,
-    or a dict of fields) over a one-process shard layout."""
-    if stage.fingerprint is None:
+    or a dict of fields) over a one-process shard layout. The fingerprint is computed here, once
+    per run, and kept in ``ctx.made_from`` for the stage's loop."""
+    ctx.made_from = fp = None if stage.fingerprint is None else stage.fingerprint(ctx)
+    if fp is None:
         return None
-    fp = _load(stage.fingerprint)(ctx)
     return {"shard_size": None, "num_shards": 1, **(fp if isinstance(fp, dict) else {"config_hash": fp})}
 
 
@@ -195,11 +195,11 @@ def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
 def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
     if stage.report is None or stats.get("skipped"):
         return
-    for t in _load(stage.report)(stats):
+    for t in stage.report(stats):
         ctx.reporter.table(t.title, t.rows, t.header)
 
 
-def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None, **kwargs: Any) -> dict:
+def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None) -> dict:
     """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
     if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
     use), run its loop, write its stats atomically, print its summary and return its stats.
@@ -208,15 +208,18 @@ def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] |
     run holds its own (stage, shard)): a second process on it stops with one line, nothing sent."""
     shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 else None
     with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn):
-        return _run_stage(stage, ctx, start_llm=start_llm, **kwargs)
+        try:
+            return _run_stage(stage, ctx, start_llm=start_llm)
+        finally:
+            ctx.made_from = None  # this stage's: a later stage on the same context computes its own
 
 
-def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None, **kwargs: Any) -> dict:
+def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None) -> dict:
     check_inputs(stage, ctx)
     entry = manifest_entry(stage, ctx)
     stats = up_to_date(stage, ctx, entry)
     if stats is None:
-        if entry is not None and ctx.num_shards == 1:  # workers of a split check their layout in the loop
+        if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
             check_manifest_entry(stage, ctx, entry)
         needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
         if needed and start_llm is not None:
@@ -224,7 +227,7 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] 
         with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
             if url:
                 ctx.base_url = url
-            stats = stage.function()(ctx, **kwargs)
+            stats = stage.run(ctx)
         write_stats(stage, ctx, stats)
     print_report(stage, ctx, stats)
     return stats

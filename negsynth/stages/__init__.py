@@ -1,8 +1,9 @@
 """The MGH method, stage by stage, in the order ``negsynth run`` runs them.
 
-Each stage module implements only its own loop, ``run(ctx) -> stats``, and its summary,
-``report(stats)``; what every stage shares (input checks, reusing finished work, the embedded LLM
-server, writing ``stats.json``, printing the summary) is the contract in
+Each stage module implements only its own loop, ``run(ctx) -> stats``, its ``fingerprint(ctx)``
+and its summary, ``report(stats)``, and declares them in one ``STAGE = Stage(...)``
+(:class:`negsynth.pipeline.stage.Stage`); what every stage shares (input checks, reusing
+finished work, the embedded LLM server, writing ``stats.json``, printing the summary) is the contract in
 :mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
 
 ==============  ==========================================================  ========  ========
@@ -30,40 +31,20 @@ from negsynth.pipeline.context import Budget
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.stage import Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
+from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
 
+#: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module, a
+#: line here and a section of the run file
 METHOD: tuple[Stage, ...] = (
-    Stage(
-        "brainstorm", "negsynth.stages.brainstorm:run", "embedding tasks per task type", llm=True,
-        fingerprint="negsynth.stages.brainstorm:stage_hash", staged=True, done_files=("stats.json", "shard-00000.jsonl"), report="negsynth.stages.brainstorm:report",
-    ),
-    Stage(
-        "generate", "negsynth.stages.generate:run", "examples with 4 graded negatives", inputs=("brainstorm",), llm=True,
-        fingerprint="negsynth.stages.generate:made_from", staged=True, report="negsynth.stages.generate:report",
-    ),
-    Stage(
-        "regenerate", "negsynth.stages.regenerate:run", "graded negatives for existing pairs", llm=lambda cfg: cfg.regenerate.negatives != "mined",
-        fingerprint="negsynth.stages.regenerate:made_from", staged=True, report="negsynth.stages.regenerate:report",
-    ),
-    Stage(
-        "corpus", "negsynth.stages.corpus:run", "queries written for a user's documents, with negatives", llm=True,
-        fingerprint="negsynth.stages.corpus:fingerprint", staged=True, report="negsynth.stages.corpus:report",
-    ),
-    Stage(
-        "score", "negsynth.stages.score:run", "measured difficulty and filters", inputs=lambda cfg: cfg.score.inputs, any_input=True,
-        llm=lambda cfg: cfg.score.judge_model == "llm",
-        fingerprint="negsynth.stages.score:fingerprint", report="negsynth.stages.score:report",
-    ),
-    Stage(
-        "curriculum", "negsynth.stages.curriculum:run", "training rows, easiest level first", inputs=lambda cfg: (cfg.curriculum.input,),
-        relaunch="rebuild", fingerprint="negsynth.stages.curriculum:fingerprint", report="negsynth.stages.curriculum:report",
-    ),
-    Stage(
-        "train", "negsynth.stages.train:run", "the fine-tuned embedder", inputs=("curriculum",),
-        relaunch="rebuild", fingerprint="negsynth.stages.train:fingerprint", done_files=("stats.json", "final"), report="negsynth.stages.train:report",
-        keep_on_change=lambda cfg: cfg.train.resume,
-    ),
-    Stage("evaluate", "negsynth.stages.evaluate:run", "the benchmark report", relaunch="always"),
-)  # fmt: skip
+    brainstorm.STAGE,
+    generate.STAGE,
+    regenerate.STAGE,
+    corpus.STAGE,
+    score.STAGE,
+    curriculum.STAGE,
+    train.STAGE,
+    evaluate.STAGE,
+)
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in METHOD}
 
@@ -105,4 +86,7 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]
+#: the stages whose work splits into shard workers (``--executor ray``)
+SHARDABLE: tuple[str, ...] = tuple(s.name for s in METHOD if s.shardable)
+
+__all__ = ["METHOD", "SHARDABLE", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]

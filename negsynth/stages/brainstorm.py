@@ -15,27 +15,26 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections import Counter
 from typing import Any
 
 from pydantic import ValidationError
 
 from negsynth.data.shards import atomic_write_json, write_jsonl
-from negsynth.llm.client import BudgetStop, LLMClient, OutageStop
+from negsynth.llm.client import LLMClient
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import all_failed_the_same_way, finish_stage, llm_fingerprint, llm_session, summary_rows
+from negsynth.pipeline.llm_stage import all_failed_the_same_way, llm_fingerprint, run_single_shard_stage, summary_rows
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
 from negsynth.stages.common import schema_failure, short_id
 from negsynth.validators import check_task, normalize
-from negsynth.aio import run_sync
 
-STAGE = "brainstorm"
+NAME = "brainstorm"
 
 
 def build_messages(task_type: str, n: int, *, few_shot: bool = True) -> list[dict[str, str]]:
@@ -58,7 +57,8 @@ def _validate_list(obj: Any) -> list[str]:
     return out.tasks
 
 
-def stage_hash(ctx: StageContext) -> str:
+def fingerprint(ctx: StageContext) -> str:
+    """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
     return config_hash(
         {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("brainstorm_", "system", "reask"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
     )
@@ -66,7 +66,7 @@ def stage_hash(ctx: StageContext) -> str:
 
 async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task], list[Reject], RunReport]:
     bc = ctx.cfg.brainstorm
-    rep = RunReport(stage=STAGE)
+    rep = RunReport(stage=NAME)
     tasks: list[Task] = []
     rejects: list[Reject] = []
     examples = {t: {normalize(x) for x in load_example(f"brainstorm_{t}")["output"]["tasks"]} for t in bc.task_types}
@@ -106,7 +106,7 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                 rep.usage.update(res.usage.model_dump())
                 with_usage = with_usage.add(res.usage)
                 if res.value is None:
-                    rejects.append(Reject(id=rid, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input={"task_type": tt, "sample_index": i}, usage=res.usage))
+                    rejects.append(Reject(id=rid, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input={"task_type": tt, "sample_index": i}, usage=res.usage))
                     continue
                 for pos, text in enumerate(res.value):
                     tid = short_id("task", tt, i, pos)
@@ -118,7 +118,7 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                     elif v.keep and norm in seen:
                         reason, detail = "duplicate_task", "the task repeats an earlier one"
                     if reason:
-                        rejects.append(Reject(id=tid, stage=STAGE, reason=reason, detail=detail, raw=str(text), input={"task_type": tt, "sample_index": i, "position": pos}))
+                        rejects.append(Reject(id=tid, stage=NAME, reason=reason, detail=detail, raw=str(text), input={"task_type": tt, "sample_index": i, "position": pos}))
                         continue
                     seen.add(norm)
                     kept.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
@@ -143,64 +143,46 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
 
 
 def run(ctx: StageContext) -> dict:
-    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``)."""
-    t0 = time.monotonic()
-    entry = {"config_hash": stage_hash(ctx), "shard_size": None, "num_shards": 1}
+    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``).
 
-    async def main():
-        async with llm_session(ctx, stage=STAGE, entry=entry) as client:
-            try:
-                tasks, rejects, rep = await _brainstorm(ctx, client)
-            except BudgetStop as e:  # nothing is written; the cache keeps every answer for the rerun
-                rep = RunReport(stage=STAGE, shards_total=1)
-                if isinstance(e, OutageStop) and e.fatal:
-                    rep.failed = f"{STAGE}: {e.reason}"
-                elif isinstance(e, OutageStop):
-                    rep.outage = e.reason
-                else:
-                    rep.stopped_by = e.reason
-                return None, None, rep, client
-            return tasks, rejects, rep, client
+    Its answers depend on each other (a type is asked again until enough distinct tasks are in
+    hand), so its loop writes its one shard itself, inside the shared LLM-stage shape."""
+    return run_single_shard_stage(ctx, STAGE, lambda client: _write(ctx, client))
 
-    tasks, rejects, rep, client = run_sync(main())
-    rep.shards_total = 1
-    d = ctx.stage_dir(STAGE)  # a staging folder beside the old outputs under --overwrite
-    if tasks is not None:
-        # a list request that failed at the transport level is not the model's fault: write
-        # nothing, so that a rerun asks again (its answered requests come from the cache)
-        failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
-        if failed_requests:
-            rep.pending = len(failed_requests)
-            rep.pending_reasons = Counter(r.reason for r in failed_requests)
-            list_rejects = [r for r in rejects if "position" not in (r.input or {})]
-            if len(failed_requests) == len(list_rejects) and not any(t.model != "fixed" for t in tasks):
-                all_failed_the_same_way(STAGE, rep, client)  # every list request failed alike
-            tasks = None
-    if tasks is None:
-        rep.wall_time_s = time.monotonic() - t0
-        return finish_stage(ctx, STAGE, entry, rep, client)
+
+async def _write(ctx: StageContext, client: LLMClient) -> tuple[RunReport, dict | None]:
+    """Brainstorm, then write the tasks and rejects unless a request is pending or the stage failed."""
+    tasks, rejects, rep = await _brainstorm(ctx, client)
+    # a list request that failed at the transport level is not the model's fault: write
+    # nothing, so that a rerun asks again (its answered requests come from the cache)
+    failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
+    if failed_requests:
+        rep.pending = len(failed_requests)
+        rep.pending_reasons = Counter(r.reason for r in failed_requests)
+        list_rejects = [r for r in rejects if "position" not in (r.input or {})]
+        if len(failed_requests) == len(list_rejects) and not any(t.model != "fixed" for t in tasks):
+            all_failed_the_same_way(NAME, rep, client)  # every list request failed alike
+        return rep, None
     # the verdict: one line when no list request gave a usable task, or too many were refused
-    verdict = RunReport(stage=STAGE)
+    verdict = RunReport(stage=NAME)
     verdict.items = int(rep.usage.get("list_requests", 0))
     verdict.valid = sum(1 for t in tasks if t.model != "fixed")
     verdict.reasons = Counter(r.reason for r in rejects if "position" not in (r.input or {}))
     for r in rejects:
         verdict.details.setdefault(r.reason, r.detail[:160])
-    rep.failed = failure_message(STAGE, verdict, ctx) if verdict.items else None
+    rep.failed = failure_message(NAME, verdict, ctx) if verdict.items else None
     if rep.failed:
-        rep.wall_time_s = time.monotonic() - t0
-        return finish_stage(ctx, STAGE, entry, rep, client)
+        return rep, None
+    d = ctx.stage_dir(NAME)  # a staging folder beside the old outputs under --overwrite
     write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
     write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
     rep.items = len(tasks) + len(rejects)
     rep.valid = len(tasks)
     rep.rejected = len(rejects)
     rep.reasons = Counter(r.reason for r in rejects)
-    rep.shards_done = rep.shards_total = 1
-    rep.wall_time_s = time.monotonic() - t0
-    per_type = Counter(t.task_type for t in tasks)
+    rep.shards_done = 1
     atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
-    return finish_stage(ctx, STAGE, entry, rep, client, {"tasks_per_type": dict(per_type)})
+    return rep, {"tasks_per_type": dict(Counter(t.task_type for t in tasks))}
 
 
 def report(stats: dict) -> list[Summary]:
@@ -208,3 +190,9 @@ def report(stats: dict) -> list[Summary]:
     if stats.get("tasks_per_type"):
         rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
     return [Summary("brainstorm", rows)]
+
+
+STAGE = Stage(
+    NAME, "embedding tasks per task type", run, config=BrainstormConfig, fingerprint=fingerprint, report=report,
+    llm=True, staged=True, done_files=("stats.json", "shard-00000.jsonl"),
+)

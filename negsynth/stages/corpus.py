@@ -48,9 +48,9 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
@@ -58,7 +58,7 @@ from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, R
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
 from negsynth.validators import check_meta, check_nonempty, check_query, normalize
 
-STAGE = "corpus"
+NAME = "corpus"
 
 #: per style: (one, many, the rule shown to the model, the retrieval instruction of its examples)
 STYLES: dict[str, tuple[str, str, str, str]] = {
@@ -101,7 +101,8 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
     return items
 
 
-def stage_hash(ctx: StageContext) -> str:
+def config_digest(ctx: StageContext) -> str:
+    """The hash of the settings, LLM, prompts and documents the examples are made from."""
     cfg = ctx.cfg.corpus
     parts: dict[str, Any] = {
         "corpus": cfg,
@@ -116,7 +117,7 @@ def stage_hash(ctx: StageContext) -> str:
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it."""
-    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards}
+    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards}
 
 
 def needs_index(cfg: CorpusConfig) -> bool:
@@ -260,7 +261,7 @@ class Work:
             key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": len(c.documents)})
             self.ctx.reporter.info(f"corpus: embedding {len(c.documents)} documents of {c.name} (cached) ...")
             self._indexes[ci] = CorpusIndex(self.model(), [d.text for d in c.documents], batch_size=self.ctx.cfg.embedder.batch_size,
-                                            cache=self.ctx.stage_dir(STAGE) / "_index" / f"{ci:03d}-{key}.npy")  # fmt: skip
+                                            cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.npy")  # fmt: skip
         return self._indexes[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
@@ -299,7 +300,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     inp = {k: v for k, v in p.items() if k != "document"}
 
     def reject(reason: str, detail: str, **extra: Any) -> Outcome:
-        rej = Reject(id=it.id, stage=STAGE, reason=reason, detail=detail, raw=res.raw if j == 0 else None, input={**inp, **extra}, **({"usage": usage} if usage else {}))
+        rej = Reject(id=it.id, stage=NAME, reason=reason, detail=detail, raw=res.raw if j == 0 else None, input={**inp, **extra}, **({"usage": usage} if usage else {}))
         return Outcome(reject=rej.model_dump(mode="json"))
 
     if res.value is None:
@@ -358,19 +359,21 @@ def run(ctx: StageContext) -> dict:
         raise UserError(f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run")
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
-    entry = {**fingerprint(ctx), "items": len(items)}
     work = Work(ctx, corpora)
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, work), entry=entry)
-    extra = {
-        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": len(items) // ctx.cfg.corpus.queries_per_doc,
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items)))
+
+
+def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
+    """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
+    return {
+        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
                       "empty_skipped": sum(c.empty_skipped for c in corpora), "duplicate_ids": sum(c.duplicate_ids for c in corpora)},
         "corpora": {c.name: {"path": c.path, "documents": len(c.documents), "columns": c.columns} for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
-        **describe(ctx.stage_dir(STAGE)),
+        **describe(ctx.stage_dir(NAME)),
     }  # fmt: skip
-    return finish_stage(ctx, STAGE, entry, rep, client, extra)
 
 
 def describe(folder: Path) -> dict[str, Any]:
@@ -420,3 +423,9 @@ def report(stats: dict) -> list[Summary]:
         rows.append(("round trip: own document top-1 / top-10 / MRR", f"{rt['top1']:.1%} / {rt['top10']:.1%} / {rt['mrr']:.3f}"))
         rows.append(("round trip: ranks", ", ".join(f"{k}: {v}" for k, v in rt["ranks"].items())))
     return [Summary("corpus", rows)]
+
+
+STAGE = Stage(
+    NAME, "queries written for a user's documents, with negatives", run, config=CorpusConfig, fingerprint=fingerprint, report=report,
+    llm=True, staged=True,
+)

@@ -20,10 +20,11 @@ import time
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
+from negsynth.schemas.config import CurriculumConfig
 from negsynth.stages.common import inputs_fingerprint, read_stage_records
 
-STAGE = "curriculum"
+NAME = "curriculum"
 
 
 def anchor_template(cfg) -> str | None:
@@ -59,7 +60,7 @@ def run(ctx: StageContext) -> dict:
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    out = ctx.stage_dir(STAGE)
+    out = ctx.stage_dir(NAME)
     t0 = time.monotonic()
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:
@@ -87,7 +88,7 @@ def run(ctx: StageContext) -> dict:
     for r in rows:
         phases[str(r["phase"])] = phases.get(str(r["phase"]), 0) + 1
     stats = {
-        "stage": STAGE,
+        "stage": NAME,
         "examples": len(examples),
         "rows": len(rows),
         "batches": len(rows) // batch_size,
@@ -117,3 +118,9 @@ def report(stats: dict) -> list[Summary]:
             ],
         )
     ]
+
+
+STAGE = Stage(
+    NAME, "training rows, easiest level first", run, config=CurriculumConfig, fingerprint=fingerprint, report=report,
+    inputs=lambda cfg: (cfg.curriculum.input,), relaunch="rebuild",
+)

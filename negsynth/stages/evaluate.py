@@ -3,8 +3,12 @@
 In:  ``RUN_DIR/train/final`` (or ``evaluate.model``; with no trained model and ``embedder.kind =
      "decoder"``, the zero-shot decoder embedder that ``[embedder]`` describes), benchmark files in ``evaluate.data_dir``
      (default ``../shared/data``). When no data is reachable it says so in one line and returns.
-Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``), ``summary.json`` = ``stats.json``; prints one table per category
-     with the delta against the baseline.
+Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``), ``summary.json`` = ``stats.json``; its
+     summary (:func:`report`) is the table of tasks and categories with the delta against the baseline.
+
+``evaluate.model`` and ``evaluate.baseline`` choose the models (the ``evaluate`` command's
+``--model`` and ``--baseline`` set them); ``ctx.require_data`` turns "no evaluation data" from a
+skipped stage into an error.
 """
 
 from __future__ import annotations
@@ -15,26 +19,29 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.embed import embedder_for
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.stage import Stage, Summary
+from negsynth.schemas.config import EvaluateConfig
 
-STAGE = "evaluate"
+NAME = "evaluate"
 
 
-def run(ctx: StageContext, model: str | None = None, baseline: str | None = None, *, require_data: bool = False) -> dict:
+def run(ctx: StageContext) -> dict:
     """Evaluate the trained model and its baseline. With no evaluation data the runner prints one
-    line saying how to get it; ``require_data`` (the ``evaluate`` command) then fails with exit 2,
-    while ``negsynth run`` ends its pipeline with that line."""
-    from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, print_report, write_report
+    line saying how to get it; ``ctx.require_data`` (the ``evaluate`` command) then fails with
+    exit 2, while ``negsynth run`` ends its pipeline with that line."""
+    from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, write_report
     from negsynth.evaluate.mteb_engine import MtebUnavailable
 
     ec = ctx.cfg.evaluate
-    out = ctx.stage_dir(STAGE)
+    out = ctx.stage_dir(NAME)
     out.mkdir(parents=True, exist_ok=True)
     trained = ctx.stage_dir("train") / "final"
     emb_cfg = ctx.cfg.embedder
     zero_shot = emb_cfg.kind == "decoder" and not trained.is_dir()  # asked for a zero-shot decoder embedder
     default = ("smollm2" if emb_cfg.model == "default" else emb_cfg.model) if zero_shot else ctx.cfg.train.model
-    model = model or ec.model or (str(trained) if trained.is_dir() else default)
-    baseline = baseline if baseline is not None else ec.baseline
+    model = ec.model or (str(trained) if trained.is_dir() else default)
+    baseline = ec.baseline
+    require_data = ctx.require_data
     if baseline == "base":
         baseline = ctx.cfg.train.model if Path(model).resolve() != Path(ctx.cfg.train.model).resolve() else None
     quiet = ctx.reporter.quiet
@@ -58,7 +65,7 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
         reason = "; ".join(rep.get("notes", [])) or "no evaluation data"
         if require_data:
             raise UserError(reason)
-        return {"stage": STAGE, "skipped": True, "reason": reason}
+        return {"stage": NAME, "skipped": True, "reason": reason}
 
     base_rep = one(baseline, out / "baseline.json") if baseline else None
     if base_rep is not None and not base_rep.get("tasks") and not base_rep.get("skipped"):
@@ -66,10 +73,8 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     rep = one(model, out / "report.json")
     if not rep.get("tasks"):
         return nothing(rep)
-    if not quiet:
-        print_report(rep, baseline=base_rep, console=ctx.reporter.console)
     summary = {
-        "stage": STAGE,
+        "stage": NAME,
         "model": model,
         "baseline": baseline,
         "average": rep.get("average"),
@@ -79,3 +84,25 @@ def run(ctx: StageContext, model: str | None = None, baseline: str | None = None
     }
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+def report(stats: dict) -> list[Summary]:
+    """The table of tasks, category means and average (with the baseline and the deltas), read
+    back from the reports the stage wrote; skipped tasks and notes below it."""
+    from negsynth.evaluate import load_report
+    from negsynth.evaluate.runner import report_notes, table_rows
+
+    rep = load_report(stats["report"])
+    base = None
+    if stats.get("baseline"):
+        saved = Path(stats["baseline"])
+        base = load_report(saved if saved.suffix == ".json" and saved.is_file() else Path(stats["report"]).with_name("baseline.json"))
+    title, header, rows = table_rows(rep, base)
+    out = [Summary(title, [tuple(r) for r in rows], header)]
+    notes = report_notes(rep, base)
+    if notes:
+        out.append(Summary("notes", [(n,) for n in notes], ("",)))
+    return out
+
+
+STAGE = Stage(NAME, "the benchmark report", run, config=EvaluateConfig, report=report, relaunch="always")

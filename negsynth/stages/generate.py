@@ -24,9 +24,9 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_examples, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
@@ -34,7 +34,7 @@ from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
 from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
 from negsynth.validators import check_example, normalize
 
-STAGE = "generate"
+NAME = "generate"
 
 # E5 placeholder value sets (spec §1.4)
 QUERY_TYPES = ["extremely long-tail", "long-tail", "common"]
@@ -197,12 +197,13 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
     return items
 
 
-def made_from(ctx: StageContext) -> dict[str, Any]:
+def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed}
+    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed}
 
 
-def stage_hash(ctx: StageContext) -> str:
+def config_digest(ctx: StageContext) -> str:
+    """The hash of the settings, LLM, prompts and brainstorm's shards the examples are made from."""
     return config_hash(
         {
             "generate": ctx.cfg.generate,
@@ -241,7 +242,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, mod
         reask_template=reask_template(),
     )
     if res.value is None:
-        rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
+        rej = Reject(id=it.id, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
         return Outcome(reject=rej.model_dump(mode="json"))
     q, pos, negs = res.value
     ex = Example(
@@ -269,11 +270,15 @@ def run(ctx: StageContext) -> dict:
     items = plan_items(ctx, tasks)
     if not items:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
-    entry = {**made_from(ctx), "items": len(items)}
-    per_type = PerType(cfg)
-    rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), entry=entry)
-    return finish_stage(ctx, STAGE, entry, rep, client, {"planned_per_type": allocate(cfg)})
+    per_type, planned = PerType(cfg), allocate(cfg)
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), extra={"planned_per_type": planned})
 
 
 def report(stats: dict) -> list[Summary]:
     return [Summary("generate", summary_rows(stats))]
+
+
+STAGE = Stage(
+    NAME, "examples with 4 graded negatives", run, config=GenerateConfig, fingerprint=fingerprint, report=report,
+    inputs=("brainstorm",), llm=True, staged=True, shardable=True,
+)

@@ -46,9 +46,9 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import finish_stage, llm_fingerprint, run_items, summary_rows
+from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -56,7 +56,7 @@ from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty, normalize
 
-STAGE = "regenerate"
+NAME = "regenerate"
 
 #: extra sentence for sources whose "documents" are not documents (spec §1.5)
 NOTES = {
@@ -156,12 +156,13 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
     return items, per_source
 
 
-def made_from(ctx: StageContext) -> dict[str, Any]:
+def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return {"config_hash": stage_hash(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "mine": ctx.cfg.regenerate.mine}
+    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "mine": ctx.cfg.regenerate.mine}
 
 
-def stage_hash(ctx: StageContext) -> str:
+def config_digest(ctx: StageContext) -> str:
+    """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
     cfg = ctx.cfg.regenerate
     parts: dict[str, Any] = {
         "regenerate": cfg,
@@ -220,7 +221,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
     """Fill ``payload["mined"]`` for every item (cached per source in ``regenerate/_mined/``)."""
     cfg = ctx.cfg.regenerate
     k = mine_k(cfg)
-    cache_dir = ctx.stage_dir(STAGE) / "_mined"
+    cache_dir = ctx.stage_dir(NAME) / "_mined"
     model = None
     stats: dict[str, Any] = {}
     for si, (spec, data) in enumerate(sources):
@@ -325,7 +326,7 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, m
         reask_template=reask_template(),
     )
     if res.value is None:
-        rej = Reject(id=it.id, stage=STAGE, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
+        rej = Reject(id=it.id, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
         return Outcome(reject=rej.model_dump(mode="json"))
     meta: dict[str, Any] = dict(p["meta"])
     if p["source_negatives"]:
@@ -361,7 +362,7 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
     negs = mined["negatives"][:NUM_NEGATIVES]
     if len(negs) < NUM_NEGATIVES:
         detail = f"{len(negs)} of {NUM_NEGATIVES} negatives survived mining (corpus too small, or the margin removed the rest)"
-        rej = Reject(id=it.id, stage=STAGE, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"})
+        rej = Reject(id=it.id, stage=NAME, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"})
         return Outcome(reject=rej.model_dump(mode="json"))
     meta: dict[str, Any] = dict(p["meta"])
     if p["source_negatives"]:
@@ -384,21 +385,19 @@ def run(ctx: StageContext) -> dict:
     items, per_source = plan_items(ctx, sources)
     if not items:
         raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
-    entry = {**made_from(ctx), "items": len(items)}
     mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
-    if cfg.negatives == "mined":
-        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
-        rep, client = run_items(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), entry=entry, llm=False)
-    else:
-        rep, client = run_items(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), entry=entry)
     extra: dict[str, Any] = {
+        "pairs": len(items),
         "sources": per_source,
         "duplicates": sum(v["duplicates"] for v in per_source.values()),
         "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
     }
     if mining is not None:
         extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
-    return finish_stage(ctx, STAGE, entry, rep, client, {"pairs": len(items), **extra})
+    if cfg.negatives == "mined":
+        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
+        return run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
+    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
 def report(stats: dict) -> list[Summary]:
@@ -406,3 +405,9 @@ def report(stats: dict) -> list[Summary]:
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
     rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
     return [Summary("regenerate", rows)]
+
+
+STAGE = Stage(
+    NAME, "graded negatives for existing pairs", run, config=RegenerateConfig, fingerprint=fingerprint, report=report,
+    llm=lambda cfg: cfg.regenerate.negatives != "mined", staged=True, shardable=True,
+)

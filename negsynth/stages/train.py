@@ -24,9 +24,10 @@ import time
 from negsynth.errors import UserError
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline.stage import Stage, Summary
+from negsynth.schemas.train import TrainConfig
 
-STAGE = "train"
+NAME = "train"
 
 
 def fingerprint(ctx: StageContext) -> str:
@@ -41,7 +42,7 @@ def run(ctx: StageContext) -> dict:
     with ``train.resume`` a changed config is refused instead of retrained: ``keep_on_change``)."""
     from negsynth.data.curriculum import CurriculumError, load_curriculum
 
-    out = ctx.stage_dir(STAGE)
+    out = ctx.stage_dir(NAME)
     data_dir = ctx.stage_dir("curriculum")
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
     final = out / "final"
@@ -71,7 +72,7 @@ def run(ctx: StageContext) -> dict:
     log = json.loads((final / "train_log.json").read_text(encoding="utf-8")).get("log_history", [])
     losses = [e["loss"] for e in log if "loss" in e]
     stats = {
-        "stage": STAGE,
+        "stage": NAME,
         "model": path,
         "rows": len(ds),
         "steps": len(losses),
@@ -95,7 +96,7 @@ def _resume_point(ctx: StageContext, tc):
 
     if tc.resume is not False:  # asked for explicitly: the trainer takes it as given
         return tc
-    out = ctx.stage_dir(STAGE)
+    out = ctx.stage_dir(NAME)
     made_from = {"config_hash": fingerprint(ctx)}
     marker = out / "_made_from.json"
     try:
@@ -132,3 +133,9 @@ def report(stats: dict) -> list[Summary]:
     fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     loss = f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"
     return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s")])]
+
+
+STAGE = Stage(
+    NAME, "the fine-tuned embedder", run, config=TrainConfig, fingerprint=fingerprint, report=report,
+    inputs=("curriculum",), relaunch="rebuild", done_files=("stats.json", "final"), keep_on_change=lambda cfg: cfg.train.resume,
+)

@@ -43,8 +43,8 @@ Rerun: a shard whose output exists is skipped; a rerun with a different config o
 inputs is refused unless ``--overwrite`` (manifest config hash).
 """
 
-from negsynth.stages.score.measure import FLAGS, PAPER_TABLE4, STAGE, apply_policy, fn_threshold, kendall_tau_claimed, measure
-from negsynth.stages.score.stage import fingerprint, run
+from negsynth.stages.score.measure import FLAGS, NAME, PAPER_TABLE4, apply_policy, fn_threshold, kendall_tau_claimed, measure
+from negsynth.stages.score.stage import STAGE, fingerprint, run
 from negsynth.stages.score.stats import report, summarize
 
-__all__ = ["FLAGS", "PAPER_TABLE4", "STAGE", "apply_policy", "fn_threshold", "kendall_tau_claimed", "measure", "run", "summarize", "fingerprint", "report"]
+__all__ = ["FLAGS", "NAME", "PAPER_TABLE4", "STAGE", "apply_policy", "fn_threshold", "kendall_tau_claimed", "measure", "run", "summarize", "fingerprint", "report"]

@@ -24,15 +24,17 @@ from negsynth.data.clean import (
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.stage import Stage
+from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import _progress, embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
-from negsynth.stages.score.measure import PAPER_TABLE4, STAGE, apply_policy, fn_threshold, measure
-from negsynth.stages.score.stats import summarize
+from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure
+from negsynth.stages.score.stats import report, summarize
 
 
 def _sidecar_path(ctx: StageContext, k: int) -> Path:
-    return ctx.stage_dir(STAGE) / "_shards" / f"{k:05d}.json"
+    return ctx.stage_dir(NAME) / "_shards" / f"{k:05d}.json"
 
 
 def _load_sidecar(ctx: StageContext, k: int) -> dict:
@@ -43,20 +45,20 @@ def _load_sidecar(ctx: StageContext, k: int) -> dict:
         raise UserError(f"{p}: missing or unreadable (needed for stats.json); rerun `negsynth score --overwrite`") from None
 
 
-def run(ctx: StageContext, embedder=None, judge=None) -> dict:
+def run(ctx: StageContext) -> dict:
     """Score every input example; return the stats (``run_stage`` writes ``score/stats.json``).
 
-    ``embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
+    ``ctx.embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
     ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
-    ``judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name`` and
-    ``score_examples``) instead of loading ``score.judge_model``.
+    ``ctx.judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name``
+    and ``score_examples``) instead of loading ``score.judge_model``.
     """
     t_start = time.perf_counter()
     cfg = ctx.cfg.score
     shards = input_shards(ctx)
     ev = load_decontam_texts(ctx)
     h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
-    out_dir = ctx.stage_dir(STAGE)
+    out_dir = ctx.stage_dir(NAME)
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
     if todo and cfg.dedup:
         # a shard's duplicates depend on every earlier shard: redo everything from the first missing one
@@ -65,7 +67,7 @@ def run(ctx: StageContext, embedder=None, judge=None) -> dict:
             ctx.reporter.info(f"score: {len(redo)} finished shard(s) after the first missing one are redone (dedup runs in input order)")
         todo = list(range(todo[0], len(shards)))
     blocks = plan_blocks([p for _, p in shards], cfg.block_examples) if todo else []
-    emb = embedder
+    emb, judge = ctx.embedder, ctx.judge
     this_run = Counter()
     with ExitStack() as devices:
         if todo:
@@ -158,7 +160,7 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
     cfg = ctx.cfg.score
     sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
     stats: dict[str, Any] = {
-        "stage": STAGE,
+        "stage": NAME,
         "embedder": (emb.name if emb is not None else next((s["embedder"] for s in sidecars if s.get("embedder")), "?")),
         "policy": cfg.policy,
         "fn_ratio": cfg.fn_ratio,
@@ -224,7 +226,7 @@ def _throughput(c: Counter, emb) -> dict:
 
 
 def _kept_path(ctx: StageContext, k: int) -> Path:
-    return ctx.stage_dir(STAGE) / "_shards" / f"{k:05d}.kept.npy"
+    return ctx.stage_dir(NAME) / "_shards" / f"{k:05d}.kept.npy"
 
 
 class _Cleaner:
@@ -236,7 +238,7 @@ class _Cleaner:
         self.dedup: Deduplicator | None = None
         if cfg.dedup:
             # kept vectors beyond the first 64k go to a file there, removed when the stage ends
-            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim, spill_dir=ctx.stage_dir(STAGE) / "_dedup")
+            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim, spill_dir=ctx.stage_dir(NAME) / "_dedup")
             for k in range(first):
                 p = _kept_path(ctx, k)
                 try:
@@ -346,7 +348,7 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
 
 
 def _reject(row: dict, reason: str, detail: str) -> dict:
-    return {"id": row["id"], "stage": STAGE, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
+    return {"id": row["id"], "stage": NAME, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
 
 
 def _score_block(
@@ -400,7 +402,7 @@ def _score_block(
         exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
         found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv, exact_only=exact)
         dups = {e: d for e, d in zip(cand, found, strict=True) if d is not None}
-    out_dir = ctx.stage_dir(STAGE)
+    out_dir = ctx.stage_dir(NAME)
     e0 = 0
     for k, rows in block:
         records, rejects = [], []
@@ -475,3 +477,9 @@ def _score_block(
     this_run["unique_texts"] += info["unique_texts"]
     this_run["embed_s"] += info["embed_s"]
     this_run["total_s"] += time.perf_counter() - t0
+
+
+STAGE = Stage(
+    NAME, "measured difficulty and filters", run, config=ScoreConfig, fingerprint=fingerprint, report=report,
+    inputs=lambda cfg: cfg.score.inputs, any_input=True, llm=lambda cfg: cfg.score.judge_model == "llm",
+)
