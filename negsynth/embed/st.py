@@ -132,14 +132,20 @@ class SentenceTransformerEmbedder(Embedder):
         max_length: int | None = None,
         query_template: str = "Instruct: {instruction}\nQuery: {text}",
         instruct_queries: bool = False,
+        backend: str = "torch",
     ) -> "SentenceTransformerEmbedder":
-        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name)."""
+        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
+
+        ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
+        on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX)."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise UserError("score needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
+        from negsynth.embed.backends import check_backend
         from negsynth.embed.models import resolve_model
 
+        check_backend(backend)  # before loading: a missing runtime fails in one line, at once
         ref = resolve_model(model, what="embedder.model")
         path, local = ref.path, ref.local
         dev = resolve_device(device)
@@ -154,12 +160,16 @@ class SentenceTransformerEmbedder(Embedder):
             raise UserError(f"embedder.model {model!r}: cannot load a sentence-transformers model ({first}); check {where}") from None
         if max_length is not None:
             st.max_seq_length = max_length
-        log.info("loaded %s on %s (%s)", path, dev, torch_dtype)
+        if backend != "torch":
+            from negsynth.embed.backends import use_backend
+
+            use_backend(st, backend)
+        log.info("loaded %s on %s (%s, backend %s)", path, dev, torch_dtype, backend)
         from negsynth.embed.text import load_text_format
 
         return cls(
             st,
-            name=f"st:{_short_name(path)}",
+            name=f"st:{_short_name(path)}" + ("" if backend == "torch" else f"@{backend}"),
             batch_size=batch_size,
             query_template=query_template,
             instruct_queries=instruct_queries,
@@ -177,6 +187,7 @@ class SentenceTransformerEmbedder(Embedder):
             max_length=cfg.max_length,
             query_template=cfg.query_template,
             instruct_queries=cfg.instruct_queries,
+            backend=cfg.backend,
         )
 
     # ------------------------------------------------------------------ encoding

@@ -176,6 +176,9 @@ class EmbedderConfig(Section):
     max_length: int | None = Field(None, ge=8)
     query_template: str = "Instruct: {instruction}\nQuery: {text}"
     instruct_queries: bool = False  # MiniLM was not trained with instructions; E5-style models want True
+    # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
+    # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
+    backend: Literal["torch", "onnx", "onnx-int8", "openvino"] = "torch"
     # decoder-only options (issue 7)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
@@ -467,6 +470,8 @@ class EvaluateConfig(Section):
     batch_size: int = Field(64, ge=1)
     seed: int = 0
     engine: Literal["negsynth", "mteb"] = "negsynth"  # "mteb": MTEB tasks scored by the mteb library (negsynth[eval])
+    # encoder inference: "torch" (SDPA) or, on CPU, "onnx" / "onnx-int8" / "openvino" (see docs/benchmarks.md)
+    backend: Literal["torch", "onnx", "onnx-int8", "openvino"] = "torch"
 
 
 class RunConfig(Section):
