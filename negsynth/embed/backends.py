@@ -1,6 +1,7 @@
 """Inference backends for a sentence-transformers encoder: torch, ONNX Runtime, OpenVINO.
 
-``backend = "torch"`` leaves the model as loaded (SDPA attention, sentence-transformers' default).
+``backend = "auto"`` (evaluate's default) is ``"onnx"`` for a plain encoder on CPU when onnxruntime
+is installed, else ``"torch"``. ``backend = "torch"`` leaves the model as loaded (SDPA attention, sentence-transformers' default).
 The other backends swap only the transformer backbone of ``model[0]`` for an exported ONNX graph;
 tokenisation, the length-sorted batching of ``SentenceTransformer.encode``, pooling and
 normalisation stay sentence-transformers' own, so the vectors differ from torch's by float
@@ -13,7 +14,7 @@ rounding only (``benchmarks/eval_speed.py`` checks the nDCG@10):
 Why not ``SentenceTransformer(path, backend="onnx")``: sentence-transformers' own backends go
 through optimum-onnx / optimum-intel, which pin transformers below 4.58 / 5.6 and fail to import
 with the transformers this package runs on. The export here is ``torch.onnx.export`` of the
-loaded backbone, cached under ``$NEGSYNTH_CACHE`` (default ``~/.cache/negsynth``) by the model's
+loaded backbone, cached under ``$NEGSYNTH_CACHE_DIR/onnx`` (default ``~/.cache/negsynth/onnx``) by the model's
 weights and the torch/transformers versions, so each model is exported once (~2 s for MiniLM).
 
 Only encoders whose first module is a plain ``Transformer`` with text input are supported
@@ -31,7 +32,7 @@ from negsynth.errors import UserError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")
 #: what to install for each non-torch backend (named in the error when it is missing)
 INSTALL = {
     "onnx": "pip install 'negsynth[onnx]'",
@@ -45,7 +46,7 @@ def check_backend(backend: str) -> None:
     """Raise a one-line :class:`UserError` when ``backend`` is unknown or its runtime is missing."""
     if backend not in BACKENDS:
         raise UserError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if backend == "torch":
+    if backend in ("torch", "auto"):
         return
     mod = "openvino" if backend == "openvino" else "onnxruntime"
     try:
@@ -56,7 +57,9 @@ def check_backend(backend: str) -> None:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("NEGSYNTH_CACHE") or Path.home() / ".cache" / "negsynth") / "onnx"
+    from negsynth.embed.hf import cache_dir
+
+    return cache_dir() / "onnx"
 
 
 def _fingerprint(hf_model) -> str:
@@ -144,8 +147,12 @@ def _text_transformer(st_model):
     cfg = getattr(first, "modality_config", {}).get("text", {})
     if not isinstance(first, Transformer) or cfg.get("method") != "forward" or cfg.get("method_output_name") not in ("last_hidden_state", ("last_hidden_state",), ["last_hidden_state"]):
         raise UserError(f"backend onnx/openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'")
-    if getattr(first.model.config, "is_decoder", False) or len(st_model) and any(type(m).__module__.startswith("negsynth.train.bidirectional") for m in st_model):
+    if getattr(first.model.config, "is_decoder", False):
         raise UserError("backend onnx/openvino: decoder models are not supported; use backend 'torch'")
+    # negsynth's own modules (ATA / latent pooling, bidirectional attention) hook into the torch backbone
+    own = [type(m).__name__ for m in list(st_model)[1:] if not type(m).__module__.startswith("sentence_transformers.")]
+    if own:
+        raise UserError(f"backend onnx/openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'")
     return first
 
 
@@ -166,11 +173,29 @@ def _runner(path: Path, backend: str, threads: int):
     return lambda feed: sess.run(None, feed)[0]
 
 
-def use_backend(st_model, backend: str, *, threads: int | None = None):
-    """Swap ``st_model[0]``'s backbone for ``backend`` in place (``"torch"``: no change); returns ``st_model``."""
+def available(backend: str) -> bool:
+    try:
+        check_backend(backend)
+        return True
+    except UserError:
+        return False
+
+
+def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
+    """Swap ``st_model[0]``'s backbone for ``backend`` in place (``"torch"``: no change); returns the
+    backend used. ``"auto"``: ONNX Runtime for a plain encoder on CPU when onnxruntime is installed
+    (the same nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
+    if backend == "auto":
+        if str(st_model.device) != "cpu" or not available("onnx"):
+            return "torch"
+        try:
+            _text_transformer(st_model)
+        except UserError:
+            return "torch"
+        backend = "onnx"
     check_backend(backend)
     if backend == "torch":
-        return st_model
+        return backend
     import torch
 
     if str(st_model.device) != "cpu":
@@ -199,4 +224,4 @@ def use_backend(st_model, backend: str, *, threads: int | None = None):
 
     tr.model = OnnxBackbone()
     log.info("encoder backbone on %s (%s)", backend, path)
-    return st_model
+    return backend

@@ -117,6 +117,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.texts_requested = 0
         #: sentence-transformers multi-process pool, set while :func:`multi_device` is open
         self.pool = None
+        #: the inference backend of the encoder (:mod:`negsynth.embed.backends`), set by :meth:`load`
+        self.backend = "torch"
 
     # ------------------------------------------------------------------ loading
 
@@ -137,7 +139,8 @@ class SentenceTransformerEmbedder(Embedder):
         """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
 
         ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
-        on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX)."""
+        on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``:
+        ONNX Runtime where it applies and is installed, else torch. The one used is ``.backend``."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
@@ -163,18 +166,20 @@ class SentenceTransformerEmbedder(Embedder):
         if backend != "torch":
             from negsynth.embed.backends import use_backend
 
-            use_backend(st, backend)
+            backend = use_backend(st, backend)
         log.info("loaded %s on %s (%s, backend %s)", path, dev, torch_dtype, backend)
         from negsynth.embed.text import load_text_format
 
-        return cls(
+        emb = cls(
             st,
-            name=f"st:{_short_name(path)}" + ("" if backend == "torch" else f"@{backend}"),
+            name=f"st:{_short_name(path)}",
             batch_size=batch_size,
             query_template=query_template,
             instruct_queries=instruct_queries,
             text_format=load_text_format(path) if local else None,
         )
+        emb.backend = backend
+        return emb
 
     @classmethod
     def from_config(cls, cfg) -> "SentenceTransformerEmbedder":
