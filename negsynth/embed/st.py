@@ -140,7 +140,7 @@ class SentenceTransformerEmbedder(Embedder):
 
         ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
         on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``:
-        ONNX Runtime where it applies and is installed, else torch. The one used is ``.backend``."""
+        OpenVINO or ONNX Runtime where it applies and is installed, else torch. The one used is ``.backend``."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:

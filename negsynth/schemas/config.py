@@ -470,8 +470,8 @@ class EvaluateConfig(Section):
     batch_size: int = Field(64, ge=1)
     seed: int = 0
     engine: Literal["negsynth", "mteb"] = "negsynth"  # "mteb": MTEB tasks scored by the mteb library (negsynth[eval])
-    # encoder inference: "auto" = ONNX Runtime for a plain encoder on CPU when negsynth[onnx] is installed
-    # (same nDCG@10 as torch to 4 decimals, faster), else torch; or "torch" / "onnx" / "onnx-int8" (int8
+    # encoder inference: "auto" = OpenVINO (negsynth[openvino]), else ONNX Runtime (negsynth[onnx]) for a
+    # plain encoder on CPU (same nDCG@10 as torch to 4 decimals, faster), else torch; or "torch" / "onnx" / "onnx-int8" (int8
     # weights: faster, scores drop) / "openvino" (see docs/benchmarks.md)
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "auto"
 
