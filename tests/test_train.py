@@ -472,3 +472,25 @@ def test_peak_rss_sees_an_allocation():
         time.sleep(0.05)
     assert m.peak_mib >= 64
     del block
+
+
+def test_cached_mnrl_gives_mnrl_loss_and_gradients_without_dropout(minilm):
+    """GradCache changes memory, not maths: with dropout off, CachedMNRL (chunks of 2 rows) gives
+    MNRL's loss and gradients on the same batch. (In training the two draw dropout masks in a
+    different order, so their loss curves agree only within that noise.)"""
+    from negsynth.train.trainer import build_model
+
+    ds = _dataset(4)
+    torch.manual_seed(0)
+    model = build_model(TrainConfig(model=minilm, max_length=16), device="cpu")
+    model.eval()  # no dropout: both losses see the same embeddings
+    feats = [model.preprocess(ds[c]) for c in ("anchor", "positive", "negative")]
+    results = []
+    for mb in (None, 2):
+        model.zero_grad(set_to_none=True)
+        value = make_loss(model, 0.05, mini_batch_size=mb)([{k: v.clone() if torch.is_tensor(v) else v for k, v in f.items()} for f in feats], None)
+        value.backward()
+        grad = model[0].auto_model.encoder.layer[0].attention.self.query.weight.grad.clone()
+        results.append((value.detach(), grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-3)
