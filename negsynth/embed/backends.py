@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import warnings
 from pathlib import Path
 
 from negsynth.errors import UserError
@@ -115,7 +116,8 @@ def export_onnx(st_model, *, quantize: bool = False, cache_dir: str | Path | Non
         was_training = hf.training
         hf.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's warnings about shape-dependent branches (dynamic axes cover them)
                 torch.onnx.export(
                     _Wrapper.make(hf, names), tuple(sample[n].cpu() for n in names), str(tmp),
                     input_names=names, output_names=["last_hidden_state"],
