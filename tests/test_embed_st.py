@@ -68,3 +68,70 @@ def test_bad_model_path_is_one_line_user_error(tmp_path):
         SentenceTransformerEmbedder.load(str(f))
     with pytest.raises(UserError, match=r"embedder.model .*cannot load a sentence-transformers model"):
         SentenceTransformerEmbedder.load(str(tmp_path))  # an empty folder
+
+
+# ----------------------------------------------------------------------------- inference backends
+
+
+def test_unknown_or_missing_backend_is_one_line_naming_the_install(monkeypatch):
+    import sys
+
+    from negsynth.embed.backends import check_backend
+    from negsynth.errors import UserError
+
+    check_backend("torch")
+    with pytest.raises(UserError, match="use one of auto, torch, onnx"):
+        check_backend("tensorrt")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    with pytest.raises(UserError, match=r"needs onnxruntime and onnx; run: pip install 'negsynth\[onnx\]'") as e:
+        check_backend("onnx")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match=r"pip install 'negsynth\[openvino\]'"):
+        check_backend("openvino")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_exported_backend_embeds_as_torch(minilm, backend, tmp_path, monkeypatch):
+    """The ONNX backbone under sentence-transformers' own tokenising, pooling and normalising gives
+    torch's vectors up to float rounding (the export is cached under NEGSYNTH_CACHE_DIR)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime" if backend == "onnx" else "openvino")
+    from negsynth.embed.st import SentenceTransformerEmbedder
+
+    monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
+    texts = ["a cat sat on the mat", "completely different: the stock market fell", "x"]
+    fast = SentenceTransformerEmbedder.load("default", device="cpu", batch_size=2, backend=backend)
+    assert fast.backend == backend and fast.name == minilm.name
+    got, want = fast.encode(texts), minilm.encode(texts)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert list(tmp_path.glob("onnx/*/model.onnx"))
+
+
+def test_auto_backend_falls_back_to_torch(monkeypatch, tmp_path):
+    import sys
+
+    from negsynth.embed.backends import use_backend
+
+    class Fake(list):
+        device = "cpu"
+
+    monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    assert use_backend(Fake([object()]), "auto") == "torch"  # neither runtime: torch, no error
+    monkeypatch.undo()
+    pytest.importorskip("onnxruntime")
+    assert use_backend(Fake([object()]), "auto") == "torch"  # not a sentence-transformers Transformer first
+
+
+def test_onnx_backend_refuses_negsynth_modules():
+    from negsynth.embed.backends import _text_transformer
+    from negsynth.errors import UserError
+    from negsynth.train.config import TrainConfig
+    from negsynth.train.trainer import build_model
+
+    pytest.importorskip("datasets")
+    m = build_model(TrainConfig(model="default", pooling="ata", max_length=16), device="cpu")
+    with pytest.raises(UserError, match="need the torch backbone"):
+        _text_transformer(m)

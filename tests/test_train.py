@@ -424,3 +424,73 @@ def test_add_lora_turns_transformers_peft_refusal_into_one_line():
 
     with pytest.raises(UserError, match=r"pip install 'transformers<5.24'"):
         add_lora(Model([First()]), LoraSettings(enabled=True, targets=["q_proj"]), is_decoder=True)
+
+
+# ----------------------------------------------------------------------------- memory settings
+
+
+def test_mini_batch_size_picks_cached_mnrl_at_the_same_scale():
+    """mini_batch_size -> GradCache (CachedMNRL) at the same scale; None keeps plain MNRL."""
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+
+    class Fake(torch.nn.Sequential):  # CachedMNRL reads model[0]
+        pass
+
+    plain = make_loss(Fake(torch.nn.Identity()), temperature=0.05)
+    cached = make_loss(Fake(torch.nn.Identity()), temperature=0.05, mini_batch_size=2)
+    assert type(plain) is MultipleNegativesRankingLoss
+    assert isinstance(cached, CachedMultipleNegativesRankingLoss) and cached.mini_batch_size == 2 and cached.scale == pytest.approx(20.0)
+
+
+def test_memory_options_reach_the_trainer(minilm, tmp_path):
+    """train.mini_batch_size -> CachedMNRL; attn_implementation and gradient_checkpointing -> the backbone."""
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+    from negsynth.train.trainer import make_trainer
+
+    ds = _dataset(4)
+    cfg = TrainConfig(model=minilm, batch_size=2, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"),
+                      mini_batch_size=1, attn_implementation="eager", gradient_checkpointing=True)  # fmt: skip
+    trainer, model = make_trainer(ds, cfg)
+    assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss) and trainer.loss.mini_batch_size == 1
+    backbone = model[0].auto_model
+    assert backbone.config._attn_implementation == "eager"
+    assert backbone.is_gradient_checkpointing
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        make_trainer(ds, cfg.model_copy(update={"angle_weight": 1.0}))
+
+
+def test_peak_rss_sees_an_allocation():
+    from negsynth.train.memory import PeakRSS, current_rss
+
+    assert current_rss() > 0
+    with PeakRSS(interval=0.01) as m:
+        block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
+        block[::512] = 2.0
+        import time
+
+        time.sleep(0.05)
+    assert m.peak_mib >= 64
+    del block
+
+
+def test_cached_mnrl_gives_mnrl_loss_and_gradients_without_dropout(minilm):
+    """GradCache changes memory, not maths: with dropout off, CachedMNRL (chunks of 2 rows) gives
+    MNRL's loss and gradients on the same batch. (In training the two draw dropout masks in a
+    different order, so their loss curves agree only within that noise.)"""
+    from negsynth.train.trainer import build_model
+
+    ds = _dataset(4)
+    torch.manual_seed(0)
+    model = build_model(TrainConfig(model=minilm, max_length=16), device="cpu")
+    model.eval()  # no dropout: both losses see the same embeddings
+    feats = [model.preprocess(ds[c]) for c in ("anchor", "positive", "negative")]
+    results = []
+    for mb in (None, 2):
+        model.zero_grad(set_to_none=True)
+        value = make_loss(model, 0.05, mini_batch_size=mb)([{k: v.clone() if torch.is_tensor(v) else v for k, v in f.items()} for f in feats], None)
+        value.backward()
+        grad = model[0].auto_model.encoder.layer[0].attention.self.query.weight.grad.clone()
+        results.append((value.detach(), grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-3)

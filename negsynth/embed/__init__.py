@@ -22,14 +22,16 @@ def load_embedder(cfg=None) -> Embedder:
     return DecoderEmbedder.from_config(cfg)
 
 
-def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model"):
+def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model",
+                 backend: str = "torch"):  # fmt: skip
     """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
     sentence-transformers folder or hub name.
 
     A decoder (``smollm2`` or a ``*ForCausalLM`` folder) becomes a zero-shot
     :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
     (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
-    ``model`` and ``batch_size`` taken from the arguments.
+    ``model`` and ``batch_size`` taken from the arguments. ``backend``: the encoder's inference
+    backend (:mod:`negsynth.embed.backends`; decoders always run on torch).
     """
     from negsynth.embed.models import resolve_model
     from negsynth.embed.st import SentenceTransformerEmbedder
@@ -47,4 +49,4 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
             update["device"] = device
         return DecoderEmbedder.from_config(base.model_copy(update=update))
     return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
-                                            instruct_queries=instruct_queries)  # fmt: skip
+                                            instruct_queries=instruct_queries, backend=backend)  # fmt: skip

@@ -117,6 +117,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.texts_requested = 0
         #: sentence-transformers multi-process pool, set while :func:`multi_device` is open
         self.pool = None
+        #: the inference backend of the encoder (:mod:`negsynth.embed.backends`), set by :meth:`load`
+        self.backend = "torch"
 
     # ------------------------------------------------------------------ loading
 
@@ -132,14 +134,21 @@ class SentenceTransformerEmbedder(Embedder):
         max_length: int | None = None,
         query_template: str = "Instruct: {instruction}\nQuery: {text}",
         instruct_queries: bool = False,
+        backend: str = "torch",
     ) -> "SentenceTransformerEmbedder":
-        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name)."""
+        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
+
+        ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
+        on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``:
+        OpenVINO or ONNX Runtime where it applies and is installed, else torch. The one used is ``.backend``."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise UserError("score needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
+        from negsynth.embed.backends import check_backend
         from negsynth.embed.models import resolve_model
 
+        check_backend(backend)  # before loading: a missing runtime fails in one line, at once
         ref = resolve_model(model, what="embedder.model")
         path, local = ref.path, ref.local
         dev = resolve_device(device)
@@ -154,10 +163,14 @@ class SentenceTransformerEmbedder(Embedder):
             raise UserError(f"embedder.model {model!r}: cannot load a sentence-transformers model ({first}); check {where}") from None
         if max_length is not None:
             st.max_seq_length = max_length
-        log.info("loaded %s on %s (%s)", path, dev, torch_dtype)
+        if backend != "torch":
+            from negsynth.embed.backends import use_backend
+
+            backend = use_backend(st, backend)
+        log.info("loaded %s on %s (%s, backend %s)", path, dev, torch_dtype, backend)
         from negsynth.embed.text import load_text_format
 
-        return cls(
+        emb = cls(
             st,
             name=f"st:{_short_name(path)}",
             batch_size=batch_size,
@@ -165,6 +178,8 @@ class SentenceTransformerEmbedder(Embedder):
             instruct_queries=instruct_queries,
             text_format=load_text_format(path) if local else None,
         )
+        emb.backend = backend
+        return emb
 
     @classmethod
     def from_config(cls, cfg) -> "SentenceTransformerEmbedder":
@@ -177,6 +192,7 @@ class SentenceTransformerEmbedder(Embedder):
             max_length=cfg.max_length,
             query_template=cfg.query_template,
             instruct_queries=cfg.instruct_queries,
+            backend=cfg.backend,
         )
 
     # ------------------------------------------------------------------ encoding

@@ -230,7 +230,7 @@ def evaluate(
     if quick:
         notes.append("quick suite: subsampled (seed %d); compare only with quick reports" % seed)
     report = {
-        "schema": SCHEMA, "embedder": name, "suite": suite, "engine": engine, "data_dir": str(data_dir),
+        "schema": SCHEMA, "embedder": name, "backend": getattr(embedder, "backend", None), "suite": suite, "engine": engine, "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t_all, 2), "cpu_seconds": round(time.process_time() - c_all, 2),
         "seed": seed,

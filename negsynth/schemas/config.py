@@ -259,6 +259,9 @@ class EmbedderConfig(Section):
     max_length: int | None = Field(None, ge=8)
     query_template: str = "Instruct: {instruction}\nQuery: {text}"
     instruct_queries: bool = False  # MiniLM was not trained with instructions; E5-style models want True
+    # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
+    # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "torch"
     # decoder-only options (issue 7)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
@@ -550,6 +553,12 @@ class EvaluateConfig(Section):
     batch_size: int = Field(64, ge=1)
     seed: int = 0
     engine: Literal["negsynth", "mteb"] = "negsynth"  # "mteb": MTEB tasks scored by the mteb library (negsynth[eval])
+    # encoder inference: "torch" (the default until the full SciFact check at 4 decimals is done, so
+    # that installing an extra never changes a reported score); "auto" = OpenVINO (negsynth[openvino]),
+    # else ONNX Runtime (negsynth[onnx]) for a plain encoder on CPU (same nDCG@10 as torch on a 40 x 200
+    # SciFact cut, 1.6x faster), else torch; or "onnx" / "onnx-int8" (int8 weights: faster, scores
+    # drop) / "openvino" (see docs/benchmarks.md)
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "torch"
 
 
 class RunConfig(Section):

@@ -80,7 +80,14 @@ class TrainConfig(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     bidirectional: str = "none"  # "none" | "all" (LLM2Vec) | "last:K" (BeLLM: last:1); decoders only
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (or fp16) on GPU, fp32 on CPU
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30 % slower steps
+    # GradCache (sentence-transformers' CachedMultipleNegativesRankingLoss): embed the batch in chunks of
+    # this many rows without keeping activations, then backpropagate chunk by chunk. Same loss and
+    # gradients as the full batch (float rounding aside) with the activation memory of one chunk;
+    # None = plain MNRL (one forward pass over the batch, every activation kept)
+    mini_batch_size: int | None = Field(None, ge=1)
+    # the encoder's attention kernel: "sdpa" (torch's scaled_dot_product_attention) or "eager"
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     seed: int = 42
     save_steps: int = Field(500, ge=1)
     save_total_limit: int | None = 2

@@ -58,6 +58,7 @@ def run(ctx: StageContext) -> dict:
             "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
         )
     from negsynth.train import train
+    from negsynth.train.memory import PeakRSS
 
     tc = _resume_point(ctx, tc)
     resumed_from = _checkpoint_step_of(tc.resume, out)
@@ -65,7 +66,7 @@ def run(ctx: StageContext) -> dict:
     ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}")
     try:
         # the HF trainer prints its log dicts on stdout: keep stdout for --json output
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), PeakRSS() as mem:
             path = train(ds, tc)
     except ValueError as e:  # config problems the trainer detects (named field + fix)
         raise UserError(f"[train] {e}") from None
@@ -82,6 +83,8 @@ def run(ctx: StageContext) -> dict:
         "loss_last": losses[-1] if losses else None,
         "phases_seen": sorted({e.get("phase") for e in log if e.get("phase") is not None}),
         "wall_time_s": round(time.monotonic() - t0, 3),
+        # the process's resident memory at its highest while training (sampled every 50 ms)
+        "peak_rss_mib": mem.peak_mib,
     }
     return stats
 
@@ -132,7 +135,8 @@ def _checkpoint_step_of(resume, out) -> int | None:
 def report(stats: dict) -> list[Summary]:
     fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     loss = f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"
-    return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s")])]
+    return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s"),
+                             ("peak memory", "-" if stats.get("peak_rss_mib") is None else f"{stats['peak_rss_mib']} MiB")])]  # fmt: skip
 
 
 STAGE = Stage(

@@ -29,8 +29,13 @@ def info_nce(q: torch.Tensor, d_pos: torch.Tensor, d_neg: torch.Tensor | None = 
     return F.cross_entropy(scores, torch.arange(q.shape[0], device=q.device))
 
 
-def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode: str | None = None, hardness_strength: float = 0.0, gather_across_devices: bool = False):
+def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode: str | None = None, hardness_strength: float = 0.0, gather_across_devices: bool = False,
+              mini_batch_size: int | None = None):  # fmt: skip
     """``MultipleNegativesRankingLoss`` with ``scale = 1/temperature`` (cosine similarity).
+
+    ``mini_batch_size``: ``CachedMultipleNegativesRankingLoss`` (GradCache) instead, embedding
+    the batch in chunks of that many rows: the same loss value and gradients, with the activation
+    memory of one chunk instead of the whole batch (docs/benchmarks.md, training memory).
 
     ``hardness_mode`` / ``hardness_strength``: the library's hardness weighting of negative logits.
     ``gather_across_devices``: under DDP, every rank scores its queries against all ranks' documents
@@ -38,9 +43,11 @@ def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode:
     """
     if not temperature > 0:
         raise ValueError(f"temperature={temperature}: must be > 0 (0.05 = sentence-transformers encoders, 0.02 = LLM2Vec/E5 decoders, 1.0 = literal seed)")
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
     kw = {"hardness_mode": hardness_mode, "hardness_strength": hardness_strength} if hardness_mode else {}
+    if mini_batch_size:
+        return CachedMultipleNegativesRankingLoss(model, scale=1.0 / temperature, mini_batch_size=mini_batch_size, gather_across_devices=gather_across_devices, **kw)
     return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)
 
 

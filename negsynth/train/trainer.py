@@ -64,7 +64,7 @@ def build_model(config: TrainConfig, device: str | None = None):
     path, is_decoder = resolve_model_path(config.model)
     if config.bidirectional != "none" and not is_decoder:
         raise ValueError(f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')")
-    mkw = {"attn_implementation": "sdpa", "dtype": torch.float32}
+    mkw = {"attn_implementation": config.attn_implementation, "dtype": torch.float32}
     tr = Transformer(path, model_kwargs=mkw, max_seq_length=config.max_length)
     if "message" in tr.modality_config:
         # sentence-transformers 6 renders plain text of chat models through the chat template
@@ -388,10 +388,13 @@ def make_trainer(dataset, config: TrainConfig, model=None):
 
         if config.hardness_mode:
             raise ValueError("hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None")
+        if config.mini_batch_size:
+            raise ValueError("mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None")
         loss = make_angle_infonce_loss(model, temperature, infonce_weight=config.infonce_weight, angle_weight=config.angle_weight,
                                        angle_scale=config.angle_scale, gather_across_devices=gather)  # fmt: skip
     else:
-        loss = make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=gather)
+        loss = make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=gather,
+                         mini_batch_size=config.mini_batch_size)  # fmt: skip
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=per_device,

@@ -1,0 +1,231 @@
+"""Inference backends for a sentence-transformers encoder: torch, ONNX Runtime, OpenVINO.
+
+``backend = "auto"`` (evaluate's default) is ``"openvino"``, else ``"onnx"`` (whichever runtime is
+installed) for a plain encoder on CPU, else ``"torch"``. ``backend = "torch"`` leaves the model as loaded (SDPA attention, sentence-transformers' default).
+The other backends swap only the transformer backbone of ``model[0]`` for an exported ONNX graph;
+tokenisation, the length-sorted batching of ``SentenceTransformer.encode``, pooling and
+normalisation stay sentence-transformers' own, so the vectors differ from torch's by float
+rounding only (``benchmarks/eval_speed.py`` checks the nDCG@10):
+
+* ``"onnx"``: ONNX Runtime (CPU), full graph optimisation.
+* ``"onnx-int8"``: the same graph with dynamically quantised int8 weights (faster, scores move).
+* ``"openvino"``: OpenVINO runtime reading the same ONNX file, fp32 inference.
+
+Why not ``SentenceTransformer(path, backend="onnx")``: sentence-transformers' own backends go
+through optimum-onnx / optimum-intel, which pin transformers below 4.58 / 5.6 and fail to import
+with the transformers this package runs on. The export here is ``torch.onnx.export`` of the
+loaded backbone, cached under ``$NEGSYNTH_CACHE_DIR/onnx`` (default ``~/.cache/negsynth/onnx``) by the model's
+weights and the torch/transformers versions, so each model is exported once (~2 s for MiniLM).
+
+Only encoders whose first module is a plain ``Transformer`` with text input are supported
+(MiniLM and the models negsynth trains from it); anything else raises :class:`UserError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from negsynth.errors import UserError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")
+#: what to install for each non-torch backend (named in the error when it is missing)
+INSTALL = {
+    "onnx": "pip install 'negsynth[onnx]'",
+    "onnx-int8": "pip install 'negsynth[onnx]'",
+    "openvino": "pip install 'negsynth[openvino]'",
+}
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def check_backend(backend: str) -> None:
+    """Raise a one-line :class:`UserError` when ``backend`` is unknown or its runtime is missing."""
+    if backend not in BACKENDS:
+        raise UserError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend in ("torch", "auto"):
+        return
+    mod = "openvino" if backend == "openvino" else "onnxruntime"
+    try:
+        __import__(mod)
+        __import__("onnx")
+    except ImportError:
+        raise UserError(f"backend {backend!r} needs {mod} and onnx; run: {INSTALL[backend]}") from None
+
+
+def _cache_root() -> Path:
+    from negsynth.embed.hf import cache_dir
+
+    return cache_dir() / "onnx"
+
+
+def _fingerprint(hf_model) -> str:
+    """Weights (a sample of each tensor, shapes) + torch/transformers versions: a retrained model
+    or another exporter gets a fresh export."""
+    import torch
+    import transformers
+
+    h = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}|{type(hf_model).__name__}".encode())
+    with torch.no_grad():
+        for name, p in hf_model.state_dict().items():
+            flat = p.detach().reshape(-1)
+            h.update(f"{name}{tuple(p.shape)}".encode())
+            h.update(flat[:: max(1, flat.numel() // 64)].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class _Wrapper:
+    """``forward(input_ids, attention_mask, token_type_ids)`` -> last hidden state, for the exporter."""
+
+    @staticmethod
+    def make(hf_model, names):
+        import torch
+
+        class W(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = hf_model
+
+            def forward(self, *args):
+                return self.m(**dict(zip(names, args))).last_hidden_state
+
+        return W()
+
+
+def export_onnx(st_model, *, quantize: bool = False, cache_dir: str | Path | None = None) -> Path:
+    """The ONNX file of ``st_model[0]``'s backbone (exported once, then cached); int8 weights with ``quantize``."""
+    import torch
+
+    tr = _text_transformer(st_model)
+    hf = tr.model
+    names = [n for n in _INPUTS if n in st_model.preprocess(["a"])]
+    folder = Path(cache_dir) if cache_dir is not None else _cache_root() / _fingerprint(hf)
+    fp32 = folder / "model.onnx"
+    if not fp32.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        # eager attention exports to plain MatMul/Softmax ops every runtime fuses well
+        impl = getattr(hf.config, "_attn_implementation", None)
+        if impl != "eager" and hasattr(hf, "set_attn_implementation"):
+            hf.set_attn_implementation("eager")
+        sample = st_model.preprocess(["a short text", "a somewhat longer text to pad the other one"])
+        tmp = folder / f"model.{os.getpid()}.onnx.tmp"
+        was_training = hf.training
+        hf.eval()
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's warnings about shape-dependent branches (dynamic axes cover them)
+                torch.onnx.export(
+                    _Wrapper.make(hf, names), tuple(sample[n].cpu() for n in names), str(tmp),
+                    input_names=names, output_names=["last_hidden_state"],
+                    dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "last_hidden_state"]},
+                    opset_version=17, dynamo=False,
+                )  # fmt: skip
+        finally:
+            hf.train(was_training)
+            if impl is not None and impl != "eager" and hasattr(hf, "set_attn_implementation"):
+                hf.set_attn_implementation(impl)
+        os.replace(tmp, fp32)
+        log.info("exported %s to %s", type(hf).__name__, fp32)
+    if not quantize:
+        return fp32
+    q8 = folder / "model_int8.onnx"
+    if not q8.is_file():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        tmp = folder / f"model_int8.{os.getpid()}.onnx.tmp"
+        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8)
+        os.replace(tmp, q8)
+    return q8
+
+
+def _text_transformer(st_model):
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    first = st_model[0]
+    cfg = getattr(first, "modality_config", {}).get("text", {})
+    if not isinstance(first, Transformer) or cfg.get("method") != "forward" or cfg.get("method_output_name") not in ("last_hidden_state", ("last_hidden_state",), ["last_hidden_state"]):
+        raise UserError(f"backend onnx/openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'")
+    if getattr(first.model.config, "is_decoder", False):
+        raise UserError("backend onnx/openvino: decoder models are not supported; use backend 'torch'")
+    # negsynth's own modules (ATA / latent pooling, bidirectional attention) hook into the torch backbone
+    own = [type(m).__name__ for m in list(st_model)[1:] if not type(m).__module__.startswith("sentence_transformers.")]
+    if own:
+        raise UserError(f"backend onnx/openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'")
+    return first
+
+
+def _runner(path: Path, backend: str, threads: int):
+    """``feed dict -> last hidden state`` on the chosen runtime."""
+    if backend == "openvino":
+        import openvino as ov
+
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
+        return lambda feed: compiled(feed)[0]
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return lambda feed: sess.run(None, feed)[0]
+
+
+def available(backend: str) -> bool:
+    try:
+        check_backend(backend)
+        return True
+    except UserError:
+        return False
+
+
+def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
+    """Swap ``st_model[0]``'s backbone for ``backend`` in place (``"torch"``: no change); returns the
+    backend used. ``"auto"``: OpenVINO, else ONNX Runtime (whichever is installed) for a plain encoder
+    on CPU (the same nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
+    if backend == "auto":
+        # OpenVINO was the faster of the two exact fp32 runtimes in every interleaved rep (docs/benchmarks.md)
+        runtime = next((b for b in ("openvino", "onnx") if available(b)), None)
+        if str(st_model.device) != "cpu" or runtime is None:
+            return "torch"
+        try:
+            _text_transformer(st_model)
+        except UserError:
+            return "torch"
+        backend = runtime
+    check_backend(backend)
+    if backend == "torch":
+        return backend
+    import torch
+
+    if str(st_model.device) != "cpu":
+        raise UserError(f"backend {backend!r} runs on CPU; the model is on {st_model.device} (use backend 'torch' on a GPU)")
+    tr = _text_transformer(st_model)
+    path = export_onnx(st_model, quantize=backend == "onnx-int8")
+    run = _runner(path, backend, threads or torch.get_num_threads())
+    names = tuple(n for n in _INPUTS if n in st_model.preprocess(["a"]))
+    config = tr.model.config
+
+    class OnnxBackbone(torch.nn.Module):
+        """The backbone as an exported graph: same inputs, ``last_hidden_state`` out."""
+
+        def __init__(self):
+            super().__init__()
+            self.config = config
+            self.device = torch.device("cpu")
+            self.negsynth_backend = backend
+
+        def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **_):
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            if given.get("token_type_ids") is None:
+                given["token_type_ids"] = torch.zeros_like(input_ids)
+            out = run({n: given[n].cpu().numpy() for n in names})
+            return {"last_hidden_state": torch.from_numpy(out)}
+
+    tr.model = OnnxBackbone()
+    log.info("encoder backbone on %s (%s)", backend, path)
+    return backend
