@@ -612,7 +612,8 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         if arm.startswith("ns-graded-"):
             examples = mined_graded(src, args, seed)
         else:
-            examples = llm_examples(args.llm_run)
+            fit = {p.query for p in src.pairs}  # the LLM run covers all of SciFact train: the dev queries stay out
+            examples = [e for e in llm_examples(args.llm_run) if e["query"] in fit]
         steps = min(args.steps, len(examples) // args.batch_size)
         rows = ns_rows(examples, arm.rsplit("-", 1)[1], steps, args, seed)
         info = train_ns(rows, args, seed, dest)
