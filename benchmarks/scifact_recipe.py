@@ -478,7 +478,8 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
         kept_q = sorted({r["meta"]["query_id"] for r in kept})
         rej = dict(sc.get("rejects_by_reason") or {})
         flow.update(mined_pairs=len(mined), mined_queries=len({r["meta"]["query_id"] for r in mined}), kept_pairs=len(kept), kept_queries=len(kept_q),
-                    kept_qids=kept_q, filters={"too_few_mined": len(src.pairs) - len(mined), **{f"score: {k}": v for k, v in rej.items()}},
+                    kept_qids=kept_q, filters={**{f"regenerate: {k}": v for k, v in (reg.get("rejects_by_reason") or {"too_few_mined": len(src.pairs) - len(mined)}).items()},
+                                               "regenerate: duplicate pairs": reg.get("duplicates", 0), **{f"score: {k}": v for k, v in rej.items()}},
                     curriculum_rows=cur.get("rows"), schedule=cur.get("schedule"),
                     cycling=f"curriculum total_steps: seeded passes over the kept examples ({cur.get('schedule')} rows)")  # fmt: skip
         flow["budget_rows"] = cur.get("rows") or flow["budget_rows"]
