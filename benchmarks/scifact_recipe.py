@@ -54,8 +54,27 @@ ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-r
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
 
+**Protocol: choose on dev, report test once.** ``--dataset DIR`` is any BEIR-format folder with a
+train and a test split (default: SciFact from ``--data-dir``; the layouts read are
+``DIR/{corpus,queries}.jsonl`` + ``DIR/qrels.tsv`` as the test split + ``DIR/train/{queries.jsonl,qrels.tsv}``,
+as in ``../shared/data/scifact``, and BEIR's own ``DIR/{corpus,queries}.jsonl`` +
+``DIR/qrels/{train,test}.tsv``). A seeded slice of the *train* queries (``--dev-frac``, by query,
+``--split-seed``) is held out as the dev split; every arm trains on the rest (``fit``) and is
+evaluated on dev, where settings are compared and chosen. The test split is evaluated only for the
+arms a reader needs to see there — base, the stock recipe (``st-mined-4``), negsynth's default
+(``ns-pipeline``) and the negsynth arm that scored best on dev — once each per seed, after every
+arm's dev figure is in (``--dev-frac 0``: no dev split, every arm is evaluated on test, the old
+protocol). The split files (queries and qrels only; the corpus is a link) are written under
+``OUT/<dataset>/_split/``. Each arm is compared with the stock recipe **per query**: the
+per-query nDCG@10 of each arm is averaged over its seeds, and the table gives the mean difference,
+its 95 % bootstrap CI (queries and seeds resampled) and a two-sided paired sign-flip permutation
+p-value (``negsynth.evaluate.stats``). ``--counts-only`` prints, without training, how many
+training pairs and queries survive positive-aware mining and the false-negative filters in the
+stock recipe and in negsynth's pipeline arms, and how the kept rows are cycled to fill the step
+budget (the stages' own stats; also printed after a full run).
+
 The arm trained with negsynth's default settings (``ns-pipeline``) is also saved as
-``OUT/negsynth-default/``; every arm's model is saved under ``OUT/<arm>/`` (a plain
+``OUT/<dataset>/negsynth-default/``; every arm's model is saved under ``OUT/<dataset>/<arm>/`` (a plain
 ``SentenceTransformer(path)`` loads each), so anyone can evaluate them on other data.
 
 The key arms (``st-mined-4``, the strongest stock recipe, and ``ns-pipeline``, negsynth's defaults) run over
@@ -77,6 +96,8 @@ and a GPU makes every arm minutes::
     python benchmarks/scifact_recipe.py --out runs/recipe                                   # the headline, seed 0
     python benchmarks/scifact_recipe.py --out runs/recipe --seeds 0,1,2                     # + the key arms' spread
     python benchmarks/scifact_recipe.py --out runs/recipe --arms all --llm-run runs/scifact-llm   # every arm
+    python benchmarks/scifact_recipe.py --out runs/recipe --dataset path/to/beir-folder --counts-only   # data flow, no training
+    python benchmarks/scifact_recipe.py --out runs/recipe --dataset path/to/beir-folder     # the same arms on your own data
 
 The LLM-graded arms read a finished ``regenerate`` (+ ``score``) run on SciFact train, made once::
 
@@ -118,13 +139,94 @@ PIPELINE_ARMS = {
 }
 
 
-def scifact_train(data_dir: Path):
-    """(pairs, corpus texts) of SciFact train, documents as negsynth reads BEIR ("title text")."""
+STOCK_ARM = "st-mined-4"  # the stock recipe every arm is tested against
+
+
+# ------------------------------------------------------------------------------ dataset and splits
+
+
+def dataset_files(root: Path) -> dict[str, Path]:
+    """The corpus and the train / test (queries, qrels) files of a BEIR folder, in either layout
+    (this project's ``scifact``: test at the top, ``train/`` beside it; BEIR's: ``qrels/{train,test}.tsv``)."""
+    def first(cands):
+        return next(((q, r) for q, r in cands if q.is_file() and r.is_file()), None)
+
+    corpus = root / "corpus.jsonl"
+    train = first([(root / "train" / "queries.jsonl", root / "train" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "train.tsv")])
+    test = first([(root / "test" / "queries.jsonl", root / "test" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "test.tsv"),
+                  (root / "queries.jsonl", root / "qrels.tsv")])  # fmt: skip
+    missing = [what for what, ok in (("corpus.jsonl", corpus.is_file()), ("a train split", train), ("a test split", test)) if not ok]
+    if missing:
+        sys.exit(f"scifact_recipe: {root} is not a BEIR folder with train and test splits (missing {', '.join(missing)}); "
+                 "expected corpus.jsonl + queries.jsonl + qrels.tsv (test) + train/{queries.jsonl,qrels.tsv}, or qrels/{train,test}.tsv")  # fmt: skip
+    return {"corpus": corpus, "train_queries": train[0], "train_qrels": train[1], "test_queries": test[0], "test_qrels": test[1]}
+
+
+def make_splits(root: Path, dest: Path, dev_frac: float, split_seed: int) -> dict:
+    """Hold out ``dev_frac`` of the train queries (by query id, seeded) as ``dest/dev``; the rest is
+    ``dest/fit`` (what every arm trains on); ``dest/test`` links the test split. Only query and qrels
+    files are written (the corpus is a link). Returns the split's description (sizes, seed)."""
+    import random
+
+    from negsynth.data.readers import read_id_texts, read_tsv
+
+    f = dataset_files(root)
+    queries = read_id_texts(f["train_queries"])
+    cols = read_tsv(f["train_qrels"], ("query-id", "corpus-id", "score"))
+    rows = list(zip(cols["query-id"], cols["corpus-id"], cols["score"]))
+    qids = sorted({q for q, _, g in rows if float(g) > 0 and queries.get(q)})
+    rng = random.Random(split_seed)
+    order = qids[:]
+    rng.shuffle(order)
+    n_dev = round(dev_frac * len(qids))
+    dev = set(order[:n_dev])
+    if dev_frac > 0 and (n_dev < 10 or n_dev == len(qids)):
+        sys.exit(f"scifact_recipe: --dev-frac {dev_frac} holds out {n_dev} of {len(qids)} train queries; choose a fraction that leaves >= 10 on each side")
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def link(target: Path, name: Path) -> None:
+        if name.is_symlink() or name.exists():
+            name.unlink()
+        name.symlink_to(target.resolve())
+
+    link(f["corpus"], dest / "corpus.jsonl")
+    for split, keep in (("fit", lambda q: q not in dev), ("dev", lambda q: q in dev)):
+        d = dest / split
+        d.mkdir(exist_ok=True)
+        ids = [q for q in qids if keep(q)]
+        (d / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n" for q in ids), encoding="utf-8")
+        kept = set(ids)
+        (d / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{g}\n" for q, c, g in rows if q in kept), encoding="utf-8")
+    (dest / "test").mkdir(exist_ok=True)
+    link(f["test_queries"], dest / "test" / "queries.jsonl")
+    link(f["test_qrels"], dest / "test" / "qrels.tsv")
+    test_q = {q for q, g in zip(*read_tsv(f["test_qrels"], ("query-id", "score")).values()) if float(g) > 0}
+    info = {"dataset": str(root.resolve()), "dev_frac": dev_frac, "split_seed": split_seed, "train_queries": len(qids),
+            "fit_queries": len(qids) - len(dev), "dev_queries": len(dev), "test_queries": len(test_q),
+            "fit_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in queries and q not in dev),
+            "dev_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in dev)}  # fmt: skip
+    (dest / "split.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def fit_source(args):
+    """The training pairs (the ``fit`` split) as negsynth reads a BEIR folder ("title text" documents)."""
     from negsynth.data.sources import load_source
     from negsynth.schemas.config import SourceSpec
 
-    src = load_source(SourceSpec(path=str(data_dir / "scifact"), split="train"))
-    return src
+    return load_source(SourceSpec(path=str(args.split_dir), split="fit", name=args.name))
+
+
+def dev_task(args):
+    from negsynth.evaluate import retrieval_task
+
+    return retrieval_task(f"{args.name}-dev", args.split_dir / "dev", doc_title=args.doc_title, note="held-out train queries: for choosing settings")
+
+
+def test_task(args):
+    from negsynth.evaluate import retrieval_task
+
+    return retrieval_task(f"{args.name}-test", args.split_dir / "test", doc_title=args.doc_title, note="the test split: reported once per chosen setting")
 
 
 def base_model():
@@ -135,13 +237,15 @@ def base_model():
     return SentenceTransformer(str(minilm_path()), device="cpu")
 
 
-def evaluate_model(path: str | None, args) -> dict:
+def evaluate_model(path: str | None, args, tasks: list) -> tuple[dict, dict]:
+    """``(main scores, per-query nDCG@10 of the retrieval tasks)`` of one model on ``tasks``."""
     from negsynth.embed.st import SentenceTransformerEmbedder
     from negsynth.evaluate import evaluate
 
     emb = SentenceTransformerEmbedder.load(path or "default", device="cpu", batch_size=64)
-    rep = evaluate(emb, suite=args.eval_suite, tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
-    return {name: float(t["main_score"]) for name, t in rep["tasks"].items()}
+    rep = evaluate(emb, suite=args.eval_suite, tasks=tasks, progress=False, data_dir=args.data_dir, seed=0, per_query=True)
+    return ({name: float(t["main_score"]) for name, t in rep["tasks"].items()},
+            {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t})  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ data of each arm
@@ -272,20 +376,24 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
     return list(build_curriculum(examples, schedule=schedule, batch_size=args.batch_size, total_steps=steps, seed=seed, homogeneous_batches=False, instruction_template=None))
 
 
-def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "") -> str:
-    """The run file of a pipeline arm: mined negatives for SciFact train, the shared training protocol."""
+def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: str = "train", name: str | None = None) -> str:
+    """The run file of a pipeline arm: mined negatives for the training split, the shared training protocol.
+    ``src_dir``: the data dir holding ``scifact/`` (``name`` None), else the BEIR folder itself."""
+    path = src_dir / "scifact" if name is None else src_dir
+    source = f'[[regenerate.inputs]]\npath = {json.dumps(str(path))}\nsplit = "{split}"\n' + (f"name = {json.dumps(name)}\n" if name else "")
     return (
-        f'[regenerate]\nnegatives = "mined"\n[[regenerate.inputs]]\npath = {json.dumps(str(src_dir / "scifact"))}\nsplit = "train"\n'
+        f'[regenerate]\nnegatives = "mined"\n{source}'
         f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
         f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n" + extra_toml
     )
 
 
-def train_pipeline(src_dir: Path, args, seed: int, dest: Path, extra_toml: str = "") -> dict:
-    """negsynth's stages with their defaults on SciFact train (no LLM: mined negatives), then the model
-    copied to ``dest``. Only what every arm shares is set: batch (32 rows per optimizer step, no
-    accumulation), optimizer steps (the curriculum's ``total_steps``: another seeded pass over the
-    examples when the filters left fewer rows), lr, training length, seed."""
+PIPELINE_DATA_STAGES = ["regenerate", "score", "curriculum"]
+
+
+def run_pipeline_arm(args, seed: int, dest: Path, extra_toml: str = "", stages: list[str] | None = None) -> dict:
+    """negsynth's stages on the fit split in ``dest/run`` (every stage by default; the data stages only
+    for ``--counts-only``, which a later full run resumes). Returns each stage's stats."""
     import shutil
 
     from negsynth.pipeline.config_io import load_config
@@ -295,13 +403,29 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path, extra_toml: str =
     toml = dest / "pipeline.toml"
     dest.mkdir(parents=True, exist_ok=True)
     # the mined examples do not depend on the seed: another seed's finished regenerate + score are
-    # copied in and reused by the stages' own resume check (same config -> not recomputed)
+    # copied in and reused by the stages' own resume check (same config -> not recomputed); an arm
+    # that changes only score (or later) takes another pipeline arm's regenerate the same way
     done = [d for d in sorted(dest.parent.glob("seed*/run")) if d != run_dir and (d / "score" / "stats.json").is_file()]
+    skip = ("curriculum", "train", "evaluate")
+    if not done and "[regenerate" not in extra_toml:
+        done = [args.out / a / dest.name / "run" for a, extra in PIPELINE_ARMS.items() if "[regenerate" not in extra]
+        done = [d for d in done if d != run_dir and (d / "regenerate" / "stats.json").is_file()]
+        skip = ("score", *skip)
     if done and not run_dir.exists():
-        shutil.copytree(done[0], run_dir, ignore=lambda folder, names: [n for n in names if n in ("curriculum", "train", "evaluate")] if Path(folder) == done[0] else [])
-    toml.write_text(pipeline_toml(src_dir, args, seed, extra_toml))
-    stats = run_pipeline(load_config(toml), run_dir, stages=["regenerate", "score", "curriculum", "train"])
-    final = run_dir / "train" / "final"
+        shutil.copytree(done[0], run_dir, ignore=lambda folder, names: [n for n in names if n in skip] if Path(folder) == done[0] else [])
+    toml.write_text(pipeline_toml(args.split_dir, args, seed, extra_toml, split="fit", name=args.name))
+    return run_pipeline(load_config(toml), run_dir, stages=stages or PIPELINE_DATA_STAGES + ["train"])
+
+
+def train_pipeline(args, seed: int, dest: Path, extra_toml: str = "") -> dict:
+    """negsynth's stages with their defaults on the fit split (no LLM: mined negatives), then the model
+    copied to ``dest``. Only what every arm shares is set: batch (32 rows per optimizer step, no
+    accumulation), optimizer steps (the curriculum's ``total_steps``: another seeded pass over the
+    examples when the filters left fewer rows), lr, training length, seed."""
+    import shutil
+
+    stats = run_pipeline_arm(args, seed, dest, extra_toml)
+    final = dest / "run" / "train" / "final"
     shutil.rmtree(dest / "model", ignore_errors=True)
     shutil.copytree(final, dest / "model")
     cur, tr = stats.get("curriculum", {}), stats.get("train", {})
@@ -309,28 +433,93 @@ def train_pipeline(src_dir: Path, args, seed: int, dest: Path, extra_toml: str =
             "steps": tr.get("steps"), "loss": [tr.get("loss_first"), tr.get("loss_last")], "model_dir": str(dest / "model")}  # fmt: skip
 
 
+# ------------------------------------------------------------------------------ data flow (no training)
+
+
+def stock_rows(src, arm: str, args):
+    """The stock recipe's training rows: (anchor, positive) pairs, + ``mine_hard_negatives`` for st-mined-K."""
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"anchor": [p.query for p in src.pairs], "positive": [p.positive for p in src.pairs]})
+    if arm.startswith("st-mined-"):
+        from sentence_transformers.util import mine_hard_negatives
+
+        k = int(arm.rsplit("-", 1)[1])
+        model = base_model()
+        model.max_seq_length = args.max_length
+        ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
+                                 output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
+                                 cache_folder=str(args.emb_cache))  # fmt: skip
+    return ds
+
+
+def data_flow(arm: str, seed: int, src, args) -> dict:
+    """What reaches training in ``arm``, counted without training: pairs / queries in, after mining
+    (each row needs its negatives; positive-aware margin), after the false-negative and other
+    ``score`` filters, and the rows the step budget takes (``steps x batch``: passes over the kept rows)."""
+    qid_of: dict[str, str] = {}
+    for p in src.pairs:
+        qid_of.setdefault(p.query, p.query_key)
+    flow: dict = {"arm": arm, "pairs": len(src.pairs), "queries": len({p.query_key for p in src.pairs}), "budget_rows": args.steps * args.batch_size}
+    if arm.startswith("st-"):
+        ds = stock_rows(src, arm, args)
+        kept_q = sorted({qid_of[a] for a in ds["anchor"]})
+        flow.update(mined_pairs=len(ds), mined_queries=len(kept_q), kept_pairs=len(ds), kept_queries=len(kept_q), kept_qids=kept_q,
+                    filters={"no k negatives within the positive-aware margin": len(src.pairs) - len(ds)} if arm.startswith("st-mined-") else {},
+                    cycling="HF Trainer: max_steps over the rows, reshuffled (NO_DUPLICATES) each pass")  # fmt: skip
+    elif arm in PIPELINE_ARMS:
+        from negsynth.data.shards import read_stage
+
+        stats = run_pipeline_arm(args, seed, args.out / arm / f"seed{seed}", PIPELINE_ARMS[arm], stages=PIPELINE_DATA_STAGES)
+        reg, sc, cur = stats.get("regenerate", {}), stats.get("score", {}), stats.get("curriculum", {})
+        run_dir = args.out / arm / f"seed{seed}" / "run"
+        mined = [r for r in read_stage(run_dir / "regenerate")]
+        kept = [r for r in read_stage(run_dir / "score")]
+        kept_q = sorted({r["meta"]["query_id"] for r in kept})
+        rej = dict(sc.get("rejects_by_reason") or {})
+        flow.update(mined_pairs=len(mined), mined_queries=len({r["meta"]["query_id"] for r in mined}), kept_pairs=len(kept), kept_queries=len(kept_q),
+                    kept_qids=kept_q, filters={**{f"regenerate: {k}": v for k, v in (reg.get("rejects_by_reason") or {"too_few_mined": len(src.pairs) - len(mined)}).items()},
+                                               "regenerate: duplicate pairs": reg.get("duplicates", 0), **{f"score: {k}": v for k, v in rej.items()}},
+                    curriculum_rows=cur.get("rows"), schedule=cur.get("schedule"),
+                    cycling=f"curriculum total_steps: seeded passes over the kept examples ({cur.get('schedule')} rows)")  # fmt: skip
+        flow["budget_rows"] = cur.get("rows") or flow["budget_rows"]
+    else:
+        return {"arm": arm, "skipped": "counts are measured for the stock and the pipeline arms"}
+    flow["passes"] = round(flow["budget_rows"] / max(flow["kept_pairs"], 1), 3)
+    return flow
+
+
+def print_flow(flows: list[dict], args) -> None:
+    flows = [f for f in flows if "skipped" not in f]
+    if not flows:
+        return
+    stock = next((f for f in flows if f["arm"] == STOCK_ARM), None)
+    print(f"\nWhat reaches training ({args.name}, fit split, {args.steps} steps x batch {args.batch_size}; counts from the stages, no training)\n")
+    print("| arm | pairs (queries) in | after mining | after score filters | dropped by | rows trained | passes over kept | kept queries shared with " + STOCK_ARM + " |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|")
+    for f in flows:
+        why = "; ".join(f"{k} {v}" for k, v in f["filters"].items() if v) or "-"
+        shared = "-" if stock is None or f is stock else f"{len(set(f['kept_qids']) & set(stock['kept_qids']))} of {f['kept_queries']} / {stock['kept_queries']}"
+        print(f"| {f['arm']} | {f['pairs']} ({f['queries']}) | {f['mined_pairs']} ({f['mined_queries']}) | {f['kept_pairs']} ({f['kept_queries']}) | {why} | "
+              f"{f['budget_rows']} | {f['passes']:.2f} | {shared} |")  # fmt: skip
+    print("\n(pairs (queries); 'passes': rows trained / kept pairs, i.e. how often the step budget cycles each kept row)")
+
+
 # ------------------------------------------------------------------------------ trainers
 
 
 def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     """sentence-transformers' own recipe: SentenceTransformerTrainer + MNRL (scale 20), NO_DUPLICATES."""
-    from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.util import mine_hard_negatives
     from transformers import set_seed
 
     set_seed(seed)
+    ds = stock_rows(src, arm, args)
     model = base_model()
     base_len = model.max_seq_length
     model.max_seq_length = args.max_length
-    ds = Dataset.from_dict({"anchor": [p.query for p in src.pairs], "positive": [p.positive for p in src.pairs]})
-    if arm.startswith("st-mined-"):
-        k = int(arm.rsplit("-", 1)[1])
-        ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
-                                 output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
-                                 cache_folder=str(args.emb_cache))  # fmt: skip
     targs = SentenceTransformerTrainingArguments(
         output_dir=str(dest / "_ckpt"), per_device_train_batch_size=args.batch_size, learning_rate=args.lr, max_steps=args.steps,
         warmup_ratio=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=seed, data_seed=seed, save_strategy="no", report_to="none",
@@ -340,7 +529,8 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     trainer.train()
     model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
-    return {"rows": len(ds), "columns": ds.column_names, "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
+    return {"rows": len(ds), "columns": ds.column_names, "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+            "queries": len(set(ds["anchor"]))}  # fmt: skip
 
 
 def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict:
@@ -367,6 +557,7 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict
 
 
 def run_arm(arm: str, seed: int, src, args) -> dict:
+    """Train one arm at one seed and evaluate it on the selection tasks (dev, or test with no dev split)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _mem import PeakRSS
 
@@ -374,9 +565,27 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
     with PeakRSS() as train_mem:
         info, path = train_arm(arm, seed, src, args)
     with PeakRSS() as eval_mem:
-        scores = evaluate_model(path, args)
+        scores, per_query = evaluate_model(path, args, args.select_tasks)
     cost = {"train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1), "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}
-    return {"arm": arm, "seed": seed, "scores": scores, "model": path, "seconds": round(time.time() - t0, 1), **cost, **info}
+    return {"arm": arm, "seed": seed, "split": args.split_id, "scores": scores, "per_query": per_query, "model": path, "seconds": round(time.time() - t0, 1), **cost, **info}
+
+
+def run_test(r: dict, args) -> dict:
+    """The test split for an arm already evaluated on dev: its scores and per-query figures added."""
+    t0 = time.time()
+    scores, per_query = evaluate_model(r.get("model"), args, [test_task(args)])
+    return {**r, "scores": {**r["scores"], **scores}, "per_query": {**r.get("per_query", {}), **per_query}, "test_s": round(time.time() - t0, 1)}
+
+
+def choose_on_dev(results: list[dict], args) -> str | None:
+    """The negsynth arm with the highest mean dev nDCG@10 (what the protocol reports on test besides its default)."""
+    dev = args.dev_name
+    means: dict[str, list[float]] = {}
+    for r in results:
+        if r["arm"].startswith("ns-") and dev in r["scores"]:
+            means.setdefault(r["arm"], []).append(r["scores"][dev])
+    # a tie keeps negsynth's default (another arm must beat it), then the arms' listed order
+    return max(means, key=lambda a: (statistics.mean(means[a]), a == DEFAULT_ARM, -ALL_ARMS.index(a))) if means else None
 
 
 def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
@@ -389,7 +598,7 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         info = train_stock(src, arm, args, seed, dest)
         path = str(dest)
     elif arm in PIPELINE_ARMS:
-        info = train_pipeline(Path(args.data_dir), args, seed, dest, PIPELINE_ARMS[arm])
+        info = train_pipeline(args, seed, dest, PIPELINE_ARMS[arm])
         path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)
@@ -404,7 +613,8 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         if arm.startswith("ns-graded-"):
             examples = mined_graded(src, args, seed)
         else:
-            examples = llm_examples(args.llm_run)
+            fit = {p.query for p in src.pairs}  # the LLM run covers all of SciFact train: the dev queries stay out
+            examples = [e for e in llm_examples(args.llm_run) if e["query"] in fit]
         steps = min(args.steps, len(examples) // args.batch_size)
         rows = ns_rows(examples, arm.rsplit("-", 1)[1], steps, args, seed)
         info = train_ns(rows, args, seed, dest)
@@ -439,14 +649,68 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
     return table
 
 
+def paired_vs_stock(results: list[dict], arm: str, task: str, n_resamples: int = 10000) -> dict | None:
+    """Per-query paired test of ``arm`` against the stock recipe on ``task`` (seeds pooled), or None."""
+    from negsynth.evaluate.stats import align, paired_test
+
+    def maps(a: str) -> list[dict]:
+        return [r["per_query"][task] for r in sorted(results, key=lambda r: r["seed"]) if r["arm"] == a and task in r.get("per_query", {})]
+
+    mine, stock = maps(arm), maps(STOCK_ARM)
+    if not mine or not stock or arm == STOCK_ARM:
+        return None
+    qids, b = align(stock)
+    _, a = align(mine, qids)
+    return paired_test(a, b, n_resamples=n_resamples, seed=0)
+
+
+def _paired_cell(t: dict | None) -> tuple[str, str]:
+    if t is None:
+        return "-", "-"
+    return f"{100 * t['mean_diff']:+.2f} [{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}]", f"{t['p_value']:.3f}"
+
+
 def print_table(results: list[dict], args) -> None:
-    tasks = args.eval_tasks
-    print(f"\nall-MiniLM-L6-v2 on SciFact train ({args.steps} steps x batch {args.batch_size}, lr {args.lr}); {args.eval_suite} test sets\n")
+    tasks = [t for t in (args.dev_name, args.test_name) if t] + args.eval_tasks
+    sp = args.split_info
+    print(f"\nall-MiniLM-L6-v2 on {args.name} (fit split: {sp['fit_queries']} queries, {sp['fit_pairs']} pairs; dev {sp['dev_queries']} queries; "
+          f"test {sp['test_queries']} queries; split seed {sp['split_seed']}), {args.steps} steps x batch {args.batch_size}, lr {args.lr}; "
+          f"{args.eval_suite} evaluation\n")  # fmt: skip
     print("| arm | seeds | " + " | ".join(tasks) + " | train s | eval s | train peak MiB | eval peak MiB |")
     print("|---|---:|" + "---:|" * len(tasks) + "---:|---:|---:|---:|")
     for arm, n, cells, _secs, cost in summarise(results, tasks):
         print(f"| {arm} | {n} | " + " | ".join(cells) + " | " + " | ".join(cost) + " |")
-    print("\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-' for results recorded before they were measured)")
+    print("\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-': not evaluated there, the test split only for the reported arms)")
+    # the headline: every arm against the stock recipe, per query, on dev (to choose) and test (to report)
+    rows = []
+    for arm in ALL_ARMS:
+        if arm == STOCK_ARM or not any(r["arm"] == arm for r in results):
+            continue
+        cells = []
+        for t in (args.dev_name, args.test_name):
+            if t:
+                cells += _paired_cell(paired_vs_stock(results, arm, t, args.resamples))
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if rows and any(r["arm"] == STOCK_ARM for r in results):
+        heads = [h for t in (args.dev_name, args.test_name) if t for h in (f"Δ {t} vs {STOCK_ARM} [95 % CI]", f"p ({t})")]
+        print(f"\nPer-query paired comparison with {STOCK_ARM} (nDCG@10 x 100, each query's score averaged over the arm's seeds; "
+              f"CI: bootstrap over queries and seeds; p: two-sided sign-flip permutation over queries, {args.resamples} resamples)\n")  # fmt: skip
+        print("| arm | " + " | ".join(heads) + " |")
+        print("|---|" + "---:|" * len(heads))
+        print("\n".join(rows))
+    if args.dev_name:
+        best = choose_on_dev(results, args)
+        if best:
+            print(f"\nchosen on {args.dev_name}: {best} (highest mean dev nDCG@10 of the negsynth arms run); the test split is reported for "
+                  f"{', '.join(a for a in report_arms(results, args))}")  # fmt: skip
+
+
+def report_arms(results: list[dict], args) -> list[str]:
+    """The arms whose test split is evaluated: base, the stock recipe, negsynth's default, the dev choice."""
+    if not args.dev_name:
+        return sorted({r["arm"] for r in results}, key=ALL_ARMS.index)
+    want = {"base", STOCK_ARM, DEFAULT_ARM, choose_on_dev(results, args)}
+    return [a for a in ALL_ARMS if a in want and any(r["arm"] == a for r in results)]
 
 
 def save_result(res_path: Path, r: dict, args) -> list[dict]:
@@ -486,37 +750,49 @@ def seed_list(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="models (one folder per arm and seed) and results.json")
+    ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="OUT/<dataset>/: models (one folder per arm and seed), the split files and results.json")
     ap.add_argument("--data-dir", type=Path, default=None, help="evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
+    ap.add_argument("--dataset", type=Path, default=None, help="a BEIR folder with train and test splits (default: DATA_DIR/scifact)")
+    ap.add_argument("--dev-frac", type=float, default=0.2, help="share of the train queries held out (by query) as the dev split that settings are chosen on; 0: none")
+    ap.add_argument("--split-seed", type=int, default=0, help="seed of the dev split")
+    ap.add_argument("--no-title", action="store_true", help="embed documents as their text only (a corpus whose text repeats the title)")
+    ap.add_argument("--counts-only", action="store_true", help="print what reaches training in the stock and pipeline arms (mining, score filters, cycling) and stop")
+    ap.add_argument("--resamples", type=int, default=10000, help="bootstrap / permutation resamples of the paired per-query tests")
     ap.add_argument("--llm-run", type=Path, default=None, help="a regenerate(+score) run dir on SciFact train for the ns-llm-* arms")
     ap.add_argument("--arms", default=",".join(HEADLINE_ARMS), help=f"comma-separated, or 'all' ({','.join(ALL_ARMS)})")
     ap.add_argument("--seeds", type=seed_list, default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first")
     ap.add_argument("--all-seeds", action="store_true", help="run every arm over every seed")
-    ap.add_argument("--steps", type=int, default=28, help="optimizer steps per arm (28 = one pass over 919 pairs at batch 32)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per arm (default: one pass over the fit split's pairs, rounded down; 28 for all 919 SciFact train pairs at batch 32)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--easy-margin", type=float, default=0.1, help="the *-noeasy arms: drop queries with cos_pos - hardest negative > this")
     ap.add_argument("--hardness-strength", type=float, default=5.0, help="alpha of the *-hw arms (MNRL hardness_mode='hard_negatives')")
     ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
-    ap.add_argument("--eval-tasks", default="SciFact,STSBenchmark,TRECClustering")
+    ap.add_argument("--eval-tasks", default="STSBenchmark,TRECClustering", help="other sets evaluated with dev (checks that nothing else broke); 'none' for none")
     ap.add_argument("--eval-suite", choices=["full", "quick"], default="full",
                     help="quick: SciFact's 300 test queries cut to 100 against 1,000 documents (every judged one kept), the other sets subsampled; "
                          "a full SciFact evaluation embeds 5,183 abstracts (~45 min on one loaded CPU core)")
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
-    ap.add_argument("--emb-cache", type=Path, default=None, help="base-model query/corpus embeddings for mining (default OUT/_mined/emb; shared by every arm)")
+    ap.add_argument("--emb-cache", type=Path, default=None, help="base-model query/corpus embeddings for mining (default OUT/<dataset>/_mined/emb; shared by every arm)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
-    args.eval_tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip()]
+    args.eval_tasks = [t.strip() for t in args.eval_tasks.split(",") if t.strip() and t.strip().lower() != "none"]
+    if not 0 <= args.dev_frac < 1:
+        sys.exit(f"scifact_recipe: --dev-frac must be in [0, 1), got {args.dev_frac}")
 
     from negsynth.resources import default_data_dir
 
     args.data_dir = args.data_dir or default_data_dir()
-    if args.data_dir is None or not (Path(args.data_dir) / "scifact" / "train" / "qrels.tsv").exists():
-        sys.exit("scifact_recipe: no SciFact data; point NEGSYNTH_DATA_DIR (or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")
+    dataset = args.dataset or (Path(args.data_dir) / "scifact" if args.data_dir is not None else None)
+    if dataset is None or not Path(dataset).is_dir():
+        sys.exit("scifact_recipe: no dataset; pass --dataset DIR (a BEIR folder with train and test splits) or point NEGSYNTH_DATA_DIR "
+                 "(or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")  # fmt: skip
+    dataset = Path(dataset)
+    args.name = dataset.resolve().name.lower()
+    args.doc_title = not args.no_title
     seeds = args.seeds
     arms = select_arms(args.arms)
     if args.llm_run is None:
@@ -525,18 +801,43 @@ def main(argv: list[str] | None = None) -> int:
         if dropped:
             print(f"scifact_recipe: no --llm-run, skipping {', '.join(dropped)}", file=sys.stderr)
     llm_arms = [a for a in arms if a.startswith("ns-llm-")]
+    steps_for_llm = args.steps or 28
     if llm_arms:  # a weak LLM leaves few usable examples: say so before any training
         usable = len(llm_examples(args.llm_run))
-        if min(args.steps, usable // args.batch_size) < 4:
+        if min(steps_for_llm, usable // args.batch_size) < 4:
             sys.exit(f"scifact_recipe: {args.llm_run} has {usable} scored examples with 4 negatives, {usable // args.batch_size} batch(es) of "
                      f"{args.batch_size}; the {', '.join(llm_arms)} arms need >= 4 (one per curriculum phase): regenerate more pairs "
                      f"(regenerate.inputs limit) or lower --batch-size")  # fmt: skip
+    dataset_files(dataset)  # a folder without train / test splits stops here, before anything is written
+    args.out = args.out / args.name
+    args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
+    args.split_dir = args.out / "_split"
+    args.split_info = make_splits(dataset, args.split_dir, args.dev_frac, args.split_seed)
+    args.split_id = f"{args.split_info['dataset']}|dev {args.dev_frac}|seed {args.split_seed}"
+    args.dev_name = f"{args.name}-dev" if args.dev_frac > 0 else None
+    args.test_name = f"{args.name}-test"
+    # select on dev; with no dev split every arm is evaluated on test (the old protocol)
+    args.select_tasks = ([dev_task(args)] if args.dev_frac > 0 else [test_task(args)]) + list(args.eval_tasks)
+    src = fit_source(args)
+    if args.steps is None:
+        args.steps = max(1, len(src.pairs) // args.batch_size)
+    sp = args.split_info
+    print(f"{args.name}: fit {sp['fit_queries']} queries / {len(src.pairs)} pairs, dev {sp['dev_queries']} queries / {sp['dev_pairs']} pairs, "
+          f"test {sp['test_queries']} queries, corpus {len(src.corpus)}; {args.steps} steps x {args.batch_size}", file=sys.stderr)  # fmt: skip
+    if args.counts_only:
+        flows = [data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "data_flow.json").write_text(json.dumps({"split": sp, "steps": args.steps, "batch_size": args.batch_size, "flows": flows}, indent=1))
+        print_flow(flows, args)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
     results: list[dict] = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
+    stale = [r for r in results if r.get("split") != args.split_id]
+    if stale:
+        sys.exit(f"scifact_recipe: {res_path} holds {len(stale)} result(s) of another split (dataset, --dev-frac or --split-seed); "
+                 "use another --out or --fresh")  # fmt: skip
     done = {(r["arm"], r["seed"]) for r in results}
-    src = scifact_train(Path(args.data_dir))
-    print(f"SciFact train: {len(src.pairs)} pairs, corpus {len(src.corpus)}", file=sys.stderr)
     t0 = time.time()
     # every arm once first, then the further seeds of the key arms: an interrupted run has the whole table
     jobs = [(arm, seeds[0]) for arm in arms] + [(arm, s) for s in seeds[1:] for arm in arms if arm != "base" and (arm in KEY_ARMS or args.all_seeds)]
@@ -546,6 +847,12 @@ def main(argv: list[str] | None = None) -> int:
         r = run_arm(arm, seed, src, args)
         print(f"{arm} seed {seed}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["scores"].items()) + f" ({r['seconds']:.0f} s)", file=sys.stderr)
         results = save_result(res_path, r, args)
+    if args.dev_name:  # the test split, once per reported arm and seed, after every dev figure is in
+        for arm in report_arms(results, args):
+            for r in [x for x in results if x["arm"] == arm and args.test_name not in x["scores"]]:
+                r = run_test(r, args)
+                print(f"{arm} seed {r['seed']}: {args.test_name} {100 * r['scores'][args.test_name]:.2f}", file=sys.stderr)
+                results = save_result(res_path, r, args)
     default = [r for r in results if r["arm"] == DEFAULT_ARM and r["seed"] == seeds[0] and r.get("model")]
     if default:
         import shutil
@@ -555,6 +862,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(default[0]["model"], target, ignore=shutil.ignore_patterns("_ckpt"))
         print(f"negsynth's default arm saved as {target}", file=sys.stderr)
     print_table(results, args)
+    # what reached training (the stages' stats; the mining and the stages resume from this run's files)
+    print_flow([data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS], args)
     print(f"\nmodels under {args.out}/<arm>/seed<N>/; results in {res_path}; this invocation {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 

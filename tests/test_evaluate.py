@@ -74,6 +74,28 @@ def test_retrieval_graded_ndcg_mrr_recall():
     assert m["recall@2"] == pytest.approx((1 / 2 + 1) / 2)  # q1: d1 of {d1, d3} in top 2
     full = M.retrieval_scores(q, d, ["q1", "q2"], dids, qrels)
     assert full["recall@100"] == 1.0 and full["queries"] == 2
+    pq = M.retrieval_scores(q, d, ["q1", "q2"], dids, qrels, per_query=True)["per_query"]
+    assert pq == pytest.approx({"q1": ndcg_q1, "q2": 1.0}, abs=1e-6)  # the per-query values behind the mean
+    assert "per_query" not in full
+
+
+def test_evaluate_a_beir_folder_by_path_with_per_query_scores(tmp_path):
+    from negsynth.evaluate.suite import retrieval_task
+
+    root = tmp_path / "mydomain"
+    (root / "dev").mkdir(parents=True)
+    docs = {"d1": "rust borrow checker lifetimes", "d2": "python garbage collector reference counting", "d3": "tomato soup recipe"}
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
+    qs = {"a": "how does the borrow checker work", "b": "reference counting in python", "c": "soup with tomato"}
+    (root / "dev" / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in qs.items()))
+    (root / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\na\td1\t1\nb\td2\t1\nc\td1\t1\n")
+    task = retrieval_task("mydomain-dev", root / "dev")
+    rep = evaluate(HashBOW(), suite="full", data_dir=None, tasks=[task], progress=False, per_query=True)
+    t = rep["tasks"]["mydomain-dev"]
+    assert set(t["per_query"]) == {"a", "b", "c"} and t["n"] == 3
+    assert t["per_query"]["a"] == 1.0 and t["per_query"]["b"] == 1.0 and t["per_query"]["c"] < 1.0  # c's qrel is wrong on purpose
+    assert t["main_score"] == pytest.approx(sum(t["per_query"].values()) / 3)
+    assert "per_query" not in evaluate(HashBOW(), suite="full", tasks=[task], progress=False)["tasks"]["mydomain-dev"]
 
 
 def test_retrieval_ignores_queries_without_relevant_docs():

@@ -94,3 +94,101 @@ def test_bad_seeds_and_empty_arms_stop_in_one_line(capsys):
         assert e.value.code == 2 and last.endswith(f"argument --seeds: {says}, e.g. 0,1,2" if bad == "zero" else f"argument --seeds: {says}; e.g. --seeds 0")
     with pytest.raises(SystemExit, match=r"unknown arm\(s\) ' , '"):
         mod.select_arms(" , ")
+
+
+def _beir(root, layout: str, n_train: int = 50, n_test: int = 20):
+    """A tiny BEIR folder: this project's layout (test at the top, train/ beside) or BEIR's (qrels/{train,test}.tsv)."""
+    root.mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"document {i}"}) + "\n" for i in range(40)))
+    train_q = {f"t{i}": f"train query {i}" for i in range(n_train)}
+    test_q = {f"s{i}": f"test query {i}" for i in range(n_test)}
+    train_rel = "query-id\tcorpus-id\tscore\n" + "".join(f"t{i}\td{i % 40}\t1\n" for i in range(n_train)) + "t0\td39\t1\n"
+    test_rel = "query-id\tcorpus-id\tscore\n" + "".join(f"s{i}\td{i}\t1\n" for i in range(n_test))
+
+    def q(d):
+        return "".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in d.items())
+
+    if layout == "project":
+        (root / "train").mkdir()
+        (root / "queries.jsonl").write_text(q(test_q))
+        (root / "qrels.tsv").write_text(test_rel)
+        (root / "train" / "queries.jsonl").write_text(q(train_q))
+        (root / "train" / "qrels.tsv").write_text(train_rel)
+    else:
+        (root / "qrels").mkdir()
+        (root / "queries.jsonl").write_text(q({**train_q, **test_q}))
+        (root / "qrels" / "train.tsv").write_text(train_rel)
+        (root / "qrels" / "test.tsv").write_text(test_rel)
+    return root
+
+
+def test_dev_split_is_held_out_by_query_seeded_and_read_in_both_layouts(tmp_path):
+    import pytest
+
+    from negsynth.data.readers import read_beir
+
+    mod = load_script()
+    for layout in ("project", "beir"):
+        root = _beir(tmp_path / layout / "mydomain", layout)
+        info = mod.make_splits(root, tmp_path / layout / "split", 0.2, 0)
+        assert (info["train_queries"], info["dev_queries"], info["fit_queries"], info["test_queries"]) == (50, 10, 40, 20)
+        fit_q, _, fit_rel = read_beir(tmp_path / layout / "split" / "fit")
+        dev_q, _, dev_rel = read_beir(tmp_path / layout / "split" / "dev")
+        test_q, corpus, _ = read_beir(tmp_path / layout / "split" / "test")
+        assert not set(fit_q) & set(dev_q) and len(fit_q) + len(dev_q) == 50 and len(corpus) == 40
+        assert set(test_q) == {f"s{i}" for i in range(20)}  # the test split untouched, never mixed into fit / dev
+        assert info["fit_pairs"] + info["dev_pairs"] == 51  # t0's two positives stay together
+        if layout == "project":
+            first_dev = set(dev_q)
+        else:
+            assert set(dev_q) == first_dev  # the same seed holds out the same queries whatever the layout
+    again = mod.make_splits(tmp_path / "project" / "mydomain", tmp_path / "again", 0.2, 0)
+    assert again["dev_queries"] == 10 and set(read_beir(tmp_path / "again" / "dev")[0]) == first_dev
+    mod.make_splits(tmp_path / "project" / "mydomain", tmp_path / "other", 0.2, 1)
+    assert set(read_beir(tmp_path / "other" / "dev")[0]) != first_dev
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "corpus.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="not a BEIR folder with train and test splits .missing a train split, a test split"):
+        mod.dataset_files(bare)
+    with pytest.raises(SystemExit, match="holds out 2 of 50"):
+        mod.make_splits(tmp_path / "project" / "mydomain", tmp_path / "tiny", 0.04, 0)
+
+
+def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
+    import numpy as np
+
+    mod = load_script()
+    rng = np.random.default_rng(0)
+    dev_ids, test_ids = [f"q{i}" for i in range(120)], [f"s{i}" for i in range(150)]
+    dev_base, test_base = rng.uniform(0.3, 0.9, 120), rng.uniform(0.3, 0.9, 150)
+
+    def res(arm, seed, shift, test=True, noise=0.02):
+        dev = {q: float(v + shift + rng.normal(0, noise)) for q, v in zip(dev_ids, dev_base)}
+        pq = {"dom-dev": dev}
+        scores = {"dom-dev": float(np.mean(list(dev.values())))}
+        if test:
+            t = {q: float(v + shift + rng.normal(0, noise)) for q, v in zip(test_ids, test_base)}
+            pq["dom-test"], scores["dom-test"] = t, float(np.mean(list(t.values())))
+        return {"arm": arm, "seed": seed, "scores": scores, "per_query": pq, "seconds": 1}
+
+    same = {"shift": 0.0, "noise": 0.0}  # the default ties the stock recipe exactly
+    results = [res("base", 0, -0.05), res("st-mined-4", 0, **same), res("st-mined-4", 1, **same), res("ns-pipeline", 0, **same), res("ns-pipeline", 1, **same),
+               res("ns-pipeline-noeasy", 0, 0.05, test=False)]  # fmt: skip
+    args = argparse.Namespace(dev_name="dom-dev", test_name="dom-test", eval_tasks=[], resamples=2000, name="dom", steps=22, batch_size=32, lr=2e-5,
+                              eval_suite="full", split_info={"fit_queries": 480, "fit_pairs": 500, "dev_queries": 120, "test_queries": 150, "split_seed": 0})  # fmt: skip
+    tie = mod.paired_vs_stock(results, "ns-pipeline", "dom-test", 2000)
+    assert tie["seeds_a"] == tie["seeds_b"] == 2 and tie["queries"] == 150 and tie["p_value"] == 1.0 and tie["mean_diff"] == 0.0
+    lead = mod.paired_vs_stock(results, "ns-pipeline-noeasy", "dom-dev", 2000)
+    assert lead["p_value"] < 0.01 and 0.04 < lead["mean_diff"] < 0.06
+    assert mod.paired_vs_stock(results, "ns-pipeline-noeasy", "dom-test", 2000) is None  # never evaluated on test
+    # the dev choice, and who is reported on test: base, the stock recipe, the default and the dev choice
+    assert mod.choose_on_dev(results, args) == "ns-pipeline-noeasy"
+    assert mod.report_arms(results, args) == ["base", "st-mined-4", "ns-pipeline", "ns-pipeline-noeasy"]
+    tied = [dict(r, scores={"dom-dev": 0.5}) for r in results]  # a tie keeps the default, whatever the order of the results
+    assert mod.choose_on_dev(tied, args) == mod.choose_on_dev(tied[::-1], args) == "ns-pipeline"
+    mod.print_table(results, args)
+    out = capsys.readouterr().out
+    assert "Per-query paired comparison with st-mined-4" in out and "chosen on dom-dev: ns-pipeline-noeasy" in out
+    row = next(line for line in out.splitlines() if line.startswith("| ns-pipeline-noeasy |") and "[" in line)
+    assert row.rstrip().endswith("| - | - |")  # no test figure for an arm the protocol did not report

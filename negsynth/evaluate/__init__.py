@@ -11,7 +11,7 @@ Public API::
 
 from negsynth.data.readers import EvalDataError
 from negsynth.evaluate.runner import compare, evaluate, load_report, print_report, render_table, write_report
-from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, select_tasks
+from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, retrieval_task, select_tasks
 
 __all__ = [
     "TASKS",
@@ -23,6 +23,7 @@ __all__ = [
     "load_report",
     "print_report",
     "render_table",
+    "retrieval_task",
     "select_tasks",
     "write_report",
 ]

@@ -63,11 +63,14 @@ def retrieval_scores(
     mrr_k: int = 10,
     recall_k: int = 100,
     query_chunk: int = 256,
-) -> dict[str, float]:
+    per_query: bool = False,
+) -> dict:
     """Exact dense search of every query against the whole corpus, then nDCG / MRR / Recall.
 
     Memory is ``query_chunk x len(corpus)`` floats at a time. Only queries with at least one
-    relevant (gain > 0) document count, as in BEIR / MTEB.
+    relevant (gain > 0) document count, as in BEIR / MTEB. ``per_query``: also return
+    ``"per_query": {query id: nDCG@k}`` (the paired tests of :mod:`negsynth.evaluate.stats` need it;
+    the mean of these is the ``ndcg@k`` returned).
     """
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
     from sklearn.metrics import ndcg_score
@@ -83,7 +86,7 @@ def retrieval_scores(
     pos = {d: j for j, d in enumerate(dids)}
     top = min(max(mrr_k, recall_k, ndcg_k), len(dids))
 
-    ndcg_sum = 0.0
+    ndcg_q: list[float] = []
     results: list[list[dict]] = []
     for s in range(0, len(qids), query_chunk):
         scores = q_emb[s : s + query_chunk] @ d_emb.T  # [chunk, n_docs]
@@ -92,10 +95,11 @@ def retrieval_scores(
             for d, g in qrels[q].items():
                 if g > 0 and d in pos:
                     gains[r, pos[d]] = g
-        if len(dids) > 1:
-            ndcg_sum += float(ndcg_score(gains, scores.astype(np.float64), k=ndcg_k)) * len(scores)
+        if len(dids) > 1:  # one row at a time: the per-query values (ties averaged, as in the batch call)
+            s64 = scores.astype(np.float64)
+            ndcg_q += [float(ndcg_score(gains[r : r + 1], s64[r : r + 1], k=ndcg_k)) for r in range(len(scores))]
         else:  # sklearn needs >1 document; one document is trivially ranked first
-            ndcg_sum += float(np.sum(gains[:, 0] > 0))
+            ndcg_q += [float(g > 0) for g in gains[:, 0]]
         idx = np.argpartition(-scores, top - 1, axis=1)[:, :top] if top < len(dids) else np.tile(np.arange(len(dids)), (len(scores), 1))
         for r in range(len(scores)):
             results.append([{"corpus_id": dids[j], "score": float(scores[r, j])} for j in idx[r]])
@@ -107,13 +111,16 @@ def retrieval_scores(
         map_at_k=[recall_k], write_csv=False,
     )
     m = ir.compute_metrics(results)
-    return {
-        f"ndcg@{ndcg_k}": ndcg_sum / len(qids),
+    out: dict = {
+        f"ndcg@{ndcg_k}": float(np.mean(ndcg_q)),
         f"mrr@{mrr_k}": float(m["mrr@k"][mrr_k]),
         f"recall@{recall_k}": float(m["recall@k"][recall_k]),
         "queries": len(qids),
         "corpus": len(dids),
     }
+    if per_query:
+        out["per_query"] = dict(zip(qids, ndcg_q))
+    return out
 
 
 def classification_scores(

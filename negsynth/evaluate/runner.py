@@ -41,11 +41,18 @@ def _subsample(n: int, cap: int | None, seed: int, labels: list[str] | None = No
     return np.sort(np.random.default_rng(seed).choice(n, size=cap, replace=False))
 
 
-def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None) -> tuple[dict, int, bool]:
+def _task_file(data_dir: Path | None, f: str) -> Path | None:
+    """A task's file: an absolute path as it is (a folder task), else relative to the data dir."""
+    if Path(f).is_absolute():
+        return Path(f)
+    return data_dir / f if data_dir is not None else None
+
+
+def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None, per_query: bool = False) -> tuple[dict, int, bool]:
     from negsynth.evaluate import metrics as M
 
     cap = spec.quick if quick else {}
-    files = [data_dir / f for f in spec.files]
+    files = [_task_file(data_dir, f) for f in spec.files]
     c = spec.columns
     ins = spec.instruction
 
@@ -91,7 +98,7 @@ def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, 
             sub = True
         q_emb = encode_texts(embedder, [queries[q] for q in qids], ins, query=True, cache=cache)
         d_emb = encode_texts(embedder, [corpus[d] for d in dids], None, query=False, cache=cache)
-        return M.retrieval_scores(q_emb, d_emb, qids, dids, qrels), len(qids), sub
+        return M.retrieval_scores(q_emb, d_emb, qids, dids, qrels, per_query=per_query), len(qids), sub
 
     if spec.category in ("Class", "Clust"):
         parts = [read_tsv(f, (c["text"], c["label"])) for f in files]
@@ -145,13 +152,14 @@ def evaluate(
     embedder,
     suite: str = "quick",
     data_dir: str | Path | None = None,
-    tasks: list[str] | str | None = None,
+    tasks: list[str | TaskSpec] | str | None = None,
     progress: bool = True,
     *,
     out: str | Path | None = None,
     seed: int = 0,
     announce: bool = True,
     engine: str = "negsynth",
+    per_query: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
 
@@ -166,6 +174,10 @@ def evaluate(
     ``engine = "mteb"`` scores the MTEB tasks through the mteb library
     (:mod:`negsynth.evaluate.mteb_engine`: local files where present, else mteb's hub copies, and
     MTEB task names negsynth does not list); the other sets keep negsynth's evaluator.
+
+    ``tasks`` may hold :class:`TaskSpec` objects too, e.g. a BEIR folder given by path
+    (:func:`~negsynth.evaluate.suite.retrieval_task`). ``per_query``: retrieval tasks also carry
+    ``"per_query": {query id: nDCG@10}`` (for :func:`negsynth.evaluate.stats.paired_test`).
     """
     hub_names: list[str] = []
     if engine == "mteb":
@@ -177,7 +189,8 @@ def evaluate(
         from negsynth.resources import default_data_dir
 
         data_dir = default_data_dir()
-    if (data_dir is None or not Path(data_dir).is_dir()) and not hub_names:
+    by_path = bool(specs) and all(Path(f).is_absolute() for s in specs for f in s.files)  # folder tasks need no data dir
+    if (data_dir is None or not Path(data_dir).is_dir()) and not hub_names and not by_path:
         where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
         reason = (
             f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
@@ -205,21 +218,24 @@ def evaluate(
         bs = getattr(embedder, "batch_size", 64)
         results.update(evaluate_mteb(embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs))
     for i, spec in enumerate(specs, 1):
-        missing = [f for f in spec.files if data_dir is None or not (data_dir / f).exists()]
+        missing = [f for f in spec.files if _task_file(data_dir, f) is None or not _task_file(data_dir, f).exists()]
         if missing:
             skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
             if progress:
                 print(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})", file=sys.stderr)
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache)
+        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache, per_query)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        pq = metrics.pop("per_query", None)
         results[spec.name] = {
             "category": spec.category, "main_metric": spec.main_metric,
             "main_score": float(metrics[spec.main_metric]), "metrics": metrics, "n": int(n),
             "seconds": round(dt, 2), "cpu_seconds": round(cpu, 2), "files": list(spec.files), "subsampled": bool(sub),
             "instruction": spec.instruction, "note": spec.note,
         }
+        if pq is not None:
+            results[spec.name]["per_query"] = pq
         if progress:
             print(f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
                   f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)", file=sys.stderr)

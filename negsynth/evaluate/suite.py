@@ -192,8 +192,8 @@ class UnknownTask(NegsynthError, ValueError):
 
 
 def select_tasks(suite: str = "quick", tasks: list[str] | tuple[str, ...] | str | None = None) -> list[TaskSpec]:
-    """The tasks to run: an explicit list (names, or category names like ``STS``), else the
-    suite's defaults. Names are case-insensitive; an unknown name raises :class:`UnknownTask`."""
+    """The tasks to run: an explicit list (names, category names like ``STS``, or
+    :class:`TaskSpec` objects such as :func:`retrieval_task`'s), else the suite's defaults. Names are case-insensitive; an unknown name raises :class:`UnknownTask`."""
     if suite not in ("full", "quick"):
         raise UnknownTask(f"evaluate: suite must be 'full' or 'quick', got {suite!r}")
     if tasks is None:
@@ -203,6 +203,10 @@ def select_tasks(suite: str = "quick", tasks: list[str] | tuple[str, ...] | str 
     lower = {t.name.lower(): t for t in TASKS}
     chosen: list[TaskSpec] = []
     for raw in tasks:
+        if isinstance(raw, TaskSpec):  # a task built by the caller (a BEIR folder by path)
+            if raw not in chosen:
+                chosen.append(raw)
+            continue
         key = raw.strip().lower()
         cats = [c for c in CATEGORIES + EXTRA_CATEGORIES if c.lower() == key]
         if cats:
@@ -214,3 +218,19 @@ def select_tasks(suite: str = "quick", tasks: list[str] | tuple[str, ...] | str 
             raise UnknownTask(f"evaluate: unknown task {raw!r}; use one of: {known} (or a category: {', '.join(CATEGORIES + EXTRA_CATEGORIES)})")
         chosen.extend(t for t in picked if t not in chosen)
     return chosen
+
+
+GENERIC_RETRIEVAL_INSTRUCTION = "Given a query, retrieve relevant documents that answer the query"
+
+
+def retrieval_task(name: str, folder, *, instruction: str | None = None, doc_title: bool = True, note: str = "") -> TaskSpec:
+    """A retrieval task from a BEIR folder given by path (``queries.jsonl`` + ``qrels.tsv``, the
+    corpus in the folder or its parent, as in ``scifact/train``), scored like the built-in ones
+    (nDCG@10 by exact dense search over the whole corpus). Pass it in ``evaluate(tasks=[...])``."""
+    from pathlib import Path
+
+    path = Path(folder).expanduser().resolve()
+    return TaskSpec(
+        name, "Retr", (str(path),), instruction or GENERIC_RETRIEVAL_INSTRUCTION, doc_title=doc_title, default=False,
+        quick={"queries": 100, "corpus": 1000}, instruction_source="e5" if instruction else "ours", note=note or f"BEIR folder {path}",
+    )
