@@ -35,7 +35,7 @@ class PeakRSS:
             self.peak = max(self.peak, self._rss())
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self._t0 = time.monotonic()
         self.peak = self._rss()
         self._thread = threading.Thread(target=self._run, daemon=True)

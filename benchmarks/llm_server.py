@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import signal
 import statistics

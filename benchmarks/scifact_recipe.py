@@ -641,7 +641,7 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
                 cells.append(f"{v[0]:.2f}")
             else:
                 cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}")
-        def med(key: str) -> str:  # per seed: median over the seeds that recorded it
+        def med(key: str, rs: list = rs) -> str:  # per seed: median over the seeds that recorded it
             v = [r[key] for r in rs if r.get(key) is not None]
             return f"{statistics.median(v):.0f}" if v else "-"
 

@@ -29,10 +29,13 @@ for k in range(6):
     write_jsonl(rd / "generate" / f"shard-{k:05d}.jsonl", rows)
 emb = load_embedder(EmbedderConfig(batch_size=64))
 def go():
-    cfg = RunConfig(); cfg.score = ScoreConfig(block_examples=600, decontam_sets=[])
-    t = time.perf_counter(); st = run_stage(get("score"), StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True), embedder=emb))
+    cfg = RunConfig()
+    cfg.score = ScoreConfig(block_examples=600, decontam_sets=[])
+    t = time.perf_counter()
+    st = run_stage(get("score"), StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True), embedder=emb))
     return time.perf_counter() - t, st
 full, st = go()
-(rd / "score" / "shard-00005.jsonl").unlink(); (rd / "score" / "stats.json").unlink()
+(rd / "score" / "shard-00005.jsonl").unlink()
+(rd / "score" / "stats.json").unlink()
 res, st2 = go()
 print(f"{label}: full run {full:.1f} s ({st['throughput']['examples_per_s']} ex/s); resume of the last of 6 shards {res:.1f} s (examples embedded {st2['throughput']['examples']})")

@@ -33,7 +33,6 @@ from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.progress import Reporter
 
 LLM_STAGES = ("brainstorm", "generate", "regenerate", "corpus", "score")
 #: tokens a chat format adds per message (OpenAI's rule of thumb: role and separators)

@@ -397,7 +397,7 @@ def render(report: dict[str, Any], console) -> None:
             t.add_column(n, justify="right")
         for tt in types:
             cells = []
-            for n, m in mix.items():
+            for m in mix.values():
                 tot = sum(m.values())
                 cells.append(f"{m.get(tt, 0)} ({100 * m.get(tt, 0) / tot:.0f}%)" if tot else "0")
             t.add_row(tt, *cells)

@@ -311,7 +311,7 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def __enter__(self) -> "FakeOpenAI":
+    def __enter__(self) -> FakeOpenAI:
         self._serving = True
         self.thread.start()
         return self

@@ -111,7 +111,7 @@ def test_no_duplicate_text_in_a_batch_with_adversarial_duplicates():
     # one differs only by case/whitespace, one repeats its own positive as a negative
     for i in range(0, 60, 3):
         ex[i]["positive"] = "The SAME positive"
-    ex[1]["negatives"] = [f"query 2"] * 4
+    ex[1]["negatives"] = ["query 2"] * 4
     ex[4]["query"] = "  the same   POSITIVE "
     ex[5]["negatives"] = ["positive 5"] * 4
     rows = build_curriculum(ex, batch_size=4, seed=0, homogeneous_batches=False)  # epochs=1: all visited

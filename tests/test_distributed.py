@@ -141,7 +141,7 @@ def test_two_process_torchrun_matches_one_process(tmp_path):
         logs[k] = [(e["loss"], e.get("phase")) for e in hist if "loss" in e]
     assert len(logs["one"]) == len(logs["two"]) == 4  # 16 rows / global batch 4
     assert [p for _, p in logs["one"]] == [p for _, p in logs["two"]] == [1, 1, 2, 2]
-    assert [l for l, _ in logs["one"]] == pytest.approx([l for l, _ in logs["two"]], rel=1e-4, abs=1e-5)
+    assert [loss for loss, _ in logs["one"]] == pytest.approx([loss for loss, _ in logs["two"]], rel=1e-4, abs=1e-5)
     assert logs["one"][-1][0] < logs["one"][0][0]  # it did learn
     stats = json.loads((tmp_path / "two" / "train" / "stats.json").read_text())
     assert stats["world_size"] == 2 and stats["steps"] == 4

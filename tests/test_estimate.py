@@ -8,9 +8,9 @@ import math
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
+from helpers import write_run_config
 from typer.testing import CliRunner
 
-from helpers import write_run_config
 from negsynth.cli import app
 
 runner = CliRunner()

@@ -31,9 +31,9 @@ STS_ROWS = [
 
 def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
     """Fast: the [embedder] section as the decoder embedder receives it (no model loaded)."""
+    from negsynth.embed import embedder_for
     from negsynth.embed.decoder import DecoderEmbedder
     from negsynth.schemas.config import EmbedderConfig
-    from negsynth.embed import embedder_for
 
     seen = []
 
@@ -69,8 +69,8 @@ def test_evaluate_command_reports_the_method(tmp_path):
     assert rep["embedder"].startswith("decoder:") and "echo" in rep["embedder"], rep["embedder"]
     assert rep["model"] == "smollm2"
     # the same section reaches a decoder given with --model
-    from negsynth.schemas.config import EmbedderConfig
     from negsynth.embed import embedder_for
+    from negsynth.schemas.config import EmbedderConfig
 
     emb = embedder_for("smollm2", batch_size=4, embedder=EmbedderConfig(kind="decoder", method="prompteol", pooling="last"))
     assert emb.name.startswith("decoder:") and "prompteol" in emb.name, emb.name

@@ -97,7 +97,7 @@ def test_mteb_engine_scores_local_files_like_negsynths_evaluator(tmp_path, instr
 def write_pairs(root, n=60, seed=0):
     rng = random.Random(seed)
     rows = ["text1\ttext2\tlabel"]
-    for i in range(n):
+    for _ in range(n):
         a = rng.sample(WORDS, 8)
         keep = rng.randint(0, 7)
         b = a[:keep] + rng.sample(WORDS, 8 - keep)

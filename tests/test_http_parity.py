@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid
+from helpers import write_run_config
 from typer.testing import CliRunner
 
-from helpers import write_run_config
 from negsynth.cli import app
 
 runner = CliRunner()

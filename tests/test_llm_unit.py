@@ -76,7 +76,7 @@ def test_transport_retry_then_success_is_not_shown_to_model(tmp_path):
 
 def test_reask_shows_error_and_sums_usage(tmp_path):
     def responder(req, n):
-        return Reply(content='{"v": %d}' % n, prompt_tokens=3, completion_tokens=4)
+        return Reply(content=f'{{"v": {n}}}', prompt_tokens=3, completion_tokens=4)
 
     def validate(o):
         if o["v"] < 2:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
+from helpers import brainstorm_run_dir, write_run_config
 from typer.testing import CliRunner
 
-from helpers import brainstorm_run_dir, write_run_config
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 

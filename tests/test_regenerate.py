@@ -301,7 +301,7 @@ def test_mine_returns_negatives_that_are_not_positives(tmp_path):
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
     recs = list(read_stage(tmp_path / "run" / "regenerate"))
-    corpus = {json.loads(l)["_id"]: json.loads(l) for l in (root / "corpus.jsonl").read_text().splitlines()}
+    corpus = {json.loads(line)["_id"]: json.loads(line) for line in (root / "corpus.jsonl").read_text().splitlines()}
     text = {k: f"{d['title']} {d['text']}".strip() for k, d in corpus.items()}
     positives = {"1": {text["d1"], text["d2"]}, "2": {text["d4"]}}
     for x in recs:

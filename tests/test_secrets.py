@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import write_run_config
 from fake_openai import FakeOpenAI, Reply, always_valid
+from helpers import write_run_config
 
 KEY = "sk-planted-SECRET-7f3a9c1e5b2d4086"
 

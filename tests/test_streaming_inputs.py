@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply
+from helpers import write_run_config
 from typer.testing import CliRunner
 
-from helpers import write_run_config
 from negsynth.cli import app
 from negsynth.data.sources import load_source, read_tabular, read_tabular_stream, select
 from negsynth.schemas.config import SourceSpec

@@ -201,7 +201,7 @@ class Deduplicator:
 
     def add(self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None) -> None:
         """Append kept examples in input order (``q``/``p``: float16 ``[n, dim]``, or None without a threshold)."""
-        for i, (eid, key) in enumerate(zip(ids, keys, strict=True)):
+        for i, key in enumerate(keys):
             self.keys.setdefault(key, self.n + i)
         if self.uses_vectors:
             self._q.append(q)

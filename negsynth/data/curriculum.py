@@ -236,7 +236,7 @@ def build_curriculum(
             }
             group = ex.task_type if homogeneous_batches else ""
             slots = open_batches.setdefault(group, [])
-            for k, slot in enumerate(slots):
+            for k, slot in enumerate(slots):  # noqa: B007 - k is read after the loop
                 if slot[1].isdisjoint(keys):
                     break
             else:

@@ -162,7 +162,7 @@ def render(template: str, text: str, instruction: str | None = None) -> tuple[st
     return s + template[pos:], spans
 
 
-def fuse_attentions(attentions: Sequence, attention_mask) -> "torch.Tensor":  # noqa: F821
+def fuse_attentions(attentions: Sequence, attention_mask) -> torch.Tensor:  # noqa: F821
     """ReBA Algorithm 1: fuse all layers' and heads' attention matrices into one.
 
     In: ``attentions``, one ``[B, H, L, L]`` tensor per layer (row = query, column = key;
@@ -443,7 +443,7 @@ class DecoderEmbedder(Embedder):
         self.name = f"decoder:{short}:{self.describe()}"
 
     @classmethod
-    def from_config(cls, cfg) -> "DecoderEmbedder":
+    def from_config(cls, cfg) -> DecoderEmbedder:
         """Load ``cfg.model`` with :func:`negsynth.embed.hf.load_decoder` and wrap it.
 
         ``method="reba"`` loads with eager attention (the only method that needs attention
@@ -741,7 +741,7 @@ class SharedPass:
     poolings; a file written for anything else is refused rather than mixed in.
     """
 
-    def __init__(self, embedder: "DecoderEmbedder", poolings: Sequence[str], cache: str | Path | None = None):
+    def __init__(self, embedder: DecoderEmbedder, poolings: Sequence[str], cache: str | Path | None = None):
         self.embedder = embedder
         self.poolings = tuple(poolings)
         self.cache = Path(cache) if cache is not None else None
@@ -790,7 +790,7 @@ class SharedPass:
         np.savez(tmp, key=np.array(self.key), texts_utf8=blob, text_ends=ends, **{f"pool:{p}": v for p, v in self._vecs.items()})
         os.replace(tmp, self.cache)
 
-    def view(self, pooling: str, projector: "DecoderEmbedder | None" = None, name: str | None = None) -> Embedder:
+    def view(self, pooling: str, projector: DecoderEmbedder | None = None, name: str | None = None) -> Embedder:
         """An :class:`Embedder` serving ``pooling`` from this pass; with ``projector`` (an
         EmbedFilter embedder on this pass's base) its :meth:`DecoderEmbedder.project` is applied
         to the pooled vectors, as that embedder would itself."""

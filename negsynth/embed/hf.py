@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from negsynth.embed.base import quiet_loading
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 

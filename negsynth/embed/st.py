@@ -135,7 +135,7 @@ class SentenceTransformerEmbedder(Embedder):
         query_template: str = "Instruct: {instruction}\nQuery: {text}",
         instruct_queries: bool = False,
         backend: str = "torch",
-    ) -> "SentenceTransformerEmbedder":
+    ) -> SentenceTransformerEmbedder:
         """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
 
         ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
@@ -182,7 +182,7 @@ class SentenceTransformerEmbedder(Embedder):
         return emb
 
     @classmethod
-    def from_config(cls, cfg) -> "SentenceTransformerEmbedder":
+    def from_config(cls, cfg) -> SentenceTransformerEmbedder:
         """Build from an :class:`negsynth.schemas.config.EmbedderConfig` (what ``load_embedder`` calls)."""
         return cls.load(
             cfg.model,

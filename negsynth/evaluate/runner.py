@@ -244,7 +244,7 @@ def evaluate(
     if engine == "mteb":
         notes.append("engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator")
     if quick:
-        notes.append("quick suite: subsampled (seed %d); compare only with quick reports" % seed)
+        notes.append(f"quick suite: subsampled (seed {seed}); compare only with quick reports")
     report = {
         "schema": SCHEMA, "embedder": name, "backend": getattr(embedder, "backend", None), "suite": suite, "engine": engine, "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -381,7 +381,7 @@ class LLMClient:
                 text = text.replace(k, "[redacted]")
         return text
 
-    def _endpoint_client(self, url: str, key: str, concurrency: int) -> "LLMClient":
+    def _endpoint_client(self, url: str, key: str, concurrency: int) -> LLMClient:
         """The single-URL client whose transport carries one endpoint's requests."""
         cfg = self.cfg.model_copy(update={"base_url": url, "max_concurrency": concurrency, "endpoints": []})
         return LLMClient(cfg, base_url=url, api_key=key)
@@ -404,7 +404,7 @@ class LLMClient:
             self._client = self._make_client()
         return self._client
 
-    async def __aenter__(self) -> "LLMClient":
+    async def __aenter__(self) -> LLMClient:
         if self.router is not None:  # each endpoint opens its own transport
             await self.router.open()
             return self
@@ -623,7 +623,7 @@ class LLMClient:
             self.cache.put(key, result)
         return {**result, "cached": False}
 
-    def _note_failure(self, e: "TransportError") -> None:
+    def _note_failure(self, e: TransportError) -> None:
         """One more request failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""
         self.consecutive_failures += 1
         self.failure_kinds[e.reason] += 1

@@ -306,7 +306,7 @@ class EmbeddedServer:
                 self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "EmbeddedServer":
+    def __enter__(self) -> EmbeddedServer:
         self.start()
         return self
 

@@ -19,8 +19,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from negsynth.data.shards import atomic_write_json
 from negsynth.aio import run_sync
+from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import BudgetStop, ClientStats, LLMClient, LLMFatalError, OutageStop, resolve_api_key

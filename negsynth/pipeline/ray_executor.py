@@ -34,6 +34,7 @@ from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.stage import Stage, check_inputs, run_stage, unfinished
 from negsynth.schemas.config import RunConfig
 
+
 def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     """``cfg`` with the global LLM limits divided among ``n`` workers."""
     llm = cfg.llm

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from string import Template
 from typing import Any
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_template(name: str) -> str:
     try:
         return resources.files(__package__).joinpath("templates", f"{name}.txt").read_text(encoding="utf-8")
@@ -26,13 +26,13 @@ def load_template(name: str) -> str:
         raise KeyError(f"no prompt template named {name!r}") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_example(name: str) -> dict:
     text = resources.files(__package__).joinpath("examples", f"{name}.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_examples(name: str) -> tuple[dict, ...]:
     """The pool of worked examples of ``name``: ``name.json`` first, then ``name.2.json``, ``name.3.json``, ..."""
     root = resources.files(__package__).joinpath("examples")

@@ -578,5 +578,5 @@ class RunConfig(Section):
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "RunConfig":
+    def _check(self) -> RunConfig:
         return self

@@ -31,7 +31,7 @@ class Usage(Record):
     # Whether an attempt was served from the cache is run state, not data: it is counted in
     # stats.json ("this_run") so that a rerun from the cache writes byte-identical records.
 
-    def add(self, other: "Usage") -> "Usage":
+    def add(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.aio import run_sync
+from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import ValidationFailure
 

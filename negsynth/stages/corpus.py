@@ -140,7 +140,7 @@ def cut_tokens(text: str, tokenizer, n: int) -> str:
 def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
     one, many, rule, _ = STYLES[style]
     count = one if n == 1 else many.format(n=n)
-    shape = '{"queries": [%s]%s}' % (", ".join(["\"...\""] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")
+    shape = '{"queries": [%s]%s}' % (", ".join(["\"...\""] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")  # noqa: UP031 - the prompt's bytes (and its cached answers) stay as they were
     neg_rule = (
         " Also write 4 hard-negative documents: similar to this document in topic, length and style, but NOT answering the queries, "
         "sorted from most similar (item 1: the same subject and entities, a different finding) to least similar (item 4: the same field, another subject)."

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
@@ -118,12 +118,12 @@ def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few
     return msgs
 
 
-@lru_cache(maxsize=None)
+@cache
 def _system_turn() -> dict[str, str]:
     return {"role": "system", "content": load_template("system").strip()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _worked_turns(task_type: str, shot: int) -> tuple[dict[str, str], dict[str, str]]:
     """The worked example's prompt and answer, rendered once per (type, shot) instead of per item
     (shared, never mutated: the client copies the list before a re-ask appends to it)."""

@@ -36,7 +36,7 @@ class PeakRSS:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, current_rss())
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.peak = current_rss()
         self._thread = threading.Thread(target=self._run, daemon=True, name="negsynth-peak-rss")
         self._thread.start()

@@ -151,7 +151,7 @@ def instruction_pool_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     keeps all its real tokens (P is never empty). Left or right padding."""
     pool = attention_mask.clone().to(torch.long)
     ids_rows, mask_rows = input_ids.tolist(), attention_mask.tolist()
-    I, Q = list(markers.instruct), list(markers.query)
+    I, Q = list(markers.instruct), list(markers.query)  # noqa: E741 - the marker names of the spec
 
     def find(seq: list[int], sub: list[int], start: int) -> int | None:
         return next((k for k in range(start, len(seq) - len(sub) + 1) if seq[k : k + len(sub)] == sub), None)
@@ -191,7 +191,7 @@ def recompute_attention_probs(
     """
     q_proj, k_proj = _projections(attn)
     B, n, _ = hidden_states.shape
-    head_dim = getattr(attn, "head_dim", None) or getattr(attn, "attention_head_size")
+    head_dim = getattr(attn, "head_dim", None) or attn.attention_head_size
     q = q_proj(hidden_states).view(B, n, -1, head_dim)
     k = k_proj(hidden_states).view(B, n, -1, head_dim)
     if hasattr(attn, "q_norm"):  # Qwen3 / OLMo2-style per-head q/k norms
@@ -252,7 +252,7 @@ class _AttentionInputCapture:
 
 def _backbone_of(model) -> nn.Module:
     first = model[0]
-    return getattr(first, "auto_model", None) or getattr(first, "model")
+    return getattr(first, "auto_model", None) or first.model
 
 
 # ----------------------------------------------------------------------------- modules

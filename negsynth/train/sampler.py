@@ -91,7 +91,7 @@ def plan_batches(
             if len(kset) < len(keys):
                 counts["skipped_self_duplicate"] += 1
                 continue
-            for k, (members, seen) in enumerate(open_batches):
+            for k, (members, seen) in enumerate(open_batches):  # noqa: B007 - read after the loop
                 if seen.isdisjoint(kset):
                     break
             else:

@@ -23,12 +23,12 @@ from typing import Any
 
 from pydantic import BaseModel, StrictBool, ValidationError
 
+from negsynth.aio import run_sync
 from negsynth.llm.client import ValidationFailure
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.llm_stage import llm_session
 from negsynth.prompts import reask_template, render
 from negsynth.stages.common import schema_failure
-from negsynth.aio import run_sync
 
 NAME = "llm"
 

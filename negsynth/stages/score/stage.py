@@ -137,7 +137,6 @@ def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
 def _score_shards(ctx: StageContext, emb, shards, blocks: list[list[int]], todo: list[int], this_run: Counter, ev: EvalTexts, judge=None) -> None:
     """Score the shards in ``todo``: every block holding one is embedded whole (finished shards
     in it are recomputed, not rewritten), so its batches are those of an uninterrupted run."""
-    cfg = ctx.cfg.score
     bs = ctx.cfg.embedder.batch_size
     want = set(todo)
     run_blocks = [b for b in blocks if want.intersection(b)]
