@@ -77,7 +77,7 @@ DATASETS = {
 
 
 def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
-    llm = f'[llm]\nbase_url = {json.dumps(args.llm_base_url)}\nmodel = {json.dumps(args.llm_model)}\nmax_concurrency = {args.concurrency}\n'
+    llm = f"[llm]\nbase_url = {json.dumps(args.llm_base_url)}\nmodel = {json.dumps(args.llm_model)}\nmax_concurrency = {args.concurrency}\n"
     llm += "temperature = 0.7\nseed = 0\nmax_tokens = 400\nmax_attempts = 3\ntimeout = 300\n"
     if args.llm_key_env:
         llm += f"api_key_env = {json.dumps(args.llm_key_env)}\n"
@@ -90,8 +90,9 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     return (
         llm + "[pipeline]\nshard_size = 100\n" + corpus + '[score]\ninputs = ["corpus"]\n'
-        f"[curriculum]\nseed = {seed}\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in cur.items()) +
-        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+        f"[curriculum]\nseed = {seed}\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in cur.items())
+        + f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     )
 
 
@@ -134,7 +135,20 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     this = c.get("this_run") or {}
     return {
         "model_dir": str(model),
-        "corpus": {k: c.get(k) for k in ("items", "valid", "rejected", "rejects_by_reason", "tokens", "wall_time_s", "round_trip", "query_styles", "query_words")},
+        "corpus": {
+            k: c.get(k)
+            for k in (
+                "items",
+                "valid",
+                "rejected",
+                "rejects_by_reason",
+                "tokens",
+                "wall_time_s",
+                "round_trip",
+                "query_styles",
+                "query_words",
+            )
+        },
         "llm_requests_this_run": this.get("requests"),
         "kept": s.get("kept"),
         "rows": cur.get("rows"),
@@ -207,7 +221,7 @@ def print_table(results: list[dict], datasets: list[str]) -> None:
         for arm in dict.fromkeys(r["arm"] for r in llm):
             r = next(x for x in llm if x["arm"] == arm)
             c = r["corpus"]
-            docs = (c.get("items") or 0)
+            docs = c.get("items") or 0
             if docs:
                 tok = c.get("tokens") or {}
                 print(f"- {arm}: {c['valid']} valid of {c['items']} queries, rejects {c.get('rejects_by_reason')}, tokens in/out {tok.get('prompt')}/{tok.get('completion')}, "
@@ -243,13 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--llm-model", default="smollm2-135m-instruct")
     ap.add_argument("--llm-key-env", default=None, help="environment variable holding the API key")
     ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--llm-threads", type=int, default=None,
-                    help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)")
+    ap.add_argument(
+        "--llm-threads",
+        type=int,
+        default=None,
+        help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)",
+    )
     ap.add_argument("--data-dir", default=str(default_data_dir() or "../shared/data"))
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
-    ap.add_argument("--select", action="store_true",
-                    help="evaluate the dev split only (SciFact-dev: SciFact's train claims): choose settings with this, "
-                         "then run without it to score the chosen arm on the test split once (its saved model is reused)")
+    ap.add_argument(
+        "--select",
+        action="store_true",
+        help="evaluate the dev split only (SciFact-dev: SciFact's train claims): choose settings with this, "
+        "then run without it to score the chosen arm on the test split once (its saved model is reused)",
+    )
     return ap
 
 
@@ -269,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 0,1,2")
     for d in datasets:
         if not (Path(args.data_dir) / DATASETS[d][0]).is_dir():
-            print(f"corpus_recipe: no {d} data under {args.data_dir}; pass --data-dir (the folder holding {DATASETS[d][0]}/)", file=sys.stderr)
+            print(
+                f"corpus_recipe: no {d} data under {args.data_dir}; pass --data-dir (the folder holding {DATASETS[d][0]}/)", file=sys.stderr
+            )
             return 2
     # score decontaminates the generated queries against the evaluation sets read from here
     os.environ["NEGSYNTH_DATA_DIR"] = str(Path(args.data_dir).resolve())

@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{sched}: {res['average']:.4f} ({time.time() - t1:.0f} s)", file=sys.stderr)
 
     names = tasks
-    print(f"\nexamples: {len(examples)} from {run_dir / a.input}; model {a.model}; batch {a.batch_size}; lr {a.lr}; tau {a.temperature}; suite {a.suite}")
+    print(
+        f"\nexamples: {len(examples)} from {run_dir / a.input}; model {a.model}; batch {a.batch_size}; lr {a.lr}; tau {a.temperature}; suite {a.suite}"
+    )
     print("| schedule | rows | steps | " + " | ".join(names) + " | average |")
     print("|---|---:|---:|" + "---:|" * (len(names) + 1))
     for sched, n, steps, res in rows:

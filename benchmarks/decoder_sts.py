@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("model", "rows", "batch_size", "steps", "max_length", "eval_suite"):
         was = saved.get("args", {}).get(key, {"model": "smollm2", "steps": "-1"}.get(key))
         if saved and was != str(getattr(args, key)):
-            sys.exit(f"decoder_sts: {res_path} holds arms run with --{key.replace('_', '-')} {was}; use another --out, the same setting, or --fresh")
+            sys.exit(
+                f"decoder_sts: {res_path} holds arms run with --{key.replace('_', '-')} {was}; use another --out, the same setting, or --fresh"
+            )
     from negsynth.resources import default_data_dir
 
     args.data_dir = args.data_dir or default_data_dir()
@@ -181,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
             tmp.replace(res_path)
             print(f"{arm} seed {seed}: {r['scores']} avg {r['avg']} ({r['seconds']:.0f} s)", flush=True)
-    print(f"\n| arm | {' | '.join(args.eval_tasks)} | avg | BeLLM paper (LLaMA-2-7B, 7 STS sets) |\n|---|{'---:|' * (len(args.eval_tasks) + 2)}")
+    print(
+        f"\n| arm | {' | '.join(args.eval_tasks)} | avg | BeLLM paper (LLaMA-2-7B, 7 STS sets) |\n|---|{'---:|' * (len(args.eval_tasks) + 2)}"
+    )
     for arm in ARMS:
         rs = [r for r in results if r["arm"] == arm]
         if not rs:

@@ -51,7 +51,11 @@ def main() -> None:
         args.suite = "quick"
         for t in tasks:
             spec = TASKS_BY_NAME[t]
-            object.__setattr__(spec, "quick", {**spec.quick, **({"queries": args.queries} if args.queries else {}), **({"corpus": args.docs} if args.docs else {})})
+            object.__setattr__(
+                spec,
+                "quick",
+                {**spec.quick, **({"queries": args.queries} if args.queries else {}), **({"corpus": args.docs} if args.docs else {})},
+            )
     embs, setup = {}, {}
     for b in backends:
         t0 = time.perf_counter()
@@ -74,7 +78,11 @@ def main() -> None:
                 "ndcg@10": {t: r["metrics"].get("ndcg@10") for t, r in rep_["tasks"].items()},
             }  # fmt: skip
             runs[b].append(row)
-            print(f"rep {rep + 1} {b}: {row['seconds']:.1f}s (load {load:.1f}) " + " ".join(f"{t}={100 * s:.4f}" for t, s in row["scores"].items()), flush=True)
+            print(
+                f"rep {rep + 1} {b}: {row['seconds']:.1f}s (load {load:.1f}) "
+                + " ".join(f"{t}={100 * s:.4f}" for t, s in row["scores"].items()),
+                flush=True,
+            )
 
     ref = runs[backends[0]][0]["scores"]
     t_ref = statistics.median(r["seconds"] for r in runs[backends[0]])

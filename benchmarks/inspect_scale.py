@@ -129,15 +129,22 @@ def main() -> None:
                     else:
                         assert len(rep_json["samples"]) == 5
                     runs[name].append(r)
-                    print(f"  {n:,} rows rep {rep} {name}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, {r['peak_rss_mb']:.0f} MB peak", flush=True)
+                    print(
+                        f"  {n:,} rows rep {rep} {name}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, {r['peak_rss_mb']:.0f} MB peak",
+                        flush=True,
+                    )
             shutil.rmtree(run, ignore_errors=True)
             med = {k: {m: statistics.median(x[m] for x in v) for m in ("wall_s", "cpu_s", "peak_rss_mb")} for k, v in runs.items()}
             results.append({"rows": n, "gib": round(size, 2), "median": med, "runs": runs})
         print(f"\nmedians of {a.repeats}; load average {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
-        print(f"{'rows':>10s} {'GiB':>5s} | {'report s':>9s} {'CPU s':>6s} {'peak MB':>8s} | {'sample s':>9s} {'CPU s':>6s} {'peak MB':>8s}")
+        print(
+            f"{'rows':>10s} {'GiB':>5s} | {'report s':>9s} {'CPU s':>6s} {'peak MB':>8s} | {'sample s':>9s} {'CPU s':>6s} {'peak MB':>8s}"
+        )
         for r in results:
             a1, b1 = r["median"]["report"], r["median"]["sample"]
-            print(f"{r['rows']:10,d} {r['gib']:5.2f} | {a1['wall_s']:9.1f} {a1['cpu_s']:6.1f} {a1['peak_rss_mb']:8.0f} | {b1['wall_s']:9.1f} {b1['cpu_s']:6.1f} {b1['peak_rss_mb']:8.0f}")
+            print(
+                f"{r['rows']:10,d} {r['gib']:5.2f} | {a1['wall_s']:9.1f} {a1['cpu_s']:6.1f} {a1['peak_rss_mb']:8.0f} | {b1['wall_s']:9.1f} {b1['cpu_s']:6.1f} {b1['peak_rss_mb']:8.0f}"
+            )
         if a.json_out:
             a.json_out.write_text(json.dumps({"rows": a.rows, "results": results}, indent=1))
     finally:

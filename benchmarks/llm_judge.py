@@ -82,7 +82,15 @@ def build(claims, cited, docs, n: int, seed: int, emb, pool: int) -> list[dict]:
         rand = rng.choice([d for d in doc_ids if d not in relevant and d not in ranked[:2]])
         cands = [("planted", cited[q][0]), ("hard-1", ranked[0]), ("hard-2", ranked[1]), ("random", rand)]
         rng.shuffle(cands)
-        out.append({"id": q, "query": claims[q], "positive": docs[cited[q][0]], "negatives": [docs[d] for _, d in cands], "kinds": [k for k, _ in cands]})
+        out.append(
+            {
+                "id": q,
+                "query": claims[q],
+                "positive": docs[cited[q][0]],
+                "negatives": [docs[d] for _, d in cands],
+                "kinds": [k for k, _ in cands],
+            }
+        )
     return out
 
 
@@ -92,7 +100,9 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=None, help="the shared data folder (default: $NEGSYNTH_DATA_DIR or ../shared/data)")
     ap.add_argument("--claims", type=int, default=100)
     ap.add_argument("--words", type=int, default=120)
-    ap.add_argument("--pool", type=int, default=1500, help="corpus abstracts searched for the hard candidates (all cited ones, then random)")
+    ap.add_argument(
+        "--pool", type=int, default=1500, help="corpus abstracts searched for the hard candidates (all cited ones, then random)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="a config override, e.g. llm.model=... (repeatable)")
     a = ap.parse_args()

@@ -93,7 +93,9 @@ def demo_requests(n: int) -> list[dict]:
         p = items[int(j * step)].payload
         tt = p["task_type"]
         msgs = build_messages(tt, p["task"], p["attributes"], few_shot=gen.few_shot, shot=p.get("shot", 0))
-        rf = response_format_for(cfg.llm.structured_output, output_schema(tt, max_query=gen.max_query_chars, max_doc=gen.max_doc_chars), "example")
+        rf = response_format_for(
+            cfg.llm.structured_output, output_schema(tt, max_query=gen.max_query_chars, max_doc=gen.max_doc_chars), "example"
+        )
         out.append(LLMClient.payload(SimpleNamespace(cfg=cfg.llm), msgs, response_format=rf, temperature=None, sample_index=p["k"]))
     return out
 
@@ -146,7 +148,17 @@ def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path) -> 
         p_ms = sum(float(ms) for k, ms, _ in m if k == "prompt eval")
         g_ms = sum(float(ms) for k, ms, _ in m if k == "eval")
         p_eval = sum(int(n) for k, _, n in m if k == "prompt eval")
-    return {"wall": wall, "prompt_tokens": pt, "completion_tokens": ct, "prompt_ms": p_ms, "gen_ms": g_ms, "prompt_evaluated": p_eval, "texts": texts, "threads": srv.threads or PY_SERVER_THREADS, "slots": srv.slots}
+    return {
+        "wall": wall,
+        "prompt_tokens": pt,
+        "completion_tokens": ct,
+        "prompt_ms": p_ms,
+        "gen_ms": g_ms,
+        "prompt_evaluated": p_eval,
+        "texts": texts,
+        "threads": srv.threads or PY_SERVER_THREADS,
+        "slots": srv.slots,
+    }
 
 
 # -- the in-process reference (a child process) ---------------------------------------------
@@ -183,7 +195,12 @@ def reference_child(bodies_path: str, threads: int) -> None:
 
 
 def run_reference(bodies_path: Path, threads: int) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--_reference", str(bodies_path), "--ref-threads", str(threads)], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, __file__, "--_reference", str(bodies_path), "--ref-threads", str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -202,17 +219,25 @@ def determinism(bodies: list[dict], tmp: Path) -> None:
             cfg = ServeConfig(engine=engine, port=_free_port("127.0.0.1"), startup_timeout=300)
             with EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=tmp / f"det-{engine}.log", slots=2) as srv:
                 for i in range(2):
-                    answers[f"server {fresh + 1}, alone, try {i + 1}"] = post_all(srv.base_url, [probe], 1)[1][0]["choices"][0]["message"]["content"]
+                    answers[f"server {fresh + 1}, alone, try {i + 1}"] = post_all(srv.base_url, [probe], 1)[1][0]["choices"][0]["message"][
+                        "content"
+                    ]
                 if fresh == 0:
                     for j, o in enumerate(others):
                         _, res = post_all(srv.base_url, [probe, o], 2)
                         answers[f"server 1, beside request {j + 1}"] = res[0]["choices"][0]["message"]["content"]
-                    answers["server 1, seed + 1000 (must differ)"] = post_all(srv.base_url, [{**probe, "seed": probe["seed"] + 1000}], 1)[1][0]["choices"][0]["message"]["content"]
+                    answers["server 1, seed + 1000 (must differ)"] = post_all(srv.base_url, [{**probe, "seed": probe["seed"] + 1000}], 1)[
+                        1
+                    ][0]["choices"][0]["message"]["content"]
         ref = answers["server 1, alone, try 1"]
         print(f"\n{engine}: the same request (seed {probe['seed']}) -> same answer as the first?")
         for k, v in answers.items():
             same = v == ref
-            where = "" if same else f" (first difference at character {next((i for i, (a, b) in enumerate(zip(v, ref)) if a != b), min(len(v), len(ref)))} of {len(ref)})"
+            where = (
+                ""
+                if same
+                else f" (first difference at character {next((i for i, (a, b) in enumerate(zip(v, ref)) if a != b), min(len(v), len(ref)))} of {len(ref)})"
+            )
             print(f"  {k:42s} {'same' if same else 'DIFFERENT'}{where}")
 
 
@@ -229,7 +254,12 @@ def main() -> None:
     ap.add_argument("--arms", default="python-server,llama-server,in-process")
     ap.add_argument("--ref-threads", type=int, default=None, help="threads of the in-process reference (default: what llama-server chose)")
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes running throughout (started --busy-warmup s before)")
-    ap.add_argument("--busy-warmup", type=float, default=60.0, help="seconds between starting the burners and the first arm (the load average needs ~1 min)")
+    ap.add_argument(
+        "--busy-warmup",
+        type=float,
+        default=60.0,
+        help="seconds between starting the burners and the first arm (the load average needs ~1 min)",
+    )
     ap.add_argument("--determinism", action="store_true", help="only the determinism checks")
     ap.add_argument("--json", type=Path, default=None, help="also write every measurement here")
     ap.add_argument("--_reference", default=None, help=argparse.SUPPRESS)
@@ -263,10 +293,15 @@ def main() -> None:
                     if arm == "in-process":
                         r = run_reference(bodies_path, a.ref_threads or choose_threads())
                     else:
-                        r = run_server("llama-cpp-python" if arm == "python-server" else "llama-server", bodies, a.concurrency, tmp / f"{arm}.log")
+                        r = run_server(
+                            "llama-cpp-python" if arm == "python-server" else "llama-server", bodies, a.concurrency, tmp / f"{arm}.log"
+                        )
                     r["load"] = la
                     runs[arm].append(r)
-                    print(f"rep {rep + 1} {arm:14s} wall {r['wall']:6.1f} s  {r['prompt_tokens']} + {r['completion_tokens']} tokens  threads {r['threads']}  load {la:.2f}", flush=True)
+                    print(
+                        f"rep {rep + 1} {arm:14s} wall {r['wall']:6.1f} s  {r['prompt_tokens']} + {r['completion_tokens']} tokens  threads {r['threads']}  load {la:.2f}",
+                        flush=True,
+                    )
             load1 = os.getloadavg()
     finally:
         for b in burners:
@@ -277,7 +312,9 @@ def main() -> None:
     base = med(r["wall"] for r in runs[arms[0]])
     print(f"\n{started}, {a.requests} demo generate requests, concurrency {a.concurrency} (in-process: 1), {a.repeats} repeats, medians;"
           f" {len(os.sched_getaffinity(0))} CPUs, {a.busy} busy process(es), load average {load0[0]:.2f} before / {load1[0]:.2f} after\n")  # fmt: skip
-    print(f"| engine | threads | slots | wall s | vs {arms[0]} | prompt tok/s | gen tok/s | completion tok/s (wall) | prompt + completion tokens | same text every repeat |")
+    print(
+        f"| engine | threads | slots | wall s | vs {arms[0]} | prompt tok/s | gen tok/s | completion tok/s (wall) | prompt + completion tokens | same text every repeat |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arm in arms:
         rs = runs[arm]
@@ -287,9 +324,15 @@ def main() -> None:
         ctps = med(r["completion_tokens"] / r["wall"] for r in rs)
         same = sum(len({r["texts"][i] for r in rs}) == 1 for i in range(len(rs[0]["texts"])))
         threads = "/".join(sorted({str(r["threads"]) for r in rs}))
-        print(f"| {arm} | {threads} | {rs[0]['slots']} | {wall:.1f} | {base / wall:.2f}x | {ptps:.0f} | {gtps:.1f} | {ctps:.1f} | {med(r['prompt_tokens'] for r in rs):.0f} + {med(r['completion_tokens'] for r in rs):.0f} | {same}/{len(rs[0]['texts'])} |")
+        print(
+            f"| {arm} | {threads} | {rs[0]['slots']} | {wall:.1f} | {base / wall:.2f}x | {ptps:.0f} | {gtps:.1f} | {ctps:.1f} | {med(r['prompt_tokens'] for r in rs):.0f} + {med(r['completion_tokens'] for r in rs):.0f} | {same}/{len(rs[0]['texts'])} |"
+        )
     if a.json:
-        a.json.write_text(json.dumps({"started": started, "args": {k: str(v) for k, v in vars(a).items()}, "load": [load0, load1], "runs": runs}, indent=1))
+        a.json.write_text(
+            json.dumps(
+                {"started": started, "args": {k: str(v) for k, v in vars(a).items()}, "load": [load0, load1], "runs": runs}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -51,12 +51,36 @@ def answer(prompt: str, n: int) -> str:
     if prompt.startswith("Brainstorm"):
         return json.dumps({"tasks": [f"Retrieve documents about topic {n}-{i} for a given question" for i in range(20)]})
     if '"S1"' in prompt:
-        return json.dumps({"S1": f"The cat sat on mat {n}.", "S2": f"A cat was sitting on mat {n}.", "negatives": [f"Other sentence {j} about thing {n}." for j in range(4)]})
+        return json.dumps(
+            {
+                "S1": f"The cat sat on mat {n}.",
+                "S2": f"A cat was sitting on mat {n}.",
+                "negatives": [f"Other sentence {j} about thing {n}." for j in range(4)],
+            }
+        )
     if "misleading_labels" in prompt:
-        return json.dumps({"input_text": f"A text to classify, number {n}.", "label": f"category {n}", "misleading_labels": [f"wrong label {j} for {n}" for j in range(4)]})
+        return json.dumps(
+            {
+                "input_text": f"A text to classify, number {n}.",
+                "label": f"category {n}",
+                "misleading_labels": [f"wrong label {j} for {n}" for j in range(4)],
+            }
+        )
     if '"user_query"' in prompt:
-        return json.dumps({"user_query": f"how do indexes work {n}", "positive_document": f"Indexes speed up lookups, explained in document {n}.", "hard_negative_documents": [f"A distractor passage number {j} for query {n}." for j in range(4)]})
-    return json.dumps({"input": f"An input document {n}.", "positive_document": f"The matching document {n}.", "hard_negative_documents": [f"A non-matching document {j} for {n}." for j in range(4)]})
+        return json.dumps(
+            {
+                "user_query": f"how do indexes work {n}",
+                "positive_document": f"Indexes speed up lookups, explained in document {n}.",
+                "hard_negative_documents": [f"A distractor passage number {j} for query {n}." for j in range(4)],
+            }
+        )
+    return json.dumps(
+        {
+            "input": f"An input document {n}.",
+            "positive_document": f"The matching document {n}.",
+            "hard_negative_documents": [f"A non-matching document {j} for {n}." for j in range(4)],
+        }
+    )
 
 
 def serve(port: int, latency: float) -> None:
@@ -96,7 +120,7 @@ def write_config(d: Path, port: int, examples: int, concurrency: int, transport:
         f"""[llm]
 base_url = "http://127.0.0.1:{port}/v1"
 model = "fake"
-{f'transport = "{transport}"' if transport else ''}
+{f'transport = "{transport}"' if transport else ""}
 max_concurrency = {concurrency}
 timeout = 30
 max_tokens = 600
@@ -143,7 +167,9 @@ async def bare(port: int, n: int, concurrency: int) -> dict:
 
         async def one():
             async with sem:
-                async with s.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}) as r:
+                async with s.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     await r.read()
 
         await asyncio.gather(*(one() for _ in range(n)))
@@ -181,7 +207,9 @@ async def sdk(port: int, n: int, concurrency: int) -> dict:
     sem = asyncio.Semaphore(concurrency)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", http_client=DefaultAioHttpClient(), max_retries=0) as client:
+    async with AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="x", http_client=DefaultAioHttpClient(), max_retries=0
+    ) as client:
 
         async def one():
             async with sem:
@@ -221,7 +249,9 @@ def run_child(cmd: list[str], *, cli: bool = False, progress: bool = False, pyth
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else None
     # `python -m` puts the working directory first on sys.path: a reference checkout runs from its own root
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, cwd=pythonpath or ROOT, env=env)
+    out = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, cwd=pythonpath or ROOT, env=env
+    )
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
@@ -239,13 +269,29 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--latency", type=float, default=LATENCY)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of every (driver, concurrency); medians are reported")
-    ap.add_argument("--drivers", nargs="+", default=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli"], choices=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli", "cli-ref", "stage-ref"])
-    ap.add_argument("--ref", type=Path, default=None, help="another checkout of negsynth (e.g. `git worktree add /tmp/ref HEAD~3`): "
-                                                               "the drivers cli-ref / stage-ref run it, for before/after in one interleaved run")
+    ap.add_argument(
+        "--drivers",
+        nargs="+",
+        default=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli"],
+        choices=["raw", "raw-h1", "sdk", "stage", "stage-aiohttp", "cli", "cli-ref", "stage-ref"],
+    )
+    ap.add_argument(
+        "--ref",
+        type=Path,
+        default=None,
+        help="another checkout of negsynth (e.g. `git worktree add /tmp/ref HEAD~3`): "
+        "the drivers cli-ref / stage-ref run it, for before/after in one interleaved run",
+    )
     ap.add_argument("--json", dest="json_out", default=None, help="also write medians and every run to this JSON file")
     ap.add_argument("--progress", action="store_true", help="show the rich progress bar (default: --quiet, as in CI logs)")
-    ap.add_argument("--profile", nargs="?", const="svg", choices=["svg", "raw"], default=None,
-                    help="record a py-spy profile of the client: a flame graph (svg) or collapsed stacks (raw, text)")
+    ap.add_argument(
+        "--profile",
+        nargs="?",
+        const="svg",
+        choices=["svg", "raw"],
+        default=None,
+        help="record a py-spy profile of the client: a flame graph (svg) or collapsed stacks (raw, text)",
+    )
     # internal entry points
     ap.add_argument("--_serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_client", nargs=4, help=argparse.SUPPRESS)  # stage cfg run_dir quiet
@@ -281,7 +327,9 @@ def main() -> None:
         tmp = Path(tempfile.mkdtemp(prefix="negsynth-bench-"))
         base = tmp / "base"
         cfg = write_config(tmp, port, a.examples, 16)
-        out = subprocess.run(pinned(0, [*me, "--_client", "brainstorm", str(cfg), str(base), "1"]), capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(
+            pinned(0, [*me, "--_client", "brainstorm", str(cfg), str(base), "1"]), capture_output=True, text=True, cwd=ROOT
+        )
         if out.returncode != 0:
             raise SystemExit(out.stderr)
         load = os.getloadavg()
@@ -304,15 +352,40 @@ def main() -> None:
                             if a.profile:
                                 fmt = "raw" if a.profile == "raw" else "flamegraph"
                                 ext = "txt" if fmt == "raw" else "svg"
-                                cmd = ["py-spy", "record", "-r", "200", "-f", fmt, "-o", str(ROOT / f"benchmarks/profile_c{c}.{ext}"), "--", *cmd]
+                                cmd = [
+                                    "py-spy",
+                                    "record",
+                                    "-r",
+                                    "200",
+                                    "-f",
+                                    fmt,
+                                    "-o",
+                                    str(ROOT / f"benchmarks/profile_c{c}.{ext}"),
+                                    "--",
+                                    *cmd,
+                                ]
                             r = run_child(pinned(0, cmd), progress=a.progress, pythonpath=ref)
                         else:
-                            cli_cmd = [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "--json", *([] if a.progress else ["-q"])]
+                            cli_cmd = [
+                                sys.executable,
+                                "-m",
+                                "negsynth.cli",
+                                "generate",
+                                "-c",
+                                str(cfg),
+                                "-d",
+                                str(rd),
+                                "--json",
+                                *([] if a.progress else ["-q"]),
+                            ]
                             r = run_child(pinned(0, cli_cmd), cli=True, pythonpath=ref)
                         assert r["items"] == a.examples, r
                         shutil.rmtree(rd, ignore_errors=True)
                     runs.setdefault((drv, c), []).append(r)
-                    print(f"  rep {rep} C={c} {drv:13s} {r['requests'] / r['wall_s']:7.1f} req/s  {1000 * r['cpu_s'] / r['requests']:5.2f} ms/req", flush=True)
+                    print(
+                        f"  rep {rep} C={c} {drv:13s} {r['requests'] / r['wall_s']:7.1f} req/s  {1000 * r['cpu_s'] / r['requests']:5.2f} ms/req",
+                        flush=True,
+                    )
         end_load = os.getloadavg()
 
         def med(drv: str, c: int, key: str) -> float | None:
@@ -330,10 +403,26 @@ def main() -> None:
                 rps, ms, ceil = med(drv, c, "rps"), med(drv, c, "ms"), max(bares, default=None)
                 cells.append(f"{rps:12.1f} {rps / ceil if ceil else float('nan'):5.2f} {ms:7.2f}")
             print(f"{drv:13s} " + " ".join(cells))
-            rows.append({"driver": drv, **{f"C{c}": {"req_s": med(drv, c, "rps"), "ms_per_request": med(drv, c, "ms")} for c in a.concurrency}})
-        print(f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}; {os.cpu_count()} CPUs")
+            rows.append(
+                {"driver": drv, **{f"C{c}": {"req_s": med(drv, c, "rps"), "ms_per_request": med(drv, c, "ms")} for c in a.concurrency}}
+            )
+        print(
+            f"\nload average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}; {os.cpu_count()} CPUs"
+        )
         if a.json_out:
-            Path(a.json_out).write_text(json.dumps({"args": vars(a) | {"json_out": str(a.json_out)}, "medians": rows, "load_start": load, "load_end": end_load, "runs": {f"{d}@{c}": v for (d, c), v in runs.items()}}, indent=1, default=str))
+            Path(a.json_out).write_text(
+                json.dumps(
+                    {
+                        "args": vars(a) | {"json_out": str(a.json_out)},
+                        "medians": rows,
+                        "load_start": load,
+                        "load_end": end_load,
+                        "runs": {f"{d}@{c}": v for (d, c), v in runs.items()},
+                    },
+                    indent=1,
+                    default=str,
+                )
+            )
         shutil.rmtree(tmp, ignore_errors=True)
     finally:
         srv.terminate()

@@ -142,7 +142,11 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--k", type=int, default=100, help="candidates kept per query (mining keeps range_max + positives)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--methods", default="exact,faiss", help="exact, faiss, ivf (ivf: approximate, opt-in; near-useless recall on structureless random vectors)")
+    ap.add_argument(
+        "--methods",
+        default="exact,faiss",
+        help="exact, faiss, ivf (ivf: approximate, opt-in; near-useless recall on structureless random vectors)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch and faiss threads (same for both)")
     ap.add_argument("--chunk-mb", type=int, default=256, help="exact search: score matrix per query chunk")
     ap.add_argument("--nprobe", type=int, default=16)
@@ -176,7 +180,9 @@ def main() -> None:
                            "--nprobe", str(args.nprobe)] + (["--save", save] if save else [])  # fmt: skip
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     if out.returncode:
-                        raise SystemExit(f"{method} at {size}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+                        raise SystemExit(
+                            f"{method} at {size}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
+                        )
                     runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
                 row[method] = {
                     "seconds_median": statistics.median(r["seconds"] for r in runs),
@@ -186,10 +192,15 @@ def main() -> None:
                 row["data_mb"] = runs[0]["data_mb"]
                 exact = np.load(Path(tmp) / f"{size}-exact.npy")
                 row[method]["recall_at_k"] = recall_at_k(np.load(Path(tmp) / f"{size}-{method}.npy"), exact)
-                print(f"  {size:>9,} docs  {method:<5}  {row[method]['seconds_median']:8.2f} s  peak +{row[method]['peak_mb_median']:7.0f} MB  recall@{args.k} {row[method]['recall_at_k']:.4f}", file=sys.stderr)
+                print(
+                    f"  {size:>9,} docs  {method:<5}  {row[method]['seconds_median']:8.2f} s  peak +{row[method]['peak_mb_median']:7.0f} MB  recall@{args.k} {row[method]['recall_at_k']:.4f}",
+                    file=sys.stderr,
+                )
             results.append(row)
 
-    print(f"\n{args.queries} queries, dim {args.dim}, k {args.k}, {args.threads} thread(s), median of {args.reps}; load average {os.getloadavg()[0]:.1f}\n")
+    print(
+        f"\n{args.queries} queries, dim {args.dim}, k {args.k}, {args.threads} thread(s), median of {args.reps}; load average {os.getloadavg()[0]:.1f}\n"
+    )
     head = "| docs | vectors | " + " | ".join(f"{m} s" for m in methods) + " | " + " | ".join(f"{m}/exact time" for m in methods[1:])
     head += " | " + " | ".join(f"{m} peak MB" for m in methods) + " | " + " | ".join(f"{m} recall@{args.k}" for m in methods[1:]) + " |"
     print(head)
@@ -202,7 +213,16 @@ def main() -> None:
         cells += [f"{r[m]['recall_at_k']:.4f}" for m in methods[1:]]
         print("| " + " | ".join(cells) + " |")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in ("child", "size", "method", "save", "json")}, "load_average": os.getloadavg(), "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {k: v for k, v in vars(args).items() if k not in ("child", "size", "method", "save", "json")},
+                    "load_average": os.getloadavg(),
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

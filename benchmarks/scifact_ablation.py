@@ -172,11 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir
     if not args.skip_regenerate:
         st = regenerate(args, run_dir)
-        print(f"regenerate: {st['valid']} valid, {st['rejected']} rejected {st['rejects_by_reason']} ({st['wall_time_s']:.0f} s)", file=sys.stderr)
+        print(
+            f"regenerate: {st['valid']} valid, {st['rejected']} rejected {st['rejects_by_reason']} ({st['wall_time_s']:.0f} s)",
+            file=sys.stderr,
+        )
     regen_stats = json.loads((run_dir / "regenerate" / "stats.json").read_text())
     examples = load_examples(run_dir)
     if len(examples) < args.batch_size:
-        sys.exit(f"scifact_ablation: only {len(examples)} usable examples (4 LLM + 4 mined negatives); regenerate more --pairs or lower --batch-size")
+        sys.exit(
+            f"scifact_ablation: only {len(examples)} usable examples (4 LLM + 4 mined negatives); regenerate more --pairs or lower --batch-size"
+        )
     print(f"{len(examples)} examples with 4 LLM and 4 mined negatives", file=sys.stderr)
 
     results: dict[str, dict] = {}

@@ -148,11 +148,14 @@ STOCK_ARM = "st-mined-4"  # the stock recipe every arm is tested against
 def dataset_files(root: Path) -> dict[str, Path]:
     """The corpus and the train / test (queries, qrels) files of a BEIR folder, in either layout
     (this project's ``scifact``: test at the top, ``train/`` beside it; BEIR's: ``qrels/{train,test}.tsv``)."""
+
     def first(cands):
         return next(((q, r) for q, r in cands if q.is_file() and r.is_file()), None)
 
     corpus = root / "corpus.jsonl"
-    train = first([(root / "train" / "queries.jsonl", root / "train" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "train.tsv")])
+    train = first(
+        [(root / "train" / "queries.jsonl", root / "train" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "train.tsv")]
+    )
     test = first([(root / "test" / "queries.jsonl", root / "test" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "test.tsv"),
                   (root / "queries.jsonl", root / "qrels.tsv")])  # fmt: skip
     missing = [what for what, ok in (("corpus.jsonl", corpus.is_file()), ("a train split", train), ("a test split", test)) if not ok]
@@ -181,7 +184,9 @@ def make_splits(root: Path, dest: Path, dev_frac: float, split_seed: int) -> dic
     n_dev = round(dev_frac * len(qids))
     dev = set(order[:n_dev])
     if dev_frac > 0 and (n_dev < 10 or n_dev == len(qids)):
-        sys.exit(f"scifact_recipe: --dev-frac {dev_frac} holds out {n_dev} of {len(qids)} train queries; choose a fraction that leaves >= 10 on each side")
+        sys.exit(
+            f"scifact_recipe: --dev-frac {dev_frac} holds out {n_dev} of {len(qids)} train queries; choose a fraction that leaves >= 10 on each side"
+        )
     dest.mkdir(parents=True, exist_ok=True)
 
     def link(target: Path, name: Path) -> None:
@@ -196,7 +201,9 @@ def make_splits(root: Path, dest: Path, dev_frac: float, split_seed: int) -> dic
         ids = [q for q in qids if keep(q)]
         (d / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n" for q in ids), encoding="utf-8")
         kept = set(ids)
-        (d / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{g}\n" for q, c, g in rows if q in kept), encoding="utf-8")
+        (d / "qrels.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{g}\n" for q, c, g in rows if q in kept), encoding="utf-8"
+        )
     (dest / "test").mkdir(exist_ok=True)
     link(f["test_queries"], dest / "test" / "queries.jsonl")
     link(f["test_qrels"], dest / "test" / "qrels.tsv")
@@ -220,13 +227,17 @@ def fit_source(args):
 def dev_task(args):
     from negsynth.evaluate import retrieval_task
 
-    return retrieval_task(f"{args.name}-dev", args.split_dir / "dev", doc_title=args.doc_title, note="held-out train queries: for choosing settings")
+    return retrieval_task(
+        f"{args.name}-dev", args.split_dir / "dev", doc_title=args.doc_title, note="held-out train queries: for choosing settings"
+    )
 
 
 def test_task(args):
     from negsynth.evaluate import retrieval_task
 
-    return retrieval_task(f"{args.name}-test", args.split_dir / "test", doc_title=args.doc_title, note="the test split: reported once per chosen setting")
+    return retrieval_task(
+        f"{args.name}-test", args.split_dir / "test", doc_title=args.doc_title, note="the test split: reported once per chosen setting"
+    )
 
 
 def base_model():
@@ -284,7 +295,12 @@ def graded_tuple_rows(src, args, seed: int) -> list[dict]:
         f = found.get(p.query_key) or {}
         negs = [n for n in f.get("negatives", []) if n != p.positive]
         if len(negs) == 4 and f.get("pos_score"):
-            rows.append(({"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}}, f["scores"][0] / f["pos_score"]))
+            rows.append(
+                (
+                    {"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}},
+                    f["scores"][0] / f["pos_score"],
+                )
+            )
     rows.sort(key=lambda r: r[1])
     n = len(rows) - len(rows) % args.batch_size  # whole batches
     out = []
@@ -302,7 +318,17 @@ def mined_graded(src, args, seed: int) -> list[dict]:
         f = found.get(p.query_key) or {}
         negs = [n for n in f.get("negatives", []) if n != p.positive]
         if len(negs) == 4:
-            out.append({"id": f"scifact-{i}", "task": "", "task_type": "short-long", "query": p.query, "positive": p.positive, "negatives": negs, "source": "scifact"})
+            out.append(
+                {
+                    "id": f"scifact-{i}",
+                    "task": "",
+                    "task_type": "short-long",
+                    "query": p.query,
+                    "positive": p.positive,
+                    "negatives": negs,
+                    "source": "scifact",
+                }
+            )
     return out
 
 
@@ -328,12 +354,15 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     rng = random.Random(seed)
     pairs = src.pairs
     if arm.endswith("-noeasy"):  # the easiness filter: cos_pos - hardest negative's cosine > margin -> dropped
+
         def margin(p) -> float:
             f = pool.get(p.query_key) or {}
             return f["pos_score"] - f["scores"][0] if f.get("scores") and f.get("pos_score") is not None else float("inf")
 
         pairs = [p for p in pairs if margin(p) <= args.easy_margin]
-        print(f"easiness filter: {len(src.pairs) - len(pairs)} of {len(src.pairs)} queries dropped (margin > {args.easy_margin})", flush=True)
+        print(
+            f"easiness filter: {len(src.pairs) - len(pairs)} of {len(src.pairs)} queries dropped (margin > {args.easy_margin})", flush=True
+        )
     deep = [p for p in pairs if len(cands[id(p)]) >= depth]
     shallow = [p for p in pairs if 4 <= len(cands[id(p)]) < depth]
     rng.shuffle(deep)
@@ -352,7 +381,15 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
         level = 1 if arm.startswith("ns-tuple-hard") else 5 - phase
         start = TUPLE_START[level] - 1
         negs = cands[id(p)][start : start + 4]
-        rows.append({"anchor": p.query, "positive": p.positive, **{f"negative_{j + 1}": t for j, t in enumerate(negs)}, "phase": phase, "level": level})
+        rows.append(
+            {
+                "anchor": p.query,
+                "positive": p.positive,
+                **{f"negative_{j + 1}": t for j, t in enumerate(negs)},
+                "phase": phase,
+                "level": level,
+            }
+        )
     return rows
 
 
@@ -373,18 +410,31 @@ def llm_examples(run_dir: Path) -> list[dict]:
 def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) -> list[dict]:
     from negsynth.data.curriculum import build_curriculum
 
-    return list(build_curriculum(examples, schedule=schedule, batch_size=args.batch_size, total_steps=steps, seed=seed, homogeneous_batches=False, instruction_template=None))
+    return list(
+        build_curriculum(
+            examples,
+            schedule=schedule,
+            batch_size=args.batch_size,
+            total_steps=steps,
+            seed=seed,
+            homogeneous_batches=False,
+            instruction_template=None,
+        )
+    )
 
 
 def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: str = "train", name: str | None = None) -> str:
     """The run file of a pipeline arm: mined negatives for the training split, the shared training protocol.
     ``src_dir``: the data dir holding ``scifact/`` (``name`` None), else the BEIR folder itself."""
     path = src_dir / "scifact" if name is None else src_dir
-    source = f'[[regenerate.inputs]]\npath = {json.dumps(str(path))}\nsplit = "{split}"\n' + (f"name = {json.dumps(name)}\n" if name else "")
+    source = f'[[regenerate.inputs]]\npath = {json.dumps(str(path))}\nsplit = "{split}"\n' + (
+        f"name = {json.dumps(name)}\n" if name else ""
+    )
     return (
         f'[regenerate]\nnegatives = "mined"\n{source}'
         f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
-        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n" + extra_toml
+        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+        + extra_toml
     )
 
 
@@ -460,7 +510,12 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
     qid_of: dict[str, str] = {}
     for p in src.pairs:
         qid_of.setdefault(p.query, p.query_key)
-    flow: dict = {"arm": arm, "pairs": len(src.pairs), "queries": len({p.query_key for p in src.pairs}), "budget_rows": args.steps * args.batch_size}
+    flow: dict = {
+        "arm": arm,
+        "pairs": len(src.pairs),
+        "queries": len({p.query_key for p in src.pairs}),
+        "budget_rows": args.steps * args.batch_size,
+    }
     if arm.startswith("st-"):
         ds = stock_rows(src, arm, args)
         kept_q = sorted({qid_of[a] for a in ds["anchor"]})
@@ -494,12 +549,22 @@ def print_flow(flows: list[dict], args) -> None:
     if not flows:
         return
     stock = next((f for f in flows if f["arm"] == STOCK_ARM), None)
-    print(f"\nWhat reaches training ({args.name}, fit split, {args.steps} steps x batch {args.batch_size}; counts from the stages, no training)\n")
-    print("| arm | pairs (queries) in | after mining | after score filters | dropped by | rows trained | passes over kept | kept queries shared with " + STOCK_ARM + " |")
+    print(
+        f"\nWhat reaches training ({args.name}, fit split, {args.steps} steps x batch {args.batch_size}; counts from the stages, no training)\n"
+    )
+    print(
+        "| arm | pairs (queries) in | after mining | after score filters | dropped by | rows trained | passes over kept | kept queries shared with "
+        + STOCK_ARM
+        + " |"
+    )
     print("|---|---:|---:|---:|---|---:|---:|---:|")
     for f in flows:
         why = "; ".join(f"{k} {v}" for k, v in f["filters"].items() if v) or "-"
-        shared = "-" if stock is None or f is stock else f"{len(set(f['kept_qids']) & set(stock['kept_qids']))} of {f['kept_queries']} / {stock['kept_queries']}"
+        shared = (
+            "-"
+            if stock is None or f is stock
+            else f"{len(set(f['kept_qids']) & set(stock['kept_qids']))} of {f['kept_queries']} / {stock['kept_queries']}"
+        )
         print(f"| {f['arm']} | {f['pairs']} ({f['queries']}) | {f['mined_pairs']} ({f['mined_queries']}) | {f['kept_pairs']} ({f['kept_queries']}) | {why} | "
               f"{f['budget_rows']} | {f['passes']:.2f} | {shared} |")  # fmt: skip
     print("\n(pairs (queries); 'passes': rows trained / kept pairs, i.e. how often the step budget cycles each kept row)")
@@ -566,15 +631,35 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         info, path = train_arm(arm, seed, src, args)
     with PeakRSS() as eval_mem:
         scores, per_query = evaluate_model(path, args, args.select_tasks)
-    cost = {"train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1), "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}
-    return {"arm": arm, "seed": seed, "split": args.split_id, "scores": scores, "per_query": per_query, "model": path, "seconds": round(time.time() - t0, 1), **cost, **info}
+    cost = {
+        "train_s": round(train_mem.seconds, 1),
+        "eval_s": round(eval_mem.seconds, 1),
+        "train_peak_mib": train_mem.peak_mib,
+        "eval_peak_mib": eval_mem.peak_mib,
+    }
+    return {
+        "arm": arm,
+        "seed": seed,
+        "split": args.split_id,
+        "scores": scores,
+        "per_query": per_query,
+        "model": path,
+        "seconds": round(time.time() - t0, 1),
+        **cost,
+        **info,
+    }
 
 
 def run_test(r: dict, args) -> dict:
     """The test split for an arm already evaluated on dev: its scores and per-query figures added."""
     t0 = time.time()
     scores, per_query = evaluate_model(r.get("model"), args, [test_task(args)])
-    return {**r, "scores": {**r["scores"], **scores}, "per_query": {**r.get("per_query", {}), **per_query}, "test_s": round(time.time() - t0, 1)}
+    return {
+        **r,
+        "scores": {**r["scores"], **scores},
+        "per_query": {**r.get("per_query", {}), **per_query},
+        "test_s": round(time.time() - t0, 1),
+    }
 
 
 def choose_on_dev(results: list[dict], args) -> str | None:
@@ -641,11 +726,20 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
                 cells.append(f"{v[0]:.2f}")
             else:
                 cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}")
+
         def med(key: str, rs: list = rs) -> str:  # per seed: median over the seeds that recorded it
             v = [r[key] for r in rs if r.get(key) is not None]
             return f"{statistics.median(v):.0f}" if v else "-"
 
-        table.append((arm, len(rs), cells, round(sum(r["seconds"] for r in rs)), [med(k) for k in ("train_s", "eval_s", "train_peak_mib", "eval_peak_mib")]))
+        table.append(
+            (
+                arm,
+                len(rs),
+                cells,
+                round(sum(r["seconds"] for r in rs)),
+                [med(k) for k in ("train_s", "eval_s", "train_peak_mib", "eval_peak_mib")],
+            )
+        )
     return table
 
 
@@ -680,7 +774,9 @@ def print_table(results: list[dict], args) -> None:
     print("|---|---:|" + "---:|" * len(tasks) + "---:|---:|---:|---:|")
     for arm, n, cells, _secs, cost in summarise(results, tasks):
         print(f"| {arm} | {n} | " + " | ".join(cells) + " | " + " | ".join(cost) + " |")
-    print("\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-': not evaluated there, the test split only for the reported arms)")
+    print(
+        "\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-': not evaluated there, the test split only for the reported arms)"
+    )
     # the headline: every arm against the stock recipe, per query, on dev (to choose) and test (to report)
     rows = []
     for arm in ALL_ARMS:
@@ -749,31 +845,67 @@ def seed_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", type=Path, default=Path("runs/recipe"), help="OUT/<dataset>/: models (one folder per arm and seed), the split files and results.json")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1]
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/recipe"),
+        help="OUT/<dataset>/: models (one folder per arm and seed), the split files and results.json",
+    )
     ap.add_argument("--data-dir", type=Path, default=None, help="evaluation data (default: NEGSYNTH_DATA_DIR or ../shared/data)")
     ap.add_argument("--dataset", type=Path, default=None, help="a BEIR folder with train and test splits (default: DATA_DIR/scifact)")
-    ap.add_argument("--dev-frac", type=float, default=0.2, help="share of the train queries held out (by query) as the dev split that settings are chosen on; 0: none")
+    ap.add_argument(
+        "--dev-frac",
+        type=float,
+        default=0.2,
+        help="share of the train queries held out (by query) as the dev split that settings are chosen on; 0: none",
+    )
     ap.add_argument("--split-seed", type=int, default=0, help="seed of the dev split")
     ap.add_argument("--no-title", action="store_true", help="embed documents as their text only (a corpus whose text repeats the title)")
-    ap.add_argument("--counts-only", action="store_true", help="print what reaches training in the stock and pipeline arms (mining, score filters, cycling) and stop")
+    ap.add_argument(
+        "--counts-only",
+        action="store_true",
+        help="print what reaches training in the stock and pipeline arms (mining, score filters, cycling) and stop",
+    )
     ap.add_argument("--resamples", type=int, default=10000, help="bootstrap / permutation resamples of the paired per-query tests")
     ap.add_argument("--llm-run", type=Path, default=None, help="a regenerate(+score) run dir on SciFact train for the ns-llm-* arms")
     ap.add_argument("--arms", default=",".join(HEADLINE_ARMS), help=f"comma-separated, or 'all' ({','.join(ALL_ARMS)})")
-    ap.add_argument("--seeds", type=seed_list, default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first")
+    ap.add_argument(
+        "--seeds", type=seed_list, default="0", help="seeds of the key arms (0,1,2 for the README's spread); other arms use the first"
+    )
     ap.add_argument("--all-seeds", action="store_true", help="run every arm over every seed")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per arm (default: one pass over the fit split's pairs, rounded down; 28 for all 919 SciFact train pairs at batch 32)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per arm (default: one pass over the fit split's pairs, rounded down; 28 for all 919 SciFact train pairs at batch 32)",
+    )
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--easy-margin", type=float, default=0.1, help="the *-noeasy arms: drop queries with cos_pos - hardest negative > this")
     ap.add_argument("--hardness-strength", type=float, default=5.0, help="alpha of the *-hw arms (MNRL hardness_mode='hard_negatives')")
     ap.add_argument("--max-length", type=int, default=128, help="training max tokens (evaluation uses the model's 256)")
-    ap.add_argument("--eval-tasks", default="STSBenchmark,TRECClustering", help="other sets evaluated with dev (checks that nothing else broke); 'none' for none")
-    ap.add_argument("--eval-suite", choices=["full", "quick"], default="full",
-                    help="quick: SciFact's 300 test queries cut to 100 against 1,000 documents (every judged one kept), the other sets subsampled; "
-                         "a full SciFact evaluation embeds 5,183 abstracts (~45 min on one loaded CPU core)")
+    ap.add_argument(
+        "--eval-tasks",
+        default="STSBenchmark,TRECClustering",
+        help="other sets evaluated with dev (checks that nothing else broke); 'none' for none",
+    )
+    ap.add_argument(
+        "--eval-suite",
+        choices=["full", "quick"],
+        default="full",
+        help="quick: SciFact's 300 test queries cut to 100 against 1,000 documents (every judged one kept), the other sets subsampled; "
+        "a full SciFact evaluation embeds 5,183 abstracts (~45 min on one loaded CPU core)",
+    )
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
-    ap.add_argument("--emb-cache", type=Path, default=None, help="base-model query/corpus embeddings for mining (default OUT/<dataset>/_mined/emb; shared by every arm)")
+    ap.add_argument(
+        "--emb-cache",
+        type=Path,
+        default=None,
+        help="base-model query/corpus embeddings for mining (default OUT/<dataset>/_mined/emb; shared by every arm)",
+    )
     return ap
 
 
@@ -827,7 +959,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.counts_only:
         flows = [data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS]
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "data_flow.json").write_text(json.dumps({"split": sp, "steps": args.steps, "batch_size": args.batch_size, "flows": flows}, indent=1))
+        (args.out / "data_flow.json").write_text(
+            json.dumps({"split": sp, "steps": args.steps, "batch_size": args.batch_size, "flows": flows}, indent=1)
+        )
         print_flow(flows, args)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -840,12 +974,17 @@ def main(argv: list[str] | None = None) -> int:
     done = {(r["arm"], r["seed"]) for r in results}
     t0 = time.time()
     # every arm once first, then the further seeds of the key arms: an interrupted run has the whole table
-    jobs = [(arm, seeds[0]) for arm in arms] + [(arm, s) for s in seeds[1:] for arm in arms if arm != "base" and (arm in KEY_ARMS or args.all_seeds)]
+    jobs = [(arm, seeds[0]) for arm in arms] + [
+        (arm, s) for s in seeds[1:] for arm in arms if arm != "base" and (arm in KEY_ARMS or args.all_seeds)
+    ]
     for arm, seed in jobs:
         if (arm, seed) in done:
             continue
         r = run_arm(arm, seed, src, args)
-        print(f"{arm} seed {seed}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["scores"].items()) + f" ({r['seconds']:.0f} s)", file=sys.stderr)
+        print(
+            f"{arm} seed {seed}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in r["scores"].items()) + f" ({r['seconds']:.0f} s)",
+            file=sys.stderr,
+        )
         results = save_result(res_path, r, args)
     if args.dev_name:  # the test split, once per reported arm and seed, after every dev figure is in
         for arm in report_arms(results, args):

@@ -143,15 +143,23 @@ def main() -> None:
             med = {d: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s", "peak_rss_mb")} for d, rs in runs.items()}
             results.append({"examples": n, "texts": 6 * n, "median": med, "runs": runs})
         end = os.getloadavg()
-        print(f"\nMiniLM with {a.layers} of 6 layers, batch {a.batch_size}, CPU; medians of {a.repeats}; texts = 6 x examples, all distinct")
-        print(f"{'examples':>9s} {'texts':>8s} | {'score s':>8s} {'texts/s':>8s} {'peak MB':>8s} | {'bare s':>8s} {'texts/s':>8s} {'peak MB':>8s} | {'bare/score':>10s}")
+        print(
+            f"\nMiniLM with {a.layers} of 6 layers, batch {a.batch_size}, CPU; medians of {a.repeats}; texts = 6 x examples, all distinct"
+        )
+        print(
+            f"{'examples':>9s} {'texts':>8s} | {'score s':>8s} {'texts/s':>8s} {'peak MB':>8s} | {'bare s':>8s} {'texts/s':>8s} {'peak MB':>8s} | {'bare/score':>10s}"
+        )
         for r in results:
             s, b = r["median"]["score"], r["median"]["bare"]
             print(f"{r['examples']:9d} {r['texts']:8d} | {s['wall_s']:8.1f} {r['texts'] / s['wall_s']:8.0f} {s['peak_rss_mb']:8.0f} | "
                   f"{b['wall_s']:8.1f} {r['texts'] / b['wall_s']:8.0f} {b['peak_rss_mb']:8.0f} | {b['wall_s'] / s['wall_s']:10.2f}")  # fmt: skip
         print(f"load average at start {load[0]:.2f}, at end {end[0]:.2f}; {os.cpu_count()} CPUs")
         if a.json_out:
-            a.json_out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": results, "load_start": load, "load_end": end}, indent=1))
+            a.json_out.write_text(
+                json.dumps(
+                    {"args": {k: str(v) for k, v in vars(a).items()}, "results": results, "load_start": load, "load_end": end}, indent=1
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

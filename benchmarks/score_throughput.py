@@ -174,7 +174,9 @@ def main() -> None:
     natural = build_examples(data, args.examples)
     scenarios = {"unique": make_unique(natural), "natural": natural}
     model.encode(all_texts(natural[:64]), batch_size=args.batch_size)  # warm-up
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {emb.device}, batch {args.batch_size}, {args.examples} examples")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {emb.device}, batch {args.batch_size}, {args.examples} examples"
+    )
     results = {}
     for name, exs in scenarios.items():
         texts = all_texts(exs)

@@ -61,7 +61,10 @@ def make_rows(n: int, negatives: int, data_dir: str | None, seed: int = 0) -> di
                     break
     if len(docs) < n * (2 + negatives):  # synthetic: ~200 words each, cut to max_length tokens anyway
         vocab = "the of cell protein gene expression patients study cancer risk treatment increased mice levels response human".split()
-        docs = [(" ".join(rnd.choice(vocab) for _ in range(10)), " ".join(rnd.choice(vocab) for _ in range(200))) for _ in range(n * (2 + negatives))]
+        docs = [
+            (" ".join(rnd.choice(vocab) for _ in range(10)), " ".join(rnd.choice(vocab) for _ in range(200)))
+            for _ in range(n * (2 + negatives))
+        ]
     rows: dict[str, list[str]] = {"anchor": [], "positive": [], **{f"negative_{k + 1}": [] for k in range(negatives)}}
     for i in range(n):
         title, text = docs[i]
@@ -90,7 +93,18 @@ def child(args) -> None:
         trainer.train()
         seconds = time.perf_counter() - t0
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    print("RESULT " + json.dumps({"setting": args.child, "peak_rss_mib": mem.peak_mib, "seconds": seconds, "losses": losses, "loss_class": type(trainer.loss).__name__}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "setting": args.child,
+                "peak_rss_mib": mem.peak_mib,
+                "seconds": seconds,
+                "losses": losses,
+                "loss_class": type(trainer.loss).__name__,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -110,19 +124,29 @@ def main() -> None:
     results = []
     for s in args.settings.split(","):
         load = os.getloadavg()[0]
-        cmd = [sys.executable, __file__, "--child", s] + [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("settings", "out", "child") and v is not None]
-        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's negsynth
+        cmd = [sys.executable, __file__, "--child", s] + [
+            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("settings", "out", "child") and v is not None
+        ]
+        env = os.environ | {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        }  # this checkout's negsynth
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             raise SystemExit(f"{s}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
         r = json.loads(line[len("RESULT ") :]) | {"load1": round(load, 2)}
         results.append(r)
-        print(f"{s:<12} peak {r['peak_rss_mib']:>6} MiB  {r['seconds']:6.1f}s  load {load:4.1f}  {r['loss_class']}  losses " + " ".join(f"{x:.4f}" for x in r["losses"]), flush=True)
+        print(
+            f"{s:<12} peak {r['peak_rss_mib']:>6} MiB  {r['seconds']:6.1f}s  load {load:4.1f}  {r['loss_class']}  losses "
+            + " ".join(f"{x:.4f}" for x in r["losses"]),
+            flush=True,
+        )
     base = results[0]["losses"]
     for r in results:
         r["max_loss_diff_vs_first"] = max((abs(a - b) for a, b in zip(r["losses"], base)), default=None)
-    print(f"\nbatch {args.batch_size} x (1 + 1 + {args.negatives}) texts x {args.max_length} tokens, {args.steps} steps, {args.threads} threads")
+    print(
+        f"\nbatch {args.batch_size} x (1 + 1 + {args.negatives}) texts x {args.max_length} tokens, {args.steps} steps, {args.threads} threads"
+    )
     for r in results:
         print(f"{r['setting']:<12} peak {r['peak_rss_mib']:>6} MiB  max |loss - {results[0]['setting']}| {r['max_loss_diff_vs_first']:.2e}")
     if args.out:

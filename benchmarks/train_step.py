@@ -105,13 +105,28 @@ def main() -> None:
 
     torch.set_num_threads(2)
     batches = make_batches(args.steps + 1, args.batch_size)
-    results: dict = {"batch_size": args.batch_size, "max_length": args.max_length, "steps": args.steps, "torch_threads": torch.get_num_threads()}
+    results: dict = {
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "steps": args.steps,
+        "torch_threads": torch.get_num_threads(),
+    }
     for name in args.models.split(","):
         extra = {"lora": {"enabled": True}, "bidirectional": "all"} if name == "smollm2" else {}
         times = time_model(name, ["mean", "ata", "latent"], batches, extra, args.max_length)
         med = {p: statistics.median(v) for p, v in times.items()}
-        results[name] = {"setup": extra or "full fine-tune", "median_step_s": med, "ata_over_mean": med["ata"] / med["mean"], "latent_over_mean": med["latent"] / med["mean"]}
-        print(f"{name}: " + ", ".join(f"{p} {t:.3f}s" for p, t in med.items()) + f"  ATA/mean {med['ata'] / med['mean']:.3f}  latent/mean {med['latent'] / med['mean']:.3f}", flush=True)
+        results[name] = {
+            "setup": extra or "full fine-tune",
+            "median_step_s": med,
+            "ata_over_mean": med["ata"] / med["mean"],
+            "latent_over_mean": med["latent"] / med["mean"],
+        }
+        print(
+            f"{name}: "
+            + ", ".join(f"{p} {t:.3f}s" for p, t in med.items())
+            + f"  ATA/mean {med['ata'] / med['mean']:.3f}  latent/mean {med['latent'] / med['mean']:.3f}",
+            flush=True,
+        )
     results["sampler"] = sampler_overhead(1_000_000, 64)
     print("sampler:", json.dumps(results["sampler"]))
     if args.out:

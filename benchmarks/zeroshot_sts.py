@@ -35,10 +35,17 @@ def main(argv: list[str] | None = None) -> dict:
     from negsynth.resources import default_data_dir
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, default=None, help="folder with stsb/, sts12/ ... (default: negsynth.resources.default_data_dir())")
+    ap.add_argument(
+        "--data-dir", type=Path, default=None, help="folder with stsb/, sts12/ ... (default: negsynth.resources.default_data_dir())"
+    )
     ap.add_argument("--model", default="default", help="decoder model folder (default: bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--suite", choices=["full", "quick"], default="full", help="full = every pair; quick = evaluate's fixed subsample")
-    ap.add_argument("--engine", choices=["negsynth", "mteb"], default="negsynth", help="which evaluator scores the sets (as `negsynth evaluate --engine`)")
+    ap.add_argument(
+        "--engine",
+        choices=["negsynth", "mteb"],
+        default="negsynth",
+        help="which evaluator scores the sets (as `negsynth evaluate --engine`)",
+    )
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=128, help="tokens per copy of a text")
@@ -60,7 +67,9 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     data_dir = args.data_dir or default_data_dir()
     if data_dir is None:
-        raise SystemExit("zeroshot_sts: no data folder; pass --data-dir or set NEGSYNTH_DATA_DIR to a folder with stsb/, sts12/ … (see docs/evaluate.md)")
+        raise SystemExit(
+            "zeroshot_sts: no data folder; pass --data-dir or set NEGSYNTH_DATA_DIR to a folder with stsb/, sts12/ … (see docs/evaluate.md)"
+        )
     sets = [s for s in args.sets.split(",") if s]
 
     t_start = time.perf_counter()
@@ -74,14 +83,30 @@ def main(argv: list[str] | None = None) -> dict:
     groups = {
         "plain": (emb("mean"), [("mean", "mean", None), ("last", "last", None)]),
         "prompteol": (emb("prompteol"), [("prompteol (last)", "last", None)]),
-        "embedfilter-prompteol": (emb("prompteol", prompteol_template="summarize", truncation="head_tail"),
-                                  [("prompteol[summarize] (last)", "last", None)]
-                                  + [(f"embedfilter τ={t} on prompteol[summarize]", "last", emb("embedfilter", base="prompteol", filter_ratio=t)) for t in (2, 4)]),
-        "echo": (emb("echo"), [("echo-mean", "mean", None), ("echo-last", "last", None)]
-                 + [(f"embedfilter τ={t} on echo-mean", "mean", emb("embedfilter", base="echo", filter_ratio=t)) for t in (2, 4)]),
-        "echo-rewrite": (emb("echo", echo_template="rewrite"), [("echo-mean [rewrite]", "mean", None), ("echo-last [rewrite]", "last", None)]),
-        "reba": (emb("reba", repeat=2), [("reba2-mean", "mean", None), ("reba2-last (paper e_n)", "last:paper", None),
-                                         ("reba2-last (code: final row)", "last:code", None)]),
+        "embedfilter-prompteol": (
+            emb("prompteol", prompteol_template="summarize", truncation="head_tail"),
+            [("prompteol[summarize] (last)", "last", None)]
+            + [
+                (f"embedfilter τ={t} on prompteol[summarize]", "last", emb("embedfilter", base="prompteol", filter_ratio=t)) for t in (2, 4)
+            ],
+        ),
+        "echo": (
+            emb("echo"),
+            [("echo-mean", "mean", None), ("echo-last", "last", None)]
+            + [(f"embedfilter τ={t} on echo-mean", "mean", emb("embedfilter", base="echo", filter_ratio=t)) for t in (2, 4)],
+        ),
+        "echo-rewrite": (
+            emb("echo", echo_template="rewrite"),
+            [("echo-mean [rewrite]", "mean", None), ("echo-last [rewrite]", "last", None)],
+        ),
+        "reba": (
+            emb("reba", repeat=2),
+            [
+                ("reba2-mean", "mean", None),
+                ("reba2-last (paper e_n)", "last:paper", None),
+                ("reba2-last (code: final row)", "last:code", None),
+            ],
+        ),
     }
     results, passes = [], {}
     for g in args.groups.split(","):
@@ -100,8 +125,13 @@ def main(argv: list[str] | None = None) -> dict:
             results.append({"method": label, "pass": g, "dim": view.dim, "per_set": per, "avg": float(np.mean(list(per.values())))})
             log.info("%s: avg %.2f", label, results[-1]["avg"])
         n_tok = float(np.mean([len(e.tokenize(t).ids) for t in list(shared.index)[:2000]]))
-        passes[g] = {"texts": len(shared.index), "embedded_now": shared.encoded, "seconds": round(shared.seconds, 1),
-                     "texts_per_s": shared.encoded / shared.seconds if shared.seconds else None, "tokens_per_text": n_tok}
+        passes[g] = {
+            "texts": len(shared.index),
+            "embedded_now": shared.encoded,
+            "seconds": round(shared.seconds, 1),
+            "texts_per_s": shared.encoded / shared.seconds if shared.seconds else None,
+            "tokens_per_text": n_tok,
+        }
         log.info("%s pass: %s", g, passes[g])
 
     head = "| method | dim | " + " | ".join(sets) + " | avg |"
@@ -115,15 +145,19 @@ def main(argv: list[str] | None = None) -> dict:
         lines.append(f"| {g} | {v['texts']} | {v['embedded_now']} | {v['seconds']} | {tps} | {v['tokens_per_text']:.0f} |")
     table = "\n".join(lines)
     wall = time.perf_counter() - t_start
-    meta = (f"SmolLM2-135M-Instruct ({args.model}), Spearman x100 of cosine vs gold, suite {args.suite} "
-            f"({'every pair' if args.suite == 'full' else 'evaluate quick subsample'}), engine {args.engine}, max {args.max_length} tokens "
-            f"per copy, batch {args.batch_size}, torch threads {torch.get_num_threads()}, wall {wall / 60:.1f} min.")
+    meta = (
+        f"SmolLM2-135M-Instruct ({args.model}), Spearman x100 of cosine vs gold, suite {args.suite} "
+        f"({'every pair' if args.suite == 'full' else 'evaluate quick subsample'}), engine {args.engine}, max {args.max_length} tokens "
+        f"per copy, batch {args.batch_size}, torch threads {torch.get_num_threads()}, wall {wall / 60:.1f} min."
+    )
     print(meta)
     print(table)
     if args.out_md:
         args.out_md.write_text(meta + "\n\n" + table + "\n")
     if args.out_json:
-        args.out_json.write_text(json.dumps({"meta": meta, "args": {k: str(v) for k, v in vars(args).items()}, "results": results, "passes": passes}, indent=1))
+        args.out_json.write_text(
+            json.dumps({"meta": meta, "args": {k: str(v) for k, v in vars(args).items()}, "results": results, "passes": passes}, indent=1)
+        )
     return {"meta": meta, "results": results, "passes": passes}
 
 

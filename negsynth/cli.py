@@ -43,6 +43,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
@@ -72,11 +73,19 @@ ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's i
 NumShardsOpt = Annotated[int, typer.Option("--num-shards", help="number of workers splitting the run")]
 MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop after this many LLM requests (this invocation; exit code 3)")]
 MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="stop after this many tokens in + out (this invocation; exit code 3)")]
-MaxCostOpt = Annotated[float | None, typer.Option("--max-cost", help="stop after this estimated cost in USD, llm.price (this invocation; exit code 3)")]
+MaxCostOpt = Annotated[
+    float | None, typer.Option("--max-cost", help="stop after this estimated cost in USD, llm.price (this invocation; exit code 3)")
+]
 ModeOpt = Annotated[str, typer.Option("--mode", help="online (live requests) or batch (OpenAI Batch API: upload, poll, download)")]
-ExecutorOpt = Annotated[str, typer.Option("--executor", help="local, or ray: --workers shard workers as Ray tasks (pip install 'negsynth[ray]')")]
-WorkersOpt = Annotated[int, typer.Option("--workers", help="with --executor ray: shard workers (the global LLM limits are split among them)")]
-RayAddressOpt = Annotated[str | None, typer.Option("--ray-address", help="with --executor ray: the cluster (default $RAY_ADDRESS, else a local one)")]
+ExecutorOpt = Annotated[
+    str, typer.Option("--executor", help="local, or ray: --workers shard workers as Ray tasks (pip install 'negsynth[ray]')")
+]
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", help="with --executor ray: shard workers (the global LLM limits are split among them)")
+]
+RayAddressOpt = Annotated[
+    str | None, typer.Option("--ray-address", help="with --executor ray: the cluster (default $RAY_ADDRESS, else a local one)")
+]
 
 #: exit code when a --max-* budget stopped a stage: finished work is written, rerun to continue
 EXIT_BUDGET = 3
@@ -110,7 +119,10 @@ def guarded(fn):
 
             if not isinstance(e, sqlite3.Error):
                 raise
-            typer.echo(f"error: the request cache (RUN_DIR/cache/llm.sqlite) failed: {e}; check the disk, or move the file away and rerun", err=True)
+            typer.echo(
+                f"error: the request cache (RUN_DIR/cache/llm.sqlite) failed: {e}; check the disk, or move the file away and rerun",
+                err=True,
+            )
             raise typer.Exit(EXIT_ENV) from None
 
     return wrapper
@@ -239,7 +251,9 @@ def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool =
 
     def deco(fn):
         own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]  # after opts
-        params = own + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, n), annotation=hints[n]) for n in shared]
+        params = own + [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, n), annotation=hints[n]) for n in shared
+        ]
 
         def command(**kw):
             opts = Options(**{n: kw.pop(n) for n in shared})
@@ -285,7 +299,9 @@ def _execute(name: str, opts: Options, ctx) -> dict:
         from negsynth.pipeline.ray_executor import run_on_ray
 
         if not stage.shardable:
-            raise UserError(f"--executor ray: {name} does not split into shard workers; run it without --executor (it splits: {', '.join(SHARDABLE)})")
+            raise UserError(
+                f"--executor ray: {name} does not split into shard workers; run it without --executor (it splits: {', '.join(SHARDABLE)})"
+            )
         return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
     if opts.executor != "local":
         raise UserError(f"--executor {opts.executor!r}: choose local or ray")
@@ -324,19 +340,36 @@ def regenerate(
     opts: Options,
     inputs: Annotated[
         list[str] | None,
-        typer.Option("--input", "-i", help="a BEIR folder, a saved HF dataset (or hub name), or a .jsonl/.parquet/.csv/.tsv file; repeatable"),
+        typer.Option(
+            "--input", "-i", help="a BEIR folder, a saved HF dataset (or hub name), or a .jsonl/.parquet/.csv/.tsv file; repeatable"
+        ),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    query_col: Annotated[str | None, typer.Option("--query-col", help="column holding the query (default: query, anchor, question, premise, text1, ...)")] = None,
-    positive_col: Annotated[str | None, typer.Option("--positive-col", help="column holding the positive (default: positive, document, answer, hypothesis, text2, ...)")] = None,
+    query_col: Annotated[
+        str | None, typer.Option("--query-col", help="column holding the query (default: query, anchor, question, premise, text1, ...)")
+    ] = None,
+    positive_col: Annotated[
+        str | None,
+        typer.Option("--positive-col", help="column holding the positive (default: positive, document, answer, hypothesis, text2, ...)"),
+    ] = None,
     instruction_col: Annotated[str | None, typer.Option("--instruction-col", help="column with a per-row instruction")] = None,
-    negatives_col: Annotated[str | None, typer.Option("--negatives-col", help="column with the source's own negatives (kept in meta, never used)")] = None,
-    source_name: Annotated[str | None, typer.Option("--source-name", help="source name: instruction-table key and source_id prefix (default: from the path)")] = None,
+    negatives_col: Annotated[
+        str | None, typer.Option("--negatives-col", help="column with the source's own negatives (kept in meta, never used)")
+    ] = None,
+    source_name: Annotated[
+        str | None, typer.Option("--source-name", help="source name: instruction-table key and source_id prefix (default: from the path)")
+    ] = None,
     split: Annotated[str | None, typer.Option("--split", help="BEIR qrels split (train/dev/test) or a DatasetDict split")] = None,
-    filter_: Annotated[list[str] | None, typer.Option("--filter", help="keep rows with COLUMN=VALUE[,VALUE...], e.g. --filter label=entailment")] = None,
-    instruction: Annotated[str | None, typer.Option("--instruction", help="instruction for every pair (overrides the per-source table)")] = None,
+    filter_: Annotated[
+        list[str] | None, typer.Option("--filter", help="keep rows with COLUMN=VALUE[,VALUE...], e.g. --filter label=entailment")
+    ] = None,
+    instruction: Annotated[
+        str | None, typer.Option("--instruction", help="instruction for every pair (overrides the per-source table)")
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="at most N pairs per input (a seeded random sample)")] = None,
-    mine: Annotated[int | None, typer.Option("--mine", min=0, help="also mine K negatives per pair from the source's corpus with the embedder")] = None,
+    mine: Annotated[
+        int | None, typer.Option("--mine", min=0, help="also mine K negatives per pair from the source's corpus with the embedder")
+    ] = None,
 ) -> None:
     """LLM-graded negatives for existing (query, positive) pairs (MGH §1.5) -> RUN_DIR/regenerate/.
 
@@ -347,15 +380,27 @@ def regenerate(
 
     ctx = opts.context()
     rcfg = ctx.cfg.regenerate
-    cols = {k: v for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col)) if v}
+    cols = {
+        k: v
+        for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col))
+        if v
+    }
     if inputs:
         if source_name and len(inputs) > 1:
-            raise UserError("--source-name applies to one --input; describe several named inputs with [[regenerate.inputs]] in a --config file")
+            raise UserError(
+                "--source-name applies to one --input; describe several named inputs with [[regenerate.inputs]] in a --config file"
+            )
         try:
             rcfg.inputs = [
                 SourceSpec(
-                    path=p, format=fmt, name=source_name, split=split, columns=cols, filter=_filter_arg(filter_),
-                    instruction=instruction, limit=limit,
+                    path=p,
+                    format=fmt,
+                    name=source_name,
+                    split=split,
+                    columns=cols,
+                    filter=_filter_arg(filter_),
+                    instruction=instruction,
+                    limit=limit,
                 )  # fmt: skip
                 for p in inputs
             ]
@@ -363,7 +408,9 @@ def regenerate(
             raise UserError(f"--input: {str(e).splitlines()[-1].strip()}") from None
     else:
         if cols or fmt != "auto" or source_name or split or filter_ or instruction:
-            raise UserError("--format/--*-col/--source-name/--split/--filter/--instruction describe an --input; pass --input PATH too (or edit [[regenerate.inputs]])")
+            raise UserError(
+                "--format/--*-col/--source-name/--split/--filter/--instruction describe an --input; pass --input PATH too (or edit [[regenerate.inputs]])"
+            )
         if limit is not None:
             rcfg.inputs = [s.model_copy(update={"limit": limit}) for s in rcfg.inputs]
     if mine is not None:
@@ -376,15 +423,29 @@ def corpus(
     opts: Options,
     inputs: Annotated[
         list[str] | None,
-        typer.Option("--input", "-i", help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable"),
+        typer.Option(
+            "--input",
+            "-i",
+            help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable",
+        ),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    text_col: Annotated[str | None, typer.Option("--text-col", help="column holding the document text (default: text, body, content, document, ...)")] = None,
-    title_col: Annotated[str | None, typer.Option("--title-col", help="column holding a title, prepended to the text (default: title)")] = None,
-    id_col: Annotated[str | None, typer.Option("--id-col", help="column holding the document id (default: _id, id, doc_id; else the row)")] = None,
+    text_col: Annotated[
+        str | None, typer.Option("--text-col", help="column holding the document text (default: text, body, content, document, ...)")
+    ] = None,
+    title_col: Annotated[
+        str | None, typer.Option("--title-col", help="column holding a title, prepended to the text (default: title)")
+    ] = None,
+    id_col: Annotated[
+        str | None, typer.Option("--id-col", help="column holding the document id (default: _id, id, doc_id; else the row)")
+    ] = None,
     max_docs: Annotated[int | None, typer.Option("--max-docs", min=1, help="a seeded sample of at most N documents")] = None,
-    queries_per_doc: Annotated[int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")] = None,
-    negatives: Annotated[str | None, typer.Option("--negatives", help="mined (from the corpus) | llm (written for the document) | mixed")] = None,
+    queries_per_doc: Annotated[
+        int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
+    ] = None,
+    negatives: Annotated[
+        str | None, typer.Option("--negatives", help="mined (from the corpus) | llm (written for the document) | mixed")
+    ] = None,
 ) -> None:
     """A corpus with no queries: the LLM writes queries grounded in each document -> RUN_DIR/corpus/.
 
@@ -437,7 +498,9 @@ def score(
     opts: Options,
     embedder: Annotated[
         str | None,
-        typer.Option("--embedder", "-e", help="st (MiniLM), st:PATH_OR_NAME, decoder, decoder:PATH, or a sentence-transformers folder / hub name"),
+        typer.Option(
+            "--embedder", "-e", help="st (MiniLM), st:PATH_OR_NAME, decoder, decoder:PATH, or a sentence-transformers folder / hub name"
+        ),
     ] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="measured | annotate | reorder | filter (default score.policy)")] = None,
 ) -> None:
@@ -448,7 +511,9 @@ def score(
 @stage_command()
 def curriculum(
     opts: Options,
-    schedule: Annotated[str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K")] = None,
+    schedule: Annotated[
+        str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K")
+    ] = None,
 ) -> None:
     """Build the training rows in training order (easiest level first; n-tuple rows when all negatives were mined) -> RUN_DIR/curriculum/."""
     _run("curriculum", opts, [f"curriculum.schedule='{schedule}'"] if schedule else [])
@@ -468,8 +533,16 @@ def evaluate(
     suite: Annotated[str | None, typer.Option("--suite", help="quick | full")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="comma-separated task or category names")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="benchmark folder (default ../shared/data)")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="negsynth | mteb (MTEB tasks through the mteb library: pip install 'negsynth[eval]')")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="torch (default) | auto | onnx | onnx-int8 | openvino (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)")] = None,
+    engine: Annotated[
+        str | None, typer.Option("--engine", help="negsynth | mteb (MTEB tasks through the mteb library: pip install 'negsynth[eval]')")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="torch (default) | auto | onnx | onnx-int8 | openvino (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
     sets = [f"evaluate.suite='{suite}'"] if suite else []
@@ -516,11 +589,23 @@ def estimate(
     config: ConfigOpt = None,
     run_dir: RunDirOpt = Path("runs/default"),
     set_: SetOpt = None,
-    stages: Annotated[str | None, typer.Option("--stages", help="comma-separated LLM stages to estimate (default: those of pipeline.stages)")] = None,
-    rps: Annotated[float | None, typer.Option("--rps", help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)")] = None,
+    stages: Annotated[
+        str | None, typer.Option("--stages", help="comma-separated LLM stages to estimate (default: those of pipeline.stages)")
+    ] = None,
+    rps: Annotated[
+        float | None,
+        typer.Option(
+            "--rps",
+            help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)",
+        ),
+    ] = None,
     latency: Annotated[float, typer.Option("--latency", help="seconds one request takes, for the wall time when --rps is not given")] = 5.0,
-    price_in: Annotated[float | None, typer.Option("--price-in", help="USD per 1M prompt tokens (default: llm.price.input_per_mtok)")] = None,
-    price_out: Annotated[float | None, typer.Option("--price-out", help="USD per 1M completion tokens (default: llm.price.output_per_mtok)")] = None,
+    price_in: Annotated[
+        float | None, typer.Option("--price-in", help="USD per 1M prompt tokens (default: llm.price.input_per_mtok)")
+    ] = None,
+    price_out: Annotated[
+        float | None, typer.Option("--price-out", help="USD per 1M completion tokens (default: llm.price.output_per_mtok)")
+    ] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
@@ -563,7 +648,10 @@ def merge(
     if json_out:
         _emit(stats, True)
     else:
-        typer.echo(f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}", err=True)
+        typer.echo(
+            f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}",
+            err=True,
+        )
 
 
 @app.command()
@@ -587,7 +675,10 @@ def serve(
         cfg.serve.model_path = str(model_path)
     srv = EmbeddedServer(cfg.serve, cfg.llm.model, slots=cfg.llm.max_concurrency)
     srv.start()
-    typer.echo(f"serving {cfg.llm.model} at {srv.base_url} with {srv.describe()}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it", err=True)
+    typer.echo(
+        f"serving {cfg.llm.model} at {srv.base_url} with {srv.describe()}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it",
+        err=True,
+    )
     sys.exit(srv.wait())
 
 
@@ -612,11 +703,17 @@ def inspect_cmd(
     path: Annotated[Path, typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="pretty-print N examples (with cosines and flags when scored)")] = 0,
     task_type: Annotated[str | None, typer.Option("--task-type", help="only examples of this task type")] = None,
-    flag: Annotated[str | None, typer.Option("--flag", help="only examples with this flag: false_negative | too_easy | non_monotonic")] = None,
-    level: Annotated[int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")] = None,
+    flag: Annotated[
+        str | None, typer.Option("--flag", help="only examples with this flag: false_negative | too_easy | non_monotonic")
+    ] = None,
+    level: Annotated[
+        int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,
     plots: Annotated[Path | None, typer.Option("--plots", help="also write PNG figures to this directory")] = None,
-    html_out: Annotated[Path | None, typer.Option("--html", help="also write one self-contained HTML page (tables, plots, a filterable sample browser)")] = None,
+    html_out: Annotated[
+        Path | None, typer.Option("--html", help="also write one self-contained HTML page (tables, plots, a filterable sample browser)")
+    ] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:
@@ -645,13 +742,23 @@ def inspect_cmd(
 @app.command()
 @guarded
 def export(
-    out: Annotated[Path, typer.Option("--out", "-o", help="output folder: OUT/dataset (HF dataset repo) and OUT/model (sentence-transformers model + card)")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="output folder: OUT/dataset (HF dataset repo) and OUT/model (sentence-transformers model + card)"),
+    ],
     run_dir: RunDirOpt = Path("runs/default"),
     only: Annotated[str | None, typer.Option("--only", help="dataset | model (default: both)")] = None,
-    with_shards: Annotated[bool, typer.Option("--with-shards", help="also export the generate/regenerate/score records as dataset configurations")] = False,
-    ntuple: Annotated[int | None, typer.Option("--ntuple", min=1, help="also write the 'ntuple' configuration: anchor, positive, negative_1..N per scored example")] = None,
+    with_shards: Annotated[
+        bool, typer.Option("--with-shards", help="also export the generate/regenerate/score records as dataset configurations")
+    ] = False,
+    ntuple: Annotated[
+        int | None,
+        typer.Option("--ntuple", min=1, help="also write the 'ntuple' configuration: anchor, positive, negative_1..N per scored example"),
+    ] = None,
     license_: Annotated[str, typer.Option("--license", help="licence id for both cards (e.g. cc-by-4.0, apache-2.0)")] = "unknown",
-    push: Annotated[str | None, typer.Option("--push", help="upload to the Hub as USER/NAME (dataset and model repo); needs HF_TOKEN")] = None,
+    push: Annotated[
+        str | None, typer.Option("--push", help="upload to the Hub as USER/NAME (dataset and model repo); needs HF_TOKEN")
+    ] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = 0,
 ) -> None:

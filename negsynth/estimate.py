@@ -81,7 +81,16 @@ class StageEstimate:
     cost_usd: float = 0.0
     cost_usd_max: float = 0.0
 
-    def add(self, msgs: list[dict[str, str]], answer_tokens: int, tc: TokenCounter, attempts: int, max_tokens: int, reask_tokens: int, n: int = 1) -> None:
+    def add(
+        self,
+        msgs: list[dict[str, str]],
+        answer_tokens: int,
+        tc: TokenCounter,
+        attempts: int,
+        max_tokens: int,
+        reask_tokens: int,
+        n: int = 1,
+    ) -> None:
         """``n`` requests of ``msgs``: first attempts, and the worst case of ``attempts`` tries
         (each re-ask resends the conversation with the rejected answer and the re-ask turn)."""
         p = tc.messages(msgs)
@@ -188,7 +197,10 @@ def _generate(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common: d
         est.basis.append("tasks from RUN_DIR/brainstorm")
     else:
         tasks = {
-            tt: [Task(id=f"example-{tt}-{i}", task_type=tt, task=t, model="example") for i, t in enumerate(load_example(f"brainstorm_{tt}")["output"]["tasks"])]
+            tt: [
+                Task(id=f"example-{tt}-{i}", task_type=tt, task=t, model="example")
+                for i, t in enumerate(load_example(f"brainstorm_{tt}")["output"]["tasks"])
+            ]
             for tt in cfg.ratio
             if tt != "sts"
         }
@@ -321,14 +333,31 @@ def estimate(
         if name in cached and est.requests:
             est.completion_tokens = est.requests * min(cached[name], cfg.llm.max_tokens)
             est.basis.append(f"completion tokens: the mean of its answers in the run's request cache ({cached[name]} tokens)")
-        for suffix, req, pt, ct in (("", est.requests, est.prompt_tokens, est.completion_tokens), ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max)):
+        for suffix, req, pt, ct in (
+            ("", est.requests, est.prompt_tokens, est.completion_tokens),
+            ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max),
+        ):
             r = rate
             if cfg.llm.tpm and req:
                 r = min(r, cfg.llm.tpm / 60 / ((pt + ct) / req))
             setattr(est, "wall_s" + suffix, round(req / r, 1) if req else 0.0)
             setattr(est, "cost_usd" + suffix, round((pt * pin + ct * pout) / 1e6, 6))
         out["stages"][name] = asdict(est)
-    tot = {k: sum(s[k] for s in out["stages"].values()) for k in ("requests", "requests_max", "prompt_tokens", "prompt_tokens_max", "completion_tokens", "completion_tokens_max", "wall_s", "wall_s_max", "cost_usd", "cost_usd_max")}
+    tot = {
+        k: sum(s[k] for s in out["stages"].values())
+        for k in (
+            "requests",
+            "requests_max",
+            "prompt_tokens",
+            "prompt_tokens_max",
+            "completion_tokens",
+            "completion_tokens_max",
+            "wall_s",
+            "wall_s_max",
+            "cost_usd",
+            "cost_usd_max",
+        )
+    }
     tot["cost_usd"], tot["cost_usd_max"] = round(tot["cost_usd"], 6), round(tot["cost_usd_max"], 6)
     out["total"] = tot
     out["assumptions"] = {
@@ -337,7 +366,11 @@ def estimate(
         "completion_tokens": "the size of each stage's worked-example answer, or the mean of its answers in the run's request cache when it has some (max: llm.max_tokens per request)",
         "requests_max": f"every item using all llm.max_attempts={cfg.llm.max_attempts} attempts",
         "rate_rps": round(rate, 4),
-        "rate_basis": f"--rps {rps:g}" if rps is not None else f"llm.max_concurrency={cfg.llm.max_concurrency} requests every --latency {latency_s:g} s" + (f", capped by llm.rpm={cfg.llm.rpm}" if cfg.llm.rpm else "") + (f" and llm.tpm={cfg.llm.tpm}" if cfg.llm.tpm else ""),
+        "rate_basis": f"--rps {rps:g}"
+        if rps is not None
+        else f"llm.max_concurrency={cfg.llm.max_concurrency} requests every --latency {latency_s:g} s"
+        + (f", capped by llm.rpm={cfg.llm.rpm}" if cfg.llm.rpm else "")
+        + (f" and llm.tpm={cfg.llm.tpm}" if cfg.llm.tpm else ""),
         "price_per_mtok": {"input": pin, "output": pout},
         "price_basis": "--price-in/--price-out" if price_in is not None or price_out is not None else "llm.price",
     }
@@ -361,12 +394,21 @@ def render(est: dict[str, Any]) -> None:
             elif name != "total" and not s["requests"]:
                 t.add_row(name, "no LLM", "", "", "", "")
             else:
-                t.add_row(name, f"{s['requests' + sfx]:,}", f"{s['prompt_tokens' + sfx]:,}", f"{s['completion_tokens' + sfx]:,}", _dur(s["wall_s" + sfx]), f"${s['cost_usd' + sfx]:,.2f}")
+                t.add_row(
+                    name,
+                    f"{s['requests' + sfx]:,}",
+                    f"{s['prompt_tokens' + sfx]:,}",
+                    f"{s['completion_tokens' + sfx]:,}",
+                    _dur(s["wall_s" + sfx]),
+                    f"${s['cost_usd' + sfx]:,.2f}",
+                )
         console.print(t)
     a = est["assumptions"]
     console.print(f"tokens: {a['tokenizer']}; completion tokens: {a['completion_tokens']}")
     console.print(f"wall time at {a['rate_rps']:g} requests/s ({a['rate_basis']})")
-    console.print(f"USD at ${a['price_per_mtok']['input']:g} / ${a['price_per_mtok']['output']:g} per 1M tokens in / out ({a['price_basis']})")
+    console.print(
+        f"USD at ${a['price_per_mtok']['input']:g} / ${a['price_per_mtok']['output']:g} per 1M tokens in / out ({a['price_basis']})"
+    )
     for name, s in est["stages"].items():
         for b in s["basis"]:
             console.print(f"  {name}: {b}")

@@ -110,22 +110,32 @@ def _md_table(title: str, counts: dict) -> list[str]:
 
 
 def export_dataset(
-    run_dir: str | Path, out_dir: str | Path, *, with_shards: bool = False, ntuple: int | None = None, license: str = "unknown",
-    pretty_name: str | None = None, repo_id: str | None = None,
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    with_shards: bool = False,
+    ntuple: int | None = None,
+    license: str = "unknown",
+    pretty_name: str | None = None,
+    repo_id: str | None = None,
 ) -> dict:
     """Write ``out_dir`` as a dataset repo folder (module docstring). Returns a summary dict."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cur = run_dir / "curriculum"
     parquet = cur / "train.parquet"
     if not parquet.is_file():
-        raise UserError(f"{parquet}: no curriculum to export; run `negsynth curriculum -d {run_dir}` first (or export only the model with --only model)")
+        raise UserError(
+            f"{parquet}: no curriculum to export; run `negsynth curriculum -d {run_dir}` first (or export only the model with --only model)"
+        )
     card = _read_json(cur / "card.json") or {}
     build = card.get("build", {}) or {}
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
     try:
         (tmp / "curriculum").mkdir()
         shutil.copyfile(parquet, tmp / "curriculum" / PARQUET)
-        configs: list[dict] = [{"config_name": "curriculum", "data_files": [{"split": "train", "path": f"curriculum/{PARQUET}"}], "default": True}]
+        configs: list[dict] = [
+            {"config_name": "curriculum", "data_files": [{"split": "train", "path": f"curriculum/{PARQUET}"}], "default": True}
+        ]
         summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {"curriculum": card.get("rows")}}
         nt_stats = None
         if ntuple:
@@ -137,11 +147,18 @@ def export_dataset(
             if not any(score.glob("shard-*.jsonl")):
                 raise UserError(f"{score}: no scored examples for --ntuple; run `negsynth score -d {run_dir}` first")
             try:
-                rows = ntuple_rows(read_stage(score), ntuple, instruction_template=build.get("instruction_template", DEFAULT_TEMPLATE), use_mined=bool(build.get("use_mined")))
+                rows = ntuple_rows(
+                    read_stage(score),
+                    ntuple,
+                    instruction_template=build.get("instruction_template", DEFAULT_TEMPLATE),
+                    use_mined=bool(build.get("use_mined")),
+                )
             except CurriculumError as e:
                 raise UserError(str(e)) from None
             if not rows:
-                raise UserError(f"{score}: no example has {ntuple} negatives (--ntuple {ntuple}); lower --ntuple or use score.policy=annotate")
+                raise UserError(
+                    f"{score}: no example has {ntuple} negatives (--ntuple {ntuple}); lower --ntuple or use score.policy=annotate"
+                )
             _write_parquet(list(rows), tmp / "ntuple" / PARQUET)
             configs.append({"config_name": "ntuple", "data_files": [{"split": "train", "path": f"ntuple/{PARQUET}"}]})
             nt_stats = {k: v for k, v in rows.stats.items() if k != "instruction_template"}
@@ -185,7 +202,9 @@ def export_dataset(
                 **({"shards": shard_counts} if shard_counts else {}),
             },
         }
-        (tmp / "README.md").write_text(_yaml_front(meta) + _dataset_body(meta, card, build).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8")
+        (tmp / "README.md").write_text(
+            _yaml_front(meta) + _dataset_body(meta, card, build).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8"
+        )
         if (cur / "card.json").is_file():
             shutil.copyfile(cur / "card.json", tmp / "negsynth_card.json")
         _replace(tmp, out_dir)
@@ -213,8 +232,11 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "Contrastive training data made by negsynth (MGH multi-granularity hard-negative synthesis): "
         "an LLM wrote each query, its positive and four hard negatives graded hardest → easiest; a local embedder checked the "
         "grading and flagged false negatives; "
-        + ("each row carries its hardest negatives (n-tuple rows, no curriculum order)." if tuple_rows
-           else "the rows form a curriculum (easiest level first)."),
+        + (
+            "each row carries its hardest negatives (n-tuple rows, no curriculum order)."
+            if tuple_rows
+            else "the rows form a curriculum (easiest level first)."
+        ),
         "",
         f"- **Generator model(s)**: {gens}",
         f"- **Schedule**: `{ns['schedule']}` (levels by phase {ns['levels_by_phase']}), batch size {ns['batch_size']}, seed {ns['seed']}, "
@@ -231,15 +253,25 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "|---|---:|---|",
     ]
     cols = {
-        "curriculum": ("anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
-                       if tuple_rows
-                       else "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source"),
+        "curriculum": (
+            "anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
+            if tuple_rows
+            else "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source"
+        ),
         "ntuple": "anchor, positive, negative_1 … negative_n (hardest first), task_type, example_id, source",
     }
     for c in meta["configs"]:
         name = c["config_name"]
-        n = card.get("rows") if name == "curriculum" else (ns.get("ntuple") or {}).get("rows") if name == "ntuple" else (ns.get("shards") or {}).get(name)
-        lines.append(f"| `{name}`{' (default)' if c.get('default') else ''} | {n} | {cols.get(name, 'negsynth Example records (query, positive, negatives, score, …)')} |")
+        n = (
+            card.get("rows")
+            if name == "curriculum"
+            else (ns.get("ntuple") or {}).get("rows")
+            if name == "ntuple"
+            else (ns.get("shards") or {}).get(name)
+        )
+        lines.append(
+            f"| `{name}`{' (default)' if c.get('default') else ''} | {n} | {cols.get(name, 'negsynth Example records (query, positive, negatives, score, …)')} |"
+        )
     lines += [
         "",
         "**The `curriculum` rows are in training order: do not shuffle them.** Train with the stock trainer:",
@@ -253,7 +285,7 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
         'ds = load_dataset("REPO_ID", "curriculum", split="train")',
         f"train_ds = ds.select_columns({text_cols!r})  # metadata stays out of the inputs",
-        f"args = SentenceTransformerTrainingArguments(\"out\", per_device_train_batch_size={ns['batch_size']}, batch_sampler=curriculum_batch_sampler(ds[\"phase\"]))",
+        f'args = SentenceTransformerTrainingArguments("out", per_device_train_batch_size={ns["batch_size"]}, batch_sampler=curriculum_batch_sampler(ds["phase"]))',
         "SentenceTransformerTrainer(model, args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model)).train()",
         "```",
         "",
@@ -294,9 +326,15 @@ def _eval_table(report: dict | None, baseline: dict | None) -> list[str]:
         lines.append(row)
     for cat, v in report.get("categories", {}).items():
         b = (baseline or {}).get("categories", {}).get(cat) if has_b else None
-        lines.append(f"| **{cat} mean** | {cat} | | " + (f"{pct(b)} | {pct(v)} | {'-' if b is None or v is None else f'{100 * (v - b):+.2f}'} |" if has_b else f"{pct(v)} |"))
+        lines.append(
+            f"| **{cat} mean** | {cat} | | "
+            + (f"{pct(b)} | {pct(v)} | {'-' if b is None or v is None else f'{100 * (v - b):+.2f}'} |" if has_b else f"{pct(v)} |")
+        )
     a, b = report.get("average"), (baseline or {}).get("average") if has_b else None
-    lines.append("| **Average** | | | " + (f"{pct(b)} | **{pct(a)}** | {'-' if a is None or b is None else f'{100 * (a - b):+.2f}'} |" if has_b else f"**{pct(a)}** |"))
+    lines.append(
+        "| **Average** | | | "
+        + (f"{pct(b)} | **{pct(a)}** | {'-' if a is None or b is None else f'{100 * (a - b):+.2f}'} |" if has_b else f"**{pct(a)}** |")
+    )
     if has_b and baseline.get("suite") != report.get("suite"):
         lines.append(f"\nNote: suites differ ({report.get('suite')} vs {baseline.get('suite')}); deltas are not comparable.")
     return lines + [""]
@@ -307,7 +345,9 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     final = run_dir / "train" / "final"
     if not (final / "modules.json").is_file():
-        raise UserError(f"{final / 'modules.json'}: no trained model to export; run `negsynth train -d {run_dir}` first (or export only the data with --only dataset)")
+        raise UserError(
+            f"{final / 'modules.json'}: no trained model to export; run `negsynth train -d {run_dir}` first (or export only the data with --only dataset)"
+        )
     log = _read_json(final / "train_log.json") or {}
     cfg = log.get("config", {}) or {}
     hist = log.get("log_history", []) or []
@@ -333,7 +373,11 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
     if dataset_repo:
         meta["datasets"] = [dataset_repo]
     rid = dataset_repo or "REPO_ID"
-    load = f'SentenceTransformer("{rid}", trust_remote_code=True)  # needs `pip install negsynth`' if custom else f'SentenceTransformer("{rid}")'
+    load = (
+        f'SentenceTransformer("{rid}", trust_remote_code=True)  # needs `pip install negsynth`'
+        if custom
+        else f'SentenceTransformer("{rid}")'
+    )
     lora = cfg.get("lora") or {}
     lines = [
         f"# {run_dir.name}: fine-tuned with negsynth",
@@ -352,7 +396,9 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         "| | |",
         "|---|---|",
         f"| base model | {base_id or base} |",
-        f"| data | {card.get('rows', '?')} rows" + (f" ([{dataset_repo}](https://huggingface.co/datasets/{dataset_repo}))" if dataset_repo else "") + f", generator model(s): {', '.join(gens) or '?'} |",
+        f"| data | {card.get('rows', '?')} rows"
+        + (f" ([{dataset_repo}](https://huggingface.co/datasets/{dataset_repo}))" if dataset_repo else "")
+        + f", generator model(s): {', '.join(gens) or '?'} |",
         f"| schedule | `{build.get('schedule', '?')}` (levels by phase {build.get('levels', '?')}), batch size {build.get('batch_size', '?')} |",
         f"| pooling | `{cfg.get('pooling', '?')}`{' (negsynth module: ' + ', '.join(custom) + ')' if custom else ''} |",
         f"| loss | MultipleNegativesRankingLoss (InfoNCE, in-batch + hard negatives), τ = {cfg.get('temperature') or 'auto'} |",
@@ -365,7 +411,10 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         *_eval_table(report, baseline),
     ]
     if custom:
-        lines += ["The pooling module comes from the `negsynth` package: install it and pass `trust_remote_code=True` to load the model.", ""]
+        lines += [
+            "The pooling module comes from the `negsynth` package: install it and pass `trust_remote_code=True` to load the model.",
+            "",
+        ]
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
     try:
         shutil.copytree(final, tmp, dirs_exist_ok=True)
@@ -374,7 +423,12 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"model": str(out_dir), "base_model": base_id or base, "evaluation": bool(report and report.get("tasks")), "needs_negsynth": bool(custom)}
+    return {
+        "model": str(out_dir),
+        "base_model": base_id or base,
+        "evaluation": bool(report and report.get("tasks")),
+        "needs_negsynth": bool(custom),
+    }
 
 
 # ----------------------------------------------------------------------------- both, push
@@ -392,7 +446,16 @@ def _replace(tmp: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def export_run(run_dir: str | Path, out: str | Path, *, only: str | None = None, with_shards: bool = False, ntuple: int | None = None, license: str = "unknown", push_repo: str | None = None) -> dict:
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    only: str | None = None,
+    with_shards: bool = False,
+    ntuple: int | None = None,
+    license: str = "unknown",
+    push_repo: str | None = None,
+) -> dict:
     """``out/dataset`` and ``out/model`` (``only``: ``dataset`` or ``model``); with ``push_repo`` uploads both."""
     run_dir, out = Path(run_dir), Path(out)
     if not run_dir.is_dir():
@@ -408,7 +471,9 @@ def export_run(run_dir: str | Path, out: str | Path, *, only: str | None = None,
     check_out(out, parts)
     try:
         if "dataset" in parts:
-            res["dataset"] = export_dataset(run_dir, out / "dataset", with_shards=with_shards, ntuple=ntuple, license=license, repo_id=push_repo)
+            res["dataset"] = export_dataset(
+                run_dir, out / "dataset", with_shards=with_shards, ntuple=ntuple, license=license, repo_id=push_repo
+            )
         if "model" in parts:
             res["model"] = export_model(run_dir, out / "model", license=license, dataset_repo=push_repo if only is None else None)
     except OSError as e:
@@ -448,7 +513,9 @@ def check_out(out: Path, parts: list[str]) -> None:
 def _token() -> str:
     tok = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     if not tok:
-        raise UserError("--push: no Hugging Face token; set HF_TOKEN to a write token (https://huggingface.co/settings/tokens) or drop --push and upload OUT/ yourself")
+        raise UserError(
+            "--push: no Hugging Face token; set HF_TOKEN to a write token (https://huggingface.co/settings/tokens) or drop --push and upload OUT/ yourself"
+        )
     return tok
 
 
@@ -469,6 +536,8 @@ def push(out: str | Path, repo: str, *, only: str | None = None) -> list[str]:
             api.create_repo(repo, repo_type=kind, exist_ok=True)
             api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type=kind, commit_message="negsynth export")
         except Exception as e:  # network, auth, permissions: one line
-            raise UserError(f"--push {repo} ({kind}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; check HF_TOKEN's write access and the network") from None
+            raise UserError(
+                f"--push {repo} ({kind}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; check HF_TOKEN's write access and the network"
+            ) from None
         urls.append(f"https://huggingface.co/{'datasets/' if kind == 'dataset' else ''}{repo}")
     return urls

@@ -84,7 +84,9 @@ def _collect(lf, files: list[Path]):
                 pass
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-        raise ShardError(f"{names}: cannot read as shards ({first}); a record has an unexpected type — rerun the stage that wrote it") from None
+        raise ShardError(
+            f"{names}: cannot read as shards ({first}); a record has an unexpected type — rerun the stage that wrote it"
+        ) from None
 
 
 def _scan(files: list[Path], schema: dict):
@@ -109,7 +111,11 @@ def resolve(path: Path) -> tuple[Path | None, dict[str, list[Path]]]:
     if _shards(path) or (path / "stats.json").exists():
         return None, {path.name: _shards(path)}
     stages = {}
-    subdirs = [d for d in path.iterdir() if d.is_dir() and not d.name.startswith(".") and (_shards(d) or (d / "stats.json").exists() or (d / "rejects").is_dir())]
+    subdirs = [
+        d
+        for d in path.iterdir()
+        if d.is_dir() and not d.name.startswith(".") and (_shards(d) or (d / "stats.json").exists() or (d / "rejects").is_dir())
+    ]
     for d in sorted(subdirs, key=lambda d: (STAGE_ORDER.index(d.name) if d.name in STAGE_ORDER else len(STAGE_ORDER), d.name)):
         stages[d.name] = _shards(d)
     return path, stages
@@ -359,7 +365,11 @@ def render(report: dict[str, Any], console) -> None:
         cl = s.get("clean")
         if cl:
             by_set = ", ".join(f"{k} {v}" for k, v in (cl.get("contaminated_by_set") or {}).items())
-            con = f"decontamination skipped ({cl['decontam_skipped']})" if cl.get("decontam_skipped") else f"{cl['contaminated']} contaminated{f' ({by_set})' if by_set else ''}"
+            con = (
+                f"decontamination skipped ({cl['decontam_skipped']})"
+                if cl.get("decontam_skipped")
+                else f"{cl['contaminated']} contaminated{f' ({by_set})' if by_set else ''}"
+            )
             console.print(f"{name} cleaning: {cl['near_duplicate']} near-duplicates dropped, {con}")
         j = s.get("judge")
         if j:
@@ -376,7 +386,9 @@ def render(report: dict[str, Any], console) -> None:
                 parts.append(f"words p10/median/p90 {q['query_words']['p10']}/{q['query_words']['median']}/{q['query_words']['p90']}")
             rt = q.get("round_trip")
             if rt:
-                parts.append(f"round trip top-1 {rt['top1']:.1%}, top-10 {rt['top10']:.1%} (ranks {', '.join(f'{k}: {v}' for k, v in rt['ranks'].items())})")
+                parts.append(
+                    f"round trip top-1 {rt['top1']:.1%}, top-10 {rt['top10']:.1%} (ranks {', '.join(f'{k}: {v}' for k, v in rt['ranks'].items())})"
+                )
             console.print(f"{name} queries: " + "; ".join(parts))
 
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]
@@ -413,7 +425,9 @@ def render(report: dict[str, Any], console) -> None:
             t.add_column(h, justify="left" if h == "cos(q, ·)" else "right")
         t.add_row("positive", str(sc["examples"]), _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", "")
         for lv in sc["levels"]:
-            t.add_row(f"level {lv['level']}", str(lv["n"]), _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"]))
+            t.add_row(
+                f"level {lv['level']}", str(lv["n"]), _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"])
+            )
         console.print(t)
         console.print(
             f"monotonic: {_f(sc['monotonic_pct'], 1)}%   mean Kendall tau: {_f(sc['kendall_tau_mean'], 3)}   "

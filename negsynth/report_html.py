@@ -118,14 +118,22 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
             f"{tok.get('prompt', '')} / {tok.get('completion', '')}" if tok else "", s.get("estimated_cost_usd", ""),
             f"{s['wall_time_s']:.1f} s" if isinstance(s.get("wall_time_s"), (int, float)) else "",
         ])  # fmt: skip
-    parts = [f"<h2>Stages</h2>{_table(['stage', 'shards', 'records', 'rejected', 'pending', 'tokens in / out', 'cost (USD)', 'wall time'], stage_rows)}"]
+    parts = [
+        f"<h2>Stages</h2>{_table(['stage', 'shards', 'records', 'rejected', 'pending', 'tokens in / out', 'cost (USD)', 'wall time'], stage_rows)}"
+    ]
     tts = sorted({t for m in report["task_types"].values() for t in m})
     if tts:
-        parts.append("<h2>Task types</h2>" + _table(["stage", *tts], [[n, *[m.get(t, 0) for t in tts]] for n, m in report["task_types"].items() if m]))
+        parts.append(
+            "<h2>Task types</h2>"
+            + _table(["stage", *tts], [[n, *[m.get(t, 0) for t in tts]] for n, m in report["task_types"].items() if m])
+        )
     sc = report.get("score")
     if sc:
         rows = [["positive", sc["examples"], _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", ""]]
-        rows += [[f"level {lv['level']}", lv["n"], _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"])] for lv in sc["levels"]]
+        rows += [
+            [f"level {lv['level']}", lv["n"], _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"])]
+            for lv in sc["levels"]
+        ]
         parts.append("<h2>Score: cos(query, ·) per LLM level</h2>" + _table(["", "n", "mean", "median", "false neg", "too easy"], rows))
         parts.append(
             f"<p>monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
@@ -137,7 +145,13 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
     if rej:
         parts.append("<h2>Reject reasons</h2>" + _table(["stage", "reason", "count"], rej))
     if plots:
-        parts.append("<h2>Plots</h2>" + "".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}"><figcaption>{html.escape(t)}</figcaption></figure>' for t, b in plots))
+        parts.append(
+            "<h2>Plots</h2>"
+            + "".join(
+                f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,{b}"><figcaption>{html.escape(t)}</figcaption></figure>'
+                for t, b in plots
+            )
+        )
     data = json.dumps({"items": items}, ensure_ascii=False).replace("<", "\\u003c")  # no tag can end the script block
     title = html.escape(f"negsynth inspect: {report['path']}")
     return PAGE.replace("__TITLE__", title).replace("__SUMMARY__", "\n".join(parts)).replace("__DATA__", data)

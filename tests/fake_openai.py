@@ -40,7 +40,9 @@ class Reply:
     raw: bytes | None = None  # send these bytes (text/html) with the status instead of JSON
 
 
-def completion_body(content: str | None, *, model: str = "fake", finish_reason: str = "stop", empty: bool = False, pt: int = 10, ct: int = 20) -> dict:
+def completion_body(
+    content: str | None, *, model: str = "fake", finish_reason: str = "stop", empty: bool = False, pt: int = 10, ct: int = 20
+) -> dict:
     choices = [] if empty else [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}]
     return {
         "id": "chatcmpl-fake",
@@ -53,7 +55,9 @@ def completion_body(content: str | None, *, model: str = "fake", finish_reason: 
 
 
 class FakeOpenAI:
-    def __init__(self, responder: Callable[[dict, int], Reply], *, models: list[str] | None = None, require_key: str | None = None, port: int = 0):
+    def __init__(
+        self, responder: Callable[[dict, int], Reply], *, models: list[str] | None = None, require_key: str | None = None, port: int = 0
+    ):
         self.responder = responder
         self.models = models or ["fake"]
         self.require_key = require_key
@@ -160,7 +164,12 @@ class FakeOpenAI:
                 if r.status != 200:
                     return self._send(r.status, r.body or {"error": {"message": f"fake error {r.status}", "type": "fake"}}, r.headers)
                 body = r.body or completion_body(
-                    r.content, model=req.get("model", "fake"), finish_reason=r.finish_reason, empty=r.empty_choices, pt=r.prompt_tokens, ct=r.completion_tokens
+                    r.content,
+                    model=req.get("model", "fake"),
+                    finish_reason=r.finish_reason,
+                    empty=r.empty_choices,
+                    pt=r.prompt_tokens,
+                    ct=r.completion_tokens,
                 )
                 if r.trickle:
                     data = json.dumps(body).encode()
@@ -228,7 +237,15 @@ class FakeOpenAI:
         with self._lock:
             fid = f"file-{len(self.files):04d}"
             self.files[fid] = data
-        return {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()), "filename": name, "purpose": purpose, "status": "processed"}
+        return {
+            "id": fid,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": name,
+            "purpose": purpose,
+            "status": "processed",
+        }
 
     def _upload(self, content_type: str, raw: bytes) -> dict:
         from email.parser import BytesParser
@@ -291,10 +308,31 @@ class FakeOpenAI:
                 expired = True
                 continue
             if r.status != 200:
-                err.append({"id": f"req-{n}", "custom_id": line["custom_id"], "response": {"status_code": r.status, "body": {"error": {"message": "fake"}}}, "error": None})
+                err.append(
+                    {
+                        "id": f"req-{n}",
+                        "custom_id": line["custom_id"],
+                        "response": {"status_code": r.status, "body": {"error": {"message": "fake"}}},
+                        "error": None,
+                    }
+                )
                 continue
-            cb = completion_body(r.content, model=body.get("model", "fake"), finish_reason=r.finish_reason, empty=r.empty_choices, pt=r.prompt_tokens, ct=r.completion_tokens)
-            out.append({"id": f"req-{n}", "custom_id": line["custom_id"], "response": {"status_code": 200, "request_id": f"r{n}", "body": cb}, "error": None})
+            cb = completion_body(
+                r.content,
+                model=body.get("model", "fake"),
+                finish_reason=r.finish_reason,
+                empty=r.empty_choices,
+                pt=r.prompt_tokens,
+                ct=r.completion_tokens,
+            )
+            out.append(
+                {
+                    "id": f"req-{n}",
+                    "custom_id": line["custom_id"],
+                    "response": {"status_code": 200, "request_id": f"r{n}", "body": cb},
+                    "error": None,
+                }
+            )
         if out:
             b["output_file_id"] = self._new_file_locked("".join(json.dumps(x) + "\n" for x in out).encode(), "batch_output")
         if err:
@@ -324,7 +362,9 @@ class FakeOpenAI:
 # -- canned valid answers per request kind -------------------------------------------------
 def _last_user(req: dict) -> str:
     """The task prompt of a request (re-ask turns skipped)."""
-    return next(m["content"] for m in reversed(req["messages"]) if m["role"] == "user" and not m["content"].startswith("Your answer was rejected"))
+    return next(
+        m["content"] for m in reversed(req["messages"]) if m["role"] == "user" and not m["content"].startswith("Your answer was rejected")
+    )
 
 
 def valid_answer(req: dict, n: int) -> str:
@@ -334,13 +374,33 @@ def valid_answer(req: dict, n: int) -> str:
     if prompt.startswith("Brainstorm"):
         return json.dumps({"tasks": [f"Task number {n}-{i} about topic {tag} for retrieval" for i in range(5)]})
     if '"S1"' in prompt:
-        return json.dumps({"S1": f"sentence one {tag}", "S2": f"sentence two {tag}", "negatives": [f"other sentence {j} of {tag}" for j in range(4)]})
+        return json.dumps(
+            {"S1": f"sentence one {tag}", "S2": f"sentence two {tag}", "negatives": [f"other sentence {j} of {tag}" for j in range(4)]}
+        )
     if "misleading_labels" in prompt:
-        return json.dumps({"input_text": f"text to classify {tag}", "label": f"category of topic {tag}", "misleading_labels": [f"wrong label {j} {tag}" for j in range(4)]})
+        return json.dumps(
+            {
+                "input_text": f"text to classify {tag}",
+                "label": f"category of topic {tag}",
+                "misleading_labels": [f"wrong label {j} {tag}" for j in range(4)],
+            }
+        )
     if '"user_query"' in prompt:
-        return json.dumps({"user_query": f"query {tag}", "positive_document": f"positive document {tag}", "hard_negative_documents": [f"distractor passage number {j} {tag}" for j in range(4)]})
+        return json.dumps(
+            {
+                "user_query": f"query {tag}",
+                "positive_document": f"positive document {tag}",
+                "hard_negative_documents": [f"distractor passage number {j} {tag}" for j in range(4)],
+            }
+        )
     if '"hard_negative_documents"' in prompt and '"input"' in prompt:
-        return json.dumps({"input": f"input {tag}", "positive_document": f"positive {tag}", "hard_negative_documents": [f"distractor {j} {tag}" for j in range(4)]})
+        return json.dumps(
+            {
+                "input": f"input {tag}",
+                "positive_document": f"positive {tag}",
+                "hard_negative_documents": [f"distractor {j} {tag}" for j in range(4)],
+            }
+        )
     # regenerate: negatives only
     return json.dumps({"hard_negative_documents": [f"regenerated distractor {j} {tag}" for j in range(4)]})
 

@@ -93,16 +93,32 @@ def unfinish(rd: Path, s: int, prefix: bytes) -> None:
 
 CASES: list[Case] = [
     # -- config files -----------------------------------------------------------------------
-    ("wrong type in TOML", lambda t, rd, c: gen(toml(t, '[llm]\nmax_concurrency = "many"\n'), rd), ("bad.toml", "[llm] max_concurrency", "integer")),
+    (
+        "wrong type in TOML",
+        lambda t, rd, c: gen(toml(t, '[llm]\nmax_concurrency = "many"\n'), rd),
+        ("bad.toml", "[llm] max_concurrency", "integer"),
+    ),
     ("section is not a table", lambda t, rd, c: gen(toml(t, "llm = 5\n"), rd), ("bad.toml", "llm")),
     ("unknown section", lambda t, rd, c: gen(toml(t, "[lmm]\nmodel = 'x'\n"), rd), ("bad.toml", "unknown key 'lmm'", "allowed:")),
-    ("unknown generate key", lambda t, rd, c: gen(toml(t, "[generate]\nexmaples = 3\n"), rd), ("[generate] unknown key 'exmaples'", "examples")),
+    (
+        "unknown generate key",
+        lambda t, rd, c: gen(toml(t, "[generate]\nexmaples = 3\n"), rd),
+        ("[generate] unknown key 'exmaples'", "examples"),
+    ),
     ("duplicate key", lambda t, rd, c: gen(toml(t, "[llm]\nmodel = 'a'\nmodel = 'b'\n"), rd), ("bad.toml", "invalid TOML")),
     ("config is a directory", lambda t, rd, c: gen(t, rd), ("cannot read config",)),
-    ("config not UTF-8", lambda t, rd, c: (t / "bin.toml").write_bytes(b"\xff\xfe[llm]\x00") and gen(t / "bin.toml", rd), ("bin.toml", "cannot read config")),
+    (
+        "config not UTF-8",
+        lambda t, rd, c: (t / "bin.toml").write_bytes(b"\xff\xfe[llm]\x00") and gen(t / "bin.toml", rd),
+        ("bin.toml", "cannot read config"),
+    ),
     ("timeout must be > 0", lambda t, rd, c: gen(c, rd, "--set", "llm.timeout=0"), ("[llm] timeout", "greater than 0")),
     ("shard_size 0", lambda t, rd, c: gen(c, rd, "--set", "pipeline.shard_size=0"), ("[pipeline] shard_size",)),
-    ("unknown task type in ratio", lambda t, rd, c: gen(c, rd, "--set", "generate.ratio={bitext=1.0}"), ("[generate] ratio", "unknown task type 'bitext'")),
+    (
+        "unknown task type in ratio",
+        lambda t, rd, c: gen(c, rd, "--set", "generate.ratio={bitext=1.0}"),
+        ("[generate] ratio", "unknown task type 'bitext'"),
+    ),
     ("ratio all zero", lambda t, rd, c: gen(c, rd, "--set", "generate.ratio={sts=0.0}"), ("ratio", "at least one task type")),
     ("structured_output literal", lambda t, rd, c: gen(c, rd, "--set", "llm.structured_output=xml"), ("structured_output", "json_schema")),
     # -- --set syntax ------------------------------------------------------------------------
@@ -113,24 +129,46 @@ CASES: list[Case] = [
     ("negative --max-requests", lambda t, rd, c: gen(c, rd, "--max-requests", "-1"), ("--max-requests -1", ">= 0")),
     ("negative --max-cost", lambda t, rd, c: gen(c, rd, "--max-cost", "-0.5"), ("--max-cost -0.5", ">= 0")),
     ("negative --max-tokens", lambda t, rd, c: gen(c, rd, "--max-tokens", "-10"), ("--max-tokens -10",)),
-    ("--shard-index out of range", lambda t, rd, c: gen(c, rd, "--shard-index", "2", "--num-shards", "2"), ("--shard-index 2", "[0, --num-shards 2)")),
+    (
+        "--shard-index out of range",
+        lambda t, rd, c: gen(c, rd, "--shard-index", "2", "--num-shards", "2"),
+        ("--shard-index 2", "[0, --num-shards 2)"),
+    ),
     ("--num-shards 0", lambda t, rd, c: gen(c, rd, "--num-shards", "0"), ("--num-shards",)),
-    ("unknown stage in run", lambda t, rd, c: ["run", "-c", str(c), "-d", str(rd), "-q", "--stages", "brainstorm,bogus"], ("unknown stage 'bogus'",)),
+    (
+        "unknown stage in run",
+        lambda t, rd, c: ["run", "-c", str(c), "-d", str(rd), "-q", "--stages", "brainstorm,bogus"],
+        ("unknown stage 'bogus'",),
+    ),
     # (a relaunch of the finished stage needs no key: --overwrite does, and must leave the run dir as it was)
-    ("missing key file", lambda t, rd, c: gen(c, rd, "--overwrite", "--set", f"llm.api_key_file={t / 'nokey.txt'}"), ("llm.api_key_file", "nokey.txt")),
+    (
+        "missing key file",
+        lambda t, rd, c: gen(c, rd, "--overwrite", "--set", f"llm.api_key_file={t / 'nokey.txt'}"),
+        ("llm.api_key_file", "nokey.txt"),
+    ),
     # -- run dir -----------------------------------------------------------------------------
     ("run dir is a file", lambda t, rd, c: (t / "afile").write_text("x") and gen(c, t / "afile"), ("--run-dir", "not a directory")),
-    ("run dir under a file", lambda t, rd, c: (t / "afile2").write_text("x") and gen(c, t / "afile2" / "sub"), ("--run-dir", "cannot create")),
+    (
+        "run dir under a file",
+        lambda t, rd, c: (t / "afile2").write_text("x") and gen(c, t / "afile2" / "sub"),
+        ("--run-dir", "cannot create"),
+    ),
     ("corrupt manifest", lambda t, rd, c: damage(rd, "manifest.json", b'{"stages": {') or gen(c, rd), ("manifest.json", "not valid JSON")),
     # -- input shards ------------------------------------------------------------------------
     (
         "truncated last line of brainstorm shard",
-        lambda t, rd, c: damage(rd, "brainstorm/shard-00000.jsonl", (rd / "brainstorm/shard-00000.jsonl").read_bytes()[:-30]) or gen(c, rd, "--overwrite"),
+        lambda t, rd, c: (
+            damage(rd, "brainstorm/shard-00000.jsonl", (rd / "brainstorm/shard-00000.jsonl").read_bytes()[:-30])
+            or gen(c, rd, "--overwrite")
+        ),
         ("brainstorm/shard-00000.jsonl", "truncated last line", "rerun"),
     ),
     (
         "garbage line in the middle of a brainstorm shard",
-        lambda t, rd, c: damage(rd, "brainstorm/shard-00000.jsonl", b'{"id": 1\n' + (rd / "brainstorm/shard-00000.jsonl").read_bytes()) or gen(c, rd, "--overwrite"),
+        lambda t, rd, c: (
+            damage(rd, "brainstorm/shard-00000.jsonl", b'{"id": 1\n' + (rd / "brainstorm/shard-00000.jsonl").read_bytes())
+            or gen(c, rd, "--overwrite")
+        ),
         ("brainstorm/shard-00000.jsonl:1", "not valid JSON"),
     ),
     (
@@ -150,7 +188,10 @@ CASES: list[Case] = [
     ),
     (
         "unknown task type in a brainstorm record",
-        lambda t, rd, c: damage(rd, "brainstorm/shard-00000.jsonl", b'{"id": "t1", "task_type": "bitext", "task": "Find translations."}\n') or gen(c, rd, "--overwrite"),
+        lambda t, rd, c: (
+            damage(rd, "brainstorm/shard-00000.jsonl", b'{"id": "t1", "task_type": "bitext", "task": "Find translations."}\n')
+            or gen(c, rd, "--overwrite")
+        ),
         ("brainstorm", "task_type"),
     ),
     (
@@ -158,7 +199,11 @@ CASES: list[Case] = [
         lambda t, rd, c: unfinish(rd, 1, b"{oops\n") or gen(c, rd),
         ("shard-00001.jsonl.partial:1", "not valid JSON"),
     ),
-    ("merge of a stage never run", lambda t, rd, c: ["merge", "-d", str(rd), "--stage", "regenerate"], ("regenerate", "run `negsynth regenerate` first")),
+    (
+        "merge of a stage never run",
+        lambda t, rd, c: ["merge", "-d", str(rd), "--stage", "regenerate"],
+        ("regenerate", "run `negsynth regenerate` first"),
+    ),
 ]
 
 

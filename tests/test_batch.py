@@ -30,9 +30,7 @@ def fast_polls(monkeypatch):
 
 
 def write_config(tmp: Path, base_url: str) -> Path:
-    return write_run_config(
-        tmp, base_url, llm={"max_retries": 2, "max_attempts": 2}, generate={"examples": EXAMPLES, "min_per_type": 2}
-    )
+    return write_run_config(tmp, base_url, llm={"max_retries": 2, "max_attempts": 2}, generate={"examples": EXAMPLES, "min_per_type": 2})
 
 
 def flaky():
@@ -170,7 +168,9 @@ def test_batch_crash_between_submit_and_download_polls_again_instead_of_resubmit
 def test_brainstorm_batch_mode(tmp_path):
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)
-        r = runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp_path / "run"), "--mode", "batch", "--json", "-q"], catch_exceptions=False)
+        r = runner.invoke(
+            app, ["brainstorm", "-c", str(cfg), "-d", str(tmp_path / "run"), "--mode", "batch", "--json", "-q"], catch_exceptions=False
+        )
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
         assert srv.requests == [] and len(srv.batches) == 1 and len(srv.batch_requests) == 4

@@ -225,10 +225,15 @@ def make_eval_dir(root):
         "sentence1\tsentence2\tscore\nA man is playing a guitar.\tA man plays the guitar.\t4.8\n"
         "A woman is slicing an onion.\tA woman cuts an onion.\t4.6\n"
     )
-    (root / "stsb" / "train.tsv").write_text("sentence1\tsentence2\tscore\nKids are playing football in the park.\tChildren play soccer.\t4.0\n")
+    (root / "stsb" / "train.tsv").write_text(
+        "sentence1\tsentence2\tscore\nKids are playing football in the park.\tChildren play soccer.\t4.0\n"
+    )
     sf = root / "scifact"
     sf.mkdir()
-    docs = [("d1", "Vitamin D and bones", "Vitamin D supplements reduced hip fractures in a large trial."), ("d2", "", "Coffee intake was not associated with mortality.")]
+    docs = [
+        ("d1", "Vitamin D and bones", "Vitamin D supplements reduced hip fractures in a large trial."),
+        ("d2", "", "Coffee intake was not associated with mortality."),
+    ]
     (sf / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": t, "text": x}) + "\n" for i, t, x in docs))
     (sf / "queries.jsonl").write_text(json.dumps({"_id": "7", "text": "Vitamin D prevents fractures in the elderly."}) + "\n")
     (sf / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n7\td1\t1\n")
@@ -257,12 +262,36 @@ def test_decontam_drops_example_whose_negative_is_an_eval_text(tmp_path):
     assert cl["eval_sets"] == {"stsb": 4, "scifact": 1} and cl["eval_texts"] == 5 and cl["decontam_skipped"] is None
     assert stats["rejects_by_reason"] == {"contaminated": 2}
     # the judged test documents, then the whole corpus, on request
-    stats = run(tmp_path / "r", [DECON_ROWS], HashEmbedder(), overwrite=True, decontam_data_dir=str(data), decontam_threshold=None, decontam_retrieval_docs="judged")
+    stats = run(
+        tmp_path / "r",
+        [DECON_ROWS],
+        HashEmbedder(),
+        overwrite=True,
+        decontam_data_dir=str(data),
+        decontam_threshold=None,
+        decontam_retrieval_docs="judged",
+    )
     assert kept_ids(tmp_path / "r") == ["ex-1", "ex-3"] and stats["clean"]["contaminated_by_set"] == {"scifact": 2, "stsb": 1}
-    stats = run(tmp_path / "r", [DECON_ROWS], HashEmbedder(), overwrite=True, decontam_data_dir=str(data), decontam_threshold=None, decontam_retrieval_docs="corpus")
+    stats = run(
+        tmp_path / "r",
+        [DECON_ROWS],
+        HashEmbedder(),
+        overwrite=True,
+        decontam_data_dir=str(data),
+        decontam_threshold=None,
+        decontam_retrieval_docs="corpus",
+    )
     assert kept_ids(tmp_path / "r") == ["ex-1"]
     # a named set only
-    stats = run(tmp_path / "r", [DECON_ROWS], HashEmbedder(), overwrite=True, decontam_data_dir=str(data), decontam_threshold=None, decontam_sets=["stsb"])
+    stats = run(
+        tmp_path / "r",
+        [DECON_ROWS],
+        HashEmbedder(),
+        overwrite=True,
+        decontam_data_dir=str(data),
+        decontam_threshold=None,
+        decontam_sets=["stsb"],
+    )
     assert kept_ids(tmp_path / "r") == ["ex-1", "ex-2", "ex-3", "ex-4"] and stats["clean"]["eval_sets"] == {"stsb": 4}
 
 
@@ -271,7 +300,15 @@ def test_decontam_by_cosine_and_eval_vectors_cached(tmp_path, minilm):
     near = "A man is playing the guitar."  # not equal to "A man is playing a guitar." after normalisation
     v = minilm.encode([near, "A man is playing a guitar."])
     assert float(v[0] @ v[1]) >= 0.95
-    rows = [ex(0, "Who plays music?", "A musician performs on stage.", ["A cat sleeps on the sofa.", near, "Rain falls on the city.", "Snow melts in spring."]), ex(1, *OTHER)]
+    rows = [
+        ex(
+            0,
+            "Who plays music?",
+            "A musician performs on stage.",
+            ["A cat sleeps on the sofa.", near, "Rain falls on the city.", "Snow melts in spring."],
+        ),
+        ex(1, *OTHER),
+    ]
     stats = run(tmp_path / "r", [rows], minilm, decontam_data_dir=str(data), decontam_threshold=0.95)
     assert kept_ids(tmp_path / "r") == ["ex-1"]
     (rej,) = rejects(tmp_path / "r")
@@ -336,9 +373,16 @@ def test_auto_reads_test_queries_not_the_scifact_corpus(monkeypatch):
 
 RESUME_SHARDS = [
     [ex(0, *PARA[0]), ex(1, *OTHER), ex(2, "Where is the Eiffel Tower?", "The Eiffel Tower is in Paris.")],
-    [ex(3, *PARA[1]), ex(4, "who plays music?", "A musician performs.", ["A cat sleeps.", "A man is playing a guitar.", "Rain falls.", "Snow melts."]),
-     ex(5, "WHERE is the Eiffel Tower?", "The Eiffel Tower is in Paris.")],
-    [ex(6, "What is photosynthesis?", "Plants turn light into chemical energy."), ex(7, *OTHER), ex(8, "What is photosynthesis?", "Plants convert light into chemical energy.")],
+    [
+        ex(3, *PARA[1]),
+        ex(4, "who plays music?", "A musician performs.", ["A cat sleeps.", "A man is playing a guitar.", "Rain falls.", "Snow melts."]),
+        ex(5, "WHERE is the Eiffel Tower?", "The Eiffel Tower is in Paris."),
+    ],
+    [
+        ex(6, "What is photosynthesis?", "Plants turn light into chemical energy."),
+        ex(7, *OTHER),
+        ex(8, "What is photosynthesis?", "Plants convert light into chemical energy."),
+    ],
 ]
 
 

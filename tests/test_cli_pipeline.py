@@ -98,7 +98,11 @@ def test_the_reask_turn_is_the_reask_prompt_template(tmp_path, monkeypatch):
     from negsynth import prompts
 
     assert prompts.reask_template() == "Your answer was rejected: ${detail}\nReturn a corrected JSON object only."
-    monkeypatch.setattr(prompts, "load_template", lambda name, real=prompts.load_template: "Bad answer (${detail}); try again." if name == "reask" else real(name))
+    monkeypatch.setattr(
+        prompts,
+        "load_template",
+        lambda name, real=prompts.load_template: "Bad answer (${detail}); try again." if name == "reask" else real(name),
+    )
     _, stats, requests = brainstorm_then_generate(tmp_path, sts_always_bad)
     reasks = [q["messages"][-1]["content"] for q in requests if '"x y", "x y"' in q["messages"][-2]["content"]]  # after the bad answer
     assert len(reasks) == 2 * stats["planned_per_type"]["sts"]
@@ -152,7 +156,10 @@ def test_a_finished_stage_is_reused_by_the_contract_not_rerun(tmp_path, monkeypa
         (["--set", "llm.temprature=1"], "unknown key 'temprature'"),
         (["--set", "llm.max_concurrency=0"], "max_concurrency"),
         (["--set", "llm.base_url=ftp://x"], "base_url"),
-        (["--set", "llm.api_key_env=NEGSYNTH_TEST_MISSING_KEY", "--set", "llm.base_url=http://127.0.0.1:9/v1"], "NEGSYNTH_TEST_MISSING_KEY"),
+        (
+            ["--set", "llm.api_key_env=NEGSYNTH_TEST_MISSING_KEY", "--set", "llm.base_url=http://127.0.0.1:9/v1"],
+            "NEGSYNTH_TEST_MISSING_KEY",
+        ),
         (["--set", "llm.base_url=http://127.0.0.1:9/v1"], "cannot reach llm.base_url"),
         (["--set", "brainstorm.task_types=['bitext']"], "unknown task type 'bitext'"),
         (["--set", "nokey"], "expected KEY=VALUE"),
@@ -187,7 +194,9 @@ def test_missing_inputs_are_reported_before_the_embedded_server_starts(tmp_path,
     from negsynth.llm import server
 
     started = []
-    monkeypatch.setattr(server.EmbeddedServer, "start", lambda self: started.append(1) or (_ for _ in ()).throw(AssertionError("server started")))
+    monkeypatch.setattr(
+        server.EmbeddedServer, "start", lambda self: started.append(1) or (_ for _ in ()).throw(AssertionError("server started"))
+    )
     cfg = write_run_config(tmp_path, "embedded")
     for args in (["generate"], ["run", "--stages", "generate,score"]):
         r = runner.invoke(app, [*args, "-c", str(cfg), "-d", str(tmp_path / "r")])

@@ -63,7 +63,10 @@ def document_of(req: dict) -> str:
 
 
 def n_queries(req: dict) -> int:
-    return len(req["response_format"]["schema"]["properties"]["queries"]["items"] and [0] * req["response_format"]["schema"]["properties"]["queries"]["minItems"])
+    return len(
+        req["response_format"]["schema"]["properties"]["queries"]["items"]
+        and [0] * req["response_format"]["schema"]["properties"]["queries"]["minItems"]
+    )
 
 
 def answer(req: dict, n: int, *, bad: str | None = None) -> Reply:
@@ -117,7 +120,9 @@ def test_check_query_reasons():
 def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": negatives, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}})
+        cfg = write_run_config(
+            tmp_path, srv.base_url, corpus={"negatives": negatives, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}}
+        )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
         # one request per document (no re-asks: every answer is valid), shared by its 2 queries

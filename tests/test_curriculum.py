@@ -95,8 +95,10 @@ def test_shuffle_is_seed_deterministic_and_seed_sensitive():
 
 def test_few_negatives_skipped_unless_fixed_level_exists():
     ex = make_examples(40)
-    short = [dict(e, id=f"short{i}", query=f"sq {i}", positive=f"sp {i}", negatives=[f"sn1 {i}", f"sn2 {i}"])
-             for i, e in enumerate(make_examples(20))]
+    short = [
+        dict(e, id=f"short{i}", query=f"sq {i}", positive=f"sp {i}", negatives=[f"sn1 {i}", f"sn2 {i}"])
+        for i, e in enumerate(make_examples(20))
+    ]
     rows = build_curriculum(ex + short, batch_size=4, homogeneous_batches=False)
     assert rows.stats["skipped_few_negatives"] == 20
     assert not any(r["example_id"].startswith("short") for r in rows)

@@ -26,13 +26,20 @@ def _rank_batches(sampler, world: int) -> list[list[list[int]]]:
     ``BatchSamplerShard`` (split_batches=False, even_batches=False, as the ST trainer sets)."""
     from accelerate.data_loader import BatchSamplerShard
 
-    return [list(BatchSamplerShard(sampler, num_processes=world, process_index=r, split_batches=False, even_batches=False)) for r in range(world)]
+    return [
+        list(BatchSamplerShard(sampler, num_processes=world, process_index=r, split_batches=False, even_batches=False))
+        for r in range(world)
+    ]
 
 
 def test_sampler_slices_global_batches_per_rank():
     # SciFact-like collisions (shared positives, a repeated query) and phases of uneven length
     n = 30
-    rows = {"anchor": [f"q{i % 26}" for i in range(n)], "positive": [f"p{i % 11}" for i in range(n)], "negative": [f"n{i}" for i in range(n)]}
+    rows = {
+        "anchor": [f"q{i % 26}" for i in range(n)],
+        "positive": [f"p{i % 11}" for i in range(n)],
+        "negative": [f"n{i}" for i in range(n)],
+    }
     phases = [1] * 14 + [2] * 10 + [3] * 6
     ds = datasets.Dataset.from_dict(rows)
     single = list(CurriculumBatchSampler(ds, batch_size=8, phases=phases, num_replicas=1))
@@ -204,12 +211,18 @@ def test_score_on_two_devices_equals_one(tmp_path, minilm, monkeypatch):
     ]  # fmt: skip
     workers = []  # how many worker processes each encode call ran on
     real = SentenceTransformerEmbedder.encode
-    monkeypatch.setattr(SentenceTransformerEmbedder, "encode", lambda self, *a, **k: workers.append(len(self.pool["processes"]) if self.pool else 1) or real(self, *a, **k))
+    monkeypatch.setattr(
+        SentenceTransformerEmbedder,
+        "encode",
+        lambda self, *a, **k: workers.append(len(self.pool["processes"]) if self.pool else 1) or real(self, *a, **k),
+    )
     out = {}
     for name, devices in (("one", None), ("two", 2)):
         rd = tmp_path / name
         write_jsonl(rd / "generate" / "shard-00000.jsonl", rows)
-        cfg = RunConfig.model_validate({"embedder": {"model": minilm, "device": "cpu", "devices": devices}, "score": {"dedup": False, "decontam_sets": []}})
+        cfg = RunConfig.model_validate(
+            {"embedder": {"model": minilm, "device": "cpu", "devices": devices}, "score": {"dedup": False, "decontam_sets": []}}
+        )
         stats = score.run(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)))
         out[name] = (stats, [r["score"] for r in read_stage(rd / "score")])
         out[name] += (set(workers),)

@@ -49,8 +49,14 @@ def tiny():
     tok = _tokenizer()
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).eval()
     return model, tok
@@ -92,7 +98,21 @@ def test_pooled_positions_by_method(tiny):
     e = make(tiny, "echo")
     it = e.tokenize(text)
     # <s> rewrite : the cat sat . again : the cat sat </s>
-    assert e.tokenizer.convert_ids_to_tokens(it.ids) == ["<s>", "rewrite", ":", "the", "cat", "sat", ".", "again", ":", "the", "cat", "sat", "</s>"]
+    assert e.tokenizer.convert_ids_to_tokens(it.ids) == [
+        "<s>",
+        "rewrite",
+        ":",
+        "the",
+        "cat",
+        "sat",
+        ".",
+        "again",
+        ":",
+        "the",
+        "cat",
+        "sat",
+        "</s>",
+    ]
     assert [i for i, m in enumerate(it.pool) if m] == [9, 10, 11, 12]
     e = make(tiny, "reba", repeat=3)
     it = e.tokenize(text)
@@ -220,7 +240,10 @@ def test_reba_requests_attentions_only_for_reba(tiny, monkeypatch):
 # ------------------------------------------------------------------- batching / padding invariance
 
 
-@pytest.mark.parametrize("method,pooling", [("mean", "mean"), ("last", "mean"), ("prompteol", "last"), ("echo", "mean"), ("echo", "last"), ("reba", "mean"), ("reba", "last")])
+@pytest.mark.parametrize(
+    "method,pooling",
+    [("mean", "mean"), ("last", "mean"), ("prompteol", "last"), ("echo", "mean"), ("echo", "last"), ("reba", "mean"), ("reba", "last")],
+)
 def test_left_right_batch_single_agree(tiny, method, pooling):
     model, _ = tiny
     model.set_attn_implementation("sdpa" if method != "reba" else "eager")
@@ -352,7 +375,9 @@ def test_shared_pass_views_equal_the_embedders_and_resume_from_disk(tiny, tmp_pa
     ef = make(tiny, "embedfilter", base="echo", filter_ratio=2)
     views = {"mean": shared.view("mean"), "last": shared.view("last"), "ef": shared.view("mean", projector=ef)}
     # each view embeds as the method's own embedder does (query side, instruction dropped when off)
-    np.testing.assert_allclose(views["mean"].encode_queries(TEXTS, "an instruction"), base.encode_queries(TEXTS, "an instruction"), atol=1e-5)
+    np.testing.assert_allclose(
+        views["mean"].encode_queries(TEXTS, "an instruction"), base.encode_queries(TEXTS, "an instruction"), atol=1e-5
+    )
     np.testing.assert_allclose(views["last"].encode(TEXTS), make(tiny, "echo", pooling="last").encode(TEXTS), atol=1e-5)
     got, want = views["ef"].encode(TEXTS), ef.encode(TEXTS)
     assert views["ef"].dim == ef.dim == 8 and got.shape == want.shape

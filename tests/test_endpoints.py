@@ -43,7 +43,9 @@ def write_config(tmp: Path, base_url: str | None = None, endpoints: list | None 
     settings = {"max_concurrency": 3, "max_attempts": 2, "max_retries": 3, "connect_timeout": 1, **llm}
     if endpoints is not None:
         settings["endpoints"] = endpoints
-    cfg = write_run_config(tmp, base_url or "embedded", llm=settings, pipeline={"shard_size": SHARD}, generate={"examples": EXAMPLES, "min_per_type": 2})
+    cfg = write_run_config(
+        tmp, base_url or "embedded", llm=settings, pipeline={"shard_size": SHARD}, generate={"examples": EXAMPLES, "min_per_type": 2}
+    )
     return cfg
 
 
@@ -84,11 +86,23 @@ def reference(tmp_path_factory, brainstormed):
 @pytest.mark.parametrize(
     "llm, says",
     [
-        ({"base_url": ["http://a:8000/v1", "http://b:8000/v1"]}, "[llm] base_url: takes one URL; for several servers list them in llm.endpoints"),
-        ({"endpoints": ["http://a:8000/v1", "http://a:8000/v1/"]}, "[llm] endpoints: lists http://a:8000/v1 twice (entries 0 and 1); list each server once"),
-        ({"base_url": "http://c:8000/v1", "endpoints": ["http://a:8000/v1"]}, "llm.base_url=http://c:8000/v1 is not one of them; list every server in llm.endpoints and remove llm.base_url"),
+        (
+            {"base_url": ["http://a:8000/v1", "http://b:8000/v1"]},
+            "[llm] base_url: takes one URL; for several servers list them in llm.endpoints",
+        ),
+        (
+            {"endpoints": ["http://a:8000/v1", "http://a:8000/v1/"]},
+            "[llm] endpoints: lists http://a:8000/v1 twice (entries 0 and 1); list each server once",
+        ),
+        (
+            {"base_url": "http://c:8000/v1", "endpoints": ["http://a:8000/v1"]},
+            "llm.base_url=http://c:8000/v1 is not one of them; list every server in llm.endpoints and remove llm.base_url",
+        ),
         ({"endpoints": [{"base_url": "embedded"}]}, "[llm.endpoints.0] base_url: must be an http(s):// URL"),
-        ({"endpoints": [{"base_url": "http://a:8000/v1", "weight": 2}]}, "[llm.endpoints.0] unknown key 'weight' (allowed: base_url, max_concurrency, api_key_env, api_key_file)"),
+        (
+            {"endpoints": [{"base_url": "http://a:8000/v1", "weight": 2}]},
+            "[llm.endpoints.0] unknown key 'weight' (allowed: base_url, max_concurrency, api_key_env, api_key_file)",
+        ),
         ({"endpoints": [{"base_url": "http://a:8000/v1", "max_concurrency": 0}]}, "[llm.endpoints.0] max_concurrency:"),
         ({"endpoints": [{"max_concurrency": 4}]}, "[llm.endpoints.0] base_url: Field required"),
     ],
@@ -106,7 +120,9 @@ def test_config_errors_are_one_line_naming_the_field_and_the_fix(tmp_path, llm, 
 def test_endpoints_config_reads_as_expected():
     from negsynth.pipeline.config_io import load_config
 
-    cfg = load_config(None, ['llm.endpoints=["http://a:8000/v1/", {base_url = "http://b:8000/v1", max_concurrency = 5}]', "llm.max_concurrency=3"]).llm
+    cfg = load_config(
+        None, ['llm.endpoints=["http://a:8000/v1/", {base_url = "http://b:8000/v1", max_concurrency = 5}]', "llm.max_concurrency=3"]
+    ).llm
     assert cfg.base_url == "http://a:8000/v1"  # the first endpoint: the embedded server is not started
     assert [e.base_url for e in cfg.endpoints] == ["http://a:8000/v1", "http://b:8000/v1"]
     assert cfg.total_concurrency == 3 + 5
@@ -145,7 +161,9 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
     b = holder["srv"] = FakeOpenAI(dying)
     with a, b, c:
         # one request at a time per server: what the dying one answered is exactly its first K
-        cfg = write_config(tmp_path, endpoints=[{"base_url": s.base_url, "max_concurrency": 1} for s in (a, b, c)], max_consecutive_failures=3)
+        cfg = write_config(
+            tmp_path, endpoints=[{"base_url": s.base_url, "max_concurrency": 1} for s in (a, b, c)], max_consecutive_failures=3
+        )
         r = gen(cfg, rd, "--json")
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
@@ -170,7 +188,9 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
     # order, or one plain base_url
     for setting in ("endpoints", "base_url"):
         with FakeOpenAI(responder) as d, FakeOpenAI(responder) as e:
-            cfg = write_config(tmp_path, e.base_url) if setting == "base_url" else write_config(tmp_path, endpoints=[e.base_url, d.base_url])
+            cfg = (
+                write_config(tmp_path, e.base_url) if setting == "base_url" else write_config(tmp_path, endpoints=[e.base_url, d.base_url])
+            )
             r = gen(cfg, rd, "--overwrite", "--json")
             assert r.exit_code == 0, r.output
             assert not d.requests and not e.requests
@@ -201,7 +221,9 @@ def test_requests_spread_by_free_capacity(tmp_path, brainstormed, reference):
         return r
 
     with FakeOpenAI(counting(0)) as big, FakeOpenAI(counting(1)) as small:
-        cfg = write_config(tmp_path, endpoints=[{"base_url": small.base_url, "max_concurrency": 1}, {"base_url": big.base_url, "max_concurrency": 3}])
+        cfg = write_config(
+            tmp_path, endpoints=[{"base_url": small.base_url, "max_concurrency": 1}, {"base_url": big.base_url, "max_concurrency": 3}]
+        )
         r = gen(cfg, rd)
         assert r.exit_code == 0, r.output
     assert bodies(big.requests) + bodies(small.requests) == ref_bodies
@@ -248,7 +270,11 @@ def test_no_endpoint_answers_at_start(tmp_path, brainstormed):
         cfg = write_config(tmp_path, endpoints=[url, other.base_url])
         r = gen(cfg, rd)
     assert r.exit_code == 2, r.output
-    assert "none of the 2 llm.endpoints answers" in r.stderr and "start the servers or fix llm.endpoints" in r.stderr and r.stderr.count("\n") == 1
+    assert (
+        "none of the 2 llm.endpoints answers" in r.stderr
+        and "start the servers or fix llm.endpoints" in r.stderr
+        and r.stderr.count("\n") == 1
+    )
 
 
 # -- probed back in ---------------------------------------------------------------------------------
@@ -262,10 +288,21 @@ def test_an_endpoint_taken_out_is_probed_back_in():
         return Reply(content='{"ok": 1}')
 
     async def main(a, b):
-        cfg = LLMConfig(model="fake", endpoints=[a.base_url, b.base_url], max_concurrency=2, backoff_initial=0.01, backoff_max=0.05, max_retries=3, connect_timeout=1)
+        cfg = LLMConfig(
+            model="fake",
+            endpoints=[a.base_url, b.base_url],
+            max_concurrency=2,
+            backoff_initial=0.01,
+            backoff_max=0.05,
+            max_retries=3,
+            connect_timeout=1,
+        )
         async with LLMClient(cfg, base_url=cfg.base_url) as c:
             await c.preflight()
-            ask = lambda i: c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))  # noqa: E731
+
+            def ask(i):
+                return c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
+
             await asyncio.gather(*(ask(i) for i in range(8)))
             assert len(a.requests) == len(b.requests) == 4  # an even spread
             b.go_down()
@@ -295,10 +332,23 @@ def test_an_endpoint_answering_5xx_is_taken_out_and_its_requests_answered_elsewh
     from negsynth.schemas.config import LLMConfig
 
     async def main(a, b):
-        cfg = LLMConfig(model="fake", endpoints=[a.base_url, b.base_url], max_concurrency=2, backoff_initial=0.05, backoff_max=1.0, max_retries=3, connect_timeout=1)
+        cfg = LLMConfig(
+            model="fake",
+            endpoints=[a.base_url, b.base_url],
+            max_concurrency=2,
+            backoff_initial=0.05,
+            backoff_max=1.0,
+            max_retries=3,
+            connect_timeout=1,
+        )
         async with LLMClient(cfg, base_url=cfg.base_url) as c:
             await c.preflight()
-            outs = await asyncio.gather(*(c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0)) for i in range(30)))
+            outs = await asyncio.gather(
+                *(
+                    c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
+                    for i in range(30)
+                )
+            )
             return outs, c.stats, c.router.endpoints[1]
 
     with FakeOpenAI(lambda req, n: Reply(content='{"ok": 1}')) as a, FakeOpenAI(lambda req, n: Reply(status=503)) as b:
@@ -331,13 +381,22 @@ def test_per_endpoint_keys_are_sent_and_never_written(tmp_path):
     with FakeOpenAI(quoting(key_a), require_key=key_a) as a, FakeOpenAI(quoting(key_b), require_key=key_b) as b:
         cfg = write_config(
             tmp_path,
-            endpoints=[{"base_url": a.base_url, "api_key_env": "NEGSYNTH_TEST_KEY_A"}, {"base_url": b.base_url, "api_key_env": "NEGSYNTH_TEST_KEY_B"}],
+            endpoints=[
+                {"base_url": a.base_url, "api_key_env": "NEGSYNTH_TEST_KEY_A"},
+                {"base_url": b.base_url, "api_key_env": "NEGSYNTH_TEST_KEY_B"},
+            ],
             max_retries=0,
         )
         rd = tmp_path / "run"
         outs = []
         for args in (["brainstorm"], ["generate", "--json"]):
-            p = subprocess.run([sys.executable, "-m", "negsynth.cli", *args, "-c", str(cfg), "-d", str(rd), "-vv"], env=env, capture_output=True, text=True, timeout=180)
+            p = subprocess.run(
+                [sys.executable, "-m", "negsynth.cli", *args, "-c", str(cfg), "-d", str(rd), "-vv"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
             assert p.returncode == 0, p.stderr
             outs += [p.stdout, p.stderr]
         # each server got its own key, and both served

@@ -25,7 +25,12 @@ MODULES = (negsynth.errors, negsynth.resources, negsynth.evaluate.suite, negsynt
 
 
 def test_every_exception_class_negsynth_defines_derives_from_one_base():
-    defined = [obj for m in MODULES for _, obj in inspect.getmembers(m, inspect.isclass) if issubclass(obj, BaseException) and obj.__module__ == m.__name__]
+    defined = [
+        obj
+        for m in MODULES
+        for _, obj in inspect.getmembers(m, inspect.isclass)
+        if issubclass(obj, BaseException) and obj.__module__ == m.__name__
+    ]
     assert len(defined) >= 15
     assert [c.__name__ for c in defined if not issubclass(c, NegsynthError)] == []
     # the stdlib bases stay: existing `except ValueError` code keeps working

@@ -70,7 +70,11 @@ def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):
     folder = write_corpus(tmp_path)
     rd = tmp_path / "run"
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"inputs": [{"path": str(folder)}], "negatives": "llm", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 0})
+        cfg = write_run_config(
+            tmp_path,
+            srv.base_url,
+            corpus={"inputs": [{"path": str(folder)}], "negatives": "llm", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 0},
+        )
         e = est(cfg, "-d", rd, "--stages", "corpus")
         assert srv.requests == []
         c = e["stages"]["corpus"]
@@ -84,7 +88,12 @@ def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):
 
 
 def test_prices_rate_and_json_table(tmp_path):
-    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1", generate={"examples": 10}, llm={"price": {"input_per_mtok": 2.0, "output_per_mtok": 8.0}, "max_concurrency": 4})
+    cfg = write_run_config(
+        tmp_path,
+        "http://127.0.0.1:9/v1",
+        generate={"examples": 10},
+        llm={"price": {"input_per_mtok": 2.0, "output_per_mtok": 8.0}, "max_concurrency": 4},
+    )
     e = est(cfg, "-d", tmp_path / "run", "--stages", "brainstorm,generate", "--latency", "2")
     for s in e["stages"].values():
         assert s["cost_usd"] == pytest.approx((s["prompt_tokens"] * 2 + s["completion_tokens"] * 8) / 1e6, abs=1e-6)

@@ -21,6 +21,7 @@ def smollm2():
     except MissingResource as e:
         pytest.skip(f"SmolLM2 not installed: {e}")
 
+
 STS_ROWS = [
     ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
     ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
@@ -43,9 +44,20 @@ def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(DecoderEmbedder, "from_config", staticmethod(capture))
     with pytest.raises(ValueError, match="captured"):
-        embedder_for("smollm2", batch_size=4, embedder=EmbedderConfig(kind="decoder", method="embedfilter", base="prompteol", filter_ratio=3, batch_size=99))
+        embedder_for(
+            "smollm2",
+            batch_size=4,
+            embedder=EmbedderConfig(kind="decoder", method="embedfilter", base="prompteol", filter_ratio=3, batch_size=99),
+        )
     cfg = seen[-1]
-    assert (cfg.kind, cfg.model, cfg.method, cfg.base, cfg.filter_ratio, cfg.batch_size) == ("decoder", "default", "embedfilter", "prompteol", 3, 4)
+    assert (cfg.kind, cfg.model, cfg.method, cfg.base, cfg.filter_ratio, cfg.batch_size) == (
+        "decoder",
+        "default",
+        "embedfilter",
+        "prompteol",
+        3,
+        4,
+    )
     # the command: no trained model + embedder.kind=decoder -> the zero-shot embedder [embedder] describes
     r = CliRunner().invoke(app, ["evaluate", "-d", str(tmp_path / "run"), "--baseline", "", "-q", "--set", "embedder.kind=decoder",
                                  "--set", "embedder.method=reba", "--set", "embedder.repeat=3"])  # fmt: skip

@@ -84,14 +84,18 @@ def test_mteb_engine_scores_local_files_like_negsynths_evaluator(tmp_path, instr
         return e
 
     ours = evaluate(emb(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False)
-    rep = evaluate(emb(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False, engine="mteb", out=tmp_path / "ev" / "report.json")
+    rep = evaluate(
+        emb(), suite="full", data_dir=data, tasks="STSBenchmark,SciFact", progress=False, engine="mteb", out=tmp_path / "ev" / "report.json"
+    )
     for name in ("STSBenchmark", "SciFact"):
         assert rep["tasks"][name]["engine"] == "mteb" and rep["tasks"][name]["source"].startswith(str(data))
         assert rep["tasks"][name]["main_score"] == pytest.approx(ours["tasks"][name]["main_score"], abs=1e-4), name
     assert rep["tasks"]["SciFact"]["n"] == 12 and rep["tasks"]["STSBenchmark"]["n"] == 40
     assert 0.2 < rep["tasks"]["SciFact"]["main_score"] < 1.0  # not a degenerate ranking
     saved = json.loads((tmp_path / "ev" / "mteb" / "SciFact.json").read_text())
-    assert saved["task_name"] == "SciFact" and saved["scores"]["test"][0]["ndcg_at_10"] == pytest.approx(rep["tasks"]["SciFact"]["main_score"])
+    assert saved["task_name"] == "SciFact" and saved["scores"]["test"][0]["ndcg_at_10"] == pytest.approx(
+        rep["tasks"]["SciFact"]["main_score"]
+    )
 
 
 def write_pairs(root, n=60, seed=0):
@@ -113,7 +117,9 @@ def test_mteb_engine_scores_local_pair_classification_like_negsynth(tmp_path):
     data = tmp_path / "data"
     write_pairs(data)
     ours = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="TwitterSemEval2015", progress=False)
-    rep = evaluate(GaussBOW(), suite="full", data_dir=data, tasks="TwitterSemEval2015", progress=False, engine="mteb", out=tmp_path / "ev" / "r.json")
+    rep = evaluate(
+        GaussBOW(), suite="full", data_dir=data, tasks="TwitterSemEval2015", progress=False, engine="mteb", out=tmp_path / "ev" / "r.json"
+    )
     t = rep["tasks"]["TwitterSemEval2015"]
     assert t["engine"] == "mteb" and t["source"].startswith(str(data)) and t["n"] == 60
     saved = json.loads((tmp_path / "ev" / "mteb" / "TwitterSemEval2015.json").read_text())["scores"]["test"][0]

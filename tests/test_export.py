@@ -46,10 +46,24 @@ def run_dir(tmp_path_factory):
     exs = [scored(i) for i in range(15)] + [scored(15, n_negs=3)]
     write_jsonl(d / "generate" / "shard-00000.jsonl", [{k: v for k, v in e.items() if k != "score"} for e in exs])
     write_jsonl(d / "score" / "shard-00000.jsonl", exs)
-    atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "policy": "annotate", "fn_ratio": 0.95, "too_easy_floor": 0.1, "kept": 16, "rejected": 0})
+    atomic_write_json(
+        d / "score" / "stats.json",
+        {"embedder": "fake", "policy": "annotate", "fn_ratio": 0.95, "too_easy_floor": 0.1, "kept": 16, "rejected": 0},
+    )
     rows = build_curriculum(exs[:15] + [scored(16)], batch_size=4, seed=0)
     save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
-    train(str(d / "curriculum" / "train.parquet"), {"model": "default", "batch_size": 4, "grad_accum": 1, "max_steps": 1, "max_length": 16, "output_dir": str(d / "train"), "save_steps": 1000})
+    train(
+        str(d / "curriculum" / "train.parquet"),
+        {
+            "model": "default",
+            "batch_size": 4,
+            "grad_accum": 1,
+            "max_steps": 1,
+            "max_length": 16,
+            "output_dir": str(d / "train"),
+            "save_steps": 1000,
+        },
+    )
     atomic_write_json(d / "evaluate" / "report.json", report(0.8123))
     atomic_write_json(d / "evaluate" / "baseline.json", report(0.8000))
     return d
@@ -65,7 +79,9 @@ def front_matter(path):
 
 def test_export_dataset_and_model_load_back(run_dir, tmp_path):
     out = tmp_path / "out"
-    r = runner.invoke(app, ["export", "-d", str(run_dir), "--out", str(out), "--ntuple", "4", "--with-shards", "--license", "cc-by-4.0", "--json"])
+    r = runner.invoke(
+        app, ["export", "-d", str(run_dir), "--out", str(out), "--ntuple", "4", "--with-shards", "--license", "cc-by-4.0", "--json"]
+    )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["dataset"]["configs"] == {"curriculum": 16, "ntuple": 15, "generate": 16, "score": 16}

@@ -108,7 +108,9 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(tmp: Path, brainstormed: Path, responder, transport: str = "http1", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()):
+def run_generate(
+    tmp: Path, brainstormed: Path, responder, transport: str = "http1", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()
+):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
@@ -247,7 +249,9 @@ def test_finish_reason_length_is_reasked_as_truncated(tmp_path, brainstormed):
 
 # -- answers that must be ACCEPTED as they are -------------------------------------------------
 def test_json_in_markdown_fences_is_accepted(tmp_path, brainstormed):
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, lambda q, n: Reply(content="Here you go:\n```json\n" + valid_answer(q, n) + "\n```\n"))
+    rd, stats, reqs = run_generate(
+        tmp_path, brainstormed, lambda q, n: Reply(content="Here you go:\n```json\n" + valid_answer(q, n) + "\n```\n")
+    )
     recs, _ = accounted(rd, stats)
     assert len(recs) == EXAMPLES and stats["this_run"]["reasks"] == 0 and len(reqs) == EXAMPLES
 

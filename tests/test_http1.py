@@ -94,7 +94,13 @@ def test_chunked_body_split_across_reads_with_trailers():
 
 
 def test_gzip_and_deflate_answers_are_decoded():
-    out, _, _ = run([lambda c: http(200, gzip.compress(BODY), {"Content-Encoding": "gzip"}), lambda c: http(200, zlib.compress(BODY), {"Content-Encoding": "deflate"})], n=2)
+    out, _, _ = run(
+        [
+            lambda c: http(200, gzip.compress(BODY), {"Content-Encoding": "gzip"}),
+            lambda c: http(200, zlib.compress(BODY), {"Content-Encoding": "deflate"}),
+        ],
+        n=2,
+    )
     assert [r.body for r in out] == [BODY, BODY]
 
 

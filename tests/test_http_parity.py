@@ -25,7 +25,9 @@ TRANSPORTS = ["http1", "aiohttp"]
 
 
 def brainstorm(tmp, url: str, transport: str, **llm):
-    cfg = write_run_config(tmp, url, llm={"transport": transport, "max_retries": 1, "connect_timeout": 2, "max_consecutive_failures": 3, **llm})
+    cfg = write_run_config(
+        tmp, url, llm={"transport": transport, "max_retries": 1, "connect_timeout": 2, "max_consecutive_failures": 3, **llm}
+    )
     return runner.invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(tmp / "run"), "-q", "--json"])
 
 
@@ -61,7 +63,10 @@ def test_a_refused_non_ascii_key_names_the_character_not_the_key(tmp_path, trans
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("bad, name", [("\u200b", "U+200B ZERO WIDTH SPACE"), ("\u00a0", "U+00A0 NO-BREAK SPACE"), ("\ufeff", "U+FEFF ZERO WIDTH NO-BREAK SPACE")])
+@pytest.mark.parametrize(
+    "bad, name",
+    [("\u200b", "U+200B ZERO WIDTH SPACE"), ("\u00a0", "U+00A0 NO-BREAK SPACE"), ("\ufeff", "U+FEFF ZERO WIDTH NO-BREAK SPACE")],
+)
 def test_an_invisible_character_in_the_key_is_refused_at_start_up(tmp_path, transport, bad, name, monkeypatch):
     monkeypatch.setenv("NEGSYNTH_TEST_KEY", f"sk-live-{bad}secret9876")
     with FakeOpenAI(always_valid) as srv:
@@ -111,7 +116,9 @@ def test_307_and_308_on_the_same_origin_are_followed_with_the_same_method_and_bo
 def test_a_redirect_not_to_follow_is_one_line_naming_it(tmp_path, transport, case):
     with FakeOpenAI(always_valid) as srv:
         other = srv.base_url.replace("127.0.0.1", "localhost")  # another origin, same server
-        loc, status = {"other_host": (other + "/chat/completions", 307), "301": ("/v2/chat/completions", 301), "no_location": ("", 307)}[case]
+        loc, status = {"other_host": (other + "/chat/completions", 307), "301": ("/v2/chat/completions", 301), "no_location": ("", 307)}[
+            case
+        ]
         srv.responder = lambda req, n: Reply(status=status, headers={"Location": loc} if loc else {}, body={"moved": True})
         r = brainstorm(tmp_path, srv.base_url, transport)
         sent = len(srv.requests)

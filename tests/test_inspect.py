@@ -12,7 +12,9 @@ from negsynth.errors import UserError
 from negsynth.inspect import inspect_path, write_plots
 
 
-def scored(i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), pos=0.9, fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0) -> dict:
+def scored(
+    i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), pos=0.9, fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0
+) -> dict:
     return {
         "id": f"ex-{i}", "task": "t", "task_type": tt, "query": f"query {i}", "positive": f"pos {i}",
         "negatives": [f"neg {i}.{k}" for k in range(4)],
@@ -27,8 +29,13 @@ def run_dir(tmp_path):
     write_jsonl(d / "brainstorm" / "shard-00000.jsonl", [{"id": f"t{i}", "task_type": "short-long", "task": "x"} for i in range(3)])
     gen = [{k: v for k, v in scored(i).items() if k != "score"} for i in range(4)]
     write_jsonl(d / "generate" / "shard-00000.jsonl", gen)
-    write_jsonl(d / "generate" / "rejects" / "shard-00000.jsonl", [{"id": "r1", "reason": "schema"}, {"id": "r2", "reason": "schema"}, {"id": "r3", "reason": "too_long"}])
-    atomic_write_json(d / "generate" / "stats.json", {"tokens": {"prompt": 1000, "completion": 250}, "estimated_cost_usd": 0.0125, "wall_time_s": 3.5})
+    write_jsonl(
+        d / "generate" / "rejects" / "shard-00000.jsonl",
+        [{"id": "r1", "reason": "schema"}, {"id": "r2", "reason": "schema"}, {"id": "r3", "reason": "too_long"}],
+    )
+    atomic_write_json(
+        d / "generate" / "stats.json", {"tokens": {"prompt": 1000, "completion": 250}, "estimated_cost_usd": 0.0125, "wall_time_s": 3.5}
+    )
     rows = [
         scored(0),
         scored(1, fn=(True, False, False, False), cos=(0.95, 0.7, 0.6, 0.5), mono=True),
@@ -114,7 +121,10 @@ def test_100k_rows_fast(tmp_path):
     tts = ("short-long", "sts", "long-short")
     with open(d / "shard-00000.jsonl", "w") as f:
         for i in range(100_000):
-            f.write(head % (i, tts[i % 3], text, text, text, text, text, text) + tail % (8 if i % 10 else 95, "true" if i % 10 == 0 else "false"))
+            f.write(
+                head % (i, tts[i % 3], text, text, text, text, text, text)
+                + tail % (8 if i % 10 else 95, "true" if i % 10 == 0 else "false")
+            )
     t0 = time.perf_counter()
     rep = inspect_path(tmp_path / "big", sample=2, flag="false_negative")
     dt = time.perf_counter() - t0

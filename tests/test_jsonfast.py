@@ -10,7 +10,25 @@ import pytest
 
 from negsynth.data import jsonfast
 
-ODD = ["é\u2028x", 'a"b\\', "\x00ctl", "😀", "\ud800", 1e-05, 1e16, 0.7, 0.1 + 0.2, 2**70, -(2**63), 2**63, True, None, float("nan"), float("inf"), (1, 2)]
+ODD = [
+    "é\u2028x",
+    'a"b\\',
+    "\x00ctl",
+    "😀",
+    "\ud800",
+    1e-05,
+    1e16,
+    0.7,
+    0.1 + 0.2,
+    2**70,
+    -(2**63),
+    2**63,
+    True,
+    None,
+    float("nan"),
+    float("inf"),
+    (1, 2),
+]
 
 
 def random_value(r: random.Random, depth: int = 0):
@@ -19,7 +37,10 @@ def random_value(r: random.Random, depth: int = 0):
         return r.choice([*ODD, r.uniform(-1e20, 1e20), r.random() * 1e-6, r.randrange(-(10**20), 10**20)])
     if k < 0.65:
         return [random_value(r, depth + 1) for _ in range(r.randrange(4))]
-    return {r.choice(["z", "a", "é", "b", 3]) if r.random() < 0.1 else r.choice(["z", "a", "é", "b"]) + str(i): random_value(r, depth + 1) for i in range(r.randrange(4))}
+    return {
+        r.choice(["z", "a", "é", "b", 3]) if r.random() < 0.1 else r.choice(["z", "a", "é", "b"]) + str(i): random_value(r, depth + 1)
+        for i in range(r.randrange(4))
+    }
 
 
 def stdlib(obj, sort_keys):

@@ -79,7 +79,10 @@ def test_no_module_imports_a_layer_above_its_own():
 def test_no_import_cycle_between_modules():
     graph = imports()
     # a package's __init__ may re-export its own submodules; those edges are not a design cycle
-    edges = {m: {d for d in ds if not (m == d.rsplit(".", 1)[0] and Path(PKG.parent, *m.split("."), "__init__.py").exists())} for m, ds in graph.items()}
+    edges = {
+        m: {d for d in ds if not (m == d.rsplit(".", 1)[0] and Path(PKG.parent, *m.split("."), "__init__.py").exists())}
+        for m, ds in graph.items()
+    }
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -89,7 +92,7 @@ def test_no_import_cycle_between_modules():
         stack.append(m)
         for d in sorted(edges.get(m, ())):
             if state.get(d) == 1:
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d)
         stack.pop()

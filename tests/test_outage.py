@@ -98,7 +98,11 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         # take the connections in flight while it shut down), far fewer than the attempts made
         tr = stats["this_run"]
         attempts = 5 + sum(tr["transport_retries"].values()) + sum(tr["transport_failures"].values())
-        assert len(srv.requests) + srv.dropped <= tr["requests"] <= len(srv.requests) + srv.dropped + 4 < attempts, (tr, len(srv.requests), srv.dropped)
+        assert len(srv.requests) + srv.dropped <= tr["requests"] <= len(srv.requests) + srv.dropped + 4 < attempts, (
+            tr,
+            len(srv.requests),
+            srv.dropped,
+        )
         # no transport failure became a reject, in a finished shard or anywhere
         assert not any(x["reason"].startswith("transport_") for x in all_rejects(rd))
         assert stats["rejects_by_reason"] == {}
@@ -266,7 +270,11 @@ def test_llm_timeout_is_a_deadline_for_a_trickling_server(tmp_path, rd):
 @pytest.mark.parametrize(
     "name, reply, expect",
     [
-        ("bad_request", lambda req, n: Reply(status=400, body={"error": {"message": "unknown parameter response_format"}}), "refuses the requests as bad"),
+        (
+            "bad_request",
+            lambda req, n: Reply(status=400, body={"error": {"message": "unknown parameter response_format"}}),
+            "refuses the requests as bad",
+        ),
         ("html", lambda req, n: Reply(raw=b"<html><body>Welcome to nginx</body></html>"), "not with chat completions"),
         ("garbage", lambda req, n: Reply(content="I am a base model and I like trains"), "0 valid outputs"),
     ],
@@ -382,7 +390,12 @@ def test_sigterm_and_a_double_ctrl_c_exit_with_one_line(tmp_path, rd, signals, c
     with FakeOpenAI(slow) as srv:
         cfg = config(tmp_path, srv.base_url)
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-        p = subprocess.Popen([sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q"], stderr=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             assert started.wait(60), "no request arrived"
             for name in signals:

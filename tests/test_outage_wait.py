@@ -109,7 +109,11 @@ def test_a_server_that_stays_away_stops_the_stage_after_the_wait(tmp_path, rd):
     assert 2 <= took < 30
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert lines[0].startswith("waiting: the LLM server is not answering") and lines[-1].startswith("error:")
-    assert "requests in a row failed" in lines[-1] and "waited 2 s for it: llm.outage_wait" in lines[-1] and "rerun the same command" in lines[-1]
+    assert (
+        "requests in a row failed" in lines[-1]
+        and "waited 2 s for it: llm.outage_wait" in lines[-1]
+        and "rerun the same command" in lines[-1]
+    )
     stats = json.loads(r.stdout)
     assert stats["complete"] is False and stats["outage"] and stats["rejected"] == 0
     # nothing is sent while waiting: the probes are GET /models, not chat requests
@@ -140,7 +144,9 @@ def test_a_small_stage_failing_alike_exits_2_naming_the_cause_whatever_the_wait(
     as 20 items do; never waited for nor resent (the server answers, wrongly)."""
     html = lambda req, n: Reply(raw=b"<html><body>Welcome to nginx</body></html>")  # noqa: E731
     with FakeOpenAI(html) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_retries": 1, "outage_wait": 60}, generate={"examples": 6, "min_per_type": 1})
+        cfg = write_run_config(
+            tmp_path, srv.base_url, llm={"max_retries": 1, "outage_wait": 60}, generate={"examples": 6, "min_per_type": 1}
+        )
         if stage == "brainstorm":
             shutil.rmtree(rd)
         t0 = time.monotonic()

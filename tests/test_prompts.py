@@ -50,7 +50,9 @@ def test_sts_prompt_exact():
 
 
 def test_long_short_and_matching_prompts_name_their_keys():
-    ls = generate.render_prompt("long-short", "Classify reviews.", {"clarity": "clear", "num_words": 50, "language": "English", "difficulty": "PhD"})
+    ls = generate.render_prompt(
+        "long-short", "Classify reviews.", {"clarity": "clear", "num_words": 50, "language": "English", "difficulty": "PhD"}
+    )
     assert ls.startswith("You have been given a text-classification task: Classify reviews.\n")
     assert '"misleading_labels": a list of exactly 4 labels' in ls and "has about 50 words" in ls
     ss = generate.render_prompt("short-short", "Match words.", {"language": "German"})
@@ -71,12 +73,19 @@ def test_messages_have_worked_example_turn():
     assert json.loads(msgs[2]["content"]) == ex["output"]
     assert msgs[1]["content"].startswith(f"You have been given a retrieval task: {ex['task']}\n")
     assert msgs[3]["content"] == generate.render_prompt("short-long", "Find recipes.", SL_ATTRS)
-    assert [m["role"] for m in generate.build_messages("sts", "t", {"unit": "sentence", "high_score": 5, "language": "English", "difficulty": "college"}, few_shot=False)] == ["system", "user"]
+    assert [
+        m["role"]
+        for m in generate.build_messages(
+            "sts", "t", {"unit": "sentence", "high_score": 5, "language": "English", "difficulty": "college"}, few_shot=False
+        )
+    ] == ["system", "user"]
 
 
 def test_brainstorm_prompt_exact_tail_and_example():
     msgs = brainstorm.build_messages("long-long", 12)
-    assert msgs[-1]["content"].endswith('Return a JSON object {"tasks": [...]} with a list of 12 distinct tasks, and nothing else. Be creative!')
+    assert msgs[-1]["content"].endswith(
+        'Return a JSON object {"tasks": [...]} with a list of 12 distinct tasks, and nothing else. Be creative!'
+    )
     assert msgs[-1]["content"].startswith("Brainstorm a list of text matching tasks where the queries are long documents.\n")
     assert json.loads(msgs[2]["content"])["tasks"] == load_example("brainstorm_long-long")["output"]["tasks"]
 

@@ -25,7 +25,10 @@ def _texts_per_batch(ds, batches):
 
 def test_sampler_never_repeats_a_text_and_keeps_order():
     # SciFact-like: several queries share a positive, two rows repeat a query
-    rows = {"anchor": [f"q{i}" for i in range(10)] + ["q1", "Q3 "], "positive": ["p0", "p0", "p1", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"]}
+    rows = {
+        "anchor": [f"q{i}" for i in range(10)] + ["q1", "Q3 "],
+        "positive": ["p0", "p0", "p1", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"],
+    }
     ds = datasets.Dataset.from_dict(rows)
     s = CurriculumBatchSampler(ds, batch_size=4)
     batches = list(s)
@@ -59,7 +62,9 @@ def test_trainer_batches_have_no_duplicates_for_any_dataset(minilm, tmp_path):
     from negsynth.train.trainer import make_trainer
 
     n = 40
-    ds = datasets.Dataset.from_dict({"anchor": [f"claim {i % 30}" for i in range(n)], "positive": [f"abstract {i % 7}" for i in range(n)], "level": [1] * n})
+    ds = datasets.Dataset.from_dict(
+        {"anchor": [f"claim {i % 30}" for i in range(n)], "positive": [f"abstract {i % 7}" for i in range(n)], "level": [1] * n}
+    )
     trainer, _ = make_trainer(ds, TrainConfig(model=minilm, batch_size=8, max_steps=1, max_length=16, output_dir=str(tmp_path)))
     assert trainer.train_dataset.column_names == ["anchor", "positive"]  # metadata is not an input
     loader = trainer.get_train_dataloader()
@@ -90,7 +95,9 @@ def test_temperature_defaults_by_model_family(minilm, tmp_path):
 def test_ntuple_rows_use_every_negative_column(minilm, tmp_path):
     from negsynth.train.trainer import make_trainer
 
-    ds = datasets.Dataset.from_dict({"anchor": ["a", "b"], "positive": ["c", "d"], "negative_1": ["e", "f"], "negative_2": ["g", "h"], "phase": [1, 1]})
+    ds = datasets.Dataset.from_dict(
+        {"anchor": ["a", "b"], "positive": ["c", "d"], "negative_1": ["e", "f"], "negative_2": ["g", "h"], "phase": [1, 1]}
+    )
     trainer, _ = make_trainer(ds, TrainConfig(model=minilm, batch_size=2, max_steps=1, max_length=16, output_dir=str(tmp_path)))
     assert trainer.train_dataset.column_names == ["anchor", "positive", "negative_1", "negative_2"]
 
@@ -105,7 +112,13 @@ def test_trained_model_loads_with_plain_sentence_transformer(minilm, tmp_path, p
 
     from negsynth.train.trainer import make_trainer
 
-    ds = datasets.Dataset.from_dict({"anchor": ["a red fox", "blue sea", "old oak"], "positive": ["fox", "sea water", "oak tree"], "negative": ["car", "desert", "metal"]})
+    ds = datasets.Dataset.from_dict(
+        {
+            "anchor": ["a red fox", "blue sea", "old oak"],
+            "positive": ["fox", "sea water", "oak tree"],
+            "negative": ["car", "desert", "metal"],
+        }
+    )
     cfg = TrainConfig(model=minilm, pooling=pooling, batch_size=3, max_steps=2, lr=1e-3, max_length=16, output_dir=str(tmp_path / "run"))
     trainer, model = make_trainer(ds, cfg)
     trainer.train()
@@ -137,7 +150,14 @@ def test_measured_policy_drops_false_negatives_and_orders_by_cosine():
     from negsynth.stages.score import apply_policy
 
     row = {"id": "e1", "negatives": ["n0", "n1", "n2", "n3"], "usage": {}}
-    m = {"cos_pos": 0.8, "cos_neg": [0.2, 0.79, 0.5, 0.6], "false_negative": [False, True, False, False], "too_easy": [False] * 4, "tau": -0.3, "monotonic": False}
+    m = {
+        "cos_pos": 0.8,
+        "cos_neg": [0.2, 0.79, 0.5, 0.6],
+        "false_negative": [False, True, False, False],
+        "too_easy": [False] * 4,
+        "tau": -0.3,
+        "monotonic": False,
+    }
     out, rej = apply_policy(row, m, ScoreConfig(policy="measured", min_negatives=3), "st:x")
     assert rej is None and out["negatives"] == ["n3", "n2", "n0"]  # the false negative is gone, hardest first
     assert out["score"]["cos_neg"] == [0.6, 0.5, 0.2] and out["score"]["llm_order"] == [3, 2, 0]
@@ -186,7 +206,14 @@ def test_graded_mining_one_negative_per_band(minilm):
              "Football teams train twice a day in summer.", "The novel describes a journey across the desert."]  # fmt: skip
     positive = "The heart pumps blood around the body through arteries and veins."
     corpus = topic + [positive + " "]  # a near-copy of the positive must never come back as a negative
-    found = mine_graded(model, {"q": "How does the heart move blood?"}, {"q": [positive]}, corpus, bands=[(1, 1), (2, 2), (3, 5), (6, 10)], relative_margin=0.05)
+    found = mine_graded(
+        model,
+        {"q": "How does the heart move blood?"},
+        {"q": [positive]},
+        corpus,
+        bands=[(1, 1), (2, 2), (3, 5), (6, 10)],
+        relative_margin=0.05,
+    )
     f = found["q"]
     assert len(f["negatives"]) == 4
     assert f["scores"] == sorted(f["scores"], reverse=True)  # level 1 hardest ... level 4 easiest

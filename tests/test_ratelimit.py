@@ -151,7 +151,9 @@ def test_client_feeds_the_limiter_429_retry_after_and_usage():
     async def go(url):
         lim = RateLimiter(tpm=10**6, max_concurrency=4, cooldown_s=0.01)
         async with LLMClient(cfg, base_url=url, api_key="k", limiter=lim) as c:
-            out = await c.chat(c.payload([{"role": "user", "content": "Brainstorm tasks"}], response_format=None, temperature=None, sample_index=0))
+            out = await c.chat(
+                c.payload([{"role": "user", "content": "Brainstorm tasks"}], response_format=None, temperature=None, sample_index=0)
+            )
         return lim, c, out
 
     with FakeOpenAI(responder) as srv:

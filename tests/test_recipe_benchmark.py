@@ -44,7 +44,9 @@ def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch)
            "negatives": [f"n{i}{k}" for k in range(4)], "source": "scifact"} for i in range(40)]  # fmt: skip
     write_jsonl(run / "score" / "shard-00000.jsonl", ex)
     with pytest.raises(SystemExit, match=r"has 40 scored examples with 4 negatives, 1 batch\(es\) of 32.*need >= 4"):
-        load_script().main(["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--arms", "ns-llm-curriculum", "--llm-run", str(run)])
+        load_script().main(
+            ["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--arms", "ns-llm-curriculum", "--llm-run", str(run)]
+        )
     assert not (tmp_path / "out").exists()  # nothing trained, nothing written
 
 
@@ -60,12 +62,22 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
         toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra))
         cfgs[arm] = load_config(toml)
     base = cfgs["ns-pipeline"]
-    assert base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
+    assert (
+        base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
+    )
     assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     for arm, cfg in cfgs.items():
         changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
-        assert changed <= {"ns-pipeline": set(), "ns-pipeline-neardedup": {"score"}, "ns-pipeline-wide": {"regenerate"}, "ns-pipeline-noeasy": {"score"}}[arm], (arm, changed)
+        assert (
+            changed
+            <= {
+                "ns-pipeline": set(),
+                "ns-pipeline-neardedup": {"score"},
+                "ns-pipeline-wide": {"regenerate"},
+                "ns-pipeline-noeasy": {"score"},
+            }[arm]
+        ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
 
 
@@ -91,7 +103,9 @@ def test_bad_seeds_and_empty_arms_stop_in_one_line(capsys):
         with pytest.raises(SystemExit) as e:
             mod.build_parser().parse_args(["--seeds", bad])
         last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse: usage line, then one error line
-        assert e.value.code == 2 and last.endswith(f"argument --seeds: {says}, e.g. 0,1,2" if bad == "zero" else f"argument --seeds: {says}; e.g. --seeds 0")
+        assert e.value.code == 2 and last.endswith(
+            f"argument --seeds: {says}, e.g. 0,1,2" if bad == "zero" else f"argument --seeds: {says}; e.g. --seeds 0"
+        )
     with pytest.raises(SystemExit, match=r"unknown arm\(s\) ' , '"):
         mod.select_arms(" , ")
 
@@ -99,7 +113,9 @@ def test_bad_seeds_and_empty_arms_stop_in_one_line(capsys):
 def _beir(root, layout: str, n_train: int = 50, n_test: int = 20):
     """A tiny BEIR folder: this project's layout (test at the top, train/ beside) or BEIR's (qrels/{train,test}.tsv)."""
     root.mkdir(parents=True)
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"document {i}"}) + "\n" for i in range(40)))
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"document {i}"}) + "\n" for i in range(40))
+    )
     train_q = {f"t{i}": f"train query {i}" for i in range(n_train)}
     test_q = {f"s{i}": f"test query {i}" for i in range(n_test)}
     train_rel = "query-id\tcorpus-id\tscore\n" + "".join(f"t{i}\td{i % 40}\t1\n" for i in range(n_train)) + "t0\td39\t1\n"

@@ -27,9 +27,24 @@ from negsynth.schemas.records import Example
 runner = CliRunner()
 
 ROWS = [
-    {"q": "what causes tides", "doc": "Tides are caused by the gravitational pull of the moon and the sun on the oceans.", "lbl": "yes", "negs": ["Waves are caused by wind."]},
-    {"q": "how do vaccines work", "doc": "Vaccines train the immune system to recognise a pathogen without causing the disease.", "lbl": "no", "negs": []},
-    {"q": "why is the sky blue", "doc": "Sunlight is scattered by air molecules, and blue light is scattered the most.", "lbl": "yes", "negs": ["Sunsets are red."]},
+    {
+        "q": "what causes tides",
+        "doc": "Tides are caused by the gravitational pull of the moon and the sun on the oceans.",
+        "lbl": "yes",
+        "negs": ["Waves are caused by wind."],
+    },
+    {
+        "q": "how do vaccines work",
+        "doc": "Vaccines train the immune system to recognise a pathogen without causing the disease.",
+        "lbl": "no",
+        "negs": [],
+    },
+    {
+        "q": "why is the sky blue",
+        "doc": "Sunlight is scattered by air molecules, and blue light is scattered the most.",
+        "lbl": "yes",
+        "negs": ["Sunsets are red."],
+    },
 ]
 
 
@@ -71,7 +86,9 @@ def write_beir(root: Path, *, split_folder: bool = False) -> Path:
     (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     qdir = root / "train" if split_folder else root
     qdir.mkdir(exist_ok=True)
-    (qdir / "queries.jsonl").write_text(json.dumps({"_id": "1", "text": "what causes tides"}) + "\n" + json.dumps({"_id": "2", "text": "how vaccines work"}) + "\n")
+    (qdir / "queries.jsonl").write_text(
+        json.dumps({"_id": "1", "text": "what causes tides"}) + "\n" + json.dumps({"_id": "2", "text": "how vaccines work"}) + "\n"
+    )
     (qdir / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n1\td2\t2\n1\td3\t0\n2\td4\t1\n")
     return root
 
@@ -93,7 +110,9 @@ def invoke(*args: str):
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "parquet", "hf"])
 def test_each_format_with_column_mapping(tmp_path, fmt):
     path, f = write_all_formats(tmp_path)[fmt]
-    spec = SourceSpec(path=str(path), columns={"query": "q", "positive": "doc", "negatives": "negs"}, name="toy", split="train" if fmt == "hf" else None)
+    spec = SourceSpec(
+        path=str(path), columns={"query": "q", "positive": "doc", "negatives": "negs"}, name="toy", split="train" if fmt == "hf" else None
+    )
     data = load_source(spec)
     assert [p.query for p in data.pairs] == [r["q"] for r in ROWS]
     assert [p.positive for p in data.pairs] == [r["doc"] for r in ROWS]
@@ -125,7 +144,22 @@ def test_tsv_filter_to_entailment_and_symmetric_instructions(tmp_path):
     assert [p.row for p in data.pairs] == [0, 2]
     with FakeOpenAI(always_valid) as srv:
         cfg = config(tmp_path, srv.base_url)
-        r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tsv, "--query-col", "text1", "--positive-col", "text2", "--filter", "label=entailment", "--json")
+        r = invoke(
+            "regenerate",
+            "-c",
+            cfg,
+            "-d",
+            tmp_path / "run",
+            "-i",
+            tsv,
+            "--query-col",
+            "text1",
+            "--positive-col",
+            "text2",
+            "--filter",
+            "label=entailment",
+            "--json",
+        )
         assert r.exit_code == 0, r.output
         recs = list(read_stage(tmp_path / "run" / "regenerate"))
     assert {x["task_type"] for x in recs} == {"sts"} and all(x["attributes"]["symmetric"] for x in recs)
@@ -156,7 +190,7 @@ def test_beir_several_positives_per_query(tmp_path):
 # -- clear errors --------------------------------------------------------------------------
 def test_missing_field_names_file_row_and_fix(tmp_path):
     p = tmp_path / "bad.csv"
-    p.write_text('query,positive\nfirst query,first doc\nsecond query,\nthird query,third doc\n')
+    p.write_text("query,positive\nfirst query,first doc\nsecond query,\nthird query,third doc\n")
     with pytest.raises(UserError) as e:
         load_source(SourceSpec(path=str(p)))
     msg = str(e.value)
@@ -205,7 +239,9 @@ def test_records_prompt_and_rejects(tmp_path):
     assert stats["valid"] == 2 and stats["rejects_by_reason"] == {"negative_equals_positive": 1}
     recs = [Example.model_validate(x) for x in read_stage(tmp_path / "run" / "regenerate")]
     assert [x.source_id for x in recs] == ["msmarco:all:0", "msmarco:all:1"]
-    assert all(x.source == "msmarco" and x.task == "Given a web search query, retrieve relevant passages that answer the query" for x in recs)
+    assert all(
+        x.source == "msmarco" and x.task == "Given a web search query, retrieve relevant passages that answer the query" for x in recs
+    )
     assert recs[0].meta["source_negatives"] == ["Waves are caused by wind."] and "source_negatives" not in recs[1].meta
     assert recs[0].query == ROWS[0]["q"] and recs[0].positive == ROWS[0]["doc"] and len(recs[0].negatives) == 4
     last = next(q["messages"][-1]["content"] for q in srv.requests if ROWS[0]["q"] in q["messages"][-1]["content"])
@@ -220,7 +256,9 @@ def test_dedup_across_sources(tmp_path):
     b = tmp_path / "b.csv"
     a.write_text("".join(json.dumps({"query": r["q"], "positive": r["doc"]}) + "\n" for r in ROWS))
     # b repeats row 1 with other case / spacing / end punctuation, and repeats itself once
-    b.write_text(f'query,positive\n"  {ROWS[1]["q"].upper()}?","{ROWS[1]["doc"]}  "\nnew query here,new positive text\nnew query here,new positive text\n')
+    b.write_text(
+        f'query,positive\n"  {ROWS[1]["q"].upper()}?","{ROWS[1]["doc"]}  "\nnew query here,new positive text\nnew query here,new positive text\n'
+    )
     body = f'[[regenerate.inputs]]\npath = "{a}"\nname = "srca"\n[[regenerate.inputs]]\npath = "{b}"\nname = "srcb"\n'
     with FakeOpenAI(always_valid) as srv:
         cfg = config(tmp_path, srv.base_url, body)
@@ -262,7 +300,17 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path):
 
     with FakeOpenAI(responder) as srv:
         cfg = config(tmp_path, srv.base_url, body, max_concurrency=1)
-        cmd = [sys.executable, "-c", "from negsynth.cli import main; main()", "regenerate", "-c", str(cfg), "-d", str(tmp_path / "run"), "-q"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from negsynth.cli import main; main()",
+            "regenerate",
+            "-c",
+            str(cfg),
+            "-d",
+            str(tmp_path / "run"),
+            "-q",
+        ]
         proc["p"] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         proc["p"].communicate(timeout=120)
         assert killed.is_set() and proc["p"].returncode == -signal.SIGKILL
@@ -326,7 +374,10 @@ def test_score_accepts_regenerated_records(tmp_path):
     path = write_all_formats(tmp_path)["jsonl"][0]
     with FakeOpenAI(always_valid) as srv:
         cfg = config(tmp_path, srv.base_url)
-        assert invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", path, "--query-col", "q", "--positive-col", "doc", "-q").exit_code == 0
+        assert (
+            invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", path, "--query-col", "q", "--positive-col", "doc", "-q").exit_code
+            == 0
+        )
     recs = list(read_stage(tmp_path / "run" / "regenerate"))
     for x in recs:
         Example.model_validate(x)
@@ -354,14 +405,24 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     root = tmp_path / "beir"
     root.mkdir()
     rng = random.Random(0)
-    topics = ["ocean tides and the moon", "vaccines and the immune system", "volcanoes and lava", "bees and pollination", "black holes and gravity"]
+    topics = [
+        "ocean tides and the moon",
+        "vaccines and the immune system",
+        "volcanoes and lava",
+        "bees and pollination",
+        "black holes and gravity",
+    ]
     words = "the of a shows study effect data rate high low new model cell energy water light heat plant animal".split()
     docs = []
     for i in range(120):
         t = topics[i % len(topics)]
         docs.append({"_id": f"d{i}", "title": "", "text": f"{t}: " + " ".join(rng.choice(words) for _ in range(12)) + f" ({i})"})
     (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    queries = [("1", "what causes ocean tides", "d0"), ("2", "how do vaccines train immunity", "d1"), ("3", "why do volcanoes erupt lava", "d2")]
+    queries = [
+        ("1", "what causes ocean tides", "d0"),
+        ("2", "how do vaccines train immunity", "d1"),
+        ("3", "why do volcanoes erupt lava", "d2"),
+    ]
     (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in queries))
     (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in queries))
     body = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
@@ -387,7 +448,18 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["valid"] == 3
     # all negatives mined: the curriculum's "auto" schedule makes n-tuple rows (every negative used)
     assert invoke("score", "-c", cfg, "-d", tmp_path / "run", "-q").exit_code == 0
-    r = invoke("curriculum", "-c", cfg, "-d", tmp_path / "run", "--set", "curriculum.batch_size=2", "--set", "curriculum.homogeneous_batches=false", "--json")
+    r = invoke(
+        "curriculum",
+        "-c",
+        cfg,
+        "-d",
+        tmp_path / "run",
+        "--set",
+        "curriculum.batch_size=2",
+        "--set",
+        "curriculum.homogeneous_batches=false",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     cur = json.loads(r.stdout)
     assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 2

@@ -15,7 +15,9 @@ from negsynth.data.shards import atomic_write_json, write_jsonl
 runner = CliRunner()
 
 
-def scored(i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0) -> dict:
+def scored(
+    i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0
+) -> dict:
     return {
         "id": f"ex-{i}", "task": "Retrieve a passage.", "task_type": tt, "query": f"query {i} <b>bold?</b>", "positive": f"pos {i}",
         "negatives": [f"neg {i}.{k}" for k in range(4)],
@@ -40,10 +42,15 @@ def run_dir(tmp_path):
         {"id": "r2", "stage": "generate", "reason": "schema", "detail": "bad json", "raw": "</script><script>alert(1)</script>", "input": {"task_type": "short-long"}},
         {"id": "r3", "stage": "generate", "reason": "copied_example", "detail": "", "raw": "", "input": {"task_type": "sts"}},
     ])  # fmt: skip
-    atomic_write_json(d / "generate" / "stats.json", {"tokens": {"prompt": 1000, "completion": 250}, "estimated_cost_usd": 0.0125, "wall_time_s": 3.5})
+    atomic_write_json(
+        d / "generate" / "stats.json", {"tokens": {"prompt": 1000, "completion": 250}, "estimated_cost_usd": 0.0125, "wall_time_s": 3.5}
+    )
     write_jsonl(d / "score" / "shard-00000.jsonl", rows)
     rej = scored(9, tt="sts")
-    write_jsonl(d / "score" / "rejects" / "shard-00000.jsonl", [{"id": "ex-9", "stage": "score", "reason": "near_duplicate", "detail": "same as ex-2", "raw": None, "input": rej}])
+    write_jsonl(
+        d / "score" / "rejects" / "shard-00000.jsonl",
+        [{"id": "ex-9", "stage": "score", "reason": "near_duplicate", "detail": "same as ex-2", "raw": None, "input": rej}],
+    )
     atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "wall_time_s": 1.0})
     return d
 

@@ -93,8 +93,25 @@ def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainsto
         # workers 0 and 1 run at the same time, as separate processes on the same run dir
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q", "--shard-index", str(k), "--num-shards", str(n)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                [
+                    sys.executable,
+                    "-m",
+                    "negsynth.cli",
+                    "generate",
+                    "-c",
+                    str(cfg),
+                    "-d",
+                    str(rd),
+                    "-q",
+                    "--shard-index",
+                    str(k),
+                    "--num-shards",
+                    str(n),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ),
             )  # fmt: skip
             for k in (0, 1)
         ]
@@ -222,7 +239,9 @@ def test_max_requests_stops_cleanly_and_a_larger_budget_continues(tmp_path, brai
         assert len(srv.requests) == 9  # never overshoots, even with 3 requests in flight
         st = json.loads((rd / "generate" / "stats.json").read_text())
         assert st["stopped_by"] == "max_requests=9" and not st["complete"] and st["this_run"]["requests"] == 9
-        done = list(read_stage(rd / "generate")) + [json.loads(x)["r"] for p in (rd / "generate").glob("*.partial") for x in p.read_text().splitlines()]
+        done = list(read_stage(rd / "generate")) + [
+            json.loads(x)["r"] for p in (rd / "generate").glob("*.partial") for x in p.read_text().splitlines()
+        ]
         assert 0 < len(done) == st["items"] < EXAMPLES  # everything finished is written
         # a second, still small budget makes progress again
         r = gen(cfg, rd, "--max-requests", "5")

@@ -74,7 +74,9 @@ HAND = {"pos": 0.9, "n1": 0.8, "n2": 0.86, "n3": 0.5, "n4": 0.05}
 
 
 def example(i: int = 0, *, tt: str = "short-long", q: str = "Q", negs=("n1", "n2", "n3", "n4"), pos: str = "pos") -> dict:
-    return Example(id=f"ex-{i}", task="find it", task_type=tt, query=q, positive=pos, negatives=list(negs)).model_dump(mode="json", exclude={"score"})
+    return Example(id=f"ex-{i}", task="find it", task_type=tt, query=q, positive=pos, negatives=list(negs)).model_dump(
+        mode="json", exclude={"score"}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +174,17 @@ def test_score_stats_and_inspect_share_one_definition(tmp_path):
     write_generate(tmp_path, [rows[:2], rows[2:]])
     stats = run_score(make_ctx(tmp_path, policy="reorder"), FakeEmbedder({**HAND, "Q2": 0.0}))
     seen = inspect_path(tmp_path)["score"]
-    for key in ("examples", "cos_pos", "levels", "levels_decreasing", "monotonic_pct", "kendall_tau_mean", "fn_rate", "by_task_type", "fn_rate_by_task_type"):
+    for key in (
+        "examples",
+        "cos_pos",
+        "levels",
+        "levels_decreasing",
+        "monotonic_pct",
+        "kendall_tau_mean",
+        "fn_rate",
+        "by_task_type",
+        "fn_rate_by_task_type",
+    ):
         assert seen[key] == stats[key], key
     assert [lv["n"] for lv in stats["levels"]] == [3, 3, 3, 3] and stats["by_task_type"]["sts"]["examples"] == 1
 

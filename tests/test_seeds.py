@@ -48,8 +48,16 @@ def _tiny(tok, model_type="llama", hidden=16, vocab=None):
 
     torch.manual_seed(0)
     cfg_cls, cls = (MistralConfig, MistralForCausalLM) if model_type == "mistral" else (LlamaConfig, LlamaForCausalLM)
-    cfg = cfg_cls(vocab_size=vocab or len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg = cfg_cls(
+        vocab_size=vocab or len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     return cls(cfg).eval()
 
 
@@ -157,7 +165,7 @@ def test_embedfilter_truncation_keeps_first_and_last_256(smol, svd_tmp):
     it = e.tokenize(text)
     prefix = tok('Summarize the sentence: "', add_special_tokens=False)["input_ids"]
     suffix = tok('" in one word:"', add_special_tokens=False)["input_ids"]
-    assert it.ids[: len(prefix)] == prefix and it.ids[-len(suffix):] == suffix
+    assert it.ids[: len(prefix)] == prefix and it.ids[-len(suffix) :] == suffix
     body = it.ids[len(prefix) : len(it.ids) - len(suffix)]
     assert body == full[:256] + full[-256:]
     # echo keeps the first max_length tokens of each copy
@@ -225,7 +233,9 @@ def _tiny_llama_dir(tmp_path, tok):
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     d = tmp_path / "tiny"
     LlamaModel(cfg).eval().save_pretrained(d)
     tok = copy.deepcopy(tok)
@@ -261,7 +271,10 @@ def test_ata_embed_mask_weights_and_reload(tmp_path, smol_tok):
     torch.testing.assert_close(w.sum(-1), torch.ones(2))
     e1 = model.encode(texts, convert_to_numpy=True)
     # the "all" ablation differs on the query, not on the document
-    e_all = SentenceTransformer(modules=[Transformer(path, max_seq_length=64), EmbeddingPooling(tr.get_embedding_dimension(), mode="ata", ata_pool="all")], device="cpu").encode(texts, convert_to_numpy=True)
+    e_all = SentenceTransformer(
+        modules=[Transformer(path, max_seq_length=64), EmbeddingPooling(tr.get_embedding_dimension(), mode="ata", ata_pool="all")],
+        device="cpu",
+    ).encode(texts, convert_to_numpy=True)
     assert np.abs(e_all[0] - e1[0]).max() > 1e-4
     np.testing.assert_allclose(e_all[1], e1[1], atol=1e-5)
 

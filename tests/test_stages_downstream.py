@@ -44,7 +44,18 @@ def run_dir_with_examples(tmp_path):
 def test_score_curriculum_train_evaluate(run_dir_with_examples):
     rd, data = run_dir_with_examples
     # policy annotate, no dedup: the fake LLM's texts are arbitrary and alike; these are plumbing checks
-    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate", "--set", "score.dedup=false"]
+    common = [
+        "-d",
+        str(rd),
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "curriculum.homogeneous_batches=false",
+        "--set",
+        "score.policy=annotate",
+        "--set",
+        "score.dedup=false",
+    ]
     r = runner.invoke(app, ["score", *common, "--json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["curriculum", *common, "--json"])
@@ -137,7 +148,18 @@ def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
 
 def test_tuple_schedule_trains_on_every_negative(run_dir_with_examples):
     rd, _ = run_dir_with_examples
-    common = ["-d", str(rd), "--set", "train.batch_size=4", "--set", "curriculum.homogeneous_batches=false", "--set", "score.policy=annotate", "--set", "score.dedup=false"]
+    common = [
+        "-d",
+        str(rd),
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "curriculum.homogeneous_batches=false",
+        "--set",
+        "score.policy=annotate",
+        "--set",
+        "score.dedup=false",
+    ]
     assert runner.invoke(app, ["score", *common, "-q"]).exit_code == 0
     r = runner.invoke(app, ["curriculum", *common, "--schedule", "tuple", "--json"])
     assert r.exit_code == 0, r.output

@@ -26,7 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def rows(n: int) -> list[dict]:
     out = []
     for i in range(n):
-        r = {"query": f"question number {i % 37} about topic {i % 11}", "positive": f"passage {i} " + "words " * (i % 5), "id": f"r{i}", "label": ["keep", "drop"][i % 3 == 0]}
+        r = {
+            "query": f"question number {i % 37} about topic {i % 11}",
+            "positive": f"passage {i} " + "words " * (i % 5),
+            "id": f"r{i}",
+            "label": ["keep", "drop"][i % 3 == 0],
+        }
         if i % 17 == 5:
             r["positive"] = "   "  # an empty cell
         if i % 23 == 7:
@@ -113,7 +118,12 @@ def big_jsonl(tmp_path_factory) -> Path:
     body = "word " * 160
     with open(p, "w") as f:
         for start in range(0, 300_000, 10_000):
-            f.write("".join(json.dumps({"query": f"query {i}", "positive": f"{i} {body}", "extra": body}) + "\n" for i in range(start, start + 10_000)))
+            f.write(
+                "".join(
+                    json.dumps({"query": f"query {i}", "positive": f"{i} {body}", "extra": body}) + "\n"
+                    for i in range(start, start + 10_000)
+                )
+            )
     return p
 
 

@@ -30,13 +30,23 @@ from negsynth.train.sampler import OrderedBatchSampler, check_batches  # noqa: E
 
 def tiny_llama(impl="sdpa", layers=3, seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, attn_implementation=impl)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation=impl,
+    )
     return LlamaModel(cfg).eval()
 
 
 def tiny_bert(impl="sdpa"):
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, attn_implementation=impl)
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, attn_implementation=impl
+    )
     return BertModel(cfg).eval()
 
 
@@ -204,7 +214,28 @@ def _dataset(n=16, seed=0):
     from datasets import Dataset
 
     rng = np.random.default_rng(seed)
-    words = ["amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "iris", "jade", "kelp", "lichen", "marl", "nickel", "onyx", "pumice", "quartz", "rust", "slate", "topaz"]
+    words = [
+        "amber",
+        "basalt",
+        "cobalt",
+        "dune",
+        "ember",
+        "fjord",
+        "garnet",
+        "heron",
+        "iris",
+        "jade",
+        "kelp",
+        "lichen",
+        "marl",
+        "nickel",
+        "onyx",
+        "pumice",
+        "quartz",
+        "rust",
+        "slate",
+        "topaz",
+    ]
     rows = []
     for i in range(n):
         w = rng.choice(words, 3, replace=False)
@@ -239,7 +270,18 @@ def test_minilm_training_reduces_loss_and_logs_phase(minilm, tmp_path):
 
     ds = _dataset(8)
     before = _dataset_loss(SentenceTransformer(minilm, device="cpu"), ds, 0.05)
-    cfg = TrainConfig(model=minilm, pooling="mean", batch_size=2, grad_accum=1, lr=3e-4, epochs=2, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run"), temperature=0.05)
+    cfg = TrainConfig(
+        model=minilm,
+        pooling="mean",
+        batch_size=2,
+        grad_accum=1,
+        lr=3e-4,
+        epochs=2,
+        max_length=32,
+        save_steps=1000,
+        output_dir=str(tmp_path / "run"),
+        temperature=0.05,
+    )
     out = train(ds, cfg)
     after = _dataset_loss(SentenceTransformer(out, device="cpu", trust_remote_code=True), ds, 0.05)
     assert after < 0.7 * before, (before, after)
@@ -293,7 +335,17 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
 
     ds = _dataset(8)
     cfg = TrainConfig(
-        model="smollm2", pooling="ata", bidirectional="last:2", lora={"enabled": True}, batch_size=4, grad_accum=1, lr=1e-3, epochs=2, max_length=24, save_steps=1000, output_dir=str(tmp_path / "run")
+        model="smollm2",
+        pooling="ata",
+        bidirectional="last:2",
+        lora={"enabled": True},
+        batch_size=4,
+        grad_accum=1,
+        lr=1e-3,
+        epochs=2,
+        max_length=24,
+        save_steps=1000,
+        output_dir=str(tmp_path / "run"),
     )
     tau = resolve_temperature(cfg, is_decoder=True)  # the decoder family's default, 0.02
     before = _dataset_loss(build_model(cfg, device="cpu"), ds, tau)
@@ -337,7 +389,9 @@ def test_bellm_recipe_sets_what_the_seed_defines_and_explicit_fields_win():
 def test_bellm_text_format_and_clean_up():
     from negsynth.embed.text import TextFormat, bellm_clean
 
-    assert bellm_clean(" Is it raining? ") == "Is it raining." and bellm_clean("a dog runs") == "a dog runs." and bellm_clean("ok.") == "ok."
+    assert (
+        bellm_clean(" Is it raining? ") == "Is it raining." and bellm_clean("a dog runs") == "a dog runs." and bellm_clean("ok.") == "ok."
+    )
     f = TextFormat('The representative word for sentence {text} is:"', "bellm")
     assert f.apply("A man plays {guitar}") == 'The representative word for sentence A man plays {guitar}. is:"'
     assert TextFormat().is_identity and not f.is_identity
@@ -360,7 +414,9 @@ def test_angle_infonce_loss_is_the_weighted_sum_of_the_library_losses():
     only_nce = make_angle_infonce_loss(fake, 0.05, infonce_weight=1.0, angle_weight=0.0)(feats, None)
     torch.testing.assert_close(only_nce, make_loss(fake, 0.05)(feats, None))
     both = make_angle_infonce_loss(fake, 0.05, infonce_weight=20.0, angle_weight=1.0, angle_scale=20.0)(feats, None)
-    angle = AnglELoss(fake, scale=20.0).compute_loss_from_embeddings([torch.cat([q, q, q]), torch.cat([p, n1, n2])], torch.tensor([1.0] * 5 + [0.0] * 10))
+    angle = AnglELoss(fake, scale=20.0).compute_loss_from_embeddings(
+        [torch.cat([q, q, q]), torch.cat([p, n1, n2])], torch.tensor([1.0] * 5 + [0.0] * 10)
+    )
     torch.testing.assert_close(both, 20.0 * only_nce + angle)
     # the AnglE term prefers positives above negatives: it is lower when they are apart
     apart = make_angle_infonce_loss(fake, 0.05, angle_weight=1.0)([{"x": q}, {"x": q + 0.01}, {"x": -q}], None)
@@ -380,7 +436,16 @@ def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_p
 
     need_smollm2()
     ds = _dataset(8)
-    cfg = TrainConfig(model="smollm2", recipe="bellm", batch_size=4, grad_accum=1, epochs=1, max_length=32, save_steps=1000, output_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        model="smollm2",
+        recipe="bellm",
+        batch_size=4,
+        grad_accum=1,
+        epochs=1,
+        max_length=32,
+        save_steps=1000,
+        output_dir=str(tmp_path / "run"),
+    )
     out = train(ds, cfg)
     fmt = load_text_format(out)
     assert fmt is not None and fmt.template == cfg.text_template and fmt.preprocess == "bellm"
@@ -488,7 +553,9 @@ def test_cached_mnrl_gives_mnrl_loss_and_gradients_without_dropout(minilm):
     results = []
     for mb in (None, 2):
         model.zero_grad(set_to_none=True)
-        value = make_loss(model, 0.05, mini_batch_size=mb)([{k: v.clone() if torch.is_tensor(v) else v for k, v in f.items()} for f in feats], None)
+        value = make_loss(model, 0.05, mini_batch_size=mb)(
+            [{k: v.clone() if torch.is_tensor(v) else v for k, v in f.items()} for f in feats], None
+        )
         value.backward()
         grad = model[0].auto_model.encoder.layer[0].attention.self.query.weight.grad.clone()
         results.append((value.detach(), grad))

@@ -40,7 +40,9 @@ def tiny_bert(minilm, tmp_path_factory) -> str:
 
     d = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).save_pretrained(d)
+    BertModel(
+        BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(d)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(Path(minilm) / f, d / f)
     return str(d)
@@ -52,8 +54,15 @@ def make_curriculum(rd: Path, n: int = 16) -> None:
 
     rows = [
         {
-            "anchor": f"code {i} {WORDS[i % 12]}", "positive": f"{WORDS[(i + 3) % 12]} {i * 7}", "negative": f"{WORDS[(i + 5) % 12]} {i * 3 + 1}",
-            "level": 4 - (i * 4) // n, "phase": (i * 4) // n, "batch": i // 4, "task_type": "short-short", "example_id": f"ex{i}", "source": "synthetic",
+            "anchor": f"code {i} {WORDS[i % 12]}",
+            "positive": f"{WORDS[(i + 3) % 12]} {i * 7}",
+            "negative": f"{WORDS[(i + 5) % 12]} {i * 3 + 1}",
+            "level": 4 - (i * 4) // n,
+            "phase": (i * 4) // n,
+            "batch": i // 4,
+            "task_type": "short-short",
+            "example_id": f"ex{i}",
+            "source": "synthetic",
         }  # fmt: skip
         for i in range(n)
     ]
@@ -80,7 +89,14 @@ def test_a_killed_train_continues_from_its_last_whole_checkpoint(tmp_path, tiny_
     assert want["steps"] == 4 and want["resumed_from_step"] is None
     # a real kill of a real process, mid-save of checkpoint-3
     env = {**os.environ, "NEGSYNTH_CRASH_AT": "checkpoint_saved:3"}
-    p = subprocess.run([sys.executable, "-m", "negsynth", "train", "-d", str(rd), *SETS, "--set", f"train.model='{tiny_bert}'", "-q"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "negsynth", "train", "-d", str(rd), *SETS, "--set", f"train.model='{tiny_bert}'", "-q"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == -9, p.stderr[-2000:]
     ck = rd / "train"
     assert sorted(c.name for c in ck.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
@@ -91,7 +107,11 @@ def test_a_killed_train_continues_from_its_last_whole_checkpoint(tmp_path, tiny_
     assert "resumingfrom" in said and "checkpoint-2(aninterrupted" in said, r.stderr
     assert got["resumed_from_step"] == 2 and got["steps"] == want["steps"] == 4
     a, b = steps_logged(ref), steps_logged(rd)
-    assert [(e["step"], e["phase"], e["level"]) for e in b] == [(e["step"], e["phase"], e["level"]) for e in a] == [(1, 0, 4), (2, 1, 3), (3, 2, 2), (4, 3, 1)]
+    assert (
+        [(e["step"], e["phase"], e["level"]) for e in b]
+        == [(e["step"], e["phase"], e["level"]) for e in a]
+        == [(1, 0, 4), (2, 1, 3), (3, 2, 2), (4, 3, 1)]
+    )
     assert [e["loss"] for e in b] == pytest.approx([e["loss"] for e in a], rel=1e-4)  # the same batches, the same optimizer state
     assert sorted(c.name for c in ck.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]  # save_total_limit 2, all sealed
     assert all((c / "negsynth_checkpoint.json").exists() for c in ck.glob("checkpoint-*"))

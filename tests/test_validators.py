@@ -98,9 +98,8 @@ def test_example_record_rejects_unknown_fields():
         Example(id="a", task="t", task_type="sts", query="q", positive="p", negatives=N, bogus=1)
 
 
-
 def test_validation_dedup_and_the_sampler_share_one_text_identity():
-    """"The cat." and "the  cat" are one text for validation, pair dedup / cleaning and the
+    """ "The cat." and "the  cat" are one text for validation, pair dedup / cleaning and the
     trainer's no-text-twice-per-batch sampler alike (they used to disagree on edge punctuation)."""
     from negsynth.data import clean, curriculum
     from negsynth.data.text import text_key
@@ -144,12 +143,19 @@ def test_meta_prefilter_never_changes_the_verdict():
 
     phrases = [
         f"{a} {b} {c} not {d}"
-        for a, b, c, d in itertools.product(["this", "the"], ["document", "passage", "text", "answer", "label", "sentence"], ["is", "does"], ["relevant", "answer", "address", "satisfy", "match"])
+        for a, b, c, d in itertools.product(
+            ["this", "the"],
+            ["document", "passage", "text", "answer", "label", "sentence"],
+            ["is", "does"],
+            ["relevant", "answer", "address", "satisfy", "match"],
+        )
     ]
     phrases += [f"not relevant to the {w}" for w in ("query", "question", "task")]
     phrases += ["hard negative", "hard-negative", "as an ai"]
     phrases += [f"{a} {b}" for a in ("irrelevant", "negative") for b in ("document", "passage", "example")]
-    phrases += [f"{a} {b} {c}" for a in ("less", "least", "most") for b in ("relevant", "similar") for c in ("document", "passage", "negative")]
+    phrases += [
+        f"{a} {b} {c}" for a in ("less", "least", "most") for b in ("relevant", "similar") for c in ("document", "passage", "negative")
+    ]
     rng = random.Random(0)
     words = "the cat sat on a mat vaccines reduce measles cases notably hardly negatives relevance ai".split()
     texts = []

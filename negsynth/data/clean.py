@@ -357,7 +357,9 @@ def select_eval_files(sets: str | list[str], tasks: Sequence[Any]) -> list[tuple
             chosen = by_task
         else:
             names = ", ".join(folders)
-            raise EvalSetError(f"score.decontam_sets: unknown evaluation set {raw!r}; use \"auto\", [] or names from: {names} (or an evaluate task name)")
+            raise EvalSetError(
+                f'score.decontam_sets: unknown evaluation set {raw!r}; use "auto", [] or names from: {names} (or an evaluate task name)'
+            )
         out += [(_set_of(t.files[0]), t) for t in chosen if (_set_of(t.files[0]), t) not in out]
     return out
 
@@ -409,7 +411,11 @@ def load_eval_texts(data_dir: Path | None, tasks: Sequence[Any], sets: str | lis
         return out
     specs = select_eval_files(sets, tasks)
     if data_dir is None or not Path(data_dir).is_dir():
-        out.skipped = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found (set evaluate.data_dir or NEGSYNTH_DATA_DIR)"
+        out.skipped = (
+            f"no evaluation data at {data_dir}"
+            if data_dir is not None
+            else "no evaluation data found (set evaluate.data_dir or NEGSYNTH_DATA_DIR)"
+        )
         return out
     data_dir = Path(data_dir)
     seen: dict[str, int] = {}
@@ -534,7 +540,7 @@ def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, 
     order = sorted(range(len(ev.texts)), key=lambda i: -len(ev.texts[i]))
     out = np.zeros((len(ev.texts), embedder.dim), dtype=np.float16)
     chunk = max(1, 8 * batch_size)
-    with (progress("score: embedding evaluation texts (once per run dir)", len(order)) if progress else nullcontext()) as bar:
+    with progress("score: embedding evaluation texts (once per run dir)", len(order)) if progress else nullcontext() as bar:
         for c0 in range(0, len(order), chunk):
             rows = order[c0 : c0 + chunk]
             out[rows] = quantize(embedder.encode_documents([ev.texts[j] for j in rows], batch_size=batch_size))
@@ -543,5 +549,14 @@ def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, 
     buf = io.BytesIO()
     np.save(buf, out, allow_pickle=False)
     atomic_write_bytes(path, buf.getvalue())
-    atomic_write_json(path.with_suffix(".json"), {"embedder": embedder_fp, "texts": len(ev.texts), "texts_sha256": ev.fingerprint(), "sets": ev.per_set, "data_dir": str(ev.data_dir)})
+    atomic_write_json(
+        path.with_suffix(".json"),
+        {
+            "embedder": embedder_fp,
+            "texts": len(ev.texts),
+            "texts_sha256": ev.fingerprint(),
+            "sets": ev.per_set,
+            "data_dir": str(ev.data_dir),
+        },
+    )
     return out, False

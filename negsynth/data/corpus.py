@@ -63,7 +63,7 @@ def _columns(cols: list[str], mapping: dict[str, str], where: str) -> dict[str, 
         if found is not None:
             out[role] = found
     if "text" not in out:
-        raise UserError(f"{where}: no text column (columns: {', '.join(cols)}); name it with --text-col or columns = {{text = \"...\"}}")
+        raise UserError(f'{where}: no text column (columns: {", ".join(cols)}); name it with --text-col or columns = {{text = "..."}}')
     return out
 
 

@@ -231,8 +231,15 @@ def build_curriculum(
                 stats["dropped_self_duplicate"] += 1
                 continue
             row = {
-                "anchor": anchor, "positive": ex.positive, **row_negs, "level": level,
-                "phase": p, "batch": -1, "task_type": ex.task_type, "example_id": ex.id, "source": ex.source,
+                "anchor": anchor,
+                "positive": ex.positive,
+                **row_negs,
+                "level": level,
+                "phase": p,
+                "batch": -1,
+                "task_type": ex.task_type,
+                "example_id": ex.id,
+                "source": ex.source,
             }
             group = ex.task_type if homogeneous_batches else ""
             slots = open_batches.setdefault(group, [])
@@ -259,12 +266,23 @@ def build_curriculum(
             rows.extend(batch)
             batch_no += 1
     stats = dict(stats)
-    stats.update({
-        "schedule": kind, "levels": levels, "batch_size": batch_size, "seed": seed, "epochs": epochs,
-        "total_steps": total_steps, "steps": batch_no, "rows": len(rows), "homogeneous_batches": homogeneous_batches,
-        "use_mined": use_mined, "instruction_template": instruction_template,
-        "examples_used": len(used_examples), "examples_unused": len(pool) - len(used_examples),
-    })
+    stats.update(
+        {
+            "schedule": kind,
+            "levels": levels,
+            "batch_size": batch_size,
+            "seed": seed,
+            "epochs": epochs,
+            "total_steps": total_steps,
+            "steps": batch_no,
+            "rows": len(rows),
+            "homogeneous_batches": homogeneous_batches,
+            "use_mined": use_mined,
+            "instruction_template": instruction_template,
+            "examples_used": len(used_examples),
+            "examples_unused": len(pool) - len(used_examples),
+        }
+    )
     for k in ("skipped_few_negatives", "dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch"):
         stats.setdefault(k, 0)
     rows.stats = stats
@@ -297,8 +315,13 @@ def _card_md(card: dict) -> str:
         f"{card['rows']} rows = {card['batches']} batches, in training order (do not shuffle).",
         "",
     ]
-    for key, title in (("per_phase", "phase"), ("per_level", "level"), ("per_phase_level", "phase/level"),
-                       ("per_task_type", "task_type"), ("per_source", "source")):
+    for key, title in (
+        ("per_phase", "phase"),
+        ("per_level", "level"),
+        ("per_phase_level", "phase/level"),
+        ("per_task_type", "task_type"),
+        ("per_source", "source"),
+    ):
         lines += [f"| {title} | rows |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in card[key].items()] + [""]
     lines += ["| build statistic | value |", "|---|---|"]
     lines += [f"| {k} | {str(v).replace(chr(10), chr(92) + 'n')} |" for k, v in b.items()] + [""]
@@ -373,4 +396,6 @@ def load_curriculum(out_dir: str | Path):
                 return datasets.Dataset.from_dict({})
         return datasets.load_from_disk(str(path))
     except (OSError, ValueError, KeyError, IndexError) as e:
-        raise CurriculumError(f"{path}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); rebuild it with `negsynth curriculum --overwrite`") from None
+        raise CurriculumError(
+            f"{path}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); rebuild it with `negsynth curriculum --overwrite`"
+        ) from None

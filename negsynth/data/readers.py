@@ -64,8 +64,7 @@ def read_tsv(path: Path, required: list[str] | tuple[str, ...]) -> dict[str, lis
                     continue
                 if len(row) != len(header):
                     raise DataFileError(
-                        f"{path}:{lineno}: {len(row)} tab-separated fields, the header has {len(header)}; "
-                        "remove stray tabs inside the text"
+                        f"{path}:{lineno}: {len(row)} tab-separated fields, the header has {len(header)}; remove stray tabs inside the text"
                     )
                 for c, i in zip(required, idx):
                     out[c].append(row[i])

@@ -131,9 +131,16 @@ def detect_format(path: str) -> str:
             return "beir"
         if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
             return "hf"
-        raise UserError(f"{p}: cannot tell the format of this folder (no qrels.tsv for BEIR, no dataset_info.json/dataset_dict.json for a saved HF dataset); pass --format")
+        raise UserError(
+            f"{p}: cannot tell the format of this folder (no qrels.tsv for BEIR, no dataset_info.json/dataset_dict.json for a saved HF dataset); pass --format"
+        )
     suffix = "".join(p.suffixes[-2:]).lower() if p.suffix.lower() in (".gz", ".zst") else p.suffix.lower()
-    for fmt, sufs in (("jsonl", (".jsonl", ".ndjson", ".json")), ("parquet", (".parquet", ".pq")), ("csv", (".csv",)), ("tsv", (".tsv", ".tab"))):
+    for fmt, sufs in (
+        ("jsonl", (".jsonl", ".ndjson", ".json")),
+        ("parquet", (".parquet", ".pq")),
+        ("csv", (".csv",)),
+        ("tsv", (".tsv", ".tab")),
+    ):
         if suffix in sufs:
             return fmt
     if p.exists():
@@ -212,7 +219,9 @@ def sniff(p: Path, fmt: str) -> None:
             raise UserError(f"{p}: not a parquet file (it does not start with PAR1); pass the right --format or fix --input")
         return
     if b"\x00" in head:
-        raise UserError(f"{p}: holds NUL bytes in its first 64 KiB, so it is not {fmt} text (a binary file?); pass the right --format or fix --input")
+        raise UserError(
+            f"{p}: holds NUL bytes in its first 64 KiB, so it is not {fmt} text (a binary file?); pass the right --format or fix --input"
+        )
 
 
 def _read_hf(path: str, split: str | None):
@@ -227,17 +236,21 @@ def _read_hf(path: str, split: str | None):
             raise UserError(f"{p}: not a datasets.save_to_disk folder ({e}); pass --format for other files") from None
     else:
         if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-            raise UserError(f"{path}: not a local path and the hub is offline (HF_HUB_OFFLINE=1); save the dataset with datasets.save_to_disk and pass that folder")
+            raise UserError(
+                f"{path}: not a local path and the hub is offline (HF_HUB_OFFLINE=1); save the dataset with datasets.save_to_disk and pass that folder"
+            )
         try:
             ds = datasets.load_dataset(path, split=split or "train")
         except Exception as e:
-            raise UserError(f"{path}: cannot load from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the name and --split") from None
+            raise UserError(
+                f"{path}: cannot load from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the name and --split"
+            ) from None
     if isinstance(ds, datasets.DatasetDict):
         names = list(ds.keys())
         if split is None and len(names) == 1:
             split = names[0]
         if split not in ds:
-            raise UserError(f"{p}: has splits {', '.join(names)}; pick one with --split (or split = \"...\" in the source spec)")
+            raise UserError(f'{p}: has splits {", ".join(names)}; pick one with --split (or split = "..." in the source spec)')
         ds = ds[split]
     return pl.from_arrow(ds.data.table)
 
@@ -250,7 +263,9 @@ def _resolve_columns(df_cols: Sequence[str], mapping: dict[str, str], where: str
         want = mapping.get(role)
         if want:
             if want not in df_cols:
-                flag = {"query": "--query-col", "positive": "--positive-col", "instruction": "--instruction-col"}.get(role, f"columns.{role}")
+                flag = {"query": "--query-col", "positive": "--positive-col", "instruction": "--instruction-col"}.get(
+                    role, f"columns.{role}"
+                )
                 raise UserError(f"{where}: no column {want!r} for the {role} (columns: {', '.join(df_cols)}); fix {flag}")
             out[role] = want
             continue
@@ -260,7 +275,9 @@ def _resolve_columns(df_cols: Sequence[str], mapping: dict[str, str], where: str
                 break
     for role, flag in (("query", "--query-col"), ("positive", "--positive-col")):
         if role not in out:
-            raise UserError(f"{where}: no {role} column found (columns: {', '.join(df_cols)}); name it with {flag} COLUMN (or columns.{role} in the source spec)")
+            raise UserError(
+                f"{where}: no {role} column found (columns: {', '.join(df_cols)}); name it with {flag} COLUMN (or columns.{role} in the source spec)"
+            )
     return out
 
 
@@ -328,7 +345,9 @@ def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
                 skipped += 1
                 continue
             flag = "--query-col" if bad == "query" else "--positive-col"
-            raise UserError(f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true")
+            raise UserError(
+                f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true"
+            )
         rid = _text(rec[cols["id"]]) if "id" in cols else None
         pairs.append(
             Pair(
@@ -369,7 +388,9 @@ def _beir_paths(folder: Path, split: str | None) -> tuple[Path, Path, Path]:
         if all(p.is_file() for p in c):
             return c
     tried = "; ".join(f"{c[1]} + {c[2]}" for c in cands[:2])
-    raise UserError(f"{folder}: not a BEIR folder for split {split or '(none)'}: need corpus.jsonl, queries.jsonl and qrels.tsv (tried {tried}); fix --input or --split")
+    raise UserError(
+        f"{folder}: not a BEIR folder for split {split or '(none)'}: need corpus.jsonl, queries.jsonl and qrels.tsv (tried {tried}); fix --input or --split"
+    )
 
 
 def read_beir(spec, name: str, split: str) -> SourceData:
@@ -447,7 +468,9 @@ def load_source(spec) -> SourceData:
     split = default_split(spec.path, fmt, spec.split)
     if fmt == "beir":
         if spec.columns or spec.filter:
-            raise UserError(f"{spec.path}: columns/filter do not apply to BEIR folders (pairs come from qrels.tsv); drop them or use --format jsonl")
+            raise UserError(
+                f"{spec.path}: columns/filter do not apply to BEIR folders (pairs come from qrels.tsv); drop them or use --format jsonl"
+            )
         data = read_beir(spec, name, split)
     elif spec.limit is not None and streamable(spec.path, fmt):
         data = read_tabular_stream(spec, fmt, name, split)
@@ -485,7 +508,9 @@ def _text_blocks(p: Path) -> Iterator[bytes]:
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > _MAX_LINE:
-                    raise UserError(f"{p}: a line longer than {_MAX_LINE >> 20} MiB; not a line-per-record file, check --input and --format")
+                    raise UserError(
+                        f"{p}: a line longer than {_MAX_LINE >> 20} MiB; not a line-per-record file, check --input and --format"
+                    )
                 carry = data
                 continue
             carry = data[cut + 1 :]
@@ -591,7 +616,9 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
         bad = "query" if _text(rec[cols["query"]]) is None else "positive"
         loc = f"{where}: row {row + 1}" + (f" (line {row + line_offset})" if line_offset else "")
         flag = "--query-col" if bad == "query" else "--positive-col"
-        raise UserError(f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true")
+        raise UserError(
+            f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true"
+        )
 
     import polars as pl
 
@@ -618,12 +645,17 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
             valid.extend(good["__row__"].to_list())
     if seen == 0:
         if spec.filter:
-            raise UserError(f"{where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)")
+            raise UserError(
+                f"{where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)"
+            )
         raise UserError(f"{where}: holds no rows; check --input")
     if spec.seed < 0:
         pairs = first
     else:
-        picked = {valid[i] for i in (range(len(valid)) if limit >= len(valid) else random.Random(f"{spec.seed}:select").sample(range(len(valid)), limit))}
+        picked = {
+            valid[i]
+            for i in (range(len(valid)) if limit >= len(valid) else random.Random(f"{spec.seed}:select").sample(range(len(valid)), limit))
+        }
         last = max(picked) if picked else -1
         wanted = sorted(picked)
         pairs = []
@@ -667,9 +699,14 @@ class SourceKind:
 
 _WIKI = "Given a question, retrieve Wikipedia passages that answer the question"
 INSTRUCTION_TABLE: dict[str, SourceKind] = {
-    "nli": SourceKind(("Given a premise, retrieve a hypothesis that is entailed by the premise", "Retrieve semantically similar text"), True, "sts"),
+    "nli": SourceKind(
+        ("Given a premise, retrieve a hypothesis that is entailed by the premise", "Retrieve semantically similar text"), True, "sts"
+    ),
     "quora": SourceKind(
-        ("Given a question, retrieve questions that are semantically equivalent to the given question", "Find questions that have the same meaning as the input question"),
+        (
+            "Given a question, retrieve questions that are semantically equivalent to the given question",
+            "Find questions that have the same meaning as the input question",
+        ),
         True,
         "sts",
     ),

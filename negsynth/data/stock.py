@@ -64,7 +64,11 @@ def ntuple_rows(
             stats["skipped_few_negatives"] += 1
             continue
         negs = negs[:n]
-        anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query) if instruction_template and ex.task.strip() else ex.query
+        anchor = (
+            instruction_template.format(instruction=ex.task.strip(), query=ex.query)
+            if instruction_template and ex.task.strip()
+            else ex.query
+        )
         keys = [normalise(t) for t in (anchor, ex.positive, *negs)]
         if len(set(keys)) < len(keys):
             stats["skipped_self_duplicate"] += 1
@@ -76,5 +80,13 @@ def ntuple_rows(
     out = dict(stats)
     for k in ("examples", "skipped_few_negatives", "skipped_self_duplicate"):
         out.setdefault(k, 0)
-    out.update({"rows": len(rows), "n": n, "use_mined": use_mined, "drop_false_negatives": drop_false_negatives, "instruction_template": instruction_template})
+    out.update(
+        {
+            "rows": len(rows),
+            "n": n,
+            "use_mined": use_mined,
+            "drop_false_negatives": drop_false_negatives,
+            "instruction_template": instruction_template,
+        }
+    )
     return CurriculumRows(rows, out)

@@ -147,14 +147,22 @@ def _text_transformer(st_model):
 
     first = st_model[0]
     cfg = getattr(first, "modality_config", {}).get("text", {})
-    if not isinstance(first, Transformer) or cfg.get("method") != "forward" or cfg.get("method_output_name") not in ("last_hidden_state", ("last_hidden_state",), ["last_hidden_state"]):
-        raise UserError(f"backend onnx/openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'")
+    if (
+        not isinstance(first, Transformer)
+        or cfg.get("method") != "forward"
+        or cfg.get("method_output_name") not in ("last_hidden_state", ("last_hidden_state",), ["last_hidden_state"])
+    ):
+        raise UserError(
+            f"backend onnx/openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'"
+        )
     if getattr(first.model.config, "is_decoder", False):
         raise UserError("backend onnx/openvino: decoder models are not supported; use backend 'torch'")
     # negsynth's own modules (ATA / latent pooling, bidirectional attention) hook into the torch backbone
     own = [type(m).__name__ for m in list(st_model)[1:] if not type(m).__module__.startswith("sentence_transformers.")]
     if own:
-        raise UserError(f"backend onnx/openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'")
+        raise UserError(
+            f"backend onnx/openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'"
+        )
     return first
 
 
@@ -164,7 +172,9 @@ def _runner(path: Path, backend: str, threads: int):
         import openvino as ov
 
         core = ov.Core()
-        compiled = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
+        compiled = core.compile_model(
+            core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        )
         return lambda feed: compiled(feed)[0]
     import onnxruntime as ort
 

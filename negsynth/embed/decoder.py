@@ -128,7 +128,8 @@ def resolve_echo_templates(template: str, doc_template: str | None = None) -> tu
     for name, t, max_ins in (("echo_template", query, 1), ("echo_doc_template", doc, 0)):
         if len(_SLOT.findall(t)) != 2 or t.count("{instruction}") > max_ins:
             raise ValueError(
-                f"{name} needs two {{text}} slots" + (" and at most one {instruction}" if max_ins else " and no {instruction}")
+                f"{name} needs two {{text}} slots"
+                + (" and at most one {instruction}" if max_ins else " and no {instruction}")
                 + f" (or a name: {sorted(ECHO_TEMPLATES)}), got {t!r}"
             )
     return query, doc
@@ -573,10 +574,7 @@ class DecoderEmbedder(Embedder):
 
         n_pre = len(self.prefix_ids)
         # token j belongs to slot (lo, hi) when its (non-empty) character span overlaps it
-        masks = [
-            [0] * n_pre + [int(b > a and a < hi and b > lo) for a, b in offs]
-            for lo, hi in spans
-        ]
+        masks = [[0] * n_pre + [int(b > a and a < hi and b > lo) for a, b in offs] for lo, hi in spans]
         ids = self.prefix_ids + ids
         first = masks[0]
         if kind == "plain":
@@ -676,9 +674,7 @@ class DecoderEmbedder(Embedder):
 
     def _roles_apply(self) -> bool:
         """True when queries and documents get different inputs (echo with a role template)."""
-        return self._effective()[0] == "echo" and (
-            self.echo_template != self.echo_doc_template or "{instruction}" in self.echo_template
-        )
+        return self._effective()[0] == "echo" and (self.echo_template != self.echo_doc_template or "{instruction}" in self.echo_template)
 
     def encode_queries(self, texts: Sequence[str], instruction: str | Sequence[str] | None = None, **kw) -> np.ndarray:
         """Echo: the query template, with the instruction in its ``{instruction}`` slot when
@@ -784,7 +780,9 @@ class SharedPass:
 
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.cache.with_name(self.cache.name + ".tmp.npz")
-        encoded = [t.encode("utf-8") for t in self.index]  # one byte blob + offsets: a fixed-width str array would pad every text to the longest
+        encoded = [
+            t.encode("utf-8") for t in self.index
+        ]  # one byte blob + offsets: a fixed-width str array would pad every text to the longest
         blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         ends = np.cumsum([len(b) for b in encoded], dtype=np.int64)
         np.savez(tmp, key=np.array(self.key), texts_utf8=blob, text_ends=ends, **{f"pool:{p}": v for p, v in self._vecs.items()})
@@ -814,7 +812,9 @@ class _PassView(Embedder):
 
     def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
         if self.shared.embedder._roles_apply():
-            raise NotImplementedError("a shared pass serves the query-side (symmetric) input; documents of this method use another template")
+            raise NotImplementedError(
+                "a shared pass serves the query-side (symmetric) input; documents of this method use another template"
+            )
         return super().encode_documents(texts, **kw)
 
 

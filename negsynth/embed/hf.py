@@ -58,7 +58,9 @@ def resolve_decoder_path(model: str = "default") -> str:
 
 
 @quiet_loading()
-def load_decoder(model: str = "default", *, device: str = "auto", dtype: str = "auto", causal_lm: bool = False, attn_implementation: str | None = None):
+def load_decoder(
+    model: str = "default", *, device: str = "auto", dtype: str = "auto", causal_lm: bool = False, attn_implementation: str | None = None
+):
     """Return ``(model, tokenizer)`` for a decoder LLM on ``device`` in ``dtype``.
 
     ``causal_lm=True`` loads the LM head too (EmbedFilter needs the unembedding matrix);

@@ -60,7 +60,9 @@ class CrossEncoderJudge:
                 f"set it to a cross-encoder {where} that sentence-transformers' CrossEncoder loads (e.g. a saved ms-marco-MiniLM-L6-v2)"
             ) from None
         if ce.num_labels != 1:
-            raise UserError(f"score.judge_model = {model!r} has {ce.num_labels} labels; the judge needs a one-score reranker (num_labels = 1)")
+            raise UserError(
+                f"score.judge_model = {model!r} has {ce.num_labels} labels; the judge needs a one-score reranker (num_labels = 1)"
+            )
         return cls(ce, name=str(model), batch_size=batch_size)
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
@@ -69,7 +71,9 @@ class CrossEncoderJudge:
             return np.zeros(0)
         import torch
 
-        s = self.model.predict(list(pairs), batch_size=self.batch_size, activation_fn=torch.nn.Sigmoid(), show_progress_bar=False, convert_to_numpy=True)
+        s = self.model.predict(
+            list(pairs), batch_size=self.batch_size, activation_fn=torch.nn.Sigmoid(), show_progress_bar=False, convert_to_numpy=True
+        )
         return np.asarray(s, dtype=np.float64).reshape(-1)
 
     def score_examples(self, examples: Sequence[dict]) -> tuple[np.ndarray, list[list[float]]]:

@@ -55,7 +55,10 @@ def resolve_use_faiss(use_faiss: bool | None, corpus_size: int, faiss_threshold:
     try:
         import faiss  # noqa: F401
     except ImportError:
-        log.warning("mining: faiss is not installed, exact torch search over %d texts instead (pip install 'negsynth[scale]' for faiss-cpu)", corpus_size)
+        log.warning(
+            "mining: faiss is not installed, exact torch search over %d texts instead (pip install 'negsynth[scale]' for faiss-cpu)",
+            corpus_size,
+        )
         return False
     return True
 
@@ -229,7 +232,9 @@ class CorpusIndex:
         if path is not None and path.is_file():
             emb = np.load(path)
         else:
-            emb = model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+            emb = model.encode(
+                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            ).astype(np.float32)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(path.name + ".tmp.npy")

@@ -86,7 +86,9 @@ def resolve_model(name: str, *, allow_hub: bool = True, what: str = "model") -> 
             return ModelRef(name, str(p), "sentence-transformers", True)
         return ModelRef(name, str(p), "decoder" if is_decoder_folder(p) else "encoder", True)
     if not allow_hub:
-        raise UserError(f"{what} {name!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled here)")
+        raise UserError(
+            f"{what} {name!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled here)"
+        )
     return ModelRef(name, name, "encoder", False)
 
 
@@ -101,7 +103,9 @@ def load_sentence_transformer(name: str = "default", *, device: str = "auto", ma
 
     ref = resolve_model(name, what=what)
     if ref.is_decoder:
-        raise UserError(f"{what} {name!r} is a decoder LLM; this step needs a sentence-transformers encoder (decoder embedders: embedder.kind = \"decoder\")")
+        raise UserError(
+            f'{what} {name!r} is a decoder LLM; this step needs a sentence-transformers encoder (decoder embedders: embedder.kind = "decoder")'
+        )
     model = SentenceTransformer(ref.path, device=resolve_device(device), local_files_only=ref.local)
     if max_length:
         model.max_seq_length = max_length

@@ -225,7 +225,9 @@ class SentenceTransformerEmbedder(Embedder):
 
 
 @contextlib.contextmanager
-def multi_device(embedder: SentenceTransformerEmbedder, devices: Sequence[str] | int | None = None) -> Iterator[SentenceTransformerEmbedder]:
+def multi_device(
+    embedder: SentenceTransformerEmbedder, devices: Sequence[str] | int | None = None
+) -> Iterator[SentenceTransformerEmbedder]:
     """Spread ``embedder.encode`` over one worker process per device while the block is open.
 
     ``devices``: a list such as ``["cuda:0", "cuda:1"]``, an int n (the first n GPUs, or n CPU

@@ -54,5 +54,7 @@ def pair_labels(spec: TaskSpec, path: Path) -> tuple[list[str], list[str], list[
         t1.append(a)
         t2.append(b)
     if len(set(y)) < 2:
-        raise EvalDataError(f"{path}: column {c['label']!r} needs both positive {spec.positive_labels} and negative {spec.negative_labels} labels; check the label values")
+        raise EvalDataError(
+            f"{path}: column {c['label']!r} needs both positive {spec.positive_labels} and negative {spec.negative_labels} labels; check the label values"
+        )
     return t1, t2, y

@@ -106,9 +106,15 @@ def retrieval_scores(
 
     relevant = {q: {d for d, g in qrels[q].items() if g > 0} for q in qids}
     ir = InformationRetrievalEvaluator(
-        queries={q: "" for q in qids}, corpus={d: "" for d in dids}, relevant_docs=relevant,
-        mrr_at_k=[mrr_k], ndcg_at_k=[ndcg_k], accuracy_at_k=[1], precision_recall_at_k=[recall_k],
-        map_at_k=[recall_k], write_csv=False,
+        queries={q: "" for q in qids},
+        corpus={d: "" for d in dids},
+        relevant_docs=relevant,
+        mrr_at_k=[mrr_k],
+        ndcg_at_k=[ndcg_k],
+        accuracy_at_k=[1],
+        precision_recall_at_k=[recall_k],
+        map_at_k=[recall_k],
+        write_csv=False,
     )
     m = ir.compute_metrics(results)
     out: dict = {

@@ -40,7 +40,9 @@ def _mteb():
     try:
         import mteb
     except ImportError:
-        raise MtebUnavailable("evaluate.engine = 'mteb' needs the mteb library: pip install 'negsynth[eval]' (or pip install mteb)") from None
+        raise MtebUnavailable(
+            "evaluate.engine = 'mteb' needs the mteb library: pip install 'negsynth[eval]' (or pip install mteb)"
+        ) from None
     return mteb
 
 
@@ -63,7 +65,9 @@ def local_dataset(spec: TaskSpec, data_dir: Path) -> Any:
         c = spec.columns
         cols = read_tsv(f, (c["text1"], c["text2"], c["score"]))
         gold = parse_floats(f, c["score"], cols[c["score"]])
-        return DatasetDict({"test": Dataset.from_dict({"sentence1": cols[c["text1"]], "sentence2": cols[c["text2"]], "score": gold.tolist()})})
+        return DatasetDict(
+            {"test": Dataset.from_dict({"sentence1": cols[c["text1"]], "sentence2": cols[c["text2"]], "score": gold.tolist()})}
+        )
     if spec.category == "Retr":
         queries, corpus, qrels = read_beir(data_dir / spec.files[0], doc_title=spec.doc_title)
         split = {
@@ -91,7 +95,9 @@ def mteb_task(name: str, data_dir: Path | None):
     try:
         task = mteb.get_task(name)
     except (KeyError, ValueError):
-        raise EvalDataError(f"evaluate: {name!r} is not an MTEB task; pick names from mteb.get_tasks() or drop it from evaluate.tasks") from None
+        raise EvalDataError(
+            f"evaluate: {name!r} is not an MTEB task; pick names from mteb.get_tasks() or drop it from evaluate.tasks"
+        ) from None
     spec = TASKS_BY_NAME.get(name)
     if spec is not None and spec.category in LOCAL_CATEGORIES and data_dir is not None and (data_dir / spec.files[0]).exists():
         task.dataset = local_dataset(spec, data_dir)
@@ -110,7 +116,11 @@ class _EmbedderEncoder:
 
         self.embedder = embedder
         name = getattr(embedder, "name", type(embedder).__name__)
-        self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": f"negsynth/{name.replace('/', '_')}"}) if hasattr(ModelMeta, "create_empty") else None
+        self.mteb_model_meta = (
+            ModelMeta.create_empty(overwrites={"name": f"negsynth/{name.replace('/', '_')}"})
+            if hasattr(ModelMeta, "create_empty")
+            else None
+        )
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
         from negsynth.evaluate.encode import encode_texts
@@ -140,7 +150,9 @@ def mteb_model(embedder):
     return st if isinstance(st, SentenceTransformer) else _EmbedderEncoder(embedder)
 
 
-def evaluate_mteb(embedder, names: list[str], data_dir: Path | None, *, out: Path | None = None, progress: bool = True, batch_size: int = 64) -> dict[str, dict]:
+def evaluate_mteb(
+    embedder, names: list[str], data_dir: Path | None, *, out: Path | None = None, progress: bool = True, batch_size: int = 64
+) -> dict[str, dict]:
     """Run MTEB tasks ``names``; returns negsynth report entries per task (``main_score``, the
     split, the data source, ``engine = "mteb"``) and writes mteb's results under ``out/mteb``."""
     mteb = _mteb()

@@ -48,7 +48,9 @@ def _task_file(data_dir: Path | None, f: str) -> Path | None:
     return data_dir / f if data_dir is not None else None
 
 
-def _run_task(embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None, per_query: bool = False) -> tuple[dict, int, bool]:
+def _run_task(
+    embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None, per_query: bool = False
+) -> tuple[dict, int, bool]:
     from negsynth.evaluate import metrics as M
 
     cap = spec.quick if quick else {}
@@ -142,9 +144,18 @@ def _summarise(tasks: dict[str, dict]) -> tuple[dict, float | None, dict]:
 
 def empty_report(suite: str, reason: str, embedder_name: str = "") -> dict[str, Any]:
     return {
-        "schema": SCHEMA, "embedder": embedder_name, "suite": suite, "data_dir": None,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": 0.0,
-        "tasks": {}, "categories": {}, "average": None, "extra": {}, "skipped": {}, "notes": [reason],
+        "schema": SCHEMA,
+        "embedder": embedder_name,
+        "suite": suite,
+        "data_dir": None,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": 0.0,
+        "tasks": {},
+        "categories": {},
+        "average": None,
+        "extra": {},
+        "skipped": {},
+        "notes": [reason],
     }
 
 
@@ -216,7 +227,11 @@ def evaluate(
         through_mteb = [s.name for s in specs if s.category in LOCAL_CATEGORIES and is_mteb_task(s.name)] + hub_names
         specs = [s for s in specs if s.name not in through_mteb]
         bs = getattr(embedder, "batch_size", 64)
-        results.update(evaluate_mteb(embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs))
+        results.update(
+            evaluate_mteb(
+                embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs
+            )
+        )
     for i, spec in enumerate(specs, 1):
         missing = [f for f in spec.files if _task_file(data_dir, f) is None or not _task_file(data_dir, f).exists()]
         if missing:
@@ -229,30 +244,52 @@ def evaluate(
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         pq = metrics.pop("per_query", None)
         results[spec.name] = {
-            "category": spec.category, "main_metric": spec.main_metric,
-            "main_score": float(metrics[spec.main_metric]), "metrics": metrics, "n": int(n),
-            "seconds": round(dt, 2), "cpu_seconds": round(cpu, 2), "files": list(spec.files), "subsampled": bool(sub),
-            "instruction": spec.instruction, "note": spec.note,
+            "category": spec.category,
+            "main_metric": spec.main_metric,
+            "main_score": float(metrics[spec.main_metric]),
+            "metrics": metrics,
+            "n": int(n),
+            "seconds": round(dt, 2),
+            "cpu_seconds": round(cpu, 2),
+            "files": list(spec.files),
+            "subsampled": bool(sub),
+            "instruction": spec.instruction,
+            "note": spec.note,
         }
         if pq is not None:
             results[spec.name]["per_query"] = pq
         if progress:
-            print(f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
-                  f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)", file=sys.stderr)
+            print(
+                f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
+                f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)",
+                file=sys.stderr,
+            )
     cats, avg, extra = _summarise(results)
     notes = []
     if engine == "mteb":
-        notes.append("engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator")
+        notes.append(
+            "engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator"
+        )
     if quick:
         notes.append(f"quick suite: subsampled (seed {seed}); compare only with quick reports")
     report = {
-        "schema": SCHEMA, "embedder": name, "backend": getattr(embedder, "backend", None), "suite": suite, "engine": engine, "data_dir": str(data_dir),
+        "schema": SCHEMA,
+        "embedder": name,
+        "backend": getattr(embedder, "backend", None),
+        "suite": suite,
+        "engine": engine,
+        "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - t_all, 2), "cpu_seconds": round(time.process_time() - c_all, 2),
+        "seconds": round(time.perf_counter() - t_all, 2),
+        "cpu_seconds": round(time.process_time() - c_all, 2),
         "seed": seed,
         "instruct_queries": bool(getattr(embedder, "instruct_queries", False)),
-        "tasks": results, "categories": cats, "average": avg, "extra": extra,
-        "skipped": skipped, "notes": notes,
+        "tasks": results,
+        "categories": cats,
+        "average": avg,
+        "extra": extra,
+        "skipped": skipped,
+        "notes": notes,
     }
     if out is not None:
         write_report(report, out)
@@ -301,8 +338,13 @@ def compare(report: dict, baseline: dict) -> dict[str, Any]:
     a = {t: report["tasks"][t] for t in shared}
     b = {t: baseline["tasks"][t] for t in shared}
     rows = {
-        t: {"category": a[t]["category"], "main_metric": a[t]["main_metric"], "score": a[t]["main_score"],
-            "baseline": b[t]["main_score"], "delta": a[t]["main_score"] - b[t]["main_score"]}
+        t: {
+            "category": a[t]["category"],
+            "main_metric": a[t]["main_metric"],
+            "score": a[t]["main_score"],
+            "baseline": b[t]["main_score"],
+            "delta": a[t]["main_score"] - b[t]["main_score"],
+        }
         for t in shared
     }
     ca, avg_a, ea = _summarise(a)
@@ -316,7 +358,9 @@ def compare(report: dict, baseline: dict) -> dict[str, Any]:
     if only:
         notes.append("not in both reports: " + ", ".join(only))
     return {
-        "embedder": report.get("embedder"), "baseline_embedder": baseline.get("embedder"), "tasks": rows,
+        "embedder": report.get("embedder"),
+        "baseline_embedder": baseline.get("embedder"),
+        "tasks": rows,
         "categories": cats,
         "average": None if avg_a is None or avg_b is None else {"score": avg_a, "baseline": avg_b, "delta": avg_a - avg_b},
         "notes": notes,

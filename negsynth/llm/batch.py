@@ -58,7 +58,15 @@ def parse_result_line(row: dict) -> tuple[str, dict | None, str | None]:
     ch = choices[0]
     u = body.get("usage") or {}
     msg = ch.get("message") or {}
-    return cid, {"text": msg.get("content"), "finish_reason": ch.get("finish_reason"), "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0]}, None
+    return (
+        cid,
+        {
+            "text": msg.get("content"),
+            "finish_reason": ch.get("finish_reason"),
+            "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0],
+        },
+        None,
+    )
 
 
 class BatchTransport:
@@ -141,7 +149,9 @@ class BatchTransport:
                 await self._run_batch(todo)
         except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
             # a refused key or an endpoint without the Batch API: no retry can fix it
-            fatal = LLMFatalError(f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches")
+            fatal = LLMFatalError(
+                f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches"
+            )
             self._fatal = fatal
             for k in list(self.futures):
                 self._resolve(k, exc=fatal)

@@ -68,6 +68,7 @@ def _aiohttp_errors() -> tuple[type[BaseException], ...]:
     mod = sys.modules.get("aiohttp")
     return (mod.ClientError,) if mod is not None else ()
 
+
 T = TypeVar("T")
 
 
@@ -209,7 +210,11 @@ def _caused_by_disconnect(exc: BaseException) -> bool:
             return False
         if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
             return False
-        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ in ("ServerDisconnectedError", "ClientOSError", "ClientPayloadError"):
+        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ in (
+            "ServerDisconnectedError",
+            "ClientOSError",
+            "ClientPayloadError",
+        ):
             return True
         mod = type(e).__module__ or ""
         if mod.startswith("aiohttp") and "Timeout" not in type(e).__name__:
@@ -251,9 +256,7 @@ def resolve_api_key(cfg: LLMConfig) -> str:
     if cfg.api_key_env:
         v = os.environ.get(cfg.api_key_env)
         if not v:
-            raise LLMFatalError(
-                f"environment variable {cfg.api_key_env} (llm.api_key_env) is not set; export it or change llm.api_key_env"
-            )
+            raise LLMFatalError(f"environment variable {cfg.api_key_env} (llm.api_key_env) is not set; export it or change llm.api_key_env")
         return _one_line_key(v.strip(), f"environment variable {cfg.api_key_env} (llm.api_key_env)")
     if cfg.api_key_file:
         try:
@@ -390,7 +393,9 @@ class LLMClient:
         import httpx
 
         if not self._api_key.isascii():
-            raise LLMFatalError(f"the openai SDK's HTTP client cannot send an API key with a non-ASCII character{non_ascii_note(self._api_key)[1:]}; fix the key in llm.api_key_env")
+            raise LLMFatalError(
+                f"the openai SDK's HTTP client cannot send an API key with a non-ASCII character{non_ascii_note(self._api_key)[1:]}; fix the key in llm.api_key_env"
+            )
         timeout = httpx.Timeout(self.cfg.timeout, connect=self.cfg.connect_timeout)
         kw: dict[str, Any] = {}
         if self.cfg.transport == "aiohttp":
@@ -495,7 +500,9 @@ class LLMClient:
             import aiohttp
 
             try:
-                async with self._session.get(models, timeout=aiohttp.ClientTimeout(total=timeout), proxy=self._proxy, allow_redirects=False) as r:
+                async with self._session.get(
+                    models, timeout=aiohttp.ClientTimeout(total=timeout), proxy=self._proxy, allow_redirects=False
+                ) as r:
                     status, headers = r.status, r.headers
                     await r.read()
             except aiohttp.ClientSSLError as e:  # before ClientConnectorError: it is one
@@ -503,7 +510,9 @@ class LLMClient:
             except aiohttp.ClientConnectorError as e:
                 if isinstance(e.os_error, ConnectionRefusedError):
                     raise UserError(refused) from None
-                raise UserError(f"cannot reach llm.base_url={url}: {e.os_error.strerror or e.os_error}; start the server or fix llm.base_url") from None
+                raise UserError(
+                    f"cannot reach llm.base_url={url}: {e.os_error.strerror or e.os_error}; start the server or fix llm.base_url"
+                ) from None
             except (asyncio.TimeoutError, TimeoutError):
                 raise UserError(slow) from None
             except aiohttp.ClientError as e:
@@ -552,7 +561,10 @@ class LLMClient:
                 if self._pool is not None:
                     self._chat_target = self._pool.target(url)
         else:
-            self.outage, self.outage_fatal = f"llm.base_url={self.base_url}: more than {_MAX_REDIRECTS} redirects for one request; set llm.base_url to the final address", True
+            self.outage, self.outage_fatal = (
+                f"llm.base_url={self.base_url}: more than {_MAX_REDIRECTS} redirects for one request; set llm.base_url to the final address",
+                True,
+            )
             raise OutageStop(self.outage, True)
         try:
             obj = jsonfast.loads(raw)
@@ -638,7 +650,11 @@ class LLMClient:
 
     # -- riding out an outage ---------------------------------------------------------------
     def _can_wait(self) -> bool:
-        return self.cfg.outage_wait > 0 and self.transport is None and (self._pool is not None or self._session is not None or self._client is not None)
+        return (
+            self.cfg.outage_wait > 0
+            and self.transport is None
+            and (self._pool is not None or self._session is not None or self._client is not None)
+        )
 
     def _start_wait(self, message: str) -> None:
         """Hold every request and probe the server with backoff until it answers (then resume) or
@@ -656,7 +672,10 @@ class LLMClient:
     async def _wait_for_server(self, message: str, deadline: float) -> None:
         back, t0, delay = self._back, time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
         cause = message.split(":", 1)[0]
-        self._tell(f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)", True)
+        self._tell(
+            f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)",
+            True,
+        )
         try:
             while True:
                 pause = min(delay, deadline - time.monotonic())
@@ -768,7 +787,9 @@ class LLMClient:
                     return await self._send(payload, body)
         except HTTPFault as e:
             if e.status_code in (401, 403):
-                raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env{non_ascii_note(self._api_key)}") from None
+                raise LLMFatalError(
+                    f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env{non_ascii_note(self._api_key)}"
+                ) from None
             if e.status_code == 404:
                 raise LLMFatalError(
                     f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(_short(e))})"
@@ -1023,7 +1044,13 @@ def redirect_target(base_url: str, url: str, status: int, headers: Any) -> str:
     if not loc:
         raise OutageStop(f"llm.base_url={base_url} answered a {status} redirect without a Location; fix llm.base_url", True)
     new = urljoin(url, loc)
-    suggest = new[: -len("/chat/completions")] if new.endswith("/chat/completions") else new[: -len("/models")] if new.endswith("/models") else new
+    suggest = (
+        new[: -len("/chat/completions")]
+        if new.endswith("/chat/completions")
+        else new[: -len("/models")]
+        if new.endswith("/models")
+        else new
+    )
     suggest = suggest[:200]
     if _origin(new) != _origin(url):
         raise OutageStop(
@@ -1031,7 +1058,10 @@ def redirect_target(base_url: str, url: str, status: int, headers: Any) -> str:
             True,
         )
     if status not in (307, 308):
-        raise OutageStop(f"llm.base_url={base_url} redirects ({status}) to {suggest}, which would turn the POST into a GET; set llm.base_url = {suggest!r}", True)
+        raise OutageStop(
+            f"llm.base_url={base_url} redirects ({status}) to {suggest}, which would turn the POST into a GET; set llm.base_url = {suggest!r}",
+            True,
+        )
     return new
 
 

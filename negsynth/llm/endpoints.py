@@ -67,7 +67,9 @@ def endpoint_key(cfg: Any, i: int, default_key: str) -> tuple[str, str]:
     if ep.api_key_env:
         v = os.environ.get(ep.api_key_env, "").strip()
         if not v:
-            raise UserError(f"environment variable {ep.api_key_env} ({where}.api_key_env) is not set; export it or change {where}.api_key_env")
+            raise UserError(
+                f"environment variable {ep.api_key_env} ({where}.api_key_env) is not set; export it or change {where}.api_key_env"
+            )
         return _one_line(v, f"environment variable {ep.api_key_env} ({where}.api_key_env)"), f"{where}.api_key_env"
     if ep.api_key_file:
         try:

@@ -303,7 +303,9 @@ class H1Pool:
         tls = self._ssl_context()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=tls, server_hostname=self.host if tls else None)
+                _, conn = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=tls, server_hostname=self.host if tls else None
+                )
         except TimeoutError:
             raise ConnectFailed(f"connecting to {self.host}:{self.port} took longer than {self.connect_timeout:g} s") from None
         except ssl_errors() as e:  # before OSError: ssl.SSLError is one

@@ -155,7 +155,9 @@ def resolve_engine(cfg: ServeConfig) -> tuple[str, Path | None]:
     if cfg.server_path:
         raise UserError(f"serve.server_path {cfg.server_path}: no executable llama-server there; fix serve.server_path or {BUILD_HINT}")
     if cfg.engine == "llama-server":
-        raise UserError(f"serve.engine = 'llama-server' but no llama-server binary was found (beside {sys.executable} or on PATH); {BUILD_HINT}, or set serve.engine = 'auto'")
+        raise UserError(
+            f"serve.engine = 'llama-server' but no llama-server binary was found (beside {sys.executable} or on PATH); {BUILD_HINT}, or set serve.engine = 'auto'"
+        )
     return "llama-cpp-python", None
 
 
@@ -172,7 +174,14 @@ def _model_path(cfg: ServeConfig) -> Path:
 
 
 def server_command(
-    cfg: ServeConfig, model_alias: str, port: int, *, engine: str | None = None, binary: Path | None = None, slots: int = 1, threads: int | None = None
+    cfg: ServeConfig,
+    model_alias: str,
+    port: int,
+    *,
+    engine: str | None = None,
+    binary: Path | None = None,
+    slots: int = 1,
+    threads: int | None = None,
 ) -> list[str]:
     """The command line of the server on ``port``. ``engine``/``binary`` default to
     :func:`resolve_engine`; ``slots`` and ``threads`` apply to llama-server only (the Python
@@ -206,7 +215,9 @@ def server_command(
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        raise UserError(f"the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min), or {BUILD_HINT}") from None
+        raise UserError(
+            f"the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min), or {BUILD_HINT}"
+        ) from None
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
         "--model", str(_model_path(cfg)),
@@ -275,14 +286,18 @@ class EmbeddedServer:
     def _spawn_and_wait(self, deadline: float) -> bool:
         """Start the server on ``self.port`` and wait until it answers. True when the answer comes
         from our process; False when another process answers on that port."""
-        cmd = server_command(self.cfg, self.alias, self.port, engine=self.engine, binary=self.binary, slots=self.slots, threads=self.threads)
+        cmd = server_command(
+            self.cfg, self.alias, self.port, engine=self.engine, binary=self.binary, slots=self.slots, threads=self.threads
+        )
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 if not _port_free(self.cfg.host, self.port):
                     return False  # it exited because the port was taken meanwhile
-                raise UserError(f"the embedded llama.cpp server exited with code {self.proc.returncode}; see {self.log_path or 'its output'}")
+                raise UserError(
+                    f"the embedded llama.cpp server exited with code {self.proc.returncode}; see {self.log_path or 'its output'}"
+                )
             try:
                 r = httpx.get(self.base_url + "/models", timeout=2.0)
                 if r.status_code == 200:
@@ -292,7 +307,9 @@ class EmbeddedServer:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise UserError(f"the embedded llama.cpp server did not answer /v1/models within {self.cfg.startup_timeout:.0f} s (serve.startup_timeout)")
+        raise UserError(
+            f"the embedded llama.cpp server did not answer /v1/models within {self.cfg.startup_timeout:.0f} s (serve.startup_timeout)"
+        )
 
     def stop(self) -> None:
         if self.proc is None:
@@ -327,7 +344,9 @@ def preflight(base_url: str, api_key: str, timeout: float = 10.0) -> None:
     try:
         r = httpx.get(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
     except httpx.ConnectError:
-        raise UserError(f"cannot reach llm.base_url={base_url}: connection refused; start the server (negsynth serve) or fix llm.base_url") from None
+        raise UserError(
+            f"cannot reach llm.base_url={base_url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
+        ) from None
     except httpx.TimeoutException:
         raise UserError(f"llm.base_url={base_url} did not answer within {timeout:.0f} s; check the URL or the server") from None
     except httpx.HTTPError as e:

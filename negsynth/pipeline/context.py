@@ -47,7 +47,9 @@ class StageContext:
     reporter: Reporter = field(default_factory=Reporter)
     mode: str = "online"  # or "batch" (OpenAI Batch API)
     # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
-    batch_poll_s: float | None = field(default_factory=lambda: float(os.environ["NEGSYNTH_BATCH_POLL_S"]) if os.environ.get("NEGSYNTH_BATCH_POLL_S") else None)
+    batch_poll_s: float | None = field(
+        default_factory=lambda: float(os.environ["NEGSYNTH_BATCH_POLL_S"]) if os.environ.get("NEGSYNTH_BATCH_POLL_S") else None
+    )
     base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
     #: stage -> the folder its outputs are written to instead of RUN_DIR/<stage> (an --overwrite
     #: builds the new outputs beside the old ones and swaps them in when the stage finishes)

@@ -47,7 +47,9 @@ def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> floa
 def endpoint(ctx: StageContext) -> str:
     url = ctx.base_url or ctx.cfg.llm.base_url
     if url == "embedded":
-        raise UserError("llm.base_url is 'embedded' but no server is running: use `negsynth run`, or start `negsynth serve` and pass --set llm.base_url=http://127.0.0.1:8765/v1")
+        raise UserError(
+            "llm.base_url is 'embedded' but no server is running: use `negsynth run`, or start `negsynth serve` and pass --set llm.base_url=http://127.0.0.1:8765/v1"
+        )
     return url
 
 
@@ -83,7 +85,9 @@ def stage_complete(rep: RunReport) -> bool:
     return rep.shards_done == rep.shards_total and not (rep.failed or rep.outage or rep.stopped_by or rep.pending)
 
 
-def finish_stage(ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
+def finish_stage(
+    ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None
+) -> dict:
     """The stage's stats (``run_stage`` writes them); an --overwrite that finished swaps its
     outputs in (else the old ones stay)."""
     stats = llm_stats(ctx, stage, rep, client, extra)
@@ -105,7 +109,9 @@ def open_cache(path) -> RequestCache:
     try:
         return RequestCache(path)
     except sqlite3.DatabaseError as e:
-        raise UserError(f"{path}: the request cache is unreadable ({e}); move it away (its answers are then requested again) or restore it") from None
+        raise UserError(
+            f"{path}: the request cache is unreadable ({e}); move it away (its answers are then requested again) or restore it"
+        ) from None
     except OSError as e:
         raise storage_error(e, path) from None
 
@@ -131,7 +137,13 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
         raise UserError("--mode batch sends through one Batch API: set llm.base_url instead of llm.endpoints, or drop --mode batch")
     cache = open_cache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
-    limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.total_concurrency, max_tokens=cfg.max_tokens, cooldown_s=max(cfg.backoff_initial, 0.01))
+    limiter = RateLimiter(
+        rpm=cfg.rpm,
+        tpm=cfg.tpm,
+        max_concurrency=cfg.total_concurrency,
+        max_tokens=cfg.max_tokens,
+        cooldown_s=max(cfg.backoff_initial, 0.01),
+    )
     try:
         async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
             if check:
@@ -190,7 +202,15 @@ def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> 
 Process = Callable[[LLMClient | None, WorkItem], Awaitable[Outcome]]
 
 
-def run_item_stage(ctx: StageContext, stage: Stage, items: list[WorkItem], process: Process, *, llm: bool = True, extra: Callable[[], dict] | dict | None = None) -> dict:
+def run_item_stage(
+    ctx: StageContext,
+    stage: Stage,
+    items: list[WorkItem],
+    process: Process,
+    *,
+    llm: bool = True,
+    extra: Callable[[], dict] | dict | None = None,
+) -> dict:
     """Run an item stage: ``process(client, item) -> Outcome`` over ``items`` into the stage's
     resumable shards (:func:`run_items`), then its stats with ``extra`` (a dict, or a function
     called once the items are done); returns the stats (``run_stage`` writes them). With ``llm``
@@ -227,7 +247,9 @@ def run_single_shard_stage(ctx: StageContext, stage: Stage, body: Callable[[LLMC
     return finish_stage(ctx, stage.name, entry, rep, client, extra)
 
 
-def run_items(ctx: StageContext, stage: str, items: list[WorkItem], process: Process, *, entry: dict[str, Any], llm: bool = True) -> tuple[RunReport, LLMClient | None]:
+def run_items(
+    ctx: StageContext, stage: str, items: list[WorkItem], process: Process, *, entry: dict[str, Any], llm: bool = True
+) -> tuple[RunReport, LLMClient | None]:
     """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
     with the stage's LLM session, concurrency and budget; returns the report and the client.
 
@@ -405,7 +427,9 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
             w = json.loads(p.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             raise UserError(f"{p}: not valid JSON; rerun that worker") from None
-        workers[p.name] = {k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")}
+        workers[p.name] = {
+            k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")
+        }
         wall = max(wall, float(w.get("wall_time_s") or 0.0))
         for k, v in (w.get("this_run") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -47,7 +47,11 @@ def stage_has_outputs(stage_dir: Path) -> bool:
 
 def _remove_worker_outputs(stage_dir: Path, shard_index: int, num_shards: int, keep: set[Path] | None = None) -> None:
     """--overwrite for worker k of n: remove only the shards this worker owns (s % n == k)."""
-    for p in list(stage_dir.glob("shard-*.jsonl*")) + list((stage_dir / "rejects").glob("shard-*.jsonl*")) + list((stage_dir / "_shards").glob("*.json")):
+    for p in (
+        list(stage_dir.glob("shard-*.jsonl*"))
+        + list((stage_dir / "rejects").glob("shard-*.jsonl*"))
+        + list((stage_dir / "_shards").glob("*.json"))
+    ):
         digits = "".join(ch for ch in p.name.split(".")[0] if ch.isdigit())
         if digits and int(digits) % num_shards == shard_index and (keep is None or p not in keep):
             p.unlink()

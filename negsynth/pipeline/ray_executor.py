@@ -40,7 +40,9 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     llm = cfg.llm
     update: dict[str, Any] = {"max_concurrency": max(1, math.ceil(llm.max_concurrency / n))}
     if llm.endpoints:  # every worker sends to every endpoint: each gets 1/n of each one's slots
-        update["endpoints"] = [e.model_copy(update={"max_concurrency": max(1, math.ceil(llm.endpoint_concurrency(e) / n))}) for e in llm.endpoints]
+        update["endpoints"] = [
+            e.model_copy(update={"max_concurrency": max(1, math.ceil(llm.endpoint_concurrency(e) / n))}) for e in llm.endpoints
+        ]
     if llm.rpm is not None:
         update["rpm"] = max(1, llm.rpm // n)
     if llm.tpm is not None:
@@ -52,7 +54,16 @@ def _worker(stage: Stage, cfg_json: dict, run_dir: str, k: int, n: int, base_url
     """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
     task, so this layer needs no registry of the method's stages)."""
     cfg = RunConfig.model_validate(cfg_json)
-    ctx = StageContext(cfg=cfg, run_dir=Path(run_dir), overwrite=overwrite, shard_index=k, num_shards=n, reporter=Reporter(quiet=True), mode=mode, base_url=base_url)
+    ctx = StageContext(
+        cfg=cfg,
+        run_dir=Path(run_dir),
+        overwrite=overwrite,
+        shard_index=k,
+        num_shards=n,
+        reporter=Reporter(quiet=True),
+        mode=mode,
+        base_url=base_url,
+    )
     return run_stage(stage, ctx)
 
 
@@ -83,7 +94,10 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
         ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
-        refs = [task.remote(stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode) for k in range(workers)]
+        refs = [
+            task.remote(stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode)
+            for k in range(workers)
+        ]
         try:
             parts = ray.get(refs)
         except ray.exceptions.RayTaskError as e:
@@ -93,7 +107,9 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             raise
         except ray.exceptions.RayError as e:  # a worker died more often than Ray retries it, or the cluster went away
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume") from None
+            raise UserError(
+                f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
+            ) from None
     bad = next((p for p in parts if unfinished(p)), None)
     if bad is not None:
         return {**bad, "executor": "ray", "workers": workers}

@@ -57,8 +57,6 @@ def storage_error(e: OSError, what: Path | str) -> UserError:
     return UserError(f"cannot write {where}: {e.strerror or e}; {fix}")
 
 
-
-
 @dataclass
 class WorkItem:
     index: int
@@ -188,7 +186,9 @@ class ShardedRunner:
         mine = shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
         return not all(self._final(s).exists() for s in mine)
 
-    async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None) -> RunReport:
+    async def run(
+        self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None
+    ) -> RunReport:
         t0 = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,12 @@ def check_bands(bands) -> list[tuple[int, int]]:
     prev = 0
     for a, b in out:
         if not (1 <= a <= b) or a <= prev:
-            raise ValueError(f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order")
+            raise ValueError(
+                f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order"
+            )
         prev = b
     return out
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -115,7 +118,9 @@ class LLMConfig(Section):
         eps = data.get("endpoints")
         if isinstance(eps, list) and eps and data.get("base_url", "embedded") == "embedded":
             first = eps[0]
-            url = first if isinstance(first, str) else first.get("base_url") if isinstance(first, dict) else getattr(first, "base_url", None)
+            url = (
+                first if isinstance(first, str) else first.get("base_url") if isinstance(first, dict) else getattr(first, "base_url", None)
+            )
             if isinstance(url, str):
                 data = {**data, "base_url": url}
         return data
@@ -321,7 +326,9 @@ class ScoreConfig(Section):
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
-    measured_drop: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative"])  # what `measured` removes
+    measured_drop: list[Literal["false_negative", "too_easy"]] = Field(
+        default_factory=lambda: ["false_negative"]
+    )  # what `measured` removes
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
     # easiness filter (NeMo Curator's retriever SDG): reject an example the embedder already solves
     # by a wide margin, cos(q, pos) - max cos(q, neg) > easy_margin (reason "easy_query"); None = off
@@ -353,9 +360,9 @@ class ScoreConfig(Section):
     @classmethod
     def _inputs(cls, v: list[str]) -> list[str]:
         if not v:
-            raise ValueError("needs at least one input stage, e.g. [\"generate\"]")
+            raise ValueError('needs at least one input stage, e.g. ["generate"]')
         if "score" in v:
-            raise ValueError("score cannot read its own outputs; use e.g. [\"generate\", \"regenerate\"]")
+            raise ValueError('score cannot read its own outputs; use e.g. ["generate", "regenerate"]')
         return v
 
 
@@ -535,8 +542,11 @@ class CurriculumConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: str) -> str:
-        if v not in ("auto", "curriculum", "reverse", "random", "tuple") and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4") \
-                and not re.fullmatch(r"tuple:[1-9][0-9]*", v):
+        if (
+            v not in ("auto", "curriculum", "reverse", "random", "tuple")
+            and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4")
+            and not re.fullmatch(r"tuple:[1-9][0-9]*", v)
+        ):
             raise ValueError(f"unknown schedule {v!r}; choose auto, curriculum, reverse, random, fixed:1..fixed:4, tuple or tuple:K")
         return v
 

@@ -113,7 +113,9 @@ def negatives_schema(max_doc: int | None) -> dict[str, Any]:
     }
 
 
-def queries_schema(n: int, *, max_query: int | None, min_query: int = 8, negatives: bool = False, max_doc: int | None = None) -> dict[str, Any]:
+def queries_schema(
+    n: int, *, max_query: int | None, min_query: int = 8, negatives: bool = False, max_doc: int | None = None
+) -> dict[str, Any]:
     """``{"queries": [n strings]}`` (+ ``"hard_negative_documents": [4]`` when ``negatives``)."""
     props: dict[str, Any] = {"queries": {"type": "array", "items": _string(max_query, min_query), "minItems": n, "maxItems": n}}
     if negatives:

@@ -60,7 +60,12 @@ def _validate_list(obj: Any) -> list[str]:
 def fingerprint(ctx: StageContext) -> str:
     """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
     return config_hash(
-        {"brainstorm": ctx.cfg.brainstorm, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("brainstorm_", "system", "reask"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0}
+        {
+            "brainstorm": ctx.cfg.brainstorm,
+            "llm": llm_fingerprint(ctx.cfg.llm),
+            "prompts": templates_fingerprint("brainstorm_", "system", "reask"),
+            "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0,
+        }
     )
 
 
@@ -106,7 +111,17 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                 rep.usage.update(res.usage.model_dump())
                 with_usage = with_usage.add(res.usage)
                 if res.value is None:
-                    rejects.append(Reject(id=rid, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input={"task_type": tt, "sample_index": i}, usage=res.usage))
+                    rejects.append(
+                        Reject(
+                            id=rid,
+                            stage=NAME,
+                            reason=res.reason or "unknown",
+                            detail=res.detail,
+                            raw=res.raw,
+                            input={"task_type": tt, "sample_index": i},
+                            usage=res.usage,
+                        )
+                    )
                     continue
                 for pos, text in enumerate(res.value):
                     tid = short_id("task", tt, i, pos)
@@ -118,7 +133,16 @@ async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task],
                     elif v.keep and norm in seen:
                         reason, detail = "duplicate_task", "the task repeats an earlier one"
                     if reason:
-                        rejects.append(Reject(id=tid, stage=NAME, reason=reason, detail=detail, raw=str(text), input={"task_type": tt, "sample_index": i, "position": pos}))
+                        rejects.append(
+                            Reject(
+                                id=tid,
+                                stage=NAME,
+                                reason=reason,
+                                detail=detail,
+                                raw=str(text),
+                                input={"task_type": tt, "sample_index": i, "position": pos},
+                            )
+                        )
                         continue
                     seen.add(norm)
                     kept.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
@@ -193,6 +217,13 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "embedding tasks per task type", run, config=BrainstormConfig, fingerprint=fingerprint, report=report,
-    llm=True, staged=True, done_files=("stats.json", "shard-00000.jsonl"),
+    NAME,
+    "embedding tasks per task type",
+    run,
+    config=BrainstormConfig,
+    fingerprint=fingerprint,
+    report=report,
+    llm=True,
+    staged=True,
+    done_files=("stats.json", "shard-00000.jsonl"),
 )

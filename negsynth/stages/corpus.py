@@ -140,7 +140,7 @@ def cut_tokens(text: str, tokenizer, n: int) -> str:
 def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
     one, many, rule, _ = STYLES[style]
     count = one if n == 1 else many.format(n=n)
-    shape = '{"queries": [%s]%s}' % (", ".join(["\"...\""] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")  # noqa: UP031 - the prompt's bytes (and its cached answers) stay as they were
+    shape = '{"queries": [%s]%s}' % (", ".join(['"..."'] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")  # noqa: UP031 - the prompt's bytes (and its cached answers) stay as they were
     neg_rule = (
         " Also write 4 hard-negative documents: similar to this document in topic, length and style, but NOT answering the queries, "
         "sorted from most similar (item 1: the same subject and entities, a different finding) to least similar (item 4: the same field, another subject)."
@@ -165,7 +165,9 @@ def build_messages(p: dict[str, Any], cfg: CorpusConfig, doc_text: str) -> list[
     if cfg.few_shot:
         ex = load_example("corpus")
         msgs.append({"role": "user", "content": render_prompt(ex["document"], p["style"], cfg.queries_per_doc, llm_negs)})
-        msgs.append({"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc, llm_negs), ensure_ascii=False)})
+        msgs.append(
+            {"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc, llm_negs), ensure_ascii=False)}
+        )
     msgs.append({"role": "user", "content": render_prompt(doc_text, p["style"], cfg.queries_per_doc, llm_negs)})
     return msgs
 
@@ -190,7 +192,9 @@ def make_validator(document: str, cfg: CorpusConfig):
         if llm_negs:
             negs = [n.strip() for n in out.hard_negative_documents or [] if isinstance(n, str)]
             if len(negs) != NUM_NEGATIVES:
-                raise ValidationFailure("wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}")
+                raise ValidationFailure(
+                    "wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}"
+                )
             if cfg.few_shot and any(normalize(n) in shown_negs for n in negs):
                 raise ValidationFailure("copied_example", "you copied the worked example's negatives; write new ones for this document")
             fields = {f"hard_negative_documents {i + 1}": n for i, n in enumerate(negs)}
@@ -208,7 +212,9 @@ def make_validator(document: str, cfg: CorpusConfig):
             v = check_query(q, document, min_chars=cfg.min_query_chars, max_chars=cfg.max_query_chars)
             key = normalize(q) if isinstance(q, str) else ""
             if v.keep and cfg.few_shot and key in shown:
-                v = v._replace(keep=False, reason="copied_example", detail="you copied the worked example's query; write one about this document")
+                v = v._replace(
+                    keep=False, reason="copied_example", detail="you copied the worked example's query; write one about this document"
+                )
             if v.keep and key in seen:
                 v = v._replace(keep=False, reason="duplicate_query", detail="two queries are the same; make them different")
             if v.keep and llm_negs and key in {normalize(n) for n in negs}:
@@ -274,8 +280,13 @@ class Work:
                 client.structured(
                     build_messages(p, self.cfg, doc_text),
                     validate=make_validator(p["document"], self.cfg),
-                    schema=queries_schema(self.cfg.queries_per_doc, max_query=self.cfg.max_query_chars, min_query=self.cfg.min_query_chars,
-                                          negatives=self.cfg.negatives != "mined", max_doc=self.cfg.max_doc_chars),  # fmt: skip
+                    schema=queries_schema(
+                        self.cfg.queries_per_doc,
+                        max_query=self.cfg.max_query_chars,
+                        min_query=self.cfg.min_query_chars,
+                        negatives=self.cfg.negatives != "mined",
+                        max_doc=self.cfg.max_doc_chars,
+                    ),  # fmt: skip
                     name="queries",
                     sample_index=0,
                     reask_template=reask_template(),
@@ -300,7 +311,15 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     inp = {k: v for k, v in p.items() if k != "document"}
 
     def reject(reason: str, detail: str, **extra: Any) -> Outcome:
-        rej = Reject(id=it.id, stage=NAME, reason=reason, detail=detail, raw=res.raw if j == 0 else None, input={**inp, **extra}, **({"usage": usage} if usage else {}))
+        rej = Reject(
+            id=it.id,
+            stage=NAME,
+            reason=reason,
+            detail=detail,
+            raw=res.raw if j == 0 else None,
+            input={**inp, **extra},
+            **({"usage": usage} if usage else {}),
+        )
         return Outcome(reject=rej.model_dump(mode="json"))
 
     if res.value is None:
@@ -317,12 +336,23 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         m = cfg.mining
         k = NUM_NEGATIVES if cfg.negatives == "mined" else (NUM_NEGATIVES // 2 if cfg.negatives == "mixed" else 0)
         pos = work.positions[p["corpus_index"]][p["doc_id"]]
-        mined = work.index(p["corpus_index"]).search(query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score)
+        mined = work.index(p["corpus_index"]).search(
+            query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score
+        )
         meta["round_trip_rank"] = mined["rank"]
         if cfg.round_trip_k and mined["rank"] > cfg.round_trip_k:
-            return reject("round_trip", f"its own document ranks {mined['rank']} in the corpus, below round_trip_k={cfg.round_trip_k}", query=query, round_trip_rank=mined["rank"])
+            return reject(
+                "round_trip",
+                f"its own document ranks {mined['rank']} in the corpus, below round_trip_k={cfg.round_trip_k}",
+                query=query,
+                round_trip_rank=mined["rank"],
+            )
         if len(mined["negatives"]) < k:
-            return reject("too_few_mined", f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)", query=query)
+            return reject(
+                "too_few_mined",
+                f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)",
+                query=query,
+            )
         meta["mined_scores"] = mined["scores"]
         meta["mined_pos_score"] = mined["pos_score"]
     if cfg.negatives == "mined":
@@ -356,11 +386,15 @@ def run(ctx: StageContext) -> dict:
     qpd = ctx.cfg.corpus.queries_per_doc
     if ctx.num_shards > 1 and ctx.cfg.pipeline.shard_size % qpd:
         # a document's queries share one answer: split across two workers, it would be paid twice
-        raise UserError(f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run")
+        raise UserError(
+            f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run"
+        )
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
     work = Work(ctx, corpora)
-    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items)))
+    return run_item_stage(
+        ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items))
+    )
 
 
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
@@ -397,7 +431,12 @@ def describe(folder: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
     if lengths:
         s = sorted(lengths)
-        out["query_words"] = {"mean": round(sum(s) / len(s), 2), "p10": s[len(s) // 10], "median": s[len(s) // 2], "p90": s[(9 * len(s)) // 10]}
+        out["query_words"] = {
+            "mean": round(sum(s) / len(s), 2),
+            "p10": s[len(s) // 10],
+            "median": s[len(s) // 2],
+            "p90": s[(9 * len(s)) // 10],
+        }
     if ranks:
         hist = {}
         for lo, hi in RANK_BUCKETS:
@@ -426,6 +465,12 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "queries written for a user's documents, with negatives", run, config=CorpusConfig, fingerprint=fingerprint, report=report,
-    llm=True, staged=True,
+    NAME,
+    "queries written for a user's documents, with negatives",
+    run,
+    config=CorpusConfig,
+    fingerprint=fingerprint,
+    report=report,
+    llm=True,
+    staged=True,
 )

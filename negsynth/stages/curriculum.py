@@ -51,7 +51,14 @@ def fingerprint(ctx: StageContext) -> str:
     """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    return config_hash({"curriculum": cc, "batch_size": batch_size, "anchor": anchor_template(ctx.cfg), "inputs": inputs_fingerprint(ctx.run_dir, cc.input)})
+    return config_hash(
+        {
+            "curriculum": cc,
+            "batch_size": batch_size,
+            "anchor": anchor_template(ctx.cfg),
+            "inputs": inputs_fingerprint(ctx.run_dir, cc.input),
+        }
+    )
 
 
 def run(ctx: StageContext) -> dict:
@@ -121,6 +128,12 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "training rows, easiest level first", run, config=CurriculumConfig, fingerprint=fingerprint, report=report,
-    inputs=lambda cfg: (cfg.curriculum.input,), relaunch="rebuild",
+    NAME,
+    "training rows, easiest level first",
+    run,
+    config=CurriculumConfig,
+    fingerprint=fingerprint,
+    report=report,
+    inputs=lambda cfg: (cfg.curriculum.input,),
+    relaunch="rebuild",
 )

@@ -55,7 +55,17 @@ def run(ctx: StageContext) -> dict:
         except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
             raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
         try:
-            rep = evaluate(emb, suite=ec.suite, data_dir=ec.data_dir, tasks=ec.tasks, progress=not quiet, out=dest, seed=ec.seed, announce=not require_data, engine=ec.engine)
+            rep = evaluate(
+                emb,
+                suite=ec.suite,
+                data_dir=ec.data_dir,
+                tasks=ec.tasks,
+                progress=not quiet,
+                out=dest,
+                seed=ec.seed,
+                announce=not require_data,
+                engine=ec.engine,
+            )
         except (EvalDataError, UnknownTask, MtebUnavailable) as e:
             raise UserError(str(e)) from None
         rep["model"] = m

@@ -92,13 +92,23 @@ def sample_attributes(task_type: str, rng: random.Random, cfg: GenerateConfig) -
             "difficulty": rng.choice(DIFFICULTY),
         }
     if task_type == "long-short":
-        return {"clarity": rng.choice(CLARITY), "num_words": rng.choice(cfg.num_words), "language": lang, "difficulty": rng.choice(DIFFICULTY)}
+        return {
+            "clarity": rng.choice(CLARITY),
+            "num_words": rng.choice(cfg.num_words),
+            "language": lang,
+            "difficulty": rng.choice(DIFFICULTY),
+        }
     if task_type == "short-short":
         return {"language": lang}
     if task_type == "long-long":
         return {"num_words": rng.choice(cfg.num_words), "language": lang, "difficulty": rng.choice(DIFFICULTY)}
     if task_type == "sts":
-        return {"unit": rng.choice(STS_UNITS), "high_score": rng.choice(STS_HIGH), "language": lang, "difficulty": rng.choice(STS_DIFFICULTY)}
+        return {
+            "unit": rng.choice(STS_UNITS),
+            "high_score": rng.choice(STS_HIGH),
+            "language": lang,
+            "difficulty": rng.choice(STS_DIFFICULTY),
+        }
     raise UserError(f"unknown task type {task_type!r}; choose from {', '.join(TASK_TYPES)}")
 
 
@@ -169,7 +179,9 @@ def load_tasks(ctx: StageContext) -> dict[str, list[Task]]:
         try:
             t = Task.model_validate(row)
         except ValidationError as e:
-            raise UserError(f"{ctx.run_dir / 'brainstorm'}: a task record is malformed ({e.errors()[0]['loc']}); rerun brainstorm with --overwrite") from None
+            raise UserError(
+                f"{ctx.run_dir / 'brainstorm'}: a task record is malformed ({e.errors()[0]['loc']}); rerun brainstorm with --overwrite"
+            ) from None
         by_type[t.task_type].append(t)
     if not by_type:
         raise UserError(f"{ctx.run_dir / 'brainstorm'}: the finished shards hold no tasks; rerun `negsynth brainstorm --overwrite`")
@@ -199,7 +211,12 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "seed": ctx.cfg.generate.seed}
+    return {
+        "config_hash": config_digest(ctx),
+        "shard_size": ctx.cfg.pipeline.shard_size,
+        "num_shards": ctx.num_shards,
+        "seed": ctx.cfg.generate.seed,
+    }
 
 
 def config_digest(ctx: StageContext) -> str:
@@ -225,7 +242,10 @@ class PerType:
         made = self._made.get(task_type)
         if made is None:
             cfg = self.cfg
-            made = self._made[task_type] = (make_validator(task_type, cfg), output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars))
+            made = self._made[task_type] = (
+                make_validator(task_type, cfg),
+                output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
+            )
         return made
 
 
@@ -269,9 +289,17 @@ def run(ctx: StageContext) -> dict:
     tasks = load_tasks(ctx)
     items = plan_items(ctx, tasks)
     if not items:
-        raise UserError(f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio")
+        raise UserError(
+            f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio"
+        )
     per_type, planned = PerType(cfg), allocate(cfg)
-    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type), extra={"planned_per_type": planned})
+    return run_item_stage(
+        ctx,
+        STAGE,
+        items,
+        lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type),
+        extra={"planned_per_type": planned},
+    )
 
 
 def report(stats: dict) -> list[Summary]:
@@ -279,6 +307,14 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "examples with 4 graded negatives", run, config=GenerateConfig, fingerprint=fingerprint, report=report,
-    inputs=("brainstorm",), llm=True, staged=True, shardable=True,
+    NAME,
+    "examples with 4 graded negatives",
+    run,
+    config=GenerateConfig,
+    fingerprint=fingerprint,
+    report=report,
+    inputs=("brainstorm",),
+    llm=True,
+    staged=True,
+    shardable=True,
 )

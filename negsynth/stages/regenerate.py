@@ -83,7 +83,7 @@ def kind_for(spec: SourceSpec, name: str, cfg: RegenerateConfig) -> tuple[Source
 def load_inputs(ctx: StageContext) -> list[tuple[SourceSpec, SourceData]]:
     cfg = ctx.cfg.regenerate
     if not cfg.inputs:
-        raise UserError("regenerate has no inputs: pass --input PATH, or add [[regenerate.inputs]] path = \"...\" to the run file")
+        raise UserError('regenerate has no inputs: pass --input PATH, or add [[regenerate.inputs]] path = "..." to the run file')
     out = []
     for spec in cfg.inputs:
         data = load_source(spec)
@@ -158,7 +158,12 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, "mine": ctx.cfg.regenerate.mine}
+    return {
+        "config_hash": config_digest(ctx),
+        "shard_size": ctx.cfg.pipeline.shard_size,
+        "num_shards": ctx.num_shards,
+        "mine": ctx.cfg.regenerate.mine,
+    }
 
 
 def config_digest(ctx: StageContext) -> str:
@@ -186,7 +191,9 @@ def mine_k(cfg: RegenerateConfig) -> int:
 def load_st_model(cfg: EmbedderConfig):
     """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2)."""
     if cfg.kind != "sentence-transformers":
-        raise UserError("--mine needs a sentence-transformers embedder; set embedder.kind = \"sentence-transformers\" (decoder embedders are not supported for mining)")
+        raise UserError(
+            '--mine needs a sentence-transformers embedder; set embedder.kind = "sentence-transformers" (decoder embedders are not supported for mining)'
+        )
     from negsynth.embed.models import load_sentence_transformer
 
     return load_sentence_transformer(cfg.model, device=cfg.device, max_length=cfg.max_length)
@@ -229,7 +236,17 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         if not mine_items:
             continue
         queries = {it.payload["query_key"]: it.payload["query"] for it in mine_items}
-        key = config_hash({"spec": spec, "mining": cfg.mining, "k": k, "embedder": ctx.cfg.embedder, "queries": sorted(queries), "corpus": len(data.corpus), "input": path_fingerprint(spec.path)})
+        key = config_hash(
+            {
+                "spec": spec,
+                "mining": cfg.mining,
+                "k": k,
+                "embedder": ctx.cfg.embedder,
+                "queries": sorted(queries),
+                "corpus": len(data.corpus),
+                "input": path_fingerprint(spec.path),
+            }
+        )
         path = cache_dir / f"{si:03d}-{key}.json"
         if path.exists():
             found = json.loads(path.read_text(encoding="utf-8"))
@@ -239,7 +256,9 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
                 model = load_st_model(ctx.cfg.embedder)
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
-            found = mine_pairs(model, queries, known, data.corpus, k, cfg.mining, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
+            found = mine_pairs(
+                model, queries, known, data.corpus, k, cfg.mining, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache
+            )
             atomic_write_json(path, found)
         short = 0
         for it in mine_items:
@@ -287,10 +306,17 @@ def build_messages(payload: dict[str, Any], cfg: RegenerateConfig) -> list[dict[
     msgs = [{"role": "system", "content": load_template("system").strip()}]
     if cfg.few_shot:
         ex = load_example(example_name(sym))
-        msgs.append({"role": "user", "content": render_prompt(ex["instruction"], ex["query"], ex["positive"], symmetric=sym, source="nli" if sym else "")})
+        msgs.append(
+            {
+                "role": "user",
+                "content": render_prompt(ex["instruction"], ex["query"], ex["positive"], symmetric=sym, source="nli" if sym else ""),
+            }
+        )
         msgs.append({"role": "assistant", "content": json.dumps(ex["output"], ensure_ascii=False)})
     pos = cut(payload["positive"], cfg.prompt_positive_chars)
-    msgs.append({"role": "user", "content": render_prompt(payload["instruction"], payload["query"], pos, symmetric=sym, source=payload["source"])})
+    msgs.append(
+        {"role": "user", "content": render_prompt(payload["instruction"], payload["query"], pos, symmetric=sym, source=payload["source"])}
+    )
     return msgs
 
 
@@ -362,7 +388,9 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
     negs = mined["negatives"][:NUM_NEGATIVES]
     if len(negs) < NUM_NEGATIVES:
         detail = f"{len(negs)} of {NUM_NEGATIVES} negatives survived mining (corpus too small, or the margin removed the rest)"
-        rej = Reject(id=it.id, stage=NAME, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"})
+        rej = Reject(
+            id=it.id, stage=NAME, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"}
+        )
         return Outcome(reject=rej.model_dump(mode="json"))
     meta: dict[str, Any] = dict(p["meta"])
     if p["source_negatives"]:
@@ -384,7 +412,13 @@ def run(ctx: StageContext) -> dict:
     sources = load_inputs(ctx)
     items, per_source = plan_items(ctx, sources)
     if not items:
-        raise UserError("regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: " + json.dumps({k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}) + ")")
+        raise UserError(
+            "regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: "
+            + json.dumps(
+                {k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}
+            )
+            + ")"
+        )
     mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
     extra: dict[str, Any] = {
         "pairs": len(items),
@@ -408,6 +442,13 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "graded negatives for existing pairs", run, config=RegenerateConfig, fingerprint=fingerprint, report=report,
-    llm=lambda cfg: cfg.regenerate.negatives != "mined", staged=True, shardable=True,
+    NAME,
+    "graded negatives for existing pairs",
+    run,
+    config=RegenerateConfig,
+    fingerprint=fingerprint,
+    report=report,
+    llm=lambda cfg: cfg.regenerate.negatives != "mined",
+    staged=True,
+    shardable=True,
 )

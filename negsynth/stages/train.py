@@ -63,7 +63,9 @@ def run(ctx: StageContext) -> dict:
     tc = _resume_point(ctx, tc)
     resumed_from = _checkpoint_step_of(tc.resume, out)
     t0 = time.monotonic()
-    ctx.reporter.info(f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}")
+    ctx.reporter.info(
+        f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}"
+    )
     try:
         # the HF trainer prints its log dicts on stdout: keep stdout for --json output
         with contextlib.redirect_stdout(sys.stderr), PeakRSS() as mem:
@@ -112,7 +114,13 @@ def _resume_point(ctx: StageContext, tc):
         return tc.model_copy(update={"resume": str(last)})
     old = checkpoints(out)
     if old:
-        why = "--overwrite" if ctx.overwrite else "made from another config or curriculum" if marker.exists() and not same else "none is whole"
+        why = (
+            "--overwrite"
+            if ctx.overwrite
+            else "made from another config or curriculum"
+            if marker.exists() and not same
+            else "none is whole"
+        )
         ctx.reporter.info(f"train: starting afresh ({why}): removing {len(old)} old checkpoint(s) in {out}")
         for _, p, _ in old:
             shutil.rmtree(p, ignore_errors=True)
@@ -140,6 +148,14 @@ def report(stats: dict) -> list[Summary]:
 
 
 STAGE = Stage(
-    NAME, "the fine-tuned embedder", run, config=TrainConfig, fingerprint=fingerprint, report=report,
-    inputs=("curriculum",), relaunch="rebuild", done_files=("stats.json", "final"), keep_on_change=lambda cfg: cfg.train.resume,
+    NAME,
+    "the fine-tuned embedder",
+    run,
+    config=TrainConfig,
+    fingerprint=fingerprint,
+    report=report,
+    inputs=("curriculum",),
+    relaunch="rebuild",
+    done_files=("stats.json", "final"),
+    keep_on_change=lambda cfg: cfg.train.resume,
 )

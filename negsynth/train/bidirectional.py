@@ -63,7 +63,9 @@ def find_decoder(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
         layers = getattr(mod, "layers", None)
         if isinstance(layers, nn.ModuleList) and len(layers) and hasattr(layers[0], "self_attn") and hasattr(mod, "config"):
             return mod, layers
-    raise TypeError(f"{type(model).__name__}: no decoder layers with .self_attn found; bidirectional attention supports Llama-family decoders")
+    raise TypeError(
+        f"{type(model).__name__}: no decoder layers with .self_attn found; bidirectional attention supports Llama-family decoders"
+    )
 
 
 class BidirectionalHandle:

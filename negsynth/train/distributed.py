@@ -42,7 +42,9 @@ def per_device_batch_size(global_batch_size: int, world_size: int | None = None)
     """``global_batch_size / world_size`` (default: the launcher's world size); raises if uneven."""
     w = world_size if world_size is not None else data_parallel_world()[0]
     if global_batch_size % w:
-        raise ValueError(f"batch_size={global_batch_size} is the global batch and must be a multiple of the {w} processes (data-parallel world size)")
+        raise ValueError(
+            f"batch_size={global_batch_size} is the global batch and must be a multiple of the {w} processes (data-parallel world size)"
+        )
     return global_batch_size // w
 
 
@@ -72,10 +74,20 @@ def _load_data(path: str | Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m negsynth.train.distributed", description="negsynth train under torchrun / accelerate launch (one process per device)")
+    ap = argparse.ArgumentParser(
+        prog="python -m negsynth.train.distributed",
+        description="negsynth train under torchrun / accelerate launch (one process per device)",
+    )
     ap.add_argument("--run-dir", required=True, type=Path, help="run directory: reads RUN/curriculum/dataset, writes RUN/train")
     ap.add_argument("--config", type=Path, default=None, help="run file (TOML); default: the built-in config")
-    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override one key, e.g. train.batch_size=512 (repeatable)")
+    ap.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one key, e.g. train.batch_size=512 (repeatable)",
+    )
     ap.add_argument("--data", default=None, help="training rows instead of RUN/curriculum/dataset (saved dataset folder or .parquet)")
     args = ap.parse_args(argv)
 

@@ -28,7 +28,9 @@ def resolve_targets(backbone, targets, is_decoder: bool) -> list[str]:
     names = {n.rsplit(".", 1)[-1] for n, _ in backbone.named_modules()}
     found = [t for t in wanted if t in names]
     if not found:
-        raise ValueError(f"lora.targets={wanted}: none of these module names exist in {type(backbone).__name__}; pick from e.g. {sorted(names)[:20]}")
+        raise ValueError(
+            f"lora.targets={wanted}: none of these module names exist in {type(backbone).__name__}; pick from e.g. {sorted(names)[:20]}"
+        )
     if len(found) < len(wanted):
         log.warning("LoRA targets not in the model and skipped: %s", sorted(set(wanted) - set(found)))
     return found
@@ -40,7 +42,9 @@ def add_lora(model, settings, is_decoder: bool) -> None:
 
     backbone = model[0].auto_model
     targets = resolve_targets(backbone, settings.targets, is_decoder)
-    cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets, task_type="FEATURE_EXTRACTION")
+    cfg = LoraConfig(
+        r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets, task_type="FEATURE_EXTRACTION"
+    )
     try:
         model.add_adapter(cfg)
     except ValueError as e:
@@ -52,8 +56,10 @@ def add_lora(model, settings, is_decoder: bool) -> None:
 
         from negsynth.errors import UserError
 
-        raise UserError(f"LoRA: transformers {transformers.__version__} rejects peft {peft.__version__} ({e}); "
-                        f"pip install 'transformers<5.24' (negsynth's [train] extra pins it) or a peft it accepts") from None
+        raise UserError(
+            f"LoRA: transformers {transformers.__version__} rejects peft {peft.__version__} ({e}); "
+            f"pip install 'transformers<5.24' (negsynth's [train] extra pins it) or a peft it accepts"
+        ) from None
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     log.info("LoRA r=%d alpha=%d on %s: %d / %d parameters trainable", settings.r, settings.alpha, targets, n_train, n_all)

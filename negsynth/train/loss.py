@@ -22,7 +22,9 @@ import torch.nn.functional as F
 DEFAULT_TEMPERATURE = 0.02
 
 
-def info_nce(q: torch.Tensor, d_pos: torch.Tensor, d_neg: torch.Tensor | None = None, temperature: float = DEFAULT_TEMPERATURE) -> torch.Tensor:
+def info_nce(
+    q: torch.Tensor, d_pos: torch.Tensor, d_neg: torch.Tensor | None = None, temperature: float = DEFAULT_TEMPERATURE
+) -> torch.Tensor:
     """Reference InfoNCE on embeddings ``[B, d]`` (no query–query negatives)."""
     docs = d_pos if d_neg is None else torch.cat([d_pos, d_neg], 0)
     scores = F.normalize(q, dim=-1) @ F.normalize(docs, dim=-1).T / temperature
@@ -42,12 +44,16 @@ def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode:
     (a no-op in a single process).
     """
     if not temperature > 0:
-        raise ValueError(f"temperature={temperature}: must be > 0 (0.05 = sentence-transformers encoders, 0.02 = LLM2Vec/E5 decoders, 1.0 = literal seed)")
+        raise ValueError(
+            f"temperature={temperature}: must be > 0 (0.05 = sentence-transformers encoders, 0.02 = LLM2Vec/E5 decoders, 1.0 = literal seed)"
+        )
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
     kw = {"hardness_mode": hardness_mode, "hardness_strength": hardness_strength} if hardness_mode else {}
     if mini_batch_size:
-        return CachedMultipleNegativesRankingLoss(model, scale=1.0 / temperature, mini_batch_size=mini_batch_size, gather_across_devices=gather_across_devices, **kw)
+        return CachedMultipleNegativesRankingLoss(
+            model, scale=1.0 / temperature, mini_batch_size=mini_batch_size, gather_across_devices=gather_across_devices, **kw
+        )
     return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)
 
 

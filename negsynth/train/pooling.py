@@ -289,10 +289,27 @@ class EmbeddingPooling(Module):
         self._warned = False
 
     @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None, local_files_only: bool = False, init_defaults=None, **kwargs):
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token=None,
+        cache_folder=None,
+        revision=None,
+        local_files_only: bool = False,
+        init_defaults=None,
+        **kwargs,
+    ):
         """Like the base ``load``; a config saved before ``ata_pool`` existed loads as ``"all"``
         (what that model was trained with)."""
-        config = cls.load_config(model_name_or_path, subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
+        config = cls.load_config(
+            model_name_or_path,
+            subfolder=subfolder,
+            token=token,
+            cache_folder=cache_folder,
+            revision=revision,
+            local_files_only=local_files_only,
+        )
         config.setdefault("ata_pool", "all")
         for k, v in (init_defaults or {}).items():
             config.setdefault(k, v)
@@ -407,7 +424,17 @@ class LatentAttentionPooling(Module):
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
 
     @classmethod
-    def load(cls, model_name_or_path: str, subfolder: str = "", token=None, cache_folder=None, revision=None, local_files_only: bool = False, init_defaults=None, **kwargs):
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token=None,
+        cache_folder=None,
+        revision=None,
+        local_files_only: bool = False,
+        init_defaults=None,
+        **kwargs,
+    ):
         hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
         config = cls.load_config(model_name_or_path=model_name_or_path, **hub)
         for k, v in (init_defaults or {}).items():

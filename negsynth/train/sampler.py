@@ -163,7 +163,14 @@ class CurriculumBatchSampler(DefaultBatchSampler):
         phases: Sequence[Any] | None = None,
         num_replicas: int | None = None,
     ):
-        super().__init__(range(len(dataset)), batch_size=batch_size, drop_last=drop_last, valid_label_columns=valid_label_columns, generator=generator, seed=seed)
+        super().__init__(
+            range(len(dataset)),
+            batch_size=batch_size,
+            drop_last=drop_last,
+            valid_label_columns=valid_label_columns,
+            generator=generator,
+            seed=seed,
+        )
         cols = text_columns(dataset.column_names)
         data = [dataset[c] for c in cols]
         if phases is not None and len(phases) != len(dataset):
@@ -200,7 +207,14 @@ class OrderedBatchSampler(DefaultBatchSampler):
 
     def __init__(self, dataset, batch_size: int, drop_last: bool = False, valid_label_columns=None, generator=None, seed: int = 0):
         self.dataset_len = len(dataset)
-        super().__init__(range(self.dataset_len), batch_size=batch_size, drop_last=drop_last, valid_label_columns=valid_label_columns, generator=generator, seed=seed)
+        super().__init__(
+            range(self.dataset_len),
+            batch_size=batch_size,
+            drop_last=drop_last,
+            valid_label_columns=valid_label_columns,
+            generator=generator,
+            seed=seed,
+        )
 
     def __iter__(self):
         n, b = self.dataset_len, self.batch_size
@@ -254,7 +268,9 @@ def _as_dataset(data):
     for cand in (p / "curriculum" / "dataset", p / "dataset", p):
         if (cand / "dataset_info.json").is_file():
             return datasets.load_from_disk(str(cand))
-    raise CurriculumError(f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); run `negsynth curriculum` first or pass a Dataset")
+    raise CurriculumError(
+        f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); run `negsynth curriculum` first or pass a Dataset"
+    )
 
 
 def for_stock_trainer(data) -> tuple[Any, Any]:

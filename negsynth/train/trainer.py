@@ -63,7 +63,9 @@ def build_model(config: TrainConfig, device: str | None = None):
 
     path, is_decoder = resolve_model_path(config.model)
     if config.bidirectional != "none" and not is_decoder:
-        raise ValueError(f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')")
+        raise ValueError(
+            f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')"
+        )
     mkw = {"attn_implementation": config.attn_implementation, "dtype": torch.float32}
     tr = Transformer(path, model_kwargs=mkw, max_seq_length=config.max_length)
     if "message" in tr.modality_config:
@@ -71,7 +73,9 @@ def build_model(config: TrainConfig, device: str | None = None):
         # (SmolLM2's adds a ~20-token system prompt): every text would then share that preamble,
         # and truncation at max_length can leave nothing else. Pin the plain text modality.
         text_only = {k: v for k, v in tr.modality_config.items() if k != "message"}
-        tr = Transformer(path, model_kwargs=mkw, max_seq_length=config.max_length, modality_config=text_only, module_output_name=tr.module_output_name)
+        tr = Transformer(
+            path, model_kwargs=mkw, max_seq_length=config.max_length, modality_config=text_only, module_output_name=tr.module_output_name
+        )
     tok = tr.tokenizer
     if is_decoder:
         if tok.pad_token is None:
@@ -167,7 +171,10 @@ def _base_normalizes(path: str) -> bool:
 def is_decoder_model(model) -> bool:
     """Whether a built SentenceTransformer's backbone is a causal LM (decides the default τ)."""
     cfg = getattr(getattr(model[0], "auto_model", None), "config", None)
-    return bool(cfg is not None and (getattr(cfg, "is_decoder", False) or any(a.endswith("ForCausalLM") for a in getattr(cfg, "architectures", None) or [])))
+    return bool(
+        cfg is not None
+        and (getattr(cfg, "is_decoder", False) or any(a.endswith("ForCausalLM") for a in getattr(cfg, "architectures", None) or []))
+    )
 
 
 def _world_size() -> int:
@@ -219,7 +226,9 @@ def _append_eos(tok) -> None:
     from tokenizers.processors import TemplateProcessing
 
     eos = tok.eos_token
-    tok._tokenizer.post_processor = TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, tok.eos_token_id)])
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, tok.eos_token_id)]
+    )
 
 
 # ----------------------------------------------------------------------------- callbacks and train()
@@ -257,7 +266,14 @@ def _curriculum_callback(phases: list | None, levels: list | None, batch_size: i
             rec["phase"] = phases[row]
             if levels:
                 rec["level"] = levels[row]
-            log.info("step %d loss %.4f phase %s level %s lr %.2e", state.global_step, logs["loss"], phases[row], levels[row] if levels else "-", logs.get("learning_rate", float("nan")))
+            log.info(
+                "step %d loss %.4f phase %s level %s lr %.2e",
+                state.global_step,
+                logs["loss"],
+                phases[row],
+                levels[row] if levels else "-",
+                logs.get("learning_rate", float("nan")),
+            )
 
     return CurriculumLogCallback()
 
@@ -356,7 +372,9 @@ def make_trainer(dataset, config: TrainConfig, model=None):
     ds = _load_dataset(dataset)
     missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
     if missing:
-        raise ValueError(f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)")
+        raise ValueError(
+            f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)"
+        )
     phases = ds["phase"] if "phase" in ds.column_names else None
     levels = ds["level"] if "level" in ds.column_names else None
     text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
@@ -370,7 +388,11 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         sampler = curriculum_batch_sampler(phases)
         planned = sampler(train_ds, batch_size=per_device, drop_last=False)
         if planned.counts["moved"] or planned.skipped_rows:
-            log.info("batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)", planned.counts["moved"], planned.skipped_rows)
+            log.info(
+                "batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)",
+                planned.counts["moved"],
+                planned.skipped_rows,
+            )
     else:
         sampler = OrderedBatchSampler
         if config.check_batches:
@@ -387,9 +409,13 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         from negsynth.train.loss import make_angle_infonce_loss
 
         if config.hardness_mode:
-            raise ValueError("hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None")
+            raise ValueError(
+                "hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None"
+            )
         if config.mini_batch_size:
-            raise ValueError("mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None")
+            raise ValueError(
+                "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
+            )
         loss = make_angle_infonce_loss(model, temperature, infonce_weight=config.infonce_weight, angle_weight=config.angle_weight,
                                        angle_scale=config.angle_scale, gather_across_devices=gather)  # fmt: skip
     else:

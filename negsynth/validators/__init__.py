@@ -211,14 +211,24 @@ def check_query(query: str, document: str, *, min_chars: int, max_chars: int, co
     q = query.strip()
     m = _META_QUERY.match(q)
     if m:
-        return Verdict(False, "meta_query", f"the query starts with {m.group(0).strip()!r}; write the query itself, as a user would type it, without mentioning the document")
+        return Verdict(
+            False,
+            "meta_query",
+            f"the query starts with {m.group(0).strip()!r}; write the query itself, as a user would type it, without mentioning the document",
+        )
     qw = [w.lower() for w in _WORD.findall(q)]
     dw = [w.lower() for w in _WORD.findall(document)]
     if qw and (" ".join(qw) == " ".join(dw) or (len(qw) >= copy_words and _has_run(qw, dw, copy_words))):
-        return Verdict(False, "copied_document", f"the query copies {copy_words} or more words of the document in a row; ask about it in your own words")
+        return Verdict(
+            False,
+            "copied_document",
+            f"the query copies {copy_words} or more words of the document in a row; ask about it in your own words",
+        )
     ds, qs = dominant_script(document), dominant_script(q)
     if ds is not None and qs is not None and ds != qs:
-        return Verdict(False, "off_language", f"the query is written in {qs} script but the document in {ds}; write it in the document's language")
+        return Verdict(
+            False, "off_language", f"the query is written in {qs} script but the document in {ds}; write it in the document's language"
+        )
     return KEEP
 
 

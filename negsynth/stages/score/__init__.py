@@ -47,4 +47,17 @@ from negsynth.stages.score.measure import FLAGS, NAME, PAPER_TABLE4, apply_polic
 from negsynth.stages.score.stage import STAGE, fingerprint, run
 from negsynth.stages.score.stats import report, summarize
 
-__all__ = ["FLAGS", "NAME", "PAPER_TABLE4", "STAGE", "apply_policy", "fn_threshold", "kendall_tau_claimed", "measure", "run", "summarize", "fingerprint", "report"]
+__all__ = [
+    "FLAGS",
+    "NAME",
+    "PAPER_TABLE4",
+    "STAGE",
+    "apply_policy",
+    "fn_threshold",
+    "kendall_tau_claimed",
+    "measure",
+    "run",
+    "summarize",
+    "fingerprint",
+    "report",
+]

@@ -17,7 +17,9 @@ def _uses_base_formatting(embedder) -> bool:
     return t.encode_queries is Embedder.encode_queries and t.encode_documents is Embedder.encode_documents
 
 
-def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, label: str, raw: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
+def embed_block(
+    embedder, examples: list[dict], *, batch_size: int, reporter, label: str, raw: bool = False
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Embed the texts of ``examples``, each distinct text once -> (cos_pos [N], cos_neg list per example, info).
 
     Texts are sorted by length (longest first) once over the whole block and fed to the
@@ -81,7 +83,9 @@ def embed_block(embedder, examples: list[dict], *, batch_size: int, reporter, la
                 qrows = [j for j in rows if is_query[j]]
                 drows = [j for j in rows if not is_query[j]]
                 if qrows:
-                    vecs[qrows] = embedder.encode_queries([pool_texts[j] for j in qrows], [instr_of[j] for j in qrows], batch_size=batch_size)
+                    vecs[qrows] = embedder.encode_queries(
+                        [pool_texts[j] for j in qrows], [instr_of[j] for j in qrows], batch_size=batch_size
+                    )
                 if drows:
                     vecs[drows] = embedder.encode_documents([pool_texts[j] for j in drows], batch_size=batch_size)
             bar.update(advance=len(rows))

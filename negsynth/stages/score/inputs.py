@@ -47,7 +47,9 @@ def read_examples(path: Path) -> list[dict]:
             except ValidationError as e:
                 err = e.errors()[0]
                 loc = ".".join(str(x) for x in err["loc"]) or "record"
-                raise UserError(f"{path}: record {n} is not an Example ({loc}: {err['msg']}); rerun the stage that wrote it with --overwrite") from None
+                raise UserError(
+                    f"{path}: record {n} is not an Example ({loc}: {err['msg']}); rerun the stage that wrote it with --overwrite"
+                ) from None
             row = dict(row)
             row.pop("score", None)
             rows.append(row)
@@ -70,7 +72,9 @@ def judge_fields_unhashed(cfg) -> set[str]:
 def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
     """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
     parts: dict[str, Any] = {
-        "score": ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}),
+        "score": ctx.cfg.score.model_dump(
+            mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}
+        ),
         "embedder": embedder_fingerprint(ctx.cfg.embedder),
         "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
     }

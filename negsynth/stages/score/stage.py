@@ -104,7 +104,9 @@ def on_devices(emb, devices):
     from negsynth.embed.st import SentenceTransformerEmbedder, multi_device
 
     if not isinstance(emb, SentenceTransformerEmbedder):
-        raise UserError(f"embedder.devices = {devices!r}: several devices work with sentence-transformers models; remove it for {type(emb).__name__}")
+        raise UserError(
+            f"embedder.devices = {devices!r}: several devices work with sentence-transformers models; remove it for {type(emb).__name__}"
+        )
     return multi_device(emb, devices)
 
 
@@ -134,7 +136,9 @@ def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
     return blocks
 
 
-def _score_shards(ctx: StageContext, emb, shards, blocks: list[list[int]], todo: list[int], this_run: Counter, ev: EvalTexts, judge=None) -> None:
+def _score_shards(
+    ctx: StageContext, emb, shards, blocks: list[list[int]], todo: list[int], this_run: Counter, ev: EvalTexts, judge=None
+) -> None:
     """Score the shards in ``todo``: every block holding one is embedded whole (finished shards
     in it are recomputed, not rewritten), so its batches are those of an uninterrupted run."""
     bs = ctx.cfg.embedder.batch_size
@@ -174,7 +178,10 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
         "judge": _judge_stats(cfg, sidecars),
         "reordered": sum(s["reordered"] for s in sidecars),
         "paper_table4": list(PAPER_TABLE4),
-        "inputs": [{"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))} for k, (st, p) in enumerate(shards)],
+        "inputs": [
+            {"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))}
+            for k, (st, p) in enumerate(shards)
+        ],
         "shards_scored_this_run": len(todo),
         "throughput": _throughput(this_run, emb),
         "config_hash": h,
@@ -243,7 +250,9 @@ class _Cleaner:
                 try:
                     ids, keys, q, pv = unpack_kept(p)
                 except (OSError, ValueError, KeyError):
-                    raise UserError(f"{p}: missing or unreadable (needed to resume near-duplicate removal); rerun `negsynth score --overwrite`") from None
+                    raise UserError(
+                        f"{p}: missing or unreadable (needed to resume near-duplicate removal); rerun `negsynth score --overwrite`"
+                    ) from None
                 if self.dedup.uses_vectors and q is None:
                     raise UserError(f"{p}: holds no vectors (written without score.dedup_threshold); rerun `negsynth score --overwrite`")
                 self.dedup.add(ids, keys, q if self.dedup.uses_vectors else None, pv if self.dedup.uses_vectors else None)
@@ -274,14 +283,18 @@ class _Cleaner:
             found = dict(zip(rows, dc.match([pool["texts"][r] for r in rows], vecs16[rows]), strict=True))
 
             def roles(e: int) -> list[tuple[str, Any]]:
-                return [("query", int(pool["q"][e])), ("positive", int(pool["p"][e]))] + [(f"negative {i + 1}", int(r)) for i, r in enumerate(pool["n"][e])]
+                return [("query", int(pool["q"][e])), ("positive", int(pool["p"][e]))] + [
+                    (f"negative {i + 1}", int(r)) for i, r in enumerate(pool["n"][e])
+                ]
         else:
             distinct = list(dict.fromkeys(t for ex in examples for t in (ex["query"], ex["positive"], *ex["negatives"])))
             found = dict(zip(distinct, dc.match(distinct, None), strict=True))
 
             def roles(e: int) -> list[tuple[str, Any]]:
                 ex = examples[e]
-                return [("query", ex["query"]), ("positive", ex["positive"])] + [(f"negative {i + 1}", t) for i, t in enumerate(ex["negatives"])]
+                return [("query", ex["query"]), ("positive", ex["positive"])] + [
+                    (f"negative {i + 1}", t) for i, t in enumerate(ex["negatives"])
+                ]
 
         for e in range(len(examples)):
             for role, key in roles(e):
@@ -457,7 +470,10 @@ def _score_block(
             "reasons": dict(reasons),
             "negatives_dropped": dropped,
             "reordered": reordered,
-            "cleaned": {**{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")}, "contaminated_by_set": dict(sorted(by_set.items()))},
+            "cleaned": {
+                **{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")},
+                "contaminated_by_set": dict(sorted(by_set.items())),
+            },
         }
         atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
         if cleaner.dedup is not None:
@@ -479,6 +495,13 @@ def _score_block(
 
 
 STAGE = Stage(
-    NAME, "measured difficulty and filters", run, config=ScoreConfig, fingerprint=fingerprint, report=report,
-    inputs=lambda cfg: cfg.score.inputs, any_input=True, llm=lambda cfg: cfg.score.judge_model == "llm",
+    NAME,
+    "measured difficulty and filters",
+    run,
+    config=ScoreConfig,
+    fingerprint=fingerprint,
+    report=report,
+    inputs=lambda cfg: cfg.score.inputs,
+    any_input=True,
+    llm=lambda cfg: cfg.score.judge_model == "llm",
 )

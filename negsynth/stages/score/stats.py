@@ -87,8 +87,10 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
             "monotonic_pct": _r(100 * e.get_column("monotonic").mean(), 2),
             "kendall_tau_mean": _r(tau.mean()) if len(tau) else None,
             "fn_rate": _r(n_tt.get_column("fn").mean()) if n_tt.height else None,
-            "levels": {str(r["level"]): {k: _r(r[k]) for k in ("mean", "fn_rate", "too_easy_rate")}
-                       for r in n_tt.group_by("level").agg(*per_level).sort("level").iter_rows(named=True)},  # fmt: skip
+            "levels": {
+                str(r["level"]): {k: _r(r[k]) for k in ("mean", "fn_rate", "too_easy_rate")}
+                for r in n_tt.group_by("level").agg(*per_level).sort("level").iter_rows(named=True)
+            },  # fmt: skip
         }
     tau = ex.get_column("tau").drop_nulls().drop_nans()
     return {
@@ -161,7 +163,12 @@ def report(stats: dict) -> list[Summary]:
                                              + (f"; {j['not_judged']} examples not judged" if j.get("not_judged") else "")))  # fmt: skip
     rows += clean_rows(stats)
     if tp.get("examples"):
-        rows.append(("throughput (this run)", f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})"))
+        rows.append(
+            (
+                "throughput (this run)",
+                f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})",
+            )
+        )
     return [Summary(f"score: by LLM level ({stats['embedder']})", table_rows(stats), TABLE_HEADER), Summary("score", rows)]
 
 
