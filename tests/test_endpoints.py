@@ -439,3 +439,21 @@ def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
     assert a.requests and b.requests
     merged = json.loads(r.stdout)["this_run"]
     assert merged["endpoint_requests"] == {a.base_url: len(a.requests), b.base_url: len(b.requests)}
+
+
+def test_an_endpoint_key_gets_the_same_checks_as_the_llm_key(monkeypatch, tmp_path):
+    """A pasted invisible character in an endpoint's key is refused naming the setting, as for
+    ``llm.api_key_env``; the key itself is never in the message."""
+    from negsynth.errors import UserError
+    from negsynth.llm.endpoints import endpoint_key
+    from negsynth.schemas.config import LLMConfig
+
+    monkeypatch.setenv("EP_KEY", "sk-abc\u200bdef")
+    (tmp_path / "k").write_text("sk-file-key\n")
+    cfg = LLMConfig(
+        endpoints=[{"base_url": "http://a/v1", "api_key_env": "EP_KEY"}, {"base_url": "http://b/v1", "api_key_file": str(tmp_path / "k")}]
+    )
+    with pytest.raises(UserError, match=r"llm\.endpoints\[0\]\.api_key_env.*U\+200B ZERO WIDTH SPACE at position 7") as e:
+        endpoint_key(cfg, 0, "default")
+    assert "sk-abc" not in str(e.value)
+    assert endpoint_key(cfg, 1, "default") == ("sk-file-key", "llm.endpoints[1].api_key_file")

@@ -35,6 +35,7 @@ from negsynth.errors import NegsynthError
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault, TLSFailed
+from negsynth.llm.keys import char_name, read_key
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
@@ -251,63 +252,14 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
 
 def resolve_api_key(cfg: LLMConfig) -> str:
     """Read the key from ``api_key_env`` or ``api_key_file``; local servers need none."""
-    import os
-
-    if cfg.api_key_env:
-        v = os.environ.get(cfg.api_key_env)
-        if not v:
-            raise LLMFatalError(f"environment variable {cfg.api_key_env} (llm.api_key_env) is not set; export it or change llm.api_key_env")
-        return _one_line_key(v.strip(), f"environment variable {cfg.api_key_env} (llm.api_key_env)")
-    if cfg.api_key_file:
-        try:
-            v = open(os.path.expanduser(cfg.api_key_file), encoding="utf-8").read().strip()
-        except OSError as e:
-            raise LLMFatalError(f"cannot read llm.api_key_file {cfg.api_key_file}: {e.strerror}; fix the path") from None
-        except UnicodeDecodeError:
-            raise LLMFatalError(f"llm.api_key_file {cfg.api_key_file} is not UTF-8 text; it must hold the key on one line") from None
-        if not v:
-            raise LLMFatalError(f"llm.api_key_file {cfg.api_key_file} is empty; put the key in it")
-        return _one_line_key(v, f"llm.api_key_file {cfg.api_key_file}")
-    return "sk-no-key-required"
-
-
-def _one_line_key(key: str, where: str) -> str:
-    """An HTTP header cannot hold a line break or control character, and no key holds an invisible
-    one (a pasted zero-width space, a no-break space, a byte-order mark): say which, at start-up,
-    instead of a traceback or a 401 later. Visible non-ASCII characters are sent as UTF-8 on
-    every transport, as aiohttp sends them (keys it accepts keep working)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise LLMFatalError(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
-    bad = _invisible_char(key)
-    if bad is not None:
-        i, c = bad
-        raise LLMFatalError(
-            f"the API key in {where} contains the invisible character {_char_name(c)} at position {i + 1} "
-            "(a copy-paste accident?); remove it (the key is never shown here)"
-        )
-    return key
-
-
-def _invisible_char(key: str) -> tuple[int, str] | None:
-    import unicodedata
-
-    for i, c in enumerate(key):
-        if ord(c) > 127 and (c.isspace() or unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Cc", "Co", "Cn")):
-            return i, c
-    return None
-
-
-def _char_name(c: str) -> str:
-    import unicodedata
-
-    return f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}"
+    return read_key(cfg.api_key_env, cfg.api_key_file, "llm", LLMFatalError) or "sk-no-key-required"
 
 
 def non_ascii_note(key: str) -> str:
     """For a refused key: its first non-ASCII character, named (never the key), or ''."""
     for i, c in enumerate(key):
         if ord(c) > 127:
-            return f"; the key has the non-ASCII character {_char_name(c)} at position {i + 1}, which API keys never have"
+            return f"; the key has the non-ASCII character {char_name(c)} at position {i + 1}, which API keys never have"
     return ""
 
 

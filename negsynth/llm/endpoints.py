@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from negsynth.errors import UserError
+from negsynth.llm.keys import read_key
 
 log = logging.getLogger(__name__)
 
@@ -64,30 +64,10 @@ def endpoint_key(cfg: Any, i: int, default_key: str) -> tuple[str, str]:
     """The API key of ``cfg.endpoints[i]`` and the setting it came from (for messages, never the key)."""
     ep = cfg.endpoints[i]
     where = f"llm.endpoints[{i}]"
-    if ep.api_key_env:
-        v = os.environ.get(ep.api_key_env, "").strip()
-        if not v:
-            raise UserError(
-                f"environment variable {ep.api_key_env} ({where}.api_key_env) is not set; export it or change {where}.api_key_env"
-            )
-        return _one_line(v, f"environment variable {ep.api_key_env} ({where}.api_key_env)"), f"{where}.api_key_env"
-    if ep.api_key_file:
-        try:
-            v = open(os.path.expanduser(ep.api_key_file), encoding="utf-8").read().strip()
-        except OSError as e:
-            raise UserError(f"cannot read {where}.api_key_file {ep.api_key_file}: {e.strerror}; fix the path") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{where}.api_key_file {ep.api_key_file} is not UTF-8 text; it must hold the key on one line") from None
-        if not v:
-            raise UserError(f"{where}.api_key_file {ep.api_key_file} is empty; put the key in it")
-        return _one_line(v, f"{where}.api_key_file {ep.api_key_file}"), f"{where}.api_key_file"
+    key = read_key(ep.api_key_env, ep.api_key_file, where)
+    if key is not None:
+        return key, f"{where}.api_key_env" if ep.api_key_env else f"{where}.api_key_file"
     return default_key, "llm.api_key_env" if cfg.api_key_env else "llm.api_key_file" if cfg.api_key_file else f"{where}.api_key_env"
-
-
-def _one_line(key: str, where: str) -> str:
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise UserError(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
-    return key
 
 
 @dataclass(eq=False)
