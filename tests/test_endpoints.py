@@ -304,7 +304,10 @@ def test_an_endpoint_taken_out_is_probed_back_in():
                 return c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
 
             await asyncio.gather(*(ask(i) for i in range(8)))
-            assert len(a.requests) == len(b.requests) == 4  # an even spread
+            # the first four fill both endpoints (two each: no endpoint gets more than its own
+            # max_concurrency); where the other four go depends on which replies come back first
+            assert len(a.requests) + len(b.requests) == 8
+            assert min(len(a.requests), len(b.requests)) >= 2, (len(a.requests), len(b.requests))
             b.go_down()
             await asyncio.gather(*(ask(i) for i in range(8, 20)))
             eb = c.router.endpoints[1]
