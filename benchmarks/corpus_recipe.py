@@ -125,16 +125,28 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         (run_dir / "corpus" / "_index").symlink_to(index.resolve(), target_is_directory=True)
     toml = dest / "pipeline.toml"
     toml.write_text(pipeline_toml(Path(args.data_dir) / folder, ARMS[arm], args, seed))
+    from negsynth.errors import UserError
+
     t0 = time.monotonic()
-    stats = run_pipeline(load_config(toml), run_dir, stages=["corpus", "score", "curriculum", "train"])
-    wall = time.monotonic() - t0
     model = dest / f"seed{seed}" / "model"
-    shutil.rmtree(model, ignore_errors=True)
-    shutil.copytree(run_dir / "train" / "final", model)
+    no_model = None
+    try:
+        stats = run_pipeline(load_config(toml), run_dir, stages=["corpus", "score", "curriculum", "train"])
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(run_dir / "train" / "final", model)
+    except UserError as e:  # e.g. score kept too few examples for one batch: the arm is a result, not a crash
+        no_model = str(e)
+        print(f"corpus_recipe: {dataset} {arm} seed {seed}: no model ({no_model})", file=sys.stderr)
+        stats = {
+            k: json.loads((run_dir / k / "stats.json").read_text())
+            for k in ("corpus", "score", "curriculum")
+            if (run_dir / k / "stats.json").is_file()
+        }
+    wall = time.monotonic() - t0
     c, s, cur, tr = (stats.get(k, {}) for k in ("corpus", "score", "curriculum", "train"))
     this = c.get("this_run") or {}
     return {
-        "model_dir": str(model),
+        **({"model_dir": str(model)} if no_model is None else {"no_model": no_model}),
         "corpus": {
             k: c.get(k)
             for k in (
@@ -167,6 +179,8 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _mem import PeakRSS
 
+    if prior and prior.get("no_model"):
+        return prior  # the arm gave no training data (its reason is recorded): nothing to evaluate
     if prior and (ARMS[arm] is None or Path(prior.get("model_dir", "")).is_dir()):
         # a model trained and scored on the dev split earlier: only the missing tasks are evaluated
         todo = [t for t in tasks if t not in prior["scores"]]
@@ -178,9 +192,9 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
     with PeakRSS() as train_mem:
         if ARMS[arm] is not None:
             info = train_arm(dataset, arm, seed, args)
-            path = info["model_dir"]
+            path = info.get("model_dir")
     with PeakRSS() as eval_mem:
-        scores = evaluate_model(path, tasks, args)
+        scores = evaluate_model(path, tasks, args) if "no_model" not in info else {}
     return {"dataset": dataset, "arm": arm, "seed": seed, "scores": scores, **info, "train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1),
             "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}  # fmt: skip
 
@@ -205,6 +219,8 @@ def summarise(results: list[dict], dataset: str) -> list[tuple]:
                 cell += f" ({m - 100 * base[t]:+.2f})"
             cells.append(cell)
         kept = [r.get("kept") for r in rs if r.get("kept") is not None]
+        if all(r.get("no_model") for r in rs):
+            cells = ["no model"] * len(cells)
         rows.append((arm, ",".join(str(r["seed"]) for r in rs), *cells, str(kept[0]) if kept else "–"))
     return rows
 
