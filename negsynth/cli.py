@@ -29,6 +29,9 @@ from negsynth.errors import NegsynthError, UserError
 for _k, _v in (
     ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
     ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    # tqdm bars of other libraries (sentence-transformers' "Computing widget examples" when the
+    # trainer starts), which --quiet could not silence
+    ("TQDM_DISABLE", "1"),
     ("TRANSFORMERS_VERBOSITY", "error"),
     ("TOKENIZERS_PARALLELISM", "false"),
 ):
