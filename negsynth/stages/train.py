@@ -58,9 +58,11 @@ def run(ctx: StageContext) -> dict:
             "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
         )
     from negsynth.train import train
+    from negsynth.train.distributed import announce
     from negsynth.train.memory import PeakRSS
 
     tc = _resume_point(ctx, tc)
+    announce(tc)  # under a launcher: the other ranks train with this very config
     resumed_from = _checkpoint_step_of(tc.resume, out)
     t0 = time.monotonic()
     ctx.reporter.info(
