@@ -29,6 +29,9 @@ from negsynth.errors import NegsynthError, UserError
 for _k, _v in (
     ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),
     ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    # tqdm bars of other libraries (sentence-transformers' "Computing widget examples" when the
+    # trainer starts), which --quiet could not silence
+    ("TQDM_DISABLE", "1"),
     ("TRANSFORMERS_VERBOSITY", "error"),
     ("TOKENIZERS_PARALLELISM", "false"),
 ):
@@ -521,8 +524,30 @@ def curriculum(
 
 @stage_command()
 def train(opts: Options) -> None:
-    """Fine-tune on the curriculum in order (InfoNCE, in-batch + hard negatives) -> RUN_DIR/train/final."""
-    _run("train", opts)
+    """Fine-tune on the curriculum in order (InfoNCE, in-batch + hard negatives) -> RUN_DIR/train/final.
+
+    Under torchrun / accelerate launch (WORLD_SIZE > 1) every process trains its share of each
+    batch (docs/scale.md); rank 0 alone holds the run dir, prints and writes stats and manifest.
+    """
+    from negsynth.train.sampler import data_parallel_world
+
+    world, rank = data_parallel_world()
+    if world == 1:
+        _run("train", opts)
+        return
+    from negsynth.train.distributed import announce, follow, init_launched_group, leave_launched_group
+
+    init_launched_group()
+    try:
+        if rank != 0:
+            follow(opts.run_dir)  # trains with rank 0's config, or returns when it has nothing to train
+            return
+        try:
+            _run("train", opts)
+        finally:
+            announce(None)  # nothing was trained (up to date, or an error before training): the others exit
+    finally:
+        leave_launched_group()
 
 
 @stage_command(overwrite=False)

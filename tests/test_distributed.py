@@ -233,3 +233,40 @@ def test_score_on_two_devices_equals_one(tmp_path, minilm, monkeypatch):
     for a, b in zip(r1, r2, strict=True):
         assert abs(a["cos_pos"] - b["cos_pos"]) < 1e-5 and max(abs(x - y) for x, y in zip(a["cos_neg"], b["cos_neg"], strict=True)) < 1e-5
         assert a["false_negative"] == b["false_negative"] and a["too_easy"] == b["too_easy"]
+
+
+@pytest.mark.slow  # two torchrun launches of 2 interpreters each (~1-2 min on the shared machine)
+def test_negsynth_train_under_torchrun_trains_once_and_rank0_alone_speaks(tmp_path):
+    """`torchrun -m negsynth train` takes the launcher's ranks: one JSON on stdout (rank 0's), the
+    manifest and stats written, exit 0; relaunched, rank 0 finds the model up to date and the
+    other rank exits with it instead of waiting for a training that never starts."""
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun not on PATH")
+    from negsynth.data.curriculum import save_curriculum
+
+    model = _tiny_model(tmp_path / "tiny")
+    rows = datasets.load_from_disk(str(_curriculum(tmp_path / "data"))).to_list()
+    for i, r in enumerate(rows):
+        r.update(batch=i // 4, task_type="short-short", example_id=f"ex{i}", source="synthetic")
+    rd = tmp_path / "run"
+    save_curriculum(rows, rd / "curriculum", stats={"schedule": "curriculum", "batch_size": 4})
+    (rd / "curriculum" / "stats.json").write_text(json.dumps({"stage": "curriculum", "rows": len(rows)}))
+    sets = [f"train.model='{model}'", "train.batch_size=4", "train.grad_accum=1", "train.max_length=16", "train.save_steps=1000"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "negsynth", "train"]
+    cmd += ["-d", str(rd), "--json", *[a for s in sets for a in ("--set", s)]]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+    }
+    env.pop("WORLD_SIZE", None)
+    for attempt in ("trains", "up to date"):
+        p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+        assert p.returncode == 0, (attempt, p.stderr[-4000:])
+        stats = json.loads(p.stdout)  # one JSON document: rank 1 printed nothing
+        assert stats["steps"] == 4, stats  # 16 rows / global batch 4, split over the 2 ranks
+        assert "Traceback" not in p.stderr, p.stderr[-4000:]
+    assert json.loads((rd / "manifest.json").read_text())["stages"]["train"]
+    assert json.loads((rd / "train" / "stats.json").read_text())["steps"] == 4

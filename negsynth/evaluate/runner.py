@@ -14,6 +14,7 @@ Scores are 0-1; :func:`render_table` shows them x100 as MTEB leaderboards do.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from datetime import datetime, timezone
@@ -180,7 +181,11 @@ def evaluate(
     When no data is reachable this prints ONE line and returns an empty report (``tasks = {}``,
     the reason in ``notes``). A set missing from the data dir is listed under ``skipped``; a
     malformed file raises :class:`~negsynth.data.readers.EvalDataError`. ``out``: write the
-    JSON report there atomically. ``progress``: one line per task on stderr.
+    JSON report there atomically. ``progress``: one line per task on stderr (``False``: none);
+    or a progress-bar factory, ``progress(description, total, status="")`` yielding a bar with
+    ``update(advance=0, status=...)`` and ``print(line)`` (the evaluate stage passes
+    :meth:`negsynth.pipeline.progress.Reporter.progress`): the bar counts tasks and names the
+    running one, the lines go above it.
 
     ``engine = "mteb"`` scores the MTEB tasks through the mteb library
     (:mod:`negsynth.evaluate.mteb_engine`: local files where present, else mteb's hub copies, and
@@ -232,38 +237,42 @@ def evaluate(
                 embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs
             )
         )
-    for i, spec in enumerate(specs, 1):
-        missing = [f for f in spec.files if _task_file(data_dir, f) is None or not _task_file(data_dir, f).exists()]
-        if missing:
-            skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
-            if progress:
-                print(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})", file=sys.stderr)
-            continue
-        t0, c0 = time.perf_counter(), time.process_time()
-        metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache, per_query)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        pq = metrics.pop("per_query", None)
-        results[spec.name] = {
-            "category": spec.category,
-            "main_metric": spec.main_metric,
-            "main_score": float(metrics[spec.main_metric]),
-            "metrics": metrics,
-            "n": int(n),
-            "seconds": round(dt, 2),
-            "cpu_seconds": round(cpu, 2),
-            "files": list(spec.files),
-            "subsampled": bool(sub),
-            "instruction": spec.instruction,
-            "note": spec.note,
-        }
-        if pq is not None:
-            results[spec.name]["per_query"] = pq
-        if progress:
-            print(
+    # a bar over the tasks (the caller's, e.g. the stage's reporter), the one line per task above it
+    bar_cm = progress(f"evaluate {name}", len(specs), status="") if callable(progress) else contextlib.nullcontext(_NoBar(bool(progress)))
+    with bar_cm as bar:
+        say = bar.print
+        for i, spec in enumerate(specs, 1):
+            missing = [f for f in spec.files if _task_file(data_dir, f) is None or not _task_file(data_dir, f).exists()]
+            if missing:
+                skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
+                say(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})")
+                bar.update(advance=1, status="")
+                continue
+            bar.update(status=f"{spec.name} ({spec.category})")
+            t0, c0 = time.perf_counter(), time.process_time()
+            metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache, per_query)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            pq = metrics.pop("per_query", None)
+            results[spec.name] = {
+                "category": spec.category,
+                "main_metric": spec.main_metric,
+                "main_score": float(metrics[spec.main_metric]),
+                "metrics": metrics,
+                "n": int(n),
+                "seconds": round(dt, 2),
+                "cpu_seconds": round(cpu, 2),
+                "files": list(spec.files),
+                "subsampled": bool(sub),
+                "instruction": spec.instruction,
+                "note": spec.note,
+            }
+            if pq is not None:
+                results[spec.name]["per_query"] = pq
+            say(
                 f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
-                f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)",
-                file=sys.stderr,
+                f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"
             )
+            bar.update(advance=1, status="")
     cats, avg, extra = _summarise(results)
     notes = []
     if engine == "mteb":
@@ -294,6 +303,20 @@ def evaluate(
     if out is not None:
         write_report(report, out)
     return report
+
+
+class _NoBar:
+    """The bar of a caller that passed ``progress=True`` (lines on stderr) or ``False`` (nothing)."""
+
+    def __init__(self, lines: bool):
+        self.lines = lines
+
+    def update(self, advance: int = 0, **fields: Any) -> None:
+        pass
+
+    def print(self, line: str) -> None:
+        if self.lines:
+            print(line, file=sys.stderr)
 
 
 def _split_mteb_names(suite: str, tasks) -> tuple[list[TaskSpec], list[str]]:

@@ -15,6 +15,9 @@ from rich.table import Table
 class Reporter:
     """What a stage tells a person: progress (rate, ETA, valid/rejected) and a closing table."""
 
+    #: on a console that is no terminal: seconds between two plain progress lines (0: every update)
+    line_every_s: float = 30.0
+
     def __init__(self, quiet: bool = False, json_mode: bool = False):
         self.quiet = quiet or json_mode
         self.json_mode = json_mode
@@ -37,15 +40,27 @@ class Reporter:
             bar.label("waiting for the LLM server" if waiting else None)
 
     @contextmanager
-    def progress(self, description: str, total: int | None):
+    def progress(self, description: str, total: int | None, *, status: str | None = None, completed: int = 0):
+        """A bar on stderr: done/total, rate, elapsed and ETA, and either the valid/rejected counts
+        (``bar.update(advance=1, valid=v, rejected=r)``) or, given ``status``, a free text the
+        caller updates (``bar.update(advance=1, status="loss 0.4123")``). ``completed``: work
+        already done before this bar (a resumed run), kept out of the rate. ``bar.print(line)``
+        prints above the bar. Silent with --quiet / --json. On a console that is no terminal (a
+        log file, CI) rich draws the bar once, at the end; a plain line every
+        :attr:`line_every_s` seconds shows the progress meanwhile."""
         if self.quiet or total == 0:
             yield _NullBar()
             return
+        counts = (
+            TextColumn("{task.fields[status]}")
+            if status is not None
+            else TextColumn("[green]{task.fields[valid]} valid[/] [red]{task.fields[rejected]} rejected[/]")
+        )
         prog = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("[green]{task.fields[valid]} valid[/] [red]{task.fields[rejected]} rejected[/]"),
+            counts,
             TextColumn("{task.fields[rate]}"),
             TimeElapsedColumn(),
             TextColumn("ETA"),
@@ -55,8 +70,9 @@ class Reporter:
             refresh_per_second=4,
         )
         with prog:
-            tid = prog.add_task(description, total=total, valid=0, rejected=0, rate="")
-            self._bar = _Bar(prog, tid, description)
+            fields: dict[str, Any] = {"status": status} if status is not None else {"valid": 0, "rejected": 0}
+            tid = prog.add_task(description, total=total, completed=completed, rate="", **fields)
+            self._bar = _Bar(prog, tid, description, line_every_s=self.line_every_s)
             try:
                 yield self._bar
             finally:
@@ -81,12 +97,17 @@ class _NullBar:
     def update(self, advance: int = 0, **fields: Any) -> None:
         pass
 
+    def print(self, line: str) -> None:
+        pass
+
 
 class _Bar:
-    def __init__(self, prog: Progress, tid, description: str = ""):
+    def __init__(self, prog: Progress, tid, description: str = "", line_every_s: float = 30.0):
         self.prog, self.tid, self.description = prog, tid, description
         self.t0 = time.monotonic()
         self.done = 0
+        self.line_every_s = line_every_s
+        self.last_line = self.t0
 
     def label(self, note: str | None) -> None:
         """Add ``note`` to the description (``None``: back to the plain one)."""
@@ -97,6 +118,31 @@ class _Bar:
         dt = time.monotonic() - self.t0
         rate = f"{self.done / dt:.1f}/s" if dt > 0 else ""
         self.prog.update(self.tid, advance=advance, rate=rate, **fields)
+        now = time.monotonic()
+        if not self.prog.console.is_terminal and now - self.last_line >= self.line_every_s:
+            self.last_line = now
+            self.prog.console.print(self.line(), highlight=False)
+
+    def print(self, line: str) -> None:
+        """A plain line (no markup) above the bar (on a terminal the bar is redrawn below it)."""
+        self.prog.console.print(line, markup=False, highlight=False)
+
+    def line(self) -> str:
+        """The bar as one plain line: ``train: 40/120 loss 0.4123 0.5/s elapsed 1:20 ETA 2:40``."""
+        task = next(t for t in self.prog.tasks if t.id == self.tid)
+        total = "?" if task.total is None else f"{task.total:.0f}"
+        f = task.fields
+        what = f["status"] if "status" in f else f"{f.get('valid', 0)} valid {f.get('rejected', 0)} rejected"
+        eta = task.time_remaining
+        parts = [f"{task.description}: {task.completed:.0f}/{total}", what, task.fields.get("rate", ""), f"elapsed {_clock(task.elapsed)}"]
+        if eta is not None:
+            parts.append(f"ETA {_clock(eta)}")
+        return " ".join(p for p in parts if p)
+
+
+def _clock(seconds: float | None) -> str:
+    s = int(seconds or 0)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def is_tty() -> bool:

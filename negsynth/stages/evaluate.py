@@ -60,7 +60,7 @@ def run(ctx: StageContext) -> dict:
                 suite=ec.suite,
                 data_dir=ec.data_dir,
                 tasks=ec.tasks,
-                progress=not quiet,
+                progress=False if quiet else ctx.reporter.progress,  # a bar over the tasks, a line per task
                 out=dest,
                 seed=ec.seed,
                 announce=not require_data,

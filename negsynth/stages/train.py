@@ -58,18 +58,21 @@ def run(ctx: StageContext) -> dict:
             "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
         )
     from negsynth.train import train
+    from negsynth.train.distributed import announce
     from negsynth.train.memory import PeakRSS
 
     tc = _resume_point(ctx, tc)
+    announce(tc)  # under a launcher: the other ranks train with this very config
     resumed_from = _checkpoint_step_of(tc.resume, out)
     t0 = time.monotonic()
     ctx.reporter.info(
         f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}"
     )
     try:
-        # the HF trainer prints its log dicts on stdout: keep stdout for --json output
+        # steps, loss and ETA on the reporter's bar (silent with --quiet / --json); anything the
+        # trainer still prints on stdout goes to stderr: stdout is for --json output
         with contextlib.redirect_stdout(sys.stderr), PeakRSS() as mem:
-            path = train(ds, tc)
+            path = train(ds, tc, progress=ctx.reporter.progress)
     except ValueError as e:  # config problems the trainer detects (named field + fix)
         raise UserError(f"[train] {e}") from None
     log = json.loads((final / "train_log.json").read_text(encoding="utf-8")).get("log_history", [])

@@ -62,6 +62,75 @@ def _cpu_ddp_if_no_gpu() -> None:
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 
 
+# ----------------------------------------------------------------------------- `negsynth train` under a launcher
+#
+# ``torchrun --nproc_per_node N -m negsynth train --run-dir RUN`` starts the CLI N times. Rank 0
+# runs the train stage as one process would (run-dir lock, reuse / resume decision, manifest,
+# stats, progress, summary table) and, just before training, tells the other ranks the exact
+# TrainConfig it trains with (its resume checkpoint included), or that there is nothing to train
+# (the stage was up to date, or failed before training): they then train with it, silently, or
+# exit. Without that word a rank could start training that rank 0 skipped, and wait forever.
+
+_announced = False
+
+
+def init_launched_group() -> None:
+    """Join the launcher's process group now, with the backend the trainer would pick (nccl on
+    GPUs, gloo on CPU); the trainer then uses this group. A no-op when already joined."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    _cpu_ddp_if_no_gpu()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+
+
+def announce(config) -> None:
+    """Rank 0 of a launched run: send the other ranks the ``TrainConfig`` to train with (``None``:
+    nothing to train, they exit). Once per process; a no-op outside a launcher and on other ranks."""
+    global _announced
+    import torch.distributed as dist
+
+    if _announced or not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_rank() != 0:
+        return
+    _announced = True
+    dist.broadcast_object_list([config], src=0)
+
+
+def follow(run_dir: Path) -> bool:
+    """A rank other than 0: wait for rank 0's word (:func:`announce`), then train on
+    ``run_dir/curriculum`` with its config, printing nothing. Returns whether it trained."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from negsynth.data.curriculum import load_curriculum
+    from negsynth.train import train
+
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    config = box[0]
+    if config is None:
+        return False
+    ds = load_curriculum(run_dir / "curriculum")
+    # no bar and no log dicts; anything else printed goes to stderr: stdout is rank 0's (--json)
+    with contextlib.redirect_stdout(sys.stderr):
+        train(ds, config, progress=lambda *a, **kw: contextlib.nullcontext())
+    return True
+
+
+def leave_launched_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _load_data(path: str | Path):
     import datasets
 

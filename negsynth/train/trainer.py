@@ -278,6 +278,48 @@ def _curriculum_callback(phases: list | None, levels: list | None, batch_size: i
     return CurriculumLogCallback()
 
 
+def _progress_callback(progress):
+    """Steps, loss and ETA on a progress bar: ``progress(description, total, status=..., completed=...)``
+    is a context manager yielding a bar with ``update(advance=0, **fields)`` (the stage passes
+    :meth:`negsynth.pipeline.progress.Reporter.progress`). The bar opens when training starts
+    (the trainer knows its step count then; a resumed run starts at its checkpoint's step) and
+    closes when it ends; :meth:`close` closes it after an error too. Rank 0 only."""
+    from contextlib import ExitStack
+
+    from transformers import TrainerCallback
+
+    class TrainProgress(TrainerCallback):
+        is_negsynth_progress = True
+
+        def __init__(self):
+            self.stack = ExitStack()
+            self.bar = None
+            self.step = 0
+
+        def on_train_begin(self, args, state, control, **kw):
+            if state.is_world_process_zero and self.bar is None:
+                self.step = state.global_step
+                self.bar = self.stack.enter_context(progress("train", state.max_steps, status="", completed=state.global_step))
+
+        def on_step_end(self, args, state, control, **kw):
+            if self.bar is not None:
+                self.bar.update(advance=state.global_step - self.step)
+                self.step = state.global_step
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if self.bar is not None and logs and "loss" in logs:
+                self.bar.update(status=f"loss {logs['loss']:.4f}")
+
+        def on_train_end(self, args, state, control, **kw):
+            self.close()
+
+        def close(self) -> None:
+            self.bar = None
+            self.stack.close()
+
+    return TrainProgress()
+
+
 #: written into checkpoint-N once the trainer has saved everything in it: the files and their sizes
 SEAL = "negsynth_checkpoint.json"
 
@@ -361,8 +403,11 @@ def _precision(config: TrainConfig) -> dict[str, bool]:
     return {"bf16": p == "bf16", "fp16": p == "fp16"}
 
 
-def make_trainer(dataset, config: TrainConfig, model=None):
-    """Build (trainer, model) without training — used by :func:`train` and the benchmark."""
+def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
+    """Build (trainer, model) without training — used by :func:`train` and the benchmark.
+
+    ``progress``: see :func:`train`."""
+    import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import set_seed
 
@@ -442,6 +487,7 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         logging_steps=config.logging_steps,
         report_to="none",
         dataloader_drop_last=False,
+        dataloader_pin_memory=torch.cuda.is_available(),  # on CPU torch warns that pinning does nothing
         disable_tqdm=True,
         **_precision(config),
     )
@@ -452,10 +498,16 @@ def make_trainer(dataset, config: TrainConfig, model=None):
         loss=loss,
         callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum), _seal_callback(config.save_total_limit)],
     )
+    if progress is not None:
+        # the bar replaces the log dicts the trainer prints on stdout (train_log.json keeps them)
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(_progress_callback(progress))
     return trainer, model
 
 
-def train(dataset, config: TrainConfig | dict | None = None) -> str:
+def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -> str:
     """Train on the ordered curriculum and return the folder of the final SentenceTransformer.
 
     ``dataset``: a ``datasets.Dataset``, a dict of columns, or a parquet path (rows already in
@@ -464,9 +516,14 @@ def train(dataset, config: TrainConfig | dict | None = None) -> str:
     checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
     ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole (:data:`SEAL`);
     ``resume=True`` continues from the latest sealed one.
+
+    ``progress``: show steps, loss and ETA on a bar instead of the trainer's log dicts on stdout;
+    a context manager factory ``progress(description, total, status=..., completed=...)`` yielding
+    a bar with ``update(advance=0, **fields)``, e.g. ``Reporter().progress`` of
+    :mod:`negsynth.pipeline.progress`. Default: the trainer's own output.
     """
     config = config if isinstance(config, TrainConfig) else TrainConfig(**(config or {}))
-    trainer, model = make_trainer(dataset, config)
+    trainer, model = make_trainer(dataset, config, progress=progress)
     resume: str | bool | None = None
     if config.resume is True:
         last = last_checkpoint(config.output_dir)
@@ -484,7 +541,12 @@ def train(dataset, config: TrainConfig | dict | None = None) -> str:
             if not ok and (start is None or step > start):
                 log.warning("%s is not whole (killed while it was saved): removed", p)
                 _drop_checkpoint(p)
-    trainer.train(resume_from_checkpoint=resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        for cb in trainer.callback_handler.callbacks:
+            if getattr(cb, "is_negsynth_progress", False):
+                cb.close()  # a bar an error left open
     out = os.path.join(config.output_dir, "final")
     if is_main_process():  # one writer under torchrun
         save_model(model, out)

@@ -1,0 +1,112 @@
+"""Progress of `negsynth train` (steps, loss, ETA) and `negsynth evaluate` (task i/n, name,
+elapsed): a bar on stderr in the normal mode, nothing with --quiet, and with --json stdout holds
+the JSON alone. A 1-layer BERT (tests/test_train_resume.py's fixture), 4 training steps, and a
+4-pair STS set, so each command takes a few seconds."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("datasets")
+
+from test_train_resume import SETS, make_curriculum, runner, tiny_bert  # noqa: E402, F401 (tiny_bert: a fixture)
+
+from negsynth.cli import app  # noqa: E402
+from negsynth.pipeline.progress import Reporter  # noqa: E402
+
+STS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
+    ("The sun is shining.", "It is raining heavily.", 1.0),
+    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
+]
+MODES = {"normal": [], "quiet": ["--quiet"], "json": ["--json"]}
+
+
+def _no_bar(stderr: str, bar: str) -> None:
+    assert bar not in stderr and "ETA" not in stderr, stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_train_shows_steps_loss_and_eta_on_stderr_unless_quiet_or_json(tmp_path, tiny_bert, mode):  # noqa: F811
+    rd = tmp_path / "run"
+    make_curriculum(rd)
+    r = runner.invoke(app, ["train", "-d", str(rd), *SETS, "--set", f"train.model='{tiny_bert}'", *MODES[mode]])
+    assert r.exit_code == 0, r.output
+    if mode == "normal":
+        bar = next(line for line in r.stderr.splitlines() if line.startswith("train ") and "4/4" in line)
+        assert "loss " in bar and "ETA" in bar, r.stderr
+        assert r.stderr.index(bar) < r.stderr.index("loss first -> last")  # the summary table after the bar, as before
+        assert "{'loss'" not in r.stderr and r.stdout == ""  # no trainer log dicts, nothing on stdout
+    else:
+        _no_bar(r.stderr, "4/4")
+        assert "loss first -> last" not in r.stderr
+    if mode == "json":
+        assert json.loads(r.stdout)["steps"] == 4  # stdout is the JSON and nothing else
+    elif mode == "quiet":
+        assert r.stdout == ""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_evaluate_shows_task_progress_on_stderr_unless_quiet_or_json(tmp_path, tiny_bert, mode):  # noqa: F811
+    data = tmp_path / "data" / "sts12"
+    data.mkdir(parents=True)
+    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS))
+    args = ["evaluate", "-d", str(tmp_path / "run"), "--model", tiny_bert, "--baseline", "", "--data-dir", str(data.parent)]
+    r = runner.invoke(app, [*args, "--tasks", "STS12,SICK-R", *MODES[mode]])
+    assert r.exit_code == 0, r.output
+    if mode == "normal":
+        lines = r.stderr.splitlines()
+        assert any(line.startswith("[1/2] STS12 (STS) spearman=") for line in lines), r.stderr  # the task's line
+        assert any(line.startswith("[2/2] SICK-R: skipped") for line in lines), r.stderr
+        bar = next(line for line in lines if line.startswith("evaluate ") and "2/2" in line)
+        assert "tiny-bert" in bar and "0:00:" in bar, bar  # the model, tasks done / all, elapsed
+        assert r.stdout == ""
+    else:
+        _no_bar(r.stderr, "2/2")
+        assert "[1/2]" not in r.stderr
+    if mode == "json":
+        assert json.loads(r.stdout)["model"] == tiny_bert
+
+
+def test_bar_prints_a_plain_line_on_a_console_that_is_no_terminal():
+    """A log file gets a line every line_every_s seconds (here: every update) besides the final bar;
+    ``completed`` counts work done before (a resumed run), ``status`` replaces valid/rejected."""
+    rep = Reporter()
+    rep.line_every_s = 0
+    rep.console.file = out = io.StringIO()
+    with rep.progress("train", 10, status="", completed=4) as bar:
+        bar.update(advance=1, status="loss 0.5000")
+        bar.print("[1/2] a plain line, no markup")
+    text = out.getvalue()
+    assert "train: 5/10 loss 0.5000" in text and "elapsed 0:00" in text, text
+    assert "[1/2] a plain line, no markup" in text
+    assert "valid" not in text
+
+
+def test_quiet_reporter_gives_a_bar_that_does_nothing():
+    rep = Reporter(quiet=True)
+    rep.console.file = out = io.StringIO()
+    with rep.progress("evaluate x", 3, status="") as bar:
+        bar.update(advance=1, status="STS12")
+        bar.print("[1/3] line")
+    assert out.getvalue() == ""
+
+
+def test_evaluate_library_keeps_its_lines_with_progress_true(tmp_path, capsys):
+    """`evaluate(..., progress=True)` (the library default) prints its one line per task, no bar."""
+    from test_evaluate import HashBOW
+
+    from negsynth.evaluate import evaluate
+
+    data = Path(tmp_path) / "sts12"
+    data.mkdir()
+    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS))
+    evaluate(HashBOW(), suite="full", data_dir=tmp_path, tasks=["STS12"])
+    err = capsys.readouterr().err
+    assert err.startswith("[1/1] STS12 (STS) spearman=") and "ETA" not in err
