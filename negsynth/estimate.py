@@ -34,7 +34,14 @@ from typing import Any
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 
-LLM_STAGES = ("brainstorm", "generate", "regenerate", "corpus", "score")
+
+def llm_stage_names() -> tuple[str, ...]:
+    """The stages that call the LLM (always, or with some settings), in the method's order."""
+    from negsynth.stages import METHOD
+
+    return tuple(s.name for s in METHOD if s.llm)
+
+
 #: tokens a chat format adds per message (OpenAI's rule of thumb: role and separators)
 PER_MESSAGE = 4
 
@@ -292,10 +299,11 @@ def estimate(
     from negsynth.prompts import reask_template
 
     cfg = ctx.cfg
-    names = stages or [s for s in cfg.pipeline.stages if s in LLM_STAGES]
-    bad = [s for s in names if s not in LLM_STAGES]
+    llm_stages = llm_stage_names()
+    names = stages or [s for s in cfg.pipeline.stages if s in llm_stages]
+    bad = [s for s in names if s not in llm_stages]
     if bad:
-        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(LLM_STAGES)}")
+        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(llm_stages)}")
     if latency_s <= 0 or (rps is not None and rps <= 0):
         raise UserError("--latency and --rps must be > 0")
     tc = TokenCounter(cfg.llm.model)

@@ -24,14 +24,6 @@ from typing import Any
 
 from negsynth.errors import UserError
 
-HUB_IDS = {
-    "default": "sentence-transformers/all-MiniLM-L6-v2",
-    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
-    "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
-    "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
-}
-SHARD_STAGES = ("generate", "regenerate", "corpus", "score")
 PARQUET = "train-00000-of-00001.parquet"
 
 
@@ -166,8 +158,9 @@ def export_dataset(
         shard_counts = {}
         if with_shards:
             from negsynth.data.shards import read_stage
+            from negsynth.stages import METHOD
 
-            for st in SHARD_STAGES:
+            for st in (s.name for s in METHOD if s.examples):
                 if not any((run_dir / st).glob("shard-*.jsonl")):
                     continue
                 recs = [_flat_record(r) for r in read_stage(run_dir / st)]
@@ -353,7 +346,9 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
     hist = log.get("log_history", []) or []
     losses = [e["loss"] for e in hist if "loss" in e]
     base = str(cfg.get("model", "unknown"))
-    base_id = HUB_IDS.get(base.lower(), base if ("/" in base and not Path(base).exists() and base.count("/") == 1) else None)
+    from negsynth.embed.models import hub_id
+
+    base_id = hub_id(base) or (base if ("/" in base and not Path(base).exists() and base.count("/") == 1) else None)
     modules = json.loads((final / "modules.json").read_text(encoding="utf-8"))
     custom = [m.get("type") for m in modules if "negsynth" in str(m.get("type", ""))]
     card = _read_json(run_dir / "curriculum" / "card.json") or {}

@@ -40,8 +40,9 @@ from negsynth.stages import METHOD
 
 #: stage folders in pipeline order (others follow alphabetically)
 STAGE_ORDER = tuple(s.name for s in METHOD)
-#: stages whose records are Examples (the ``score`` stage is preferred for samples and scores)
-EXAMPLE_STAGES = ("score", "corpus", "regenerate", "generate")
+#: stages whose records are Examples, the latest in the method first (``score`` is preferred for
+#: samples and scores)
+EXAMPLE_STAGES = tuple(reversed([s.name for s in METHOD if s.examples]))
 FLAGS = ("false_negative", "too_easy", "non_monotonic")
 
 

@@ -819,6 +819,8 @@ class _PassView(Embedder):
 
 
 def _short_name(model: str) -> str:
-    if model in ("default", "smollm2", "smollm2-135m") or "smollm2-135m" in model.lower():
+    from negsynth.schemas.train import DECODER_ALIASES
+
+    if model == "default" or model in DECODER_ALIASES or "smollm2-135m" in model.lower():
         return "smollm2-135m"
     return Path(model.rstrip("/")).name.lower() or model.lower()

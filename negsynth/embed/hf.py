@@ -26,7 +26,9 @@ def cache_dir() -> Path:
 @quiet_loading()
 def resolve_decoder_path(model: str = "default") -> str:
     """``default`` -> a transformers folder converted from the SmolLM2 GGUF; else ``model`` itself."""
-    if model not in ("default", "smollm2", "smollm2-135m"):
+    from negsynth.schemas.train import DECODER_ALIASES
+
+    if model != "default" and model not in DECODER_ALIASES:
         return model
     from negsynth.resources import smollm2_gguf_path
 

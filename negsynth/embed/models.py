@@ -1,12 +1,13 @@
 """One place that turns a model name into a model.
 
 A name is an alias (``default``/``minilm`` = the bundled all-MiniLM-L6-v2, ``smollm2`` = the
-bundled SmolLM2-135M decoder), a local folder (a sentence-transformers folder — negsynth-trained
+bundled SmolLM2-135M decoder; the one table is :data:`MODEL_ALIASES`), a local folder (a sentence-transformers folder — negsynth-trained
 ones included — or a transformers folder), or, online, a Hugging Face hub name. Score, regenerate's
 mining, train and evaluate all resolve names here:
 
 * :func:`resolve_model` — name -> :class:`ModelRef` (local path, kind);
 * :func:`load_sentence_transformer` — a raw ``SentenceTransformer`` (mining, benchmarks);
+* :func:`hub_id` — the hub id a name stands for (model cards);
 
 and :func:`negsynth.embed.embedder_for` turns the result into an embedder (evaluate, score).
 """
@@ -20,7 +21,7 @@ from typing import Literal
 
 from negsynth.embed.base import quiet_loading
 from negsynth.errors import UserError
-from negsynth.schemas.train import DECODER_ALIASES, ENCODER_ALIASES
+from negsynth.schemas.train import DECODER_ALIASES, ENCODER_ALIASES, MODEL_ALIASES
 
 Kind = Literal["sentence-transformers", "decoder", "encoder"]
 
@@ -90,6 +91,16 @@ def resolve_model(name: str, *, allow_hub: bool = True, what: str = "model") -> 
             f"{what} {name!r}: not 'default', 'minilm', 'smollm2' or an existing local folder (hub downloads are disabled here)"
         )
     return ModelRef(name, name, "encoder", False)
+
+
+def hub_id(name: str) -> str | None:
+    """The Hugging Face hub id of the bundled model ``name`` names (an alias, or MiniLM's own folder
+    name ``all-MiniLM-L6-v2``; any case), else None: what a model card names as the base model."""
+    key = name.lower()
+    if key in MODEL_ALIASES:
+        return MODEL_ALIASES[key][1]
+    minilm = MODEL_ALIASES["minilm"][1]
+    return minilm if key == minilm.split("/")[1].lower() else None
 
 
 @quiet_loading()

@@ -74,7 +74,8 @@ class Stage:
     of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
     ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
     after it ran (or was reused). ``shardable``: its work splits into shard workers
-    (``--executor ray``).
+    (``--executor ray``). ``examples``: its shards hold example records (query, positive,
+    negatives), the ones ``inspect`` and ``export`` read.
     """
 
     name: str
@@ -91,6 +92,7 @@ class Stage:
     staged: bool = False
     keep_on_change: Callable[[RunConfig], bool] | None = None
     shardable: bool = False
+    examples: bool = False
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)

@@ -16,8 +16,18 @@ from negsynth.prompts.embedding import BELLM_TEMPLATE
 TEXT_COLUMNS = ["anchor", "positive", "negative"]
 ENCODER_TEMPERATURE = 0.05  # sentence-transformers models: MNRL scale 20
 DECODER_TEMPERATURE = 0.02  # LLM2Vec loss_scale 50, E5-Mistral
-DECODER_ALIASES = ("smollm2", "smollm2-135m")
-ENCODER_ALIASES = ("default", "minilm")
+#: the one table of model aliases: alias -> (kind, the Hugging Face hub id of the bundled model it
+#: stands for). ``negsynth.embed.models`` resolves them; it lives here, below the embedders,
+#: because the config and the decoder loader (``embed/hf.py``, which ``embed/models.py`` imports)
+#: read it too. In a decoder setting (``embedder.kind = "decoder"``) ``default`` is SmolLM2.
+MODEL_ALIASES: dict[str, tuple[Literal["encoder", "decoder"], str]] = {
+    "default": ("encoder", "sentence-transformers/all-MiniLM-L6-v2"),
+    "minilm": ("encoder", "sentence-transformers/all-MiniLM-L6-v2"),
+    "smollm2": ("decoder", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "smollm2-135m": ("decoder", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+DECODER_ALIASES = tuple(a for a, (kind, _) in MODEL_ALIASES.items() if kind == "decoder")
+ENCODER_ALIASES = tuple(a for a, (kind, _) in MODEL_ALIASES.items() if kind == "encoder")
 LLAMA_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 BERT_LORA_TARGETS = ["query", "key", "value", "dense"]
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,7 +31,7 @@ from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
-from negsynth.schemas.records import STS_TASK, Reject, Task, Usage
+from negsynth.schemas.records import STS_TASK, Reject, Task
 from negsynth.stages.common import schema_failure, short_id
 from negsynth.validators import check_task, normalize
 
@@ -69,89 +70,105 @@ def fingerprint(ctx: StageContext) -> str:
     )
 
 
+@dataclass
+class TypeOutcome:
+    """What one task type gave: its distinct tasks (in the order found), its rejects (failed list
+    requests and refused tasks) and the usage of its list requests (``list_requests`` included)."""
+
+    tasks: list[Task] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    usage: Counter = field(default_factory=Counter)
+
+
+async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> TypeOutcome:
+    """Ask for lists of tasks of type ``tt``, in rounds, until ``tasks_per_type`` distinct ones are
+    in hand or ``max_requests_per_type`` lists were asked; the answers of a round decide the next."""
+    bc = ctx.cfg.brainstorm
+    out = TypeOutcome()
+    example = {normalize(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
+    seen: set[str] = set()
+    asked = 0
+    while len(out.tasks) < bc.tasks_per_type and asked < bc.max_requests_per_type:
+        need = bc.tasks_per_type - len(out.tasks)
+        batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
+        idx = list(range(asked, asked + batch))
+        asked += batch
+        msgs = build_messages(tt, bc.tasks_per_request)
+        results = await asyncio.gather(
+            *(
+                client.structured(
+                    msgs,
+                    validate=_validate_list,
+                    schema=task_list_schema(bc.tasks_per_request, max_chars=bc.max_task_chars),
+                    name="task_list",
+                    sample_index=i,
+                    temperature=bc.temperature,
+                    reask_template=reask_template(),
+                )
+                for i in idx
+            ),
+            return_exceptions=True,  # a budget stop lets the requests in flight finish (and be cached)
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        out.usage["list_requests"] += len(idx)
+        for i, res in zip(idx, results, strict=True):
+            out.usage.update(res.usage.model_dump())
+            if res.value is None:
+                out.rejects.append(
+                    Reject(
+                        id=short_id("req", tt, i),
+                        stage=NAME,
+                        reason=res.reason or "unknown",
+                        detail=res.detail,
+                        raw=res.raw,
+                        input={"task_type": tt, "sample_index": i},
+                        usage=res.usage,
+                    )
+                )
+                continue
+            for pos, text in enumerate(res.value):
+                tid = short_id("task", tt, i, pos)
+                v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
+                norm = normalize(text) if isinstance(text, str) else ""
+                reason, detail = v.reason, v.detail
+                if v.keep and norm in example:
+                    reason, detail = "copied_example", "the task repeats the worked example"
+                elif v.keep and norm in seen:
+                    reason, detail = "duplicate_task", "the task repeats an earlier one"
+                if reason:
+                    out.rejects.append(
+                        Reject(
+                            id=tid,
+                            stage=NAME,
+                            reason=reason,
+                            detail=detail,
+                            raw=str(text),
+                            input={"task_type": tt, "sample_index": i, "position": pos},
+                        )
+                    )
+                    continue
+                seen.add(norm)
+                out.tasks.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
+    return out
+
+
 async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task], list[Reject], RunReport]:
+    """Every task type at once (:func:`brainstorm_type`); the tasks in type order then by id, the
+    fixed STS task last, the rejects by id."""
     bc = ctx.cfg.brainstorm
     rep = RunReport(stage=NAME)
     tasks: list[Task] = []
     rejects: list[Reject] = []
-    examples = {t: {normalize(x) for x in load_example(f"brainstorm_{t}")["output"]["tasks"]} for t in bc.task_types}
-
-    async def one_type(tt: str) -> None:
-        seen: set[str] = set()
-        kept: list[Task] = []
-        asked = 0
-        with_usage: Usage = Usage()
-        while len(kept) < bc.tasks_per_type and asked < bc.max_requests_per_type:
-            need = bc.tasks_per_type - len(kept)
-            batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
-            idx = list(range(asked, asked + batch))
-            asked += batch
-            msgs = build_messages(tt, bc.tasks_per_request)
-            results = await asyncio.gather(
-                *(
-                    client.structured(
-                        msgs,
-                        validate=_validate_list,
-                        schema=task_list_schema(bc.tasks_per_request, max_chars=bc.max_task_chars),
-                        name="task_list",
-                        sample_index=i,
-                        temperature=bc.temperature,
-                        reask_template=reask_template(),
-                    )
-                    for i in idx
-                ),
-                return_exceptions=True,  # a budget stop lets the requests in flight finish (and be cached)
-            )
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-            rep.usage["list_requests"] += len(idx)
-            for i, res in zip(idx, results, strict=True):
-                rid = short_id("req", tt, i)
-                rep.usage.update(res.usage.model_dump())
-                with_usage = with_usage.add(res.usage)
-                if res.value is None:
-                    rejects.append(
-                        Reject(
-                            id=rid,
-                            stage=NAME,
-                            reason=res.reason or "unknown",
-                            detail=res.detail,
-                            raw=res.raw,
-                            input={"task_type": tt, "sample_index": i},
-                            usage=res.usage,
-                        )
-                    )
-                    continue
-                for pos, text in enumerate(res.value):
-                    tid = short_id("task", tt, i, pos)
-                    v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
-                    norm = normalize(text) if isinstance(text, str) else ""
-                    reason, detail = v.reason, v.detail
-                    if v.keep and norm in examples[tt]:
-                        reason, detail = "copied_example", "the task repeats the worked example"
-                    elif v.keep and norm in seen:
-                        reason, detail = "duplicate_task", "the task repeats an earlier one"
-                    if reason:
-                        rejects.append(
-                            Reject(
-                                id=tid,
-                                stage=NAME,
-                                reason=reason,
-                                detail=detail,
-                                raw=str(text),
-                                input={"task_type": tt, "sample_index": i, "position": pos},
-                            )
-                        )
-                        continue
-                    seen.add(norm)
-                    kept.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
-        tasks.extend(kept)
 
     with ctx.reporter.progress("brainstorm", len(bc.task_types)) as bar:
 
         async def run_type(tt: str) -> None:
-            await one_type(tt)
+            out = await brainstorm_type(ctx, client, tt)
+            tasks.extend(out.tasks)
+            rejects.extend(out.rejects)
+            rep.usage.update(out.usage)
             bar.update(advance=1, valid=len(tasks), rejected=len(rejects))
 
         done = await asyncio.gather(*(run_type(t) for t in bc.task_types), return_exceptions=True)

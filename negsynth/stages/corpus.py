@@ -473,4 +473,5 @@ STAGE = Stage(
     report=report,
     llm=True,
     staged=True,
+    examples=True,
 )

@@ -317,4 +317,5 @@ STAGE = Stage(
     llm=True,
     staged=True,
     shardable=True,
+    examples=True,
 )

@@ -451,4 +451,5 @@ STAGE = Stage(
     llm=lambda cfg: cfg.regenerate.negatives != "mined",
     staged=True,
     shardable=True,
+    examples=True,
 )

@@ -504,4 +504,5 @@ STAGE = Stage(
     inputs=lambda cfg: cfg.score.inputs,
     any_input=True,
     llm=lambda cfg: cfg.score.judge_model == "llm",
+    examples=True,
 )

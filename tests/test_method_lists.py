@@ -1,0 +1,71 @@
+"""Every list of stages outside ``METHOD`` is derived from it or checked against it here, so that
+adding a stage (a module, one ``METHOD`` line, a config section) cannot leave a list behind."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import typer.main
+
+from negsynth.cli import app
+from negsynth.schemas.config import PipelineConfig
+from negsynth.stages import METHOD, SHARDABLE
+
+NAMES = [s.name for s in METHOD]
+CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli.py"
+
+
+def _stage_commands() -> list[tuple[str, set[str]]]:
+    """(command, the stage names it passes to ``_run``/``_execute``) for each ``@stage_command``
+    in cli.py whose name is a stage, in source order."""
+    out = []
+    for node in ast.parse(CLI.read_text(encoding="utf-8")).body:
+        if not isinstance(node, ast.FunctionDef) or node.name not in NAMES:
+            continue
+        deco = {d.func.id for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Name)}
+        assert "stage_command" in deco, node.name
+        called = {
+            c.args[0].value
+            for c in ast.walk(node)
+            if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Name)
+            and c.func.id in ("_run", "_execute")
+            and c.args
+            and isinstance(c.args[0], ast.Constant)
+        }
+        out.append((node.name, called))
+    return out
+
+
+def test_every_stage_has_its_command_in_the_method_order():
+    cmds = _stage_commands()
+    assert [name for name, _ in cmds] == NAMES
+    for name, called in cmds:
+        assert called == {name}, (name, called)
+    registered = list(typer.main.get_command(app).commands)
+    assert [c for c in registered if c in NAMES] == NAMES
+
+
+def test_inspect_order_and_example_stages_follow_the_method():
+    from negsynth.inspect import EXAMPLE_STAGES, STAGE_ORDER
+
+    assert list(STAGE_ORDER) == NAMES
+    assert [n for n in NAMES if n in EXAMPLE_STAGES] == list(reversed(EXAMPLE_STAGES))
+    assert EXAMPLE_STAGES == ("score", "corpus", "regenerate", "generate")
+
+
+def test_shardable_and_llm_stages_follow_the_method():
+    from negsynth.estimate import llm_stage_names
+
+    assert list(SHARDABLE) == [n for n in NAMES if n in SHARDABLE] == ["generate", "regenerate"]
+    assert llm_stage_names() == ("brainstorm", "generate", "regenerate", "corpus", "score")
+
+
+def test_default_pipeline_is_the_method_in_order():
+    """``pipeline.stages`` (a config default, below the stages' layer) names stages of the method,
+    in its order: the method without regenerate and corpus, which start from other data."""
+    default = PipelineConfig().stages
+    assert set(default) <= set(NAMES)
+    assert default == [n for n in NAMES if n in default]
+    assert default == [n for n in NAMES if n not in ("regenerate", "corpus")]
