@@ -51,3 +51,19 @@ def load_benchmark(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def start_local_ray(num_cpus: int = 2) -> None:
+    """``ray.init`` of a local node for a test. Ray waits a fixed 30 s for its raylet to register;
+    on a machine other jobs keep busy that can pass, so a node that timed out is started once more
+    (a second timeout fails the test)."""
+    import ray
+
+    kw = {"num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    try:
+        ray.init(**kw)
+    except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+        if "timed out during startup" not in str(e):
+            raise
+        ray.shutdown()
+        ray.init(**kw)

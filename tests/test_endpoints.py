@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import brainstorm_run_dir, start_local_ray, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -431,7 +431,7 @@ def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
         split = worker_config(load_config(cfg), 2).llm
         assert [e.base_url for e in split.endpoints] == [a.base_url, b.base_url]
         assert [split.endpoint_concurrency(e) for e in split.endpoints] == [1, 2]  # 2 -> 1, llm.max_concurrency 3 -> 2
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        start_local_ray()
         try:
             r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import brainstorm_run_dir, start_local_ray, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import EXIT_BUDGET, app
@@ -151,7 +151,7 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
         cfg = write_config(tmp_path, srv.base_url)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        start_local_ray()
         try:
             r = gen(cfg, rd, "--executor", "ray", "--workers", "3", "--json")
         finally:
@@ -187,7 +187,7 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed
 
     with FakeOpenAI(slow) as srv:
         cfg = write_config(tmp_path, srv.base_url)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        start_local_ray()
         try:
             out = {}
             t = threading.Thread(target=lambda: out.setdefault("r", gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")))
