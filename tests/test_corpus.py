@@ -90,13 +90,14 @@ def invoke(*args):
 def test_read_corpus_formats_and_columns(tmp_path):
     folder = write_corpus(tmp_path)
     c = read_corpus(CorpusSpec(path=str(folder)))
-    assert c.name == "docs" and len(c.documents) == 8
-    assert c.documents[0].id == "d1" and c.documents[0].text.startswith("Moon tides The moon's gravity")  # BEIR: title + text
+    docs = list(c.documents())
+    assert c.name == "docs" and c.count == len(docs) == 8
+    assert docs[0].id == "d1" and docs[0].text.startswith("Moon tides The moon's gravity")  # BEIR: title + text
     import polars as pl
 
     pl.DataFrame({"body": [x for _, _, x in DOCS], "key": [i for i, _, _ in DOCS]}).write_parquet(tmp_path / "d.parquet")
     c = read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"id": "key"}))
-    assert c.columns == {"text": "body", "id": "key"} and [d.id for d in c.documents][:2] == ["d1", "d2"]
+    assert c.columns == {"text": "body", "id": "key"} and [d.id for d in c.documents()][:2] == ["d1", "d2"]
     with pytest.raises(UserError, match="no column 'nope' for text"):
         read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"text": "nope"}))
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
