@@ -90,13 +90,14 @@ def invoke(*args):
 def test_read_corpus_formats_and_columns(tmp_path):
     folder = write_corpus(tmp_path)
     c = read_corpus(CorpusSpec(path=str(folder)))
-    assert c.name == "docs" and len(c.documents) == 8
-    assert c.documents[0].id == "d1" and c.documents[0].text.startswith("Moon tides The moon's gravity")  # BEIR: title + text
+    docs = list(c.documents())
+    assert c.name == "docs" and c.count == len(docs) == 8
+    assert docs[0].id == "d1" and docs[0].text.startswith("Moon tides The moon's gravity")  # BEIR: title + text
     import polars as pl
 
     pl.DataFrame({"body": [x for _, _, x in DOCS], "key": [i for i, _, _ in DOCS]}).write_parquet(tmp_path / "d.parquet")
     c = read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"id": "key"}))
-    assert c.columns == {"text": "body", "id": "key"} and [d.id for d in c.documents][:2] == ["d1", "d2"]
+    assert c.columns == {"text": "body", "id": "key"} and [d.id for d in c.documents()][:2] == ["d1", "d2"]
     with pytest.raises(UserError, match="no column 'nope' for text"):
         read_corpus(CorpusSpec(path=str(tmp_path / "d.parquet"), columns={"text": "nope"}))
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
@@ -249,3 +250,31 @@ def test_a_split_folder_reads_its_parents_corpus(tmp_path):
     (root / "train" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
     queries, corpus, qrels = read_beir(root / "train")
     assert queries == {"q1": "when are spring tides"} and qrels == {"q1": {"d1": 1.0}} and len(corpus) == len(DOCS)
+
+
+def test_the_streamed_index_has_the_vectors_and_negatives_of_the_whole_list(tmp_path, minilm):
+    """The index built a batch at a time (texts on disk, vectors written row by row) holds the
+    vectors one encode of the whole list gives, bit for bit, and finds the same negatives."""
+    import random
+
+    import numpy as np
+
+    from negsynth.embed.mining import CorpusIndex
+    from negsynth.embed.models import load_sentence_transformer
+
+    model = load_sentence_transformer(minilm, device="cpu")
+    rng = random.Random(0)
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "the", "of"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 30))) for _ in range(90)] + ["Ünïcödé — text"]
+    whole = CorpusIndex(model, texts, batch_size=16)
+    streamed = CorpusIndex.from_batches(model, lambda: (texts[i : i + 13] for i in range(0, len(texts), 13)), len(texts),
+                                        batch_size=16, cache=tmp_path / "e.npy", store=tmp_path / "t.texts")  # fmt: skip
+    assert np.array_equal(np.asarray(streamed.emb), whole.emb)
+    assert [streamed.texts[i] for i in (0, 45, 90)] == [texts[0], texts[45], texts[90]]
+    for q, pos in (("violin orbit", 3), ("glacier harbor wheat", 10), ("the river", 0)):
+        assert streamed.search(q, pos, 4, relative_margin=0.0) == whole.search(q, pos, 4, relative_margin=0.0)
+    # a rerun reads both back without embedding or reading the corpus
+    again = CorpusIndex.from_batches(
+        None, lambda: iter(()), len(texts), batch_size=16, cache=tmp_path / "e.npy", store=tmp_path / "t.texts"
+    )
+    assert np.array_equal(np.asarray(again.emb), whole.emb) and again.texts[90] == texts[90]

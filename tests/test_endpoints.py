@@ -460,3 +460,81 @@ def test_an_endpoint_key_gets_the_same_checks_as_the_llm_key(monkeypatch, tmp_pa
         endpoint_key(cfg, 0, "default")
     assert "sk-abc" not in str(e.value)
     assert endpoint_key(cfg, 1, "default") == ("sk-file-key", "llm.endpoints[1].api_key_file")
+
+
+# -- a fleet down as a whole is waited out (llm.outage_wait) -------------------------------------
+def fleet_down_for(k: int, seconds: float, holder: dict):
+    """Every server answers until the fleet has had ``k`` requests, then all go away together and
+    come back on their ports ``seconds`` later. Counts the answers per request body (only answers
+    that reach the client: the answers given before the outage are out before the servers go)."""
+    answered: Counter = Counter()
+    lock = threading.Lock()
+    state = {"n": 0, "down": False, "back": False}
+
+    def back_later():
+        time.sleep(seconds)
+        for s in holder["all"]:
+            s.come_back()
+        with lock:
+            state["back"] = True
+
+    def r(req, n):
+        with lock:
+            state["n"] += 1
+            trigger = state["n"] > k and not state["down"]
+            state["down"] = state["down"] or trigger
+            down = state["down"] and not state["back"]
+            if not down:
+                answered[json.dumps(req, sort_keys=True)] += 1
+        if trigger:
+            time.sleep(0.3)  # the answers already given reach their clients first
+            for s in holder["all"]:
+                s.go_down()
+            threading.Thread(target=back_later, daemon=True).start()
+        return Reply(reset=True) if down else responder(req, n)
+
+    return r, answered
+
+
+def test_a_fleet_down_as_a_whole_is_waited_out_and_the_stage_resumes_by_itself(tmp_path, brainstormed, reference):
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    holder: dict = {}
+    r_fn, answered = fleet_down_for(5, 2.5, holder)
+    a, b = FakeOpenAI(r_fn), FakeOpenAI(r_fn)
+    holder["all"] = (a, b)
+    with a, b:
+        cfg = write_config(tmp_path, endpoints=[a.base_url, b.base_url], max_retries=1, max_consecutive_failures=3, outage_wait=60)
+        t0 = time.monotonic()
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json"])
+        took = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout)
+    assert st["complete"] is True and st["pending"] == 0 and st["outage"] is None
+    tr = st["this_run"]
+    assert tr["outage_waits"] >= 1 and 1.0 < tr["outage_wait_s"] < 30 and took < 60
+    assert "waiting: the LLM server is not answering" in r.stderr and "resumed: the LLM server answers again" in r.stderr
+    # every request answered exactly as often as one healthy server answers it (never paid twice),
+    # and the same data
+    assert answered == reference[1]
+    assert data_files(rd) == reference[0]
+
+
+def test_a_fleet_that_stays_down_stops_after_the_wait(tmp_path, brainstormed):
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    holder: dict = {}
+    r_fn, _ = fleet_down_for(3, 3600, holder)
+    a, b = FakeOpenAI(r_fn), FakeOpenAI(r_fn)
+    holder["all"] = (a, b)
+    with a, b:
+        cfg = write_config(tmp_path, endpoints=[a.base_url, b.base_url], max_retries=1, max_consecutive_failures=3, outage_wait=2)
+        t0 = time.monotonic()
+        r = gen(cfg, rd, "--json")
+        took = time.monotonic() - t0
+    assert r.exit_code == 4, r.output
+    assert 2 <= took < 30
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("error:") and "waited 2 s for it: llm.outage_wait" in lines[-1] and "rerun the same command" in lines[-1]
+    st = json.loads(r.stdout)
+    assert st["complete"] is False and st["outage"] and st["rejects_by_reason"] == {}

@@ -158,3 +158,102 @@ def test_the_first_request_leaves_soon_with_a_limit_on_a_large_file(tmp_path, bi
     assert sent, r.output
     assert sent[0] - t0 < 20  # the first request within seconds (two reads of the file, no more)
     assert len({json.dumps(x["messages"]) for x in srv.requests}) <= 10 * 3
+
+
+# -- the corpus stage -------------------------------------------------------------------------
+def corpus_rows(n: int) -> list[dict]:
+    """Documents with repeated ids (d0..d449), empty titles, no title, and rows with no text
+    (Python's whitespace, which polars' own strip does not know: \\x1c)."""
+    out = []
+    for i in range(n):
+        r = {"_id": f"d{i % 450}", "title": ["", f"T{i}", None][i % 3], "text": f"body {i} " + "w " * (i % 7)}
+        if i % 31 == 4:
+            r["text"], r["title"] = " \x1c ", None
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypatch):
+    """The documents sampled for a seed are the ones the whole-file reader drew (pinned from it):
+    cached LLM answers of earlier runs stay valid."""
+    import negsynth.data.sources as sources
+    from negsynth.data.corpus import read_corpus, sample_documents, sample_indices
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import CorpusSpec, RunConfig
+    from negsynth.stages.corpus import load_corpora, plan_items
+
+    monkeypatch.setattr(sources, "_CHUNK", 1024)  # many small batches
+    p = write(tmp_path, fmt, corpus_rows(500)) if fmt != "jsonl" else tmp_path / "c.jsonl"
+    if fmt == "jsonl":
+        p.write_text("".join(json.dumps(r) + "\n" for r in corpus_rows(500)))
+    c = read_corpus(CorpusSpec(path=str(p)))
+    assert (c.count, c.empty_skipped, c.duplicate_ids) == (437, 16, 47)
+    docs = list(c.documents())
+    assert len(docs) == 437 and len({d.id for d in docs}) == 437
+    for seed, ids in ((0, ["d0", "d54", "d200", "d265", "d297", "d404"]), (5, ["d21", "d119", "d137", "d178", "d285", "d305"])):
+        picked = [d.id for _, d in c.documents_at(sample_indices(c.count, 6, seed))]
+        assert picked == ids == [d.id for d in sample_documents(docs, 6, seed)]
+    # two corpora: one sample over both, as the stage plans it
+    cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": str(p)}, {"path": str(p), "name": "second"}], "max_docs": 8, "seed": 3}})
+    ctx = StageContext(cfg=cfg, run_dir=tmp_path / "run")
+    corpora = load_corpora(ctx)
+    items = plan_items(ctx, corpora)
+    assert [(it.payload["corpus_index"], it.payload["doc_id"]) for it in items] == [
+        (0, "d1"), (0, "d38"), (0, "d129"), (0, "d301"), (1, "d277"), (1, "d324"), (1, "d385"), (1, "d404")
+    ]  # fmt: skip
+    assert corpora[1].positions == {d: [x.id for x in docs].index(d) for d in ("d277", "d324", "d385", "d404")}
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory) -> Path:
+    """About 110 MB of documents (300,000 JSON lines)."""
+    p = tmp_path_factory.mktemp("bigc") / "corpus.jsonl"
+    body = "word " * 60
+    with open(p, "w") as f:
+        for start in range(0, 300_000, 10_000):
+            f.write(
+                "".join(
+                    json.dumps({"_id": f"d{i}", "title": f"title {i}", "text": f"{i} {body}"}) + "\n" for i in range(start, start + 10_000)
+                )
+            )
+    return p
+
+
+def test_a_corpus_sample_of_a_large_file_is_read_in_bounded_memory(big_corpus):
+    size_mb = big_corpus.stat().st_size >> 20
+    code = textwrap.dedent(f"""
+        import resource, polars, pyarrow.parquet, numpy
+        from negsynth.pipeline.context import StageContext
+        from negsynth.schemas.config import RunConfig
+        from negsynth.stages.corpus import load_corpora, plan_items
+        cfg = RunConfig.model_validate({{"corpus": {{"inputs": [{{"path": {str(big_corpus)!r}}}], "max_docs": 10}}}})
+        ctx = StageContext(cfg=cfg, run_dir="/nonexistent")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        corpora = load_corpora(ctx)
+        items = plan_items(ctx, corpora)
+        print(len(items), corpora[0].count, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=600).stdout.split()
+    n, count, grown_mb = map(int, out)
+    assert n == 10 and count == 300_000
+    # a whole read held the frame and every Document (several times the file); the stream a few
+    # batches, and while counting the ids (about 20 bytes a document)
+    assert grown_mb < 100 < size_mb, (grown_mb, size_mb)
+
+
+@pytest.mark.parametrize("case", ["nul_late", "zeros_parquet"])
+def test_the_corpus_stage_refuses_binary_input_in_one_line(tmp_path, case):
+    if case == "nul_late":  # valid lines first, NUL bytes still within the first 64 KiB
+        p = tmp_path / "docs.jsonl"
+        p.write_bytes(b'{"text": "a document"}\n' * 100 + b"\x00" * (4 << 20))
+    else:
+        p = tmp_path / "docs.parquet"
+        p.write_bytes(b"\x00" * (4 << 20))
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(p), "--max-docs", "5", "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and str(p) in r.stderr
+    assert ("NUL bytes" if case == "nul_late" else "not a parquet file") in r.stderr
+    assert time.monotonic() - t0 < 30

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,100 @@ def mine_graded(
     return out
 
 
+class TextStore:
+    """Texts on disk, read back one at a time: their UTF-8 bytes back to back in ``path`` and
+    their offsets in ``path + ".offsets.npy"`` (memory-mapped: a lookup reads one text)."""
+
+    def __init__(self, path: str | Path):
+        import mmap
+
+        import numpy as np
+
+        self.path = Path(path)
+        self.offsets = np.load(self._offsets(self.path), mmap_mode="r")
+        with open(self.path, "rb") as f:
+            self._blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.offsets[-1] else b""
+
+    @staticmethod
+    def _offsets(path: Path) -> Path:
+        return path.with_name(path.name + ".offsets.npy")
+
+    @classmethod
+    def write(cls, path: str | Path, batches: Iterable[list[str]]) -> TextStore:
+        """Write the texts of ``batches`` (in order) and open them; written under temporary names
+        first, so a killed write leaves no store behind."""
+        import numpy as np
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        offsets = [np.zeros(1, dtype=np.int64)]
+        end = 0
+        with open(tmp, "wb") as f:
+            for texts in batches:
+                blobs = [t.encode("utf-8") for t in texts]
+                ends = np.cumsum(np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))) + end
+                f.write(b"".join(blobs))
+                if len(ends):
+                    end = int(ends[-1])
+                offsets.append(ends)
+        tmp_off = tmp.with_name(tmp.name + ".offsets.npy")
+        np.save(tmp_off, np.concatenate(offsets))
+        tmp_off.replace(cls._offsets(path))
+        tmp.replace(path)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> TextStore | None:
+        """The store at ``path``, or None when it is missing or was left half-written."""
+        path = Path(path)
+        if not (path.is_file() and cls._offsets(path).is_file()):
+            return None
+        try:
+            store = cls(path)
+        except (OSError, ValueError):
+            return None
+        return store if int(store.offsets[-1]) == path.stat().st_size else None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        return self._blob[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
+
+
+def encode_store(model, texts: TextStore, out: Any, *, batch_size: int = 64) -> None:
+    """Embed every text of ``texts`` into ``out`` (``len(texts)`` rows), holding one batch of texts
+    at a time. The batches are the ones ``model.encode`` would make of the whole list (longest
+    first, by characters, in the order the installed sentence-transformers sorts them), so each
+    text is embedded beside the same others and the vectors are those of one ``encode`` call."""
+    import numpy as np
+
+    n = len(texts)
+    if n == 0:
+        return
+    lengths = np.fromiter((len(texts[i]) for i in range(n)), dtype=np.int64, count=n)
+    order = np.argsort(-lengths)  # sentence-transformers: np.argsort([-len(text) for text in inputs])
+    if callable(getattr(model, "_can_flatten_inputs", None)) and callable(getattr(model, "_interleave_sorted_indices", None)):
+        if model._can_flatten_inputs():
+            order = model._interleave_sorted_indices(order)
+    del lengths
+    for start in range(0, n, batch_size):
+        rows = order[start : start + batch_size]
+        vecs = model.encode([texts[int(i)] for i in rows], batch_size=batch_size, normalize_embeddings=True,
+                            convert_to_numpy=True, show_progress_bar=False)  # fmt: skip
+        out[rows] = np.asarray(vecs, dtype=np.float32)
+
+
+def _dimension(model, texts: TextStore) -> int:
+    """The length of ``model``'s vectors (the method's name changed in sentence-transformers 6)."""
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+        dim = getattr(model, name, lambda: None)()
+        if dim:
+            return int(dim)
+    return int(model.encode([texts[0]], convert_to_numpy=True, show_progress_bar=False).shape[-1]) if len(texts) else 0
+
+
 class CorpusIndex:
     """A corpus embedded once, searched one query at a time: the round-trip rank of a query's own
     document and its positive-aware hard negatives (the corpus stage).
@@ -220,20 +315,21 @@ class CorpusIndex:
     not depend on which other queries run beside it or on where a killed run resumed.
 
     ``cache`` (a ``.npy`` path) keeps the corpus embeddings: a rerun does not re-embed.
+    :meth:`from_batches` builds the index of a corpus streamed a batch at a time: only the vectors
+    are in memory (memory-mapped), a candidate's text is read back from disk when it is needed.
     """
 
-    def __init__(self, model, texts: list[str], *, batch_size: int = 64, cache: str | Path | None = None):
+    def __init__(self, model, texts: Sequence[str], *, batch_size: int = 64, cache: str | Path | None = None, emb: Any = None):
         import numpy as np
 
         self.model = model
         self.texts = texts
-        self._keys = [normalise(t) for t in texts]
         path = Path(cache) if cache else None
-        if path is not None and path.is_file():
+        if emb is None and path is not None and path.is_file():
             emb = np.load(path)
-        else:
+        elif emb is None:
             emb = model.encode(
-                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+                list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             ).astype(np.float32)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +339,32 @@ class CorpusIndex:
         if emb.shape[0] != len(texts):
             raise ValueError(f"{path}: holds {emb.shape[0]} vectors for {len(texts)} texts; delete it to re-embed")
         self.emb = emb
+
+    @classmethod
+    def from_batches(cls, model, batches: Callable[[], Iterable[list[str]]], count: int, *, batch_size: int = 64,
+                     cache: str | Path, store: str | Path) -> CorpusIndex:  # fmt: skip
+        """The index of a corpus too large to hold: ``batches()`` yields its texts a batch at a time
+        (called again only for what is missing). The texts go to a :class:`TextStore` at ``store``
+        (a mined negative's text is read back from it), the vectors to ``cache`` (a ``.npy`` written
+        row by row, then memory-mapped). Both are reused by a rerun; the vectors are the ones
+        :meth:`__init__` would compute from the whole list (see :func:`encode_store`)."""
+        import numpy as np
+
+        texts = TextStore.open(store)
+        if texts is None or len(texts) != count:
+            texts = TextStore.write(store, batches())
+        if len(texts) != count:
+            raise ValueError(f"{store}: holds {len(texts)} texts, the corpus {count}; it changed while read, rerun")
+        path = Path(cache)
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp.npy")
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, _dimension(model, texts)))
+            encode_store(model, texts, out, batch_size=batch_size)
+            out.flush()
+            del out
+            tmp.replace(path)
+        return cls(model, texts, emb=np.load(path, mmap_mode="r"), cache=path)
 
     def search(self, query: str, positive: int, k: int, *, relative_margin: float | None = 0.05, absolute_margin: float | None = None,
                max_score: float | None = None) -> dict[str, Any]:  # fmt: skip
@@ -261,7 +383,7 @@ class CorpusIndex:
             limit = min(limit, pos - absolute_margin)
         if max_score is not None:
             limit = min(limit, max_score)
-        banned = {self._keys[positive], normalise(query)}
+        banned = {normalise(self.texts[positive]), normalise(query)}
         negs: list[str] = []
         scores: list[float] = []
         m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
@@ -270,9 +392,12 @@ class CorpusIndex:
             negs, scores = [], []
             for i in top[np.lexsort((top, -sims[top]))]:  # by score, ties by index: deterministic
                 s = float(sims[i])
-                if i == positive or s > limit or self._keys[i] in banned or self.texts[i] in negs:
+                if i == positive or s > limit:
                     continue
-                negs.append(self.texts[i])
+                text = self.texts[int(i)]
+                if normalise(text) in banned or text in negs:
+                    continue
+                negs.append(text)
                 scores.append(round(s, 6))
                 if len(negs) >= k:
                     break

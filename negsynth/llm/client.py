@@ -605,7 +605,12 @@ class LLMClient:
         return (
             self.cfg.outage_wait > 0
             and self.transport is None
-            and (self._pool is not None or self._session is not None or self._client is not None)
+            and (
+                (self.router is not None and self.router.opened)
+                or self._pool is not None
+                or self._session is not None
+                or self._client is not None
+            )
         )
 
     def _start_wait(self, message: str) -> None:
@@ -654,9 +659,12 @@ class LLMClient:
 
     async def _probe(self) -> bool:
         """One cheap request that costs nothing (``GET /models``): does the server answer again?
-        Any HTTP answer but a 5xx or a 429 counts (some servers have no /models: 404 is fine)."""
-        url = self.base_url.rstrip("/") + "/models"
+        Any HTTP answer but a 5xx or a 429 counts (some servers have no /models: 404 is fine).
+        With ``llm.endpoints``: every endpoint's health check at once; any that answers is back in."""
         timeout = max(1.0, min(self.cfg.connect_timeout, 10.0))
+        if self.router is not None:
+            return await self.router.probe_all(timeout)
+        url = self.base_url.rstrip("/") + "/models"
         try:
             async with asyncio.timeout(timeout):
                 if self._pool is not None:

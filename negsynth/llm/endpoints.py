@@ -24,7 +24,11 @@ What does not change with several endpoints:
   best placed (so the requests a dying server drops are answered by the others, once); the
   request count, budgets and the outage breaker are the client's, across endpoints;
 * when every endpoint is out, a request still goes to the one whose probe is due soonest, so a
-  fleet that is down as a whole stops the stage as one server that is down does.
+  fleet that is down as a whole is met as one server that is down: after
+  ``llm.max_consecutive_failures`` failed requests in a row the client holds every request and
+  waits the outage out (``llm.outage_wait``), probing every endpoint at once with backoff
+  (:meth:`EndpointSet.probe_all`); the first that answers is back in and the stage resumes by
+  itself. Past ``llm.outage_wait`` (or with it 0) the stage stops (exit 4), as before.
 
 Keys: an endpoint's own ``api_key_env`` / ``api_key_file``, else ``llm.api_key_env`` /
 ``llm.api_key_file``. They are never logged or written; stats and logs name an endpoint by
@@ -110,6 +114,7 @@ class EndpointSet:
         self.probe_timeout = cfg.connect_timeout
         self._changed = asyncio.Event()
         self._probes: set[asyncio.Task] = set()
+        self.opened = False  # the endpoints' transports are open (the client may wait out an outage)
 
     def keys(self) -> list[str]:
         return [e.client._api_key for e in self.endpoints]
@@ -121,8 +126,10 @@ class EndpointSet:
     async def open(self) -> None:
         for e in self.endpoints:
             await e.client.__aenter__()
+        self.opened = True
 
     async def close(self) -> None:
+        self.opened = False
         for t in list(self._probes):
             t.cancel()
         for t in list(self._probes):
@@ -162,6 +169,16 @@ class EndpointSet:
         for e, why in zip(self.endpoints, whys):
             if why:
                 self._take_out(e, why)
+
+    async def probe_all(self, timeout: float) -> bool:
+        """One probe of every endpoint at once, while the client waits out an outage of the whole
+        fleet: each one that answers is back in (one request at a time until one is answered).
+        True when any answered."""
+        whys = await asyncio.gather(*(self._health(e, timeout) for e in self.endpoints))
+        for e, why in zip(self.endpoints, whys):
+            if why is None and e.out:
+                self._back_in(e, "its health check answered", trial=True)
+        return any(why is None for why in whys)
 
     def _take_out(self, e: Endpoint, why: str) -> None:
         now = time.monotonic()

@@ -9,8 +9,9 @@ Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.
 
 How it works (GPL / Promptagator / MGH, one request per document):
 
-1. Every input is read; ``max_docs`` takes a seeded sample of the documents (mining and the
-   round trip still search the whole corpus).
+1. Every input is read in bounded batches (:mod:`negsynth.data.corpus`): once to count its
+   documents, once more up to the last of the seeded sample ``max_docs`` takes (only the sampled
+   documents are held; mining and the round trip still search the whole corpus).
 2. Per sampled document one request asks for ``queries_per_doc`` queries in one style drawn with
    the seed (``styles``: question, claim, keywords), the document cut to ``doc_tokens`` tokens
    of the embedder's tokenizer; with ``negatives = "llm"`` / ``"mixed"`` the same answer also
@@ -20,7 +21,8 @@ How it works (GPL / Promptagator / MGH, one request per document):
    the worked example's) and re-asked with the reason while no query passes; each query is a
    work item, so an invalid one is a reject with its reason, never dropped silently.
 3. With the embedder (``negatives`` mined or mixed, or ``round_trip_k > 0``) the corpus is
-   embedded once (cached in ``corpus/_index``) and each query alone is searched: its own
+   embedded once, read a batch at a time (cached in ``corpus/_index``: the vectors, and the texts
+   on disk, where a mined negative's text is read back from) and each query alone is searched: its own
    document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and its hardest
    positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`).
 4. ``negatives``: ``mined`` — the 4 hardest mined; ``llm`` — the LLM's 4; ``mixed`` — the 2
@@ -42,7 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from negsynth.data.corpus import CorpusData, read_corpus, sample_documents
+from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
@@ -88,16 +90,25 @@ def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
 
 
 def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
-    """One item per (sampled document, query index), in corpus then file order."""
+    """One item per (sampled document, query index), in corpus then file order. The sample is
+    drawn over the documents of every corpus in a row; each corpus is then read up to its last
+    sampled document, and only those are kept (their index goes to ``CorpusData.positions``)."""
+    import bisect
+
     cfg = ctx.cfg.corpus
-    pool = sample_documents([(ci, d) for ci, c in enumerate(corpora) for d in c.documents], cfg.max_docs, cfg.seed)
+    picked = sample_indices(sum(c.count for c in corpora), cfg.max_docs, cfg.seed)
     items: list[WorkItem] = []
-    for ci, d in pool:
-        name = corpora[ci].name
-        style = style_for(cfg, name, d.id)
-        for j in range(cfg.queries_per_doc):
-            payload = {"corpus": name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
-            items.append(WorkItem(len(items), short_id("cq", name, d.id, j), payload))
+    start = 0
+    for ci, c in enumerate(corpora):
+        lo, hi = bisect.bisect_left(picked, start), bisect.bisect_left(picked, start + c.count)
+        wanted = [i - start for i in picked[lo:hi]]
+        start += c.count
+        for pos, d in c.documents_at(wanted):
+            c.positions[d.id] = pos
+            style = style_for(cfg, c.name, d.id)
+            for j in range(cfg.queries_per_doc):
+                payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
+                items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
 
 
@@ -237,7 +248,7 @@ class Work:
         self.ctx = ctx
         self.cfg = ctx.cfg.corpus
         self.corpora = corpora
-        self.positions = [{d.id: i for i, d in enumerate(c.documents)} for c in corpora]
+        self.positions = [c.positions for c in corpora]  # the sampled documents' index rows
         self._answers: dict[tuple[int, str], asyncio.Future] = {}
         self._model = None
         self._tokenizer: Any = False
@@ -264,10 +275,13 @@ class Work:
             from negsynth.embed.mining import CorpusIndex
 
             c = self.corpora[ci]
-            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": len(c.documents)})
-            self.ctx.reporter.info(f"corpus: embedding {len(c.documents)} documents of {c.name} (cached) ...")
-            self._indexes[ci] = CorpusIndex(self.model(), [d.text for d in c.documents], batch_size=self.ctx.cfg.embedder.batch_size,
-                                            cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.npy")  # fmt: skip
+            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": c.count})
+            folder = self.ctx.stage_dir(NAME) / "_index"
+            self.ctx.reporter.info(f"corpus: embedding {c.count} documents of {c.name} (cached) ...")
+            self._indexes[ci] = CorpusIndex.from_batches(
+                self.model(), lambda: ([d.text for d in docs] for _, docs in c.batches()), c.count, batch_size=self.ctx.cfg.embedder.batch_size,
+                cache=folder / f"{ci:03d}-{key}.npy", store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
+            )  # fmt: skip
         return self._indexes[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
@@ -400,9 +414,9 @@ def run(ctx: StageContext) -> dict:
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     return {
-        "documents": {"in_corpus": sum(len(c.documents) for c in corpora), "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
+        "documents": {"in_corpus": sum(c.count for c in corpora), "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
                       "empty_skipped": sum(c.empty_skipped for c in corpora), "duplicate_ids": sum(c.duplicate_ids for c in corpora)},
-        "corpora": {c.name: {"path": c.path, "documents": len(c.documents), "columns": c.columns} for c in corpora},
+        "corpora": {c.name: {"path": c.path, "documents": c.count, "columns": c.columns} for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
