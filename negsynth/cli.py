@@ -447,7 +447,11 @@ def corpus(
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
     ] = None,
     negatives: Annotated[
-        str | None, typer.Option("--negatives", help="mined (from the corpus) | llm (written for the document) | mixed")
+        str | None,
+        typer.Option(
+            "--negatives",
+            help="mined (from the corpus) | llm (written for the document) | mixed (2 mined + the LLM's 2 hardest that pass the mining margin)",
+        ),
     ] = None,
 ) -> None:
     """A corpus with no queries: the LLM writes queries grounded in each document -> RUN_DIR/corpus/.

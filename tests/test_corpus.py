@@ -149,6 +149,50 @@ def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
         assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
 
 
+def test_mixed_replaces_llm_negatives_that_fail_the_mining_rule(tmp_path, minilm):
+    """A weak model's "negatives" often paraphrase the query: under ``mixed`` each one closer to the
+    query than the positive-aware margin allows is replaced by the next mined negative, so the
+    example keeps 4 negatives instead of being lost in score."""
+    folder = write_corpus(tmp_path)
+
+    def responder(req, n):
+        doc = document_of(req)
+        q = f"how does {doc.split()[0].lower()} {doc.split()[1].lower()} work?"
+        close = [q + " Indeed.", "Indeed, " + q, q + " Really, tell me."]  # paraphrases of the query: they fail
+        negs = [close[0], "Notes on gardening tools and how to sharpen them.", close[1], close[2]]
+        if "Moon tides" in doc:
+            negs = [close[0], close[1], "Notes on gardening tools.", "A recipe for bread."]
+        return Reply(json.dumps({"queries": [q], "hard_negative_documents": negs}))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mixed", "mining": {"relative_margin": 0.0}})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+    recs = {r["meta"]["doc_id"]: r for r in read_stage(tmp_path / "run" / "corpus")}
+    assert len(recs) == 8  # no example lost to its LLM half
+    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
+    assert stats["negative_sources"] == {"llm": 2 + 7, "mined": 2 + 7 * 3}
+    moon = recs.pop("d1")
+    # both paraphrases failed the rule: the LLM's two unrelated texts fill its slots, in its order
+    assert moon["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
+    assert moon["negatives"][1] == "Notes on gardening tools." and moon["negatives"][3] == "A recipe for bread."
+    assert len(moon["meta"]["llm_negative_scores"]) == 4
+    for rec in recs.values():
+        # three paraphrases failed: one LLM slot, the other three mined from the corpus
+        assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "mined"], rec["meta"]
+        assert rec["negatives"][1] == "Notes on gardening tools and how to sharpen them."
+        assert rec["positive"] not in rec["negatives"] and len(set(rec["negatives"])) == 4
+
+
+def test_mix_negatives_fills_failed_llm_slots_with_mined():
+    from negsynth.stages.corpus import mix_negatives
+
+    mined = ["m1", "m2", "m3", "m4"]
+    assert mix_negatives(mined, ["l1", "l2", "l3"]) == (["m1", "l1", "m2", "l2"], ["mined", "llm", "mined", "llm"])
+    assert mix_negatives(mined, ["l1"]) == (["m1", "l1", "m2", "m3"], ["mined", "llm", "mined", "mined"])
+    assert mix_negatives(mined, []) == (mined, ["mined"] * 4)
+
+
 def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
     folder = write_corpus(tmp_path)
 

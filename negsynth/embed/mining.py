@@ -367,9 +367,13 @@ class CorpusIndex:
         return cls(model, texts, emb=np.load(path, mmap_mode="r"), cache=path)
 
     def search(self, query: str, positive: int, k: int, *, relative_margin: float | None = 0.05, absolute_margin: float | None = None,
-               max_score: float | None = None) -> dict[str, Any]:  # fmt: skip
+               max_score: float | None = None, screen: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
-        ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it."""
+        ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
+
+        ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
+        rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
+        (whether each is below the limit and differs from the positive and the query)."""
         import numpy as np
 
         q = self.model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)[0]
@@ -404,4 +408,10 @@ class CorpusIndex:
             if len(negs) >= k or m >= len(sims):
                 break
             m = len(sims)
-        return {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
+        out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
+        if screen:
+            vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
+            out["screen_scores"] = [round(x, 6) for x in s_scores]
+            out["screen_kept"] = [x <= limit and normalise(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
+        return out

@@ -480,8 +480,9 @@ class CorpusConfig(Section):
     request from ``styles`` (seeded), and with ``negatives = "llm"`` / ``"mixed"`` also 4
     negatives graded hardest -> easiest written for this document. The document is the positive.
     ``negatives``: ``mined`` (the 4 hardest positive-aware candidates of the same corpus for each
-    query, ``regenerate.mining``'s margin), ``llm`` (the LLM's 4), ``mixed`` (the LLM's 2 hardest and
-    the 2 hardest mined). Filters, each counted in ``stats.json``: the validators (meta phrasing,
+    query, ``regenerate.mining``'s margin), ``llm`` (the LLM's 4), ``mixed`` (the 2 hardest mined and
+    the LLM's 2 hardest of those that pass the same positive-aware margin; a slot whose LLM negative
+    fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
     the base embedder ranks its own document within the top k of the corpus; 0 = off). Near-duplicate
     queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.

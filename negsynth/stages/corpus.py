@@ -26,7 +26,9 @@ How it works (GPL / Promptagator / MGH, one request per document):
    document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and its hardest
    positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`).
 4. ``negatives``: ``mined`` — the 4 hardest mined; ``llm`` — the LLM's 4; ``mixed`` — the 2
-   hardest mined and the LLM's 2 hardest. ``score`` then measures, orders and cleans them
+   hardest mined and the LLM's 2 hardest of those that pass the same positive-aware rule as the
+   mined ones (a weak model's "negatives" often paraphrase the query: each one that fails is
+   replaced by the next mined one, so no example is lost to its LLM half). ``score`` then measures, orders and cleans them
    (false negatives, near-duplicate queries, evaluation-set overlap) like any other examples.
 
 Requests are cached and resumable like every LLM stage (the items of one document share one
@@ -71,6 +73,9 @@ STYLES: dict[str, tuple[str, str, str, str]] = {
     "keywords": ("1 keyword query", "{n} different keyword queries", "Each is 3 to 8 keywords, not a sentence.",
                  "Given a web search query, retrieve relevant documents that answer the query"),
 }  # fmt: skip
+
+#: ``negatives = "mixed"``: how many of the 4 slots the LLM's negatives may fill (the rest are mined)
+MIXED_LLM_SLOTS = 2
 
 #: rank buckets of the round-trip histogram in stats.json
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
@@ -123,6 +128,8 @@ def config_digest(ctx: StageContext) -> str:
     }
     if needs_index(cfg):
         parts["embedder"] = ctx.cfg.embedder
+    if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)
+        parts["mixed"] = "screened"
     return config_hash(parts)
 
 
@@ -346,13 +353,18 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if res.reasons:
         meta["failed_attempts"] = res.reasons
     mined: dict[str, Any] | None = None
+    llm_ok: list[str] = []
     if needs_index(cfg):
         m = cfg.mining
-        k = NUM_NEGATIVES if cfg.negatives == "mined" else (NUM_NEGATIVES // 2 if cfg.negatives == "mixed" else 0)
+        k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
         pos = work.positions[p["corpus_index"]][p["doc_id"]]
         mined = work.index(p["corpus_index"]).search(
-            query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score
-        )
+            query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score,
+            screen=llm_negs if cfg.negatives == "mixed" else (),
+        )  # fmt: skip
+        if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
+            llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
+            k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
         meta["round_trip_rank"] = mined["rank"]
         if cfg.round_trip_k and mined["rank"] > cfg.round_trip_k:
             return reject(
@@ -374,8 +386,10 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     elif cfg.negatives == "llm":
         negs, model = llm_negs, work.ctx.cfg.llm.model
     else:
-        negs, model = [mined["negatives"][0], llm_negs[0], mined["negatives"][1], llm_negs[1]], work.ctx.cfg.llm.model
-        meta["negative_sources"] = ["mined", "llm", "mined", "llm"]
+        negs, sources = mix_negatives(mined["negatives"], llm_ok)
+        model = work.ctx.cfg.llm.model
+        meta["negative_sources"] = sources
+        meta["llm_negative_scores"] = mined["screen_scores"]
     ex = Example(
         id=it.id,
         task=STYLES[p["style"]][3],
@@ -392,6 +406,22 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         **({"usage": usage} if usage else {}),
     )
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
+def mix_negatives(mined: list[str], llm_ok: list[str]) -> tuple[list[str], list[str]]:
+    """The ``mixed`` negatives, hardest first: slots mined, LLM, mined, LLM; an LLM slot whose
+    negative failed the positive-aware rule takes the next mined one instead, so an example is
+    never lost to its LLM half. Returns the negatives and where each came from."""
+    m, l_ = iter(mined), iter(llm_ok[:MIXED_LLM_SLOTS])
+    negs: list[str] = []
+    sources: list[str] = []
+    for slot in ("mined", "llm", "mined", "llm"):
+        text = next(l_, None) if slot == "llm" else None
+        src = "llm" if text is not None else "mined"
+        text = text if text is not None else next(m)
+        negs.append(text)
+        sources.append(src)
+    return negs, sources
 
 
 # -- the stage ------------------------------------------------------------------------------
@@ -428,11 +458,13 @@ def describe(folder: Path) -> dict[str, Any]:
     """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
     (kept examples, plus the rank of each query the round trip rejected)."""
     styles: Counter = Counter()
+    sources: Counter = Counter()
     lengths: list[int] = []
     ranks: list[int] = []
     for path in list_shards(folder):
         for r in iter_jsonl(path):
             styles[r.get("attributes", {}).get("style", "?")] += 1
+            sources.update(r.get("meta", {}).get("negative_sources", ()))
             lengths.append(len(r["query"].split()))
             if "round_trip_rank" in r.get("meta", {}):
                 ranks.append(r["meta"]["round_trip_rank"])
@@ -443,6 +475,8 @@ def describe(folder: Path) -> dict[str, Any]:
             if rank is not None:
                 ranks.append(rank)
     out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
+    if sources:  # mixed: how many slots the LLM's negatives kept, and how many went to mined ones
+        out["negative_sources"] = dict(sorted(sources.items()))
     if lengths:
         s = sorted(lengths)
         out["query_words"] = {
@@ -468,6 +502,8 @@ def report(stats: dict) -> list[Summary]:
     rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
     if stats.get("query_styles"):
         rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
+    if stats.get("negative_sources"):
+        rows.append(("negatives by source", ", ".join(f"{k} {v}" for k, v in stats["negative_sources"].items())))
     if stats.get("query_words"):
         w = stats["query_words"]
         rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
