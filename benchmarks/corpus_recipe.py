@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--datasets", default="scifact,cranfield", help="comma-separated: scifact, cranfield")
     ap.add_argument("--arms", default=f"base,{DEFAULT_ARM}", help=f"comma-separated, or 'all': {', '.join(ARMS)}")
     ap.add_argument("--seeds", default="0,1,2", help="seeds of the trained arms (the base model has none)")
-    ap.add_argument("--max-docs", type=int, default=300, help="documents sampled per corpus (seeded)")
+    ap.add_argument("--max-docs", type=int, default=400, help="documents sampled per corpus (seeded; every reported figure used 400)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: one pass over the kept examples)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-5)
