@@ -592,6 +592,23 @@ def evaluate(
     _emit_llm(_execute("evaluate", opts, ctx), opts.json_out)
 
 
+def refuse_under_launcher(names: list[str], run_dir: Path) -> None:
+    """``negsynth run`` started by torchrun / accelerate (WORLD_SIZE > 1): every rank would run the
+    LLM and data stages; only ``train`` splits over ranks. Say in one line what to type instead."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1 or all(n == "train" for n in names):
+        return
+    cut = names.index("train") if "train" in names else len(names)
+    before, after = [n for n in names[:cut] if n != "train"], [n for n in names[cut:] if n != "train"]
+    steps = [f"negsynth run -d {run_dir} --stages {','.join(before)}"] if before else []
+    steps += [f"torchrun --nproc_per_node {world} -m negsynth train -d {run_dir}"] if "train" in names else []
+    steps += [f"negsynth run -d {run_dir} --stages {','.join(after)}"] if after else []
+    raise UserError(
+        f"negsynth run under a launcher (WORLD_SIZE={world}) would run {', '.join(before + after)} once per process; "
+        f"only train splits over processes: {' ; then '.join(steps)}"
+    )
+
+
 @stage_command(budgets=True)
 def run(
     opts: Options,
@@ -603,6 +620,7 @@ def run(
 
     ctx = opts.context()
     names = [s.strip() for s in stages.split(",")] if stages else None
+    refuse_under_launcher(names or ctx.cfg.pipeline.stages, opts.run_dir)
     out = run_pipeline(ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget)
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:

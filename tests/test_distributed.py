@@ -270,3 +270,20 @@ def test_negsynth_train_under_torchrun_trains_once_and_rank0_alone_speaks(tmp_pa
         assert "Traceback" not in p.stderr, p.stderr[-4000:]
     assert json.loads((rd / "manifest.json").read_text())["stages"]["train"]
     assert json.loads((rd / "train" / "stats.json").read_text())["steps"] == 4
+
+
+def test_negsynth_run_under_a_launcher_says_in_one_line_what_to_type(tmp_path, monkeypatch):
+    """Every rank of ``torchrun -m negsynth run`` would call the LLM: the command refuses before
+    any work, exit 2, and names the three commands (data stages, train under the launcher, the rest)."""
+    from typer.testing import CliRunner
+
+    from negsynth.cli import app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = CliRunner().invoke(app, ["run", "-d", str(tmp_path / "run"), "--stages", "corpus,score,curriculum,train,evaluate"])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.output.split())
+    assert "WORLD_SIZE=2" in msg and "Traceback" not in r.output
+    assert "--stages corpus,score,curriculum ;" in msg
+    assert "torchrun --nproc_per_node 2 -m negsynth train" in msg and "--stages evaluate" in msg
+    assert not (tmp_path / "run" / "corpus").exists()
