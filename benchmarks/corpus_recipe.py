@@ -15,10 +15,12 @@ mined-rt        the same + the round-trip filter (``round_trip_k = 10``: keep a 
                 the base model ranks its own document in the top 10)
 mined-rt1       the same with ``round_trip_k = 1`` (Promptagator's strict filter)
 llm             the LLM's 4 graded negatives written for the document
-mixed           the LLM's 2 hardest + the 2 hardest mined
+mixed           the 2 hardest mined + the LLM's 2 hardest that pass the same positive-aware
+                margin (a slot whose LLM negative fails takes the next mined one)
 mined-q3        3 queries per document (one request), mined negatives
 mined-e2        ``mined`` trained for two passes over its kept examples (no new LLM call)
 mined-q3-e2     ``mined-q3`` trained for two passes
+mined-gc8       ``mined`` trained with GradCache (``train.mini_batch_size = 8``): the memory check
 ==============  ===========================================================================
 
 Datasets (``--datasets``): ``scifact`` (5,183 abstracts; reported on the full SciFact test
@@ -67,6 +69,8 @@ ARMS: dict[str, dict | None] = {
     # training-side arms: the same cached LLM answers, another pass count over the kept examples
     "mined-e2": {"negatives": "mined", "curriculum": {"epochs": 2}},
     "mined-q3-e2": {"negatives": "mined", "queries_per_doc": 3, "curriculum": {"epochs": 2}},
+    # GradCache (train.mini_batch_size = 8): the same loss with one 8-row chunk's activations in memory
+    "mined-gc8": {"negatives": "mined", "train": {"mini_batch_size": 8}},
 }
 DEFAULT_ARM = "mined"
 DATASETS = {
@@ -86,6 +90,7 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     arm = dict(arm)
     cur = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
     cur.update(arm.pop("curriculum", {}))
+    train = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("train", {}).items())
     corpus = f"[corpus]\nmax_docs = {args.max_docs}\nseed = 0\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.items())
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     return (
@@ -93,6 +98,7 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
         f"[curriculum]\nseed = {seed}\n"
         + "".join(f"{k} = {json.dumps(v)}\n" for k, v in cur.items())
         + f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+        + train
     )
 
 
