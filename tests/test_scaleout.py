@@ -204,6 +204,27 @@ def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstorme
     assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]  # every item once: no duplicate id
 
 
+def test_budget_ledger_checks_and_counts_in_one_call():
+    """The shared budget's counts (the Ray actor's class, here without Ray): a request is counted
+    only when no limit is reached; tokens and cost stop the next one; a request never sent is given back."""
+    from negsynth.pipeline.context import Budget
+    from negsynth.pipeline.ray_executor import BudgetLedger
+
+    led = BudgetLedger(Budget(max_requests=2), 1000.0, 1000.0)
+    assert [led.reserve() for _ in range(3)] == [None, None, "max_requests=2"] and led.requests == 2
+    led.unreserve()
+    assert led.reserve() is None and led.reserve() == "max_requests=2"
+    led = BudgetLedger(Budget(max_tokens=50, max_cost=0.04), 1000.0, 1000.0)
+    assert led.reserve() is None
+    led.add(20, 10)
+    assert led.reserve() is None and led.used() == {"requests": 2, "tokens": 30, "cost_usd": 0.03}
+    led.add(5, 5)
+    assert led.reserve() == "max_cost=0.04" and led.used()["requests"] == 2
+    led = BudgetLedger(Budget(max_tokens=50), 0.0, 0.0)
+    led.add(30, 20)
+    assert led.reserve() == "max_tokens=50"
+
+
 @pytest.mark.slow
 def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed, reference):
     """SIGKILL one Ray worker process while its requests are in flight: Ray retries the task, it
