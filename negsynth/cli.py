@@ -187,7 +187,7 @@ def _emit_llm(stats: dict, json_mode: bool) -> None:
         raise typer.Exit(EXIT_PENDING)
     if stats.get("stopped_by"):
         typer.echo(
-            f"stopped by budget {stats['stopped_by']}: {stats.get('items', 0)} items done and written; "
+            f"stopped by budget {stats['stopped_by']}: {stats.get('items', stats.get('input_examples', 0))} items done and written; "
             "rerun the same command (with a larger budget) to continue",
             err=True,
         )
@@ -500,7 +500,7 @@ def embedder_overrides(spec: str | None) -> list[str]:
     return out
 
 
-@stage_command()
+@stage_command(budgets=True)
 def score(
     opts: Options,
     embedder: Annotated[
@@ -511,7 +511,11 @@ def score(
     ] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="measured | annotate | reorder | filter (default score.policy)")] = None,
 ) -> None:
-    """Stage 3: measure cos(query, positive/negatives) with a local embedder, flag false negatives -> RUN_DIR/score/."""
+    """Stage 3: measure cos(query, positive/negatives) with a local embedder, flag false negatives -> RUN_DIR/score/.
+
+    The --max-* budgets count the LLM judge's requests (score.judge_model = "llm"); with no LLM
+    judge score sends no request and they do nothing.
+    """
     _run("score", opts, embedder_overrides(embedder) + ([f"score.policy={policy}"] if policy else []))
 
 

@@ -163,8 +163,66 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     assert merged["executor"] == "ray" and merged["num_shards"] == 3 and merged["valid"] == ref_stats["valid"] and merged["complete"]
     split = worker_config(load_config(cfg, ["llm.rpm=100", "llm.tpm=7"]), 3).llm
     assert (split.max_concurrency, split.rpm, split.tpm) == (1, 33, 2)  # 3 -> ceil(3/3); global limits stay global
-    r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--max-requests", "3")
-    assert r.exit_code == 2 and "budgets are counted per process" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstormed, reference):
+    """--executor ray --max-requests N: one budget for all workers (a Ray actor counts every
+    request before it is sent), so together they send at most N, stop like one process (stopped_by,
+    exit 3, finished work written), and a rerun without the budget finishes with every item once
+    and no request sent twice (the request cache)."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+
+    ref_files, ref_stats, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        start_local_ray()
+        try:
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--max-requests", "7", "--json")
+            assert r.exit_code == EXIT_BUDGET, r.output
+            sent = len(srv.requests)
+            assert sent == 7  # never more than the budget, with 2 workers x 2 requests in flight
+            st = json.loads(r.stdout)
+            assert st["stopped_by"] == "max_requests=7" and st["executor"] == "ray"
+            assert st["budget"]["used"]["requests"] == 7 and st["budget"]["scope"].startswith("this invocation, shared")
+            assert "stopped by budget max_requests=7" in r.stderr and "rerun" in r.stderr
+            workers = [json.loads((rd / "generate" / f"stats.{k:05d}-of-00002.json").read_text()) for k in (0, 1)]
+            assert sum(w["this_run"]["requests"] for w in workers) == 7  # no static split: their counts add up to it
+            assert any(w["stopped_by"] == "max_requests=7" for w in workers)
+            assert 0 < st["items"] < EXAMPLES and st["items"] == sum(w["items"] for w in workers)
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")
+        finally:
+            ray.shutdown()
+        assert r.exit_code == 0, r.output
+        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+    assert bodies == ref_bodies  # over both runs each request was sent once: none paid twice
+    assert data_files(rd) == ref_files
+    final = json.loads(r.stdout)
+    assert final["complete"] and final["stopped_by"] is None and final["valid"] == ref_stats["valid"] and "budget" not in final
+    rows = list(read_stage(rd / "generate"))
+    assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]  # every item once: no duplicate id
+
+
+def test_budget_ledger_checks_and_counts_in_one_call():
+    """The shared budget's counts (the Ray actor's class, here without Ray): a request is counted
+    only when no limit is reached; tokens and cost stop the next one; a request never sent is given back."""
+    from negsynth.pipeline.context import Budget
+    from negsynth.pipeline.ray_executor import BudgetLedger
+
+    led = BudgetLedger(Budget(max_requests=2), 1000.0, 1000.0)
+    assert [led.reserve() for _ in range(3)] == [None, None, "max_requests=2"] and led.requests == 2
+    led.unreserve()
+    assert led.reserve() is None and led.reserve() == "max_requests=2"
+    led = BudgetLedger(Budget(max_tokens=50, max_cost=0.04), 1000.0, 1000.0)
+    assert led.reserve() is None
+    led.add(20, 10)
+    assert led.reserve() is None and led.used() == {"requests": 2, "tokens": 30, "cost_usd": 0.03}
+    led.add(5, 5)
+    assert led.reserve() == "max_cost=0.04" and led.used()["requests"] == 2
+    led = BudgetLedger(Budget(max_tokens=50), 0.0, 0.0)
+    led.add(30, 20)
+    assert led.reserve() == "max_tokens=50"
 
 
 @pytest.mark.slow

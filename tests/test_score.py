@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -505,3 +506,66 @@ def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counte
     other = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
     other.cfg.llm.model = "another-model"
     assert stage_hash(ctx, shards) != stage_hash(other, shards)
+
+
+def test_llm_judge_honours_the_budget_stops_cleanly_and_a_rerun_pays_nothing_twice(tmp_path, monkeypatch):
+    """score --max-requests with score.judge_model = "llm": the budget counts the judge's requests
+    over every block; once spent, the block being judged is not written (its answers are cached),
+    score exits 3 with stopped_by, and a rerun finishes with each judgement requested once and the
+    same outputs as an uninterrupted run."""
+    import re
+
+    from fake_openai import FakeOpenAI, Reply
+    from helpers import write_run_config
+    from typer.testing import CliRunner
+
+    import negsynth.embed
+    from negsynth.cli import EXIT_BUDGET, app
+
+    monkeypatch.setattr(negsynth.embed, "load_embedder", lambda cfg: FakeEmbedder(HAND))
+
+    def responder(req, n):
+        cands = re.findall(r"^\[(\d+)\] (.*)$", req["messages"][-1]["content"], flags=re.M)
+        return Reply(content=json.dumps({"answers_query": [t == "n3" for _, t in cands]}))
+
+    shards = [[example(3 * k + i, q=f"Q{3 * k + i}") for i in range(3)] for k in range(2)]
+    score_cfg = {"judge_model": "llm", "policy": "measured", "min_negatives": 2, "dedup": False, "block_examples": 3}
+    runs = {}
+    with FakeOpenAI(responder) as srv:
+        for name in ("stopped", "whole"):
+            write_generate(tmp_path / name, shards)
+        cfg = write_run_config(tmp_path, srv.base_url, score=score_cfg)
+
+        def score(name: str, *extra: str):
+            return CliRunner().invoke(app, ["score", "-c", str(cfg), "-d", str(tmp_path / name), "-q", "--json", *extra])
+
+        r = score("stopped", "--max-requests", "4")
+        assert r.exit_code == EXIT_BUDGET, r.output
+        assert "stopped by budget max_requests=4: 3 items done and written" in r.stderr
+        assert len(srv.requests) == 4  # block 1's three, one of block 2's: the budget spans the blocks
+        st = json.loads((tmp_path / "stopped" / "score" / "stats.json").read_text())
+        assert st["stopped_by"] == "max_requests=4" and not st["complete"] and st["examples"] == 3
+        assert st["budget"]["max_requests"] == 4 and st["throughput"]["judge_llm_requests"] == 4
+        out = tmp_path / "stopped" / "score"
+        assert (out / "shard-00000.jsonl").exists() and not (out / "shard-00001.jsonl").exists()
+        r = score("stopped")
+        assert r.exit_code == 0, r.output
+        st = json.loads(r.stdout)
+        assert st["complete"] and st["stopped_by"] is None and st["examples"] == 6
+        assert st["throughput"]["judge_llm_requests"] == 2 and st["throughput"]["judge_llm_cache_hits"] == 1
+        assert len(srv.requests) == 6  # each example judged once over both runs
+        sent = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+        assert max(sent.values()) == 1
+        assert score("whole").exit_code == 0
+        runs = {
+            name: {p.name: p.read_bytes() for p in sorted((tmp_path / name / "score").glob("shard-*.jsonl"))}
+            for name in ("stopped", "whole")
+        }
+    assert runs["stopped"] == runs["whole"] and len(runs["whole"]) == 2  # the same outputs as an uninterrupted run
+    ids = [r["id"] for r in read_stage(tmp_path / "stopped" / "score")]
+    assert sorted(ids) == sorted(f"ex-{i}" for i in range(6))  # every example once
+    # without the LLM judge the budget does nothing: no request, no stop
+    r = CliRunner().invoke(
+        app, ["score", "-d", str(tmp_path / "whole"), "-q", "--overwrite", "--max-requests", "0", "--set", "score.dedup=false"]
+    )
+    assert r.exit_code == 0, r.output

@@ -114,6 +114,10 @@ class BatchTransport:
             why = gate()
             if why is not None:
                 raise BudgetStop(why)
+        if self.client.ledger is not None:  # a budget shared with other processes (--executor ray)
+            why = await self.client.ledger.reserve()
+            if why is not None:
+                raise BudgetStop(why)
         self.client.stats.requests += 1
         fut = asyncio.get_running_loop().create_future()
         self.pending[key] = payload
@@ -232,6 +236,8 @@ class BatchTransport:
                     pt, ct = value["usage"]
                     self.client.stats.prompt_tokens += pt
                     self.client.stats.completion_tokens += ct
+                    if self.client.ledger is not None:
+                        self.client.ledger.add(pt, ct)
                     if self.client.cache is not None:
                         self.client.cache.put(cid, value)
                     answered.add(cid)

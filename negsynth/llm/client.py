@@ -296,6 +296,10 @@ class LLMClient:
         self.limiter = limiter
         #: called before every request that would be sent (not cache hits): a reason stops it
         self.gate = gate
+        #: a budget shared with other processes (``--executor ray``), or None: ``await
+        #: ledger.reserve()`` counts a request before it is sent (a reason stops it instead),
+        #: ``ledger.unreserve()`` gives back one never sent, ``ledger.add(pt, ct)`` adds an answer's tokens
+        self.ledger: Any | None = None
         #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
         self.transport = transport
         self._sem = asyncio.Semaphore(cfg.total_concurrency)
@@ -814,6 +818,11 @@ class LLMClient:
                 why = self.gate()
                 if why is not None:
                     raise BudgetStop(why)
+            if self.ledger is not None:
+                # shared with other processes: the check and the count are one call on the ledger
+                why = await self.ledger.reserve()
+                if why is not None:
+                    raise BudgetStop(why)
             self.stats.requests += 1
             if ep is not None:
                 ep.requests += 1
@@ -828,6 +837,8 @@ class LLMClient:
             except Exception as e:
                 if _never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
+                    if self.ledger is not None:
+                        self.ledger.unreserve()
                 if ep is not None:
                     self.router.failed(ep, transport_kind(e), _never_sent(e))
                 raise
@@ -842,6 +853,8 @@ class LLMClient:
                 finish = ch.finish_reason
             self.stats.prompt_tokens += pt
             self.stats.completion_tokens += ct
+            if self.ledger is not None:
+                self.ledger.add(pt, ct)
             if lim is not None:
                 lim.record_tokens(pt + ct, reserved, ct)
             ok = True

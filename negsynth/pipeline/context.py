@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig
@@ -18,6 +18,8 @@ class Budget:
     max_requests: int | None = None
     max_tokens: int | None = None
     max_cost: float | None = None
+    #: whose requests count (the stats say it)
+    scope: ClassVar[str] = "this invocation"
 
     def __post_init__(self) -> None:
         for flag, v in (("--max-requests", self.max_requests), ("--max-tokens", self.max_tokens), ("--max-cost", self.max_cost)):
@@ -34,6 +36,40 @@ class Budget:
         if self.max_cost is not None and cost >= self.max_cost:
             return f"max_cost={self.max_cost}"
         return None
+
+
+@dataclass
+class SharedBudget(Budget):
+    """One budget for several processes (the shard workers of ``--executor ray``): the counts live
+    in one Ray actor (``ledger``, a :class:`~negsynth.pipeline.ray_executor.BudgetLedger`), not in
+    this process's client.
+
+    The client asks the ledger before each request it sends (:meth:`reserve`: one check-and-count
+    on the actor, which runs its calls one at a time, so all workers together never overshoot
+    ``--max-requests``), hands back a request that was never sent (:meth:`unreserve`) and adds
+    each answer's tokens (:meth:`add`). :meth:`exceeded` is the last verdict the ledger gave: once
+    a limit is reached this worker sends nothing new, like a one-process run."""
+
+    scope: ClassVar[str] = "this invocation, shared by every Ray worker"
+    ledger: Any = None
+    stopped: str | None = field(default=None, init=False)
+
+    def exceeded(self, requests: int, tokens: int, cost: float) -> str | None:
+        return self.stopped
+
+    async def reserve(self) -> str | None:
+        """Count one request about to be sent, or the reason not to send it (a limit is reached)."""
+        if self.stopped is None:
+            self.stopped = await self.ledger.reserve.remote()
+        return self.stopped
+
+    def unreserve(self) -> None:
+        self.ledger.unreserve.remote()
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        # calls from one process run on the actor in the order they were made: this worker's next
+        # reserve already sees these tokens
+        self.ledger.add.remote(prompt_tokens, completion_tokens)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import BudgetStop, ClientStats, LLMClient, LLMFatalError, OutageStop, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter
-from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.context import SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
 from negsynth.pipeline.stage import Stage
@@ -151,6 +151,8 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
             if entry is not None and stage is not None:
                 prepare_outputs(ctx, stage, entry)
             client.gate = budget_checker(ctx, client)
+            if isinstance(ctx.budget, SharedBudget):  # --executor ray: one budget for every worker
+                client.ledger = ctx.budget
             client.on_wait = ctx.reporter.waiting
             if ctx.mode == "batch":
                 from negsynth.llm.batch import BatchTransport
@@ -348,7 +350,7 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
             stats["this_run"].update(client.router.as_dict())
     stats["mode"] = ctx.mode
     b = ctx.budget
-    stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": "this invocation"}
+    stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
     if extra:
         stats.update(extra)
     return stats

@@ -10,6 +10,13 @@ nothing new decides what is written.
 - The run dir must be on a filesystem every Ray node sees (one node: any local folder).
 - Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
   up) and of ``llm.rpm`` / ``llm.tpm`` (rounded down, at least 1).
+- Budgets (``--max-requests`` / ``--max-tokens`` / ``--max-cost``) are one budget for the whole
+  invocation, not split: a :class:`BudgetLedger` actor holds the counts, every worker's client
+  counts a request on it before sending (so together they never overshoot ``--max-requests``) and
+  adds each answer's tokens. Once a limit is reached no worker sends a new request; the requests
+  in flight finish, finished work is written and the stage stops with ``stopped_by`` (exit 3), as
+  in one process. A worker Ray retries keeps what its first try counted (a request may then be
+  counted but unanswered: the budget can end early, never late).
 - ``llm.endpoints`` travels with the config: every worker spreads its requests over the same
   servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead
   one out on its own.
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.errors import NegsynthError, UserError
-from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.llm_stage import merge_stage
 from negsynth.pipeline.progress import Reporter
@@ -50,9 +57,56 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
     return cfg.model_copy(update={"llm": llm.model_copy(update=update)})
 
 
-def _worker(stage: Stage, cfg_json: dict, run_dir: str, k: int, n: int, base_url: str | None, overwrite: bool, mode: str) -> dict:
+class BudgetLedger:
+    """The counts of one invocation's budget, shared by its Ray workers (a Ray actor: it runs its
+    calls one at a time, so :meth:`reserve`'s check and count can never interleave with another
+    worker's)."""
+
+    def __init__(self, budget: Budget, input_per_mtok: float, output_per_mtok: float):
+        self.budget = budget
+        self.price = (input_per_mtok, output_per_mtok)
+        self.requests = self.prompt_tokens = self.completion_tokens = 0
+
+    def cost(self) -> float:
+        return (self.prompt_tokens * self.price[0] + self.completion_tokens * self.price[1]) / 1e6
+
+    def reserve(self) -> str | None:
+        """Count one request, or say which limit is reached (then nothing is counted)."""
+        why = self.budget.exceeded(self.requests, self.prompt_tokens + self.completion_tokens, self.cost())
+        if why is None:
+            self.requests += 1
+        return why
+
+    def unreserve(self) -> None:
+        self.requests -= 1  # a refused connection sent nothing: not a request
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+    def used(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "tokens": self.prompt_tokens + self.completion_tokens,
+            "cost_usd": round(self.cost(), 6),
+        }
+
+
+def _worker(
+    stage: Stage,
+    cfg_json: dict,
+    run_dir: str,
+    k: int,
+    n: int,
+    base_url: str | None,
+    overwrite: bool,
+    mode: str,
+    limits: tuple[int | None, int | None, float | None] = (None, None, None),
+    ledger: Any = None,
+) -> dict:
     """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
-    task, so this layer needs no registry of the method's stages)."""
+    task, so this layer needs no registry of the method's stages). With ``ledger`` (a
+    :class:`BudgetLedger` actor) its requests count against the invocation's one budget."""
     cfg = RunConfig.model_validate(cfg_json)
     ctx = StageContext(
         cfg=cfg,
@@ -60,6 +114,7 @@ def _worker(stage: Stage, cfg_json: dict, run_dir: str, k: int, n: int, base_url
         overwrite=overwrite,
         shard_index=k,
         num_shards=n,
+        budget=SharedBudget(*limits, ledger=ledger) if ledger is not None else Budget(),
         reporter=Reporter(quiet=True),
         mode=mode,
         base_url=base_url,
@@ -83,8 +138,8 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
         raise UserError(f"--workers {workers}: must be >= 1")
     if ctx.num_shards != 1:
         raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
-    if any(v is not None for v in (ctx.budget.max_requests, ctx.budget.max_tokens, ctx.budget.max_cost)):
-        raise UserError("--executor ray: budgets are counted per process; drop --max-requests/--max-tokens/--max-cost or run without Ray")
+    b = ctx.budget
+    limits = (b.max_requests, b.max_tokens, b.max_cost)
     ray = _ray()
     check_inputs(stage, ctx)
     address = address or os.environ.get("RAY_ADDRESS")
@@ -94,12 +149,19 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
         ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
+        ledger = None
+        if any(v is not None for v in limits):  # one budget for every worker (no CPU of its own)
+            price = ctx.cfg.llm.price
+            ledger = ray.remote(num_cpus=0)(BudgetLedger).remote(b, price.input_per_mtok, price.output_per_mtok)
         refs = [
-            task.remote(stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode)
+            task.remote(
+                stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger
+            )
             for k in range(workers)
         ]
         try:
             parts = ray.get(refs)
+            used = ray.get(ledger.used.remote()) if ledger is not None else None
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, NegsynthError):
@@ -110,8 +172,27 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             raise UserError(
                 f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
             ) from None
-    bad = next((p for p in parts if unfinished(p)), None)
+        finally:
+            if ledger is not None:
+                ray.kill(ledger)
+    budget = (
+        {
+            "budget": {
+                "max_requests": b.max_requests,
+                "max_tokens": b.max_tokens,
+                "max_cost": b.max_cost,
+                "scope": SharedBudget.scope,
+                "used": used,
+            }
+        }
+        if used is not None
+        else {}
+    )
+    # a failure or an outage says more than a budget stop (and exits with its own code)
+    bad = next((p for p in parts if unfinished(p) and not p.get("stopped_by")), None) or next((p for p in parts if unfinished(p)), None)
     if bad is not None:
-        return {**bad, "executor": "ray", "workers": workers}
+        if bad.get("stopped_by"):  # every worker's items done and written, not only this one's
+            bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
+        return {**bad, "executor": "ray", "workers": workers, **budget}
     merged = merge_stage(ctx.run_dir, stage.name)
-    return {**merged, "executor": "ray", "workers": workers}
+    return {**merged, "executor": "ray", "workers": workers, **budget}

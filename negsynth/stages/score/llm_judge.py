@@ -12,6 +12,11 @@ Every request goes through the run's LLM session: the request cache (a rerun of 
 judgement twice), re-asks of invalid answers, transport retries, the budget. An example whose
 judgement fails (invalid after the re-asks, or the transport gave up) is left unjudged: its
 negatives keep the embedder's verdict and it is counted in ``stats.json["judge"]["not_judged"]``.
+
+The ``--max-*`` budget counts every judgement request of the invocation (score opens one LLM
+session per block of examples). Once it is spent the judge sends nothing new, lets the requests in
+flight finish (their answers are cached) and raises :class:`~negsynth.llm.client.BudgetStop`: the
+block is not written, and a rerun judges it again from the cache, paying only for what is missing.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ from typing import Any
 from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
-from negsynth.llm.client import ValidationFailure
+from negsynth.llm.client import BudgetStop, OutageStop, ValidationFailure
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_session
+from negsynth.pipeline.llm_stage import cost_usd, llm_session
 from negsynth.prompts import reask_template, render
 from negsynth.stages.common import schema_failure
 
@@ -75,6 +80,7 @@ class LLMJudge:
         self.failed: Counter = Counter()  # reason -> examples left unjudged, this run
         self.requests = 0
         self.cache_hits = 0
+        self.tokens = [0, 0]  # prompt, completion: sent this run, every block
 
     def score_examples(self, examples: Sequence[dict]) -> tuple[list[float | None], list[list[float] | None]]:
         """``(1.0 per judged positive, 1.0 / 0.0 per negative)``; ``None`` for an example not judged."""
@@ -82,6 +88,7 @@ class LLMJudge:
 
     async def _run(self, examples: list[dict]):
         async with llm_session(self.ctx, stage="score") as client:
+            client.gate = self._budget_gate(client)
             with self.ctx.reporter.progress("score: LLM judge", len(examples)) as bar:
                 done = Counter()
 
@@ -91,15 +98,33 @@ class LLMJudge:
                     bar.update(advance=1, valid=done["valid"], rejected=done["rejected"])
                     return v
 
-                results = await asyncio.gather(*(one(ex) for ex in examples))
+                # a budget stop lets the requests in flight finish (and be cached) before it is raised
+                results = await asyncio.gather(*(one(ex) for ex in examples), return_exceptions=True)
             self.requests += client.stats.requests
             self.cache_hits += client.stats.cache_hits
+            self.tokens[0] += client.stats.prompt_tokens
+            self.tokens[1] += client.stats.completion_tokens
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:  # anything else first, then an outage, then a spent budget
+                raise min(errors, key=lambda e: 2 if type(e) is BudgetStop else 1 if isinstance(e, OutageStop) else 0)
         pos: list[float | None] = []
         negs: list[list[float] | None] = []
         for verdict in results:
             pos.append(None if verdict is None else 1.0)
             negs.append(None if verdict is None else [1.0 if v else 0.0 for v in verdict])
         return pos, negs
+
+    def _budget_gate(self, client):
+        """The budget check of this block's session, counting what earlier blocks sent."""
+        budget, cfg = self.ctx.budget, self.ctx.cfg.llm
+        r0, (p0, c0) = self.requests, self.tokens
+
+        def check() -> str | None:
+            st = client.stats
+            pt, ct = p0 + st.prompt_tokens, c0 + st.completion_tokens
+            return budget.exceeded(r0 + st.requests, pt + ct, cost_usd(cfg, pt, ct))
+
+        return check
 
     async def _one(self, client, ex: dict) -> list[bool] | None:
         n = len(ex["negatives"])

@@ -23,6 +23,7 @@ from negsynth.data.clean import (
 )
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.errors import UserError
+from negsynth.llm.client import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.stage import Stage
 from negsynth.schemas.config import ScoreConfig
@@ -69,6 +70,7 @@ def run(ctx: StageContext) -> dict:
     blocks = plan_blocks([p for _, p in shards], cfg.block_examples) if todo else []
     emb, judge = ctx.embedder, ctx.judge
     this_run = Counter()
+    stopped_by = None
     with ExitStack() as devices:
         if todo:
             if emb is None:
@@ -87,8 +89,15 @@ def run(ctx: StageContext) -> dict:
                 judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
             if ctx.cfg.embedder.devices is not None:
                 devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
-            _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
-    return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
+            try:
+                _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
+            except BudgetStop as e:
+                if isinstance(e, OutageStop):
+                    raise
+                # the LLM judge spent a --max-* budget: the shards written so far are kept, the
+                # judgements of the unfinished block are in the request cache for the rerun
+                stopped_by = e.reason
+    return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
 
 
 def fingerprint(ctx: StageContext) -> dict:
@@ -158,10 +167,16 @@ def _score_shards(
             cleaner.dedup.close()
 
 
-def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> dict:
-    """The stage's stats over every shard (this run's and earlier ones)."""
+def _finish(
+    ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, stopped_by: str | None = None
+) -> dict:
+    """The stage's stats over every shard (this run's and earlier ones); when a budget stopped
+    it (``stopped_by``), over the shards finished so far."""
     cfg = ctx.cfg.score
-    sidecars = [_load_sidecar(ctx, k) for k in range(len(shards))]
+    done = range(len(shards))
+    if stopped_by is not None:
+        done = [k for k in done if (ctx.stage_dir(NAME) / shard_name(k)).exists()]
+    sidecars = [_load_sidecar(ctx, k) for k in done]
     stats: dict[str, Any] = {
         "stage": NAME,
         "embedder": (emb.name if emb is not None else next((s["embedder"] for s in sidecars if s.get("embedder")), "?")),
@@ -179,16 +194,20 @@ def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[i
         "reordered": sum(s["reordered"] for s in sidecars),
         "paper_table4": list(PAPER_TABLE4),
         "inputs": [
-            {"stage": st, "shard": p.name, "out": shard_name(k), "examples": sidecars[k].get("examples", len(sidecars[k]["cos_pos"]))}
-            for k, (st, p) in enumerate(shards)
+            {"stage": shards[k][0], "shard": shards[k][1].name, "out": shard_name(k), "examples": sc.get("examples", len(sc["cos_pos"]))}
+            for k, sc in zip(done, sidecars, strict=True)
         ],
-        "shards_scored_this_run": len(todo),
+        "shards_scored_this_run": len(todo) if stopped_by is None else len([k for k in todo if k in done]),
         "throughput": _throughput(this_run, emb),
         "config_hash": h,
-        "complete": True,
+        "complete": stopped_by is None,
+        "stopped_by": stopped_by,
         "wall_time_s": round(time.perf_counter() - t_start, 3),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if cfg.judge_model == "llm":  # the --max-* budget applies to the LLM judge's requests
+        b = ctx.budget
+        stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
     return stats
 
 
@@ -342,7 +361,11 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
     t0 = time.perf_counter()
     idx = [e for e in range(len(examples)) if contam[e] is None]
     ctx.reporter.info(f"score: judging {len(idx)} examples' negatives with {judge.name} ...")
-    pos, negs = judge.score_examples([examples[e] for e in idx])
+    try:
+        pos, negs = judge.score_examples([examples[e] for e in idx])
+    finally:  # counted also when a budget stopped it
+        if hasattr(judge, "requests"):  # the LLM judge: what it sent and what the cache answered
+            this_run["judge_requests"], this_run["judge_cache_hits"] = judge.requests, judge.cache_hits
     ratio = ctx.cfg.score.judge_ratio
     for e, p, ns in zip(idx, pos, negs, strict=True):
         m = per_ex[e]
@@ -354,8 +377,6 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
         m.update(judge=judge.name, judge_pos=jp, judge_neg=jn, judged_false_negative=verdict)
         m["false_negative"] = [a or b for a, b in zip(m["false_negative"], verdict, strict=True)]
     this_run["judge_pairs"] += sum(1 + len(examples[e]["negatives"]) for e in idx)
-    if hasattr(judge, "requests"):  # the LLM judge: what it sent and what the cache answered
-        this_run["judge_requests"], this_run["judge_cache_hits"] = judge.requests, judge.cache_hits
     this_run["judge_s"] += time.perf_counter() - t0
 
 
