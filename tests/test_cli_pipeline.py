@@ -255,3 +255,20 @@ def test_run_stops_after_a_budget_stop_with_exit_3(tmp_path):
         r = runner.invoke(app, ["run", "-c", str(cfg), "-d", str(rd), "-q", "--stages", "brainstorm,generate"])
         assert r.exit_code == 0, r.output
         assert len(list(read_stage(rd / "generate"))) == 20
+
+
+def test_run_budget_covers_the_whole_run_not_each_stage(tmp_path):
+    """--max-requests N on `negsynth run`: brainstorm's requests count against the same N, so
+    generate gets what is left and the server sees N requests in all (not N per stage)."""
+    with FakeOpenAI(always_valid) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        r = runner.invoke(app, ["run", "-c", str(cfg), "-d", str(rd), "-q", "--json", "--max-requests", "12"])
+        assert r.exit_code == 3, r.output
+        assert len(srv.requests) == 12
+    stats = json.loads((rd / "generate" / "stats.json").read_text()) if (rd / "generate" / "stats.json").exists() else None
+    brainstorm = json.loads((rd / "brainstorm" / "stats.json").read_text())
+    used = brainstorm["this_run"]["requests"]
+    assert 0 < used < 12
+    if stats is not None:
+        assert stats["budget"]["spent_by_earlier_stages"]["requests"] == used

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +20,11 @@ class Budget:
     max_cost: float | None = None
     #: whose requests count (the stats say it)
     scope: ClassVar[str] = "this invocation"
+    #: what earlier stages of the same invocation spent (``negsynth run``): the limits cover the
+    #: whole run, not each stage afresh
+    spent_requests: int = 0
+    spent_tokens: int = 0
+    spent_cost: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, v in (("--max-requests", self.max_requests), ("--max-tokens", self.max_tokens), ("--max-cost", self.max_cost)):
@@ -29,6 +34,7 @@ class Budget:
                 raise UserError(f"{flag} {v}: a budget must be >= 0 (omit the flag for no limit)")
 
     def exceeded(self, requests: int, tokens: int, cost: float) -> str | None:
+        requests, tokens, cost = requests + self.spent_requests, tokens + self.spent_tokens, cost + self.spent_cost
         if self.max_requests is not None and requests >= self.max_requests:
             return f"max_requests={self.max_requests}"
         if self.max_tokens is not None and tokens >= self.max_tokens:
@@ -36,6 +42,15 @@ class Budget:
         if self.max_cost is not None and cost >= self.max_cost:
             return f"max_cost={self.max_cost}"
         return None
+
+    def after(self, this_run: dict[str, Any]) -> Budget:
+        """This budget with what a finished stage spent (its stats' ``this_run``) counted as spent."""
+        return replace(
+            self,
+            spent_requests=self.spent_requests + int(this_run.get("requests", 0)),
+            spent_tokens=self.spent_tokens + int(this_run.get("prompt_tokens", 0)) + int(this_run.get("completion_tokens", 0)),
+            spent_cost=self.spent_cost + float(this_run.get("cost_usd", 0.0)),
+        )
 
 
 @dataclass

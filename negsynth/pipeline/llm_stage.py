@@ -351,6 +351,12 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
     stats["mode"] = ctx.mode
     b = ctx.budget
     stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
+    if b.spent_requests or b.spent_tokens:  # negsynth run: what its earlier stages took from the same budget
+        stats["budget"]["spent_by_earlier_stages"] = {
+            "requests": b.spent_requests,
+            "tokens": b.spent_tokens,
+            "cost_usd": round(b.spent_cost, 6),
+        }
     if extra:
         stats.update(extra)
     return stats

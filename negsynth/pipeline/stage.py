@@ -257,6 +257,7 @@ def run_stages(
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
+    budget = budget or Budget()
     out: dict[str, dict] = {}
     with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
         base_url: str | None = None
@@ -268,9 +269,11 @@ def run_stages(
             return base_url
 
         for i, stage in enumerate(stages):
-            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget or Budget())
+            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget)
             reporter.info(f"[bold]== {stage.name}[/]")
             out[stage.name] = st = run_stage(stage, ctx, start_llm=start_llm)
+            if isinstance(st.get("this_run"), dict) and not st.get("reused"):
+                budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
             if unfinished(st):
                 if st.get("stopped_by"):
                     reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")
