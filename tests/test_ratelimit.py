@@ -162,3 +162,80 @@ def test_client_feeds_the_limiter_429_retry_after_and_usage():
     assert lim.rate_limited == 1 and lim.window_cuts == 1
     assert c.stats.transport_retries == {"rate_limited": 1}
     assert lim.inflight == 0 and lim._completions == 1  # released and corrected with real usage
+
+
+class _Ref:
+    """An answered call, awaitable like a Ray ObjectRef (and fine to ignore)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __await__(self):
+        return self.value
+        yield  # a generator: ``await`` returns ``value`` at once
+
+
+class _Remote:
+    """A RateLedger called the way a Ray actor handle is (``ledger.take.remote(...)`` awaited)."""
+
+    def __init__(self, ledger) -> None:
+        self.ledger = ledger
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        fn = getattr(self.ledger, name)
+        outer = self
+
+        class _M:
+            @staticmethod
+            def remote(*a):
+                outer.calls.append(name)
+                return _Ref(fn(*a))
+
+        return _M
+
+
+def test_rate_ledger_paces_reservations_and_corrects_tokens():
+    from negsynth.llm.ratelimit import RateLedger
+
+    clk = FakeClock()
+    led = RateLedger(rpm=60, tpm=None, burst_s=5.0, clock=clk)  # 1/s, burst of 5
+    waits = [led.take() for _ in range(8)]
+    assert waits == pytest.approx([0, 0, 0, 0, 0, 1.0, 2.0, 3.0])  # each reservation queues behind the last
+    clk.t += 10.0
+    assert led.take() == 0.0  # refilled
+    tl = RateLedger(rpm=None, tpm=6000, burst_s=10.0, clock=clk)  # 100 tok/s, bucket 1000
+    assert tl.take(800) == 0.0 and tl.take(400) == pytest.approx(2.0)  # 200 tokens short: 2 s
+    tl.correct(-400)  # the second used 400 fewer than reserved
+    assert tl.take(0) == 0.0
+    tl.drain()
+    assert tl.take(100) == pytest.approx(1.0)
+
+
+def test_two_processes_share_one_rate_instead_of_a_static_split():
+    """Two limiters on one ledger together keep to 60 rpm; a process alone gets the whole rate
+    (a static split would give each 30 rpm)."""
+    from negsynth.llm.ratelimit import RateLedger, SharedRateLimiter
+
+    clk = FakeClock()
+    handle = _Remote(RateLedger(rpm=60, tpm=None, burst_s=2.0, clock=clk))
+    a = SharedRateLimiter(handle, rpm=60, clock=clk, sleep=clk.sleep)
+    b = SharedRateLimiter(handle, rpm=60, clock=clk, sleep=clk.sleep)
+
+    async def go(lims, n):
+        sent = []
+        for i in range(n):
+            lim = lims[i % len(lims)]
+            await lim.acquire(payload())
+            lim.release()
+            sent.append(clk.t)
+        return sent
+
+    both = run(go([a, b], 8))
+    assert both[:2] == [1000.0, 1000.0]  # the burst of 2, shared
+    assert [y - x for x, y in zip(both[1:], both[2:])] == pytest.approx([1.0] * 6)  # one per second in all
+    clk.t += 100.0
+    alone = run(go([a], 6))
+    assert [y - x for x, y in zip(alone[1:], alone[2:])] == pytest.approx([1.0] * 4)  # the whole 60 rpm, not 30
+    a.on_rate_limited(None)
+    assert handle.calls.count("drain") == 1 and a.as_dict()["shared"] is True

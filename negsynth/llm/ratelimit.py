@@ -165,3 +165,94 @@ class RateLimiter:
             "window_cuts": self.window_cuts,
             "window": None if self.window == float("inf") else round(self.window, 2),
         }
+
+
+class RateLedger:
+    """RPM / TPM buckets shared by several processes (the shard workers of ``--executor ray`` hold
+    one as a Ray actor): :meth:`take` reserves a request's tokens at once and says how long the
+    caller must wait before sending, so the reservations of every process together keep to the
+    rates, with no static split between them (a worker alone on the queue gets the whole rate).
+
+    The buckets are the ones :class:`RateLimiter` keeps (``rpm / 60`` requests and ``tpm / 60``
+    tokens per second, ``burst_s`` seconds of refill, full at the start); a reservation may take
+    a bucket below zero and the wait is the time until the refill covers it."""
+
+    def __init__(self, rpm: int | None, tpm: int | None, *, burst_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.rpm, self.tpm, self.clock = rpm, tpm, clock
+        self._r_cap = max(1.0, (rpm or 0) / 60.0 * burst_s)
+        self._t_cap = max(1.0, (tpm or 0) / 60.0 * burst_s)
+        self._r, self._t = self._r_cap, self._t_cap
+        self._last = clock()
+        self.taken = 0
+
+    def _refill(self) -> None:
+        now = self.clock()
+        dt, self._last = now - self._last, now
+        if dt > 0 and self.rpm:
+            self._r = min(self._r_cap, self._r + dt * self.rpm / 60.0)
+        if dt > 0 and self.tpm:
+            self._t = min(self._t_cap, self._t + dt * self.tpm / 60.0)
+
+    def take(self, tokens: int = 0) -> float:
+        """Reserve one request of ``tokens`` (estimated); the seconds to wait before sending it."""
+        self._refill()
+        self.taken += 1
+        wait = 0.0
+        if self.rpm:
+            self._r -= 1.0
+            wait = max(wait, -self._r * 60.0 / self.rpm)
+        if self.tpm:
+            self._t -= min(float(tokens), self._t_cap)  # a request bigger than the bucket goes when it is full
+            wait = max(wait, -self._t * 60.0 / self.tpm)
+        return max(0.0, wait)
+
+    def correct(self, delta_tokens: int) -> None:
+        """The real usage of an answered request minus what it reserved."""
+        if self.tpm:
+            self._refill()
+            self._t -= delta_tokens
+
+    def drain(self) -> None:
+        """A process got a 429: the server says every process is over, so the buckets are empty."""
+        self._refill()
+        if self.rpm:
+            self._r = min(self._r, 0.0)
+        if self.tpm:
+            self._t = min(self._t, 0.0)
+
+
+class SharedRateLimiter(RateLimiter):
+    """A :class:`RateLimiter` whose RPM / TPM buckets live in a :class:`RateLedger` shared with
+    other processes (``ledger``: a Ray actor handle; its methods are called as ``.remote()``).
+    The in-flight window and the 429 cool-down stay this process's own, as each process has its
+    own connections; a 429 also empties the shared buckets."""
+
+    def __init__(self, ledger: Any, rpm: int | None = None, tpm: int | None = None, **kw: Any):
+        super().__init__(None, None, **kw)
+        self.ledger = ledger
+        self.shared_rpm, self.shared_tpm = rpm, tpm
+
+    def estimate(self, payload: dict[str, Any]) -> int:
+        return super().estimate(payload) if self.shared_tpm else 0
+
+    async def acquire(self, payload: dict[str, Any]) -> int:
+        await super().acquire(payload)  # the window and the cool-down of this process
+        tokens = self.estimate(payload)
+        if self.shared_rpm or self.shared_tpm:
+            wait = await self.ledger.take.remote(tokens)
+            if wait > 0:
+                self.waited_s += wait
+                await self.sleep(wait)
+        return tokens
+
+    def record_tokens(self, actual: int, reserved: int = 0, completion: int | None = None) -> None:
+        super().record_tokens(actual, reserved, completion)
+        if self.shared_tpm:
+            self.ledger.correct.remote(actual - reserved)
+
+    def on_rate_limited(self, retry_after: float | None = None) -> None:
+        super().on_rate_limited(retry_after)
+        self.ledger.drain.remote()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "rpm": self.shared_rpm, "tpm": self.shared_tpm, "shared": True}

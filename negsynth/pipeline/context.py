@@ -95,6 +95,9 @@ class StageContext:
     shard_index: int = 0
     num_shards: int = 1
     budget: Budget = field(default_factory=Budget)
+    #: RPM / TPM buckets shared with other processes (``--executor ray``: a
+    #: :class:`~negsynth.llm.ratelimit.RateLedger` actor), or None: this process keeps its own
+    rate_ledger: Any = None
     reporter: Reporter = field(default_factory=Reporter)
     mode: str = "online"  # or "batch" (OpenAI Batch API)
     # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)

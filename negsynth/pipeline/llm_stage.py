@@ -24,7 +24,7 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import BudgetStop, ClientStats, LLMClient, LLMFatalError, OutageStop, resolve_api_key
-from negsynth.llm.ratelimit import RateLimiter
+from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
 from negsynth.pipeline.context import SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
@@ -137,13 +137,11 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
         raise UserError("--mode batch sends through one Batch API: set llm.base_url instead of llm.endpoints, or drop --mode batch")
     cache = open_cache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
     # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
-    limiter = RateLimiter(
-        rpm=cfg.rpm,
-        tpm=cfg.tpm,
-        max_concurrency=cfg.total_concurrency,
-        max_tokens=cfg.max_tokens,
-        cooldown_s=max(cfg.backoff_initial, 0.01),
-    )
+    kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
+    if ctx.rate_ledger is not None:  # --executor ray: one RPM / TPM for every worker
+        limiter: RateLimiter = SharedRateLimiter(ctx.rate_ledger, rpm=cfg.rpm, tpm=cfg.tpm, **kw)
+    else:
+        limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, **kw)
     try:
         async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
             if check:
