@@ -89,6 +89,19 @@ def test_ray_refuses_embedder_devices_in_one_line(tmp_path):
     assert r.exit_code == 2  # curriculum takes no --executor
 
 
+def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, ray_node, monkeypatch):
+    from negsynth.errors import UserError
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+    write_generate(tmp_path, [[example()]])
+    ctx = make_ctx(tmp_path)
+    ctx.embedder = FakeEmbedder(HAND)
+    with pytest.raises(UserError, match=r"--workers 3: the Ray cluster has 2 CPU\(s\) .*use --workers 2"):
+        run_on_ray(SCORE, ctx, workers=3)  # the third actor would wait for a CPU forever
+    assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
+
+
 TOPICS = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents",
           "glaciers", "the printing press", "photosynthesis", "earthquakes", "coral reefs", "the roman empire"]  # fmt: skip
 

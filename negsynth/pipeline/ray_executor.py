@@ -170,6 +170,11 @@ class RayEmbedder(Embedder):
         if workers < 1:
             raise UserError(f"--workers {workers}: must be >= 1")
         ray = _connect(address)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        if cpus < workers:  # the actors beyond it would wait for a CPU forever
+            raise UserError(
+                f"--workers {workers}: the Ray cluster has {cpus:.0f} CPU(s) and each embedding worker takes one; use --workers {max(1, int(cpus))}"
+            )
         gpus = float(ray.cluster_resources().get("GPU", 0))
         per_gpu = min(1.0, gpus / workers) if gpus else 0
         actor = ray.remote(num_cpus=1, num_gpus=per_gpu)(_EmbedWorker)
@@ -183,9 +188,8 @@ class RayEmbedder(Embedder):
                 ray.kill(a)
             if isinstance(e, ray.exceptions.RayError):  # an actor died while loading its embedder
                 lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-                raise UserError(
-                    f"--executor ray: the embedding workers could not start ({lines[-1] if lines else type(e).__name__})"
-                ) from None
+                last = (lines[-1] if lines else type(e).__name__).removeprefix("negsynth.errors.UserError: ")  # the worker's own line
+                raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
             raise
         return cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]]})
 
