@@ -38,17 +38,23 @@ def outputs(rd: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
 
 
-def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, ray_node, monkeypatch):
-    """The fake embedder a Python caller passes travels to both workers; the parts are dealt to
-    them whole and re-assembled in order: every output file equals the one-process run's."""
+@pytest.fixture
+def fake_by_value(ray_node):
+    """The workers cannot import tests/test_score.py: its fake travels by value while a test runs
+    (a user's embedder class must be importable on the workers, or registered the same way)."""
     import test_score
     from ray import cloudpickle
 
+    cloudpickle.register_pickle_by_value(test_score)
+    yield
+    cloudpickle.unregister_pickle_by_value(test_score)
+
+
+def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by_value, monkeypatch):
+    """The fake embedder a Python caller passes travels to both workers; the parts are dealt to
+    them whole and re-assembled in order: every output file equals the one-process run's."""
     from negsynth.pipeline.ray_executor import RayEmbedder, run_on_ray
 
-    # the workers cannot import tests/test_score.py: its fake travels by value (a user's embedder
-    # class must be importable on the workers, or registered the same way)
-    cloudpickle.register_pickle_by_value(test_score)
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     cos = {**HAND, "m1": 0.89, "m2": 0.88, "e1": 0.7, "e2": 0.6, "e3": 0.4, "e4": 0.3}
     shards = [
@@ -89,7 +95,7 @@ def test_ray_refuses_embedder_devices_in_one_line(tmp_path):
     assert r.exit_code == 2  # curriculum takes no --executor
 
 
-def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, ray_node, monkeypatch):
+def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, fake_by_value, monkeypatch):
     from negsynth.errors import UserError
     from negsynth.pipeline.ray_executor import run_on_ray
 
@@ -100,6 +106,73 @@ def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, ray_node, 
     with pytest.raises(UserError, match=r"--workers 3: the Ray cluster has 2 CPU\(s\) .*use --workers 2"):
         run_on_ray(SCORE, ctx, workers=3)  # the third actor would wait for a CPU forever
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
+
+
+class SlowFake(FakeEmbedder):
+    """score's fake, 0.3 s per call: time to kill a worker in the middle of a block."""
+
+    def _encode(self, texts, *, batch_size, show_progress):
+        import time
+
+        time.sleep(0.3)
+        return super()._encode(texts, batch_size=batch_size, show_progress=show_progress)
+
+
+def test_a_worker_killed_mid_block_stops_in_one_line_and_a_rerun_resumes(tmp_path, fake_by_value, monkeypatch):
+    """SIGKILL one embedding worker while a block's parts are in flight: the stage stops with one
+    line (nothing of that block written), and the same call again finishes with the one-process bytes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from ray import cloudpickle
+
+    from negsynth.errors import UserError
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SlowFake travels by value too
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+    cos = {**HAND, "m1": 0.89, "m2": 0.88}
+    shards = [[example(i, q=f"Q{i}", negs=("m1", "m2", "n3", "n4") if i % 3 == 0 else ("n1", "n2", "n3", "n4"))] for i in range(6)]
+    ref = tmp_path / "one"
+    write_generate(ref, shards)
+    ctx = make_ctx(ref, policy="filter", min_negatives=3, filter_flags=["false_negative"])
+    ctx.cfg.embedder.batch_size = 1
+    ctx.embedder = FakeEmbedder(cos)
+    run_stage(SCORE, ctx)
+    rd = tmp_path / "ray"
+    write_generate(rd, shards)
+    killed = []
+
+    def kill_one():
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            pids = subprocess.run(["pgrep", "-f", "ray::_EmbedWorker.encode_part"], capture_output=True, text=True).stdout.split()
+            if pids:
+                os.kill(int(pids[0]), signal.SIGKILL)
+                killed.append(int(pids[0]))
+            time.sleep(0.05)
+
+    def ctx_for(emb):
+        c = make_ctx(rd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
+        c.cfg.embedder.batch_size = 1
+        c.embedder = emb
+        return c
+
+    t = threading.Thread(target=kill_one)
+    t.start()
+    try:
+        with pytest.raises(UserError, match=r"an embedding worker failed .*rerun the same command to resume"):
+            run_on_ray(SCORE, ctx_for(SlowFake(cos)), workers=2)
+    finally:
+        t.join()
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert killed and not (rd / "score" / "shard-00000.jsonl").exists()  # one block: nothing of it was written
+    run_on_ray(SCORE, ctx_for(FakeEmbedder(cos)), workers=2)
+    assert outputs(rd) == outputs(ref)
 
 
 TOPICS = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents",

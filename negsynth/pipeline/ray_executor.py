@@ -216,6 +216,11 @@ class RayEmbedder(Embedder):
             yield from pool.map(lambda a, p: a.encode_part.remote(p, batch_size), list(parts))
         except self._ray.exceptions.RayTaskError as e:
             _raise_cause(e)
+        except self._ray.exceptions.RayError as e:  # a worker process died, or the cluster went away
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"--executor ray: an embedding worker failed ({first}); finished shards are kept, rerun the same command to resume"
+            ) from None
 
     def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
         n = min(len(self.actors), len(texts))
@@ -254,7 +259,7 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
     def factory(embedder_cfg):
         emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
         made.append(emb)
-        ctx.reporter.info(f"score: embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
     ctx.embedder, ctx.embedder_factory = None, factory
