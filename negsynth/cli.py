@@ -81,10 +81,18 @@ MaxCostOpt = Annotated[
 ]
 ModeOpt = Annotated[str, typer.Option("--mode", help="online (live requests) or batch (OpenAI Batch API: upload, poll, download)")]
 ExecutorOpt = Annotated[
-    str, typer.Option("--executor", help="local, or ray: --workers shard workers as Ray tasks (pip install 'negsynth[ray]')")
+    str,
+    typer.Option(
+        "--executor",
+        help="local, or ray: --workers Ray workers (LLM stages: shard workers; score: its embedding) (pip install 'negsynth[ray]')",
+    ),
 ]
 WorkersOpt = Annotated[
-    int, typer.Option("--workers", help="with --executor ray: shard workers (the global LLM limits are split among them)")
+    int,
+    typer.Option(
+        "--workers",
+        help="with --executor ray: shard workers (the global LLM limits are split among them), or score's embedding workers (one embedder each)",
+    ),
 ]
 RayAddressOpt = Annotated[
     str | None, typer.Option("--ray-address", help="with --executor ray: the cluster (default $RAY_ADDRESS, else a local one)")
@@ -237,17 +245,20 @@ class Options:
 
 
 #: the shared options of the commands that call the LLM: workers, mode, budgets
-_SHARDS = ("shard_index", "num_shards", "mode", "executor", "workers", "ray_address")
+_RAY = ("executor", "workers", "ray_address")
+_SHARDS = ("shard_index", "num_shards", "mode", *_RAY)
 _BUDGETS = ("max_requests", "max_tokens", "max_cost")
 _BASIC = tuple(f.name for f in fields(Options) if f.name not in _SHARDS + _BUDGETS)
 
 
-def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool = False, overwrite: bool = True):
+def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool = False, ray: bool = False, overwrite: bool = True):
     """Declare a command: ``fn(opts: Options, **own_options)``. The shared options are added to
     its signature (with ``llm`` also workers, mode and budgets; with ``budgets`` the budgets alone;
-    without ``overwrite`` no --overwrite), logging is set up, and errors become one line and an
-    exit code (:func:`guarded`)."""
+    with ``ray`` --executor / --workers / --ray-address; without ``overwrite`` no --overwrite),
+    logging is set up, and errors become one line and an exit code (:func:`guarded`)."""
     extra = _SHARDS + _BUDGETS if llm else _BUDGETS if budgets else ()
+    if ray and not llm:
+        extra = extra + _RAY
     shared = [n for n in _BASIC + extra if overwrite or n != "overwrite"]
     hints = typing.get_type_hints(Options, include_extras=True)
     defaults = Options()
@@ -293,17 +304,18 @@ def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
 
 
 def _execute(name: str, opts: Options, ctx) -> dict:
-    """The stage in this process, or (``--executor ray``) as shard workers on Ray."""
+    """The stage in this process, or (``--executor ray``) as shard workers on Ray, or (score)
+    here with its embedding on Ray workers."""
     from negsynth.pipeline.stage import run_stage
-    from negsynth.stages import SHARDABLE, get
+    from negsynth.stages import EMBEDS, SHARDABLE, get
 
     stage = get(name)
     if opts.executor == "ray":
         from negsynth.pipeline.ray_executor import run_on_ray
 
-        if not stage.shardable:
+        if not (stage.shardable or stage.embeds):
             raise UserError(
-                f"--executor ray: {name} does not split into shard workers; run it without --executor (it splits: {', '.join(SHARDABLE)})"
+                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(SHARDABLE + EMBEDS)})"
             )
         return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
     if opts.executor != "local":
@@ -500,7 +512,7 @@ def embedder_overrides(spec: str | None) -> list[str]:
     return out
 
 
-@stage_command(budgets=True)
+@stage_command(budgets=True, ray=True)
 def score(
     opts: Options,
     embedder: Annotated[
@@ -613,19 +625,27 @@ def refuse_under_launcher(names: list[str], run_dir: Path) -> None:
     )
 
 
-@stage_command(budgets=True)
+@stage_command(budgets=True, ray=True)
 def run(
     opts: Options,
     stages: Annotated[str | None, typer.Option("--stages", help="comma-separated subset, default pipeline.stages")] = None,
 ) -> None:
-    """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM)."""
+    """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM).
+
+    With --executor ray, score's embedding runs on --workers Ray workers; the other stages run in
+    this process (split an LLM stage with `negsynth generate --executor ray`)."""
     from negsynth.pipeline.stage import unfinished
     from negsynth.stages import run_pipeline
 
+    if opts.executor not in ("local", "ray"):
+        raise UserError(f"--executor {opts.executor!r}: choose local or ray")
     ctx = opts.context()
     names = [s.strip() for s in stages.split(",")] if stages else None
     refuse_under_launcher(names or ctx.cfg.pipeline.stages, opts.run_dir)
-    out = run_pipeline(ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget)
+    out = run_pipeline(
+        ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget,
+        embed_workers=opts.workers if opts.executor == "ray" else None, ray_address=opts.ray_address,
+    )  # fmt: skip
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:
         _emit_llm({**stopped, "stages": out}, opts.json_out)

@@ -10,7 +10,7 @@ import typer.main
 
 from negsynth.cli import app
 from negsynth.schemas.config import PipelineConfig
-from negsynth.stages import METHOD, SHARDABLE
+from negsynth.stages import EMBEDS, METHOD, SHARDABLE
 
 NAMES = [s.name for s in METHOD]
 CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli.py"
@@ -59,6 +59,7 @@ def test_shardable_and_llm_stages_follow_the_method():
     from negsynth.estimate import llm_stage_names
 
     assert list(SHARDABLE) == [n for n in NAMES if n in SHARDABLE] == ["generate", "regenerate"]
+    assert EMBEDS == ("score",) and not set(EMBEDS) & set(SHARDABLE)  # score's embedding on Ray workers, the rest in one process
     assert llm_stage_names() == ("brainstorm", "generate", "regenerate", "corpus", "score")
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.curriculum import normalise
+from negsynth.embed.base import encode_parts
 from negsynth.errors import NegsynthError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -541,9 +542,10 @@ def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, 
     out = np.zeros((len(ev.texts), embedder.dim), dtype=np.float16)
     chunk = max(1, 8 * batch_size)
     with progress("score: embedding evaluation texts (once per run dir)", len(order)) if progress else nullcontext() as bar:
-        for c0 in range(0, len(order), chunk):
-            rows = order[c0 : c0 + chunk]
-            out[rows] = quantize(embedder.encode_documents([ev.texts[j] for j in rows], batch_size=batch_size))
+        chunks = [order[c0 : c0 + chunk] for c0 in range(0, len(order), chunk)]
+        parts = [("documents", [ev.texts[j] for j in rows], None) for rows in chunks]
+        for rows, v in zip(chunks, encode_parts(embedder, parts, batch_size=batch_size), strict=True):
+            out[rows] = quantize(v)
             if bar is not None:
                 bar.update(advance=len(rows))
     buf = io.BytesIO()

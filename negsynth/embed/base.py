@@ -53,6 +53,47 @@ class Embedder(ABC):
     def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray: ...
 
 
+#: one call to an embedder: ``("encode", texts, None)`` (already formatted), ``("queries", texts,
+#: instructions)`` or ``("documents", texts, None)``
+Part = tuple[str, list[str], list[str | None] | None]
+
+
+def shares_query_pool(embedder) -> bool:
+    """True when queries are just ``format_query`` + ``encode`` (so queries and documents can share
+    one pool of texts). An embedder standing in for another (the Ray workers' proxy) answers for
+    the one it stands for with a ``shares_query_pool`` attribute."""
+    own = getattr(embedder, "shares_query_pool", None)
+    if own is not None:
+        return bool(own)
+    t = type(embedder)
+    return t.encode_queries is Embedder.encode_queries and t.encode_documents is Embedder.encode_documents
+
+
+def encode_part(embedder, part: Part, *, batch_size: int) -> np.ndarray:
+    """The vectors of one :data:`Part`."""
+    how, texts, instructions = part
+    if how == "queries":
+        return embedder.encode_queries(texts, instructions, batch_size=batch_size)
+    if how == "documents":
+        return embedder.encode_documents(texts, batch_size=batch_size)
+    return embedder.encode(texts, batch_size=batch_size)
+
+
+def encode_parts(embedder, parts: Sequence[Part], *, batch_size: int) -> Iterator[np.ndarray]:
+    """The vectors of each part, in order, one part at a time (the caller stores each as it comes,
+    so no more than one part's vectors are held twice).
+
+    In this process, one call after another. An embedder with its own ``encode_parts`` (the Ray
+    workers' proxy, :mod:`negsynth.pipeline.ray_executor`) spreads the parts over its workers,
+    each part whole (so every batch holds the texts it holds in one process)."""
+    fan_out = getattr(embedder, "encode_parts", None)
+    if fan_out is not None:
+        yield from fan_out(parts, batch_size=batch_size)
+        return
+    for part in parts:
+        yield encode_part(embedder, part, batch_size=batch_size)
+
+
 @contextmanager
 def quiet_loading() -> Iterator[None]:
     """transformers' and the hub's progress bars off while negsynth loads a model (a decorator too).

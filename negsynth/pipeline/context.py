@@ -116,6 +116,10 @@ class StageContext:
     #: judge for ``score.judge_model``; tests pass fakes)
     embedder: Any = None
     judge: Any = None
+    #: how a stage that needs ``[embedder]`` (and holds none in ``embedder``) makes it:
+    #: ``EmbedderConfig -> Embedder``; None = loaded in this process. ``--executor ray`` sets a
+    #: proxy whose encoding runs on Ray workers (:func:`negsynth.pipeline.ray_executor.ray_embedding`)
+    embedder_factory: Any = None
     #: no data to read is an error (exit 2) instead of a skipped stage (the ``evaluate`` command;
     #: ``negsynth run`` ends its pipeline with one line instead)
     require_data: bool = False

@@ -1,6 +1,10 @@
-"""``--executor ray``: an LLM stage's shard workers as Ray tasks (``pip install 'negsynth[ray]'``).
+"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``).
 
-The same deterministic split as ``--shard-index k --num-shards n`` on n machines, scheduled by
+Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage`: an LLM stage (``shardable``) runs
+as shard workers; a stage whose heavy work is embedding (``embeds``: score) runs in the driver
+and its embedder's encoding is spread over Ray actors (:func:`ray_embedding`).
+
+**Shard workers.** The same deterministic split as ``--shard-index k --num-shards n`` on n machines, scheduled by
 Ray instead of by hand: worker k is one Ray task running :func:`~negsynth.pipeline.stage.run_stage`
 with ``shard_index = k``; when all are done the driver merges their stats (``negsynth merge``).
 So the union of the shards equals a one-process run byte for byte, a task that dies is retried
@@ -24,15 +28,31 @@ nothing new decides what is written.
   serves a one-node cluster; a multi-node cluster needs a served endpoint (vLLM, OpenAI, ...).
 - The API key is read by each worker from its own environment (``llm.api_key_env``, and each
   endpoint's ``api_key_env``), never shipped in the task's arguments.
+
+**Embedding workers.** The stage runs in the driver as in one process (reads, dedup in input
+order, decontamination, the policy, writing: everything that decides what is kept); only its
+embedder is replaced by :class:`RayEmbedder`, a proxy over ``workers`` Ray actors, each holding
+one embedder (loaded there from ``[embedder]``, on the GPU Ray gives it when the cluster has
+GPUs, by the embedder's own ``device`` resolution; or a copy of the one a Python caller passed
+in ``ctx.embedder``). The stage hands its calls over as parts (contiguous chunks of its
+length-sorted texts, :func:`negsynth.embed.base.encode_parts`); each part goes whole to the next
+free actor and the vectors come back in order, so every batch holds the texts it holds in one
+process and the floats differ at most by float rounding (another thread count in the actors).
+The actors start only when the stage has texts to embed, and stop when it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from negsynth.embed.base import Embedder, Part, encode_part, shares_query_pool
 from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
@@ -130,12 +150,198 @@ def _ray():
     return ray
 
 
+def _connect(address: str | None):
+    """Ray, initialised (``address``, else ``$RAY_ADDRESS``, else a local node)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+def _raise_cause(e: Exception):
+    """Raise a worker's negsynth error as itself (one line, its exit code), else ``e``."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, NegsynthError):
+        raise cause from None
+    raise e
+
+
+def _get(ray, refs):
+    """``ray.get``, with a worker's negsynth error raised as itself."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as e:
+        _raise_cause(e)
+
+
+# ---------------------------------------------------------------------------- embedding workers
+class _EmbedWorker:
+    """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given."""
+
+    def __init__(self, embedder_cfg: dict, embedder: Any = None):
+        if embedder is None:
+            from negsynth.embed import load_embedder
+            from negsynth.schemas.config import EmbedderConfig
+
+            embedder = load_embedder(EmbedderConfig.model_validate(embedder_cfg))
+        self.embedder = embedder
+
+    def describe(self) -> dict:
+        e = self.embedder
+        return {
+            "name": e.name,
+            "dim": int(e.dim),
+            "device": str(getattr(e, "device", "?")),
+            "query_template": e.query_template,
+            "instruct_queries": e.instruct_queries,
+            "shares_query_pool": shares_query_pool(e),
+        }
+
+    def encode_part(self, part: Part, batch_size: int) -> np.ndarray:
+        return encode_part(self.embedder, part, batch_size=batch_size)
+
+
+class RayEmbedder(Embedder):
+    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors (one embedder
+    each). It answers ``name``, ``dim``, the query formatting and :func:`shares_query_pool` for the
+    embedder it stands for, so a stage uses it as that embedder; :meth:`encode_parts` spreads a
+    stage's parts over the actors (each part whole), and ``encode`` / ``encode_queries`` /
+    ``encode_documents`` cut one call into contiguous pieces, one per actor, re-joined in order."""
+
+    def __init__(self, ray, actors: list, info: dict):
+        self._ray, self.actors = ray, actors
+        self.name = info["name"]
+        self._dim = info["dim"]
+        self.query_template = info["query_template"]
+        self.instruct_queries = info["instruct_queries"]
+        self.shares_query_pool = info["shares_query_pool"]
+        self.devices = [info["device"], *info.get("other_devices", [])]
+
+    @classmethod
+    def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None) -> RayEmbedder:
+        """``workers`` actors, each loading ``embedder_cfg`` (or holding a copy of ``embedder``);
+        each asks Ray for one CPU and, when the cluster has GPUs, a GPU (a share of one when
+        there are fewer GPUs than workers)."""
+        if workers < 1:
+            raise UserError(f"--workers {workers}: must be >= 1")
+        ray = _connect(address)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        if cpus < workers:  # the actors beyond it would wait for a CPU forever
+            raise UserError(
+                f"--workers {workers}: the Ray cluster has {cpus:.0f} CPU(s) and each embedding worker takes one; use --workers {max(1, int(cpus))}"
+            )
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        per_gpu = min(1.0, gpus / workers) if gpus else 0
+        actor = ray.remote(num_cpus=1, num_gpus=per_gpu)(_EmbedWorker)
+        cfg_json = embedder_cfg.model_dump(mode="json")
+        shipped = ray.put(embedder) if embedder is not None else None
+        actors = [actor.remote(cfg_json, shipped) for _ in range(workers)]
+        try:
+            infos = _get(ray, [a.describe.remote() for a in actors])
+        except BaseException as e:
+            for a in actors:
+                ray.kill(a)
+            if isinstance(e, ray.exceptions.RayError):  # an actor died while loading its embedder
+                lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                last = (lines[-1] if lines else type(e).__name__).removeprefix("negsynth.errors.UserError: ")  # the worker's own line
+                raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
+            raise
+        return cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]]})
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def device(self) -> str:
+        """``ray:`` and each worker's device, e.g. ``ray:cpu,cpu`` (what score's stats record)."""
+        return "ray:" + ",".join(self.devices)
+
+    def close(self) -> None:
+        for a in self.actors:
+            self._ray.kill(a)
+        self.actors = []
+
+    def encode_parts(self, parts: Sequence[Part], *, batch_size: int) -> Iterator[np.ndarray]:
+        """Each part to the next free actor; the vectors yielded in the parts' order."""
+        from ray.util import ActorPool
+
+        pool = ActorPool(self.actors)
+        try:
+            yield from pool.map(lambda a, p: a.encode_part.remote(p, batch_size), list(parts))
+        except self._ray.exceptions.RayTaskError as e:
+            _raise_cause(e)
+        except self._ray.exceptions.RayError as e:  # a worker process died, or the cluster went away
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"--executor ray: an embedding worker failed ({first}); finished shards are kept, rerun the same command to resume"
+            ) from None
+
+    def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
+        n = min(len(self.actors), len(texts))
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        cuts = np.linspace(0, len(texts), n + 1).astype(int)
+        parts = [(how, texts[a:b], None if instructions is None else instructions[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        bs = batch_size or 64
+        got = _get(self._ray, [w.encode_part.remote(p, bs) for w, p in zip(self.actors, parts, strict=False)])
+        return np.concatenate(got).astype(np.float32, copy=False)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
+        return self._spread("encode", list(texts), None, batch_size)
+
+    def encode_queries(self, texts: Sequence[str], instruction=None, **kw) -> np.ndarray:
+        texts = list(texts)
+        instr = [instruction] * len(texts) if instruction is None or isinstance(instruction, str) else list(instruction)
+        return self._spread("queries", texts, instr, kw.get("batch_size"))
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        return self._spread("documents", list(texts), None, kw.get("batch_size"))
+
+    def _encode(self, texts, *, batch_size, show_progress):  # encode is overridden: never called
+        raise NotImplementedError
+
+
+@contextlib.contextmanager
+def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None) -> Iterator[StageContext]:
+    """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
+    :class:`RayEmbedder` over ``workers`` actors (started only when it asks; stopped on exit).
+    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead."""
+    if ctx.cfg.embedder.devices is not None:
+        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
+    given, made = ctx.embedder, []
+
+    def factory(embedder_cfg):
+        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
+        made.append(emb)
+        ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        return emb
+
+    ctx.embedder, ctx.embedder_factory = None, factory
+    try:
+        yield ctx
+    finally:
+        ctx.embedder, ctx.embedder_factory = given, None
+        for emb in made:
+            emb.close()
+
+
+# ---------------------------------------------------------------------------- shard workers
 def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | None = None, max_retries: int = 3) -> dict:
-    """Run ``stage`` as ``workers`` Ray tasks and merge them; returns the merged stats."""
-    if not stage.shardable:  # score dedups in input order: one process, see docs/scale.md
-        raise UserError(f"--executor ray: {stage.name} does not split into shard workers; run it without --executor")
+    """Run ``stage`` on ``workers`` Ray workers; returns its stats (merged, for shard workers).
+
+    A ``shardable`` stage runs as ``workers`` Ray tasks, merged by the driver; an ``embeds``
+    stage runs here with its embedding on ``workers`` actors (:func:`ray_embedding`)."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
+    if not stage.shardable and stage.embeds:
+        if ctx.num_shards != 1:
+            raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
+        with ray_embedding(ctx, workers=workers, address=address):
+            stats = run_stage(stage, ctx)
+        return {**stats, "executor": "ray", "workers": workers}
+    if not stage.shardable:
+        raise UserError(f"--executor ray: {stage.name} neither splits into shard workers nor embeds; run it without --executor")
     if ctx.num_shards != 1:
         raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
     b = ctx.budget

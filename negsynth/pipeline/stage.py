@@ -74,8 +74,10 @@ class Stage:
     of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
     ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
     after it ran (or was reused). ``shardable``: its work splits into shard workers
-    (``--executor ray``). ``examples``: its shards hold example records (query, positive,
-    negatives), the ones ``inspect`` and ``export`` read.
+    (``--executor ray``). ``embeds``: its heavy work is embedding with ``[embedder]``, which it
+    loads through ``ctx.embedder_factory`` when one is set (``--executor ray`` spreads the
+    encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
+    hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
     """
 
     name: str
@@ -92,6 +94,7 @@ class Stage:
     staged: bool = False
     keep_on_change: Callable[[RunConfig], bool] | None = None
     shardable: bool = False
+    embeds: bool = False
     examples: bool = False
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
@@ -248,12 +251,18 @@ def run_stages(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
+    embed_workers: int | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, dict]:
     """Run ``stages`` in order with :func:`run_stage`; returns each stage's stats.
 
     One embedded server serves every LLM stage of the run (started when the first one has work,
     stopped after the last so scoring and training get its cores). A stage that stops early ends the
-    run: later stages would train and evaluate on partial (or no) data."""
+    run: later stages would train and evaluate on partial (or no) data.
+
+    ``embed_workers`` (``negsynth run --executor ray --workers N``): an ``embeds`` stage (score)
+    spreads its encoding over N Ray workers (:func:`negsynth.pipeline.ray_executor.ray_embedding`);
+    the other stages run in this process, as without it."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
@@ -271,7 +280,14 @@ def run_stages(
         for i, stage in enumerate(stages):
             ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget)
             reporter.info(f"[bold]== {stage.name}[/]")
-            out[stage.name] = st = run_stage(stage, ctx, start_llm=start_llm)
+            if embed_workers and stage.embeds:
+                from negsynth.pipeline.ray_executor import ray_embedding
+
+                with ray_embedding(ctx, workers=embed_workers, address=ray_address):
+                    st = run_stage(stage, ctx, start_llm=start_llm)
+                out[stage.name] = st = {**st, "executor": "ray", "workers": embed_workers}
+            else:
+                out[stage.name] = st = run_stage(stage, ctx, start_llm=start_llm)
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
                 budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
             if unfinished(st):

@@ -65,14 +65,20 @@ def run_pipeline(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
+    embed_workers: int | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
+
+    ``embed_workers``: score's encoding on that many Ray workers (``negsynth run --executor ray``).
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget)
+    return run_stages(
+        chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, embed_workers=embed_workers, ray_address=ray_address
+    )
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
@@ -88,5 +94,7 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
 
 #: the stages whose work splits into shard workers (``--executor ray``)
 SHARDABLE: tuple[str, ...] = tuple(s.name for s in METHOD if s.shardable)
+#: the stages whose embedding ``--executor ray`` spreads over workers (the stage itself runs in one process)
+EMBEDS: tuple[str, ...] = tuple(s.name for s in METHOD if s.embeds)
 
-__all__ = ["METHOD", "SHARDABLE", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]
+__all__ = ["EMBEDS", "METHOD", "SHARDABLE", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]

@@ -8,13 +8,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _uses_base_formatting(embedder) -> bool:
-    """True when queries are just ``format_query`` + ``encode`` (so queries and documents can share one pool)."""
-    from negsynth.embed.base import Embedder
-
-    t = type(embedder)
-    return t.encode_queries is Embedder.encode_queries and t.encode_documents is Embedder.encode_documents
+from negsynth.embed.base import encode_parts, shares_query_pool
 
 
 def embed_block(
@@ -31,7 +25,7 @@ def embed_block(
     vectors and per-example rows (``q`` raw query, ``p`` positive, ``n`` negatives), for
     :mod:`negsynth.data.clean`.
     """
-    shared = _uses_base_formatting(embedder)
+    shared = shares_query_pool(embedder)
     # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
     doc_index: dict[Any, int] = {}
     q_index: dict[Any, int] = doc_index if shared else {}
@@ -73,21 +67,23 @@ def embed_block(
         instr_of = {j: q_items[n][1] for n, j in enumerate(qrows)}
     order = sorted(range(len(pool_texts)), key=lambda j: -len(pool_texts[j]))
     chunk = max(1, 8 * batch_size)
+    # the calls, in order: per chunk of the sorted rows, one (shared) or queries then documents
+    calls: list[tuple[list[int], tuple]] = []
+    for c0 in range(0, len(order), chunk):
+        rows = order[c0 : c0 + chunk]
+        if shared:
+            calls.append((rows, ("encode", [pool_texts[j] for j in rows], None)))
+            continue
+        qrows = [j for j in rows if is_query[j]]
+        drows = [j for j in rows if not is_query[j]]
+        if qrows:
+            calls.append((qrows, ("queries", [pool_texts[j] for j in qrows], [instr_of[j] for j in qrows])))
+        if drows:
+            calls.append((drows, ("documents", [pool_texts[j] for j in drows], None)))
     t0 = time.perf_counter()
     with _progress(reporter, label, len(order)) as bar:
-        for c0 in range(0, len(order), chunk):
-            rows = order[c0 : c0 + chunk]
-            if shared:
-                vecs[rows] = embedder.encode([pool_texts[j] for j in rows], batch_size=batch_size)
-            else:
-                qrows = [j for j in rows if is_query[j]]
-                drows = [j for j in rows if not is_query[j]]
-                if qrows:
-                    vecs[qrows] = embedder.encode_queries(
-                        [pool_texts[j] for j in qrows], [instr_of[j] for j in qrows], batch_size=batch_size
-                    )
-                if drows:
-                    vecs[drows] = embedder.encode_documents([pool_texts[j] for j in drows], batch_size=batch_size)
+        for (rows, _), v in zip(calls, encode_parts(embedder, [c for _, c in calls], batch_size=batch_size), strict=True):
+            vecs[rows] = v
             bar.update(advance=len(rows))
     embed_s = time.perf_counter() - t0
 

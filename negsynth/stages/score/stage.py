@@ -51,6 +51,8 @@ def run(ctx: StageContext) -> dict:
 
     ``ctx.embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
     ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
+    ``ctx.embedder_factory``: how to make the ``[embedder]`` otherwise (``--executor ray``: a proxy
+    whose encoding runs on Ray workers; everything else stays in this process, in input order).
     ``ctx.judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name``
     and ``score_examples``) instead of loading ``score.judge_model``.
     """
@@ -77,7 +79,7 @@ def run(ctx: StageContext) -> dict:
                 from negsynth.embed import load_embedder
 
                 ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
-                emb = load_embedder(ctx.cfg.embedder)
+                emb = (ctx.embedder_factory or load_embedder)(ctx.cfg.embedder)
             if judge is None and cfg.judge_model == "llm":
                 from negsynth.stages.score.llm_judge import LLMJudge
 
@@ -525,5 +527,6 @@ STAGE = Stage(
     inputs=lambda cfg: cfg.score.inputs,
     any_input=True,
     llm=lambda cfg: cfg.score.judge_model == "llm",
+    embeds=True,
     examples=True,
 )
