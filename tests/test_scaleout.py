@@ -162,7 +162,9 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     merged = json.loads(r.stdout)
     assert merged["executor"] == "ray" and merged["num_shards"] == 3 and merged["valid"] == ref_stats["valid"] and merged["complete"]
     split = worker_config(load_config(cfg, ["llm.rpm=100", "llm.tpm=7"]), 3).llm
-    assert (split.max_concurrency, split.rpm, split.tpm) == (1, 33, 2)  # 3 -> ceil(3/3); global limits stay global
+    # concurrency is split (each worker's connections are its own); rpm / tpm stay whole: the
+    # workers share one pair of buckets in a RateLedger actor
+    assert (split.max_concurrency, split.rpm, split.tpm) == (1, 100, 7)
 
 
 def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstormed, reference):
@@ -342,3 +344,27 @@ def test_brainstorm_budget_writes_nothing_partial_and_rerun_completes(tmp_path):
         assert r.exit_code == 0, r.output
         assert len(srv.requests) == 4  # the two answered requests came from the cache
     assert len(list(read_stage(rd / "brainstorm"))) == 21
+
+
+def test_ray_workers_share_one_rate_limit(tmp_path, brainstormed, reference):
+    """--executor ray with llm.rpm / llm.tpm: the workers pace their requests through one pair of
+    buckets (a RateLedger actor), not a static 1/n split; the output is the one-process output."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+
+    ref_files, ref_stats, ref_bodies = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        start_local_ray()
+        try:
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--set", "llm.rpm=6000", "--set", "llm.tpm=10000000", "--json")
+        finally:
+            ray.shutdown()
+        assert r.exit_code == 0, r.output
+        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+    assert data_files(rd) == ref_files and bodies == ref_bodies
+    workers = [json.loads((rd / "generate" / f"stats.{k:05d}-of-00002.json").read_text()) for k in (0, 1)]
+    for w in workers:
+        lim = w["this_run"]["rate_limiter"]
+        assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared

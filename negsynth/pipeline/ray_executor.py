@@ -13,7 +13,9 @@ nothing new decides what is written.
 
 - The run dir must be on a filesystem every Ray node sees (one node: any local folder).
 - Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
-  up) and of ``llm.rpm`` / ``llm.tpm`` (rounded down, at least 1).
+  up; its connections are its own); ``llm.rpm`` / ``llm.tpm`` are one pair of buckets for every
+  worker, in a :class:`~negsynth.llm.ratelimit.RateLedger` actor (no static split: a worker alone
+  on the queue gets the whole rate; a 429 any worker gets empties them for all).
 - Budgets (``--max-requests`` / ``--max-tokens`` / ``--max-cost``) are one budget for the whole
   invocation, not split: a :class:`BudgetLedger` actor holds the counts, every worker's client
   counts a request on it before sending (so together they never overshoot ``--max-requests``) and
@@ -70,10 +72,6 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
         update["endpoints"] = [
             e.model_copy(update={"max_concurrency": max(1, math.ceil(llm.endpoint_concurrency(e) / n))}) for e in llm.endpoints
         ]
-    if llm.rpm is not None:
-        update["rpm"] = max(1, llm.rpm // n)
-    if llm.tpm is not None:
-        update["tpm"] = max(1, llm.tpm // n)
     return cfg.model_copy(update={"llm": llm.model_copy(update=update)})
 
 
@@ -123,10 +121,12 @@ def _worker(
     mode: str,
     limits: tuple[int | None, int | None, float | None] = (None, None, None),
     ledger: Any = None,
+    rate_ledger: Any = None,
 ) -> dict:
     """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
     task, so this layer needs no registry of the method's stages). With ``ledger`` (a
-    :class:`BudgetLedger` actor) its requests count against the invocation's one budget."""
+    :class:`BudgetLedger` actor) its requests count against the invocation's one budget; with
+    ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger` actor) against one RPM / TPM."""
     cfg = RunConfig.model_validate(cfg_json)
     ctx = StageContext(
         cfg=cfg,
@@ -138,6 +138,7 @@ def _worker(
         reporter=Reporter(quiet=True),
         mode=mode,
         base_url=base_url,
+        rate_ledger=rate_ledger,
     )
     return run_stage(stage, ctx)
 
@@ -355,13 +356,17 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
         ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
-        ledger = None
+        ledger = rates = None
         if any(v is not None for v in limits):  # one budget for every worker (no CPU of its own)
             price = ctx.cfg.llm.price
             ledger = ray.remote(num_cpus=0)(BudgetLedger).remote(b, price.input_per_mtok, price.output_per_mtok)
+        if ctx.cfg.llm.rpm is not None or ctx.cfg.llm.tpm is not None:  # one RPM / TPM for every worker
+            from negsynth.llm.ratelimit import RateLedger
+
+            rates = ray.remote(num_cpus=0)(RateLedger).remote(ctx.cfg.llm.rpm, ctx.cfg.llm.tpm)
         refs = [
             task.remote(
-                stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger
+                stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates
             )
             for k in range(workers)
         ]
@@ -379,8 +384,9 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
                 f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
             ) from None
         finally:
-            if ledger is not None:
-                ray.kill(ledger)
+            for actor in (ledger, rates):
+                if actor is not None:
+                    ray.kill(actor)
     budget = (
         {
             "budget": {
