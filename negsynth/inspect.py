@@ -189,7 +189,8 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
             if name == "corpus":  # the queries the LLM wrote: styles, lengths, round-trip ranks
-                out["queries"] = {k: stats[0][k] for k in ("query_styles", "query_words", "round_trip") if stats[0].get(k)}
+                keys = ("query_styles", "query_words", "round_trip", "negative_sources")
+                out["queries"] = {k: stats[0][k] for k in keys if stats[0].get(k)}
     return out
 
 
@@ -390,6 +391,8 @@ def render(report: dict[str, Any], console) -> None:
                 parts.append(
                     f"round trip top-1 {rt['top1']:.1%}, top-10 {rt['top10']:.1%} (ranks {', '.join(f'{k}: {v}' for k, v in rt['ranks'].items())})"
                 )
+            if q.get("negative_sources"):  # mixed: the LLM's negatives that passed the mining margin vs mined fill-ins
+                parts.append("negatives " + ", ".join(f"{k} {v}" for k, v in q["negative_sources"].items()))
             console.print(f"{name} queries: " + "; ".join(parts))
 
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]

@@ -172,6 +172,9 @@ def test_mixed_replaces_llm_negatives_that_fail_the_mining_rule(tmp_path, minilm
     assert len(recs) == 8  # no example lost to its LLM half
     stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
     assert stats["negative_sources"] == {"llm": 2 + 7, "mined": 2 + 7 * 3}
+    r = invoke("inspect", tmp_path / "run", "--json")  # the count a user checks before training
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["stages"]["corpus"]["queries"]["negative_sources"] == {"llm": 9, "mined": 23}
     moon = recs.pop("d1")
     # both paraphrases failed the rule: the LLM's two unrelated texts fill its slots, in its order
     assert moon["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
