@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.curriculum import normalise
-from negsynth.embed.base import encode_parts
 from negsynth.errors import NegsynthError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -517,8 +516,13 @@ class Decontaminator:
         return self.ev.set_of[m.row], f"{self.ev.set_of[m.row]} {self.ev.ids[m.row]} ({how})"
 
 
-def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, batch_size: int, progress=None) -> tuple[np.ndarray, bool]:
+def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, batch_size: int, progress=None,
+                 encode_parts=None) -> tuple[np.ndarray, bool]:  # fmt: skip
     """float16 unit vectors of the evaluation texts (as documents), cached in ``cache_dir``.
+
+    ``encode_parts(parts)``: the vectors of each ``("documents", texts, None)`` part, in order (the
+    score stage passes :func:`negsynth.embed.base.encode_parts`, which may spread them over Ray
+    workers); without it each part is ``embedder.encode_documents``.
 
     The cache file is named by a hash of the embedder settings and the texts, so a resumed or
     repeated run (even after ``--overwrite``, which keeps ``RUN_DIR/cache``) embeds them once.
@@ -544,7 +548,10 @@ def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, 
     with progress("score: embedding evaluation texts (once per run dir)", len(order)) if progress else nullcontext() as bar:
         chunks = [order[c0 : c0 + chunk] for c0 in range(0, len(order), chunk)]
         parts = [("documents", [ev.texts[j] for j in rows], None) for rows in chunks]
-        for rows, v in zip(chunks, encode_parts(embedder, parts, batch_size=batch_size), strict=True):
+        vectors = (
+            encode_parts(parts) if encode_parts else (embedder.encode_documents(texts, batch_size=batch_size) for _, texts, _ in parts)
+        )
+        for rows, v in zip(chunks, vectors, strict=True):
             out[rows] = quantize(v)
             if bar is not None:
                 bar.update(advance=len(rows))

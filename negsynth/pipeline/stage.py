@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -251,8 +251,7 @@ def run_stages(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
-    embed_workers: int | None = None,
-    ray_address: str | None = None,
+    around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
 ) -> dict[str, dict]:
     """Run ``stages`` in order with :func:`run_stage`; returns each stage's stats.
 
@@ -260,9 +259,9 @@ def run_stages(
     stopped after the last so scoring and training get its cores). A stage that stops early ends the
     run: later stages would train and evaluate on partial (or no) data.
 
-    ``embed_workers`` (``negsynth run --executor ray --workers N``): an ``embeds`` stage (score)
-    spreads its encoding over N Ray workers (:func:`negsynth.pipeline.ray_executor.ray_embedding`);
-    the other stages run in this process, as without it."""
+    ``around(stage, ctx)``: a context manager each stage runs inside, yielding what to add to its
+    stats (``negsynth run --executor ray``: score's encoding on Ray workers, see
+    :func:`negsynth.stages.run_pipeline`); the caller above this layer supplies it."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
@@ -280,14 +279,9 @@ def run_stages(
         for i, stage in enumerate(stages):
             ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget)
             reporter.info(f"[bold]== {stage.name}[/]")
-            if embed_workers and stage.embeds:
-                from negsynth.pipeline.ray_executor import ray_embedding
-
-                with ray_embedding(ctx, workers=embed_workers, address=ray_address):
-                    st = run_stage(stage, ctx, start_llm=start_llm)
-                out[stage.name] = st = {**st, "executor": "ray", "workers": embed_workers}
-            else:
-                out[stage.name] = st = run_stage(stage, ctx, start_llm=start_llm)
+            with around(stage, ctx) if around else nullcontext({}) as extra:
+                st = run_stage(stage, ctx, start_llm=start_llm)
+            out[stage.name] = st = {**st, **extra} if extra else st
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
                 budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
             if unfinished(st):

@@ -76,9 +76,21 @@ def run_pipeline(
     >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    return run_stages(
-        chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, embed_workers=embed_workers, ray_address=ray_address
-    )
+    around = None
+    if embed_workers:
+        from contextlib import contextmanager
+
+        from negsynth.pipeline.ray_executor import ray_embedding
+
+        @contextmanager
+        def around(stage, ctx):  # score's encoding on the Ray workers; every other stage as it is
+            if not stage.embeds:
+                yield {}
+                return
+            with ray_embedding(ctx, workers=embed_workers, address=ray_address):
+                yield {"executor": "ray", "workers": embed_workers}
+
+    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around)
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:

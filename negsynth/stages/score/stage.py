@@ -22,6 +22,7 @@ from negsynth.data.clean import (
     unpack_kept,
 )
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
+from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
 from negsynth.llm.client import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
@@ -284,6 +285,7 @@ class _Cleaner:
                 vecs, _ = eval_vectors(
                     emb, ev, ctx.run_dir / "cache", embedder_fingerprint(ctx.cfg.embedder), batch_size=batch_size,
                     progress=lambda label, total: _progress(ctx.reporter, label, total),
+                    encode_parts=lambda parts: encode_parts(emb, parts, batch_size=batch_size),
                 )  # fmt: skip
             self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
         elif ev.skipped and cfg.decontam_sets != []:
