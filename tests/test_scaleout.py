@@ -74,6 +74,15 @@ def gen(cfg: Path, rd: Path, *extra: str):
     return runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", *extra])
 
 
+def ray_gen(ray, cfg: Path, rd: Path, *extra: str):
+    """``gen`` with ``--executor ray`` on a local Ray node started for it (and shut down after)."""
+    start_local_ray()
+    try:
+        return gen(cfg, rd, "--executor", "ray", *extra)
+    finally:
+        ray.shutdown()
+
+
 # -- scale-out ----------------------------------------------------------------------------------
 def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainstormed, reference):
     ref_files, ref_stats, ref_bodies = reference
@@ -141,7 +150,8 @@ def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainsto
 
 def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, reference):
     """--executor ray: the same shard workers as Ray tasks on a local cluster, merged by the
-    driver; byte-identical data and exactly one worker's requests; limits split among workers."""
+    driver; byte-identical data and exactly one worker's requests; concurrency split among the
+    workers, rpm / tpm one pair of buckets they share."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
     from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.ray_executor import worker_config
@@ -151,14 +161,14 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
         cfg = write_config(tmp_path, srv.base_url)
-        start_local_ray()
-        try:
-            r = gen(cfg, rd, "--executor", "ray", "--workers", "3", "--json")
-        finally:
-            ray.shutdown()
+        # llm.rpm / llm.tpm set: the workers pace through one pair of buckets (a RateLedger actor)
+        r = ray_gen(ray, cfg, rd, "--workers", "3", "--set", "llm.rpm=6000", "--set", "llm.tpm=10000000", "--json")
         assert r.exit_code == 0, r.output
         bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
     assert data_files(rd) == ref_files and bodies == ref_bodies
+    for k in range(3):
+        lim = json.loads((rd / "generate" / f"stats.{k:05d}-of-00003.json").read_text())["this_run"]["rate_limiter"]
+        assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared: no 1/n split
     merged = json.loads(r.stdout)
     assert merged["executor"] == "ray" and merged["num_shards"] == 3 and merged["valid"] == ref_stats["valid"] and merged["complete"]
     split = worker_config(load_config(cfg, ["llm.rpm=100", "llm.tpm=7"]), 3).llm
@@ -344,27 +354,3 @@ def test_brainstorm_budget_writes_nothing_partial_and_rerun_completes(tmp_path):
         assert r.exit_code == 0, r.output
         assert len(srv.requests) == 4  # the two answered requests came from the cache
     assert len(list(read_stage(rd / "brainstorm"))) == 21
-
-
-def test_ray_workers_share_one_rate_limit(tmp_path, brainstormed, reference):
-    """--executor ray with llm.rpm / llm.tpm: the workers pace their requests through one pair of
-    buckets (a RateLedger actor), not a static 1/n split; the output is the one-process output."""
-    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
-
-    ref_files, ref_stats, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp_path, srv.base_url)
-        start_local_ray()
-        try:
-            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--set", "llm.rpm=6000", "--set", "llm.tpm=10000000", "--json")
-        finally:
-            ray.shutdown()
-        assert r.exit_code == 0, r.output
-        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
-    assert data_files(rd) == ref_files and bodies == ref_bodies
-    workers = [json.loads((rd / "generate" / f"stats.{k:05d}-of-00002.json").read_text()) for k in (0, 1)]
-    for w in workers:
-        lim = w["this_run"]["rate_limiter"]
-        assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared
