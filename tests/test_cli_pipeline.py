@@ -272,3 +272,21 @@ def test_run_budget_covers_the_whole_run_not_each_stage(tmp_path):
     assert 0 < used < 12
     if stats is not None:
         assert stats["budget"]["spent_by_earlier_stages"]["requests"] == used
+
+
+def test_run_json_of_a_failed_stage_carries_every_stage_under_stages(tmp_path):
+    """`negsynth run --json` when a stage fails: exit 2, stdout is the failed stage's stats with
+    every stage's stats under "stages" (what the real-SmolLM2 test reads on its tolerated failure)."""
+
+    def responder(req, n):  # brainstorm answers; every generate answer is unusable
+        content = req["messages"][-1]["content"]
+        return always_valid(req, n) if content.startswith("Brainstorm") else Reply(content="not json at all")
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        rd = tmp_path / "run"
+        r = runner.invoke(app, ["run", "-c", str(cfg), "-d", str(rd), "-q", "--json", "--stages", "brainstorm,generate"])
+    assert r.exit_code == 2, r.output
+    out = json.loads(r.stdout)
+    assert set(out["stages"]) == {"brainstorm", "generate"} and out["stage"] == "generate"
+    assert "answers but never validly" in out["stages"]["generate"]["failed"]

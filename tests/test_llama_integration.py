@@ -52,15 +52,16 @@ def test_run_on_embedded_smollm2(tmp_path, engine):
     ]  # fmt: skip
     r = CliRunner().invoke(app, args, catch_exceptions=False)
     out = json.loads(r.stdout)
+    stages = out.get("stages", out)  # a stage that stopped prints its own stats with every stage's under "stages"
     # the 135M model's answers differ from run to run on llama-server (its slots batch requests
     # together); three items may all be valid answers that a validator rejects (e.g. a copy of the
     # worked example). That is the stage's documented failure (exit 2 naming the cause), not a
     # broken integration: what must hold is that every item was answered, parsed and judged.
     if r.exit_code != 0:
-        assert r.exit_code == 2 and "answers but never validly" in (out["generate"].get("failed") or ""), r.output
+        assert r.exit_code == 2 and "answers but never validly" in (stages["generate"].get("failed") or ""), r.output
     tasks = [Task.model_validate(t) for t in read_stage(rd / "brainstorm")]
     assert any(t.task_type == "sts" for t in tasks)
-    g = out["generate"]
+    g = stages["generate"]
     assert g["items"] == 3 and g["valid"] + g["rejected"] == 3
     assert g["this_run"]["requests"] >= 3 and g["tokens"]["completion"] > 0
     for row in read_stage(rd / "generate"):
