@@ -165,6 +165,63 @@ def dataset_files(root: Path) -> dict[str, Path]:
     return {"corpus": corpus, "train_queries": train[0], "train_qrels": train[1], "test_queries": test[0], "test_qrels": test[1]}
 
 
+def split_one_set(root: Path, dest: Path, test_frac: float, split_seed: int) -> Path:
+    """A labelled folder with one query set (``DIR/{corpus,queries}.jsonl`` + ``DIR/qrels.tsv``, e.g.
+    Cranfield): hold out ``test_frac`` of its judged queries (by query id, seeded) as ``dest/test``,
+    the rest as ``dest/train``; the corpus is a link. Returns ``dest``, a folder in this project's
+    layout that :func:`dataset_files` reads."""
+    import random
+
+    from negsynth.data.readers import read_id_texts, read_tsv
+
+    qpath, rpath = root / "queries.jsonl", root / "qrels.tsv"
+    if not (root / "corpus.jsonl").is_file() or not qpath.is_file() or not rpath.is_file():
+        sys.exit(f"scifact_recipe: --test-frac needs {root}/corpus.jsonl, queries.jsonl and qrels.tsv (one labelled query set to split)")
+    queries = read_id_texts(qpath)
+    cols = read_tsv(rpath, ("query-id", "corpus-id", "score"))
+    rows = list(zip(cols["query-id"], cols["corpus-id"], cols["score"]))
+    qids = sorted({q for q, _, g in rows if float(g) > 0 and queries.get(q)})
+    order = qids[:]
+    random.Random(f"test-split-{split_seed}").shuffle(order)  # another draw than the dev split's
+    n_test = round(test_frac * len(qids))
+    if n_test < 10 or len(qids) - n_test < 20:
+        sys.exit(
+            f"scifact_recipe: --test-frac {test_frac} holds out {n_test} of {len(qids)} judged queries; choose a fraction that leaves >= 10 test and >= 20 train queries"
+        )
+    test = set(order[:n_test])
+    # a judged document with no text cannot be a training positive (Cranfield has two empty ones):
+    # its train qrels are left out and counted; the test split keeps every judgement
+    empty = {d for d, title, text in read_corpus_rows(root / "corpus.jsonl") if not (title or text).strip()}
+    dropped = [r for r in rows if r[0] not in test and r[1] in empty]
+    if dropped:
+        print(f"scifact_recipe: {len(dropped)} train qrel(s) point at empty documents and are left out of train", file=sys.stderr)
+    rows = [r for r in rows if r[0] in test or r[1] not in empty]
+    dest.mkdir(parents=True, exist_ok=True)
+    link = dest / "corpus.jsonl"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to((root / "corpus.jsonl").resolve())
+    for split, keep in (("train", lambda q: q not in test), ("test", lambda q: q in test)):
+        d = dest / split
+        d.mkdir(exist_ok=True)
+        ids = [q for q in qids if keep(q)]
+        kept = set(ids)
+        (d / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n" for q in ids), encoding="utf-8")
+        (d / "qrels.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{g}\n" for q, c, g in rows if q in kept), encoding="utf-8"
+        )
+    return dest
+
+
+def read_corpus_rows(path: Path):
+    """``(id, title, text)`` of each document of a BEIR ``corpus.jsonl``."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                d = json.loads(line)
+                yield str(d["_id"]), d.get("title") or "", d.get("text") or ""
+
+
 def make_splits(root: Path, dest: Path, dev_frac: float, split_seed: int) -> dict:
     """Hold out ``dev_frac`` of the train queries (by query id, seeded) as ``dest/dev``; the rest is
     ``dest/fit`` (what every arm trains on); ``dest/test`` links the test split. Only query and qrels
@@ -862,7 +919,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.2,
         help="share of the train queries held out (by query) as the dev split that settings are chosen on; 0: none",
     )
-    ap.add_argument("--split-seed", type=int, default=0, help="seed of the dev split")
+    ap.add_argument("--split-seed", type=int, default=0, help="seed of the dev split (and of --test-frac's test split)")
+    ap.add_argument(
+        "--test-frac",
+        type=float,
+        default=0.0,
+        help="a folder with one labelled query set (corpus.jsonl, queries.jsonl, qrels.tsv; e.g. Cranfield): hold out this share of "
+        "its queries (by query, seeded) as the test split and use the rest as train",
+    )
     ap.add_argument("--no-title", action="store_true", help="embed documents as their text only (a corpus whose text repeats the title)")
     ap.add_argument(
         "--counts-only",
@@ -925,6 +989,10 @@ def main(argv: list[str] | None = None) -> int:
     dataset = Path(dataset)
     args.name = dataset.resolve().name.lower()
     args.doc_title = not args.no_title
+    if not 0 <= args.test_frac < 1:
+        sys.exit(f"scifact_recipe: --test-frac must be in [0, 1), got {args.test_frac}")
+    if args.test_frac > 0:  # one labelled query set: a seeded test split by query, the rest is train
+        dataset = split_one_set(dataset, args.out / args.name / "_source", args.test_frac, args.split_seed)
     seeds = args.seeds
     arms = select_arms(args.arms)
     if args.llm_run is None:
@@ -945,7 +1013,9 @@ def main(argv: list[str] | None = None) -> int:
     args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
     args.split_dir = args.out / "_split"
     args.split_info = make_splits(dataset, args.split_dir, args.dev_frac, args.split_seed)
-    args.split_id = f"{args.split_info['dataset']}|dev {args.dev_frac}|seed {args.split_seed}"
+    args.split_id = f"{args.split_info['dataset']}|dev {args.dev_frac}|seed {args.split_seed}" + (
+        f"|test {args.test_frac}" if args.test_frac > 0 else ""
+    )
     args.dev_name = f"{args.name}-dev" if args.dev_frac > 0 else None
     args.test_name = f"{args.name}-test"
     # select on dev; with no dev split every arm is evaluated on test (the old protocol)
