@@ -208,3 +208,34 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
     assert "Per-query paired comparison with st-mined-4" in out and "chosen on dom-dev: ns-pipeline-noeasy" in out
     row = next(line for line in out.splitlines() if line.startswith("| ns-pipeline-noeasy |") and "[" in line)
     assert row.rstrip().endswith("| - | - |")  # no test figure for an arm the protocol did not report
+
+
+def test_one_labelled_query_set_is_split_into_train_and_test_by_query(tmp_path):
+    """--test-frac: a Cranfield-like folder (one queries.jsonl + qrels.tsv) becomes train / test by
+    query, seeded; a judged document with no text stays out of train only; the result reads as a
+    folder with train and test splits."""
+    import pytest
+
+    from negsynth.data.readers import read_beir
+
+    root = tmp_path / "cran"
+    root.mkdir()
+    docs = [{"_id": f"d{i}", "title": "", "text": "" if i == 7 else f"document {i}"} for i in range(40)]
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(60)))
+    (root / "qrels.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i % 40}\t2\nq{i}\td{(i + 7) % 40}\t1\n" for i in range(60))
+    )
+    mod = load_script()
+    dest = mod.split_one_set(root, tmp_path / "a", 0.25, 0)
+    train_q, corpus, train_rel = read_beir(dest / "train")
+    test_q, _, test_rel = read_beir(dest / "test")
+    assert len(test_q) == 15 and len(train_q) == 45 and not set(train_q) & set(test_q) and len(corpus) == 40
+    assert "d7" not in {d for rels in train_rel.values() for d in rels}  # the empty document: not a training positive
+    assert sum("d7" in rels for rels in test_rel.values()) == sum(int(q[1:]) % 40 == 7 or (int(q[1:]) + 7) % 40 == 7 for q in test_q)
+    assert set(read_beir(mod.split_one_set(root, tmp_path / "b", 0.25, 0) / "test")[0]) == set(test_q)  # seeded
+    assert set(read_beir(mod.split_one_set(root, tmp_path / "c", 0.25, 1) / "test")[0]) != set(test_q)
+    info = mod.make_splits(dest, tmp_path / "split", 0.3, 0)  # the dev protocol reads it like any train/test folder
+    assert (info["train_queries"], info["dev_queries"], info["test_queries"]) == (45, 14, 15)
+    with pytest.raises(SystemExit, match="holds out 3 of 60"):
+        mod.split_one_set(root, tmp_path / "d", 0.05, 0)
