@@ -251,7 +251,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="how many of the demo's generate requests (default 16)")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight for the server arms (default 2, the demo's)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--arms", default="python-server,llama-server,in-process")
+    ap.add_argument(
+        "--arms",
+        default="python-server,llama-server,in-process",
+        help="comma-separated; ENGINE@C runs a server arm at concurrency C (llama-server: C slots), e.g. llama-server@4",
+    )
     ap.add_argument("--ref-threads", type=int, default=None, help="threads of the in-process reference (default: what llama-server chose)")
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes running throughout (started --busy-warmup s before)")
     ap.add_argument(
@@ -271,7 +275,7 @@ def main() -> None:
 
     bodies = demo_requests(a.requests)
     arms = [s.strip() for s in a.arms.split(",") if s.strip()]
-    if "llama-server" in arms and find_llama_server() is None:
+    if any(arm.startswith("llama-server") for arm in arms) and find_llama_server() is None:
         sys.exit("no llama-server binary: bash scripts/build_llama_server.sh (or drop it from --arms)")
     burners = [burner() for _ in range(a.busy)]
     try:
@@ -292,9 +296,13 @@ def main() -> None:
                     la = os.getloadavg()[0]
                     if arm == "in-process":
                         r = run_reference(bodies_path, a.ref_threads or choose_threads())
-                    else:
+                    else:  # "ENGINE@C": this arm at concurrency (and slots) C
+                        engine, _, conc = arm.partition("@")
                         r = run_server(
-                            "llama-cpp-python" if arm == "python-server" else "llama-server", bodies, a.concurrency, tmp / f"{arm}.log"
+                            "llama-cpp-python" if engine == "python-server" else "llama-server",
+                            bodies,
+                            int(conc) if conc else a.concurrency,
+                            tmp / f"{arm}.log",
                         )
                     r["load"] = la
                     runs[arm].append(r)
