@@ -63,3 +63,37 @@ def test_the_schema_constrains_the_answer_and_the_seed_repeats_it(srv):
     assert set(obj) == {"city", "population", "tags"} and isinstance(obj["population"], int) and len(obj["tags"]) == 2
     assert _ask(srv, 7) == a
     assert len({_ask(srv, s) for s in (1, 2, 3)}) > 1  # the seed reaches the sampler
+
+
+def test_an_exact_repeat_through_the_client_gets_a_fresh_servers_answer(tmp_path):
+    """The guard against llama-server's whole-prompt cache hit: the same long prompt sent again
+    through negsynth's client (another seed, then the first seed again) is evaluated whole, so
+    every answer equals the one a fresh server gives it, whatever the slot held."""
+    import asyncio
+
+    from negsynth.llm.client import LLMClient
+    from negsynth.llm.repeats import repeat_guard
+    from negsynth.schemas.config import LLMConfig
+
+    prompt = [
+        {"role": "system", "content": "You write short JSON records about cities. " * 20},
+        {"role": "user", "content": "Describe a city as JSON with keys city, population, tags."},
+    ]
+
+    def fresh_answers(seeds):
+        cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120)
+        with EmbeddedServer(cfg, "smollm2-135m-instruct", slots=1, log_path=tmp_path / "fresh.log") as es:
+            assert repeat_guard(es.base_url) is not None
+
+            async def go():
+                llm = LLMConfig(base_url=es.base_url, model="smollm2-135m-instruct", temperature=0.9, max_tokens=120, seed=0, cache=False)
+                async with LLMClient(llm, base_url=es.base_url) as c:
+                    rf = response_format_for("json_object", SCHEMA, "city")
+                    return [(await c.chat(c.payload(prompt, response_format=rf, temperature=None, sample_index=s)))["text"] for s in seeds]
+
+            return asyncio.run(go())
+
+    a, b, a2 = fresh_answers([0, 1, 0])  # the 2nd and 3rd requests repeat the 1st prompt on the one slot
+    assert fresh_answers([1]) == [b]  # as a fresh server answers seed 1
+    assert a2 == a
+    assert repeat_guard(f"http://127.0.0.1:{_free_port('127.0.0.1')}/v1") is None  # another server: nothing added

@@ -255,7 +255,7 @@ def test_an_answer_is_on_disk_before_its_re_ask_is_sent(tmp_path):
     async def go(url):
         cache = RequestCache(path)
         try:
-            async with LLMClient(_cfg(url), base_url=url, cache=cache) as llm:
+            async with LLMClient(_cfg(url).model_copy(update={"seed": 0}), base_url=url, cache=cache) as llm:
                 return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
         finally:
             cache.close()
@@ -313,3 +313,33 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
             assert llm.consecutive_failures == 0
 
     asyncio.run(go())
+
+
+def test_an_exact_repeat_to_the_embedded_llama_server_is_evaluated_whole(tmp_path):
+    """Only a prompt sent before, and only to a registered llama-server, goes with
+    ``cache_prompt: false``; the request cache's keys do not change (a rerun is served from it)."""
+    from negsynth.llm import repeats
+
+    def ask(url, seeds, cache):
+        async def go():
+            async with LLMClient(_cfg(url).model_copy(update={"seed": 0}), base_url=url, cache=cache) as llm:
+                msgs = [{"role": "user", "content": "same prompt"}]
+                return [
+                    (await llm.chat(llm.payload(msgs, response_format=None, temperature=None, sample_index=s)))["cached"] for s in seeds
+                ]
+
+        return asyncio.run(go())
+
+    with FakeOpenAI(lambda req, n: Reply(content='{"v": 1}')) as srv:
+        cache = RequestCache(tmp_path / "c.sqlite")
+        assert ask(srv.base_url, [0, 1], None) == [False, False]
+        assert ["cache_prompt" in r for r in srv.requests] == [False, False]  # not registered: nothing added
+        repeats.register(srv.base_url)
+        try:
+            assert ask(srv.base_url, [0, 1, 0], cache) == [False, False, True]  # the 3rd: the cache's answer
+            assert [r.get("cache_prompt") for r in srv.requests[2:]] == [None, False]  # the 2nd send repeats the 1st's prompt
+            repeats.register(srv.base_url)  # a restarted server holds no prompt yet
+            assert ask(srv.base_url, [0, 1, 2], cache) == [True, True, False]
+            assert srv.requests[-1].get("cache_prompt") is None
+        finally:
+            repeats.unregister(srv.base_url)

@@ -37,6 +37,7 @@ from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault, TLSFailed
 from negsynth.llm.keys import char_name, read_key
 from negsynth.llm.parsing import ParseError, extract_json
+from negsynth.llm.repeats import repeat_guard
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
 
@@ -310,6 +311,8 @@ class LLMClient:
             self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
             self.base_url = self.router.describe()
         self._client: openai.AsyncOpenAI | None = None
+        #: the embedded llama-server's exact-repeat guard (None for every other server)
+        self._repeats = repeat_guard(base_url)
         self._pool: H1Pool | None = None  # the lean path (llm.transport = "http1")
         self._session: Any | None = None  # aiohttp.ClientSession: "aiohttp", or "http1" through a proxy
         self._proxy: str | None = None
@@ -826,6 +829,10 @@ class LLMClient:
             self.stats.requests += 1
             if ep is not None:
                 ep.requests += 1
+            if via._repeats is not None and via._repeats.repeat(payload["messages"]):
+                # an exact repeat on the embedded llama-server: evaluated whole, so that its answer
+                # is a fresh server's (RepeatGuard); the request cache's key was made before this
+                payload, body = {**payload, "extra_body": {**(payload.get("extra_body") or {}), "cache_prompt": False}}, None
             try:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"

@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from negsynth.errors import UserError
+from negsynth.llm import repeats
 from negsynth.schemas.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -275,6 +276,8 @@ class EmbeddedServer:
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
             if self._spawn_and_wait(deadline):
+                if self.engine == "llama-server":
+                    repeats.register(self.base_url)  # exact repeats evaluated whole: fresh answers
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
             # another process took the port between the check and our server's bind (two runs
@@ -312,6 +315,7 @@ class EmbeddedServer:
         )
 
     def stop(self) -> None:
+        repeats.unregister(self.base_url)
         if self.proc is None:
             return
         if self.proc.poll() is None:
