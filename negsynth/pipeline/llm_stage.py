@@ -188,6 +188,13 @@ def budget_checker(ctx: StageContext, client: LLMClient):
     return check
 
 
+def item_stage_fingerprint(ctx: StageContext, digest: str, **extra: Any) -> dict[str, Any]:
+    """The fingerprint of an item stage (the manifest entry :func:`stage_entry` makes of it): the
+    hash of what its outputs are made from, the shard size and worker count they were cut by (a
+    relaunch that changes any of the three is refused), then the stage's ``extra`` keys."""
+    return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, **extra}
+
+
 def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> dict[str, Any]:
     """The manifest entry an LLM stage records: its fingerprint (computed once, by ``run_stage``;
     here only when the stage's ``run`` is called on its own) and, for an item stage, the number of

@@ -52,7 +52,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
@@ -135,7 +135,7 @@ def config_digest(ctx: StageContext) -> str:
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it."""
-    return {"config_hash": config_digest(ctx), "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards}
+    return item_stage_fingerprint(ctx, config_digest(ctx))
 
 
 def needs_index(cfg: CorpusConfig) -> bool:

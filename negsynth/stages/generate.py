@@ -24,7 +24,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_fingerprint, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_fingerprint, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_examples, load_template, reask_template, render, templates_fingerprint
@@ -211,12 +211,7 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return {
-        "config_hash": config_digest(ctx),
-        "shard_size": ctx.cfg.pipeline.shard_size,
-        "num_shards": ctx.num_shards,
-        "seed": ctx.cfg.generate.seed,
-    }
+    return item_stage_fingerprint(ctx, config_digest(ctx), seed=ctx.cfg.generate.seed)
 
 
 def config_digest(ctx: StageContext) -> str:
