@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -378,7 +379,10 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             for k in range(workers)
         ]
         try:
-            parts = ray.get(refs)
+            # Ray's driver prints its own notes (a task failed and is retried, a node died) on
+            # stdout: while waiting, they go to stderr, so --json's stdout stays one document
+            with contextlib.redirect_stdout(sys.stderr):
+                parts = ray.get(refs)
             used = ray.get(ledger.used.remote()) if ledger is not None else None
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
