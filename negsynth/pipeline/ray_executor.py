@@ -9,7 +9,8 @@ Ray instead of by hand: worker k is one Ray task running :func:`~negsynth.pipeli
 with ``shard_index = k``; when all are done the driver merges their stats (``negsynth merge``).
 So the union of the shards equals a one-process run byte for byte, a task that dies is retried
 by Ray (``max_retries``) and resumes from its ``.partial`` shards and the request cache, and
-nothing new decides what is written.
+nothing new decides what is written. The stats say where each worker ran (``ray_nodes``: the
+Ray node id of each worker's last try; for score, of each embedding actor).
 
 - The run dir must be on a filesystem every Ray node sees (one node: any local folder).
 - Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
@@ -48,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -140,7 +142,7 @@ def _worker(
         base_url=base_url,
         rate_ledger=rate_ledger,
     )
-    return run_stage(stage, ctx)
+    return {**run_stage(stage, ctx), "ray_node": _ray().get_runtime_context().get_node_id()}
 
 
 def _ray():
@@ -196,6 +198,7 @@ class _EmbedWorker:
             "query_template": e.query_template,
             "instruct_queries": e.instruct_queries,
             "shares_query_pool": shares_query_pool(e),
+            "node": _ray().get_runtime_context().get_node_id(),
         }
 
     def encode_part(self, part: Part, batch_size: int) -> np.ndarray:
@@ -217,6 +220,7 @@ class RayEmbedder(Embedder):
         self.instruct_queries = info["instruct_queries"]
         self.shares_query_pool = info["shares_query_pool"]
         self.devices = [info["device"], *info.get("other_devices", [])]
+        self.nodes = info.get("nodes", [])  # the Ray node id of each actor
 
     @classmethod
     def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None) -> RayEmbedder:
@@ -247,7 +251,7 @@ class RayEmbedder(Embedder):
                 last = (lines[-1] if lines else type(e).__name__).removeprefix("negsynth.errors.UserError: ")  # the worker's own line
                 raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
             raise
-        return cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]]})
+        return cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
 
     @property
     def dim(self) -> int:
@@ -304,10 +308,11 @@ class RayEmbedder(Embedder):
 
 
 @contextlib.contextmanager
-def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None) -> Iterator[StageContext]:
+def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
     """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
     :class:`RayEmbedder` over ``workers`` actors (started only when it asks; stopped on exit).
-    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead."""
+    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
+    ``nodes``: a list that gets the Ray node id of each actor started."""
     if ctx.cfg.embedder.devices is not None:
         raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
     given, made = ctx.embedder, []
@@ -315,6 +320,8 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
     def factory(embedder_cfg):
         emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
         made.append(emb)
+        if nodes is not None:
+            nodes.extend(emb.nodes)
         ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
@@ -338,9 +345,10 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
     if not stage.shardable and stage.embeds:
         if ctx.num_shards != 1:
             raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
-        with ray_embedding(ctx, workers=workers, address=address):
+        nodes: list[str] = []
+        with ray_embedding(ctx, workers=workers, address=address, nodes=nodes):
             stats = run_stage(stage, ctx)
-        return {**stats, "executor": "ray", "workers": workers}
+        return {**stats, "executor": "ray", "workers": workers, "ray_nodes": nodes}
     if not stage.shardable:
         raise UserError(f"--executor ray: {stage.name} neither splits into shard workers nor embeds; run it without --executor")
     if ctx.num_shards != 1:
@@ -371,7 +379,10 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             for k in range(workers)
         ]
         try:
-            parts = ray.get(refs)
+            # Ray's driver prints its own notes (a task failed and is retried, a node died) on
+            # stdout: while waiting, they go to stderr, so --json's stdout stays one document
+            with contextlib.redirect_stdout(sys.stderr):
+                parts = ray.get(refs)
             used = ray.get(ledger.used.remote()) if ledger is not None else None
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
@@ -400,11 +411,12 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
         if used is not None
         else {}
     )
+    nodes = [p.pop("ray_node", None) for p in parts]  # where each worker (its last try) ran
     # a failure or an outage says more than a budget stop (and exits with its own code)
     bad = next((p for p in parts if unfinished(p) and not p.get("stopped_by")), None) or next((p for p in parts if unfinished(p)), None)
     if bad is not None:
         if bad.get("stopped_by"):  # every worker's items done and written, not only this one's
             bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
-        return {**bad, "executor": "ray", "workers": workers, **budget}
+        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
     merged = merge_stage(ctx.run_dir, stage.name)
-    return {**merged, "executor": "ray", "workers": workers, **budget}
+    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}

@@ -1,0 +1,234 @@
+"""--executor ray on a real two-node Ray cluster: a head and a second node, each started by
+`ray start` as its own processes on this machine (1 CPU each, so two workers must use both),
+negsynth pointed at it by address like any remote cluster.
+
+- generate's two shard workers and score's two embedding workers run one on each node (the node
+  ids negsynth returns in ``ray_nodes``), and the outputs equal a one-process run's bytes;
+- the second node killed (its raylet and everything under it, by pid) while its generate worker
+  has requests in flight: Ray retries that task on the surviving node, it resumes from its
+  ``.partial`` shards and the request cache, and the data equals the one-process run.
+
+The run dir is on the local disk, which both "nodes" see (docs/scale.md: on a real cluster it
+must be a shared filesystem). Slow: two `ray start`s, ~25 s each on a loaded core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI
+from test_scaleout import brainstormed, data_files, gen, reference, responder, write_config  # noqa: F401 - fixtures
+from test_score import HAND, FakeEmbedder, example, make_ctx, write_generate
+
+from negsynth.stages import get, run_stage
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A head and node ``b``, each a `ray start --block` process (its own process group; what it
+    starts are its descendants, so one node can be killed alone, by pid)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.node_ids: dict[str, str] = {}
+        # the worktree's negsynth (and tests/, for what travels by reference) in every Ray worker;
+        # token auth off (on by default once ~/.ray/auth_token exists; node b would lack the token)
+        path = [str(TESTS.parent), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    def start(self, name: str, *args: str) -> None:
+        log = self.root / f"{name}.log"
+        cmd = ["ray", "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+        cmd += ["--resources", json.dumps({f"node_{name}": 1}), *args]
+        with log.open("w") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.procs[name] = p
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            if p.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray start ({name}) did not come up:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def pids(self, name: str) -> list[int]:
+        """The `ray start` process of node ``name`` and everything it started (raylet, agents, workers)."""
+        import psutil
+
+        try:
+            top = psutil.Process(self.procs[name].pid)
+            return [top.pid, *(c.pid for c in top.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self, name: str) -> None:
+        """SIGKILL node ``name``: every process of it at once (a worker must not outlive its raylet)."""
+        for pid in self.pids(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.procs[name].wait(timeout=30)
+
+    def sweep(self) -> None:
+        """Anything still running from this cluster's temp dir (reparented after its parent died)."""
+        import psutil
+
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if p.pid != os.getpid() and str(self.root) in " ".join(p.info["cmdline"] or []):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """A two-node cluster (node ``head`` and node ``b``), killed whole at teardown, pass or fail
+    (only its own processes: `ray stop` would also stop other Ray instances on this machine)."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+    pytest.importorskip("psutil")
+    if shutil.which("ray") is None:
+        pytest.skip("the `ray` command is not on PATH")
+    # short: Ray's unix sockets live under it (108-byte limit), and its own address file
+    # (ray_current_cluster) goes there, so no other ray.init() on this machine finds this cluster
+    root = Path(tempfile.mkdtemp(prefix="nsray-", dir="/tmp"))
+    c = Cluster(root)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    try:
+        c.start("head", "--head", "--port", str(c.port), "--temp-dir", str(root), "--include-dashboard", "false")
+        c.start("b", "--address", c.address)
+        ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+        deadline = time.monotonic() + 60
+        while len(c.node_ids) < 2:
+            c.node_ids = {k[5:]: n["NodeID"] for n in ray.nodes() if n["Alive"] for k in n["Resources"] if k in ("node_head", "node_b")}
+            assert time.monotonic() < deadline, ray.nodes()
+            time.sleep(0.2)
+        ray.shutdown()  # negsynth connects itself, by address
+        yield c
+    finally:
+        ray.shutdown()
+        for name in reversed(list(c.procs)):
+            with contextlib.suppress(Exception):  # one node's trouble must not leave the other running
+                c.kill(name)
+        c.sweep()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def slow(req, n):
+    """test_scaleout's answers, 0.15 s each: the workers overlap, and a kill lands mid-run."""
+    r = responder(req, n)
+    r.delay = 0.15
+    return r
+
+
+def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, brainstormed, reference, monkeypatch):  # noqa: F811
+    import test_score
+    from ray import cloudpickle
+
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    ref_files, _, _ = reference
+    both = {cluster.node_ids["head"], cluster.node_ids["b"]}
+    # generate: two shard workers, one per node ($RAY_ADDRESS, as a user points at a cluster)
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    with FakeOpenAI(slow) as srv:
+        r = gen(write_config(tmp_path, srv.base_url), rd, "--executor", "ray", "--workers", "2", "--json")
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout)
+    assert st["executor"] == "ray" and st["complete"] and set(st["ray_nodes"]) == both
+    assert data_files(rd) == ref_files
+    import ray
+
+    ray.shutdown()
+    monkeypatch.delenv("RAY_ADDRESS")
+
+    # score: two embedding actors, one per node (--ray-address), score's fake embedder shipped by value
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+    cos = {**HAND, "m1": 0.89, "m2": 0.88, "e1": 0.7, "e2": 0.6, "e3": 0.4, "e4": 0.3}
+    shards = [
+        [example(0, q="Q0"), example(1, q="Q1", negs=("m1", "m2", "n3", "n4"))],
+        [example(2, q="Q2", negs=("e1", "e2", "e3", "e4")), example(3, q="Q3", tt="sts")],
+        [example(4, q="Q4", negs=("e1", "n2", "e3", "n4"), pos="pos"), example(5, q="Q5", negs=("m2", "e2", "e3", "e4"))],
+    ]
+    out, stats = {}, {}
+    cloudpickle.register_pickle_by_value(test_score)
+    try:
+        for name in ("one", "ray"):
+            sd = tmp_path / f"score-{name}"
+            write_generate(sd, shards)
+            ctx = make_ctx(sd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
+            ctx.cfg.embedder.batch_size = 1  # parts of 8 texts: several parts for the two workers
+            ctx.embedder = FakeEmbedder(cos)
+            score = get("score")
+            stats[name] = run_stage(score, ctx) if name == "one" else run_on_ray(score, ctx, workers=2, address=cluster.address)
+            d = sd / "score"
+            files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*")]
+            out[name] = {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
+    finally:
+        cloudpickle.unregister_pickle_by_value(test_score)
+    assert stats["ray"]["workers"] == 2 and set(stats["ray"]["ray_nodes"]) == both
+    assert out["ray"] == out["one"] and stats["ray"]["kept"] == stats["one"]["kept"] == 5
+
+
+def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, brainstormed, reference, monkeypatch):  # noqa: F811
+    """Node b dies (SIGKILL to its raylet and every process under it) while its worker has
+    requests in flight: Ray retries that task on the head, and the data equals a one-process run."""
+    ref_files, _, _ = reference
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(slow) as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        out: dict = {}
+        args = ("--executor", "ray", "--workers", "2", "--ray-address", cluster.address, "--json")
+        t = threading.Thread(target=lambda: out.setdefault("r", gen(cfg, rd, *args)))
+        t.start()
+        killed_at = None
+        deadline = time.monotonic() + 120
+        while killed_at is None and t.is_alive() and time.monotonic() < deadline:
+            on_b = [pid for pid in cluster.pids("b")[1:] if "ray::_worker" in _cmdline(pid)]
+            if on_b and len(srv.requests) >= 6:  # node b's worker is sending
+                killed_at = len(srv.requests)
+                cluster.kill("b")
+            time.sleep(0.05)
+        t.join(timeout=300)
+        assert not t.is_alive(), "generate did not finish after the node was killed"
+    assert killed_at is not None, "node b's worker was never seen running"
+    r = out["r"]
+    assert r.exit_code == 0, r.output  # Ray retried the lost task on the head: no rerun needed
+    st = json.loads(r.stdout)
+    assert st["complete"] and set(st["ray_nodes"]) == {cluster.node_ids["head"]}
+    assert killed_at < len(srv.requests)  # the kill came before the end of the run
+    assert data_files(rd) == ref_files
+
+
+def _cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:  # gone meanwhile
+        return ""
