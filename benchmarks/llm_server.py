@@ -124,15 +124,19 @@ def post_all(base_url: str, bodies: list[dict], concurrency: int) -> tuple[float
     return time.perf_counter() - t0, res
 
 
-def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path) -> dict:
+def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path, slots: int | None = None) -> dict:
     from negsynth.llm.server import EmbeddedServer, _free_port
     from negsynth.schemas.config import ServeConfig
 
     log.unlink(missing_ok=True)
     cfg = ServeConfig(engine=engine, port=_free_port("127.0.0.1"), n_ctx=4096, startup_timeout=300)
-    srv = EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=log, slots=concurrency)
+    srv = EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=log, slots=slots or concurrency)
     with srv:
-        post_all(srv.base_url, bodies[:1], 1)  # warm-up (page the model in), not counted
+        # warm-up (page the model in), not counted; a prompt of its own, so that no measured request
+        # is an exact repeat of one the server holds (llama-server would evaluate only its last token)
+        warm = {**bodies[0], "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+        warm.pop("response_format", None)
+        post_all(srv.base_url, [warm], 1)
         log_mark = log.stat().st_size
         wall, res = post_all(srv.base_url, bodies, concurrency)
     texts = [r["choices"][0]["message"]["content"] for r in res]
@@ -254,7 +258,8 @@ def main() -> None:
     ap.add_argument(
         "--arms",
         default="python-server,llama-server,in-process",
-        help="comma-separated; ENGINE@C runs a server arm at concurrency C (llama-server: C slots), e.g. llama-server@4",
+        help="comma-separated; ENGINE@C runs a server arm at concurrency C (llama-server: C slots), e.g. llama-server@4; "
+        "ENGINE@S/C: S slots, C requests in flight (llama-server@1/2: one slot, requests queued in arrival order)",
     )
     ap.add_argument("--ref-threads", type=int, default=None, help="threads of the in-process reference (default: what llama-server chose)")
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes running throughout (started --busy-warmup s before)")
@@ -296,13 +301,15 @@ def main() -> None:
                     la = os.getloadavg()[0]
                     if arm == "in-process":
                         r = run_reference(bodies_path, a.ref_threads or choose_threads())
-                    else:  # "ENGINE@C": this arm at concurrency (and slots) C
-                        engine, _, conc = arm.partition("@")
+                    else:  # "ENGINE@C": this arm at concurrency (and slots) C; "ENGINE@S/C": S slots, C in flight
+                        engine, _, spec = arm.partition("@")
+                        slots, _, conc = spec.partition("/")
                         r = run_server(
                             "llama-cpp-python" if engine == "python-server" else "llama-server",
                             bodies,
-                            int(conc) if conc else a.concurrency,
-                            tmp / f"{arm}.log",
+                            int(conc or slots) if spec else a.concurrency,
+                            tmp / f"{arm.replace('/', 'x')}.log",
+                            slots=int(slots) if spec else None,
                         )
                     r["load"] = la
                     runs[arm].append(r)
