@@ -22,7 +22,7 @@ from test_cli_pipeline import invoke, runner, write_config
 
 from negsynth.cli import app
 from negsynth.errors import UserError
-from negsynth.pipeline.lock import LOCK_NAME, hold, lock_path
+from negsynth.pipeline.lock import LOCK_NAME, hold, lock_path, token
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = textwrap.dedent(
@@ -101,6 +101,50 @@ def test_workers_of_a_split_run_share_the_run_dir_but_not_a_shard(tmp_path):
     with other_process_holds(rd) as whole:
         with pytest.raises(UserError, match=f"PID {whole.pid}"):
             with hold(rd, stage="generate", shard=(1, 2)):  # a worker while a whole-run-dir command runs
+                pass
+    assert list(rd.glob(".negsynth*")) == []
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from negsynth.errors import UserError
+    from negsynth.pipeline.lock import hold
+    run_dir, under = Path(sys.argv[1]), sys.argv[2] or None
+    try:
+        with hold(run_dir, stage="generate", shard=(0, 2), under=under):
+            print("ran")
+    except UserError as e:
+        print(f"refused: {e}")
+    """
+)
+
+
+def worker_under(run_dir: Path, under: str | None) -> str:
+    """A worker in another process, launched with the lock token ``under`` (as a Ray task is)."""
+    p = subprocess.run([sys.executable, "-c", WORKER, str(run_dir), under or ""], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_workers_the_holder_launches_run_under_it_and_no_one_else(tmp_path):
+    """`negsynth run --executor ray`: the process holding the run dir passes its lock token to
+    its workers, which then run beside it; a worker without it, or with another token, is
+    refused as before, and so is one whose token belonged to a holder that has let go."""
+    rd = tmp_path / "run"
+    assert token(rd) is None
+    with hold(rd):
+        tok = token(rd)
+        assert tok and json.loads((rd / LOCK_NAME).read_text())["token"] == tok
+        assert worker_under(rd, tok) == "ran"
+        assert worker_under(rd, None).startswith(f"refused: {rd}: in use by PID {os.getpid()}")
+        assert worker_under(rd, "0" * 32).startswith("refused:")
+    assert token(rd) is None
+    with other_process_holds(rd) as whole:  # an independent holder: the old token means nothing
+        assert worker_under(rd, tok).startswith(f"refused: {rd}: in use by PID {whole.pid}")
+        with pytest.raises(UserError, match=f"PID {whole.pid}"):
+            with hold(rd, stage="generate", shard=(1, 2), under=tok):
                 pass
     assert list(rd.glob(".negsynth*")) == []
 
