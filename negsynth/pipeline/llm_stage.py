@@ -376,8 +376,9 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
         rows.append((f"  rejected: {reason}", str(n)))
     rows += [
         ("tokens in / out", f"{stats['tokens']['prompt']} / {stats['tokens']['completion']}"),
-        ("estimated cost", f"${stats['estimated_cost_usd']:.4f}"),
     ]
+    if "estimated_cost_usd" in stats:  # stats merged from workers that did not all record it have none
+        rows.append(("estimated cost", f"${stats['estimated_cost_usd']:.4f}"))
     tr = None if stats.get("reused") else stats.get("this_run")  # a reused stage sent nothing
     if tr:
         rows.append(("requests sent / cache hits", f"{tr['requests']} / {tr['cache_hits']}"))
@@ -434,6 +435,7 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
             raise UserError(f"{p}: per-shard stats missing or corrupt; rerun the worker --shard-index {s % n} --num-shards {n}") from None
     workers: dict[str, Any] = {}
     this_run: dict[str, Any] = {}
+    costs: list[Any] = []
     wall = 0.0
     for p in sorted(d.glob("stats.*-of-*.json")) + ([d / "stats.json"] if n == 1 and (d / "stats.json").exists() else []):
         try:
@@ -444,6 +446,7 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
             k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")
         }
         wall = max(wall, float(w.get("wall_time_s") or 0.0))
+        costs.append(w.get("estimated_cost_usd"))  # each worker's: the cost of its own shards
         for k, v in (w.get("this_run") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 this_run[k] = this_run.get(k, 0) + v
@@ -453,6 +456,8 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
                     acc[kk] = acc.get(kk, 0) + vv
     rep.wall_time_s = wall
     stats = report_stats(stage, rep)
+    if costs and all(isinstance(c, (int, float)) for c in costs):
+        stats["estimated_cost_usd"] = round(sum(costs), 6)
     stats.update(num_shards=n, merged_from=workers, this_run=this_run)
     atomic_write_json(d / "stats.json", stats)
     return stats
