@@ -632,8 +632,10 @@ def run(
 ) -> None:
     """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM).
 
-    With --executor ray, score's embedding runs on --workers Ray workers; the other stages run in
-    this process (split an LLM stage with `negsynth generate --executor ray`)."""
+    With --executor ray the pipeline runs on Ray: each LLM stage that splits (generate,
+    regenerate, corpus) runs as --workers shard workers, merged here, and score's embedding on
+    --workers Ray workers; the other stages run in this process. One embedded LLM server and one
+    budget serve the whole run, and finished stages are reused without starting workers."""
     from negsynth.pipeline.stage import unfinished
     from negsynth.stages import run_pipeline
 
@@ -644,7 +646,7 @@ def run(
     refuse_under_launcher(names or ctx.cfg.pipeline.stages, opts.run_dir)
     out = run_pipeline(
         ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget,
-        embed_workers=opts.workers if opts.executor == "ray" else None, ray_address=opts.ray_address,
+        ray_workers=opts.workers if opts.executor == "ray" else None, ray_address=opts.ray_address,
     )  # fmt: skip
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:

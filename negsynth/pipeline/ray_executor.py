@@ -47,10 +47,11 @@ The actors start only when the stage has texts to embed, and stop when it ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,9 @@ from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.llm_stage import merge_stage
+from negsynth.pipeline.lock import token as lock_token
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.stage import Stage, check_inputs, run_stage, unfinished
+from negsynth.pipeline.stage import Stage, check_inputs, manifest_entry, print_report, run_stage, unfinished, up_to_date
 from negsynth.schemas.config import RunConfig
 
 
@@ -124,11 +126,14 @@ def _worker(
     limits: tuple[int | None, int | None, float | None] = (None, None, None),
     ledger: Any = None,
     rate_ledger: Any = None,
+    under: str | None = None,
 ) -> dict:
     """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
     task, so this layer needs no registry of the method's stages). With ``ledger`` (a
     :class:`BudgetLedger` actor) its requests count against the invocation's one budget; with
-    ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger` actor) against one RPM / TPM."""
+    ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger` actor) against one RPM / TPM.
+    ``under``: the lock token of the driver when it holds the run dir (``negsynth run``), so the
+    worker runs under it instead of refusing (:func:`negsynth.pipeline.lock.hold`)."""
     cfg = RunConfig.model_validate(cfg_json)
     ctx = StageContext(
         cfg=cfg,
@@ -142,7 +147,7 @@ def _worker(
         base_url=base_url,
         rate_ledger=rate_ledger,
     )
-    return {**run_stage(stage, ctx), "ray_node": _ray().get_runtime_context().get_node_id()}
+    return {**run_stage(stage, ctx, under=under), "ray_node": _ray().get_runtime_context().get_node_id()}
 
 
 def _ray():
@@ -335,11 +340,38 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
 
 
 # ---------------------------------------------------------------------------- shard workers
-def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | None = None, max_retries: int = 3) -> dict:
+def _split_up_to_date(stage: Stage, ctx: StageContext, workers: int) -> dict | None:
+    """The stage's recorded stats when it is finished from the same config and inputs, split
+    among ``workers`` shard workers as this run would split it or made in one process (the
+    same bytes either way), else None: then workers are launched."""
+    for n in dict.fromkeys((workers, 1)):
+        probe = dataclasses.replace(ctx, shard_index=0, num_shards=n)  # the fingerprint the workers compute
+        stats = up_to_date(stage, ctx, manifest_entry(stage, probe))
+        if stats is not None:
+            return stats
+    return None
+
+
+def run_on_ray(
+    stage: Stage,
+    ctx: StageContext,
+    *,
+    workers: int,
+    address: str | None = None,
+    max_retries: int = 3,
+    start_llm: Callable[[], str | None] | None = None,
+) -> dict:
     """Run ``stage`` on ``workers`` Ray workers; returns its stats (merged, for shard workers).
 
-    A ``shardable`` stage runs as ``workers`` Ray tasks, merged by the driver; an ``embeds``
-    stage runs here with its embedding on ``workers`` actors (:func:`ray_embedding`)."""
+    A ``shardable`` stage runs as ``workers`` Ray tasks, merged by the driver (a stage already
+    up to date is reused: no worker starts, nothing is sent); an ``embeds`` stage runs here with
+    its embedding on ``workers`` actors (:func:`ray_embedding`). The stage's summary is printed
+    as in one process.
+
+    The workers use ``ctx.base_url`` when the driver already has an endpoint, else
+    ``start_llm()`` (``negsynth run``: the run's one embedded server, started on first use), else
+    an embedded server started here for the stage. When this process holds the run dir
+    (``negsynth run``), its lock token goes to the workers, so they run under it."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     if not stage.shardable and stage.embeds:
@@ -357,9 +389,17 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
     limits = (b.max_requests, b.max_tokens, b.max_cost)
     ray = _ray()
     check_inputs(stage, ctx)
+    reused = _split_up_to_date(stage, ctx, workers)
+    if reused is not None:
+        print_report(stage, ctx, reused)
+        return reused
     address = address or os.environ.get("RAY_ADDRESS")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=stage.needs_llm(ctx.cfg)) as url:
+    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
+    if needed and start_llm is not None:
+        ctx.base_url, needed = start_llm(), False
+    under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
@@ -374,7 +414,18 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             rates = ray.remote(num_cpus=0)(RateLedger).remote(ctx.cfg.llm.rpm, ctx.cfg.llm.tpm)
         refs = [
             task.remote(
-                stage, cfg_json, str(ctx.run_dir.resolve()), k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates
+                stage,
+                cfg_json,
+                str(ctx.run_dir.resolve()),
+                k,
+                workers,
+                url or ctx.base_url,
+                ctx.overwrite,
+                ctx.mode,
+                limits,
+                ledger,
+                rates,
+                under,
             )
             for k in range(workers)
         ]
@@ -419,4 +470,5 @@ def run_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | 
             bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
         return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
     merged = merge_stage(ctx.run_dir, stage.name)
+    print_report(stage, ctx, merged)
     return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}

@@ -104,6 +104,10 @@ class Stage:
         return bool(self.llm(cfg) if callable(self.llm) else self.llm)
 
 
+#: what runs one stage of :func:`run_stages`: (stage, ctx, start_llm) -> its stats
+Runner = Callable[["Stage", StageContext, Callable[[], "str | None"]], dict]
+
+
 def finished(folder: Path) -> bool:
     """Whether a stage folder holds finished outputs (shards, or a stage's closing stats.json)."""
     return bool(list_shards(folder)) or (folder / "stats.json").is_file()
@@ -204,22 +208,24 @@ def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
         ctx.reporter.table(t.title, t.rows, t.header)
 
 
-def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None) -> dict:
+def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None, under: str | None = None) -> dict:
     """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
     if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
     use), run its loop, write its stats atomically, print its summary and return its stats.
 
     The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`; a worker of a split
-    run holds its own (stage, shard)): a second process on it stops with one line, nothing sent."""
-    shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 else None
-    with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn):
+    run holds its own (stage, shard)): a second process on it stops with one line, nothing sent.
+    ``under``: this is a worker launched by the process holding the run dir, whose lock token
+    this is (``negsynth run --executor ray``); it holds its (stage, shard) and runs beside it."""
+    shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 or under else None
+    with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn, under=under):
         try:
             return _run_stage(stage, ctx, start_llm=start_llm)
         finally:
             ctx.made_from = None  # this stage's: a later stage on the same context computes its own
 
 
-def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str] | None = None) -> dict:
+def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None) -> dict:
     check_inputs(stage, ctx)
     entry = manifest_entry(stage, ctx)
     stats = up_to_date(stage, ctx, entry)
@@ -252,8 +258,9 @@ def run_stages(
     overwrite: bool = False,
     budget: Budget | None = None,
     around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
+    runner: Runner | None = None,
 ) -> dict[str, dict]:
-    """Run ``stages`` in order with :func:`run_stage`; returns each stage's stats.
+    """Run ``stages`` in order with :func:`run_stage` (or ``runner``); returns each stage's stats.
 
     One embedded server serves every LLM stage of the run (started when the first one has work,
     stopped after the last so scoring and training get its cores). A stage that stops early ends the
@@ -261,7 +268,12 @@ def run_stages(
 
     ``around(stage, ctx)``: a context manager each stage runs inside, yielding what to add to its
     stats (``negsynth run --executor ray``: score's encoding on Ray workers, see
-    :func:`negsynth.stages.run_pipeline`); the caller above this layer supplies it."""
+    :func:`negsynth.stages.run_pipeline`); the caller above this layer supplies it.
+
+    ``runner(stage, ctx, start_llm)``: what runs one stage instead of :func:`run_stage` (``negsynth
+    run --executor ray``: a shardable stage as shard workers on Ray). It gets the run's shared
+    ``start_llm`` (the one embedded server, started on first use) and returns the stage's stats;
+    their ``this_run`` is counted against the run's one budget as a local stage's is."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
@@ -270,7 +282,7 @@ def run_stages(
     with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
         base_url: str | None = None
 
-        def start_llm() -> str:  # on first use: a run whose LLM stages are all up to date starts none
+        def start_llm() -> str | None:  # on first use: a run whose LLM stages are all up to date starts none
             nonlocal base_url
             if base_url is None:
                 base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter))
@@ -280,7 +292,7 @@ def run_stages(
             ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget)
             reporter.info(f"[bold]== {stage.name}[/]")
             with around(stage, ctx) if around else nullcontext({}) as extra:
-                st = run_stage(stage, ctx, start_llm=start_llm)
+                st = runner(stage, ctx, start_llm) if runner else run_stage(stage, ctx, start_llm=start_llm)
             out[stage.name] = st = {**st, **extra} if extra else st
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
                 budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left

@@ -65,32 +65,41 @@ def run_pipeline(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
-    embed_workers: int | None = None,
+    ray_workers: int | None = None,
     ray_address: str | None = None,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
 
-    ``embed_workers``: score's encoding on that many Ray workers (``negsynth run --executor ray``).
+    ``ray_workers`` (``negsynth run --executor ray --workers N``): the whole pipeline on Ray. Each
+    stage that splits into shard workers (``Stage.shardable``) runs as that many Ray tasks,
+    merged here (:func:`~negsynth.pipeline.ray_executor.run_on_ray`), with the run's one embedded
+    server, one budget and the run dir this process holds; score's encoding runs on that many
+    Ray workers; every other stage runs in this process, as without Ray.
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    around = None
-    if embed_workers:
+    around = runner = None
+    if ray_workers:
         from contextlib import contextmanager
 
-        from negsynth.pipeline.ray_executor import ray_embedding
+        from negsynth.pipeline.ray_executor import ray_embedding, run_on_ray
 
         @contextmanager
         def around(stage, ctx):  # score's encoding on the Ray workers; every other stage as it is
             if not stage.embeds:
                 yield {}
                 return
-            with ray_embedding(ctx, workers=embed_workers, address=ray_address):
-                yield {"executor": "ray", "workers": embed_workers}
+            with ray_embedding(ctx, workers=ray_workers, address=ray_address):
+                yield {"executor": "ray", "workers": ray_workers}
 
-    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around)
+        def runner(stage, ctx, start_llm):  # a shardable stage as shard workers; the others here
+            if stage.shardable:
+                return run_on_ray(stage, ctx, workers=ray_workers, address=ray_address, start_llm=start_llm)
+            return run_stage(stage, ctx, start_llm=start_llm)
+
+    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around, runner=runner)
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
