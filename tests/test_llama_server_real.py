@@ -31,7 +31,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120)
+    cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120, parallel=2)
     es = EmbeddedServer(cfg, "smollm2-135m-instruct", slots=2, log_path=tmp_path_factory.mktemp("srv") / "llama-server.log")
     with es:
         yield es

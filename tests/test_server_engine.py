@@ -66,9 +66,9 @@ def test_threads_read_this_machine_when_not_given(monkeypatch):
     assert server.choose_threads() == 3
 
 
-def test_slots_follow_the_run_concurrency_capped_unless_set():
-    assert server.choose_slots(None, 2) == 2
-    assert server.choose_slots(None, 16) == server.MAX_AUTO_SLOTS == 8
+def test_one_slot_unless_serve_parallel_asks_for_more():
+    assert server.choose_slots(None, 2) == 1  # answers decoded together depend on their batch-mates
+    assert server.choose_slots(None, 16) == 1
     assert server.choose_slots(12, 2) == 12
 
 
@@ -173,8 +173,8 @@ srv.serve_forever()
 def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
-    cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30)
-    es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=2, log_path=tmp_path / "logs" / "llama-server.log")
+    cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30, parallel=2)
+    es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=4, log_path=tmp_path / "logs" / "llama-server.log")
     assert es.engine == "llama-server" and es.slots == 2 and es.threads >= 1
     with es:
         assert httpx.get(es.base_url + "/models").json()["data"][0]["id"] == "smollm2-135m-instruct"

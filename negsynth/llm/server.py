@@ -89,9 +89,6 @@ def listens_on(pid: int, port: int) -> bool | None:
     return False
 
 
-#: llama-server slots when ``serve.parallel`` is unset: ``llm.max_concurrency``, at most this many
-#: (each slot holds ``serve.n_ctx`` tokens of KV cache; a larger GGUF than SmolLM2 needs far more)
-MAX_AUTO_SLOTS = 8
 #: llama-cpp-python's server samples with this repeat penalty (over the last 64 tokens) by default
 REPEAT_PENALTY = 1.1
 #: llama-server's host-memory prompt cache in MiB (its default, 8 GiB, is too much on a shared box)
@@ -121,8 +118,16 @@ def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, loa
 
 
 def choose_slots(parallel: int | None, max_concurrency: int) -> int:
-    """llama-server slots: ``serve.parallel`` when set, else the run's concurrency (at most 8)."""
-    return parallel or max(1, min(max_concurrency, MAX_AUTO_SLOTS))
+    """llama-server slots: ``serve.parallel`` when set, else 1.
+
+    One slot by default because answers decoded together are not the answers decoded alone:
+    on the demo's requests, 3 repetitions gave the same text for 16 of 16 requests with one
+    slot but 13 / 8 / 7 of 16 with 2 / 4 / 8 slots (which requests share a batch depends on
+    timing; docs/llm_server.md). A pipeline's data must repeat run to run and a killed run
+    must resume to the same bytes, so more slots (1.3-1.8x the throughput) are an explicit
+    ``serve.parallel``. ``max_concurrency`` is kept for the signature's callers: requests
+    beyond the slots wait in llama-server's queue."""
+    return parallel or 1
 
 
 def _executable(p: Path) -> bool:
@@ -236,7 +241,7 @@ class EmbeddedServer:
     """Context manager: start the llama.cpp server, yield its base URL, stop it.
 
     ``slots``: requests the run sends at once (``llm.max_concurrency``); llama-server decodes
-    that many together (``serve.parallel`` overrides, see :func:`choose_slots`). The engine is
+    one at a time unless ``serve.parallel`` asks for more (see :func:`choose_slots`). The engine is
     resolved and the threads chosen here (a missing binary under ``serve.engine = "llama-server"``
     fails now, before anything starts)."""
 

@@ -184,7 +184,9 @@ class ServeConfig(Section):
     # llama-cpp-python's Python server (one request at a time)
     engine: Literal["auto", "llama-server", "llama-cpp-python"] = "auto"
     server_path: str | None = None  # a llama-server binary; default: beside the Python interpreter, then PATH
-    # llama-server slots decoded together (continuous batching); None: llm.max_concurrency, at most 8
+    # llama-server slots decoded together (continuous batching; 1.3-1.8x the throughput at 2-8 slots,
+    # but an answer then depends on which requests share its batch, so runs stop repeating bit for
+    # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
 
 
