@@ -7,6 +7,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Ray token auth off for every Ray the tests start (local nodes and the two-node cluster): Ray reads
+# the mode once per process, so a test that turned it off for its cluster left the next test's local
+# node (token auth on once ~/.ray/auth_token exists) unable to start its GCS
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture

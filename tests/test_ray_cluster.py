@@ -54,7 +54,8 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.node_ids: dict[str, str] = {}
         # the worktree's negsynth (and tests/, for what travels by reference) in every Ray worker;
-        # token auth off (on by default once ~/.ray/auth_token exists; node b would lack the token)
+        # token auth off (on by default once ~/.ray/auth_token exists; node b would lack the token;
+        # tests/conftest.py turns it off for the driver)
         path = [str(TESTS.parent), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         self.env.pop("RAY_ADDRESS", None)
@@ -104,7 +105,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(monkeypatch):
+def cluster():
     """A two-node cluster (node ``head`` and node ``b``), killed whole at teardown, pass or fail
     (only its own processes: `ray stop` would also stop other Ray instances on this machine)."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
@@ -115,7 +116,6 @@ def cluster(monkeypatch):
     # (ray_current_cluster) goes there, so no other ray.init() on this machine finds this cluster
     root = Path(tempfile.mkdtemp(prefix="nsray-", dir="/tmp"))
     c = Cluster(root)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     try:
         c.start("head", "--head", "--port", str(c.port), "--temp-dir", str(root), "--include-dashboard", "false")
         c.start("b", "--address", c.address)
