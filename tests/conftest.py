@@ -30,3 +30,14 @@ def minilm():
         return str(minilm_path())
     except MissingResource as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def ray_node():
+    """A local Ray node for one test module (``ray`` itself is yielded), shut down after it."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
+    from helpers import start_local_ray
+
+    start_local_ray()
+    yield ray
+    ray.shutdown()

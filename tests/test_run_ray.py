@@ -15,9 +15,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from fake_openai import FakeOpenAI, Reply
-from helpers import start_local_ray
 from test_lock import other_process_holds
 from test_scaleout import responder, write_config
 from typer.testing import CliRunner
@@ -26,14 +24,6 @@ from negsynth.cli import EXIT_BUDGET, app
 
 runner = CliRunner()
 STAGES = "brainstorm,generate"
-
-
-@pytest.fixture(scope="module")
-def ray_node():
-    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
-    start_local_ray()
-    yield ray
-    ray.shutdown()
 
 
 def deterministic(req, n):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from helpers import start_local_ray
 from test_score import HAND, FakeEmbedder, example, make_ctx, write_generate
 from typer.testing import CliRunner
 
@@ -22,14 +21,6 @@ from negsynth.stages import get, run_stage
 
 runner = CliRunner()
 SCORE = get("score")
-
-
-@pytest.fixture(scope="module")
-def ray_node():
-    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
-    start_local_ray()
-    yield ray
-    ray.shutdown()
 
 
 def outputs(rd: Path) -> dict[str, bytes]:
