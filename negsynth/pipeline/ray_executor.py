@@ -60,11 +60,19 @@ import numpy as np
 from negsynth.embed.base import Embedder, Part, encode_part, shares_query_pool
 from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.llm_stage import merge_stage
 from negsynth.pipeline.lock import token as lock_token
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.stage import Stage, check_inputs, manifest_entry, print_report, run_stage, unfinished, up_to_date
+from negsynth.pipeline.stage import (
+    Stage,
+    check_inputs,
+    manifest_entry,
+    print_report,
+    run_stage,
+    stage_endpoint,
+    unfinished,
+    up_to_date,
+)
 from negsynth.schemas.config import RunConfig
 
 
@@ -395,11 +403,8 @@ def run_on_ray(
         return reused
     address = address or os.environ.get("RAY_ADDRESS")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
-    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
-    if needed and start_llm is not None:
-        ctx.base_url, needed = start_llm(), False
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
+    with stage_endpoint(stage, ctx, start_llm) as url:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)

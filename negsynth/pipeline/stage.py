@@ -28,8 +28,8 @@ Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -232,16 +232,25 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str |
     if stats is None:
         if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
             check_manifest_entry(stage, ctx, entry)
-        needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
-        if needed and start_llm is not None:
-            ctx.base_url, needed = start_llm(), False
-        with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
+        with stage_endpoint(stage, ctx, start_llm) as url:
             if url:
                 ctx.base_url = url
             stats = stage.run(ctx)
         write_stats(stage, ctx, stats)
     print_report(stage, ctx, stats)
     return stats
+
+
+@contextmanager
+def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None) -> Iterator[str | None]:
+    """Where a stage's requests go: ``ctx.base_url`` when the caller already has an endpoint, else
+    the run's shared embedded server (``start_llm``, started on first use, set as ``ctx.base_url``),
+    else an embedded server for the block, whose URL is yielded (None otherwise)."""
+    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
+    if needed and start_llm is not None:
+        ctx.base_url, needed = start_llm(), False
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
+        yield url
 
 
 def unfinished(stats: dict) -> bool:
