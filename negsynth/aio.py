@@ -18,17 +18,36 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def _quiet_cancelled_connect(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Drop the one error CPython < 3.12 logs when a connect is cancelled as it completes.
+
+    A Ctrl-C landing while a socket connect is in flight cancels the connect's future; the
+    selector callback then calls ``set_result`` on it and asyncio logs ``InvalidStateError`` with
+    a traceback (fixed upstream in 3.12, which checks ``fut.done()`` first). Nothing is lost —
+    the request was being cancelled anyway — so it is not shown; every other error still is.
+    """
+    handle = context.get("handle")
+    if isinstance(context.get("exception"), asyncio.InvalidStateError) and "_sock_connect_cb" in repr(handle):
+        return
+    loop.default_exception_handler(context)
+
+
+async def _with_handler(coro: Coroutine[Any, Any, T]) -> T:
+    asyncio.get_running_loop().set_exception_handler(_quiet_cancelled_connect)
+    return await coro
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)``, or the same on a worker thread when this thread's loop is running."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return asyncio.run(_with_handler(coro))
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = asyncio.run(coro)
+            box["value"] = asyncio.run(_with_handler(coro))
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
 

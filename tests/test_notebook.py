@@ -54,3 +54,29 @@ def test_the_example_notebook_runs(tmp_path, minilm):
     assert "(12, {})" in json.dumps(outs[2][-1]["data"]["text/plain"])  # 12 valid queries, no rejects
     assert (tmp_path / "run" / "train" / "final").is_dir()
     assert "(1, 384)" in outs[4][-1]["data"]["text/plain"]
+
+
+def test_a_connect_cancelled_as_it_completes_is_not_logged_but_other_loop_errors_are(caplog):
+    """A Ctrl-C can cancel a socket connect's future while its selector callback runs; CPython
+    3.11 then logs InvalidStateError with a traceback. run_sync's loop drops that one case only."""
+    import logging
+    import socket
+
+    from negsynth.aio import run_sync
+
+    async def raise_in_callbacks():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        fut.cancel()
+        with socket.socket() as sock:
+            connect_cb = asyncio.Handle(loop._sock_connect_cb, (fut, sock, ("127.0.0.1", 1)), loop)
+            loop.call_exception_handler(
+                {"message": "Exception in callback", "exception": asyncio.InvalidStateError("invalid state"), "handle": connect_cb}
+            )
+            other = asyncio.Handle(print, (), loop)
+            loop.call_exception_handler({"message": "Exception in callback", "exception": ValueError("boom"), "handle": other})
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        run_sync(raise_in_callbacks())
+    logged = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert len(logged) == 1 and "print" in logged[0], logged
