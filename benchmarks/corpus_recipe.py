@@ -14,6 +14,8 @@ mined           the default: 1 query per document, 4 mined positive-aware negati
 mined-rt        the same + the round-trip filter (``round_trip_k = 10``: keep a query only if
                 the base model ranks its own document in the top 10)
 mined-rt1       the same with ``round_trip_k = 1`` (Promptagator's strict filter)
+mined-rt100     the same with ``round_trip_k = 100``: drops only the queries whose own document
+                the base model ranks below 100 (a query that does not describe its document)
 llm             the LLM's 4 graded negatives written for the document
 mixed           the 2 hardest mined + the LLM's 2 hardest that pass the same positive-aware
                 margin (a slot whose LLM negative fails takes the next mined one)
@@ -63,6 +65,7 @@ ARMS: dict[str, dict | None] = {
     "mined": {"negatives": "mined"},
     "mined-rt": {"negatives": "mined", "round_trip_k": 10},
     "mined-rt1": {"negatives": "mined", "round_trip_k": 1},
+    "mined-rt100": {"negatives": "mined", "round_trip_k": 100},
     "llm": {"negatives": "llm"},
     "mixed": {"negatives": "mixed"},
     "mined-q3": {"negatives": "mined", "queries_per_doc": 3},
