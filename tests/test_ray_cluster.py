@@ -6,7 +6,10 @@ negsynth pointed at it by address like any remote cluster.
   ids negsynth returns in ``ray_nodes``), and the outputs equal a one-process run's bytes;
 - the second node killed (its raylet and everything under it, by pid) while its generate worker
   has requests in flight: Ray retries that task on the surviving node, it resumes from its
-  ``.partial`` shards and the request cache, and the data equals the one-process run.
+  ``.partial`` shards and the request cache, and the data equals the one-process run;
+- the second node killed while its score embedding actor encodes a part: the part is redone by the
+  head's actor, Ray restarts the lost actor on the head when it has a CPU free (else the head's
+  actor finishes alone), and the output equals the one-process run's bytes.
 
 The run dir is on the local disk, which both "nodes" see (docs/scale.md: on a real cluster it
 must be a shared filesystem). Slow: two `ray start`s, ~25 s each on a loaded core.
@@ -60,9 +63,9 @@ class Cluster:
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         self.env.pop("RAY_ADDRESS", None)
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, cpus: int = 1) -> None:
         log = self.root / f"{name}.log"
-        cmd = ["ray", "start", "--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+        cmd = ["ray", "start", "--block", "--num-cpus", str(cpus), "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
         cmd += ["--resources", json.dumps({f"node_{name}": 1}), *args]
         with log.open("w") as out:
             p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
@@ -105,9 +108,11 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster():
-    """A two-node cluster (node ``head`` and node ``b``), killed whole at teardown, pass or fail
+def cluster(request):
+    """A two-node cluster (node ``head`` and node ``b``, 1 CPU each; a test parametrized
+    indirectly with ``{"head_cpus": n}`` gets n on the head), killed whole at teardown, pass or fail
     (only its own processes: `ray stop` would also stop other Ray instances on this machine)."""
+    head_cpus = getattr(request, "param", {}).get("head_cpus", 1)
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
     pytest.importorskip("psutil")
     if shutil.which("ray") is None:
@@ -117,7 +122,7 @@ def cluster():
     root = Path(tempfile.mkdtemp(prefix="nsray-", dir="/tmp"))
     c = Cluster(root)
     try:
-        c.start("head", "--head", "--port", str(c.port), "--temp-dir", str(root), "--include-dashboard", "false")
+        c.start("head", "--head", "--port", str(c.port), "--temp-dir", str(root), "--include-dashboard", "false", cpus=head_cpus)
         c.start("b", "--address", c.address)
         ray.init(address=c.address, log_to_driver=False, configure_logging=False)
         deadline = time.monotonic() + 60
@@ -223,6 +228,98 @@ def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, b
     assert st["complete"] and set(st["ray_nodes"]) == {cluster.node_ids["head"]}
     assert killed_at < len(srv.requests)  # the kill came before the end of the run
     assert data_files(rd) == ref_files
+
+
+@pytest.mark.parametrize("cluster", [{"head_cpus": 2}], indirect=True, ids=["head-2-cpus"])
+@pytest.mark.parametrize("spare", [True, False], ids=["spare-cpu-on-head", "no-spare-cpu"])
+def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypatch):
+    """Node b dies (SIGKILL to its raylet and every process under it) while its embedding worker
+    encodes a part: the part is redone by the head's worker and score finishes with the
+    one-process bytes. The head has 2 CPUs, one held by a placeholder actor while the workers
+    start (so they start one per node). ``spare``: the placeholder is killed just before node b,
+    Ray restarts the lost worker on the head and it answers again (the last node of both workers
+    is the head); else the restart has no CPU to go to and the head's worker finishes alone."""
+    import ray
+    import test_score
+    import test_score_ray
+    from ray import cloudpickle
+    from test_score_ray import SlowFake
+
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+    head, b = cluster.node_ids["head"], cluster.node_ids["b"]
+    # 30 examples, 6 texts each, all hand-set (the fake's hashed fallback differs between processes):
+    # 162 distinct texts, ~21 parts of 8, one fake call each (1 s, or 3 s): the kill lands mid-run
+    cos = {**HAND, "m1": 0.89, "m2": 0.88}
+    rows = []
+    for i in range(30):
+        negs = [f"n{i}{c}" for c in "abcd"]
+        cos.update({f"p{i}": 0.9 - i % 5 * 0.01, **{n: 0.8 - j * 0.15 - i % 7 * 0.01 for j, n in enumerate(negs)}})
+        rows.append(example(i, q=f"Q{i}", pos=f"p{i}", negs=("m1", "m2", *negs[2:]) if i % 3 == 0 else negs))
+    shards = [rows[k : k + 10] for k in range(0, 30, 10)]
+    out = {}
+
+    def score_in(d, emb):
+        write_generate(d, shards)
+        ctx = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
+        ctx.cfg.embedder.batch_size = 1
+        ctx.embedder = emb
+        return ctx
+
+    run_stage(get("score"), score_in(tmp_path / "one", FakeEmbedder(cos)))
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)  # negsynth uses this connection
+
+    class Placeholder:
+        def ping(self) -> bool:
+            return True
+
+    holder = ray.remote(num_cpus=1, resources={"node_head": 0.5})(Placeholder).remote()
+    assert ray.get(holder.ping.remote(), timeout=60)
+    slow = SlowFake(cos)
+    slow.delay = 3.0 if spare else 1.0  # with a spare CPU: time for Ray to see the node dead and restart the worker
+    ctx = score_in(tmp_path / "ray", slow)
+
+    def score_on_ray():
+        try:
+            out["stats"] = run_on_ray(get("score"), ctx, workers=2, address=cluster.address)
+        except Exception as e:  # noqa: BLE001 - shown by the assertion below
+            out["error"] = e
+
+    for mod in (test_score, test_score_ray):
+        cloudpickle.register_pickle_by_value(mod)
+    try:
+        t = threading.Thread(target=score_on_ray)
+        t.start()
+        killed = False
+        deadline = time.monotonic() + 120
+        while not killed and t.is_alive() and time.monotonic() < deadline:
+            if any("ray::_EmbedWorker.encode_part" in _cmdline(pid) for pid in cluster.pids("b")[1:]):  # node b's worker encodes a part
+                if spare:
+                    ray.kill(holder)
+                cluster.kill("b")
+                killed = True
+            time.sleep(0.05)
+        t.join(timeout=400)
+        assert not t.is_alive(), "score did not finish after the node was killed"
+    finally:
+        for mod in (test_score, test_score_ray):
+            cloudpickle.unregister_pickle_by_value(mod)
+    assert killed, "node b's worker was never seen encoding"
+    assert "error" not in out, out.get("error")  # the stage finished without a rerun
+    st = out["stats"]
+    assert st["complete"] and st["workers"] == 2
+    assert sorted(st["ray_nodes"]) == sorted([head, head] if spare else [head, b])  # where each worker last answered
+    d = {name: tmp_path / name / "score" for name in ("one", "ray")}
+    files = {
+        name: {
+            str(p.relative_to(x)): p.read_bytes()
+            for p in sorted([*x.glob("shard-*.jsonl"), *(x / "rejects").glob("*.jsonl"), *(x / "_shards").glob("*")])
+        }
+        for name, x in d.items()
+    }
+    assert files["ray"] == files["one"]
+    assert st["kept"] > 0
 
 
 def _cmdline(pid: int) -> str:

@@ -8,6 +8,7 @@ the CLI (`negsynth score` and `negsynth run`)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -100,70 +101,169 @@ def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, fake_by_va
 
 
 class SlowFake(FakeEmbedder):
-    """score's fake, 0.3 s per call: time to kill a worker in the middle of a block."""
+    """score's fake, ``delay`` s per call (0.3): time to kill a worker in the middle of a block."""
+
+    delay = 0.3
 
     def _encode(self, texts, *, batch_size, show_progress):
         import time
 
-        time.sleep(0.3)
+        time.sleep(self.delay)
         return super()._encode(texts, batch_size=batch_size, show_progress=show_progress)
 
 
-def test_a_worker_killed_mid_block_stops_in_one_line_and_a_rerun_resumes(tmp_path, fake_by_value, monkeypatch):
-    """SIGKILL one embedding worker while a block's parts are in flight: the stage stops with one
-    line (nothing of that block written), and the same call again finishes with the one-process bytes."""
+class StuckOnRestart(SlowFake):
+    """SlowFake whose copy never finishes loading in a worker started once the file ``gate`` exists
+    (a restarted worker that never comes back)."""
+
+    gate = ""
+
+    def __setstate__(self, state):
+        import os
+        import time
+
+        self.__dict__.update(state)
+        while self.gate and os.path.exists(self.gate):
+            time.sleep(0.5)
+
+
+def _kill_loop(stop, killed, once: bool, gate: str = "") -> None:
+    """SIGKILL an embedding worker busy with a part (once, or every one seen until ``stop``); the
+    file ``gate``, when given, is made before the first kill."""
     import os
     import signal
     import subprocess
+    import time
+
+    deadline = time.monotonic() + 120
+    while not stop.is_set() and time.monotonic() < deadline and not (once and killed):
+        pids = subprocess.run(["pgrep", "-f", "ray::_EmbedWorker.encode_part"], capture_output=True, text=True).stdout.split()
+        for pid in pids[:1] if once else pids:
+            if gate:
+                Path(gate).touch()
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
+    """The 6-example reference in one process, then score on 2 Ray workers (SlowFake, or
+    StuckOnRestart with ``stuck``) into ``tmp_path/ray`` while workers are SIGKILLed; returns (the
+    reference dir, the run dir, a fresh ctx for the run dir, killed pids, what the Ray run returned
+    or raised)."""
     import sys
     import threading
-    import time
 
     from ray import cloudpickle
 
-    from negsynth.errors import UserError
     from negsynth.pipeline.ray_executor import run_on_ray
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SlowFake travels by value too
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     cos = {**HAND, "m1": 0.89, "m2": 0.88}
     shards = [[example(i, q=f"Q{i}", negs=("m1", "m2", "n3", "n4") if i % 3 == 0 else ("n1", "n2", "n3", "n4"))] for i in range(6)]
     ref = tmp_path / "one"
     write_generate(ref, shards)
-    ctx = make_ctx(ref, policy="filter", min_negatives=3, filter_flags=["false_negative"])
-    ctx.cfg.embedder.batch_size = 1
-    ctx.embedder = FakeEmbedder(cos)
-    run_stage(SCORE, ctx)
     rd = tmp_path / "ray"
     write_generate(rd, shards)
-    killed = []
 
-    def kill_one():
-        deadline = time.monotonic() + 60
-        while not killed and time.monotonic() < deadline:
-            pids = subprocess.run(["pgrep", "-f", "ray::_EmbedWorker.encode_part"], capture_output=True, text=True).stdout.split()
-            if pids:
-                os.kill(int(pids[0]), signal.SIGKILL)
-                killed.append(int(pids[0]))
-            time.sleep(0.05)
-
-    def ctx_for(emb):
-        c = make_ctx(rd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
+    def ctx_for(d, emb):
+        c = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         c.cfg.embedder.batch_size = 1
         c.embedder = emb
         return c
 
-    t = threading.Thread(target=kill_one)
+    run_stage(SCORE, ctx_for(ref, FakeEmbedder(cos)))
+    emb = StuckOnRestart(cos) if stuck else SlowFake(cos)
+    gate = str(tmp_path / "gate") if stuck else ""
+    emb.gate = gate
+    killed: list[int] = []
+    stop = threading.Event()
+    t = threading.Thread(target=_kill_loop, args=(stop, killed, once, gate))
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SlowFake travels by value too
     t.start()
     try:
-        with pytest.raises(UserError, match=r"an embedding worker failed .*rerun the same command to resume"):
-            run_on_ray(SCORE, ctx_for(SlowFake(cos)), workers=2)
+        got = run_on_ray(SCORE, ctx_for(rd, emb), workers=2)
+    except Exception as e:  # noqa: BLE001 - the caller checks what it is
+        got = e
     finally:
+        stop.set()
         t.join()
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    assert killed and not (rd / "score" / "shard-00000.jsonl").exists()  # one block: nothing of it was written
-    run_on_ray(SCORE, ctx_for(FakeEmbedder(cos)), workers=2)
+        if gate:
+            Path(gate).unlink(missing_ok=True)
+    return ref, rd, (lambda: ctx_for(rd, FakeEmbedder(cos))), killed, got
+
+
+def test_a_worker_killed_mid_block_is_restarted_and_the_stage_finishes(tmp_path, fake_by_value, monkeypatch):
+    """SIGKILL one embedding worker while it encodes a part: its part goes to the other worker, Ray
+    restarts the dead one, and the stage finishes with the one-process bytes (no rerun)."""
+    ref, rd, _, killed, got = _slow_run(tmp_path, monkeypatch, once=True)
+    assert killed, "no worker was seen encoding"
+    assert isinstance(got, dict), got
+    assert got["complete"] and got["workers"] == 2 and len(got["ray_nodes"]) == 2
     assert outputs(rd) == outputs(ref)
+
+
+def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes(tmp_path, fake_by_value, monkeypatch):
+    """No restarts left (``MAX_RESTARTS = 0``) and every worker SIGKILLed as it encodes: the stage stops
+    with one line (nothing of the block written), and the same call again gives the one-process bytes."""
+    from negsynth.errors import UserError
+    from negsynth.pipeline import ray_executor
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    monkeypatch.setattr(ray_executor, "MAX_RESTARTS", 0)
+    ref, rd, ctx_again, killed, got = _slow_run(tmp_path, monkeypatch, once=False)
+    assert len(set(killed)) >= 2
+    assert isinstance(got, UserError), got
+    assert re.fullmatch(
+        r"--executor ray: an embedding worker failed \(.*\), and no embedding worker is left; finished shards are kept, rerun the same command to resume",
+        str(got),
+    )
+    assert not (rd / "score" / "shard-00000.jsonl").exists()  # one block: nothing of it was written
+    monkeypatch.setattr(ray_executor, "MAX_RESTARTS", 3)
+    run_on_ray(SCORE, ctx_again(), workers=2)
+    assert outputs(rd) == outputs(ref)
+
+
+def test_workers_lost_and_not_back_within_the_wait_stop_in_one_line(tmp_path, fake_by_value, monkeypatch):
+    """Every worker SIGKILLed and their restarts never finish loading: the stage does not wait
+    forever; after ``RESTART_WAIT`` s with no worker it stops with one line."""
+    import time
+
+    from negsynth.errors import UserError
+    from negsynth.pipeline import ray_executor
+
+    monkeypatch.setattr(ray_executor, "RESTART_WAIT", 3.0)
+    t0 = time.monotonic()
+    _, rd, _, killed, got = _slow_run(tmp_path, monkeypatch, once=False, stuck=True)
+    assert len(set(killed)) >= 2
+    assert isinstance(got, UserError), got
+    assert re.fullmatch(
+        r"--executor ray: an embedding worker failed \(.*\), and none came back within 3 s; finished shards are kept, rerun the same command to resume",
+        str(got),
+    )
+    assert time.monotonic() - t0 < 60 and not (rd / "score" / "shard-00000.jsonl").exists()
+
+
+def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_path, ray_node, monkeypatch):
+    """``__init__`` raising is not a death Ray restarts: the stage stops at once with the worker's line."""
+    import time
+
+    from negsynth.errors import UserError
+    from negsynth.pipeline.ray_executor import run_on_ray
+
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
+    write_generate(tmp_path, [[example()]])
+    ctx = make_ctx(tmp_path)
+    ctx.cfg.embedder.model = str(tmp_path / "no-such-model")
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"^--executor ray: the embedding workers could not start \(") as e:
+        run_on_ray(SCORE, ctx, workers=2)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 60
+    assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
 
 
 TOPICS = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents",

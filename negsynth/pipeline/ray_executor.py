@@ -10,7 +10,7 @@ with ``shard_index = k``; when all are done the driver merges their stats (``neg
 So the union of the shards equals a one-process run byte for byte, a task that dies is retried
 by Ray (``max_retries``) and resumes from its ``.partial`` shards and the request cache, and
 nothing new decides what is written. The stats say where each worker ran (``ray_nodes``: the
-Ray node id of each worker's last try; for score, of each embedding actor).
+Ray node id of each worker's last try; for score, where each embedding actor last answered).
 
 - The run dir must be on a filesystem every Ray node sees (one node: any local folder).
 - Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
@@ -42,6 +42,14 @@ length-sorted texts, :func:`negsynth.embed.base.encode_parts`); each part goes w
 free actor and the vectors come back in order, so every batch holds the texts it holds in one
 process and the floats differ at most by float rounding (another thread count in the actors).
 The actors start only when the stage has texts to embed, and stop when it ends.
+
+A lost actor (its process or its node died) does not stop the stage: Ray restarts it
+(``max_restarts``, on any node with a free CPU, loading its embedder again) and the driver gives
+the part it held to the next free actor (a part is a pure function of its texts, so redoing it
+gives the same vectors). The restarted actor takes parts again once it answers. The stage stops
+with one line only when a part failed :data:`PART_TRIES` times, when every actor is gone for good
+(its restarts used up), or when no actor is left and none comes back within
+:data:`RESTART_WAIT` seconds (a restart no node has a CPU for waits forever otherwise).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ import dataclasses
 import math
 import os
 import sys
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -191,6 +201,17 @@ def _get(ray, refs):
 
 
 # ---------------------------------------------------------------------------- embedding workers
+#: how often Ray restarts one embedding actor that died (a process or node lost); an actor whose
+#: embedder cannot load is not restarted (Ray restarts only an actor that died, not one whose
+#: ``__init__`` raised)
+MAX_RESTARTS = 3
+#: how many times one part is given to an actor before the stage stops (a part that kills every
+#: actor it goes to must not use up every restart)
+PART_TRIES = 4
+#: how long (s) the stage waits for a restarted actor when no actor is left
+RESTART_WAIT = 300.0
+
+
 class _EmbedWorker:
     """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given."""
 
@@ -233,7 +254,8 @@ class RayEmbedder(Embedder):
         self.instruct_queries = info["instruct_queries"]
         self.shares_query_pool = info["shares_query_pool"]
         self.devices = [info["device"], *info.get("other_devices", [])]
-        self.nodes = info.get("nodes", [])  # the Ray node id of each actor
+        self.nodes = info.get("nodes", [])  # the Ray node id of each actor (where it last answered)
+        self._shipped = None  # the embedder a caller passed, in Ray's object store (start sets it)
 
     @classmethod
     def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None) -> RayEmbedder:
@@ -250,7 +272,7 @@ class RayEmbedder(Embedder):
             )
         gpus = float(ray.cluster_resources().get("GPU", 0))
         per_gpu = min(1.0, gpus / workers) if gpus else 0
-        actor = ray.remote(num_cpus=1, num_gpus=per_gpu)(_EmbedWorker)
+        actor = ray.remote(num_cpus=1, num_gpus=per_gpu, max_restarts=MAX_RESTARTS)(_EmbedWorker)
         cfg_json = embedder_cfg.model_dump(mode="json")
         shipped = ray.put(embedder) if embedder is not None else None
         actors = [actor.remote(cfg_json, shipped) for _ in range(workers)]
@@ -264,7 +286,9 @@ class RayEmbedder(Embedder):
                 last = (lines[-1] if lines else type(e).__name__).removeprefix("negsynth.errors.UserError: ")  # the worker's own line
                 raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
             raise
-        return cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
+        emb = cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
+        emb._shipped = shipped  # held while the actors live: a restarted actor loads it again
+        return emb
 
     @property
     def dim(self) -> int:
@@ -278,22 +302,86 @@ class RayEmbedder(Embedder):
     def close(self) -> None:
         for a in self.actors:
             self._ray.kill(a)
-        self.actors = []
+        self.actors, self._shipped = [], None
 
     def encode_parts(self, parts: Sequence[Part], *, batch_size: int) -> Iterator[np.ndarray]:
-        """Each part to the next free actor; the vectors yielded in the parts' order."""
-        from ray.util import ActorPool
-
-        pool = ActorPool(self.actors)
+        """Each part to the next free actor; the vectors yielded in the parts' order. A part
+        whose actor is lost goes to the next free actor; the lost one (restarted by Ray) takes
+        parts again once it answers."""
+        ray = self._ray
         try:
-            yield from pool.map(lambda a, p: a.encode_part.remote(p, batch_size), list(parts))
-        except self._ray.exceptions.RayTaskError as e:
+            yield from self._deal(list(parts), batch_size)
+        except ray.exceptions.RayTaskError as e:
             _raise_cause(e)
-        except self._ray.exceptions.RayError as e:  # a worker process died, or the cluster went away
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"--executor ray: an embedding worker failed ({first}); finished shards are kept, rerun the same command to resume"
-            ) from None
+        except ray.exceptions.RayError as e:  # the cluster went away
+            raise self._failed(e) from None
+
+    @staticmethod
+    def _failed(e: BaseException | None, why: str = "") -> UserError:
+        first = (str(e).strip().splitlines() or [""])[0] if e is not None else ""
+        first = first or (type(e).__name__ if e is not None else "lost")
+        return UserError(
+            f"--executor ray: an embedding worker failed ({first}){why}; finished shards are kept, rerun the same command to resume"
+        )
+
+    def _deal(self, parts: list[Part], batch_size: int) -> Iterator[np.ndarray]:
+        ray = self._ray
+        lost_errors = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
+        todo = deque(range(len(parts)))  # parts waiting for an actor, in order
+        tries = [0] * len(parts)
+        done: dict[int, np.ndarray] = {}
+        free = deque(range(len(self.actors)))  # actors that answered and hold no part
+        busy: dict[Any, tuple[int, int]] = {}  # ref -> (actor, part)
+        asking: dict[Any, int] = {}  # a lost actor's describe() -> actor: it is back when it answers
+        last: BaseException | None = None
+        alone_since: float | None = None  # when the last actor was lost
+        nxt = 0
+        while nxt < len(parts):
+            while todo and free:
+                a, p = free.popleft(), todo.popleft()
+                tries[p] += 1
+                busy[self.actors[a].encode_part.remote(parts[p], batch_size)] = (a, p)
+            if not busy and not asking:
+                raise self._failed(last, ", and no embedding worker is left")
+            timeout = None
+            if not busy:  # every actor lost: wait a while for one to come back
+                alone_since = alone_since or time.monotonic()
+                timeout = alone_since + RESTART_WAIT - time.monotonic()
+                if timeout <= 0:
+                    raise self._failed(last, f", and none came back within {RESTART_WAIT:.0f} s")
+            # Ray's driver prints its notes (a worker died, ...) on stdout: while waiting, to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                ready, _ = ray.wait([*busy, *asking], num_returns=1, timeout=timeout)
+            for ref in ready:
+                if ref in asking:
+                    a = asking.pop(ref)
+                    try:
+                        info = ray.get(ref)
+                    except ray.exceptions.ActorUnavailableError:  # not reachable yet: ask again
+                        time.sleep(0.2)
+                        asking[self.actors[a].describe.remote()] = a
+                        continue
+                    except ray.exceptions.RayError as e:  # its restarts used up: gone for good
+                        last = e
+                        continue
+                    self.nodes[a], self.devices[a] = info["node"], info["device"]
+                    free.append(a)
+                    alone_since = None
+                    continue
+                a, p = busy.pop(ref)
+                try:
+                    done[p] = ray.get(ref)
+                except lost_errors as e:  # its process or its node died: the part to another actor
+                    last = e
+                    if tries[p] >= PART_TRIES:
+                        raise self._failed(e, f", on each of {tries[p]} tries of one part") from None
+                    todo.appendleft(p)
+                    asking[self.actors[a].describe.remote()] = a
+                    continue
+                free.append(a)
+            while nxt in done:
+                yield done.pop(nxt)
+                nxt += 1
 
     def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
         n = min(len(self.actors), len(texts))
@@ -301,8 +389,7 @@ class RayEmbedder(Embedder):
             return np.zeros((0, self.dim), dtype=np.float32)
         cuts = np.linspace(0, len(texts), n + 1).astype(int)
         parts = [(how, texts[a:b], None if instructions is None else instructions[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-        bs = batch_size or 64
-        got = _get(self._ray, [w.encode_part.remote(p, bs) for w, p in zip(self.actors, parts, strict=False)])
+        got = list(self.encode_parts(parts, batch_size=batch_size or 64))
         return np.concatenate(got).astype(np.float32, copy=False)
 
     def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
@@ -325,7 +412,7 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
     """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
     :class:`RayEmbedder` over ``workers`` actors (started only when it asks; stopped on exit).
     An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
-    ``nodes``: a list that gets the Ray node id of each actor started."""
+    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
     if ctx.cfg.embedder.devices is not None:
         raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
     given, made = ctx.embedder, []
@@ -333,8 +420,6 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
     def factory(embedder_cfg):
         emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
         made.append(emb)
-        if nodes is not None:
-            nodes.extend(emb.nodes)
         ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
@@ -344,6 +429,8 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
     finally:
         ctx.embedder, ctx.embedder_factory = given, None
         for emb in made:
+            if nodes is not None:  # where each actor last answered (a restarted one: its new node)
+                nodes.extend(emb.nodes)
             emb.close()
 
 
