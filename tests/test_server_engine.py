@@ -183,3 +183,57 @@ def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
         assert _opt(argv, "--threads") == str(es.threads)
         proc = es.proc
     assert proc.poll() is not None  # stopped on exit
+
+
+# -- a run dir keeps its first server's thread count ---------------------------------------------
+class _Quiet:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.lines.append(msg)
+
+
+def test_a_run_dir_keeps_the_thread_count_of_its_first_server(tmp_path, gguf, monkeypatch):
+    """llama.cpp's answers change with its thread count, and the default count follows the load
+    at start: a resumed run must start its server with the first run's count, so it writes what an
+    uninterrupted run would. serve.n_threads still wins; the Python server keeps no record."""
+    from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
+
+    argv_file = tmp_path / "argv.json"
+    binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
+    run_dir = tmp_path / "run"
+
+    def start(load_threads: int, **serve) -> tuple[str, str]:
+        monkeypatch.setattr(server, "choose_threads", lambda n=None, **kw: n or load_threads)
+        cfg = RunConfig.model_validate(
+            {
+                "llm": {"base_url": "embedded"},
+                "serve": {"model_path": str(gguf), "server_path": str(binary), "startup_timeout": 30, **serve},
+            }
+        )
+        rep = _Quiet()
+        with llm_endpoint(cfg, run_dir, rep) as url:
+            assert url is not None
+        return _opt(json.loads(argv_file.read_text()), "--threads"), rep.lines[0]
+
+    threads, _ = start(2)  # a quiet machine at the first start
+    assert threads == "2" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 2}
+    threads, line = start(1)  # resumed when the machine is busy: still 2
+    assert threads == "2" and "this run dir's first count" in line
+    assert start(1, n_threads=1)[0] == "1"  # the explicit setting wins
+    assert json.loads((run_dir / SERVER_RECORD).read_text())["threads"] == 2  # and does not rewrite the record
+    assert start(1)[0] == "2"
+    (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: chosen as for a new run dir
+    assert start(1)[0] == "1"
+
+
+def test_the_python_server_keeps_no_thread_record(tmp_path, gguf, no_llama_server, monkeypatch):
+    from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
+
+    monkeypatch.setattr(server.EmbeddedServer, "start", lambda self: "http://127.0.0.1:1/v1")
+    monkeypatch.setattr(server.EmbeddedServer, "stop", lambda self: None)
+    cfg = RunConfig.model_validate({"llm": {"base_url": "embedded"}, "serve": {"model_path": str(gguf)}})
+    with llm_endpoint(cfg, tmp_path, _Quiet()):
+        pass
+    assert not (tmp_path / SERVER_RECORD).exists()

@@ -245,7 +245,7 @@ class EmbeddedServer:
     resolved and the threads chosen here (a missing binary under ``serve.engine = "llama-server"``
     fails now, before anything starts)."""
 
-    def __init__(self, cfg: ServeConfig, model_alias: str, *, log_path: Path | None = None, slots: int = 1):
+    def __init__(self, cfg: ServeConfig, model_alias: str, *, log_path: Path | None = None, slots: int = 1, threads: int | None = None):
         self.cfg = cfg
         self.alias = model_alias
         self.log_path = log_path
@@ -253,7 +253,8 @@ class EmbeddedServer:
         self.port = cfg.port
         self.engine, self.binary = resolve_engine(cfg)
         self.slots = choose_slots(cfg.parallel, slots) if self.engine == "llama-server" else 1
-        self.threads = choose_threads(cfg.n_threads) if self.engine == "llama-server" else cfg.n_threads
+        # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
+        self.threads = (threads or choose_threads(cfg.n_threads)) if self.engine == "llama-server" else cfg.n_threads
 
     def describe(self) -> str:
         """One line for the user: which engine, how many slots and threads."""
