@@ -10,6 +10,11 @@ loss of every step and its largest difference from the baseline setting.
 
     python benchmarks/train_memory.py                          # batch 32, 4 negatives x 128 tokens, 3 steps
     python benchmarks/train_memory.py --settings base,gc,cached8 --steps 5 --out train_memory.json
+    python benchmarks/train_memory.py --settings base,gc,cached8 --repeats 3   # interleaved; medians
+
+With ``--repeats R`` the settings run in turn R times (base, gc, cached8, base, gc, ...), and the
+table reports each setting's median seconds and its ratio to the first setting's median, with the
+load average before every child.
 
 Settings: ``eager`` (eager attention), ``base`` (SDPA, plain MNRL: the default before this
 benchmark), ``gc`` (gradient checkpointing), ``cachedN`` (CachedMNRL, mini-batch N), ``gc+cachedN``.
@@ -116,16 +121,19 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
     results = []
-    for s in args.settings.split(","):
+    for rep, s in [(rep, s) for rep in range(args.repeats) for s in args.settings.split(",")]:
         load = os.getloadavg()[0]
         cmd = [sys.executable, __file__, "--child", s] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("settings", "out", "child") and v is not None
+            f"--{k.replace('_', '-')}={v}"
+            for k, v in vars(args).items()
+            if k not in ("settings", "out", "child", "repeats") and v is not None
         ]
         env = os.environ | {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -134,7 +142,7 @@ def main() -> None:
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             raise SystemExit(f"{s}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-        r = json.loads(line[len("RESULT ") :]) | {"load1": round(load, 2)}
+        r = json.loads(line[len("RESULT ") :]) | {"load1": round(load, 2), "repeat": rep}
         results.append(r)
         print(
             f"{s:<12} peak {r['peak_rss_mib']:>6} MiB  {r['seconds']:6.1f}s  load {load:4.1f}  {r['loss_class']}  losses "
@@ -147,8 +155,16 @@ def main() -> None:
     print(
         f"\nbatch {args.batch_size} x (1 + 1 + {args.negatives}) texts x {args.max_length} tokens, {args.steps} steps, {args.threads} threads"
     )
-    for r in results:
-        print(f"{r['setting']:<12} peak {r['peak_rss_mib']:>6} MiB  max |loss - {results[0]['setting']}| {r['max_loss_diff_vs_first']:.2e}")
+    import statistics
+
+    names = args.settings.split(",")
+    med = {n: statistics.median(r["seconds"] for r in results if r["setting"] == n) for n in names}
+    for n in names:
+        rs = [r for r in results if r["setting"] == n]
+        print(
+            f"{n:<12} peak {max(r['peak_rss_mib'] for r in rs):>6} MiB  median {med[n]:6.1f}s ({med[n] / med[names[0]]:.2f}x {names[0]})"
+            f"  max |loss - {names[0]}| {max(r['max_loss_diff_vs_first'] for r in rs):.2e}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
