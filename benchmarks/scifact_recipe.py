@@ -50,6 +50,9 @@ ns-pipeline-wide       ns-pipeline with ``regenerate.mining.range_max = 340`` in
                        candidates: 29 queries short of 4 negatives instead of 121
 ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easiness filter of the
                        ns-tuple-hard-noeasy arm, through the stages)
+ns-pipeline-gc8        ns-pipeline trained with ``train.mini_batch_size = 8`` (GradCache: the same
+                       loss in 8-row chunks, a sixth of the training memory; dropout drawn in
+                       another order)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -123,7 +126,7 @@ KEY_ARMS = ("st-mined-4", "ns-pipeline")  # the strongest stock recipe and negsy
 # in the order they run: the strongest stock recipe and negsynth's default first
 ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
             "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-pipeline-neardedup",
-            "ns-pipeline-wide", "ns-pipeline-noeasy", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+            "ns-pipeline-wide", "ns-pipeline-noeasy", "ns-pipeline-gc8", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
 DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
 HEADLINE_ARMS = ("base", "st-mined-4", DEFAULT_ARM)  # the default invocation (~1-1.5 h on 2 CPU cores)
 # the pipeline arms: negsynth's stages with their defaults, plus these TOML lines
@@ -136,6 +139,8 @@ PIPELINE_ARMS = {
     "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
     # + the easiness filter: queries the base model already solves by > 0.1 cosine dropped
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
+    # the same data trained with GradCache (8-row chunks): does the memory saving change the model?
+    "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
 }
 
 
@@ -487,12 +492,10 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
     source = f'[[regenerate.inputs]]\npath = {json.dumps(str(path))}\nsplit = "{split}"\n' + (
         f"name = {json.dumps(name)}\n" if name else ""
     )
-    return (
-        f'[regenerate]\nnegatives = "mined"\n{source}'
-        f"[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n"
-        f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
-        + extra_toml
-    )
+    train = f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
+    if extra_toml.startswith("[train]\n"):  # a train-only arm: its lines join the one [train] table
+        train, extra_toml = train + extra_toml[len("[train]\n") :], ""
+    return f'[regenerate]\nnegatives = "mined"\n{source}[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n' + train + extra_toml
 
 
 PIPELINE_DATA_STAGES = ["regenerate", "score", "curriculum"]
