@@ -368,6 +368,17 @@ def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tm
     assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool
 
 
+def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all(tmp_path):
+    import json
+
+    from negsynth.train.pooling import EmbeddingPooling
+
+    (tmp_path / "config.json").write_text(json.dumps({"embedding_dimension": 8, "mode": "ata", "ata_detach": False}))
+    assert EmbeddingPooling.load(str(tmp_path)).ata_pool == "all"
+    # what the model was trained with wins over the loading model's defaults
+    assert EmbeddingPooling.load(str(tmp_path), init_defaults={"ata_pool": "embed_mask"}).ata_pool == "all"
+
+
 # ----------------------------------------------------------------------------- BeLLM recipe
 
 

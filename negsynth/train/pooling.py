@@ -289,31 +289,12 @@ class EmbeddingPooling(Module):
         self._warned = False
 
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token=None,
-        cache_folder=None,
-        revision=None,
-        local_files_only: bool = False,
-        init_defaults=None,
-        **kwargs,
-    ):
-        """Like the base ``load``; a config saved before ``ata_pool`` existed loads as ``"all"``
-        (what that model was trained with)."""
-        config = cls.load_config(
-            model_name_or_path,
-            subfolder=subfolder,
-            token=token,
-            cache_folder=cache_folder,
-            revision=revision,
-            local_files_only=local_files_only,
-        )
+    def load_config(cls, *args, **kwargs) -> dict[str, Any]:
+        """Like the base ``load_config`` (which the base ``load`` reads); a config saved before
+        ``ata_pool`` existed reads as ``"all"`` (what that model was trained with)."""
+        config = super().load_config(*args, **kwargs)
         config.setdefault("ata_pool", "all")
-        for k, v in (init_defaults or {}).items():
-            config.setdefault(k, v)
-        return cls(**config)
+        return config
 
     def on_model_ready(self, model) -> None:
         if self.mode == "ata":
