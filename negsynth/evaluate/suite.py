@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from negsynth.errors import NegsynthError
 
 STS_INSTRUCTION = "Retrieve semantically similar text."
+NLI_INSTRUCTION = "Given a premise, retrieve a hypothesis that is entailed by the premise"
 
 CATEGORIES: tuple[str, ...] = ("Class", "Clust", "Pair", "Retr", "STS")  # MTEB-style averages
 EXTRA_CATEGORIES: tuple[str, ...] = ("Triplet",)
@@ -91,6 +92,21 @@ _STS_QUICK = {"rows": 500}
 
 def _sts(name: str, path: str, *, default: bool = True, note: str = "", columns: dict | None = None) -> TaskSpec:
     return TaskSpec(name, "STS", (path,), STS_INSTRUCTION, columns or _STS_COLS, quick=_STS_QUICK, default=default, note=note)
+
+
+def _entailment(name: str, path: str, *, note: str) -> TaskSpec:
+    """An NLI test set as pair classification: entailment = 1 vs contradiction = 0, neutral dropped."""
+    return TaskSpec(
+        name,
+        "Pair",
+        (path,),
+        NLI_INSTRUCTION,
+        _PAIR_COLS,
+        positive_labels=("entailment",),
+        negative_labels=("contradiction",),
+        quick={"rows": 500},
+        note=f"entailment=1 vs contradiction=0, neutral dropped; {note}",
+    )
 
 
 TASKS: tuple[TaskSpec, ...] = (
@@ -157,28 +173,8 @@ TASKS: tuple[TaskSpec, ...] = (
         instruction_source="ours",
         note="not an MTEB task",
     ),
-    TaskSpec(
-        "SICK-E",
-        "Pair",
-        ("sickr/test_entailment.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
-        _PAIR_COLS,
-        positive_labels=("entailment",),
-        negative_labels=("contradiction",),
-        quick={"rows": 500},
-        note="entailment=1 vs contradiction=0, neutral dropped; not an MTEB task",
-    ),
-    TaskSpec(
-        "SNLI-PC",
-        "Pair",
-        ("snli/test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
-        _PAIR_COLS,
-        positive_labels=("entailment",),
-        negative_labels=("contradiction",),
-        quick={"rows": 500},
-        note="entailment=1 vs contradiction=0, neutral dropped; SentEval-tokenised text; not an MTEB task",
-    ),
+    _entailment("SICK-E", "sickr/test_entailment.tsv", note="not an MTEB task"),
+    _entailment("SNLI-PC", "snli/test.tsv", note="SentEval-tokenised text; not an MTEB task"),
     # --- Classification (accuracy) ---------------------------------------------------------
     TaskSpec(
         "TREC",
@@ -227,7 +223,7 @@ TASKS: tuple[TaskSpec, ...] = (
         "SICK-Triplets",
         "Triplet",
         ("sickr/triples_test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
+        NLI_INSTRUCTION,
         _TRIPLE_COLS,
         note="(premise, entailed, contradicting) - the hard-negative setting",
     ),
@@ -235,7 +231,7 @@ TASKS: tuple[TaskSpec, ...] = (
         "SNLI-Triplets",
         "Triplet",
         ("snli/triples_test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
+        NLI_INSTRUCTION,
         _TRIPLE_COLS,
         quick={"rows": 500},
     ),
