@@ -41,10 +41,10 @@ def run_dir_with_examples(tmp_path):
     return rd, tmp_path / "data"
 
 
-def test_score_curriculum_train_evaluate(run_dir_with_examples):
-    rd, data = run_dir_with_examples
-    # policy annotate, no dedup: the fake LLM's texts are arbitrary and alike; these are plumbing checks
-    common = [
+def plumbing_options(rd) -> list[str]:
+    """The run dir and settings every stage command here gets: score annotates and does not dedup
+    (the fake LLM's texts are arbitrary and alike; these are plumbing checks), small mixed batches."""
+    return [
         "-d",
         str(rd),
         "--set",
@@ -56,6 +56,11 @@ def test_score_curriculum_train_evaluate(run_dir_with_examples):
         "--set",
         "score.dedup=false",
     ]
+
+
+def test_score_curriculum_train_evaluate(run_dir_with_examples):
+    rd, data = run_dir_with_examples
+    common = plumbing_options(rd)
     r = runner.invoke(app, ["score", *common, "--json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["curriculum", *common, "--json"])
@@ -148,18 +153,7 @@ def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
 
 def test_tuple_schedule_trains_on_every_negative(run_dir_with_examples):
     rd, _ = run_dir_with_examples
-    common = [
-        "-d",
-        str(rd),
-        "--set",
-        "train.batch_size=4",
-        "--set",
-        "curriculum.homogeneous_batches=false",
-        "--set",
-        "score.policy=annotate",
-        "--set",
-        "score.dedup=false",
-    ]
+    common = plumbing_options(rd)
     assert runner.invoke(app, ["score", *common, "-q"]).exit_code == 0
     r = runner.invoke(app, ["curriculum", *common, "--schedule", "tuple", "--json"])
     assert r.exit_code == 0, r.output
