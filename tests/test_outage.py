@@ -24,7 +24,6 @@ from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
 runner = CliRunner()
-EXAMPLES = OUTAGE_EXAMPLES
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +91,7 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         # no transport failure became a reject, in a finished shard or anywhere
         assert not any(x["reason"].startswith("transport_") for x in all_rejects(rd))
         assert stats["rejects_by_reason"] == {}
-        assert stats["valid"] < EXAMPLES and list((rd / "generate").glob("*.partial"))
+        assert stats["valid"] < OUTAGE_EXAMPLES and list((rd / "generate").glob("*.partial"))
         man = json.loads((rd / "manifest.json").read_text())
         assert "generate" in man["stages"]
 
@@ -101,8 +100,8 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
-    assert stats["complete"] is True and stats["valid"] == EXAMPLES and stats["rejected"] == 0 and stats["pending"] == 0
-    assert len(list(read_stage(rd / "generate"))) == EXAMPLES and all_rejects(rd) == []
+    assert stats["complete"] is True and stats["valid"] == OUTAGE_EXAMPLES and stats["rejected"] == 0 and stats["pending"] == 0
+    assert len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES and all_rejects(rd) == []
     assert not list((rd / "generate").glob("*.partial"))
 
 
@@ -133,7 +132,7 @@ def test_sporadic_transport_failures_are_pending_not_rejected(tmp_path, rd):
         assert json.loads(rep.stdout)["stages"]["generate"]["pending"] == n
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and all_rejects(rd) == []
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and all_rejects(rd) == []
 
 
 def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path, rd, monkeypatch):
@@ -158,7 +157,7 @@ def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path,
         srv.come_back()
         r = generate(cfg, rd, "--mode", "batch")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and all_rejects(rd) == []
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and all_rejects(rd) == []
 
 
 # ---------------------------------------------------------------------------- 2. --overwrite
@@ -217,7 +216,7 @@ def test_an_overwrite_stopped_by_an_outage_keeps_the_old_outputs_then_swaps(tmp_
         r = generate(cfg, rd, "--overwrite", "--set", "generate.seed=7")
     assert r.exit_code == 0, r.output
     after = outputs(rd)
-    assert after != before and len(list(read_stage(rd / "generate"))) == EXAMPLES
+    assert after != before and len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES
     assert not list(rd.glob(".generate.*"))  # the staging folder was swapped in
     man = json.loads((rd / "manifest.json").read_text())
     assert man["stages"]["generate"]["seed"] == 7
@@ -306,7 +305,7 @@ def test_corrupt_cache_is_one_line_and_a_finished_stage_relaunch_needs_neither_c
     (rd / "cache" / "llm.sqlite").write_bytes(b"garbage" * 1000)
     r = generate(outage_config(tmp_path, _dead_url()), rd)  # no server, a corrupt cache: nothing needed
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and outputs(rd)["shard-00000.jsonl"] == before["shard-00000.jsonl"]
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and outputs(rd)["shard-00000.jsonl"] == before["shard-00000.jsonl"]
     shutil.rmtree(rd / "generate")
     with FakeOpenAI(always_valid) as srv:
         r = generate(outage_config(tmp_path, srv.base_url), rd)
@@ -421,6 +420,6 @@ def test_disk_full_mid_stage_is_one_line_and_a_rerun_pays_for_nothing_twice(tmp_
         monkeypatch.setattr(shards.PartialWriter, "write", real_write)
         r = generate(cfg, rd)
         assert r.exit_code == 0, r.output
-        assert json.loads(r.stdout)["valid"] == EXAMPLES
+        assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES
         # the answer whose write failed came from the cache: every item was paid for once
-        assert len(srv.requests) == EXAMPLES, (paid, len(srv.requests))
+        assert len(srv.requests) == OUTAGE_EXAMPLES, (paid, len(srv.requests))

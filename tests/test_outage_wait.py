@@ -13,19 +13,14 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid
-from helpers import OUTAGE_EXAMPLES, brainstormed_once, outage_config, write_run_config
+from helpers import OUTAGE_EXAMPLES, outage_config, write_run_config
+from test_outage import brainstormed  # noqa: F401 - the fixture: one brainstormed run dir setup for the outage modules
 from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
 runner = CliRunner()
-EXAMPLES = OUTAGE_EXAMPLES
-
-
-@pytest.fixture(scope="module")
-def brainstormed(tmp_path_factory) -> Path:
-    return brainstormed_once(tmp_path_factory, outage_config)
 
 
 def generate(cfg: Path, rd: Path, *extra: str):
@@ -66,8 +61,8 @@ def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd, 
         took = time.monotonic() - t0
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
-    assert stats["complete"] is True and stats["valid"] == EXAMPLES and stats["pending"] == 0 and stats["rejected"] == 0
-    assert len(list(read_stage(rd / "generate"))) == EXAMPLES and not list((rd / "generate").glob("*.partial"))
+    assert stats["complete"] is True and stats["valid"] == OUTAGE_EXAMPLES and stats["pending"] == 0 and stats["rejected"] == 0
+    assert len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES and not list((rd / "generate").glob("*.partial"))
     tr = stats["this_run"]
     assert tr["outage_waits"] >= 1 and 1.0 < tr["outage_wait_s"] < 30 and took < 40
     # never paid twice: every answered request was answered once
