@@ -122,6 +122,27 @@ def minilm_embedder(batch_size: int):
         raise
 
 
+#: a hand-made STS set: sentence pairs and their 0-5 similarity
+STS_ROWS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.6),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
+    ("Kids are playing football.", "Children play soccer outside.", 4.0),
+    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
+    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
+    ("A man is riding a horse.", "A person rides a horse on the beach.", 3.5),
+    ("The sun is shining.", "It is raining heavily.", 1.0),
+]
+
+
+def write_sts12(data_dir: Path, rows=STS_ROWS) -> Path:
+    """``rows`` as the STS12 test set in ``data_dir`` (what ``evaluate --data-dir`` reads); returns ``data_dir``."""
+    folder = Path(data_dir) / "sts12"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in rows))
+    return Path(data_dir)
+
+
 def load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call."""
     import importlib.util

@@ -10,22 +10,12 @@ import json
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
+from helpers import STS_ROWS, write_sts12
 from test_cli_pipeline import invoke, runner, write_config
 
 from negsynth.cli import app
 
 pytest.importorskip("sentence_transformers")
-
-STS_ROWS = [
-    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
-    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.6),
-    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
-    ("Kids are playing football.", "Children play soccer outside.", 4.0),
-    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
-    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
-    ("A man is riding a horse.", "A person rides a horse on the beach.", 3.5),
-    ("The sun is shining.", "It is raining heavily.", 1.0),
-]
 
 
 @pytest.fixture
@@ -35,10 +25,7 @@ def run_dir_with_examples(tmp_path):
         rd = tmp_path / "run"
         assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
         assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "generate.examples=32").exit_code == 0
-    data = tmp_path / "data" / "sts12"
-    data.mkdir(parents=True)
-    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS_ROWS))
-    return rd, tmp_path / "data"
+    return rd, write_sts12(tmp_path / "data")
 
 
 def plumbing_options(rd) -> list[str]:
