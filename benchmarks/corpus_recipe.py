@@ -209,6 +209,9 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
 
 
 def summarise(results: list[dict], dataset: str) -> list[tuple]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _table import mean_sd, seed_scores
+
     _, tasks = DATASETS[dataset]
     rows = []
     base = next((r["scores"] for r in results if r["dataset"] == dataset and r["arm"] == "base"), None)
@@ -218,14 +221,13 @@ def summarise(results: list[dict], dataset: str) -> list[tuple]:
             continue
         cells = []
         for t in tasks:
-            v = [100 * r["scores"][t] for r in rs if t in r["scores"]]
+            v = seed_scores(rs, t)
             if not v:
                 cells.append("–")
                 continue
-            m = statistics.mean(v)
-            cell = f"{m:.2f}" + (f" ± {statistics.stdev(v):.2f}" if len(v) > 1 else "")
+            cell = mean_sd(v)
             if base and t in base and arm != "base":
-                cell += f" ({m - 100 * base[t]:+.2f})"
+                cell += f" ({statistics.mean(v) - 100 * base[t]:+.2f})"
             cells.append(cell)
         kept = [r.get("kept") for r in rs if r.get("kept") is not None]
         if all(r.get("no_model") for r in rs):

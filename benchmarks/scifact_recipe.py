@@ -769,6 +769,9 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
 
 
 def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _table import mean_sd, seed_scores
+
     by_arm: dict[str, list[dict]] = {}
     for r in results:
         by_arm.setdefault(r["arm"], []).append(r)
@@ -777,15 +780,7 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
         rs = by_arm.get(arm)
         if not rs:
             continue
-        cells = []
-        for t in tasks:
-            v = [100 * r["scores"][t] for r in rs if t in r["scores"]]
-            if not v:
-                cells.append("-")
-            elif len(v) == 1:
-                cells.append(f"{v[0]:.2f}")
-            else:
-                cells.append(f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}")
+        cells = [mean_sd(v) if (v := seed_scores(rs, t)) else "-" for t in tasks]
 
         def med(key: str, rs: list = rs) -> str:  # per seed: median over the seeds that recorded it
             v = [r[key] for r in rs if r.get(key) is not None]

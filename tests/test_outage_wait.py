@@ -13,33 +13,14 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import OUTAGE_EXAMPLES, outage_config, write_run_config
+from test_outage import brainstormed  # noqa: F401 - the fixture: one brainstormed run dir setup for the outage modules
 from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 
 runner = CliRunner()
-EXAMPLES = 12
-
-
-def config(tmp: Path, base_url: str, **llm) -> Path:
-    settings = {"max_retries": 1, "max_attempts": 2, "connect_timeout": 1, "timeout": 5, "max_consecutive_failures": 3, **llm}
-    return write_run_config(tmp, base_url, llm=settings, generate={"examples": EXAMPLES})
-
-
-@pytest.fixture(scope="module")
-def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, config(tmp, srv.base_url))
-
-
-@pytest.fixture
-def rd(tmp_path, brainstormed) -> Path:
-    d = tmp_path / "run"
-    shutil.copytree(brainstormed, d)
-    return d
 
 
 def generate(cfg: Path, rd: Path, *extra: str):
@@ -74,14 +55,14 @@ def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd, 
     responder, answered = down_for(4, 2.5, holder)
     srv = holder["srv"] = FakeOpenAI(responder)
     with srv:
-        cfg = config(tmp_path, srv.base_url, outage_wait=60, transport=transport)
+        cfg = outage_config(tmp_path, srv.base_url, outage_wait=60, transport=transport)
         t0 = time.monotonic()
         r = generate(cfg, rd)
         took = time.monotonic() - t0
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
-    assert stats["complete"] is True and stats["valid"] == EXAMPLES and stats["pending"] == 0 and stats["rejected"] == 0
-    assert len(list(read_stage(rd / "generate"))) == EXAMPLES and not list((rd / "generate").glob("*.partial"))
+    assert stats["complete"] is True and stats["valid"] == OUTAGE_EXAMPLES and stats["pending"] == 0 and stats["rejected"] == 0
+    assert len(list(read_stage(rd / "generate"))) == OUTAGE_EXAMPLES and not list((rd / "generate").glob("*.partial"))
     tr = stats["this_run"]
     assert tr["outage_waits"] >= 1 and 1.0 < tr["outage_wait_s"] < 30 and took < 40
     # never paid twice: every answered request was answered once
@@ -91,7 +72,7 @@ def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd, 
     # a rerun sends nothing: every answer is in the cache and the stage is finished
     n = len(srv.requests)
     with FakeOpenAI(always_valid) as again:
-        r = generate(config(tmp_path, again.base_url, outage_wait=60), rd)
+        r = generate(outage_config(tmp_path, again.base_url, outage_wait=60), rd)
         assert r.exit_code == 0 and again.requests == []
     assert len(srv.requests) == n
 
@@ -101,7 +82,7 @@ def test_a_server_that_stays_away_stops_the_stage_after_the_wait(tmp_path, rd):
     responder, _ = down_for(3, 3600, holder)
     srv = holder["srv"] = FakeOpenAI(responder)
     with srv:
-        cfg = config(tmp_path, srv.base_url, outage_wait=2)
+        cfg = outage_config(tmp_path, srv.base_url, outage_wait=2)
         t0 = time.monotonic()
         r = generate(cfg, rd, "-q")
         took = time.monotonic() - t0
@@ -126,7 +107,7 @@ def test_outage_wait_zero_stops_at_once(tmp_path, rd):
     srv = holder["srv"] = FakeOpenAI(responder)
     with srv:
         t0 = time.monotonic()
-        r = generate(config(tmp_path, srv.base_url, outage_wait=0), rd, "-q")
+        r = generate(outage_config(tmp_path, srv.base_url, outage_wait=0), rd, "-q")
         took = time.monotonic() - t0
     assert r.exit_code == 4 and took < 15
     assert "waiting" not in r.stderr and r.stderr.count("\n") == 1

@@ -7,24 +7,18 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("datasets")
 
+from helpers import STS_ROWS, write_sts12  # noqa: E402
 from test_train_resume import SETS, make_curriculum, runner, tiny_bert  # noqa: E402, F401 (tiny_bert: a fixture)
 
 from negsynth.cli import app  # noqa: E402
 from negsynth.pipeline.progress import Reporter  # noqa: E402
 
-STS = [
-    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
-    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
-    ("The sun is shining.", "It is raining heavily.", 1.0),
-    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
-]
 MODES = {"normal": [], "quiet": ["--quiet"], "json": ["--json"]}
 
 
@@ -54,10 +48,8 @@ def test_train_shows_steps_loss_and_eta_on_stderr_unless_quiet_or_json(tmp_path,
 
 @pytest.mark.parametrize("mode", MODES)
 def test_evaluate_shows_task_progress_on_stderr_unless_quiet_or_json(tmp_path, tiny_bert, mode):  # noqa: F811
-    data = tmp_path / "data" / "sts12"
-    data.mkdir(parents=True)
-    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS))
-    args = ["evaluate", "-d", str(tmp_path / "run"), "--model", tiny_bert, "--baseline", "", "--data-dir", str(data.parent)]
+    data = write_sts12(tmp_path / "data", STS_ROWS[:4])
+    args = ["evaluate", "-d", str(tmp_path / "run"), "--model", tiny_bert, "--baseline", "", "--data-dir", str(data)]
     r = runner.invoke(app, [*args, "--tasks", "STS12,SICK-R", *MODES[mode]])
     assert r.exit_code == 0, r.output
     if mode == "normal":
@@ -104,9 +96,6 @@ def test_evaluate_library_keeps_its_lines_with_progress_true(tmp_path, capsys):
 
     from negsynth.evaluate import evaluate
 
-    data = Path(tmp_path) / "sts12"
-    data.mkdir()
-    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS))
-    evaluate(HashBOW(), suite="full", data_dir=tmp_path, tasks=["STS12"])
+    evaluate(HashBOW(), suite="full", data_dir=write_sts12(tmp_path, STS_ROWS[:4]), tasks=["STS12"])
     err = capsys.readouterr().err
     assert err.startswith("[1/1] STS12 (STS) spearman=") and "ETA" not in err

@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI
-from test_scaleout import brainstormed, data_files, gen, reference, responder, write_config  # noqa: F401 - fixtures
+from fake_openai import FakeOpenAI, sts_reasked_once
+from helpers import generate_files
+from test_scaleout import brainstormed, gen, reference, write_config  # noqa: F401 - fixtures
 from test_score import HAND, FakeEmbedder, example, make_ctx, write_generate
 
 from negsynth.stages import get, run_stage
@@ -143,12 +144,12 @@ def cluster(request):
 
 def slow(req, n):
     """test_scaleout's answers, 0.15 s each: the workers overlap, and a kill lands mid-run."""
-    r = responder(req, n)
+    r = sts_reasked_once(req, n)
     r.delay = 0.15
     return r
 
 
-def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, brainstormed, reference, monkeypatch):  # noqa: F811
+def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd, reference, monkeypatch):  # noqa: F811
     import test_score
     from ray import cloudpickle
 
@@ -157,15 +158,13 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, br
     ref_files, _, _ = reference
     both = {cluster.node_ids["head"], cluster.node_ids["b"]}
     # generate: two shard workers, one per node ($RAY_ADDRESS, as a user points at a cluster)
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     with FakeOpenAI(slow) as srv:
         r = gen(write_config(tmp_path, srv.base_url), rd, "--executor", "ray", "--workers", "2", "--json")
     assert r.exit_code == 0, r.output
     st = json.loads(r.stdout)
     assert st["executor"] == "ray" and st["complete"] and set(st["ray_nodes"]) == both
-    assert data_files(rd) == ref_files
+    assert generate_files(rd) == ref_files
     import ray
 
     ray.shutdown()
@@ -199,12 +198,10 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, br
     assert out["ray"] == out["one"] and stats["ray"]["kept"] == stats["one"]["kept"] == 5
 
 
-def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, brainstormed, reference, monkeypatch):  # noqa: F811
+def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, rd, reference, monkeypatch):  # noqa: F811
     """Node b dies (SIGKILL to its raylet and every process under it) while its worker has
     requests in flight: Ray retries that task on the head, and the data equals a one-process run."""
     ref_files, _, _ = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     with FakeOpenAI(slow) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         out: dict = {}
@@ -227,7 +224,7 @@ def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, b
     st = json.loads(r.stdout)
     assert st["complete"] and set(st["ray_nodes"]) == {cluster.node_ids["head"]}
     assert killed_at < len(srv.requests)  # the kill came before the end of the run
-    assert data_files(rd) == ref_files
+    assert generate_files(rd) == ref_files
 
 
 @pytest.mark.parametrize("cluster", [{"head_cpus": 2}], indirect=True, ids=["head-2-cpus"])

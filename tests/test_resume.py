@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, write_run_config
+from helpers import brainstormed_once, generate_command, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -101,9 +100,8 @@ class Server:
 
 
 def cli(cfg: Path, rd: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "negsynth.cli", "generate", "-c", str(cfg), "-d", str(rd), "-q", *extra]
     e = {**os.environ, **(env or {})}
-    return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(generate_command(cfg, rd, *extra), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def outputs(rd: Path) -> dict[str, bytes]:
@@ -115,9 +113,7 @@ def outputs(rd: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+    return brainstormed_once(tmp_path_factory, write_config)
 
 
 def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path, brainstormed):
@@ -183,10 +179,8 @@ def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path
     assert final["complete"] and final["items"] == EXAMPLES and final["valid"] == stats["valid"]
 
 
-def test_transport_rejects_of_an_unfinished_shard_are_retried_on_resume(tmp_path, brainstormed):
+def test_transport_rejects_of_an_unfinished_shard_are_retried_on_resume(tmp_path, rd):
     """An outage turns items into transport_* rejects; a rerun retries them (unlike model failures)."""
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     runner = CliRunner()
     with FakeOpenAI(lambda q, n: Reply(status=503)) as down:
         cfg = write_config(tmp_path, down.base_url)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
-from fake_openai import FakeOpenAI, Reply
+from fake_openai import FakeOpenAI, Reply, sts_reasked_once
+from helpers import request_bodies
 from test_lock import other_process_holds
-from test_scaleout import responder, write_config
+from test_scaleout import write_config
 from typer.testing import CliRunner
 
 from negsynth.cli import EXIT_BUDGET, app
@@ -33,7 +33,7 @@ def deterministic(req, n):
     if prompt.startswith("Brainstorm"):
         tag = hashlib.sha256(prompt.encode()).hexdigest()[:8]
         return Reply(content=json.dumps({"tasks": [f"Task {i} about topic {tag} for retrieval" for i in range(5)]}))
-    return responder(req, n)
+    return sts_reasked_once(req, n)
 
 
 def data_files(rd: Path) -> dict[str, bytes]:
@@ -55,13 +55,13 @@ def test_run_on_ray_equals_a_local_run_and_a_rerun_reuses_everything(tmp_path, r
         r = run(cfg, tmp_path / "local", "--json")
         assert r.exit_code == 0, r.output
         local = json.loads(r.stdout)
-        local_bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+        local_bodies = request_bodies(srv.requests)
         srv.requests.clear()
 
         rd = tmp_path / "ray"
         r = run(cfg, rd, "--executor", "ray", "--workers", "2", "--json")
         assert r.exit_code == 0, r.output
-        ray_bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+        ray_bodies = request_bodies(srv.requests)
         out = json.loads(r.stdout)
         # generate ran as 2 Ray tasks under the driver's run-dir lock, merged
         gen = out["generate"]

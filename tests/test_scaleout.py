@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, Reply, always_valid, valid_answer
-from helpers import brainstorm_run_dir, start_local_ray, write_run_config
+from fake_openai import FakeOpenAI, always_valid, sts_reasked_once
+from helpers import brainstormed_once, generate_command, generate_files, reference_run, request_bodies, start_local_ray, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import EXIT_BUDGET, app
@@ -33,41 +30,15 @@ def write_config(tmp: Path, base_url: str) -> Path:
     )
 
 
-def responder(req, n):
-    """STS items need one re-ask; everything else is valid at once. Deterministic by body."""
-    last = req["messages"][-1]["content"]
-    if last.startswith("Your answer was rejected"):
-        return Reply(content=valid_answer({"messages": req["messages"][:-2]}, n))
-    if '"S1"' in last:
-        return Reply(content='{"S1": "a b", "S2": "c d", "negatives": ["x y", "x y", "z w", "q r"]}')
-    return Reply(content=valid_answer(req, n))
-
-
 @pytest.fixture(scope="module")
 def brainstormed(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("bs")
-    with FakeOpenAI(always_valid) as srv:
-        return brainstorm_run_dir(tmp, write_config(tmp, srv.base_url))
+    return brainstormed_once(tmp_path_factory, write_config)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, brainstormed):
-    """One uninterrupted single-worker run: its data files and the requests it needed."""
-    tmp = tmp_path_factory.mktemp("ref")
-    rd = tmp / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp, srv.base_url)
-        r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "-q", "--json"])
-        assert r.exit_code == 0, r.output
-        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
-    return data_files(rd), json.loads(r.stdout), bodies
-
-
-def data_files(rd: Path) -> dict[str, bytes]:
-    d = rd / "generate"
-    files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*.json")]
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
+    """One uninterrupted single-worker run: its data files, stats and the requests it needed."""
+    return reference_run(tmp_path_factory, brainstormed, write_config, sts_reasked_once)
 
 
 def gen(cfg: Path, rd: Path, *extra: str):
@@ -84,12 +55,10 @@ def ray_gen(ray, cfg: Path, rd: Path, *extra: str):
 
 
 # -- scale-out ----------------------------------------------------------------------------------
-def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainstormed, reference):
+def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, rd, reference):
     ref_files, ref_stats, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
     n = 3
-    with FakeOpenAI(responder) as srv:
+    with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         # worker 2 alone first: merge must name what is missing and who owns it
         assert gen(cfg, rd, "--shard-index", "2", "--num-shards", str(n)).exit_code == 0
@@ -102,38 +71,24 @@ def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainsto
         # workers 0 and 1 run at the same time, as separate processes on the same run dir
         procs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "negsynth.cli",
-                    "generate",
-                    "-c",
-                    str(cfg),
-                    "-d",
-                    str(rd),
-                    "-q",
-                    "--shard-index",
-                    str(k),
-                    "--num-shards",
-                    str(n),
-                ],
+                generate_command(cfg, rd, "--shard-index", str(k), "--num-shards", str(n)),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 env=dict(os.environ),
-            )  # fmt: skip
+            )
             for k in (0, 1)
         ]
         for p in procs:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err
-        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+        bodies = request_bodies(srv.requests)
     # each worker wrote only its own shards (s % n == k) and its own stats file
     for k in range(n):
         st = json.loads((rd / "generate" / f"stats.{k:05d}-of-{n:05d}.json").read_text())
         assert st["shard_index"] == k and st["complete"] and st["shards_total"] == 2
     assert not (rd / "generate" / "stats.json").exists()
-    assert data_files(rd) == ref_files  # the union is byte-identical to one worker's run
+    assert generate_files(rd) == ref_files  # the union is byte-identical to one worker's run
     assert bodies == ref_bodies  # and together they sent exactly the requests one worker sends
 
     r = runner.invoke(app, ["merge", "-d", str(rd), "--json"])
@@ -148,7 +103,7 @@ def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, brainsto
     assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]
 
 
-def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, reference):
+def test_ray_executor_union_equals_single_worker_run(tmp_path, rd, reference):
     """--executor ray: the same shard workers as Ray tasks on a local cluster, merged by the
     driver; byte-identical data and exactly one worker's requests; concurrency split among the
     workers, rpm / tpm one pair of buckets they share."""
@@ -157,15 +112,13 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     from negsynth.pipeline.ray_executor import worker_config
 
     ref_files, ref_stats, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
+    with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         # llm.rpm / llm.tpm set: the workers pace through one pair of buckets (a RateLedger actor)
         r = ray_gen(ray, cfg, rd, "--workers", "3", "--set", "llm.rpm=6000", "--set", "llm.tpm=10000000", "--json")
         assert r.exit_code == 0, r.output
-        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
-    assert data_files(rd) == ref_files and bodies == ref_bodies
+        bodies = request_bodies(srv.requests)
+    assert generate_files(rd) == ref_files and bodies == ref_bodies
     for k in range(3):
         lim = json.loads((rd / "generate" / f"stats.{k:05d}-of-00003.json").read_text())["this_run"]["rate_limiter"]
         assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared: no 1/n split
@@ -177,7 +130,7 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, brainstormed, ref
     assert (split.max_concurrency, split.rpm, split.tpm) == (1, 100, 7)
 
 
-def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstormed, reference):
+def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, rd, reference):
     """--executor ray --max-requests N: one budget for all workers (a Ray actor counts every
     request before it is sent), so together they send at most N, stop like one process (stopped_by,
     exit 3, finished work written), and a rerun without the budget finishes with every item once
@@ -185,9 +138,7 @@ def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstorme
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
 
     ref_files, ref_stats, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
+    with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         start_local_ray()
         try:
@@ -207,9 +158,9 @@ def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, brainstorme
         finally:
             ray.shutdown()
         assert r.exit_code == 0, r.output
-        bodies = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
+        bodies = request_bodies(srv.requests)
     assert bodies == ref_bodies  # over both runs each request was sent once: none paid twice
-    assert data_files(rd) == ref_files
+    assert generate_files(rd) == ref_files
     final = json.loads(r.stdout)
     assert final["complete"] and final["stopped_by"] is None and final["valid"] == ref_stats["valid"] and "budget" not in final
     rows = list(read_stage(rd / "generate"))
@@ -238,7 +189,7 @@ def test_budget_ledger_checks_and_counts_in_one_call():
 
 
 @pytest.mark.slow
-def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed, reference):
+def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, rd, reference):
     """SIGKILL one Ray worker process while its requests are in flight: Ray retries the task, it
     resumes from its .partial shards and the cache, and the data equals a one-process run."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
@@ -247,11 +198,9 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed
     import time
 
     ref_files, _, _ = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
 
     def slow(req, n):
-        r = responder(req, n)
+        r = sts_reasked_once(req, n)
         r.delay = 0.15
         return r
 
@@ -277,13 +226,11 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, brainstormed
     assert killed is not None, "no Ray worker process was found to kill"
     r = out["r"]
     assert r.exit_code == 0, r.output
-    assert data_files(rd) == ref_files  # the retried task resumed and finished its shards
+    assert generate_files(rd) == ref_files  # the retried task resumed and finished its shards
     assert json.loads((rd / "generate" / "stats.json").read_text())["complete"]  # merged by the driver
 
 
-def test_worker_overwrite_removes_only_its_own_shards(tmp_path, brainstormed):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
+def test_worker_overwrite_removes_only_its_own_shards(tmp_path, rd):
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         for k in (0, 1):
@@ -297,11 +244,9 @@ def test_worker_overwrite_removes_only_its_own_shards(tmp_path, brainstormed):
 
 
 # -- budgets ------------------------------------------------------------------------------------
-def test_max_requests_stops_cleanly_and_a_larger_budget_continues(tmp_path, brainstormed, reference):
+def test_max_requests_stops_cleanly_and_a_larger_budget_continues(tmp_path, rd, reference):
     ref_files, ref_stats, ref_bodies = reference
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
+    with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         r = gen(cfg, rd, "--max-requests", "9", "--json")
         assert r.exit_code == EXIT_BUDGET, r.output
@@ -321,15 +266,13 @@ def test_max_requests_stops_cleanly_and_a_larger_budget_continues(tmp_path, brai
         assert r.exit_code == 0, r.output
         final = json.loads(r.stdout)
         assert final["complete"] and final["stopped_by"] is None
-        assert Counter(json.dumps(q, sort_keys=True) for q in srv.requests) == ref_bodies
-    assert data_files(rd) == ref_files
+        assert request_bodies(srv.requests) == ref_bodies
+    assert generate_files(rd) == ref_files
 
 
 @pytest.mark.parametrize("flag, value, why", [("--max-tokens", "200", "max_tokens=200"), ("--max-cost", "0.2", "max_cost=0.2")])
-def test_token_and_cost_budgets_stop_cleanly(tmp_path, brainstormed, flag, value, why):
-    rd = tmp_path / "run"
-    shutil.copytree(brainstormed, rd)
-    with FakeOpenAI(responder) as srv:
+def test_token_and_cost_budgets_stop_cleanly(tmp_path, rd, flag, value, why):
+    with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
         r = gen(cfg, rd, flag, value)
         assert r.exit_code == EXIT_BUDGET, r.output

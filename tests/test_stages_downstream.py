@@ -10,22 +10,12 @@ import json
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
+from helpers import STS_ROWS, write_sts12
 from test_cli_pipeline import invoke, runner, write_config
 
 from negsynth.cli import app
 
 pytest.importorskip("sentence_transformers")
-
-STS_ROWS = [
-    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
-    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.6),
-    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
-    ("Kids are playing football.", "Children play soccer outside.", 4.0),
-    ("The stock market fell today.", "A chef is cooking pasta.", 0.0),
-    ("A plane is taking off.", "An airplane departs from the runway.", 4.5),
-    ("A man is riding a horse.", "A person rides a horse on the beach.", 3.5),
-    ("The sun is shining.", "It is raining heavily.", 1.0),
-]
 
 
 @pytest.fixture
@@ -35,16 +25,13 @@ def run_dir_with_examples(tmp_path):
         rd = tmp_path / "run"
         assert invoke("brainstorm", "-c", str(cfg), "-d", str(rd), "-q").exit_code == 0
         assert invoke("generate", "-c", str(cfg), "-d", str(rd), "-q", "--set", "generate.examples=32").exit_code == 0
-    data = tmp_path / "data" / "sts12"
-    data.mkdir(parents=True)
-    (data / "test.tsv").write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS_ROWS))
-    return rd, tmp_path / "data"
+    return rd, write_sts12(tmp_path / "data")
 
 
-def test_score_curriculum_train_evaluate(run_dir_with_examples):
-    rd, data = run_dir_with_examples
-    # policy annotate, no dedup: the fake LLM's texts are arbitrary and alike; these are plumbing checks
-    common = [
+def plumbing_options(rd) -> list[str]:
+    """The run dir and settings every stage command here gets: score annotates and does not dedup
+    (the fake LLM's texts are arbitrary and alike; these are plumbing checks), small mixed batches."""
+    return [
         "-d",
         str(rd),
         "--set",
@@ -56,6 +43,11 @@ def test_score_curriculum_train_evaluate(run_dir_with_examples):
         "--set",
         "score.dedup=false",
     ]
+
+
+def test_score_curriculum_train_evaluate(run_dir_with_examples):
+    rd, data = run_dir_with_examples
+    common = plumbing_options(rd)
     r = runner.invoke(app, ["score", *common, "--json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["curriculum", *common, "--json"])
@@ -148,18 +140,7 @@ def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
 
 def test_tuple_schedule_trains_on_every_negative(run_dir_with_examples):
     rd, _ = run_dir_with_examples
-    common = [
-        "-d",
-        str(rd),
-        "--set",
-        "train.batch_size=4",
-        "--set",
-        "curriculum.homogeneous_batches=false",
-        "--set",
-        "score.policy=annotate",
-        "--set",
-        "score.dedup=false",
-    ]
+    common = plumbing_options(rd)
     assert runner.invoke(app, ["score", *common, "-q"]).exit_code == 0
     r = runner.invoke(app, ["curriculum", *common, "--schedule", "tuple", "--json"])
     assert r.exit_code == 0, r.output

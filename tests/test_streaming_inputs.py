@@ -111,20 +111,21 @@ def test_binary_input_is_refused_in_one_line_after_a_bounded_read(tmp_path, case
         assert r.exit_code == 2 and "NUL bytes" in r.stderr and r.stderr.count("\n") == 1
 
 
+def write_many_lines(p: Path, row) -> Path:
+    """300,000 JSON lines ``row(i)`` in ``p``, written 10,000 at a time."""
+    with open(p, "w") as f:
+        for start in range(0, 300_000, 10_000):
+            f.write("".join(json.dumps(row(i)) + "\n" for i in range(start, start + 10_000)))
+    return p
+
+
 @pytest.fixture(scope="module")
 def big_jsonl(tmp_path_factory) -> Path:
     """About 250 MB of JSON lines."""
-    p = tmp_path_factory.mktemp("big") / "big.jsonl"
     body = "word " * 160
-    with open(p, "w") as f:
-        for start in range(0, 300_000, 10_000):
-            f.write(
-                "".join(
-                    json.dumps({"query": f"query {i}", "positive": f"{i} {body}", "extra": body}) + "\n"
-                    for i in range(start, start + 10_000)
-                )
-            )
-    return p
+    return write_many_lines(
+        tmp_path_factory.mktemp("big") / "big.jsonl", lambda i: {"query": f"query {i}", "positive": f"{i} {body}", "extra": body}
+    )
 
 
 def test_a_limit_on_a_large_file_reads_it_in_bounded_memory(big_jsonl):
@@ -208,16 +209,10 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory) -> Path:
     """About 110 MB of documents (300,000 JSON lines)."""
-    p = tmp_path_factory.mktemp("bigc") / "corpus.jsonl"
     body = "word " * 60
-    with open(p, "w") as f:
-        for start in range(0, 300_000, 10_000):
-            f.write(
-                "".join(
-                    json.dumps({"_id": f"d{i}", "title": f"title {i}", "text": f"{i} {body}"}) + "\n" for i in range(start, start + 10_000)
-                )
-            )
-    return p
+    return write_many_lines(
+        tmp_path_factory.mktemp("bigc") / "corpus.jsonl", lambda i: {"_id": f"d{i}", "title": f"title {i}", "text": f"{i} {body}"}
+    )
 
 
 def test_a_corpus_sample_of_a_large_file_is_read_in_bounded_memory(big_corpus):

@@ -324,29 +324,21 @@ def need_smollm2() -> None:
         pytest.skip(f"SmolLM2 not available: {e}")
 
 
+def smollm2_config(tmp_path, **settings) -> TrainConfig:
+    """A short SmolLM2 run on CPU (batches of 4, no accumulation, no checkpoints) into
+    ``tmp_path/run``; skips where SmolLM2 is not installed."""
+    need_smollm2()
+    return TrainConfig(model="smollm2", batch_size=4, grad_accum=1, save_steps=1000, output_dir=str(tmp_path / "run"), **settings)
+
+
 @pytest.mark.slow
 def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from negsynth.train.trainer import train
+    from negsynth.train.trainer import build_model, resolve_temperature, train
 
-    need_smollm2()
-    from negsynth.train.trainer import build_model, resolve_temperature
-
+    cfg = smollm2_config(tmp_path, pooling="ata", bidirectional="last:2", lora={"enabled": True}, lr=1e-3, epochs=2, max_length=24)
     ds = _dataset(8)
-    cfg = TrainConfig(
-        model="smollm2",
-        pooling="ata",
-        bidirectional="last:2",
-        lora={"enabled": True},
-        batch_size=4,
-        grad_accum=1,
-        lr=1e-3,
-        epochs=2,
-        max_length=24,
-        save_steps=1000,
-        output_dir=str(tmp_path / "run"),
-    )
     tau = resolve_temperature(cfg, is_decoder=True)  # the decoder family's default, 0.02
     before = _dataset_loss(build_model(cfg, device="cpu"), ds, tau)
     out = train(ds, cfg)
@@ -366,6 +358,17 @@ def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tm
     assert m[1].ata_pool == ata_pool
     m.save(str(tmp_path / "m"))
     assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool
+
+
+def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all(tmp_path):
+    import json
+
+    from negsynth.train.pooling import EmbeddingPooling
+
+    (tmp_path / "config.json").write_text(json.dumps({"embedding_dimension": 8, "mode": "ata", "ata_detach": False}))
+    assert EmbeddingPooling.load(str(tmp_path)).ata_pool == "all"
+    # what the model was trained with wins over the loading model's defaults
+    assert EmbeddingPooling.load(str(tmp_path), init_defaults={"ata_pool": "embed_mask"}).ata_pool == "all"
 
 
 # ----------------------------------------------------------------------------- BeLLM recipe
@@ -434,18 +437,8 @@ def test_bellm_recipe_trains_smollm2_and_negsynth_loads_it_with_its_prompt(tmp_p
     from negsynth.embed.text import load_text_format
     from negsynth.train.trainer import train
 
-    need_smollm2()
+    cfg = smollm2_config(tmp_path, recipe="bellm", epochs=1, max_length=32)
     ds = _dataset(8)
-    cfg = TrainConfig(
-        model="smollm2",
-        recipe="bellm",
-        batch_size=4,
-        grad_accum=1,
-        epochs=1,
-        max_length=32,
-        save_steps=1000,
-        output_dir=str(tmp_path / "run"),
-    )
     out = train(ds, cfg)
     fmt = load_text_format(out)
     assert fmt is not None and fmt.template == cfg.text_template and fmt.preprocess == "bellm"

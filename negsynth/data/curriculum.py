@@ -111,7 +111,7 @@ def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
 def _to_example(obj, i: int):
     from pydantic import ValidationError
 
-    from negsynth.schemas.records import Example
+    from negsynth.schemas.records import Example, first_problem
 
     if isinstance(obj, Example):
         return obj
@@ -120,11 +120,8 @@ def _to_example(obj, i: int):
     try:
         return Example.model_validate(obj)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(record)"
-        raise CurriculumError(
-            f"curriculum: example #{i} (id={obj.get('id', '?')!r}) field {loc!r}: {err['msg']}; fix that record"
-        ) from None
+        loc, msg = first_problem(e, "(record)")
+        raise CurriculumError(f"curriculum: example #{i} (id={obj.get('id', '?')!r}) field {loc!r}: {msg}; fix that record") from None
 
 
 def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:

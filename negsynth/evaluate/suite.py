@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from negsynth.errors import NegsynthError
 
 STS_INSTRUCTION = "Retrieve semantically similar text."
+NLI_INSTRUCTION = "Given a premise, retrieve a hypothesis that is entailed by the premise"
+SCIFACT_INSTRUCTION = "Given a scientific claim, retrieve documents that support or refute the claim"
 
 CATEGORIES: tuple[str, ...] = ("Class", "Clust", "Pair", "Retr", "STS")  # MTEB-style averages
 EXTRA_CATEGORIES: tuple[str, ...] = ("Triplet",)
@@ -93,6 +95,28 @@ def _sts(name: str, path: str, *, default: bool = True, note: str = "", columns:
     return TaskSpec(name, "STS", (path,), STS_INSTRUCTION, columns or _STS_COLS, quick=_STS_QUICK, default=default, note=note)
 
 
+def _retrieval(name: str, folder: str, instruction: str, **spec) -> TaskSpec:
+    """A BEIR-folder retrieval task, cut to 100 queries against 1,000 documents in the quick suite."""
+    return TaskSpec(name, "Retr", (folder,), instruction, quick={"queries": 100, "corpus": 1000}, **spec)
+
+
+def _pair(name: str, path: str, instruction: str, **spec) -> TaskSpec:
+    """A pair-classification task from one ``text1/text2/label`` file, 500 pairs in the quick suite."""
+    return TaskSpec(name, "Pair", (path,), instruction, _PAIR_COLS, quick={"rows": 500}, **spec)
+
+
+def _entailment(name: str, path: str, *, note: str) -> TaskSpec:
+    """An NLI test set as pair classification: entailment = 1 vs contradiction = 0, neutral dropped."""
+    return _pair(
+        name,
+        path,
+        NLI_INSTRUCTION,
+        positive_labels=("entailment",),
+        negative_labels=("contradiction",),
+        note=f"entailment=1 vs contradiction=0, neutral dropped; {note}",
+    )
+
+
 TASKS: tuple[TaskSpec, ...] = (
     # --- STS (Spearman) -----------------------------------------------------------------
     _sts("STS12", "sts12/test.tsv"),
@@ -111,74 +135,33 @@ TASKS: tuple[TaskSpec, ...] = (
         note="0-5 expert scores of all 972 pairs; not an MTEB task",
     ),
     # --- Retrieval (nDCG@10) --------------------------------------------------------------
-    TaskSpec(
-        "SciFact",
-        "Retr",
-        ("scifact",),
-        "Given a scientific claim, retrieve documents that support or refute the claim",
-        quick={"queries": 100, "corpus": 1000},
-        note="corpus rebuilt from HF allenai/scifact (0.007% bytes off BEIR)",
-    ),
-    TaskSpec(
+    _retrieval("SciFact", "scifact", SCIFACT_INSTRUCTION, note="corpus rebuilt from HF allenai/scifact (0.007% bytes off BEIR)"),
+    _retrieval(
         "SciFact-dev",
-        "Retr",
-        ("scifact/train",),
-        "Given a scientific claim, retrieve documents that support or refute the claim",
+        "scifact/train",
+        SCIFACT_INSTRUCTION,
         default=False,
-        quick={"queries": 100, "corpus": 1000},
         note="SciFact train claims against the same corpus: for choosing settings, not reporting",
     ),
-    TaskSpec(
+    _retrieval(
         "Cranfield",
-        "Retr",
-        ("cranfield",),
+        "cranfield",
         "Given a question about aeronautics, retrieve scientific abstracts that answer the question",
         doc_title=False,
-        quick={"queries": 100, "corpus": 1000},
         instruction_source="ours",
         note="graded qrels (gain 1-4); not an MTEB task; title repeated in text so text only",
     ),
     # --- Pair classification (AP of cosine) -----------------------------------------------
-    TaskSpec(
-        "TwitterSemEval2015",
-        "Pair",
-        ("twitter_semeval2015/test.tsv",),
-        "Retrieve tweets that are semantically similar to the given tweet",
-        _PAIR_COLS,
-        quick={"rows": 500},
-    ),
-    TaskSpec(
+    _pair("TwitterSemEval2015", "twitter_semeval2015/test.tsv", "Retrieve tweets that are semantically similar to the given tweet"),
+    _pair(
         "MRPC",
-        "Pair",
-        ("mrpc/test.tsv",),
+        "mrpc/test.tsv",
         "Retrieve sentences from news articles that are paraphrases of the given sentence",
-        _PAIR_COLS,
-        quick={"rows": 500},
         instruction_source="ours",
         note="not an MTEB task",
     ),
-    TaskSpec(
-        "SICK-E",
-        "Pair",
-        ("sickr/test_entailment.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
-        _PAIR_COLS,
-        positive_labels=("entailment",),
-        negative_labels=("contradiction",),
-        quick={"rows": 500},
-        note="entailment=1 vs contradiction=0, neutral dropped; not an MTEB task",
-    ),
-    TaskSpec(
-        "SNLI-PC",
-        "Pair",
-        ("snli/test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
-        _PAIR_COLS,
-        positive_labels=("entailment",),
-        negative_labels=("contradiction",),
-        quick={"rows": 500},
-        note="entailment=1 vs contradiction=0, neutral dropped; SentEval-tokenised text; not an MTEB task",
-    ),
+    _entailment("SICK-E", "sickr/test_entailment.tsv", note="not an MTEB task"),
+    _entailment("SNLI-PC", "snli/test.tsv", note="SentEval-tokenised text; not an MTEB task"),
     # --- Classification (accuracy) ---------------------------------------------------------
     TaskSpec(
         "TREC",
@@ -227,7 +210,7 @@ TASKS: tuple[TaskSpec, ...] = (
         "SICK-Triplets",
         "Triplet",
         ("sickr/triples_test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
+        NLI_INSTRUCTION,
         _TRIPLE_COLS,
         note="(premise, entailed, contradicting) - the hard-negative setting",
     ),
@@ -235,7 +218,7 @@ TASKS: tuple[TaskSpec, ...] = (
         "SNLI-Triplets",
         "Triplet",
         ("snli/triples_test.tsv",),
-        "Given a premise, retrieve a hypothesis that is entailed by the premise",
+        NLI_INSTRUCTION,
         _TRIPLE_COLS,
         quick={"rows": 500},
     ),
@@ -289,14 +272,12 @@ def retrieval_task(name: str, folder, *, instruction: str | None = None, doc_tit
     from pathlib import Path
 
     path = Path(folder).expanduser().resolve()
-    return TaskSpec(
+    return _retrieval(
         name,
-        "Retr",
-        (str(path),),
+        str(path),
         instruction or GENERIC_RETRIEVAL_INSTRUCTION,
         doc_title=doc_title,
         default=False,
-        quick={"queries": 100, "corpus": 1000},
         instruction_source="e5" if instruction else "ours",
         note=note or f"BEIR folder {path}",
     )

@@ -147,13 +147,10 @@ class EndpointSet:
             await e.client.preflight(timeout=timeout)
         except UserError as err:
             msg = str(err)
-            if "refused the API key" in msg:
-                return "refused the API key"
-            if "connection refused" in msg:
-                return "connection refused"
-            if "did not answer" in msg:
-                return f"no answer within {timeout:g} s"
-            return "unreachable"
+            for reason in ("refused the API key", "connection refused"):  # said as the client says it
+                if reason in msg:
+                    return reason
+            return f"no answer within {timeout:g} s" if "did not answer" in msg else "unreachable"
         return None
 
     async def preflight(self, timeout: float) -> None:

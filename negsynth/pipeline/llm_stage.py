@@ -29,6 +29,7 @@ from negsynth.pipeline.context import SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
 from negsynth.pipeline.stage import Stage
+from negsynth.prompts import templates_fingerprint
 from negsynth.schemas.config import LLMConfig
 
 
@@ -38,6 +39,16 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
         mode="json",
         include={"model", "temperature", "top_p", "max_tokens", "seed", "structured_output", "max_attempts", "extra_body"},
     )
+
+
+def llm_stage_parts(ctx: StageContext, name: str, prompts: str) -> dict[str, Any]:
+    """What every LLM stage's config hash holds: its own section of the run file, the LLM settings
+    and its prompt templates (those starting with ``prompts``, and the shared system and re-ask ones)."""
+    return {
+        name: getattr(ctx.cfg, name),
+        "llm": llm_fingerprint(ctx.cfg.llm),
+        "prompts": templates_fingerprint(prompts, "system", "reask"),
+    }
 
 
 def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 TaskType = Literal["short-long", "long-short", "long-long", "short-short", "sts"]
 TASK_TYPES: tuple[str, ...] = ("short-long", "long-short", "long-long", "short-short", "sts")
@@ -20,6 +20,13 @@ NUM_NEGATIVES = 4
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def first_problem(e: ValidationError, whole: str) -> tuple[str, str]:
+    """The first problem of a failed validation: its field as a dotted path (``whole`` when it is
+    the record as a whole) and pydantic's message."""
+    err = e.errors()[0]
+    return ".".join(str(x) for x in err["loc"]) or whole, err["msg"]
 
 
 class Usage(Record):

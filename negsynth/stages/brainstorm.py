@@ -25,10 +25,10 @@ from negsynth.data.shards import atomic_write_json, write_jsonl
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import all_failed_the_same_way, llm_fingerprint, run_single_shard_stage, summary_rows
+from negsynth.pipeline.llm_stage import all_failed_the_same_way, llm_stage_parts, run_single_shard_stage, summary_rows
 from negsynth.pipeline.runner import PENDING, RunReport, failure_message
 from negsynth.pipeline.stage import Stage, Summary
-from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task
@@ -60,14 +60,7 @@ def _validate_list(obj: Any) -> list[str]:
 
 def fingerprint(ctx: StageContext) -> str:
     """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
-    return config_hash(
-        {
-            "brainstorm": ctx.cfg.brainstorm,
-            "llm": llm_fingerprint(ctx.cfg.llm),
-            "prompts": templates_fingerprint("brainstorm_", "system", "reask"),
-            "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0,
-        }
-    )
+    return config_hash({**llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
 
 
 @dataclass

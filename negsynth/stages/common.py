@@ -13,6 +13,7 @@ from negsynth.aio import run_sync
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import ValidationFailure
+from negsynth.schemas.records import first_problem
 
 
 def short_id(prefix: str, *parts: object, n: int = 16) -> str:
@@ -45,13 +46,13 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
     """Turn a pydantic error on the LLM's JSON into a short reason and a message for the re-ask."""
     errs = e.errors()
     first = errs[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "the object"
+    loc, msg = first_problem(e, "the object")
     if first["type"] == "missing":
         detail = f"the key '{loc}' is missing"
     elif first["type"] in ("model_type", "dict_type"):
         detail = "the answer must be a JSON object"
     else:
-        detail = f"'{loc}': {first['msg']}"
+        detail = f"'{loc}': {msg}"
     if len(errs) > 1:
         detail += f" (and {len(errs) - 1} more problems)"
     return ValidationFailure("schema", detail)

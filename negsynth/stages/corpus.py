@@ -52,10 +52,10 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_fingerprint, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
-from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
@@ -120,12 +120,7 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, LLM, prompts and documents the examples are made from."""
     cfg = ctx.cfg.corpus
-    parts: dict[str, Any] = {
-        "corpus": cfg,
-        "llm": llm_fingerprint(ctx.cfg.llm),
-        "prompts": templates_fingerprint("corpus", "system", "reask"),
-        "inputs": [path_fingerprint(s.path) for s in cfg.inputs],
-    }
+    parts = {**llm_stage_parts(ctx, NAME, "corpus"), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
     if needs_index(cfg):
         parts["embedder"] = ctx.cfg.embedder
     if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)

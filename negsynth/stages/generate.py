@@ -24,10 +24,10 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_fingerprint, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
-from negsynth.prompts import load_examples, load_template, reask_template, render, templates_fingerprint
+from negsynth.prompts import load_examples, load_template, reask_template, render
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
 from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
@@ -216,14 +216,7 @@ def fingerprint(ctx: StageContext) -> dict[str, Any]:
 
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, LLM, prompts and brainstorm's shards the examples are made from."""
-    return config_hash(
-        {
-            "generate": ctx.cfg.generate,
-            "llm": llm_fingerprint(ctx.cfg.llm),
-            "prompts": templates_fingerprint("generate_", "system", "reask"),
-            "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm"),
-        }
-    )
+    return config_hash({**llm_stage_parts(ctx, "generate", "generate_"), "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm")})
 
 
 class PerType:

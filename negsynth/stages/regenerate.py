@@ -46,10 +46,10 @@ from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_fingerprint, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
-from negsynth.prompts import load_example, load_template, reask_template, render, templates_fingerprint
+from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
@@ -164,10 +164,8 @@ def fingerprint(ctx: StageContext) -> dict[str, Any]:
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
     cfg = ctx.cfg.regenerate
-    parts: dict[str, Any] = {
-        "regenerate": cfg,
-        "llm": llm_fingerprint(ctx.cfg.llm),
-        "prompts": templates_fingerprint("regenerate", "system", "reask"),
+    parts = {
+        **llm_stage_parts(ctx, NAME, "regenerate"),
         "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine or cfg.negatives == "mined":

@@ -258,7 +258,24 @@ def _backbone_of(model) -> nn.Module:
 # ----------------------------------------------------------------------------- modules
 
 
-class EmbeddingPooling(Module):
+class _Pooling(Module):
+    """What both pooling modules share: a vector as wide as the token vectors, and their settings
+    saved as ``config.json`` (their ``config_keys``)."""
+
+    config_file_name = "config.json"
+    embedding_dimension: int
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+
+
+class EmbeddingPooling(_Pooling):
     """Parameter-free pooling: ``mode`` in ``mean`` | ``last`` | ``ata``.
 
     - ``mean``: average of the real tokens.
@@ -272,7 +289,6 @@ class EmbeddingPooling(Module):
     """
 
     config_keys = ["embedding_dimension", "mode", "ata_detach", "ata_pool"]
-    config_file_name = "config.json"
 
     def __init__(self, embedding_dimension: int, mode: str = "mean", ata_detach: bool = False, ata_pool: str = "embed_mask"):
         super().__init__()
@@ -289,31 +305,12 @@ class EmbeddingPooling(Module):
         self._warned = False
 
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token=None,
-        cache_folder=None,
-        revision=None,
-        local_files_only: bool = False,
-        init_defaults=None,
-        **kwargs,
-    ):
-        """Like the base ``load``; a config saved before ``ata_pool`` existed loads as ``"all"``
-        (what that model was trained with)."""
-        config = cls.load_config(
-            model_name_or_path,
-            subfolder=subfolder,
-            token=token,
-            cache_folder=cache_folder,
-            revision=revision,
-            local_files_only=local_files_only,
-        )
+    def load_config(cls, *args, **kwargs) -> dict[str, Any]:
+        """Like the base ``load_config`` (which the base ``load`` reads); a config saved before
+        ``ata_pool`` existed reads as ``"all"`` (what that model was trained with)."""
+        config = super().load_config(*args, **kwargs)
         config.setdefault("ata_pool", "all")
-        for k, v in (init_defaults or {}).items():
-            config.setdefault(k, v)
-        return cls(**config)
+        return config
 
     def on_model_ready(self, model) -> None:
         if self.mode == "ata":
@@ -360,17 +357,8 @@ class EmbeddingPooling(Module):
         features["sentence_embedding"] = emb
         return features
 
-    def get_sentence_embedding_dimension(self) -> int:
-        return self.embedding_dimension
 
-    def get_embedding_dimension(self) -> int:
-        return self.embedding_dimension
-
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        self.save_config(output_path)
-
-
-class LatentAttentionPooling(Module):
+class LatentAttentionPooling(_Pooling):
     """NV-Embed latent-attention pooling (SEED_SPEC §2.4), trainable.
 
     ``h = CrossAttn(LN(h), ctx=LN(latents)) + h``; ``h = GEGLU-FF(LN(h)) + h``; masked mean over tokens.
@@ -380,7 +368,6 @@ class LatentAttentionPooling(Module):
     """
 
     config_keys = ["embedding_dimension", "num_latents", "num_heads", "dim_head", "ff_mult"]
-    config_file_name = "config.json"
 
     def __init__(self, embedding_dimension: int, num_latents: int = 512, num_heads: int = 8, dim_head: int | None = None, ff_mult: int = 4):
         super().__init__()
@@ -413,14 +400,8 @@ class LatentAttentionPooling(Module):
         features["sentence_embedding"] = mean_pool(x, mask).to(dt)
         return features
 
-    def get_sentence_embedding_dimension(self) -> int:
-        return self.embedding_dimension
-
-    def get_embedding_dimension(self) -> int:
-        return self.embedding_dimension
-
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        self.save_config(output_path)
+        super().save(output_path)
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
 
     @classmethod

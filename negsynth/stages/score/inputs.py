@@ -18,7 +18,7 @@ from negsynth.errors import UserError
 from negsynth.evaluate.suite import TASKS
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.schemas.records import Example
+from negsynth.schemas.records import Example, first_problem
 from negsynth.stages.common import inputs_fingerprint
 
 
@@ -45,10 +45,9 @@ def read_examples(path: Path) -> list[dict]:
             try:
                 Example.model_validate(row)
             except ValidationError as e:
-                err = e.errors()[0]
-                loc = ".".join(str(x) for x in err["loc"]) or "record"
+                loc, msg = first_problem(e, "record")
                 raise UserError(
-                    f"{path}: record {n} is not an Example ({loc}: {err['msg']}); rerun the stage that wrote it with --overwrite"
+                    f"{path}: record {n} is not an Example ({loc}: {msg}); rerun the stage that wrote it with --overwrite"
                 ) from None
             row = dict(row)
             row.pop("score", None)
