@@ -74,8 +74,9 @@ class Stage:
     of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
     ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
     after it ran (or was reused). ``shardable``: its work splits into shard workers
-    (``--executor ray``). ``embeds``: its heavy work is embedding with ``[embedder]``, which it
-    loads through ``ctx.embedder_factory`` when one is set (``--executor ray`` spreads the
+    (``--executor ray``). ``embeds`` (a function of the config where that depends on it): its
+    heavy work is embedding with ``[embedder]``, which it loads through ``ctx.embedder_factory``
+    (or, to mine, ``ctx.mining_model_factory``) when one is set (``--executor ray`` spreads the
     encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
     hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
     """
@@ -94,7 +95,7 @@ class Stage:
     staged: bool = False
     keep_on_change: Callable[[RunConfig], bool] | None = None
     shardable: bool = False
-    embeds: bool = False
+    embeds: bool | Callable[[RunConfig], bool] = False
     examples: bool = False
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
@@ -102,6 +103,10 @@ class Stage:
 
     def needs_llm(self, cfg: RunConfig) -> bool:
         return bool(self.llm(cfg) if callable(self.llm) else self.llm)
+
+    def embeds_with(self, cfg: RunConfig) -> bool:
+        """Whether its heavy work under ``cfg`` is embedding with ``[embedder]`` (``embeds``)."""
+        return bool(self.embeds(cfg) if callable(self.embeds) else self.embeds)
 
 
 #: what runs one stage of :func:`run_stages`: (stage, ctx, start_llm) -> its stats

@@ -184,14 +184,11 @@ def mine_k(cfg: RegenerateConfig) -> int:
 
 # -- mining ---------------------------------------------------------------------------------
 def load_st_model(cfg: EmbedderConfig):
-    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2)."""
-    if cfg.kind != "sentence-transformers":
-        raise UserError(
-            '--mine needs a sentence-transformers embedder; set embedder.kind = "sentence-transformers" (decoder embedders are not supported for mining)'
-        )
-    from negsynth.embed.models import load_sentence_transformer
+    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2):
+    :func:`negsynth.embed.mining.load_mining_model`."""
+    from negsynth.embed.mining import load_mining_model
 
-    return load_sentence_transformer(cfg.model, device=cfg.device, max_length=cfg.max_length)
+    return load_mining_model(cfg)
 
 
 def mine_pairs(
@@ -248,7 +245,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         else:
             if model is None:
                 ctx.reporter.info(f"mining {k} negatives per pair with the embedder ({ctx.cfg.embedder.model}) ...")
-                model = load_st_model(ctx.cfg.embedder)
+                model = (ctx.mining_model_factory or load_st_model)(ctx.cfg.embedder)
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
             found = mine_pairs(
@@ -446,5 +443,8 @@ STAGE = Stage(
     llm=lambda cfg: cfg.regenerate.negatives != "mined",
     staged=True,
     shardable=True,
+    # mined negatives (no LLM): --executor ray runs it in one process with the mining's encoding
+    # on the Ray workers; with the LLM it runs as shard workers, each mining in its own process
+    embeds=lambda cfg: cfg.regenerate.negatives == "mined",
     examples=True,
 )
