@@ -234,5 +234,7 @@ def test_corpus_index_on_two_ray_workers_equals_one_process(tmp_path, ray_node, 
     assert out["executor"] == "ray" and len(out["ray_nodes"]) == 2 and out["round_trip"]["queries"] == 12
     one, ray = outputs(tmp_path / "one", "corpus"), outputs(tmp_path / "ray", "corpus")
     assert ray == one and one
-    vecs = [np.load(p) for d in ("one", "ray") for p in sorted((tmp_path / d / "corpus" / "_index").glob("*.npy")) if ".texts" not in p.name]
+    vecs = [
+        np.load(p) for d in ("one", "ray") for p in sorted((tmp_path / d / "corpus" / "_index").glob("*.npy")) if ".texts" not in p.name
+    ]
     assert len(vecs) == 2 and np.array_equal(vecs[0], vecs[1])
