@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, always_valid
 from helpers import write_run_config
 from test_corpus import answer, write_big_corpus
 from typer.testing import CliRunner
 
 from negsynth.cli import app
+from negsynth.data.shards import read_stage
 from negsynth.pipeline import ray_executor
 from negsynth.pipeline.ray_executor import RaySentenceModel, embeds_in_driver, encode_batches_part
 from negsynth.schemas.config import RunConfig
@@ -138,7 +139,9 @@ def test_which_stages_embed_in_the_driver():
     mined = RunConfig.model_validate({"regenerate": {"negatives": "mined"}})
     assert embeds_in_driver(get("score"), RunConfig())
     assert embeds_in_driver(get("regenerate"), mined) and not embeds_in_driver(get("regenerate"), RunConfig())
-    assert not embeds_in_driver(get("regenerate"), RunConfig.model_validate({"regenerate": {"mine": 4}}))
+    llm_mine = RunConfig.model_validate({"regenerate": {"mine": 4}})  # mines first (prepare), then shard workers
+    assert not embeds_in_driver(get("regenerate"), llm_mine) and get("regenerate").embeds_with(llm_mine)
+    assert get("regenerate").prepare is not None and not get("regenerate").embeds_with(RunConfig())
     assert embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "mined"}}))
     assert embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "llm", "round_trip_k": 3}}))
     assert not embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "llm"}}))
@@ -214,6 +217,28 @@ def test_minilm_mining_on_two_ray_workers_equals_one_process(tmp_path, ray_node,
     out = json.loads(r.stdout)
     assert out["executor"] == "ray" and len(out["ray_nodes"]) == 2
     assert outputs(tmp_path / "ray") == outputs(tmp_path / "one") and outputs(tmp_path / "one")
+
+
+@pytest.mark.slow
+def test_llm_regenerate_with_mining_mines_once_on_the_workers_then_runs_shard_workers(tmp_path, ray_node, minilm):
+    """``regenerate --mine 3 --executor ray --workers 2`` (LLM negatives, mined ones beside them):
+    the driver mines once, its encoding on 2 embedding workers, then 2 shard workers run the LLM
+    and read the mined negatives from ``_mined/``; shards, rejects and the mining cache equal the
+    one-process run's."""
+    root = write_beir(tmp_path / "beir")
+    with FakeOpenAI(always_valid) as srv:
+        p = tmp_path / "llm.toml"
+        p.write_text(f'[llm]\nbase_url = "{srv.base_url}"\nmodel = "fake"\n[embedder]\nbatch_size = 4\n[pipeline]\nshard_size = 2\n')
+        for name, extra in (("one", []), ("ray", ["--executor", "ray", "--workers", "2"])):
+            r = runner.invoke(
+                app, ["regenerate", "-c", str(p), "-d", str(tmp_path / name), "-i", str(root), "--mine", "3", "--json", *extra]
+            )
+            assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["executor"] == "ray" and out["num_shards"] == 2 and len(out["embedding_nodes"]) == 2 and out["valid"] == 5
+    one = outputs(tmp_path / "one")
+    assert outputs(tmp_path / "ray") == one and any(k.startswith("_mined") for k in one)
+    assert all(len(x["mined_negatives"]) == 3 for x in read_stage(tmp_path / "ray" / "regenerate"))
 
 
 @pytest.mark.slow

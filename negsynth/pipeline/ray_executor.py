@@ -672,6 +672,12 @@ def run_on_ray(
     if reused is not None:
         print_report(stage, ctx, reused)
         return reused
+    embedded: list[str] = []
+    if stage.prepare is not None and stage.embeds_with(ctx.cfg) and not ctx.overwrite:
+        # once here, its embedding on Ray workers; the shard workers read the result from the
+        # stage's cache (an --overwrite builds beside the old outputs: each worker does it then)
+        with ray_embedding(ctx, workers=workers, address=address, nodes=embedded):
+            stage.prepare(ctx)
     address = address or os.environ.get("RAY_ADDRESS")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
@@ -744,7 +750,12 @@ def run_on_ray(
     if bad is not None:
         if bad.get("stopped_by"):  # every worker's items done and written, not only this one's
             bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
-        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
+        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget, **_embedded(embedded)}
     merged = merge_stage(ctx.run_dir, stage.name)
     print_report(stage, ctx, merged)
-    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
+    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget, **_embedded(embedded)}
+
+
+def _embedded(nodes: list[str]) -> dict:
+    """``embedding_nodes``: where each embedding worker of the stage's ``prepare`` last answered."""
+    return {"embedding_nodes": nodes} if nodes else {}

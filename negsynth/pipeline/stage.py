@@ -79,6 +79,9 @@ class Stage:
     (or, to mine, ``ctx.mining_model_factory``) when one is set (``--executor ray`` spreads the
     encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
     hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
+    ``prepare``: work a ``shardable`` stage that ``embeds`` does once in the driver before its
+    shard workers start (``--executor ray``: its embedding on the Ray workers), whose results the
+    workers then read from the stage's cache instead of each computing it (regenerate's mining).
     """
 
     name: str
@@ -97,6 +100,7 @@ class Stage:
     shardable: bool = False
     embeds: bool | Callable[[RunConfig], bool] = False
     examples: bool = False
+    prepare: Callable[[StageContext], None] | None = None
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)

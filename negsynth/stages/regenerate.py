@@ -426,6 +426,17 @@ def run(ctx: StageContext) -> dict:
     return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
+def prepare(ctx: StageContext) -> None:
+    """The mining of every pair, done once (``--executor ray``: in the driver, its encoding on the
+    Ray workers, before the shard workers start; each of them then finds it in ``_mined/``)."""
+    if not mine_k(ctx.cfg.regenerate):
+        return
+    sources = load_inputs(ctx)
+    items, _ = plan_items(ctx, sources)
+    if items:
+        mine_for_items(ctx, items, sources)
+
+
 def report(stats: dict) -> list[Summary]:
     rows = summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
@@ -443,8 +454,10 @@ STAGE = Stage(
     llm=lambda cfg: cfg.regenerate.negatives != "mined",
     staged=True,
     shardable=True,
-    # mined negatives (no LLM): --executor ray runs it in one process with the mining's encoding
-    # on the Ray workers; with the LLM it runs as shard workers, each mining in its own process
-    embeds=lambda cfg: cfg.regenerate.negatives == "mined",
+    # mining: with mined negatives (no LLM) --executor ray runs it in one process with the mining's
+    # encoding on the Ray workers; with the LLM it mines first (prepare, the same way), then runs
+    # as shard workers that read the mined negatives from regenerate/_mined/
+    embeds=lambda cfg: mine_k(cfg.regenerate) > 0,
+    prepare=prepare,
     examples=True,
 )
