@@ -1,8 +1,12 @@
 """``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``).
 
-Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage`: an LLM stage (``shardable``) runs
-as shard workers; a stage whose heavy work is embedding (``embeds``: score) runs in the driver
-and its embedder's encoding is spread over Ray actors (:func:`ray_embedding`).
+Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage` and its config
+(:func:`embeds_in_driver`): an LLM stage (``shardable``) runs as shard workers; a stage whose
+heavy work is embedding (``embeds``: score; regenerate with mined negatives; corpus with its
+index) runs in the driver and its encoding is spread over Ray actors (:func:`ray_embedding`:
+score's embedder as a :class:`RayEmbedder`, mining's ``SentenceTransformer`` as a
+:class:`RaySentenceModel`). A shard stage that mines first (regenerate with ``--mine``) mines
+once in the driver that way (``Stage.prepare``), then its shard workers read the result.
 
 **Shard workers.** The same deterministic split as ``--shard-index k --num-shards n`` on n machines, scheduled by
 Ray instead of by hand: worker k is one Ray task running :func:`~negsynth.pipeline.stage.run_stage`
