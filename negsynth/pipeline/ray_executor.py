@@ -279,9 +279,9 @@ _ST_CALLS = {"encode": "encode", "document": "encode_document", "query": "encode
 
 def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
     """The vectors of one :class:`RaySentenceModel` part: its texts are whole batches of
-    ``batch_size`` (the last one may be shorter), each embedded by one call of the model's
-    ``encode`` / ``encode_document`` / ``encode_query``, as that call embeds them inside one call
-    over every text (the same texts in one batch)."""
+    ``batch_size`` (the last one may be shorter), each embedded by its own call of the model's
+    ``encode`` / ``encode_document`` / ``encode_query`` (so each batch holds the texts the model's
+    one call over every text puts in it)."""
     how, texts, _ = part
     kind, _, plain = how.partition("+")
     fn = getattr(model, _ST_CALLS[kind])
