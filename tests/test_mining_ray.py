@@ -263,3 +263,29 @@ def test_corpus_index_on_two_ray_workers_equals_one_process(tmp_path, ray_node, 
         np.load(p) for d in ("one", "ray") for p in sorted((tmp_path / d / "corpus" / "_index").glob("*.npy")) if ".texts" not in p.name
     ]
     assert len(vecs) == 2 and np.array_equal(vecs[0], vecs[1])
+
+
+@pytest.mark.slow
+def test_a_mining_worker_killed_mid_corpus_is_restarted_and_the_stage_finishes(tmp_path, ray_node, minilm):
+    """SIGKILL one mining worker while it encodes a run of batches: the run goes to the other
+    worker, Ray restarts the dead one, and regenerate finishes with the one-process bytes."""
+    import threading
+
+    from test_score_ray import _kill_loop
+
+    root = write_beir(tmp_path / "beir")
+    cfg = config(tmp_path, batch_size=4)
+    r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "one"), "-i", str(root), "-q"])
+    assert r.exit_code == 0, r.output
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_loop, args=(stop, killed, True), daemon=True)
+    killer.start()
+    try:
+        r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "ray"), "-i", str(root), "--json", "--executor", "ray", "--workers", "2"])  # fmt: skip
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no worker was seen encoding"
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["complete"]
+    assert outputs(tmp_path / "ray") == outputs(tmp_path / "one")
