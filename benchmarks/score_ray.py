@@ -4,14 +4,14 @@
 
 What is timed is score's own embedding of one block (:func:`negsynth.stages.score.embedding.embed_block`:
 the distinct texts sorted by length, cut into parts of ``8 x batch_size``), texts per second of
-distinct texts, with three embedders:
+distinct texts, with these embedders:
 
 ``local``  MiniLM loaded in this process (the one-process path, what ``negsynth score`` does);
-``ray1``   :class:`~negsynth.pipeline.ray_executor.RayEmbedder` over 1 Ray worker;
-``ray2``   the same over 2 Ray workers (each part goes whole to the next free worker).
+``rayN``   :class:`~negsynth.pipeline.ray_executor.RayEmbedder` over N Ray workers, for each N of
+           ``--workers`` (default 1,2; each part goes whole to the next free worker).
 
 Each embedder is made once, before the timing (a worker's start, MiniLM's load included, is
-reported apart); then the three are timed in turn, ``--repeats`` times, interleaved, and medians
+reported apart); then all are timed in turn, ``--repeats`` times, interleaved, and medians
 are reported with the load average (``os.getloadavg()``) before and after. Examples are synthetic:
 6 distinct texts each (STS-B / SNLI sentences with a running number), as in ``score_scale.py``.
 Each rep is refused past ``--max-rep-s`` (60 s): lower ``--examples`` on a slow machine.
@@ -60,6 +60,7 @@ def examples(n: int, sents: list[str]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=500, help="6 distinct texts each")
+    ap.add_argument("--workers", default="1,2", help="Ray worker counts to time (e.g. 1,2,4)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-rep-s", type=float, default=60.0)
@@ -85,15 +86,16 @@ def main() -> None:
     quiet = Reporter(quiet=True)
     load_start = os.getloadavg()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    # 3 logical CPUs: the 1-worker and the 2-worker embedders stay up side by side (each worker
+    counts = [int(x) for x in a.workers.split(",") if x]
+    # one logical CPU per worker of every embedder: they all stay up side by side (each worker
     # takes one); the processes run where this one's affinity lets them
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=sum(counts), include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         made, start_s = {}, {}
         t0 = time.perf_counter()
         made["local"] = load_embedder(cfg)
         start_s["local"] = time.perf_counter() - t0
-        for n in (1, 2):
+        for n in counts:
             t0 = time.perf_counter()
             made[f"ray{n}"] = RayEmbedder.start(cfg, workers=n)
             start_s[f"ray{n}"] = time.perf_counter() - t0

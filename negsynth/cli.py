@@ -84,14 +84,14 @@ ExecutorOpt = Annotated[
     str,
     typer.Option(
         "--executor",
-        help="local, or ray: --workers Ray workers (LLM stages: shard workers; score: its embedding) (pip install 'negsynth[ray]')",
+        help="local, or ray: --workers Ray workers (generate, regenerate: shard workers; score, mined regenerate, corpus: their embedding) (pip install 'negsynth[ray]')",
     ),
 ]
 WorkersOpt = Annotated[
     int,
     typer.Option(
         "--workers",
-        help="with --executor ray: shard workers (the global LLM limits are split among them), or score's embedding workers (one embedder each)",
+        help="with --executor ray: shard workers (the global LLM limits are split among them), or embedding workers (one embedder each)",
     ),
 ]
 RayAddressOpt = Annotated[
@@ -304,8 +304,8 @@ def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
 
 
 def _execute(name: str, opts: Options, ctx) -> dict:
-    """The stage in this process, or (``--executor ray``) as shard workers on Ray, or (score)
-    here with its embedding on Ray workers."""
+    """The stage in this process, or (``--executor ray``) as shard workers on Ray, or (score,
+    mined regenerate, corpus with its index) here with its embedding on Ray workers."""
     from negsynth.pipeline.stage import run_stage
     from negsynth.stages import EMBEDS, SHARDABLE, get
 
@@ -315,7 +315,7 @@ def _execute(name: str, opts: Options, ctx) -> dict:
 
         if not (stage.shardable or stage.embeds):
             raise UserError(
-                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(SHARDABLE + EMBEDS)})"
+                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(dict.fromkeys(SHARDABLE + EMBEDS))})"
             )
         return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
     if opts.executor != "local":
@@ -633,8 +633,9 @@ def run(
     """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM).
 
     With --executor ray the pipeline runs on Ray: each LLM stage that splits (generate,
-    regenerate, corpus) runs as --workers shard workers, merged here, and score's embedding on
-    --workers Ray workers; the other stages run in this process. One embedded LLM server and one
+    regenerate) runs as --workers shard workers, merged here, and the embedding of score, of
+    regenerate's mining with mined negatives and of corpus's index on --workers Ray workers (the
+    stage itself here); the other stages run in this process. One embedded LLM server and one
     budget serve the whole run, and finished stages are reused without starting workers."""
     from negsynth.pipeline.stage import unfinished
     from negsynth.stages import run_pipeline

@@ -59,7 +59,9 @@ def test_shardable_and_llm_stages_follow_the_method():
     from negsynth.estimate import llm_stage_names
 
     assert list(SHARDABLE) == [n for n in NAMES if n in SHARDABLE] == ["generate", "regenerate"]
-    assert EMBEDS == ("score",) and not set(EMBEDS) & set(SHARDABLE)  # score's embedding on Ray workers, the rest in one process
+    # score's embedding on Ray workers, the rest in one process; regenerate only with mined negatives
+    # (otherwise shard workers), corpus only with its index
+    assert EMBEDS == ("regenerate", "corpus", "score") and set(EMBEDS) & set(SHARDABLE) == {"regenerate"}
     assert llm_stage_names() == ("brainstorm", "generate", "regenerate", "corpus", "score")
 
 

@@ -52,11 +52,13 @@ def test_every_stage_resolves_through_it():
     """score's embedder, regenerate's miner, the trainer and evaluate share the resolver."""
     import inspect
 
-    from negsynth.embed import st
+    from negsynth.embed import mining, st
     from negsynth.stages import evaluate, regenerate
     from negsynth.train import trainer
 
     assert "resolve_model" in inspect.getsource(st.SentenceTransformerEmbedder.load)
-    assert "load_sentence_transformer" in inspect.getsource(regenerate.load_st_model)
+    # the miner (regenerate's, corpus's and the Ray workers'): one loader
+    assert "load_mining_model" in inspect.getsource(regenerate.load_st_model)
+    assert "load_sentence_transformer" in inspect.getsource(mining.load_mining_model)
     assert "resolve_model" in inspect.getsource(trainer.resolve_model_path)
     assert evaluate.embedder_for.__module__ == "negsynth.embed" and "resolve_model" in inspect.getsource(evaluate.embedder_for)

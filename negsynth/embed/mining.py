@@ -47,6 +47,25 @@ FAISS_THRESHOLD = 100_000
 DEFAULT_BANDS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 100))
 
 
+def load_mining_model(cfg):
+    """A raw ``SentenceTransformer`` for mining (``[embedder]``, an
+    :class:`~negsynth.schemas.config.EmbedderConfig`; ``default`` = the bundled all-MiniLM-L6-v2)."""
+    check_mining_embedder(cfg)
+    from negsynth.embed.models import load_sentence_transformer
+
+    return load_sentence_transformer(cfg.model, device=cfg.device, max_length=cfg.max_length)
+
+
+def check_mining_embedder(cfg) -> None:
+    """One line unless ``cfg`` names a sentence-transformers embedder (the only kind mining loads)."""
+    if cfg.kind != "sentence-transformers":
+        from negsynth.errors import UserError
+
+        raise UserError(
+            '--mine needs a sentence-transformers embedder; set embedder.kind = "sentence-transformers" (decoder embedders are not supported for mining)'
+        )
+
+
 def resolve_use_faiss(use_faiss: bool | None, corpus_size: int, faiss_threshold: int | None = FAISS_THRESHOLD) -> bool:
     """Whether to search with FAISS: ``use_faiss`` if given, else ``corpus_size >= faiss_threshold``
     (None = never). When FAISS is wanted but not installed: one log line and exact torch search."""
@@ -272,22 +291,51 @@ class TextStore:
         return self._blob[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
 
 
+def encode_order(lengths: Any, model: Any = None) -> Any:
+    """The order in which ``SentenceTransformer.encode`` embeds texts of these character
+    ``lengths``: longest first (``np.argsort([-len(text) for text in inputs])``, the same sort),
+    then, when ``model`` flattens its inputs (``_can_flatten_inputs``: no padding), longest and
+    shortest interleaved by its own ``_interleave_sorted_indices``. Cut into ``batch_size`` rows,
+    these are its batches."""
+    import numpy as np
+
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64))
+    if callable(getattr(model, "_can_flatten_inputs", None)) and callable(getattr(model, "_interleave_sorted_indices", None)):
+        if model._can_flatten_inputs():
+            order = model._interleave_sorted_indices(order)
+    return order
+
+
+#: batches of one :func:`encode_store` window handed at once to a model that spreads batches over
+#: workers (its ``encode_batches``: the Ray workers' proxy); bounds the texts held at a time
+STORE_WINDOW = 64
+
+
 def encode_store(model, texts: TextStore, out: Any, *, batch_size: int = 64) -> None:
     """Embed every text of ``texts`` into ``out`` (``len(texts)`` rows), holding one batch of texts
     at a time. The batches are the ones ``model.encode`` would make of the whole list (longest
     first, by characters, in the order the installed sentence-transformers sorts them), so each
-    text is embedded beside the same others and the vectors are those of one ``encode`` call."""
+    text is embedded beside the same others and the vectors are those of one ``encode`` call.
+
+    A model with ``encode_batches`` (:class:`~negsynth.pipeline.ray_executor.RaySentenceModel`)
+    gets :data:`STORE_WINDOW` batches at a time, which it spreads over its workers (each batch
+    still one ``encode`` call of the same texts)."""
     import numpy as np
 
     n = len(texts)
     if n == 0:
         return
     lengths = np.fromiter((len(texts[i]) for i in range(n)), dtype=np.int64, count=n)
-    order = np.argsort(-lengths)  # sentence-transformers: np.argsort([-len(text) for text in inputs])
-    if callable(getattr(model, "_can_flatten_inputs", None)) and callable(getattr(model, "_interleave_sorted_indices", None)):
-        if model._can_flatten_inputs():
-            order = model._interleave_sorted_indices(order)
+    order = encode_order(lengths, model)  # sentence-transformers: np.argsort([-len(text) for text in inputs])
     del lengths
+    spread = getattr(model, "encode_batches", None)
+    if spread is not None:
+        step = batch_size * STORE_WINDOW
+        for start in range(0, n, step):
+            rows = order[start : start + step]
+            batches = [[texts[int(i)] for i in rows[a : a + batch_size]] for a in range(0, len(rows), batch_size)]
+            out[rows] = np.concatenate(list(spread(batches, kind="encode", batch_size=batch_size)))
+        return
     for start in range(0, n, batch_size):
         rows = order[start : start + batch_size]
         vecs = model.encode([texts[int(i)] for i in rows], batch_size=batch_size, normalize_embeddings=True,

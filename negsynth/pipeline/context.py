@@ -120,6 +120,11 @@ class StageContext:
     #: ``EmbedderConfig -> Embedder``; None = loaded in this process. ``--executor ray`` sets a
     #: proxy whose encoding runs on Ray workers (:func:`negsynth.pipeline.ray_executor.ray_embedding`)
     embedder_factory: Any = None
+    #: how a stage that mines with ``[embedder]`` (regenerate's mining, corpus's index) makes the
+    #: sentence-transformers model it mines with: ``EmbedderConfig -> model``; None = loaded in this
+    #: process. ``--executor ray`` sets a proxy whose encoding runs on Ray workers
+    #: (:class:`negsynth.pipeline.ray_executor.RaySentenceModel`)
+    mining_model_factory: Any = None
     #: no data to read is an error (exit 2) instead of a skipped stage (the ``evaluate`` command;
     #: ``negsynth run`` ends its pipeline with one line instead)
     require_data: bool = False

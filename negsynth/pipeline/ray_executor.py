@@ -1,8 +1,12 @@
 """``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``).
 
-Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage`: an LLM stage (``shardable``) runs
-as shard workers; a stage whose heavy work is embedding (``embeds``: score) runs in the driver
-and its embedder's encoding is spread over Ray actors (:func:`ray_embedding`).
+Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage` and its config
+(:func:`embeds_in_driver`): an LLM stage (``shardable``) runs as shard workers; a stage whose
+heavy work is embedding (``embeds``: score; regenerate with mined negatives; corpus with its
+index) runs in the driver and its encoding is spread over Ray actors (:func:`ray_embedding`:
+score's embedder as a :class:`RayEmbedder`, mining's ``SentenceTransformer`` as a
+:class:`RaySentenceModel`). A shard stage that mines first (regenerate with ``--mine``) mines
+once in the driver that way (``Stage.prepare``), then its shard workers read the result.
 
 **Shard workers.** The same deterministic split as ``--shard-index k --num-shards n`` on n machines, scheduled by
 Ray instead of by hand: worker k is one Ray task running :func:`~negsynth.pipeline.stage.run_stage`
@@ -213,18 +217,45 @@ RESTART_WAIT = 300.0
 
 
 class _EmbedWorker:
-    """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given."""
+    """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given.
+    ``raw``: a raw ``SentenceTransformer`` loaded as mining loads it
+    (:func:`negsynth.embed.mining.load_mining_model`), for :class:`RaySentenceModel`."""
 
-    def __init__(self, embedder_cfg: dict, embedder: Any = None):
+    def __init__(self, embedder_cfg: dict, embedder: Any = None, raw: bool = False):
+        self.raw = raw
         if embedder is None:
-            from negsynth.embed import load_embedder
             from negsynth.schemas.config import EmbedderConfig
 
-            embedder = load_embedder(EmbedderConfig.model_validate(embedder_cfg))
+            cfg = EmbedderConfig.model_validate(embedder_cfg)
+            if raw:
+                from negsynth.embed.mining import load_mining_model
+
+                embedder = load_mining_model(cfg)
+            else:
+                from negsynth.embed import load_embedder
+
+                embedder = load_embedder(cfg)
         self.embedder = embedder
 
     def describe(self) -> dict:
         e = self.embedder
+        node = _ray().get_runtime_context().get_node_id()
+        if self.raw:
+            card = getattr(e, "model_card_data", None)
+            get_dim = getattr(e, "get_embedding_dimension", None) or e.get_sentence_embedding_dimension
+            return {
+                "name": f"st:{getattr(card, 'base_model', None) or 'model'}",
+                "dim": int(get_dim()),
+                "device": str(e.device),
+                "query_template": Embedder.query_template,
+                "instruct_queries": False,
+                "shares_query_pool": False,
+                "node": node,
+                # whether its encode interleaves long and short inputs (the batches it makes)
+                "flatten": bool(callable(getattr(e, "_can_flatten_inputs", None)) and e._can_flatten_inputs()),
+                "base_model": getattr(card, "base_model", None),
+                "similarity_fn_name": getattr(e, "similarity_fn_name", None) or "cosine",
+            }
         return {
             "name": e.name,
             "dim": int(e.dim),
@@ -232,11 +263,34 @@ class _EmbedWorker:
             "query_template": e.query_template,
             "instruct_queries": e.instruct_queries,
             "shares_query_pool": shares_query_pool(e),
-            "node": _ray().get_runtime_context().get_node_id(),
+            "node": node,
         }
 
     def encode_part(self, part: Part, batch_size: int) -> np.ndarray:
+        if self.raw:
+            return encode_batches_part(self.embedder, part, batch_size)
         return encode_part(self.embedder, part, batch_size=batch_size)
+
+
+#: what a :class:`RaySentenceModel` part asks of a ``SentenceTransformer`` (normalised vectors;
+#: ``+raw``: as they come)
+_ST_CALLS = {"encode": "encode", "document": "encode_document", "query": "encode_query"}
+
+
+def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
+    """The vectors of one :class:`RaySentenceModel` part: its texts are whole batches of
+    ``batch_size`` (the last one may be shorter), each embedded by its own call of the model's
+    ``encode`` / ``encode_document`` / ``encode_query`` (so each batch holds the texts the model's
+    one call over every text puts in it)."""
+    how, texts, _ = part
+    kind, _, plain = how.partition("+")
+    fn = getattr(model, _ST_CALLS[kind])
+    out = [
+        np.asarray(fn(texts[a : a + batch_size], batch_size=batch_size, normalize_embeddings=plain != "raw", convert_to_numpy=True,
+                      show_progress_bar=False), dtype=np.float32)
+        for a in range(0, len(texts), batch_size)
+    ]  # fmt: skip
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
 
 class RayEmbedder(Embedder):
@@ -258,8 +312,9 @@ class RayEmbedder(Embedder):
         self._shipped = None  # the embedder a caller passed, in Ray's object store (start sets it)
 
     @classmethod
-    def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None) -> RayEmbedder:
-        """``workers`` actors, each loading ``embedder_cfg`` (or holding a copy of ``embedder``);
+    def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None, raw: bool = False) -> RayEmbedder:
+        """``workers`` actors, each loading ``embedder_cfg`` (or holding a copy of ``embedder``;
+        ``raw``: the raw ``SentenceTransformer`` mining loads, for :class:`RaySentenceModel`);
         each asks Ray for one CPU and, when the cluster has GPUs, a GPU (a share of one when
         there are fewer GPUs than workers)."""
         if workers < 1:
@@ -275,7 +330,7 @@ class RayEmbedder(Embedder):
         actor = ray.remote(num_cpus=1, num_gpus=per_gpu, max_restarts=MAX_RESTARTS)(_EmbedWorker)
         cfg_json = embedder_cfg.model_dump(mode="json")
         shipped = ray.put(embedder) if embedder is not None else None
-        actors = [actor.remote(cfg_json, shipped) for _ in range(workers)]
+        actors = [actor.remote(cfg_json, shipped, raw) for _ in range(workers)]
         try:
             infos = _get(ray, [a.describe.remote() for a in actors])
         except BaseException as e:
@@ -287,6 +342,7 @@ class RayEmbedder(Embedder):
                 raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
             raise
         emb = cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
+        emb.info = infos[0]
         emb._shipped = shipped  # held while the actors live: a restarted actor loads it again
         return emb
 
@@ -407,10 +463,125 @@ class RayEmbedder(Embedder):
         raise NotImplementedError
 
 
+def _similarity_function():
+    """sentence-transformers' ``SimilarityFunction`` (moved to ``util.similarity`` in version 6)."""
+    try:
+        from sentence_transformers.util.similarity import SimilarityFunction
+    except ImportError:
+        from sentence_transformers.similarity_functions import SimilarityFunction
+    return SimilarityFunction
+
+
+#: parts per worker a :class:`RaySentenceModel` call is cut into (several: a free worker takes
+#: the next one, so a slow or lost worker holds back one small part, not a whole share)
+PARTS_PER_WORKER = 4
+
+
+class RaySentenceModel:
+    """A stand-in for the ``SentenceTransformer`` mining uses (``mine_hard_negatives`` in
+    :func:`negsynth.embed.mining.mine_negatives`, :class:`~negsynth.embed.mining.CorpusIndex`),
+    whose encoding runs on the Ray actors of ``dealer`` (a :class:`RayEmbedder` started with
+    ``raw=True``: each actor holds the model mining loads).
+
+    ``encode`` / ``encode_document`` / ``encode_query`` sort the texts as the model's own
+    ``encode`` sorts them (:func:`~negsynth.embed.mining.encode_order`, longest first), cut them
+    into its batches and hand runs of whole batches to the actors (each batch one call there, of
+    the same texts as in one process), then put the vectors back in input order. The search stays
+    here: ``similarity`` / ``similarity_pairwise`` are the model's own functions (by its
+    ``similarity_fn_name``), on the CPU (``device``). What else ``mine_hard_negatives`` reads
+    (``model_card_data.base_model`` for its embedding cache, ``get_embedding_dimension`` for
+    FAISS) is the model's. A prompt other than the model's own (``prompt`` / ``prompt_name``) is
+    refused, as is a multi-process ``pool``."""
+
+    def __init__(self, dealer: Any, info: dict):
+        from types import SimpleNamespace
+
+        self.dealer = dealer
+        self.info = info
+        self.model_card_data = SimpleNamespace(base_model=info.get("base_model"))
+        self.similarity_fn_name = info.get("similarity_fn_name") or "cosine"
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    @property
+    def devices(self) -> list[str]:
+        return self.dealer.devices
+
+    def get_embedding_dimension(self) -> int:
+        return int(self.dealer.dim)
+
+    get_sentence_embedding_dimension = get_embedding_dimension
+
+    def similarity(self, a, b):
+        return _similarity_function().to_similarity_fn(self.similarity_fn_name)(a, b)
+
+    def similarity_pairwise(self, a, b):
+        return _similarity_function().to_similarity_pairwise_fn(self.similarity_fn_name)(a, b)
+
+    def _can_flatten_inputs(self) -> bool:
+        return bool(self.info.get("flatten"))
+
+    @staticmethod
+    def _interleave_sorted_indices(order):
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer._interleave_sorted_indices(order)
+
+    def encode_batches(
+        self, batches: Sequence[list[str]], *, kind: str = "encode", batch_size: int, normalize: bool = True
+    ) -> Iterator[np.ndarray]:
+        """The vectors of ``batches`` (each at most ``batch_size`` texts, embedded by one call),
+        in order: runs of whole batches dealt to the actors."""
+        if not batches:
+            return
+        per = max(1, math.ceil(len(batches) / (PARTS_PER_WORKER * max(1, len(self.dealer.actors)))))
+        how = kind if normalize else f"{kind}+raw"
+        parts = [(how, [t for b in batches[i : i + per] for t in b], None) for i in range(0, len(batches), per)]
+        yield from self.dealer.encode_parts(parts, batch_size=batch_size)
+
+    def _encode(self, kind: str, inputs, *, batch_size: int = 32, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
+                convert_to_tensor: bool = False, prompt_name=None, prompt=None, pool=None, show_progress_bar=None, **kw):  # fmt: skip
+        from negsynth.embed.mining import encode_order
+
+        if prompt_name is not None or prompt is not None or pool is not None or kw:
+            raise ValueError(f"RaySentenceModel.{_ST_CALLS[kind]}: prompt, prompt_name, pool and {sorted(kw)} are not supported")
+        single = isinstance(inputs, str)
+        texts = [inputs] if single else list(inputs)
+        out = np.zeros((len(texts), self.get_embedding_dimension()), dtype=np.float32)
+        if texts:
+            order = encode_order([len(t) for t in texts], self)
+            batches = [[texts[int(i)] for i in order[a : a + batch_size]] for a in range(0, len(texts), batch_size)]
+            out[order] = np.concatenate(
+                list(self.encode_batches(batches, kind=kind, batch_size=batch_size, normalize=normalize_embeddings))
+            )
+        if single:
+            out = out[0]
+        if convert_to_tensor:
+            import torch
+
+            return torch.from_numpy(out)
+        return out
+
+    def encode(self, inputs, **kw):
+        return self._encode("encode", inputs, **kw)
+
+    def encode_document(self, inputs, **kw):
+        return self._encode("document", inputs, **kw)
+
+    def encode_query(self, inputs, **kw):
+        return self._encode("query", inputs, **kw)
+
+
 @contextlib.contextmanager
 def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
     """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
-    :class:`RayEmbedder` over ``workers`` actors (started only when it asks; stopped on exit).
+    :class:`RayEmbedder` over ``workers`` actors, and one that mines through
+    ``ctx.mining_model_factory`` a :class:`RaySentenceModel` over ``workers`` actors holding the
+    model mining loads (either started only when the stage asks; stopped on exit).
     An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
     ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
     if ctx.cfg.embedder.devices is not None:
@@ -423,15 +594,32 @@ def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None
         ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
-    ctx.embedder, ctx.embedder_factory = None, factory
+    def mining_factory(embedder_cfg):
+        from negsynth.embed.mining import check_mining_embedder
+
+        check_mining_embedder(embedder_cfg)  # before any actor starts
+        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, raw=True)
+        made.append(emb)
+        ctx.reporter.info(f"mining: embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        return RaySentenceModel(emb, emb.info)
+
+    ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = None, factory, mining_factory
     try:
         yield ctx
     finally:
-        ctx.embedder, ctx.embedder_factory = given, None
+        ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = given, None, None
         for emb in made:
             if nodes is not None:  # where each actor last answered (a restarted one: its new node)
                 nodes.extend(emb.nodes)
             emb.close()
+
+
+def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
+    """Whether ``--executor ray`` runs ``stage`` in this process with its embedding on Ray workers
+    (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
+    LLM shard workers (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
+    ``negatives = "mined"``, whose one heavy part is the mining)."""
+    return stage.embeds_with(cfg) and not (stage.shardable and stage.needs_llm(cfg))
 
 
 # ---------------------------------------------------------------------------- shard workers
@@ -469,7 +657,7 @@ def run_on_ray(
     (``negsynth run``), its lock token goes to the workers, so they run under it."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
-    if not stage.shardable and stage.embeds:
+    if embeds_in_driver(stage, ctx.cfg):
         if ctx.num_shards != 1:
             raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
         nodes: list[str] = []
@@ -488,6 +676,12 @@ def run_on_ray(
     if reused is not None:
         print_report(stage, ctx, reused)
         return reused
+    embedded: list[str] = []
+    if stage.prepare is not None and stage.embeds_with(ctx.cfg) and not ctx.overwrite:
+        # once here, its embedding on Ray workers; the shard workers read the result from the
+        # stage's cache (an --overwrite builds beside the old outputs: each worker does it then)
+        with ray_embedding(ctx, workers=workers, address=address, nodes=embedded):
+            stage.prepare(ctx)
     address = address or os.environ.get("RAY_ADDRESS")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
@@ -560,7 +754,12 @@ def run_on_ray(
     if bad is not None:
         if bad.get("stopped_by"):  # every worker's items done and written, not only this one's
             bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
-        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
+        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget, **_embedded(embedded)}
     merged = merge_stage(ctx.run_dir, stage.name)
     print_report(stage, ctx, merged)
-    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget}
+    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget, **_embedded(embedded)}
+
+
+def _embedded(nodes: list[str]) -> dict:
+    """``embedding_nodes``: where each embedding worker of the stage's ``prepare`` last answered."""
+    return {"embedding_nodes": nodes} if nodes else {}

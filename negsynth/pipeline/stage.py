@@ -74,10 +74,14 @@ class Stage:
     of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
     ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
     after it ran (or was reused). ``shardable``: its work splits into shard workers
-    (``--executor ray``). ``embeds``: its heavy work is embedding with ``[embedder]``, which it
-    loads through ``ctx.embedder_factory`` when one is set (``--executor ray`` spreads the
+    (``--executor ray``). ``embeds`` (a function of the config where that depends on it): its
+    heavy work is embedding with ``[embedder]``, which it loads through ``ctx.embedder_factory``
+    (or, to mine, ``ctx.mining_model_factory``) when one is set (``--executor ray`` spreads the
     encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
     hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
+    ``prepare``: work a ``shardable`` stage that ``embeds`` does once in the driver before its
+    shard workers start (``--executor ray``: its embedding on the Ray workers), whose results the
+    workers then read from the stage's cache instead of each computing it (regenerate's mining).
     """
 
     name: str
@@ -94,14 +98,19 @@ class Stage:
     staged: bool = False
     keep_on_change: Callable[[RunConfig], bool] | None = None
     shardable: bool = False
-    embeds: bool = False
+    embeds: bool | Callable[[RunConfig], bool] = False
     examples: bool = False
+    prepare: Callable[[StageContext], None] | None = None
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)
 
     def needs_llm(self, cfg: RunConfig) -> bool:
         return bool(self.llm(cfg) if callable(self.llm) else self.llm)
+
+    def embeds_with(self, cfg: RunConfig) -> bool:
+        """Whether its heavy work under ``cfg`` is embedding with ``[embedder]`` (``embeds``)."""
+        return bool(self.embeds(cfg) if callable(self.embeds) else self.embeds)
 
 
 #: what runs one stage of :func:`run_stages`: (stage, ctx, start_llm) -> its stats

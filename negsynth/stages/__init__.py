@@ -73,8 +73,10 @@ def run_pipeline(
     ``ray_workers`` (``negsynth run --executor ray --workers N``): the whole pipeline on Ray. Each
     stage that splits into shard workers (``Stage.shardable``) runs as that many Ray tasks,
     merged here (:func:`~negsynth.pipeline.ray_executor.run_on_ray`), with the run's one embedded
-    server, one budget and the run dir this process holds; score's encoding runs on that many
-    Ray workers; every other stage runs in this process, as without Ray.
+    server, one budget and the run dir this process holds; a stage whose heavy work is embedding
+    (score; regenerate with ``negatives = "mined"``; corpus with its index) runs here with that
+    encoding on that many Ray workers (:func:`~negsynth.pipeline.ray_executor.embeds_in_driver`);
+    every other stage runs in this process, as without Ray.
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
@@ -84,18 +86,18 @@ def run_pipeline(
     if ray_workers:
         from contextlib import contextmanager
 
-        from negsynth.pipeline.ray_executor import ray_embedding, run_on_ray
+        from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
 
         @contextmanager
-        def around(stage, ctx):  # score's encoding on the Ray workers; every other stage as it is
-            if not stage.embeds:
+        def around(stage, ctx):  # score's / mining's encoding on the Ray workers; every other stage as it is
+            if not embeds_in_driver(stage, cfg):
                 yield {}
                 return
             with ray_embedding(ctx, workers=ray_workers, address=ray_address):
                 yield {"executor": "ray", "workers": ray_workers}
 
-        def runner(stage, ctx, start_llm):  # a shardable stage as shard workers; the others here
-            if stage.shardable:
+        def runner(stage, ctx, start_llm):  # a shardable LLM stage as shard workers; the others here
+            if stage.shardable and not embeds_in_driver(stage, cfg):
                 return run_on_ray(stage, ctx, workers=ray_workers, address=ray_address, start_llm=start_llm)
             return run_stage(stage, ctx, start_llm=start_llm)
 
@@ -115,7 +117,8 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
 
 #: the stages whose work splits into shard workers (``--executor ray``)
 SHARDABLE: tuple[str, ...] = tuple(s.name for s in METHOD if s.shardable)
-#: the stages whose embedding ``--executor ray`` spreads over workers (the stage itself runs in one process)
+#: the stages whose embedding ``--executor ray`` spreads over workers (the stage itself runs in one
+#: process), some only under some settings (regenerate: mined negatives; corpus: with its index)
 EMBEDS: tuple[str, ...] = tuple(s.name for s in METHOD if s.embeds)
 
 __all__ = ["EMBEDS", "METHOD", "SHARDABLE", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]

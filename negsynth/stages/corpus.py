@@ -258,16 +258,18 @@ class Work:
 
     def model(self):
         if self._model is None:
-            from negsynth.stages.regenerate import load_st_model
+            from negsynth.embed.mining import load_mining_model
 
             self.ctx.reporter.info(f"corpus: loading the embedder ({self.ctx.cfg.embedder.model}) ...")
-            self._model = load_st_model(self.ctx.cfg.embedder)
+            self._model = (self.ctx.mining_model_factory or load_mining_model)(self.ctx.cfg.embedder)
         return self._model
 
     def tokenizer(self):
         if self._tokenizer is False:
             try:
-                self._tokenizer = self.model().tokenizer if needs_index(self.cfg) else _tokenizer_of(self.ctx)
+                # the model's own; --executor ray's stand-in holds none: the same one, loaded here
+                own = getattr(self.model(), "tokenizer", None) if needs_index(self.cfg) else None
+                self._tokenizer = own if own is not None else _tokenizer_of(self.ctx)
             except Exception:  # no embedder installed: cut by words
                 self._tokenizer = None
         return self._tokenizer
@@ -518,5 +520,8 @@ STAGE = Stage(
     report=report,
     llm=True,
     staged=True,
+    # with its index (mined negatives, the round trip): --executor ray runs it in one process (one
+    # LLM answer per document is shared by its queries) with the corpus's encoding on Ray workers
+    embeds=lambda cfg: needs_index(cfg.corpus),
     examples=True,
 )

@@ -182,14 +182,11 @@ def mine_k(cfg: RegenerateConfig) -> int:
 
 # -- mining ---------------------------------------------------------------------------------
 def load_st_model(cfg: EmbedderConfig):
-    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2)."""
-    if cfg.kind != "sentence-transformers":
-        raise UserError(
-            '--mine needs a sentence-transformers embedder; set embedder.kind = "sentence-transformers" (decoder embedders are not supported for mining)'
-        )
-    from negsynth.embed.models import load_sentence_transformer
+    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2):
+    :func:`negsynth.embed.mining.load_mining_model`."""
+    from negsynth.embed.mining import load_mining_model
 
-    return load_sentence_transformer(cfg.model, device=cfg.device, max_length=cfg.max_length)
+    return load_mining_model(cfg)
 
 
 def mine_pairs(
@@ -246,7 +243,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         else:
             if model is None:
                 ctx.reporter.info(f"mining {k} negatives per pair with the embedder ({ctx.cfg.embedder.model}) ...")
-                model = load_st_model(ctx.cfg.embedder)
+                model = (ctx.mining_model_factory or load_st_model)(ctx.cfg.embedder)
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
             found = mine_pairs(
@@ -427,6 +424,17 @@ def run(ctx: StageContext) -> dict:
     return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
+def prepare(ctx: StageContext) -> None:
+    """The mining of every pair, done once (``--executor ray``: in the driver, its encoding on the
+    Ray workers, before the shard workers start; each of them then finds it in ``_mined/``)."""
+    if not mine_k(ctx.cfg.regenerate):
+        return
+    sources = load_inputs(ctx)
+    items, _ = plan_items(ctx, sources)
+    if items:
+        mine_for_items(ctx, items, sources)
+
+
 def report(stats: dict) -> list[Summary]:
     rows = summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
@@ -444,5 +452,10 @@ STAGE = Stage(
     llm=lambda cfg: cfg.regenerate.negatives != "mined",
     staged=True,
     shardable=True,
+    # mining: with mined negatives (no LLM) --executor ray runs it in one process with the mining's
+    # encoding on the Ray workers; with the LLM it mines first (prepare, the same way), then runs
+    # as shard workers that read the mined negatives from regenerate/_mined/
+    embeds=lambda cfg: mine_k(cfg.regenerate) > 0,
+    prepare=prepare,
     examples=True,
 )
