@@ -81,8 +81,8 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
     gc8 = cfgs["ns-pipeline-gc8"].train  # its one line joins the protocol's [train] table
-    assert gc8.mini_batch_size == 8 and base.train.mini_batch_size is None
-    assert gc8.model_copy(update={"mini_batch_size": None}) == base.train
+    assert gc8.mini_batch_size == 8 and base.train.mini_batch_size == "auto"
+    assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():

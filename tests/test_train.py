@@ -518,6 +518,94 @@ def test_memory_options_reach_the_trainer(minilm, tmp_path):
         make_trainer(ds, cfg.model_copy(update={"angle_weight": 1.0}))
 
 
+@pytest.mark.parametrize(
+    ("setting", "per_device", "device", "extra", "want"),
+    [
+        ("auto", 32, "cpu", {}, 8),  # the recipe's batch on CPU: GradCache in 8-row chunks
+        ("auto", 8, "cpu", {}, None),  # one chunk would be the whole batch: plain MNRL
+        ("auto", 32, "cuda", {}, None),  # an accelerator: speed first
+        ("auto", 32, "cpu", {"angle_weight": 1.0}, None),  # AnglE + InfoNCE: GradCache does not cover it
+        ("auto", 32, "cpu", {"infonce_weight": 0.5}, None),
+        (None, 32, "cpu", {}, None),
+        (4, 32, "cuda", {}, 4),  # an explicit size is kept as given
+    ],
+)
+def test_mini_batch_size_auto_is_gradcache_on_cpu_for_infonce_alone(setting, per_device, device, extra, want):
+    from negsynth.train.trainer import resolve_mini_batch_size
+
+    cfg = TrainConfig(mini_batch_size=setting, **extra)
+    assert resolve_mini_batch_size(cfg, per_device, device) == want
+
+
+def test_mini_batch_size_default_is_auto_and_rejects_nonsense():
+    assert TrainConfig().mini_batch_size == "auto"
+    for bad in (0, "eight", -1):
+        with pytest.raises(ValueError):
+            TrainConfig(mini_batch_size=bad)
+
+
+def test_auto_mini_batch_reaches_the_trainer_and_keeps_angle_configs_working(minilm, tmp_path):
+    """The default ("auto") trains a CPU batch of 12 rows with CachedMNRL in 8-row chunks; the
+    AnglE + InfoNCE loss under the default still builds (plain, no error)."""
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+
+    from negsynth.train.trainer import make_trainer
+
+    ds = _dataset(12)
+    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"))
+    trainer, _ = make_trainer(ds, cfg)
+    assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss) and trainer.loss.mini_batch_size == 8
+    trainer, _ = make_trainer(ds, cfg.model_copy(update={"batch_size": 8}))
+    assert type(trainer.loss) is MultipleNegativesRankingLoss
+    trainer, _ = make_trainer(ds, cfg.model_copy(update={"angle_weight": 1.0}))
+    assert not isinstance(trainer.loss, CachedMultipleNegativesRankingLoss)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "ata", "latent"])
+def test_auto_gradcache_trains_the_other_poolings(minilm, tmp_path, pooling):
+    """GradCache re-embeds each chunk with gradients: ATA's attention hook and the latent pooler
+    must train under it as under plain MNRL (one step, finite loss, weights moved)."""
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+    from negsynth.train.trainer import make_trainer
+
+    cfg = TrainConfig(
+        model=minilm,
+        pooling=pooling,
+        latent_num=16,
+        batch_size=12,
+        max_steps=1,
+        max_length=16,
+        warmup_ratio=0.0,
+        lr=1e-3,
+        output_dir=str(tmp_path / "run"),
+    )
+    trainer, model = make_trainer(_dataset(12), cfg)
+    assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss)
+    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert losses and all(np.isfinite(losses))
+    after = [p.detach() for p in model.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_train_log_and_stage_summary_say_when_gradcache_trained(minilm, tmp_path):
+    import json
+
+    from negsynth.stages.train import report
+    from negsynth.train.trainer import train
+
+    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"))
+    out = train(_dataset(12), cfg)
+    saved = json.loads((tmp_path / "run" / "final" / "train_log.json").read_text())
+    assert out.endswith("final") and saved["loss"] == {"class": "CachedMultipleNegativesRankingLoss", "mini_batch_size": 8}
+    stats = {"model": out, "steps": 1, "loss_first": 1.0, "loss_last": 0.5, "wall_time_s": 1.0, "peak_rss_mib": 1461}
+    rows = dict(report(stats | {"gradcache_rows": 8})[0].rows)
+    assert rows["peak memory"] == "1461 MiB (GradCache, 8-row chunks)"
+    assert dict(report(stats | {"gradcache_rows": None})[0].rows)["peak memory"] == "1461 MiB"
+
+
 def test_peak_rss_sees_an_allocation():
     from negsynth.train.memory import PeakRSS, current_rss
 

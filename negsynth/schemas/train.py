@@ -7,7 +7,7 @@ See ``docs/train.md`` for the field table. Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -94,8 +94,9 @@ class TrainConfig(BaseModel):
     # GradCache (sentence-transformers' CachedMultipleNegativesRankingLoss): embed the batch in chunks of
     # this many rows without keeping activations, then backpropagate chunk by chunk. Same loss and
     # gradients as the full batch (float rounding aside) with the activation memory of one chunk;
-    # None = plain MNRL (one forward pass over the batch, every activation kept)
-    mini_batch_size: int | None = Field(None, ge=1)
+    # None = plain MNRL (one forward pass over the batch, every activation kept); "auto" = chunks of
+    # 8 rows on CPU when the loss is InfoNCE alone and a device's batch is over 8 rows, else None
+    mini_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
     # the encoder's attention kernel: "sdpa" (torch's scaled_dot_product_attention) or "eager"
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     seed: int = 42

@@ -75,7 +75,8 @@ def run(ctx: StageContext) -> dict:
             path = train(ds, tc, progress=ctx.reporter.progress)
     except ValueError as e:  # config problems the trainer detects (named field + fix)
         raise UserError(f"[train] {e}") from None
-    log = json.loads((final / "train_log.json").read_text(encoding="utf-8")).get("log_history", [])
+    saved = json.loads((final / "train_log.json").read_text(encoding="utf-8"))
+    log = saved.get("log_history", [])
     losses = [e["loss"] for e in log if "loss" in e]
     stats = {
         "stage": NAME,
@@ -90,8 +91,17 @@ def run(ctx: StageContext) -> dict:
         "wall_time_s": round(time.monotonic() - t0, 3),
         # the process's resident memory at its highest while training (sampled every 50 ms)
         "peak_rss_mib": mem.peak_mib,
+        # GradCache's rows per chunk when the loss embedded the batch in chunks (train.mini_batch_size), else None
+        "gradcache_rows": (saved.get("loss") or {}).get("mini_batch_size"),
     }
     return stats
+
+
+def _memory_cell(stats: dict) -> str:
+    if stats.get("peak_rss_mib") is None:
+        return "-"
+    chunks = f" (GradCache, {stats['gradcache_rows']}-row chunks)" if stats.get("gradcache_rows") else ""
+    return f"{stats['peak_rss_mib']} MiB{chunks}"
 
 
 def _resume_point(ctx: StageContext, tc):
@@ -147,7 +157,7 @@ def report(stats: dict) -> list[Summary]:
     fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     loss = f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"
     return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s"),
-                             ("peak memory", "-" if stats.get("peak_rss_mib") is None else f"{stats['peak_rss_mib']} MiB")])]  # fmt: skip
+                             ("peak memory", _memory_cell(stats))])]  # fmt: skip
 
 
 STAGE = Stage(

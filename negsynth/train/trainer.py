@@ -403,6 +403,21 @@ def _precision(config: TrainConfig) -> dict[str, bool]:
     return {"bf16": p == "bf16", "fp16": p == "fp16"}
 
 
+AUTO_MINI_BATCH = 8  # rows per GradCache chunk under mini_batch_size = "auto" (docs/train.md)
+
+
+def resolve_mini_batch_size(config: TrainConfig, per_device: int, device_type: str) -> int | None:
+    """The GradCache chunk size to train with (None: plain MNRL). ``"auto"``: chunks of
+    :data:`AUTO_MINI_BATCH` rows on CPU when the loss is InfoNCE alone and a device's batch holds
+    more rows than one chunk — a sixth of the memory at ~1.07x the time (docs/benchmarks.md);
+    plain MNRL on an accelerator (speed first there) and for the AnglE + InfoNCE loss, which
+    GradCache does not cover."""
+    if config.mini_batch_size != "auto":
+        return config.mini_batch_size
+    infonce_alone = config.angle_weight == 0 and config.infonce_weight == 1.0
+    return AUTO_MINI_BATCH if infonce_alone and device_type == "cpu" and per_device > AUTO_MINI_BATCH else None
+
+
 def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     """Build (trainer, model) without training — used by :func:`train` and the benchmark.
 
@@ -450,6 +465,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     model.negsynth_text_format = fmt
     temperature = resolve_temperature(config, is_decoder_model(model))
     gather = config.gather_across_devices and _world_size() > 1
+    mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
     if config.angle_weight > 0 or config.infonce_weight != 1.0:
         from negsynth.train.loss import make_angle_infonce_loss
 
@@ -457,7 +473,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             raise ValueError(
                 "hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None"
             )
-        if config.mini_batch_size:
+        if mini_batch:
             raise ValueError(
                 "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
             )
@@ -465,7 +481,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
                                        angle_scale=config.angle_scale, gather_across_devices=gather)  # fmt: skip
     else:
         loss = make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=gather,
-                         mini_batch_size=config.mini_batch_size)  # fmt: skip
+                         mini_batch_size=mini_batch)  # fmt: skip
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=per_device,
@@ -551,7 +567,9 @@ def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -
     if is_main_process():  # one writer under torchrun
         save_model(model, out)
         with open(os.path.join(out, "train_log.json"), "w") as f:
-            json.dump({"config": config.model_dump(), "log_history": trainer.state.log_history}, f, indent=1)
+            # the loss as trained: mini_batch_size "auto" resolves per device (GradCache chunk rows or None)
+            loss = {"class": type(trainer.loss).__name__, "mini_batch_size": getattr(trainer.loss, "mini_batch_size", None)}
+            json.dump({"config": config.model_dump(), "loss": loss, "log_history": trainer.state.log_history}, f, indent=1)
     trainer.accelerator.wait_for_everyone()
     log.info("saved the trained model to %s", out)
     return out
