@@ -485,6 +485,17 @@ def ns_rows(examples: list[dict], schedule: str, steps: int, args, seed: int) ->
     )
 
 
+def decontam_sets_without(folder: str) -> list[str]:
+    """Every evaluation set ``score`` decontaminates against by default, less ``folder``. A
+    ``--test-frac`` dataset is split by query from one query file, so decontaminating its training
+    queries against that file (which holds them all) would reject every one as contaminated; the
+    split itself keeps the test queries out of training."""
+    from negsynth.data.clean import select_eval_files
+    from negsynth.evaluate.suite import TASKS
+
+    return sorted({s for s, _ in select_eval_files("auto", TASKS)} - {folder})
+
+
 def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: str = "train", name: str | None = None) -> str:
     """The run file of a pipeline arm: mined negatives for the training split, the shared training protocol.
     ``src_dir``: the data dir holding ``scifact/`` (``name`` None), else the BEIR folder itself."""
@@ -495,6 +506,13 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
     train = f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
     if extra_toml.startswith("[train]\n"):  # a train-only arm: its lines join the one [train] table
         train, extra_toml = train + extra_toml[len("[train]\n") :], ""
+    own = getattr(args, "split_from", None)
+    if own:  # --test-frac: the dataset's own query file holds the train queries too (see decontam_sets)
+        line = f"decontam_sets = {json.dumps(decontam_sets_without(own))}\n"
+        if extra_toml.startswith("[score]\n"):
+            extra_toml = "[score]\n" + line + extra_toml[len("[score]\n") :]
+        else:
+            extra_toml += "[score]\n" + line
     return f'[regenerate]\nnegatives = "mined"\n{source}[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n' + train + extra_toml
 
 
@@ -991,6 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"scifact_recipe: --test-frac must be in [0, 1), got {args.test_frac}")
     if args.test_frac > 0:  # one labelled query set: a seeded test split by query, the rest is train
         dataset = split_one_set(dataset, args.out / args.name / "_source", args.test_frac, args.split_seed)
+        args.split_from = args.name  # its own query file is no decontamination set for its train queries
     seeds = args.seeds
     arms = select_arms(args.arms)
     if args.llm_run is None:

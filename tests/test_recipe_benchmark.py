@@ -243,3 +243,26 @@ def test_one_labelled_query_set_is_split_into_train_and_test_by_query(tmp_path):
     assert (info["train_queries"], info["dev_queries"], info["test_queries"]) == (45, 14, 15)
     with pytest.raises(SystemExit, match="holds out 3 of 60"):
         mod.split_one_set(root, tmp_path / "d", 0.05, 0)
+
+
+def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tmp_path):
+    """--test-frac splits one query file by query: the pipeline arms decontaminate against every
+    default evaluation set but that dataset's own (which holds the train queries as well), and an
+    arm's own [score] lines still apply; without the flag the default ("auto") stays."""
+    from negsynth.pipeline.config_io import load_config
+
+    mod = load_script()
+    args = argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128, split_from="cranfield")
+    cfgs = {}
+    for arm in ("ns-pipeline", "ns-pipeline-noeasy", "ns-pipeline-wide", "ns-pipeline-gc8"):
+        toml = tmp_path / f"{arm}.toml"
+        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 0, mod.PIPELINE_ARMS[arm]))
+        cfgs[arm] = load_config(toml)
+    for arm, cfg in cfgs.items():
+        sets = cfg.score.decontam_sets
+        assert isinstance(sets, list) and "cranfield" not in sets and {"scifact", "stsb"} <= set(sets), (arm, sets)
+    assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
+    assert cfgs["ns-pipeline-gc8"].train.mini_batch_size == 8
+    plain = tmp_path / "plain.toml"
+    plain.write_text(mod.pipeline_toml(tmp_path / "data", argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128), 0))
+    assert load_config(plain).score.decontam_sets == "auto"
