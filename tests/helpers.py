@@ -160,7 +160,9 @@ def start_local_ray(num_cpus: int = 2) -> None:
     (a second timeout fails the test)."""
     import ray
 
-    kw = {"num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    # "local": a node of its own even when another job on this machine started one (Ray's default
+    # joins the cluster started last, e.g. a concurrent test run's)
+    kw = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     try:
         ray.init(**kw)
     except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
@@ -168,3 +170,24 @@ def start_local_ray(num_cpus: int = 2) -> None:
             raise
         ray.shutdown()
         ray.init(**kw)
+
+
+def own_processes(pattern: str) -> list[int]:
+    """The pids matching ``pgrep -f pattern`` that descend from this process (a Ray node this test
+    started: its raylet is our child, its workers the raylet's), so a kill test never touches
+    another job's workers on the same machine."""
+    import os
+    import subprocess
+
+    def ancestors(pid: int):
+        while pid > 1:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent pid
+            except (OSError, ValueError, IndexError):
+                return
+            yield pid
+
+    me = os.getpid()
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found if me in ancestors(int(p))]

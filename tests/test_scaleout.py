@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid, sts_reasked_once
-from helpers import brainstormed_once, generate_command, generate_files, reference_run, request_bodies, start_local_ray, write_run_config
+from helpers import (
+    brainstormed_once,
+    generate_command,
+    generate_files,
+    own_processes,
+    reference_run,
+    request_bodies,
+    start_local_ray,
+    write_run_config,
+)
 from typer.testing import CliRunner
 
 from negsynth.cli import EXIT_BUDGET, app
@@ -215,7 +224,7 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, rd, referenc
             deadline = time.monotonic() + 60
             while killed is None and time.monotonic() < deadline:
                 if len(srv.requests) >= 4:  # both workers are sending
-                    pids = subprocess.run(["pgrep", "-f", "ray::_worker"], capture_output=True, text=True).stdout.split()
+                    pids = own_processes("ray::_worker")
                     if pids:
                         killed = int(pids[0])
                         os.kill(killed, signal.SIGKILL)

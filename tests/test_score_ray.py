@@ -132,12 +132,13 @@ def _kill_loop(stop, killed, once: bool, gate: str = "") -> None:
     file ``gate``, when given, is made before the first kill."""
     import os
     import signal
-    import subprocess
     import time
+
+    from helpers import own_processes
 
     deadline = time.monotonic() + 120
     while not stop.is_set() and time.monotonic() < deadline and not (once and killed):
-        pids = subprocess.run(["pgrep", "-f", "ray::_EmbedWorker.encode_part"], capture_output=True, text=True).stdout.split()
+        pids = own_processes("ray::_EmbedWorker.encode_part")
         for pid in pids[:1] if once else pids:
             if gate:
                 Path(gate).touch()
@@ -328,3 +329,15 @@ def test_minilm_score_and_run_on_two_ray_workers_equal_one_process(tmp_path, ray
             assert (
                 abs(a["cos_pos"] - b["cos_pos"]) < 1e-5 and max(abs(x - y) for x, y in zip(a["cos_neg"], b["cos_neg"], strict=True)) < 1e-5
             )
+
+
+def test_without_an_address_ray_starts_a_node_of_its_own(monkeypatch):
+    """--ray-address, else $RAY_ADDRESS, else "local": Ray's own default (None) would join the
+    cluster started last on this machine, e.g. another job's."""
+    from negsynth.pipeline.ray_executor import ray_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(None) == "local"
+    assert ray_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    assert ray_address(None) == "head:6379" and ray_address("other:1") == "other:1"

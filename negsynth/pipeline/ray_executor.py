@@ -181,11 +181,18 @@ def _ray():
 
 
 def _connect(address: str | None):
-    """Ray, initialised (``address``, else ``$RAY_ADDRESS``, else a local node)."""
+    """Ray, initialised (``address``, else ``$RAY_ADDRESS``, else a new local node)."""
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address=ray_address(address), include_dashboard=False, log_to_driver=False, configure_logging=False)
     return ray
+
+
+def ray_address(address: str | None) -> str:
+    """``address``, else ``$RAY_ADDRESS``, else ``"local"``: a new local node. (Ray's own default,
+    None, would join whichever cluster was started last on this machine — another user's or another
+    job's — which ``--ray-address`` does not promise.)"""
+    return address or os.environ.get("RAY_ADDRESS") or "local"
 
 
 def _raise_cause(e: Exception):
@@ -682,7 +689,7 @@ def run_on_ray(
         # stage's cache (an --overwrite builds beside the old outputs: each worker does it then)
         with ray_embedding(ctx, workers=workers, address=address, nodes=embedded):
             stage.prepare(ctx)
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(address)
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
     with stage_endpoint(stage, ctx, start_llm) as url:
