@@ -89,6 +89,35 @@ class LocalDealer:
             yield encode_batches_part(self.model, p, batch_size)
 
 
+def close(a, b, tol: float = 1e-5) -> bool:
+    """Equal JSON values, floats within ``tol`` (the tolerance docs/reliability.md promises for
+    stored scores across processes: another thread count or batch shape rounds differently)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= tol
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    return a == b
+
+
+def same_outputs(mine: dict[str, bytes], theirs: dict[str, bytes]) -> bool:
+    """The same files, the same records in the same order, every float within the tolerance."""
+    if mine.keys() != theirs.keys():
+        return False
+
+    def rows(b: bytes):
+        try:
+            return [json.loads(x) for x in b.decode().splitlines() if x.strip()]
+        except ValueError:  # not JSON lines: one JSON document (mining's cache), else the bytes
+            try:
+                return json.loads(b)
+            except ValueError:
+                return b
+
+    return all(close(rows(mine[k]), rows(theirs[k])) for k in mine)
+
+
 def stand_in(model, workers: int = 3) -> RaySentenceModel:
     info = {"base_model": model.model_card_data.base_model, "similarity_fn_name": model.similarity_fn_name, "flatten": False}
     return RaySentenceModel(LocalDealer(model, workers), info)
@@ -237,7 +266,7 @@ def test_llm_regenerate_with_mining_mines_once_on_the_workers_then_runs_shard_wo
     out = json.loads(r.stdout)
     assert out["executor"] == "ray" and out["num_shards"] == 2 and len(out["embedding_nodes"]) == 2 and out["valid"] == 5
     one = outputs(tmp_path / "one")
-    assert outputs(tmp_path / "ray") == one and any(k.startswith("_mined") for k in one)
+    assert same_outputs(outputs(tmp_path / "ray"), one) and any(k.startswith("_mined") for k in one)
     assert all(len(x["mined_negatives"]) == 3 for x in read_stage(tmp_path / "ray" / "regenerate"))
 
 
@@ -258,11 +287,11 @@ def test_corpus_index_on_two_ray_workers_equals_one_process(tmp_path, ray_node, 
     out = json.loads(r.stdout)
     assert out["executor"] == "ray" and len(out["ray_nodes"]) == 2 and out["round_trip"]["queries"] == 12
     one, ray = outputs(tmp_path / "one", "corpus"), outputs(tmp_path / "ray", "corpus")
-    assert ray == one and one
+    assert same_outputs(ray, one) and one
     vecs = [
         np.load(p) for d in ("one", "ray") for p in sorted((tmp_path / d / "corpus" / "_index").glob("*.npy")) if ".texts" not in p.name
     ]
-    assert len(vecs) == 2 and np.array_equal(vecs[0], vecs[1])
+    assert len(vecs) == 2 and np.allclose(vecs[0], vecs[1], atol=1e-5)
 
 
 @pytest.mark.slow
