@@ -146,23 +146,15 @@ def main() -> None:
               f"{med['local'] / med[k]:9.2f} {str(same[k]):>15s}")  # fmt: skip
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {load_end}; {os.cpu_count()} CPUs")
     if a.json_out:
-        a.json_out.write_text(
-            json.dumps(
-                {
-                    "args": {k: str(v) for k, v in vars(a).items()},
-                    "docs": len(corpus),
-                    "queries": len(queries),
-                    "start_s": start_s,
-                    "median_s": med,
-                    "runs": runs,
-                    "same_negatives": same,
-                    "load_start": load_start,
-                    "load_end": load_end,
-                    "affinity": affinity,
-                    "torch_threads": torch.get_num_threads(),
-                },
-                indent=1,
-            )  # fmt: skip
+        from _record import write_record
+
+        write_record(
+            a.json_out,
+            a,
+            {"docs": len(corpus), "queries": len(queries), "start_s": start_s, "median_s": med, "runs": runs, "same_negatives": same},
+            load_start=load_start,
+            load_end=load_end,
+            affinity=affinity,
         )
 
 

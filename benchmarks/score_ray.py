@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
 import sys
@@ -125,21 +124,15 @@ def main() -> None:
         print(f"{k:8s} {start_s[k]:8.1f} {med[k]:9.2f} {texts / med[k]:8.0f} {med['local'] / med[k]:9.2f}")
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {load_end}; {os.cpu_count()} CPUs")
     if a.json_out:
-        a.json_out.write_text(
-            json.dumps(
-                {
-                    "args": {k: str(v) for k, v in vars(a).items()},
-                    "texts": texts,
-                    "start_s": start_s,
-                    "median_s": med,
-                    "runs": runs,
-                    "load_start": load_start,
-                    "load_end": load_end,
-                    "affinity": affinity,
-                    "torch_threads": torch.get_num_threads(),
-                },
-                indent=1,
-            )  # fmt: skip
+        from _record import write_record
+
+        write_record(
+            a.json_out,
+            a,
+            {"texts": texts, "start_s": start_s, "median_s": med, "runs": runs},
+            load_start=load_start,
+            load_end=load_end,
+            affinity=affinity,
         )
 
 
