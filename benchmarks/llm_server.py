@@ -124,12 +124,12 @@ def post_all(base_url: str, bodies: list[dict], concurrency: int) -> tuple[float
     return time.perf_counter() - t0, res
 
 
-def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path, slots: int | None = None) -> dict:
+def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path, slots: int | None = None, threads: int | None = None) -> dict:
     from negsynth.llm.server import EmbeddedServer, _free_port
     from negsynth.schemas.config import ServeConfig
 
     log.unlink(missing_ok=True)
-    cfg = ServeConfig(engine=engine, port=_free_port("127.0.0.1"), n_ctx=4096, startup_timeout=300)
+    cfg = ServeConfig(engine=engine, port=_free_port("127.0.0.1"), n_ctx=4096, startup_timeout=300, n_threads=threads)
     srv = EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=log, slots=slots or concurrency)
     with srv:
         # warm-up (page the model in), not counted; a prompt of its own, so that no measured request
@@ -259,7 +259,8 @@ def main() -> None:
         "--arms",
         default="python-server,llama-server,in-process",
         help="comma-separated; ENGINE@C runs a server arm at concurrency C (llama-server: C slots), e.g. llama-server@4; "
-        "ENGINE@S/C: S slots, C requests in flight (llama-server@1/2: one slot, requests queued in arrival order)",
+        "ENGINE@S/C: S slots, C requests in flight (llama-server@1/2: one slot, requests queued in arrival order); "
+        "a suffix :tN fixes the threads (serve.n_threads = N) instead of choosing them from the load, e.g. llama-server@1/2:t2",
     )
     ap.add_argument("--ref-threads", type=int, default=None, help="threads of the in-process reference (default: what llama-server chose)")
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes running throughout (started --busy-warmup s before)")
@@ -299,10 +300,12 @@ def main() -> None:
             for rep in range(a.repeats):
                 for arm in arms:
                     la = os.getloadavg()[0]
-                    if arm == "in-process":
-                        r = run_reference(bodies_path, a.ref_threads or choose_threads())
+                    name, _, tn = arm.partition(":t")
+                    threads = int(tn) if tn else None
+                    if name == "in-process":
+                        r = run_reference(bodies_path, threads or a.ref_threads or choose_threads())
                     else:  # "ENGINE@C": this arm at concurrency (and slots) C; "ENGINE@S/C": S slots, C in flight
-                        engine, _, spec = arm.partition("@")
+                        engine, _, spec = name.partition("@")
                         slots, _, conc = spec.partition("/")
                         r = run_server(
                             "llama-cpp-python" if engine == "python-server" else "llama-server",
@@ -310,6 +313,7 @@ def main() -> None:
                             int(conc or slots) if spec else a.concurrency,
                             tmp / f"{arm.replace('/', 'x')}.log",
                             slots=int(slots) if spec else None,
+                            threads=threads,
                         )
                     r["load"] = la
                     runs[arm].append(r)

@@ -12,7 +12,8 @@
                       slot keeps its last prompt, so the shared system prompt + worked example is
                       evaluated once per slot, not once per request), ``--poll 0`` (idle threads
                       sleep instead of spinning on a core another process needs) and
-                      ``--threads`` = the cores free when it starts (:func:`choose_threads`).
+                      ``--threads`` = the cores free when it starts (:func:`choose_threads`, measured over
+                      one second).
 ``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
 
 ``"auto"`` (the default) takes llama-server when the binary is found, else the Python server.
@@ -95,25 +96,58 @@ REPEAT_PENALTY = 1.1
 CACHE_RAM_MIB = 256
 
 
+def _cpu_times(stat: str, cpus: set[int]) -> tuple[int, int]:
+    """(all ticks, idle + iowait ticks) summed over the ``cpuN`` lines of ``/proc/stat`` in ``cpus``."""
+    total = idle = 0
+    for line in stat.splitlines():
+        name, *vals = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(v) for v in vals[:8]]  # user .. steal; guest time is already in user
+        total += sum(ticks)
+        idle += ticks[3] + ticks[4]
+    return total, idle
+
+
+def busy_cores(cpus: set[int], window: float = 1.0) -> float:
+    """How many of ``cpus`` are busy now: their non-idle share of ``/proc/stat``'s ticks over
+    ``window`` seconds. Where ``/proc/stat`` is missing (macOS), the one-minute load average.
+
+    Not the load average first: it trails the machine by a minute, so right after a compile
+    (``scripts/setup.sh`` builds llama-server just before README command 1 starts the demo) an idle
+    2-core machine still reads ~2 and would get one thread."""
+    try:
+        t0, i0 = _cpu_times(Path("/proc/stat").read_text(), cpus)
+        time.sleep(window)
+        t1, i1 = _cpu_times(Path("/proc/stat").read_text(), cpus)
+    except (OSError, ValueError, IndexError):
+        t0 = t1 = 0
+    if t1 > t0:
+        return len(cpus) * (1.0 - (i1 - i0) / (t1 - t0))
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
     """Compute threads for the server: ``serve.n_threads`` when set, else the cores free now.
 
-    Free = the CPUs this process may run on (``os.sched_getaffinity``) minus the one-minute load
-    average, rounded; at least 1. On a shared machine a thread on a core another process keeps
-    busy stalls every step of the others (llama.cpp waits for its slowest thread), so fewer
-    threads on free cores beat more threads on busy ones."""
+    Free = the CPUs this process may run on (``os.sched_getaffinity``) minus the busy ones
+    (``load``; measured over one second by :func:`busy_cores` when not given), rounded; at least 1.
+    On a shared machine a thread on a core another process keeps busy stalls every step of the
+    others (llama.cpp waits for its slowest thread), so fewer threads on free cores beat more
+    threads on busy ones."""
     if n_threads:
         return n_threads
+    try:
+        mine = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = set(range(os.cpu_count() or 1))
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+        cpus = len(mine)
     if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            load = 0.0
+        load = busy_cores(mine)
     return max(1, min(cpus, cpus - int(load + 0.5)))
 
 
