@@ -588,9 +588,14 @@ def evaluate(
             help="torch (default) | auto | onnx | onnx-int8 | openvino (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
         ),
     ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="score every task again instead of reusing a model's stored results (evaluate.cache)")
+    ] = False,
 ) -> None:
     """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
     sets = [f"evaluate.suite='{suite}'"] if suite else []
+    if no_cache:
+        sets.append("evaluate.cache=false")
     if engine:
         sets.append(f"evaluate.engine='{engine}'")
     if backend:

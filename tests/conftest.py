@@ -13,6 +13,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+@pytest.fixture(autouse=True)
+def cold_evaluation_cache(tmp_path_factory, monkeypatch):
+    """Every test starts with an empty evaluation results cache of its own (its subprocesses
+    too), so no test sees a result another test (or an earlier run) scored."""
+    monkeypatch.setenv("NEGSYNTH_EVAL_CACHE_DIR", str(tmp_path_factory.mktemp("eval-cache")))
+
+
 @pytest.fixture
 def fake_server():
     """Start a FakeOpenAI with the given responder: ``with fake_server(responder) as srv``."""

@@ -27,6 +27,11 @@ class Embedder(ABC):
             return self.query_template.format(instruction=instruction.strip(), text=text)
         return text
 
+    def identity(self) -> dict | None:
+        """What its vectors depend on, for caching results scored with it (the model's files by
+        content, how it encodes); None: never cached (the default, e.g. an in-memory model)."""
+        return None
+
     def encode_queries(self, texts: Sequence[str], instruction: str | Sequence[str] | None = None, **kw) -> np.ndarray:
         if instruction is None or isinstance(instruction, str):
             formatted = [self.format_query(t, instruction) for t in texts]

@@ -14,8 +14,11 @@ and :func:`negsynth.embed.embedder_for` turns the result into an embedder (evalu
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -121,3 +124,23 @@ def load_sentence_transformer(name: str = "default", *, device: str = "auto", ma
     if max_length:
         model.max_seq_length = max_length
     return model
+
+
+@cache
+def _folder_digest(path: str, state: tuple) -> str:
+    h = hashlib.sha256()
+    root = Path(path)
+    for rel, _size, _mtime in state:
+        h.update(rel.encode())
+        with open(root / rel, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_digest(path: str | os.PathLike) -> str:
+    """The content hash of a model folder (every file, by relative path): ~0.2 s for MiniLM's 90 MB,
+    once per process and folder state."""
+    root = Path(path)
+    state = tuple((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file())
+    return _folder_digest(str(root.resolve()), state)

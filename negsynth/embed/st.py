@@ -119,6 +119,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.pool = None
         #: the inference backend of the encoder (:mod:`negsynth.embed.backends`), set by :meth:`load`
         self.backend = "torch"
+        #: the local folder the model was loaded from (set by :meth:`load`): its files are the model's identity
+        self.source: str | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -179,6 +181,7 @@ class SentenceTransformerEmbedder(Embedder):
             text_format=load_text_format(path) if local else None,
         )
         emb.backend = backend
+        emb.source = path if local else None
         return emb
 
     @classmethod
@@ -194,6 +197,41 @@ class SentenceTransformerEmbedder(Embedder):
             instruct_queries=cfg.instruct_queries,
             backend=cfg.backend,
         )
+
+    def identity(self) -> dict | None:
+        """The model folder's content hash and every setting that changes a vector; None for a
+        model not loaded from a local folder (a hub name, an in-memory model)."""
+        if self.source is None:
+            return None
+        import sentence_transformers
+        import torch
+        import transformers
+
+        from negsynth.embed.models import model_digest
+
+        m = self.model
+        runtime = {}
+        mod = {"openvino": "openvino", "onnx": "onnxruntime", "onnx-int8": "onnxruntime"}.get(self.backend)
+        if mod is not None:
+            runtime[mod] = getattr(__import__(mod), "__version__", "?")
+        return {
+            "kind": "sentence-transformers",
+            "model": model_digest(self.source),
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            "max_seq_length": m.max_seq_length,
+            "device": str(m.device).split(":")[0],
+            "dtype": str(next(m.parameters()).dtype) if self.backend == "torch" else "float32",
+            "query_template": self.query_template,
+            "instruct_queries": self.instruct_queries,
+            "text_format": repr(self.text_format),
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "sentence_transformers": sentence_transformers.__version__,
+                **runtime,
+            },
+        }
 
     # ------------------------------------------------------------------ encoding
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.evaluate import cache as stored
 from negsynth.evaluate.encode import encode_texts, pair_labels
 from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TASKS_BY_NAME, TaskSpec, select_tasks
 
@@ -172,6 +173,7 @@ def evaluate(
     announce: bool = True,
     engine: str = "negsynth",
     per_query: bool = False,
+    results_cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
 
@@ -194,6 +196,10 @@ def evaluate(
     ``tasks`` may hold :class:`TaskSpec` objects too, e.g. a BEIR folder given by path
     (:func:`~negsynth.evaluate.suite.retrieval_task`). ``per_query``: retrieval tasks also carry
     ``"per_query": {query id: nDCG@10}`` (for :func:`negsynth.evaluate.stats.paired_test`).
+
+    ``results_cache``: a folder (e.g. :func:`negsynth.evaluate.cache.default_folder`) where each
+    task scored for an embedder with an :meth:`~negsynth.embed.base.Embedder.identity` is kept and
+    looked up first (:mod:`negsynth.evaluate.cache`); a task taken from it carries ``"cached": true``.
     """
     hub_names: list[str] = []
     if engine == "mteb":
@@ -226,6 +232,7 @@ def evaluate(
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     cache: dict = {}
+    identity = embedder.identity() if results_cache is not None and hasattr(embedder, "identity") else None
     if engine == "mteb":
         from negsynth.evaluate.mteb_engine import LOCAL_CATEGORIES, evaluate_mteb, is_mteb_task
 
@@ -248,6 +255,18 @@ def evaluate(
                 say(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})")
                 bar.update(advance=1, status="")
                 continue
+            key = None
+            if identity is not None:
+                files = [_task_file(data_dir, f) for f in spec.files]
+                key = stored.task_key(identity, spec, files, quick=quick, seed=seed, per_query=per_query)
+                hit = stored.load(Path(results_cache), key)
+                if hit is not None:
+                    results[spec.name] = hit
+                    say(
+                        f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)"
+                    )
+                    bar.update(advance=1, status="")
+                    continue
             bar.update(status=f"{spec.name} ({spec.category})")
             t0, c0 = time.perf_counter(), time.process_time()
             metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache, per_query)
@@ -268,6 +287,8 @@ def evaluate(
             }
             if pq is not None:
                 results[spec.name]["per_query"] = pq
+            if key is not None:
+                stored.store(Path(results_cache), key, results[spec.name])
             say(
                 f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
                 f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"

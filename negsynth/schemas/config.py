@@ -572,6 +572,10 @@ class EvaluateConfig(Section):
     # SciFact cut, 1.6x faster), else torch; or "onnx" / "onnx-int8" (int8 weights: faster, scores
     # drop) / "openvino" (see docs/benchmarks.md)
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "torch"
+    # keep each task's result per model (by the model files' content) and evaluation code under
+    # $NEGSYNTH_CACHE_DIR/eval, so the unchanged base model and a relaunch are not scored again
+    # (negsynth.evaluate.cache); false: score every task
+    cache: bool = True
 
 
 class RunConfig(Section):

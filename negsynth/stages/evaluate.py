@@ -30,6 +30,7 @@ def run(ctx: StageContext) -> dict:
     line saying how to get it; ``ctx.require_data`` (the ``evaluate`` command) then fails with
     exit 2, while ``negsynth run`` ends its pipeline with that line."""
     from negsynth.evaluate import EvalDataError, UnknownTask, evaluate, load_report, write_report
+    from negsynth.evaluate.cache import default_folder
     from negsynth.evaluate.mteb_engine import MtebUnavailable
 
     ec = ctx.cfg.evaluate
@@ -65,6 +66,7 @@ def run(ctx: StageContext) -> dict:
                 seed=ec.seed,
                 announce=not require_data,
                 engine=ec.engine,
+                results_cache=default_folder() if ec.cache else None,
             )
         except (EvalDataError, UnknownTask, MtebUnavailable) as e:
             raise UserError(str(e)) from None
