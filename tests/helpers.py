@@ -143,6 +143,19 @@ def write_sts12(data_dir: Path, rows=STS_ROWS) -> Path:
     return Path(data_dir)
 
 
+def write_beir(root: Path, qrels: str = "a\td1\nb\td2\nc\td1\n") -> Path:
+    """A three-document, three-query BEIR folder (``corpus.jsonl``, ``dev/queries.jsonl``,
+    ``dev/qrels.tsv`` with ``qrels`` as "query<TAB>doc" lines, score 1); returns its ``dev`` split."""
+    (root / "dev").mkdir(parents=True)
+    docs = {"d1": "rust borrow checker lifetimes", "d2": "python garbage collector reference counting", "d3": "tomato soup recipe"}
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
+    qs = {"a": "how does the borrow checker work", "b": "reference counting in python", "c": "soup with tomato"}
+    (root / "dev" / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in qs.items()))
+    rows = [line.split("\t") for line in qrels.strip().splitlines()]
+    (root / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in rows))
+    return root / "dev"
+
+
 def load_benchmark(name: str):
     """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call."""
     import importlib.util

@@ -80,16 +80,12 @@ def test_retrieval_graded_ndcg_mrr_recall():
 
 
 def test_evaluate_a_beir_folder_by_path_with_per_query_scores(tmp_path):
+    from helpers import write_beir
+
     from negsynth.evaluate.suite import retrieval_task
 
-    root = tmp_path / "mydomain"
-    (root / "dev").mkdir(parents=True)
-    docs = {"d1": "rust borrow checker lifetimes", "d2": "python garbage collector reference counting", "d3": "tomato soup recipe"}
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
-    qs = {"a": "how does the borrow checker work", "b": "reference counting in python", "c": "soup with tomato"}
-    (root / "dev" / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in qs.items()))
-    (root / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\na\td1\t1\nb\td2\t1\nc\td1\t1\n")
-    task = retrieval_task("mydomain-dev", root / "dev")
+    dev = write_beir(tmp_path / "mydomain")  # c's qrel is wrong on purpose (d1, not the soup)
+    task = retrieval_task("mydomain-dev", dev)
     rep = evaluate(HashBOW(), suite="full", data_dir=None, tasks=[task], progress=False, per_query=True)
     t = rep["tasks"]["mydomain-dev"]
     assert set(t["per_query"]) == {"a", "b", "c"} and t["n"] == 3

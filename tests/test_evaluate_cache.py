@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+from helpers import write_beir
 from test_evaluate import HashBOW
 
 from negsynth.evaluate import cache as stored
@@ -26,13 +27,7 @@ class Known(HashBOW):
 
 
 def beir(root):
-    (root / "dev").mkdir(parents=True)
-    docs = {"d1": "rust borrow checker lifetimes", "d2": "python garbage collector reference counting", "d3": "tomato soup recipe"}
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
-    qs = {"a": "how does the borrow checker work", "b": "reference counting in python", "c": "soup with tomato"}
-    (root / "dev" / "queries.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in qs.items()))
-    (root / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\na\td1\t1\nb\td2\t1\nc\td3\t1\n")
-    return retrieval_task("mydomain-dev", root / "dev")
+    return retrieval_task("mydomain-dev", write_beir(root, qrels="a\td1\nb\td2\nc\td3\n"))
 
 
 def run(emb, task, folder, **kw):
@@ -66,7 +61,7 @@ def test_changed_data_code_cut_or_per_query_score_again(tmp_path, monkeypatch):
     emb = Known()
     assert "per_query" in run(emb, task, folder, per_query=True) and emb.seen
     # a data file changed (here the qrels: c's relevant document moves, so the score drops)
-    (tmp_path / "dom" / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\na\td1\t1\nb\td2\t1\nc\td1\t1\n")
+    (tmp_path / "dom" / "dev" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\na\td1\t1\nb\td2\t1\nc\td1\t1\n")  # c: d3 -> d1
     emb = Known()
     changed = run(emb, task, folder)
     assert emb.seen and "cached" not in changed and changed["main_score"] < base["main_score"]
