@@ -65,6 +65,8 @@ def evaluate_cmd(run_dir: Path, model: Path, base: str, args, *, cache_dir: Path
     d = run_dir / "evaluate"
     scores = {}
     for name in ("baseline.json", "report.json"):
+        if not (d / name).is_file():  # no baseline asked for
+            continue
         rep = json.loads((d / name).read_text())
         scores[name] = {t: r["main_score"] for t, r in rep["tasks"].items()}
         scores[name + ":cached"] = sorted(t for t, r in rep["tasks"].items() if r.get("cached"))
