@@ -136,15 +136,15 @@ def _pending(folder: Path) -> Counter:
     """Items of unfinished shards whose requests failed at the transport level: not rejected,
     a rerun retries them (see :data:`negsynth.pipeline.runner.PENDING`)."""
     from negsynth.data.shards import iter_jsonl
-    from negsynth.pipeline.runner import PENDING
+    from negsynth.pipeline.runner import PENDING, rows_of
 
     out: Counter = Counter()
     for p in sorted(folder.glob("shard-*.jsonl.partial")):
-        last: dict[int, str] = {}
+        last: dict[int, list[str]] = {}  # item -> the reasons of its last line's rejects
         for row in iter_jsonl(p, tolerate_truncated_tail=True):
-            reason = str((row.get("r") or {}).get("reason", "")) if row.get("k") == "rej" else ""
-            last[row.get("i", -1)] = reason
-        out.update(r for r in last.values() if r.startswith(PENDING))
+            rows = rows_of(row.get("k", ""), row.get("r") or {})
+            last[row.get("i", -1)] = [str(r.get("reason", "")) for k, r in rows if k == "rej"]
+        out.update(r for reasons in last.values() for r in reasons if r.startswith(PENDING))
     return out
 
 

@@ -1,12 +1,14 @@
 """The one shape of an LLM stage, and its plumbing: endpoint, client, cache, budgets, stats.
 
-A stage supplies only what it knows: the items it plans and ``process(client, item) ->
-Outcome`` (:func:`run_item_stage`; generate, regenerate, corpus), or, where its answers depend on
-each other, the loop that writes its one shard (:func:`run_single_shard_stage`; brainstorm's
-rounds per task type until enough distinct tasks are in hand). The rest is done here, once, the
-same for all of them: the manifest entry from the fingerprint ``run_stage`` computed (and
-checked against the manifest, before the loop), the LLM session (key, endpoint and cache checked
-before anything is written, then the entry recorded or the ``--overwrite`` staging begun), the
+Every LLM stage (brainstorm, generate, regenerate, corpus) supplies only what it knows, to
+:func:`run_item_stage`: the items it plans, ``process(client, item) -> Outcome`` and its extra
+stats. An item may give one record or reject (an example) or several (brainstorm: one task type,
+asked in rounds until enough distinct tasks are in hand, gives its tasks and rejects at once); a
+stage whose outputs are all or nothing (brainstorm) keeps them in one shard and judges them with
+its own verdict. The rest is done here, once, the same for all of them: the manifest entry from
+the fingerprint ``run_stage`` computed (and checked against the manifest, before the loop), the
+LLM session (key, endpoint and cache checked before anything is written, then the entry recorded
+or the ``--overwrite`` staging begun), the resumable shards (:class:`ShardedRunner`), the
 concurrency, budgets and outage handling, the stats and the swap of an ``--overwrite``.
 """
 
@@ -23,7 +25,7 @@ from negsynth.aio import run_sync
 from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache
-from negsynth.llm.client import BudgetStop, ClientStats, LLMClient, LLMFatalError, OutageStop, resolve_api_key
+from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
 from negsynth.pipeline.context import SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
@@ -218,6 +220,8 @@ def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> 
 
 
 Process = Callable[[LLMClient | None, WorkItem], Awaitable[Outcome]]
+#: a stage's own verdict on all of its rows once every item is done: None, or why it failed
+Verdict = Callable[[RunReport, list[tuple[str, dict]]], "str | None"]
 
 
 def run_item_stage(
@@ -228,45 +232,35 @@ def run_item_stage(
     *,
     llm: bool = True,
     extra: Callable[[], dict] | dict | None = None,
+    one_shard: bool = False,
+    verdict: Verdict | None = None,
+    fixed: int = 0,
 ) -> dict:
     """Run an item stage: ``process(client, item) -> Outcome`` over ``items`` into the stage's
     resumable shards (:func:`run_items`), then its stats with ``extra`` (a dict, or a function
     called once the items are done); returns the stats (``run_stage`` writes them). With ``llm``
-    False the items need no LLM (mined negatives): the same shards, resume and stats, no session."""
+    False the items need no LLM (mined negatives): the same shards, resume and stats, no session.
+
+    A stage whose outputs are all or nothing (brainstorm) passes ``one_shard`` (every item in one
+    shard, not split into workers), its ``verdict`` (see :class:`ShardedRunner`; the shard is
+    finished only when it passes) and ``fixed``, how many of its valid records need no request
+    (brainstorm's fixed STS task: they do not hide that every request failed alike)."""
     entry = stage_entry(ctx, stage, len(items))
-    rep, client = run_items(ctx, stage.name, items, process, entry=entry, llm=llm)
+    rep, client = run_items(ctx, stage.name, items, process, entry=entry, llm=llm, one_shard=one_shard, verdict=verdict, fixed=fixed)
     return finish_stage(ctx, stage.name, entry, rep, client, extra() if callable(extra) else extra)
 
 
-def run_single_shard_stage(ctx: StageContext, stage: Stage, body: Callable[[LLMClient], Awaitable[tuple[RunReport, dict | None]]]) -> dict:
-    """Run a stage whose loop writes its one shard itself: ``body(client) -> (report, extra
-    stats)`` inside the stage's LLM session. A budget stop or an outage ends the loop with nothing
-    written (the request cache keeps every answer for the rerun); returns the stats."""
-    t0 = time.monotonic()
-    entry = stage_entry(ctx, stage)
-
-    async def main() -> tuple[RunReport, LLMClient, dict | None]:
-        async with llm_session(ctx, stage=stage.name, entry=entry) as client:
-            try:
-                rep, extra = await body(client)
-            except BudgetStop as e:
-                rep, extra = RunReport(stage=stage.name), None
-                if isinstance(e, OutageStop) and e.fatal:
-                    rep.failed = f"{stage.name}: {e.reason}"
-                elif isinstance(e, OutageStop):
-                    rep.outage = e.reason
-                else:
-                    rep.stopped_by = e.reason
-            return rep, client, extra
-
-    rep, client, extra = run_sync(main())
-    rep.shards_total = 1
-    rep.wall_time_s = time.monotonic() - t0
-    return finish_stage(ctx, stage.name, entry, rep, client, extra)
-
-
 def run_items(
-    ctx: StageContext, stage: str, items: list[WorkItem], process: Process, *, entry: dict[str, Any], llm: bool = True
+    ctx: StageContext,
+    stage: str,
+    items: list[WorkItem],
+    process: Process,
+    *,
+    entry: dict[str, Any],
+    llm: bool = True,
+    one_shard: bool = False,
+    verdict: Verdict | None = None,
+    fixed: int = 0,
 ) -> tuple[RunReport, LLMClient | None]:
     """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
     with the stage's LLM session, concurrency and budget; returns the report and the client.
@@ -275,24 +269,25 @@ def run_items(
     relaunch of a finished stage needs no server, key or cache: it only re-reads the shards'
     stats."""
 
+    def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
+        return ShardedRunner(ctx, stage, concurrency=concurrency, one_shard=one_shard, verdict=verdict, **kw)
+
     async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
         raise AssertionError(it)
 
     async def main() -> tuple[RunReport, LLMClient | None]:
-        if not ctx.overwrite and not ShardedRunner(ctx, stage, concurrency=1).has_work(len(items)):
-            return await ShardedRunner(ctx, stage, concurrency=1).run(items, finished, description=stage), None
+        if not ctx.overwrite and not runner().has_work(len(items)):
+            return await runner().run(items, finished, description=stage), None
         if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
             prepare_outputs(ctx, stage, entry)
-            return await ShardedRunner(ctx, stage, concurrency=1).run(items, lambda it: process(None, it), description=stage), None
+            return await runner().run(items, lambda it: process(None, it), description=stage), None
         async with llm_session(ctx, stage=stage, entry=entry) as client:
             if client.cache is not None and client.transport is None:
                 # the runner writes an item to its partial shard as soon as its last answer is in
                 # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
                 client.cache.commit_window = 0.05
-            runner = ShardedRunner(
-                ctx, stage, concurrency=stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), settle=client.settle
-            )
-            rep = await runner.run(items, lambda it: process(client, it), description=stage)
+            run = runner(stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), settle=client.settle)
+            rep = await run.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
                 # the breaker tripped while the last items were already in flight: every item was
                 # tried, but this is still an outage (the same message as a stop mid-run)
@@ -300,19 +295,20 @@ def run_items(
                     rep.failed = f"{stage}: {client.outage}"
                 else:
                     rep.outage = client.outage
-            all_failed_the_same_way(stage, rep, client)
+            all_failed_the_same_way(stage, rep, client, fixed=fixed)
             return rep, client
 
     return run_sync(main())
 
 
-def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None) -> None:
+def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None, *, fixed: int = 0) -> None:
     """Every item of a stage too small to trip ``llm.max_consecutive_failures`` failed for one
     reason that is a setting to fix (the server answers, but not with chat completions): the
-    stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending."""
+    stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending.
+    ``fixed`` valid records need no request (brainstorm's fixed STS task): they do not count."""
     from negsynth.llm.client import FATAL_KINDS, outage_message
 
-    if client is None or rep.failed or rep.outage or not rep.pending or rep.valid or rep.rejected:
+    if client is None or rep.failed or rep.outage or not rep.pending or rep.valid > fixed or rep.rejected:
         return
     kinds = set(rep.pending_reasons)
     if len(kinds) != 1 or next(iter(kinds)) not in FATAL_KINDS:

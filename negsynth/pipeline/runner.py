@@ -6,6 +6,12 @@ is in progress each finished item is appended to ``shard-XXXXX.jsonl.partial``; 
 items are done the shard is written sorted by item index (temp file + rename) and the partial
 removed. A rerun skips finished shards and the items found in partial files, so a killed run
 resumes without repeating work; the LLM request cache covers the requests of unfinished items.
+
+An item usually gives one record or one reject. One that gives several (brainstorm: one task
+type's tasks and rejects, from rounds of list requests) is one line of the partial file all the
+same, so a kill never leaves half an item; its shard lists its records, then its rejects, in item
+order. A stage whose outputs are all or nothing (``one_shard``, with its own ``verdict``) keeps
+its one shard unfinished until the verdict on all of its items passed.
 """
 
 from __future__ import annotations
@@ -64,13 +70,47 @@ class WorkItem:
     payload: dict[str, Any]
 
 
+#: the partial-file kind of an item that gave several rows (:attr:`Outcome.records` / ``rejects``)
+MANY = "many"
+
+
 @dataclass
 class Outcome:
-    """Exactly one of ``record`` / ``reject`` is set. ``usage`` = (prompt, completion, requests)."""
+    """What one item gave: exactly one of ``record`` / ``reject`` (a row's ``usage`` is what its
+    requests cost), or, for an item that gives several rows, ``records`` and ``rejects`` with
+    ``usage``, what all of the item's requests cost (its rows' own ``usage`` is not summed).
+
+    An item holding a reject that failed at the transport level (:data:`PENDING`) is pending as
+    a whole: only those rejects are counted (as pending), and a rerun does the item again."""
 
     record: dict | None = None
     reject: dict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    records: list[dict] | None = None
+    rejects: list[dict] | None = None
+    usage: dict[str, int] | None = None
+
+    def entry(self) -> tuple[str, dict]:
+        """(kind, row) as the partial file and the runner keep it."""
+        if self.records is not None or self.rejects is not None:
+            return MANY, {"ok": list(self.records or []), "rej": list(self.rejects or []), "usage": dict(self.usage or {})}
+        return ("ok", self.record) if self.record is not None else ("rej", self.reject)
+
+    @property
+    def pending(self) -> bool:
+        return failed_with(*self.entry(), PENDING)
+
+
+def rows_of(kind: str, row: dict) -> list[tuple[str, dict]]:
+    """The (kind, row) pairs one item gave: itself, or the records then rejects of a ``MANY`` item."""
+    if kind == MANY:
+        return [("ok", r) for r in row["ok"]] + [("rej", r) for r in row["rej"]]
+    return [(kind, row)]
+
+
+def failed_with(kind: str, row: dict, prefixes: tuple[str, ...]) -> bool:
+    """Whether one of the item's rejects has a reason starting with one of ``prefixes``."""
+    return any(k == "rej" and str(r.get("reason", "")).startswith(prefixes) for k, r in rows_of(kind, row))
 
 
 @dataclass
@@ -93,6 +133,21 @@ class RunReport:
     details: dict[str, str] = field(default_factory=dict)  # reason -> the first detail seen
 
     def count(self, kind: str, row: dict) -> None:
+        """Count one item: its row, or the rows of a ``MANY`` item and its usage (a pending one:
+        its transport failures only)."""
+        if kind == MANY:
+            if failed_with(kind, row, PENDING):
+                for k, r in rows_of(kind, row):
+                    if k == "rej" and str(r.get("reason", "")).startswith(PENDING):
+                        self._count(k, r)
+                return
+            for k, r in rows_of(kind, row):
+                self._count(k, r, usage=False)
+            self.usage.update(row.get("usage") or {})
+            return
+        self._count(kind, row)
+
+    def _count(self, kind: str, row: dict, *, usage: bool = True) -> None:
         if kind == "rej" and str(row.get("reason", "")).startswith(PENDING):
             self.pending += 1
             self.pending_reasons[row["reason"]] += 1
@@ -105,7 +160,8 @@ class RunReport:
         else:
             self.rejected += 1
             self.reasons[row["reason"]] += 1
-        self.usage.update(row.get("usage") or {})
+        if usage:
+            self.usage.update(row.get("usage") or {})
 
     def add_shard(self, st: dict) -> None:
         self.items += st.get("items", 0)
@@ -131,6 +187,8 @@ class ShardedRunner:
         concurrency: int,
         budget_check: Callable[[], str | None] | None = None,
         settle: Callable[[int], Awaitable[bool]] | None = None,
+        one_shard: bool = False,
+        verdict: Callable[[RunReport, list[tuple[str, dict]]], str | None] | None = None,
     ):
         self.ctx = ctx
         self.stage = stage
@@ -141,6 +199,18 @@ class ShardedRunner:
         #: send them again (the server came back after an outage), False to leave them pending
         self.settle = settle
         self.shard_size = ctx.cfg.pipeline.shard_size
+        #: all items in one shard, whoever runs the stage (brainstorm): no split into workers
+        self.one_shard = one_shard
+        #: the stage's own verdict on all of its rows (in item order) once every item is done,
+        #: instead of :func:`failure_message`: None, or why it failed. Its shards wait for it
+        #: (finished only when it passes), so a failed stage leaves no finished shard.
+        self.verdict = verdict
+
+    def _mine(self, n_items: int) -> list[int]:
+        if self.one_shard:
+            self.shard_size = max(1, n_items)
+            return shard_assignment(n_items, self.shard_size, 1, 0)
+        return shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
 
     def _partial(self, s: int) -> Path:
         return self.dir / (shard_name(s) + ".partial")
@@ -156,16 +226,17 @@ class ShardedRunner:
 
     def _finalize_shard(self, s: int, rows: dict[int, tuple[str, dict]]) -> dict:
         ordered = [rows[i] for i in sorted(rows)]
-        records = [r for kind, r in ordered if kind == "ok"]
-        rejects = [r for kind, r in ordered if kind == "rej"]
+        flat = [kr for kind, r in ordered for kr in rows_of(kind, r)]
+        records = [r for kind, r in flat if kind == "ok"]
+        rejects = [r for kind, r in flat if kind == "rej"]
         write_jsonl(self.dir / "rejects" / shard_name(s), rejects)
         reasons = Counter(r["reason"] for r in rejects)
         usage: Counter = Counter()
-        for _, r in ordered:
+        for _, r in ordered:  # an item's usage: its row's, or a MANY item's own
             usage.update(r.get("usage") or {})
         stats = {
             "shard": s,
-            "items": len(ordered),
+            "items": len(flat),
             "valid": len(records),
             "rejected": len(rejects),
             "reasons": dict(reasons),
@@ -183,7 +254,7 @@ class ShardedRunner:
 
     def has_work(self, n_items: int) -> bool:
         """Whether a shard this worker owns is unfinished (a relaunch of a finished stage has none)."""
-        mine = shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
+        mine = self._mine(n_items)
         return not all(self._final(s).exists() for s in mine)
 
     async def run(
@@ -195,19 +266,21 @@ class ShardedRunner:
         except OSError as e:
             raise storage_error(e, self.dir) from None
         rep = RunReport(stage=self.stage)
-        mine = shard_assignment(len(items), self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
+        mine = self._mine(len(items))
         rep.shards_total = len(mine)
         todo: list[WorkItem] = []
         state: dict[int, dict[int, tuple[str, dict]]] = {}
         remaining: dict[int, int] = {}
         writers: dict[int, PartialWriter] = {}
-        deferred: set[int] = set()  # all items done, but holding an HTTP-level refusal: decided at the end
+        # all items done, but holding an HTTP-level refusal (or waiting for the stage's verdict): decided at the end
+        deferred: set[int] = set()
+        done_items = 0  # for the progress bar: items, not rows
 
         def shard_done(s: int) -> None:
             rows = state[s]
-            if any(k == "rej" and str(r.get("reason", "")).startswith(PENDING) for k, r in rows.values()):
+            if any(failed_with(k, r, PENDING) for k, r in rows.values()):
                 return  # items pending after a transport failure: the shard stays unfinished
-            if any(k == "rej" and str(r.get("reason", "")).startswith(HTTP_LEVEL) for k, r in rows.values()):
+            if self.verdict is not None or any(failed_with(k, r, HTTP_LEVEL) for k, r in rows.values()):
                 deferred.add(s)
                 return
             self._finalize(s, state.pop(s))
@@ -218,6 +291,7 @@ class ShardedRunner:
             if self._final(s).exists():
                 rep.shards_done += 1
                 rep.add_shard(self._shard_stats(s))
+                done_items += hi - lo
                 if self._partial(s).exists():  # killed between the final rename and the unlink
                     os.unlink(self._partial(s))
                 continue
@@ -226,7 +300,7 @@ class ShardedRunner:
                 for row in iter_jsonl(self._partial(s), tolerate_truncated_tail=True):
                     if not (lo <= row.get("i", -1) < hi):
                         continue
-                    if row["k"] == "rej" and str(row["r"].get("reason", "")).startswith(RETRY_ON_RESUME):
+                    if failed_with(row["k"], row["r"], RETRY_ON_RESUME):
                         done.pop(row["i"], None)  # the server failed, not the model: try it again
                         continue
                     done[row["i"]] = (row["k"], row["r"])
@@ -234,6 +308,7 @@ class ShardedRunner:
             remaining[s] = (hi - lo) - len(done)
             for kind, r in done.values():
                 rep.count(kind, r)
+            done_items += len(done)
             todo.extend(items[i] for i in range(lo, hi) if i not in done)
             if remaining[s] == 0:
                 shard_done(s)
@@ -244,7 +319,7 @@ class ShardedRunner:
         stop: dict[str, Any] = {"why": None, "outage": None}
 
         with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
-            bar.update(advance=rep.items, valid=rep.valid, rejected=rep.rejected)
+            bar.update(advance=done_items, valid=rep.valid, rejected=rep.rejected)
 
             async def worker() -> None:
                 while True:
@@ -265,14 +340,14 @@ class ShardedRunner:
                     except BudgetStop as e:  # the item stays unfinished: a rerun does it
                         stop["why"] = e.reason
                         return
-                    if self.settle is not None and out.record is None and str(out.reject.get("reason", "")).startswith(PENDING):
+                    if self.settle is not None and out.pending:
                         parked.append((it, out))  # decided after the pass: sent again, or pending
                         continue
                     record(it, out)
 
             def record(it: WorkItem, out: Outcome) -> None:
                 s = it.index // self.shard_size
-                kind, row = ("ok", out.record) if out.record is not None else ("rej", out.reject)
+                kind, row = out.entry()  # one line, whatever the item gave: a kill never leaves half of it
                 try:
                     w = writers.get(s)
                     if w is None:
@@ -311,7 +386,8 @@ class ShardedRunner:
         else:
             rep.outage = stop["outage"]
         if stop["outage"] is None and stop["why"] is None:
-            rep.failed = self._verdict(rep)
+            held = [kr for s in sorted(deferred) for i in sorted(state[s]) for kr in rows_of(*state[s][i])] if self.verdict else []
+            rep.failed = self._verdict(rep, held)
             if rep.failed is None:
                 for s in sorted(deferred):
                     self._finalize(s, state.pop(s))
@@ -320,19 +396,28 @@ class ShardedRunner:
         rep.wall_time_s = time.monotonic() - t0
         return rep
 
-    def _verdict(self, rep: RunReport) -> str | None:
-        """None, or why the stage failed as a whole: no valid output, or too many HTTP-level refusals."""
+    def _verdict(self, rep: RunReport, held: list[tuple[str, dict]]) -> str | None:
+        """None, or why the stage failed as a whole: no valid output, or too many HTTP-level
+        refusals; or the stage's own verdict on the rows of the shards waiting for it (none
+        waiting: the shards were finished, so it passed, when they were written)."""
         if rep.pending or rep.items == 0:
             return None
+        if self.verdict is not None:
+            return self.verdict(rep, held) if held else None
         return failure_message(self.stage, rep, self.ctx)
 
     def _shard_stats(self, s: int) -> dict:
         p = self.dir / "_shards" / f"{s:05d}.json"
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
+            st = json.loads(p.read_text(encoding="utf-8"))
         except (FileNotFoundError, json.JSONDecodeError):
             n = sum(1 for _ in iter_jsonl(self._final(s)))
             return {"items": n, "valid": n, "rejected": 0, "reasons": {}}
+        rejects = self.dir / "rejects" / shard_name(s)
+        if "reasons" not in st and st.get("rejected") and rejects.exists():
+            # a shard brainstorm finished before it ran on this runner counted only its rows
+            st["reasons"] = dict(Counter(r["reason"] for r in iter_jsonl(rejects)))
+        return st
 
     def finished_shards(self) -> list[Path]:
         return list_shards(self.dir)

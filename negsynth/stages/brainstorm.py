@@ -2,12 +2,16 @@
 
 In:  config ``[brainstorm]`` (types, how many tasks per type), ``[llm]``.
 Out: ``RUN_DIR/brainstorm/shard-00000.jsonl`` — :class:`~negsynth.schemas.records.Task` records
-     (deduplicated on normalised text), plus the fixed STS task; rejects (invalid, duplicate or
-     copied-from-the-example tasks, failed requests) in ``rejects/`` with reason and raw output.
+     (deduplicated on normalised text; types in config order, by id within a type), plus the
+     fixed STS task last; rejects (invalid, duplicate or copied-from-the-example tasks, failed
+     requests) in ``rejects/`` with reason and raw output, per type (by id within a type).
 
 Per type it asks for lists of ``tasks_per_request`` tasks, in rounds, until ``tasks_per_type``
 distinct tasks are in hand or ``max_requests_per_type`` lists were asked. Each list request has
-its own sample index, so the request cache makes a rerun free and identical.
+its own sample index, so the request cache makes a rerun free and identical. A type is one item
+of the shared LLM-stage shape (:func:`~negsynth.pipeline.llm_stage.run_item_stage`): the
+runner keeps the finished types of a killed or stopped run, and retries a type whose list
+request failed at the transport level.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from negsynth.data.shards import atomic_write_json, write_jsonl
+from negsynth.data.shards import iter_jsonl
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline.config_io import config_hash
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import all_failed_the_same_way, llm_stage_parts, run_single_shard_stage, summary_rows
-from negsynth.pipeline.runner import PENDING, RunReport, failure_message
+from negsynth.pipeline.llm_stage import llm_stage_parts, run_item_stage, summary_rows
+from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import BrainstormConfig
@@ -82,6 +86,8 @@ async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> Type
     seen: set[str] = set()
     asked = 0
     while len(out.tasks) < bc.tasks_per_type and asked < bc.max_requests_per_type:
+        if asked and client.cache is not None:
+            client.cache.flush()  # the answers this round depends on are on disk before it leaves
         need = bc.tasks_per_type - len(out.tasks)
         batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
         idx = list(range(asked, asked + batch))
@@ -147,76 +153,67 @@ async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> Type
     return out
 
 
-async def _brainstorm(ctx: StageContext, client: LLMClient) -> tuple[list[Task], list[Reject], RunReport]:
-    """Every task type at once (:func:`brainstorm_type`); the tasks in type order then by id, the
-    fixed STS task last, the rejects by id."""
-    bc = ctx.cfg.brainstorm
-    rep = RunReport(stage=NAME)
-    tasks: list[Task] = []
-    rejects: list[Reject] = []
-
-    with ctx.reporter.progress("brainstorm", len(bc.task_types)) as bar:
-
-        async def run_type(tt: str) -> None:
-            out = await brainstorm_type(ctx, client, tt)
-            tasks.extend(out.tasks)
-            rejects.extend(out.rejects)
-            rep.usage.update(out.usage)
-            bar.update(advance=1, valid=len(tasks), rejected=len(rejects))
-
-        done = await asyncio.gather(*(run_type(t) for t in bc.task_types), return_exceptions=True)
-        for r in done:
-            if isinstance(r, BaseException):
-                raise r
-    order = {t: i for i, t in enumerate(bc.task_types)}
-    tasks.sort(key=lambda t: (order[t.task_type], t.id))
+def _items(ctx: StageContext) -> list[WorkItem]:
+    """One item per task type, in config order, then the fixed STS task when generate makes STS examples."""
+    types = list(ctx.cfg.brainstorm.task_types)
+    items = [WorkItem(index=i, id=tt, payload={"task_type": tt}) for i, tt in enumerate(types)]
     if ctx.cfg.generate.ratio.get("sts", 0) > 0:
-        tasks.append(Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed"))
-    rejects.sort(key=lambda r: r.id)
-    return tasks, rejects, rep
+        items.append(WorkItem(index=len(types), id="sts-fixed", payload={"fixed": "sts"}))
+    return items
+
+
+async def _process(ctx: StageContext, client: LLMClient, it: WorkItem) -> Outcome:
+    """One task type's tasks (by id) and rejects (by id) as one outcome; the fixed STS task needs no request."""
+    if it.payload.get("fixed") == "sts":
+        return Outcome(record=Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed").model_dump(mode="json"))
+    out = await brainstorm_type(ctx, client, it.payload["task_type"])
+    return Outcome(
+        records=[t.model_dump(mode="json") for t in sorted(out.tasks, key=lambda t: t.id)],
+        rejects=[r.model_dump(mode="json") for r in sorted(out.rejects, key=lambda r: r.id)],
+        usage=dict(out.usage),
+    )
+
+
+def _verdict(ctx: StageContext, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
+    """One line when no list request gave a usable task, or too many were refused: brainstorm is
+    judged by its list requests (``list_requests`` in the items' usage), not by its tasks."""
+    rejects = sorted((r for kind, r in rows if kind == "rej"), key=lambda r: r["id"])
+    verdict = RunReport(stage=NAME)
+    verdict.items = int(rep.usage.get("list_requests", 0))
+    verdict.valid = sum(1 for kind, r in rows if kind == "ok" and r.get("model") != "fixed")
+    verdict.reasons = Counter(r["reason"] for r in rejects if "position" not in (r.get("input") or {}))
+    for r in rejects:
+        verdict.details.setdefault(r["reason"], str(r.get("detail") or "")[:160])
+    return failure_message(NAME, verdict, ctx) if verdict.items else None
+
+
+def _tasks_per_type(ctx: StageContext) -> dict:
+    shard = ctx.stage_dir(NAME) / "shard-00000.jsonl"  # a staging folder beside the old outputs under --overwrite
+    if not shard.exists():
+        return {}
+    return {"tasks_per_type": dict(Counter(t["task_type"] for t in iter_jsonl(shard)))}
 
 
 def run(ctx: StageContext) -> dict:
     """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``).
 
-    Its answers depend on each other (a type is asked again until enough distinct tasks are in
-    hand), so its loop writes its one shard itself, inside the shared LLM-stage shape."""
-    return run_single_shard_stage(ctx, STAGE, lambda client: _write(ctx, client))
-
-
-async def _write(ctx: StageContext, client: LLMClient) -> tuple[RunReport, dict | None]:
-    """Brainstorm, then write the tasks and rejects unless a request is pending or the stage failed."""
-    tasks, rejects, rep = await _brainstorm(ctx, client)
-    # a list request that failed at the transport level is not the model's fault: write
-    # nothing, so that a rerun asks again (its answered requests come from the cache)
-    failed_requests = [r for r in rejects if r.reason.startswith(PENDING)]
-    if failed_requests:
-        rep.pending = len(failed_requests)
-        rep.pending_reasons = Counter(r.reason for r in failed_requests)
-        list_rejects = [r for r in rejects if "position" not in (r.input or {})]
-        if len(failed_requests) == len(list_rejects) and not any(t.model != "fixed" for t in tasks):
-            all_failed_the_same_way(NAME, rep, client)  # every list request failed alike
-        return rep, None
-    # the verdict: one line when no list request gave a usable task, or too many were refused
-    verdict = RunReport(stage=NAME)
-    verdict.items = int(rep.usage.get("list_requests", 0))
-    verdict.valid = sum(1 for t in tasks if t.model != "fixed")
-    verdict.reasons = Counter(r.reason for r in rejects if "position" not in (r.input or {}))
-    for r in rejects:
-        verdict.details.setdefault(r.reason, r.detail[:160])
-    rep.failed = failure_message(NAME, verdict, ctx) if verdict.items else None
-    if rep.failed:
-        return rep, None
-    d = ctx.stage_dir(NAME)  # a staging folder beside the old outputs under --overwrite
-    write_jsonl(d / "rejects" / "shard-00000.jsonl", [r.model_dump(mode="json") for r in rejects])
-    write_jsonl(d / "shard-00000.jsonl", [t.model_dump(mode="json") for t in tasks])
-    rep.items = len(tasks) + len(rejects)
-    rep.valid = len(tasks)
-    rep.rejected = len(rejects)
-    rep.reasons = Counter(r.reason for r in rejects)
-    rep.shards_done = 1
-    atomic_write_json(d / "_shards" / "00000.json", {"items": rep.items, "valid": rep.valid, "rejected": rep.rejected})
-    return rep, {"tasks_per_type": dict(Counter(t.task_type for t in tasks))}
+    Each task type is one item of the shared LLM-stage shape (:func:`run_item_stage`), whose
+    rounds give all of its tasks and rejects at once; the fixed STS task is the last item. Its
+    outputs are all or nothing: one shard, finished only when the list requests as a whole did
+    not fail (:func:`_verdict`). A type whose list request failed at the transport level stays
+    pending (a rerun asks again; its answered requests come from the cache), and a killed or
+    stopped run keeps the types it finished."""
+    sts = ctx.cfg.generate.ratio.get("sts", 0) > 0
+    return run_item_stage(
+        ctx,
+        STAGE,
+        _items(ctx),
+        lambda client, it: _process(ctx, client, it),
+        extra=lambda: _tasks_per_type(ctx),
+        one_shard=True,
+        verdict=lambda rep, rows: _verdict(ctx, rep, rows),
+        fixed=int(sts),
+    )
 
 
 def report(stats: dict) -> list[Summary]:
