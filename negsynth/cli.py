@@ -585,7 +585,7 @@ def evaluate(
         str | None,
         typer.Option(
             "--backend",
-            help="torch (default) | auto | onnx | onnx-int8 | openvino (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
+            help="torch (default) | auto | onnx | onnx-int8 | openvino | openvino-bf16 (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
         ),
     ] = None,
     no_cache: Annotated[

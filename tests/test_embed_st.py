@@ -101,6 +101,26 @@ def test_exported_backend_embeds_as_torch(minilm, backend, tmp_path, monkeypatch
     assert list(tmp_path.glob("onnx/*/model.onnx"))
 
 
+def test_openvino_bf16_is_close_to_torch_or_refused_in_one_line(minilm, tmp_path, monkeypatch):
+    """bfloat16 inference moves vectors a little (cosine to torch's > 0.9999 on these texts); a CPU
+    without bf16 instructions is told so in one line."""
+    pytest.importorskip("onnx")
+    ov = pytest.importorskip("openvino")
+    from negsynth.embed.st import SentenceTransformerEmbedder
+    from negsynth.errors import UserError
+
+    monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
+    texts = ["a cat sat on the mat", "completely different: the stock market fell", "x"]
+    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        fast = SentenceTransformerEmbedder.load("default", device="cpu", batch_size=2, backend="openvino-bf16")
+        cos = (fast.encode(texts) * minilm.encode(texts)).sum(axis=1)
+        assert fast.backend == "openvino-bf16" and cos.min() > 0.9999 and not np.allclose(cos, 1.0, atol=1e-7)
+    monkeypatch.setattr(ov.Core, "get_property", lambda self, device, name: ["FP32", "INT8"])
+    with pytest.raises(UserError, match="no bfloat16 instructions") as e:
+        SentenceTransformerEmbedder.load("default", device="cpu", backend="openvino-bf16")
+    assert "\n" not in str(e.value)
+
+
 def test_auto_backend_falls_back_to_torch(monkeypatch, tmp_path):
     import sys
 

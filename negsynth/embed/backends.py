@@ -10,6 +10,8 @@ rounding only (``benchmarks/eval_speed.py`` checks the nDCG@10):
 * ``"onnx"``: ONNX Runtime (CPU), full graph optimisation.
 * ``"onnx-int8"``: the same graph with dynamically quantised int8 weights (faster, scores move).
 * ``"openvino"``: OpenVINO runtime reading the same ONNX file, fp32 inference.
+* ``"openvino-bf16"``: the same with bfloat16 inference, on CPUs with bf16 instructions
+  (AVX512_BF16 or AMX; else a one-line error): faster, vectors within ~3e-5 cosine of fp32.
 
 Why not ``SentenceTransformer(path, backend="onnx")``: sentence-transformers' own backends go
 through optimum-onnx / optimum-intel, which pin transformers below 4.58 / 5.6 and fail to import
@@ -33,12 +35,13 @@ from negsynth.errors import UserError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino")
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
 #: what to install for each non-torch backend (named in the error when it is missing)
 INSTALL = {
     "onnx": "pip install 'negsynth[onnx]'",
     "onnx-int8": "pip install 'negsynth[onnx]'",
     "openvino": "pip install 'negsynth[openvino]'",
+    "openvino-bf16": "pip install 'negsynth[openvino]'",
 }
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -49,7 +52,7 @@ def check_backend(backend: str) -> None:
         raise UserError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend in ("torch", "auto"):
         return
-    mod = "openvino" if backend == "openvino" else "onnxruntime"
+    mod = "openvino" if backend.startswith("openvino") else "onnxruntime"
     try:
         __import__(mod)
         __import__("onnx")
@@ -168,12 +171,19 @@ def _text_transformer(st_model):
 
 def _runner(path: Path, backend: str, threads: int):
     """``feed dict -> last hidden state`` on the chosen runtime."""
-    if backend == "openvino":
+    if backend.startswith("openvino"):
         import openvino as ov
 
         core = ov.Core()
+        precision = "f32"
+        if backend == "openvino-bf16":
+            if "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+                raise UserError(
+                    "backend 'openvino-bf16': this CPU has no bfloat16 instructions (AVX512_BF16 or AMX); use backend 'openvino'"
+                )
+            precision = "bf16"
         compiled = core.compile_model(
-            core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+            core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
         )
         return lambda feed: compiled(feed)[0]
     import onnxruntime as ort

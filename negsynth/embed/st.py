@@ -211,7 +211,7 @@ class SentenceTransformerEmbedder(Embedder):
 
         m = self.model
         runtime = {}
-        mod = {"openvino": "openvino", "onnx": "onnxruntime", "onnx-int8": "onnxruntime"}.get(self.backend)
+        mod = {"openvino": "openvino", "openvino-bf16": "openvino", "onnx": "onnxruntime", "onnx-int8": "onnxruntime"}.get(self.backend)
         if mod is not None:
             runtime[mod] = getattr(__import__(mod), "__version__", "?")
         return {

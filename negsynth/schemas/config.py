@@ -268,7 +268,7 @@ class EmbedderConfig(Section):
     instruct_queries: bool = False  # MiniLM was not trained with instructions; E5-style models want True
     # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
     # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
-    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "torch"
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
     # decoder-only options (issue 7)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
@@ -570,8 +570,9 @@ class EvaluateConfig(Section):
     # that installing an extra never changes a reported score); "auto" = OpenVINO (negsynth[openvino]),
     # else ONNX Runtime (negsynth[onnx]) for a plain encoder on CPU (same nDCG@10 as torch on a 40 x 200
     # SciFact cut, 1.6x faster), else torch; or "onnx" / "onnx-int8" (int8 weights: faster, scores
-    # drop) / "openvino" (see docs/benchmarks.md)
-    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino"] = "torch"
+    # drop) / "openvino" / "openvino-bf16" (bfloat16 on CPUs that have it: faster, scores move; see
+    # docs/benchmarks.md)
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
     # keep each task's result per model (by the model files' content) and evaluation code under
     # $NEGSYNTH_CACHE_DIR/eval, so the unchanged base model and a relaunch are not scored again
     # (negsynth.evaluate.cache); false: score every task
