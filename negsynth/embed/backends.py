@@ -11,7 +11,7 @@ rounding only (``benchmarks/eval_speed.py`` checks the nDCG@10):
 * ``"onnx-int8"``: the same graph with dynamically quantised int8 weights (faster, scores move).
 * ``"openvino"``: OpenVINO runtime reading the same ONNX file, fp32 inference.
 * ``"openvino-bf16"``: the same with bfloat16 inference, on CPUs with bf16 instructions
-  (AVX512_BF16 or AMX; else a one-line error): faster, vectors within ~3e-5 cosine of fp32.
+  (AVX512_BF16 or AMX; else a one-line error): faster, scores move (docs/benchmarks.md).
 
 Why not ``SentenceTransformer(path, backend="onnx")``: sentence-transformers' own backends go
 through optimum-onnx / optimum-intel, which pin transformers below 4.58 / 5.6 and fail to import

@@ -142,5 +142,6 @@ def model_digest(path: str | os.PathLike) -> str:
     """The content hash of a model folder (every file, by relative path): ~0.2 s for MiniLM's 90 MB,
     once per process and folder state."""
     root = Path(path)
-    state = tuple((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file())
+    stats = ((p, p.stat()) for p in sorted(root.rglob("*")) if p.is_file())
+    state = tuple((str(p.relative_to(root)), st.st_size, st.st_mtime_ns) for p, st in stats)
     return _folder_digest(str(root.resolve()), state)
