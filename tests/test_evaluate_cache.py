@@ -137,3 +137,21 @@ def test_the_evaluate_stage_caches_unless_told_not_to(tmp_path, monkeypatch, cac
     stage.run(ctx)
     want = stored.default_folder() if cache else None
     assert seen["results_cache"] == want
+
+
+@pytest.mark.parametrize(("args", "want"), [([], True), (["--no-cache"], False)])
+def test_evaluate_command_no_cache_turns_the_cache_off(tmp_path, monkeypatch, args, want):
+    from typer.testing import CliRunner
+
+    import negsynth.cli as cli
+
+    seen = {}
+
+    def fake_execute(name, opts, ctx):
+        seen["cache"] = ctx.cfg.evaluate.cache
+        return {"stage": name}
+
+    monkeypatch.setattr(cli, "_execute", fake_execute)
+    r = CliRunner().invoke(cli.app, ["evaluate", "-d", str(tmp_path / "run"), "-q", *args])
+    assert r.exit_code == 0, r.output
+    assert seen["cache"] is want
