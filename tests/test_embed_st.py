@@ -84,6 +84,23 @@ def test_unknown_or_missing_backend_is_one_line_naming_the_install(monkeypatch):
         check_backend("openvino")
 
 
+def test_auto_embeds_on_a_gpu_in_bf16_close_to_the_cpu_and_float32_matches_it(minilm):
+    """Where torch sees a CUDA GPU, "auto" embeds there in bf16 (cosine to the CPU's vectors above
+    0.99), and dtype float32 on the GPU gives the CPU's vectors up to float rounding."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from negsynth.embed.st import SentenceTransformerEmbedder
+
+    texts = ["a cat sat on the mat", "completely different: the stock market fell", "x", "Someone plays an instrument."]
+    want = minilm.encode(texts)
+    gpu = SentenceTransformerEmbedder.load("default", batch_size=4)
+    assert gpu.device.startswith("cuda") and next(gpu.model.parameters()).dtype == torch.bfloat16
+    assert float(((gpu.encode(texts) * want).sum(axis=1)).min()) > 0.99
+    fp32 = SentenceTransformerEmbedder.load("default", batch_size=4, dtype="float32")
+    np.testing.assert_allclose(fp32.encode(texts), want, atol=1e-4)
+
+
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
 def test_exported_backend_embeds_as_torch(minilm, backend, tmp_path, monkeypatch):
     """The ONNX backbone under sentence-transformers' own tokenising, pooling and normalising gives

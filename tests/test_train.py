@@ -552,7 +552,8 @@ def test_auto_mini_batch_reaches_the_trainer_and_keeps_angle_configs_working(min
     from negsynth.train.trainer import make_trainer
 
     ds = _dataset(12)
-    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"))
+    # on CPU (device "cpu": "auto" picks a GPU where there is one, and there auto means plain MNRL)
+    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"), device="cpu")
     trainer, _ = make_trainer(ds, cfg)
     assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss) and trainer.loss.mini_batch_size == 8
     trainer, _ = make_trainer(ds, cfg.model_copy(update={"batch_size": 8}))
@@ -579,6 +580,7 @@ def test_auto_gradcache_trains_the_other_poolings(minilm, tmp_path, pooling):
         warmup_ratio=0.0,
         lr=1e-3,
         output_dir=str(tmp_path / "run"),
+        device="cpu",
     )
     trainer, model = make_trainer(_dataset(12), cfg)
     assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss)
@@ -596,7 +598,7 @@ def test_train_log_and_stage_summary_say_when_gradcache_trained(minilm, tmp_path
     from negsynth.stages.train import report
     from negsynth.train.trainer import train
 
-    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"))
+    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"), device="cpu")
     out = train(_dataset(12), cfg)
     saved = json.loads((tmp_path / "run" / "final" / "train_log.json").read_text())
     assert out.endswith("final") and saved["loss"] == {"class": "CachedMultipleNegativesRankingLoss", "mini_batch_size": 8}
@@ -604,6 +606,45 @@ def test_train_log_and_stage_summary_say_when_gradcache_trained(minilm, tmp_path
     rows = dict(report(stats | {"gradcache_rows": 8})[0].rows)
     assert rows["peak memory"] == "1461 MiB (GradCache, 8-row chunks)"
     assert dict(report(stats | {"gradcache_rows": None})[0].rows)["peak memory"] == "1461 MiB"
+
+
+def test_train_device_places_the_model_and_the_trainer_and_refuses_a_missing_gpu(minilm, tmp_path, monkeypatch):
+    """``train.device = "cpu"`` keeps the model and the HF trainer on the CPU even where a GPU is
+    visible; "auto" takes the GPU when torch sees one; a GPU asked for where there is none is a
+    one-line refusal, and so is bf16 on the CPU."""
+    from negsynth.train.trainer import make_trainer, train_device
+
+    cfg = TrainConfig(model=minilm, batch_size=8, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"), device="cpu")
+    trainer, model = make_trainer(_dataset(8), cfg)
+    assert model.device.type == "cpu" and trainer.args.use_cpu and trainer.args.device.type == "cpu"
+    assert not trainer.args.bf16 and not trainer.args.fp16
+    with pytest.raises(ValueError, match="needs a GPU; use 'auto' or 'fp32' on cpu"):
+        make_trainer(_dataset(8), cfg.model_copy(update={"precision": "bf16"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert train_device(cfg.model_copy(update={"device": "auto"})) == "cpu"
+    with pytest.raises(ValueError, match="train.device = 'cuda' but torch sees no such device"):
+        train_device(cfg.model_copy(update={"device": "cuda"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_device(cfg.model_copy(update={"device": "auto"})) == "cuda"
+    with pytest.raises(ValueError):
+        TrainConfig(device="gpu")
+
+
+def test_auto_trains_on_a_gpu_in_mixed_precision(minilm, tmp_path):
+    """Where torch sees a CUDA GPU, the default device and precision train there in bf16 (fp16 on
+    GPUs without it) with plain MNRL (GradCache's "auto" is for the CPU): one step, finite loss."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from negsynth.train.trainer import make_trainer
+
+    cfg = TrainConfig(model=minilm, batch_size=12, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"))
+    trainer, model = make_trainer(_dataset(12), cfg)
+    assert model.device.type == "cuda" and not trainer.args.use_cpu and (trainer.args.bf16 or trainer.args.fp16)
+    assert type(trainer.loss).__name__ == "MultipleNegativesRankingLoss"
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert losses and all(np.isfinite(losses))
 
 
 def test_peak_rss_sees_an_allocation():

@@ -90,6 +90,10 @@ class TrainConfig(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     bidirectional: str = "none"  # "none" | "all" (LLM2Vec) | "last:K" (BeLLM: last:1); decoders only
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (or fp16) on GPU, fp32 on CPU
+    # where training runs: "auto" (a CUDA GPU when torch sees one, else Apple's mps, else CPU), "cpu"
+    # (e.g. beside a busy GPU), "cuda" or "mps"; which GPU: CUDA_VISIBLE_DEVICES, and under torchrun /
+    # accelerate each process takes its own
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30 % slower steps
     # GradCache (sentence-transformers' CachedMultipleNegativesRankingLoss): embed the batch in chunks of
     # this many rows without keeping activations, then backpropagate chunk by chunk. Same loss and

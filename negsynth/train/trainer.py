@@ -92,7 +92,7 @@ def build_model(config: TrainConfig, device: str | None = None):
         from sentence_transformers.sentence_transformer.modules import Normalize
 
         modules.append(Normalize())
-    model = SentenceTransformer(modules=modules, device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = SentenceTransformer(modules=modules, device=device or train_device(config))
     # the training length is a training choice, not the model's: the saved model keeps the base's
     # own max_seq_length (MiniLM 256), or documents are cut shorter at evaluation than before training
     model.negsynth_saved_max_length = _base_max_length(path, tr)
@@ -389,17 +389,28 @@ def _seal_callback(limit: int | None):
     return CheckpointSeal()
 
 
-def _precision(config: TrainConfig) -> dict[str, bool]:
+def train_device(config: TrainConfig) -> str:
+    """``train.device`` resolved: "auto" -> "cuda" when torch sees a GPU, else "mps" where Apple's
+    is there, else "cpu" (the device the HF trainer itself would pick)."""
     import torch
 
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if (config.device == "cuda" and not torch.cuda.is_available()) or (config.device == "mps" and not mps):
+        raise ValueError(f"train.device = {config.device!r} but torch sees no such device; use 'auto' or 'cpu'")
+    return config.device
+
+
+def _precision(config: TrainConfig, device: str) -> dict[str, bool]:
+    import torch
+
+    on_gpu = device.startswith("cuda")
     p = config.precision
     if p == "auto":
-        if not torch.cuda.is_available():
-            p = "fp32"
-        else:
-            p = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if p in ("bf16", "fp16") and not torch.cuda.is_available():
-        raise ValueError(f"precision={config.precision!r} needs a GPU; use 'auto' or 'fp32' on CPU")
+        p = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if on_gpu else "fp32"
+    if p in ("bf16", "fp16") and not on_gpu:
+        raise ValueError(f"precision={config.precision!r} needs a GPU; use 'auto' or 'fp32' on {device}")
     return {"bf16": p == "bf16", "fp16": p == "fp16"}
 
 
@@ -422,7 +433,6 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     """Build (trainer, model) without training — used by :func:`train` and the benchmark.
 
     ``progress``: see :func:`train`."""
-    import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import set_seed
 
@@ -503,9 +513,10 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         logging_steps=config.logging_steps,
         report_to="none",
         dataloader_drop_last=False,
-        dataloader_pin_memory=torch.cuda.is_available(),  # on CPU torch warns that pinning does nothing
+        dataloader_pin_memory=model.device.type == "cuda",  # on CPU torch warns that pinning does nothing
         disable_tqdm=True,
-        **_precision(config),
+        use_cpu=model.device.type == "cpu",  # else the HF trainer moves a CPU-placed model to the GPU
+        **_precision(config, model.device.type),
     )
     trainer = SentenceTransformerTrainer(
         model=model,
