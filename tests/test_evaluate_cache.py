@@ -139,6 +139,37 @@ def test_the_evaluate_stage_caches_unless_told_not_to(tmp_path, monkeypatch, cac
     assert seen["results_cache"] == want
 
 
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_the_evaluate_stage_embeds_in_float32_unless_told_otherwise(tmp_path, monkeypatch, dtype, minilm):
+    """``evaluate.dtype`` (float32 by default, on every device) reaches the embedder, whose weights
+    are then in that precision; the results cache keys on it."""
+    import torch
+
+    import negsynth.evaluate as E
+    from negsynth.embed import embedder_for
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages import evaluate as stage
+
+    seen = {}
+
+    def spy(*a, **k):
+        seen["dtype"] = k.get("dtype")
+        return HashBOW()
+
+    monkeypatch.setattr(E, "evaluate", lambda emb, **kw: {"tasks": {}, "notes": ["no data"]})
+    monkeypatch.setattr(stage, "embedder_for", spy)
+    cfg = RunConfig()
+    if dtype:
+        cfg.evaluate.dtype = dtype
+    cfg.evaluate.baseline = ""
+    stage.run(StageContext(cfg=cfg, run_dir=tmp_path / "run"))
+    assert seen["dtype"] == (dtype or "float32")
+    emb = embedder_for(str(minilm), batch_size=8, dtype=seen["dtype"])
+    assert next(emb.model.parameters()).dtype == getattr(torch, seen["dtype"])
+    assert emb.identity()["dtype"] == f"torch.{seen['dtype']}"
+
+
 @pytest.mark.parametrize(("args", "want"), [([], True), (["--no-cache"], False)])
 def test_evaluate_command_no_cache_turns_the_cache_off(tmp_path, monkeypatch, args, want):
     from typer.testing import CliRunner

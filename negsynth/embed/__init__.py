@@ -23,7 +23,7 @@ def load_embedder(cfg=None) -> Embedder:
 
 
 def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model",
-                 backend: str = "torch"):  # fmt: skip
+                 backend: str = "torch", dtype: str = "auto"):  # fmt: skip
     """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
     sentence-transformers folder or hub name.
 
@@ -31,7 +31,9 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
     :class:`~negsynth.embed.decoder.DecoderEmbedder` built from the whole ``[embedder]`` section
     (``embedder``: an :class:`EmbedderConfig`; method, pooling, repeat, filter ratio, dtype, …), with
     ``model`` and ``batch_size`` taken from the arguments. ``backend``: the encoder's inference
-    backend (:mod:`negsynth.embed.backends`; decoders always run on torch).
+    backend (:mod:`negsynth.embed.backends`; decoders always run on torch). ``dtype``: the torch
+    weights' precision ("auto": bf16/fp16 on a GPU, float32 on CPU; for a decoder, "auto" keeps
+    ``embedder.dtype``).
     """
     from negsynth.embed.models import resolve_model
     from negsynth.embed.st import SentenceTransformerEmbedder
@@ -47,6 +49,8 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
                   "instruct_queries": instruct_queries or base.instruct_queries}  # fmt: skip
         if device != "auto":
             update["device"] = device
+        if dtype != "auto":
+            update["dtype"] = dtype
         return DecoderEmbedder.from_config(base.model_copy(update=update))
     return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
-                                            instruct_queries=instruct_queries, backend=backend)  # fmt: skip
+                                            instruct_queries=instruct_queries, backend=backend, dtype=dtype)  # fmt: skip
