@@ -25,7 +25,11 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backends", default="torch,onnx,onnx-int8,openvino")
+    ap.add_argument(
+        "--backends",
+        default="torch,onnx,onnx-int8,openvino",
+        help="arms, the first the reference: BACKEND[@DEVICE[:DTYPE]] (device cpu unless named; e.g. torch,torch@cuda,torch@cuda:float32)",
+    )
     ap.add_argument("--suite", default="quick", choices=["quick", "full"])
     ap.add_argument("--tasks", default="SciFact")
     ap.add_argument("--data-dir", default=None)
@@ -59,7 +63,11 @@ def main() -> None:
     embs, setup = {}, {}
     for b in backends:
         t0 = time.perf_counter()
-        embs[b] = SentenceTransformerEmbedder.load("default", device="cpu", batch_size=args.batch_size, backend=b)
+        backend, _, where = b.partition("@")  # an arm: BACKEND[@DEVICE[:DTYPE]], e.g. torch@cuda or torch@cuda:float32
+        device, dtype = where or "cpu", "auto"
+        if ":" in device and not device.rsplit(":", 1)[1].isdigit():  # cuda:float32, cuda:1:float32
+            device, dtype = device.rsplit(":", 1)
+        embs[b] = SentenceTransformerEmbedder.load("default", device=device, dtype=dtype, batch_size=args.batch_size, backend=backend)
         embs[b].encode(["warm-up text"])
         setup[b] = time.perf_counter() - t0
         print(f"{b}: loaded (+ export if first run) in {setup[b]:.1f}s", flush=True)
@@ -90,14 +98,15 @@ def main() -> None:
     cut = f" ({args.queries or '-'} queries x {args.docs or '-'} docs)" if args.queries or args.docs else ""
     print(f"\n{args.suite}{cut} {','.join(tasks)}; {args.reps} reps, interleaved; threads {args.threads}; load1 range "
           f"{min(r['load1'] for v in runs.values() for r in v):.1f}-{max(r['load1'] for v in runs.values() for r in v):.1f}")  # fmt: skip
-    print(f"{'backend':<10} {'median s':>9} {'min s':>7} {'speed-up':>8}  scores (delta vs {backends[0]})")
+    w = max(10, *(len(b) for b in backends))
+    print(f"{'backend':<{w}} {'median s':>9} {'min s':>7} {'speed-up':>8}  scores (delta vs {backends[0]})")
     for b in backends:
         med = statistics.median(r["seconds"] for r in runs[b])
         scores = runs[b][0]["scores"]
         deltas = {t: scores[t] - ref[t] for t in scores}
         summary[b] = {"median_s": med, "min_s": min(r["seconds"] for r in runs[b]), "speedup": t_ref / med, "scores": scores, "delta": deltas,
                       "same_to_4_decimals": all(round(scores[t], 4) == round(ref[t], 4) for t in scores), "setup_s": setup[b]}  # fmt: skip
-        print(f"{b:<10} {med:>9.1f} {summary[b]['min_s']:>7.1f} {t_ref / med:>7.2f}x  "
+        print(f"{b:<{w}} {med:>9.1f} {summary[b]['min_s']:>7.1f} {t_ref / med:>7.2f}x  "
               + " ".join(f"{t} {100 * s:.4f} ({100 * deltas[t]:+.4f})" for t, s in scores.items()))  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:

@@ -302,12 +302,13 @@ def test_task(args):
     )
 
 
-def base_model():
+def base_model(args):
     from sentence_transformers import SentenceTransformer
 
+    from negsynth.embed.base import resolve_device
     from negsynth.resources import minilm_path
 
-    return SentenceTransformer(str(minilm_path()), device="cpu")
+    return SentenceTransformer(str(minilm_path()), device=resolve_device(args.device))
 
 
 def evaluate_model(path: str | None, args, tasks: list) -> tuple[dict, dict]:
@@ -315,7 +316,7 @@ def evaluate_model(path: str | None, args, tasks: list) -> tuple[dict, dict]:
     from negsynth.embed.st import SentenceTransformerEmbedder
     from negsynth.evaluate import evaluate
 
-    emb = SentenceTransformerEmbedder.load(path or "default", device="cpu", batch_size=64)
+    emb = SentenceTransformerEmbedder.load(path or "default", device=args.device, dtype="float32", batch_size=64)
     rep = evaluate(emb, suite=args.eval_suite, tasks=tasks, progress=False, data_dir=args.data_dir, seed=0, per_query=True)
     return ({name: float(t["main_score"]) for name, t in rep["tasks"].items()},
             {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t})  # fmt: skip
@@ -332,7 +333,7 @@ def cached_mining(src, args, name: str, mine) -> dict:
         return json.loads(cache.read_text())
     queries = {p.query_key: p.query for p in src.pairs}
     positives = {k: src.positives_by_query.get(k, []) for k in queries}
-    model = base_model()
+    model = base_model(args)
     model.max_seq_length = args.max_length
     found = mine(model, queries, positives)
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -573,7 +574,7 @@ def stock_rows(src, arm: str, args):
         from sentence_transformers.util import mine_hard_negatives
 
         k = int(arm.rsplit("-", 1)[1])
-        model = base_model()
+        model = base_model(args)
         model.max_seq_length = args.max_length
         ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
                                  output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
@@ -660,7 +661,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
 
     set_seed(seed)
     ds = stock_rows(src, arm, args)
-    model = base_model()
+    model = base_model(args)
     base_len = model.max_seq_length
     model.max_seq_length = args.max_length
     targs = SentenceTransformerTrainingArguments(
@@ -714,6 +715,11 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         "eval_s": round(eval_mem.seconds, 1),
         "train_peak_mib": train_mem.peak_mib,
         "eval_peak_mib": eval_mem.peak_mib,
+        **(
+            {"train_gpu_peak_mib": train_mem.gpu_peak_mib, "eval_gpu_peak_mib": eval_mem.gpu_peak_mib}
+            if (train_mem.gpu_peak_mib, eval_mem.gpu_peak_mib) != (None, None)
+            else {}
+        ),
     }
     return {
         "arm": arm,
@@ -810,7 +816,7 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
                 len(rs),
                 cells,
                 round(sum(r["seconds"] for r in rs)),
-                [med(k) for k in ("train_s", "eval_s", "train_peak_mib", "eval_peak_mib")],
+                [med(k) for k in ("train_s", "eval_s", "train_peak_mib", "eval_peak_mib", "train_gpu_peak_mib", "eval_gpu_peak_mib")],
             )
         )
     return table
@@ -843,12 +849,14 @@ def print_table(results: list[dict], args) -> None:
     print(f"\nall-MiniLM-L6-v2 on {args.name} (fit split: {sp['fit_queries']} queries, {sp['fit_pairs']} pairs; dev {sp['dev_queries']} queries; "
           f"test {sp['test_queries']} queries; split seed {sp['split_seed']}), {args.steps} steps x batch {args.batch_size}, lr {args.lr}; "
           f"{args.eval_suite} evaluation\n")  # fmt: skip
-    print("| arm | seeds | " + " | ".join(tasks) + " | train s | eval s | train peak MiB | eval peak MiB |")
-    print("|---|---:|" + "---:|" * len(tasks) + "---:|---:|---:|---:|")
+    gpu = any("eval_gpu_peak_mib" in r for r in results)  # GPU columns only where a GPU was used
+    extra = " train GPU peak MiB | eval GPU peak MiB |" if gpu else ""
+    print("| arm | seeds | " + " | ".join(tasks) + " | train s | eval s | train peak MiB | eval peak MiB |" + extra)
+    print("|---|---:|" + "---:|" * len(tasks) + "---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""))
     for arm, n, cells, _secs, cost in summarise(results, tasks):
-        print(f"| {arm} | {n} | " + " | ".join(cells) + " | " + " | ".join(cost) + " |")
+        print(f"| {arm} | {n} | " + " | ".join(cells) + " | " + " | ".join(cost[: 6 if gpu else 4]) + " |")
     print(
-        "\n(train / eval: seconds and peak resident memory of one seed, median over seeds; '-': not evaluated there, the test split only for the reported arms)"
+        "\n(train / eval: seconds and peak resident memory (and GPU memory allocated, where a GPU ran) of one seed, median over seeds; '-': not evaluated there, the test split only for the reported arms)"
     )
     # the headline: every arm against the stock recipe, per query, on dev (to choose) and test (to report)
     rows = []
@@ -978,6 +986,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="quick: SciFact's 300 test queries cut to 100 against 1,000 documents (every judged one kept), the other sets subsampled; "
         "a full SciFact evaluation embeds 5,183 abstracts (~45 min on one loaded CPU core)",
+    )
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="where mining and evaluation run: cpu (the figures in docs/benchmarks.md), cuda, or auto (a GPU when there is one; "
+        "evaluation then runs in bf16/fp16, so scores move at the 3rd-4th decimal). The trainers pick the GPU on their own",
     )
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
     ap.add_argument(
