@@ -431,6 +431,8 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     rng.shuffle(deep)
     rng.shuffle(shallow)
     per_phase = (steps // 4) * args.batch_size
+    if not per_phase:
+        sys.exit(f"scifact_recipe: --steps {steps}: the {arm} arm fills each quarter of the steps, so it needs at least 4")
     if arm.startswith("ns-tuple-hard"):
         kept = deep + shallow
         chosen = (kept * (-(-4 * per_phase // max(len(kept), 1))))[: 4 * per_phase]  # cycle when the filter left fewer rows
