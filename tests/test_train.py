@@ -683,3 +683,19 @@ def test_cached_mnrl_gives_mnrl_loss_and_gradients_without_dropout(minilm):
         results.append((value.detach(), grad))
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-3)
+
+
+def test_where_training_runs_is_not_part_of_what_the_model_is_made_from(tmp_path):
+    """``train.device`` leaves the train stage's fingerprint alone (a run dir made before the setting
+    existed keeps its model), while a setting that shapes the model changes it."""
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.train import fingerprint
+
+    def fp(**train) -> str:
+        cfg = RunConfig()
+        cfg.train = cfg.train.model_copy(update=train)
+        return fingerprint(StageContext(cfg=cfg, run_dir=tmp_path))
+
+    assert fp() == fp(device="cpu") == fp(device="cuda")
+    assert fp(lr=1e-4) != fp()

@@ -31,10 +31,13 @@ NAME = "train"
 
 
 def fingerprint(ctx: StageContext) -> str:
-    """The hash of what the model is trained from: the train settings and the curriculum's card."""
+    """The hash of what the model is trained from: the train settings and the curriculum's card.
+    Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
+    run dir made before that setting existed keeps its trained model."""
     card = ctx.stage_dir("curriculum") / "card.json"
     tc = ctx.cfg.train
-    return config_hash({"train": tc.model_dump(exclude={"resume", "output_dir"}), "data": card.read_text() if card.exists() else None})
+    settings = tc.model_dump(exclude={"resume", "output_dir", "device"})
+    return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
 
 
 def run(ctx: StageContext) -> dict:
