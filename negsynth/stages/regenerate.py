@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -189,28 +190,19 @@ def load_st_model(cfg: EmbedderConfig):
     return load_mining_model(cfg)
 
 
-def mine_pairs(
-    model,
-    queries: dict[str, str],
-    known_positives: dict[str, list[str]],
-    corpus: list[str],
-    k: int,
-    opts: MiningConfig,
-    *,
-    batch_size: int = 64,
-    cache_folder: str | Path | None = None,
-) -> dict[str, dict[str, Any]]:
-    """``regenerate.mining`` applied: the ``k`` hardest negatives (``strategy = "top"``) or one per
-    rank band (``"graded"``) per query key, from :mod:`negsynth.embed.mining`."""
+def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str, dict[str, Any]]]:
+    """``regenerate.mining`` applied: :func:`~negsynth.embed.mining.mine_negatives` (the ``k``
+    hardest negatives, ``strategy = "top"``) or :func:`~negsynth.embed.mining.mine_graded` (one per
+    rank band, ``"graded"``) with the options bound, to call as ``(model, queries, known_positives,
+    corpus)``; ``encoding``: ``batch_size``, ``cache_folder``."""
     from negsynth.embed.mining import mine_graded, mine_negatives
 
     if opts.strategy == "graded":
-        return mine_graded(model, queries, known_positives, corpus, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max,
-                           seed=opts.seed, batch_size=batch_size, cache_folder=cache_folder)  # fmt: skip
-    return mine_negatives(
-        model, queries, known_positives, corpus, k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin,
-        max_score=opts.max_score, range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling,
-        batch_size=batch_size, cache_folder=cache_folder,
+        return partial(mine_graded, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max, seed=opts.seed,
+                       **encoding)  # fmt: skip
+    return partial(
+        mine_negatives, k=k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin, max_score=opts.max_score,
+        range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling, **encoding,
     )  # fmt: skip
 
 
@@ -246,9 +238,8 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
                 model = (ctx.mining_model_factory or load_st_model)(ctx.cfg.embedder)
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
-            found = mine_pairs(
-                model, queries, known, data.corpus, k, cfg.mining, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache
-            )
+            mine = miner(cfg.mining, k, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
+            found = mine(model, queries, known, data.corpus)
             atomic_write_json(path, found)
         short = 0
         for it in mine_items:
