@@ -41,15 +41,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
 from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
-from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -159,14 +156,14 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return item_stage_fingerprint(ctx, config_digest(ctx), mine=ctx.cfg.regenerate.mine)
+    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx), mine=ctx.cfg.regenerate.mine)
 
 
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
     cfg = ctx.cfg.regenerate
     parts = {
-        **llm_stage_parts(ctx, NAME, "regenerate"),
+        **pipeline.llm_stage_parts(ctx, NAME, "regenerate"),
         "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine or cfg.negatives == "mined":
@@ -411,8 +408,8 @@ def run(ctx: StageContext) -> dict:
         extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
     if cfg.negatives == "mined":
         label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
-        return run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
-    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
+        return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
+    return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
 def prepare(ctx: StageContext) -> None:
@@ -427,7 +424,7 @@ def prepare(ctx: StageContext) -> None:
 
 
 def report(stats: dict) -> list[Summary]:
-    rows = summary_rows(stats)
+    rows = pipeline.summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
     rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
     return [Summary("regenerate", rows)]
