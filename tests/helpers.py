@@ -153,6 +153,27 @@ def by_value(*modules):
                 cloudpickle.unregister_pickle_by_value(m)
 
 
+def tiny_decoder(vocab_size: int, model_type: str = "llama", *, hidden: int = 16, max_positions: int = 4096):
+    """A tiny random causal LM for the decoder embedders' tests: Llama (or ``"mistral"``), 2 layers,
+    4 heads over 2 KV heads, ``hidden`` wide; seeded, so the same weights every time."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg_cls, cls = (MistralConfig, MistralForCausalLM) if model_type == "mistral" else (LlamaConfig, LlamaForCausalLM)
+    cfg = cfg_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+    )
+    return cls(cfg).eval()
+
+
 def minilm_embedder(batch_size: int):
     """The bundled all-MiniLM-L6-v2 as negsynth's embedder; skips the test where its weights
     package (an install-time extra) or sentence-transformers is not installed."""
