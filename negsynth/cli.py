@@ -107,6 +107,8 @@ EXIT_PENDING = 4
 #: exit code of an environment failure (disk full, unreadable file): one line, no traceback
 EXIT_ENV = 1
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
+#: --format of a command that reads an --input (regenerate, corpus)
+FormatOpt = Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")]
 
 
 def guarded(fn):
@@ -308,6 +310,35 @@ def _register(name: str | None, fn, command, shared: Sequence[str], *, skip: int
     app.command(name)(guarded(command))
 
 
+def column_options(help_by_role: dict[str, str]):
+    """Add a ``--ROLE-col`` option per role of ``help_by_role`` (role -> its help) after the
+    command's --format: which column of an --input holds that role. The command gets the ones
+    given as ``columns`` (role -> column name)."""
+
+    def deco(fn):
+        params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "columns"]
+        at = [p.name for p in params].index("fmt") + 1
+        added = [
+            inspect.Parameter(
+                f"{role}_col",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=None,
+                annotation=Annotated[str | None, typer.Option(f"--{role}-col", help=text)],
+            )  # fmt: skip
+            for role, text in help_by_role.items()
+        ]
+
+        @functools.wraps(fn)
+        def with_columns(*args, **kw):
+            given = {role: kw.pop(f"{role}_col") for role in help_by_role}
+            return fn(*args, columns={role: col for role, col in given.items() if col}, **kw)
+
+        with_columns.__signature__ = inspect.Signature(params[:at] + added + params[at:])
+        return with_columns
+
+    return deco
+
+
 def _check_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
@@ -375,7 +406,17 @@ def _filter_arg(items: list[str] | None) -> dict[str, str | list[str]]:
     return out
 
 
+#: regenerate's --ROLE-col options: the column of an --input that holds each part of a pair
+PAIR_COLUMNS = {
+    "query": "column holding the query (default: query, anchor, question, premise, text1, ...)",
+    "positive": "column holding the positive (default: positive, document, answer, hypothesis, text2, ...)",
+    "instruction": "column with a per-row instruction",
+    "negatives": "column with the source's own negatives (kept in meta, never used)",
+}
+
+
 @stage_command(llm=True)
+@column_options(PAIR_COLUMNS)
 def regenerate(
     opts: Options,
     inputs: Annotated[
@@ -384,18 +425,7 @@ def regenerate(
             "--input", "-i", help="a BEIR folder, a saved HF dataset (or hub name), or a .jsonl/.parquet/.csv/.tsv file; repeatable"
         ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    query_col: Annotated[
-        str | None, typer.Option("--query-col", help="column holding the query (default: query, anchor, question, premise, text1, ...)")
-    ] = None,
-    positive_col: Annotated[
-        str | None,
-        typer.Option("--positive-col", help="column holding the positive (default: positive, document, answer, hypothesis, text2, ...)"),
-    ] = None,
-    instruction_col: Annotated[str | None, typer.Option("--instruction-col", help="column with a per-row instruction")] = None,
-    negatives_col: Annotated[
-        str | None, typer.Option("--negatives-col", help="column with the source's own negatives (kept in meta, never used)")
-    ] = None,
+    fmt: FormatOpt = "auto",
     source_name: Annotated[
         str | None, typer.Option("--source-name", help="source name: instruction-table key and source_id prefix (default: from the path)")
     ] = None,
@@ -410,6 +440,7 @@ def regenerate(
     mine: Annotated[
         int | None, typer.Option("--mine", min=0, help="also mine K negatives per pair from the source's corpus with the embedder")
     ] = None,
+    columns: dict[str, str] | None = None,
 ) -> None:
     """LLM-graded negatives for existing (query, positive) pairs (MGH §1.5) -> RUN_DIR/regenerate/.
 
@@ -420,11 +451,7 @@ def regenerate(
 
     ctx = opts.context()
     rcfg = ctx.cfg.regenerate
-    cols = {
-        k: v
-        for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col))
-        if v
-    }
+    cols = columns or {}
     if inputs:
         if source_name and len(inputs) > 1:
             raise UserError(
@@ -458,7 +485,16 @@ def regenerate(
     _emit_llm(_execute("regenerate", opts, ctx), opts.json_out)
 
 
+#: corpus's --ROLE-col options: the column of an --input that holds each part of a document
+DOCUMENT_COLUMNS = {
+    "text": "column holding the document text (default: text, body, content, document, ...)",
+    "title": "column holding a title, prepended to the text (default: title)",
+    "id": "column holding the document id (default: _id, id, doc_id; else the row)",
+}
+
+
 @stage_command(llm=True)
+@column_options(DOCUMENT_COLUMNS)
 def corpus(
     opts: Options,
     inputs: Annotated[
@@ -469,16 +505,7 @@ def corpus(
             help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable",
         ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    text_col: Annotated[
-        str | None, typer.Option("--text-col", help="column holding the document text (default: text, body, content, document, ...)")
-    ] = None,
-    title_col: Annotated[
-        str | None, typer.Option("--title-col", help="column holding a title, prepended to the text (default: title)")
-    ] = None,
-    id_col: Annotated[
-        str | None, typer.Option("--id-col", help="column holding the document id (default: _id, id, doc_id; else the row)")
-    ] = None,
+    fmt: FormatOpt = "auto",
     max_docs: Annotated[int | None, typer.Option("--max-docs", min=1, help="a seeded sample of at most N documents")] = None,
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
@@ -490,6 +517,7 @@ def corpus(
             help="mined (from the corpus) | llm (written for the document) | mixed (2 mined + the LLM's 2 hardest that pass the mining margin)",
         ),
     ] = None,
+    columns: dict[str, str] | None = None,
 ) -> None:
     """A corpus with no queries: the LLM writes queries grounded in each document -> RUN_DIR/corpus/.
 
@@ -500,7 +528,7 @@ def corpus(
 
     ctx = opts.context()
     ccfg = ctx.cfg.corpus
-    cols = {k: v for k, v in (("text", text_col), ("title", title_col), ("id", id_col)) if v}
+    cols = columns or {}
     try:
         if inputs:
             ccfg.inputs = [CorpusSpec(path=p, format=fmt, columns=cols) for p in inputs]
