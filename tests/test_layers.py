@@ -131,3 +131,13 @@ def test_the_pipeline_surface_is_complete_and_lazy():
     probe = "import sys, negsynth.pipeline; print(sorted(m for m in sys.modules if m.startswith('negsynth.pipeline.')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_pipeline_surface_reads_its_modules_each_time(monkeypatch):
+    """A name of the surface is what its module holds now: a test that patches the module patches
+    what the stages import through the surface later (``run_pipeline``'s Ray executor)."""
+    import negsynth.pipeline as surface
+    from negsynth.pipeline import ray_executor
+
+    monkeypatch.setattr(ray_executor, "run_on_ray", patched := object())
+    assert surface.run_on_ray is patched

@@ -6,7 +6,7 @@ contract and its runner (``stage``), the context and budgets (``context``), the 
 ``runner``) and the Ray executor (``ray_executor``). The modules themselves are the
 implementation; the stages import nothing from them directly (``tests/test_layers.py``).
 
-The names resolve on first use (PEP 562 ``__getattr__``), each loading only its own module:
+The names resolve when used (PEP 562 ``__getattr__``), each loading only its own module:
 importing the package, as every ``negsynth.pipeline.x`` import does first, loads none of them,
 so a stage or command that needs only the contract does not pay for the LLM client, and ``import
 negsynth.cli`` stays as fast as it was. Type checkers read the imports under ``TYPE_CHECKING``.
@@ -94,13 +94,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """A name of :data:`__all__`, imported from its module on first use (then kept here)."""
+    """A name of :data:`__all__`, read from its module (imported on first use) each time, so what
+    the module holds now is what a caller gets (a test's monkeypatch of the module included)."""
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def __dir__() -> list[str]:
