@@ -324,7 +324,7 @@ def column_options(help_by_role: dict[str, str]):
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 default=None,
                 annotation=Annotated[str | None, typer.Option(f"--{role}-col", help=text)],
-            )  # fmt: skip
+            )
             for role, text in help_by_role.items()
         ]
 
