@@ -47,44 +47,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- the server (aiohttp.web; run in its own process, pinned) -----------------------------------
-def answer(prompt: str, n: int) -> str:
-    if prompt.startswith("Brainstorm"):
-        return json.dumps({"tasks": [f"Retrieve documents about topic {n}-{i} for a given question" for i in range(20)]})
-    if '"S1"' in prompt:
-        return json.dumps(
-            {
-                "S1": f"The cat sat on mat {n}.",
-                "S2": f"A cat was sitting on mat {n}.",
-                "negatives": [f"Other sentence {j} about thing {n}." for j in range(4)],
-            }
-        )
-    if "misleading_labels" in prompt:
-        return json.dumps(
-            {
-                "input_text": f"A text to classify, number {n}.",
-                "label": f"category {n}",
-                "misleading_labels": [f"wrong label {j} for {n}" for j in range(4)],
-            }
-        )
-    if '"user_query"' in prompt:
-        return json.dumps(
-            {
-                "user_query": f"how do indexes work {n}",
-                "positive_document": f"Indexes speed up lookups, explained in document {n}.",
-                "hard_negative_documents": [f"A distractor passage number {j} for query {n}." for j in range(4)],
-            }
-        )
-    return json.dumps(
-        {
-            "input": f"An input document {n}.",
-            "positive_document": f"The matching document {n}.",
-            "hard_negative_documents": [f"A non-matching document {j} for {n}." for j in range(4)],
-        }
-    )
-
-
 def serve(port: int, latency: float) -> None:
+    """A valid answer for every request, as the tests' fake server gives it (``tests/fake_openai.py``),
+    after ``latency`` seconds; 20 tasks per brainstorm request, as the run file asks."""
     from aiohttp import web
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fake_openai import completion_body, valid_answer
 
     counter = [0]
 
@@ -94,17 +63,8 @@ def serve(port: int, latency: float) -> None:
     async def chat(req):
         body = await req.json(loads=json.loads)
         counter[0] += 1
-        n = counter[0]
-        prompt = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
         await asyncio.sleep(latency)
-        out = {
-            "id": f"c{n}",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer(prompt, n)}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 500, "completion_tokens": 120, "total_tokens": 620},
-        }
+        out = completion_body(valid_answer(body, counter[0], tasks=20), model=body.get("model", "fake"), pt=500, ct=120)
         return web.Response(body=json.dumps(out).encode(), content_type="application/json")
 
     app = web.Application(client_max_size=16 * 2**20)

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,6 +107,8 @@ EXIT_PENDING = 4
 #: exit code of an environment failure (disk full, unreadable file): one line, no traceback
 EXIT_ENV = 1
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
+#: --format of a command that reads an --input (regenerate, corpus)
+FormatOpt = Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")]
 
 
 def guarded(fn):
@@ -260,25 +263,78 @@ def stage_command(name: str | None = None, *, llm: bool = False, budgets: bool =
     if ray and not llm:
         extra = extra + _RAY
     shared = [n for n in _BASIC + extra if overwrite or n != "overwrite"]
-    hints = typing.get_type_hints(Options, include_extras=True)
-    defaults = Options()
 
     def deco(fn):
-        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]  # after opts
-        params = own + [
-            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, n), annotation=hints[n]) for n in shared
-        ]
-
         def command(**kw):
             opts = Options(**{n: kw.pop(n) for n in shared})
             _setup_logging(opts.verbose)
             return fn(opts, **kw)
 
-        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
-        command.__signature__ = inspect.Signature(params)
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        app.command(name)(guarded(command))
+        _register(name, fn, command, shared, skip=1)  # its own options after opts
         return fn
+
+    return deco
+
+
+def report_command(name: str | None = None, *, show: Callable[[Any], None]):
+    """Declare a command that reports without running a stage: ``fn(**own_options) -> result``.
+    --json and --verbose are added after its own options, logging is set up, the result is
+    printed as JSON on stdout with --json and else shown by ``show(result)``, and errors become
+    one line and an exit code (:func:`guarded`)."""
+
+    def deco(fn):
+        def command(*, json_out: bool, verbose: int, **kw):
+            _setup_logging(verbose)
+            result = fn(**kw)
+            if json_out:
+                _emit(result, True)
+            else:
+                show(result)
+
+        _register(name, fn, command, ("json_out", "verbose"))
+        return fn
+
+    return deco
+
+
+def _register(name: str | None, fn, command, shared: Sequence[str], *, skip: int = 0) -> None:
+    """Add ``command`` to the app as ``fn`` declares it: named and documented as ``fn``, with
+    ``fn``'s own parameters (after the first ``skip``) and then the :class:`Options` ``shared``."""
+    hints = typing.get_type_hints(Options, include_extras=True)
+    defaults = Options()
+    own = list(inspect.signature(fn, eval_str=True).parameters.values())[skip:]
+    params = own + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=getattr(defaults, n), annotation=hints[n]) for n in shared]
+    command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    app.command(name)(guarded(command))
+
+
+def column_options(help_by_role: dict[str, str]):
+    """Add a ``--ROLE-col`` option per role of ``help_by_role`` (role -> its help) after the
+    command's --format: which column of an --input holds that role. The command gets the ones
+    given as ``columns`` (role -> column name)."""
+
+    def deco(fn):
+        params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "columns"]
+        at = [p.name for p in params].index("fmt") + 1
+        added = [
+            inspect.Parameter(
+                f"{role}_col",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=None,
+                annotation=Annotated[str | None, typer.Option(f"--{role}-col", help=text)],
+            )
+            for role, text in help_by_role.items()
+        ]
+
+        @functools.wraps(fn)
+        def with_columns(*args, **kw):
+            given = {role: kw.pop(f"{role}_col") for role in help_by_role}
+            return fn(*args, columns={role: col for role, col in given.items() if col}, **kw)
+
+        with_columns.__signature__ = inspect.Signature(params[:at] + added + params[at:])
+        return with_columns
 
     return deco
 
@@ -350,7 +406,17 @@ def _filter_arg(items: list[str] | None) -> dict[str, str | list[str]]:
     return out
 
 
+#: regenerate's --ROLE-col options: the column of an --input that holds each part of a pair
+PAIR_COLUMNS = {
+    "query": "column holding the query (default: query, anchor, question, premise, text1, ...)",
+    "positive": "column holding the positive (default: positive, document, answer, hypothesis, text2, ...)",
+    "instruction": "column with a per-row instruction",
+    "negatives": "column with the source's own negatives (kept in meta, never used)",
+}
+
+
 @stage_command(llm=True)
+@column_options(PAIR_COLUMNS)
 def regenerate(
     opts: Options,
     inputs: Annotated[
@@ -359,18 +425,7 @@ def regenerate(
             "--input", "-i", help="a BEIR folder, a saved HF dataset (or hub name), or a .jsonl/.parquet/.csv/.tsv file; repeatable"
         ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    query_col: Annotated[
-        str | None, typer.Option("--query-col", help="column holding the query (default: query, anchor, question, premise, text1, ...)")
-    ] = None,
-    positive_col: Annotated[
-        str | None,
-        typer.Option("--positive-col", help="column holding the positive (default: positive, document, answer, hypothesis, text2, ...)"),
-    ] = None,
-    instruction_col: Annotated[str | None, typer.Option("--instruction-col", help="column with a per-row instruction")] = None,
-    negatives_col: Annotated[
-        str | None, typer.Option("--negatives-col", help="column with the source's own negatives (kept in meta, never used)")
-    ] = None,
+    fmt: FormatOpt = "auto",
     source_name: Annotated[
         str | None, typer.Option("--source-name", help="source name: instruction-table key and source_id prefix (default: from the path)")
     ] = None,
@@ -385,6 +440,7 @@ def regenerate(
     mine: Annotated[
         int | None, typer.Option("--mine", min=0, help="also mine K negatives per pair from the source's corpus with the embedder")
     ] = None,
+    columns: dict[str, str] | None = None,
 ) -> None:
     """LLM-graded negatives for existing (query, positive) pairs (MGH §1.5) -> RUN_DIR/regenerate/.
 
@@ -395,11 +451,7 @@ def regenerate(
 
     ctx = opts.context()
     rcfg = ctx.cfg.regenerate
-    cols = {
-        k: v
-        for k, v in (("query", query_col), ("positive", positive_col), ("instruction", instruction_col), ("negatives", negatives_col))
-        if v
-    }
+    cols = columns or {}
     if inputs:
         if source_name and len(inputs) > 1:
             raise UserError(
@@ -433,7 +485,16 @@ def regenerate(
     _emit_llm(_execute("regenerate", opts, ctx), opts.json_out)
 
 
+#: corpus's --ROLE-col options: the column of an --input that holds each part of a document
+DOCUMENT_COLUMNS = {
+    "text": "column holding the document text (default: text, body, content, document, ...)",
+    "title": "column holding a title, prepended to the text (default: title)",
+    "id": "column holding the document id (default: _id, id, doc_id; else the row)",
+}
+
+
 @stage_command(llm=True)
+@column_options(DOCUMENT_COLUMNS)
 def corpus(
     opts: Options,
     inputs: Annotated[
@@ -444,16 +505,7 @@ def corpus(
             help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable",
         ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")] = "auto",
-    text_col: Annotated[
-        str | None, typer.Option("--text-col", help="column holding the document text (default: text, body, content, document, ...)")
-    ] = None,
-    title_col: Annotated[
-        str | None, typer.Option("--title-col", help="column holding a title, prepended to the text (default: title)")
-    ] = None,
-    id_col: Annotated[
-        str | None, typer.Option("--id-col", help="column holding the document id (default: _id, id, doc_id; else the row)")
-    ] = None,
+    fmt: FormatOpt = "auto",
     max_docs: Annotated[int | None, typer.Option("--max-docs", min=1, help="a seeded sample of at most N documents")] = None,
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
@@ -465,6 +517,7 @@ def corpus(
             help="mined (from the corpus) | llm (written for the document) | mixed (2 mined + the LLM's 2 hardest that pass the mining margin)",
         ),
     ] = None,
+    columns: dict[str, str] | None = None,
 ) -> None:
     """A corpus with no queries: the LLM writes queries grounded in each document -> RUN_DIR/corpus/.
 
@@ -475,7 +528,7 @@ def corpus(
 
     ctx = opts.context()
     ccfg = ctx.cfg.corpus
-    cols = {k: v for k, v in (("text", text_col), ("title", title_col), ("id", id_col)) if v}
+    cols = columns or {}
     try:
         if inputs:
             ccfg.inputs = [CorpusSpec(path=p, format=fmt, columns=cols) for p in inputs]
@@ -661,8 +714,13 @@ def run(
     _emit(out, opts.json_out)
 
 
-@app.command()
-@guarded
+def _show_estimate(est: dict) -> None:
+    from negsynth.estimate import render
+
+    render(est)
+
+
+@report_command(show=_show_estimate)
 def estimate(
     run_file: Annotated[Path | None, typer.Argument(help="TOML run file (or --config)", show_default=False)] = None,
     config: ConfigOpt = None,
@@ -685,29 +743,21 @@ def estimate(
     price_out: Annotated[
         float | None, typer.Option("--price-out", help="USD per 1M completion tokens (default: llm.price.output_per_mtok)")
     ] = None,
-    json_out: JsonOpt = False,
-    verbose: VerboseOpt = 0,
-) -> None:
+) -> dict:
     """Requests, tokens, wall time and USD of each LLM stage of a run, before any request is sent."""
     from negsynth.estimate import estimate as run_estimate
-    from negsynth.estimate import render
     from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
 
-    _setup_logging(verbose)
     if run_file is not None and config is not None and run_file != config:
         raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
     cfg = load_config(run_file or config, list(set_ or []))
-    ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True, json_mode=json_out))
+    ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
     names = [x.strip() for x in stages.split(",") if x.strip()] if stages else None
-    est = run_estimate(ctx, names, rps=rps, latency_s=latency, price_in=price_in, price_out=price_out)
-    if json_out:
-        _emit(est, True)
-    else:
-        render(est)
+    return run_estimate(ctx, names, rps=rps, latency_s=latency, price_in=price_in, price_out=price_out)
 
 
 # ============================================================================ around the stages
@@ -776,8 +826,18 @@ def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt
     typer.echo(tomli_w.dumps(cfg), nl=False)
 
 
-@app.command("inspect")
-@guarded
+def _show_inspect(report: dict) -> None:
+    from rich.console import Console
+
+    from negsynth.inspect import render
+
+    console = Console(highlight=False)
+    render(report, console)
+    for p in report.get("plots", []) + ([report["html"]] if "html" in report else []):
+        console.print(f"wrote {p}")
+
+
+@report_command("inspect", show=_show_inspect)
 def inspect_cmd(
     path: Annotated[Path, typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="pretty-print N examples (with cosines and flags when scored)")] = 0,
@@ -793,13 +853,10 @@ def inspect_cmd(
     html_out: Annotated[
         Path | None, typer.Option("--html", help="also write one self-contained HTML page (tables, plots, a filterable sample browser)")
     ] = None,
-    json_out: JsonOpt = False,
-    verbose: VerboseOpt = 0,
-) -> None:
+) -> dict:
     """Summarise a run: counts per stage, task-type mix, rejects, tokens/cost, score statistics per level."""
-    from negsynth.inspect import inspect_path, render, write_plots
+    from negsynth.inspect import inspect_path, write_plots
 
-    _setup_logging(verbose)
     report = inspect_path(path, sample=sample, task_type=task_type, flag=flag, level=level, seed=seed)
     if plots is not None:
         report["plots"] = [str(p) for p in write_plots(path, plots, task_type=task_type)]
@@ -807,19 +864,18 @@ def inspect_cmd(
         from negsynth.report_html import write_html
 
         report["html"] = str(write_html(path, html_out, seed=seed))
-    if json_out:
-        _emit(report, True)
-        return
-    from rich.console import Console
-
-    console = Console(highlight=False)
-    render(report, console)
-    for p in report.get("plots", []) + ([report["html"]] if "html" in report else []):
-        console.print(f"wrote {p}")
+    return report
 
 
-@app.command()
-@guarded
+def _show_export(res: dict) -> None:
+    for k in ("dataset", "model"):
+        if k in res:
+            typer.echo(f"wrote {res[k][k]}")
+    for url in res.get("pushed", []):
+        typer.echo(f"pushed {url}")
+
+
+@report_command(show=_show_export)
 def export(
     out: Annotated[
         Path,
@@ -838,22 +894,11 @@ def export(
     push: Annotated[
         str | None, typer.Option("--push", help="upload to the Hub as USER/NAME (dataset and model repo); needs HF_TOKEN")
     ] = None,
-    json_out: JsonOpt = False,
-    verbose: VerboseOpt = 0,
-) -> None:
+) -> dict:
     """Write the curriculum as a Hugging Face dataset folder and the trained model with a model card (optionally push)."""
     from negsynth.export import export_run
 
-    _setup_logging(verbose)
-    res = export_run(run_dir, out, only=only, with_shards=with_shards, ntuple=ntuple, license=license_, push_repo=push)
-    if json_out:
-        _emit(res, True)
-        return
-    for k in ("dataset", "model"):
-        if k in res:
-            typer.echo(f"wrote {res[k][k]}")
-    for url in res.get("pushed", []):
-        typer.echo(f"pushed {url}")
+    return export_run(run_dir, out, only=only, with_shards=with_shards, ntuple=ntuple, license=license_, push_repo=push)
 
 
 def _sigterm(signum, frame) -> None:

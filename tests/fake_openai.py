@@ -364,12 +364,12 @@ def _last_user(req: dict) -> str:
     )
 
 
-def valid_answer(req: dict, n: int) -> str:
-    """A valid JSON answer for a brainstorm or generate request, unique per request."""
+def valid_answer(req: dict, n: int, *, tasks: int = 5) -> str:
+    """A valid JSON answer for a brainstorm (``tasks`` tasks) or generate request, unique per request."""
     prompt = _last_user(req)
     tag = abs(hash(prompt)) % 10**8
     if prompt.startswith("Brainstorm"):
-        return json.dumps({"tasks": [f"Task number {n}-{i} about topic {tag} for retrieval" for i in range(5)]})
+        return json.dumps({"tasks": [f"Task number {n}-{i} about topic {tag} for retrieval" for i in range(tasks)]})
     if '"S1"' in prompt:
         return json.dumps(
             {"S1": f"sentence one {tag}", "S2": f"sentence two {tag}", "negatives": [f"other sentence {j} of {tag}" for j in range(4)]}

@@ -6,9 +6,13 @@ import json
 import shutil
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import tomli_w
+
+from negsynth.embed.base import Embedder
 
 #: what every fake-server test needs: the fake model, quick backoff, small brainstorm lists
 #: (a 30 s request timeout: on a loaded machine a slow fake answer must not turn into a counted retry)
@@ -103,6 +107,71 @@ def outage_config(tmp: Path, base_url: str, **llm) -> Path:
     failures in a row make an outage; ``llm`` overrides."""
     settings = {"max_retries": 1, "max_attempts": 2, "connect_timeout": 1, "timeout": 5, "max_consecutive_failures": 3, **llm}
     return write_run_config(tmp, base_url, llm=settings, generate={"examples": OUTAGE_EXAMPLES})
+
+
+class RecordingEmbedder(Embedder):
+    """A fake embedder of ``dim`` dimensions: a subclass gives the vectors (:meth:`vectors`), and
+    every text encoded is kept in ``seen``, so a test sees what was embedded and how often."""
+
+    def __init__(self, dim: int):
+        self._dim = dim
+        self.seen: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _encode(self, texts, *, batch_size, show_progress):
+        self.seen += texts
+        return self.vectors(texts)
+
+    def vectors(self, texts) -> np.ndarray:
+        raise NotImplementedError
+
+
+#: how many open :func:`by_value` blocks ship each module
+_SHIPPED: Counter = Counter()
+
+
+@contextmanager
+def by_value(*modules):
+    """Ray workers cannot import the tests' modules: while the block runs, the fakes of ``modules``
+    (and of this one, which they build on) travel to them by value. Blocks nest."""
+    from ray import cloudpickle
+
+    shipped = [*modules, sys.modules[__name__]]
+    for m in shipped:
+        if not _SHIPPED[m.__name__]:
+            cloudpickle.register_pickle_by_value(m)
+        _SHIPPED[m.__name__] += 1
+    try:
+        yield
+    finally:
+        for m in shipped:
+            _SHIPPED[m.__name__] -= 1
+            if not _SHIPPED[m.__name__]:
+                cloudpickle.unregister_pickle_by_value(m)
+
+
+def tiny_decoder(vocab_size: int, model_type: str = "llama", *, hidden: int = 16, max_positions: int = 4096):
+    """A tiny random causal LM for the decoder embedders' tests: Llama (or ``"mistral"``), 2 layers,
+    4 heads over 2 KV heads, ``hidden`` wide; seeded, so the same weights every time."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg_cls, cls = (MistralConfig, MistralForCausalLM) if model_type == "mistral" else (LlamaConfig, LlamaForCausalLM)
+    cfg = cfg_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+    )
+    return cls(cfg).eval()
 
 
 def minilm_embedder(batch_size: int, device: str = "cpu"):

@@ -15,11 +15,10 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import minilm_embedder
+from helpers import RecordingEmbedder, minilm_embedder
 
 from negsynth.data.clean import Deduplicator, exact_key, load_eval_texts, quantize
 from negsynth.data.shards import iter_jsonl, read_stage, write_jsonl
-from negsynth.embed.base import Embedder
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.progress import Reporter
@@ -30,20 +29,15 @@ from negsynth.stages import get, run_stage
 SCORE = get("score")
 
 
-class HashEmbedder(Embedder):
+class HashEmbedder(RecordingEmbedder):
     """Bag of words hashed into 64 dims (deterministic across processes); records every text encoded."""
 
     name = "fake:hash"
 
     def __init__(self):
-        self.seen: list[str] = []
+        super().__init__(64)
 
-    @property
-    def dim(self) -> int:
-        return 64
-
-    def _encode(self, texts, *, batch_size, show_progress):
-        self.seen += texts
+    def vectors(self, texts):
         out = np.full((len(texts), 64), 1e-3)
         for r, t in enumerate(texts):
             for w in t.lower().split():

@@ -172,6 +172,24 @@ def test_bad_config_fails_in_one_line(tmp_path, args, needle):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+def test_every_table_of_the_run_file_defaults_to_its_own_defaults():
+    """A table within a table (each section, llm.price, the mining settings, ...) defaults to its
+    own defaults, a fresh one per config: an empty run file is a full config, and editing one
+    config never edits another."""
+    from pydantic import BaseModel
+
+    from negsynth.schemas.config import RunConfig
+
+    a, b = RunConfig(), RunConfig()
+    tables = [(a, b, RunConfig)]
+    while tables:
+        x, y, model = tables.pop()
+        for name, field in model.model_fields.items():
+            if isinstance(getattr(x, name), BaseModel):
+                assert getattr(x, name) == field.annotation() and getattr(x, name) is not getattr(y, name), name
+                tables.append((getattr(x, name), getattr(y, name), field.annotation))
+
+
 def test_missing_config_file_and_bad_toml(tmp_path):
     r = runner.invoke(app, ["brainstorm", "-c", str(tmp_path / "nope.toml"), "-d", str(tmp_path / "r")])
     assert r.exit_code == 2 and "config file not found" in r.stderr

@@ -284,6 +284,11 @@ def test_bad_options_are_one_line(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl")])
     assert r.exit_code == 2 and "no text column (columns: a)" in r.output and "Traceback" not in r.output
+    # --text-col / --id-col name the input's columns
+    r = runner.invoke(
+        app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl"), "--text-col", "a", "--id-col", "key"]
+    )
+    assert r.exit_code == 2 and "no column 'key' for id (columns: a)" in r.output
 
 
 def test_a_split_folder_reads_its_parents_corpus(tmp_path):

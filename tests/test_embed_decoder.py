@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from helpers import tiny_decoder  # noqa: E402
 
 from negsynth.embed.decoder import (  # noqa: E402
     DecoderEmbedder,
@@ -44,22 +46,8 @@ def _tokenizer():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tok = _tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    return model, tok
+    return tiny_decoder(len(tok), max_positions=128), tok
 
 
 def make(tiny, method, **kw):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import RecordingEmbedder
 
 from negsynth.data.readers import read_beir, read_tsv
 from negsynth.embed.base import Embedder
@@ -30,22 +31,16 @@ DATA = default_data_dir()
 needs_data = pytest.mark.skipif(DATA is None or not Path(DATA).is_dir(), reason="shared benchmark data (../shared/data) not found")
 
 
-class HashBOW(Embedder):
+class HashBOW(RecordingEmbedder):
     """Cheap deterministic embedder: hashed bag of lower-cased words (a lexical baseline)."""
 
     name = "hash-bow"
 
     def __init__(self, dim: int = 512, instruct_queries: bool = False):
-        self._dim = dim
+        super().__init__(dim)
         self.instruct_queries = instruct_queries
-        self.seen: list[str] = []
 
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def _encode(self, texts, *, batch_size, show_progress):
-        self.seen.extend(texts)
+    def vectors(self, texts):
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for i, t in enumerate(texts):
             for w in re.findall(r"[a-z0-9]+", t.lower()):

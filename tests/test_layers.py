@@ -102,3 +102,42 @@ def test_no_import_cycle_between_modules():
         if m not in state:
             visit(m)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_stages_import_the_pipeline_through_its_surface():
+    """A stage imports ``negsynth.pipeline`` (its ``__init__``), never one of its modules: what the
+    stages may use of the pipeline is the package's ``__all__``."""
+    deep = [
+        f"{m} -> {d}" for m, ds in imports().items() if m.startswith("negsynth.stages") for d in ds if d.startswith("negsynth.pipeline.")
+    ]
+    assert not deep, "deep pipeline imports:\n" + "\n".join(sorted(deep))
+
+
+def test_the_pipeline_surface_is_complete_and_lazy():
+    """``__all__``, the imports type checkers read and the names resolved on first use agree, each
+    name is its module's object, and importing the package loads none of its modules."""
+    import importlib
+    import subprocess
+    import sys
+
+    import negsynth.pipeline as surface
+
+    tree = ast.parse((PKG / "pipeline" / "__init__.py").read_text(encoding="utf-8"))
+    typed = {a.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0 for a in node.names}
+    typed = {n: m.rsplit(".", 1)[1] for n, m in typed.items() if m.startswith("negsynth.pipeline.")}
+    assert sorted(surface.__all__) == sorted(typed) and typed == surface._MODULE_OF
+    for name, module in typed.items():
+        assert getattr(surface, name) is getattr(importlib.import_module(f"negsynth.pipeline.{module}"), name)
+    probe = "import sys, negsynth.pipeline; print(sorted(m for m in sys.modules if m.startswith('negsynth.pipeline.')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_pipeline_surface_reads_its_modules_each_time(monkeypatch):
+    """A name of the surface is what its module holds now: a test that patches the module patches
+    what the stages import through the surface later (``run_pipeline``'s Ray executor)."""
+    import negsynth.pipeline as surface
+    from negsynth.pipeline import ray_executor
+
+    monkeypatch.setattr(ray_executor, "run_on_ray", patched := object())
+    assert surface.run_on_ray is patched

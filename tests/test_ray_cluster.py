@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, sts_reasked_once
-from helpers import generate_files
+from helpers import by_value, generate_files
 from test_scaleout import brainstormed, gen, reference, write_config  # noqa: F401 - fixtures
 from test_score import HAND, FakeEmbedder, example, make_ctx, write_generate
 
@@ -151,7 +151,6 @@ def slow(req, n):
 
 def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd, reference, monkeypatch):  # noqa: F811
     import test_score
-    from ray import cloudpickle
 
     from negsynth.pipeline.ray_executor import run_on_ray
 
@@ -179,8 +178,7 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd
         [example(4, q="Q4", negs=("e1", "n2", "e3", "n4"), pos="pos"), example(5, q="Q5", negs=("m2", "e2", "e3", "e4"))],
     ]
     out, stats = {}, {}
-    cloudpickle.register_pickle_by_value(test_score)
-    try:
+    with by_value(test_score):
         for name in ("one", "ray"):
             sd = tmp_path / f"score-{name}"
             write_generate(sd, shards)
@@ -192,8 +190,6 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd
             d = sd / "score"
             files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*")]
             out[name] = {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
-    finally:
-        cloudpickle.unregister_pickle_by_value(test_score)
     assert stats["ray"]["workers"] == 2 and set(stats["ray"]["ray_nodes"]) == both
     assert out["ray"] == out["one"] and stats["ray"]["kept"] == stats["one"]["kept"] == 5
 
@@ -239,7 +235,6 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
     import ray
     import test_score
     import test_score_ray
-    from ray import cloudpickle
     from test_score_ray import SlowFake
 
     from negsynth.pipeline.ray_executor import run_on_ray
@@ -283,9 +278,7 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
         except Exception as e:  # noqa: BLE001 - shown by the assertion below
             out["error"] = e
 
-    for mod in (test_score, test_score_ray):
-        cloudpickle.register_pickle_by_value(mod)
-    try:
+    with by_value(test_score, test_score_ray):
         t = threading.Thread(target=score_on_ray)
         t.start()
         killed = False
@@ -299,9 +292,6 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
             time.sleep(0.05)
         t.join(timeout=400)
         assert not t.is_alive(), "score did not finish after the node was killed"
-    finally:
-        for mod in (test_score, test_score_ray):
-            cloudpickle.unregister_pickle_by_value(mod)
     assert killed, "node b's worker was never seen encoding"
     assert "error" not in out, out.get("error")  # the stage finished without a rerun
     st = out["stats"]

@@ -12,10 +12,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import RecordingEmbedder
 from scipy.stats import kendalltau
 
 from negsynth.data.shards import read_stage, write_jsonl
-from negsynth.embed.base import Embedder
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig, ScoreConfig
@@ -41,21 +41,16 @@ def unit(cos: float) -> np.ndarray:
     return np.array([cos, math.sqrt(max(0.0, 1 - cos * cos)), 0.0])
 
 
-class FakeEmbedder(Embedder):
+class FakeEmbedder(RecordingEmbedder):
     """Hand-set vectors (text -> cosine with the query 'Q*') plus hashed bag-of-words; counts every text encoded."""
 
     name = "fake:hand"
 
     def __init__(self, cosines: dict[str, float] | None = None):
+        super().__init__(3)
         self.table = {t: unit(c) for t, c in (cosines or {}).items()}
-        self.seen: list[str] = []
 
-    @property
-    def dim(self) -> int:
-        return 3
-
-    def _encode(self, texts, *, batch_size, show_progress):
-        self.seen += texts
+    def vectors(self, texts):
         out = []
         for t in texts:
             if t.startswith("Q"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from helpers import by_value
 from test_score import HAND, FakeEmbedder, example, make_ctx, write_generate
 from typer.testing import CliRunner
 
@@ -35,11 +36,9 @@ def fake_by_value(ray_node):
     """The workers cannot import tests/test_score.py: its fake travels by value while a test runs
     (a user's embedder class must be importable on the workers, or registered the same way)."""
     import test_score
-    from ray import cloudpickle
 
-    cloudpickle.register_pickle_by_value(test_score)
-    yield
-    cloudpickle.unregister_pickle_by_value(test_score)
+    with by_value(test_score):
+        yield
 
 
 def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by_value, monkeypatch):
@@ -158,8 +157,6 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     import sys
     import threading
 
-    from ray import cloudpickle
-
     from negsynth.pipeline.ray_executor import run_on_ray
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
@@ -183,16 +180,15 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     killed: list[int] = []
     stop = threading.Event()
     t = threading.Thread(target=_kill_loop, args=(stop, killed, once, gate))
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SlowFake travels by value too
     t.start()
     try:
-        got = run_on_ray(SCORE, ctx_for(rd, emb), workers=2)
+        with by_value(sys.modules[__name__]):  # SlowFake travels by value too
+            got = run_on_ray(SCORE, ctx_for(rd, emb), workers=2)
     except Exception as e:  # noqa: BLE001 - the caller checks what it is
         got = e
     finally:
         stop.set()
         t.join()
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         if gate:
             Path(gate).unlink(missing_ok=True)
     return ref, rd, (lambda: ctx_for(rd, FakeEmbedder(cos))), killed, got

@@ -16,6 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import tiny_decoder  # noqa: E402
+
 from negsynth.embed.decoder import (  # noqa: E402
     ECHO_TEMPLATE,
     DecoderEmbedder,
@@ -43,27 +45,9 @@ def smol_tok():
     return tok
 
 
-def _tiny(tok, model_type="llama", hidden=16, vocab=None):
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    cfg_cls, cls = (MistralConfig, MistralForCausalLM) if model_type == "mistral" else (LlamaConfig, LlamaForCausalLM)
-    cfg = cfg_cls(
-        vocab_size=vocab or len(tok),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
-    return cls(cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def smol(smol_tok):
-    return _tiny(smol_tok), smol_tok
+    return tiny_decoder(len(smol_tok)), smol_tok
 
 
 @pytest.fixture()
@@ -180,12 +164,12 @@ def test_embedfilter_mistral_window_offset_128(smol_tok, svd_tmp):
     assert filter_window(4096, 2) == (1024, 3072)
     with pytest.raises(ValueError):
         filter_window(256, 1, 128)
-    mistral = _tiny(smol_tok, "mistral", hidden=256, vocab=300)
+    mistral = tiny_decoder(300, "mistral", hidden=256)
     e = DecoderEmbedder(mistral, smol_tok, method="embedfilter", base="prompteol")
     assert e.window == (128, 256) and e.dim == 128
     assert e.prompteol_template == 'This sentence: "{text}" means [MASK]'
     assert DecoderEmbedder(mistral, smol_tok, method="embedfilter", filter_start="centred").window == (64, 192)
-    llama = _tiny(smol_tok, "llama", hidden=256, vocab=300)
+    llama = tiny_decoder(300, hidden=256)
     assert DecoderEmbedder(llama, smol_tok, method="embedfilter").window == (64, 192)
     assert DecoderEmbedder(llama, smol_tok, method="embedfilter", filter_start=128).window == (128, 256)
 

@@ -105,6 +105,16 @@ def _pair(name: str, path: str, instruction: str, **spec) -> TaskSpec:
     return TaskSpec(name, "Pair", (path,), instruction, _PAIR_COLS, quick={"rows": 500}, **spec)
 
 
+#: the labelled-text sets, each read by a classification and a clustering task
+_TREC = ("trec/train.tsv", "trec/test.tsv")
+_AG_NEWS = ("ag_news/test.tsv",)
+
+
+def _labelled(name: str, category: str, files: tuple[str, ...], instruction: str, *, quick: dict | None = None, **spec) -> TaskSpec:
+    """A ``text/label`` task (``Class`` or ``Clust``), 2,000 rows in the quick suite unless ``quick`` says otherwise."""
+    return TaskSpec(name, category, files, instruction, _CLS_COLS, quick=quick or {"rows": 2000}, **spec)
+
+
 def _entailment(name: str, path: str, *, note: str) -> TaskSpec:
     """An NLI test set as pair classification: entailment = 1 vs contradiction = 0, neutral dropped."""
     return _pair(
@@ -163,45 +173,32 @@ TASKS: tuple[TaskSpec, ...] = (
     _entailment("SICK-E", "sickr/test_entailment.tsv", note="not an MTEB task"),
     _entailment("SNLI-PC", "snli/test.tsv", note="SentEval-tokenised text; not an MTEB task"),
     # --- Classification (accuracy) ---------------------------------------------------------
-    TaskSpec(
+    _labelled(
         "TREC",
         "Class",
-        ("trec/train.tsv", "trec/test.tsv"),
+        _TREC,
         "Classify the given question by the type of its expected answer",
-        _CLS_COLS,
         eval_mode="train_test",
         quick={"train": 1000},
         instruction_source="ours",
         note="coarse labels (6); logistic regression fit on train, accuracy on test",
     ),
-    TaskSpec(
+    _labelled(
         "AGNews",
         "Class",
-        ("ag_news/test.tsv",),
+        _AG_NEWS,
         "Classify the given news article into its topic",
-        _CLS_COLS,
         eval_mode="cv",
-        quick={"rows": 2000},
         instruction_source="ours",
         note="no train split: stratified 5-fold CV (shuffle, seed 0) on the test split, mean accuracy",
     ),
     # --- Clustering (V-measure) --------------------------------------------------------------
-    TaskSpec(
-        "AGNewsClustering",
-        "Clust",
-        ("ag_news/test.tsv",),
-        "Identify the topic or theme of the given news articles",
-        _CLS_COLS,
-        quick={"rows": 2000},
-        note="k = 4 topics",
-    ),
-    TaskSpec(
+    _labelled("AGNewsClustering", "Clust", _AG_NEWS, "Identify the topic or theme of the given news articles", note="k = 4 topics"),
+    _labelled(
         "TRECClustering",
         "Clust",
-        ("trec/train.tsv", "trec/test.tsv"),
+        _TREC,
         "Identify the type of answer the given question asks for",
-        _CLS_COLS,
-        quick={"rows": 2000},
         instruction_source="ours",
         note="train+test, k = 6 coarse labels",
     ),

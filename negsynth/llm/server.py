@@ -218,17 +218,15 @@ def server_command(
     model_alias: str,
     port: int,
     *,
-    engine: str | None = None,
-    binary: Path | None = None,
+    engine: tuple[str, Path | None] | None = None,
     slots: int = 1,
     threads: int | None = None,
 ) -> list[str]:
-    """The command line of the server on ``port``. ``engine``/``binary`` default to
-    :func:`resolve_engine`; ``slots`` and ``threads`` apply to llama-server only (the Python
-    server serves one request at a time and keeps llama-cpp-python's own thread default unless
-    ``serve.n_threads`` is set)."""
-    if engine is None:
-        engine, binary = resolve_engine(cfg)
+    """The command line of the server on ``port``. ``engine``: the engine and its binary, as
+    :func:`resolve_engine` gives them (by default it is asked); ``slots`` and ``threads`` apply to
+    llama-server only (the Python server serves one request at a time and keeps llama-cpp-python's
+    own thread default unless ``serve.n_threads`` is set)."""
+    engine, binary = engine or resolve_engine(cfg)
     if engine == "llama-server":
         if binary is None:
             binary = find_llama_server(cfg.server_path)
@@ -329,9 +327,7 @@ class EmbeddedServer:
     def _spawn_and_wait(self, deadline: float) -> bool:
         """Start the server on ``self.port`` and wait until it answers. True when the answer comes
         from our process; False when another process answers on that port."""
-        cmd = server_command(
-            self.cfg, self.alias, self.port, engine=self.engine, binary=self.binary, slots=self.slots, threads=self.threads
-        )
+        cmd = server_command(self.cfg, self.alias, self.port, engine=(self.engine, self.binary), slots=self.slots, threads=self.threads)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         while time.monotonic() < deadline:

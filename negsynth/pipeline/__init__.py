@@ -1,0 +1,106 @@
+"""The pipeline's one surface: what the stages (and a caller running them from Python) use of it.
+
+``from negsynth.pipeline import Stage, StageContext, Summary, run_item_stage, ...``: the stage
+contract and its runner (``stage``), the context and budgets (``context``), the run file
+(``config_io``), progress (``progress``), the shared shape of the LLM stages (``llm_stage``,
+``runner``) and the Ray executor (``ray_executor``). The modules themselves are the
+implementation; the stages import nothing from them directly (``tests/test_layers.py``).
+
+The names resolve when used (PEP 562 ``__getattr__``), each loading only its own module:
+importing the package, as every ``negsynth.pipeline.x`` import does first, loads none of them,
+so a stage or command that needs only the contract does not pay for the LLM client, and ``import
+negsynth.cli`` stays as fast as it was. Type checkers read the imports under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from negsynth.pipeline.config_io import config_hash, load_config
+    from negsynth.pipeline.context import Budget, SharedBudget, StageContext
+    from negsynth.pipeline.llm_stage import (
+        cost_usd,
+        item_stage_fingerprint,
+        llm_fingerprint,
+        llm_session,
+        llm_stage_parts,
+        merge_stage,
+        run_item_stage,
+        summary_rows,
+    )
+    from negsynth.pipeline.progress import Reporter
+    from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
+    from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
+    from negsynth.pipeline.stage import Stage, Summary, run_stage, run_stages
+
+#: each name of the surface -> the module of this package that defines it
+_MODULE_OF = {
+    "config_hash": "config_io",
+    "load_config": "config_io",
+    "Budget": "context",
+    "SharedBudget": "context",
+    "StageContext": "context",
+    "cost_usd": "llm_stage",
+    "item_stage_fingerprint": "llm_stage",
+    "llm_fingerprint": "llm_stage",
+    "llm_session": "llm_stage",
+    "llm_stage_parts": "llm_stage",
+    "merge_stage": "llm_stage",
+    "run_item_stage": "llm_stage",
+    "summary_rows": "llm_stage",
+    "Reporter": "progress",
+    "embeds_in_driver": "ray_executor",
+    "ray_embedding": "ray_executor",
+    "run_on_ray": "ray_executor",
+    "Outcome": "runner",
+    "RunReport": "runner",
+    "WorkItem": "runner",
+    "failure_message": "runner",
+    "Stage": "stage",
+    "Summary": "stage",
+    "run_stage": "stage",
+    "run_stages": "stage",
+}
+
+__all__ = [
+    "Budget",
+    "Outcome",
+    "Reporter",
+    "RunReport",
+    "SharedBudget",
+    "Stage",
+    "StageContext",
+    "Summary",
+    "WorkItem",
+    "config_hash",
+    "cost_usd",
+    "embeds_in_driver",
+    "failure_message",
+    "item_stage_fingerprint",
+    "llm_fingerprint",
+    "llm_session",
+    "llm_stage_parts",
+    "load_config",
+    "merge_stage",
+    "ray_embedding",
+    "run_item_stage",
+    "run_on_ray",
+    "run_stage",
+    "run_stages",
+    "summary_rows",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`__all__`, read from its module (imported on first use) each time, so what
+    the module holds now is what a caller gets (a test's monkeypatch of the module included)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

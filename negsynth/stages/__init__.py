@@ -27,9 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from negsynth.errors import UserError
-from negsynth.pipeline.context import Budget
-from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.stage import Stage, run_stage, run_stages
+from negsynth.pipeline import Budget, Reporter, Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
 
@@ -86,7 +84,7 @@ def run_pipeline(
     if ray_workers:
         from contextlib import contextmanager
 
-        from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
+        from negsynth.pipeline import embeds_in_driver, ray_embedding, run_on_ray
 
         @contextmanager
         def around(stage, ctx):  # score's / mining's encoding on the Ray workers; every other stage as it is

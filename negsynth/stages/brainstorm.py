@@ -25,13 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from negsynth import pipeline
 from negsynth.data.shards import iter_jsonl
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import llm_stage_parts, run_item_stage, summary_rows
-from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Outcome, RunReport, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
@@ -64,7 +61,7 @@ def _validate_list(obj: Any) -> list[str]:
 
 def fingerprint(ctx: StageContext) -> str:
     """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
-    return config_hash({**llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
+    return config_hash({**pipeline.llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
 
 
 @dataclass
@@ -184,7 +181,7 @@ def _verdict(ctx: StageContext, rep: RunReport, rows: list[tuple[str, dict]]) ->
     verdict.reasons = Counter(r["reason"] for r in rejects if "position" not in (r.get("input") or {}))
     for r in rejects:
         verdict.details.setdefault(r["reason"], str(r.get("detail") or "")[:160])
-    return failure_message(NAME, verdict, ctx) if verdict.items else None
+    return pipeline.failure_message(NAME, verdict, ctx) if verdict.items else None
 
 
 def _tasks_per_type(ctx: StageContext) -> dict:
@@ -204,7 +201,7 @@ def run(ctx: StageContext) -> dict:
     pending (a rerun asks again; its answered requests come from the cache), and a killed or
     stopped run keeps the types it finished."""
     sts = ctx.cfg.generate.ratio.get("sts", 0) > 0
-    return run_item_stage(
+    return pipeline.run_item_stage(
         ctx,
         STAGE,
         _items(ctx),
@@ -217,7 +214,7 @@ def run(ctx: StageContext) -> dict:
 
 
 def report(stats: dict) -> list[Summary]:
-    rows = summary_rows(stats)
+    rows = pipeline.summary_rows(stats)
     if stats.get("tasks_per_type"):
         rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
     return [Summary("brainstorm", rows)]

@@ -46,15 +46,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
-from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
@@ -120,7 +117,7 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, LLM, prompts and documents the examples are made from."""
     cfg = ctx.cfg.corpus
-    parts = {**llm_stage_parts(ctx, NAME, "corpus"), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
+    parts = {**pipeline.llm_stage_parts(ctx, NAME, "corpus"), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
     if needs_index(cfg):
         parts["embedder"] = ctx.cfg.embedder
     if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)
@@ -130,7 +127,7 @@ def config_digest(ctx: StageContext) -> str:
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it."""
-    return item_stage_fingerprint(ctx, config_digest(ctx))
+    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx))
 
 
 def needs_index(cfg: CorpusConfig) -> bool:
@@ -433,7 +430,7 @@ def run(ctx: StageContext) -> dict:
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
     work = Work(ctx, corpora)
-    return run_item_stage(
+    return pipeline.run_item_stage(
         ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items))
     )
 
@@ -493,7 +490,7 @@ def describe(folder: Path) -> dict[str, Any]:
 
 
 def report(stats: dict) -> list[Summary]:
-    rows = summary_rows(stats)
+    rows = pipeline.summary_rows(stats)
     docs = stats.get("documents") or {}
     rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
     rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))

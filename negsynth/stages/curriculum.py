@@ -18,9 +18,7 @@ from __future__ import annotations
 import time
 
 from negsynth.errors import UserError
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Stage, StageContext, Summary, config_hash
 from negsynth.schemas.config import CurriculumConfig
 from negsynth.stages.common import inputs_fingerprint, read_stage_records
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from negsynth.data.shards import atomic_write_json
 from negsynth.embed import embedder_for
 from negsynth.errors import UserError
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Stage, StageContext, Summary
 from negsynth.schemas.config import EvaluateConfig
 
 NAME = "evaluate"

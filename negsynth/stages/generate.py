@@ -20,13 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from negsynth import pipeline
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
-from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_examples, load_template, reask_template, render
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
@@ -211,12 +208,12 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return item_stage_fingerprint(ctx, config_digest(ctx), seed=ctx.cfg.generate.seed)
+    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx), seed=ctx.cfg.generate.seed)
 
 
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, LLM, prompts and brainstorm's shards the examples are made from."""
-    return config_hash({**llm_stage_parts(ctx, "generate", "generate_"), "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm")})
+    return config_hash({**pipeline.llm_stage_parts(ctx, "generate", "generate_"), "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm")})
 
 
 class PerType:
@@ -281,7 +278,7 @@ def run(ctx: StageContext) -> dict:
             f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio"
         )
     per_type, planned = PerType(cfg), allocate(cfg)
-    return run_item_stage(
+    return pipeline.run_item_stage(
         ctx,
         STAGE,
         items,
@@ -291,7 +288,7 @@ def run(ctx: StageContext) -> dict:
 
 
 def report(stats: dict) -> list[Summary]:
-    return [Summary("generate", summary_rows(stats))]
+    return [Summary("generate", pipeline.summary_rows(stats))]
 
 
 STAGE = Stage(

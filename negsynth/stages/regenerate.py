@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
+from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
 from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
-from negsynth.pipeline.runner import Outcome, WorkItem
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -158,14 +156,14 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
 
 def fingerprint(ctx: StageContext) -> dict[str, Any]:
     """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return item_stage_fingerprint(ctx, config_digest(ctx), mine=ctx.cfg.regenerate.mine)
+    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx), mine=ctx.cfg.regenerate.mine)
 
 
 def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
     cfg = ctx.cfg.regenerate
     parts = {
-        **llm_stage_parts(ctx, NAME, "regenerate"),
+        **pipeline.llm_stage_parts(ctx, NAME, "regenerate"),
         "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
     }
     if cfg.mine or cfg.negatives == "mined":
@@ -189,28 +187,19 @@ def load_st_model(cfg: EmbedderConfig):
     return load_mining_model(cfg)
 
 
-def mine_pairs(
-    model,
-    queries: dict[str, str],
-    known_positives: dict[str, list[str]],
-    corpus: list[str],
-    k: int,
-    opts: MiningConfig,
-    *,
-    batch_size: int = 64,
-    cache_folder: str | Path | None = None,
-) -> dict[str, dict[str, Any]]:
-    """``regenerate.mining`` applied: the ``k`` hardest negatives (``strategy = "top"``) or one per
-    rank band (``"graded"``) per query key, from :mod:`negsynth.embed.mining`."""
+def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str, dict[str, Any]]]:
+    """``regenerate.mining`` applied: :func:`~negsynth.embed.mining.mine_negatives` (the ``k``
+    hardest negatives, ``strategy = "top"``) or :func:`~negsynth.embed.mining.mine_graded` (one per
+    rank band, ``"graded"``) with the options bound, to call as ``(model, queries, known_positives,
+    corpus)``; ``encoding``: ``batch_size``, ``cache_folder``."""
     from negsynth.embed.mining import mine_graded, mine_negatives
 
     if opts.strategy == "graded":
-        return mine_graded(model, queries, known_positives, corpus, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max,
-                           seed=opts.seed, batch_size=batch_size, cache_folder=cache_folder)  # fmt: skip
-    return mine_negatives(
-        model, queries, known_positives, corpus, k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin,
-        max_score=opts.max_score, range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling,
-        batch_size=batch_size, cache_folder=cache_folder,
+        return partial(mine_graded, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max, seed=opts.seed,
+                       **encoding)  # fmt: skip
+    return partial(
+        mine_negatives, k=k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin, max_score=opts.max_score,
+        range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling, **encoding,
     )  # fmt: skip
 
 
@@ -246,9 +235,8 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
                 model = (ctx.mining_model_factory or load_st_model)(ctx.cfg.embedder)
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
-            found = mine_pairs(
-                model, queries, known, data.corpus, k, cfg.mining, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache
-            )
+            mine = miner(cfg.mining, k, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
+            found = mine(model, queries, known, data.corpus)
             atomic_write_json(path, found)
         short = 0
         for it in mine_items:
@@ -420,8 +408,8 @@ def run(ctx: StageContext) -> dict:
         extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
     if cfg.negatives == "mined":
         label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
-        return run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
-    return run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
+        return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
+    return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
 
 
 def prepare(ctx: StageContext) -> None:
@@ -436,7 +424,7 @@ def prepare(ctx: StageContext) -> None:
 
 
 def report(stats: dict) -> list[Summary]:
-    rows = summary_rows(stats)
+    rows = pipeline.summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
     rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
     return [Summary("regenerate", rows)]

@@ -22,9 +22,7 @@ import sys
 import time
 
 from negsynth.errors import UserError
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Stage, Summary
+from negsynth.pipeline import Stage, StageContext, Summary, config_hash
 from negsynth.schemas.train import TrainConfig
 
 NAME = "train"

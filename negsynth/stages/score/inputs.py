@@ -16,8 +16,7 @@ from negsynth.data.readers import EvalDataError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.evaluate.suite import TASKS
-from negsynth.pipeline.config_io import config_hash
-from negsynth.pipeline.context import StageContext
+from negsynth.pipeline import StageContext, config_hash
 from negsynth.schemas.records import Example, first_problem
 from negsynth.stages.common import inputs_fingerprint
 
@@ -80,7 +79,7 @@ def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerpri
     if eval_fingerprint is not None:
         parts["decontam"] = eval_fingerprint
     if ctx.cfg.score.judge_model == "llm":  # the LLM and the judge's prompt shape the verdicts
-        from negsynth.pipeline.llm_stage import llm_fingerprint
+        from negsynth.pipeline import llm_fingerprint
         from negsynth.prompts import templates_fingerprint
 
         parts["judge_llm"] = {"llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("judge", "reask")}

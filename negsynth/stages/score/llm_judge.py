@@ -30,8 +30,7 @@ from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
 from negsynth.llm.client import BudgetStop, OutageStop, ValidationFailure
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import cost_usd, llm_session
+from negsynth.pipeline import StageContext, cost_usd, llm_session
 from negsynth.prompts import reask_template, render
 from negsynth.stages.common import schema_failure
 

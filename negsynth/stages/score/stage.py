@@ -25,8 +25,7 @@ from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_na
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
 from negsynth.llm.client import BudgetStop, OutageStop
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Stage
+from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import _progress, embed_block

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.pipeline.stage import Summary
+from negsynth.pipeline import Summary
 from negsynth.schemas.config import ScoreConfig
 from negsynth.stages.score.measure import PAPER_TABLE4
 
