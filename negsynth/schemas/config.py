@@ -7,7 +7,6 @@ so an empty file is a valid config that runs the embedded local default end to e
 from __future__ import annotations
 
 import re
-import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -31,18 +30,11 @@ def check_bands(bands) -> list[tuple[int, int]]:
 
 class Section(BaseModel):
     """A table of the run file: unknown keys refused, assignments validated. A field that holds a
-    table of its own (a model) and names no default defaults to that table's defaults, a fresh
-    one per config: every section has defaults, so an empty file is a valid config."""
+    table of its own defaults to that table's defaults (``price: PriceConfig = PriceConfig()``:
+    pydantic copies a default per config, so no two configs share a table); every section has
+    defaults, so an empty file is a valid config."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        names = vars(sys.modules[cls.__module__])  # annotations are strings here (PEP 563)
-        for name, annotation in cls.__dict__.get("__annotations__", {}).items():
-            table = names.get(annotation) if isinstance(annotation, str) else annotation
-            if isinstance(table, type) and issubclass(table, BaseModel) and name not in cls.__dict__:
-                setattr(cls, name, Field(default_factory=table))
 
 
 class PriceConfig(Section):
@@ -106,7 +98,7 @@ class LLMConfig(Section):
     transport: Literal["http1", "aiohttp", "httpx"] = "http1"
     cache: bool = True
     extra_body: dict = Field(default_factory=dict)
-    price: PriceConfig
+    price: PriceConfig = PriceConfig()
     batch_poll_s: float = Field(30.0, gt=0)  # --mode batch: seconds between status polls
     batch_completion_window: str = "24h"  # --mode batch: the Batch API's completion_window
     # an outage: after this many requests in a row failed at the transport/HTTP level (retries
@@ -450,7 +442,7 @@ class RegenerateConfig(Section):
     # (no LLM at all: the corpus is mined, one negative per rank band of mining.bands with
     # strategy "graded", else the 4 hardest; level 1 = hardest)
     negatives: Literal["llm", "mined"] = "llm"
-    mining: MiningConfig
+    mining: MiningConfig = MiningConfig()
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
     dedup: bool = True  # the same normalised (query, positive) only once across all inputs
@@ -511,7 +503,7 @@ class CorpusConfig(Section):
     negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
-    mining: MiningConfig  # the positive-aware margin (strategy "top")
+    mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
@@ -599,18 +591,18 @@ class EvaluateConfig(Section):
 class RunConfig(Section):
     """The whole run file. Sections of later stages are added as they land."""
 
-    llm: LLMConfig
-    serve: ServeConfig
-    pipeline: PipelineConfig
-    brainstorm: BrainstormConfig
-    generate: GenerateConfig
-    embedder: EmbedderConfig
-    curriculum: CurriculumConfig
-    train: TrainConfig
-    evaluate: EvaluateConfig
-    score: ScoreConfig
-    regenerate: RegenerateConfig
-    corpus: CorpusConfig
+    llm: LLMConfig = LLMConfig()
+    serve: ServeConfig = ServeConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+    brainstorm: BrainstormConfig = BrainstormConfig()
+    generate: GenerateConfig = GenerateConfig()
+    embedder: EmbedderConfig = EmbedderConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    score: ScoreConfig = ScoreConfig()
+    regenerate: RegenerateConfig = RegenerateConfig()
+    corpus: CorpusConfig = CorpusConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
