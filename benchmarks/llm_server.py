@@ -124,12 +124,22 @@ def post_all(base_url: str, bodies: list[dict], concurrency: int) -> tuple[float
     return time.perf_counter() - t0, res
 
 
-def run_server(engine: str, bodies: list[dict], concurrency: int, log: Path, slots: int | None = None, threads: int | None = None) -> dict:
+def run_server(
+    engine: str,
+    bodies: list[dict],
+    concurrency: int,
+    log: Path,
+    slots: int | None = None,
+    threads: int | None = None,
+    extra: list[str] = (),
+) -> dict:
     from negsynth.llm.server import EmbeddedServer, _free_port
     from negsynth.schemas.config import ServeConfig
 
     log.unlink(missing_ok=True)
-    cfg = ServeConfig(engine=engine, port=_free_port("127.0.0.1"), n_ctx=4096, startup_timeout=300, n_threads=threads)
+    cfg = ServeConfig(
+        engine=engine, port=_free_port("127.0.0.1"), n_ctx=4096, startup_timeout=300, n_threads=threads, extra_args=list(extra)
+    )
     srv = EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=log, slots=slots or concurrency)
     with srv:
         # warm-up (page the model in), not counted; a prompt of its own, so that no measured request
@@ -260,7 +270,8 @@ def main() -> None:
         default="python-server,llama-server,in-process",
         help="comma-separated; ENGINE@C runs a server arm at concurrency C (llama-server: C slots), e.g. llama-server@4; "
         "ENGINE@S/C: S slots, C requests in flight (llama-server@1/2: one slot, requests queued in arrival order); "
-        "a suffix :tN fixes the threads (serve.n_threads = N) instead of choosing them from the load, e.g. llama-server@1/2:t2",
+        "a suffix :tN fixes the threads (serve.n_threads = N) instead of choosing them from the load, e.g. llama-server@1/2:t2; "
+        "+FLAG+VALUE... appends server flags (serve.extra_args), e.g. llama-server@1/1:t1+--spec-type+ngram-simple",
     )
     ap.add_argument("--ref-threads", type=int, default=None, help="threads of the in-process reference (default: what llama-server chose)")
     ap.add_argument("--busy", type=int, default=0, help="CPU-burning processes running throughout (started --busy-warmup s before)")
@@ -300,7 +311,8 @@ def main() -> None:
             for rep in range(a.repeats):
                 for arm in arms:
                     la = os.getloadavg()[0]
-                    name, _, tn = arm.partition(":t")
+                    base, *extra = arm.split("+")
+                    name, _, tn = base.partition(":t")
                     threads = int(tn) if tn else None
                     if name == "in-process":
                         r = run_reference(bodies_path, threads or a.ref_threads or choose_threads())
@@ -314,6 +326,7 @@ def main() -> None:
                             tmp / f"{arm.replace('/', 'x')}.log",
                             slots=int(slots) if spec else None,
                             threads=threads,
+                            extra=extra,
                         )
                     r["load"] = la
                     runs[arm].append(r)
@@ -332,9 +345,10 @@ def main() -> None:
     print(f"\n{started}, {a.requests} demo generate requests, concurrency {a.concurrency} (in-process: 1), {a.repeats} repeats, medians;"
           f" {len(os.sched_getaffinity(0))} CPUs, {a.busy} busy process(es), load average {load0[0]:.2f} before / {load1[0]:.2f} after\n")  # fmt: skip
     print(
-        f"| engine | threads | slots | wall s | vs {arms[0]} | prompt tok/s | gen tok/s | completion tok/s (wall) | prompt + completion tokens | same text every repeat |"
+        f"| engine | threads | slots | wall s | vs {arms[0]} | prompt tok/s | gen tok/s | completion tok/s (wall) | prompt + completion tokens | same text every repeat | same text as {arms[0]} |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ref_texts = runs[arms[0]][0]["texts"]
     for arm in arms:
         rs = runs[arm]
         wall = med(r["wall"] for r in rs)
@@ -342,9 +356,10 @@ def main() -> None:
         gtps = med(r["completion_tokens"] / (r["gen_ms"] / 1e3) if r["gen_ms"] else float("nan") for r in rs)
         ctps = med(r["completion_tokens"] / r["wall"] for r in rs)
         same = sum(len({r["texts"][i] for r in rs}) == 1 for i in range(len(rs[0]["texts"])))
+        as_ref = sum(all(r["texts"][i] == ref_texts[i] for r in rs) for i in range(len(ref_texts)))
         threads = "/".join(sorted({str(r["threads"]) for r in rs}))
         print(
-            f"| {arm} | {threads} | {rs[0]['slots']} | {wall:.1f} | {base / wall:.2f}x | {ptps:.0f} | {gtps:.1f} | {ctps:.1f} | {med(r['prompt_tokens'] for r in rs):.0f} + {med(r['completion_tokens'] for r in rs):.0f} | {same}/{len(rs[0]['texts'])} |"
+            f"| {arm} | {threads} | {rs[0]['slots']} | {wall:.1f} | {base / wall:.2f}x | {ptps:.0f} | {gtps:.1f} | {ctps:.1f} | {med(r['prompt_tokens'] for r in rs):.0f} + {med(r['completion_tokens'] for r in rs):.0f} | {same}/{len(rs[0]['texts'])} | {as_ref}/{len(ref_texts)} |"
         )
     if a.json:
         a.json.write_text(

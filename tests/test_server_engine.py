@@ -165,6 +165,18 @@ def test_python_server_command_is_unchanged(gguf, monkeypatch, no_llama_server):
     assert _opt(cmd, "--n_threads") == "2"
 
 
+def test_serve_extra_args_end_either_command_line(gguf, fake_binary, monkeypatch):
+    """``serve.extra_args`` reach the server as given, after negsynth's own flags (so one of them
+    can be overridden: llama-server takes the last value of a repeated flag)."""
+    extra = ["--spec-type", "ngram-simple", "--threads", "1"]
+    cmd = server.server_command(ServeConfig(model_path=str(gguf), server_path=str(fake_binary), extra_args=extra), "m", 1, threads=2)
+    assert cmd[-4:] == extra and _opt(cmd, "--threads") == "2"
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+    cfg = ServeConfig(model_path=str(gguf), engine="llama-cpp-python", extra_args=["--n_batch", "256"])
+    assert server.server_command(cfg, "m", 1)[-2:] == ["--n_batch", "256"]
+    assert ServeConfig().extra_args == []
+
+
 def test_a_missing_model_is_a_user_error(tmp_path, fake_binary):
     with pytest.raises(UserError, match="serve.model_path"):
         server.server_command(ServeConfig(model_path=str(tmp_path / "none.gguf"), server_path=str(fake_binary)), "m", 1)

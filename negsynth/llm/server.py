@@ -249,6 +249,7 @@ def server_command(
             "--repeat-penalty", str(REPEAT_PENALTY),
             "--cache-ram", str(CACHE_RAM_MIB),
             "--no-webui",
+            *cfg.extra_args,
         ]  # fmt: skip
     try:
         import llama_cpp  # noqa: F401
@@ -266,7 +267,7 @@ def server_command(
     ]  # fmt: skip
     if cfg.n_threads:
         cmd += ["--n_threads", str(cfg.n_threads)]
-    return cmd
+    return cmd + list(cfg.extra_args)
 
 
 class EmbeddedServer:

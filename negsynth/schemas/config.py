@@ -193,6 +193,10 @@ class ServeConfig(Section):
     # but an answer then depends on which requests share its batch, so runs stop repeating bit for
     # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
+    # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
+    # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
+    # requests: docs/llm_server.md); the engine refuses a flag it does not know when it starts
+    extra_args: list[str] = Field(default_factory=list)
 
 
 class PipelineConfig(Section):
