@@ -2,8 +2,10 @@
 
 What README command 1 waits for most: the default config's 72 generate items (with their re-asks)
 against the embedded SmolLM2-135M. `brainstorm` runs once (``serve.engine = "auto"``); each
-repetition copies that run dir (its request cache holds brainstorm's answers only) and runs
-``negsynth run --stages generate`` once per engine, the order rotated, a fresh server each time.
+repetition copies that run dir (its request cache holds brainstorm's answers only; the server record
+``embedded-server.json`` left out, so each run chooses its threads from the cores free as a new run
+dir does, unless ``--threads`` fixes them) and runs ``negsynth run --stages generate`` once per
+engine, the order rotated, a fresh server each time.
 Reported, medians over the repetitions: the stage's own ``wall_time_s``, the whole command's wall
 time (server start included), requests sent (first asks + re-asks), valid examples and tokens; the
 load average before each run, and how many examples equal those of the first engine's first run.
@@ -44,6 +46,7 @@ def main() -> None:
     ap.add_argument("--engines", default="llama-cpp-python,llama-server", help="serve.engine values, the first the reference")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True, help="run dirs and results.json go here")
+    ap.add_argument("--threads", type=int, default=None, help="serve.n_threads for every run (default: each chooses)")
     a = ap.parse_args()
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     base = a.out / "brainstormed"
@@ -56,12 +59,14 @@ def main() -> None:
             d = a.out / f"{e}-rep{rep + 1}"
             shutil.rmtree(d, ignore_errors=True)
             shutil.copytree(base, d)
+            (d / "embedded-server.json").unlink(missing_ok=True)  # brainstorm's thread choice is not this run's
             load = os.getloadavg()[0]
-            wall = negsynth(d, "--stages", "generate", "--set", f"serve.engine={e}")
+            fixed = ["--set", f"serve.n_threads={a.threads}"] if a.threads else []
+            wall = negsynth(d, "--stages", "generate", "--set", f"serve.engine={e}", *fixed)
             st = json.loads((d / "generate" / "stats.json").read_text())
             srv = json.loads((d / "embedded-server.json").read_text()) if (d / "embedded-server.json").is_file() else {}
             r = {"stage_s": st["wall_time_s"], "command_s": round(wall, 1), "requests": st["attempts"], "valid": st["valid"],
-                 "tokens": st.get("tokens"), "load": round(load, 2), "threads": srv.get("threads"), "examples": examples(d)}  # fmt: skip
+                 "tokens": st.get("tokens"), "load": round(load, 2), "threads": srv.get("threads") or a.threads or "its default", "examples": examples(d)}  # fmt: skip
             runs[e].append(r)
             print(f"rep {rep + 1} {e:18s} stage {r['stage_s']:6.1f} s  command {r['command_s']:6.1f} s  requests {r['requests']}  valid {r['valid']}  "
                   f"threads {r['threads']}  load {load:.2f}", flush=True)  # fmt: skip
