@@ -431,8 +431,6 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     rng.shuffle(deep)
     rng.shuffle(shallow)
     per_phase = (steps // 4) * args.batch_size
-    if not per_phase:
-        sys.exit(f"scifact_recipe: --steps {steps}: the {arm} arm fills each quarter of the steps, so it needs at least 4")
     if arm.startswith("ns-tuple-hard"):
         kept = deep + shallow
         chosen = (kept * (-(-4 * per_phase // max(len(kept), 1))))[: 4 * per_phase]  # cycle when the filter left fewer rows
@@ -1056,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     src = fit_source(args)
     if args.steps is None:
         args.steps = max(1, len(src.pairs) // args.batch_size)
+    if args.steps < 4 and (short := [a for a in arms if a.startswith("ns-tuple-")]):  # before any mining
+        sys.exit(f"scifact_recipe: --steps {args.steps}: {', '.join(short)} fill each quarter of the steps, so they need at least 4")
     sp = args.split_info
     print(f"{args.name}: fit {sp['fit_queries']} queries / {len(src.pairs)} pairs, dev {sp['dev_queries']} queries / {sp['dev_pairs']} pairs, "
           f"test {sp['test_queries']} queries, corpus {len(src.corpus)}; {args.steps} steps x {args.batch_size}", file=sys.stderr)  # fmt: skip

@@ -21,3 +21,12 @@ def test_peak_rss_sees_an_allocation():
         del block
     assert busy.peak_mib >= idle.peak_mib + 150
     assert busy.seconds >= 0 and idle.peak_mib > 0
+
+
+def test_gpu_peak_is_none_without_a_gpu():
+    """The GPU column stays empty where torch has no CUDA device (or was never imported)."""
+    import torch
+
+    with PeakRSS() as m:
+        torch.ones(8) * 2
+    assert m.gpu_peak_mib is None or torch.cuda.is_available()

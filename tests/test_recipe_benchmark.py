@@ -266,3 +266,17 @@ def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tm
     plain = tmp_path / "plain.toml"
     plain.write_text(mod.pipeline_toml(tmp_path / "data", argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128), 0))
     assert load_config(plain).score.decontam_sets == "auto"
+
+
+def test_too_few_steps_for_the_n_tuple_arms_stop_in_one_line_before_mining(tmp_path, monkeypatch):
+    """The n-tuple arms fill each quarter of the steps: under 4 steps is refused before any model
+    is loaded (mining would otherwise run for minutes and then fail)."""
+    import pytest
+
+    mod = load_script()
+    root = _beir(tmp_path / "data" / "mydomain", "project")
+    monkeypatch.setattr(mod, "base_model", lambda args: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit, match=r"--steps 2: ns-tuple-hard fill each quarter of the steps, so they need at least 4"):
+        mod.main(
+            ["--dataset", str(root), "--out", str(tmp_path / "out"), "--arms", "base,ns-tuple-hard", "--steps", "2", "--eval-tasks", "none"]
+        )
