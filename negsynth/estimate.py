@@ -119,12 +119,16 @@ def _answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback: int) 
     return fallback
 
 
-def _stage_complete(run_dir: Path, stage: str) -> bool:
+def _stage_finished(run_dir: Path, stage: str) -> bool:
+    """Whether the stage's stats say it is done (the pipeline's one rule); no readable stats: not done."""
+    from negsynth.pipeline.stage import finished_stats
+
     p = run_dir / stage / "stats.json"
     try:
-        return bool(json.loads(p.read_text(encoding="utf-8")).get("complete"))
-    except (OSError, ValueError, AttributeError):
+        stats = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return False
+    return isinstance(stats, dict) and "complete" in stats and finished_stats(stats)
 
 
 def _stage_of_answer(text: str) -> str | None:
@@ -323,7 +327,7 @@ def estimate(
     generated: list[dict] | None = None
     for name in names:
         est = StageEstimate(stage=name)
-        if _stage_complete(ctx.run_dir, name):
+        if _stage_finished(ctx.run_dir, name):
             est.done = True
             est.basis.append("finished: a rerun reuses its outputs and sends nothing")
         elif name == "brainstorm":

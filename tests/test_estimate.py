@@ -62,6 +62,11 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": False}))
     again = est(cfg, "-d", rd)["stages"]["generate"]
     assert again["completion_tokens"] == 20 * again["requests"] and any("request cache (20 tokens)" in b for b in again["basis"])
+    # complete but stopped by a budget: not done either (the pipeline's one rule), so it is estimated
+    (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": True, "stopped_by": "max_requests"}))
+    assert est(cfg, "-d", rd)["stages"]["generate"]["done"] is False
+    (rd / "generate" / "stats.json").write_text(json.dumps(stats))
+    assert est(cfg, "-d", rd)["stages"]["generate"]["done"] is True
 
 
 def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):

@@ -149,3 +149,24 @@ def test_a_one_shard_stage_waits_for_its_verdict(tmp_path):
     rep = _run(ctx, _items(5), process, one_shard=True, verdict=lambda rep, rows: None)
     assert seen == [] and rep.failed is None and rep.shards_done == 1  # the rerun judged the kept items again
     assert len(list(iter_jsonl(d / "shard-00000.jsonl"))) == 10
+
+
+def test_report_finished_is_the_stats_rule():
+    """``RunReport.finished`` (what ``--overwrite`` swaps in on) and ``finished_stats`` (what a
+    relaunch reuses and ``estimate`` skips) are one rule: every combination of a report's stops."""
+    import itertools
+
+    from negsynth.pipeline.llm_stage import report_stats
+    from negsynth.pipeline.runner import RunReport
+    from negsynth.pipeline.stage import finished_stats
+
+    seen = set()
+    for done, failed, outage, stopped, pending in itertools.product((2, 3), (None, "f"), (None, "o"), (None, "budget"), (0, 1)):
+        rep = RunReport(
+            stage="generate", shards_total=3, shards_done=done, failed=failed, outage=outage, stopped_by=stopped, pending=pending
+        )
+        assert rep.finished == finished_stats(report_stats("generate", rep)), rep
+        assert rep.complete == report_stats("generate", rep)["complete"]
+        seen.add(rep.finished)
+    assert seen == {True, False}
+    assert finished_stats({"stage": "curriculum"})  # a stage without shards: no "complete" key

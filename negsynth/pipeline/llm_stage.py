@@ -94,10 +94,6 @@ def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> Non
         raise storage_error(e, ctx.run_dir / "manifest.json") from None
 
 
-def stage_complete(rep: RunReport) -> bool:
-    return rep.shards_done == rep.shards_total and not (rep.failed or rep.outage or rep.stopped_by or rep.pending)
-
-
 def finish_stage(
     ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None
 ) -> dict:
@@ -105,7 +101,7 @@ def finish_stage(
     outputs in (else the old ones stay)."""
     stats = llm_stats(ctx, stage, rep, client, extra)
     staged = ctx.outputs.get(stage)
-    if staged is not None and ctx.overwrite and stage_complete(rep):
+    if staged is not None and ctx.overwrite and rep.finished:
         try:
             swap_in(ctx.run_dir, stage, entry, staged, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
         except OSError as e:
@@ -327,7 +323,7 @@ def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
         "rejects_by_reason": dict(sorted(rep.reasons.items(), key=lambda kv: -kv[1])),
         "shards_done": rep.shards_done,
         "shards_total": rep.shards_total,
-        "complete": rep.shards_done == rep.shards_total and not rep.failed,
+        "complete": rep.complete,
         "stopped_by": rep.stopped_by,
         # items whose requests failed at the transport level (not the model's fault): not
         # rejected, their shards stay unfinished, a rerun retries them

@@ -132,6 +132,17 @@ class RunReport:
     failed: str | None = None  # why the stage as a whole failed (no valid output, too many 4xx)
     details: dict[str, str] = field(default_factory=dict)  # reason -> the first detail seen
 
+    @property
+    def complete(self) -> bool:
+        """Every shard of this worker written and the stage not failed (stats.json's ``complete``)."""
+        return self.shards_done == self.shards_total and not self.failed
+
+    @property
+    def finished(self) -> bool:
+        """Complete and not stopped early: no budget stop, outage or pending item. The same rule as
+        :func:`negsynth.pipeline.stage.finished_stats` on the stats this report becomes."""
+        return self.complete and not (self.outage or self.stopped_by or self.pending)
+
     def count(self, kind: str, row: dict) -> None:
         """Count one item: its row, or the rows of a ``MANY`` item and its usage (a pending one:
         its transport failures only)."""

@@ -185,7 +185,7 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any])
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
     """Its done files are there, its stats say complete, and its shards are the ones they count
     (none turned back into a ``.partial`` or lost since)."""
-    if not all((out / f).exists() for f in stage.done_files) or not stats.get("complete", True) or unfinished(stats):
+    if not all((out / f).exists() for f in stage.done_files) or not finished_stats(stats):
         return False
     if any(out.glob("shard-*.partial")):
         return False
@@ -265,6 +265,14 @@ def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str]
 def unfinished(stats: dict) -> bool:
     """Whether a stage's stats say it stopped early (budget, outage, pending items, failure)."""
     return bool(stats.get("failed") or stats.get("outage") or stats.get("stopped_by") or stats.get("pending"))
+
+
+def finished_stats(stats: dict) -> bool:
+    """The one rule for "this stage is done", read from its stats: complete (every shard written, a
+    stage without shards has no ``complete`` key) and not stopped early (:func:`unfinished`).
+    :attr:`RunReport.finished <negsynth.pipeline.runner.RunReport.finished>` is the same rule on
+    the report the stats are made from."""
+    return bool(stats.get("complete", True)) and not unfinished(stats)
 
 
 def run_stages(
