@@ -105,7 +105,7 @@ def run_stage(stage: str, cfg: Path, run_dir: Path, quiet: bool) -> dict:
     from negsynth.stages import get
 
     ctx = StageContext(cfg=load_config(cfg), run_dir=run_dir, reporter=Reporter(quiet=quiet))
-    fn = get(stage).function()
+    fn = get(stage).run
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     stats = fn(ctx)
