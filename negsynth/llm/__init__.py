@@ -11,9 +11,11 @@ from negsynth.llm.client import (
     resolve_api_key,
 )
 from negsynth.llm.parsing import ParseError, extract_json
+from negsynth.llm.session import CacheOpenError, open_client, rate_limiter
 
 __all__ = [
     "BudgetStop",
+    "CacheOpenError",
     "LLMClient",
     "LLMFatalError",
     "LLMResult",
@@ -22,6 +24,8 @@ __all__ = [
     "TransportError",
     "ValidationFailure",
     "extract_json",
+    "open_client",
+    "rate_limiter",
     "request_key",
     "resolve_api_key",
 ]

@@ -24,9 +24,8 @@ from typing import Any
 from negsynth.aio import run_sync
 from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
-from negsynth.llm.cache import RequestCache
-from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, resolve_api_key
-from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
+from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError
+from negsynth.llm.session import CacheOpenError, open_client
 from negsynth.pipeline.context import SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
@@ -112,17 +111,13 @@ def finish_stage(
     return stats
 
 
-def open_cache(path) -> RequestCache:
-    import sqlite3
-
-    try:
-        return RequestCache(path)
-    except sqlite3.DatabaseError as e:
-        raise UserError(
-            f"{path}: the request cache is unreadable ({e}); move it away (its answers are then requested again) or restore it"
-        ) from None
-    except OSError as e:
-        raise storage_error(e, path) from None
+def cache_error(e: CacheOpenError) -> UserError:
+    """The one line for a request cache that would not open: unreadable, or the disk refused."""
+    if isinstance(e.cause, OSError):
+        return storage_error(e.cause, e.path)
+    return UserError(
+        f"{e.path}: the request cache is unreadable ({e.cause}); move it away (its answers are then requested again) or restore it"
+    )
 
 
 @asynccontextmanager
@@ -136,25 +131,14 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
     """
     cfg = ctx.cfg.llm
     url = endpoint(ctx)
-    try:
-        key = resolve_api_key(cfg)
-    except LLMFatalError as e:
-        raise UserError(str(e)) from None
     if ctx.mode == "batch" and not cfg.cache:
         raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
     if ctx.mode == "batch" and cfg.endpoints:
         raise UserError("--mode batch sends through one Batch API: set llm.base_url instead of llm.endpoints, or drop --mode batch")
-    cache = open_cache(ctx.run_dir / "cache" / "llm.sqlite") if cfg.cache else None
-    # always on: RPM/TPM when configured, and the adaptive slow-down on 429 bursts
-    kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
-    if ctx.rate_ledger is not None:  # --executor ray: one RPM / TPM for every worker
-        limiter: RateLimiter = SharedRateLimiter(ctx.rate_ledger, rpm=cfg.rpm, tpm=cfg.tpm, **kw)
-    else:
-        limiter = RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, **kw)
+    cache_path = ctx.run_dir / "cache" / "llm.sqlite" if cfg.cache else None
     try:
-        async with LLMClient(cfg, base_url=url, api_key=key, cache=cache, limiter=limiter) as client:
-            if check:
-                await client.preflight(timeout=min(10.0, cfg.connect_timeout))
+        # key, cache and endpoint checked in the llm layer, before anything of the stage is written
+        async with open_client(cfg, base_url=url, cache_path=cache_path, rate_ledger=ctx.rate_ledger, check=check) as client:
             if entry is not None and stage is not None:
                 prepare_outputs(ctx, stage, entry)
             client.gate = budget_checker(ctx, client)
@@ -181,9 +165,8 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
                 yield client
     except LLMFatalError as e:
         raise UserError(str(e)) from None
-    finally:
-        if cache is not None:
-            cache.close()
+    except CacheOpenError as e:
+        raise cache_error(e) from None
 
 
 def budget_checker(ctx: StageContext, client: LLMClient):

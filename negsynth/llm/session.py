@@ -1,0 +1,61 @@
+"""A ready client in one call: the key resolved, the request cache opened, the rate limiter built
+and the endpoint checked. Nothing here knows a run dir or a stage; the pipeline adds those
+(:func:`negsynth.pipeline.llm_session`: the manifest, budgets, progress and the Batch API).
+
+    async with open_client(cfg.llm, base_url="http://127.0.0.1:8000/v1", cache_path=Path("llm.sqlite")) as client:
+        res = await client.structured(messages, Example)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from negsynth.llm.cache import RequestCache
+from negsynth.llm.client import LLMClient, resolve_api_key
+from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
+from negsynth.schemas.config import LLMConfig
+
+
+class CacheOpenError(Exception):
+    """The request cache at ``path`` could not be opened; ``cause`` is the sqlite3 or OS error."""
+
+    def __init__(self, path: Path, cause: Exception):
+        super().__init__(f"{path}: {cause}")
+        self.path, self.cause = path, cause
+
+
+def rate_limiter(cfg: LLMConfig, ledger: Any = None) -> RateLimiter:
+    """Always on: RPM / TPM when configured, and the adaptive slow-down on 429 bursts; with a
+    ``ledger`` (``--executor ray``), one RPM / TPM shared by every worker."""
+    kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
+    if ledger is not None:
+        return SharedRateLimiter(ledger, rpm=cfg.rpm, tpm=cfg.tpm, **kw)
+    return RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, **kw)
+
+
+@asynccontextmanager
+async def open_client(
+    cfg: LLMConfig, *, base_url: str, cache_path: Path | None = None, rate_ledger: Any = None, check: bool = True
+) -> AsyncIterator[LLMClient]:
+    """Yield an :class:`LLMClient` for ``cfg`` at ``base_url``, in this order, so that what can fail
+    fails before anything is written: the API key (:class:`~negsynth.llm.client.LLMFatalError`
+    when it is missing), then the request cache at ``cache_path`` (created when absent;
+    :class:`CacheOpenError` when unreadable), then, with ``check``, one preflight request to the
+    endpoint. The cache is closed on the way out."""
+    key = resolve_api_key(cfg)
+    try:
+        cache = RequestCache(cache_path) if cache_path is not None else None
+    except (sqlite3.DatabaseError, OSError) as e:
+        raise CacheOpenError(Path(cache_path), e) from e  # type: ignore[arg-type]
+    try:
+        async with LLMClient(cfg, base_url=base_url, api_key=key, cache=cache, limiter=rate_limiter(cfg, rate_ledger)) as client:
+            if check:
+                await client.preflight(timeout=min(10.0, cfg.connect_timeout))
+            yield client
+    finally:
+        if cache is not None:
+            cache.close()

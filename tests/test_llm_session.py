@@ -1,0 +1,56 @@
+"""``negsynth.llm.open_client``: a ready client without a run dir or a stage, its checks in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_openai import FakeOpenAI, Reply
+
+from negsynth.llm import CacheOpenError, LLMFatalError, open_client
+from negsynth.schemas.config import LLMConfig
+
+
+def test_a_client_that_answers_and_caches(tmp_path):
+    cache = tmp_path / "llm.sqlite"
+    with FakeOpenAI(lambda req, n: Reply(content='{"ok": 1}')) as srv:
+        cfg = LLMConfig(base_url=srv.base_url, model="fake")
+
+        async def ask():
+            async with open_client(cfg, base_url=srv.base_url, cache_path=cache) as client:
+                return await client.chat({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}), client
+
+        first, client = asyncio.run(ask())
+        sent = len(srv.requests)
+        again, _ = asyncio.run(ask())  # a new client on the same cache: answered from it
+    assert first["text"] == '{"ok": 1}' == again["text"]
+    assert not first.get("cached") and again["cached"] is True
+    assert cache.is_file() and len(srv.requests) == sent  # the second answer came from the cache
+    assert client.cache is not None and client.limiter is not None
+
+
+def test_missing_key_fails_before_the_cache_is_made(tmp_path, monkeypatch):
+    monkeypatch.delenv("NEGSYNTH_TEST_NO_SUCH_KEY", raising=False)
+    cfg = LLMConfig(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="NEGSYNTH_TEST_NO_SUCH_KEY")
+
+    async def go():
+        async with open_client(cfg, base_url=cfg.base_url, cache_path=tmp_path / "llm.sqlite"):
+            pass
+
+    with pytest.raises(LLMFatalError, match="NEGSYNTH_TEST_NO_SUCH_KEY"):
+        asyncio.run(go())
+    assert not (tmp_path / "llm.sqlite").exists()
+
+
+def test_an_unreadable_cache_names_its_file(tmp_path):
+    bad = tmp_path / "llm.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    cfg = LLMConfig(base_url="http://127.0.0.1:9/v1", model="m")
+
+    async def go():
+        async with open_client(cfg, base_url=cfg.base_url, cache_path=bad, check=False):
+            pass
+
+    with pytest.raises(CacheOpenError) as e:
+        asyncio.run(go())
+    assert e.value.path == bad
