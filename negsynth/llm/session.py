@@ -47,10 +47,12 @@ async def open_client(
     :class:`CacheOpenError` when unreadable), then, with ``check``, one preflight request to the
     endpoint. The cache is closed on the way out."""
     key = resolve_api_key(cfg)
-    try:
-        cache = RequestCache(cache_path) if cache_path is not None else None
-    except (sqlite3.DatabaseError, OSError) as e:
-        raise CacheOpenError(Path(cache_path), e) from e  # type: ignore[arg-type]
+    cache = None
+    if cache_path is not None:
+        try:
+            cache = RequestCache(cache_path)
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise CacheOpenError(Path(cache_path), e) from e
     try:
         async with LLMClient(cfg, base_url=base_url, api_key=key, cache=cache, limiter=rate_limiter(cfg, rate_ledger)) as client:
             if check:
