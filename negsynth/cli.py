@@ -99,6 +99,32 @@ RayAddressOpt = Annotated[
     str | None, typer.Option("--ray-address", help="with --executor ray: the cluster (default $RAY_ADDRESS, else a local one)")
 ]
 
+#: evaluate's choices of scoring library and encoder inference (evaluate.engine, evaluate.backend)
+EngineOpt = Annotated[
+    str | None, typer.Option("--engine", help="negsynth | mteb (MTEB tasks through the mteb library: pip install 'negsynth[eval]')")
+]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        help="torch (default) | auto | onnx | onnx-int8 | openvino | openvino-bf16 (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
+    ),
+]
+NoCacheOpt = Annotated[
+    bool, typer.Option("--no-cache", help="score every task again instead of reusing a model's stored results (evaluate.cache)")
+]
+
+
+def config_sets(section: str, **values: Any) -> list[str]:
+    """The ``--set`` overrides of ``section`` for the options a user gave (None: not given), each
+    value written as a TOML literal, so a path or name with a quote in it arrives as typed."""
+    return [
+        f"{section}.{key}={json.dumps(str(v) if isinstance(v, Path) else v, ensure_ascii=False)}"
+        for key, v in values.items()
+        if v is not None
+    ]
+
+
 #: exit code when a --max-* budget stopped a stage: finished work is written, rerun to continue
 EXIT_BUDGET = 3
 #: exit code when requests failed at the transport level (an outage, timeouts): the items are
@@ -631,32 +657,14 @@ def evaluate(
     suite: Annotated[str | None, typer.Option("--suite", help="quick | full")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="comma-separated task or category names")] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="benchmark folder (default ../shared/data)")] = None,
-    engine: Annotated[
-        str | None, typer.Option("--engine", help="negsynth | mteb (MTEB tasks through the mteb library: pip install 'negsynth[eval]')")
-    ] = None,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend",
-            help="torch (default) | auto | onnx | onnx-int8 | openvino | openvino-bf16 (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
-        ),
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="score every task again instead of reusing a model's stored results (evaluate.cache)")
-    ] = False,
+    engine: EngineOpt = None,
+    backend: BackendOpt = None,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Evaluate a model on the offline mini-MTEB (STS, Retr, Pair, Class, Clust) with a delta table."""
-    sets = [f"evaluate.suite='{suite}'"] if suite else []
-    if no_cache:
-        sets.append("evaluate.cache=false")
-    if engine:
-        sets.append(f"evaluate.engine='{engine}'")
-    if backend:
-        sets.append(f"evaluate.backend='{backend}'")
-    if data_dir:
-        sets.append(f"evaluate.data_dir='{data_dir}'")
-    if tasks:
-        sets.append("evaluate.tasks=[" + ",".join(f"'{t.strip()}'" for t in tasks.split(",")) + "]")
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    cache = False if no_cache else None
+    sets = config_sets("evaluate", suite=suite, tasks=task_list, data_dir=data_dir, engine=engine, backend=backend, cache=cache)
     ctx = opts.context(sets)
     if model:
         ctx.cfg.evaluate.model = model

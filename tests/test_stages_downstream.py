@@ -7,6 +7,7 @@ whole chain runs in well under a minute on 2 cores.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
@@ -92,6 +93,30 @@ def test_evaluate_without_data_says_so(tmp_path):
     # nothing evaluated: one line naming the way to get data, and a failing exit code
     assert r.exit_code == 2, r.output
     assert "no evaluation data" in r.stderr and "NEGSYNTH_DATA_DIR" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_evaluate_options_arrive_as_typed_even_with_quotes(tmp_path):
+    """--data-dir and --tasks become evaluate.* overrides: a quote in a path is part of the path."""
+    data = tmp_path / 'it\'s "data"'
+    r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--data-dir", str(data), "--baseline", "", "--json"])
+    assert r.exit_code == 2, r.output
+    assert f"no evaluation data at {data};" in r.stderr
+    r = runner.invoke(app, ["evaluate", "-d", str(tmp_path / "r"), "--data-dir", str(data), "--tasks", "STS12, it's", "--engine", "x"])
+    assert r.exit_code == 2 and "[evaluate] engine" in r.stderr and "'x'" in r.stderr, r.output
+
+
+def test_config_sets_writes_toml_literals():
+    from negsynth.cli import config_sets
+    from negsynth.pipeline.config_io import load_config
+
+    sets = config_sets("evaluate", suite=None, tasks=["STS12", "a'b"], data_dir=Path("/x/it's"), cache=False, backend="torch")
+    cfg = load_config(None, sets)
+    assert (cfg.evaluate.tasks, cfg.evaluate.data_dir, cfg.evaluate.cache, cfg.evaluate.suite) == (
+        ["STS12", "a'b"],
+        "/x/it's",
+        False,
+        "quick",
+    )
 
 
 def test_evaluate_without_data_says_so_with_transformers_progress_bars_on(tmp_path):
