@@ -12,8 +12,8 @@ The report (also ``--json``) has:
   ``wall_time_s``;
 * ``task_types``: per stage, records per task type;
 * ``score`` (when the examples carry scores): ``examples`` (after filters), ``cos_pos``
-  {mean, median}, ``levels`` (per LLM level: n, mean, median, fn_rate, too_easy_rate),
-  ``monotonic_pct``, ``kendall_tau_mean``, ``fn_rate_by_task_type``;
+  {mean, median}, ``levels`` (per LLM level: n, mean, median, false_negative_rate, too_easy_rate),
+  ``monotonic_pct``, ``kendall_tau_mean``, ``false_negative_rate_by_task_type``;
 * ``selection``: the filters and how many examples match; ``samples``: ``--sample N`` examples.
 
 Filters select examples: ``--task-type``; ``--flag false_negative|too_easy`` (at any level, or
@@ -198,7 +198,7 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
 
 
 def score_frame(files: list[Path], *, task_type: str | None = None):
-    """One row per (scored example, negative): ``_file, _row, id, task_type, cos_pos, cos, level, fn, easy, monotonic, tau``.
+    """One row per (scored example, negative): ``_file, _row, id, task_type, cos_pos, cos, level, false_negative, too_easy, monotonic, kendall_tau``.
 
     ``level`` is the LLM's level (1 = claimed hardest) even after ``reorder`` / ``filter``
     (taken from ``score.llm_order``).
@@ -216,10 +216,10 @@ def score_frame(files: list[Path], *, task_type: str | None = None):
         "task_type",
         s.struct.field("cos_pos").alias("cos_pos"),
         s.struct.field("cos_neg").alias("cos"),
-        s.struct.field("false_negative").alias("fn"),
-        s.struct.field("too_easy").alias("easy"),
+        s.struct.field("false_negative").alias("false_negative"),
+        s.struct.field("too_easy").alias("too_easy"),
         s.struct.field("monotonic").alias("monotonic"),
-        s.struct.field("kendall_tau").alias("tau"),
+        s.struct.field("kendall_tau").alias("kendall_tau"),
         pl.when(s.struct.field("llm_order").is_null())
         .then(pl.int_ranges(0, s.struct.field("cos_neg").list.len()))
         .otherwise(s.struct.field("llm_order"))
@@ -228,7 +228,7 @@ def score_frame(files: list[Path], *, task_type: str | None = None):
     df = _collect(lf, files)
     if df.height == 0:
         return df
-    return df.explode(["cos", "fn", "easy", "level"]).with_columns((pl.col("level") + 1).cast(pl.Int64))
+    return df.explode(["cos", "false_negative", "too_easy", "level"]).with_columns((pl.col("level") + 1).cast(pl.Int64))
 
 
 def select_examples(neg, *, flag: str | None, level: int | None):
@@ -238,8 +238,7 @@ def select_examples(neg, *, flag: str | None, level: int | None):
         return neg
     if flag == "non_monotonic":
         return neg.filter(~pl.col("monotonic"))
-    col = {"false_negative": "fn", "too_easy": "easy"}[flag]
-    hit = neg.filter(pl.col(col) & (pl.lit(True) if level is None else pl.col("level") == level))
+    hit = neg.filter(pl.col(flag) & (pl.lit(True) if level is None else pl.col("level") == level))
     keys = hit.select("_file", "_row").unique()
     return neg.join(keys, on=["_file", "_row"], how="semi")
 
@@ -430,12 +429,17 @@ def render(report: dict[str, Any], console) -> None:
         t.add_row("positive", str(sc["examples"]), _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", "")
         for lv in sc["levels"]:
             t.add_row(
-                f"level {lv['level']}", str(lv["n"]), _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"])
+                f"level {lv['level']}",
+                str(lv["n"]),
+                _f(lv["mean"]),
+                _f(lv["median"]),
+                _pct(lv["false_negative_rate"]),
+                _pct(lv["too_easy_rate"]),
             )
         console.print(t)
         console.print(
             f"monotonic: {_f(sc['monotonic_pct'], 1)}%   mean Kendall tau: {_f(sc['kendall_tau_mean'], 3)}   "
-            f"false negatives by task type: " + ", ".join(f"{k} {_pct(v)}" for k, v in sc["fn_rate_by_task_type"].items())
+            f"false negatives by task type: " + ", ".join(f"{k} {_pct(v)}" for k, v in sc["false_negative_rate_by_task_type"].items())
         )
     elif sel.get("stage"):
         console.print(f"[dim]no score data in {sel['stage']}: run `negsynth score` for cosines and flags[/]")
@@ -564,13 +568,13 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
     written.append(_save(fig, out / "cos_by_level.png", plt))
 
     # false-negative / too-easy rate per level, grouped by task type
-    agg = neg.group_by("task_type", "level").agg(pl.col("fn").mean().alias("fn"), pl.col("easy").mean().alias("easy"))
-    overall = neg.group_by("level").agg(pl.col("fn").mean().alias("fn"), pl.col("easy").mean().alias("easy")).sort("level")
+    agg = neg.group_by("task_type", "level").agg(pl.col("false_negative").mean(), pl.col("too_easy").mean())
+    overall = neg.group_by("level").agg(pl.col("false_negative").mean(), pl.col("too_easy").mean()).sort("level")
     tts = ["all"] + sorted(agg.get_column("task_type").unique().to_list())
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
     width = 0.8 / len(tts)
     x = np.arange(len(levels))
-    for col, ax, title in (("fn", axes[0], "false-negative rate"), ("easy", axes[1], "too-easy rate")):
+    for col, ax, title in (("false_negative", axes[0], "false-negative rate"), ("too_easy", axes[1], "too-easy rate")):
         for j, tt in enumerate(tts):
             src = overall if tt == "all" else agg.filter(pl.col("task_type") == tt)
             vals = {r["level"]: r[col] for r in src.iter_rows(named=True)}
@@ -584,7 +588,7 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     written.append(_save(fig, out / "flags_by_level.png", plt))
 
-    tau = ex.get_column("tau").drop_nulls().to_numpy()
+    tau = ex.get_column("kendall_tau").drop_nulls().to_numpy()
     if len(tau):
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         vals, counts = np.unique(np.round(tau, 3), return_counts=True)

@@ -43,10 +43,10 @@ def _example_item(ex: dict) -> dict:
         "query": _clip(ex.get("query")), "positive": _clip(ex.get("positive")), "cos_pos": sc.get("cos_pos"),
         "negs": [
             {"text": _clip(t), "level": (order[i] + 1) if i < len(order) else i + 1, "cos": cos[i] if i < len(cos) else None,
-             "fn": bool(fn[i]) if i < len(fn) else False, "easy": bool(easy[i]) if i < len(easy) else False}
+             "false_negative": bool(fn[i]) if i < len(fn) else False, "too_easy": bool(easy[i]) if i < len(easy) else False}
             for i, t in enumerate(negs)
         ],
-        "tau": sc.get("kendall_tau"), "monotonic": sc.get("monotonic"), "scored": bool(sc), "source": ex.get("source"),
+        "kendall_tau": sc.get("kendall_tau"), "monotonic": sc.get("monotonic"), "scored": bool(sc), "source": ex.get("source"),
     }  # fmt: skip
 
 
@@ -131,14 +131,14 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
     if sc:
         rows = [["positive", sc["examples"], _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", ""]]
         rows += [
-            [f"level {lv['level']}", lv["n"], _f(lv["mean"]), _f(lv["median"]), _pct(lv["fn_rate"]), _pct(lv["too_easy_rate"])]
+            [f"level {lv['level']}", lv["n"], _f(lv["mean"]), _f(lv["median"]), _pct(lv["false_negative_rate"]), _pct(lv["too_easy_rate"])]
             for lv in sc["levels"]
         ]
         parts.append("<h2>Score: cos(query, ·) per LLM level</h2>" + _table(["", "n", "mean", "median", "false neg", "too easy"], rows))
         parts.append(
             f"<p>monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
-            f"false-negative rate: <b>{_pct(sc.get('fn_rate'))}</b> ("
-            + ", ".join(f"{html.escape(k)} {_pct(v)}" for k, v in sc.get("fn_rate_by_task_type", {}).items())
+            f"false-negative rate: <b>{_pct(sc.get('false_negative_rate'))}</b> ("
+            + ", ".join(f"{html.escape(k)} {_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
             + ")</p>"
         )
     rej = [[n, r, c] for n, s in st.items() for r, c in (s.get("rejects_by_reason") or {}).items()]
@@ -238,8 +238,7 @@ function matches(it, s){
   var lv = s.level ? Number(s.level) : null;
   if (s.flag === "non_monotonic") return it.scored && it.monotonic === false;
   if (s.flag === "false_negative" || s.flag === "too_easy"){
-    var key = s.flag === "false_negative" ? "fn" : "easy";
-    return it.negs.some(function(n){ return n[key] && (lv == null || n.level === lv); });
+    return it.negs.some(function(n){ return n[s.flag] && (lv == null || n.level === lv); });
   }
   return true;
 }
@@ -248,7 +247,7 @@ function card(it, s){
   h.push('<div class="ex' + (it.kind === "reject" ? " reject" : "") + '" data-id="' + esc(it.id) + '" data-kind="' + it.kind + '">');
   h.push("<h3>" + esc(it.id) + ' <span class="badge tt">' + esc(it.task_type) + "</span>");
   if (it.kind === "reject") h.push(' <span class="badge rj">' + esc(it.stage) + ": " + esc(it.reason) + "</span>");
-  if (it.scored){ h.push(" τ " + fmt(it.tau)); if (it.monotonic === false) h.push(' <span class="badge nm">not monotonic</span>'); }
+  if (it.scored){ h.push(" τ " + fmt(it.kendall_tau)); if (it.monotonic === false) h.push(' <span class="badge nm">not monotonic</span>'); }
   h.push("</h3>");
   if (it.task) h.push('<div class="task">' + esc(it.task) + "</div>");
   if (it.kind === "reject" && it.detail) h.push("<div>" + esc(it.detail) + "</div>");
@@ -256,7 +255,7 @@ function card(it, s){
     h.push("<table><tr><td class=lab>query</td><td class=num></td><td>" + esc(it.query) + "</td></tr>");
     h.push("<tr><td class=lab>positive</td><td class=num>" + fmt(it.cos_pos) + bar(it.cos_pos) + "</td><td>" + esc(it.positive) + "</td></tr>");
     it.negs.forEach(function(n){
-      var fl = (n.fn ? ' <span class="badge fn">false neg</span>' : "") + (n.easy ? ' <span class="badge easy">too easy</span>' : "");
+      var fl = (n.false_negative ? ' <span class="badge fn">false neg</span>' : "") + (n.too_easy ? ' <span class="badge easy">too easy</span>' : "");
       h.push('<tr class="neg' + (lv === n.level ? " hl" : "") + '"><td class=lab>level ' + n.level + fl + "</td><td class=num>" + fmt(n.cos) + bar(n.cos) + "</td><td>" + esc(n.text) + "</td></tr>");
     });
     h.push("</table>");

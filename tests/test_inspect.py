@@ -61,10 +61,10 @@ def test_summary_counts_rejects_tokens_and_levels(run_dir):
     # example 3 was reordered: its cos 0.9 belongs to LLM level 2 and 0.8 to level 1
     assert lv[1]["mean"] == pytest.approx((0.8 + 0.95 + 0.6 + 0.8) / 4)
     assert lv[2]["mean"] == pytest.approx((0.7 + 0.7 + 0.7 + 0.9) / 4)
-    assert lv[2]["fn_rate"] == 0.25 and lv[1]["fn_rate"] == 0.25  # ex-3's flag sits on its level-2 negative
+    assert lv[2]["false_negative_rate"] == 0.25 and lv[1]["false_negative_rate"] == 0.25  # ex-3's flag sits on its level-2 negative
     assert lv[4]["too_easy_rate"] == 0.25
     assert sc["monotonic_pct"] == 50.0
-    assert sc["fn_rate_by_task_type"] == {"short-long": 0.125, "sts": 0.125}
+    assert sc["false_negative_rate_by_task_type"] == {"short-long": 0.125, "sts": 0.125}
 
 
 def test_filters_and_samples(run_dir):
@@ -127,7 +127,7 @@ def test_100k_rows_fast(tmp_path):
     rep = inspect_path(tmp_path / "big", sample=2, flag="false_negative")
     assert rep["stages"]["score"]["records"] == 100_000
     assert rep["task_types"]["score"] == {"short-long": 33334, "sts": 33333, "long-short": 33333}
-    assert rep["score"]["examples"] == 10_000 and rep["score"]["levels"][0]["fn_rate"] == 1.0
+    assert rep["score"]["examples"] == 10_000 and rep["score"]["levels"][0]["false_negative_rate"] == 1.0
     assert all(int(s["id"].split("-")[1]) % 10 == 0 for s in rep["samples"]) and len(rep["samples"]) == 2
     # its speed is benchmarks/inspect_scale.py's to measure (a time bound here failed under load)
 

@@ -155,7 +155,7 @@ def test_measured_policy_drops_false_negatives_and_orders_by_cosine():
         "cos_neg": [0.2, 0.79, 0.5, 0.6],
         "false_negative": [False, True, False, False],
         "too_easy": [False] * 4,
-        "tau": -0.3,
+        "kendall_tau": -0.3,
         "monotonic": False,
     }
     out, rej = apply_policy(row, m, ScoreConfig(policy="measured", min_negatives=3), "st:x")

@@ -112,16 +112,16 @@ def test_hand_made_example_cosines_tau_and_flags(tmp_path):
     assert sc.too_easy == [False, False, False, True]  # 0.05 < 0.1
     assert sc.llm_order is None and rec["negatives"] == ["n1", "n2", "n3", "n4"]
     assert stats["levels"][1]["mean"] == pytest.approx(0.86, abs=1e-4)
-    assert stats["levels"][1]["fn_rate"] == 1.0 and stats["levels"][0]["fn_rate"] == 0.0
+    assert stats["levels"][1]["false_negative_rate"] == 1.0 and stats["levels"][0]["false_negative_rate"] == 0.0
     assert stats["monotonic_pct"] == 0.0 and stats["levels_decreasing"] is False
     Example.model_validate(rec)
 
 
 def test_monotonic_and_perfect_tau():
     m = S.measure(np.array([0.9]), np.array([[0.8, 0.7, 0.6, 0.5]]), ScoreConfig())
-    assert m["monotonic"].tolist() == [True] and m["tau"].tolist() == [1.0]
+    assert m["monotonic"].tolist() == [True] and m["kendall_tau"].tolist() == [1.0]
     m = S.measure(np.array([0.9]), np.array([[0.5, 0.6, 0.7, 0.8]]), ScoreConfig())
-    assert m["monotonic"].tolist() == [False] and m["tau"].tolist() == [-1.0]
+    assert m["monotonic"].tolist() == [False] and m["kendall_tau"].tolist() == [-1.0]
     # a tie is not strictly decreasing
     m = S.measure(np.array([0.9]), np.array([[0.8, 0.8, 0.6, 0.5]]), ScoreConfig())
     assert m["monotonic"].tolist() == [False]
@@ -177,9 +177,9 @@ def test_score_stats_and_inspect_share_one_definition(tmp_path):
         "levels_decreasing",
         "monotonic_pct",
         "kendall_tau_mean",
-        "fn_rate",
+        "false_negative_rate",
         "by_task_type",
-        "fn_rate_by_task_type",
+        "false_negative_rate_by_task_type",
     ):
         assert seen[key] == stats[key], key
     assert [lv["n"] for lv in stats["levels"]] == [3, 3, 3, 3] and stats["by_task_type"]["sts"]["examples"] == 1
@@ -321,7 +321,7 @@ def test_stats_per_task_type_and_json_shape(tmp_path):
     run_score(make_ctx(tmp_path), FakeEmbedder({**HAND, "g1": 0.7, "g2": 0.6, "g3": 0.5, "g4": 0.4}))
     stats = json.loads((tmp_path / "score" / "stats.json").read_text())
     assert stats["by_task_type"]["sts"]["monotonic_pct"] == 100.0
-    assert stats["by_task_type"]["short-long"]["fn_rate"] == 0.25
+    assert stats["by_task_type"]["short-long"]["false_negative_rate"] == 0.25
     assert stats["by_task_type"]["sts"]["kendall_tau_mean"] == 1.0
     assert stats["kendall_tau_mean"] == pytest.approx((1 + 4 / 6) / 2, abs=1e-4)
     assert stats["embedder"] == "fake:hand" and stats["paper_table4"] == [0.881, 0.857, 0.845, 0.793]
@@ -564,3 +564,22 @@ def test_llm_judge_honours_the_budget_stops_cleanly_and_a_rerun_pays_nothing_twi
         app, ["score", "-d", str(tmp_path / "whole"), "-q", "--overwrite", "--max-requests", "0", "--set", "score.dedup=false"]
     )
     assert r.exit_code == 0, r.output
+
+
+def test_measurements_carry_the_records_spelling_everywhere():
+    """One name per measurement: the measure, the sidecar and both frames use ExampleScore's field
+    names; a sidecar written before the rename (``tau``) still reads the same."""
+    from negsynth.schemas.records import ExampleScore
+    from negsynth.stages.score.measure import measure
+    from negsynth.stages.score.stats import negatives_frame
+
+    flags = {"false_negative", "too_easy", "kendall_tau", "monotonic"}
+    assert flags <= set(ExampleScore.model_fields)
+    m = measure(np.array([0.9]), np.array([[0.95, 0.5, 0.4, 0.1]]), ScoreConfig())
+    assert flags <= set(m)
+    new = {"task_type": ["sts"], "cos_pos": [0.9], "cos_neg": [[0.95, 0.5]], "false_negative": [[True, False]], "too_easy": [[False, True]]}
+    new |= {"monotonic": [True], "kendall_tau": [1.0]}
+    old = {k: v for k, v in new.items() if k != "kendall_tau"} | {"tau": [1.0]}
+    frame = negatives_frame([new])
+    assert flags <= set(frame.columns) and frame.equals(negatives_frame([old]))
+    assert frame.get_column("false_negative").to_list() == [True, False] and frame.get_column("kendall_tau").to_list() == [1.0, 1.0]

@@ -60,7 +60,7 @@ def measure(cos_pos: np.ndarray, cos_neg: np.ndarray, cfg: ScoreConfig) -> dict[
     fn = cn >= fn_threshold(cp, cfg.fn_ratio)[:, None]
     easy = cn < cfg.too_easy_floor if cfg.too_easy_floor is not None else np.zeros_like(fn)
     mono = np.all(np.diff(cn, axis=1) < 0, axis=1) if cn.shape[1] > 1 else np.ones(len(cn), dtype=bool)
-    return {"cos_pos": cp, "cos_neg": cn, "false_negative": fn, "too_easy": easy, "tau": kendall_tau_claimed(cn), "monotonic": mono}
+    return {"cos_pos": cp, "cos_neg": cn, "false_negative": fn, "too_easy": easy, "kendall_tau": kendall_tau_claimed(cn), "monotonic": mono}
 
 
 def drop_flags(cfg: ScoreConfig) -> list[str]:
@@ -74,7 +74,7 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     """One example + its measurements (LLM order) -> (scored record, None) or (None, reject).
 
     ``m`` holds python values for this example: ``cos_pos`` float, ``cos_neg`` / ``false_negative``
-    / ``too_easy`` lists, ``tau`` float or None, ``monotonic`` bool.
+    / ``too_easy`` lists, ``kendall_tau`` float or None, ``monotonic`` bool.
     """
     k = len(m["cos_neg"])
     order = list(range(k))
@@ -88,7 +88,7 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
         "embedder": embedder,
         "cos_pos": m["cos_pos"],
         "cos_neg": [m["cos_neg"][i] for i in order],
-        "kendall_tau": m["tau"],
+        "kendall_tau": m["kendall_tau"],
         "monotonic": m["monotonic"],
         "false_negative": [m["false_negative"][i] for i in order],
         "too_easy": [m["too_easy"][i] for i in order],

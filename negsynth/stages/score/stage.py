@@ -415,13 +415,13 @@ def _score_block(
     for k, idx in by_k.items():
         m = measure(cos_pos[idx], np.stack([cos_neg[e] for e in idx]) if k else np.zeros((len(idx), 0)), cfg)
         for r, e in enumerate(idx):
-            tau = m["tau"][r]
+            tau = m["kendall_tau"][r]
             per_ex[e] = {
                 "cos_pos": float(m["cos_pos"][r]),
                 "cos_neg": [float(x) for x in m["cos_neg"][r]],
                 "false_negative": [bool(x) for x in m["false_negative"][r]],
                 "too_easy": [bool(x) for x in m["too_easy"][r]],
-                "tau": None if np.isnan(tau) else round(float(tau), 6),
+                "kendall_tau": None if np.isnan(tau) else round(float(tau), 6),
                 "monotonic": bool(m["monotonic"][r]),
             }
     contam = cleaner.contamination(examples, pool, vecs16)
@@ -486,7 +486,7 @@ def _score_block(
             "cos_neg": [m["cos_neg"] for m in ms],
             "false_negative": [m["false_negative"] for m in ms],
             "too_easy": [m["too_easy"] for m in ms],
-            "tau": [m["tau"] for m in ms],
+            "kendall_tau": [m["kendall_tau"] for m in ms],
             "monotonic": [m["monotonic"] for m in ms],
             **({"judged_false_negative": [m.get("judged_false_negative") for m in ms]} if judge is not None else {}),
             "kept": len(records),

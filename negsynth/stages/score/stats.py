@@ -15,23 +15,37 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None or not np.isfinite(x) else round(float(x), nd)
 
 
+def _kendall_tau(sidecar: dict) -> list:
+    """A sidecar's Kendall tau per example (written as ``tau`` before the records' spelling)."""
+    return sidecar["kendall_tau"] if "kendall_tau" in sidecar else sidecar["tau"]
+
+
 def negatives_frame(sidecars: list[dict]):
     """The per-negative frame of :func:`level_stats` built from score's sidecars (one per shard)."""
     import polars as pl
 
-    cols: dict[str, list] = {k: [] for k in ("_file", "_row", "task_type", "cos_pos", "cos", "level", "fn", "easy", "monotonic", "tau")}
+    cols: dict[str, list] = {
+        k: [] for k in ("_file", "_row", "task_type", "cos_pos", "cos", "level", "false_negative", "too_easy", "monotonic", "kendall_tau")
+    }
     row = 0
     for k, sc in enumerate(sidecars):
         for tt, cp, cn, fn, ez, mono, tau in zip(
-            sc["task_type"], sc["cos_pos"], sc["cos_neg"], sc["false_negative"], sc["too_easy"], sc["monotonic"], sc["tau"], strict=True
+            sc["task_type"],
+            sc["cos_pos"],
+            sc["cos_neg"],
+            sc["false_negative"],
+            sc["too_easy"],
+            sc["monotonic"],
+            _kendall_tau(sc),
+            strict=True,
         ):
             for lv, (c, f, z) in enumerate(zip(cn, fn, ez, strict=True), start=1):
-                for key, v in (("_file", str(k)), ("_row", row), ("task_type", tt), ("cos_pos", cp), ("cos", c), ("level", lv), ("fn", f),
-                               ("easy", z), ("monotonic", mono), ("tau", tau)):  # fmt: skip
-                    cols[key].append(v)
+                values = (str(k), row, tt, cp, c, lv, f, z, mono, tau)
+                for column, v in zip(cols.values(), values, strict=True):
+                    column.append(v)
             row += 1
-    schema = {"_file": pl.String, "_row": pl.Int64, "task_type": pl.String, "cos_pos": pl.Float64, "cos": pl.Float64, "level": pl.Int64,
-              "fn": pl.Boolean, "easy": pl.Boolean, "monotonic": pl.Boolean, "tau": pl.Float64}  # fmt: skip
+    kinds = (pl.String, pl.Int64, pl.String, pl.Float64, pl.Float64, pl.Int64, pl.Boolean, pl.Boolean, pl.Boolean, pl.Float64)
+    schema = dict(zip(cols, kinds, strict=True))
     return pl.DataFrame(cols, schema=schema)
 
 
@@ -40,21 +54,26 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
     ``stats.json`` and ``negsynth inspect`` share.
 
     ``neg`` has one row per (example, negative): ``_file``, ``_row`` (together the example),
-    ``task_type``, ``cos_pos``, ``cos``, ``level`` (the LLM's, 1 = claimed hardest), ``fn``,
-    ``easy``, ``monotonic``, ``tau``. ``level`` restricts the level table to one level.
+    ``task_type``, ``cos_pos``, ``cos``, ``level`` (the LLM's, 1 = claimed hardest), ``false_negative``,
+    ``too_easy``, ``monotonic``, ``kendall_tau`` (the records' own names). ``level`` restricts the level table to one level.
 
     Keys: ``examples``; ``cos_pos`` {mean, median}; ``levels``: one entry per level with ``n``,
-    ``mean``, ``median``, ``gap_to_pos`` (mean cos_pos - mean cos_neg), ``fn_rate``,
+    ``mean``, ``median``, ``gap_to_pos`` (mean cos_pos - mean cos_neg), ``false_negative_rate``,
     ``too_easy_rate`` and ``paper_mean`` (MGH Table 4); ``levels_decreasing`` (the means fall
     strictly from level 1 to 4, MGH's claim); ``monotonic_pct``; ``kendall_tau_mean``;
-    ``tau_undefined``; ``fn_rate`` / ``too_easy_rate`` over all negatives; ``by_task_type``
-    (examples, cos_pos_mean, monotonic_pct, kendall_tau_mean, fn_rate and per-level mean /
-    fn_rate / too_easy_rate) and ``fn_rate_by_task_type``.
+    ``kendall_tau_undefined``; ``false_negative_rate`` / ``too_easy_rate`` over all negatives;
+    ``by_task_type`` (examples, cos_pos_mean, monotonic_pct, kendall_tau_mean, false_negative_rate
+    and per-level mean / false_negative_rate / too_easy_rate) and
+    ``false_negative_rate_by_task_type``.
     """
     import polars as pl
 
     ex = neg.unique(subset=["_file", "_row"], keep="first", maintain_order=True)
-    per_level = pl.col("cos").mean().alias("mean"), pl.col("fn").mean().alias("fn_rate"), pl.col("easy").mean().alias("too_easy_rate")
+    per_level = (
+        pl.col("cos").mean().alias("mean"),
+        pl.col("false_negative").mean().alias("false_negative_rate"),
+        pl.col("too_easy").mean().alias("too_easy_rate"),
+    )
     lv_frame = (
         neg.filter(pl.col("level") == level if level is not None else pl.lit(True))
         .group_by("level")
@@ -69,7 +88,7 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
             "mean": _r(r["mean"]),
             "median": _r(r["median"]),
             "gap_to_pos": _r(pos_mean - r["mean"]) if pos_mean is not None else None,
-            "fn_rate": _r(r["fn_rate"]),
+            "false_negative_rate": _r(r["false_negative_rate"]),
             "too_easy_rate": _r(r["too_easy_rate"]),
             "paper_mean": PAPER_TABLE4[r["level"] - 1] if r["level"] <= len(PAPER_TABLE4) else None,
         }
@@ -80,19 +99,19 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
     for tt in sorted(set(ex.get_column("task_type").to_list())):
         e = ex.filter(pl.col("task_type") == tt)
         n_tt = neg.filter(pl.col("task_type") == tt)
-        tau = e.get_column("tau").drop_nulls().drop_nans()
+        tau = e.get_column("kendall_tau").drop_nulls().drop_nans()
         by_tt[tt] = {
             "examples": e.height,
             "cos_pos_mean": _r(e.get_column("cos_pos").mean()),
             "monotonic_pct": _r(100 * e.get_column("monotonic").mean(), 2),
             "kendall_tau_mean": _r(tau.mean()) if len(tau) else None,
-            "fn_rate": _r(n_tt.get_column("fn").mean()) if n_tt.height else None,
+            "false_negative_rate": _r(n_tt.get_column("false_negative").mean()) if n_tt.height else None,
             "levels": {
-                str(r["level"]): {k: _r(r[k]) for k in ("mean", "fn_rate", "too_easy_rate")}
+                str(r["level"]): {k: _r(r[k]) for k in ("mean", "false_negative_rate", "too_easy_rate")}
                 for r in n_tt.group_by("level").agg(*per_level).sort("level").iter_rows(named=True)
             },  # fmt: skip
         }
-    tau = ex.get_column("tau").drop_nulls().drop_nans()
+    tau = ex.get_column("kendall_tau").drop_nulls().drop_nans()
     return {
         "examples": ex.height,
         "cos_pos": {"mean": _r(pos_mean), "median": _r(ex.get_column("cos_pos").median()) if ex.height else None},
@@ -100,11 +119,11 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
         "levels_decreasing": bool(len(means) > 1 and all(a is not None and b is not None and a > b for a, b in zip(means, means[1:]))),
         "monotonic_pct": _r(100 * ex.get_column("monotonic").mean(), 2) if ex.height else None,
         "kendall_tau_mean": _r(tau.mean()) if len(tau) else None,
-        "tau_undefined": ex.height - len(tau),
-        "fn_rate": _r(neg.get_column("fn").mean()) if neg.height else None,
-        "too_easy_rate": _r(neg.get_column("easy").mean()) if neg.height else None,
+        "kendall_tau_undefined": ex.height - len(tau),
+        "false_negative_rate": _r(neg.get_column("false_negative").mean()) if neg.height else None,
+        "too_easy_rate": _r(neg.get_column("too_easy").mean()) if neg.height else None,
         "by_task_type": by_tt,
-        "fn_rate_by_task_type": {tt: v["fn_rate"] for tt, v in by_tt.items()},
+        "false_negative_rate_by_task_type": {tt: v["false_negative_rate"] for tt, v in by_tt.items()},
     }
 
 
@@ -125,7 +144,7 @@ def table_rows(stats: dict) -> list[tuple]:
                 _f(lv["mean"]),
                 _f(lv["median"]),
                 _f(lv["gap_to_pos"]),
-                _pct(lv["fn_rate"]),
+                _pct(lv["false_negative_rate"]),
                 _pct(lv["too_easy_rate"]),
                 _f(lv["paper_mean"], 3),
             )
