@@ -494,7 +494,7 @@ def regenerate(
                     filter=_filter_arg(filter_),
                     instruction=instruction,
                     limit=limit,
-                )  # fmt: skip
+                )
                 for p in inputs
             ]
         except ValueError as e:
@@ -712,9 +712,15 @@ def run(
     names = [s.strip() for s in stages.split(",")] if stages else None
     refuse_under_launcher(names or ctx.cfg.pipeline.stages, opts.run_dir)
     out = run_pipeline(
-        ctx.cfg, opts.run_dir, stages=names, reporter=ctx.reporter, overwrite=opts.overwrite, budget=ctx.budget,
-        ray_workers=opts.workers if opts.executor == "ray" else None, ray_address=opts.ray_address,
-    )  # fmt: skip
+        ctx.cfg,
+        opts.run_dir,
+        stages=names,
+        reporter=ctx.reporter,
+        overwrite=opts.overwrite,
+        budget=ctx.budget,
+        ray_workers=opts.workers if opts.executor == "ray" else None,
+        ray_address=opts.ray_address,
+    )
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:
         _emit_llm({**stopped, "stages": out}, opts.json_out)

@@ -375,8 +375,10 @@ def render(report: dict[str, Any], console) -> None:
         j = s.get("judge")
         if j:
             nj = f", {j['not_judged']} examples not judged" if j.get("not_judged") else ""
-            console.print(f"{name} false-negative judge ({j['model']}): {j['false_negatives']} of {j['negatives']} negatives judged false "
-                          f"({j['only_by_judge']} the cosine rule let through){nj}")  # fmt: skip
+            console.print(
+                f"{name} false-negative judge ({j['model']}): {j['false_negatives']} of {j['negatives']} negatives judged false "
+                f"({j['only_by_judge']} the cosine rule let through){nj}"
+            )
 
         q = s.get("queries")
         if q:
@@ -463,8 +465,15 @@ def _sample_panel(ex: dict, level: int | None):
     order = sc.get("llm_order") or list(range(len(ex.get("negatives", []))))
     for i, neg in enumerate(ex.get("negatives", [])):
         lv = order[i] + 1 if i < len(order) else i + 1
-        flags = [name for key, name in (("false_negative", "[red]FALSE NEG[/]"), ("too_easy", "[yellow]too easy[/]"), ("judged_false_negative", "[magenta]judged FN[/]"))
-                 if (sc.get(key) or [False] * 9)[i]]  # fmt: skip
+        flags = [
+            name
+            for key, name in (
+                ("false_negative", "[red]FALSE NEG[/]"),
+                ("too_easy", "[yellow]too easy[/]"),
+                ("judged_false_negative", "[magenta]judged FN[/]"),
+            )
+            if (sc.get(key) or [False] * 9)[i]
+        ]
         label = f"level {lv}" + (" ◀" if level == lv else "")
         cos = sc.get("cos_neg", [None] * 9)[i] if sc else None
         t.add_row(label, _f(cos), " ".join(flags), escape(_clip(neg)))
@@ -578,8 +587,14 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
         for j, tt in enumerate(tts):
             src = overall if tt == "all" else agg.filter(pl.col("task_type") == tt)
             vals = {r["level"]: r[col] for r in src.iter_rows(named=True)}
-            ax.bar(x + (j - (len(tts) - 1) / 2) * width, [100 * vals.get(lv, 0.0) for lv in levels], width,
-                   label=tt, color="black" if tt == "all" else None, alpha=0.85)  # fmt: skip
+            ax.bar(
+                x + (j - (len(tts) - 1) / 2) * width,
+                [100 * vals.get(lv, 0.0) for lv in levels],
+                width,
+                label=tt,
+                color="black" if tt == "all" else None,
+                alpha=0.85,
+            )
         ax.set_xticks(x, [f"level {lv}" for lv in levels])
         ax.set_ylabel("% of negatives")
         ax.set_title(title)

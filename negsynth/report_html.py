@@ -39,24 +39,45 @@ def _example_item(ex: dict) -> dict:
     fn = sc.get("false_negative") or [False] * len(negs)
     easy = sc.get("too_easy") or [False] * len(negs)
     return {
-        "kind": "example", "id": ex.get("id"), "task_type": ex.get("task_type"), "task": _clip(ex.get("task"), 400),
-        "query": _clip(ex.get("query")), "positive": _clip(ex.get("positive")), "cos_pos": sc.get("cos_pos"),
+        "kind": "example",
+        "id": ex.get("id"),
+        "task_type": ex.get("task_type"),
+        "task": _clip(ex.get("task"), 400),
+        "query": _clip(ex.get("query")),
+        "positive": _clip(ex.get("positive")),
+        "cos_pos": sc.get("cos_pos"),
         "negs": [
-            {"text": _clip(t), "level": (order[i] + 1) if i < len(order) else i + 1, "cos": cos[i] if i < len(cos) else None,
-             "false_negative": bool(fn[i]) if i < len(fn) else False, "too_easy": bool(easy[i]) if i < len(easy) else False}
+            {
+                "text": _clip(t),
+                "level": (order[i] + 1) if i < len(order) else i + 1,
+                "cos": cos[i] if i < len(cos) else None,
+                "false_negative": bool(fn[i]) if i < len(fn) else False,
+                "too_easy": bool(easy[i]) if i < len(easy) else False,
+            }
             for i, t in enumerate(negs)
         ],
-        "kendall_tau": sc.get("kendall_tau"), "monotonic": sc.get("monotonic"), "scored": bool(sc), "source": ex.get("source"),
-    }  # fmt: skip
+        "kendall_tau": sc.get("kendall_tau"),
+        "monotonic": sc.get("monotonic"),
+        "scored": bool(sc),
+        "source": ex.get("source"),
+    }
 
 
 def _reject_item(rej: dict, stage: str) -> dict:
     inp = rej.get("input") if isinstance(rej.get("input"), dict) else {}
     item = _example_item(inp) if inp.get("query") is not None else {"kind": "example", "negs": [], "scored": False}
-    item.update({
-        "kind": "reject", "id": rej.get("id"), "stage": stage, "reason": rej.get("reason"), "detail": _clip(rej.get("detail"), 600),
-        "raw": _clip(rej.get("raw"), 1500), "task_type": item.get("task_type") or inp.get("task_type"), "task": item.get("task") or _clip(inp.get("task"), 400),
-    })  # fmt: skip
+    item.update(
+        {
+            "kind": "reject",
+            "id": rej.get("id"),
+            "stage": stage,
+            "reason": rej.get("reason"),
+            "detail": _clip(rej.get("detail"), 600),
+            "raw": _clip(rej.get("raw"), 1500),
+            "task_type": item.get("task_type") or inp.get("task_type"),
+            "task": item.get("task") or _clip(inp.get("task"), 400),
+        }
+    )
     return item
 
 
@@ -113,11 +134,18 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
     stage_rows = []
     for name, s in st.items():
         tok = s.get("tokens") or {}
-        stage_rows.append([
-            name, s.get("shards"), s.get("records"), s.get("rejected", ""), s.get("pending", ""),
-            f"{tok.get('prompt', '')} / {tok.get('completion', '')}" if tok else "", s.get("estimated_cost_usd", ""),
-            f"{s['wall_time_s']:.1f} s" if isinstance(s.get("wall_time_s"), (int, float)) else "",
-        ])  # fmt: skip
+        stage_rows.append(
+            [
+                name,
+                s.get("shards"),
+                s.get("records"),
+                s.get("rejected", ""),
+                s.get("pending", ""),
+                f"{tok.get('prompt', '')} / {tok.get('completion', '')}" if tok else "",
+                s.get("estimated_cost_usd", ""),
+                f"{s['wall_time_s']:.1f} s" if isinstance(s.get("wall_time_s"), (int, float)) else "",
+            ]
+        )
     parts = [
         f"<h2>Stages</h2>{_table(['stage', 'shards', 'records', 'rejected', 'pending', 'tokens in / out', 'cost (USD)', 'wall time'], stage_rows)}"
     ]

@@ -516,8 +516,9 @@ class Decontaminator:
         return self.ev.set_of[m.row], f"{self.ev.set_of[m.row]} {self.ev.ids[m.row]} ({how})"
 
 
-def eval_vectors(embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, batch_size: int, progress=None,
-                 encode_parts=None) -> tuple[np.ndarray, bool]:  # fmt: skip
+def eval_vectors(
+    embedder, ev: EvalTexts, cache_dir: Path, embedder_fp: Any, *, batch_size: int, progress=None, encode_parts=None
+) -> tuple[np.ndarray, bool]:
     """float16 unit vectors of the evaluation texts (as documents), cached in ``cache_dir``.
 
     ``encode_parts(parts)``: the vectors of each ``("documents", texts, None)`` part, in order (the

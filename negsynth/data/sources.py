@@ -320,6 +320,31 @@ def _text(v: Any) -> str | None:
     return s or None
 
 
+def _row_pair(rec: dict, cols: dict[str, str], name: str, split: str, row: int, q: str, pos: str) -> Pair:
+    """The pair of one table row (``row``: 0-based file row) with its query ``q`` and positive ``pos``."""
+    rid = _text(rec[cols["id"]]) if "id" in cols else None
+    return Pair(
+        query=q,
+        positive=pos,
+        source=name,
+        source_id=f"{name}:{split}:{rid if rid is not None else row}",
+        query_key=q,
+        row=row,
+        instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
+        negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
+        meta={"row": row},
+    )
+
+
+def _invalid_row(where: str, row: int, line_offset: int, cols: dict[str, str], bad: str) -> UserError:
+    """The one line for a row whose ``bad`` column (query or positive) is empty."""
+    loc = f"{where}: row {row + 1}" + (f" (line {row + line_offset})" if line_offset else "")
+    flag = "--query-col" if bad == "query" else "--positive-col"
+    return UserError(
+        f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true"
+    )
+
+
 def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
     """Read a jsonl / parquet / csv / tsv / hf source into pairs (see the module docstring)."""
     where = spec.path
@@ -337,31 +362,14 @@ def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
     keep = ["__row__"] + sorted(set(cols.values()))
     for rec in df.select([pl.col(c) for c in keep]).iter_rows(named=True):
         row = int(rec["__row__"])
-        loc = f"{where}: row {row + 1}" + (f" (line {row + line_offset})" if line_offset else "")
         q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
         bad = "query" if q is None else "positive" if pos is None else None
         if bad:
             if spec.skip_invalid:
                 skipped += 1
                 continue
-            flag = "--query-col" if bad == "query" else "--positive-col"
-            raise UserError(
-                f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true"
-            )
-        rid = _text(rec[cols["id"]]) if "id" in cols else None
-        pairs.append(
-            Pair(
-                query=q,
-                positive=pos,
-                source=name,
-                source_id=f"{name}:{split}:{rid if rid is not None else row}",
-                query_key=q,
-                row=row,
-                instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
-                negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
-                meta={"row": row},
-            )
-        )
+            raise _invalid_row(where, row, line_offset, cols, bad)
+        pairs.append(_row_pair(rec, cols, name, split, row, q, pos))
     by_q: dict[str, list[str]] = {}
     for p in pairs:
         by_q.setdefault(p.query_key, [])
@@ -603,22 +611,12 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
 
     def pair(row: int, rec: dict) -> Pair:
         cols = state["cols"]
-        rid = _text(rec[cols["id"]]) if "id" in cols else None
         q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
-        return Pair(
-            query=q, positive=pos, source=name, source_id=f"{name}:{split}:{rid if rid is not None else row}", query_key=q, row=row,
-            instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
-            negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [], meta={"row": row},
-        )  # fmt: skip
+        return _row_pair(rec, cols, name, split, row, q, pos)
 
     def invalid(row: int, rec: dict) -> None:
         cols = state["cols"]
-        bad = "query" if _text(rec[cols["query"]]) is None else "positive"
-        loc = f"{where}: row {row + 1}" + (f" (line {row + line_offset})" if line_offset else "")
-        flag = "--query-col" if bad == "query" else "--positive-col"
-        raise UserError(
-            f"{loc}: column {cols[bad]!r} ({bad}) is empty or missing; fill or delete that row, map another column with {flag}, or set skip_invalid = true"
-        )
+        raise _invalid_row(where, row, line_offset, cols, "query" if _text(rec[cols["query"]]) is None else "positive")
 
     import polars as pl
 
@@ -727,12 +725,24 @@ INSTRUCTION_TABLE: dict[str, SourceKind] = {
 }
 #: other spellings of the table's keys
 ALIASES = {
-    "snli": "nli", "mnli": "nli", "allnli": "nli", "multinli": "nli", "sick": "nli",
-    "quora_duplicates": "quora", "qqp": "quora", "quora_duplicate_questions": "quora",
-    "msmarco": "msmarco_passage", "ms_marco": "msmarco_passage", "msmarco_doc": "msmarco_document",
-    "natural_questions": "nq", "naturalquestions": "nq", "mr_tydi": "mrtydi", "trivia_qa": "triviaqa",
-    "hotpot_qa": "hotpotqa", "squad_v2": "squad",
-}  # fmt: skip
+    "snli": "nli",
+    "mnli": "nli",
+    "allnli": "nli",
+    "multinli": "nli",
+    "sick": "nli",
+    "quora_duplicates": "quora",
+    "qqp": "quora",
+    "quora_duplicate_questions": "quora",
+    "msmarco": "msmarco_passage",
+    "ms_marco": "msmarco_passage",
+    "msmarco_doc": "msmarco_document",
+    "natural_questions": "nq",
+    "naturalquestions": "nq",
+    "mr_tydi": "mrtydi",
+    "trivia_qa": "triviaqa",
+    "hotpot_qa": "hotpotqa",
+    "squad_v2": "squad",
+}
 DEFAULT_KIND = SourceKind(("Given a query, retrieve relevant documents that answer the query",))
 
 

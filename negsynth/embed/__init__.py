@@ -22,8 +22,17 @@ def load_embedder(cfg=None) -> Embedder:
     return DecoderEmbedder.from_config(cfg)
 
 
-def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = False, device: str = "auto", embedder=None, what: str = "model",
-                 backend: str = "torch", dtype: str = "auto"):  # fmt: skip
+def embedder_for(
+    model: str,
+    *,
+    batch_size: int = 64,
+    instruct_queries: bool = False,
+    device: str = "auto",
+    embedder=None,
+    what: str = "model",
+    backend: str = "torch",
+    dtype: str = "auto",
+):
     """An :class:`~negsynth.embed.base.Embedder` for an alias, a negsynth-trained folder or any
     sentence-transformers folder or hub name.
 
@@ -45,12 +54,22 @@ def embedder_for(model: str, *, batch_size: int = 64, instruct_queries: bool = F
         from negsynth.embed.decoder import DecoderEmbedder
 
         base = embedder if embedder is not None else EmbedderConfig()
-        update = {"kind": "decoder", "model": "default" if model in DECODER_ALIASES else ref.path, "batch_size": batch_size,
-                  "instruct_queries": instruct_queries or base.instruct_queries}  # fmt: skip
+        update = {
+            "kind": "decoder",
+            "model": "default" if model in DECODER_ALIASES else ref.path,
+            "batch_size": batch_size,
+            "instruct_queries": instruct_queries or base.instruct_queries,
+        }
         if device != "auto":
             update["device"] = device
         if dtype != "auto":
             update["dtype"] = dtype
         return DecoderEmbedder.from_config(base.model_copy(update=update))
-    return SentenceTransformerEmbedder.load("default" if model in ENCODER_ALIASES else ref.path, device=device, batch_size=batch_size,
-                                            instruct_queries=instruct_queries, backend=backend, dtype=dtype)  # fmt: skip
+    return SentenceTransformerEmbedder.load(
+        "default" if model in ENCODER_ALIASES else ref.path,
+        device=device,
+        batch_size=batch_size,
+        instruct_queries=instruct_queries,
+        backend=backend,
+        dtype=dtype,
+    )

@@ -122,11 +122,15 @@ def export_onnx(st_model, *, quantize: bool = False, cache_dir: str | Path | Non
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the tracer's warnings about shape-dependent branches (dynamic axes cover them)
                 torch.onnx.export(
-                    _Wrapper.make(hf, names), tuple(sample[n].cpu() for n in names), str(tmp),
-                    input_names=names, output_names=["last_hidden_state"],
+                    _Wrapper.make(hf, names),
+                    tuple(sample[n].cpu() for n in names),
+                    str(tmp),
+                    input_names=names,
+                    output_names=["last_hidden_state"],
                     dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "last_hidden_state"]},
-                    opset_version=17, dynamo=False,
-                )  # fmt: skip
+                    opset_version=17,
+                    dynamo=False,
+                )
         finally:
             hf.train(was_training)
             if impl is not None and impl != "eager" and hasattr(hf, "set_attn_implementation"):

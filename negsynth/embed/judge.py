@@ -49,8 +49,10 @@ class CrossEncoderJudge:
             arch = json.loads(cfg_file.read_text(encoding="utf-8")).get("architectures") or []
             if not any(a.endswith("ForSequenceClassification") for a in arch):
                 # CrossEncoder would "convert" it with a randomly initialised head: random verdicts
-                raise UserError(f"score.judge_model = {model!r} is not a cross-encoder (architectures {arch}); point it at a reranker folder "
-                                "(e.g. a saved ms-marco-MiniLM-L6-v2), not at an embedding model")  # fmt: skip
+                raise UserError(
+                    f"score.judge_model = {model!r} is not a cross-encoder (architectures {arch}); point it at a reranker folder "
+                    "(e.g. a saved ms-marco-MiniLM-L6-v2), not at an embedding model"
+                )
         try:
             ce = CrossEncoder(model, device=resolve_device(device))
         except (OSError, ValueError) as e:

@@ -217,10 +217,18 @@ def mine_graded(
     bands = check_bands(bands)
     depth = bands[-1][1]
     pool = mine_negatives(
-        model, queries, known_positives, corpus, depth, relative_margin=relative_margin,
+        model,
+        queries,
+        known_positives,
+        corpus,
+        depth,
+        relative_margin=relative_margin,
         range_max=range_max or depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
-        batch_size=batch_size, cache_folder=cache_folder, use_faiss=use_faiss, faiss_threshold=faiss_threshold,
-    )  # fmt: skip
+        batch_size=batch_size,
+        cache_folder=cache_folder,
+        use_faiss=use_faiss,
+        faiss_threshold=faiss_threshold,
+    )
     out: dict[str, dict[str, Any]] = {}
     for key, f in pool.items():
         picked = pick_from_bands(f["negatives"], f["scores"], bands, f"{seed}:{key}")
@@ -338,8 +346,9 @@ def encode_store(model, texts: TextStore, out: Any, *, batch_size: int = 64) -> 
         return
     for start in range(0, n, batch_size):
         rows = order[start : start + batch_size]
-        vecs = model.encode([texts[int(i)] for i in rows], batch_size=batch_size, normalize_embeddings=True,
-                            convert_to_numpy=True, show_progress_bar=False)  # fmt: skip
+        vecs = model.encode(
+            [texts[int(i)] for i in rows], batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         out[rows] = np.asarray(vecs, dtype=np.float32)
 
 
@@ -389,8 +398,9 @@ class CorpusIndex:
         self.emb = emb
 
     @classmethod
-    def from_batches(cls, model, batches: Callable[[], Iterable[list[str]]], count: int, *, batch_size: int = 64,
-                     cache: str | Path, store: str | Path) -> CorpusIndex:  # fmt: skip
+    def from_batches(
+        cls, model, batches: Callable[[], Iterable[list[str]]], count: int, *, batch_size: int = 64, cache: str | Path, store: str | Path
+    ) -> CorpusIndex:
         """The index of a corpus too large to hold: ``batches()`` yields its texts a batch at a time
         (called again only for what is missing). The texts go to a :class:`TextStore` at ``store``
         (a mined negative's text is read back from it), the vectors to ``cache`` (a ``.npy`` written
@@ -414,8 +424,17 @@ class CorpusIndex:
             tmp.replace(path)
         return cls(model, texts, emb=np.load(path, mmap_mode="r"), cache=path)
 
-    def search(self, query: str, positive: int, k: int, *, relative_margin: float | None = 0.05, absolute_margin: float | None = None,
-               max_score: float | None = None, screen: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    def search(
+        self,
+        query: str,
+        positive: int,
+        k: int,
+        *,
+        relative_margin: float | None = 0.05,
+        absolute_margin: float | None = None,
+        max_score: float | None = None,
+        screen: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
         ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
 

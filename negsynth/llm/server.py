@@ -213,6 +213,11 @@ def _model_path(cfg: ServeConfig) -> Path:
     return model
 
 
+def flags(options: dict[str, str]) -> list[str]:
+    """``{"--port": "8765", ...}`` as a command line's ``--port 8765 ...``, in the dict's order."""
+    return [word for pair in options.items() for word in pair]
+
+
 def server_command(
     cfg: ServeConfig,
     model_alias: str,
@@ -233,38 +238,36 @@ def server_command(
             if binary is None:
                 raise UserError(f"no llama-server binary found; {BUILD_HINT}")
         t = threads or choose_threads(cfg.n_threads)
-        return [
-            str(binary),
-            "--model", str(_model_path(cfg)),
-            "--alias", model_alias,
-            "--host", cfg.host,
-            "--port", str(port),
-            "--ctx-size", str(cfg.n_ctx * slots),  # split evenly across the slots
-            "--parallel", str(slots),
-            "--threads", str(t),
-            "--threads-batch", str(t),
-            "--poll", "0",
+        options = {
+            "--model": str(_model_path(cfg)),
+            "--alias": model_alias,
+            "--host": cfg.host,
+            "--port": str(port),
+            "--ctx-size": str(cfg.n_ctx * slots),  # split evenly across the slots
+            "--parallel": str(slots),
+            "--threads": str(t),
+            "--threads-batch": str(t),
+            "--poll": "0",
             # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
             # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
-            "--repeat-penalty", str(REPEAT_PENALTY),
-            "--cache-ram", str(CACHE_RAM_MIB),
-            "--no-webui",
-            *cfg.extra_args,
-        ]  # fmt: skip
+            "--repeat-penalty": str(REPEAT_PENALTY),
+            "--cache-ram": str(CACHE_RAM_MIB),
+        }
+        return [str(binary), *flags(options), "--no-webui", *cfg.extra_args]
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         raise UserError(
             f"the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min), or {BUILD_HINT}"
         ) from None
-    cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(_model_path(cfg)),
-        "--model_alias", model_alias,
-        "--host", cfg.host,
-        "--port", str(port),
-        "--n_ctx", str(cfg.n_ctx),
-    ]  # fmt: skip
+    options = {
+        "--model": str(_model_path(cfg)),
+        "--model_alias": model_alias,
+        "--host": cfg.host,
+        "--port": str(port),
+        "--n_ctx": str(cfg.n_ctx),
+    }
+    cmd = [sys.executable, "-m", "llama_cpp.server", *flags(options)]
     if cfg.n_threads:
         cmd += ["--n_threads", str(cfg.n_threads)]
     return cmd + list(cfg.extra_args)

@@ -224,8 +224,14 @@ def token(run_dir: str | Path) -> str | None:
 
 
 @contextlib.contextmanager
-def hold(run_dir: str | Path, *, stage: str | None = None, shard: tuple[int, int] | None = None,
-         warn: Callable[[str], None] | None = None, under: str | None = None) -> Iterator[Path]:  # fmt: skip
+def hold(
+    run_dir: str | Path,
+    *,
+    stage: str | None = None,
+    shard: tuple[int, int] | None = None,
+    warn: Callable[[str], None] | None = None,
+    under: str | None = None,
+) -> Iterator[Path]:
     """Hold the run dir (``shard=None``) or one worker's (stage, shard) while the block runs.
 
     Raises :class:`UserError` (one line naming the holder, exit 2) when another process holds

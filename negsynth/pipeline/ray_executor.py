@@ -293,10 +293,18 @@ def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
     kind, _, plain = how.partition("+")
     fn = getattr(model, _ST_CALLS[kind])
     out = [
-        np.asarray(fn(texts[a : a + batch_size], batch_size=batch_size, normalize_embeddings=plain != "raw", convert_to_numpy=True,
-                      show_progress_bar=False), dtype=np.float32)
+        np.asarray(
+            fn(
+                texts[a : a + batch_size],
+                batch_size=batch_size,
+                normalize_embeddings=plain != "raw",
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            dtype=np.float32,
+        )
         for a in range(0, len(texts), batch_size)
-    ]  # fmt: skip
+    ]
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
 
@@ -550,8 +558,21 @@ class RaySentenceModel:
         parts = [(how, [t for b in batches[i : i + per] for t in b], None) for i in range(0, len(batches), per)]
         yield from self.dealer.encode_parts(parts, batch_size=batch_size)
 
-    def _encode(self, kind: str, inputs, *, batch_size: int = 32, normalize_embeddings: bool = False, convert_to_numpy: bool = True,
-                convert_to_tensor: bool = False, prompt_name=None, prompt=None, pool=None, show_progress_bar=None, **kw):  # fmt: skip
+    def _encode(
+        self,
+        kind: str,
+        inputs,
+        *,
+        batch_size: int = 32,
+        normalize_embeddings: bool = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        prompt_name=None,
+        prompt=None,
+        pool=None,
+        show_progress_bar=None,
+        **kw,
+    ):
         from negsynth.embed.mining import encode_order
 
         if prompt_name is not None or prompt is not None or pool is not None or kw:

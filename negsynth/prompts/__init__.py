@@ -36,8 +36,14 @@ def load_example(name: str) -> dict:
 def load_examples(name: str) -> tuple[dict, ...]:
     """The pool of worked examples of ``name``: ``name.json`` first, then ``name.2.json``, ``name.3.json``, ..."""
     root = resources.files(__package__).joinpath("examples")
-    extra = sorted((f.name for f in root.iterdir() if f.name.startswith(f"{name}.") and f.name.endswith(".json") and f.name[len(name) + 1 : -5].isdigit()),
-                   key=lambda n: int(n[len(name) + 1 : -5]))  # fmt: skip
+    extra = sorted(
+        (
+            f.name
+            for f in root.iterdir()
+            if f.name.startswith(f"{name}.") and f.name.endswith(".json") and f.name[len(name) + 1 : -5].isdigit()
+        ),
+        key=lambda n: int(n[len(name) + 1 : -5]),
+    )
     return (load_example(name), *(json.loads(root.joinpath(n).read_text(encoding="utf-8")) for n in extra))
 
 

@@ -63,13 +63,25 @@ NAME = "corpus"
 
 #: per style: (one, many, the rule shown to the model, the retrieval instruction of its examples)
 STYLES: dict[str, tuple[str, str, str, str]] = {
-    "question": ("1 question", "{n} different questions", "Each is a question ending with a question mark.",
-                 "Given a question, retrieve documents that answer the question"),
-    "claim": ("1 claim", "{n} different claims", "Each is one declarative sentence stating a finding or fact (a statement, not a question).",
-              "Given a claim, retrieve documents that support or refute the claim"),
-    "keywords": ("1 keyword query", "{n} different keyword queries", "Each is 3 to 8 keywords, not a sentence.",
-                 "Given a web search query, retrieve relevant documents that answer the query"),
-}  # fmt: skip
+    "question": (
+        "1 question",
+        "{n} different questions",
+        "Each is a question ending with a question mark.",
+        "Given a question, retrieve documents that answer the question",
+    ),
+    "claim": (
+        "1 claim",
+        "{n} different claims",
+        "Each is one declarative sentence stating a finding or fact (a statement, not a question).",
+        "Given a claim, retrieve documents that support or refute the claim",
+    ),
+    "keywords": (
+        "1 keyword query",
+        "{n} different keyword queries",
+        "Each is 3 to 8 keywords, not a sentence.",
+        "Given a web search query, retrieve relevant documents that answer the query",
+    ),
+}
 
 #: ``negatives = "mixed"``: how many of the 4 slots the LLM's negatives may fill (the rest are mined)
 MIXED_LLM_SLOTS = 2
@@ -280,9 +292,13 @@ class Work:
             folder = self.ctx.stage_dir(NAME) / "_index"
             self.ctx.reporter.info(f"corpus: embedding {c.count} documents of {c.name} (cached) ...")
             self._indexes[ci] = CorpusIndex.from_batches(
-                self.model(), lambda: ([d.text for d in docs] for _, docs in c.batches()), c.count, batch_size=self.ctx.cfg.embedder.batch_size,
-                cache=folder / f"{ci:03d}-{key}.npy", store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
-            )  # fmt: skip
+                self.model(),
+                lambda: ([d.text for d in docs] for _, docs in c.batches()),
+                c.count,
+                batch_size=self.ctx.cfg.embedder.batch_size,
+                cache=folder / f"{ci:03d}-{key}.npy",
+                store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
+            )
         return self._indexes[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
@@ -301,7 +317,7 @@ class Work:
                         min_query=self.cfg.min_query_chars,
                         negatives=self.cfg.negatives != "mined",
                         max_doc=self.cfg.max_doc_chars,
-                    ),  # fmt: skip
+                    ),
                     name="queries",
                     sample_index=0,
                     reask_template=reask_template(),
@@ -353,9 +369,14 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
         pos = work.positions[p["corpus_index"]][p["doc_id"]]
         mined = work.index(p["corpus_index"]).search(
-            query, pos, k, relative_margin=m.relative_margin, absolute_margin=m.absolute_margin, max_score=m.max_score,
+            query,
+            pos,
+            k,
+            relative_margin=m.relative_margin,
+            absolute_margin=m.absolute_margin,
+            max_score=m.max_score,
             screen=llm_negs if cfg.negatives == "mixed" else (),
-        )  # fmt: skip
+        )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
             llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
             k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
@@ -438,14 +459,18 @@ def run(ctx: StageContext) -> dict:
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     return {
-        "documents": {"in_corpus": sum(c.count for c in corpora), "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
-                      "empty_skipped": sum(c.empty_skipped for c in corpora), "duplicate_ids": sum(c.duplicate_ids for c in corpora)},
+        "documents": {
+            "in_corpus": sum(c.count for c in corpora),
+            "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
+            "empty_skipped": sum(c.empty_skipped for c in corpora),
+            "duplicate_ids": sum(c.duplicate_ids for c in corpora),
+        },
         "corpora": {c.name: {"path": c.path, "documents": c.count, "columns": c.columns} for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir(NAME)),
-    }  # fmt: skip
+    }
 
 
 def describe(folder: Path) -> dict[str, Any]:
@@ -484,8 +509,13 @@ def describe(folder: Path) -> dict[str, Any]:
         for lo, hi in RANK_BUCKETS:
             label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">{lo - 1}")
             hist[label] = sum(1 for r in ranks if r >= lo and (hi is None or r <= hi))
-        out["round_trip"] = {"queries": len(ranks), "top1": round(sum(r == 1 for r in ranks) / len(ranks), 4),
-                             "top10": round(sum(r <= 10 for r in ranks) / len(ranks), 4), "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4), "ranks": hist}  # fmt: skip
+        out["round_trip"] = {
+            "queries": len(ranks),
+            "top1": round(sum(r == 1 for r in ranks) / len(ranks), 4),
+            "top10": round(sum(r <= 10 for r in ranks) / len(ranks), 4),
+            "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
+            "ranks": hist,
+        }
     return out
 
 

@@ -50,8 +50,15 @@ def run(ctx: StageContext) -> dict:
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
         try:
-            emb = embedder_for(m, batch_size=ec.batch_size, instruct_queries=ec.instruct_queries, embedder=emb_cfg, what="evaluate --model (or --baseline)",
-                               backend=ec.backend, dtype=ec.dtype)  # fmt: skip
+            emb = embedder_for(
+                m,
+                batch_size=ec.batch_size,
+                instruct_queries=ec.instruct_queries,
+                embedder=emb_cfg,
+                what="evaluate --model (or --baseline)",
+                backend=ec.backend,
+                dtype=ec.dtype,
+            )
         except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
             raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
         try:

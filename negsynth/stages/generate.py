@@ -42,9 +42,20 @@ STS_DIFFICULTY = ["elementary school", "high school", "college"]
 STS_UNITS = ["sentence", "phrase", "passage"]
 STS_HIGH = [4, 4.5, 5]
 MAJOR_LANGUAGES = [
-    "Chinese", "Spanish", "French", "German", "Japanese", "Russian", "Portuguese",
-    "Italian", "Korean", "Arabic", "Hindi", "Dutch", "Turkish",
-]  # fmt: skip
+    "Chinese",
+    "Spanish",
+    "French",
+    "German",
+    "Japanese",
+    "Russian",
+    "Portuguese",
+    "Italian",
+    "Korean",
+    "Arabic",
+    "Hindi",
+    "Dutch",
+    "Turkish",
+]
 MINOR_LANGUAGES = ["Polish", "Swedish", "Vietnamese", "Indonesian", "Thai", "Greek", "Czech", "Hebrew", "Danish", "Finnish"]
 
 

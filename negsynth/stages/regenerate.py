@@ -195,12 +195,20 @@ def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str
     from negsynth.embed.mining import mine_graded, mine_negatives
 
     if opts.strategy == "graded":
-        return partial(mine_graded, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max, seed=opts.seed,
-                       **encoding)  # fmt: skip
+        return partial(
+            mine_graded, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max, seed=opts.seed, **encoding
+        )
     return partial(
-        mine_negatives, k=k, relative_margin=opts.relative_margin, absolute_margin=opts.absolute_margin, max_score=opts.max_score,
-        range_min=opts.range_min, range_max=opts.range_max, sampling=opts.sampling, **encoding,
-    )  # fmt: skip
+        mine_negatives,
+        k=k,
+        relative_margin=opts.relative_margin,
+        absolute_margin=opts.absolute_margin,
+        max_score=opts.max_score,
+        range_min=opts.range_min,
+        range_max=opts.range_max,
+        sampling=opts.sampling,
+        **encoding,
+    )
 
 
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
@@ -332,15 +340,28 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, m
     if res.value is None:
         rej = Reject(id=it.id, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
         return Outcome(reject=rej.model_dump(mode="json"))
-    meta: dict[str, Any] = dict(p["meta"])
-    if p["source_negatives"]:
-        meta["source_negatives"] = p["source_negatives"]
+    meta = pair_meta(p)
     mined = p.get("mined")
     if mined is not None:
         meta["mined_scores"] = mined["scores"]
         meta["mined_pos_score"] = mined["pos_score"]
     if res.reasons:
         meta["failed_attempts"] = res.reasons
+    mined_negatives = list(mined["negatives"]) if mined else []
+    return pair_example(it, res.value, model, meta, usage=res.usage, mined_negatives=mined_negatives)
+
+
+def pair_meta(p: dict[str, Any]) -> dict[str, Any]:
+    """The meta of a pair's example: the source row's, with the source's own negatives if any."""
+    meta: dict[str, Any] = dict(p["meta"])
+    if p["source_negatives"]:
+        meta["source_negatives"] = p["source_negatives"]
+    return meta
+
+
+def pair_example(it: WorkItem, negatives: list[str], model: str, meta: dict[str, Any], **extra: Any) -> Outcome:
+    """The example of one source pair (the item's payload) with its graded ``negatives``."""
+    p = it.payload
     ex = Example(
         id=it.id,
         task=p["instruction"],
@@ -348,13 +369,12 @@ async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, m
         attributes={"symmetric": p["symmetric"]},
         query=p["query"],
         positive=p["positive"],
-        negatives=res.value,
+        negatives=negatives,
         model=model,
-        usage=res.usage,
         source=p["source"],
         source_id=p["source_id"],
-        mined_negatives=list(mined["negatives"]) if mined else [],
         meta=meta,
+        **extra,
     )
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
 
@@ -370,18 +390,12 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
             id=it.id, stage=NAME, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"}
         )
         return Outcome(reject=rej.model_dump(mode="json"))
-    meta: dict[str, Any] = dict(p["meta"])
-    if p["source_negatives"]:
-        meta["source_negatives"] = p["source_negatives"]
+    meta = pair_meta(p)
     meta["mined_scores"] = mined["scores"][:NUM_NEGATIVES]
     meta["mined_pos_score"] = mined["pos_score"]
     if mined.get("ranks"):
         meta["mined_ranks"] = mined["ranks"][:NUM_NEGATIVES]
-    ex = Example(
-        id=it.id, task=p["instruction"], task_type=p["task_type"], attributes={"symmetric": p["symmetric"]}, query=p["query"],
-        positive=p["positive"], negatives=list(negs), model=model, source=p["source"], source_id=p["source_id"], meta=meta,
-    )  # fmt: skip
-    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+    return pair_example(it, list(negs), model, meta)
 
 
 def run(ctx: StageContext) -> dict:

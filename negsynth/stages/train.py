@@ -157,8 +157,18 @@ def _checkpoint_step_of(resume, out) -> int | None:
 def report(stats: dict) -> list[Summary]:
     fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
     loss = f"{fmt(stats['loss_first'])} -> {fmt(stats['loss_last'])}"
-    return [Summary("train", [("model", stats["model"]), ("steps", stats["steps"]), ("loss first -> last", loss), ("wall time", f"{stats['wall_time_s']:.1f} s"),
-                             ("peak memory", _memory_cell(stats))])]  # fmt: skip
+    return [
+        Summary(
+            "train",
+            [
+                ("model", stats["model"]),
+                ("steps", stats["steps"]),
+                ("loss first -> last", loss),
+                ("wall time", f"{stats['wall_time_s']:.1f} s"),
+                ("peak memory", _memory_cell(stats)),
+            ],
+        )
+    ]
 
 
 STAGE = Stage(

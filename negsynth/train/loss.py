@@ -31,8 +31,15 @@ def info_nce(
     return F.cross_entropy(scores, torch.arange(q.shape[0], device=q.device))
 
 
-def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode: str | None = None, hardness_strength: float = 0.0, gather_across_devices: bool = False,
-              mini_batch_size: int | None = None):  # fmt: skip
+def make_loss(
+    model,
+    temperature: float = DEFAULT_TEMPERATURE,
+    *,
+    hardness_mode: str | None = None,
+    hardness_strength: float = 0.0,
+    gather_across_devices: bool = False,
+    mini_batch_size: int | None = None,
+):
     """``MultipleNegativesRankingLoss`` with ``scale = 1/temperature`` (cosine similarity).
 
     ``mini_batch_size``: ``CachedMultipleNegativesRankingLoss`` (GradCache) instead, embedding
@@ -57,8 +64,15 @@ def make_loss(model, temperature: float = DEFAULT_TEMPERATURE, *, hardness_mode:
     return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)
 
 
-def make_angle_infonce_loss(model, temperature: float, *, infonce_weight: float = 1.0, angle_weight: float = 0.0, angle_scale: float = 20.0,
-                            gather_across_devices: bool = False):  # fmt: skip
+def make_angle_infonce_loss(
+    model,
+    temperature: float,
+    *,
+    infonce_weight: float = 1.0,
+    angle_weight: float = 0.0,
+    angle_scale: float = 20.0,
+    gather_across_devices: bool = False,
+):
     """``infonce_weight x MNRL + angle_weight x AnglELoss`` — AnglE's trainer on (text, positive,
     negative) rows as BeLLM trains (SEED_SPEC §5: ``ibn_w = 20``, ``angle_w = 1``, both at scale 20).
 

@@ -487,11 +487,23 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             raise ValueError(
                 "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
             )
-        loss = make_angle_infonce_loss(model, temperature, infonce_weight=config.infonce_weight, angle_weight=config.angle_weight,
-                                       angle_scale=config.angle_scale, gather_across_devices=gather)  # fmt: skip
+        loss = make_angle_infonce_loss(
+            model,
+            temperature,
+            infonce_weight=config.infonce_weight,
+            angle_weight=config.angle_weight,
+            angle_scale=config.angle_scale,
+            gather_across_devices=gather,
+        )
     else:
-        loss = make_loss(model, temperature, hardness_mode=config.hardness_mode, hardness_strength=config.hardness_strength, gather_across_devices=gather,
-                         mini_batch_size=mini_batch)  # fmt: skip
+        loss = make_loss(
+            model,
+            temperature,
+            hardness_mode=config.hardness_mode,
+            hardness_strength=config.hardness_strength,
+            gather_across_devices=gather,
+            mini_batch_size=mini_batch,
+        )
     args = SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=per_device,

@@ -96,8 +96,12 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
         "llm_order": order if cfg.policy != "annotate" else None,
     }
     if "judge_neg" in m:
-        score.update(judge=m["judge"], judge_pos=m["judge_pos"], judge_neg=[m["judge_neg"][i] for i in order],
-                     judged_false_negative=[m["judged_false_negative"][i] for i in order])  # fmt: skip
+        score.update(
+            judge=m["judge"],
+            judge_pos=m["judge_pos"],
+            judge_neg=[m["judge_neg"][i] for i in order],
+            judged_false_negative=[m["judged_false_negative"][i] for i in order],
+        )
     out = dict(row)
     out["negatives"] = [row["negatives"][i] for i in order]
     out["score"] = score

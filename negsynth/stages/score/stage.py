@@ -282,10 +282,14 @@ class _Cleaner:
             vecs = None
             if cfg.decontam_threshold is not None:
                 vecs, _ = eval_vectors(
-                    emb, ev, ctx.run_dir / "cache", embedder_fingerprint(ctx.cfg.embedder), batch_size=batch_size,
+                    emb,
+                    ev,
+                    ctx.run_dir / "cache",
+                    embedder_fingerprint(ctx.cfg.embedder),
+                    batch_size=batch_size,
                     progress=lambda label, total: _progress(ctx.reporter, label, total),
                     encode_parts=lambda parts: encode_parts(emb, parts, batch_size=batch_size),
-                )  # fmt: skip
+                )
             self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
         elif ev.skipped and cfg.decontam_sets != []:
             ctx.reporter.warn(f"score: decontamination skipped: {ev.skipped}")
@@ -388,9 +392,16 @@ def _reject(row: dict, reason: str, detail: str) -> dict:
 
 
 def _score_block(
-    ctx: StageContext, emb, block: list[tuple[int, list[dict]]], batch_size: int, this_run: Counter, nblock: int, cleaner: _Cleaner, judge=None,
+    ctx: StageContext,
+    emb,
+    block: list[tuple[int, list[dict]]],
+    batch_size: int,
+    this_run: Counter,
+    nblock: int,
+    cleaner: _Cleaner,
+    judge=None,
     write: set[int] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Embed one block of input shards together, clean, then write each shard's outputs (those in
     ``write``, when given: the others are finished and come out the same).
 
@@ -505,10 +516,12 @@ def _score_block(
             atomic_write_bytes(
                 _kept_path(ctx, k),
                 pack_kept(
-                    [examples[e]["id"] for e in kept], [keys[e] for e in kept],
-                    vecs16[pool["q"][kept]] if uv else None, vecs16[pool["p"][kept]] if uv else None,
+                    [examples[e]["id"] for e in kept],
+                    [keys[e] for e in kept],
+                    vecs16[pool["q"][kept]] if uv else None,
+                    vecs16[pool["p"][kept]] if uv else None,
                 ),
-            )  # fmt: skip
+            )
         write_jsonl(out_dir / "rejects" / shard_name(k), rejects)
         write_jsonl(out_dir / shard_name(k), records)  # its presence marks the shard done: written last
     this_run["examples"] += len(examples)

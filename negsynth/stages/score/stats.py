@@ -109,7 +109,7 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
             "levels": {
                 str(r["level"]): {k: _r(r[k]) for k in ("mean", "false_negative_rate", "too_easy_rate")}
                 for r in n_tt.group_by("level").agg(*per_level).sort("level").iter_rows(named=True)
-            },  # fmt: skip
+            },
         }
     tau = ex.get_column("kendall_tau").drop_nulls().drop_nans()
     return {
@@ -177,9 +177,14 @@ def report(stats: dict) -> list[Summary]:
         rows.append((f"  rejected: {reason}", str(k)))
     j = stats.get("judge")
     if j:
-        rows.append(("false-negative judge", f"{j['model']}: {j['false_negatives']} of {j['negatives']} negatives >= {j['ratio']} x the positive "
-                                             f"({j['only_by_judge']} the cosine rule let through)"
-                                             + (f"; {j['not_judged']} examples not judged" if j.get("not_judged") else "")))  # fmt: skip
+        rows.append(
+            (
+                "false-negative judge",
+                f"{j['model']}: {j['false_negatives']} of {j['negatives']} negatives >= {j['ratio']} x the positive "
+                f"({j['only_by_judge']} the cosine rule let through)"
+                + (f"; {j['not_judged']} examples not judged" if j.get("not_judged") else ""),
+            )
+        )
     rows += clean_rows(stats)
     if tp.get("examples"):
         rows.append(
