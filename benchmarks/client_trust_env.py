@@ -45,8 +45,9 @@ async def run(url: str, n: int, c: int, trust_env: bool) -> float:
     from negsynth.llm.client import proxy_for
 
     proxy = None if trust_env else proxy_for(url)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=c + 8, limit_per_host=0), trust_env=trust_env,
-                                     headers={"Content-Type": "application/json"}) as s:  # fmt: skip
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=c + 8, limit_per_host=0), trust_env=trust_env, headers={"Content-Type": "application/json"}
+    ) as s:
         sem = asyncio.Semaphore(c)
 
         async def one():

@@ -76,10 +76,17 @@ def write_corpus(path: Path, n: int, repeat: int = 3) -> None:
         for start in range(0, n, 10_000):
             f.write(
                 "".join(
-                    json.dumps({"_id": f"d{i}", "title": f"{words[i % 12]} {i}", "text": f"Document {i} about {words[(i * 7) % 12]} and topic {i % 97}. " * repeat}) + "\n"
+                    json.dumps(
+                        {
+                            "_id": f"d{i}",
+                            "title": f"{words[i % 12]} {i}",
+                            "text": f"Document {i} about {words[(i * 7) % 12]} and topic {i % 97}. " * repeat,
+                        }
+                    )
+                    + "\n"
                     for i in range(start, min(n, start + 10_000))
                 )
-            )  # fmt: skip
+            )
 
 
 def main() -> None:

@@ -204,8 +204,17 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
             path = info.get("model_dir")
     with PeakRSS() as eval_mem:
         scores = evaluate_model(path, tasks, args) if "no_model" not in info else {}
-    return {"dataset": dataset, "arm": arm, "seed": seed, "scores": scores, **info, "train_s": round(train_mem.seconds, 1), "eval_s": round(eval_mem.seconds, 1),
-            "train_peak_mib": train_mem.peak_mib, "eval_peak_mib": eval_mem.peak_mib}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "arm": arm,
+        "seed": seed,
+        "scores": scores,
+        **info,
+        "train_s": round(train_mem.seconds, 1),
+        "eval_s": round(eval_mem.seconds, 1),
+        "train_peak_mib": train_mem.peak_mib,
+        "eval_peak_mib": eval_mem.peak_mib,
+    }
 
 
 def summarise(results: list[dict], dataset: str) -> list[tuple]:
@@ -251,8 +260,10 @@ def print_table(results: list[dict], datasets: list[str]) -> None:
             docs = c.get("items") or 0
             if docs:
                 tok = c.get("tokens") or {}
-                print(f"- {arm}: {c['valid']} valid of {c['items']} queries, rejects {c.get('rejects_by_reason')}, tokens in/out {tok.get('prompt')}/{tok.get('completion')}, "
-                      f"LLM wall {c.get('wall_time_s')} s (first run), round trip {(c.get('round_trip') or {}).get('top1')} top-1")  # fmt: skip
+                print(
+                    f"- {arm}: {c['valid']} valid of {c['items']} queries, rejects {c.get('rejects_by_reason')}, tokens in/out {tok.get('prompt')}/{tok.get('completion')}, "
+                    f"LLM wall {c.get('wall_time_s')} s (first run), round trip {(c.get('round_trip') or {}).get('top1')} top-1"
+                )
 
 
 def load_results(path: Path) -> list[dict]:

@@ -76,9 +76,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cols = {k: [r[k] for r in cur] for k in ("anchor", "positive", "negative", "level", "phase")}
         cfg = TrainConfig(
-            model=a.model, batch_size=a.batch_size, grad_accum=1, lr=a.lr, epochs=1.0, max_length=a.max_length,
-            temperature=a.temperature, seed=a.seed, save_steps=10**6, output_dir=str(out / sched.replace(":", "_")),
-        )  # fmt: skip
+            model=a.model,
+            batch_size=a.batch_size,
+            grad_accum=1,
+            lr=a.lr,
+            epochs=1.0,
+            max_length=a.max_length,
+            temperature=a.temperature,
+            seed=a.seed,
+            save_steps=10**6,
+            output_dir=str(out / sched.replace(":", "_")),
+        )
         path = train(cols, cfg)
         res = score(path)
         rows.append((sched, len(cur), len(cur) // a.batch_size, res))

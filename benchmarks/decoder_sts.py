@@ -110,8 +110,19 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
     t0 = time.time()
     dest = args.out / arm / f"seed{seed}"
     steps = args.steps if args.steps > 0 else max(1, len(rows) // args.batch_size)
-    common = dict(model=args.model, batch_size=args.batch_size, grad_accum=1, epochs=1, max_steps=args.steps, max_length=args.max_length, seed=seed,
-                  output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, steps // 8))  # fmt: skip
+    common = dict(
+        model=args.model,
+        batch_size=args.batch_size,
+        grad_accum=1,
+        epochs=1,
+        max_steps=args.steps,
+        max_length=args.max_length,
+        seed=seed,
+        output_dir=str(dest / "_ckpt"),
+        save_steps=10**6,
+        save_total_limit=1,
+        logging_steps=max(1, steps // 8),
+    )
     info: dict = {}
     if arm == "zero-shot":
         cfg = TrainConfig(**{**common, **BELLM, "bidirectional": "none", "lora": {"enabled": False}})
@@ -126,8 +137,16 @@ def run_arm(arm: str, seed: int, rows: list[dict], args) -> dict:
     emb = SentenceTransformerEmbedder.load(str(dest), device=args.device, batch_size=args.eval_batch_size)
     rep = evaluate(emb, suite=args.eval_suite, tasks=args.eval_tasks, progress=False, data_dir=args.data_dir, seed=0)
     scores = {name: round(100 * float(t["main_score"]), 2) for name, t in rep["tasks"].items()}
-    return {"arm": arm, "seed": seed, "scores": scores, "avg": round(statistics.mean(scores.values()), 2), "rows": len(rows),
-            "train_s": round(t_train, 1), "seconds": round(time.time() - t0, 1), **info}  # fmt: skip
+    return {
+        "arm": arm,
+        "seed": seed,
+        "scores": scores,
+        "avg": round(statistics.mean(scores.values()), 2),
+        "rows": len(rows),
+        "train_s": round(t_train, 1),
+        "seconds": round(time.time() - t0, 1),
+        **info,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,11 +65,22 @@ def main() -> None:
             wall = negsynth(d, "--stages", "generate", "--set", f"serve.engine={e}", *fixed)
             st = json.loads((d / "generate" / "stats.json").read_text())
             srv = json.loads((d / "embedded-server.json").read_text()) if (d / "embedded-server.json").is_file() else {}
-            r = {"stage_s": st["wall_time_s"], "command_s": round(wall, 1), "requests": st["attempts"], "valid": st["valid"],
-                 "tokens": st.get("tokens"), "load": round(load, 2), "threads": srv.get("threads") or a.threads or "its default", "examples": examples(d)}  # fmt: skip
+            r = {
+                "stage_s": st["wall_time_s"],
+                "command_s": round(wall, 1),
+                "requests": st["attempts"],
+                "valid": st["valid"],
+                "tokens": st.get("tokens"),
+                "load": round(load, 2),
+                "threads": srv.get("threads") or a.threads or "its default",
+                "examples": examples(d),
+            }
             runs[e].append(r)
-            print(f"rep {rep + 1} {e:18s} stage {r['stage_s']:6.1f} s  command {r['command_s']:6.1f} s  requests {r['requests']}  valid {r['valid']}  "
-                  f"threads {r['threads']}  load {load:.2f}", flush=True)  # fmt: skip
+            print(
+                f"rep {rep + 1} {e:18s} stage {r['stage_s']:6.1f} s  command {r['command_s']:6.1f} s  requests {r['requests']}  valid {r['valid']}  "
+                f"threads {r['threads']}  load {load:.2f}",
+                flush=True,
+            )
     med = statistics.median
     ref = med(r["stage_s"] for r in runs[engines[0]])
     first = runs[engines[0]][0]["examples"]
@@ -84,8 +95,10 @@ def main() -> None:
         comp = med((r["tokens"] or {}).get("completion", 0) for r in rs)
         same = min(sum(x == y for x, y in zip(r["examples"], first)) for r in rs)
         threads = "/".join(sorted({str(r["threads"]) for r in rs}))
-        print(f"| {e} | {threads} | {stage:.1f} | {ref / stage:.2f}x | {med(r['command_s'] for r in rs):.1f} | {med(r['requests'] for r in rs):.0f} | "
-              f"{med(r['valid'] for r in rs):.0f} | {comp:.0f} | {same}/{len(first)} |")  # fmt: skip
+        print(
+            f"| {e} | {threads} | {stage:.1f} | {ref / stage:.2f}x | {med(r['command_s'] for r in rs):.1f} | {med(r['requests'] for r in rs):.0f} | "
+            f"{med(r['valid'] for r in rs):.0f} | {comp:.0f} | {same}/{len(first)} |"
+        )
     loads = [r["load"] for rs in runs.values() for r in rs]
     print(f"\nload average before each run: {min(loads):.2f}-{max(loads):.2f}")
     (a.out / "results.json").write_text(

@@ -50,8 +50,23 @@ def perturbed_model(dest: Path, noise: float, seed: int) -> Path:
 
 
 def evaluate_cmd(run_dir: Path, model: Path, base: str, args, *, cache_dir: Path | None) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "negsynth", "evaluate", "-d", str(run_dir), "--model", str(model), "--baseline", base,
-           "--suite", args.suite, "--tasks", args.tasks, "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "negsynth",
+        "evaluate",
+        "-d",
+        str(run_dir),
+        "--model",
+        str(model),
+        "--baseline",
+        base,
+        "--suite",
+        args.suite,
+        "--tasks",
+        args.tasks,
+        "--quiet",
+    ]
     env = dict(os.environ)
     if cache_dir is None:
         cmd.append("--no-cache")
@@ -109,16 +124,29 @@ def main() -> None:
     ref = runs["no-cache"][0]["scores"]
     same = all(r["scores"][k] == ref[k] for rs in runs.values() for r in rs for k in ("baseline.json", "report.json"))
     med = {arm: statistics.median(r["wall"] for r in rs) for arm, rs in runs.items()}
-    print(f"\n{args.suite} suite, {args.tasks}; {args.reps} reps interleaved, medians; {len(os.sched_getaffinity(0))} CPUs; "
-          f"load average {load0[0]:.2f} before / {load1[0]:.2f} after\n")  # fmt: skip
+    print(
+        f"\n{args.suite} suite, {args.tasks}; {args.reps} reps interleaved, medians; {len(os.sched_getaffinity(0))} CPUs; "
+        f"load average {load0[0]:.2f} before / {load1[0]:.2f} after\n"
+    )
     print("| arm | wall s (reps) | median s | speed-up | same scores as no-cache |")
     print("|---|---|---:|---:|---|")
     for arm, rs in runs.items():
         reps = " / ".join(f"{r['wall']:.1f}" for r in rs)
         print(f"| {arm} | {reps} | {med[arm]:.1f} | {med['no-cache'] / med[arm]:.2f}x | {'yes' if same else 'NO'} |")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "median_s": med,
-                                         "same_scores": same, "load_before": load0, "load_after": load1}, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "runs": runs,
+                    "median_s": med,
+                    "same_scores": same,
+                    "load_before": load0,
+                    "load_after": load1,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -81,10 +81,12 @@ def main() -> None:
             if not rep_["tasks"]:
                 raise SystemExit("no evaluation data: " + "; ".join(rep_["notes"]))
             row = {
-                "seconds": rep_["seconds"], "cpu_seconds": rep_["cpu_seconds"], "load1": round(load, 2),
+                "seconds": rep_["seconds"],
+                "cpu_seconds": rep_["cpu_seconds"],
+                "load1": round(load, 2),
                 "scores": {t: r["main_score"] for t, r in rep_["tasks"].items()},
                 "ndcg@10": {t: r["metrics"].get("ndcg@10") for t, r in rep_["tasks"].items()},
-            }  # fmt: skip
+            }
             runs[b].append(row)
             print(
                 f"rep {rep + 1} {b}: {row['seconds']:.1f}s (load {load:.1f}) "
@@ -96,18 +98,29 @@ def main() -> None:
     t_ref = statistics.median(r["seconds"] for r in runs[backends[0]])
     summary = {}
     cut = f" ({args.queries or '-'} queries x {args.docs or '-'} docs)" if args.queries or args.docs else ""
-    print(f"\n{args.suite}{cut} {','.join(tasks)}; {args.reps} reps, interleaved; threads {args.threads}; load1 range "
-          f"{min(r['load1'] for v in runs.values() for r in v):.1f}-{max(r['load1'] for v in runs.values() for r in v):.1f}")  # fmt: skip
+    print(
+        f"\n{args.suite}{cut} {','.join(tasks)}; {args.reps} reps, interleaved; threads {args.threads}; load1 range "
+        f"{min(r['load1'] for v in runs.values() for r in v):.1f}-{max(r['load1'] for v in runs.values() for r in v):.1f}"
+    )
     w = max(10, *(len(b) for b in backends))
     print(f"{'backend':<{w}} {'median s':>9} {'min s':>7} {'speed-up':>8}  scores (delta vs {backends[0]})")
     for b in backends:
         med = statistics.median(r["seconds"] for r in runs[b])
         scores = runs[b][0]["scores"]
         deltas = {t: scores[t] - ref[t] for t in scores}
-        summary[b] = {"median_s": med, "min_s": min(r["seconds"] for r in runs[b]), "speedup": t_ref / med, "scores": scores, "delta": deltas,
-                      "same_to_4_decimals": all(round(scores[t], 4) == round(ref[t], 4) for t in scores), "setup_s": setup[b]}  # fmt: skip
-        print(f"{b:<{w}} {med:>9.1f} {summary[b]['min_s']:>7.1f} {t_ref / med:>7.2f}x  "
-              + " ".join(f"{t} {100 * s:.4f} ({100 * deltas[t]:+.4f})" for t, s in scores.items()))  # fmt: skip
+        summary[b] = {
+            "median_s": med,
+            "min_s": min(r["seconds"] for r in runs[b]),
+            "speedup": t_ref / med,
+            "scores": scores,
+            "delta": deltas,
+            "same_to_4_decimals": all(round(scores[t], 4) == round(ref[t], 4) for t in scores),
+            "setup_s": setup[b],
+        }
+        print(
+            f"{b:<{w}} {med:>9.1f} {summary[b]['min_s']:>7.1f} {t_ref / med:>7.2f}x  "
+            + " ".join(f"{t} {100 * s:.4f} ({100 * deltas[t]:+.4f})" for t, s in scores.items())
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "runs": runs, "summary": summary, "torch_threads": torch.get_num_threads()}, f, indent=1)

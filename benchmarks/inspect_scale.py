@@ -97,8 +97,18 @@ def build(run: Path, rows: int) -> None:
             n = min(SHARD, rows - s)
             write_jsonl(d / f"shard-{s // SHARD:05d}.jsonl", [record(i, rng, scored) for i in range(s, s + n)])
         shards = (rows + SHARD - 1) // SHARD
-        stats = {"stage": stage, "items": rows, "valid": rows, "rejected": 0, "rejects_by_reason": {}, "shards_done": shards,
-                 "shards_total": shards, "complete": True, "tokens": {"prompt": 1000 * rows, "completion": 240 * rows}, "wall_time_s": 1.0}  # fmt: skip
+        stats = {
+            "stage": stage,
+            "items": rows,
+            "valid": rows,
+            "rejected": 0,
+            "rejects_by_reason": {},
+            "shards_done": shards,
+            "shards_total": shards,
+            "complete": True,
+            "tokens": {"prompt": 1000 * rows, "completion": 240 * rows},
+            "wall_time_s": 1.0,
+        }
         (d / "stats.json").write_text(json.dumps(stats))
 
 

@@ -147,15 +147,27 @@ def main() -> None:
     judged = sum(v is not None for v in verdicts)
     rate = {k: round(says[k] / seen[k], 4) if seen[k] else None for k in KINDS}
     slot_rate = {s + 1: round(by_slot[s] / slot_seen[s], 4) if slot_seen[s] else None for s in range(4)}
-    print(f"\nLLM judge {cfg.llm.model} on {len(examples)} SciFact train claims (seed {a.seed}, pool {a.pool}); judged {judged}, "
-          f"not judged {len(examples) - judged} {dict(judge.failed)}; {judge.requests} requests, {judge.cache_hits} cache hits, {wall:.0f} s")  # fmt: skip
+    print(
+        f"\nLLM judge {cfg.llm.model} on {len(examples)} SciFact train claims (seed {a.seed}, pool {a.pool}); judged {judged}, "
+        f"not judged {len(examples) - judged} {dict(judge.failed)}; {judge.requests} requests, {judge.cache_hits} cache hits, {wall:.0f} s"
+    )
     print("| candidate | says it answers the claim |\n|---|---:|")
     for k in KINDS:
         print(f"| {k} | {rate[k] if rate[k] is None else f'{100 * rate[k]:.1f} %'} ({says[k]} of {seen[k]}) |")
     print("by slot (position in the list): " + ", ".join(f"{s}: {'-' if r is None else f'{100 * r:.0f} %'}" for s, r in slot_rate.items()))
-    res = {"args": {k: str(v) for k, v in vars(a).items()}, "model": cfg.llm.model, "claims": len(examples), "judged": judged,
-           "not_judged": dict(judge.failed), "says_answers": rate, "counts": {k: [says[k], seen[k]] for k in KINDS}, "by_slot": slot_rate,
-           "requests": judge.requests, "cache_hits": judge.cache_hits, "wall_s": round(wall, 1)}  # fmt: skip
+    res = {
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "model": cfg.llm.model,
+        "claims": len(examples),
+        "judged": judged,
+        "not_judged": dict(judge.failed),
+        "says_answers": rate,
+        "counts": {k: [says[k], seen[k]] for k in KINDS},
+        "by_slot": slot_rate,
+        "requests": judge.requests,
+        "cache_hits": judge.cache_hits,
+        "wall_s": round(wall, 1),
+    }
     (a.out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {a.out / 'results.json'}")
 

@@ -198,14 +198,21 @@ def reference_child(bodies_path: str, threads: int) -> None:
         p_eval += perf.n_p_eval
         out.append(r)
     wall = time.perf_counter() - t0
-    print(json.dumps({
-        "wall": wall,
-        "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in out),
-        "completion_tokens": sum(r["usage"]["completion_tokens"] for r in out),
-        "prompt_ms": p_ms, "gen_ms": g_ms, "prompt_evaluated": p_eval,
-        "texts": [r["choices"][0]["message"]["content"] for r in out],
-        "threads": threads, "slots": 1,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "wall": wall,
+                "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in out),
+                "completion_tokens": sum(r["usage"]["completion_tokens"] for r in out),
+                "prompt_ms": p_ms,
+                "gen_ms": g_ms,
+                "prompt_evaluated": p_eval,
+                "texts": [r["choices"][0]["message"]["content"] for r in out],
+                "threads": threads,
+                "slots": 1,
+            }
+        )
+    )
 
 
 def run_reference(bodies_path: Path, threads: int) -> dict:
@@ -342,8 +349,10 @@ def main() -> None:
 
     med = statistics.median
     base = med(r["wall"] for r in runs[arms[0]])
-    print(f"\n{started}, {a.requests} demo generate requests, concurrency {a.concurrency} (in-process: 1), {a.repeats} repeats, medians;"
-          f" {len(os.sched_getaffinity(0))} CPUs, {a.busy} busy process(es), load average {load0[0]:.2f} before / {load1[0]:.2f} after\n")  # fmt: skip
+    print(
+        f"\n{started}, {a.requests} demo generate requests, concurrency {a.concurrency} (in-process: 1), {a.repeats} repeats, medians;"
+        f" {len(os.sched_getaffinity(0))} CPUs, {a.busy} busy process(es), load average {load0[0]:.2f} before / {load1[0]:.2f} after\n"
+    )
     print(
         f"| engine | threads | slots | wall s | vs {arms[0]} | prompt tok/s | gen tok/s | completion tok/s (wall) | prompt + completion tokens | same text every repeat | same text as {arms[0]} |"
     )

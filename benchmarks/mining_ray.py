@@ -122,8 +122,11 @@ def main() -> None:
                 found[name] = mine_negatives(made[name], queries, positives, corpus, a.k, batch_size=a.batch_size, use_faiss=False)
                 wall = time.perf_counter() - t0
                 runs[name].append({"s": wall, "load1": os.getloadavg()[0]})
-                print(f"  rep {rep} {name:6s}: {len(corpus)} docs, {len(queries)} queries in {wall:.1f} s "
-                      f"({len(corpus) / wall:.1f} docs/s), load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+                print(
+                    f"  rep {rep} {name:6s}: {len(corpus)} docs, {len(queries)} queries in {wall:.1f} s "
+                    f"({len(corpus) / wall:.1f} docs/s), load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
                 if wall > a.max_rep_s:
                     sys.exit(f"a rep took {wall:.0f} s > --max-rep-s {a.max_rep_s:.0f}: lower --docs")
         same = {k: found[k] == found["local"] for k in names}
@@ -134,16 +137,20 @@ def main() -> None:
         ray.shutdown()
     load_end = os.getloadavg()
     med = {k: statistics.median(r["s"] for r in rs) for k, rs in runs.items()}
-    print(f"\nMiniLM on CPU, {len(corpus)} SciFact abstracts, {len(queries)} claims, k={a.k}, batch {a.batch_size}; "
-          f"medians of {a.repeats}; torch threads here {torch.get_num_threads()}, CPU affinity {affinity}")  # fmt: skip
+    print(
+        f"\nMiniLM on CPU, {len(corpus)} SciFact abstracts, {len(queries)} claims, k={a.k}, batch {a.batch_size}; "
+        f"medians of {a.repeats}; torch threads here {torch.get_num_threads()}, CPU affinity {affinity}"
+    )
     print(
         f"{'model':7s} {'workers':>7s} {'start s':>8s} {'median s':>9s} {'docs/s':>7s} {'/worker':>8s} {'vs local':>9s} {'same negatives':>15s}"
     )
     for k in runs:
         n = int(k[3:]) if k.startswith("ray") else 0
         rate = len(corpus) / med[k]
-        print(f"{k:7s} {n or '-':>7} {start_s[k]:8.1f} {med[k]:9.2f} {rate:7.1f} {(rate / n if n else rate):8.1f} "
-              f"{med['local'] / med[k]:9.2f} {str(same[k]):>15s}")  # fmt: skip
+        print(
+            f"{k:7s} {n or '-':>7} {start_s[k]:8.1f} {med[k]:9.2f} {rate:7.1f} {(rate / n if n else rate):8.1f} "
+            f"{med['local'] / med[k]:9.2f} {str(same[k]):>15s}"
+        )
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {load_end}; {os.cpu_count()} CPUs")
     if a.json_out:
         from _record import write_record

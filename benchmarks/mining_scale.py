@@ -175,9 +175,27 @@ def main() -> None:
                 runs = []
                 for rep in range(args.reps):
                     save = str(Path(tmp) / f"{size}-{method}.npy") if rep == 0 else None
-                    cmd = [sys.executable, __file__, "--child", "--size", str(size), "--method", method, "--queries", str(args.queries),
-                           "--dim", str(args.dim), "--k", str(args.k), "--threads", str(args.threads), "--chunk-mb", str(args.chunk_mb),
-                           "--nprobe", str(args.nprobe)] + (["--save", save] if save else [])  # fmt: skip
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        "--size",
+                        str(size),
+                        "--method",
+                        method,
+                        "--queries",
+                        str(args.queries),
+                        "--dim",
+                        str(args.dim),
+                        "--k",
+                        str(args.k),
+                        "--threads",
+                        str(args.threads),
+                        "--chunk-mb",
+                        str(args.chunk_mb),
+                        "--nprobe",
+                        str(args.nprobe),
+                    ] + (["--save", save] if save else [])
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                     if out.returncode:
                         raise SystemExit(

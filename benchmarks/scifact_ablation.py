@@ -124,10 +124,19 @@ def train_arm(rows: list[dict], arm: str, out: Path, args) -> str:
     from negsynth.train import TrainConfig, make_trainer
 
     cfg = TrainConfig(
-        model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, temperature=args.temperature,
-        max_steps=args.steps, max_length=args.max_length, seed=args.seed, output_dir=str(out / arm),
-        save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4),
-    )  # fmt: skip
+        model="default",
+        batch_size=args.batch_size,
+        grad_accum=1,
+        lr=args.lr,
+        temperature=args.temperature,
+        max_steps=args.steps,
+        max_length=args.max_length,
+        seed=args.seed,
+        output_dir=str(out / arm),
+        save_steps=10**6,
+        save_total_limit=1,
+        logging_steps=max(1, args.steps // 4),
+    )
     cols = {k: [r[k] for r in rows] for k in ("anchor", "positive", "negative", "phase", "level")}
     trainer, model = make_trainer(Dataset.from_dict(cols), cfg)
     if arm == "in_batch":
@@ -208,10 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "ablation.json").write_text(json.dumps(report, indent=2))
-    names = {"base": "base all-MiniLM-L6-v2", "in_batch": "(a) in-batch negatives only", "mined": "(b) mined negatives (random level)",
-             "llm_curriculum": "(c) LLM-graded, curriculum 4→1", "llm_random": "(d) LLM-graded, random level"}  # fmt: skip
-    print(f"\nSciFact test nDCG@10 ({args.eval_suite} eval), generator {report['generator']}, {len(examples)} train examples, "
-          f"{args.steps} steps x {args.batch_size}\n")  # fmt: skip
+    names = {
+        "base": "base all-MiniLM-L6-v2",
+        "in_batch": "(a) in-batch negatives only",
+        "mined": "(b) mined negatives (random level)",
+        "llm_curriculum": "(c) LLM-graded, curriculum 4→1",
+        "llm_random": "(d) LLM-graded, random level",
+    }
+    print(
+        f"\nSciFact test nDCG@10 ({args.eval_suite} eval), generator {report['generator']}, {len(examples)} train examples, "
+        f"{args.steps} steps x {args.batch_size}\n"
+    )
     print("| arm | nDCG@10 | rows | time (s) |\n|---|---:|---:|---:|")
     for arm, r in results.items():
         print(f"| {names.get(arm, arm)} | {100 * r['ndcg_at_10']:.2f} | {r['rows']} | {r['seconds']:.0f} |")

@@ -124,9 +124,28 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 KEY_ARMS = ("st-mined-4", "ns-pipeline")  # the strongest stock recipe and negsynth's default
 # in the order they run: the strongest stock recipe and negsynth's default first
-ALL_ARMS = ("base", "st-mined-4", "ns-graded-curriculum", "st-inbatch", "st-mined-1", "ns-graded-tuple", "ns-graded-random", "ns-graded-reverse",
-            "ns-tuple-curriculum", "ns-tuple-hard", "ns-tuple-hard-hw", "ns-tuple-hard-noeasy", "ns-pipeline", "ns-pipeline-neardedup",
-            "ns-pipeline-wide", "ns-pipeline-noeasy", "ns-pipeline-gc8", "ns-llm-curriculum", "ns-llm-random", "ns-llm-reverse")  # fmt: skip
+ALL_ARMS = (
+    "base",
+    "st-mined-4",
+    "ns-graded-curriculum",
+    "st-inbatch",
+    "st-mined-1",
+    "ns-graded-tuple",
+    "ns-graded-random",
+    "ns-graded-reverse",
+    "ns-tuple-curriculum",
+    "ns-tuple-hard",
+    "ns-tuple-hard-hw",
+    "ns-tuple-hard-noeasy",
+    "ns-pipeline",
+    "ns-pipeline-neardedup",
+    "ns-pipeline-wide",
+    "ns-pipeline-noeasy",
+    "ns-pipeline-gc8",
+    "ns-llm-curriculum",
+    "ns-llm-random",
+    "ns-llm-reverse",
+)
 DEFAULT_ARM = "ns-pipeline"  # negsynth's defaults, through its own stages
 HEADLINE_ARMS = ("base", "st-mined-4", DEFAULT_ARM)  # the default invocation (~1-1.5 h on 2 CPU cores)
 # the pipeline arms: negsynth's stages with their defaults, plus these TOML lines
@@ -161,12 +180,19 @@ def dataset_files(root: Path) -> dict[str, Path]:
     train = first(
         [(root / "train" / "queries.jsonl", root / "train" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "train.tsv")]
     )
-    test = first([(root / "test" / "queries.jsonl", root / "test" / "qrels.tsv"), (root / "queries.jsonl", root / "qrels" / "test.tsv"),
-                  (root / "queries.jsonl", root / "qrels.tsv")])  # fmt: skip
+    test = first(
+        [
+            (root / "test" / "queries.jsonl", root / "test" / "qrels.tsv"),
+            (root / "queries.jsonl", root / "qrels" / "test.tsv"),
+            (root / "queries.jsonl", root / "qrels.tsv"),
+        ]
+    )
     missing = [what for what, ok in (("corpus.jsonl", corpus.is_file()), ("a train split", train), ("a test split", test)) if not ok]
     if missing:
-        sys.exit(f"scifact_recipe: {root} is not a BEIR folder with train and test splits (missing {', '.join(missing)}); "
-                 "expected corpus.jsonl + queries.jsonl + qrels.tsv (test) + train/{queries.jsonl,qrels.tsv}, or qrels/{train,test}.tsv")  # fmt: skip
+        sys.exit(
+            f"scifact_recipe: {root} is not a BEIR folder with train and test splits (missing {', '.join(missing)}); "
+            "expected corpus.jsonl + queries.jsonl + qrels.tsv (test) + train/{queries.jsonl,qrels.tsv}, or qrels/{train,test}.tsv"
+        )
     return {"corpus": corpus, "train_queries": train[0], "train_qrels": train[1], "test_queries": test[0], "test_qrels": test[1]}
 
 
@@ -270,10 +296,17 @@ def make_splits(root: Path, dest: Path, dev_frac: float, split_seed: int) -> dic
     link(f["test_queries"], dest / "test" / "queries.jsonl")
     link(f["test_qrels"], dest / "test" / "qrels.tsv")
     test_q = {q for q, g in zip(*read_tsv(f["test_qrels"], ("query-id", "score")).values()) if float(g) > 0}
-    info = {"dataset": str(root.resolve()), "dev_frac": dev_frac, "split_seed": split_seed, "train_queries": len(qids),
-            "fit_queries": len(qids) - len(dev), "dev_queries": len(dev), "test_queries": len(test_q),
-            "fit_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in queries and q not in dev),
-            "dev_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in dev)}  # fmt: skip
+    info = {
+        "dataset": str(root.resolve()),
+        "dev_frac": dev_frac,
+        "split_seed": split_seed,
+        "train_queries": len(qids),
+        "fit_queries": len(qids) - len(dev),
+        "dev_queries": len(dev),
+        "test_queries": len(test_q),
+        "fit_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in queries and q not in dev),
+        "dev_pairs": sum(1 for q, _, g in rows if float(g) > 0 and q in dev),
+    }
     (dest / "split.json").write_text(json.dumps(info, indent=1))
     return info
 
@@ -318,8 +351,10 @@ def evaluate_model(path: str | None, args, tasks: list) -> tuple[dict, dict]:
 
     emb = SentenceTransformerEmbedder.load(path or "default", device=args.device, dtype="float32", batch_size=64)
     rep = evaluate(emb, suite=args.eval_suite, tasks=tasks, progress=False, data_dir=args.data_dir, seed=0, per_query=True)
-    return ({name: float(t["main_score"]) for name, t in rep["tasks"].items()},
-            {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t})  # fmt: skip
+    return (
+        {name: float(t["main_score"]) for name, t in rep["tasks"].items()},
+        {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t},
+    )
 
 
 # ------------------------------------------------------------------------------ data of each arm
@@ -345,8 +380,12 @@ def graded_found(src, args, seed: int) -> dict:
     """Multi-granularity mining over SciFact train (cached per seed under OUT/_mined)."""
     from negsynth.embed.mining import mine_graded
 
-    return cached_mining(src, args, f"graded-seed{seed}", lambda model, queries, positives: mine_graded(
-        model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache))  # fmt: skip
+    return cached_mining(
+        src,
+        args,
+        f"graded-seed{seed}",
+        lambda model, queries, positives: mine_graded(model, queries, positives, src.corpus, seed=seed, cache_folder=args.emb_cache),
+    )
 
 
 def graded_tuple_rows(src, args, seed: int) -> list[dict]:
@@ -408,9 +447,21 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     from negsynth.embed.mining import mine_negatives
 
     depth = TUPLE_START[4] + 3
-    pool = cached_mining(src, args, f"pool{depth}", lambda model, queries, positives: mine_negatives(
-        model, queries, positives, src.corpus, depth, relative_margin=0.05,
-        range_max=depth + 4 * max((len(v) for v in positives.values()), default=1) + 300, cache_folder=args.emb_cache))  # fmt: skip
+    pool = cached_mining(
+        src,
+        args,
+        f"pool{depth}",
+        lambda model, queries, positives: mine_negatives(
+            model,
+            queries,
+            positives,
+            src.corpus,
+            depth,
+            relative_margin=0.05,
+            range_max=depth + 4 * max((len(v) for v in positives.values()), default=1) + 300,
+            cache_folder=args.emb_cache,
+        ),
+    )
     cands = {id(p): [x for x in (pool.get(p.query_key) or {}).get("negatives", []) if x != p.positive] for p in src.pairs}
     # every phase fills whole batches (steps / 4 of them); pairs whose margin-filtered candidate list
     # is too short for the easy windows can still serve the hardest one (ranks 1-4)
@@ -558,8 +609,14 @@ def train_pipeline(args, seed: int, dest: Path, extra_toml: str = "") -> dict:
     shutil.rmtree(dest / "model", ignore_errors=True)
     shutil.copytree(final, dest / "model")
     cur, tr = stats.get("curriculum", {}), stats.get("train", {})
-    return {"rows": cur.get("rows"), "schedule": cur.get("schedule"), "examples": stats.get("score", {}).get("kept", stats.get("regenerate", {}).get("valid")),
-            "steps": tr.get("steps"), "loss": [tr.get("loss_first"), tr.get("loss_last")], "model_dir": str(dest / "model")}  # fmt: skip
+    return {
+        "rows": cur.get("rows"),
+        "schedule": cur.get("schedule"),
+        "examples": stats.get("score", {}).get("kept", stats.get("regenerate", {}).get("valid")),
+        "steps": tr.get("steps"),
+        "loss": [tr.get("loss_first"), tr.get("loss_last")],
+        "model_dir": str(dest / "model"),
+    }
 
 
 # ------------------------------------------------------------------------------ data flow (no training)
@@ -576,9 +633,18 @@ def stock_rows(src, arm: str, args):
         k = int(arm.rsplit("-", 1)[1])
         model = base_model(args)
         model.max_seq_length = args.max_length
-        ds = mine_hard_negatives(ds, model, corpus=list(src.corpus), num_negatives=k, relative_margin=0.05, sampling_strategy="top",
-                                 output_format="triplet" if k == 1 else "n-tuple", batch_size=64, verbose=False,
-                                 cache_folder=str(args.emb_cache))  # fmt: skip
+        ds = mine_hard_negatives(
+            ds,
+            model,
+            corpus=list(src.corpus),
+            num_negatives=k,
+            relative_margin=0.05,
+            sampling_strategy="top",
+            output_format="triplet" if k == 1 else "n-tuple",
+            batch_size=64,
+            verbose=False,
+            cache_folder=str(args.emb_cache),
+        )
     return ds
 
 
@@ -598,9 +664,15 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
     if arm.startswith("st-"):
         ds = stock_rows(src, arm, args)
         kept_q = sorted({qid_of[a] for a in ds["anchor"]})
-        flow.update(mined_pairs=len(ds), mined_queries=len(kept_q), kept_pairs=len(ds), kept_queries=len(kept_q), kept_qids=kept_q,
-                    filters={"no k negatives within the positive-aware margin": len(src.pairs) - len(ds)} if arm.startswith("st-mined-") else {},
-                    cycling="HF Trainer: max_steps over the rows, reshuffled (NO_DUPLICATES) each pass")  # fmt: skip
+        flow.update(
+            mined_pairs=len(ds),
+            mined_queries=len(kept_q),
+            kept_pairs=len(ds),
+            kept_queries=len(kept_q),
+            kept_qids=kept_q,
+            filters={"no k negatives within the positive-aware margin": len(src.pairs) - len(ds)} if arm.startswith("st-mined-") else {},
+            cycling="HF Trainer: max_steps over the rows, reshuffled (NO_DUPLICATES) each pass",
+        )
     elif arm in PIPELINE_ARMS:
         from negsynth.data.shards import read_stage
 
@@ -611,11 +683,24 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
         kept = [r for r in read_stage(run_dir / "score")]
         kept_q = sorted({r["meta"]["query_id"] for r in kept})
         rej = dict(sc.get("rejects_by_reason") or {})
-        flow.update(mined_pairs=len(mined), mined_queries=len({r["meta"]["query_id"] for r in mined}), kept_pairs=len(kept), kept_queries=len(kept_q),
-                    kept_qids=kept_q, filters={**{f"regenerate: {k}": v for k, v in (reg.get("rejects_by_reason") or {"too_few_mined": len(src.pairs) - len(mined)}).items()},
-                                               "regenerate: duplicate pairs": reg.get("duplicates", 0), **{f"score: {k}": v for k, v in rej.items()}},
-                    curriculum_rows=cur.get("rows"), schedule=cur.get("schedule"),
-                    cycling=f"curriculum total_steps: seeded passes over the kept examples ({cur.get('schedule')} rows)")  # fmt: skip
+        flow.update(
+            mined_pairs=len(mined),
+            mined_queries=len({r["meta"]["query_id"] for r in mined}),
+            kept_pairs=len(kept),
+            kept_queries=len(kept_q),
+            kept_qids=kept_q,
+            filters={
+                **{
+                    f"regenerate: {k}": v
+                    for k, v in (reg.get("rejects_by_reason") or {"too_few_mined": len(src.pairs) - len(mined)}).items()
+                },
+                "regenerate: duplicate pairs": reg.get("duplicates", 0),
+                **{f"score: {k}": v for k, v in rej.items()},
+            },
+            curriculum_rows=cur.get("rows"),
+            schedule=cur.get("schedule"),
+            cycling=f"curriculum total_steps: seeded passes over the kept examples ({cur.get('schedule')} rows)",
+        )
         flow["budget_rows"] = cur.get("rows") or flow["budget_rows"]
     else:
         return {"arm": arm, "skipped": "counts are measured for the stock and the pipeline arms"}
@@ -644,8 +729,10 @@ def print_flow(flows: list[dict], args) -> None:
             if stock is None or f is stock
             else f"{len(set(f['kept_qids']) & set(stock['kept_qids']))} of {f['kept_queries']} / {stock['kept_queries']}"
         )
-        print(f"| {f['arm']} | {f['pairs']} ({f['queries']}) | {f['mined_pairs']} ({f['mined_queries']}) | {f['kept_pairs']} ({f['kept_queries']}) | {why} | "
-              f"{f['budget_rows']} | {f['passes']:.2f} | {shared} |")  # fmt: skip
+        print(
+            f"| {f['arm']} | {f['pairs']} ({f['queries']}) | {f['mined_pairs']} ({f['mined_queries']}) | {f['kept_pairs']} ({f['kept_queries']}) | {why} | "
+            f"{f['budget_rows']} | {f['passes']:.2f} | {shared} |"
+        )
     print("\n(pairs (queries); 'passes': rows trained / kept pairs, i.e. how often the step budget cycles each kept row)")
 
 
@@ -665,16 +752,30 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     base_len = model.max_seq_length
     model.max_seq_length = args.max_length
     targs = SentenceTransformerTrainingArguments(
-        output_dir=str(dest / "_ckpt"), per_device_train_batch_size=args.batch_size, learning_rate=args.lr, max_steps=args.steps,
-        warmup_ratio=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=seed, data_seed=seed, save_strategy="no", report_to="none",
-        logging_steps=max(1, args.steps // 4), disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(dest / "_ckpt"),
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        max_steps=args.steps,
+        warmup_ratio=0.1,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=max(1, args.steps // 4),
+        disable_tqdm=True,
+    )
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
     trainer.train()
     model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
-    return {"rows": len(ds), "columns": ds.column_names, "steps": trainer.state.global_step, "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-            "queries": len(set(ds["anchor"]))}  # fmt: skip
+    return {
+        "rows": len(ds),
+        "columns": ds.column_names,
+        "steps": trainer.state.global_step,
+        "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+        "queries": len(set(ds["anchor"])),
+    }
 
 
 def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict:
@@ -686,9 +787,21 @@ def train_ns(rows: list[dict], args, seed: int, dest: Path, **overrides) -> dict
 
     # one pass over the planned batches: the sampler keeps every text once per batch by moving
     # colliding rows later, which can add a few partial batches; a step cap would cut the hardest phase
-    cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, lr=args.lr, max_steps=-1, epochs=1, max_length=args.max_length,
-                      seed=seed, output_dir=str(dest / "_ckpt"), save_steps=10**6, save_total_limit=1, logging_steps=max(1, args.steps // 4),
-                      **overrides)  # fmt: skip
+    cfg = TrainConfig(
+        model="default",
+        batch_size=args.batch_size,
+        grad_accum=1,
+        lr=args.lr,
+        max_steps=-1,
+        epochs=1,
+        max_length=args.max_length,
+        seed=seed,
+        output_dir=str(dest / "_ckpt"),
+        save_steps=10**6,
+        save_total_limit=1,
+        logging_steps=max(1, args.steps // 4),
+        **overrides,
+    )
     cols = [c for c in rows[0] if c in ("anchor", "positive", "negative", "phase", "level") or c.startswith("negative_")]
     ds = Dataset.from_dict({k: [r[k] for r in rows] for k in cols})
     trainer, model = make_trainer(ds, cfg)
@@ -846,9 +959,11 @@ def _paired_cell(t: dict | None) -> tuple[str, str]:
 def print_table(results: list[dict], args) -> None:
     tasks = [t for t in (args.dev_name, args.test_name) if t] + args.eval_tasks
     sp = args.split_info
-    print(f"\nall-MiniLM-L6-v2 on {args.name} (fit split: {sp['fit_queries']} queries, {sp['fit_pairs']} pairs; dev {sp['dev_queries']} queries; "
-          f"test {sp['test_queries']} queries; split seed {sp['split_seed']}), {args.steps} steps x batch {args.batch_size}, lr {args.lr}; "
-          f"{args.eval_suite} evaluation\n")  # fmt: skip
+    print(
+        f"\nall-MiniLM-L6-v2 on {args.name} (fit split: {sp['fit_queries']} queries, {sp['fit_pairs']} pairs; dev {sp['dev_queries']} queries; "
+        f"test {sp['test_queries']} queries; split seed {sp['split_seed']}), {args.steps} steps x batch {args.batch_size}, lr {args.lr}; "
+        f"{args.eval_suite} evaluation\n"
+    )
     gpu = any("eval_gpu_peak_mib" in r for r in results)  # GPU columns only where a GPU was used
     extra = " train GPU peak MiB | eval GPU peak MiB |" if gpu else ""
     print("| arm | seeds | " + " | ".join(tasks) + " | train s | eval s | train peak MiB | eval peak MiB |" + extra)
@@ -870,16 +985,20 @@ def print_table(results: list[dict], args) -> None:
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     if rows and any(r["arm"] == STOCK_ARM for r in results):
         heads = [h for t in (args.dev_name, args.test_name) if t for h in (f"Δ {t} vs {STOCK_ARM} [95 % CI]", f"p ({t})")]
-        print(f"\nPer-query paired comparison with {STOCK_ARM} (nDCG@10 x 100, each query's score averaged over the arm's seeds; "
-              f"CI: bootstrap over queries and seeds; p: two-sided sign-flip permutation over queries, {args.resamples} resamples)\n")  # fmt: skip
+        print(
+            f"\nPer-query paired comparison with {STOCK_ARM} (nDCG@10 x 100, each query's score averaged over the arm's seeds; "
+            f"CI: bootstrap over queries and seeds; p: two-sided sign-flip permutation over queries, {args.resamples} resamples)\n"
+        )
         print("| arm | " + " | ".join(heads) + " |")
         print("|---|" + "---:|" * len(heads))
         print("\n".join(rows))
     if args.dev_name:
         best = choose_on_dev(results, args)
         if best:
-            print(f"\nchosen on {args.dev_name}: {best} (highest mean dev nDCG@10 of the negsynth arms run); the test split is reported for "
-                  f"{', '.join(a for a in report_arms(results, args))}")  # fmt: skip
+            print(
+                f"\nchosen on {args.dev_name}: {best} (highest mean dev nDCG@10 of the negsynth arms run); the test split is reported for "
+                f"{', '.join(a for a in report_arms(results, args))}"
+            )
 
 
 def report_arms(results: list[dict], args) -> list[str]:
@@ -1014,8 +1133,10 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir = args.data_dir or default_data_dir()
     dataset = args.dataset or (Path(args.data_dir) / "scifact" if args.data_dir is not None else None)
     if dataset is None or not Path(dataset).is_dir():
-        sys.exit("scifact_recipe: no dataset; pass --dataset DIR (a BEIR folder with train and test splits) or point NEGSYNTH_DATA_DIR "
-                 "(or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/")  # fmt: skip
+        sys.exit(
+            "scifact_recipe: no dataset; pass --dataset DIR (a BEIR folder with train and test splits) or point NEGSYNTH_DATA_DIR "
+            "(or --data-dir) at a folder with scifact/{corpus,queries}.jsonl, scifact/train/"
+        )
     dataset = Path(dataset)
     args.name = dataset.resolve().name.lower()
     args.doc_title = not args.no_title
@@ -1036,9 +1157,11 @@ def main(argv: list[str] | None = None) -> int:
     if llm_arms:  # a weak LLM leaves few usable examples: say so before any training
         usable = len(llm_examples(args.llm_run))
         if min(steps_for_llm, usable // args.batch_size) < 4:
-            sys.exit(f"scifact_recipe: {args.llm_run} has {usable} scored examples with 4 negatives, {usable // args.batch_size} batch(es) of "
-                     f"{args.batch_size}; the {', '.join(llm_arms)} arms need >= 4 (one per curriculum phase): regenerate more pairs "
-                     f"(regenerate.inputs limit) or lower --batch-size")  # fmt: skip
+            sys.exit(
+                f"scifact_recipe: {args.llm_run} has {usable} scored examples with 4 negatives, {usable // args.batch_size} batch(es) of "
+                f"{args.batch_size}; the {', '.join(llm_arms)} arms need >= 4 (one per curriculum phase): regenerate more pairs "
+                f"(regenerate.inputs limit) or lower --batch-size"
+            )
     dataset_files(dataset)  # a folder without train / test splits stops here, before anything is written
     args.out = args.out / args.name
     args.emb_cache = args.emb_cache or args.out / "_mined" / "emb"
@@ -1057,8 +1180,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 4 and (short := [a for a in arms if a.startswith("ns-tuple-")]):  # before any mining
         sys.exit(f"scifact_recipe: --steps {args.steps}: {', '.join(short)} fill each quarter of the steps, so they need at least 4")
     sp = args.split_info
-    print(f"{args.name}: fit {sp['fit_queries']} queries / {len(src.pairs)} pairs, dev {sp['dev_queries']} queries / {sp['dev_pairs']} pairs, "
-          f"test {sp['test_queries']} queries, corpus {len(src.corpus)}; {args.steps} steps x {args.batch_size}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{args.name}: fit {sp['fit_queries']} queries / {len(src.pairs)} pairs, dev {sp['dev_queries']} queries / {sp['dev_pairs']} pairs, "
+        f"test {sp['test_queries']} queries, corpus {len(src.corpus)}; {args.steps} steps x {args.batch_size}",
+        file=sys.stderr,
+    )
     if args.counts_only:
         flows = [data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS]
         args.out.mkdir(parents=True, exist_ok=True)
@@ -1072,8 +1198,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = [] if args.fresh or not res_path.exists() else json.loads(res_path.read_text())["results"]
     stale = [r for r in results if r.get("split") != args.split_id]
     if stale:
-        sys.exit(f"scifact_recipe: {res_path} holds {len(stale)} result(s) of another split (dataset, --dev-frac or --split-seed); "
-                 "use another --out or --fresh")  # fmt: skip
+        sys.exit(
+            f"scifact_recipe: {res_path} holds {len(stale)} result(s) of another split (dataset, --dev-frac or --split-seed); "
+            "use another --out or --fresh"
+        )
     done = {(r["arm"], r["seed"]) for r in results}
     t0 = time.time()
     # every arm once first, then the further seeds of the key arms: an interrupted run has the whole table

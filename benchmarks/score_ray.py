@@ -105,8 +105,11 @@ def main() -> None:
                 _, _, info = embed_block(emb, rows, batch_size=a.batch_size, reporter=quiet, label=name)
                 wall = time.perf_counter() - t0
                 runs[name].append({"embed_s": info["embed_s"], "unique_texts": info["unique_texts"], "load1": os.getloadavg()[0]})
-                print(f"  rep {rep} {name:5s}: {info['unique_texts']} texts in {info['embed_s']:.1f} s "
-                      f"({info['unique_texts'] / info['embed_s']:.0f} texts/s), load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+                print(
+                    f"  rep {rep} {name:5s}: {info['unique_texts']} texts in {info['embed_s']:.1f} s "
+                    f"({info['unique_texts'] / info['embed_s']:.0f} texts/s), load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
                 if wall > a.max_rep_s:
                     sys.exit(f"a rep took {wall:.0f} s > --max-rep-s {a.max_rep_s:.0f}: lower --examples")
         for emb in made.values():
@@ -117,8 +120,10 @@ def main() -> None:
     load_end = os.getloadavg()
     texts = runs["local"][0]["unique_texts"]
     med = {k: statistics.median(r["embed_s"] for r in rs) for k, rs in runs.items()}
-    print(f"\nMiniLM on CPU, {texts} distinct texts ({a.examples} examples), batch {a.batch_size}, parts of {8 * a.batch_size} texts; "
-          f"medians of {a.repeats}; torch threads here {torch.get_num_threads()}, CPU affinity {affinity}")  # fmt: skip
+    print(
+        f"\nMiniLM on CPU, {texts} distinct texts ({a.examples} examples), batch {a.batch_size}, parts of {8 * a.batch_size} texts; "
+        f"medians of {a.repeats}; torch threads here {torch.get_num_threads()}, CPU affinity {affinity}"
+    )
     print(f"{'embedder':8s} {'start s':>8s} {'median s':>9s} {'texts/s':>8s} {'vs local':>9s}")
     for k in runs:
         print(f"{k:8s} {start_s[k]:8.1f} {med[k]:9.2f} {texts / med[k]:8.0f} {med['local'] / med[k]:9.2f}")

@@ -127,8 +127,22 @@ def main() -> None:
             for rep in range(a.repeats):
                 rd = tmp / f"run-{n}-{rep}"
                 shutil.copytree(base, rd)
-                cmd = [sys.executable, "-m", "negsynth.cli", "score", "-d", str(rd), "--quiet", "--json",
-                       "--set", f"embedder.model={model}", "--set", f"embedder.batch_size={a.batch_size}", "--set", "score.decontam_sets=[]"]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "negsynth.cli",
+                    "score",
+                    "-d",
+                    str(rd),
+                    "--quiet",
+                    "--json",
+                    "--set",
+                    f"embedder.model={model}",
+                    "--set",
+                    f"embedder.batch_size={a.batch_size}",
+                    "--set",
+                    "score.decontam_sets=[]",
+                ]
                 r = measured_run(cmd, ROOT)
                 st = json.loads(r.pop("stdout"))
                 r["kept"] = st.get("valid", st.get("kept"))
@@ -137,8 +151,11 @@ def main() -> None:
                 r = measured_run([sys.executable, str(Path(__file__).resolve()), "--_bare", str(base), st_model, str(a.batch_size)], ROOT)
                 r.update(json.loads(r.pop("stdout").strip().splitlines()[-1]))
                 runs["bare"].append(r)
-                print(f"  n={n} rep {rep}: score {runs['score'][-1]['wall_s']:.1f} s {runs['score'][-1]['peak_rss_mb']:.0f} MB | "
-                      f"bare {r['wall_s']:.1f} s {r['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+                print(
+                    f"  n={n} rep {rep}: score {runs['score'][-1]['wall_s']:.1f} s {runs['score'][-1]['peak_rss_mb']:.0f} MB | "
+                    f"bare {r['wall_s']:.1f} s {r['peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
             shutil.rmtree(base, ignore_errors=True)
             med = {d: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s", "peak_rss_mb")} for d, rs in runs.items()}
             results.append({"examples": n, "texts": 6 * n, "median": med, "runs": runs})
@@ -151,8 +168,10 @@ def main() -> None:
         )
         for r in results:
             s, b = r["median"]["score"], r["median"]["bare"]
-            print(f"{r['examples']:9d} {r['texts']:8d} | {s['wall_s']:8.1f} {r['texts'] / s['wall_s']:8.0f} {s['peak_rss_mb']:8.0f} | "
-                  f"{b['wall_s']:8.1f} {r['texts'] / b['wall_s']:8.0f} {b['peak_rss_mb']:8.0f} | {b['wall_s'] / s['wall_s']:10.2f}")  # fmt: skip
+            print(
+                f"{r['examples']:9d} {r['texts']:8d} | {s['wall_s']:8.1f} {r['texts'] / s['wall_s']:8.0f} {s['peak_rss_mb']:8.0f} | "
+                f"{b['wall_s']:8.1f} {r['texts'] / b['wall_s']:8.0f} {b['peak_rss_mb']:8.0f} | {b['wall_s'] / s['wall_s']:10.2f}"
+            )
         print(f"load average at start {load[0]:.2f}, at end {end[0]:.2f}; {os.cpu_count()} CPUs")
         if a.json_out:
             a.json_out.write_text(

@@ -90,9 +90,19 @@ def child(args) -> None:
 
     rows = make_rows(args.batch_size * args.steps, args.negatives, args.data_dir)
     with tempfile.TemporaryDirectory() as out, PeakRSS() as mem:
-        cfg = TrainConfig(model="default", batch_size=args.batch_size, grad_accum=1, max_steps=args.steps, max_length=args.max_length,
-                          output_dir=out, save_steps=10_000, logging_steps=1, warmup_ratio=0.0, seed=0,
-                          **setting_config(args.child))  # fmt: skip
+        cfg = TrainConfig(
+            model="default",
+            batch_size=args.batch_size,
+            grad_accum=1,
+            max_steps=args.steps,
+            max_length=args.max_length,
+            output_dir=out,
+            save_steps=10_000,
+            logging_steps=1,
+            warmup_ratio=0.0,
+            seed=0,
+            **setting_config(args.child),
+        )
         t0 = time.perf_counter()
         trainer, _ = make_trainer(rows, cfg)
         trainer.train()

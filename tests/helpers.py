@@ -274,3 +274,48 @@ def own_processes(pattern: str) -> list[int]:
     me = os.getpid()
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
     return [int(p) for p in found if me in ancestors(int(p))]
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A key and a one-day certificate for 127.0.0.1 in ``folder`` (skips the test without openssl)."""
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = Path(folder) / "k.pem", Path(folder) / "c.pem"
+    cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1"
+    subprocess.run([*cmd.split(), "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return key, cert
+
+
+def scored_example(
+    i: int,
+    tt: str = "short-long",
+    *,
+    cos=(0.8, 0.7, 0.6, 0.5),
+    pos=0.9,
+    fn=(False,) * 4,
+    easy=(False,) * 4,
+    order=None,
+    mono=True,
+    tau=1.0,
+    task: str = "t",
+    query: str = "query {i}",
+) -> dict:
+    """A scored example ``ex-{i}`` as score writes it, with the measurements given."""
+    score = {"embedder": "fake", "cos_pos": pos, "cos_neg": list(cos), "kendall_tau": tau, "monotonic": mono}
+    score |= {"false_negative": list(fn), "too_easy": list(easy), "policy": "annotate", "llm_order": order}
+    texts = {"query": query.format(i=i), "positive": f"pos {i}", "negatives": [f"neg {i}.{k}" for k in range(4)]}
+    return {"id": f"ex-{i}", "task": task, "task_type": tt, **texts, "score": score}
+
+
+def streamed_index(model, texts: list[str], folder: Path, *, chunk: int, batch_size: int):
+    """A :class:`CorpusIndex` built from ``texts`` read ``chunk`` at a time, cached in ``folder``."""
+    from negsynth.embed.mining import CorpusIndex
+
+    def batches():
+        return (texts[i : i + chunk] for i in range(0, len(texts), chunk))
+
+    return CorpusIndex.from_batches(model, batches, len(texts), batch_size=batch_size, cache=folder / "e.npy", store=folder / "t.texts")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply
-from helpers import write_run_config
+from helpers import streamed_index, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -49,8 +49,14 @@ def write_big_corpus(tmp: Path, n: int = 36) -> Path:
     words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "lantern", "quartz"]
     folder = tmp / "big"
     folder.mkdir(parents=True, exist_ok=True)
-    docs = [{"_id": f"b{i}", "title": f"{words[i % 12]} {words[(i * 5 + 1) % 12]}",
-             "text": f"Notes on {words[i % 12]} and {words[(i * 7 + 3) % 12]}: chapter {i} covers {words[(i + 4) % 12]} in detail."} for i in range(n)]  # fmt: skip
+    docs = [
+        {
+            "_id": f"b{i}",
+            "title": f"{words[i % 12]} {words[(i * 5 + 1) % 12]}",
+            "text": f"Notes on {words[i % 12]} and {words[(i * 7 + 3) % 12]}: chapter {i} covers {words[(i + 4) % 12]} in detail.",
+        }
+        for i in range(n)
+    ]
     (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     return folder
 
@@ -266,11 +272,12 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
     folder = write_big_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
         cfg = write_run_config(
-            tmp_path, srv.base_url,
+            tmp_path,
+            srv.base_url,
             corpus={"inputs": [{"path": str(folder)}], "negatives": "mined", "mining": {"relative_margin": 0.0}},
             pipeline={"shard_size": 4, "stages": ["corpus", "score", "curriculum"]},
             curriculum={"batch_size": 2, "homogeneous_batches": False},
-        )  # fmt: skip
+        )
         r = invoke("run", "-c", cfg, "-d", tmp_path / "run", "--json")
         assert r.exit_code == 0, r.output
     cur = json.loads((tmp_path / "run" / "curriculum" / "stats.json").read_text())
@@ -319,8 +326,7 @@ def test_the_streamed_index_has_the_vectors_and_negatives_of_the_whole_list(tmp_
     words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "the", "of"]
     texts = [" ".join(rng.choice(words) for _ in range(rng.randrange(1, 30))) for _ in range(90)] + ["Ünïcödé — text"]
     whole = CorpusIndex(model, texts, batch_size=16)
-    streamed = CorpusIndex.from_batches(model, lambda: (texts[i : i + 13] for i in range(0, len(texts), 13)), len(texts),
-                                        batch_size=16, cache=tmp_path / "e.npy", store=tmp_path / "t.texts")  # fmt: skip
+    streamed = streamed_index(model, texts, tmp_path, chunk=13, batch_size=16)
     assert np.array_equal(np.asarray(streamed.emb), whole.emb)
     assert [streamed.texts[i] for i in (0, 45, 90)] == [texts[0], texts[45], texts[90]]
     for q, pos in (("violin orbit", 3), ("glacier harbor wheat", 10), ("the river", 0)):

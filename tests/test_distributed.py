@@ -98,8 +98,16 @@ def _tiny_model(folder: Path) -> Path:
     except MissingResource as e:
         pytest.skip(str(e))
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                     max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     BertModel(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -108,13 +116,15 @@ def _tiny_model(folder: Path) -> Path:
 def _curriculum(folder: Path) -> Path:
     n = 16
     words = "cell gene protein tumour virus drug dose trial brain heart lung liver blood bone skin immune".split()
-    ds = datasets.Dataset.from_dict({
-        "anchor": [f"what does the {w} study {i} claim" for i, w in enumerate(words[:n])],
-        "positive": [f"the {w} result {i} shows an effect" for i, w in enumerate(words[:n])],
-        "negative": [f"an unrelated note {i} about {words[(i + 5) % n]}" for i in range(n)],
-        "phase": [1] * 8 + [2] * 8,
-        "level": [4] * 8 + [3] * 8,
-    })  # fmt: skip
+    ds = datasets.Dataset.from_dict(
+        {
+            "anchor": [f"what does the {w} study {i} claim" for i, w in enumerate(words[:n])],
+            "positive": [f"the {w} result {i} shows an effect" for i, w in enumerate(words[:n])],
+            "negative": [f"an unrelated note {i} about {words[(i + 5) % n]}" for i in range(n)],
+            "phase": [1] * 8 + [2] * 8,
+            "level": [4] * 8 + [3] * 8,
+        }
+    )
     ds.save_to_disk(str(folder))
     return folder
 
@@ -205,10 +215,16 @@ def test_score_on_two_devices_equals_one(tmp_path, minilm, monkeypatch):
 
     topics = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents"]
     rows = [
-        {"id": f"ex-{i}", "task": "find the passage", "task_type": "short-long", "query": f"what about {t}?", "positive": f"A passage explaining {t} in detail.",
-         "negatives": [f"A passage about {u}." for u in topics if u != t][:4]}
+        {
+            "id": f"ex-{i}",
+            "task": "find the passage",
+            "task_type": "short-long",
+            "query": f"what about {t}?",
+            "positive": f"A passage explaining {t} in detail.",
+            "negatives": [f"A passage about {u}." for u in topics if u != t][:4],
+        }
         for i, t in enumerate(topics)
-    ]  # fmt: skip
+    ]
     workers = []  # how many worker processes each encode call ran on
     real = SentenceTransformerEmbedder.encode
     monkeypatch.setattr(

@@ -20,8 +20,17 @@ import negsynth.resources
 from negsynth.cli import app, guarded
 from negsynth.errors import BudgetExceeded, NegsynthError, UserError
 
-MODULES = (negsynth.errors, negsynth.resources, negsynth.evaluate.suite, negsynth.data.readers, negsynth.data.curriculum,
-           negsynth.data.clean, negsynth.data.shards, negsynth.llm.client, negsynth.llm.parsing)  # fmt: skip
+MODULES = (
+    negsynth.errors,
+    negsynth.resources,
+    negsynth.evaluate.suite,
+    negsynth.data.readers,
+    negsynth.data.curriculum,
+    negsynth.data.clean,
+    negsynth.data.shards,
+    negsynth.llm.client,
+    negsynth.llm.parsing,
+)
 
 
 def test_every_exception_class_negsynth_defines_derives_from_one_base():

@@ -52,8 +52,8 @@ def test_the_whole_section_reaches_the_decoder(tmp_path, monkeypatch):
         4,
     )
     # the command: no trained model + embedder.kind=decoder -> the zero-shot embedder [embedder] describes
-    r = CliRunner().invoke(app, ["evaluate", "-d", str(tmp_path / "run"), "--baseline", "", "-q", "--set", "embedder.kind=decoder",
-                                 "--set", "embedder.method=reba", "--set", "embedder.repeat=3"])  # fmt: skip
+    decoder = "--set embedder.kind=decoder --set embedder.method=reba --set embedder.repeat=3".split()
+    r = CliRunner().invoke(app, ["evaluate", "-d", str(tmp_path / "run"), "--baseline", "", "-q", *decoder])
     assert r.exit_code == 2 and "captured" in r.output
     assert (seen[-1].model, seen[-1].method, seen[-1].repeat) == ("default", "reba", 3)
 
@@ -63,10 +63,9 @@ def test_evaluate_command_reports_the_method(tmp_path):
     """Real SmolLM2 on a 4-pair STS set (~10 s on idle cores, ~35 s when they are busy)."""
     write_sts12(tmp_path / "data", STS_ROWS[:4])
     rd = tmp_path / "run"
-    r = CliRunner().invoke(app, [
-        "evaluate", "-d", str(rd), "--data-dir", str(tmp_path / "data"), "--tasks", "STS12", "--baseline", "", "-q",
-        "--set", "embedder.kind=decoder", "--set", "embedder.method=echo",
-    ])  # fmt: skip
+    decoder = "--set embedder.kind=decoder --set embedder.method=echo".split()
+    data = ["--data-dir", str(tmp_path / "data"), "--tasks", "STS12"]
+    r = CliRunner().invoke(app, ["evaluate", "-d", str(rd), *data, "--baseline", "", "-q", *decoder])
     assert r.exit_code == 0, r.output
     rep = json.loads((rd / "evaluate" / "report.json").read_text())
     assert rep["embedder"].startswith("decoder:") and "echo" in rep["embedder"], rep["embedder"]

@@ -20,22 +20,40 @@ runner = CliRunner()
 
 def scored(i: int, n_negs: int = 4) -> dict:
     return {
-        "id": f"ex-{i}", "task": "Retrieve a passage.", "task_type": "short-long", "query": f"query {i}",
-        "positive": f"positive passage {i}", "negatives": [f"negative {i} level {k + 1}" for k in range(n_negs)],
-        "model": "gpt-test", "attributes": {"clarity": "clear", "num_words": 50 + i},
-        "score": {"embedder": "fake", "cos_pos": 0.9, "cos_neg": [0.8, 0.7, 0.6, 0.5][:n_negs], "kendall_tau": 1.0, "monotonic": True,
-                  "false_negative": [False] * n_negs, "too_easy": [False] * n_negs, "policy": "annotate", "llm_order": None},
-    }  # fmt: skip
+        "id": f"ex-{i}",
+        "task": "Retrieve a passage.",
+        "task_type": "short-long",
+        "query": f"query {i}",
+        "positive": f"positive passage {i}",
+        "negatives": [f"negative {i} level {k + 1}" for k in range(n_negs)],
+        "model": "gpt-test",
+        "attributes": {"clarity": "clear", "num_words": 50 + i},
+        "score": {
+            "embedder": "fake",
+            "cos_pos": 0.9,
+            "cos_neg": [0.8, 0.7, 0.6, 0.5][:n_negs],
+            "kendall_tau": 1.0,
+            "monotonic": True,
+            "false_negative": [False] * n_negs,
+            "too_easy": [False] * n_negs,
+            "policy": "annotate",
+            "llm_order": None,
+        },
+    }
 
 
 def report(score: float) -> dict:
     from negsynth.evaluate.runner import SCHEMA
 
     return {
-        "schema": SCHEMA, "embedder": "st:x", "suite": "quick", "model": "m",
+        "schema": SCHEMA,
+        "embedder": "st:x",
+        "suite": "quick",
+        "model": "m",
         "tasks": {"STS12": {"category": "STS", "main_metric": "cos_sim_spearman", "main_score": score, "n": 8}},
-        "categories": {"STS": score}, "average": score,
-    }  # fmt: skip
+        "categories": {"STS": score},
+        "average": score,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -150,4 +168,10 @@ def test_a_tuple_curriculum_exports_its_negative_columns(tmp_path):
     import polars as pl
 
     assert pl.read_parquet(tmp_path / "o" / "dataset" / "curriculum" / "train-00000-of-00001.parquet").columns[:6] == [
-        "anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"]  # fmt: skip
+        "anchor",
+        "positive",
+        "negative_1",
+        "negative_2",
+        "negative_3",
+        "negative_4",
+    ]

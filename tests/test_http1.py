@@ -10,6 +10,7 @@ import json
 import zlib
 
 import pytest
+from helpers import self_signed_cert
 
 from negsynth.llm.client import _never_sent, transport_kind
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
@@ -188,15 +189,9 @@ def test_a_cancelled_request_drops_its_connection():
 def test_https_with_certificate_verification(tmp_path, monkeypatch):
     """TLS through the system's trust store (SSL_CERT_FILE points it at a self-signed test CA);
     a certificate the store does not trust is a failed connect, not a silent downgrade."""
-    import shutil
     import ssl
-    import subprocess
 
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    key, cert = self_signed_cert(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
 

@@ -9,13 +9,12 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Reply, always_valid
-from helpers import write_run_config
+from helpers import self_signed_cert, write_run_config
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -135,13 +134,7 @@ def test_a_redirect_not_to_follow_is_one_line_naming_it(tmp_path, transport, cas
 
 @pytest.fixture(scope="module")
 def self_signed(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("tls")
-    key, cert = d / "k.pem", d / "c.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)  # fmt: skip
-    return key, cert
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -5,21 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import scored_example as scored
 
 from negsynth.data.shards import ShardError, atomic_write_json, write_jsonl
 from negsynth.errors import UserError
 from negsynth.inspect import inspect_path, write_plots
-
-
-def scored(
-    i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), pos=0.9, fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0
-) -> dict:
-    return {
-        "id": f"ex-{i}", "task": "t", "task_type": tt, "query": f"query {i}", "positive": f"pos {i}",
-        "negatives": [f"neg {i}.{k}" for k in range(4)],
-        "score": {"embedder": "fake", "cos_pos": pos, "cos_neg": list(cos), "kendall_tau": tau, "monotonic": mono,
-                  "false_negative": list(fn), "too_easy": list(easy), "policy": "annotate", "llm_order": order},
-    }  # fmt: skip
 
 
 @pytest.fixture

@@ -38,18 +38,33 @@ if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("ll
 def test_run_on_embedded_smollm2(tmp_path, engine):
     rd = tmp_path / "run"
     args = [
-        "run", "-d", str(rd), "--json", "--stages", "brainstorm,generate",
-        "--set", f"serve.engine={engine}",
-        "--set", "brainstorm.task_types=['short-short']",
-        "--set", "brainstorm.tasks_per_type=2",
-        "--set", "brainstorm.tasks_per_request=3",
-        "--set", "brainstorm.max_requests_per_type=1",
-        "--set", "generate.ratio={short-short=1.0, sts=1.0}",
-        "--set", "generate.examples=3",
-        "--set", "generate.min_per_type=1",
-        "--set", "llm.max_tokens=300",
-        "--set", "llm.max_attempts=2",
-    ]  # fmt: skip
+        "run",
+        "-d",
+        str(rd),
+        "--json",
+        "--stages",
+        "brainstorm,generate",
+        "--set",
+        f"serve.engine={engine}",
+        "--set",
+        "brainstorm.task_types=['short-short']",
+        "--set",
+        "brainstorm.tasks_per_type=2",
+        "--set",
+        "brainstorm.tasks_per_request=3",
+        "--set",
+        "brainstorm.max_requests_per_type=1",
+        "--set",
+        "generate.ratio={short-short=1.0, sts=1.0}",
+        "--set",
+        "generate.examples=3",
+        "--set",
+        "generate.min_per_type=1",
+        "--set",
+        "llm.max_tokens=300",
+        "--set",
+        "llm.max_attempts=2",
+    ]
     r = CliRunner().invoke(app, args, catch_exceptions=False)
     out = json.loads(r.stdout)
     stages = out.get("stages", out)  # a stage that stopped prints its own stats with every stage's under "stages"

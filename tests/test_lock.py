@@ -42,8 +42,12 @@ HOLDER = textwrap.dedent(
 def other_process_holds(run_dir: Path, stage: str = "", shard: tuple[int, int] = (0, 1)):
     p = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(run_dir), stage, str(shard[0]), str(shard[1])],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         line = p.stdout.readline()
         assert line.strip() == "held", p.stderr.read()

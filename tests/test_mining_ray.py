@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fake_openai import FakeOpenAI, always_valid
-from helpers import write_run_config
+from helpers import streamed_index, write_run_config
 from test_corpus import answer, write_big_corpus
 from typer.testing import CliRunner
 
@@ -154,8 +154,7 @@ def test_the_stand_in_gives_the_vectors_and_negatives_of_the_model(st_model, tmp
     ):
         assert mine(proxy) == mine(st_model)
     one = CorpusIndex(st_model, texts, batch_size=8)
-    streamed = CorpusIndex.from_batches(proxy, lambda: (texts[i : i + 10] for i in range(0, len(texts), 10)), len(texts), batch_size=8,
-                                        cache=tmp_path / "e.npy", store=tmp_path / "t.texts")  # fmt: skip
+    streamed = streamed_index(proxy, texts, tmp_path, chunk=10, batch_size=8)
     assert np.array_equal(np.asarray(streamed.emb), one.emb)
     assert streamed.search("violin energy", 4, 4, screen=["a plant"]) == one.search("violin energy", 4, 4, screen=["a plant"])
     with pytest.raises(ValueError, match="prompt"):
@@ -216,14 +215,18 @@ def test_mined_regenerate_under_ray_mines_through_the_workers_and_writes_the_sam
     assert r.exit_code == 0, r.output
     one = json.loads(r.stdout)
     assert one["valid"] == 5 and not local_ray_embedding
-    r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "ray"), "-i", str(root), "--executor", "ray", "--workers", "2", "--json"])  # fmt: skip
+    r = runner.invoke(
+        app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "ray"), "-i", str(root), "--executor", "ray", "--workers", "2", "--json"]
+    )
     assert r.exit_code == 0, r.output
     ray = json.loads(r.stdout)
     assert len(local_ray_embedding) == 1 and sum(local_ray_embedding[0].dealer.parts) > len(QUERIES)  # corpus and queries went through it
     assert ray["executor"] == "ray" and ray["workers"] == 2 and ray["valid"] == one["valid"]
     assert outputs(tmp_path / "ray") == outputs(tmp_path / "one") and outputs(tmp_path / "one")
     body = MINED.replace("[regenerate]\n", f'[regenerate]\ninputs = [{{path = "{root}"}}]\n') + '[pipeline]\nstages = ["regenerate"]\n'
-    r = runner.invoke(app, ["run", "-c", str(config(tmp_path, body)), "-d", str(tmp_path / "run"), "--executor", "ray", "--workers", "2", "--json"])  # fmt: skip
+    r = runner.invoke(
+        app, ["run", "-c", str(config(tmp_path, body)), "-d", str(tmp_path / "run"), "--executor", "ray", "--workers", "2", "--json"]
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["regenerate"]["executor"] == "ray" and len(local_ray_embedding) == 2
     assert outputs(tmp_path / "run") == outputs(tmp_path / "one")
@@ -278,9 +281,11 @@ def test_corpus_index_on_two_ray_workers_equals_one_process(tmp_path, ray_node, 
     folder = write_big_corpus(tmp_path, n=60)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
         cfg = write_run_config(
-            tmp_path, srv.base_url, embedder={"batch_size": 4},
+            tmp_path,
+            srv.base_url,
+            embedder={"batch_size": 4},
             corpus={"negatives": "mined", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 20, "mining": {"relative_margin": 0.0}},
-        )  # fmt: skip
+        )
         for name, extra in (("one", []), ("ray", ["--executor", "ray", "--workers", "2"])):
             r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / name), "-i", str(folder), "--json", *extra])
             assert r.exit_code == 0, r.output
@@ -310,7 +315,10 @@ def test_a_mining_worker_killed_mid_corpus_is_restarted_and_the_stage_finishes(t
     killer = threading.Thread(target=_kill_loop, args=(stop, killed, True), daemon=True)
     killer.start()
     try:
-        r = runner.invoke(app, ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "ray"), "-i", str(root), "--json", "--executor", "ray", "--workers", "2"])  # fmt: skip
+        r = runner.invoke(
+            app,
+            ["regenerate", "-c", str(cfg), "-d", str(tmp_path / "ray"), "-i", str(root), "--json", "--executor", "ray", "--workers", "2"],
+        )
     finally:
         stop.set()
         killer.join()

@@ -199,11 +199,18 @@ def test_graded_mining_one_negative_per_band(minilm):
     assert len(short["negatives"]) == 2  # bands past the end are left out
 
     model = SentenceTransformer(minilm, device="cpu")
-    topic = ["The heart pumps blood through the arteries of the body.", "Blood pressure rises when arteries stiffen with age.",
-             "Red blood cells carry oxygen from the lungs.", "The liver filters toxins out of the blood.",
-             "Plants turn sunlight into sugar by photosynthesis.", "Volcanoes erupt when magma pressure builds up.",
-             "The stock market fell sharply on Monday.", "A recipe for chocolate cake with cream.",
-             "Football teams train twice a day in summer.", "The novel describes a journey across the desert."]  # fmt: skip
+    topic = [
+        "The heart pumps blood through the arteries of the body.",
+        "Blood pressure rises when arteries stiffen with age.",
+        "Red blood cells carry oxygen from the lungs.",
+        "The liver filters toxins out of the blood.",
+        "Plants turn sunlight into sugar by photosynthesis.",
+        "Volcanoes erupt when magma pressure builds up.",
+        "The stock market fell sharply on Monday.",
+        "A recipe for chocolate cake with cream.",
+        "Football teams train twice a day in summer.",
+        "The novel describes a journey across the desert.",
+    ]
     positive = "The heart pumps blood around the body through arteries and veins."
     corpus = topic + [positive + " "]  # a near-copy of the positive must never come back as a negative
     found = mine_graded(

@@ -40,8 +40,18 @@ def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch)
     (data / "train").mkdir(parents=True)
     (data / "train" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n")
     run = tmp_path / "llm"
-    ex = [{"id": f"e{i}", "task": "t", "task_type": "short-long", "query": f"q{i}", "positive": f"p{i}",
-           "negatives": [f"n{i}{k}" for k in range(4)], "source": "scifact"} for i in range(40)]  # fmt: skip
+    ex = [
+        {
+            "id": f"e{i}",
+            "task": "t",
+            "task_type": "short-long",
+            "query": f"q{i}",
+            "positive": f"p{i}",
+            "negatives": [f"n{i}{k}" for k in range(4)],
+            "source": "scifact",
+        }
+        for i in range(40)
+    ]
     write_jsonl(run / "score" / "shard-00000.jsonl", ex)
     with pytest.raises(SystemExit, match=r"has 40 scored examples with 4 negatives, 1 batch\(es\) of 32.*need >= 4"):
         load_script().main(
@@ -193,10 +203,26 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
         return {"arm": arm, "seed": seed, "scores": scores, "per_query": pq, "seconds": 1}
 
     same = {"shift": 0.0, "noise": 0.0}  # the default ties the stock recipe exactly
-    results = [res("base", 0, -0.05), res("st-mined-4", 0, **same), res("st-mined-4", 1, **same), res("ns-pipeline", 0, **same), res("ns-pipeline", 1, **same),
-               res("ns-pipeline-noeasy", 0, 0.05, test=False)]  # fmt: skip
-    args = argparse.Namespace(dev_name="dom-dev", test_name="dom-test", eval_tasks=[], resamples=2000, name="dom", steps=22, batch_size=32, lr=2e-5,
-                              eval_suite="full", split_info={"fit_queries": 480, "fit_pairs": 500, "dev_queries": 120, "test_queries": 150, "split_seed": 0})  # fmt: skip
+    results = [
+        res("base", 0, -0.05),
+        res("st-mined-4", 0, **same),
+        res("st-mined-4", 1, **same),
+        res("ns-pipeline", 0, **same),
+        res("ns-pipeline", 1, **same),
+        res("ns-pipeline-noeasy", 0, 0.05, test=False),
+    ]
+    args = argparse.Namespace(
+        dev_name="dom-dev",
+        test_name="dom-test",
+        eval_tasks=[],
+        resamples=2000,
+        name="dom",
+        steps=22,
+        batch_size=32,
+        lr=2e-5,
+        eval_suite="full",
+        split_info={"fit_queries": 480, "fit_pairs": 500, "dev_queries": 120, "test_queries": 150, "split_seed": 0},
+    )
     tie = mod.paired_vs_stock(results, "ns-pipeline", "dom-test", 2000)
     assert tie["seeds_a"] == tie["seeds_b"] == 2 and tie["queries"] == 150 and tie["p_value"] == 1.0 and tie["mean_diff"] == 0.0
     lead = mod.paired_vs_stock(results, "ns-pipeline-noeasy", "dom-dev", 2000)

@@ -136,30 +136,17 @@ def test_auto_format_and_default_columns(tmp_path):
 def test_tsv_filter_to_entailment_and_symmetric_instructions(tmp_path):
     tsv = tmp_path / "snli" / "test.tsv"
     tsv.parent.mkdir()
-    rows = [("A dog runs in a field .", "An animal is outside .", "entailment"), ("A dog runs in a field .", "A cat sleeps .", "contradiction"),
-            ("Two men play chess .", "People play a game .", "entailment"), ("Two men play chess .", "They are friends .", "neutral")]  # fmt: skip
+    premises = ["A dog runs in a field ."] * 2 + ["Two men play chess ."] * 2
+    hypotheses = ["An animal is outside .", "A cat sleeps .", "People play a game .", "They are friends ."]
+    rows = list(zip(premises, hypotheses, ["entailment", "contradiction", "entailment", "neutral"], strict=True))
     tsv.write_text("text1\ttext2\tlabel\n" + "".join("\t".join(r) + "\n" for r in rows))
     data = load_source(SourceSpec(path=str(tsv), columns={"query": "text1", "positive": "text2"}, filter={"label": "entailment"}))
     assert [(p.query, p.positive) for p in data.pairs] == [(r[0], r[1]) for r in rows if r[2] == "entailment"]
     assert [p.row for p in data.pairs] == [0, 2]
     with FakeOpenAI(always_valid) as srv:
         cfg = config(tmp_path, srv.base_url)
-        r = invoke(
-            "regenerate",
-            "-c",
-            cfg,
-            "-d",
-            tmp_path / "run",
-            "-i",
-            tsv,
-            "--query-col",
-            "text1",
-            "--positive-col",
-            "text2",
-            "--filter",
-            "label=entailment",
-            "--json",
-        )
+        columns = "--query-col text1 --positive-col text2 --filter label=entailment".split()
+        r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tsv, *columns, "--json")
         assert r.exit_code == 0, r.output
         recs = list(read_stage(tmp_path / "run" / "regenerate"))
     assert {x["task_type"] for x in recs} == {"sts"} and all(x["attributes"]["symmetric"] for x in recs)
@@ -232,8 +219,8 @@ def test_records_prompt_and_rejects(tmp_path):
 
     with FakeOpenAI(responder) as srv:
         cfg = config(tmp_path, srv.base_url)
-        r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", path, "--query-col", "q", "--positive-col", "doc", "--negatives-col", "negs",
-                   "--source-name", "msmarco", "--json")  # fmt: skip
+        columns = "--query-col q --positive-col doc --negatives-col negs --source-name msmarco".split()
+        r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", path, *columns, "--json")
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout)
     assert stats["valid"] == 2 and stats["rejects_by_reason"] == {"negative_equals_positive": 1}

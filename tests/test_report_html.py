@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+from helpers import scored_example
 from typer.testing import CliRunner
 
 from negsynth.cli import app
@@ -15,15 +16,8 @@ from negsynth.data.shards import atomic_write_json, write_jsonl
 runner = CliRunner()
 
 
-def scored(
-    i: int, tt: str = "short-long", *, cos=(0.8, 0.7, 0.6, 0.5), fn=(False,) * 4, easy=(False,) * 4, order=None, mono=True, tau=1.0
-) -> dict:
-    return {
-        "id": f"ex-{i}", "task": "Retrieve a passage.", "task_type": tt, "query": f"query {i} <b>bold?</b>", "positive": f"pos {i}",
-        "negatives": [f"neg {i}.{k}" for k in range(4)],
-        "score": {"embedder": "fake", "cos_pos": 0.9, "cos_neg": list(cos), "kendall_tau": tau, "monotonic": mono,
-                  "false_negative": list(fn), "too_easy": list(easy), "policy": "annotate", "llm_order": order},
-    }  # fmt: skip
+def scored(i: int, tt: str = "short-long", **kw) -> dict:
+    return scored_example(i, tt, task="Retrieve a passage.", query="query {i} <b>bold?</b>", **kw)
 
 
 @pytest.fixture
@@ -37,11 +31,28 @@ def run_dir(tmp_path):
         scored(3, tt="sts", cos=(0.9, 0.8, 0.3, 0.2), order=[1, 0, 2, 3], fn=(True, False, False, False), mono=False, tau=2 / 3),
     ]
     write_jsonl(d / "generate" / "shard-00000.jsonl", [{k: v for k, v in r.items() if k != "score"} for r in rows])
-    write_jsonl(d / "generate" / "rejects" / "shard-00000.jsonl", [
-        {"id": "r1", "stage": "generate", "reason": "schema", "detail": "missing negatives", "raw": "{\"query\": \"x\"}", "input": {"task_type": "sts", "task": "t"}},
-        {"id": "r2", "stage": "generate", "reason": "schema", "detail": "bad json", "raw": "</script><script>alert(1)</script>", "input": {"task_type": "short-long"}},
-        {"id": "r3", "stage": "generate", "reason": "copied_example", "detail": "", "raw": "", "input": {"task_type": "sts"}},
-    ])  # fmt: skip
+    write_jsonl(
+        d / "generate" / "rejects" / "shard-00000.jsonl",
+        [
+            {
+                "id": "r1",
+                "stage": "generate",
+                "reason": "schema",
+                "detail": "missing negatives",
+                "raw": '{"query": "x"}',
+                "input": {"task_type": "sts", "task": "t"},
+            },
+            {
+                "id": "r2",
+                "stage": "generate",
+                "reason": "schema",
+                "detail": "bad json",
+                "raw": "</script><script>alert(1)</script>",
+                "input": {"task_type": "short-long"},
+            },
+            {"id": "r3", "stage": "generate", "reason": "copied_example", "detail": "", "raw": "", "input": {"task_type": "sts"}},
+        ],
+    )
     atomic_write_json(
         d / "generate" / "stats.json", {"tokens": {"prompt": 1000, "completion": 250}, "estimated_cost_usd": 0.0125, "wall_time_s": 3.5}
     )
@@ -78,8 +89,19 @@ def _browser() -> str | None:
 
 
 def dump_dom(browser: str, url: str, profile) -> str:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--dump-dom", url]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--dump-dom",
+        url,
+    ]
     r = subprocess.run([browser, *flags], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout

@@ -267,8 +267,20 @@ def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
 
 
-TOPICS = ["tides and the moon", "vaccines and immunity", "volcanoes", "bees and pollen", "black holes", "ocean currents",
-          "glaciers", "the printing press", "photosynthesis", "earthquakes", "coral reefs", "the roman empire"]  # fmt: skip
+TOPICS = [
+    "tides and the moon",
+    "vaccines and immunity",
+    "volcanoes",
+    "bees and pollen",
+    "black holes",
+    "ocean currents",
+    "glaciers",
+    "the printing press",
+    "photosynthesis",
+    "earthquakes",
+    "coral reefs",
+    "the roman empire",
+]
 
 
 def write_inputs(rd: Path) -> None:
@@ -278,8 +290,16 @@ def write_inputs(rd: Path) -> None:
         pos = f"A passage explaining {t} in detail."
         negs = [f"A passage about {u}." for u in TOPICS if u != t][:3]
         negs = [pos, *negs] if i % 4 == 0 else [*negs, f"Some words on {t}."]
-        rows.append({"id": f"ex-{i}", "task": "find the passage", "task_type": "short-long", "query": f"what about {t}?", "positive": pos,
-                     "negatives": negs})  # fmt: skip
+        rows.append(
+            {
+                "id": f"ex-{i}",
+                "task": "find the passage",
+                "task_type": "short-long",
+                "query": f"what about {t}?",
+                "positive": pos,
+                "negatives": negs,
+            }
+        )
     rows += [{**rows[1], "id": "ex-dup1", "query": "what about vaccines and immunity ?"}, {**rows[5], "id": "ex-dup5"}]
     for k in range(3):
         write_jsonl(rd / "generate" / f"shard-{k:05d}.jsonl", rows[k * 5 : (k + 1) * 5])

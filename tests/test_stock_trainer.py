@@ -18,12 +18,23 @@ B = 4
 
 def example(i: int, tt: str = "short-long", n_negs: int = 4, fn=None) -> dict:
     d = {
-        "id": f"ex-{i}", "task": "Retrieve a passage.", "task_type": tt, "query": f"query {i}",
-        "positive": f"positive passage {i}", "negatives": [f"negative {i} level {k + 1}" for k in range(n_negs)],
-    }  # fmt: skip
+        "id": f"ex-{i}",
+        "task": "Retrieve a passage.",
+        "task_type": tt,
+        "query": f"query {i}",
+        "positive": f"positive passage {i}",
+        "negatives": [f"negative {i} level {k + 1}" for k in range(n_negs)],
+    }
     if fn is not None:
-        d["score"] = {"embedder": "f", "cos_pos": 0.9, "cos_neg": [0.5] * n_negs, "kendall_tau": 1.0, "monotonic": True,
-                      "false_negative": list(fn), "too_easy": [False] * n_negs}  # fmt: skip
+        d["score"] = {
+            "embedder": "f",
+            "cos_pos": 0.9,
+            "cos_neg": [0.5] * n_negs,
+            "kendall_tau": 1.0,
+            "monotonic": True,
+            "false_negative": list(fn),
+            "too_easy": [False] * n_negs,
+        }
     return d
 
 
@@ -65,9 +76,16 @@ def test_stock_trainer_consumes_rows_in_order_and_trains(run_dir, tmp_path):
     # the documented recipe
     train_ds, sampler = for_stock_trainer(run_dir)
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=B, max_steps=3, batch_sampler=sampler,
-        report_to="none", disable_tqdm=True, save_strategy="no", use_cpu=True, learning_rate=1e-4,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=B,
+        max_steps=3,
+        batch_sampler=sampler,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        use_cpu=True,
+        learning_rate=1e-4,
+    )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model))
     seen: list[list[str]] = []
 

@@ -201,8 +201,15 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
     assert [(it.payload["corpus_index"], it.payload["doc_id"]) for it in items] == [
-        (0, "d1"), (0, "d38"), (0, "d129"), (0, "d301"), (1, "d277"), (1, "d324"), (1, "d385"), (1, "d404")
-    ]  # fmt: skip
+        (0, "d1"),
+        (0, "d38"),
+        (0, "d129"),
+        (0, "d301"),
+        (1, "d277"),
+        (1, "d324"),
+        (1, "d385"),
+        (1, "d404"),
+    ]
     assert corpora[1].positions == {d: [x.id for x in docs].index(d) for d in ("d277", "d324", "d385", "d404")}
 
 

@@ -507,8 +507,16 @@ def test_memory_options_reach_the_trainer(minilm, tmp_path):
     from negsynth.train.trainer import make_trainer
 
     ds = _dataset(4)
-    cfg = TrainConfig(model=minilm, batch_size=2, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"),
-                      mini_batch_size=1, attn_implementation="eager", gradient_checkpointing=True)  # fmt: skip
+    cfg = TrainConfig(
+        model=minilm,
+        batch_size=2,
+        max_steps=1,
+        max_length=16,
+        output_dir=str(tmp_path / "run"),
+        mini_batch_size=1,
+        attn_implementation="eager",
+        gradient_checkpointing=True,
+    )
     trainer, model = make_trainer(ds, cfg)
     assert isinstance(trainer.loss, CachedMultipleNegativesRankingLoss) and trainer.loss.mini_batch_size == 1
     backbone = model[0].auto_model

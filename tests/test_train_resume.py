@@ -24,9 +24,21 @@ from negsynth.cli import app  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = [
-    "--set", "train.batch_size=4", "--set", "train.grad_accum=1", "--set", "train.max_length=32", "--set", "train.lr=1e-4",
-    "--set", "train.save_steps=1", "--set", "train.save_total_limit=2", "--set", "train.warmup_ratio=0.0",
-]  # fmt: skip
+    "--set",
+    "train.batch_size=4",
+    "--set",
+    "train.grad_accum=1",
+    "--set",
+    "train.max_length=32",
+    "--set",
+    "train.lr=1e-4",
+    "--set",
+    "train.save_steps=1",
+    "--set",
+    "train.save_total_limit=2",
+    "--set",
+    "train.warmup_ratio=0.0",
+]
 WORDS = ["amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "iris", "jade", "kelp", "lichen"]
 
 
@@ -63,7 +75,7 @@ def make_curriculum(rd: Path, n: int = 16) -> None:
             "task_type": "short-short",
             "example_id": f"ex{i}",
             "source": "synthetic",
-        }  # fmt: skip
+        }
         for i in range(n)
     ]
     save_curriculum(rows, rd / "curriculum", stats={"schedule": "curriculum", "batch_size": 4})
