@@ -198,7 +198,7 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
 
 
 def score_frame(files: list[Path], *, task_type: str | None = None):
-    """One row per (scored example, negative): ``_file, _row, id, task_type, cos_pos, cos, level, false_negative, too_easy, monotonic, kendall_tau``.
+    """One row per (scored example, negative): ``_file, _row, id, task_type, cos_pos, cos_neg, level, false_negative, too_easy, monotonic, kendall_tau``.
 
     ``level`` is the LLM's level (1 = claimed hardest) even after ``reorder`` / ``filter``
     (taken from ``score.llm_order``).
@@ -215,7 +215,7 @@ def score_frame(files: list[Path], *, task_type: str | None = None):
         "id",
         "task_type",
         s.struct.field("cos_pos").alias("cos_pos"),
-        s.struct.field("cos_neg").alias("cos"),
+        s.struct.field("cos_neg").alias("cos_neg"),
         s.struct.field("false_negative").alias("false_negative"),
         s.struct.field("too_easy").alias("too_easy"),
         s.struct.field("monotonic").alias("monotonic"),
@@ -228,7 +228,7 @@ def score_frame(files: list[Path], *, task_type: str | None = None):
     df = _collect(lf, files)
     if df.height == 0:
         return df
-    return df.explode(["cos", "false_negative", "too_easy", "level"]).with_columns((pl.col("level") + 1).cast(pl.Int64))
+    return df.explode(["cos_neg", "false_negative", "too_easy", "level"]).with_columns((pl.col("level") + 1).cast(pl.Int64))
 
 
 def select_examples(neg, *, flag: str | None, level: int | None):
@@ -551,7 +551,7 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
         return written
     ex = neg.unique(subset=["_file", "_row"], keep="first")
     levels = sorted(neg.get_column("level").unique().to_list())
-    data = [ex.get_column("cos_pos").to_numpy()] + [neg.filter(pl.col("level") == lv).get_column("cos").to_numpy() for lv in levels]
+    data = [ex.get_column("cos_pos").to_numpy()] + [neg.filter(pl.col("level") == lv).get_column("cos_neg").to_numpy() for lv in levels]
     labels = ["positive"] + [f"level {lv}" for lv in levels]
     fig, ax = plt.subplots(figsize=(7.2, 4.4))
     pos = np.arange(1, len(data) + 1)

@@ -25,7 +25,8 @@ def negatives_frame(sidecars: list[dict]):
     import polars as pl
 
     cols: dict[str, list] = {
-        k: [] for k in ("_file", "_row", "task_type", "cos_pos", "cos", "level", "false_negative", "too_easy", "monotonic", "kendall_tau")
+        k: []
+        for k in ("_file", "_row", "task_type", "cos_pos", "cos_neg", "level", "false_negative", "too_easy", "monotonic", "kendall_tau")
     }
     row = 0
     for k, sc in enumerate(sidecars):
@@ -54,7 +55,7 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
     ``stats.json`` and ``negsynth inspect`` share.
 
     ``neg`` has one row per (example, negative): ``_file``, ``_row`` (together the example),
-    ``task_type``, ``cos_pos``, ``cos``, ``level`` (the LLM's, 1 = claimed hardest), ``false_negative``,
+    ``task_type``, ``cos_pos``, ``cos_neg``, ``level`` (the LLM's, 1 = claimed hardest), ``false_negative``,
     ``too_easy``, ``monotonic``, ``kendall_tau`` (the records' own names). ``level`` restricts the level table to one level.
 
     Keys: ``examples``; ``cos_pos`` {mean, median}; ``levels``: one entry per level with ``n``,
@@ -70,14 +71,14 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
 
     ex = neg.unique(subset=["_file", "_row"], keep="first", maintain_order=True)
     per_level = (
-        pl.col("cos").mean().alias("mean"),
+        pl.col("cos_neg").mean().alias("mean"),
         pl.col("false_negative").mean().alias("false_negative_rate"),
         pl.col("too_easy").mean().alias("too_easy_rate"),
     )
     lv_frame = (
         neg.filter(pl.col("level") == level if level is not None else pl.lit(True))
         .group_by("level")
-        .agg(pl.len().alias("n"), *per_level, pl.col("cos").median().alias("median"))
+        .agg(pl.len().alias("n"), *per_level, pl.col("cos_neg").median().alias("median"))
         .sort("level")
     )
     pos_mean = ex.get_column("cos_pos").mean() if ex.height else None
