@@ -1,8 +1,8 @@
 """Readers for the file formats negsynth reads data from: headed TSV, JSONL and BEIR folders
 (``corpus.jsonl`` + ``queries.jsonl`` + ``qrels.tsv``; see ``shared/data/README.md``).
 
-The one BEIR reader: evaluation (:func:`read_beir`), regenerate's sources
-(:mod:`negsynth.data.sources`) and decontamination (:mod:`negsynth.data.clean`) all parse BEIR
+The one BEIR reader: evaluation (:func:`read_beir`: queries, corpus, qrels), regenerate's sources
+(:func:`negsynth.data.sources.read_beir_pairs`: one pair per relevant document) and decontamination (:mod:`negsynth.data.clean`) all parse BEIR
 files through :func:`read_beir_files` and apply their own policy on top (what to do with a
 qrel whose query or document is missing).
 

@@ -401,7 +401,7 @@ def _beir_paths(folder: Path, split: str | None) -> tuple[Path, Path, Path]:
     )
 
 
-def read_beir(spec, name: str, split: str) -> SourceData:
+def read_beir_pairs(spec, name: str, split: str) -> SourceData:
     """One pair per (query, relevant document) with qrels score > 0 (files parsed by the shared
     :func:`negsynth.data.readers.read_beir_files`; empty documents are left out)."""
     from negsynth.data.readers import read_beir_files
@@ -479,7 +479,7 @@ def load_source(spec) -> SourceData:
             raise UserError(
                 f"{spec.path}: columns/filter do not apply to BEIR folders (pairs come from qrels.tsv); drop them or use --format jsonl"
             )
-        data = read_beir(spec, name, split)
+        data = read_beir_pairs(spec, name, split)
     elif spec.limit is not None and streamable(spec.path, fmt):
         data = read_tabular_stream(spec, fmt, name, split)
     else:
