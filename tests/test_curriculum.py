@@ -10,9 +10,9 @@ from negsynth.data.curriculum import (
     CurriculumError,
     build_curriculum,
     load_curriculum,
-    normalise,
     save_curriculum,
 )
+from negsynth.data.text import text_key
 
 TASK_TYPES = ("short-long", "long-short", "sts")
 
@@ -121,7 +121,7 @@ def test_no_duplicate_text_in_a_batch_with_adversarial_duplicates():
         keys = []
         for r in batch:
             query = r["anchor"].split("\nQuery: ", 1)[1]
-            keys += [normalise(query), normalise(r["positive"]), normalise(r["negative"])]
+            keys += [text_key(query), text_key(r["positive"]), text_key(r["negative"])]
         assert len(keys) == len(set(keys)), batch
         assert len({r["phase"] for r in batch}) == 1
     assert rows.stats["moved_to_later_batch"] > 0
@@ -205,7 +205,7 @@ def test_tuple_rows_carry_every_negative_hardest_first_without_duplicates():
         negs = [r[f"negative_{k}"] for k in range(1, 5)]
         assert negs[:3] == [f"neg {lvl} of {i}" for lvl in (1, 2, 3)]  # the example's order: hardest first
     for batch in batches(rows, 4):
-        keys = [normalise(r[c]) for r in batch for c in ("positive", "negative_1", "negative_2", "negative_3", "negative_4")]
+        keys = [text_key(r[c]) for r in batch for c in ("positive", "negative_1", "negative_2", "negative_3", "negative_4")]
         assert len(keys) == len(set(keys)), batch
     assert len({r["example_id"] for r in rows}) == len(rows)  # one pass: each example at most once
     # the order is the seed's: another seed, another order, the same examples' rows

@@ -17,7 +17,7 @@ pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("accelerate")
 
-from negsynth.data.curriculum import normalise  # noqa: E402
+from negsynth.data.text import text_key  # noqa: E402
 from negsynth.train.sampler import CurriculumBatchSampler, plan_batches, split_global_batches  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def test_sampler_slices_global_batches_per_rank():
             assert len({len(x) for x in slices}) == 1  # equal shapes for the all_gather
             glob = [i for x in slices for i in x]
             assert {phases[i] for i in glob} == {phases[glob[0]]}  # one phase on all ranks
-            texts = [normalise(ds[i][c]) for i in glob for c in ds.column_names]
+            texts = [text_key(ds[i][c]) for i in glob for c in ds.column_names]
             assert len(texts) == len(set(texts))  # no text twice in the global batch
             assert glob == expected[step]
         assert sum(len(b) for b in s.global_batches) - sum(len(b) for b in s.batches) == s.counts["dropped_uneven"]

@@ -10,14 +10,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 
-from negsynth.data.curriculum import normalise  # noqa: E402
+from negsynth.data.text import text_key  # noqa: E402
 from negsynth.train.config import TrainConfig  # noqa: E402
 from negsynth.train.sampler import CurriculumBatchSampler, plan_batches  # noqa: E402
 
 
 def _texts_per_batch(ds, batches):
     cols = [c for c in ds.column_names if c not in ("phase", "level")]
-    return [[normalise(ds[i][c]) for i in b for c in cols] for b in batches]
+    return [[text_key(ds[i][c]) for i in b for c in cols] for b in batches]
 
 
 # ----------------------------------------------------------------------------- sampler

@@ -3,10 +3,11 @@
 import pytest
 from pydantic import ValidationError
 
+from negsynth.data.text import text_key
 from negsynth.llm.client import ValidationFailure
 from negsynth.schemas.config import GenerateConfig
 from negsynth.stages.generate import make_validator
-from negsynth.validators import REASONS, check_example, check_task, normalize
+from negsynth.validators import REASONS, check_example, check_task
 
 Q = "how do vaccines train the immune system"
 P = "Vaccines expose the immune system to a harmless piece of a germ so it learns to recognise it."
@@ -51,9 +52,9 @@ def test_each_reject_reason(kwargs, expected):
     assert expected in REASONS
 
 
-def test_normalize():
-    assert normalize("  Hello,\tWORLD!! ") == "hello, world"
-    assert normalize("Ｆｕｌｌ width") == "full width"
+def test_text_key():
+    assert text_key("  Hello,\tWORLD!! ") == "hello, world"
+    assert text_key("Ｆｕｌｌ width") == "full width"
 
 
 def test_task_checks():
@@ -101,14 +102,17 @@ def test_example_record_rejects_unknown_fields():
 def test_validation_dedup_and_the_sampler_share_one_text_identity():
     """ "The cat." and "the  cat" are one text for validation, pair dedup / cleaning and the
     trainer's no-text-twice-per-batch sampler alike (they used to disagree on edge punctuation)."""
+    import negsynth.validators as validators
     from negsynth.data import clean, curriculum
     from negsynth.data.text import text_key
+    from negsynth.embed import mining
     from negsynth.train import sampler
-    from negsynth.validators import normalize
 
     a, b = "The cat sat on the mat.", "  the cat sat ON the mat"
     assert text_key(a) == text_key(b)
-    assert normalize is text_key and curriculum.normalise is text_key and clean.normalise is text_key and sampler.normalise is text_key
+    users = (validators, curriculum, clean, sampler, mining)
+    assert all(m.text_key is text_key for m in users)
+    assert not any(hasattr(m, other) for m in users for other in ("normalize", "normalise"))  # one name
 
 
 def test_text_key_equals_its_regular_expression_definition():

@@ -5,7 +5,7 @@ Two checks, both on the texts as written (no E5 instruction), with unit vectors 
 
 * **Near-duplicates across examples** (:class:`Deduplicator`). Example identity is the pair
   (query, positive): two examples are duplicates when their queries match AND their positives
-  match, where two texts match when they are equal after :func:`~negsynth.data.curriculum.normalise`
+  match, where two texts match when they are equal after :func:`~negsynth.data.text.text_key`
   (NFKC, casefold, whitespace collapsed) or their cosine is ``>= threshold``. Requiring both
   keeps examples that legitimately share one side — one query with two relevant documents, or
   one label as the positive of many classification inputs. Negatives are not part of the
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.curriculum import normalise
+from negsynth.data.text import text_key
 from negsynth.errors import NegsynthError
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -66,8 +66,8 @@ def quantize(v: np.ndarray) -> np.ndarray:
 
 
 def exact_key(query: str, positive: str) -> bytes:
-    """16-byte key of an example's identity after :func:`normalise`."""
-    return hashlib.blake2b(f"{normalise(query)}\x00{normalise(positive)}".encode(), digest_size=16).digest()
+    """16-byte key of an example's identity after :func:`text_key`."""
+    return hashlib.blake2b(f"{text_key(query)}\x00{text_key(positive)}".encode(), digest_size=16).digest()
 
 
 def _dot64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -481,7 +481,7 @@ class Decontaminator:
         self.vecs = vecs  # float16 [T, dim] or None
         self.exact: dict[str, int] = {}
         for i, t in enumerate(ev.texts):
-            self.exact.setdefault(normalise(t), i)
+            self.exact.setdefault(text_key(t), i)
 
     @property
     def uses_vectors(self) -> bool:
@@ -491,7 +491,7 @@ class Decontaminator:
         """Per text: its match (exact first, else the highest cosine ``>= threshold``; ties: first row)."""
         out: list[EvalMatch | None] = [None] * len(texts)
         for i, t in enumerate(texts):
-            r = self.exact.get(normalise(t))
+            r = self.exact.get(text_key(t))
             if r is not None:
                 out[i] = EvalMatch(r, None)
         if self.uses_vectors and vecs is not None and len(texts):

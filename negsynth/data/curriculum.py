@@ -84,10 +84,6 @@ class CurriculumRows(list):
         self.stats = stats or {}
 
 
-#: the one definition of "the same text" (see negsynth.data.text)
-normalise = text_key
-
-
 def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
     """``schedule`` -> (kind, level per phase (None = random per row), negatives needed)."""
     s = schedule.strip().lower()
@@ -175,7 +171,7 @@ def build_curriculum(
             anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query)
         else:
             anchor = ex.query
-        pool.append((ex, negs, anchor, normalise(ex.query), normalise(ex.positive), [normalise(n) for n in negs]))
+        pool.append((ex, negs, anchor, text_key(ex.query), text_key(ex.positive), [text_key(n) for n in negs]))
     stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
     if not pool:
         raise CurriculumError(

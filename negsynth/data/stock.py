@@ -16,7 +16,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, _to_example, normalise
+from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, _to_example
+from negsynth.data.text import text_key
 
 NTUPLE_META = ("task_type", "example_id", "source")
 
@@ -69,7 +70,7 @@ def ntuple_rows(
             if instruction_template and ex.task.strip()
             else ex.query
         )
-        keys = [normalise(t) for t in (anchor, ex.positive, *negs)]
+        keys = [text_key(t) for t in (anchor, ex.positive, *negs)]
         if len(set(keys)) < len(keys):
             stats["skipped_self_duplicate"] += 1
             continue

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from negsynth.data.curriculum import normalise
+from negsynth.data.text import text_key
 from negsynth.schemas.config import check_bands
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def mine_negatives(
     text_to_key: dict[str, str] = {}
     for key, q in queries.items():
         text_to_key.setdefault(q, key)
-    banned = {key: {normalise(p) for p in known_positives.get(key, [])} | {normalise(queries[key])} for key in queries}
+    banned = {key: {text_key(p) for p in known_positives.get(key, [])} | {text_key(queries[key])} for key in queries}
     for row in out_ds:
         key = text_to_key.get(row["query"])
         if key is None:
@@ -162,7 +162,7 @@ def mine_negatives(
         pos_s, neg_s = row["scores"]
         f["pos_score"] = pos_s if f["pos_score"] is None else min(f["pos_score"], pos_s)
         neg = row["negative"]
-        if neg in f["negatives"] or normalise(neg) in banned[key] or len(f["negatives"]) >= k:
+        if neg in f["negatives"] or text_key(neg) in banned[key] or len(f["negatives"]) >= k:
             continue
         f["negatives"].append(neg)
         f["scores"].append(round(float(neg_s), 6))
@@ -454,7 +454,7 @@ class CorpusIndex:
             limit = min(limit, pos - absolute_margin)
         if max_score is not None:
             limit = min(limit, max_score)
-        banned = {normalise(self.texts[positive]), normalise(query)}
+        banned = {text_key(self.texts[positive]), text_key(query)}
         negs: list[str] = []
         scores: list[float] = []
         m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
@@ -466,7 +466,7 @@ class CorpusIndex:
                 if i == positive or s > limit:
                     continue
                 text = self.texts[int(i)]
-                if normalise(text) in banned or text in negs:
+                if text_key(text) in banned or text in negs:
                     continue
                 negs.append(text)
                 scores.append(round(s, 6))
@@ -480,5 +480,5 @@ class CorpusIndex:
             vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
             out["screen_scores"] = [round(x, 6) for x in s_scores]
-            out["screen_kept"] = [x <= limit and normalise(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
+            out["screen_kept"] = [x <= limit and text_key(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
         return out

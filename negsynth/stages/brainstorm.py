@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from negsynth import pipeline
 from negsynth.data.shards import iter_jsonl
+from negsynth.data.text import text_key
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, RunReport, Stage, StageContext, Summary, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
@@ -34,7 +35,7 @@ from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task
 from negsynth.stages.common import schema_failure, short_id
-from negsynth.validators import check_task, normalize
+from negsynth.validators import check_task
 
 NAME = "brainstorm"
 
@@ -79,7 +80,7 @@ async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> Type
     in hand or ``max_requests_per_type`` lists were asked; the answers of a round decide the next."""
     bc = ctx.cfg.brainstorm
     out = TypeOutcome()
-    example = {normalize(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
+    example = {text_key(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
     seen: set[str] = set()
     asked = 0
     while len(out.tasks) < bc.tasks_per_type and asked < bc.max_requests_per_type:
@@ -127,7 +128,7 @@ async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> Type
             for pos, text in enumerate(res.value):
                 tid = short_id("task", tt, i, pos)
                 v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
-                norm = normalize(text) if isinstance(text, str) else ""
+                norm = text_key(text) if isinstance(text, str) else ""
                 reason, detail = v.reason, v.detail
                 if v.keep and norm in example:
                     reason, detail = "copied_example", "the task repeats the worked example"

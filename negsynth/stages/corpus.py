@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.data.shards import iter_jsonl, list_shards
+from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
@@ -57,7 +58,7 @@ from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.validators import check_meta, check_nonempty, check_query, normalize
+from negsynth.validators import check_meta, check_nonempty, check_query
 
 NAME = "corpus"
 
@@ -199,8 +200,8 @@ def make_validator(document: str, cfg: CorpusConfig):
     """``validate(obj) -> (queries, verdicts, negatives)``; raises (a re-ask) while no query passes
     or the LLM's negatives fail."""
     ex = load_example("corpus")
-    shown = {normalize(q) for s in STYLES for q in ex[s]}
-    shown_negs = {normalize(n) for n in ex["hard_negative_documents"]}
+    shown = {text_key(q) for s in STYLES for q in ex[s]}
+    shown_negs = {text_key(n) for n in ex["hard_negative_documents"]}
     llm_negs = cfg.negatives != "mined"
 
     def validate(obj: Any):
@@ -217,29 +218,29 @@ def make_validator(document: str, cfg: CorpusConfig):
                 raise ValidationFailure(
                     "wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}"
                 )
-            if cfg.few_shot and any(normalize(n) in shown_negs for n in negs):
+            if cfg.few_shot and any(text_key(n) in shown_negs for n in negs):
                 raise ValidationFailure("copied_example", "you copied the worked example's negatives; write new ones for this document")
             fields = {f"hard_negative_documents {i + 1}": n for i, n in enumerate(negs)}
             for v in (check_nonempty(fields), check_meta(fields)):
                 if not v.keep:
                     raise ValidationFailure(v.reason, v.detail)
-            keys = [normalize(n) for n in negs]
-            if normalize(document) in keys:
-                raise ValidationFailure("negative_equals_positive", f"negative {keys.index(normalize(document)) + 1} repeats the document")
+            keys = [text_key(n) for n in negs]
+            if text_key(document) in keys:
+                raise ValidationFailure("negative_equals_positive", f"negative {keys.index(text_key(document)) + 1} repeats the document")
             if len(set(keys)) < len(keys):
                 raise ValidationFailure("duplicate_negatives", "two negatives are the same; make all 4 different")
         verdicts: list[tuple[str, str] | None] = []
         seen: set[str] = set()
         for q in out.queries:
             v = check_query(q, document, min_chars=cfg.min_query_chars, max_chars=cfg.max_query_chars)
-            key = normalize(q) if isinstance(q, str) else ""
+            key = text_key(q) if isinstance(q, str) else ""
             if v.keep and cfg.few_shot and key in shown:
                 v = v._replace(
                     keep=False, reason="copied_example", detail="you copied the worked example's query; write one about this document"
                 )
             if v.keep and key in seen:
                 v = v._replace(keep=False, reason="duplicate_query", detail="two queries are the same; make them different")
-            if v.keep and llm_negs and key in {normalize(n) for n in negs}:
+            if v.keep and llm_negs and key in {text_key(n) for n in negs}:
                 v = v._replace(keep=False, reason="negative_equals_query", detail="a negative repeats a query")
             seen.add(key)
             verdicts.append(None if v.keep else (v.reason, v.detail))

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from negsynth import pipeline
+from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
@@ -29,7 +30,7 @@ from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
 from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
 from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
-from negsynth.validators import check_example, normalize
+from negsynth.validators import check_example
 
 NAME = "generate"
 
@@ -160,7 +161,7 @@ def make_validator(task_type: str, cfg: GenerateConfig):
     (not only the one shown) is a copy: rotating the examples must not let a copy of another through."""
     model, qk, pk, nk = OUTPUTS[task_type]
     pool = load_examples(f"generate_{task_type}")[: 1 if cfg.worked_examples == "fixed" else None]
-    copied = {normalize(ex["output"][k]) for ex in pool for k in (qk, pk)}
+    copied = {text_key(ex["output"][k]) for ex in pool for k in (qk, pk)}
 
     def validate(obj: Any) -> tuple[str, str, list[str]]:
         try:
@@ -168,7 +169,7 @@ def make_validator(task_type: str, cfg: GenerateConfig):
         except ValidationError as e:
             raise schema_failure(e) from None
         q, p, negs = getattr(out, qk), getattr(out, pk), list(getattr(out, nk))
-        if cfg.few_shot and isinstance(q, str) and (normalize(q) in copied or normalize(p) in copied):
+        if cfg.few_shot and isinstance(q, str) and (text_key(q) in copied or text_key(p) in copied):
             raise ValidationFailure(
                 "copied_example", "you copied the earlier example; write a NEW example about the task in my last message"
             )

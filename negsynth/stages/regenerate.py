@@ -44,6 +44,7 @@ from pydantic import ValidationError
 from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
 from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
+from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
@@ -52,7 +53,7 @@ from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConf
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty, normalize
+from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty
 
 NAME = "regenerate"
 
@@ -65,8 +66,8 @@ NOTES = {
 
 # -- planning -------------------------------------------------------------------------------
 def pair_key(query: str, positive: str) -> str:
-    """Dedup key: normalised query and positive (see :func:`negsynth.validators.normalize`)."""
-    return normalize(query) + "\x1f" + normalize(positive)
+    """Dedup key: normalised query and positive (see :func:`negsynth.data.text.text_key`)."""
+    return text_key(query) + "\x1f" + text_key(positive)
 
 
 def kind_for(spec: SourceSpec, name: str, cfg: RegenerateConfig) -> tuple[SourceKind, bool]:
@@ -251,7 +252,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
             f = found.get(it.payload["query_key"]) or {"negatives": [], "scores": [], "pos_score": None}
             # a negative of a multi-positive query must not be this pair's positive either
             ranks = f.get("ranks") or [None] * len(f["negatives"])
-            negs = [(n, s, r) for n, s, r in zip(f["negatives"], f["scores"], ranks) if normalize(n) != normalize(it.payload["positive"])]
+            negs = [(n, s, r) for n, s, r in zip(f["negatives"], f["scores"], ranks) if text_key(n) != text_key(it.payload["positive"])]
             it.payload["mined"] = {"negatives": [n for n, _, _ in negs], "scores": [s for _, s, _ in negs], "pos_score": f["pos_score"]}
             if f.get("ranks"):  # graded mining: the 1-based rank of each negative among the candidates
                 it.payload["mined"]["ranks"] = [r for _, _, r in negs]
@@ -308,7 +309,7 @@ def build_messages(payload: dict[str, Any], cfg: RegenerateConfig) -> list[dict[
 
 def make_validator(payload: dict[str, Any], cfg: RegenerateConfig):
     """``validate(obj) -> negatives``: the generate checks against the source's query and positive."""
-    shown = {normalize(n) for n in load_example(example_name(payload["symmetric"]))["output"]["hard_negative_documents"]}
+    shown = {text_key(n) for n in load_example(example_name(payload["symmetric"]))["output"]["hard_negative_documents"]}
     q, pos = payload["query"], payload["positive"]
 
     def validate(obj: Any) -> list[str]:
@@ -317,7 +318,7 @@ def make_validator(payload: dict[str, Any], cfg: RegenerateConfig):
         except ValidationError as e:
             raise schema_failure(e) from None
         negs = list(out.hard_negative_documents)
-        if cfg.few_shot and any(isinstance(n, str) and normalize(n) in shown for n in negs):
+        if cfg.few_shot and any(isinstance(n, str) and text_key(n) in shown for n in negs):
             raise ValidationFailure("copied_example", "you copied the worked example; write new negatives for the given query")
         v = check_example(q, pos, negs, min_chars=cfg.min_chars, max_chars=cfg.max_chars)
         if not v.keep:

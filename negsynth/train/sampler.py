@@ -8,7 +8,7 @@ avoids that but shuffles, which would erase a curriculum; its default sampler ke
 :class:`CurriculumBatchSampler` guarantees both, for any dataset:
 
 * rows are consumed in dataset order; a row is put in the earliest open batch that holds none of
-  its texts (texts compared by :func:`negsynth.data.curriculum.normalise`), so a colliding row
+  its texts (texts compared by :func:`negsynth.data.text.text_key`), so a colliding row
   moves a little later instead of being dropped;
 * batches never mix curriculum phases (``phases``: one value per row; consecutive equal values
   form a phase): a phase's last, incomplete batches are emitted as they are (``drop_last=False``)
@@ -47,8 +47,9 @@ from typing import Any
 
 from sentence_transformers.base.sampler import DefaultBatchSampler
 
-from negsynth.data.curriculum import CurriculumError, normalise
+from negsynth.data.curriculum import CurriculumError
 from negsynth.data.stock import text_columns as loss_columns
+from negsynth.data.text import text_key
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")
 
@@ -86,7 +87,7 @@ def plan_batches(
             end = n
         open_batches: list[tuple[list[int], set[str]]] = []
         for i in range(start, end):
-            keys = [normalise(t) for t in rows[i] if t is not None]
+            keys = [text_key(t) for t in rows[i] if t is not None]
             kset = set(keys)
             if len(kset) < len(keys):
                 counts["skipped_self_duplicate"] += 1

@@ -40,10 +40,6 @@ REASONS = {
     "off_language": "a written query is not in the document's script (Latin, Cyrillic, CJK ...)",
 }
 
-#: the one definition of "the same text" (see negsynth.data.text)
-normalize = text_key
-
-
 _META = re.compile(
     r"(\b(this|the) (document|passage|text|answer|label|sentence) (is|does) not (relevant|answer|address|satisf|match)"
     r"|\bnot relevant to the (query|question|task)"
@@ -87,12 +83,12 @@ def check_lengths(fields: dict[str, str], min_chars: int, max_chars: int) -> Ver
 
 
 def check_distinct(query: str, positive: str, negatives: Sequence[str]) -> Verdict:
-    nq, np_ = normalize(query), normalize(positive)
+    nq, np_ = text_key(query), text_key(positive)
     if np_ == nq:
         return Verdict(False, "positive_equals_query", "the positive repeats the query; write a different text")
     seen: dict[str, int] = {}
     for i, neg in enumerate(negatives):
-        nn = normalize(neg)
+        nn = text_key(neg)
         if nn == np_:
             return Verdict(False, "negative_equals_positive", f"negative {i + 1} repeats the positive")
         if nn == nq:
