@@ -117,15 +117,16 @@ class Stage:
 Runner = Callable[["Stage", StageContext, Callable[[], "str | None"]], dict]
 
 
-def finished(folder: Path) -> bool:
-    """Whether a stage folder holds finished outputs (shards, or a stage's closing stats.json)."""
+def has_outputs(folder: Path) -> bool:
+    """Whether a stage folder holds outputs a later stage can read (a finished shard, or a stage's
+    closing stats.json). Not whether the stage is done: that is :func:`finished_stats`."""
     return bool(list_shards(folder)) or (folder / "stats.json").is_file()
 
 
 def check_inputs(stage: Stage, ctx: StageContext) -> None:
     """One line naming the missing input and the command that makes it, before any work is paid for."""
     names = stage.input_stages(ctx.cfg)
-    missing = [n for n in names if not finished(ctx.run_dir / n)]
+    missing = [n for n in names if not has_outputs(ctx.run_dir / n)]
     if not names or not missing or (stage.any_input and len(missing) < len(names)):
         return
     where = " or ".join(str(ctx.run_dir / n) for n in missing)
