@@ -419,12 +419,12 @@ def test_judge_off_keeps_records_and_hash_as_before(tmp_path):
     stats = run_score(ctx, FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     assert "judge" not in rec["score"] and stats["judge"] is None
-    from negsynth.stages.score.inputs import input_shards, stage_hash
+    from negsynth.stages.score.inputs import config_digest, input_shards
 
     shards = input_shards(ctx)
     on = make_ctx(tmp_path, judge_model="some-ce")
-    assert stage_hash(ctx, shards) == stage_hash(make_ctx(tmp_path, judge_ratio=0.5), shards)  # unused judge settings do not count
-    assert stage_hash(ctx, shards) != stage_hash(on, shards)
+    assert config_digest(ctx, shards) == config_digest(make_ctx(tmp_path, judge_ratio=0.5), shards)  # unused judge settings do not count
+    assert config_digest(ctx, shards) != config_digest(on, shards)
 
 
 def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
@@ -495,12 +495,12 @@ def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counte
     assert inspect_path(tmp_path)["stages"]["score"]["judge"]["false_negatives"] == 2  # inspect shows it too
     assert "[3] n3" in judge_messages("q", "p", ["n1", "n2", "n3"])[0]["content"]
     # the judge's LLM settings are part of the hash only while it is on
-    from negsynth.stages.score.inputs import input_shards, stage_hash
+    from negsynth.stages.score.inputs import config_digest, input_shards
 
     shards = input_shards(ctx)
     other = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
     other.cfg.llm.model = "another-model"
-    assert stage_hash(ctx, shards) != stage_hash(other, shards)
+    assert config_digest(ctx, shards) != config_digest(other, shards)
 
 
 def test_llm_judge_honours_the_budget_stops_cleanly_and_a_rerun_pays_nothing_twice(tmp_path, monkeypatch):

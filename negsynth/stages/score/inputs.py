@@ -67,7 +67,7 @@ def judge_fields_unhashed(cfg) -> set[str]:
     return {"judge_model", "judge_ratio", "judge_batch_size"} if cfg.judge_model is None else {"judge_batch_size"}
 
 
-def stage_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
+def config_digest(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
     """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
     parts: dict[str, Any] = {
         "score": ctx.cfg.score.model_dump(

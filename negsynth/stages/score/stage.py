@@ -29,7 +29,7 @@ from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import _progress, embed_block
-from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, load_decontam_texts, read_examples, stage_hash
+from negsynth.stages.score.inputs import config_digest, embedder_fingerprint, input_shards, load_decontam_texts, read_examples
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure
 from negsynth.stages.score.stats import report, summarize
 
@@ -60,7 +60,7 @@ def run(ctx: StageContext) -> dict:
     cfg = ctx.cfg.score
     shards = input_shards(ctx)
     ev = load_decontam_texts(ctx)
-    h = stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
+    h = config_digest(ctx, shards, ev.fingerprint() if ev.texts else None)
     out_dir = ctx.stage_dir(NAME)
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
     if todo and cfg.dedup:
@@ -107,7 +107,7 @@ def fingerprint(ctx: StageContext) -> dict:
     the number of input shards (the manifest's entry)."""
     ev = load_decontam_texts(ctx)
     shards = input_shards(ctx)
-    return {"config_hash": stage_hash(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
+    return {"config_hash": config_digest(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
 
 
 def on_devices(emb, devices):
