@@ -76,6 +76,20 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
 
 
+def test_no_module_imports_another_modules_private_name():
+    """A name another module needs is public: ``from negsynth.x import _y`` is refused."""
+    bad = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("negsynth"):
+                bad += [
+                    f"{module_name(path)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert not bad, "private names imported across modules:\n" + "\n".join(sorted(bad))
+
+
 def test_no_import_cycle_between_modules():
     graph = imports()
     # a package's __init__ may re-export its own submodules; those edges are not a design cycle

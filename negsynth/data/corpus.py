@@ -75,16 +75,16 @@ class CorpusData:
     def _frames(self) -> Iterator[tuple[int, Any]]:
         """``(file row of the first row, polars frame)`` per batch of the file, in order: a
         JSONL / CSV / TSV / parquet file in bounded batches, a ``.json`` array or an HF dataset whole."""
-        from negsynth.data.sources import _frames, _read_frame, sniff, streamable
+        from negsynth.data.sources import iter_frames, read_frame, sniff, streamable
 
         if streamable(self.file, self.fmt):
             p = Path(self.file)
             if not p.is_file():
                 raise UserError(f"{p}: file not found; check --input")
             sniff(p, self.fmt)  # NUL bytes or a parquet file without its magic: one line, after 64 KiB
-            frames: Iterable[Any] = _frames(p, self.fmt)
+            frames: Iterable[Any] = iter_frames(p, self.fmt)
         else:
-            frames = [_read_frame(self.file, self.fmt, self.split)[0]]
+            frames = [read_frame(self.file, self.fmt, self.split)[0]]
         row = 0
         for df in frames:
             if not self.columns:

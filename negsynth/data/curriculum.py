@@ -104,7 +104,7 @@ def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
     raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K")
 
 
-def _to_example(obj, i: int):
+def to_example(obj, i: int):
     from pydantic import ValidationError
 
     from negsynth.schemas.records import Example, first_problem
@@ -162,7 +162,7 @@ def build_curriculum(
     stats: dict[str, Any] = Counter()
     pool = []
     for i, obj in enumerate(examples):
-        ex = _to_example(obj, i)
+        ex = to_example(obj, i)
         negs = list(ex.mined_negatives if use_mined else ex.negatives)
         if len(negs) < needed:
             stats["skipped_few_negatives"] += 1

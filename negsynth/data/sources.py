@@ -172,7 +172,7 @@ def default_split(path: str, fmt: str, split: str | None) -> str:
 
 
 # -- tabular sources (jsonl / parquet / csv / tsv / hf) ---------------------------------------
-def _read_frame(path: str, fmt: str, split: str | None):
+def read_frame(path: str, fmt: str, split: str | None):
     """Return ``(polars.DataFrame, line_offset)``: line_offset turns a 0-based row into a file line."""
     import polars as pl
 
@@ -348,7 +348,7 @@ def _invalid_row(where: str, row: int, line_offset: int, cols: dict[str, str], b
 def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
     """Read a jsonl / parquet / csv / tsv / hf source into pairs (see the module docstring)."""
     where = spec.path
-    df, line_offset = _read_frame(spec.path, fmt, spec.split)
+    df, line_offset = read_frame(spec.path, fmt, spec.split)
     # filtering would renumber rows: keep the original 0-based row number for error messages
     import polars as pl
 
@@ -525,7 +525,7 @@ def _text_blocks(p: Path) -> Iterator[bytes]:
             yield data[: cut + 1]
 
 
-def _frames(p: Path, fmt: str) -> Iterator[Any]:
+def iter_frames(p: Path, fmt: str) -> Iterator[Any]:
     """polars DataFrames of consecutive rows of the file, each of bounded size."""
     import io
 
@@ -589,7 +589,7 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
         import polars as pl
 
         offset = 0
-        for df in _frames(p, fmt):
+        for df in iter_frames(p, fmt):
             height = df.height
             df = df.with_row_index("__row__", offset=offset)
             offset += height

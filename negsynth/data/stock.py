@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, _to_example
+from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, to_example
 from negsynth.data.text import text_key
 
 NTUPLE_META = ("task_type", "example_id", "source")
@@ -54,7 +54,7 @@ def ntuple_rows(
     rows: list[dict] = []
     stats: Counter = Counter()
     for i, obj in enumerate(examples):
-        ex = _to_example(obj, i)
+        ex = to_example(obj, i)
         stats["examples"] += 1
         negs = list(ex.mined_negatives if use_mined else ex.negatives)
         if drop_false_negatives and not use_mined and ex.score is not None and len(ex.score.false_negative) == len(negs):

@@ -147,11 +147,11 @@ def _checkpoint_step_of(resume, out) -> int | None:
     """The step of the checkpoint ``resume`` names (True: the latest whole one in ``out``)."""
     from pathlib import Path
 
-    from negsynth.train.trainer import _checkpoint_step, last_checkpoint
+    from negsynth.train.trainer import checkpoint_step, last_checkpoint
 
     if resume is True:
         resume = last_checkpoint(out)
-    return _checkpoint_step(Path(resume)) if resume else None
+    return checkpoint_step(Path(resume)) if resume else None
 
 
 def report(stats: dict) -> list[Summary]:

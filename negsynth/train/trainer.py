@@ -324,7 +324,7 @@ def _progress_callback(progress):
 SEAL = "negsynth_checkpoint.json"
 
 
-def _checkpoint_step(path: Path) -> int | None:
+def checkpoint_step(path: Path) -> int | None:
     name = path.name
     if not name.startswith("checkpoint-") or not name[len("checkpoint-") :].isdigit():
         return None
@@ -345,7 +345,7 @@ def checkpoints(output_dir: str | Path) -> list[tuple[int, Path, bool]]:
     d = Path(output_dir)
     if not d.is_dir():
         return []
-    out = [(s, p, _sealed(p)) for p in d.iterdir() if p.is_dir() and (s := _checkpoint_step(p)) is not None]
+    out = [(s, p, _sealed(p)) for p in d.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None]
     return sorted(out, key=lambda t: t[0])
 
 
@@ -575,7 +575,7 @@ def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -
         resume = config.resume
     if config.resume is not False and is_main_process():
         # a checkpoint a kill left half-written, after the one resumed from: the trainer would save into it
-        start = _checkpoint_step(Path(resume)) if resume else None
+        start = checkpoint_step(Path(resume)) if resume else None
         for step, p, ok in checkpoints(config.output_dir):
             if not ok and (start is None or step > start):
                 log.warning("%s is not whole (killed while it was saved): removed", p)

@@ -81,7 +81,7 @@ def embed_block(
         if drows:
             calls.append((drows, ("documents", [pool_texts[j] for j in drows], None)))
     t0 = time.perf_counter()
-    with _progress(reporter, label, len(order)) as bar:
+    with embedding_progress(reporter, label, len(order)) as bar:
         for (rows, _), v in zip(calls, encode_parts(embedder, [c for _, c in calls], batch_size=batch_size), strict=True):
             vecs[rows] = v
             bar.update(advance=len(rows))
@@ -96,7 +96,7 @@ def embed_block(
 
 
 @contextmanager
-def _progress(reporter, label: str, total: int):
+def embedding_progress(reporter, label: str, total: int):
     """A texts-embedded progress bar on the reporter's console (silent with --quiet / --json)."""
     if reporter.quiet or total == 0:
         yield _NoBar()

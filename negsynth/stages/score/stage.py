@@ -28,7 +28,7 @@ from negsynth.llm.client import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
-from negsynth.stages.score.embedding import _progress, embed_block
+from negsynth.stages.score.embedding import embed_block, embedding_progress
 from negsynth.stages.score.inputs import config_digest, embedder_fingerprint, input_shards, load_decontam_texts, read_examples
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure
 from negsynth.stages.score.stats import report, summarize
@@ -287,7 +287,7 @@ class _Cleaner:
                     ctx.run_dir / "cache",
                     embedder_fingerprint(ctx.cfg.embedder),
                     batch_size=batch_size,
-                    progress=lambda label, total: _progress(ctx.reporter, label, total),
+                    progress=lambda label, total: embedding_progress(ctx.reporter, label, total),
                     encode_parts=lambda parts: encode_parts(emb, parts, batch_size=batch_size),
                 )
             self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
