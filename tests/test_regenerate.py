@@ -450,3 +450,20 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     assert r.exit_code == 0, r.output
     cur = json.loads(r.stdout)
     assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 2
+
+
+def test_each_mining_strategy_binds_its_own_options_by_name():
+    """``regenerate.mining`` options pass to the strategy's function under their own names: each
+    is a parameter of that function and a field of the config, and the bound call carries its value."""
+    import inspect
+
+    from negsynth.embed.mining import mine_graded, mine_negatives
+    from negsynth.schemas.config import MiningConfig
+    from negsynth.stages.regenerate import STRATEGY_OPTIONS, miner
+
+    for strategy, fn in (("top", mine_negatives), ("graded", mine_graded)):
+        assert STRATEGY_OPTIONS[strategy] <= set(inspect.signature(fn).parameters) & set(MiningConfig.model_fields)
+        opts = MiningConfig(strategy=strategy, relative_margin=0.2, range_max=50)
+        bound = miner(opts, 3, batch_size=8)
+        assert bound.func is fn and bound.keywords["relative_margin"] == 0.2 and bound.keywords["range_max"] == 50
+    assert miner(MiningConfig(), 3).keywords["k"] == 3 and miner(MiningConfig(strategy="graded"), 3).keywords["bands"][0] == (1, 3)

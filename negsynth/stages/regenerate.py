@@ -188,6 +188,13 @@ def load_st_model(cfg: EmbedderConfig):
     return load_mining_model(cfg)
 
 
+#: the ``regenerate.mining`` options each strategy's function takes, under the same names
+STRATEGY_OPTIONS = {
+    "top": {"relative_margin", "absolute_margin", "max_score", "range_min", "range_max", "sampling"},
+    "graded": {"bands", "relative_margin", "range_max", "seed"},
+}
+
+
 def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str, dict[str, Any]]]:
     """``regenerate.mining`` applied: :func:`~negsynth.embed.mining.mine_negatives` (the ``k``
     hardest negatives, ``strategy = "top"``) or :func:`~negsynth.embed.mining.mine_graded` (one per
@@ -195,21 +202,10 @@ def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str
     corpus)``; ``encoding``: ``batch_size``, ``cache_folder``."""
     from negsynth.embed.mining import mine_graded, mine_negatives
 
+    options = opts.model_dump(include=STRATEGY_OPTIONS[opts.strategy])
     if opts.strategy == "graded":
-        return partial(
-            mine_graded, bands=opts.bands, relative_margin=opts.relative_margin, range_max=opts.range_max, seed=opts.seed, **encoding
-        )
-    return partial(
-        mine_negatives,
-        k=k,
-        relative_margin=opts.relative_margin,
-        absolute_margin=opts.absolute_margin,
-        max_score=opts.max_score,
-        range_min=opts.range_min,
-        range_max=opts.range_max,
-        sampling=opts.sampling,
-        **encoding,
-    )
+        return partial(mine_graded, **options, **encoding)
+    return partial(mine_negatives, k=k, **options, **encoding)
 
 
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
