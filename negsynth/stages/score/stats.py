@@ -24,13 +24,23 @@ def negatives_frame(sidecars: list[dict]):
     """The per-negative frame of :func:`level_stats` built from score's sidecars (one per shard)."""
     import polars as pl
 
-    cols: dict[str, list] = {
-        k: []
-        for k in ("_file", "_row", "task_type", "cos_pos", "cos_neg", "level", "false_negative", "too_easy", "monotonic", "kendall_tau")
+    # one row per negative, its values in this order
+    schema = {
+        "_file": pl.String,
+        "_row": pl.Int64,
+        "task_type": pl.String,
+        "cos_pos": pl.Float64,
+        "cos_neg": pl.Float64,
+        "level": pl.Int64,
+        "false_negative": pl.Boolean,
+        "too_easy": pl.Boolean,
+        "monotonic": pl.Boolean,
+        "kendall_tau": pl.Float64,
     }
+    rows: list[tuple] = []
     row = 0
     for k, sc in enumerate(sidecars):
-        for tt, cp, cn, fn, ez, mono, tau in zip(
+        per_example = zip(
             sc["task_type"],
             sc["cos_pos"],
             sc["cos_neg"],
@@ -39,15 +49,12 @@ def negatives_frame(sidecars: list[dict]):
             sc["monotonic"],
             _kendall_tau(sc),
             strict=True,
-        ):
+        )
+        for tt, cp, cn, fn, ez, mono, tau in per_example:
             for lv, (c, f, z) in enumerate(zip(cn, fn, ez, strict=True), start=1):
-                values = (str(k), row, tt, cp, c, lv, f, z, mono, tau)
-                for column, v in zip(cols.values(), values, strict=True):
-                    column.append(v)
+                rows.append((str(k), row, tt, cp, c, lv, f, z, mono, tau))
             row += 1
-    kinds = (pl.String, pl.Int64, pl.String, pl.Float64, pl.Float64, pl.Int64, pl.Boolean, pl.Boolean, pl.Boolean, pl.Float64)
-    schema = dict(zip(cols, kinds, strict=True))
-    return pl.DataFrame(cols, schema=schema)
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
