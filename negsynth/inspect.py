@@ -214,12 +214,12 @@ def score_frame(files: list[Path], *, task_type: str | None = None):
         "_i",
         "id",
         "task_type",
-        s.struct.field("cos_pos").alias("cos_pos"),
-        s.struct.field("cos_neg").alias("cos_neg"),
-        s.struct.field("false_negative").alias("false_negative"),
-        s.struct.field("too_easy").alias("too_easy"),
-        s.struct.field("monotonic").alias("monotonic"),
-        s.struct.field("kendall_tau").alias("kendall_tau"),
+        s.struct.field("cos_pos"),
+        s.struct.field("cos_neg"),
+        s.struct.field("false_negative"),
+        s.struct.field("too_easy"),
+        s.struct.field("monotonic"),
+        s.struct.field("kendall_tau"),
         pl.when(s.struct.field("llm_order").is_null())
         .then(pl.int_ranges(0, s.struct.field("cos_neg").list.len()))
         .otherwise(s.struct.field("llm_order"))
