@@ -343,3 +343,29 @@ def test_an_exact_repeat_to_the_embedded_llama_server_is_evaluated_whole(tmp_pat
             assert srv.requests[-1].get("cache_prompt") is None
         finally:
             repeats.unregister(srv.base_url)
+
+
+def test_an_item_is_sent_again_while_the_failures_can_be_an_outage():
+    """``again``: an item whose retries ran out goes back in the queue while no other request is
+    answered (an outage) until the failures are ``llm.outage_wait`` old; one that keeps failing
+    while others are answered twice more, then it is left pending; never with outage_wait 0."""
+    import time
+
+    async def go(url):
+        async with LLMClient(_cfg(url, outage_wait=60), base_url=url) as llm:
+            llm._outage_since = time.monotonic()
+            assert all([await llm.again(7) for _ in range(5)])  # no answer between: an outage, sent again
+            verdicts = []
+            for _ in range(4):
+                llm.answers += 1  # another request was answered meanwhile
+                verdicts.append(await llm.again(7))
+            assert verdicts == [True, True, False, False] and await llm.again(8)
+            assert llm.outage is None and llm.stats.requeued == 8
+            llm._outage_since = time.monotonic() - 61  # failing for longer than llm.outage_wait
+            assert not await llm.again(9)
+            assert "waited 60 s for it: llm.outage_wait" in llm.outage
+        async with LLMClient(_cfg(url), base_url=url) as llm:
+            assert not await llm.again(1)  # outage_wait 0: pending at once
+
+    with FakeOpenAI(lambda req, n: Reply(content="{}")) as srv:
+        asyncio.run(go(srv.base_url))

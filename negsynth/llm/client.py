@@ -141,6 +141,7 @@ class ClientStats:
     transport_failures: Counter = field(default_factory=Counter)
     outage_waits: int = 0  # outages waited out (the server came back within llm.outage_wait)
     outage_wait_s: float = 0.0  # seconds spent waiting for the server
+    requeued: int = 0  # items whose retries ran out, sent again (an outage ridden out)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +155,7 @@ class ClientStats:
             "transport_failures": dict(self.transport_failures),
             "outage_waits": self.outage_waits,
             "outage_wait_s": round(self.outage_wait_s, 3),
+            "requeued": self.requeued,
         }
 
 
@@ -331,8 +333,13 @@ class LLMClient:
         #: for it before they are sent
         self._back: asyncio.Event | None = None
         self._probe_task: asyncio.Task | None = None
-        self._outage_since: float | None = None  # when the current outage's first wait began
-        self._settled_waits = 0  # outages waited out whose failed items were already sent again
+        #: when the current run of failures began (the first request of it that failed for good):
+        #: past ``llm.outage_wait`` from there with no answer, the stage stops as an outage
+        self._outage_since: float | None = None
+        self.answers = 0  # requests answered so far (an item's failures between two answers are an outage's)
+        #: item -> (answers when it last failed, times it failed while others were answered, times sent again)
+        self._item_fails: dict[Any, tuple[int, int, int]] = {}
+        self._probe_answered = False  # a probe answered during the current run of failures
         #: told (one line) when a wait for the server begins and ends; the stage shows it
         self.on_wait: Callable[[str, bool], None] | None = None
 
@@ -584,12 +591,16 @@ class LLMClient:
         except TransportError as e:
             if self.consecutive_failures == 0:
                 self._streak_from = sent
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
             self._note_failure(e)
             raise
+        self.answers += 1
         if self.consecutive_failures == 0 or sent > self._streak_from:
             self.consecutive_failures = 0
             self.failure_kinds.clear()
             self._outage_since = None
+            self._probe_answered = False
         if key is not None:
             self.cache.put(key, result)
         return {**result, "cached": False}
@@ -601,11 +612,19 @@ class LLMClient:
         self.last_failure = e.detail
         if self.outage is None and self._back is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
             fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
-            message = outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure)
+            message = self._outage_message()
             if fatal or not self._can_wait():
                 self.outage_fatal, self.outage = fatal, message
             else:
                 self._start_wait(message)
+
+    def _outage_message(self) -> str:
+        hanging = None
+        if self._probe_answered and self.failure_kinds and self.failure_kinds.most_common(1)[0][0] == "transport_timeout":
+            # GET /models answers but no chat request does: the server is up and hangs
+            hanging = self.router.hanging() if self.router is not None else None
+            hanging = hanging or self.base_url
+        return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=hanging)
 
     # -- riding out an outage ---------------------------------------------------------------
     def _can_wait(self) -> bool:
@@ -628,7 +647,7 @@ class LLMClient:
             self._outage_since = now
         left = self._outage_since + self.cfg.outage_wait - now
         if left <= 0:
-            self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+            self.outage = self._waited(message)
             return
         self._back = asyncio.Event()
         self._probe_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
@@ -644,11 +663,12 @@ class LLMClient:
             while True:
                 pause = min(delay, deadline - time.monotonic())
                 if pause <= 0:
-                    self.outage = f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+                    self.outage = self._waited(self._outage_message() if self._probe_answered else message)
                     break
                 await asyncio.sleep(pause)
                 delay = min(delay * 2, 30.0, max(self.cfg.backoff_max, 0.05))
                 if await self._probe():
+                    self._probe_answered = True
                     self.consecutive_failures = 0
                     self.failure_kinds.clear()
                     self.stats.outage_waits += 1
@@ -658,6 +678,9 @@ class LLMClient:
             self.stats.outage_wait_s += time.monotonic() - t0
             self._back = None
             back.set()
+
+    def _waited(self, message: str) -> str:
+        return f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
 
     def _tell(self, line: str, waiting: bool) -> None:
         log.info(line)
@@ -692,28 +715,43 @@ class LLMClient:
             return False
         return status < 500 and status != 429
 
-    async def settle(self, parked: int) -> bool:
-        """After a pass over the items left ``parked`` of them failed at the transport level: True
-        when they should be sent again (the runner does it), False to leave them pending.
+    #: times an item is sent again after failing while the server answered other requests
+    #: (a request the server keeps failing, not an outage): then it is left pending
+    SPORADIC_RETRIES = 2
 
-        True when an outage was waited out since the last call (they failed while the server was
-        down), or when they failed in a row with no answer since (an outage too small to reach
-        ``llm.max_consecutive_failures``: wait for the server as above). False for a sporadic
-        failure, with ``llm.outage_wait = 0``, or when the wait ran out."""
-        if parked <= 0 or self.outage is not None or not self._can_wait():
+    async def again(self, item: Any) -> bool:
+        """An item whose requests failed at the transport level (its own retries ran out): True
+        when it should go back in the queue, after a pause (this waits it), False to leave it
+        pending (a rerun does it).
+
+        Sent again while the failures can be an outage: until the endpoints have been failing
+        continuously for ``llm.outage_wait`` (then the client stops as an outage, exit 4); an
+        outage long enough to trip ``llm.max_consecutive_failures`` holds every request while the
+        server is probed. An item that keeps failing while other requests are answered is sent
+        again :attr:`SPORADIC_RETRIES` times. False at once with ``llm.outage_wait = 0``, in
+        batch mode, or when the server answers wrongly (a setting to fix)."""
+        if self.outage is not None or not self._can_wait():
             return False
         if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:
             return False  # the server answers, wrongly: a setting to fix, not an outage to wait out
-        if self._back is None and self.stats.outage_waits > self._settled_waits:
-            self._settled_waits = self.stats.outage_waits  # they failed while it was down: it is back
-            return True
-        if self._back is None:
-            if self.consecutive_failures < parked:
-                return False  # answers came between the failures: not an outage
-            self._start_wait(outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure))
-        while self._back is not None:
+        seen, sporadic, sent = self._item_fails.get(item, (self.answers, 0, 0))
+        if self.answers > seen:
+            sporadic += 1
+            if sporadic > self.SPORADIC_RETRIES:
+                return False
+        sent += 1
+        if self._outage_since is not None and time.monotonic() - self._outage_since >= self.cfg.outage_wait and self._back is None:
+            self.outage = self._waited(self._outage_message())
+            return False
+        delay = random.uniform(0.5, 1.0) * min(max(self.cfg.backoff_max, 0.05), max(self.cfg.backoff_initial, 0.01) * 2 ** (sent - 1))
+        await asyncio.sleep(delay)
+        while self._back is not None:  # an outage is being waited out: back in the queue once it ends
             await self._back.wait()
-        return self.outage is None
+        self._item_fails[item] = (self.answers, sporadic, sent)
+        if self.outage is not None:
+            return False
+        self.stats.requeued += 1
+        return True
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
         """Seconds before retry ``attempt`` (1 = the first retry): ``Retry-After`` when the server
@@ -977,11 +1015,17 @@ def proxy_for(url: str) -> str | None:
     return proxies.get(parts.scheme) or proxies.get("all")
 
 
-def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: str) -> str:
-    """One line: why the stage stopped after ``n`` failed requests in a row, and the likely cause."""
+def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: str, *, hanging: str | None = None) -> str:
+    """One line: why the stage stopped after ``n`` failed requests in a row, and the likely cause.
+    ``hanging``: the server(s) whose ``GET /models`` answers while no chat request does."""
     top = kinds.most_common(1)[0][0] if kinds else "transport"
     what = ", ".join(f"{k} {v}" for k, v in kinds.most_common())
-    if "connection" in top and "TLS handshake" in last:
+    if hanging and "timeout" in top:
+        hint = (
+            f"{hanging} answers GET /models but no chat request within llm.timeout={cfg.timeout:g} s: the server hangs; "
+            f"restart it (or raise llm.timeout if llm.model={cfg.model!r} is that slow)"
+        )
+    elif "connection" in top and "TLS handshake" in last:
         hint = tls_message(base_url, last)
     elif "connection" in top:
         hint = f"the server at {base_url} is down or unreachable; start it (or fix llm.base_url)"

@@ -267,6 +267,11 @@ class EndpointSet:
         e.in_flight -= 1
         self._changed.set()
 
+    def hanging(self) -> str | None:
+        """The endpoints last taken out for a timeout (named when their health check answers but
+        their chat requests do not), or None."""
+        return ", ".join(e.label for e in self.endpoints if e.why == "timeout") or None
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         """Flat counters per endpoint URL (``merge`` sums them over workers)."""
         return {

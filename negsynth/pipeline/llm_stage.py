@@ -265,7 +265,7 @@ def run_items(
                 # the runner writes an item to its partial shard as soon as its last answer is in
                 # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
                 client.cache.commit_window = 0.05
-            run = runner(stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), settle=client.settle)
+            run = runner(stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), again=client.again)
             rep = await run.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
                 # the breaker tripped while the last items were already in flight: every item was

@@ -197,7 +197,7 @@ class ShardedRunner:
         *,
         concurrency: int,
         budget_check: Callable[[], str | None] | None = None,
-        settle: Callable[[int], Awaitable[bool]] | None = None,
+        again: Callable[[int], Awaitable[bool]] | None = None,
         one_shard: bool = False,
         verdict: Callable[[RunReport, list[tuple[str, dict]]], str | None] | None = None,
     ):
@@ -206,9 +206,9 @@ class ShardedRunner:
         self.dir = ctx.stage_dir(stage)
         self.concurrency = max(1, concurrency)
         self.budget_check = budget_check or (lambda: None)
-        #: ``await settle(n)`` after a pass left ``n`` items failed at the transport level: True to
-        #: send them again (the server came back after an outage), False to leave them pending
-        self.settle = settle
+        #: ``await again(index)`` for an item that failed at the transport level: True (after a
+        #: pause) to put it back in the queue (an outage being ridden out), False to leave it pending
+        self.again = again
         self.shard_size = ctx.cfg.pipeline.shard_size
         #: all items in one shard, whoever runs the stage (brainstorm): no split into workers
         self.one_shard = one_shard
@@ -328,33 +328,45 @@ class ShardedRunner:
         for it in todo:
             queue.put_nowait(it)
         stop: dict[str, Any] = {"why": None, "outage": None}
+        n_workers = min(self.concurrency, max(1, len(todo)))
+        left = {"items": len(todo)}  # items not yet recorded: the workers end when none is left
 
         with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
             bar.update(advance=done_items, valid=rep.valid, rejected=rep.rejected)
+
+            def wake_all() -> None:  # every worker waiting for an item ends
+                for _ in range(n_workers):
+                    queue.put_nowait(None)
 
             async def worker() -> None:
                 while True:
                     if stop["why"] is None and stop["outage"] is None:
                         stop["why"] = self.budget_check()
                     if stop["why"] is not None or stop["outage"] is not None:
+                        wake_all()
                         return
-                    try:
-                        it = queue.get_nowait()
-                    except asyncio.QueueEmpty:
+                    it = await queue.get()
+                    if it is None:
                         return
                     try:
                         out = await process(it)
                     except OutageStop as e:  # the server is gone (or wrong): the item stays unfinished
                         stop["outage"] = e.reason
                         stop["fatal"] = e.fatal
+                        wake_all()
                         return
                     except BudgetStop as e:  # the item stays unfinished: a rerun does it
                         stop["why"] = e.reason
+                        wake_all()
                         return
-                    if self.settle is not None and out.pending:
-                        parked.append((it, out))  # decided after the pass: sent again, or pending
-                        continue
+                    if out.pending and self.again is not None and stop["why"] is None and stop["outage"] is None:
+                        if await self.again(it.index):  # an outage being ridden out: back in the queue
+                            queue.put_nowait(it)
+                            continue
                     record(it, out)
+                    left["items"] -= 1
+                    if left["items"] == 0:
+                        wake_all()
 
             def record(it: WorkItem, out: Outcome) -> None:
                 s = it.index // self.shard_size
@@ -375,20 +387,9 @@ class ShardedRunner:
                     writers.pop(s, None)
                     shard_done(s)
 
-            parked: list[tuple[WorkItem, Outcome]] = []
             try:
-                await asyncio.gather(*(worker() for _ in range(min(self.concurrency, max(1, len(todo))))))
-                passes = 0
-                # items whose requests failed at the transport level: after an outage the client
-                # waited out, they are sent again (a few passes at most); otherwise pending
-                while parked and stop["why"] is None and stop["outage"] is None and passes < 3 and await self.settle(len(parked)):
-                    passes += 1
-                    for it, _ in parked:
-                        queue.put_nowait(it)
-                    n, parked[:] = len(parked), []
-                    await asyncio.gather(*(worker() for _ in range(min(self.concurrency, n))))
-                for it, out in parked:
-                    record(it, out)
+                if todo:
+                    await asyncio.gather(*(worker() for _ in range(n_workers)))
             finally:
                 for w in writers.values():
                     w.close()
