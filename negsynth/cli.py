@@ -73,6 +73,9 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars or tables")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the stats as JSON on stdout")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="discard this stage's existing outputs first")]
+VerifyOpt = Annotated[
+    bool, typer.Option("--verify", help="hash every finished output against the manifest (not only sizes); a damaged shard is made again")
+]
 ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's index when n machines split one run")]
 NumShardsOpt = Annotated[int, typer.Option("--num-shards", help="number of workers splitting the run")]
 MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop after this many LLM requests (this invocation; exit code 3)")]
@@ -241,6 +244,7 @@ class Options:
     quiet: QuietOpt = False
     json_out: JsonOpt = False
     overwrite: OverwriteOpt = False
+    verify: VerifyOpt = False
     verbose: VerboseOpt = 0
     # LLM stages only
     shard_index: ShardIdxOpt = 0
@@ -265,6 +269,7 @@ class Options:
             cfg=cfg,
             run_dir=self.run_dir,
             overwrite=self.overwrite,
+            verify=self.verify,
             shard_index=self.shard_index,
             num_shards=self.num_shards,
             budget=Budget(self.max_requests, self.max_tokens, self.max_cost),
@@ -717,6 +722,7 @@ def run(
         stages=names,
         reporter=ctx.reporter,
         overwrite=opts.overwrite,
+        verify=opts.verify,
         budget=ctx.budget,
         ray_workers=opts.workers if opts.executor == "ray" else None,
         ray_address=opts.ray_address,

@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from negsynth.data.shards import ShardError, iter_jsonl
+from negsynth.data.shards import ShardError, iter_jsonl, repair_hint
 from negsynth.errors import UserError
 from negsynth.stages import METHOD
 
@@ -85,9 +85,7 @@ def _collect(lf, files: list[Path]):
                 pass
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-        raise ShardError(
-            f"{names}: cannot read as shards ({first}); a record has an unexpected type — rerun the stage that wrote it"
-        ) from None
+        raise ShardError(f"{names}: cannot read as shards ({first}); a record has an unexpected type: {repair_hint(files[0])}") from None
 
 
 def _scan(files: list[Path], schema: dict):

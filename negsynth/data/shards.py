@@ -78,6 +78,18 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> int:
     return n
 
 
+def repair_hint(path: Path) -> str:
+    """The command that makes a damaged shard of a stage folder again: the stage, rerun with
+    ``--verify`` (it checks its outputs against the manifest and makes a damaged one again, an LLM
+    stage from its request cache, so nothing is paid twice)."""
+    path = Path(path)
+    stage_dir = path.parent.parent if path.parent.name == "rejects" else path.parent
+    return (
+        f"rerun `negsynth {stage_dir.name} -d {stage_dir.parent} --verify` with the same -c/--set: "
+        "it makes the damaged shard again (an LLM stage from its request cache, nothing paid twice)"
+    )
+
+
 def iter_jsonl(path: Path, *, tolerate_truncated_tail: bool = False) -> Iterator[dict]:
     """Yield the JSON objects of a JSONL file.
 
@@ -104,8 +116,8 @@ def iter_jsonl(path: Path, *, tolerate_truncated_tail: bool = False) -> Iterator
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             if tolerate_truncated_tail and i == last:
                 return
-            hint = " (truncated last line: was the writer killed? rerun the stage that wrote it)" if i == last else ""
-            raise ShardError(f"{path}:{i + 1}: not valid JSON{hint}: {e.msg if hasattr(e, 'msg') else e}") from None
+            what = " (truncated last line)" if i == last else ""
+            raise ShardError(f"{path}:{i + 1}: not valid JSON{what}: {e.msg if hasattr(e, 'msg') else e}; {repair_hint(path)}") from None
         if not isinstance(obj, dict):
             raise ShardError(f"{path}:{i + 1}: expected a JSON object per line, got {type(obj).__name__}")
         yield obj

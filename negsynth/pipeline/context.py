@@ -128,6 +128,9 @@ class StageContext:
     #: no data to read is an error (exit 2) instead of a skipped stage (the ``evaluate`` command;
     #: ``negsynth run`` ends its pipeline with one line instead)
     require_data: bool = False
+    #: check every finished output's hash against the manifest before reusing it, not only its
+    #: size (``--verify``; a file whose mtime moved is hashed anyway)
+    verify: bool = False
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)

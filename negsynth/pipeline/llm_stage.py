@@ -27,7 +27,7 @@ from negsynth.errors import UserError
 from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
 from negsynth.pipeline.context import SharedBudget, StageContext
-from negsynth.pipeline.manifest import begin_staging, record_manifest, swap_in
+from negsynth.pipeline.manifest import begin_outputs, begin_staging, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
 from negsynth.pipeline.stage import Stage
 from negsynth.prompts import templates_fingerprint
@@ -74,8 +74,9 @@ def stage_concurrency(ctx: StageContext, n_items: int) -> int:
 def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> None:
     """Called once every check passed (inputs, key, endpoint, cache), before the first write.
 
-    A plain run records the manifest entry and writes into ``RUN_DIR/<stage>``; an
-    ``--overwrite`` writes into a staging folder beside it, swapped in by :func:`finish_stage`.
+    A plain run notes in ``RUN_DIR/<stage>`` what its outputs are made from and writes there (the
+    manifest records the entry once the stage finished); an ``--overwrite`` writes into a staging
+    folder beside it, swapped in by :func:`finish_stage`.
     """
     d = ctx.run_dir / stage
     if ctx.overwrite:
@@ -88,9 +89,10 @@ def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> Non
         if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
             raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
     try:
-        record_manifest(ctx.run_dir, stage, entry)
+        d.mkdir(parents=True, exist_ok=True)
+        begin_outputs(d, entry)
     except OSError as e:
-        raise storage_error(e, ctx.run_dir / "manifest.json") from None
+        raise storage_error(e, d) from None
 
 
 def finish_stage(
@@ -391,11 +393,11 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
     """
     import json
 
-    from negsynth.pipeline.manifest import read_manifest
+    from negsynth.pipeline.manifest import describe_outputs, made_from, record_manifest
 
     run_dir = Path(run_dir)
     d = run_dir / stage
-    entry = read_manifest(run_dir).get("stages", {}).get(stage)
+    entry = made_from(run_dir, stage)
     if not entry or not d.is_dir():
         raise UserError(f"{d}: no {stage} outputs recorded in {run_dir / 'manifest.json'}; run `negsynth {stage}` first")
     n_items, size, n = entry.get("items"), entry.get("shard_size"), entry.get("num_shards") or 1
@@ -446,4 +448,7 @@ def merge_stage(run_dir: Path, stage: str) -> dict:
         stats["estimated_cost_usd"] = round(sum(costs), 6)
     stats.update(num_shards=n, merged_from=workers, this_run=this_run)
     atomic_write_json(d / "stats.json", stats)
+    if rep.finished and all(w.get("complete") and not w.get("stopped_by") for w in workers.values()):
+        made = {k: v for k, v in entry.items() if k not in ("updated", "outputs")}
+        record_manifest(run_dir, stage, made, outputs=describe_outputs(d))
     return stats

@@ -1,12 +1,18 @@
-"""The run manifest (``RUN_DIR/manifest.json``): what made each stage's outputs.
+"""The run manifest (``RUN_DIR/manifest.json``): what made each stage's finished outputs.
 
-It stores per stage the config hash, seed, shard layout and package versions, never a secret.
+It stores per stage the config hash, seed, shard layout and package versions, never a secret,
+and the size, hash and mtime of each output shard (``outputs``), so that a relaunch can check
+the outputs are still the ones the stage wrote (:func:`damaged_outputs`). A stage's entry is
+recorded only when the stage finished: while it runs (or after it failed), what its outputs are
+being made from is in ``RUN_DIR/<stage>/_made_from.json`` (:data:`MADE_FROM`).
+
 A relaunch whose config or shard layout differs from what made existing outputs is refused
 (use ``--overwrite`` or a new run dir), because mixing them would corrupt the dataset silently.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -60,28 +66,140 @@ def _remove_worker_outputs(stage_dir: Path, shard_index: int, num_shards: int, k
         stats.unlink()
 
 
+#: in a stage folder: the entry its outputs are being made from, written before the first of them
+#: (the manifest records the entry only once the stage finished)
+MADE_FROM = "_made_from.json"
+#: manifest entry fields that are not part of what the outputs are made from
+_NOT_MADE_FROM = ("updated", "outputs")
+
+
+def own_record(stage_dir: Path) -> dict[str, Any] | None:
+    """The stage folder's own record of what its outputs are made from (:data:`MADE_FROM`), or None."""
+    try:
+        own = json.loads((Path(stage_dir) / MADE_FROM).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return own if isinstance(own, dict) else None
+
+
+def made_from(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """What the outputs in ``RUN_DIR/<stage>`` are made from: the stage folder's own record of it
+    (written when it started), else the manifest's entry (a run dir made before there was one)."""
+    run_dir = Path(run_dir)
+    return own_record(run_dir / stage) or read_manifest(run_dir).get("stages", {}).get(stage)
+
+
+def begin_outputs(stage_dir: Path, entry: dict[str, Any]) -> None:
+    """Record in the stage folder what its outputs are made from, before the first is written."""
+    p = Path(stage_dir) / MADE_FROM
+    try:
+        if json.loads(p.read_text(encoding="utf-8")) == entry:
+            return
+    except (OSError, ValueError):
+        pass
+    atomic_write_json(p, entry)
+
+
 def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool) -> None:
     """Refuse a relaunch that changes what made existing outputs. Reads only; writes nothing."""
     run_dir = Path(run_dir)
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
-    old = read_manifest(run_dir).get("stages", {}).get(stage)
+    old = made_from(run_dir, stage)
     if old and stage_has_outputs(stage_dir) and not overwrite:
         _refuse_changed(stage_dir, old, entry)
 
 
-def record_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, force: bool = False) -> None:
-    """Record the stage's entry (a relaunch of the same job leaves the manifest untouched)."""
+def output_files(stage_dir: Path) -> list[Path]:
+    """The files of a stage folder a later stage reads: its finished shards and their rejects, and
+    a table beside them (curriculum's ``train.parquet``)."""
+    stage_dir = Path(stage_dir)
+    return (
+        sorted(stage_dir.glob("shard-*.jsonl"))
+        + sorted((stage_dir / "rejects").glob("shard-*.jsonl"))
+        + sorted(stage_dir.glob("*.parquet"))
+    )
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def describe_outputs(stage_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each output file's size, SHA-256 and mtime, by its path in the stage folder."""
+    out = {}
+    for p in output_files(stage_dir):
+        st = p.stat()
+        out[p.relative_to(stage_dir).as_posix()] = {"size": st.st_size, "sha256": _sha256(p), "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def damaged_outputs(stage_dir: Path, recorded: dict[str, Any] | None, *, full: bool = False) -> dict[str, str]:
+    """The output files that are no longer what the finished stage wrote: path -> why.
+
+    Cheap by default: every file's size (and that it is there); its hash only when its mtime moved
+    since (or with ``full``). Without a record (a run dir made before outputs were recorded) only
+    ``full`` checks anything: that every line of every shard parses."""
+    stage_dir = Path(stage_dir)
+    bad: dict[str, str] = {}
+    if not isinstance(recorded, dict):
+        if full:
+            from negsynth.data.shards import ShardError, iter_jsonl
+
+            for p in output_files(stage_dir):
+                try:
+                    for _ in iter_jsonl(p):
+                        pass
+                except ShardError as e:
+                    bad[p.relative_to(stage_dir).as_posix()] = str(e).split(": ", 1)[-1]
+        return bad
+    for rel, want in recorded.items():
+        p = stage_dir / rel
+        try:
+            st = p.stat()
+        except OSError:
+            bad[rel] = "missing"
+            continue
+        if st.st_size != want.get("size"):
+            bad[rel] = f"{st.st_size} bytes, {want.get('size')} when it was written"
+        elif (full or st.st_mtime_ns != want.get("mtime_ns")) and _sha256(p) != want.get("sha256"):
+            bad[rel] = "its content changed since it was written"
+    return bad
+
+
+def record_manifest(
+    run_dir: Path, stage: str, entry: dict[str, Any], *, force: bool = False, outputs: dict[str, Any] | None = None
+) -> None:
+    """Record the entry of a stage that finished, with its ``outputs`` (:func:`describe_outputs`);
+    a relaunch of the same job that changed nothing leaves the manifest untouched."""
     run_dir = Path(run_dir)
     man = read_manifest(run_dir)
     old = man.get("stages", {}).get(stage)
-    same = old is not None and {k: v for k, v in old.items() if k != "updated"} == entry and man.get("versions") == versions()
+    same = (
+        old is not None
+        and {k: v for k, v in old.items() if k not in _NOT_MADE_FROM} == entry
+        and old.get("outputs") == outputs
+        and man.get("versions") == versions()
+    )
     if same and not force:
         return
-    man.setdefault("stages", {})[stage] = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    new = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if outputs is not None:
+        new["outputs"] = outputs
+    man.setdefault("stages", {})[stage] = new
     man["versions"] = versions()
     man.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     atomic_write_json(run_dir / "manifest.json", man)
+
+
+def forget_stage(run_dir: Path, stage: str) -> None:
+    """Drop a stage's entry (its outputs were discarded): the manifest records only finished outputs."""
+    run_dir = Path(run_dir)
+    man = read_manifest(run_dir)
+    if stage in man.get("stages", {}):
+        del man["stages"][stage]
+        atomic_write_json(run_dir / "manifest.json", man)
 
 
 # -- --overwrite without losing the old outputs ----------------------------------------------
@@ -127,14 +245,16 @@ def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any], *, shard_ind
             shutil.rmtree(d)
         d.mkdir(parents=True)
         atomic_write_json(marker, entry)
+        atomic_write_json(d / MADE_FROM, entry)  # the stage folder's own record, once swapped in
     return d
 
 
 def swap_in(run_dir: Path, stage: str, entry: dict[str, Any], staged: Path, *, shard_index: int = 0, num_shards: int = 1) -> None:
-    """The overwrite finished: its outputs replace the old ones, then the manifest records them."""
+    """The overwrite finished: its outputs replace the old ones (whose manifest entry goes; the
+    stage's finish records the new one)."""
     run_dir = Path(run_dir)
     stage_dir = run_dir / stage
-    old = read_manifest(run_dir).get("stages", {}).get(stage)
+    old = made_from(run_dir, stage)
     (staged / "_overwrite.json").unlink(missing_ok=True)
     if num_shards > 1 and old and old.get("num_shards") == num_shards and stage_dir.exists():
         # one worker of n: replace only the files this worker owns (s % n == k)
@@ -158,7 +278,8 @@ def swap_in(run_dir: Path, stage: str, entry: dict[str, Any], staged: Path, *, s
             os.rename(stage_dir, trash)
         os.rename(staged, stage_dir)
         shutil.rmtree(trash, ignore_errors=True)
-    record_manifest(run_dir, stage, entry, force=True)
+    if num_shards == 1:
+        forget_stage(run_dir, stage)
 
 
 def _refuse_changed(stage_dir: Path, old: dict[str, Any], entry: dict[str, Any]) -> None:
@@ -177,7 +298,8 @@ def _refuse_changed(stage_dir: Path, old: dict[str, Any], entry: dict[str, Any])
 def check_and_record(
     run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, shard_index: int = 0, num_shards: int = 1
 ) -> None:
-    """Refuse a relaunch that changes what made existing outputs; record the stage's entry.
+    """Refuse a relaunch that changes what made existing outputs; note in the stage folder what
+    the new ones are made from (the manifest records it once the stage finished).
 
     Workers ``0..n-1`` of one ``--num-shards n`` split share the entry (same config hash, shard
     size and n); a relaunch with another n is refused, because shard ownership would change.
@@ -185,8 +307,7 @@ def check_and_record(
     """
     run_dir = Path(run_dir)
     stage_dir = run_dir / stage
-    man = read_manifest(run_dir)
-    old = man.get("stages", {}).get(stage)
+    old = made_from(run_dir, stage)
     if old and stage_has_outputs(stage_dir) and not overwrite:
         _refuse_changed(stage_dir, old, entry)
     if overwrite and stage_dir.exists():
@@ -194,10 +315,6 @@ def check_and_record(
             _remove_worker_outputs(stage_dir, shard_index, num_shards)  # leave the other workers' shards alone
         else:
             shutil.rmtree(stage_dir)
-    same = old is not None and {k: v for k, v in old.items() if k != "updated"} == entry and man.get("versions") == versions()
-    if same and not overwrite:
-        return  # nothing to record: a relaunch of the same job leaves the manifest untouched
-    man.setdefault("stages", {})[stage] = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    man["versions"] = versions()
-    man.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    atomic_write_json(run_dir / "manifest.json", man)
+            forget_stage(run_dir, stage)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    begin_outputs(stage_dir, entry)

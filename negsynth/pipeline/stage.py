@@ -39,7 +39,15 @@ from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.lock import hold
-from negsynth.pipeline.manifest import check_and_record, check_manifest, read_manifest
+from negsynth.pipeline.manifest import (
+    check_and_record,
+    check_manifest,
+    damaged_outputs,
+    describe_outputs,
+    own_record,
+    read_manifest,
+    record_manifest,
+)
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.schemas.config import RunConfig
@@ -165,12 +173,56 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
     stats = _read_stats(out / "stats.json")
     recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
     if stats is not None and _finished_as_recorded(out, stage, stats) and all(recorded.get(k) == v for k, v in entry.items()):
-        ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
-        return {**stats, "reused": True}
+        if not repair_outputs(stage, ctx, recorded.get("outputs")):
+            ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
+            return {**stats, "reused": True}
+        return None
     if stage.relaunch == "rebuild" and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg)):
         ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
         ctx.overwrite = True
     return None
+
+
+def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | None) -> bool:
+    """Check a finished stage's outputs against what the manifest recorded when it finished
+    (:func:`~negsynth.pipeline.manifest.damaged_outputs`: sizes, and hashes with ``--verify`` or
+    when an mtime moved). A damaged shard is removed so that the stage makes it again: an LLM
+    stage from its request cache (nothing paid twice), another by recomputing it (a ``rebuild``
+    stage rebuilds whole). True when something was damaged (the stage then runs)."""
+    out = ctx.stage_dir(stage.name)
+    bad = damaged_outputs(out, recorded, full=ctx.verify)
+    if not bad:
+        return False
+    first, why = next(iter(bad.items()))
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    ctx.reporter.warn(f"{stage.name}: {out / first} is not what the stage wrote ({why}){more}: making it again")
+    for rel in bad:
+        name = rel.rsplit("/", 1)[-1]
+        for p in (out / name, out / "rejects" / name):  # a shard and its rejects are made together
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:
+                raise storage_error(e, p) from None
+    if stage.relaunch == "rebuild":
+        ctx.overwrite = True
+    return True
+
+
+def check_writable(stage_dir: Path) -> None:
+    """A stage folder (or one of its subfolders) this process cannot write is one line before any
+    work (embedding, mining, requests), not after it: a file is made and removed in each."""
+    import os
+    import tempfile
+
+    if not stage_dir.is_dir():
+        return
+    for d in [stage_dir, *(p for p in stage_dir.iterdir() if p.is_dir() and not p.is_symlink())]:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".writable-", dir=d)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise storage_error(OSError(e.errno, e.strerror), d) from None  # the folder, not the probe
 
 
 def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any]) -> None:
@@ -180,7 +232,25 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any])
     if stage.staged:
         check_manifest(ctx.run_dir, stage.name, entry, overwrite=overwrite)
     else:
-        check_and_record(ctx.run_dir, stage.name, entry, overwrite=overwrite)
+        try:  # the stage folder is written here, first: a read-only one is met before any work
+            check_and_record(ctx.run_dir, stage.name, entry, overwrite=overwrite)
+        except OSError as e:
+            raise storage_error(e, ctx.run_dir / stage.name) from None
+
+
+def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:
+    """A stage that finished: the manifest records its entry and its outputs' sizes and hashes (a
+    stage that failed or stopped early records nothing)."""
+    if entry is None or ctx.num_shards != 1 or stats.get("reused") or not finished_stats(stats):
+        return
+    out = ctx.stage_dir(stage.name)
+    own = own_record(out)  # the entry the stage began its outputs with (an item stage adds its item count)
+    if own is not None and all(own.get(k) == v for k, v in entry.items()):
+        entry = own
+    try:
+        record_manifest(ctx.run_dir, stage.name, entry, outputs=describe_outputs(out))
+    except OSError as e:
+        raise storage_error(e, ctx.run_dir / "manifest.json") from None
 
 
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
@@ -240,6 +310,7 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str |
     entry = manifest_entry(stage, ctx)
     stats = up_to_date(stage, ctx, entry)
     if stats is None:
+        check_writable(ctx.run_dir / stage.name)
         if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
             check_manifest_entry(stage, ctx, entry)
         with stage_endpoint(stage, ctx, start_llm) as url:
@@ -247,6 +318,7 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str |
                 ctx.base_url = url
             stats = stage.run(ctx)
         write_stats(stage, ctx, stats)
+        record_finished(stage, ctx, entry, stats)
     print_report(stage, ctx, stats)
     return stats
 
@@ -286,6 +358,7 @@ def run_stages(
     budget: Budget | None = None,
     around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
     runner: Runner | None = None,
+    verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` in order with :func:`run_stage` (or ``runner``); returns each stage's stats.
 
@@ -316,7 +389,7 @@ def run_stages(
             return base_url
 
         for i, stage in enumerate(stages):
-            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget)
+            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
             reporter.info(f"[bold]== {stage.name}[/]")
             with around(stage, ctx) if around else nullcontext({}) as extra:
                 st = runner(stage, ctx, start_llm) if runner else run_stage(stage, ctx, start_llm=start_llm)

@@ -65,6 +65,7 @@ def run_pipeline(
     budget: Budget | None = None,
     ray_workers: int | None = None,
     ray_address: str | None = None,
+    verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
 
@@ -99,7 +100,9 @@ def run_pipeline(
                 return run_on_ray(stage, ctx, workers=ray_workers, address=ray_address, start_llm=start_llm)
             return run_stage(stage, ctx, start_llm=start_llm)
 
-    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around, runner=runner)
+    return run_stages(
+        chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around, runner=runner, verify=verify
+    )
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
