@@ -336,3 +336,41 @@ def test_the_streamed_index_has_the_vectors_and_negatives_of_the_whole_list(tmp_
         None, lambda: iter(()), len(texts), batch_size=16, cache=tmp_path / "e.npy", store=tmp_path / "t.texts"
     )
     assert np.array_equal(np.asarray(again.emb), whole.emb) and again.texts[90] == texts[90]
+
+
+def test_a_mined_negative_is_copied_as_long_as_the_prompt_shows_a_document(tmp_path, minilm):
+    """A long document is cut to ``doc_tokens`` in the prompt; mined as another query's negative it
+    is copied cut the same way, not whole (one huge document would swell every shard it lands in)."""
+    folder = tmp_path / "long"
+    folder.mkdir()
+    docs = [{"_id": i, "title": t, "text": " ".join([x] * 25)} for i, t, x in DOCS]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        cfg = write_run_config(
+            tmp_path,
+            srv.base_url,
+            corpus={"negatives": "mined", "queries_per_doc": 1, "doc_tokens": 40, "mining": {"relative_margin": 0.0}},
+        )
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+    recs = list(read_stage(tmp_path / "run" / "corpus"))
+    assert recs
+    for rec in recs:
+        assert len(rec["positive"].split()) > 200  # the positive is the document as it is
+        assert all(0 < len(n.split()) <= 40 for n in rec["negatives"]), rec["negatives"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_corpus_that_is_not_utf8_names_the_line_of_the_byte(tmp_path, fmt):
+    p = tmp_path / f"docs.{fmt}"
+    if fmt == "jsonl":
+        lines = [json.dumps({"text": f"document number {i}"}).encode() for i in range(12)]
+        lines[7] = b'{"text": "caf\xe9 au lait"}'
+    else:
+        lines = [b"text"] + [f"document number {i}".encode() for i in range(11)]
+        lines[7] = b"caf\xe9 au lait"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    assert f"{p}:8: not UTF-8 (byte 0xe9 at column " in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -525,6 +525,20 @@ def _text_blocks(p: Path) -> Iterator[bytes]:
             yield data[: cut + 1]
 
 
+def _check_utf8(p: Path, block: bytes, line: int) -> None:
+    """One line naming the file line of the first byte of ``block`` (which starts on ``line``)
+    that is not UTF-8, if there is one."""
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = line + block.count(b"\n", 0, e.start)
+        col = e.start - (block.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(
+            f"{p}:{at}: not UTF-8 (byte 0x{block[e.start]:02x} at column {col}); re-encode the file as UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
 def iter_frames(p: Path, fmt: str) -> Iterator[Any]:
     """polars DataFrames of consecutive rows of the file, each of bounded size."""
     import io
@@ -539,17 +553,24 @@ def iter_frames(p: Path, fmt: str) -> Iterator[Any]:
                 yield pl.from_arrow(batch)
             return
         header = b""
+        line = 1  # the file line the block starts on
         for i, block in enumerate(_text_blocks(p)):
-            if fmt == "jsonl":
-                yield pl.read_ndjson(io.BytesIO(block), infer_schema_length=None)
-                continue
-            if i == 0:  # CSV/TSV: the header line goes with every block
-                nl = block.find(b"\n")
-                header, block = block[: nl + 1], block[nl + 1 :]
-                if not block.strip():
-                    continue
-            sep = {"separator": "\t", "quote_char": None} if fmt == "tsv" else {}
-            yield pl.read_csv(io.BytesIO(header + block), infer_schema=False, **sep)
+            start, line = line, line + block.count(b"\n")
+            try:
+                if fmt == "jsonl":
+                    df = pl.read_ndjson(io.BytesIO(block), infer_schema_length=None)
+                else:
+                    if i == 0:  # CSV/TSV: the header line goes with every block
+                        nl = block.find(b"\n")
+                        header, block, start = block[: nl + 1], block[nl + 1 :], start + 1
+                        if not block.strip():
+                            continue
+                    sep = {"separator": "\t", "quote_char": None} if fmt == "tsv" else {}
+                    df = pl.read_csv(io.BytesIO(header + block), infer_schema=False, **sep)
+            except Exception:
+                _check_utf8(p, block, start)  # polars names no line (or a wrong one) for a bad byte
+                raise
+            yield df
     except UserError:
         raise
     except Exception as e:  # polars/pyarrow raise many error types; keep the first line

@@ -148,16 +148,16 @@ def needs_index(cfg: CorpusConfig) -> bool:
 
 
 # -- the prompt -----------------------------------------------------------------------------
-def cut_tokens(text: str, tokenizer, n: int) -> str:
-    """``text`` cut to its first ``n`` tokens (``" ..."`` marks a cut); words when no tokenizer."""
+def cut_tokens(text: str, tokenizer, n: int, mark: str = " ...") -> str:
+    """``text`` cut to its first ``n`` tokens (``mark`` ends a cut); words when no tokenizer."""
     if tokenizer is None:
         words = text.split()
-        return text if len(words) <= n else " ".join(words[:n]) + " ..."
+        return text if len(words) <= n else " ".join(words[:n]) + mark
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
     offs = enc["offset_mapping"]
     if len(offs) <= n:
         return text
-    return text[: offs[n - 1][1]].rstrip() + " ..."
+    return text[: offs[n - 1][1]].rstrip() + mark
 
 
 def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
@@ -306,6 +306,8 @@ class Work:
         """The one LLM answer of a document, shared by its items (requested once)."""
         key = (p["corpus_index"], p["doc_id"])
         fut = self._answers.get(key)
+        if fut is not None and fut.done() and _failed_in_transit(fut):
+            fut = None  # its request failed at the transport level: an item sent again asks again
         if fut is None:
             doc_text = cut_tokens(p["document"], self.tokenizer(), self.cfg.doc_tokens)
             fut = self._answers[key] = asyncio.ensure_future(
@@ -325,6 +327,13 @@ class Work:
                 )
             )
         return fut
+
+
+def _failed_in_transit(fut: asyncio.Future) -> bool:
+    """A document's answer that is a transport failure (the server, not the model)."""
+    if fut.cancelled() or fut.exception() is not None:
+        return True
+    return fut.result().value is None and str(fut.result().reason or "").startswith("transport_")
 
 
 def _tokenizer_of(ctx: StageContext):
@@ -397,6 +406,10 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             )
         meta["mined_scores"] = mined["scores"]
         meta["mined_pos_score"] = mined["pos_score"]
+    if mined is not None:
+        # a mined negative is a document of the corpus: copied as long as the prompt shows a
+        # document (doc_tokens), not whole (one huge document would be copied into every example)
+        mined["negatives"] = [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in mined["negatives"]]
     if cfg.negatives == "mined":
         negs, model = mined["negatives"], f"mined:{work.ctx.cfg.embedder.model}:corpus"
     elif cfg.negatives == "llm":
