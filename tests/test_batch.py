@@ -137,10 +137,10 @@ def test_batch_crash_between_submit_and_download_polls_again_instead_of_resubmit
         cmd = generate_command(cfg, rd, "--mode", "batch")
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            assert polled.wait(60), "the batch was never polled"
+            assert polled.wait(300), "the batch was never polled"
         finally:
             p.send_signal(signal.SIGKILL)
-            _, err = p.communicate(timeout=60)
+            _, err = p.communicate(timeout=300)
         assert p.returncode == -signal.SIGKILL, err
         assert len(srv.batches) == 1
         state = json.loads((rd / "generate" / "_batch" / "state.json").read_text())

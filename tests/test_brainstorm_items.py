@@ -89,11 +89,9 @@ def test_brainstorm_writes_types_in_order_by_id_then_the_fixed_sts_task(referenc
     assert (man["shard_size"], man["num_shards"], man["items"]) == (None, 1, 5)
 
 
-def _kill_when(proc: subprocess.Popen, cond, timeout: float = 120) -> None:
-    t0 = time.monotonic()
-    while not cond():
+def _kill_when(proc: subprocess.Popen, cond) -> None:
+    while not cond():  # while the process lives: pytest's timeout bounds a wait that never ends
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() - t0 < timeout
         time.sleep(0.05)
     time.sleep(1.0)  # the cache commits its answers within 50 ms; the other types' lines are written
     os.kill(proc.pid, signal.SIGKILL)

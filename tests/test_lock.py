@@ -55,7 +55,7 @@ def other_process_holds(run_dir: Path, stage: str = "", shard: tuple[int, int] =
     finally:
         if p.poll() is None:
             p.stdin.close()
-            p.wait(timeout=30)
+            p.wait(timeout=300)
 
 
 def test_a_second_command_on_a_held_run_dir_stops_in_one_line_and_sends_nothing(tmp_path):
@@ -81,7 +81,7 @@ def test_the_lock_of_a_killed_holder_is_taken_over_with_a_line(tmp_path):
     rd = tmp_path / "run"
     with other_process_holds(rd) as holder:
         holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=30)
+        holder.wait(timeout=300)
     left = json.loads((rd / LOCK_NAME).read_text())  # a SIGKILL leaves the file (the kernel drops the flock)
     assert left["pid"] == holder.pid and left["host"] == socket.gethostname()
     lines: list[str] = []
@@ -127,7 +127,7 @@ WORKER = textwrap.dedent(
 
 def worker_under(run_dir: Path, under: str | None) -> str:
     """A worker in another process, launched with the lock token ``under`` (as a Ray task is)."""
-    p = subprocess.run([sys.executable, "-c", WORKER, str(run_dir), under or ""], capture_output=True, text=True, cwd=REPO, timeout=60)
+    p = subprocess.run([sys.executable, "-c", WORKER, str(run_dir), under or ""], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
 

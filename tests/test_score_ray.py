@@ -135,8 +135,8 @@ def _kill_loop(stop, killed, once: bool, gate: str = "") -> None:
 
     from helpers import own_processes
 
-    deadline = time.monotonic() + 120
-    while not stop.is_set() and time.monotonic() < deadline and not (once and killed):
+    # until the stage ends (``stop``): on a loaded machine the workers may take minutes to start
+    while not stop.is_set() and not (once and killed):
         pids = own_processes("ray::_EmbedWorker.encode_part")
         for pid in pids[:1] if once else pids:
             if gate:
@@ -227,14 +227,12 @@ def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes
 
 def test_workers_lost_and_not_back_within_the_wait_stop_in_one_line(tmp_path, fake_by_value, monkeypatch):
     """Every worker SIGKILLed and their restarts never finish loading: the stage does not wait
-    forever; after ``RESTART_WAIT`` s with no worker it stops with one line."""
-    import time
-
+    forever (pytest's timeout would fail it); after ``RESTART_WAIT`` s with no worker it stops
+    with one line."""
     from negsynth.errors import UserError
     from negsynth.pipeline import ray_executor
 
     monkeypatch.setattr(ray_executor, "RESTART_WAIT", 3.0)
-    t0 = time.monotonic()
     _, rd, _, killed, got = _slow_run(tmp_path, monkeypatch, once=False, stuck=True)
     assert len(set(killed)) >= 2
     assert isinstance(got, UserError), got
@@ -242,28 +240,25 @@ def test_workers_lost_and_not_back_within_the_wait_stop_in_one_line(tmp_path, fa
         r"--executor ray: an embedding worker failed \(.*\), and none came back within 3 s; finished shards are kept, rerun the same command to resume",
         str(got),
     )
-    assert time.monotonic() - t0 < 60 and not (rd / "score" / "shard-00000.jsonl").exists()
+    assert not (rd / "score" / "shard-00000.jsonl").exists()
 
 
 def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_path, ray_node, monkeypatch):
     """``__init__`` raising is not a death Ray restarts: the stage stops at once with the worker's line."""
-    import time
-
     from negsynth.errors import UserError
     from negsynth.pipeline import ray_executor
     from negsynth.pipeline.ray_executor import run_on_ray
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     # unlimited restarts: were an actor whose __init__ raised restarted, this would never end
-    # (a bound independent of the machine's load, which alone took a start 200-300 s at load 6)
+    # (pytest's timeout fails it; no bound of its own, since a start alone took 200-300 s at load 6)
     monkeypatch.setattr(ray_executor, "MAX_RESTARTS", -1)
     write_generate(tmp_path, [[example()]])
     ctx = make_ctx(tmp_path)
     ctx.cfg.embedder.model = str(tmp_path / "no-such-model")
-    t0 = time.monotonic()
     with pytest.raises(UserError, match=r"^--executor ray: the embedding workers could not start \(") as e:
         run_on_ray(SCORE, ctx, workers=2)
-    assert "\n" not in str(e.value) and time.monotonic() - t0 < 480  # under pytest's 600 s timeout
+    assert "\n" not in str(e.value)
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
 
 
