@@ -192,3 +192,29 @@ def test_a_read_only_stage_dir_is_found_before_any_work(tmp_path):
         assert not emb.seen and "score" not in read_manifest(tmp_path).get("stages", {})
     finally:
         out.chmod(0o755)
+
+
+@pytest.mark.usefixtures("_no_eval_data")
+def test_an_unwritable_stage_dir_stops_the_stage_before_it_embeds(tmp_path, monkeypatch):
+    """The same as root, who writes a read-only folder anyway: the folder refuses every new file
+    (a read-only mount); the stage stops with one line before the embedder sees a text."""
+    import errno
+    import tempfile
+
+    from negsynth.errors import UserError
+
+    write_generate(tmp_path, [[example(0)]])
+    out = tmp_path / "score"
+    (out / "_shards").mkdir(parents=True)
+    real = tempfile.mkstemp
+
+    def refuse(*a, dir=None, **kw):  # noqa: A002 - mkstemp's own keyword
+        if dir is not None and Path(dir) == out / "_shards":
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    emb = FakeEmbedder(HAND)
+    with pytest.raises(UserError, match=f"^cannot write {out / '_shards'}: Read-only file system; make it writable"):
+        run_score(make_ctx(tmp_path), emb)
+    assert not emb.seen and "score" not in read_manifest(tmp_path).get("stages", {})
