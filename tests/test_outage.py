@@ -93,7 +93,7 @@ def test_outage_stops_the_stage_and_a_plain_rerun_finishes_every_item(tmp_path, 
         # the manifest records finished stages only; what the partial outputs are made from is
         # in the stage folder (a relaunch with another config is refused against it)
         man = json.loads((rd / "manifest.json").read_text())
-        assert "generate" not in man["stages"] and (rd / "generate" / "_made_from.json").is_file()
+        assert "generate" not in man["stages"] and (rd / "generate" / "_entry.json").is_file()
 
         srv.come_back()  # the same server, on the same port
         srv.responder = always_valid

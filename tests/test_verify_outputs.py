@@ -126,7 +126,7 @@ def test_a_run_dir_without_recorded_outputs_resumes_as_before(tmp_path, gd):
     man = json.loads((gd / "manifest.json").read_text())
     del man["stages"]["generate"]["outputs"]
     (gd / "manifest.json").write_text(json.dumps(man))
-    (gd / "generate" / "_made_from.json").unlink()
+    (gd / "generate" / "_entry.json").unlink()
     before = shard_bytes(gd)
     r, sent = rerun(tmp_path, gd)
     assert r.exit_code == 0, r.output

@@ -4,7 +4,7 @@ It stores per stage the config hash, seed, shard layout and package versions, ne
 and the size, hash and mtime of each output shard (``outputs``), so that a relaunch can check
 the outputs are still the ones the stage wrote (:func:`damaged_outputs`). A stage's entry is
 recorded only when the stage finished: while it runs (or after it failed), what its outputs are
-being made from is in ``RUN_DIR/<stage>/_made_from.json`` (:data:`MADE_FROM`).
+being made from is in ``RUN_DIR/<stage>/_entry.json`` (:data:`MADE_FROM`).
 
 A relaunch whose config or shard layout differs from what made existing outputs is refused
 (use ``--overwrite`` or a new run dir), because mixing them would corrupt the dataset silently.
@@ -68,7 +68,7 @@ def _remove_worker_outputs(stage_dir: Path, shard_index: int, num_shards: int, k
 
 #: in a stage folder: the entry its outputs are being made from, written before the first of them
 #: (the manifest records the entry only once the stage finished)
-MADE_FROM = "_made_from.json"
+MADE_FROM = "_entry.json"
 #: manifest entry fields that are not part of what the outputs are made from
 _NOT_MADE_FROM = ("updated", "outputs")
 
