@@ -15,10 +15,12 @@ duplicate ids, no truncated shard, and the server must never answer the same req
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import threading
 import time
@@ -77,6 +79,10 @@ class Server:
         self.killed = threading.Event()
         self.lock = threading.Lock()
         self.fake = FakeOpenAI(self.respond)
+        #: the killed run dir's request cache; when its process started: the answers the cache
+        #: held and the requests answered so far
+        self.cache: Path | None = None
+        self.mark = (0, 0)
 
     def respond(self, req: dict, n: int) -> Reply:
         with self.lock:
@@ -91,9 +97,26 @@ class Server:
             return Reply(reset=True)
         return answer(req, n)
 
+    def stored(self) -> int:
+        """Answers in the run dir's request cache (what a reader sees committed)."""
+        if self.cache is None or not self.cache.exists():
+            return 0
+        try:
+            with contextlib.closing(sqlite3.connect(self.cache, timeout=5)) as db:  # reads only
+                return db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
     def _kill(self) -> None:
-        time.sleep(1.0)  # let the client store what was answered before the freeze
+        # let the client store what was answered before the freeze: wait until the cache holds
+        # every answer (a fixed pause is outrun by a loaded machine), then kill
         assert self.proc is not None
+        while self.proc.poll() is None:
+            with self.lock:
+                want = self.mark[0] + len(set(self.answered[self.mark[1] :]))
+            if self.stored() >= want:
+                break
+            time.sleep(0.05)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.killed.set()
@@ -136,6 +159,7 @@ def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path
         srv.answered.clear()
         rd = tmp_path / "run"
         shutil.copytree(brainstormed, rd)
+        srv.cache = rd / "cache" / "llm.sqlite"
         kills = [
             ("early", {"server_at": 3}),
             ("inside finalize, before the shard is renamed", {"env": "before_final"}),
@@ -154,6 +178,7 @@ def test_sigkill_at_several_points_then_resume_equals_uninterrupted_run(tmp_path
             else:
                 env = {"NEGSYNTH_CRASH_AT": how["env"]}
                 extra = ["--set", "llm.max_concurrency=1"]  # no answer can be in flight when it dies
+            srv.mark = (srv.stored(), len(srv.answered))
             p = srv.proc = cli(cfg, rd, *extra, env=env)
             _, err = p.communicate(timeout=120)
             assert p.returncode == -signal.SIGKILL, f"{what}: expected a SIGKILL, got {p.returncode}: {err}"
