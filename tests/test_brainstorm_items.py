@@ -89,13 +89,30 @@ def test_brainstorm_writes_types_in_order_by_id_then_the_fixed_sts_task(referenc
     assert (man["shard_size"], man["num_shards"], man["items"]) == (None, 1, 5)
 
 
-def _kill_when(proc: subprocess.Popen, cond) -> None:
-    while not cond():  # while the process lives: pytest's timeout bounds a wait that never ends
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    time.sleep(1.0)  # the cache commits its answers within 50 ms; the other types' lines are written
+def _kill_when(proc: subprocess.Popen, *conds) -> None:
+    """SIGKILL ``proc`` once each of ``conds`` held, in turn (waiting on what the process wrote,
+    not for a fixed time a loaded machine outruns; pytest's timeout bounds a wait that never ends)."""
+    for cond in conds:
+        while not cond():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def _cached(rd: Path) -> int:
+    """Answers committed to the run dir's request cache."""
+    import contextlib
+    import sqlite3
+
+    p = rd / "cache" / "llm.sqlite"
+    if not p.exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(p, timeout=5)) as db:  # reads only
+            return db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    except sqlite3.Error:
+        return 0
 
 
 def test_a_kill_in_the_middle_of_a_type_resumes_with_its_answers_from_the_cache(tmp_path, reference):
@@ -116,7 +133,13 @@ def test_a_kill_in_the_middle_of_a_type_resumes_with_its_answers_from_the_cache(
         cmd = [sys.executable, "-m", "negsynth.cli", "brainstorm", "-c", str(cfg), "-d", str(rd), "-q"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            _kill_when(proc, lambda: any(q.get("seed") == 1 for q in srv.requests) and len(srv.requests) >= 5)
+            part = rd / "brainstorm" / "shard-00000.jsonl.partial"
+            _kill_when(
+                proc,
+                lambda: any(q.get("seed") == 1 for q in srv.requests) and len(srv.requests) >= 5,
+                # every answer but the held one committed, and the other four types' lines written
+                lambda: _cached(rd) >= len(srv.requests) - 1 and part.exists() and part.read_bytes().count(b"\n") >= 4,
+            )
         finally:
             release.set()
         part = rd / "brainstorm" / "shard-00000.jsonl.partial"
