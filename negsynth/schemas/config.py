@@ -104,8 +104,9 @@ class LLMConfig(Section):
     # an outage: after this many requests in a row failed at the transport/HTTP level (retries
     # spent: refused, reset, timeout, 5xx, 4xx), the stage stops; the unfinished items stay pending
     max_consecutive_failures: int = Field(8, ge=1)
-    # ...unless the server comes back: seconds to wait for it (probing with backoff, no request
-    # sent) before stopping; 0 = stop at once
+    # ...unless the server comes back: seconds the requests may keep failing (an item whose
+    # retries ran out goes back in the queue; past that many in a row, the server is probed with
+    # backoff and nothing is sent) before the stage stops; 0 = stop at once
     outage_wait: float = Field(300.0, ge=0)
     # a stage whose items failed at the HTTP level (4xx "bad_request") above this fraction fails
     max_failure_rate: float = Field(0.5, ge=0.0, le=1.0)
