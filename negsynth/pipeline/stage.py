@@ -2,12 +2,16 @@
 
 A stage module implements only its own loop (``run(ctx) -> stats``). What is the same for every
 stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
-paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`);
-outputs made from another config are refused unless ``--overwrite`` and the run manifest records
-what the new ones are made from (:func:`check_manifest_entry`: the one manifest check of a stage
-run; its fingerprint is computed once and kept in ``ctx.made_from``); the embedded LLM server runs
-around the stages that call the LLM (and only those); the stats the loop returns are written
-atomically to ``RUN_DIR/<stage>/stats.json``; the stage's summary table is printed from them.
+paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`),
+once its outputs are checked against the manifest (:func:`repair_outputs`: a damaged one is made
+again); a stage folder that cannot be written is refused before any work; outputs made from
+another config are refused unless ``--overwrite`` and the stage folder notes what the new ones are
+made from (:func:`check_manifest_entry`: the one manifest check of a stage run; its fingerprint is
+computed once and kept in ``ctx.made_from``); the embedded LLM server runs around the stages that
+call the LLM (and only those); the stats the loop returns are written atomically to
+``RUN_DIR/<stage>/stats.json``; a stage that finished is recorded in the manifest with its
+outputs' sizes and hashes (:func:`record_finished`; one that failed or stopped early is not); the
+stage's summary table is printed from the stats.
 The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
 order, are declared in :mod:`negsynth.stages`.
 
@@ -226,8 +230,9 @@ def check_writable(stage_dir: Path) -> None:
 
 
 def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any]) -> None:
-    """Refuse (one line) outputs made from another config unless ``--overwrite``; record the entry,
-    except for a ``staged`` stage, which records it when it starts writing."""
+    """Refuse (one line) outputs made from another config unless ``--overwrite``; note in the stage
+    folder what the outputs are made from, except for a ``staged`` stage, which notes it when it
+    starts writing (the manifest records the entry once the stage finished: :func:`record_finished`)."""
     overwrite = ctx.overwrite and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg))
     if stage.staged:
         check_manifest(ctx.run_dir, stage.name, entry, overwrite=overwrite)
