@@ -7,7 +7,7 @@ asked in rounds until enough distinct tasks are in hand, gives its tasks and rej
 stage whose outputs are all or nothing (brainstorm) keeps them in one shard and judges them with
 its own verdict. The rest is done here, once, the same for all of them: the manifest entry from
 the fingerprint ``run_stage`` computed (and checked against the manifest, before the loop), the
-LLM session (key, endpoint and cache checked before anything is written, then the entry recorded
+LLM session (key, endpoint and cache checked before anything is written, then the entry noted
 or the ``--overwrite`` staging begun), the resumable shards (:class:`ShardedRunner`), the
 concurrency, budgets and outage handling, the stats and the swap of an ``--overwrite``.
 """
@@ -127,7 +127,8 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
     """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate.
 
     Every check that can fail (key, endpoint, cache) runs before anything is written; then, with
-    ``entry``, :func:`prepare_outputs` records the manifest or starts the --overwrite staging.
+    ``entry``, :func:`prepare_outputs` notes the entry in the stage folder or starts the --overwrite
+    staging (the manifest records it once the stage finished).
     With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
     (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``).
     """
