@@ -483,3 +483,21 @@ def test_a_fleet_that_stays_down_stops_after_the_wait(tmp_path, brainstormed):
     assert lines[-1].startswith("error:") and "waited 2 s for it: llm.outage_wait" in lines[-1] and "rerun the same command" in lines[-1]
     st = json.loads(r.stdout)
     assert st["complete"] is False and st["outage"] and st["rejects_by_reason"] == {}
+
+
+def test_a_fleet_whose_chat_hangs_names_the_hanging_endpoints(tmp_path, brainstormed):
+    """Both endpoints answer GET /models, neither answers a chat request within llm.timeout: the
+    stage stops after llm.outage_wait naming them, not as an outage of servers that are down."""
+    rd = tmp_path / "run"
+    shutil.copytree(brainstormed, rd)
+    hang = lambda req, n: Reply(content="{}", delay=20)  # noqa: E731
+    a, b = FakeOpenAI(hang), FakeOpenAI(hang)
+    with a, b:
+        cfg = write_config(
+            tmp_path, endpoints=[a.base_url, b.base_url], timeout=1, max_retries=0, max_consecutive_failures=2, outage_wait=3
+        )
+        r = gen(cfg, rd)
+    assert r.exit_code == 4, r.output
+    last = [x for x in r.stderr.splitlines() if x.strip()][-1]
+    assert "but no chat request within llm.timeout=1 s: the server hangs" in last, r.stderr
+    assert f"llm.endpoints[0] ({a.base_url})" in last and f"llm.endpoints[1] ({b.base_url})" in last
