@@ -336,3 +336,42 @@ def test_the_streamed_index_has_the_vectors_and_negatives_of_the_whole_list(tmp_
         None, lambda: iter(()), len(texts), batch_size=16, cache=tmp_path / "e.npy", store=tmp_path / "t.texts"
     )
     assert np.array_equal(np.asarray(again.emb), whole.emb) and again.texts[90] == texts[90]
+
+
+def test_the_mining_window_keeps_what_mine_hard_negatives_keeps(minilm):
+    """``range_max`` is sentence-transformers' candidate window: with the same window, margin and
+    count, a query keeps 4 negatives exactly when ``mine_hard_negatives`` keeps its row, and they
+    are the same 4 texts, hardest first; without a window every query finds its 4."""
+    import random
+
+    import numpy as np
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    from negsynth.embed.mining import CorpusIndex
+    from negsynth.embed.models import load_sentence_transformer
+
+    model = load_sentence_transformer(minilm, device="cpu")
+    rng = random.Random(1)
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "tide", "moss"]
+    texts = sorted({" ".join(rng.sample(words, rng.randrange(2, 7))) for _ in range(200)})
+    index = CorpusIndex(model, texts, batch_size=32)
+    queries = []
+    for q in dict.fromkeys(" ".join(rng.sample(words, 2)) for _ in range(60)):
+        # each query once (the library pools the positives of a repeated query), its document drawn
+        # from its 40 nearest: some rank inside the window, some below
+        near = np.argsort(-(index.emb @ model.encode([q], normalize_embeddings=True)[0]), kind="stable")[:40]
+        queries.append((q, int(near[rng.randrange(40)])))
+    ds = Dataset.from_dict({"anchor": [q for q, _ in queries], "positive": [texts[p] for _, p in queries]})
+    stock = mine_hard_negatives(
+        ds, model, corpus=texts, num_negatives=4, range_max=12, relative_margin=0.05, output_format="n-tuple", verbose=False
+    )
+    kept = {(r["anchor"], r["positive"]): [r[f"negative_{i}"] for i in range(1, 5)] for r in stock}
+    assert 0 < len(kept) < len(queries)  # the window drops some queries here, or the test shows nothing
+    for q, p in queries:
+        found = index.search(q, p, 4, relative_margin=0.05, range_max=12)
+        if (q, texts[p]) in kept:
+            assert found["negatives"] == kept[(q, texts[p])], q
+        else:
+            assert len(found["negatives"]) < 4, q
+        assert len(index.search(q, p, 4, relative_margin=0.05)["negatives"]) == 4

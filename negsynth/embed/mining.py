@@ -433,10 +433,16 @@ class CorpusIndex:
         relative_margin: float | None = 0.05,
         absolute_margin: float | None = None,
         max_score: float | None = None,
+        range_max: int | None = None,
         screen: Sequence[str] = (),
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
         ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
+
+        ``range_max``: negatives come only from the ``range_max + 1`` nearest documents, the
+        positive left out (``mine_hard_negatives``' candidate window for one positive: a query
+        whose own document ranks far down finds fewer than ``k`` there and gets fewer negatives);
+        None searches the whole corpus.
 
         ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
         rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
@@ -458,6 +464,8 @@ class CorpusIndex:
         negs: list[str] = []
         scores: list[float] = []
         m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
+        if range_max is not None:
+            m = min(len(sims), range_max + 1)  # the window, room for the positive: nothing further down is looked at
         while k > 0:
             top = np.argpartition(-sims, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
             negs, scores = [], []
@@ -472,7 +480,7 @@ class CorpusIndex:
                 scores.append(round(s, 6))
                 if len(negs) >= k:
                     break
-            if len(negs) >= k or m >= len(sims):
+            if len(negs) >= k or m >= len(sims) or range_max is not None:
                 break
             m = len(sims)
         out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}

@@ -376,6 +376,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             relative_margin=m.relative_margin,
             absolute_margin=m.absolute_margin,
             max_score=m.max_score,
+            range_max=m.range_max,
             screen=llm_negs if cfg.negatives == "mixed" else (),
         )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
