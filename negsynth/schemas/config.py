@@ -36,6 +36,34 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def __repr_args__(self):
+        # a field added after run dirs were made (``added_field``) is left out while it holds its
+        # default: config hashes (over the sections' dumps and reprs) stay what older run dirs recorded
+        for name, value in super().__repr_args__():
+            if name in ADDED_FIELDS.get(type(self).__name__, ()) and value == type(self).model_fields[name].get_default(
+                call_default_factory=True
+            ):
+                continue
+            yield name, value
+
+    def hash_dump(self) -> dict:
+        """``model_dump(mode="json")`` less the added fields at their defaults (see ``__repr_args__``)."""
+        out = self.model_dump(mode="json")
+        for name in ADDED_FIELDS.get(type(self).__name__, ()):
+            if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
+                out.pop(name, None)
+        for name, value in self:
+            if isinstance(value, Section):
+                out[name] = value.hash_dump()
+        return out
+
+
+#: section class -> fields added after run dirs existed: at their defaults they stay out of config
+#: hashes, so an older run dir resumes; set, they change the hash as every setting does
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "CorpusConfig": ("teacher", "teacher_k"),
+}
+
 
 class PriceConfig(Section):
     """USD per million tokens, used for the cost estimate in stats.json and for --max-cost."""
@@ -495,7 +523,8 @@ class CorpusConfig(Section):
     the LLM's 2 hardest of those that pass the same positive-aware margin; a slot whose LLM negative
     fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
-    the base embedder ranks its own document within the top k of the corpus; 0 = off). Near-duplicate
+    the base embedder ranks its own document within the top k of the corpus; 0 = off), ``teacher``
+    / ``teacher_k`` (the same with the hybrid BM25 + embedder ranking, which also vetoes negatives). Near-duplicate
     queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.
     """
 
@@ -507,6 +536,12 @@ class CorpusConfig(Section):
     negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
+    # a teacher that needs no label: "hybrid" = BM25 (bm25s) and the embedder fused by reciprocal rank
+    # fusion over the whole corpus. A query is kept only if the teacher ranks its document within
+    # teacher_k (0: kept whatever the rank), and a mined candidate the teacher ranks at or above the
+    # document is never a negative; the teacher's ranks and scores go into each example's meta
+    teacher: Literal["none", "hybrid"] = "none"
+    teacher_k: int = Field(10, ge=0)
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)

@@ -144,7 +144,7 @@ def fingerprint(ctx: StageContext) -> dict[str, Any]:
 
 
 def needs_index(cfg: CorpusConfig) -> bool:
-    return cfg.negatives != "llm" or cfg.round_trip_k > 0
+    return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
 
 
 # -- the prompt -----------------------------------------------------------------------------
@@ -265,6 +265,7 @@ class Work:
         self._model = None
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
+        self._lexical: dict[int, Any] = {}
 
     def model(self):
         if self._model is None:
@@ -301,6 +302,19 @@ class Work:
                 store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
             )
         return self._indexes[ci]
+
+    def lexical(self, ci: int):
+        """The teacher's BM25 index of corpus ``ci`` (built once, saved beside the dense index)."""
+        if ci not in self._lexical:
+            from negsynth.embed.lexical import LexicalIndex
+
+            c = self.corpora[ci]
+            key = config_hash({"input": path_fingerprint(c.path), "docs": c.count, "columns": c.columns})
+            self.ctx.reporter.info(f"corpus: BM25 index of {c.count} documents of {c.name} (cached) ...")
+            self._lexical[ci] = LexicalIndex.build(
+                (d.text for _, docs in c.batches() for d in docs), cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.bm25"
+            )
+        return self._lexical[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once)."""
@@ -377,6 +391,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             absolute_margin=m.absolute_margin,
             max_score=m.max_score,
             range_max=m.range_max,
+            lexical=work.lexical(p["corpus_index"]).scores(query) if cfg.teacher == "hybrid" else None,
             screen=llm_negs if cfg.negatives == "mixed" else (),
         )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
@@ -390,6 +405,15 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
                 query=query,
                 round_trip_rank=mined["rank"],
             )
+        if cfg.teacher != "none":
+            meta["teacher_rank"] = mined["teacher_rank"]
+            if cfg.teacher_k and mined["teacher_rank"] > cfg.teacher_k:
+                return reject(
+                    "teacher_rank",
+                    f"the {cfg.teacher} teacher ranks its own document {mined['teacher_rank']}, below teacher_k={cfg.teacher_k}",
+                    query=query,
+                    teacher_rank=mined["teacher_rank"],
+                )
         if len(mined["negatives"]) < k:
             return reject(
                 "too_few_mined",
@@ -398,6 +422,9 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             )
         meta["mined_scores"] = mined["scores"]
         meta["mined_pos_score"] = mined["pos_score"]
+        if cfg.teacher != "none":
+            meta["teacher_pos_score"] = mined["teacher_pos_score"]
+            meta["teacher_scores"] = mined["teacher_scores"]
     if cfg.negatives == "mined":
         negs, model = mined["negatives"], f"mined:{work.ctx.cfg.embedder.model}:corpus"
     elif cfg.negatives == "llm":
