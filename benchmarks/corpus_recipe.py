@@ -34,6 +34,11 @@ mined-win41     ``mined`` with the stock candidate window (``corpus.mining.range
 mined-nofilter  ``mined`` with ``score.policy = "annotate"`` and the cleaning off: every valid record
                 trains (the score stage's filters ablated)
 mined-plain     ``mined`` trained with plain MNRL (``train.mini_batch_size`` off: no GradCache chunks)
+mined-teacher   ``mined`` with the hybrid teacher (``corpus.teacher = "hybrid"``: BM25 and the embedder
+                fused by reciprocal rank fusion): a query is kept when the teacher ranks its
+                document in its top 10, and a candidate it ranks above the document is no negative
+mined-teacher-k3   the same, top 3
+mined-teacher-veto the teacher's negative veto alone (``teacher_k = 0``: every query kept)
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -97,6 +102,11 @@ ARMS: dict[str, dict | None] = {
     "mined-win41": {"negatives": "mined", "mining": {"range_max": 41}},
     "mined-nofilter": {"negatives": "mined", "score": {"policy": "annotate", "dedup": False}},
     "mined-plain": {"negatives": "mined", "train": {"mini_batch_size": "off"}},
+    # the hybrid teacher (BM25 + the embedder, RRF): queries whose document it ranks in its top k,
+    # negatives it ranks below the document
+    "mined-teacher": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 10},
+    "mined-teacher-k3": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 3},
+    "mined-teacher-veto": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"
