@@ -34,6 +34,8 @@ mined-win41     ``mined`` with the stock candidate window (``corpus.mining.range
 mined-nofilter  ``mined`` with ``score.policy = "annotate"`` and the cleaning off: every valid record
                 trains (the score stage's filters ablated)
 mined-plain     ``mined`` trained with plain MNRL (``train.mini_batch_size`` off: no GradCache chunks)
+mined-shuffled  ``mined`` trained with the stock recipe's sampler (``train.batch_sampler = "shuffled"``:
+                sentence-transformers' NO_DUPLICATES, rows reshuffled, short batches where they collide)
 mined-teacher   ``mined`` with the hybrid teacher (``corpus.teacher = "hybrid"``: BM25 and the embedder
                 fused by reciprocal rank fusion): a query is kept when the teacher ranks its
                 document in its top 10, and a candidate it ranks above the document is no negative
@@ -102,6 +104,7 @@ ARMS: dict[str, dict | None] = {
     "mined-win41": {"negatives": "mined", "mining": {"range_max": 41}},
     "mined-nofilter": {"negatives": "mined", "score": {"policy": "annotate", "dedup": False}},
     "mined-plain": {"negatives": "mined", "train": {"mini_batch_size": "off"}},
+    "mined-shuffled": {"negatives": "mined", "train": {"batch_sampler": "shuffled"}},
     # the hybrid teacher (BM25 + the embedder, RRF): queries whose document it ranks in its top k,
     # negatives it ranks below the document
     "mined-teacher": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 10},
@@ -505,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--data-dir", default=str(default_data_dir() or "../shared/data"))
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
+    ap.add_argument(
+        "--tasks",
+        type=lambda v: [t.strip() for t in v.split(",") if t.strip()],
+        default=None,
+        help="evaluate only these of each dataset's tasks (e.g. Cranfield,SciFact-dev: the retrieval figures alone, for quick ablations)",
+    )
     ap.add_argument("--resamples", type=int, default=10000, help="bootstrap / permutation resamples of the paired per-query tests")
     ap.add_argument(
         "--select",
@@ -545,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     for d, a, s in plan:
         key = (d, a, -1 if a == "base" else s)
         tasks = dev_tasks(d) if args.select else DATASETS[d][1]
+        if args.tasks:
+            tasks = [t for t in tasks if t in args.tasks]
         if not tasks:
             print(f"corpus_recipe: {d} has no dev split; --select skips it", file=sys.stderr)
             continue

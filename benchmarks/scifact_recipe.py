@@ -53,6 +53,8 @@ ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easines
 ns-pipeline-gc8        ns-pipeline trained with ``train.mini_batch_size = 8`` (GradCache: the same
                        loss in 8-row chunks, a sixth of the training memory; dropout drawn in
                        another order)
+ns-pipeline-shuffled   ns-pipeline trained with the stock recipe's sampler (``train.batch_sampler =
+                       "shuffled"``: NO_DUPLICATES, rows reshuffled): the trainer's difference alone
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -142,6 +144,7 @@ ALL_ARMS = (
     "ns-pipeline-wide",
     "ns-pipeline-noeasy",
     "ns-pipeline-gc8",
+    "ns-pipeline-shuffled",
     "ns-llm-curriculum",
     "ns-llm-random",
     "ns-llm-reverse",
@@ -160,6 +163,8 @@ PIPELINE_ARMS = {
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
     # the same data trained with GradCache (8-row chunks): does the memory saving change the model?
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
+    # the same rows through the stock recipe's sampler (NO_DUPLICATES, reshuffled): the trainer difference alone
+    "ns-pipeline-shuffled": '[train]\nbatch_sampler = "shuffled"\n',
 }
 
 

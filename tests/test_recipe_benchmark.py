@@ -87,12 +87,15 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-wide": {"regenerate"},
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
+                "ns-pipeline-shuffled": {"train"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
     gc8 = cfgs["ns-pipeline-gc8"].train  # its one line joins the protocol's [train] table
     assert gc8.mini_batch_size == 8 and base.train.mini_batch_size == "auto"
     assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
+    shuffled = cfgs["ns-pipeline-shuffled"].train
+    assert shuffled.batch_sampler == "shuffled" and shuffled.model_copy(update={"batch_sampler": "ordered"}) == base.train
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():

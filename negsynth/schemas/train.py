@@ -113,6 +113,10 @@ class TrainConfig(BaseModel):
     resume: bool | str = False
     check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
     no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
+    # "ordered": negsynth's sampler keeps the rows' (curriculum) order; "shuffled": sentence-transformers'
+    # own NO_DUPLICATES sampler, the stock recipe's (rows reshuffled with the seed each pass, no text
+    # twice in a batch, a short batch where rows collide), for rows with no order to keep (one phase)
+    batch_sampler: Literal["ordered", "shuffled"] = "ordered"
 
     @model_validator(mode="after")
     def _recipe(self):
