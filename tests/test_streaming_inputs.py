@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.sources import load_source, read_tabular, read_tabular_stream, select
+from negsynth.errors import UserError
 from negsynth.schemas.config import SourceSpec
 
 runner = CliRunner()
@@ -188,7 +189,9 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
     p = write(tmp_path, fmt, corpus_rows(500)) if fmt != "jsonl" else tmp_path / "c.jsonl"
     if fmt == "jsonl":
         p.write_text("".join(json.dumps(r) + "\n" for r in corpus_rows(500)))
-    c = read_corpus(CorpusSpec(path=str(p)))
+    with pytest.raises(UserError, match="47 of 484 documents repeat an earlier id in column '_id'"):
+        read_corpus(CorpusSpec(path=str(p)))  # repeated ids are an error unless told how to make ids
+    c = read_corpus(CorpusSpec(path=str(p), ids="first"))  # the first of each id: as every run read them before
     assert (c.count, c.empty_skipped, c.duplicate_ids) == (437, 16, 47)
     docs = list(c.documents())
     assert len(docs) == 437 and len({d.id for d in docs}) == 437
@@ -196,7 +199,15 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
         picked = [d.id for _, d in c.documents_at(sample_indices(c.count, 6, seed))]
         assert picked == ids == [d.id for d in sample_documents(docs, 6, seed)]
     # two corpora: one sample over both, as the stage plans it
-    cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": str(p)}, {"path": str(p), "name": "second"}], "max_docs": 8, "seed": 3}})
+    cfg = RunConfig.model_validate(
+        {
+            "corpus": {
+                "inputs": [{"path": str(p), "ids": "first"}, {"path": str(p), "name": "second", "ids": "first"}],
+                "max_docs": 8,
+                "seed": 3,
+            }
+        }
+    )
     ctx = StageContext(cfg=cfg, run_dir=tmp_path / "run")
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)
