@@ -94,6 +94,9 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     cur = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
     cur.update(arm.pop("curriculum", {}))
     train = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("train", {}).items())
+    # whole documents, as the published figures were measured (and their run dirs' config hashes
+    # made); an arm may set chunk_tokens to measure passages
+    arm.setdefault("chunk_tokens", 0)
     corpus = f"[corpus]\nmax_docs = {args.max_docs}\nseed = 0\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.items())
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     return (
