@@ -316,3 +316,29 @@ def test_an_empty_id_cell_is_named(tmp_path):
     with pytest.raises(UserError, match=r"docs\.jsonl: row 2 has no id in column 'pid'; fill it, or make ids another way"):
         read_corpus(CorpusSpec(path=str(p), columns={"id": "pid"}))
     assert [d.id for d in read_corpus(CorpusSpec(path=str(p), columns={"id": "pid"}, ids="row")).documents()] == ["0", "1", "2"]
+
+
+def test_the_config_hash_moves_only_where_passages_change_what_is_read(tmp_path):
+    """Short documents: the chunk settings do not enter the stage's hash (an older run dir resumes);
+    a split document: they do. Hidden files of a folder (.git) are no input."""
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.corpus import config_digest
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, t, x in DOCS:
+        (folder / f"{i}.md").write_text(f"# {t}\n\n{x}\n")
+
+    def digest(**corpus) -> str:
+        cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": str(folder)}], **corpus}})
+        return config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run"))
+
+    short = digest()
+    assert digest(chunk_tokens=0) == short == digest(chunk_tokens=64, chunk_overlap=8)
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    assert digest() == short
+    (folder / "long.md").write_text("# Long\n\n" + " ".join(f"word{i}" for i in range(300)) + "\n")
+    long_default, long_whole = digest(), digest(chunk_tokens=0)
+    assert long_default != long_whole and long_default != digest(chunk_tokens=128, chunk_overlap=16)

@@ -13,9 +13,11 @@ beir      a folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels.tsv`` (o
           relevant documents yields three pairs. Document text = ``title + " " + text``.
 hf        a ``datasets.save_to_disk`` folder (``split`` picks one of a DatasetDict), or a
           hub name such as ``sentence-transformers/natural-questions`` when online.
-jsonl     one JSON object per line (``.jsonl``/``.ndjson``; ``.json`` = a JSON array).
+jsonl     one JSON object per line (``.jsonl``/``.ndjson``, gzipped as ``.jsonl.gz``; ``.json``
+          = a JSON array).
 parquet   a parquet file.
-csv, tsv  a delimited text file with a header row (TSV: no quoting, tabs separate fields).
+csv, tsv  a delimited text file with a header row (TSV: no quoting, tabs separate fields);
+          ``.csv.gz`` / ``.tsv.gz`` are decompressed as they are read.
 ========  ===============================================================================
 
 ``auto`` (the default) picks the format from the path. For every format except ``beir`` the
@@ -31,7 +33,9 @@ Negatives already in the source are kept as ``Pair.negatives`` (they end up in t
 raises :class:`~negsynth.errors.UserError` naming the file, the row and the fix.
 
 Reading is done with polars (``csv``/``tsv``/``jsonl``/``parquet``) and ``datasets`` (``hf``);
-there is no hand-written parsing of delimited text.
+there is no hand-written parsing of delimited text. A file whose first bytes say it is something
+else (a PDF, a ZIP archive such as a .docx, gzip without ``.gz``, an image) is refused in one line
+naming what it is and what to do (:data:`MAGIC`).
 """
 
 from __future__ import annotations
@@ -147,7 +151,7 @@ def detect_format(path: str) -> str:
     if p.exists():
         kind = "".join(p.suffixes[-2:]) if gz else p.suffix
         raise UserError(
-            f"{p}: unknown file type {kind!r}; convert it to JSONL with a 'text' field (or CSV / parquet), or pass --format jsonl|parquet|csv|tsv"
+            f"{p}: unknown file type {kind!r}; convert it to JSONL, CSV or parquet (.gz for JSONL / CSV), or pass --format jsonl|parquet|csv|tsv"
         )
     if "/" in path and not path.startswith(("/", ".", "~")) and path.count("/") == 1:
         return "hf"  # looks like a hub name: owner/dataset

@@ -1,7 +1,9 @@
 """Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed.
 
-In:  ``[corpus] inputs`` — corpus specs (a BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV /
-     TSV with text, title and id columns, a saved HF dataset; see :mod:`negsynth.data.corpus`);
+In:  ``[corpus] inputs`` — corpus specs (a folder of .txt / .md / .html / .pdf / table files, a
+     BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV / TSV with text, title and id columns,
+     a saved HF dataset; see :mod:`negsynth.data.corpus`), documents longer than
+     ``chunk_tokens`` split into passages (each passage is a document below);
      ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
 Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
      (query = the LLM's, positive = the document, 4 negatives), read by ``score`` like every
