@@ -414,10 +414,6 @@ def text_id(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _has_text(title: Any, body: Any) -> bool:
-    return bool(("" if body is None else str(body)).strip() or ("" if title is None else str(title)).strip())
-
-
 def _document(i: Any, t: Any, body: Any) -> Document | None:
     """The document of one row (None: no text)."""
     body = "" if body is None else str(body).strip()
@@ -488,8 +484,8 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
     from negsynth.data.sources import default_name, detect_format
 
     fmt = spec.format if spec.format != "auto" else _corpus_format(spec.path)
-    ids_mode = getattr(spec, "ids", "column")
-    glob = getattr(spec, "glob", None)
+    ids_mode = spec.ids
+    glob = spec.glob
     path = spec.path
     if glob and fmt != "folder":
         raise UserError(f"{spec.path}: glob {glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
