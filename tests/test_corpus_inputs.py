@@ -145,6 +145,20 @@ def test_a_missing_reader_names_the_extra_to_install(tmp_path, monkeypatch, fmt)
 
 
 # -- chunks -------------------------------------------------------------------------------------
+def test_the_fast_ascii_count_is_the_regex_count():
+    """Pass 1 counts passages with count_tokens, pass 2 splits by the regex: the two must agree on
+    every string, control characters (\\x1c-\\x1f are whitespace to \\s) and non-ASCII included."""
+    import random
+    import re
+
+    rng = random.Random(0)
+    alphabet = [chr(i) for i in range(128)] + ["é", "ß", "\u00a0", "\u2003", "漢", "–"]
+    token = re.compile(r"\w+|[^\w\s]")
+    for _ in range(5000):
+        t = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        assert count_tokens(t) == len(token.findall(t)), repr(t)
+
+
 def test_chunk_spans_cover_every_token_with_the_overlap():
     for size, overlap in ((16, 0), (16, 4), (256, 32), (100, 50)):
         for n in list(range(1, 3 * size)) + [10 * size + 7]:

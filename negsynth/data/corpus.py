@@ -126,8 +126,20 @@ def need_extra(fmt: str, where: Any) -> None:
 
 
 # -- chunks -----------------------------------------------------------------------------------
+_WORD_BYTES = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+_SPACE_BYTES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what \s matches in ASCII (str.isspace)
+#: ASCII bytes that are neither word nor space (each one token), and the table that blanks them
+_OTHER_BYTES = bytes(b for b in range(128) if b not in _WORD_BYTES and b not in _SPACE_BYTES)
+_BLANK = bytes.maketrans(_OTHER_BYTES + _SPACE_BYTES, b" " * (len(_OTHER_BYTES) + len(_SPACE_BYTES)))
+
+
 def count_tokens(text: str) -> int:
-    """Tokens of ``text`` by the proxy chunks are counted in (see the module docstring)."""
+    """Tokens of ``text`` by the proxy chunks are counted in (see the module docstring). ASCII text
+    is counted with two byte translations in C (its other characters, plus the word runs left when
+    they are blanked), the same count as the regex, several times faster; other text by the regex."""
+    if text.isascii():
+        b = text.encode("ascii")
+        return len(b.translate(None, _WORD_BYTES + _SPACE_BYTES)) + len(b.translate(_BLANK).split())
     return len(_TOKEN.findall(text))
 
 
@@ -145,11 +157,9 @@ def chunk_spans(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
 def split_document(d: Document, size: int, overlap: int) -> list[Document]:
     """``d`` as passages of at most ``size`` proxy tokens (``[d]`` when it fits): passage N has id
     ``<id>#chunkN`` and opens with the document's title (the first already does)."""
-    if size <= 0 or len(d.text) <= size:  # a token is at least one character
+    if size <= 0 or len(d.text) <= size or count_tokens(d.text) <= size:  # a token is at least one character
         return [d]
     spans = [m.span() for m in _TOKEN.finditer(d.text)]
-    if len(spans) <= size:
-        return [d]
     # the text opens with its title (see _document): the title heads each passage and the rest is split
     head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
     if head > size // 2:  # a title too long to repeat: split the whole text
