@@ -79,6 +79,27 @@ def test_a_streamed_limit_picks_the_same_pairs_as_a_whole_read(tmp_path, fmt, se
     assert load_source(SourceSpec(path=str(p), skip_invalid=True)).mining_loader is None
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_gzipped_file_reads_as_the_plain_one(tmp_path, fmt, monkeypatch):
+    """regenerate's sources: ``.jsonl.gz`` / ``.csv.gz`` give the pairs the plain file gives, whole
+    and streamed (a limit), and a file that is not gzip behind the name is one line."""
+    import gzip
+
+    import negsynth.data.sources as sources
+
+    monkeypatch.setattr(sources, "_CHUNK", 4096)
+    p = write(tmp_path, fmt, rows(400))
+    gz = tmp_path / f"pairs.{fmt}.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    for limit in (None, 20):
+        plain = load_source(SourceSpec(path=str(p), limit=limit, skip_invalid=True, name="pairs"))
+        packed = load_source(SourceSpec(path=str(gz), limit=limit, skip_invalid=True, name="pairs"))
+        assert packed.pairs == plain.pairs and packed.columns == plain.columns
+    gz.write_bytes(p.read_bytes())  # plain text named .gz
+    with pytest.raises(UserError, match=r"pairs\.(jsonl|csv)\.gz: cannot read it \(Not a gzipped file"):
+        load_source(SourceSpec(path=str(gz), skip_invalid=True))
+
+
 def test_an_empty_cell_is_the_same_one_line_as_a_whole_read(tmp_path):
     p = write(tmp_path, "jsonl", rows(100))
     spec = SourceSpec(path=str(p), limit=5)
