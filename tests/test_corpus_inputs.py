@@ -101,6 +101,13 @@ def test_single_files_of_each_type(tmp_path):
     assert [(d.id, d.title, d.text) for d in c.documents()] == [
         ("note.md", "Spring tides", "Spring tides intro line\n\n\nfollow the new and full moon")
     ]
+    (tmp_path / "page.rst").write_text("Sphinx page\n###########\n\nSome text.\n\nSection\n-------\nmore\n")
+    (tmp_path / "setext.md").write_text("Setext title\n============\n\nbody\n\n---\n\nafter a rule\n")
+    titles = [(d.title, d.text) for f in ("page.rst", "setext.md") for d in read_corpus(CorpusSpec(path=str(tmp_path / f))).documents()]
+    assert titles == [
+        ("Sphinx page", "Sphinx page Some text.\n\nSection\n-------\nmore"),
+        ("Setext title", "Setext title body\n\n---\n\nafter a rule"),
+    ]
     rows = [{"_id": f"d{i}", "text": x} for i, (_, _, x) in enumerate(DOCS)]
     with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

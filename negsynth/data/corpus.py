@@ -6,9 +6,9 @@ The ``corpus`` stage turns documents into training examples; this module reads o
 * a BEIR folder (its ``corpus.jsonl``: ``_id``, ``title``, ``text``), or a saved HF dataset;
 * a JSONL / CSV / TSV file (each may be ``.gz``-compressed) or a parquet file, with named text,
   title and id columns: each record is a document;
-* a ``.txt`` / ``.md`` / ``.html`` / ``.pdf`` file: the file is one document, its id the file
-  name; the title is the first Markdown heading (or a front-matter ``title:``), an HTML page's
-  ``<title>``, else the file name. HTML is read with BeautifulSoup (``pip install
+* a ``.txt`` / ``.md`` / ``.rst`` / ``.html`` / ``.pdf`` file: the file is one document, its id
+  the file name; the title is the first Markdown / reStructuredText heading (or a front-matter
+  ``title:``), an HTML page's ``<title>``, else the file name. HTML is read with BeautifulSoup (``pip install
   'negsynth[html]'``), PDF with pypdf (``pip install 'negsynth[pdf]'``);
 * a folder of any of these files (recursive, sorted by path; ``glob`` picks a subset): each
   document file a document whose id is its path in the folder (``notes/a.md``), each record of a
@@ -69,7 +69,16 @@ COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
 }
 
 #: a file that is one document: suffix -> its format
-DOCUMENT_SUFFIXES = {".txt": "text", ".text": "text", ".md": "text", ".markdown": "text", ".html": "html", ".htm": "html", ".pdf": "pdf"}
+DOCUMENT_SUFFIXES = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".markdown": "text",
+    ".rst": "text",
+    ".html": "html",
+    ".htm": "html",
+    ".pdf": "pdf",
+}
 #: a file whose records are documents: suffix -> its format (``.gz`` of the text ones too)
 TABLE_SUFFIXES = {
     ".jsonl": "jsonl",
@@ -189,7 +198,12 @@ def n_chunks(d: Document, size: int, overlap: int) -> int:
 # -- document files -----------------------------------------------------------------------------
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)", re.S)
 _FM_TITLE = re.compile(r"^title\s*:\s*(.+?)\s*$", re.M)
-_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)  # Markdown: # Title
+#: a title underlined (Markdown: === or ---; reStructuredText: a line of one punctuation character)
+_UNDERLINED = {
+    ".md": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=-])\2{2,}[ \t]*$", re.M),
+    ".rst": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=\-~^*#+`'\"])\2{2,}[ \t]*$", re.M),
+}
 
 
 def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
@@ -203,7 +217,7 @@ def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
     from negsynth.data.sources import MAGIC
 
     for magic, what, fix in MAGIC:
-        if raw.startswith(magic) and not (fmt == "html" and magic == b"PK\x03\x04"):
+        if raw.startswith(magic):
             raise UserError(f"{p}: is {what}, not {fmt} text; {fix}")
     if b"\x00" in raw[: 64 * 1024]:
         raise UserError(f"{p}: holds NUL bytes, so it is not {fmt} text (a binary file?); remove it or fix its name")
@@ -216,15 +230,17 @@ def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
             f"{p}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); convert it to UTF-8 (iconv -t UTF-8)"
         ) from None
     title = ""
-    if p.suffix.lower() in (".md", ".markdown"):
-        fm = _FRONT_MATTER.match(text)
+    kind = {".markdown": ".md"}.get(p.suffix.lower(), p.suffix.lower())
+    if kind in (".md", ".rst"):
+        fm = _FRONT_MATTER.match(text) if kind == ".md" else None
         if fm:
             t = _FM_TITLE.search(fm.group(1))
             title = t.group(1).strip("'\"") if t else ""
             text = text[fm.end() :]
-        if not title:
-            h = _HEADING.search(text)
-            if h:
+        if not title:  # the first heading, # or underlined
+            found = [m for m in (_HEADING.search(text) if kind == ".md" else None, _UNDERLINED[kind].search(text)) if m]
+            if found:
+                h = min(found, key=lambda m: m.start())
                 title = h.group(1).strip()
                 text = text[: h.start()] + text[h.end() :]  # the heading is the title, not also the text
     return title or _file_title(p), text
@@ -481,7 +497,7 @@ def _unsupported_fix(p: Path) -> str:
 
 
 def _supported() -> str:
-    return ".txt, .md, .html, .pdf, .jsonl(.gz), .csv(.gz), .tsv(.gz), .parquet"
+    return ".txt, .md, .rst, .html, .pdf, .jsonl(.gz), .csv(.gz), .tsv(.gz), .parquet"
 
 
 def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusData:
