@@ -51,7 +51,7 @@ import hashlib
 import math
 import random
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,8 +206,36 @@ _UNDERLINED = {
 }
 
 
+#: PDF / HTML text already extracted: (path, size, mtime) -> (title, body), oldest first, at most
+#: _EXTRACTED_BYTES of text, so the stage's three reads (count, sample, index) parse a small
+#: folder's PDFs once and a large one's within bounded memory
+_EXTRACTED: OrderedDict[tuple, tuple[str, str]] = OrderedDict()
+_EXTRACTED_BYTES = 64 << 20
+_extracted_held = 0  # characters in _EXTRACTED
+
+
 def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
     """``(title, body)`` of a file that is one document (``fmt``: text, html or pdf)."""
+    if fmt not in ("pdf", "html"):
+        return _read_document_file(p, fmt)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key in _EXTRACTED:
+        _EXTRACTED.move_to_end(key)
+        return _EXTRACTED[key]
+    global _extracted_held
+    out = _EXTRACTED[key] = _read_document_file(p, fmt)
+    _extracted_held += len(out[0]) + len(out[1])
+    while _extracted_held > _EXTRACTED_BYTES and len(_EXTRACTED) > 1:
+        _, (t, b) = _EXTRACTED.popitem(last=False)
+        _extracted_held -= len(t) + len(b)
+    return out
+
+
+def _read_document_file(p: Path, fmt: str) -> tuple[str, str]:
     try:
         if fmt == "pdf":
             return _read_pdf(p)
