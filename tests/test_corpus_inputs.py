@@ -349,6 +349,9 @@ def test_the_stage_prompts_and_trains_on_passages_of_a_folder(tmp_path, minilm):
     assert n_long >= 6 and stats["documents"]["split_into_passages"] == 1
     assert stats["documents"]["in_corpus"] == len(prompted) == len(DOCS) + n_long
     assert stats["corpora"]["docs"]["files"] == len(DOCS) + 1
+    from negsynth.stages.corpus import report
+
+    assert ("long documents split into passages", "1") in report(stats)[0].rows
     recs = list(read_stage(tmp_path / "run" / "corpus"))
     by_doc = {r["meta"]["doc_id"]: r for r in recs}
     assert "d1.md" in by_doc and by_doc["d1.md"]["positive"] == f"{DOCS[0][1]} {DOCS[0][2]}"

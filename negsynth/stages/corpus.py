@@ -612,6 +612,8 @@ def report(stats: dict) -> list[Summary]:
     docs = stats.get("documents") or {}
     rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
     rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    if docs.get("split_into_passages"):
+        rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
     if stats.get("query_styles"):
         rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
     if stats.get("negative_sources"):
