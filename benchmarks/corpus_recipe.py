@@ -133,6 +133,9 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     train = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("train", {}).items())
     score = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("score", {}).items())
     mining = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("mining", {}).items())
+    # whole documents, as the published figures were measured (and their run dirs' config hashes
+    # made); an arm may set chunk_tokens to measure passages
+    arm.setdefault("chunk_tokens", 0)
     corpus = f"[corpus]\nmax_docs = {args.max_docs}\nseed = 0\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.items())
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
     if mining:

@@ -488,17 +488,25 @@ class RegenerateConfig(Section):
 class CorpusSpec(Section):
     """One input of ``corpus``: a folder or file of documents (no queries needed).
 
-    ``format``: a BEIR folder (its ``corpus.jsonl``), JSONL / parquet / CSV / TSV, or a saved HF
-    dataset (``auto`` picks from the path). ``columns`` maps ``text`` / ``title`` / ``id`` to
-    column names; unmapped ones are looked up under common names (``text``, ``body``,
-    ``content``, ``document`` ... / ``title`` / ``_id``, ``id``, ``doc_id``).
+    ``format``: a BEIR folder (its ``corpus.jsonl``), JSONL / parquet / CSV / TSV (``.gz`` too),
+    a saved HF dataset, one ``.txt`` / ``.md`` (``text``), ``.html`` or ``.pdf`` document, or a
+    ``folder`` of any of those files (recursive; ``glob`` such as ``"**/*.md"`` picks a subset);
+    ``auto`` picks from the path. ``columns`` maps ``text`` / ``title`` / ``id`` to column names;
+    unmapped ones are looked up under common names (``text``, ``body``, ``content``, ``document``
+    ... / ``title`` / ``_id``, ``id``, ``doc_id``). ``ids``: ``column`` (the id column, else the
+    row; a repeated id is an error), ``first`` (a repeat is left out), ``row`` (the row number),
+    ``hash`` (a hash of the text: identical documents kept once); see :mod:`negsynth.data.corpus`.
     """
 
     path: str
-    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir"] = "auto"
+    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir", "folder", "text", "html", "pdf"] = "auto"
     name: str | None = None  # corpus name (source_id prefix); default from the path
     split: str | None = None  # a DatasetDict split
     columns: dict[str, str] = Field(default_factory=dict)
+    # repr=False: the stage's config hash reads the section's repr, so a field added at its
+    # default leaves the hash of existing run dirs as it was (the stage adds it when set)
+    glob: str | None = Field(None, repr=False)  # a folder's files to read, e.g. "**/*.md" (None: every corpus file)
+    ids: Literal["column", "first", "row", "hash"] = Field("column", repr=False)
 
     @field_validator("columns")
     @classmethod
@@ -547,6 +555,20 @@ class CorpusConfig(Section):
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
     max_doc_chars: int | None = 1500  # schema maxLength per LLM-written negative
+    # a document longer than chunk_tokens proxy tokens (\w+ runs and other non-space characters)
+    # is split into passages overlapping by chunk_overlap, each its own positive (0: never split);
+    # 224: a passage fits the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
+    # passages and all of Cranfield's (benchmarks/chunk_budget.py; 256: 96.3 %)
+    chunk_tokens: int = Field(224, ge=0, repr=False)
+    chunk_overlap: int = Field(32, ge=0, repr=False)
+
+    @model_validator(mode="after")
+    def _chunks(self) -> CorpusConfig:
+        if 0 < self.chunk_tokens < 16:
+            raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
+        if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:
+            raise ValueError(f"chunk_overlap = {self.chunk_overlap}: must be at most half of chunk_tokens ({self.chunk_tokens})")
+        return self
 
     @field_validator("styles")
     @classmethod
