@@ -100,11 +100,14 @@ build() {  # build <native ON|OFF> <dir>
 }
 
 t0=$SECONDS
-echo "llama-server: building llama.cpp from llama-cpp-python $VER (${LLAMA_SERVER_PORTABLE:+portable, not }native; log $WORK/build-native.log) ..."
+if [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]]; then
+  echo "llama-server: building llama.cpp from llama-cpp-python $VER (native; log $WORK/build-native.log) ..."
+fi
 if [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] && build ON "$WORK/build-native"; then
   OUT="$WORK/build-native/bin/llama-server"
 else
-  echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
+  [[ -n "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
+  [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: building llama.cpp from llama-cpp-python $VER (portable; log $WORK/build-portable.log) ..."
   build OFF "$WORK/build-portable" || { echo "llama-server: the portable build failed too; see $WORK/build-portable.log" >&2; exit 1; }
   OUT="$WORK/build-portable/bin/llama-server"
 fi
