@@ -125,8 +125,11 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     llm += "temperature = 0.7\nseed = 0\nmax_tokens = 400\nmax_attempts = 3\ntimeout = 300\n"
     if args.llm_key_env:
         llm += f"api_key_env = {json.dumps(args.llm_key_env)}\n"
-    if args.llm_threads:
-        llm += f"[serve]\nn_threads = {args.llm_threads}\n"
+    serve = (f"n_threads = {args.llm_threads}\n" if args.llm_threads else "") + (
+        f"engine = {json.dumps(args.llm_engine)}\n" if args.llm_engine else ""
+    )
+    if serve:
+        llm += "[serve]\n" + serve
     arm = dict(arm)
     cur = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
     cur.update(arm.pop("curriculum", {}))
@@ -508,6 +511,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)",
+    )
+    ap.add_argument(
+        "--llm-engine",
+        default=None,
+        choices=["llama-server", "llama-cpp-python"],
+        help="the embedded server's engine (default: serve.engine's auto)",
     )
     ap.add_argument("--data-dir", default=str(default_data_dir() or "../shared/data"))
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
