@@ -23,7 +23,31 @@ mined-q3        3 queries per document (one request), mined negatives
 mined-e2        ``mined`` trained for two passes over its kept examples (no new LLM call)
 mined-q3-e2     ``mined-q3`` trained for two passes
 mined-gc8       ``mined`` trained with GradCache (``train.mini_batch_size = 8``): the memory check
+st-stock        sentence-transformers' stock recipe on **the same examples**: the ``mined`` arm's
+                valid ``corpus`` records (query, document), ``mine_hard_negatives`` (4, relative
+                margin 0.05, its own candidate window, ``top``, n-tuple: a query with fewer than 4
+                candidates inside the window is dropped), ``MultipleNegativesRankingLoss``,
+                ``NO_DUPLICATES``, one pass; batch, lr, length, warmup and seed as every arm
+mined-win41     ``mined`` with the stock candidate window (``corpus.mining.range_max = 41``: the
+                library's default for 4 negatives and one positive): negatives only from the 41
+                nearest documents, a query whose document ranks below that finds fewer than 4
+mined-nofilter  ``mined`` with ``score.policy = "annotate"`` and the cleaning off: every valid record
+                trains (the score stage's filters ablated)
+mined-plain     ``mined`` trained with plain MNRL (``train.mini_batch_size`` off: no GradCache chunks)
+mined-shuffled  ``mined`` trained with the stock recipe's sampler (``train.batch_sampler = "shuffled"``:
+                sentence-transformers' NO_DUPLICATES, rows reshuffled, short batches where they collide)
+mined-teacher   ``mined`` with the hybrid teacher (``corpus.teacher = "hybrid"``: BM25 and the embedder
+                fused by reciprocal rank fusion): a query is kept when the teacher ranks its
+                document in its top 10, and a candidate it ranks above the document is no negative
+mined-teacher-k3   the same, top 3
+mined-teacher-veto the teacher's negative veto alone (``teacher_k = 0``: every query kept)
 ==============  ===========================================================================
+
+The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
+that the ids the stock recipe reads are exactly the ``corpus`` stage's valid records that negsynth's
+``score`` reads (``same_input``: count and a hash of the sorted ids, in ``results.json``), and
+refuses to train when they differ. Per-query nDCG@10 is kept for every arm, so each table row
+also gets a paired test against ``st-stock`` (``--resamples``).
 
 Datasets (``--datasets``): ``scifact`` (5,183 abstracts; reported on the full SciFact test
 split, 300 claims, nDCG@10; settings are chosen on ``SciFact-dev``, the 809 SciFact *train*
@@ -74,7 +98,20 @@ ARMS: dict[str, dict | None] = {
     "mined-q3-e2": {"negatives": "mined", "queries_per_doc": 3, "curriculum": {"epochs": 2}},
     # GradCache (train.mini_batch_size = 8): the same loss with one 8-row chunk's activations in memory
     "mined-gc8": {"negatives": "mined", "train": {"mini_batch_size": 8}},
+    # the stock recipe on the mined arm's own valid corpus records (trained outside negsynth's stages)
+    "st-stock": {"stock": True},
+    # one difference between the two recipes at a time, through negsynth's stages
+    "mined-win41": {"negatives": "mined", "mining": {"range_max": 41}},
+    "mined-nofilter": {"negatives": "mined", "score": {"policy": "annotate", "dedup": False}},
+    "mined-plain": {"negatives": "mined", "train": {"mini_batch_size": "off"}},
+    "mined-shuffled": {"negatives": "mined", "train": {"batch_sampler": "shuffled"}},
+    # the hybrid teacher (BM25 + the embedder, RRF): queries whose document it ranks in its top k,
+    # negatives it ranks below the document
+    "mined-teacher": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 10},
+    "mined-teacher-k3": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 3},
+    "mined-teacher-veto": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0},
 }
+STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"
 DATASETS = {
     # dataset -> (data folder, tasks: the reported split first, then the dev split if there is one)
@@ -88,17 +125,31 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     llm += "temperature = 0.7\nseed = 0\nmax_tokens = 400\nmax_attempts = 3\ntimeout = 300\n"
     if args.llm_key_env:
         llm += f"api_key_env = {json.dumps(args.llm_key_env)}\n"
-    if args.llm_threads:
-        llm += f"[serve]\nn_threads = {args.llm_threads}\n"
+    serve = (f"n_threads = {args.llm_threads}\n" if args.llm_threads else "") + (
+        f"engine = {json.dumps(args.llm_engine)}\n" if args.llm_engine else ""
+    )
+    if serve:
+        llm += "[serve]\n" + serve
     arm = dict(arm)
     cur = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
     cur.update(arm.pop("curriculum", {}))
     train = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("train", {}).items())
+    score = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("score", {}).items())
+    mining = "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.pop("mining", {}).items())
+    # whole documents, as the published figures were measured (and their run dirs' config hashes
+    # made); an arm may set chunk_tokens to measure passages
+    arm.setdefault("chunk_tokens", 0)
     corpus = f"[corpus]\nmax_docs = {args.max_docs}\nseed = 0\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in arm.items())
     corpus += f"[[corpus.inputs]]\npath = {json.dumps(str(corpus_dir))}\n"
+    if mining:
+        corpus += "[corpus.mining]\n" + mining
     return (
-        llm + "[pipeline]\nshard_size = 100\n" + corpus + '[score]\ninputs = ["corpus"]\n'
-        f"[curriculum]\nseed = {seed}\n"
+        llm
+        + "[pipeline]\nshard_size = 100\n"
+        + corpus
+        + '[score]\ninputs = ["corpus"]\n'
+        + score
+        + f"[curriculum]\nseed = {seed}\n"
         + "".join(f"{k} = {json.dumps(v)}\n" for k, v in cur.items())
         + f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
         + train
@@ -110,15 +161,15 @@ def evaluate_model(path: str | None, tasks: list[str], args) -> dict:
     from negsynth.evaluate import evaluate
 
     emb = SentenceTransformerEmbedder.load(path or "default", device="cpu", batch_size=64)
-    rep = evaluate(emb, suite="full", tasks=tasks, progress=False, data_dir=args.data_dir, seed=0)
-    return {name: float(t["main_score"]) for name, t in rep["tasks"].items()}
+    rep = evaluate(emb, suite="full", tasks=tasks, progress=False, data_dir=args.data_dir, seed=0, per_query=True)
+    scores = {name: float(t["main_score"]) for name, t in rep["tasks"].items()}
+    per_query = {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t}
+    return {"scores": scores, "per_query": per_query}
 
 
-def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
-    """negsynth's stages on the corpus (the LLM's answers shared through the dataset's cache)."""
-    from negsynth.pipeline.config_io import load_config
-    from negsynth.stages import run_pipeline
-
+def prepare_run(dataset: str, arm: str, seed: int, args) -> tuple[Path, Path]:
+    """The arm's run dir (its LLM cache and corpus index shared by every arm of the dataset) and
+    its pipeline TOML."""
     folder, _ = DATASETS[dataset]
     dest = args.out / dataset / arm
     run_dir = dest / "run"
@@ -134,6 +185,28 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         (run_dir / "corpus" / "_index").symlink_to(index.resolve(), target_is_directory=True)
     toml = dest / "pipeline.toml"
     toml.write_text(pipeline_toml(Path(args.data_dir) / folder, ARMS[arm], args, seed))
+    return dest, run_dir
+
+
+def input_digest(run_dir: Path) -> dict:
+    """What an arm starts from: the ``corpus`` stage's valid records (count, hash of the sorted ids)."""
+    import hashlib
+
+    from negsynth.data.shards import read_stage
+
+    ids = sorted(r["id"] for r in read_stage(run_dir / "corpus"))
+    return {"examples": len(ids), "ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]}
+
+
+def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
+    """negsynth's stages on the corpus (the LLM's answers shared through the dataset's cache)."""
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.stages import run_pipeline
+
+    if ARMS[arm].get("stock"):
+        return train_stock(dataset, seed, args)
+    dest, run_dir = prepare_run(dataset, arm, seed, args)
+    toml = dest / "pipeline.toml"
     from negsynth.errors import UserError
 
     t0 = time.monotonic()
@@ -176,6 +249,82 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         "steps": tr.get("steps"),
         "loss": [tr.get("loss_first"), tr.get("loss_last")],
         "pipeline_s": round(wall, 1),
+        "same_input": input_digest(run_dir),
+    }
+
+
+def train_stock(dataset: str, seed: int, args) -> dict:
+    """sentence-transformers' stock recipe on negsynth's own examples: the default arm's valid
+    ``corpus`` records (its corpus stage is run first when it has not been: the LLM's answers come
+    from the dataset's shared cache), mined with ``mine_hard_negatives`` over the same documents
+    and trained with MNRL and the ``NO_DUPLICATES`` sampler for one pass."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.util import mine_hard_negatives
+    from transformers import set_seed
+
+    from negsynth.data.corpus import read_corpus
+    from negsynth.data.shards import read_stage
+    from negsynth.pipeline.config_io import load_config
+    from negsynth.resources import minilm_path
+    from negsynth.stages import run_pipeline
+
+    t0 = time.monotonic()
+    src_dest, src_run = prepare_run(dataset, DEFAULT_ARM, 0, args)
+    cfg = load_config(src_dest / "pipeline.toml")
+    if not (src_run / "corpus" / "stats.json").is_file():
+        run_pipeline(cfg, src_run, stages=["corpus"])
+    records = sorted(read_stage(src_run / "corpus"), key=lambda r: r["id"])
+    docs = [d.text for spec in cfg.corpus.inputs for d in read_corpus(spec).documents()]
+    set_seed(seed)
+    model = SentenceTransformer(str(minilm_path()), device="cpu")
+    base_len = model.max_seq_length
+    model.max_seq_length = args.max_length
+    ds = Dataset.from_dict({"anchor": [r["query"] for r in records], "positive": [r["positive"] for r in records]})
+    ds = mine_hard_negatives(
+        ds,
+        model,
+        corpus=docs,
+        num_negatives=4,
+        relative_margin=0.05,
+        sampling_strategy="top",
+        output_format="n-tuple",
+        batch_size=64,
+        verbose=False,
+    )
+    dest = args.out / dataset / "st-stock" / f"seed{seed}"
+    targs = SentenceTransformerTrainingArguments(
+        output_dir=str(dest / "_ckpt"),
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        **({"num_train_epochs": 1} if args.steps is None else {"max_steps": args.steps}),
+        warmup_ratio=0.1,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
+    trainer.train()
+    model.max_seq_length = base_len  # evaluated like the base model and negsynth's saved models
+    out = dest / "model"
+    shutil.rmtree(out, ignore_errors=True)
+    model.save(str(out))
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    return {
+        "model_dir": str(out),
+        "kept": len(ds),
+        "rows": len(ds),
+        "steps": trainer.state.global_step,
+        "loss": [losses[0], losses[-1]] if losses else [None, None],
+        "pipeline_s": round(time.monotonic() - t0, 1),
+        "same_input": input_digest(src_run),
     }
 
 
@@ -194,8 +343,13 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
         # a model trained and scored on the dev split earlier: only the missing tasks are evaluated
         todo = [t for t in tasks if t not in prior["scores"]]
         with PeakRSS() as eval_mem:
-            scores = evaluate_model(prior.get("model_dir"), todo, args)
-        return {**prior, "scores": {**prior["scores"], **scores}, "eval_s": round(prior.get("eval_s", 0) + eval_mem.seconds, 1)}
+            ev = evaluate_model(prior.get("model_dir"), todo, args)
+        return {
+            **prior,
+            "scores": {**prior["scores"], **ev["scores"]},
+            "per_query": {**prior.get("per_query", {}), **ev["per_query"]},
+            "eval_s": round(prior.get("eval_s", 0) + eval_mem.seconds, 1),
+        }
     info: dict = {}
     path = None
     with PeakRSS() as train_mem:
@@ -203,12 +357,13 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
             info = train_arm(dataset, arm, seed, args)
             path = info.get("model_dir")
     with PeakRSS() as eval_mem:
-        scores = evaluate_model(path, tasks, args) if "no_model" not in info else {}
+        ev = evaluate_model(path, tasks, args) if "no_model" not in info else {"scores": {}, "per_query": {}}
     return {
         "dataset": dataset,
         "arm": arm,
         "seed": seed,
-        "scores": scores,
+        "scores": ev["scores"],
+        "per_query": ev["per_query"],
         **info,
         "train_s": round(train_mem.seconds, 1),
         "eval_s": round(eval_mem.seconds, 1),
@@ -245,7 +400,61 @@ def summarise(results: list[dict], dataset: str) -> list[tuple]:
     return rows
 
 
-def print_table(results: list[dict], datasets: list[str]) -> None:
+def paired_vs_stock(results: list[dict], dataset: str, arm: str, task: str, n_resamples: int) -> dict | None:
+    """Per-query paired test of ``arm`` against ``st-stock`` on ``task`` (seeds pooled), or None."""
+    from negsynth.evaluate.stats import align, paired_test
+
+    def maps(a: str) -> list[dict]:
+        rs = sorted((r for r in results if r["dataset"] == dataset and r["arm"] == a), key=lambda r: r["seed"])
+        return [r["per_query"][task] for r in rs if task in r.get("per_query", {})]
+
+    mine, stock = maps(arm), maps(STOCK_ARM)
+    if not mine or not stock or arm == STOCK_ARM:
+        return None
+    qids, b = align(stock)
+    _, a = align(mine, qids)
+    return paired_test(a, b, n_resamples=n_resamples, seed=0)
+
+
+def print_paired(results: list[dict], dataset: str, tasks: list[str], n_resamples: int) -> None:
+    retrieval = [t for t in tasks if any(t in r.get("per_query", {}) for r in results if r["dataset"] == dataset)]
+    rows = []
+    for arm in ARMS:
+        cells = []
+        for t in retrieval:
+            p = paired_vs_stock(results, dataset, arm, t, n_resamples)
+            cells.append(
+                "–"
+                if p is None
+                else f"{100 * p['mean_diff']:+.2f} [{100 * p['ci_low']:+.2f}, {100 * p['ci_high']:+.2f}], p {p['p_value']:.3f}"
+            )
+        if any(c != "–" for c in cells):
+            rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    if rows:
+        print(
+            f"\nPer query against {STOCK_ARM} (nDCG@10 x 100, seeds pooled; 95 % bootstrap CI; two-sided sign-flip p, {n_resamples} resamples)\n"
+        )
+        print("| arm | " + " | ".join(retrieval) + " |")
+        print("|---|" + "---:|" * len(retrieval))
+        print("\n".join(rows))
+
+
+def check_same_input(results: list[dict], dataset: str) -> None:
+    """The stock recipe and negsynth's default must start from the same examples (count and ids)."""
+    seen = {(r["arm"], r["seed"]): r.get("same_input") for r in results if r["dataset"] == dataset and r.get("same_input")}
+    stock = [v for (a, _), v in seen.items() if a == STOCK_ARM]
+    mine = [v for (a, _), v in seen.items() if a == DEFAULT_ARM]
+    if stock and mine:
+        if any(v != mine[0] for v in stock + mine):
+            raise SystemExit(
+                f"corpus_recipe: {dataset}: {STOCK_ARM} and {DEFAULT_ARM} did not start from the same examples: {stock} vs {mine}"
+            )
+        print(
+            f"\nsame input ({dataset}): {STOCK_ARM} and {DEFAULT_ARM} read the same {mine[0]['examples']} examples (ids {mine[0]['ids_sha256']})"
+        )
+
+
+def print_table(results: list[dict], datasets: list[str], args) -> None:
     for d in datasets:
         _, tasks = DATASETS[d]
         print(f"\n### {d} (x100; mean ± sd over seeds, (Δ vs base))\n")
@@ -253,6 +462,8 @@ def print_table(results: list[dict], datasets: list[str]) -> None:
         print("|---|---|" + "---:|" * (len(tasks) + 1))
         for row in summarise(results, d):
             print("| " + " | ".join(row) + " |")
+        print_paired(results, d, tasks, args.resamples)
+        check_same_input(results, d)
         llm = [r for r in results if r["dataset"] == d and r.get("corpus")]
         for arm in dict.fromkeys(r["arm"] for r in llm):
             r = next(x for x in llm if x["arm"] == arm)
@@ -301,8 +512,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)",
     )
+    ap.add_argument(
+        "--llm-engine",
+        default=None,
+        choices=["llama-server", "llama-cpp-python"],
+        help="the embedded server's engine (default: serve.engine's auto)",
+    )
     ap.add_argument("--data-dir", default=str(default_data_dir() or "../shared/data"))
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
+    ap.add_argument(
+        "--tasks",
+        type=lambda v: [t.strip() for t in v.split(",") if t.strip()],
+        default=None,
+        help="evaluate only these of each dataset's tasks (e.g. Cranfield,SciFact-dev: the retrieval figures alone, for quick ablations)",
+    )
+    ap.add_argument("--resamples", type=int, default=10000, help="bootstrap / permutation resamples of the paired per-query tests")
     ap.add_argument(
         "--select",
         action="store_true",
@@ -342,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     for d, a, s in plan:
         key = (d, a, -1 if a == "base" else s)
         tasks = dev_tasks(d) if args.select else DATASETS[d][1]
+        if args.tasks:
+            tasks = [t for t in tasks if t in args.tasks]
         if not tasks:
             print(f"corpus_recipe: {d} has no dev split; --select skips it", file=sys.stderr)
             continue
@@ -352,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run_one(d, a, key[2], args, tasks, prior)
         results = save_result(res_path, r)
         print(json.dumps({k: r[k] for k in ("dataset", "arm", "seed", "scores", "train_s", "eval_s")}), file=sys.stderr, flush=True)
-    print_table(results, datasets)
+    print_table(results, datasets, args)
     return 0
 
 

@@ -53,6 +53,8 @@ ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easines
 ns-pipeline-gc8        ns-pipeline trained with ``train.mini_batch_size = 8`` (GradCache: the same
                        loss in 8-row chunks, a sixth of the training memory; dropout drawn in
                        another order)
+ns-pipeline-shuffled   ns-pipeline trained with the stock recipe's sampler (``train.batch_sampler =
+                       "shuffled"``: NO_DUPLICATES, rows reshuffled): the trainer's difference alone
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -142,6 +144,7 @@ ALL_ARMS = (
     "ns-pipeline-wide",
     "ns-pipeline-noeasy",
     "ns-pipeline-gc8",
+    "ns-pipeline-shuffled",
     "ns-llm-curriculum",
     "ns-llm-random",
     "ns-llm-reverse",
@@ -160,6 +163,8 @@ PIPELINE_ARMS = {
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
     # the same data trained with GradCache (8-row chunks): does the memory saving change the model?
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
+    # the same rows through the stock recipe's sampler (NO_DUPLICATES, reshuffled): the trainer difference alone
+    "ns-pipeline-shuffled": '[train]\nbatch_sampler = "shuffled"\n',
 }
 
 
@@ -834,10 +839,12 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
             else {}
         ),
     }
+    same = same_input(arm, seed, src, args)
     return {
         "arm": arm,
         "seed": seed,
         "split": args.split_id,
+        **({"same_input": same} if same else {}),
         "scores": scores,
         "per_query": per_query,
         "model": path,
@@ -845,6 +852,47 @@ def run_arm(arm: str, seed: int, src, args) -> dict:
         **cost,
         **info,
     }
+
+
+def same_input(arm: str, seed: int, src, args) -> dict | None:
+    """The training pairs an arm started from, as a count and a hash of their sorted source ids: for
+    the stock arms the pairs they were given (``src``), for the pipeline arms the pairs ``regenerate``
+    read (its records, its rejects, and the duplicate pairs it dropped), so that the stock recipe and
+    negsynth's default are seen to start from the same examples (:func:`check_same_input`)."""
+    import hashlib
+
+    if arm.startswith("st-"):
+        ids = sorted(p.source_id for p in src.pairs)
+        dropped = 0
+    elif arm in PIPELINE_ARMS:
+        from negsynth.data.shards import read_stage
+
+        reg = args.out / arm / f"seed{seed}" / "run" / "regenerate"
+        rejects = [json.loads(line) for f in sorted((reg / "rejects").glob("shard-*.jsonl")) for line in f.read_text().splitlines() if line]
+        ids = sorted([r["source_id"] for r in read_stage(reg)] + [(r.get("input") or {}).get("source_id", "?") for r in rejects])
+        dropped = json.loads((reg / "stats.json").read_text()).get("duplicates", 0)
+    else:
+        return None
+    return {
+        "pairs": len(ids) + dropped,
+        "duplicates_dropped": dropped,
+        "ids_sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16],
+    }
+
+
+def check_same_input(results: list[dict]) -> None:
+    """The stock recipe and negsynth's default read the same pairs: one count for both (negsynth drops
+    exact duplicate pairs before mining, counted), and the same ids when no duplicate was dropped."""
+    stock = [r["same_input"] for r in results if r["arm"] == STOCK_ARM and r.get("same_input")]
+    mine = [r["same_input"] for r in results if r["arm"] == DEFAULT_ARM and r.get("same_input")]
+    if not stock or not mine:
+        return
+    s, m = stock[0], mine[0]
+    if s["pairs"] != m["pairs"] or (m["duplicates_dropped"] == 0 and s["ids_sha256"] != m["ids_sha256"]):
+        raise SystemExit(f"scifact_recipe: {STOCK_ARM} and {DEFAULT_ARM} did not start from the same pairs: {s} vs {m}")
+    print(
+        f"\nsame input: {STOCK_ARM} and {DEFAULT_ARM} read the same {s['pairs']} pairs ({m['duplicates_dropped']} exact duplicates dropped by negsynth)"
+    )
 
 
 def run_test(r: dict, args) -> dict:
@@ -1231,6 +1279,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(default[0]["model"], target, ignore=shutil.ignore_patterns("_ckpt"))
         print(f"negsynth's default arm saved as {target}", file=sys.stderr)
+    check_same_input(results)
     print_table(results, args)
     # what reached training (the stages' stats; the mining and the stages resume from this run's files)
     print_flow([data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS], args)

@@ -533,10 +533,12 @@ def corpus(
         typer.Option(
             "--input",
             "-i",
-            help="a BEIR folder (its corpus.jsonl), a saved HF dataset, or a .jsonl/.parquet/.csv/.tsv file of documents; repeatable",
+            help="a folder of documents (.txt/.md/.html/.pdf/.jsonl(.gz)/.csv(.gz)/.parquet, recursive), one such file, a BEIR folder (its corpus.jsonl) or a saved HF dataset; repeatable",
         ),
     ] = None,
-    fmt: FormatOpt = "auto",
+    fmt: Annotated[
+        str, typer.Option("--format", help="auto | folder | text | html | pdf | jsonl | parquet | csv | tsv | beir | hf")
+    ] = "auto",
     max_docs: Annotated[int | None, typer.Option("--max-docs", min=1, help="a seeded sample of at most N documents")] = None,
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
@@ -546,6 +548,22 @@ def corpus(
         typer.Option(
             "--negatives",
             help="mined (from the corpus) | llm (written for the document) | mixed (2 mined + the LLM's 2 hardest that pass the mining margin)",
+        ),
+    ] = None,
+    glob: Annotated[
+        str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md' (default: every corpus file)")
+    ] = None,
+    ids: Annotated[
+        str | None,
+        typer.Option(
+            "--ids",
+            help="document ids: column (the id column, else the row; a repeat is an error) | first (keep the first of a repeated id) | row | hash (of the text)",
+        ),
+    ] = None,
+    chunk_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--chunk-tokens", min=0, help="split documents longer than N tokens into overlapping passages (default 224; 0: never)"
         ),
     ] = None,
     columns: dict[str, str] | None = None,
@@ -561,10 +579,15 @@ def corpus(
     ccfg = ctx.cfg.corpus
     cols = columns or {}
     try:
+        read = {k: v for k, v in (("glob", glob), ("ids", ids)) if v is not None}
         if inputs:
-            ccfg.inputs = [CorpusSpec(path=p, format=fmt, columns=cols) for p in inputs]
-        elif cols or fmt != "auto":
-            raise UserError("--format/--*-col describe an --input; pass --input PATH too (or edit [[corpus.inputs]])")
+            ccfg.inputs = [CorpusSpec(path=p, format=fmt, columns=cols, **read) for p in inputs]
+        elif cols or fmt != "auto" or read:
+            raise UserError("--format/--*-col/--glob/--ids describe an --input; pass --input PATH too (or edit [[corpus.inputs]])")
+        if chunk_tokens is not None:
+            if chunk_tokens and ccfg.chunk_overlap * 2 > chunk_tokens:  # the overlap a shorter passage allows
+                ccfg.chunk_overlap = chunk_tokens // 8
+            ccfg.chunk_tokens = chunk_tokens
         if max_docs is not None:
             ccfg.max_docs = max_docs
         if queries_per_doc is not None:

@@ -11,10 +11,36 @@
 # llama-cpp-python version (stamp file `llama-server.negsynth-version` beside it).
 # About 6 min on 2 cores. Env: PYTHON, LLAMA_SERVER_JOBS (parallel compile jobs),
 # LLAMA_SERVER_BUILD_DIR (work dir; default ~/.cache/negsynth/llama-server-<version>),
-# LLAMA_SERVER_FORCE=1 (rebuild).
+# LLAMA_SERVER_FORCE=1 (rebuild), LLAMA_SERVER_PORTABLE=1 (skip the native build).
+#
+# `build_llama_server.sh --check GGUF`: start the installed binary on that model and wait for its
+# warm-up decode. A native build can compile instructions the CPU lists but the machine cannot run
+# (AMX or AVX-512 FP16 inside some virtual machines): the server then dies with SIGILL/SIGSEGV on
+# its first decode, while `--version` still works. On such a death the binary is rebuilt portable
+# and checked again; a binary that passed is stamped and not checked again.
 set -euo pipefail
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 PY=${PYTHON:-python3}
+
+check() {  # check <binary> <gguf>: 0 when the server loads the model and answers /health
+  local bin=$1 gguf=$2 port pid ok=1
+  port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  "$bin" --model "$gguf" --host 127.0.0.1 --port "$port" --threads 1 --parallel 1 --ctx-size 512 >/tmp/llama-server-check.$$.log 2>&1 &
+  pid=$!
+  for _ in $(seq 1 240); do
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi
+    if "$PY" -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2).status != 200)" 2>/dev/null; then
+      ok=0
+      break
+    fi
+    sleep 0.5
+  done
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  [[ $ok == 0 ]] || tail -3 /tmp/llama-server-check.$$.log >&2
+  rm -f /tmp/llama-server-check.$$.log
+  return $ok
+}
 
 VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))" 2>/dev/null) || {
   echo "build_llama_server: llama-cpp-python is not installed; install it first (its sdist is the llama.cpp source)" >&2
@@ -23,6 +49,21 @@ VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-pytho
 BIN_DIR=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 DEST="$BIN_DIR/llama-server"
 STAMP="$DEST.negsynth-version"
+if [[ "${1:-}" == "--check" ]]; then
+  GGUF=${2:?usage: build_llama_server.sh --check MODEL.gguf}
+  [[ -x "$DEST" ]] || exit 0  # nothing built (the Python server serves)
+  [[ -f "$DEST.negsynth-checked" && "$(cat "$DEST.negsynth-checked")" == "$VER" ]] && exit 0
+  if check "$DEST" "$GGUF"; then
+    echo "$VER" >"$DEST.negsynth-checked"
+    echo "llama-server: runs on this CPU ($DEST)"
+    exit 0
+  fi
+  echo "llama-server: the native build does not run on this CPU (it compiled instructions the machine refuses); rebuilding portable ..." >&2
+  LLAMA_SERVER_FORCE=1 LLAMA_SERVER_PORTABLE=1 PYTHON="$PY" bash "$0"
+  check "$DEST" "$GGUF" || { echo "llama-server: the portable build does not run either; remove $DEST to use the Python server" >&2; exit 1; }
+  echo "$VER" >"$DEST.negsynth-checked"
+  exit 0
+fi
 if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$VER" ]] && "$DEST" --version >/dev/null 2>&1; then
   echo "llama-server: already built from llama-cpp-python $VER ($DEST)"
   exit 0
@@ -59,14 +100,18 @@ build() {  # build <native ON|OFF> <dir>
 }
 
 t0=$SECONDS
-echo "llama-server: building llama.cpp from llama-cpp-python $VER (native; log $WORK/build-native.log) ..."
-if build ON "$WORK/build-native"; then
+if [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]]; then
+  echo "llama-server: building llama.cpp from llama-cpp-python $VER (native; log $WORK/build-native.log) ..."
+fi
+if [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] && build ON "$WORK/build-native"; then
   OUT="$WORK/build-native/bin/llama-server"
 else
-  echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
+  [[ -n "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
+  [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: building llama.cpp from llama-cpp-python $VER (portable; log $WORK/build-portable.log) ..."
   build OFF "$WORK/build-portable" || { echo "llama-server: the portable build failed too; see $WORK/build-portable.log" >&2; exit 1; }
   OUT="$WORK/build-portable/bin/llama-server"
 fi
 install -m 755 "$OUT" "$DEST"
 echo "$VER" >"$STAMP"
+rm -f "$DEST.negsynth-checked"
 echo "llama-server: installed $DEST ($((SECONDS - t0)) s)"

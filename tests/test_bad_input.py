@@ -204,7 +204,41 @@ CASES: list[Case] = [
         lambda t, rd, c: ["merge", "-d", str(rd), "--stage", "regenerate"],
         ("regenerate", "run `negsynth regenerate` first"),
     ),
+    # -- corpus inputs -------------------------------------------------------------------------
+    (
+        "a PDF passed to corpus as CSV",
+        lambda t, rd, c: (
+            (t / "docs.csv").write_bytes(b"%PDF-1.4\n%\xe2\xe3\n1 0 obj\n<< >>\nendobj\n") and corpus_cmd(c, rd, t / "docs.csv")
+        ),
+        ("docs.csv", "is a PDF file, not csv text", "name it .pdf"),
+    ),
+    (
+        "a corpus folder of Word files",
+        lambda t, rd, c: docx_folder(t) and corpus_cmd(c, rd, t / "word"),
+        ("word: no corpus files here (.docx ×2)", "convert the documents"),
+    ),
+    (
+        "an --id-col the corpus file lacks",
+        lambda t, rd, c: (t / "d.csv").write_text("doc,text\na,one\n") and corpus_cmd(c, rd, t / "d.csv", "--id-col", "pid"),
+        ("d.csv", "no column 'pid' for id (columns: doc, text)", "--id-col"),
+    ),
+    (
+        "corpus ids that repeat",
+        lambda t, rd, c: (t / "d.csv").write_text("id,text\n1,one\n1,two\n") and corpus_cmd(c, rd, t / "d.csv"),
+        ("d.csv", "1 of 2 documents repeat an earlier id in column 'id'", "--ids first"),
+    ),
 ]
+
+
+def corpus_cmd(cfg: Path, rd: Path, path: Path, *extra: str) -> list[str]:
+    return ["corpus", "-c", str(cfg), "-d", str(rd), "-i", str(path), "-q", *extra]
+
+
+def docx_folder(t: Path) -> bool:
+    (t / "word").mkdir()
+    for n in ("a", "b"):
+        (t / "word" / f"{n}.docx").write_bytes(b"PK\x03\x04")
+    return True
 
 
 @pytest.mark.parametrize("name, prepare, needles", CASES, ids=[c[0] for c in CASES])

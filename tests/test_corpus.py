@@ -349,7 +349,8 @@ def test_a_mined_negative_is_copied_as_long_as_the_prompt_shows_a_document(tmp_p
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"negatives": "mined", "queries_per_doc": 1, "doc_tokens": 40, "mining": {"relative_margin": 0.0}},
+            # documents kept whole (chunk_tokens 0): the cap is what bounds a copied negative
+            corpus={"negatives": "mined", "queries_per_doc": 1, "doc_tokens": 40, "chunk_tokens": 0, "mining": {"relative_margin": 0.0}},
         )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
@@ -374,3 +375,107 @@ def test_a_corpus_that_is_not_utf8_names_the_line_of_the_byte(tmp_path, fmt):
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(p), "-q"])
     assert r.exit_code == 2, r.output
     assert f"{p}:8: not UTF-8 (byte 0xe9 at column " in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_mining_window_keeps_what_mine_hard_negatives_keeps(minilm):
+    """``range_max`` is sentence-transformers' candidate window: with the same window, margin and
+    count, a query keeps 4 negatives exactly when ``mine_hard_negatives`` keeps its row, and they
+    are the same 4 texts, hardest first; without a window every query finds its 4."""
+    import random
+
+    import numpy as np
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    from negsynth.embed.mining import CorpusIndex
+    from negsynth.embed.models import load_sentence_transformer
+
+    model = load_sentence_transformer(minilm, device="cpu")
+    rng = random.Random(1)
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "tide", "moss"]
+    texts = sorted({" ".join(rng.sample(words, rng.randrange(2, 7))) for _ in range(200)})
+    index = CorpusIndex(model, texts, batch_size=32)
+    queries = []
+    for q in dict.fromkeys(" ".join(rng.sample(words, 2)) for _ in range(60)):
+        # each query once (the library pools the positives of a repeated query), its document drawn
+        # from its 40 nearest: some rank inside the window, some below
+        near = np.argsort(-(index.emb @ model.encode([q], normalize_embeddings=True)[0]), kind="stable")[:40]
+        queries.append((q, int(near[rng.randrange(40)])))
+    ds = Dataset.from_dict({"anchor": [q for q, _ in queries], "positive": [texts[p] for _, p in queries]})
+    stock = mine_hard_negatives(
+        ds, model, corpus=texts, num_negatives=4, range_max=12, relative_margin=0.05, output_format="n-tuple", verbose=False
+    )
+    kept = {(r["anchor"], r["positive"]): [r[f"negative_{i}"] for i in range(1, 5)] for r in stock}
+    assert 0 < len(kept) < len(queries)  # the window drops some queries here, or the test shows nothing
+    for q, p in queries:
+        found = index.search(q, p, 4, relative_margin=0.05, range_max=12)
+        if (q, texts[p]) in kept:
+            assert found["negatives"] == kept[(q, texts[p])], q
+        else:
+            assert len(found["negatives"]) < 4, q
+        assert len(index.search(q, p, 4, relative_margin=0.05)["negatives"]) == 4
+
+
+def test_the_hybrid_teacher_keeps_queries_it_ranks_first_and_vetoes_its_false_negatives(tmp_path, minilm):
+    """``teacher = "hybrid"``: BM25 fused with the embedder ranks each document; a query whose
+    document it ranks below ``teacher_k`` is a reject with that reason, and every kept negative
+    scores below the document in the fused list (its scores are in the meta)."""
+    folder = write_corpus(tmp_path)
+
+    def responder(req, n):  # every query is about volcanoes, whatever the document
+        return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": "hybrid", "teacher_k": 1})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
+    recs = list(read_stage(tmp_path / "run" / "corpus"))
+    assert [r["meta"]["doc_id"] for r in recs] == ["d4"] and stats["rejects_by_reason"] == {"teacher_rank": 7}
+    meta = recs[0]["meta"]
+    assert meta["teacher_rank"] == 1 and len(meta["teacher_scores"]) == 4
+    assert all(s < meta["teacher_pos_score"] for s in meta["teacher_scores"])
+    assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))  # built once, reused on the next run
+
+
+def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
+    """A candidate the dense model puts under the margin but BM25 ranks first is, fused, above the
+    document: it is not a negative; without the lexical scores it is."""
+    import numpy as np
+
+    from negsynth.embed.mining import CorpusIndex
+    from negsynth.embed.models import load_sentence_transformer
+
+    model = load_sentence_transformer(minilm, device="cpu")
+    texts = [
+        "Tides rise and fall twice a day as the moon pulls on the oceans.",
+        "zebra zebra zebra migration notes",
+        "Bread rises because yeast ferments sugar into carbon dioxide.",
+        "Copper conducts electricity and heat very well.",
+        "The violin has four strings tuned in fifths.",
+        "Glaciers carve valleys as they slowly move downhill.",
+    ]
+    index = CorpusIndex(model, texts, batch_size=8)
+    q = "why do tides rise: zebra"
+    plain = index.search(q, 0, 3, relative_margin=0.05)
+    lexical = np.array([0.5 if "zebra" not in t else 9.0 for t in texts], dtype=np.float32)
+    taught = index.search(q, 0, 3, relative_margin=0.05, lexical=lexical)
+    assert texts[1] in plain["negatives"] and texts[1] not in taught["negatives"]
+    assert len(taught["negatives"]) == 3 and all(s < taught["teacher_pos_score"] for s in taught["teacher_scores"])
+
+
+def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
+    """A field in ``ADDED_FIELDS`` at its default is not part of the config hash (nor of the
+    section's repr, which the stages' hashes also read), so a run dir made before it resumes; set,
+    it changes the hash like any setting."""
+    from negsynth.pipeline.config_io import config_hash
+    from negsynth.schemas.config import ADDED_FIELDS, CorpusConfig
+
+    cfg = CorpusConfig()
+    before = cfg.model_dump(mode="json")
+    for name in ADDED_FIELDS["CorpusConfig"]:
+        before.pop(name)
+        assert f"{name}=" not in str(cfg)
+    assert config_hash(cfg) == config_hash(before)
+    assert config_hash(CorpusConfig(teacher="hybrid")) != config_hash(cfg)
+    assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})

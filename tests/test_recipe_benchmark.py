@@ -87,12 +87,15 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-wide": {"regenerate"},
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
+                "ns-pipeline-shuffled": {"train"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
     gc8 = cfgs["ns-pipeline-gc8"].train  # its one line joins the protocol's [train] table
     assert gc8.mini_batch_size == 8 and base.train.mini_batch_size == "auto"
     assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
+    shuffled = cfgs["ns-pipeline-shuffled"].train
+    assert shuffled.batch_sampler == "shuffled" and shuffled.model_copy(update={"batch_sampler": "ordered"}) == base.train
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():
@@ -306,3 +309,47 @@ def test_too_few_steps_for_the_n_tuple_arms_stop_in_one_line_before_mining(tmp_p
         mod.main(
             ["--dataset", str(root), "--out", str(tmp_path / "out"), "--arms", "base,ns-tuple-hard", "--steps", "2", "--eval-tasks", "none"]
         )
+
+
+def test_the_stock_and_default_arms_must_start_from_the_same_examples(capsys):
+    """Both recipe benchmarks refuse a table whose stock arm and negsynth default read different
+    examples (the check that keeps the side-by-side honest), and say so when they match."""
+    import pytest
+
+    sci = load_script()
+    same = {"pairs": 10, "duplicates_dropped": 0, "ids_sha256": "a"}
+    sci.check_same_input([{"arm": sci.STOCK_ARM, "same_input": same}, {"arm": sci.DEFAULT_ARM, "same_input": same}])
+    assert "read the same 10 pairs" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="did not start from the same pairs"):
+        sci.check_same_input([{"arm": sci.STOCK_ARM, "same_input": same}, {"arm": sci.DEFAULT_ARM, "same_input": {**same, "pairs": 9}}])
+    with pytest.raises(SystemExit, match="did not start from the same pairs"):
+        sci.check_same_input(
+            [{"arm": sci.STOCK_ARM, "same_input": same}, {"arm": sci.DEFAULT_ARM, "same_input": {**same, "ids_sha256": "b"}}]
+        )
+
+    corpus = load_benchmark("corpus_recipe")
+    rows = [
+        {"dataset": "cranfield", "arm": corpus.STOCK_ARM, "seed": 0, "same_input": {"examples": 5, "ids_sha256": "x"}},
+        {"dataset": "cranfield", "arm": corpus.DEFAULT_ARM, "seed": 0, "same_input": {"examples": 5, "ids_sha256": "x"}},
+    ]
+    corpus.check_same_input(rows, "cranfield")
+    assert "read the same 5 examples" in capsys.readouterr().out
+    rows[1]["same_input"] = {"examples": 4, "ids_sha256": "y"}
+    with pytest.raises(SystemExit, match="did not start from the same examples"):
+        corpus.check_same_input(rows, "cranfield")
+
+
+def test_the_corpus_stock_arm_reads_the_default_arms_records(tmp_path):
+    """corpus_recipe's st-stock trains on the default arm's corpus records, so its recorded input
+    is that run dir's: the digest is of the records' ids, in any shard order."""
+    from negsynth.data.shards import write_jsonl
+
+    corpus = load_benchmark("corpus_recipe")
+    run = tmp_path / "run" / "corpus"
+    run.mkdir(parents=True)
+    write_jsonl(run / "shard-00000.jsonl", [{"id": "b"}, {"id": "a"}])
+    write_jsonl(run / "shard-00001.jsonl", [{"id": "c"}])
+    d = corpus.input_digest(tmp_path / "run")
+    assert d["examples"] == 3
+    write_jsonl(run / "shard-00001.jsonl", [{"id": "d"}])
+    assert corpus.input_digest(tmp_path / "run")["ids_sha256"] != d["ids_sha256"]

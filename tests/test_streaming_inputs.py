@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from negsynth.cli import app
 from negsynth.data.sources import load_source, read_tabular, read_tabular_stream, select
+from negsynth.errors import UserError
 from negsynth.schemas.config import SourceSpec
 
 runner = CliRunner()
@@ -76,6 +77,27 @@ def test_a_streamed_limit_picks_the_same_pairs_as_a_whole_read(tmp_path, fmt, se
     # load_source streams exactly when a limit is set
     assert load_source(SourceSpec(path=str(p), limit=5, seed=seed, skip_invalid=True)).mining_loader is not None
     assert load_source(SourceSpec(path=str(p), skip_invalid=True)).mining_loader is None
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_gzipped_file_reads_as_the_plain_one(tmp_path, fmt, monkeypatch):
+    """regenerate's sources: ``.jsonl.gz`` / ``.csv.gz`` give the pairs the plain file gives, whole
+    and streamed (a limit), and a file that is not gzip behind the name is one line."""
+    import gzip
+
+    import negsynth.data.sources as sources
+
+    monkeypatch.setattr(sources, "_CHUNK", 4096)
+    p = write(tmp_path, fmt, rows(400))
+    gz = tmp_path / f"pairs.{fmt}.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    for limit in (None, 20):
+        plain = load_source(SourceSpec(path=str(p), limit=limit, skip_invalid=True, name="pairs"))
+        packed = load_source(SourceSpec(path=str(gz), limit=limit, skip_invalid=True, name="pairs"))
+        assert packed.pairs == plain.pairs and packed.columns == plain.columns
+    gz.write_bytes(p.read_bytes())  # plain text named .gz
+    with pytest.raises(UserError, match=r"pairs\.(jsonl|csv)\.gz: cannot read it \(Not a gzipped file"):
+        load_source(SourceSpec(path=str(gz), skip_invalid=True))
 
 
 def test_an_empty_cell_is_the_same_one_line_as_a_whole_read(tmp_path):
@@ -187,7 +209,9 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
     p = write(tmp_path, fmt, corpus_rows(500)) if fmt != "jsonl" else tmp_path / "c.jsonl"
     if fmt == "jsonl":
         p.write_text("".join(json.dumps(r) + "\n" for r in corpus_rows(500)))
-    c = read_corpus(CorpusSpec(path=str(p)))
+    with pytest.raises(UserError, match="47 of 484 documents repeat an earlier id in column '_id'"):
+        read_corpus(CorpusSpec(path=str(p)))  # repeated ids are an error unless told how to make ids
+    c = read_corpus(CorpusSpec(path=str(p), ids="first"))  # the first of each id: as every run read them before
     assert (c.count, c.empty_skipped, c.duplicate_ids) == (437, 16, 47)
     docs = list(c.documents())
     assert len(docs) == 437 and len({d.id for d in docs}) == 437
@@ -195,7 +219,15 @@ def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypat
         picked = [d.id for _, d in c.documents_at(sample_indices(c.count, 6, seed))]
         assert picked == ids == [d.id for d in sample_documents(docs, 6, seed)]
     # two corpora: one sample over both, as the stage plans it
-    cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": str(p)}, {"path": str(p), "name": "second"}], "max_docs": 8, "seed": 3}})
+    cfg = RunConfig.model_validate(
+        {
+            "corpus": {
+                "inputs": [{"path": str(p), "ids": "first"}, {"path": str(p), "name": "second", "ids": "first"}],
+                "max_docs": 8,
+                "seed": 3,
+            }
+        }
+    )
     ctx = StageContext(cfg=cfg, run_dir=tmp_path / "run")
     corpora = load_corpora(ctx)
     items = plan_items(ctx, corpora)

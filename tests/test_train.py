@@ -707,3 +707,30 @@ def test_where_training_runs_is_not_part_of_what_the_model_is_made_from(tmp_path
 
     assert fp() == fp(device="cpu") == fp(device="cuda")
     assert fp(lr=1e-4) != fp()
+
+
+def test_the_shuffled_sampler_is_the_stock_recipes_and_refuses_a_curriculum(minilm, tmp_path):
+    """batch_sampler = "shuffled" hands one-phase rows to sentence-transformers' NO_DUPLICATES
+    sampler (seeded: the same batches twice, another order than the rows'); rows of several
+    curriculum phases are refused in one line, since a shuffle would mix them."""
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    from negsynth.train.trainer import make_trainer
+
+    ds = _dataset(12).map(lambda r: {"phase": 1})
+    cfg = TrainConfig(model=minilm, batch_size=4, max_steps=1, max_length=16, output_dir=str(tmp_path / "run"), batch_sampler="shuffled")
+
+    def batches():
+        trainer, _ = make_trainer(ds, cfg)
+        sampler = trainer.get_train_dataloader().batch_sampler
+        assert isinstance(getattr(sampler, "batch_sampler", sampler), NoDuplicatesBatchSampler)
+        return [list(b) for b in sampler]
+
+    first = batches()
+    assert first == batches() and sorted(i for b in first for i in b) == list(range(12))
+    assert [i for b in first for i in b] != list(range(12))
+    with pytest.raises(ValueError, match="batch_sampler = 'shuffled'"):
+        make_trainer(_dataset(12), cfg)
+    # the default keeps the rows' order
+    trainer, _ = make_trainer(ds, cfg.model_copy(update={"batch_sampler": "ordered"}))
+    assert [i for b in trainer.get_train_dataloader().batch_sampler for i in b] == list(range(12))

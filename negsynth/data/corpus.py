@@ -1,30 +1,58 @@
 """Readers of a user's documents: a corpus with no queries.
 
 The ``corpus`` stage turns documents into training examples; this module reads one
-:class:`~negsynth.schemas.config.CorpusSpec` as :class:`Document` s, whatever the storage: a BEIR
-folder (its ``corpus.jsonl``: ``_id``, ``title``, ``text``), JSONL / parquet / CSV / TSV with
-named text, title and id columns, or a saved HF dataset. A document's text is
-``title + " " + text`` (as BEIR retrieval reads it), so the positive the model is trained on is
-the document it will be asked to find.
+:class:`~negsynth.schemas.config.CorpusSpec` as :class:`Document` s, whatever the storage:
 
-**Bounded memory.** A JSONL / CSV / TSV / parquet corpus is never held whole: it is read in
-batches (those of :mod:`negsynth.data.sources`' streamed reader, about 8 MiB of text or 65,536
-parquet rows), once by :func:`read_corpus` to count the documents (what is kept: the file rows
-that are not documents, and while that read lasts the ids, for the duplicate check), and again
-by whoever wants documents: :meth:`CorpusData.documents_at` (a sample: the file is read up to
-its last document) or :meth:`CorpusData.batches` (every document, a batch at a time). A
-``.json`` array and a saved HF dataset are read whole, as before. A text file with NUL bytes in
-its first 64 KiB, or a "parquet" file without its magic, is refused in one line before any parse.
+* a BEIR folder (its ``corpus.jsonl``: ``_id``, ``title``, ``text``), or a saved HF dataset;
+* a JSONL / CSV / TSV file (each may be ``.gz``-compressed) or a parquet file, with named text,
+  title and id columns: each record is a document;
+* a ``.txt`` / ``.md`` / ``.rst`` / ``.html`` / ``.pdf`` file: the file is one document, its id
+  the file name; the title is the first Markdown / reStructuredText heading (or a front-matter
+  ``title:``), an HTML page's ``<title>``, else the file name. HTML is read with BeautifulSoup (``pip install
+  'negsynth[html]'``), PDF with pypdf (``pip install 'negsynth[pdf]'``);
+* a folder of any of these files (recursive, sorted by path; ``glob`` picks a subset): each
+  document file a document whose id is its path in the folder (``notes/a.md``), each record of a
+  table file a document whose id is ``path:id`` (``path:row`` without an id column).
+
+A document's text is ``title + " " + text`` (as BEIR retrieval reads it), so the positive the
+model is trained on is the document it will be asked to find.
+
+**Ids** (``ids``): ``column`` (the default) takes the id column (else the row); an id that repeats
+is an error, naming the count and the first repeats. ``first`` keeps the first document of each
+id and leaves the later ones out (counted as ``duplicate_ids``); ``row`` numbers the rows (a
+folder's files keep their paths); ``hash`` takes a hash of the text, so identical documents are
+kept once.
+
+**Chunks.** A document longer than ``chunk_tokens`` tokens is split into passages of at most
+that many tokens overlapping by about ``chunk_overlap`` (:func:`split_document`): each passage is
+a document of its own, id ``<document id>#chunk<N>`` (1-based), its title heading every passage.
+Tokens are counted with a cheap proxy, not a model's tokenizer: each run of letters and digits,
+and each other non-space character, is a token (``\\w+|[^\\w\\s]``), so the passages do not depend on
+which embedder is installed. A document within the limit stays one document with its own id.
+
+**Bounded memory.** A corpus is never held whole: it is read in batches (those of
+:mod:`negsynth.data.sources`' streamed reader, about 8 MiB of text or 65,536 parquet rows; a
+folder's document files 64 at a time), once by :func:`read_corpus` to count the documents (what
+is kept: the rows that are not documents, and while that read lasts the ids, for the duplicate
+check), and again by whoever wants documents: :meth:`CorpusData.documents_at` (a sample: the input
+is read up to its last document) or :meth:`CorpusData.batches` (every document, a batch at a
+time). A ``.json`` array and a saved HF dataset are read whole, as before. A text file with NUL
+bytes in its first 64 KiB, a PDF / ZIP / image given as a table, or a "parquet" file without its
+magic, is refused in one line before any parse.
 
 Reading goes through the same polars / ``datasets`` readers as :mod:`negsynth.data.sources`;
-an unreadable file, a missing column or a corpus with no document raises
+an unreadable file, a missing column, repeated ids or a corpus with no document raises
 :class:`~negsynth.errors.UserError` naming the file and the fix.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +68,36 @@ COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
     "id": ("_id", "id", "doc_id", "docid", "corpus_id"),
 }
 
+#: a file that is one document: suffix -> its format
+DOCUMENT_SUFFIXES = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".markdown": "text",
+    ".rst": "text",
+    ".html": "html",
+    ".htm": "html",
+    ".pdf": "pdf",
+}
+#: a file whose records are documents: suffix -> its format (``.gz`` of the text ones too)
+TABLE_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+#: the extra that reads a format, and the module it installs
+EXTRAS = {"html": ("html", "bs4", "BeautifulSoup"), "pdf": ("pdf", "pypdf", "pypdf")}
+#: how ids are made (see the module docstring)
+ID_MODES = ("column", "first", "row", "hash")
+#: a folder's document files read per batch
+_FILES_PER_BATCH = 64
+#: the token proxy chunks are counted in
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
 
 @dataclass(frozen=True)
 class Document:
@@ -50,13 +108,226 @@ class Document:
     title: str = ""
 
 
+def file_format(p: Path) -> str | None:
+    """The format of one file of a folder (or given alone) from its name; None: not a corpus file."""
+    name = p.name.lower()
+    if name.endswith(".gz"):
+        inner = Path(name[:-3]).suffix
+        return TABLE_SUFFIXES.get(inner) if inner in (".jsonl", ".ndjson", ".csv", ".tsv", ".tab") else None
+    suffix = p.suffix.lower()
+    return DOCUMENT_SUFFIXES.get(suffix) or TABLE_SUFFIXES.get(suffix)
+
+
+def _kind(p: Path) -> str:
+    """What a file's name says it is, for messages: ``.jsonl.gz``, ``.docx``, or its name."""
+    return "".join(p.suffixes[-2:]).lower() if p.suffix.lower() == ".gz" else (p.suffix.lower() or p.name)
+
+
+def need_extra(fmt: str, where: Any) -> None:
+    """Raise the one line that names the extra to install when the library reading ``fmt`` is missing."""
+    if fmt not in EXTRAS:
+        return
+    extra, module, lib = EXTRAS[fmt]
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"{where}: reading {fmt.upper()} needs {lib}: pip install 'negsynth[{extra}]'")
+
+
+# -- chunks -----------------------------------------------------------------------------------
+_WORD_BYTES = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+_SPACE_BYTES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what \s matches in ASCII (str.isspace)
+#: ASCII bytes that are neither word nor space (each one token), and the table that blanks them
+_OTHER_BYTES = bytes(b for b in range(128) if b not in _WORD_BYTES and b not in _SPACE_BYTES)
+_BLANK = bytes.maketrans(_OTHER_BYTES + _SPACE_BYTES, b" " * (len(_OTHER_BYTES) + len(_SPACE_BYTES)))
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` by the proxy chunks are counted in (see the module docstring). ASCII text
+    is counted with two byte translations in C (its other characters, plus the word runs left when
+    they are blanked), the same count as the regex, several times faster; other text by the regex."""
+    if text.isascii():
+        b = text.encode("ascii")
+        return len(b.translate(None, _WORD_BYTES + _SPACE_BYTES)) + len(b.translate(_BLANK).split())
+    return len(_TOKEN.findall(text))
+
+
+def chunk_spans(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """``[start, end)`` token spans covering ``n`` tokens: one span when ``n <= size``, else the
+    fewest spans of at most ``size`` tokens that overlap by at least ``overlap``, all of one length
+    (give or take one) and evenly spaced, so no passage is a short tail."""
+    if n <= size:
+        return [(0, n)]
+    k = math.ceil((n - overlap) / (size - overlap))
+    length = math.ceil((n + (k - 1) * overlap) / k)
+    return [(s, s + length) for s in (round(i * (n - length) / (k - 1)) for i in range(k))]
+
+
+def split_document(d: Document, size: int, overlap: int) -> list[Document]:
+    """``d`` as passages of at most ``size`` proxy tokens (``[d]`` when it fits): passage N has id
+    ``<id>#chunkN`` and opens with the document's title (the first already does)."""
+    if size <= 0 or len(d.text) <= size or count_tokens(d.text) <= size:  # a token is at least one character
+        return [d]
+    spans = [m.span() for m in _TOKEN.finditer(d.text)]
+    # the text opens with its title (see _document): the title heads each passage and the rest is split
+    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
+    if head > size // 2:  # a title too long to repeat: split the whole text
+        head = 0
+    body = spans[head:]
+    out: list[Document] = []
+    for k, (a, b) in enumerate(chunk_spans(len(body), size - head, min(overlap, (size - head) // 2))):
+        lo, hi = (0 if a == 0 else body[a][0]), body[b - 1][1]
+        text = d.text[lo:hi] if lo == 0 or not head else f"{d.title} {d.text[lo:hi]}"
+        out.append(Document(f"{d.id}#chunk{k + 1}", text, d.title))
+    return out
+
+
+def n_chunks(d: Document, size: int, overlap: int) -> int:
+    """How many passages :func:`split_document` makes of ``d`` (without making them)."""
+    if size <= 0 or len(d.text) <= size:
+        return 1
+    n = count_tokens(d.text)
+    if n <= size:
+        return 1
+    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
+    if head > size // 2:
+        head = 0
+    return len(chunk_spans(n - head, size - head, min(overlap, (size - head) // 2)))
+
+
+# -- document files -----------------------------------------------------------------------------
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)", re.S)
+_FM_TITLE = re.compile(r"^title\s*:\s*(.+?)\s*$", re.M)
+_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)  # Markdown: # Title
+#: a title underlined (Markdown: === or ---; reStructuredText: a line of one punctuation character)
+_UNDERLINED = {
+    ".md": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=-])\2{2,}[ \t]*$", re.M),
+    ".rst": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=\-~^*#+`'\"])\2{2,}[ \t]*$", re.M),
+}
+
+
+#: PDF / HTML text already extracted: (path, size, mtime) -> (title, body), oldest first, at most
+#: _EXTRACTED_BYTES of text, so the stage's three reads (count, sample, index) parse a small
+#: folder's PDFs once and a large one's within bounded memory
+_EXTRACTED: OrderedDict[tuple, tuple[str, str]] = OrderedDict()
+_EXTRACTED_BYTES = 64 << 20
+_extracted_held = 0  # characters in _EXTRACTED
+
+
+def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
+    """``(title, body)`` of a file that is one document (``fmt``: text, html or pdf)."""
+    if fmt not in ("pdf", "html"):
+        return _read_document_file(p, fmt)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key in _EXTRACTED:
+        _EXTRACTED.move_to_end(key)
+        return _EXTRACTED[key]
+    global _extracted_held
+    out = _EXTRACTED[key] = _read_document_file(p, fmt)
+    _extracted_held += len(out[0]) + len(out[1])
+    while _extracted_held > _EXTRACTED_BYTES and len(_EXTRACTED) > 1:
+        _, (t, b) = _EXTRACTED.popitem(last=False)
+        _extracted_held -= len(t) + len(b)
+    return out
+
+
+def _read_document_file(p: Path, fmt: str) -> tuple[str, str]:
+    try:
+        if fmt == "pdf":
+            return _read_pdf(p)
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
+    from negsynth.data.sources import MAGIC
+
+    for magic, what, fix in MAGIC:
+        if raw.startswith(magic):
+            raise UserError(f"{p}: is {what}, not {fmt} text; {fix}")
+    if b"\x00" in raw[: 64 * 1024]:
+        raise UserError(f"{p}: holds NUL bytes, so it is not {fmt} text (a binary file?); remove it or fix its name")
+    if fmt == "html":
+        return _read_html(p, raw)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{p}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); convert it to UTF-8 (iconv -t UTF-8)"
+        ) from None
+    title = ""
+    kind = {".markdown": ".md"}.get(p.suffix.lower(), p.suffix.lower())
+    if kind in (".md", ".rst"):
+        fm = _FRONT_MATTER.match(text) if kind == ".md" else None
+        if fm:
+            t = _FM_TITLE.search(fm.group(1))
+            title = t.group(1).strip("'\"") if t else ""
+            text = text[fm.end() :]
+        if not title:  # the first heading, # or underlined
+            found = [m for m in (_HEADING.search(text) if kind == ".md" else None, _UNDERLINED[kind].search(text)) if m]
+            if found:
+                h = min(found, key=lambda m: m.start())
+                title = h.group(1).strip()
+                text = text[: h.start()] + text[h.end() :]  # the heading is the title, not also the text
+    return title or _file_title(p), text
+
+
+def _file_title(p: Path) -> str:
+    return p.name.split(".")[0].replace("_", " ").strip()
+
+
+def _read_html(p: Path, raw: bytes) -> tuple[str, str]:
+    need_extra("html", p)
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(raw, "html.parser")
+    title = soup.title.get_text(" ", strip=True) if soup.title else ""
+    for tag in soup(["script", "style", "noscript", "template", "head", "svg"]):
+        tag.decompose()
+    body = re.sub(r"\s+", " ", soup.get_text(" ", strip=True)).strip()
+    return title or _file_title(p), body
+
+
+def _read_pdf(p: Path) -> tuple[str, str]:
+    need_extra("pdf", p)
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(p)
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise UserError(f"{p}: an encrypted PDF; decrypt it (qpdf --decrypt) or remove it from the input")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except UserError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError) as e:
+        raise UserError(
+            f"{p}: cannot read this PDF ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the file"
+        ) from None
+    text = re.sub(r"[ \t]+", " ", "\n".join(pages))
+    return _file_title(p), re.sub(r"\n\s*\n\s*", "\n\n", text).strip()
+
+
+# -- the corpus ---------------------------------------------------------------------------------
+@dataclass
+class Part:
+    """One file of a corpus: ``rel`` is its path in a folder input ('' for a single input)."""
+
+    file: str
+    fmt: str
+    rel: str = ""
+
+
 @dataclass
 class CorpusData:
     """One corpus, counted but not held: its documents are read again, in batches, when asked for.
 
-    ``count`` documents; a document's index is its place among them (file order, rows with no
-    text and later rows with a seen id left out). ``positions`` maps the id of each sampled
-    document to its index (filled by the corpus stage's plan: the index rows of the mined search).
+    ``count`` documents (passages, where long documents are chunked); a document's index is its
+    place among them (input order, rows with no text and rows left out for their id skipped).
+    ``positions`` maps the id of each sampled document to its index (filled by the corpus stage's
+    plan: the index rows of the mined search).
     """
 
     name: str
@@ -64,70 +335,121 @@ class CorpusData:
     columns: dict[str, str]
     count: int
     empty_skipped: int = 0  # rows with no text
-    duplicate_ids: int = 0  # rows whose id was seen before (the first one is kept)
-    file: str = ""  # the file read (a BEIR folder's corpus.jsonl)
-    fmt: str = ""  # its format
+    duplicate_ids: int = 0  # rows left out as a repeat of an earlier id (ids "first", "hash")
+    file: str = ""  # the file read (a BEIR folder's corpus.jsonl; the folder of a folder input)
+    fmt: str = ""  # its format ("folder": a folder of files)
     split: str | None = None
     mapping: dict[str, str] = field(default_factory=dict)  # the spec's columns
-    skipped_rows: frozenset[int] = frozenset()  # file rows that are not documents (no text, or a seen id)
+    skipped_rows: frozenset[int] = frozenset()  # rows that are not documents (no text, or a repeated id)
     positions: dict[str, int] = field(default_factory=dict)
+    ids: str = "column"  # how ids are made (ID_MODES)
+    chunk_tokens: int = 0  # documents longer than this many proxy tokens are split (0: never)
+    chunk_overlap: int = 0
+    rows: int = 0  # rows read (documents before chunking, with the skipped ones)
+    chunked: int = 0  # documents split into passages
+    parts: list[Part] = field(default_factory=list)  # the files read, in order
+    skipped_files: dict[str, int] = field(default_factory=dict)  # a folder's files of no corpus type, by kind
 
-    def _frames(self) -> Iterator[tuple[int, Any]]:
-        """``(file row of the first row, polars frame)`` per batch of the file, in order: a
-        JSONL / CSV / TSV / parquet file in bounded batches, a ``.json`` array or an HF dataset whole."""
+    def _part_frames(self, part: Part) -> Iterator[Any]:
+        """Polars frames of one table file: JSONL / CSV / TSV / parquet in bounded batches, a
+        ``.json`` array or an HF dataset whole."""
         from negsynth.data.sources import iter_frames, read_frame, sniff, streamable
 
-        if streamable(self.file, self.fmt):
-            p = Path(self.file)
+        if streamable(part.file, part.fmt):
+            p = Path(part.file)
             if not p.is_file():
                 raise UserError(f"{p}: file not found; check --input")
-            sniff(p, self.fmt)  # NUL bytes or a parquet file without its magic: one line, after 64 KiB
-            frames: Iterable[Any] = iter_frames(p, self.fmt)
+            sniff(p, part.fmt)  # NUL bytes, a PDF, or a parquet file without its magic: one line, after 64 KiB
+            yield from iter_frames(p, part.fmt)
         else:
-            frames = [read_frame(self.file, self.fmt, self.split)[0]]
+            yield read_frame(part.file, part.fmt, self.split)[0]
+
+    def _cells(self) -> Iterator[tuple[int, list, list, list]]:
+        """``(row of the first, ids, titles, texts)`` per batch of the input, in order; an id is
+        None where the text's hash makes it (ids "hash")."""
         row = 0
-        for df in frames:
-            if not self.columns:
-                self.columns = _columns(list(df.columns), self.mapping, self.file)
-            yield row, df
-            row += df.height
+        files: list[Part] = []
 
-    def _cells(self, df: Any, row0: int) -> tuple[list, list, Any]:
-        """The text, title and id cells of one frame (a column absent from it: empty cells; no id
-        column: the file row)."""
-        n = df.height
-        cols = self.columns
+        def flush() -> Iterator[tuple[int, list, list, list]]:
+            nonlocal row
+            if not files:
+                return
+            read = [read_document_file(Path(f.file), f.fmt) for f in files]
+            ids = [None if self.ids == "hash" else (f.rel or Path(f.file).name) for f in files]
+            yield row, ids, [t for t, _ in read], [b for _, b in read]
+            row += len(files)
+            files.clear()
 
-        def get(role: str) -> list:
-            return df[cols[role]].to_list() if role in cols and cols[role] in df.columns else [None] * n
+        for part in self.parts:
+            if part.fmt in DOCUMENT_SUFFIXES.values():
+                files.append(part)
+                if len(files) >= _FILES_PER_BATCH:
+                    yield from flush()
+                continue
+            yield from flush()
+            cols: dict[str, str] | None = None
+            local = 0  # the row in this file
+            for df in self._part_frames(part):
+                if cols is None:
+                    cols = _columns(list(df.columns), self.mapping, part.file)
+                    if not self.columns:
+                        self.columns = cols
+                n = df.height
 
-        return get("text"), get("title"), (get("id") if "id" in cols else range(row0, row0 + n))
+                def get(role: str, df=df, n=n, cols=cols) -> list:
+                    return df[cols[role]].to_list() if role in cols and cols[role] in df.columns else [None] * n
+
+                if self.ids == "hash":
+                    ids: list = [None] * n
+                elif self.ids == "row" or "id" not in cols:
+                    ids = [str(r) for r in range(local, local + n)] if part.rel else [str(r) for r in range(row, row + n)]
+                else:
+                    raw = get("id")
+                    if self.ids == "column" and None in raw:
+                        at = local + raw.index(None) + 1
+                        raise UserError(
+                            f"{part.file}: row {at} has no id in column {cols['id']!r}; fill it, or make ids another way: --ids row | hash | first"
+                        )
+                    ids = [str(i) for i in raw]
+                if part.rel and self.ids != "hash":
+                    ids = [f"{part.rel}:{i}" for i in ids]
+                yield row, ids, get("title"), get("text")
+                row += n
+                local += n
+        yield from flush()
+
+    def _documents(self, i: Any, t: Any, body: Any) -> list[Document]:
+        d = _document(i, t, body)
+        if d is None:
+            return []
+        if i is None:
+            d = Document(text_id(d.text), d.text, d.title)
+        return split_document(d, self.chunk_tokens, self.chunk_overlap)
 
     def batches(self) -> Iterator[tuple[int, list[Document]]]:
-        """``(index of the first, documents)`` per batch of the file: every document, in order."""
+        """``(index of the first, documents)`` per batch of the input: every document, in order."""
         index = 0
-        for row0, df in self._frames():
-            texts, titles, ids = self._cells(df, row0)
+        for row0, ids, titles, texts in self._cells():
             docs: list[Document] = []
             for j, (i, t, body) in enumerate(zip(ids, titles, texts)):
                 if row0 + j in self.skipped_rows:
                     continue
-                d = _document(i, t, body)
-                if d is None:
+                made = self._documents(i, t, body)
+                if not made:
                     raise UserError(f"{self.file}: changed while it was read (row {row0 + j + 1} has no text now); rerun")
-                docs.append(d)
+                docs.extend(made)
             if docs:
                 yield index, docs
             index += len(docs)
 
     def documents(self) -> Iterator[Document]:
-        """Every document, in file order (read again from the file)."""
+        """Every document, in input order (read again from the input)."""
         for _, docs in self.batches():
             yield from docs
 
     def documents_at(self, wanted: Sequence[int]) -> list[tuple[int, Document]]:
-        """``(index, document)`` of the documents at the sorted indices ``wanted``; the file is read
-        up to the last of them."""
+        """``(index, document)`` of the documents at the sorted indices ``wanted``; the input is
+        read up to the last of them."""
         out: list[tuple[int, Document]] = []
         if not wanted:
             return out
@@ -141,8 +463,9 @@ class CorpusData:
         return out
 
 
-def _has_text(title: Any, body: Any) -> bool:
-    return bool(("" if body is None else str(body)).strip() or ("" if title is None else str(title)).strip())
+def text_id(text: str) -> str:
+    """The id ``ids = "hash"`` gives a document: the first 16 hex digits of its text's SHA-256."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _document(i: Any, t: Any, body: Any) -> Document | None:
@@ -163,7 +486,9 @@ def _columns(cols: list[str], mapping: dict[str, str], where: str) -> dict[str, 
     for role, names in COLUMN_GUESSES.items():
         if role in mapping:
             if mapping[role] not in cols:
-                raise UserError(f"{where}: no column {mapping[role]!r} for {role} (columns: {', '.join(cols)}); fix columns.{role}")
+                raise UserError(
+                    f"{where}: no column {mapping[role]!r} for {role} (columns: {', '.join(cols)}); fix --{role}-col or columns.{role}"
+                )
             out[role] = mapping[role]
             continue
         found = next((lower[n] for n in names if n in lower), None)
@@ -174,64 +499,183 @@ def _columns(cols: list[str], mapping: dict[str, str], where: str) -> dict[str, 
     return out
 
 
-def read_corpus(spec) -> CorpusData:
+def folder_parts(folder: Path, glob: str | None) -> tuple[list[Part], dict[str, int]]:
+    """The corpus files of a folder (recursive, sorted by path; hidden files and folders left out)
+    and the count of the other files by kind. ``glob`` (``**/*.md``) picks the files; one it
+    picks that no reader knows is an error."""
+    parts: list[Part] = []
+    other: Counter = Counter()
+    paths = folder.glob(glob) if glob else folder.rglob("*")
+    for p in sorted(paths, key=lambda q: q.relative_to(folder).as_posix()):
+        rel = p.relative_to(folder)
+        if not p.is_file() or any(x.startswith(".") for x in rel.parts):
+            continue
+        fmt = file_format(p)
+        if fmt is None:
+            if glob:
+                raise UserError(f"{p}: picked by glob {glob!r} but {_kind(p)!r} is no corpus file type; {_unsupported_fix(p)}")
+            other[_kind(p)] += 1
+            continue
+        parts.append(Part(str(p), fmt, rel.as_posix()))
+    return parts, dict(sorted(other.items()))
+
+
+def _unsupported_fix(p: Path) -> str:
+    return "convert it to JSONL with a 'text' field (or .txt / .md / .pdf), or narrow the glob"
+
+
+def _supported() -> str:
+    return ".txt, .md, .rst, .html, .pdf, .jsonl(.gz), .csv(.gz), .tsv(.gz), .parquet"
+
+
+def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusData:
     """Count the documents of one corpus spec in one streamed read: kept are the column map, the
-    count and the file rows that are not documents, never the texts."""
+    count and the rows that are not documents, never the texts. Documents longer than
+    ``chunk_tokens`` proxy tokens count as their passages (0: never split)."""
     import numpy as np
     import polars as pl
 
     from negsynth.data.sources import default_name, detect_format
 
     fmt = spec.format if spec.format != "auto" else _corpus_format(spec.path)
+    ids_mode = spec.ids
+    glob = spec.glob
     path = spec.path
+    if glob and fmt != "folder":
+        raise UserError(f"{spec.path}: glob {glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
     if fmt == "beir":
         path = str(Path(spec.path) / "corpus.jsonl")
         if not Path(path).is_file():
             raise UserError(f"{spec.path}: a BEIR folder needs corpus.jsonl; fix corpus.inputs path")
         file_fmt = "jsonl"
+    elif fmt in ("folder", "text", "html", "pdf"):
+        file_fmt = fmt
     else:
         file_fmt = fmt if fmt != "auto" else detect_format(path)
-    name = spec.name or default_name(spec.path, "beir" if fmt == "beir" else file_fmt)
-    data = CorpusData(name, spec.path, {}, 0, file=path, fmt=file_fmt, split=spec.split, mapping=dict(spec.columns))
+    name = spec.name or default_name(spec.path, "beir" if fmt in ("beir", "folder") else file_fmt)
+    data = CorpusData(
+        name,
+        spec.path,
+        {},
+        0,
+        file=path,
+        fmt=file_fmt,
+        split=spec.split,
+        mapping=dict(spec.columns),
+        ids=ids_mode,
+        chunk_tokens=chunk_tokens,
+        chunk_overlap=chunk_overlap,
+    )
+    if fmt == "folder":
+        folder = Path(spec.path)
+        if not folder.is_dir():
+            raise UserError(f"{folder}: not a folder; check --input")
+        data.parts, data.skipped_files = folder_parts(folder, glob)
+        if not data.parts:
+            found = ", ".join(f"{k} ×{v}" for k, v in data.skipped_files.items()) or "no files"
+            raise UserError(
+                f"{folder}: no corpus files here ({found}{f' for glob {glob!r}' if glob else ''}); it reads {_supported()}: convert the documents to one of them, e.g. JSONL with a 'text' field"
+            )
+    else:
+        data.parts = [Part(path, file_fmt)]
+        if file_fmt in DOCUMENT_SUFFIXES.values() and not Path(path).is_file():
+            raise UserError(f"{path}: file not found; check --input")
+    for f in sorted({p.fmt for p in data.parts}):
+        need_extra(f, spec.path)
     empty: list[int] = []
     ids: list[Any] = []  # per batch, the ids of its rows with text (polars strings: compact), for the duplicate check
     id_rows: list[Any] = []
-    rows = 0
-    for row0, df in data._frames():
-        texts, titles, row_ids = data._cells(df, row0)
-        with_id = "id" in data.columns
+    multi_rows: list[Any] = []  # per batch, the rows of documents split into passages, and how many each
+    multi_n: list[Any] = []
+    rows = chunks = 0
+    keep_ids_of = ids_mode in ("column", "first", "hash")
+    for row0, row_ids, titles, texts in data._cells():
         keep_ids: list[str] = []
         keep_rows: list[int] = []
+        split_rows: list[int] = []
+        split_n: list[int] = []
         for j, (i, t, body) in enumerate(zip(row_ids, titles, texts)):
-            if not _has_text(t, body):
+            d = _document(i, t, body)
+            if d is None:
                 empty.append(row0 + j)
-            elif with_id:
-                keep_ids.append(str(i))
+                continue
+            if i is None:
+                d = Document(text_id(d.text), d.text, d.title)
+            n = n_chunks(d, chunk_tokens, chunk_overlap)
+            chunks += n
+            if n > 1:
+                split_rows.append(row0 + j)
+                split_n.append(n)
+            if keep_ids_of and (i is None or "id" in data.columns or data.fmt == "folder"):
+                keep_ids.append(d.id)
                 keep_rows.append(row0 + j)
         if keep_ids:
             ids.append(pl.Series(keep_ids, dtype=pl.String))
             id_rows.append(np.asarray(keep_rows, dtype=np.int64))
-        rows += df.height
-    if not data.columns:  # no row at all
+        if split_rows:
+            multi_rows.append(np.asarray(split_rows, dtype=np.int64))
+            multi_n.append(np.asarray(split_n, dtype=np.int64))
+        rows += len(texts)
+    data.rows = rows
+    if rows == 0:
         raise UserError(f"{path}: holds no document with text; check the file or columns.text")
     dup = np.zeros(0, dtype=np.int64)
-    if ids:  # a later row whose id was seen before is left out (the first one is kept)
-        first = pl.concat(ids).is_first_distinct().to_numpy()
-        dup = np.concatenate(id_rows)[~first]
+    if ids:  # a later row whose id was seen before
+        all_ids = pl.concat(ids)
+        first = all_ids.is_first_distinct().to_numpy()
+        rows_of = np.concatenate(id_rows)
+        dup = rows_of[~first]
+        if len(dup) and ids_mode == "column":
+            raise _repeated_ids(data, all_ids, rows_of, first)
     data.skipped_rows = frozenset(empty) | frozenset(dup.tolist())
     data.empty_skipped, data.duplicate_ids = len(empty), len(dup)
-    data.count = rows - len(data.skipped_rows)
+    # a left-out repeat counted its passages above: take them out again
+    split_at = np.concatenate(multi_rows) if multi_rows else np.zeros(0, dtype=np.int64)
+    split_n_all = np.concatenate(multi_n) if multi_n else np.zeros(0, dtype=np.int64)
+    left_out = np.isin(split_at, dup)
+    data.chunked = int((~left_out).sum())
+    data.count = chunks - len(dup) - int((split_n_all[left_out] - 1).sum())
     if data.count <= 0:
-        raise UserError(f"{path}: holds no document with text; check the file or columns.text")
+        hint = " (a scanned PDF has no text layer: run OCR on it first)" if any(p.fmt == "pdf" for p in data.parts) else ""
+        raise UserError(f"{path}: holds no document with text{hint}; check the file or columns.text")
     return data
+
+
+def _repeated_ids(data: CorpusData, all_ids: Any, rows_of: Any, first: Any) -> UserError:
+    """The one line for ids that repeat: how many, the first three with the rows they are on."""
+    import numpy as np
+
+    repeats = all_ids.filter(~first).unique(maintain_order=True)
+    shown = []
+    arr = all_ids.to_numpy()
+    for rid in repeats.head(3).to_list():
+        at = rows_of[np.flatnonzero(arr == rid)][:3]
+        shown.append(f"{rid!r} at rows {' and '.join(str(int(r) + 1) for r in at)}" if data.fmt != "folder" else repr(rid))
+    col = data.columns.get("id")
+    where = f"column {col!r}" if col else "ids"
+    return UserError(
+        f"{data.file}: {int((~first).sum())} of {len(arr)} documents repeat an earlier id in {where} (first: {', '.join(shown)}); "
+        'make the ids unique, or say how to make them: --ids first (keep the first of each) | row (the row number) | hash (the text\'s hash), ids = "..." in [[corpus.inputs]]'
+    )
 
 
 def _corpus_format(path: str) -> str:
     p = Path(path)
-    if p.is_dir() and (p / "corpus.jsonl").is_file():
-        return "beir"
+    if p.is_dir():
+        if (p / "corpus.jsonl").is_file():
+            return "beir"
+        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+            return "hf"
+        return "folder"
+    fmt = file_format(p)
+    if fmt in DOCUMENT_SUFFIXES.values():
+        return fmt
     from negsynth.data.sources import detect_format
 
+    if p.exists() and fmt is None and p.suffix.lower() not in (".json",):
+        raise UserError(
+            f"{p}: unknown file type {_kind(p)!r}; the corpus stage reads {_supported()} or a folder of them; {_unsupported_fix(p)}"
+        )
     return detect_format(path)
 
 

@@ -13,9 +13,11 @@ beir      a folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels.tsv`` (o
           relevant documents yields three pairs. Document text = ``title + " " + text``.
 hf        a ``datasets.save_to_disk`` folder (``split`` picks one of a DatasetDict), or a
           hub name such as ``sentence-transformers/natural-questions`` when online.
-jsonl     one JSON object per line (``.jsonl``/``.ndjson``; ``.json`` = a JSON array).
+jsonl     one JSON object per line (``.jsonl``/``.ndjson``, gzipped as ``.jsonl.gz``; ``.json``
+          = a JSON array).
 parquet   a parquet file.
-csv, tsv  a delimited text file with a header row (TSV: no quoting, tabs separate fields).
+csv, tsv  a delimited text file with a header row (TSV: no quoting, tabs separate fields);
+          ``.csv.gz`` / ``.tsv.gz`` are decompressed as they are read.
 ========  ===============================================================================
 
 ``auto`` (the default) picks the format from the path. For every format except ``beir`` the
@@ -31,7 +33,9 @@ Negatives already in the source are kept as ``Pair.negatives`` (they end up in t
 raises :class:`~negsynth.errors.UserError` naming the file, the row and the fix.
 
 Reading is done with polars (``csv``/``tsv``/``jsonl``/``parquet``) and ``datasets`` (``hf``);
-there is no hand-written parsing of delimited text.
+there is no hand-written parsing of delimited text. A file whose first bytes say it is something
+else (a PDF, a ZIP archive such as a .docx, gzip without ``.gz``, an image) is refused in one line
+naming what it is and what to do (:data:`MAGIC`).
 """
 
 from __future__ import annotations
@@ -134,17 +138,21 @@ def detect_format(path: str) -> str:
         raise UserError(
             f"{p}: cannot tell the format of this folder (no qrels.tsv for BEIR, no dataset_info.json/dataset_dict.json for a saved HF dataset); pass --format"
         )
-    suffix = "".join(p.suffixes[-2:]).lower() if p.suffix.lower() in (".gz", ".zst") else p.suffix.lower()
+    gz = p.suffix.lower() == ".gz"
+    suffix = (Path(p.stem).suffix if gz else p.suffix).lower()
     for fmt, sufs in (
-        ("jsonl", (".jsonl", ".ndjson", ".json")),
-        ("parquet", (".parquet", ".pq")),
+        ("jsonl", (".jsonl", ".ndjson") if gz else (".jsonl", ".ndjson", ".json")),
+        ("parquet", () if gz else (".parquet", ".pq")),
         ("csv", (".csv",)),
         ("tsv", (".tsv", ".tab")),
     ):
         if suffix in sufs:
             return fmt
     if p.exists():
-        raise UserError(f"{p}: unknown file type {p.suffix!r}; pass --format jsonl|parquet|csv|tsv")
+        kind = "".join(p.suffixes[-2:]) if gz else p.suffix
+        raise UserError(
+            f"{p}: unknown file type {kind!r}; convert it to JSONL, CSV or parquet (.gz for JSONL / CSV), or pass --format jsonl|parquet|csv|tsv"
+        )
     if "/" in path and not path.startswith(("/", ".", "~")) and path.count("/") == 1:
         return "hf"  # looks like a hub name: owner/dataset
     raise UserError(f"{p}: no such file or folder; check the path (hub datasets are given as owner/name)")
@@ -180,6 +188,9 @@ def read_frame(path: str, fmt: str, split: str | None):
     if fmt != "hf" and not p.is_file():
         raise UserError(f"{p}: file not found; check --input")
     sniff(p, fmt)
+    if is_gzip(p) and fmt in ("jsonl", "csv", "tsv"):  # the same batched reader, gathered
+        frames = list(iter_frames(p, fmt))
+        return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), (1 if fmt == "jsonl" else 2)
     try:
         if fmt == "csv":
             return pl.read_csv(p, infer_schema=False), 2
@@ -203,21 +214,51 @@ def read_frame(path: str, fmt: str, split: str | None):
 
 _SNIFF = 64 * 1024
 
+#: the opening bytes of files that are not text tables, and what to do with each
+MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    (b"%PDF-", "a PDF file", "name it .pdf (the corpus stage reads PDF text: pip install 'negsynth[pdf]')"),
+    (b"PK\x03\x04", "a ZIP archive (.zip, .docx, .xlsx, .odt?)", "convert it to JSONL with a 'text' field, or to .txt / .md files"),
+    (b"\x1f\x8b", "gzip-compressed", "name it .jsonl.gz / .csv.gz / .tsv.gz so it is decompressed"),
+    (b"PAR1", "a parquet file", "name it .parquet or pass --format parquet"),
+    (b"\xd0\xcf\x11\xe0", "an old Office document (.doc, .xls?)", "convert it to JSONL with a 'text' field, or to CSV"),
+    (b"\x89PNG", "a PNG image", "remove it from the input"),
+    (b"\xff\xd8\xff", "a JPEG image", "remove it from the input"),
+)
+
+
+def is_gzip(p: Path) -> bool:
+    return p.suffix.lower() == ".gz"
+
+
+def open_text_file(p: Path):
+    """``p`` opened for binary reading, decompressed when its name ends in ``.gz``."""
+    if is_gzip(p):
+        import gzip
+
+        return gzip.open(p, "rb")
+    return open(p, "rb")
+
 
 def sniff(p: Path, fmt: str) -> None:
-    """Refuse, after reading at most 64 KiB, a file that cannot be what ``fmt`` says: NUL bytes in
-    a text format (a binary file, an image, a zeroed disk), a parquet file without its magic."""
+    """Refuse, after reading at most 64 KiB, a file that cannot be what ``fmt`` says: a PDF, a ZIP
+    archive (a .docx), an image or any file whose magic bytes say what it is, NUL bytes in a text
+    format (a binary file, a zeroed disk), a parquet file without its magic."""
     if fmt not in ("jsonl", "csv", "tsv", "parquet"):
         return
     try:
-        with open(p, "rb") as f:
+        with open_text_file(p) as f:
             head = f.read(_SNIFF)
-    except OSError as e:
-        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
+    except OSError as e:  # gzip's BadGzipFile is an OSError too
+        raise UserError(f"{p}: cannot read it ({getattr(e, 'strerror', None) or e}); check --input") from None
+    except EOFError:
+        raise UserError(f"{p}: the gzip stream ends early (a truncated file?); check --input") from None
     if fmt == "parquet":
         if head[:4] != b"PAR1":
             raise UserError(f"{p}: not a parquet file (it does not start with PAR1); pass the right --format or fix --input")
         return
+    for magic, what, fix in MAGIC:
+        if head.startswith(magic):
+            raise UserError(f"{p}: is {what}, not {fmt} text; {fix}")
     if b"\x00" in head:
         raise UserError(
             f"{p}: holds NUL bytes in its first 64 KiB, so it is not {fmt} text (a binary file?); pass the right --format or fix --input"
@@ -504,7 +545,7 @@ def streamable(path: str, fmt: str) -> bool:
 def _text_blocks(p: Path) -> Iterator[bytes]:
     """The file in blocks of whole lines (about _CHUNK bytes each), never holding more than one
     block and one line: a file without line breaks is refused instead of read whole."""
-    with open(p, "rb") as f:
+    with open_text_file(p) as f:
         carry = b""
         while True:
             block = f.read(_CHUNK)

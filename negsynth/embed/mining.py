@@ -433,10 +433,23 @@ class CorpusIndex:
         relative_margin: float | None = 0.05,
         absolute_margin: float | None = None,
         max_score: float | None = None,
+        range_max: int | None = None,
+        lexical: Any = None,
         screen: Sequence[str] = (),
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
         ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
+
+        ``range_max``: negatives come only from the ``range_max + 1`` nearest documents, the
+        positive left out (``mine_hard_negatives``' candidate window for one positive: a query
+        whose own document ranks far down finds fewer than ``k`` there and gets fewer negatives);
+        None searches the whole corpus.
+
+        ``lexical``: the query's lexical (BM25) scores over the same texts, for the hybrid teacher:
+        the dense and lexical rankings fused by RRF (:func:`negsynth.embed.lexical.rrf`). The result
+        adds ``teacher_rank`` (the document's rank in the fused list), ``teacher_pos_score`` and
+        ``teacher_scores`` (the negatives' fused scores), and a candidate the fused list ranks at or
+        above the document is never a negative (the teacher's false negative).
 
         ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
         rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
@@ -454,28 +467,42 @@ class CorpusIndex:
             limit = min(limit, pos - absolute_margin)
         if max_score is not None:
             limit = min(limit, max_score)
+        fused = None
+        if lexical is not None:
+            from negsynth.embed.lexical import rrf
+
+            fused = rrf(sims, lexical)
+            pos_fused = float(fused[positive])
         banned = {text_key(self.texts[positive]), text_key(query)}
         negs: list[str] = []
         scores: list[float] = []
+        picked: list[int] = []
         m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
+        if range_max is not None:
+            m = min(len(sims), range_max + 1)  # the window, room for the positive: nothing further down is looked at
         while k > 0:
             top = np.argpartition(-sims, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
-            negs, scores = [], []
+            negs, scores, picked = [], [], []
             for i in top[np.lexsort((top, -sims[top]))]:  # by score, ties by index: deterministic
                 s = float(sims[i])
-                if i == positive or s > limit:
+                if i == positive or s > limit or (fused is not None and fused[i] >= pos_fused):
                     continue
                 text = self.texts[int(i)]
                 if text_key(text) in banned or text in negs:
                     continue
                 negs.append(text)
                 scores.append(round(s, 6))
+                picked.append(int(i))
                 if len(negs) >= k:
                     break
-            if len(negs) >= k or m >= len(sims):
+            if len(negs) >= k or m >= len(sims) or range_max is not None:
                 break
             m = len(sims)
         out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
+        if fused is not None:
+            out["teacher_rank"] = 1 + int(np.count_nonzero(fused > pos_fused))
+            out["teacher_pos_score"] = round(pos_fused, 6)
+            out["teacher_scores"] = [round(float(fused[i]), 6) for i in picked]
         if screen:
             vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             s_scores = [float(x) for x in vecs.astype(np.float32) @ q]

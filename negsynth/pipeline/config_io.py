@@ -17,7 +17,7 @@ import tomllib
 from pydantic import BaseModel, ValidationError
 
 from negsynth.errors import UserError
-from negsynth.schemas.config import RunConfig
+from negsynth.schemas.config import RunConfig, Section
 
 
 def default_config_text() -> str:
@@ -109,7 +109,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def config_hash(obj: Any) -> str:
     """Stable short hash of JSON-able data (pydantic models are dumped first)."""
-    if isinstance(obj, BaseModel):
+    if isinstance(obj, Section):
+        obj = obj.hash_dump()
+    elif isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
     blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -36,6 +36,34 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def __repr_args__(self):
+        # a field added after run dirs were made (``added_field``) is left out while it holds its
+        # default: config hashes (over the sections' dumps and reprs) stay what older run dirs recorded
+        for name, value in super().__repr_args__():
+            if name in ADDED_FIELDS.get(type(self).__name__, ()) and value == type(self).model_fields[name].get_default(
+                call_default_factory=True
+            ):
+                continue
+            yield name, value
+
+    def hash_dump(self) -> dict:
+        """``model_dump(mode="json")`` less the added fields at their defaults (see ``__repr_args__``)."""
+        out = self.model_dump(mode="json")
+        for name in ADDED_FIELDS.get(type(self).__name__, ()):
+            if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
+                out.pop(name, None)
+        for name, value in self:
+            if isinstance(value, Section):
+                out[name] = value.hash_dump()
+        return out
+
+
+#: section class -> fields added after run dirs existed: at their defaults they stay out of config
+#: hashes, so an older run dir resumes; set, they change the hash as every setting does
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "CorpusConfig": ("teacher", "teacher_k"),
+}
+
 
 class PriceConfig(Section):
     """USD per million tokens, used for the cost estimate in stats.json and for --max-cost."""
@@ -461,17 +489,25 @@ class RegenerateConfig(Section):
 class CorpusSpec(Section):
     """One input of ``corpus``: a folder or file of documents (no queries needed).
 
-    ``format``: a BEIR folder (its ``corpus.jsonl``), JSONL / parquet / CSV / TSV, or a saved HF
-    dataset (``auto`` picks from the path). ``columns`` maps ``text`` / ``title`` / ``id`` to
-    column names; unmapped ones are looked up under common names (``text``, ``body``,
-    ``content``, ``document`` ... / ``title`` / ``_id``, ``id``, ``doc_id``).
+    ``format``: a BEIR folder (its ``corpus.jsonl``), JSONL / parquet / CSV / TSV (``.gz`` too),
+    a saved HF dataset, one ``.txt`` / ``.md`` (``text``), ``.html`` or ``.pdf`` document, or a
+    ``folder`` of any of those files (recursive; ``glob`` such as ``"**/*.md"`` picks a subset);
+    ``auto`` picks from the path. ``columns`` maps ``text`` / ``title`` / ``id`` to column names;
+    unmapped ones are looked up under common names (``text``, ``body``, ``content``, ``document``
+    ... / ``title`` / ``_id``, ``id``, ``doc_id``). ``ids``: ``column`` (the id column, else the
+    row; a repeated id is an error), ``first`` (a repeat is left out), ``row`` (the row number),
+    ``hash`` (a hash of the text: identical documents kept once); see :mod:`negsynth.data.corpus`.
     """
 
     path: str
-    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir"] = "auto"
+    format: Literal["auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir", "folder", "text", "html", "pdf"] = "auto"
     name: str | None = None  # corpus name (source_id prefix); default from the path
     split: str | None = None  # a DatasetDict split
     columns: dict[str, str] = Field(default_factory=dict)
+    # repr=False: the stage's config hash reads the section's repr, so a field added at its
+    # default leaves the hash of existing run dirs as it was (the stage adds it when set)
+    glob: str | None = Field(None, repr=False)  # a folder's files to read, e.g. "**/*.md" (None: every corpus file)
+    ids: Literal["column", "first", "row", "hash"] = Field("column", repr=False)
 
     @field_validator("columns")
     @classmethod
@@ -496,7 +532,8 @@ class CorpusConfig(Section):
     the LLM's 2 hardest of those that pass the same positive-aware margin; a slot whose LLM negative
     fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
-    the base embedder ranks its own document within the top k of the corpus; 0 = off). Near-duplicate
+    the base embedder ranks its own document within the top k of the corpus; 0 = off), ``teacher``
+    / ``teacher_k`` (the same with the hybrid BM25 + embedder ranking, which also vetoes negatives). Near-duplicate
     queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.
     """
 
@@ -508,11 +545,31 @@ class CorpusConfig(Section):
     negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
+    # a teacher that needs no label: "hybrid" = BM25 (bm25s) and the embedder fused by reciprocal rank
+    # fusion over the whole corpus. A query is kept only if the teacher ranks its document within
+    # teacher_k (0: kept whatever the rank), and a mined candidate the teacher ranks at or above the
+    # document is never a negative; the teacher's ranks and scores go into each example's meta
+    teacher: Literal["none", "hybrid"] = "none"
+    teacher_k: int = Field(10, ge=0)
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
     max_doc_chars: int | None = 1500  # schema maxLength per LLM-written negative
+    # a document longer than chunk_tokens proxy tokens (\w+ runs and other non-space characters)
+    # is split into passages overlapping by chunk_overlap, each its own positive (0: never split);
+    # 224: a passage fits the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
+    # passages and all of Cranfield's (benchmarks/chunk_budget.py; 256: 96.3 %)
+    chunk_tokens: int = Field(224, ge=0, repr=False)
+    chunk_overlap: int = Field(32, ge=0, repr=False)
+
+    @model_validator(mode="after")
+    def _chunks(self) -> CorpusConfig:
+        if 0 < self.chunk_tokens < 16:
+            raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
+        if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:
+            raise ValueError(f"chunk_overlap = {self.chunk_overlap}: must be at most half of chunk_tokens ({self.chunk_tokens})")
+        return self
 
     @field_validator("styles")
     @classmethod

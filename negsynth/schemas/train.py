@@ -98,7 +98,7 @@ class TrainConfig(BaseModel):
     # GradCache (sentence-transformers' CachedMultipleNegativesRankingLoss): embed the batch in chunks of
     # this many rows without keeping activations, then backpropagate chunk by chunk. Same loss and
     # gradients as the full batch (float rounding aside) with the activation memory of one chunk;
-    # None = plain MNRL (one forward pass over the batch, every activation kept); "auto" = chunks of
+    # None (or "off" in TOML) = plain MNRL (one forward pass over the batch, every activation kept); "auto" = chunks of
     # 8 rows on CPU when the loss is InfoNCE alone and a device's batch is over 8 rows, else None
     mini_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
     # the encoder's attention kernel: "sdpa" (torch's scaled_dot_product_attention) or "eager"
@@ -113,6 +113,10 @@ class TrainConfig(BaseModel):
     resume: bool | str = False
     check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
     no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
+    # "ordered": negsynth's sampler keeps the rows' (curriculum) order; "shuffled": sentence-transformers'
+    # own NO_DUPLICATES sampler, the stock recipe's (rows reshuffled with the seed each pass, no text
+    # twice in a batch, a short batch where rows collide), for rows with no order to keep (one phase)
+    batch_sampler: Literal["ordered", "shuffled"] = "ordered"
 
     @model_validator(mode="after")
     def _recipe(self):
@@ -124,6 +128,12 @@ class TrainConfig(BaseModel):
         if self.text_template is not None and self.text_template.count("{text}") != 1:
             raise ValueError(f"text_template={self.text_template!r}: needs exactly one {{text}} slot")
         return self
+
+    @field_validator("mini_batch_size", mode="before")
+    @classmethod
+    def _mini_batch_off(cls, v):
+        # TOML has no null: "off" is plain MNRL (one forward pass over the batch), as None is in Python
+        return None if isinstance(v, str) and v.strip().lower() in ("off", "none") else v
 
     @field_validator("bidirectional")
     @classmethod

@@ -63,14 +63,18 @@ def run_async(coro):
 
 
 def path_fingerprint(path: str) -> list:
-    """Names and sizes of an input's files (a changed input changes the stage hash)."""
+    """Names and sizes of an input's files (a changed input changes the stage hash). Hidden files
+    and folders (``.git``, ``.DS_Store``) are left out, as the readers leave them out: a commit in
+    a folder of documents is no new input."""
     p = Path(path)
     if p.is_file():
         return [p.name, p.stat().st_size]
     if p.is_dir():
         out = []
         for root, _, files in sorted(os.walk(p)):
-            for f in sorted(files):
+            if any(part.startswith(".") for part in Path(root).relative_to(p).parts):
+                continue
+            for f in sorted(x for x in files if not x.startswith(".")):
                 fp = Path(root) / f
                 out.append([str(fp.relative_to(p)), fp.stat().st_size])
         return out

@@ -1,7 +1,9 @@
 """Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed.
 
-In:  ``[corpus] inputs`` — corpus specs (a BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV /
-     TSV with text, title and id columns, a saved HF dataset; see :mod:`negsynth.data.corpus`);
+In:  ``[corpus] inputs`` — corpus specs (a folder of .txt / .md / .html / .pdf / table files, a
+     BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV / TSV with text, title and id columns,
+     a saved HF dataset; see :mod:`negsynth.data.corpus`), documents longer than
+     ``chunk_tokens`` split into passages (each passage is a document below);
      ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
 Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
      (query = the LLM's, positive = the document, 4 negatives), read by ``score`` like every
@@ -93,10 +95,69 @@ RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
 
 # -- planning -------------------------------------------------------------------------------
 def load_corpora(ctx: StageContext) -> list[CorpusData]:
+    """Count every input's documents (passages, where long ones are split); the last read is kept
+    for the run that follows its fingerprint (same inputs, same files: not read twice)."""
     cfg = ctx.cfg.corpus
     if not cfg.inputs:
         raise UserError('corpus has no inputs: pass --input PATH, or add [[corpus.inputs]] path = "..." to the run file')
-    return [read_corpus(spec) for spec in cfg.inputs]
+    key = config_hash(
+        {
+            "inputs": [s.model_dump(mode="json") for s in cfg.inputs],
+            "chunks": [cfg.chunk_tokens, cfg.chunk_overlap],
+            "files": [_stat(s.path) for s in cfg.inputs],
+        }
+    )
+    if _LOADED.get("key") != key:
+        _LOADED.clear()
+        corpora = [read_corpus(spec, cfg.chunk_tokens, cfg.chunk_overlap) for spec in cfg.inputs]
+        _LOADED.update(key=key, corpora=corpora)
+    corpora = _LOADED["corpora"]
+    for c in corpora:
+        c.positions = {}
+    check_size(cfg, corpora)
+    return corpora
+
+
+#: the last :func:`load_corpora` read: its key and its corpora
+_LOADED: dict[str, Any] = {}
+
+
+def _stat(path: str) -> list:
+    """Names, sizes and modification times of an input's files: a rewritten file is read again."""
+    import os
+
+    p = Path(path)
+    if p.is_file():
+        st = p.stat()
+        return [str(p), st.st_size, st.st_mtime_ns]
+    if p.is_dir():
+        out: list = [str(p)]
+        for root, _, files in sorted(os.walk(p)):
+            for f in sorted(files):
+                st = (Path(root) / f).stat()
+                out.append([f, st.st_size, st.st_mtime_ns])
+        return out
+    return [path]
+
+
+def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
+    """Refuse, before any request, a corpus too small to mine NUM_NEGATIVES negatives from, saying
+    what left it so small (rows with no text, repeated ids): never a failure blamed on the model."""
+    if cfg.negatives == "llm":
+        return
+    for c in corpora:
+        if c.count > NUM_NEGATIVES:
+            continue
+        gone = []
+        if c.duplicate_ids:
+            gone.append(f"{c.duplicate_ids} left out as repeats of an earlier id (ids = {c.ids!r})")
+        if c.empty_skipped:
+            gone.append(f"{c.empty_skipped} with no text")
+        why = f" of {c.rows} rows ({'; '.join(gone)})" if gone else ""
+        raise UserError(
+            f"{c.path}: {c.count} document{'s' if c.count != 1 else ''}{why}; mining {NUM_NEGATIVES} negatives per query needs at least "
+            f"{NUM_NEGATIVES + 1} documents in each corpus: add documents, fix the ids (--ids row), or have the LLM write the negatives (--negatives llm)"
+        )
 
 
 def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
@@ -131,6 +192,14 @@ def config_digest(ctx: StageContext) -> str:
     """The hash of the settings, LLM, prompts and documents the examples are made from."""
     cfg = ctx.cfg.corpus
     parts = {**pipeline.llm_stage_parts(ctx, NAME, "corpus"), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
+    # settings added after run dirs existed count only where they change what is read, so an older
+    # run dir's hash (and its resume) stays as it was: how ids are made where they differ from the
+    # column's, a glob, and the chunk sizes where a document is split
+    specs = [{k: v for k, v in (("glob", s.glob), ("ids", s.ids)) if v is not None and v not in ("column", "first")} for s in cfg.inputs]
+    if any(specs):
+        parts["inputs_read"] = specs
+    if any(c.chunked for c in load_corpora(ctx)):
+        parts["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
     if needs_index(cfg):
         parts["embedder"] = ctx.cfg.embedder
     if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)
@@ -144,7 +213,7 @@ def fingerprint(ctx: StageContext) -> dict[str, Any]:
 
 
 def needs_index(cfg: CorpusConfig) -> bool:
-    return cfg.negatives != "llm" or cfg.round_trip_k > 0
+    return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
 
 
 # -- the prompt -----------------------------------------------------------------------------
@@ -265,6 +334,7 @@ class Work:
         self._model = None
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
+        self._lexical: dict[int, Any] = {}
 
     def model(self):
         if self._model is None:
@@ -301,6 +371,19 @@ class Work:
                 store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
             )
         return self._indexes[ci]
+
+    def lexical(self, ci: int):
+        """The teacher's BM25 index of corpus ``ci`` (built once, saved beside the dense index)."""
+        if ci not in self._lexical:
+            from negsynth.embed.lexical import LexicalIndex
+
+            c = self.corpora[ci]
+            key = config_hash({"input": path_fingerprint(c.path), "docs": c.count, "columns": c.columns})
+            self.ctx.reporter.info(f"corpus: BM25 index of {c.count} documents of {c.name} (cached) ...")
+            self._lexical[ci] = LexicalIndex.build(
+                (d.text for _, docs in c.batches() for d in docs), cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.bm25"
+            )
+        return self._lexical[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once)."""
@@ -385,6 +468,8 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             relative_margin=m.relative_margin,
             absolute_margin=m.absolute_margin,
             max_score=m.max_score,
+            range_max=m.range_max,
+            lexical=work.lexical(p["corpus_index"]).scores(query) if cfg.teacher == "hybrid" else None,
             screen=llm_negs if cfg.negatives == "mixed" else (),
         )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
@@ -398,6 +483,15 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
                 query=query,
                 round_trip_rank=mined["rank"],
             )
+        if cfg.teacher != "none":
+            meta["teacher_rank"] = mined["teacher_rank"]
+            if cfg.teacher_k and mined["teacher_rank"] > cfg.teacher_k:
+                return reject(
+                    "teacher_rank",
+                    f"the {cfg.teacher} teacher ranks its own document {mined['teacher_rank']}, below teacher_k={cfg.teacher_k}",
+                    query=query,
+                    teacher_rank=mined["teacher_rank"],
+                )
         if len(mined["negatives"]) < k:
             return reject(
                 "too_few_mined",
@@ -406,6 +500,9 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
             )
         meta["mined_scores"] = mined["scores"]
         meta["mined_pos_score"] = mined["pos_score"]
+        if cfg.teacher != "none":
+            meta["teacher_pos_score"] = mined["teacher_pos_score"]
+            meta["teacher_scores"] = mined["teacher_scores"]
     if mined is not None:
         # a mined negative is a document of the corpus: copied as long as the prompt shows a
         # document (doc_tokens), not whole (one huge document would be copied into every example)
@@ -472,19 +569,37 @@ def run(ctx: StageContext) -> dict:
 
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
+    docs = {
+        "in_corpus": sum(c.count for c in corpora),
+        "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
+        "empty_skipped": sum(c.empty_skipped for c in corpora),
+        "duplicate_ids": sum(c.duplicate_ids for c in corpora),
+    }
+    if any(c.chunked for c in corpora):  # in_corpus and sampled then count passages
+        docs["split_into_passages"] = sum(c.chunked for c in corpora)
     return {
-        "documents": {
-            "in_corpus": sum(c.count for c in corpora),
-            "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
-            "empty_skipped": sum(c.empty_skipped for c in corpora),
-            "duplicate_ids": sum(c.duplicate_ids for c in corpora),
-        },
-        "corpora": {c.name: {"path": c.path, "documents": c.count, "columns": c.columns} for c in corpora},
+        "documents": docs,
+        "corpora": {c.name: corpus_stats(c) for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir(NAME)),
     }
+
+
+def corpus_stats(c: CorpusData) -> dict[str, Any]:
+    """One corpus in stats.json: where it is, its documents (passages) and how they were read."""
+    out: dict[str, Any] = {"path": c.path, "documents": c.count, "columns": c.columns}
+    if c.fmt == "folder":
+        out["files"] = len(c.parts)
+        if c.skipped_files:
+            out["skipped_files"] = c.skipped_files  # files of no corpus type, by kind
+    if c.chunked:
+        out["rows"] = c.rows
+        out["split_into_passages"] = c.chunked
+    if c.ids != "column":
+        out["ids"] = c.ids
+    return out
 
 
 def describe(folder: Path) -> dict[str, Any]:
@@ -538,6 +653,8 @@ def report(stats: dict) -> list[Summary]:
     docs = stats.get("documents") or {}
     rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
     rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    if docs.get("split_into_passages"):
+        rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
     if stats.get("query_styles"):
         rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
     if stats.get("negative_sources"):

@@ -31,10 +31,13 @@ NAME = "train"
 def fingerprint(ctx: StageContext) -> str:
     """The hash of what the model is trained from: the train settings and the curriculum's card.
     Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
-    run dir made before that setting existed keeps its trained model."""
+    run dir made before that setting existed keeps its trained model (so does one made before
+    ``batch_sampler``, while it holds its default)."""
     card = ctx.stage_dir("curriculum") / "card.json"
     tc = ctx.cfg.train
     settings = tc.model_dump(exclude={"resume", "output_dir", "device"})
+    if tc.batch_sampler == "ordered":  # the one sampler before the setting existed: older models are kept
+        settings.pop("batch_sampler")
     return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
 
 

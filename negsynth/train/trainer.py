@@ -454,7 +454,16 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     if not fmt.is_identity:  # every text as the model will see it at evaluation (negsynth_text.json)
         train_ds = train_ds.map(lambda row: {c: fmt.apply(row[c]) for c in text_cols}, desc="text format")
     per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
-    if config.no_duplicates:
+    if config.batch_sampler == "shuffled":
+        if phases is not None and len(set(phases)) > 1:
+            raise ValueError(
+                "train.batch_sampler = 'shuffled' reshuffles the rows, which would mix the curriculum's phases; "
+                "use it with an unordered schedule (curriculum.schedule = 'tuple') or set batch_sampler = 'ordered'"
+            )
+        from sentence_transformers.base.sampler import BatchSamplers
+
+        sampler = BatchSamplers.NO_DUPLICATES
+    elif config.no_duplicates:
         sampler = curriculum_batch_sampler(phases)
         planned = sampler(train_ds, batch_size=per_device, drop_last=False)
         if planned.counts["moved"] or planned.skipped_rows:
