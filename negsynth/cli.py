@@ -67,7 +67,9 @@ def _root(
     """LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training."""
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML run file (default: built-in embedded-LLM config)")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML run file, layered key by key over the built-in defaults (`negsynth config` prints them)")
+]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", "-d", help="run directory holding every stage's shards")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set llm.base_url=http://127.0.0.1:8000/v1")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars or tables")]
@@ -828,16 +830,15 @@ def serve(
 @app.command("config")
 @guarded
 def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
-    """Print the resolved config (defaults + --config + --set) as TOML, or JSON with --json."""
-    from negsynth.pipeline.config_io import load_config
+    """Print the effective config as TOML (or JSON with --json): the built-in defaults, with
+    --config FILE's keys layered over them and then --set; each key the file or --set gave is
+    marked with a comment (`# FILE`, `(= default)` when it repeats the built-in value)."""
+    from negsynth.pipeline.config_io import load_config, marked_toml
 
-    cfg = load_config(config, set_ or []).model_dump(mode="json", exclude_none=True)
     if json_out:
-        typer.echo(json.dumps(cfg, indent=2))
+        typer.echo(json.dumps(load_config(config, set_ or []).model_dump(mode="json", exclude_none=True), indent=2))
         return
-    import tomli_w
-
-    typer.echo(tomli_w.dumps(cfg), nl=False)
+    typer.echo(marked_toml(config, set_ or []), nl=False)
 
 
 def _show_inspect(report: dict) -> None:

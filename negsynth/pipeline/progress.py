@@ -56,6 +56,11 @@ class Reporter:
             if status is not None
             else TextColumn("[green]{task.fields[valid]} valid[/] [red]{task.fields[rejected]} rejected[/]")
         )
+        # in Jupyter (ipykernel) no live display and no stderr redirect: rich's live bar swaps
+        # sys.stderr for a proxy that prints through the console, and the console writes to
+        # sys.stderr, so a library's own bar (the trainer saving a model) recursed without end;
+        # there the bar is plain lines, as on a console that is no terminal
+        jupyter = self.console.is_jupyter
         prog = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -68,6 +73,9 @@ class Reporter:
             console=self.console,
             transient=False,
             refresh_per_second=4,
+            redirect_stdout=not jupyter,
+            redirect_stderr=not jupyter,
+            disable=jupyter,
         )
         with prog:
             fields: dict[str, Any] = {"status": status} if status is not None else {"valid": 0, "rejected": 0}
@@ -76,6 +84,8 @@ class Reporter:
             try:
                 yield self._bar
             finally:
+                if jupyter:  # the bar's last state, as the one line a live bar would have left
+                    self.console.print(self._bar.line(), markup=False, highlight=False)
                 self._bar = None
 
     def table(self, title: str, rows: list[tuple[Any, ...]], header: tuple[str, ...] = ("", "")) -> None:
