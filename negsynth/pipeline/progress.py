@@ -12,6 +12,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
+#: the width of tables written to a file or a pipe (no terminal to ask; rich would take 80 and
+#: cut the columns of a wide table); $COLUMNS still wins, as rich reads it
+PIPE_WIDTH = 200
+
+
+def report_console(*, stderr: bool = False) -> Console:
+    """A console for tables: the terminal's width on a terminal, else $COLUMNS or :data:`PIPE_WIDTH`."""
+    import os
+
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
 class Reporter:
     """What a stage tells a person: progress (rate, ETA, valid/rejected) and a closing table."""
 
@@ -21,7 +36,7 @@ class Reporter:
     def __init__(self, quiet: bool = False, json_mode: bool = False):
         self.quiet = quiet or json_mode
         self.json_mode = json_mode
-        self.console = Console(stderr=True, highlight=False)
+        self.console = report_console(stderr=True)
 
     def info(self, msg: str) -> None:
         if not self.quiet:
