@@ -48,7 +48,7 @@ def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | No
             return config
         from negsynth.pipeline.config_io import apply_override
 
-        data = config.model_dump(mode="json", exclude_none=True)
+        data = config.model_dump(mode="json")
         for o in overrides:
             apply_override(data, o)
         return RunConfig.model_validate(data)

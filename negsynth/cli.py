@@ -68,7 +68,8 @@ def _root(
 
 
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML run file, layered key by key over the built-in defaults (`negsynth config` prints them)")
+    Path | None,
+    typer.Option("--config", "-c", help="TOML run file, layered key by key over the built-in defaults (`negsynth config` prints them)"),
 ]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", "-d", help="run directory holding every stage's shards")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set llm.base_url=http://127.0.0.1:8000/v1")]
@@ -626,7 +627,9 @@ def curriculum(
 @stage_command()
 def train(
     opts: Options,
-    model: Annotated[str | None, typer.Option("--model", help="base model: default (MiniLM), smollm2, or a folder / hub name (train.model)")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="base model: default (MiniLM), smollm2, or a folder / hub name (train.model)")
+    ] = None,
     epochs: Annotated[float | None, typer.Option("--epochs", min=0.0, help="passes over the curriculum (train.epochs)")] = None,
     lr: Annotated[float | None, typer.Option("--lr", min=0.0, help="learning rate (train.lr)")] = None,
 ) -> None:
@@ -862,7 +865,9 @@ def _show_inspect(report: dict) -> None:
 def inspect_cmd(
     path: Annotated[
         Path | None,
-        typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl (or -d RUN_DIR)", show_default=False),
+        typer.Argument(
+            help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl (or -d RUN_DIR)", show_default=False
+        ),
     ] = None,
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", "-d", help="the run dir, as every other command takes it (or the positional PATH)")
@@ -875,7 +880,8 @@ def inspect_cmd(
     level: Annotated[
         int | None,
         typer.Option(
-            "--level", help="negative level 1-4 (1 = hardest: the LLM's grade, or the rank band of mined negatives): where --flag must hold; alone, the only level tabulated"
+            "--level",
+            help="negative level 1-4 (1 = hardest: the LLM's grade, or the rank band of mined negatives): where --flag must hold; alone, the only level tabulated",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,

@@ -231,7 +231,7 @@ def _generate(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common: d
 def no_inputs(stage: str) -> str:
     """estimate's line for a stage with no inputs: the ways estimate itself takes them (it has no --input)."""
     return (
-        f"estimate: {stage} has no inputs; add [[{stage}.inputs]] path = \"...\" to the run file (-c FILE), "
+        f'estimate: {stage} has no inputs; add [[{stage}.inputs]] path = "..." to the run file (-c FILE), '
         f"or pass --set '{stage}.inputs=[{{path=\"docs.jsonl\"}}]'"
     )
 

@@ -151,7 +151,9 @@ def describe_provenance(prov: dict[str, Any]) -> str:
         kinds = list(prov.get("negatives", {})) or ["llm"]
         negs = "; ".join(neg[k] for k in kinds)
         if origin == "corpus":
-            parts.append(f"An LLM ({llm}) wrote a query for each sampled document of the corpus {srcs}; the document is the positive; {negs}.")
+            parts.append(
+                f"An LLM ({llm}) wrote a query for each sampled document of the corpus {srcs}; the document is the positive; {negs}."
+            )
         elif origin == "regenerate":
             parts.append(f"The (query, positive) pairs come from existing datasets ({srcs}); {negs}.")
         else:
@@ -270,9 +272,15 @@ def export_dataset(
             if name not in tables:
                 continue
             (tmp / name).mkdir()
-            pq.write_table(tables[name], str(tmp / name / PARQUET))
+            # without the source file's schema metadata: its "huggingface" features list every
+            # column of the curriculum, and datasets would read them back into a text-only config
+            pq.write_table(tables[name].replace_schema_metadata(None), str(tmp / name / PARQUET))
             configs.append(
-                {"config_name": name, "data_files": [{"split": "train", "path": f"{name}/{PARQUET}"}], **({"default": True} if name == default else {})}
+                {
+                    "config_name": name,
+                    "data_files": [{"split": "train", "path": f"{name}/{PARQUET}"}],
+                    **({"default": True} if name == default else {}),
+                }
             )
             summary["configs"][name] = tables[name].num_rows
         shard_counts = {}
@@ -350,7 +358,9 @@ def _dataset_body(meta: dict, card: dict, summary: dict) -> str:
     lines = [
         f"# {meta['pretty_name']}",
         "",
-        "Contrastive training data made by negsynth. " + describe_provenance(ns["provenance"]) + " "
+        "Contrastive training data made by negsynth. "
+        + describe_provenance(ns["provenance"])
+        + " "
         + (
             "Each row of the default configuration carries its hardest negatives (n-tuple rows, no curriculum order)."
             if tuple_rows
@@ -382,7 +392,7 @@ def _dataset_body(meta: dict, card: dict, summary: dict) -> str:
     lines += [
         "",
         "**The default rows are in training order: do not shuffle them.** Load this folder (or the Hub repo) with "
-        "`load_dataset(PATH_OR_REPO, CONFIG, split=\"train\")` (a dataset repo layout: `load_from_disk` does not read it). Train with the stock trainer:",
+        '`load_dataset(PATH_OR_REPO, CONFIG, split="train")` (a dataset repo layout: `load_from_disk` does not read it). Train with the stock trainer:',
         "",
         "```python",
         "from datasets import load_dataset",
@@ -545,7 +555,7 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         lines += [
             "Trained with instruction prefixes on the queries, saved as the model's prompts (`config_sentence_transformers.json`): "
             + ", ".join(f"`{k}` = `{v!r}`" for k, v in prompts.items())
-            + ". Pass `prompt_name=\"query\"` for queries.",
+            + '. Pass `prompt_name="query"` for queries.',
             "",
         ]
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))

@@ -620,7 +620,9 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
         ax.set_ylabel("% of negatives")
         ax.set_title(title)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(tts), fontsize=8, frameon=False)
-    fig.suptitle(f"flags per {level_word(mined)} (1 = {'the hardest rank band' if mined else 'claimed hardest'}), by task type", fontsize=10)
+    fig.suptitle(
+        f"flags per {level_word(mined)} (1 = {'the hardest rank band' if mined else 'claimed hardest'}), by task type", fontsize=10
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     written.append(_save(fig, out / "flags_by_level.png", plt))
 

@@ -132,7 +132,9 @@ def test_export_dataset_and_model_load_back(run_dir, tmp_path):
     assert meta["license"] == "cc-by-4.0"
     assert "| STS12 | STS | cos_sim_spearman | 80.00 | 81.23 | +1.23 |" in text
     assert "`mean`" in text and "gpt-test" in text and "trust_remote_code" not in text
-    assert "prompts" not in json.loads((out / "model" / "config_sentence_transformers.json").read_text())  # no instruction prefix
+    # the anchors were built with the instruction template: the model gets it as its query prompt
+    prompts = json.loads((out / "model" / "config_sentence_transformers.json").read_text())["prompts"]
+    assert prompts == {"query": "Instruct: Retrieve a passage.\nQuery: ", "document": ""}
 
 
 def test_only_one_part_and_bad_input(run_dir, tmp_path):

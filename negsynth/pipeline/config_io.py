@@ -175,8 +175,8 @@ _MISSING = object()
 
 def marked_toml(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
     """``negsynth config [-c FILE] [--set ...]``: the effective config as TOML, every key the file
-    or a ``--set`` gave marked with a comment (``# FILE``; ``# FILE (= default)`` when it repeats the
-    built-in value), so a reader sees what the file changed and what it inherits."""
+    or a ``--set`` gave marked with a comment (``# FILE`` or ``# --set``; ``(= default)`` added when
+    it repeats the built-in value), so a reader sees what the file changed and what it inherits."""
     import re
 
     import tomli_w
@@ -185,11 +185,15 @@ def marked_toml(path: str | Path | None = None, overrides: list[str] | None = No
     text = tomli_w.dumps(cfg)
     if path is None and not overrides:
         return text
-    _, user, _ = config_layers(path, overrides)
+    by_file = changed_keys(config_layers(path)[1]) if path is not None else set()
+    by_set: dict = {}
+    for o in overrides or []:
+        apply_override(by_set, o)
     base = load_config().model_dump(mode="json", exclude_none=True)
-    label = " / --set" if overrides and path is not None else ""
-    label = (str(path) if path is not None else "--set") + label
-    marks = {p: f"# {label}" + (" (= default)" if _at(base, p) == _at(cfg, p) else "") for p in changed_keys(user)}
+    marks = {
+        p: f"# {'--set' if p in changed_keys(by_set) else path}" + (" (= default)" if _at(base, p) == _at(cfg, p) else "")
+        for p in by_file | changed_keys(by_set)
+    }
     out, table = [], ()
     for line in text.splitlines():
         head = re.fullmatch(r"\[\[?([^\]]+)\]\]?", line)

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-
 #: the width of tables written to a file or a pipe (no terminal to ask; rich would take 80 and
 #: cut the columns of a wide table); $COLUMNS still wins, as rich reads it
 PIPE_WIDTH = 200

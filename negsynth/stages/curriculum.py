@@ -95,7 +95,7 @@ def run(ctx: StageContext) -> dict:
             ctx.reporter.warn(
                 f"curriculum: {len(examples)} examples cannot fill a batch of {wanted} with distinct texts (no text may appear twice "
                 f"in a batch, and mined negatives are other examples' documents); using batch size {batch_size}, the largest that fills, "
-                "for curriculum and train (set curriculum.batch_size to choose)"
+                "for curriculum and train (more examples keep the size asked for)"
             )
         save_curriculum(rows, out, stats=dict(rows.stats))
     except CurriculumError as e:
@@ -128,8 +128,11 @@ def report(stats: dict) -> list[Summary]:
             [
                 ("examples in", stats["examples"]),
                 ("rows (training order)", stats["rows"]),
-                ("batches of", f"{stats['batches']} x {stats['batch_size']}"
-                 + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else "")),
+                (
+                    "batches of",
+                    f"{stats['batches']} x {stats['batch_size']}"
+                    + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else ""),
+                ),
                 ("schedule", stats["schedule"] + (" (auto)" if stats.get("schedule_setting") == "auto" else "")),
                 ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),
                 *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
