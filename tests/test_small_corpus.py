@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fake_openai import FakeOpenAI
 from test_corpus import answer
 from typer.testing import CliRunner
@@ -20,7 +21,8 @@ runner = CliRunner()
 
 
 def corpus_like(n: int) -> list[dict]:
-    """``n`` examples whose 4 negatives are the next 4 examples' positives, as mining a small corpus gives."""
+    """``n`` examples whose 4 negatives are other examples' positives (spread over the corpus), as
+    mining a small corpus gives."""
     return [
         {
             "id": f"c{i}",
@@ -28,7 +30,7 @@ def corpus_like(n: int) -> list[dict]:
             "task_type": "short-long",
             "query": f"question about document {i}",
             "positive": f"document {i}",
-            "negatives": [f"document {(i + k) % n}" for k in range(1, 5)],
+            "negatives": [f"document {(i + 7 * k) % n}" for k in range(1, 5)],
             "model": "mined:default:corpus",
         }
         for i in range(n)
@@ -70,6 +72,7 @@ def test_the_curriculum_stage_falls_back_in_one_line_and_train_follows(tmp_path,
     assert seen["batch_size"] == b
 
 
+@pytest.mark.slow  # corpus, score and 2 steps of MiniLM: ~90 s on 2 loaded cores
 def test_examples_corpus_toml_runs_on_the_50_sample_documents(tmp_path, minilm):
     """examples/corpus.toml as shipped (batch 32) on the package's sample corpus, the LLM a fake
     server, train capped at 2 steps, no evaluate (the shared benchmark data is not the point)."""
