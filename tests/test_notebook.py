@@ -55,6 +55,16 @@ def code_outputs(nb) -> list[str]:
     return [json.dumps(c.outputs) for c in nb.cells if c.cell_type == "code"]
 
 
+def results(nb) -> list[str]:
+    """Each code cell's value (its last expression's text/plain; "" for none)."""
+    return [
+        next((o["data"]["text/plain"] for o in c.outputs if o.get("output_type") == "execute_result"), "")
+        for c in nb.cells
+        if c.cell_type == "code"
+    ]
+
+
+@pytest.mark.slow  # a kernel, three MiniLM loads and a short training: ~90 s on 2 loaded cores
 def test_the_example_notebook_runs_on_the_sample_corpus(tmp_path, minilm):
     """As shipped but against the fake server (the LLM is not the point here): the sample corpus of
     the package, the package API, the progress output in a kernel (no stderr takeover)."""
@@ -65,17 +75,18 @@ def test_the_example_notebook_runs_on_the_sample_corpus(tmp_path, minilm):
             tmp_path,
             "import negsynth\n"
             f"CORPUS = negsynth.sample_corpus()\nLLM = {srv.base_url!r}\nMODEL = 'fake'\nKEY_ENV = None\n"
-            f"RUN_DIR = {str(tmp_path / 'run')!r}\nMAX_DOCS = 24",
+            f"RUN_DIR = {str(tmp_path / 'run')!r}\nMAX_DOCS = 12",
         )
-        assert len(srv.requests) == 24
-    outs = code_outputs(nb)
+        assert len(srv.requests) == 12
+    outs, res = code_outputs(nb), results(nb)
     train = load_config().train
-    assert f"({train.batch_size}, {train.grad_accum}, {train.max_length})" in outs[1]  # the defaults `negsynth config` prints
-    assert "num_rows" in outs[2] and "negative_1" in outs[2] and "phase" not in outs[2]  # text columns only
-    assert "anchor" in outs[3]
+    assert res[1] == f"({train.batch_size}, {train.grad_accum}, {train.max_length})"  # the defaults `negsynth config` prints
+    assert "num_rows" in res[2] and "negative_1" in res[2] and "phase" not in res[2]  # text columns only
+    assert "anchor" in res[3]
     assert (tmp_path / "run" / "train" / "final").is_dir()
-    assert "(1, 384)" in outs[5]
+    assert res[5] == "(1, 384)"
     assert not any("Traceback" in o or "RecursionError" in o for o in outs)
+    assert "train: " in outs[4]  # the train bar's closing line, shown in the notebook
     assert sum(1 for _ in open(negsynth.sample_corpus())) == 50
 
 
@@ -92,8 +103,8 @@ def test_the_example_notebook_runs_as_shipped_on_the_embedded_llm(tmp_path, mini
     shipped = nbformat.read(ROOT / "examples" / "corpus_quickstart.ipynb", as_version=4).cells[1].source
     assert 'RUN_DIR = "runs/notebook"' in shipped
     nb = execute_notebook(tmp_path, shipped.replace('"runs/notebook"', repr(str(tmp_path / "run"))), timeout=1500)
-    outs = code_outputs(nb)
-    assert "num_rows" in outs[2] and "(1, 384)" in outs[5]
+    outs, res = code_outputs(nb), results(nb)
+    assert "num_rows" in res[2] and res[5] == "(1, 384)"
     assert not any("Traceback" in o for o in outs)
 
 
