@@ -84,11 +84,16 @@ def test_inspect_calls_mined_levels_rank_bands_and_claims_no_llm_order(tmp_path)
         d = scored_run(tmp_path / str(mined), mined=mined)
         r = runner.invoke(app, ["inspect", "-d", str(d), "--sample", "1"])
         assert r.exit_code == 0, r.output
+        page = tmp_path / f"{mined}.html"
+        assert runner.invoke(app, ["inspect", "-d", str(d), "--html", str(page)]).exit_code == 0
+        html = page.read_text()
         if mined:
             assert "rank band" in r.output and "band 1" in r.output
             assert "LLM level" not in r.output and "Kendall" not in r.output and "tau" not in r.output
+            assert "per rank band" in html and "LLM level" not in html and "Kendall" not in html
         else:
             assert "score per LLM level" in r.output and "Kendall tau" in r.output
+            assert "per LLM level" in html and "Kendall" in html
 
 
 def test_tables_are_not_cut_at_80_columns_in_a_pipe(tmp_path, monkeypatch):

@@ -92,9 +92,11 @@ def run(ctx: StageContext) -> dict:
                 )
             batch_size, rows = fit
             rows.stats["batch_size_wanted"] = wanted
+            mined = cc.negatives == "mined" or all(str(e.get("model") or "").startswith("mined:") for e in examples)
+            why = ", and mined negatives are other examples' documents" if mined else ""
             ctx.reporter.warn(
                 f"curriculum: {len(examples)} examples cannot fill a batch of {wanted} with distinct texts (no text may appear twice "
-                f"in a batch, and mined negatives are other examples' documents); using batch size {batch_size}, the largest that fills, "
+                f"in a batch{why}); using batch size {batch_size}, the largest that fills, "
                 "for curriculum and train (more examples keep the size asked for)"
             )
         save_curriculum(rows, out, stats=dict(rows.stats))
