@@ -368,8 +368,14 @@ def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         ds = datasets.Dataset.from_list([{c: r[c] for c in columns} for r in rows])
-        ds.save_to_disk(str(tmp / "dataset"))
-        ds.to_parquet(str(tmp / "train.parquet"))
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # the stage prints its own summary (and a notebook cell no bars)
+        try:
+            ds.save_to_disk(str(tmp / "dataset"))
+            ds.to_parquet(str(tmp / "train.parquet"))
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
         card = composition(rows, stats)
         import json
 
