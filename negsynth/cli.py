@@ -67,7 +67,10 @@ def _root(
     """LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training."""
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML run file (default: built-in embedded-LLM config)")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="TOML run file, layered key by key over the built-in defaults (`negsynth config` prints them)"),
+]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", "-d", help="run directory holding every stage's shards")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a key: --set llm.base_url=http://127.0.0.1:8000/v1")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars or tables")]
@@ -650,7 +653,14 @@ def curriculum(
 
 
 @stage_command()
-def train(opts: Options) -> None:
+def train(
+    opts: Options,
+    model: Annotated[
+        str | None, typer.Option("--model", help="base model: default (MiniLM), smollm2, or a folder / hub name (train.model)")
+    ] = None,
+    epochs: Annotated[float | None, typer.Option("--epochs", min=0.0, help="passes over the curriculum (train.epochs)")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", min=0.0, help="learning rate (train.lr)")] = None,
+) -> None:
     """Fine-tune on the curriculum in order (InfoNCE, in-batch + hard negatives) -> RUN_DIR/train/final.
 
     Under torchrun / accelerate launch (WORLD_SIZE > 1) every process trains its share of each
@@ -658,6 +668,8 @@ def train(opts: Options) -> None:
     """
     from negsynth.train.sampler import data_parallel_world
 
+    sets = config_sets("train", model=model, epochs=epochs, lr=lr)
+    opts.set_ = sets + list(opts.set_ or [])  # the flags as --set, before the user's own --set
     world, rank = data_parallel_world()
     if world == 1:
         _run("train", opts)
@@ -857,24 +869,22 @@ def serve(
 @app.command("config")
 @guarded
 def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt = False) -> None:
-    """Print the resolved config (defaults + --config + --set) as TOML, or JSON with --json."""
-    from negsynth.pipeline.config_io import load_config
+    """Print the effective config as TOML (or JSON with --json): the built-in defaults, with
+    --config FILE's keys layered over them and then --set; each key the file or --set gave is
+    marked with a comment (`# FILE`, `(= default)` when it repeats the built-in value)."""
+    from negsynth.pipeline.config_io import load_config, marked_toml
 
-    cfg = load_config(config, set_ or []).model_dump(mode="json", exclude_none=True)
     if json_out:
-        typer.echo(json.dumps(cfg, indent=2))
+        typer.echo(json.dumps(load_config(config, set_ or []).model_dump(mode="json", exclude_none=True), indent=2))
         return
-    import tomli_w
-
-    typer.echo(tomli_w.dumps(cfg), nl=False)
+    typer.echo(marked_toml(config, set_ or []), nl=False)
 
 
 def _show_inspect(report: dict) -> None:
-    from rich.console import Console
-
     from negsynth.inspect import render
+    from negsynth.pipeline.progress import report_console
 
-    console = Console(highlight=False)
+    console = report_console()
     render(report, console)
     for p in report.get("plots", []) + ([report["html"]] if "html" in report else []):
         console.print(f"wrote {p}")
@@ -882,14 +892,26 @@ def _show_inspect(report: dict) -> None:
 
 @report_command("inspect", show=_show_inspect)
 def inspect_cmd(
-    path: Annotated[Path, typer.Argument(help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl")],
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="a run dir, a stage folder (e.g. runs/default/score) or one shard-XXXXX.jsonl (or -d RUN_DIR)", show_default=False
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", "-d", help="the run dir, as every other command takes it (or the positional PATH)")
+    ] = None,
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="pretty-print N examples (with cosines and flags when scored)")] = 0,
     task_type: Annotated[str | None, typer.Option("--task-type", help="only examples of this task type")] = None,
     flag: Annotated[
         str | None, typer.Option("--flag", help="only examples with this flag: false_negative | too_easy | non_monotonic")
     ] = None,
     level: Annotated[
-        int | None, typer.Option("--level", help="LLM level 1-4: where --flag must hold; alone, the only level tabulated")
+        int | None,
+        typer.Option(
+            "--level",
+            help="negative level 1-4 (1 = hardest: the LLM's grade, or the rank band of mined negatives): where --flag must hold; alone, the only level tabulated",
+        ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="which examples --sample picks")] = 0,
     plots: Annotated[Path | None, typer.Option("--plots", help="also write PNG figures to this directory")] = None,
@@ -899,6 +921,12 @@ def inspect_cmd(
 ) -> dict:
     """Summarise a run: counts per stage, task-type mix, rejects, tokens/cost, score statistics per level."""
     from negsynth.inspect import inspect_path, write_plots
+
+    if path is not None and run_dir is not None and path != run_dir:
+        raise UserError(f"inspect: two paths ({path} and --run-dir {run_dir}); pass one")
+    path = path if path is not None else run_dir
+    if path is None:
+        raise UserError("inspect: which run? pass -d RUN_DIR (or a stage folder or shard file as PATH)")
 
     report = inspect_path(path, sample=sample, task_type=task_type, flag=flag, level=level, seed=seed)
     if plots is not None:
@@ -914,6 +942,11 @@ def _show_export(res: dict) -> None:
     for k in ("dataset", "model"):
         if k in res:
             typer.echo(f"wrote {res[k][k]}")
+    if "dataset" in res:
+        d = res["dataset"]
+        typer.echo(
+            f"load: datasets.load_dataset({d['dataset']!r}, CONFIG, split='train'), CONFIG one of {', '.join(d['configs'])} (default {d['default']})"
+        )
     for url in res.get("pushed", []):
         typer.echo(f"pushed {url}")
 
@@ -922,7 +955,11 @@ def _show_export(res: dict) -> None:
 def export(
     out: Annotated[
         Path,
-        typer.Option("--out", "-o", help="output folder: OUT/dataset (HF dataset repo) and OUT/model (sentence-transformers model + card)"),
+        typer.Option(
+            "--out",
+            "-o",
+            help="output folder: OUT/dataset (an HF dataset repo: load_dataset(OUT/dataset, 'triplet'|'ntuple'|'pair')) and OUT/model (sentence-transformers model + card)",
+        ),
     ],
     run_dir: RunDirOpt = Path("runs/default"),
     only: Annotated[str | None, typer.Option("--only", help="dataset | model (default: both)")] = None,
@@ -931,7 +968,7 @@ def export(
     ] = False,
     ntuple: Annotated[
         int | None,
-        typer.Option("--ntuple", min=1, help="also write the 'ntuple' configuration: anchor, positive, negative_1..N per scored example"),
+        typer.Option("--ntuple", min=1, help="write the 'ntuple' configuration as anchor, positive, negative_1..N per scored example"),
     ] = None,
     license_: Annotated[str, typer.Option("--license", help="licence id for both cards (e.g. cc-by-4.0, apache-2.0)")] = "unknown",
     push: Annotated[

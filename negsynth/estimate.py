@@ -228,6 +228,14 @@ def _generate(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common: d
     return [it.payload for it in items]
 
 
+def no_inputs(stage: str) -> str:
+    """estimate's line for a stage with no inputs: the ways estimate itself takes them (it has no --input)."""
+    return (
+        f'estimate: {stage} has no inputs; add [[{stage}.inputs]] path = "..." to the run file (-c FILE), '
+        f"or pass --set '{stage}.inputs=[{{path=\"docs.jsonl\"}}]'"
+    )
+
+
 def _regenerate(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common: dict) -> None:
     from negsynth.stages.regenerate import build_messages, load_inputs, plan_items
 
@@ -235,6 +243,8 @@ def _regenerate(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common:
     if cfg.negatives == "mined":
         est.basis.append("regenerate.negatives = 'mined': no LLM request")
         return
+    if not cfg.inputs:
+        raise UserError(no_inputs("regenerate"))
     items, _ = plan_items(ctx, load_inputs(ctx))
     for it in items:
         msgs = build_messages(it.payload, cfg)
@@ -247,6 +257,8 @@ def _corpus(ctx: StageContext, est: StageEstimate, tc: TokenCounter, common: dic
     from negsynth.stages.corpus import build_messages, cut_tokens, load_corpora, plan_items
 
     cfg = ctx.cfg.corpus
+    if not cfg.inputs:
+        raise UserError(no_inputs("corpus"))
     items = plan_items(ctx, load_corpora(ctx))
     est.items = len(items)
     for it in items:
@@ -391,10 +403,11 @@ def estimate(
 
 def render(est: dict[str, Any]) -> None:
     """The estimate as two tables on stdout (expected, and every re-ask used) and its assumptions."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    from negsynth.pipeline.progress import report_console
+
+    console = report_console()
     rows = list(est["stages"].items()) + [("total", est["total"])]
     for title, sfx in (("estimate before any request is sent", ""), ("worst case: every item uses all llm.max_attempts", "_max")):
         t = Table(title=title, title_justify="left")

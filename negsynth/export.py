@@ -1,15 +1,20 @@
 """Export a run as folders the Hugging Face ecosystem expects (``negsynth export``).
 
 ``OUT/dataset/``: a dataset repo folder — parquet files + ``README.md`` (dataset card with YAML
-front matter: configs, licence, composition, generator model(s), schedule, score filters).
-Configurations: ``curriculum`` (default; the training rows in training order), ``ntuple`` (with
-``ntuple=n``: ``anchor, positive, negative_1..n`` per example) and, with ``with_shards``, the
-stage records (``generate``, ``regenerate``, ``score``). ``datasets.load_dataset(OUT/dataset)``
-reads it offline; ``push_to_hub`` / :func:`push` upload it as it is.
+front matter: configs, licence, composition, what made the data, schedule, score filters).
+Configurations, each text-only so ``SentenceTransformerTrainer`` takes it with no column
+selection: ``triplet`` (anchor, positive, negative), ``ntuple`` (anchor, positive,
+negative_1..n: the curriculum's n-tuple rows, or with ``ntuple=n`` one row per scored example)
+and ``pair`` (anchor, positive); the default one is the curriculum's own layout, in training
+order. ``metadata`` holds the rest of the curriculum's columns row for row; with ``with_shards``
+the stage records (``generate``, ``regenerate``, ``score``) too.
+``datasets.load_dataset("OUT/dataset", "triplet", split="train")`` reads it offline (a repo
+layout: ``load_from_disk`` does not); ``push_to_hub`` / :func:`push` upload it as it is.
 
 ``OUT/model/``: a copy of ``RUN_DIR/train/final`` with a model card (base model, data, schedule,
 pooling, training settings, and the evaluation table from ``RUN_DIR/evaluate/report.json`` and
-``baseline.json`` when present). ``SentenceTransformer(OUT/model)`` loads it.
+``baseline.json`` when present). ``SentenceTransformer(OUT/model)`` loads it; anchors trained
+with an instruction prefix give it ``query`` / ``document`` prompts.
 """
 
 from __future__ import annotations
@@ -84,6 +89,80 @@ def _generators(run_dir: Path) -> dict[str, int]:
     return dict(c.most_common())
 
 
+def provenance(run_dir: Path) -> dict[str, Any]:
+    """What made the examples, read from the records and the stages' stats: the stage (``corpus``:
+    queries written for a user's documents, the document the positive; ``regenerate``: a
+    dataset's (query, positive) pairs; ``generate``: everything written by the LLM), where the
+    negatives came from (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and
+    scored, and the corpora or source datasets."""
+    from negsynth.data.shards import read_stage
+
+    folder = _examples_stage(run_dir)
+    origins: Counter = Counter()
+    negatives: Counter = Counter()
+    llms: Counter = Counter()
+    sources: Counter = Counter()
+    miners: Counter = Counter()
+    for r in read_stage(folder) if folder is not None else ():
+        meta = r.get("meta") or {}
+        model = str(r.get("model") or "")
+        mined = model.startswith("mined:")
+        if "query_model" in meta:  # the corpus stage: the LLM wrote the query for a document
+            origins["corpus"] += 1
+            llms[meta["query_model"]] += 1
+            sources[str(meta.get("corpus") or "?")] += 1
+        elif r.get("source") not in (None, "", "synthetic"):
+            origins["regenerate"] += 1
+            sources[str(r["source"])] += 1
+        else:
+            origins["generate"] += 1
+        kind = "mixed" if meta.get("negative_sources") else "mined" if mined else "llm"
+        negatives[kind] += 1
+        if mined:
+            miners[model.split(":")[1] if model.count(":") >= 1 else model] += 1
+        elif model:
+            llms[model] += 1
+    score = _read_json(run_dir / "score" / "stats.json") or {}
+    return {
+        "origin": dict(origins.most_common()),
+        "negatives": dict(negatives.most_common()),
+        "llm_models": dict(llms.most_common()),
+        "mining_embedder": dict(miners.most_common()),
+        "score_embedder": score.get("embedder"),
+        "sources": dict(sources.most_common()),
+    }
+
+
+def describe_provenance(prov: dict[str, Any]) -> str:
+    """One paragraph for a card: what wrote the queries and positives, where the negatives came
+    from, which models; only what the records say."""
+    llm = ", ".join(f"`{m}`" for m in prov.get("llm_models", {})) or "an LLM"
+    embedder = ", ".join(f"`{m}`" for m in prov.get("mining_embedder", {})) or (
+        f"`{prov['score_embedder']}`" if prov.get("score_embedder") else "a local embedder"
+    )
+    srcs = ", ".join(f"`{s}`" for s in prov.get("sources", {})) or "?"
+    neg = {
+        "mined": f"its hard negatives were mined from the same documents with the embedder {embedder} (the hardest candidates below the positive-aware margin)",
+        "llm": f"the LLM ({llm}) wrote four hard negatives graded hardest → easiest",
+        "mixed": f"its hard negatives are mined ones (embedder {embedder}) and the LLM's ({llm}) that passed the same margin",
+    }
+    parts = []
+    for origin in prov.get("origin", {}) or {"generate": 0}:
+        kinds = list(prov.get("negatives", {})) or ["llm"]
+        negs = "; ".join(neg[k] for k in kinds)
+        if origin == "corpus":
+            parts.append(
+                f"An LLM ({llm}) wrote a query for each sampled document of the corpus {srcs}; the document is the positive; {negs}."
+            )
+        elif origin == "regenerate":
+            parts.append(f"The (query, positive) pairs come from existing datasets ({srcs}); {negs}.")
+        else:
+            parts.append(f"An LLM ({llm}) wrote each query and its positive (MGH synthesis); {negs}.")
+    if prov.get("score_embedder"):
+        parts.append(f"A local embedder (`{prov['score_embedder']}`) measured every example and flagged false negatives.")
+    return " ".join(parts)
+
+
 def _score_filters(run_dir: Path) -> dict[str, Any]:
     st = _read_json(run_dir / "score" / "stats.json") or {}
     keys = ("embedder", "policy", "fn_ratio", "too_easy_floor", "kept", "rejected", "rejects_by_reason", "negatives_dropped", "reordered")
@@ -100,6 +179,36 @@ def _md_table(title: str, counts: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------- dataset
 
+#: the configurations a trainer reads as they are: text columns only, in training order
+TEXT_CONFIGS = ("triplet", "ntuple", "pair")
+
+
+def _configs_from_curriculum(table) -> dict[str, Any]:
+    """The curriculum's rows (a pyarrow table) as text-only configurations and their metadata:
+    ``triplet`` (anchor, positive, negative: graded rows as they are, n-tuple rows with their
+    hardest negative), ``ntuple`` (anchor, positive, negative_1..K; n-tuple rows only), ``pair``
+    (each distinct anchor, positive once, first occurrence first) and ``metadata`` (the other
+    columns, row for row beside the default configuration)."""
+    from negsynth.data.stock import text_columns
+
+    cols = table.column_names
+    text = text_columns(cols)
+    out: dict[str, Any] = {}
+    if "negative" in cols:
+        out["triplet"] = table.select(["anchor", "positive", "negative"])
+    else:
+        out["ntuple"] = table.select(text)
+        out["triplet"] = table.select(["anchor", "positive", "negative_1"]).rename_columns(["anchor", "positive", "negative"])
+    seen: set[tuple[str, str]] = set()
+    keep = []
+    for i, (a, p) in enumerate(zip(table.column("anchor").to_pylist(), table.column("positive").to_pylist())):
+        if (a, p) not in seen:
+            seen.add((a, p))
+            keep.append(i)
+    out["pair"] = table.select(["anchor", "positive"]).take(keep)
+    out["metadata"] = table.select([c for c in cols if c not in text])
+    return out
+
 
 def export_dataset(
     run_dir: str | Path,
@@ -112,6 +221,8 @@ def export_dataset(
     repo_id: str | None = None,
 ) -> dict:
     """Write ``out_dir`` as a dataset repo folder (module docstring). Returns a summary dict."""
+    import pyarrow.parquet as pq
+
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cur = run_dir / "curriculum"
     parquet = cur / "train.parquet"
@@ -123,17 +234,15 @@ def export_dataset(
     build = card.get("build", {}) or {}
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
     try:
-        (tmp / "curriculum").mkdir()
-        shutil.copyfile(parquet, tmp / "curriculum" / PARQUET)
-        configs: list[dict] = [
-            {"config_name": "curriculum", "data_files": [{"split": "train", "path": f"curriculum/{PARQUET}"}], "default": True}
-        ]
-        summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {"curriculum": card.get("rows")}}
+        tables = _configs_from_curriculum(pq.read_table(str(parquet)))
+        default = "ntuple" if "ntuple" in tables else "triplet"
         nt_stats = None
         if ntuple:
+            import pyarrow as pa
+
             from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError
             from negsynth.data.shards import read_stage
-            from negsynth.data.stock import ntuple_rows
+            from negsynth.data.stock import ntuple_rows, text_columns
 
             score = run_dir / "score"
             if not any(score.glob("shard-*.jsonl")):
@@ -151,10 +260,29 @@ def export_dataset(
                 raise UserError(
                     f"{score}: no example has {ntuple} negatives (--ntuple {ntuple}); lower --ntuple or use score.policy=annotate"
                 )
-            _write_parquet(list(rows), tmp / "ntuple" / PARQUET)
-            configs.append({"config_name": "ntuple", "data_files": [{"split": "train", "path": f"ntuple/{PARQUET}"}]})
+            t = pa.Table.from_pylist(list(rows))
+            text = text_columns(t.column_names)
+            tables["ntuple"] = t.select(text)  # one row per scored example, in score's order (not the curriculum's)
+            tables["ntuple_metadata"] = t.select([c for c in t.column_names if c not in text])
             nt_stats = {k: v for k, v in rows.stats.items() if k != "instruction_template"}
-            summary["configs"]["ntuple"] = len(rows)
+        configs: list[dict] = []
+        summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {}, "default": default}
+        order = [default, *[c for c in TEXT_CONFIGS if c != default], "metadata", "ntuple_metadata"]
+        for name in order:
+            if name not in tables:
+                continue
+            (tmp / name).mkdir()
+            # without the source file's schema metadata: its "huggingface" features list every
+            # column of the curriculum, and datasets would read them back into a text-only config
+            pq.write_table(tables[name].replace_schema_metadata(None), str(tmp / name / PARQUET))
+            configs.append(
+                {
+                    "config_name": name,
+                    "data_files": [{"split": "train", "path": f"{name}/{PARQUET}"}],
+                    **({"default": True} if name == default else {}),
+                }
+            )
+            summary["configs"][name] = tables[name].num_rows
         shard_counts = {}
         if with_shards:
             from negsynth.data.shards import read_stage
@@ -171,17 +299,21 @@ def export_dataset(
                 shard_counts[st] = len(recs)
                 summary["configs"][st] = len(recs)
         gens = _generators(run_dir)
+        prov = provenance(run_dir)
         filters = _score_filters(run_dir)
         n_rows = int(card.get("rows") or 0)
+        tags = ["sentence-transformers", "hard-negatives", "negsynth"]
+        tags += (["synthetic"] if "generate" in prov["origin"] else []) + (["curriculum"] if default == "triplet" else [])
         meta = {
             "license": license,
             "language": ["en"],
-            "pretty_name": pretty_name or f"negsynth curriculum ({run_dir.name})",
+            "pretty_name": pretty_name or f"negsynth training data ({run_dir.name})",
             "size_categories": [_size_category(n_rows)],
             "task_categories": ["sentence-similarity", "feature-extraction"],
-            "tags": ["sentence-transformers", "hard-negatives", "synthetic", "curriculum", "negsynth"],
+            "tags": tags,
             "configs": configs,
             "negsynth": {
+                "provenance": prov,
                 "generator_models": gens,
                 "schedule": build.get("schedule"),
                 "levels_by_phase": build.get("levels"),
@@ -189,6 +321,7 @@ def export_dataset(
                 "seed": build.get("seed"),
                 "homogeneous_batches": build.get("homogeneous_batches"),
                 "mined_negatives": build.get("use_mined"),
+                "instruction_template": build.get("instruction_template"),
                 "composition": {k: card.get(k) for k in ("rows", "batches", "per_phase", "per_level", "per_task_type", "per_source")},
                 "score_filters": filters,
                 **({"ntuple": nt_stats} if nt_stats else {}),
@@ -196,7 +329,7 @@ def export_dataset(
             },
         }
         (tmp / "README.md").write_text(
-            _yaml_front(meta) + _dataset_body(meta, card, build).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8"
+            _yaml_front(meta) + _dataset_body(meta, card, summary).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8"
         )
         if (cur / "card.json").is_file():
             shutil.copyfile(cur / "card.json", tmp / "negsynth_card.json")
@@ -207,67 +340,59 @@ def export_dataset(
     return summary
 
 
-def _dataset_body(meta: dict, card: dict, build: dict) -> str:
-    ns = meta["negsynth"]
-    gens = ", ".join(f"`{m}` ({n})" for m, n in ns["generator_models"].items()) or "unknown"
-    f = ns["score_filters"]
-    from negsynth.data.curriculum import CurriculumError, parse_schedule
+#: each configuration's columns, for the card
+CONFIG_COLUMNS = {
+    "triplet": "anchor, positive, negative",
+    "ntuple": "anchor, positive, negative_1 … negative_n (hardest first)",
+    "pair": "anchor, positive",
+    "metadata": "level (1 hardest … 4 easiest; 0: every level), phase, batch, task_type, example_id, source — row for row beside the default configuration",
+    "ntuple_metadata": "task_type, example_id, source — row for row beside `ntuple`",
+}
 
-    try:
-        _, levels, n_neg = parse_schedule(str(ns.get("schedule") or "curriculum"))
-    except CurriculumError:  # a card from an older or hand-made run: the one-negative layout
-        levels, n_neg = [], 1
-    tuple_rows = levels == [0]
-    text_cols = ["anchor", "positive", *([f"negative_{k}" for k in range(1, n_neg + 1)] if tuple_rows else ["negative"])]
+
+def _dataset_body(meta: dict, card: dict, summary: dict) -> str:
+    ns = meta["negsynth"]
+    default = summary["default"]
+    f = ns["score_filters"]
+    tuple_rows = default == "ntuple"
     lines = [
         f"# {meta['pretty_name']}",
         "",
-        "Contrastive training data made by negsynth (MGH multi-granularity hard-negative synthesis): "
-        "an LLM wrote each query, its positive and four hard negatives graded hardest → easiest; a local embedder checked the "
-        "grading and flagged false negatives; "
+        "Contrastive training data made by negsynth. "
+        + describe_provenance(ns["provenance"])
+        + " "
         + (
-            "each row carries its hardest negatives (n-tuple rows, no curriculum order)."
+            "Each row of the default configuration carries its hardest negatives (n-tuple rows, no curriculum order)."
             if tuple_rows
-            else "the rows form a curriculum (easiest level first)."
+            else "The rows form a curriculum (easiest level first): keep their order."
         ),
         "",
-        f"- **Generator model(s)**: {gens}",
         f"- **Schedule**: `{ns['schedule']}` (levels by phase {ns['levels_by_phase']}), batch size {ns['batch_size']}, seed {ns['seed']}, "
-        f"homogeneous batches {ns['homogeneous_batches']}, mined negatives {ns['mined_negatives']}",
+        f"homogeneous batches {ns['homogeneous_batches']}, instruction prefix on the anchors: "
+        + (f"`{ns['instruction_template']!r}`" if ns.get("instruction_template") else "none"),
         f"- **Score filters**: embedder `{f.get('embedder', '?')}`, policy `{f.get('policy', '?')}`, false negative when "
-        f"cos(q, neg) ≥ {f.get('fn_ratio', '?')} × cos(q, pos), too easy below {f.get('too_easy_floor', '?')}; "
-        f"kept {f.get('kept', '?')}, rejected {f.get('rejected', '?')} {f.get('rejects_by_reason', '') or ''}",
-        f"- **Licence**: `{meta['license']}`. Check the generator's terms of use and, for regenerated data, each source dataset's licence "
-        f"(sources: {', '.join(map(str, (card.get('per_source') or {}).keys())) or '?'}) before publishing.",
+        f"cos(q, neg) ≥ {f.get('fn_ratio', '?')} × cos(q, pos); kept {f.get('kept', '?')}, rejected {f.get('rejected', '?')} "
+        f"{f.get('rejects_by_reason', '') or ''}",
+        f"- **Licence**: `{meta['license']}`. Check the LLM's terms of use and each source's licence "
+        f"(sources: {', '.join(map(str, ns['provenance'].get('sources') or (card.get('per_source') or {}))) or '?'}) before publishing.",
         "",
         "## Configurations",
+        "",
+        "The text configurations hold only the columns a loss embeds, so `SentenceTransformerTrainer` takes them as they are.",
         "",
         "| config | rows | columns |",
         "|---|---:|---|",
     ]
-    cols = {
-        "curriculum": (
-            "anchor, positive, negative_1 … negative_n (hardest first), level (0: every level), phase, batch, task_type, example_id, source"
-            if tuple_rows
-            else "anchor, positive, negative, level (1 hardest … 4 easiest), phase, batch, task_type, example_id, source"
-        ),
-        "ntuple": "anchor, positive, negative_1 … negative_n (hardest first), task_type, example_id, source",
-    }
     for c in meta["configs"]:
         name = c["config_name"]
-        n = (
-            card.get("rows")
-            if name == "curriculum"
-            else (ns.get("ntuple") or {}).get("rows")
-            if name == "ntuple"
-            else (ns.get("shards") or {}).get(name)
-        )
         lines.append(
-            f"| `{name}`{' (default)' if c.get('default') else ''} | {n} | {cols.get(name, 'negsynth Example records (query, positive, negatives, score, …)')} |"
+            f"| `{name}`{' (default)' if c.get('default') else ''} | {summary['configs'].get(name)} | "
+            f"{CONFIG_COLUMNS.get(name, 'negsynth Example records (query, positive, negatives, score, …)')} |"
         )
     lines += [
         "",
-        "**The `curriculum` rows are in training order: do not shuffle them.** Train with the stock trainer:",
+        "**The default rows are in training order: do not shuffle them.** Load this folder (or the Hub repo) with "
+        '`load_dataset(PATH_OR_REPO, CONFIG, split="train")` (a dataset repo layout: `load_from_disk` does not read it). Train with the stock trainer:',
         "",
         "```python",
         "from datasets import load_dataset",
@@ -276,9 +401,9 @@ def _dataset_body(meta: dict, card: dict, build: dict) -> str:
         "from negsynth.train.sampler import curriculum_batch_sampler  # pip install negsynth: order-keeping, phase-pure batches",
         "",
         'model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")',
-        'ds = load_dataset("REPO_ID", "curriculum", split="train")',
-        f"train_ds = ds.select_columns({text_cols!r})  # metadata stays out of the inputs",
-        f'args = SentenceTransformerTrainingArguments("out", per_device_train_batch_size={ns["batch_size"]}, batch_sampler=curriculum_batch_sampler(ds["phase"]))',
+        f'train_ds = load_dataset("REPO_ID", "{default}", split="train")',
+        'phases = load_dataset("REPO_ID", "metadata", split="train")["phase"]',
+        f'args = SentenceTransformerTrainingArguments("out", per_device_train_batch_size={ns["batch_size"]}, batch_sampler=curriculum_batch_sampler(phases))',
         "SentenceTransformerTrainer(model, args, train_dataset=train_ds, loss=MultipleNegativesRankingLoss(model)).train()",
         "```",
         "",
@@ -355,7 +480,6 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
     build = card.get("build", {}) or {}
     report = _read_json(run_dir / "evaluate" / "report.json")
     baseline = _read_json(run_dir / "evaluate" / "baseline.json")
-    gens = _generators(run_dir)
     meta: dict[str, Any] = {
         "library_name": "sentence-transformers",
         "pipeline_tag": "sentence-similarity",
@@ -374,16 +498,33 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         else f'SentenceTransformer("{rid}")'
     )
     lora = cfg.get("lora") or {}
+    prov = provenance(run_dir)
+    prompts = query_prompts(run_dir, build.get("instruction_template"))
+    from negsynth.data.curriculum import CurriculumError, parse_schedule
+
+    try:
+        tuple_rows = parse_schedule(str(build.get("schedule") or "curriculum"))[1] == [0]
+    except CurriculumError:
+        tuple_rows = None
     lines = [
         f"# {run_dir.name}: fine-tuned with negsynth",
         "",
-        f"A sentence-transformers model fine-tuned from **{base_id or base}** on LLM-synthesised hard negatives "
-        "(MGH multi-granularity hard-negative synthesis) with a curriculum (easiest negatives first), by negsynth.",
+        f"A sentence-transformers model fine-tuned from **{base_id or base}** by negsynth"
+        + (" on a curriculum (easiest negatives first)." if tuple_rows is False else "."),
+        "",
+        "Its training data: " + describe_provenance(prov),
         "",
         "```python",
         "from sentence_transformers import SentenceTransformer",
         f"model = {load}",
-        'emb = model.encode(["a query", "a passage"])',
+        *(
+            [
+                'q = model.encode(["a query"], prompt_name="query")  # the instruction prefix it was trained with',
+                'd = model.encode(["a passage"], prompt_name="document")',
+            ]
+            if prompts
+            else ['emb = model.encode(["a query", "a passage"])']
+        ),
         "```",
         "",
         "## Training",
@@ -393,7 +534,7 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         f"| base model | {base_id or base} |",
         f"| data | {card.get('rows', '?')} rows"
         + (f" ([{dataset_repo}](https://huggingface.co/datasets/{dataset_repo}))" if dataset_repo else "")
-        + f", generator model(s): {', '.join(gens) or '?'} |",
+        + f", made by `{'`, `'.join(prov['origin']) or '?'}`, LLM {', '.join(prov['llm_models']) or '-'}, negatives {', '.join(prov['negatives']) or '?'} |",
         f"| schedule | `{build.get('schedule', '?')}` (levels by phase {build.get('levels', '?')}), batch size {build.get('batch_size', '?')} |",
         f"| pooling | `{cfg.get('pooling', '?')}`{' (negsynth module: ' + ', '.join(custom) + ')' if custom else ''} |",
         f"| loss | MultipleNegativesRankingLoss (InfoNCE, in-batch + hard negatives), τ = {cfg.get('temperature') or 'auto'} |",
@@ -410,9 +551,18 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
             "The pooling module comes from the `negsynth` package: install it and pass `trust_remote_code=True` to load the model.",
             "",
         ]
+    if prompts:
+        lines += [
+            "Trained with instruction prefixes on the queries, saved as the model's prompts (`config_sentence_transformers.json`): "
+            + ", ".join(f"`{k}` = `{v!r}`" for k, v in prompts.items())
+            + '. Pass `prompt_name="query"` for queries.',
+            "",
+        ]
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=_parent(out_dir)))
     try:
         shutil.copytree(final, tmp, dirs_exist_ok=True)
+        if prompts:
+            _write_prompts(tmp / "config_sentence_transformers.json", prompts)
         (tmp / "README.md").write_text(_yaml_front(meta) + "\n".join(lines) + "\n", encoding="utf-8")
         _replace(tmp, out_dir)
     except BaseException:
@@ -423,7 +573,46 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         "base_model": base_id or base,
         "evaluation": bool(report and report.get("tasks")),
         "needs_negsynth": bool(custom),
+        "prompts": prompts,
     }
+
+
+def query_prompts(run_dir: Path, template: str | None) -> dict[str, str]:
+    """The instruction prefixes the anchors were trained with, as sentence-transformers prompts:
+    ``query`` (the commonest instruction), one more per other instruction (named by the example's
+    query style or task type) and an empty ``document`` prompt; ``{}`` when the anchors had none
+    (``curriculum.instructions`` off) or the template is not a prefix (text after ``{query}``)."""
+    from negsynth.data.shards import read_stage
+
+    if not template or not template.endswith("{query}"):
+        return {}
+    folder = _examples_stage(run_dir)
+    by_prefix: Counter = Counter()
+    names: dict[str, str] = {}
+    for r in read_stage(folder) if folder is not None else ():
+        task = str(r.get("task") or "").strip()
+        if not task:
+            continue
+        prefix = template.format(instruction=task, query="")
+        by_prefix[prefix] += 1
+        names.setdefault(prefix, str((r.get("attributes") or {}).get("style") or r.get("task_type") or ""))
+    if not by_prefix:
+        return {}
+    ordered = [p for p, _ in by_prefix.most_common()]
+    prompts = {"query": ordered[0]}
+    for i, prefix in enumerate(ordered[1:], start=2):
+        name = f"query_{names[prefix]}" if names[prefix] and f"query_{names[prefix]}" not in prompts else f"query_{i}"
+        prompts[name] = prefix
+    prompts["document"] = ""
+    return prompts
+
+
+def _write_prompts(path: Path, prompts: dict[str, str]) -> None:
+    """Set ``prompts`` in a sentence-transformers config (kept: its other keys)."""
+    cfg = _read_json(path) or {}
+    cfg["prompts"] = prompts
+    cfg.setdefault("default_prompt_name", None)
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- both, push

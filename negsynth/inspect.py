@@ -95,6 +95,21 @@ def _scan(files: list[Path], schema: dict):
     return lf.with_columns((pl.col("_row") - pl.col("_row").min().over("_file")).alias("_i"))
 
 
+def negatives_mined(files: list[Path]) -> bool:
+    """Every example's negatives were mined (``model`` = ``mined:…``: regenerate or corpus with
+    mined negatives): their levels are rank bands of a retriever, not an LLM's grading, so no LLM
+    order to compare with (Kendall tau, monotonic) and no "LLM level"."""
+    if not files:
+        return False
+    pl = _pl()
+    col = _collect(_scan(files, {"model": pl.String}), files).get_column("model")
+    return col.len() > 0 and bool(col.fill_null("").str.starts_with("mined:").all())
+
+
+def level_word(mined: bool) -> str:
+    return "rank band" if mined else "LLM level"
+
+
 def _shards(folder: Path) -> list[Path]:
     return sorted(folder.glob("shard-*.jsonl")) if folder.is_dir() else []
 
@@ -317,6 +332,7 @@ def inspect_path(
     if neg is not None and neg.height:
         sel = select_examples(neg, flag=flag, level=level)
         report["score"] = score_stats(sel, level=level)
+        report["score"]["negatives"] = "mined" if negatives_mined(files) else "llm"
         report["selection"]["matching"] = report["score"]["examples"]
         report["samples"] = pick_samples(sel, sample, seed)
     else:
@@ -422,14 +438,16 @@ def render(report: dict[str, Any], console) -> None:
     sel = report["selection"]
     if sc:
         filt = ", ".join(f"{k}={v}" for k, v in sel.items() if k in ("task_type", "flag", "level") and v is not None)
-        title = f"score per LLM level ({sel['stage']}, {sc['examples']} examples{', ' + filt if filt else ''})"
+        mined = sc.get("negatives") == "mined"
+        what = "rank band (mined negatives, 1 = hardest)" if mined else "LLM level"
+        title = f"score per {what} ({sel['stage']}, {sc['examples']} examples{', ' + filt if filt else ''})"
         t = Table(title=title, title_justify="left")
         for h in ("cos(q, ·)", "n", "mean", "median", "false neg", "too easy"):
             t.add_column(h, justify="left" if h == "cos(q, ·)" else "right")
         t.add_row("positive", str(sc["examples"]), _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", "")
         for lv in sc["levels"]:
             t.add_row(
-                f"level {lv['level']}",
+                f"{'band' if mined else 'level'} {lv['level']}",
                 str(lv["n"]),
                 _f(lv["mean"]),
                 _f(lv["median"]),
@@ -437,10 +455,11 @@ def render(report: dict[str, Any], console) -> None:
                 _pct(lv["too_easy_rate"]),
             )
         console.print(t)
-        console.print(
-            f"monotonic: {_f(sc['monotonic_pct'], 1)}%   mean Kendall tau: {_f(sc['kendall_tau_mean'], 3)}   "
-            f"false negatives by task type: " + ", ".join(f"{k} {_pct(v)}" for k, v in sc["false_negative_rate_by_task_type"].items())
-        )
+        by_type = "false negatives by task type: " + ", ".join(f"{k} {_pct(v)}" for k, v in sc["false_negative_rate_by_task_type"].items())
+        if mined:  # the bands are the retriever's own ranks: no LLM order to check them against
+            console.print(by_type)
+        else:
+            console.print(f"monotonic: {_f(sc['monotonic_pct'], 1)}%   mean Kendall tau: {_f(sc['kendall_tau_mean'], 3)}   " + by_type)
     elif sel.get("stage"):
         console.print(f"[dim]no score data in {sel['stage']}: run `negsynth score` for cosines and flags[/]")
     for ex in report.get("samples") or []:
@@ -453,6 +472,7 @@ def _sample_panel(ex: dict, level: int | None):
     from rich.table import Table
 
     sc = ex.get("score") or {}
+    mined = str(ex.get("model") or "").startswith("mined:")
     t = Table(show_header=True, box=None, expand=True, pad_edge=False)
     t.add_column("", style="bold", no_wrap=True)
     t.add_column("cos", justify="right", no_wrap=True)
@@ -472,11 +492,11 @@ def _sample_panel(ex: dict, level: int | None):
             )
             if (sc.get(key) or [False] * 9)[i]
         ]
-        label = f"level {lv}" + (" ◀" if level == lv else "")
+        label = f"{'band' if mined else 'level'} {lv}" + (" ◀" if level == lv else "")
         cos = sc.get("cos_neg", [None] * 9)[i] if sc else None
         t.add_row(label, _f(cos), " ".join(flags), escape(_clip(neg)))
     sub = []
-    if sc:
+    if sc and not mined:  # a mined example's bands are the retriever's ranks: no LLM order to check
         sub.append(f"tau {_f(sc.get('kendall_tau'), 2)}")
         sub.append("monotonic" if sc.get("monotonic") else "[yellow]not monotonic[/]")
     title = f"{ex.get('id', '?')}  [dim]{ex.get('task_type', '')}[/]  {escape(_clip(ex.get('task', ''), 80))}"
@@ -547,10 +567,11 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
     neg = score_frame(files, task_type=task_type)
     if neg.height == 0:
         return written
+    mined = negatives_mined(files)
     ex = neg.unique(subset=["_file", "_row"], keep="first")
     levels = sorted(neg.get_column("level").unique().to_list())
     data = [ex.get_column("cos_pos").to_numpy()] + [neg.filter(pl.col("level") == lv).get_column("cos_neg").to_numpy() for lv in levels]
-    labels = ["positive"] + [f"level {lv}" for lv in levels]
+    labels = ["positive"] + [f"{'band' if mined else 'level'} {lv}" for lv in levels]
     fig, ax = plt.subplots(figsize=(7.2, 4.4))
     pos = np.arange(1, len(data) + 1)
     parts = ax.violinplot(data, positions=pos, showextrema=False, widths=0.8)
@@ -562,13 +583,13 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
     ax.plot(pos, means, "o-", color="#C44E52", label="mean (this data)", zorder=3)
     from negsynth.stages.score import PAPER_TABLE4
 
-    paper = [(p, PAPER_TABLE4[lv - 1]) for p, lv in zip(pos[1:], levels, strict=True) if lv <= len(PAPER_TABLE4)]
+    paper = [] if mined else [(p, PAPER_TABLE4[lv - 1]) for p, lv in zip(pos[1:], levels, strict=True) if lv <= len(PAPER_TABLE4)]
     if paper:
         ax.plot([p for p, _ in paper], [v for _, v in paper], "x--", color="grey", label="MGH Table 4 mean (their embedder)")
     ax.set_xticks(pos, labels)
     ax.set_ylabel("cosine similarity to the query")
     emb = _embedder_name(run_dir, path, ex_stage)
-    ax.set_title(f"cos(query, ·) by LLM level — {len(ex)} examples" + (f", {emb}" if emb else ""), fontsize=10)
+    ax.set_title(f"cos(query, ·) by {level_word(mined)} — {len(ex)} examples" + (f", {emb}" if emb else ""), fontsize=10)
     ax.axhline(0, color="lightgrey", lw=0.8, zorder=0)
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -593,16 +614,18 @@ def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None 
                 color="black" if tt == "all" else None,
                 alpha=0.85,
             )
-        ax.set_xticks(x, [f"level {lv}" for lv in levels])
+        ax.set_xticks(x, [f"{'band' if mined else 'level'} {lv}" for lv in levels])
         ax.set_ylabel("% of negatives")
         ax.set_title(title)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(tts), fontsize=8, frameon=False)
-    fig.suptitle("flags per LLM level (1 = claimed hardest), by task type", fontsize=10)
+    fig.suptitle(
+        f"flags per {level_word(mined)} (1 = {'the hardest rank band' if mined else 'claimed hardest'}), by task type", fontsize=10
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     written.append(_save(fig, out / "flags_by_level.png", plt))
 
     tau = ex.get_column("kendall_tau").drop_nulls().to_numpy()
-    if len(tau):
+    if len(tau) and not mined:  # mined negatives: no LLM order to compare with the cosines
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         vals, counts = np.unique(np.round(tau, 3), return_counts=True)
         ax.bar(vals, counts, width=0.06, color="#8172B2")

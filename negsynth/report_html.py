@@ -157,14 +157,28 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         )
     sc = report.get("score")
     if sc:
+        mined = sc.get("negatives") == "mined"  # rank bands of a retriever: no LLM order to check
         rows = [["positive", sc["examples"], _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", ""]]
         rows += [
-            [f"level {lv['level']}", lv["n"], _f(lv["mean"]), _f(lv["median"]), _pct(lv["false_negative_rate"]), _pct(lv["too_easy_rate"])]
+            [
+                f"{'band' if mined else 'level'} {lv['level']}",
+                lv["n"],
+                _f(lv["mean"]),
+                _f(lv["median"]),
+                _pct(lv["false_negative_rate"]),
+                _pct(lv["too_easy_rate"]),
+            ]
             for lv in sc["levels"]
         ]
-        parts.append("<h2>Score: cos(query, ·) per LLM level</h2>" + _table(["", "n", "mean", "median", "false neg", "too easy"], rows))
+        what = "rank band (mined negatives, 1 = hardest)" if mined else "LLM level"
+        parts.append(f"<h2>Score: cos(query, ·) per {what}</h2>" + _table(["", "n", "mean", "median", "false neg", "too easy"], rows))
+        order = (
+            ""
+            if mined
+            else f"monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
+        )
         parts.append(
-            f"<p>monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
+            f"<p>{order}"
             f"false-negative rate: <b>{_pct(sc.get('false_negative_rate'))}</b> ("
             + ", ".join(f"{html.escape(k)} {_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
             + ")</p>"

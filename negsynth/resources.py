@@ -36,6 +36,16 @@ def minilm_path() -> Path:
     return folder
 
 
+def sample_corpus() -> Path:
+    """The small sample corpus shipped inside the package: 50 short documents on varied topics
+    (cooking, science, history, software, ...), one JSON object a line with ``id``, ``title`` and
+    ``text``; written for negsynth and under its licence. For the notebook, the tests and a first
+    run: ``negsynth corpus --input "$(python -c 'import negsynth; print(negsynth.sample_corpus())')"``."""
+    from importlib import resources
+
+    return Path(str(resources.files("negsynth").joinpath("samples", "documents.jsonl")))
+
+
 def default_data_dir() -> Path | None:
     """The shared benchmark data folder: $NEGSYNTH_DATA_DIR, else ../shared/data beside the repo."""
     import os

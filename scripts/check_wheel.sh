@@ -85,6 +85,8 @@ for k, v in bad.items():
 sys.exit(1 if bad else 0)
 EOF
 
+# the sample corpus the notebook and `negsynth.sample_corpus()` read, from the package API
+"$VPY" -c "import negsynth; p = negsynth.sample_corpus(); n = sum(1 for _ in open(p)); assert n == 50, (p, n)" || fail "negsynth.sample_corpus() (package data samples/documents.jsonl)"
 "$NS" --version | grep -qx "negsynth [0-9][0-9a-z.+]*" || fail "negsynth --version: $("$NS" --version 2>&1)"
 # the built-in config: defaults/default.toml
 "$NS" config --json >config.json || fail "negsynth config"

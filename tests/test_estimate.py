@@ -54,7 +54,9 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     if after["assumptions"]["tokenizer"].startswith("approx"):
         assert gen["prompt_tokens"] == sent_prompt_tokens(sent)
     assert gen["requests_max"] == 3 * gen["requests"] and gen["prompt_tokens_max"] > 3 * gen["prompt_tokens"]
-    assert gen["completion_tokens_max"] == gen["requests_max"] * 1024  # llm.max_tokens
+    from negsynth.pipeline.config_io import load_config
+
+    assert gen["completion_tokens_max"] == gen["requests_max"] * load_config(cfg).llm.max_tokens
     assert 0 < gen["completion_tokens"] < gen["completion_tokens_max"]
     # an interrupted generate (its stats say incomplete): completion tokens from its cached answers
     # (the fake server reports 20 per answer), the brainstorm answers not mixed in

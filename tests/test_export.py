@@ -102,22 +102,26 @@ def test_export_dataset_and_model_load_back(run_dir, tmp_path):
     )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert res["dataset"]["configs"] == {"curriculum": 16, "ntuple": 15, "generate": 16, "score": 16}
-    # the dataset: default config = the curriculum, in training order
+    configs = {"triplet": 16, "ntuple": 15, "pair": 16, "metadata": 16, "ntuple_metadata": 15, "generate": 16, "score": 16}
+    assert res["dataset"]["configs"] == configs
+    # the dataset: default config = the curriculum's triplets, text only, in training order
     ds = datasets.load_dataset(str(out / "dataset"))["train"]
     cur = datasets.load_from_disk(str(run_dir / "curriculum" / "dataset"))
-    assert ds.column_names == cur.column_names and ds["anchor"] == cur["anchor"] and ds["phase"] == cur["phase"]
+    assert ds.column_names == ["anchor", "positive", "negative"] and ds["anchor"] == cur["anchor"]
+    md = datasets.load_dataset(str(out / "dataset"), "metadata", split="train")
+    assert md["phase"] == cur["phase"] and md["example_id"] == cur["example_id"] and "anchor" not in md.column_names
     nt = datasets.load_dataset(str(out / "dataset"), "ntuple", split="train")
-    assert nt.column_names[:6] == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"] and len(nt) == 15
+    assert nt.column_names == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"] and len(nt) == 15
     sc = datasets.load_dataset(str(out / "dataset"), "score", split="train")
     assert sc[0]["score"]["cos_pos"] == 0.9 and json.loads(sc[0]["attributes"])["clarity"] == "clear"
     meta, text = front_matter(out / "dataset" / "README.md")
     assert meta["license"] == "cc-by-4.0" and meta["size_categories"] == ["n<1K"]
-    assert [c["config_name"] for c in meta["configs"]] == ["curriculum", "ntuple", "generate", "score"]
+    assert [c["config_name"] for c in meta["configs"]] == list(configs)
     ns = meta["negsynth"]
     assert ns["generator_models"] == {"gpt-test": 16} and ns["schedule"] == "curriculum" and ns["batch_size"] == 4
     assert ns["composition"]["rows"] == 16 and ns["score_filters"]["fn_ratio"] == 0.95 and ns["ntuple"]["skipped_few_negatives"] == 1
-    assert "do not shuffle" in text
+    assert ns["provenance"]["origin"] == {"generate": 16} and ns["provenance"]["negatives"] == {"llm": 16}
+    assert "do not shuffle" in text and "An LLM (`gpt-test`) wrote each query and its positive" in text
     # the model: loads with a plain SentenceTransformer, card with base model and evaluation table
     from sentence_transformers import SentenceTransformer
 
@@ -128,6 +132,9 @@ def test_export_dataset_and_model_load_back(run_dir, tmp_path):
     assert meta["license"] == "cc-by-4.0"
     assert "| STS12 | STS | cos_sim_spearman | 80.00 | 81.23 | +1.23 |" in text
     assert "`mean`" in text and "gpt-test" in text and "trust_remote_code" not in text
+    # the anchors were built with the instruction template: the model gets it as its query prompt
+    prompts = json.loads((out / "model" / "config_sentence_transformers.json").read_text())["prompts"]
+    assert prompts == {"query": "Instruct: Retrieve a passage.\nQuery: ", "document": ""}
 
 
 def test_only_one_part_and_bad_input(run_dir, tmp_path):
@@ -163,11 +170,12 @@ def test_a_tuple_curriculum_exports_its_negative_columns(tmp_path):
     assert r.exit_code == 0, r.output
     meta, text = front_matter(tmp_path / "o" / "dataset" / "README.md")
     assert meta["negsynth"]["schedule"] == "tuple"
-    assert "select_columns(['anchor', 'positive', 'negative_1', 'negative_2', 'negative_3', 'negative_4'])" in text
+    assert "select_columns" not in text and 'load_dataset("REPO_ID", "ntuple", split="train")' in text
     assert "n-tuple rows" in text and "easiest level first" not in text
+    assert [c["config_name"] for c in meta["configs"] if c.get("default")] == ["ntuple"]
     import polars as pl
 
-    assert pl.read_parquet(tmp_path / "o" / "dataset" / "curriculum" / "train-00000-of-00001.parquet").columns[:6] == [
+    assert pl.read_parquet(tmp_path / "o" / "dataset" / "ntuple" / "train-00000-of-00001.parquet").columns == [
         "anchor",
         "positive",
         "negative_1",
@@ -175,3 +183,86 @@ def test_a_tuple_curriculum_exports_its_negative_columns(tmp_path):
         "negative_3",
         "negative_4",
     ]
+    # the triplet configuration: each row with its hardest negative
+    tri = datasets.load_dataset(str(tmp_path / "o" / "dataset"), "triplet", split="train")
+    assert tri.column_names == ["anchor", "positive", "negative"] and tri[0]["negative"].endswith("level 1")
+
+
+def corpus_record(i: int, n: int) -> dict:
+    """A scored record as the corpus stage makes it: the LLM wrote the query, the document is the
+    positive, the negatives are other documents mined by the embedder."""
+    styles = ["question", "claim"]
+    return {
+        "id": f"c-{i}",
+        "task": f"Given a {styles[i % 2]}, retrieve the passage that answers it",
+        "task_type": "short-long",
+        "query": f"what about document {i}?",
+        "positive": f"document {i} text",
+        "negatives": [f"document {(i + k) % n} text" for k in range(1, 5)],
+        "model": "mined:default:corpus",
+        "source": "synthetic",
+        "attributes": {"style": styles[i % 2], "query_index": 0},
+        "meta": {"corpus": "my_docs", "doc_id": f"d{i}", "query_model": "smollm2-135m-instruct"},
+        "score": scored(i)["score"],
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus_export(run_dir, tmp_path_factory):
+    """A corpus run (mined negatives, tuple rows, instruction prefixes on the anchors) with the module's
+    trained model, exported."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("corpus")
+    d = tmp / "run"
+    exs = [corpus_record(i, 40) for i in range(40)]
+    write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+    atomic_write_json(d / "score" / "stats.json", {"embedder": "st:all-MiniLM-L6-v2", "policy": "measured", "kept": 40, "rejected": 0})
+    rows = build_curriculum(exs, schedule="tuple", batch_size=2, seed=0, homogeneous_batches=False)
+    save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+    shutil.copytree(run_dir / "train" / "final", d / "train" / "final")
+    r = runner.invoke(app, ["export", "-d", str(d), "--out", str(tmp / "o")])
+    assert r.exit_code == 0, r.output
+    return tmp / "o"
+
+
+def test_a_corpus_run_is_described_as_one_and_its_prompts_reach_the_model(corpus_export):
+    meta, text = front_matter(corpus_export / "dataset" / "README.md")
+    prov = meta["negsynth"]["provenance"]
+    assert prov["origin"] == {"corpus": 40} and prov["negatives"] == {"mined": 40}
+    assert prov["llm_models"] == {"smollm2-135m-instruct": 40} and prov["sources"] == {"my_docs": 40}
+    assert "wrote a query for each sampled document of the corpus `my_docs`; the document is the positive" in text
+    assert "mined from the same documents" in text and "four hard negatives" not in text and "synthetic" not in meta["tags"]
+    _, model_text = front_matter(corpus_export / "model" / "README.md")
+    assert "the document is the positive" in model_text and "four hard negatives" not in model_text
+    st_cfg = json.loads((corpus_export / "model" / "config_sentence_transformers.json").read_text())
+    prompts = st_cfg["prompts"]
+    assert prompts["document"] == ""
+    assert {prompts["query"], prompts["query_claim"]} == {
+        "Instruct: Given a question, retrieve the passage that answers it\nQuery: ",
+        "Instruct: Given a claim, retrieve the passage that answers it\nQuery: ",
+    }
+    from sentence_transformers import SentenceTransformer
+
+    m = SentenceTransformer(str(corpus_export / "model"), device="cpu")
+    assert m.prompts["query"] == prompts["query"]
+
+
+@pytest.mark.parametrize("config", ["triplet", "ntuple", "pair"])
+def test_sentence_transformers_trains_on_each_exported_config_as_it_is(corpus_export, config, minilm, tmp_path):
+    """No select_columns: every column of a text configuration is an input of the loss (a metadata
+    column would be an extra negative, or an int the trainer refuses)."""
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    ds = datasets.load_dataset(str(corpus_export / "dataset"), config, split="train")
+    assert all(f.dtype == "string" for f in ds.features.values()), ds.features
+    want = {"triplet": 3, "ntuple": 6, "pair": 2}[config]
+    assert len(ds.column_names) == want
+    model = SentenceTransformer(minilm, device="cpu")
+    args = SentenceTransformerTrainingArguments(
+        str(tmp_path / "st"), max_steps=2, per_device_train_batch_size=2, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True
+    )
+    trainer = SentenceTransformerTrainer(model, args, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
+    trainer.train()
+    assert trainer.state.global_step == 2

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"pipeline"},
     {"stages"},
     {"export", "inspect", "report_html", "estimate"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "api"},
 ]
 #: entry points run by a launcher (torchrun), above everything they start
 ENTRY_POINTS = {"negsynth.train.distributed"}
@@ -155,3 +155,28 @@ def test_the_pipeline_surface_reads_its_modules_each_time(monkeypatch):
 
     monkeypatch.setattr(ray_executor, "run_on_ray", patched := object())
     assert surface.run_on_ray is patched
+
+
+def test_the_package_api_is_lazy_and_each_name_has_one_home():
+    """``import negsynth`` loads none of its modules; ``negsynth.run`` / ``load_config`` /
+    ``training_data`` / ``sample_corpus`` are :mod:`negsynth.api`'s objects (one import path each)."""
+    import subprocess
+    import sys
+
+    import negsynth
+    from negsynth import api
+    from negsynth.pipeline import config_io
+
+    probe = "import sys, negsynth; print(sorted(m for m in sys.modules if m.startswith('negsynth.')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert sorted(negsynth.__all__) == sorted(api.__all__)
+    for name in negsynth.__all__:
+        assert getattr(negsynth, name) is getattr(api, name)
+    assert negsynth.load_config is config_io.load_config
+    try:
+        negsynth.no_such_name  # noqa: B018
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("negsynth.no_such_name resolved")

@@ -99,3 +99,23 @@ def test_evaluate_library_keeps_its_lines_with_progress_true(tmp_path, capsys):
     evaluate(HashBOW(), suite="full", data_dir=write_sts12(tmp_path, STS_ROWS[:4]), tasks=["STS12"])
     err = capsys.readouterr().err
     assert err.startswith("[1/1] STS12 (STS) spearman=") and "ETA" not in err
+
+
+def test_in_jupyter_the_bar_leaves_stderr_alone_and_ends_with_one_plain_line(capsys):
+    """Under ipykernel rich's live bar swapped sys.stderr for a proxy printing through a console that
+    writes to sys.stderr: the trainer's own save bar then recursed without end. In Jupyter the bar
+    is plain lines and sys.stderr stays the kernel's."""
+    import sys
+
+    from rich.console import Console
+
+    rep = Reporter()
+    rep.console = Console(stderr=True, force_jupyter=True, highlight=False)
+    before = sys.stderr
+    with rep.console.capture() as shown, rep.progress("train", 3, status="") as bar:  # (what IPython would display)
+        assert sys.stderr is before
+        print("a library's own line on stderr", file=sys.stderr)
+        bar.update(advance=3, status="loss 0.2500")
+    assert sys.stderr is before
+    assert "a library's own line on stderr" in capsys.readouterr().err
+    assert "train: 3/3 loss 0.2500" in shown.get()

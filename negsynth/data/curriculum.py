@@ -74,6 +74,10 @@ class CurriculumError(NegsynthError, ValueError):
     """Bad input or options for the curriculum builder (message names the field and the fix)."""
 
 
+class BatchFillError(CurriculumError):
+    """A phase could not fill its batches with distinct texts (``total_steps`` asked for more)."""
+
+
 class CurriculumRows(list):
     """A ``list`` of row dicts in training order, plus ``stats`` (counts, options)."""
 
@@ -206,7 +210,7 @@ def build_curriculum(
             if seg is not None and consumed >= seg:
                 break
             if limit is not None and consumed >= limit:
-                raise CurriculumError(
+                raise BatchFillError(
                     f"curriculum: phase {p} cannot fill {target} batches of {batch_size} rows with distinct texts "
                     f"from {len(pool)} examples; lower batch_size or total_steps, or set homogeneous_batches=False"
                 )
@@ -282,6 +286,21 @@ def build_curriculum(
     return rows
 
 
+def largest_fitting_batch(examples: list, batch_size: int, **options) -> tuple[int, CurriculumRows] | None:
+    """The largest batch size below ``batch_size`` (down to 2) whose build gives at least one full
+    batch, and its rows; ``None`` when not even pairs fit. For a small pool whose batches of
+    ``batch_size`` cannot be filled with distinct texts (mined negatives are other examples'
+    positives, so few examples share a batch); ``options`` as :func:`build_curriculum`'s."""
+    for b in range(min(batch_size - 1, len(examples)), 1, -1):
+        try:
+            rows = build_curriculum(examples, batch_size=b, **options)
+        except BatchFillError:
+            continue
+        if rows:
+            return b, rows
+    return None
+
+
 def composition(rows: list[dict], stats: dict | None = None) -> dict[str, Any]:
     """Counts per phase, level, task_type, source and (phase, level) — the dataset card."""
     stats = dict(stats or getattr(rows, "stats", {}) or {})
@@ -349,8 +368,14 @@ def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         ds = datasets.Dataset.from_list([{c: r[c] for c in columns} for r in rows])
-        ds.save_to_disk(str(tmp / "dataset"))
-        ds.to_parquet(str(tmp / "train.parquet"))
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # the stage prints its own summary (and a notebook cell no bars)
+        try:
+            ds.save_to_disk(str(tmp / "dataset"))
+            ds.to_parquet(str(tmp / "train.parquet"))
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
         card = composition(rows, stats)
         import json
 

@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from negsynth.pipeline.config_io import config_hash, load_config
+    from negsynth.pipeline.config_io import config_hash
     from negsynth.pipeline.context import Budget, SharedBudget, StageContext
     from negsynth.pipeline.llm_stage import (
         cost_usd,
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 #: each name of the surface -> the module of this package that defines it
 _MODULE_OF = {
     "config_hash": "config_io",
-    "load_config": "config_io",
     "Budget": "context",
     "SharedBudget": "context",
     "StageContext": "context",
@@ -82,7 +81,6 @@ __all__ = [
     "llm_fingerprint",
     "llm_session",
     "llm_stage_parts",
-    "load_config",
     "merge_stage",
     "ray_embedding",
     "run_item_stage",

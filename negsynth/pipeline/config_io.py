@@ -1,5 +1,10 @@
 """Load a TOML run file into :class:`RunConfig`, apply ``--set a.b=v`` overrides, and explain errors.
 
+One set of defaults: a user's run file is layered over the built-in one
+(``negsynth/defaults/default.toml``, what ``negsynth config`` prints), key by key, so a file that
+names only ``[llm]`` trains with exactly the ``[train]`` values ``negsynth config`` shows. A key the
+built-in file leaves out takes the section's own default (the pydantic field), as it does there.
+
 Every error is one line naming the file, the section/key and the fix, e.g.::
 
     demo.toml: [llm] unknown key 'temprature' (allowed: base_url, model, ...)
@@ -79,11 +84,38 @@ def explain(e: ValidationError, source: str) -> str:
     return f"{source}: {section}{key}: {msg}{given_s}{more}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read ``path`` (or the built-in default run file), apply overrides, validate."""
+def _parse_toml(text: str, source: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{source}: invalid TOML: {e}") from None
+
+
+def layer(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, table by table: a table merges key by key, any other value (an array,
+    an array of tables) replaces the base's."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = layer(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _recipe_yields(defaults: dict, user: dict) -> dict:
+    """The built-in values a named ``train.recipe`` sets itself are left out: a recipe fills what the
+    user did not set (``TrainConfig``), and a built-in default is not the user's choice."""
+    from negsynth.schemas.train import BELLM_RECIPE
+
+    if (user.get("train") or {}).get("recipe") != "bellm" or "train" not in defaults:
+        return defaults
+    return {**defaults, "train": {k: v for k, v in defaults["train"].items() if k not in BELLM_RECIPE}}
+
+
+def config_layers(path: str | Path | None = None, overrides: list[str] | None = None) -> tuple[dict, dict, str]:
+    """(the built-in run file's table, the user's table: ``path`` then ``overrides``, the source
+    named in errors). Without ``path`` the user's table holds the overrides alone."""
+    defaults = _parse_toml(default_config_text(), "default config")
     if path is None:
-        source = "default config"
-        text = default_config_text()
+        source, user = "default config", {}
     else:
         p = Path(path)
         source = str(p)
@@ -93,18 +125,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise UserError(f"{p}: config file not found; pass an existing --config FILE.toml") from None
         except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
             raise UserError(f"{p}: cannot read config ({type(e).__name__}); check the path") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{source}: invalid TOML: {e}") from None
+        user = _parse_toml(text, source)
     for o in overrides or []:
-        apply_override(data, o)
+        apply_override(user, o)
     if overrides:
         source += " with --set"
+    return defaults, user, source
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The run config: the built-in run file (what ``negsynth config`` prints), ``path``'s keys over
+    it, then ``overrides`` (``["train.lr=1e-5", ...]``, as ``--set``), validated."""
+    defaults, user, source = config_layers(path, overrides)
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(layer(_recipe_yields(defaults, user), user))
     except ValidationError as e:
         raise UserError(explain(e, source)) from None
+
+
+def changed_keys(user: dict, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every key path the user's table sets (tables recursed, arrays of tables as one key)."""
+    out: set[tuple[str, ...]] = set()
+    for k, v in user.items():
+        if isinstance(v, dict):
+            out |= changed_keys(v, (*prefix, k))
+        else:
+            out.add((*prefix, k))
+    return out
 
 
 def config_hash(obj: Any) -> str:
@@ -115,3 +162,50 @@ def config_hash(obj: Any) -> str:
         obj = obj.model_dump(mode="json")
     blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _at(data: Any, path: tuple[str, ...]) -> Any:
+    for k in path:
+        if not isinstance(data, dict) or k not in data:
+            return _MISSING
+        data = data[k]
+    return data
+
+
+_MISSING = object()
+
+
+def marked_toml(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
+    """``negsynth config [-c FILE] [--set ...]``: the effective config as TOML, every key the file
+    or a ``--set`` gave marked with a comment (``# FILE`` or ``# --set``; ``(= default)`` added when
+    it repeats the built-in value), so a reader sees what the file changed and what it inherits."""
+    import re
+
+    import tomli_w
+
+    cfg = load_config(path, overrides).model_dump(mode="json", exclude_none=True)
+    text = tomli_w.dumps(cfg)
+    if path is None and not overrides:
+        return text
+    by_file = changed_keys(config_layers(path)[1]) if path is not None else set()
+    by_set: dict = {}
+    for o in overrides or []:
+        apply_override(by_set, o)
+    base = load_config().model_dump(mode="json", exclude_none=True)
+    marks = {
+        p: f"# {'--set' if p in changed_keys(by_set) else path}" + (" (= default)" if _at(base, p) == _at(cfg, p) else "")
+        for p in by_file | changed_keys(by_set)
+    }
+    out, table = [], ()
+    for line in text.splitlines():
+        head = re.fullmatch(r"\[\[?([^\]]+)\]\]?", line)
+        if head:
+            table = tuple(k.strip().strip('"') for k in head.group(1).split("."))
+            if line.startswith("[[") and table in marks:
+                line += f"  {marks[table]}"
+        else:
+            kv = re.match(r'("[^"]+"|[A-Za-z0-9_-]+) = ', line)
+            if kv and (*table, kv.group(1).strip('"')) in marks:
+                line += f"  {marks[(*table, kv.group(1).strip(chr(34)))]}"
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -11,6 +11,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+#: the width of tables written to a file or a pipe (no terminal to ask; rich would take 80 and
+#: cut the columns of a wide table); $COLUMNS still wins, as rich reads it
+PIPE_WIDTH = 200
+
+
+def report_console(*, stderr: bool = False) -> Console:
+    """A console for tables: the terminal's width on a terminal, else $COLUMNS or :data:`PIPE_WIDTH`."""
+    import os
+
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else PIPE_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width)
+
 
 class Reporter:
     """What a stage tells a person: progress (rate, ETA, valid/rejected) and a closing table."""
@@ -21,7 +35,7 @@ class Reporter:
     def __init__(self, quiet: bool = False, json_mode: bool = False):
         self.quiet = quiet or json_mode
         self.json_mode = json_mode
-        self.console = Console(stderr=True, highlight=False)
+        self.console = report_console(stderr=True)
 
     def info(self, msg: str) -> None:
         if not self.quiet:
@@ -56,6 +70,11 @@ class Reporter:
             if status is not None
             else TextColumn("[green]{task.fields[valid]} valid[/] [red]{task.fields[rejected]} rejected[/]")
         )
+        # in Jupyter (ipykernel) no live display and no stderr redirect: rich's live bar swaps
+        # sys.stderr for a proxy that prints through the console, and the console writes to
+        # sys.stderr, so a library's own bar (the trainer saving a model) recursed without end;
+        # there the bar is plain lines, as on a console that is no terminal
+        jupyter = self.console.is_jupyter
         prog = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -68,6 +87,9 @@ class Reporter:
             console=self.console,
             transient=False,
             refresh_per_second=4,
+            redirect_stdout=not jupyter,
+            redirect_stderr=not jupyter,
+            disable=jupyter,
         )
         with prog:
             fields: dict[str, Any] = {"status": status} if status is not None else {"valid": 0, "rejected": 0}
@@ -76,6 +98,8 @@ class Reporter:
             try:
                 yield self._bar
             finally:
+                if jupyter:  # the bar's last state, as the one line a live bar would have left
+                    self.console.print(self._bar.line(), markup=False, highlight=False)
                 self._bar = None
 
     def table(self, title: str, rows: list[tuple[Any, ...]], header: tuple[str, ...] = ("", "")) -> None:

@@ -78,7 +78,7 @@ def run_pipeline(
     every other stage runs in this process, as without Ray.
 
     >>> from negsynth.stages import run_pipeline
-    >>> run_pipeline(load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
+    >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
     around = runner = None

@@ -61,7 +61,7 @@ def fingerprint(ctx: StageContext) -> str:
 
 def run(ctx: StageContext) -> dict:
     """Build the dataset (derived data: ``run_stage`` reuses it while :func:`fingerprint` is unchanged)."""
-    from negsynth.data.curriculum import CurriculumError, build_curriculum, save_curriculum
+    from negsynth.data.curriculum import BatchFillError, CurriculumError, build_curriculum, largest_fitting_batch, save_curriculum
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
@@ -70,21 +70,34 @@ def run(ctx: StageContext) -> dict:
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:
         schedule = resolve_schedule(cc, examples)
-        rows = build_curriculum(
-            examples,
-            schedule=schedule,
-            batch_size=batch_size,
-            total_steps=cc.total_steps,
-            epochs=cc.epochs if cc.total_steps is None else None,
-            seed=cc.seed,
-            homogeneous_batches=cc.homogeneous_batches,
-            use_mined=cc.negatives == "mined",
-            instruction_template=anchor_template(ctx.cfg),
-        )
-        if not rows:
-            raise CurriculumError(
-                f"curriculum: {len(examples)} examples gave no full batch of {batch_size}; "
-                "lower curriculum.batch_size (or train.batch_size) or make more examples"
+        options = {
+            "schedule": schedule,
+            "total_steps": cc.total_steps,
+            "epochs": cc.epochs if cc.total_steps is None else None,
+            "seed": cc.seed,
+            "homogeneous_batches": cc.homogeneous_batches,
+            "use_mined": cc.negatives == "mined",
+            "instruction_template": anchor_template(ctx.cfg),
+        }
+        try:
+            rows = build_curriculum(examples, batch_size=batch_size, **options)
+        except BatchFillError:
+            rows = None
+        if not rows:  # a small pool: no text may appear twice in a batch, so fewer rows share one
+            wanted, fit = batch_size, largest_fitting_batch(examples, batch_size, **options)
+            if fit is None:
+                raise CurriculumError(
+                    f"curriculum: {len(examples)} examples gave no batch of even 2 rows whose texts are all distinct "
+                    "(no text may appear twice in a batch); make more examples"
+                )
+            batch_size, rows = fit
+            rows.stats["batch_size_wanted"] = wanted
+            mined = cc.negatives == "mined" or all(str(e.get("model") or "").startswith("mined:") for e in examples)
+            why = ", and mined negatives are other examples' documents" if mined else ""
+            ctx.reporter.warn(
+                f"curriculum: {len(examples)} examples cannot fill a batch of {wanted} with distinct texts (no text may appear twice "
+                f"in a batch{why}); using batch size {batch_size}, the largest that fills, "
+                "for curriculum and train (more examples keep the size asked for)"
             )
         save_curriculum(rows, out, stats=dict(rows.stats))
     except CurriculumError as e:
@@ -98,6 +111,8 @@ def run(ctx: StageContext) -> dict:
         "rows": len(rows),
         "batches": len(rows) // batch_size,
         "batch_size": batch_size,
+        # the batch size asked for, when too few examples filled no batch of it (batch_size: the largest that did)
+        "batch_size_wanted": rows.stats.get("batch_size_wanted"),
         "schedule": schedule,
         "schedule_setting": cc.schedule,
         "rows_per_phase": phases,
@@ -115,7 +130,11 @@ def report(stats: dict) -> list[Summary]:
             [
                 ("examples in", stats["examples"]),
                 ("rows (training order)", stats["rows"]),
-                ("batches of", f"{stats['batches']} x {stats['batch_size']}"),
+                (
+                    "batches of",
+                    f"{stats['batches']} x {stats['batch_size']}"
+                    + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else ""),
+                ),
                 ("schedule", stats["schedule"] + (" (auto)" if stats.get("schedule_setting") == "auto" else "")),
                 ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),
                 *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],

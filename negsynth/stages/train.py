@@ -65,6 +65,7 @@ def run(ctx: StageContext) -> dict:
     from negsynth.train.distributed import announce
     from negsynth.train.memory import PeakRSS
 
+    tc = _curriculum_batch(ctx, tc)
     tc = _resume_point(ctx, tc)
     announce(tc)  # under a launcher: the other ranks train with this very config
     resumed_from = _checkpoint_step_of(tc.resume, out)
@@ -99,6 +100,21 @@ def run(ctx: StageContext) -> dict:
         "gradcache_rows": (saved.get("loss") or {}).get("mini_batch_size"),
     }
     return stats
+
+
+def _curriculum_batch(ctx: StageContext, tc):
+    """``tc`` with the curriculum's batch size where the curriculum chose a smaller one than asked
+    (too few examples filled no batch of distinct texts of the configured size): the rows are
+    packed for that size, and a larger batch would put a text twice in one batch."""
+    try:
+        build = json.loads((ctx.stage_dir("curriculum") / "card.json").read_text(encoding="utf-8")).get("build") or {}
+    except (OSError, ValueError):
+        return tc
+    b = build.get("batch_size")
+    if build.get("batch_size_wanted") and isinstance(b, int) and b != tc.batch_size:
+        ctx.reporter.info(f"train: batch size {b}, the curriculum's (too few examples for {build['batch_size_wanted']})")
+        return tc.model_copy(update={"batch_size": b})
+    return tc
 
 
 def _memory_cell(stats: dict) -> str:

@@ -135,6 +135,7 @@ def _base_max_length(path: str, tr) -> int | None:
     return int(lim) if isinstance(lim, int) and lim < 100_000 else None
 
 
+@quiet_loading()
 def save_model(model, out: str) -> None:
     """Save with the base model's own max_seq_length restored (see :func:`build_model`), and the
     text format the model was trained with (``negsynth_text.json``, :mod:`negsynth.embed.text`)."""
@@ -590,7 +591,8 @@ def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -
                 log.warning("%s is not whole (killed while it was saved): removed", p)
                 _drop_checkpoint(p)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        with quiet_loading():  # the checkpoints' save bars (transformers, the hub): the stage shows one bar
+            trainer.train(resume_from_checkpoint=resume)
     finally:
         for cb in trainer.callback_handler.callbacks:
             if getattr(cb, "is_negsynth_progress", False):

@@ -97,35 +97,16 @@ def embed_block(
 
 @contextmanager
 def embedding_progress(reporter, label: str, total: int):
-    """A texts-embedded progress bar on the reporter's console (silent with --quiet / --json)."""
+    """A texts-embedded progress bar: the reporter's own bar (silent with --quiet / --json, plain
+    lines in Jupyter and on a console that is no terminal)."""
     if reporter.quiet or total == 0:
         yield _NoBar()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    prog = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("texts"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=reporter.console,
-        refresh_per_second=4,
-    )
-    t0 = time.perf_counter()
-    with prog:
-        tid = prog.add_task(label, total=total, rate="")
+    with reporter.progress(label, total, status="texts") as bar:
 
         class Bar:
-            done = 0
-
             def update(self, advance: int = 0) -> None:
-                self.done += advance
-                dt = time.perf_counter() - t0
-                prog.update(tid, advance=advance, rate=f"{self.done / dt:.0f}/s" if dt > 0 else "")
+                bar.update(advance=advance)
 
         yield Bar()
 

@@ -1,0 +1,143 @@
+"""negsynth from Python: the names ``import negsynth`` offers (each has this one import path).
+
+``negsynth.load_config(path=None, overrides=None)``
+    The run config: the built-in defaults (what ``negsynth config`` prints) with ``path``'s keys
+    layered over them, then ``overrides`` (``["train.lr=1e-5"]``, as ``--set``).
+``negsynth.run(config=None, run_dir="runs/default", *, stages=None, overrides=None, ...)``
+    The stages of ``config`` (a :class:`RunConfig`, a TOML path or None for the defaults) into
+    ``run_dir``, as ``negsynth run``; returns each stage's stats. Works in a notebook cell.
+``negsynth.training_data(documents, run_dir, *, config=None, overrides=None, ...)``
+    Documents in, training rows out: the ``corpus``, ``score`` and ``curriculum`` stages on
+    ``documents`` (a path, or texts / ``{"text", "title", "id"}`` dicts) and the rows as a
+    ``datasets.Dataset`` of text columns only, in training order, ready for
+    ``SentenceTransformerTrainer(train_dataset=...)``.
+``negsynth.sample_corpus()``
+    The 50-document sample corpus shipped in the package (a JSONL path).
+
+This module sits above the stages (it runs them); ``negsynth/__init__.py`` resolves the names
+here on first use, so ``import negsynth`` itself stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from negsynth.errors import UserError
+from negsynth.pipeline.config_io import load_config
+from negsynth.resources import sample_corpus
+
+if TYPE_CHECKING:
+    import datasets
+
+    from negsynth.schemas.config import RunConfig
+
+__all__ = ["load_config", "run", "sample_corpus", "training_data"]
+
+#: the stages :func:`training_data` runs: documents -> queries + mined negatives -> checked -> rows
+DATA_STAGES = ["corpus", "score", "curriculum"]
+
+
+def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | None) -> RunConfig:
+    from negsynth.schemas.config import RunConfig
+
+    if isinstance(config, RunConfig):
+        if not overrides:
+            return config
+        from negsynth.pipeline.config_io import apply_override
+
+        data = config.model_dump(mode="json")
+        for o in overrides:
+            apply_override(data, o)
+        return RunConfig.model_validate(data)
+    return load_config(config, list(overrides or []))
+
+
+def run(
+    config: RunConfig | str | Path | None = None,
+    run_dir: str | Path = "runs/default",
+    *,
+    stages: Sequence[str] | None = None,
+    overrides: Sequence[str] | None = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> dict[str, dict]:
+    """Run ``stages`` (default ``pipeline.stages``) of ``config`` into ``run_dir``, as ``negsynth run``
+    (the embedded LLM started and stopped when a stage needs it; finished stages reused). Returns
+    each stage's stats. Inside a running event loop (a notebook cell) it blocks until done; ``await
+    negsynth.stages.arun_pipeline(...)`` keeps the loop free instead."""
+    from negsynth.pipeline.progress import Reporter
+    from negsynth.stages import run_pipeline
+
+    cfg = _config(config, overrides)
+    return run_pipeline(cfg, run_dir, stages=list(stages) if stages else None, reporter=Reporter(quiet=quiet), overwrite=overwrite)
+
+
+def _write_documents(documents: Iterable[str | dict], path: Path) -> int:
+    """``documents`` as the JSONL the corpus stage reads (``id``, ``title``, ``text``), written atomically."""
+    from negsynth.data.shards import atomic_write_text
+
+    lines = []
+    for i, d in enumerate(documents):
+        if isinstance(d, str):
+            d = {"text": d}
+        if not isinstance(d, dict) or not isinstance(d.get("text"), str) or not d["text"].strip():
+            raise UserError(f"documents[{i}]: expected a non-empty string or a dict with a 'text' string; got {str(d)[:60]!r}")
+        rec = {"id": str(d.get("id", f"doc{i}")), "title": str(d.get("title") or ""), "text": d["text"]}
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    if not lines:
+        raise UserError("documents: empty; pass at least a few dozen documents (or a path to a corpus file)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return len(lines)
+
+
+def training_data(
+    documents: str | Path | Iterable[str | dict],
+    run_dir: str | Path,
+    *,
+    config: RunConfig | str | Path | None = None,
+    overrides: Sequence[str] | None = None,
+    max_docs: int | None = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> datasets.Dataset:
+    """Training rows for ``documents``: the LLM writes a query per document, hard negatives are
+    mined from the same documents (``corpus``), an embedder drops false negatives (``score``) and
+    the rows are built in training order (``curriculum``), all in ``run_dir`` (rerun: finished
+    stages are reused). ``documents``: a corpus path (JSONL / parquet / CSV / BEIR folder / saved
+    HF dataset) or texts / ``{"text", "title", "id"}`` dicts (written to ``RUN_DIR/documents.jsonl``).
+
+    Returns a ``datasets.Dataset`` with the text columns only — ``anchor, positive,
+    negative_1..4`` (mined negatives) or ``anchor, positive, negative`` (a graded curriculum) — in
+    training order (do not shuffle), so ``SentenceTransformerTrainer(model, args,
+    train_dataset=ds, loss=MultipleNegativesRankingLoss(model))`` takes it as it is. The rows'
+    metadata (phase, level, source) stays in ``RUN_DIR/curriculum``."""
+    from negsynth.data.curriculum import CurriculumError, load_curriculum
+    from negsynth.data.stock import text_columns
+
+    run_dir = Path(run_dir)
+    if isinstance(documents, (str, Path)):
+        path = Path(documents)
+        if not path.exists():
+            raise UserError(f"{path}: no such corpus file or folder; pass a path, or a list of texts")
+    else:
+        path = run_dir / "documents.jsonl"
+        _write_documents(documents, path)
+    sets = [f"corpus.inputs=[{{path={json.dumps(str(path))}}}]"]
+    if max_docs is not None:
+        sets.append(f"corpus.max_docs={int(max_docs)}")
+    cfg = _config(config, [*(overrides or []), *sets])
+    stats = run(cfg, run_dir, stages=DATA_STAGES, overwrite=overwrite, quiet=quiet)
+    from negsynth.pipeline.stage import finished_stats
+
+    stopped = [s for s in DATA_STAGES if s not in stats or not finished_stats(stats[s])]
+    if stopped:
+        raise UserError(f"{run_dir}: the {stopped[0]} stage did not finish; see {run_dir / stopped[0] / 'stats.json'} and rerun")
+    try:
+        ds: Any = load_curriculum(run_dir / "curriculum")
+    except CurriculumError as e:
+        raise UserError(str(e)) from None
+    return ds.select_columns(text_columns(ds.column_names))

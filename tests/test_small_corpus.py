@@ -1,0 +1,109 @@
+"""Small corpora just work: when no batch of the configured size can be filled with distinct
+texts (no text twice in a batch, and a mined negative is another example's document), the
+curriculum takes the largest batch size that fills, says so in one line, and train follows it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_openai import FakeOpenAI
+from test_corpus import answer
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.data.curriculum import build_curriculum, largest_fitting_batch
+from negsynth.data.shards import write_jsonl
+from negsynth.data.text import text_key
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def corpus_like(n: int) -> list[dict]:
+    """``n`` examples whose 4 negatives are other examples' positives (spread over the corpus), as
+    mining a small corpus gives."""
+    return [
+        {
+            "id": f"c{i}",
+            "task": "",
+            "task_type": "short-long",
+            "query": f"question about document {i}",
+            "positive": f"document {i}",
+            "negatives": [f"document {(i + 7 * k) % n}" for k in range(1, 5)],
+            "model": "mined:default:corpus",
+        }
+        for i in range(n)
+    ]
+
+
+def test_largest_fitting_batch_is_the_largest_that_fills_and_keeps_texts_distinct():
+    exs = corpus_like(44)
+    assert not build_curriculum(exs, schedule="tuple", batch_size=8, homogeneous_batches=False)  # the old dead end
+    b, rows = largest_fitting_batch(exs, 8, schedule="tuple", homogeneous_batches=False)
+    assert 2 <= b < 8 and rows
+    assert not build_curriculum(exs, schedule="tuple", batch_size=b + 1, homogeneous_batches=False) or b + 1 == 8
+    for start in range(0, len(rows), b):
+        batch = rows[start : start + b]
+        texts = [text_key(r[c]) for r in batch for c in r if c in ("anchor", "positive") or c.startswith("negative_")]
+        assert len(texts) == len(set(texts))
+    assert largest_fitting_batch(corpus_like(3), 8, schedule="tuple", homogeneous_batches=False) is None
+
+
+def test_the_curriculum_stage_falls_back_in_one_line_and_train_follows(tmp_path, monkeypatch):
+    rd = tmp_path / "run"
+    write_jsonl(rd / "score" / "shard-00000.jsonl", corpus_like(44))
+    r = runner.invoke(app, ["curriculum", "-d", str(rd), "--set", "curriculum.batch_size=8", "-q"])
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.output.splitlines() if "cannot fill a batch of 8" in line]
+    assert len(warned) == 1 and "no text may appear twice" in warned[0]
+    stats = json.loads((rd / "curriculum" / "stats.json").read_text())
+    b = stats["batch_size"]
+    assert 2 <= b < 8 and stats["batch_size_wanted"] == 8 and stats["rows"] % b == 0
+    # train takes the curriculum's batch size, not train.batch_size
+    seen = {}
+
+    def fake_train(ds, tc, progress=None):
+        seen["batch_size"] = tc.batch_size
+        raise SystemExit(0)
+
+    monkeypatch.setattr("negsynth.train.train", fake_train)
+    runner.invoke(app, ["train", "-d", str(rd), "--set", "train.batch_size=8", "-q"])
+    assert seen["batch_size"] == b
+
+
+@pytest.mark.slow  # corpus, score and 2 steps of MiniLM: ~90 s on 2 loaded cores
+def test_examples_corpus_toml_runs_on_the_50_sample_documents(tmp_path, minilm):
+    """examples/corpus.toml as shipped (batch 32) on the package's sample corpus, the LLM a fake
+    server, train capped at 2 steps, no evaluate (the shared benchmark data is not the point)."""
+    import negsynth
+
+    rd = tmp_path / "run"
+    with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
+        r = runner.invoke(
+            app,
+            [
+                "run",
+                "-c",
+                str(ROOT / "examples" / "corpus.toml"),
+                "-d",
+                str(rd),
+                "--set",
+                f"llm.base_url={srv.base_url}",
+                "--set",
+                "llm.model=fake",
+                "--set",
+                f'corpus.inputs=[{{path="{negsynth.sample_corpus()}"}}]',
+                "--set",
+                'pipeline.stages=["corpus","score","curriculum","train"]',
+                "--set",
+                "train.max_steps=2",
+                "-q",
+            ],
+        )
+    assert r.exit_code == 0, r.output
+    cur = json.loads((rd / "curriculum" / "stats.json").read_text())
+    assert cur["batch_size_wanted"] == 32 and 2 <= cur["batch_size"] < 32
+    assert sum("cannot fill a batch of 32" in line for line in r.output.splitlines()) == 1
+    train = json.loads((rd / "train" / "stats.json").read_text())
+    assert train["steps"] == 2 and (rd / "train" / "final" / "modules.json").is_file()
