@@ -231,22 +231,30 @@ class _Quiet:
         self.lines.append(msg)
 
 
-def test_a_run_dir_keeps_the_thread_count_of_its_first_server(tmp_path, gguf, monkeypatch):
-    """llama.cpp's answers change with its thread count, and the default count follows the load
-    at start: a resumed run must start its server with the first run's count, so it writes what an
-    uninterrupted run would. serve.n_threads still wins; the Python server keeps no record."""
+def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, gguf, monkeypatch):
+    """llama.cpp's answers change with its thread count. Every server has one thread by default
+    (so the load at start changes how many servers, never the answers); a run dir begun with
+    another count (serve.n_threads, or the single multi-threaded server of earlier versions)
+    keeps it per server when resumed, so it writes what an uninterrupted run would. serve.n_threads
+    still wins; the Python server keeps no record."""
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
     run_dir = tmp_path / "run"
+    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)  # one server: one argv file
 
-    def start(load_threads: int, **serve) -> tuple[str, str]:
-        monkeypatch.setattr(server, "choose_threads", lambda n=None, **kw: n or load_threads)
+    def start(**serve) -> tuple[str, str]:
         cfg = RunConfig.model_validate(
             {
                 "llm": {"base_url": "embedded"},
-                "serve": {"model_path": str(gguf), "server_path": str(binary), "startup_timeout": 30, **serve},
+                "serve": {
+                    "model_path": str(gguf),
+                    "server_path": str(binary),
+                    "startup_timeout": 30,
+                    "port": server._free_port("127.0.0.1"),
+                    **serve,
+                },
             }
         )
         rep = _Quiet()
@@ -254,15 +262,18 @@ def test_a_run_dir_keeps_the_thread_count_of_its_first_server(tmp_path, gguf, mo
             assert url is not None
         return _opt(json.loads(argv_file.read_text()), "--threads"), rep.lines[0]
 
-    threads, _ = start(2)  # a quiet machine at the first start
-    assert threads == "2" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 2}
-    threads, line = start(1)  # resumed when the machine is busy: still 2
+    threads, line = start()  # the default: one thread, whatever the load
+    assert threads == "1" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 1, "servers": 1}
+    assert "first count" not in line
+    (run_dir / SERVER_RECORD).write_text(
+        json.dumps({"engine": "llama-server", "threads": 2})
+    )  # begun by an earlier version's 2-thread server
+    threads, line = start()
     assert threads == "2" and "this run dir's first count" in line
-    assert start(1, n_threads=1)[0] == "1"  # the explicit setting wins
+    assert start(n_threads=1)[0] == "1"  # the explicit setting wins
     assert json.loads((run_dir / SERVER_RECORD).read_text())["threads"] == 2  # and does not rewrite the record
-    assert start(1)[0] == "2"
-    (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: chosen as for a new run dir
-    assert start(1)[0] == "1"
+    (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: as for a new run dir
+    assert start()[0] == "1"
 
 
 def test_the_python_server_keeps_no_thread_record(tmp_path, gguf, no_llama_server, monkeypatch):
