@@ -148,7 +148,11 @@ def test_llama_server_command(gguf, fake_binary):
     assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
     assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
     assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
-    assert "--no-cache-prompt" not in cmd
+    # the prompt cache off: every prompt evaluated whole, so an answer does not depend on what the
+    # server served before (an answer on a cached prefix differs: docs/llm_server.md)
+    assert "--no-cache-prompt" in cmd and _opt(cmd, "--cache-ram") == "0"
+    cmd = server.server_command(cfg.model_copy(update={"prompt_cache": True}), "m", 9001, slots=1, threads=1)
+    assert "--no-cache-prompt" not in cmd and _opt(cmd, "--cache-ram") == str(server.CACHE_RAM_MIB)
 
 
 def test_llama_server_command_takes_serve_n_threads(gguf, fake_binary):

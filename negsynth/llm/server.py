@@ -8,12 +8,11 @@
                       pool) and installed beside the Python interpreter (``sysconfig`` "scripts"
                       dir; ``serve.server_path`` names another binary). Started with ``n`` slots
                       decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
-                      slots because llama-server splits it across them), the prompt cache on (each
-                      slot keeps its last prompt, so the shared system prompt + worked example is
-                      evaluated once per slot, not once per request), ``--poll 0`` (idle threads
-                      sleep instead of spinning on a core another process needs) and
-                      ``--threads`` = the cores free when it starts (:func:`choose_threads`, measured over
-                      one second).
+                      slots because llama-server splits it across them), the prompt cache off
+                      unless ``serve.prompt_cache`` (an answer on a cached prefix is not the answer
+                      on the whole prompt), ``--poll 0`` (idle threads sleep instead of spinning
+                      on a core another process needs) and ``--threads`` as given (a fleet's:
+                      :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`).
 ``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
 
 ``"auto"`` (the default) takes llama-server when the binary is found, else the Python server.
@@ -251,9 +250,12 @@ def server_command(
             # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
             # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
             "--repeat-penalty": str(REPEAT_PENALTY),
-            "--cache-ram": str(CACHE_RAM_MIB),
+            "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache else 0),
         }
-        return [str(binary), *flags(options), "--no-webui", *cfg.extra_args]
+        # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
+        # does not depend on what this server (or which server of a fleet) served before
+        cache = [] if cfg.prompt_cache else ["--no-cache-prompt"]
+        return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
     try:
         import llama_cpp  # noqa: F401
     except ImportError:

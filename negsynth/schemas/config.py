@@ -199,6 +199,11 @@ class ServeConfig(Section):
     # but an answer then depends on which requests share its batch, so runs stop repeating bit for
     # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
+    # llama-server's prompt cache (a request whose prompt shares a prefix with the slot's last one
+    # evaluates only the rest): off, because an answer computed on a cached prefix is not the
+    # answer computed on the whole prompt, so it would depend on what the server served before
+    # (docs/llm_server.md); true: faster prompts, answers that depend on the order
+    prompt_cache: bool = False
     # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
     # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
     # requests: docs/llm_server.md); the engine refuses a flag it does not know when it starts
