@@ -2,19 +2,24 @@
 
 Each arm is a ``--set`` of ``[serve]`` for the same ``negsynth`` command, on a fresh run dir:
 
-``single``   one llama-server with ``--single-threads`` threads (default: every usable CPU), the
-             embedded LLM as negsynth started it before the fleet on a quiet machine
-             (``serve.servers = 1``, ``serve.n_threads = T``);
+``single``   one llama-server with ``--single-threads`` threads (default: every usable CPU) and
+             its prompt cache on, the embedded LLM as negsynth started it before the fleet on a
+             quiet machine (``serve.servers = 1``, ``serve.n_threads = T``, ``serve.prompt_cache = true``);
+``single-auto`` the same with the threads chosen as before the fleet: the cores free when it
+             starts (``serve.n_threads = 0``; on a busy machine fewer than every CPU);
 ``fleet2``   two single-threaded, single-slot servers behind the endpoint router
              (``serve.servers = 2``, ``serve.n_threads = 1``), the default on a quiet 2-core machine;
 ``fleet1``   one single-threaded server (``serve.servers = 1``, ``serve.n_threads = 1``): the
-             fleet's answers with one server, for the byte comparison.
+             fleet's answers with one server, for the byte comparison;
+``fleet2-pc`` ``fleet2`` with llama-server's prompt cache on (``serve.prompt_cache = true``):
+             what turning it off costs (its answers depend on each server's history).
 
 Workloads (``--workloads``):
 
-``corpus``    ``negsynth corpus`` on a seeded sample of ``--docs`` documents of ``--input``
-              (default: SciFact's corpus), one query and the LLM's 4 negatives per document
-              (``corpus.negatives = "llm"``: no embedder, so the figure is the LLM's);
+``corpus``    ``negsynth corpus`` on the first ``--docs`` documents of ``--input`` (default:
+              SciFact's corpus.jsonl), written to ``OUT/corpus-N.jsonl`` as the stage's input
+              (so mining's index holds those documents only and the figure is mostly the
+              LLM's), with the default config: one query per document, mined negatives;
 ``generate``  the demo's ``generate`` stage (default config, ``--examples`` items) from one
               brainstormed run dir, copied per run (as benchmarks/demo_generate.py).
 
@@ -51,9 +56,11 @@ SCIFACT = Path("/work/shared/data/scifact/corpus.jsonl")
 
 def arms(single_threads: int) -> dict[str, list[str]]:
     return {
-        "single": ["serve.servers=1", f"serve.n_threads={single_threads}"],
+        "single": ["serve.servers=1", f"serve.n_threads={single_threads}", "serve.prompt_cache=true"],
+        "single-auto": ["serve.servers=1", "serve.n_threads=0", "serve.prompt_cache=true"],
         "fleet2": ["serve.servers=2", "serve.n_threads=1"],
         "fleet1": ["serve.servers=1", "serve.n_threads=1"],
+        "fleet2-pc": ["serve.servers=2", "serve.n_threads=1", "serve.prompt_cache=true"],
     }
 
 
@@ -124,14 +131,21 @@ def shard_digest(stage_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def corpus_input(a) -> Path:
+    """The first ``--docs`` lines of ``--input``, as a file of their own under ``--out``."""
+    path = a.out / f"corpus-{a.docs}.jsonl"
+    if not path.is_file():
+        with open(a.input, encoding="utf-8") as f:
+            lines = [line for _, line in zip(range(a.docs), f)]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        tmp.replace(path)
+    return path
+
+
 def run_corpus(a, arm_sets: list[str], d: Path) -> tuple[dict, float, list[float]]:
-    sets = [
-        "corpus.negatives=llm",
-        "corpus.round_trip_k=0",
-        *([f"llm.max_concurrency={a.concurrency}"] if a.concurrency else []),
-        *arm_sets,
-    ]
-    args = ["corpus", "--input", str(a.input), "--max-docs", str(a.docs), "-d", str(d)]
+    sets = [*([f"llm.max_concurrency={a.concurrency}"] if a.concurrency else []), *arm_sets]
+    args = ["corpus", "--input", str(corpus_input(a)), "-d", str(d)]
     for s in sets:
         args += ["--set", s]
     wall, rss = negsynth(args)
@@ -149,17 +163,17 @@ def run_generate(a, arm_sets: list[str], d: Path, base: Path) -> tuple[dict, flo
     return json.loads((d / "generate" / "stats.json").read_text()), wall, rss
 
 
-def determinism(n: int, log_dir: Path) -> None:
+def determinism(n: int, log_dir: Path, server_path: str | None = None) -> None:
     """Does an answer depend on the server, its prompt cache or the order? ``n`` of the demo's
     generate requests (benchmarks/llm_server.py), each arm on fresh servers:
 
-    ``fresh``      one single-threaded server, every request with ``cache_prompt: false``
-                   (evaluated whole, as by a server that never saw another request);
-    ``cached``     one single-threaded server, in order, prompt cache on (each request after
-                   others that share its system prompt and worked example: prefix hits);
-    ``fleet2-rev`` two single-threaded servers, the requests in reverse order, one in flight per
-                   server (which server gets which request: whichever is free);
-    ``single-2t``  one server with 2 threads, in order (the thread count's own effect).
+    ``fresh``      one single-threaded server, prompt cache off (every prompt evaluated whole,
+                   as by a server that never saw another request), in order: the reference;
+    ``cached``     the same with the prompt cache on (each request after others that share its
+                   system prompt and worked example: prefix hits);
+    ``fleet2-rev`` two single-threaded servers, prompt cache off, the requests in reverse order,
+                   one in flight per server (which server gets which: whichever is free);
+    ``single-2t``  one server with 2 threads, prompt cache off (the thread count's own effect).
     """
     import queue
 
@@ -175,7 +189,15 @@ def determinism(n: int, log_dir: Path) -> None:
     bodies = demo_requests(n)
 
     def run(servers: int, threads: int, order: list[int], cache: bool) -> tuple[dict[int, str], dict[int, int], float]:
-        cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), servers=servers, n_threads=threads, startup_timeout=300)
+        cfg = ServeConfig(
+            engine="llama-server",
+            server_path=server_path,
+            port=_free_port("127.0.0.1"),
+            servers=servers,
+            n_threads=threads,
+            startup_timeout=300,
+            prompt_cache=cache,
+        )
         todo: queue.Queue = queue.Queue()
         for i in order:
             todo.put(i)
@@ -190,7 +212,7 @@ def determinism(n: int, log_dir: Path) -> None:
                             i = todo.get_nowait()
                         except queue.Empty:
                             return
-                        body = {**bodies[i], "cache_prompt": cache}
+                        body = bodies[i]
                         r = c.post(url + "/chat/completions", json=body)
                         r.raise_for_status()
                         o = r.json()
@@ -208,13 +230,17 @@ def determinism(n: int, log_dir: Path) -> None:
     fwd, rev = list(range(n)), list(reversed(range(n)))
     ref, _, ref_s = run(1, 1, fwd, cache=False)
     print(f"{n} demo generate requests; load average {os.getloadavg()[0]:.2f}")
-    print(f"fresh       (1 server, 1 thread, cache_prompt false): {ref_s:6.1f} s")
-    for name, servers, threads, order in (("cached", 1, 1, fwd), ("fleet2-rev", 2, 1, rev), ("single-2t", 1, 2, fwd)):
-        texts, cached, secs = run(servers, threads, order, cache=True)
+    print(f"fresh       (1 server, 1 thread, prompt cache off): {ref_s:6.1f} s")
+    for name, servers, threads, order, cache in (
+        ("cached", 1, 1, fwd, True),
+        ("fleet2-rev", 2, 1, rev, False),
+        ("single-2t", 1, 2, fwd, False),
+    ):
+        texts, cached, secs = run(servers, threads, order, cache=cache)
         same = sum(texts[i] == ref[i] for i in range(n))
         hits = sum(1 for i in range(n) if cached[i] > 0)
         print(
-            f"{name:11s} ({servers} server(s), {threads} thread(s), prompt cache on): {secs:6.1f} s; same text as fresh {same}/{n}; "
+            f"{name:11s} ({servers} server(s), {threads} thread(s), prompt cache {'on' if cache else 'off'}): {secs:6.1f} s; same text as fresh {same}/{n}; "
             f"{hits} requests took a cached prefix (median {statistics.median(cached.values()):.0f} tokens)",
             flush=True,
         )
@@ -226,20 +252,23 @@ def main() -> None:
     ap.add_argument("--workloads", default="corpus", help="corpus, generate or both (comma-separated)")
     ap.add_argument("--arms", default="single,fleet2,fleet1", help="the first is the reference")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--docs", type=int, default=150, help="corpus: documents sampled (corpus.seed 0)")
+    ap.add_argument("--docs", type=int, default=150, help="corpus: the first N documents of --input")
     ap.add_argument("--input", type=Path, default=SCIFACT, help="corpus: a BEIR corpus.jsonl")
     ap.add_argument("--examples", type=int, default=72, help="generate: generate.examples (the demo's default config: 72 items)")
     ap.add_argument("--concurrency", type=int, default=None, help="llm.max_concurrency (default: the config's)")
     ap.add_argument("--single-threads", type=int, default=len(os.sched_getaffinity(0)), help="threads of the single server")
     ap.add_argument("--out", type=Path, required=True, help="run dirs and results.json go here")
+    ap.add_argument("--server-path", default=None, help="serve.server_path for every arm (default: the built llama-server)")
     ap.add_argument("--determinism", type=int, default=0, metavar="N", help="only the answer check on N demo requests (see determinism())")
     a = ap.parse_args()
     if a.determinism:
         a.out.mkdir(parents=True, exist_ok=True)
-        determinism(a.determinism, a.out)
+        determinism(a.determinism, a.out, a.server_path)
         return
     names = [x.strip() for x in a.arms.split(",") if x.strip()]
     table = arms(a.single_threads)
+    if a.server_path:
+        table = {n: [*sets, f"serve.server_path={a.server_path}"] for n, sets in table.items()}
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     a.out.mkdir(parents=True, exist_ok=True)
     base = a.out / "brainstormed"
@@ -270,11 +299,12 @@ def main() -> None:
                     "load": round(load, 2),
                     "server_rss_mib": [round(x) for x in rss],
                     "digest": shard_digest(d / w),
+                    "server": json.loads((d / "embedded-server.json").read_text()) if (d / "embedded-server.json").is_file() else {},
                 }
                 results[w][n].append(r)
                 print(
                     f"rep {rep + 1} {w:8s} {n:7s} stage {s:6.1f} s  {r['per_min']:5.1f}/min  requests {r['requests']}  "
-                    f"valid {r['valid']}  load {load:.2f}  rss {r['server_rss_mib']}  shards {r['digest']}",
+                    f"valid {r['valid']}  load {load:.2f}  servers {r['server']}  rss {r['server_rss_mib']}  shards {r['digest']}",
                     flush=True,
                 )
     med = statistics.median

@@ -39,11 +39,21 @@ def _opt(cmd: list[str], flag: str) -> str:
         (2, 1.7, {"servers": 3}, (3, 1)),  # a count is taken as given
     ],
 )
-def test_the_fleet_has_one_single_threaded_server_per_free_core(cpus, load, serve, want):
+def test_the_fleet_has_one_single_threaded_server_per_free_core(cpus, load, serve, want, monkeypatch):
+    monkeypatch.setattr(F, "available_mib", lambda: None)
     assert F.fleet_shape(ServeConfig(**serve), cpus=cpus, load=load) == want
 
 
-def test_a_kept_thread_count_sets_threads_not_the_answer_count():
+def test_automatic_servers_leave_memory_free(monkeypatch):
+    monkeypatch.setattr(F, "available_mib", lambda: 3 * F.SERVER_MIB + 10)
+    assert F.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (3, 1)
+    assert F.fleet_shape(ServeConfig(servers=8), cpus=16, load=0.0) == (8, 1)  # a count is the user's
+    monkeypatch.setattr(F, "available_mib", lambda: 10)
+    assert F.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (1, 1)
+
+
+def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
+    monkeypatch.setattr(F, "available_mib", lambda: None)
     assert F.fleet_shape(ServeConfig(), threads=2, cpus=4, load=0.0) == (2, 2)
 
 

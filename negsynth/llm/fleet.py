@@ -82,13 +82,31 @@ def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
     return max(1, min(cpus, cpus - int(load + 0.5)))
 
 
+#: MiB of available memory asked per automatic server: each measured ~229 MiB resident at
+#: ``serve.n_ctx`` 4096 with SmolLM2-135M (124 MiB its own: KV cache and buffers; the rest the
+#: model file's pages, shared by every server), so the fleet takes at most about half of it
+SERVER_MIB = 256
+
+
+def available_mib() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in MiB (None where unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | None = None, load: float | None = None) -> tuple[int, int]:
     """``(servers, threads per server)`` for ``serve.servers`` / ``serve.n_threads``.
 
     Threads: ``threads`` (a run dir's first count, see :mod:`negsynth.pipeline.embedded`), else
     ``serve.n_threads``, else 1; ``n_threads = 0``: the cores free. Servers: ``serve.servers``,
-    else the cores free divided by the threads, at least 1. The cores free are measured (one
-    second) only when something needs them."""
+    else the cores free divided by the threads, and no more than one per :data:`SERVER_MIB` of
+    available memory, at least 1. The cores free are measured (one second) only when something
+    needs them."""
     free: int | None = None
 
     def cores() -> int:
@@ -98,8 +116,13 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
         return free
 
     t = threads or (cfg.n_threads if cfg.n_threads is not None else 1) or cores()
-    n = cfg.servers if cfg.servers != "auto" else max(1, cores() // t)
-    return n, t
+    if cfg.servers != "auto":
+        return cfg.servers, t
+    n = cores() // t
+    mem = available_mib()
+    if mem is not None:
+        n = min(n, mem // SERVER_MIB)
+    return max(1, n), t
 
 
 class EmbeddedFleet:
