@@ -6,9 +6,12 @@
 # (-DGGML_NATIVE=ON: AVX-512 etc. where the CPU has them), a portable build when that fails, no
 # curl / OpenSSL / web UI, static, only the `llama-server` target, ggml's own thread pool instead
 # of OpenMP (so negsynth can pass --poll 0: no threads spinning on a core another process needs).
+# The native build leaves out AMX (-mno-amx-*): a CPU under a hypervisor may advertise AMX that the
+# guest cannot use (Firecracker here: the binary dies with SIGSEGV / SIGILL at its first tile
+# instruction, `ldtilecfg`).
 # Installed next to the Python interpreter's scripts (`sysconfig.get_path("scripts")`), where
 # negsynth looks first. Idempotent: skips when that binary exists and was built from the same
-# llama-cpp-python version (stamp file `llama-server.negsynth-version` beside it).
+# llama-cpp-python version with the same flags (stamp file `llama-server.negsynth-version` beside it).
 # About 6 min on 2 cores. Env: PYTHON, LLAMA_SERVER_JOBS (parallel compile jobs),
 # LLAMA_SERVER_BUILD_DIR (work dir; default ~/.cache/negsynth/llama-server-<version>),
 # LLAMA_SERVER_FORCE=1 (rebuild).
@@ -23,7 +26,8 @@ VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-pytho
 BIN_DIR=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 DEST="$BIN_DIR/llama-server"
 STAMP="$DEST.negsynth-version"
-if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$VER" ]] && "$DEST" --version >/dev/null 2>&1; then
+TAG="$VER no-amx"  # a binary built before AMX was left out is rebuilt once
+if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$TAG" ]] && "$DEST" --version >/dev/null 2>&1; then
   echo "llama-server: already built from llama-cpp-python $VER ($DEST)"
   exit 0
 fi
@@ -49,8 +53,11 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 JOBS=${LLAMA_SERVER_JOBS:-$(nproc)}
 
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 build() {  # build <native ON|OFF> <dir>
-  "$CMAKE" -S "$SRC" -B "$2" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+  local flags=()
+  [[ "$1" == ON ]] && flags=(-DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX")
+  "$CMAKE" -S "$SRC" -B "$2" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
     -DGGML_NATIVE="$1" -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -Wno-dev >"$2.log" 2>&1 \
@@ -68,5 +75,5 @@ else
   OUT="$WORK/build-portable/bin/llama-server"
 fi
 install -m 755 "$OUT" "$DEST"
-echo "$VER" >"$STAMP"
+echo "$TAG" >"$STAMP"
 echo "llama-server: installed $DEST ($((SECONDS - t0)) s)"
