@@ -186,7 +186,8 @@ def determinism(n: int, log_dir: Path, server_path: str | None = None) -> None:
     from negsynth.llm.server import _free_port
     from negsynth.schemas.config import ServeConfig
 
-    bodies = demo_requests(n)
+    # those that share a worked example side by side, so the prompt cache has prefixes to reuse
+    bodies = sorted(demo_requests(n), key=lambda b: json.dumps(b["messages"][:-1]))
 
     def run(servers: int, threads: int, order: list[int], cache: bool) -> tuple[dict[int, str], dict[int, int], float]:
         cfg = ServeConfig(
