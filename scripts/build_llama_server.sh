@@ -6,9 +6,12 @@
 # (-DGGML_NATIVE=ON: AVX-512 etc. where the CPU has them), a portable build when that fails, no
 # curl / OpenSSL / web UI, static, only the `llama-server` target, ggml's own thread pool instead
 # of OpenMP (so negsynth can pass --poll 0: no threads spinning on a core another process needs).
+# The native build leaves out AMX (-mno-amx-*): a CPU under a hypervisor may advertise AMX that the
+# guest cannot use (Firecracker here: the binary dies with SIGSEGV / SIGILL at its first tile
+# instruction, `ldtilecfg`).
 # Installed next to the Python interpreter's scripts (`sysconfig.get_path("scripts")`), where
 # negsynth looks first. Idempotent: skips when that binary exists and was built from the same
-# llama-cpp-python version (stamp file `llama-server.negsynth-version` beside it).
+# llama-cpp-python version with the same flags (stamp file `llama-server.negsynth-version` beside it).
 # About 6 min on 2 cores. Env: PYTHON, LLAMA_SERVER_JOBS (parallel compile jobs),
 # LLAMA_SERVER_BUILD_DIR (work dir; default ~/.cache/negsynth/llama-server-<version>),
 # LLAMA_SERVER_FORCE=1 (rebuild), LLAMA_SERVER_PORTABLE=1 (skip the native build).
@@ -49,22 +52,23 @@ VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-pytho
 BIN_DIR=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 DEST="$BIN_DIR/llama-server"
 STAMP="$DEST.negsynth-version"
+TAG="$VER no-amx"  # a binary built before AMX was left out is rebuilt once
 if [[ "${1:-}" == "--check" ]]; then
   GGUF=${2:?usage: build_llama_server.sh --check MODEL.gguf}
   [[ -x "$DEST" ]] || exit 0  # nothing built (the Python server serves)
-  [[ -f "$DEST.negsynth-checked" && "$(cat "$DEST.negsynth-checked")" == "$VER" ]] && exit 0
+  [[ -f "$DEST.negsynth-checked" && "$(cat "$DEST.negsynth-checked")" == "$TAG" ]] && exit 0
   if check "$DEST" "$GGUF"; then
-    echo "$VER" >"$DEST.negsynth-checked"
+    echo "$TAG" >"$DEST.negsynth-checked"
     echo "llama-server: runs on this CPU ($DEST)"
     exit 0
   fi
   echo "llama-server: the native build does not run on this CPU (it compiled instructions the machine refuses); rebuilding portable ..." >&2
   LLAMA_SERVER_FORCE=1 LLAMA_SERVER_PORTABLE=1 PYTHON="$PY" bash "$0"
   check "$DEST" "$GGUF" || { echo "llama-server: the portable build does not run either; remove $DEST to use the Python server" >&2; exit 1; }
-  echo "$VER" >"$DEST.negsynth-checked"
+  echo "$TAG" >"$DEST.negsynth-checked"
   exit 0
 fi
-if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$VER" ]] && "$DEST" --version >/dev/null 2>&1; then
+if [[ -z "${LLAMA_SERVER_FORCE:-}" && -x "$DEST" && -f "$STAMP" && "$(cat "$STAMP")" == "$TAG" ]] && "$DEST" --version >/dev/null 2>&1; then
   echo "llama-server: already built from llama-cpp-python $VER ($DEST)"
   exit 0
 fi
@@ -90,8 +94,11 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 JOBS=${LLAMA_SERVER_JOBS:-$(nproc)}
 
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 build() {  # build <native ON|OFF> <dir>
-  "$CMAKE" -S "$SRC" -B "$2" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+  local flags=()
+  [[ "$1" == ON ]] && flags=(-DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX")
+  "$CMAKE" -S "$SRC" -B "$2" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release "${flags[@]}" \
     -DGGML_NATIVE="$1" -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -Wno-dev >"$2.log" 2>&1 \
@@ -112,6 +119,6 @@ else
   OUT="$WORK/build-portable/bin/llama-server"
 fi
 install -m 755 "$OUT" "$DEST"
-echo "$VER" >"$STAMP"
+echo "$TAG" >"$STAMP"
 rm -f "$DEST.negsynth-checked"
 echo "llama-server: installed $DEST ($((SECONDS - t0)) s)"

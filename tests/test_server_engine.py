@@ -148,7 +148,11 @@ def test_llama_server_command(gguf, fake_binary):
     assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
     assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
     assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
-    assert "--no-cache-prompt" not in cmd
+    # the prompt cache off: every prompt evaluated whole, so an answer does not depend on what the
+    # server served before (an answer on a cached prefix differs: docs/llm_server.md)
+    assert "--no-cache-prompt" in cmd and _opt(cmd, "--cache-ram") == "0"
+    cmd = server.server_command(cfg.model_copy(update={"prompt_cache": True}), "m", 9001, slots=1, threads=1)
+    assert "--no-cache-prompt" not in cmd and _opt(cmd, "--cache-ram") == str(server.CACHE_RAM_MIB)
 
 
 def test_llama_server_command_takes_serve_n_threads(gguf, fake_binary):
@@ -231,22 +235,30 @@ class _Quiet:
         self.lines.append(msg)
 
 
-def test_a_run_dir_keeps_the_thread_count_of_its_first_server(tmp_path, gguf, monkeypatch):
-    """llama.cpp's answers change with its thread count, and the default count follows the load
-    at start: a resumed run must start its server with the first run's count, so it writes what an
-    uninterrupted run would. serve.n_threads still wins; the Python server keeps no record."""
+def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, gguf, monkeypatch):
+    """llama.cpp's answers change with its thread count. Every server has one thread by default
+    (so the load at start changes how many servers, never the answers); a run dir begun with
+    another count (serve.n_threads, or the single multi-threaded server of earlier versions)
+    keeps it per server when resumed, so it writes what an uninterrupted run would. serve.n_threads
+    still wins; the Python server keeps no record."""
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
     run_dir = tmp_path / "run"
+    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)  # one server: one argv file
 
-    def start(load_threads: int, **serve) -> tuple[str, str]:
-        monkeypatch.setattr(server, "choose_threads", lambda n=None, **kw: n or load_threads)
+    def start(**serve) -> tuple[str, str]:
         cfg = RunConfig.model_validate(
             {
                 "llm": {"base_url": "embedded"},
-                "serve": {"model_path": str(gguf), "server_path": str(binary), "startup_timeout": 30, **serve},
+                "serve": {
+                    "model_path": str(gguf),
+                    "server_path": str(binary),
+                    "startup_timeout": 30,
+                    "port": server._free_port("127.0.0.1"),
+                    **serve,
+                },
             }
         )
         rep = _Quiet()
@@ -254,15 +266,18 @@ def test_a_run_dir_keeps_the_thread_count_of_its_first_server(tmp_path, gguf, mo
             assert url is not None
         return _opt(json.loads(argv_file.read_text()), "--threads"), rep.lines[0]
 
-    threads, _ = start(2)  # a quiet machine at the first start
-    assert threads == "2" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 2}
-    threads, line = start(1)  # resumed when the machine is busy: still 2
+    threads, line = start()  # the default: one thread, whatever the load
+    assert threads == "1" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 1, "servers": 1}
+    assert "first count" not in line
+    (run_dir / SERVER_RECORD).write_text(
+        json.dumps({"engine": "llama-server", "threads": 2})
+    )  # begun by an earlier version's 2-thread server
+    threads, line = start()
     assert threads == "2" and "this run dir's first count" in line
-    assert start(1, n_threads=1)[0] == "1"  # the explicit setting wins
+    assert start(n_threads=1)[0] == "1"  # the explicit setting wins
     assert json.loads((run_dir / SERVER_RECORD).read_text())["threads"] == 2  # and does not rewrite the record
-    assert start(1)[0] == "2"
-    (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: chosen as for a new run dir
-    assert start(1)[0] == "1"
+    (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: as for a new run dir
+    assert start()[0] == "1"
 
 
 def test_the_python_server_keeps_no_thread_record(tmp_path, gguf, no_llama_server, monkeypatch):

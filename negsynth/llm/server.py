@@ -8,12 +8,11 @@
                       pool) and installed beside the Python interpreter (``sysconfig`` "scripts"
                       dir; ``serve.server_path`` names another binary). Started with ``n`` slots
                       decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
-                      slots because llama-server splits it across them), the prompt cache on (each
-                      slot keeps its last prompt, so the shared system prompt + worked example is
-                      evaluated once per slot, not once per request), ``--poll 0`` (idle threads
-                      sleep instead of spinning on a core another process needs) and
-                      ``--threads`` = the cores free when it starts (:func:`choose_threads`, measured over
-                      one second).
+                      slots because llama-server splits it across them), the prompt cache off
+                      unless ``serve.prompt_cache`` (an answer on a cached prefix is not the answer
+                      on the whole prompt), ``--poll 0`` (idle threads sleep instead of spinning
+                      on a core another process needs) and ``--threads`` as given (a fleet's:
+                      :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`).
 ``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
 
 ``"auto"`` (the default) takes llama-server when the binary is found, else the Python server.
@@ -251,9 +250,12 @@ def server_command(
             # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
             # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
             "--repeat-penalty": str(REPEAT_PENALTY),
-            "--cache-ram": str(CACHE_RAM_MIB),
+            "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache else 0),
         }
-        return [str(binary), *flags(options), "--no-webui", *cfg.extra_args]
+        # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
+        # does not depend on what this server (or which server of a fleet) served before
+        cache = [] if cfg.prompt_cache else ["--no-cache-prompt"]
+        return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -281,12 +283,21 @@ class EmbeddedServer:
     resolved and the threads chosen here (a missing binary under ``serve.engine = "llama-server"``
     fails now, before anything starts)."""
 
-    def __init__(self, cfg: ServeConfig, model_alias: str, *, log_path: Path | None = None, slots: int = 1, threads: int | None = None):
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        model_alias: str,
+        *,
+        log_path: Path | None = None,
+        slots: int = 1,
+        threads: int | None = None,
+        port: int | None = None,
+    ):
         self.cfg = cfg
         self.alias = model_alias
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.port = cfg.port
+        self.port = port or cfg.port
         self.engine, self.binary = resolve_engine(cfg)
         self.slots = choose_slots(cfg.parallel, slots) if self.engine == "llama-server" else 1
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
@@ -331,21 +342,37 @@ class EmbeddedServer:
     def _spawn_and_wait(self, deadline: float) -> bool:
         """Start the server on ``self.port`` and wait until it answers. True when the answer comes
         from our process; False when another process answers on that port."""
+        self.spawn()
+        return self.wait_ready(deadline)
+
+    def spawn(self) -> None:
+        """Start the server process on ``self.port`` (without waiting for it)."""
         cmd = server_command(self.cfg, self.alias, self.port, engine=(self.engine, self.binary), slots=self.slots, threads=self.threads)
+        if self.log_path:
+            Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child holds its own copy
+
+    def wait_ready(self, deadline: float) -> bool:
+        """Wait until the server started by :meth:`spawn` answers (True), or another process
+        answers on its port (False); a UserError when it exits or the deadline passes."""
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            proc = self.proc  # stop() (another thread: a fleet's watchdog) may clear it meanwhile
+            if proc is None:
+                raise UserError("the embedded llama.cpp server was stopped while it started")
+            if proc.poll() is not None:
                 if not _port_free(self.cfg.host, self.port):
                     return False  # it exited because the port was taken meanwhile
-                raise UserError(
-                    f"the embedded llama.cpp server exited with code {self.proc.returncode}; see {self.log_path or 'its output'}"
-                )
+                raise UserError(f"the embedded llama.cpp server exited with code {proc.returncode}; see {self.log_path or 'its output'}")
             try:
                 r = httpx.get(self.base_url + "/models", timeout=2.0)
                 if r.status_code == 200:
                     # False: a server that is not ours answers here (None: /proc cannot tell)
-                    return listens_on(self.proc.pid, self.port) is not False
+                    return listens_on(proc.pid, self.port) is not False
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
@@ -354,18 +381,30 @@ class EmbeddedServer:
             f"the embedded llama.cpp server did not answer /v1/models within {self.cfg.startup_timeout:.0f} s (serve.startup_timeout)"
         )
 
+    def rss_mib(self) -> float | None:
+        """The server process's resident memory in MiB (``/proc/PID/status``; None where unknown)."""
+        if self.proc is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def stop(self) -> None:
         repeats.unregister(self.base_url)
-        if self.proc is None:
+        proc, self.proc = self.proc, None
+        if proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+                proc.kill()
+                proc.wait()
 
     def __enter__(self) -> EmbeddedServer:
         self.start()

@@ -12,18 +12,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-#: the run dir's record of its first embedded server (engine and thread count)
+#: the run dir's record of its first embedded servers (engine, threads per server, servers)
 SERVER_RECORD = "embedded-server.json"
 
 
 def kept_threads(run_dir: Path, engine: str) -> int | None:
-    """The thread count of the run dir's first llama-server, or None (no record, another engine).
+    """The threads per server of the run dir's first llama-server(s), or None (no record, another engine).
 
     llama.cpp's answers depend on its thread count (1 and 2 threads give different text for the
-    same request and seed), and the count chosen by default follows the machine's load when the
-    server starts. A run dir therefore keeps the count of its first server: a resumed or extended
-    run writes what an uninterrupted one would have, whatever the load. ``serve.n_threads``
-    still overrides it."""
+    same request and seed). Every server has 1 thread unless ``serve.n_threads`` says otherwise,
+    so a run dir begun with the default resumes with the default; one begun with another count
+    (``serve.n_threads``, or a run dir of the single multi-threaded server of earlier versions,
+    whose count followed the load) keeps that count per server, so that a resumed or extended run
+    writes what an uninterrupted one would have. ``serve.n_threads`` still overrides it."""
     try:
         rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -34,23 +35,31 @@ def kept_threads(run_dir: Path, engine: str) -> int | None:
 
 @contextmanager
 def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterator[str | None]:
-    """The one place ``llm.base_url = "embedded"`` becomes a server: start the bundled llama.cpp
-    server for the duration of the block and yield its URL; any other base URL, or ``needed``
-    False, yields None (the configured URL is used as it is)."""
+    """The one place ``llm.base_url = "embedded"`` becomes servers: start the bundled llama.cpp
+    server fleet (:class:`~negsynth.llm.fleet.EmbeddedFleet`) for the duration of the block and
+    yield its URL (several servers: their URLs joined by spaces, which
+    :func:`~negsynth.llm.fleet.fleet_llm_config` turns into ``llm.endpoints``); any other base
+    URL, or ``needed`` False, yields None (the configured URL is used as it is)."""
     if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return
     from negsynth.data.shards import atomic_write_json
-    from negsynth.llm.server import EmbeddedServer, resolve_engine
+    from negsynth.llm.fleet import EmbeddedFleet
+    from negsynth.llm.server import resolve_engine
 
     engine = resolve_engine(cfg.serve)[0]
-    kept = None if cfg.serve.n_threads else kept_threads(run_dir, engine)
-    log_path = Path(run_dir) / "logs" / "llama-server.log"
-    srv = EmbeddedServer(cfg.serve, cfg.llm.model, log_path=log_path, slots=cfg.llm.max_concurrency, threads=kept)
-    why = " (this run dir's first count: the same answers; serve.n_threads changes it)" if kept else ""
-    reporter.info(f"starting the embedded LLM server ({cfg.llm.model}): {srv.describe()}{why} ...")
-    with srv:
-        if srv.engine == "llama-server" and not (Path(run_dir) / SERVER_RECORD).exists():
-            atomic_write_json(Path(run_dir) / SERVER_RECORD, {"engine": srv.engine, "threads": srv.threads})
-        reporter.info(f"embedded server ready at {srv.base_url}")
-        yield srv.base_url
+    kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir, engine)
+    fleet = EmbeddedFleet(cfg.serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", slots=cfg.llm.max_concurrency, threads=kept)
+    why = (
+        f" ({kept} threads per server: this run dir's first count, whose answers differ from other counts; serve.n_threads changes it)"
+        if kept and kept != 1
+        else ""
+    )
+    reporter.info(f"starting the embedded LLM ({cfg.llm.model}): {fleet.describe()}{why} ...")
+    with fleet:
+        if fleet.engine == "llama-server" and not (Path(run_dir) / SERVER_RECORD).exists():
+            atomic_write_json(Path(run_dir) / SERVER_RECORD, {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet)})
+        rss = [r for r in fleet.rss_mib() if r is not None]
+        mem = f" ({max(rss):.0f} MiB resident per server at start)" if rss and len(fleet) > 1 else ""
+        reporter.info(f"embedded LLM ready at {', '.join(fleet.urls)}{mem}")
+        yield fleet.url

