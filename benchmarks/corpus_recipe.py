@@ -259,9 +259,7 @@ def train_stock(dataset: str, seed: int, args) -> dict:
     from the dataset's shared cache), mined with ``mine_hard_negatives`` over the same documents
     and trained with MNRL and the ``NO_DUPLICATES`` sampler for one pass."""
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
     from transformers import set_seed
 
@@ -280,8 +278,7 @@ def train_stock(dataset: str, seed: int, args) -> dict:
     docs = [d.text for spec in cfg.corpus.inputs for d in read_corpus(spec).documents()]
     set_seed(seed)
     model = SentenceTransformer(str(minilm_path()), device="cpu")
-    base_len = model.max_seq_length
-    model.max_seq_length = args.max_length
+    model.max_seq_length = args.max_length  # mining sees what training sees
     ds = Dataset.from_dict({"anchor": [r["query"] for r in records], "positive": [r["positive"] for r in records]})
     ds = mine_hard_negatives(
         ds,
@@ -295,27 +292,14 @@ def train_stock(dataset: str, seed: int, args) -> dict:
         verbose=False,
     )
     dest = args.out / dataset / "st-stock" / f"seed{seed}"
-    targs = SentenceTransformerTrainingArguments(
-        output_dir=str(dest / "_ckpt"),
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        **({"num_train_epochs": 1} if args.steps is None else {"max_steps": args.steps}),
-        warmup_ratio=0.1,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        seed=seed,
-        data_seed=seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=1,
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
-    trainer.train()
-    model.max_seq_length = base_len  # evaluated like the base model and negsynth's saved models
     out = dest / "model"
     shutil.rmtree(out, ignore_errors=True)
-    model.save(str(out))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _stock import train_stock_recipe
+
+    trainer = train_stock_recipe(
+        model, ds, out, batch_size=args.batch_size, lr=args.lr, seed=seed, max_length=args.max_length, steps=args.steps
+    )
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {
         "model_dir": str(out),

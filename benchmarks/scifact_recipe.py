@@ -746,34 +746,16 @@ def print_flow(flows: list[dict], args) -> None:
 
 def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
     """sentence-transformers' own recipe: SentenceTransformerTrainer + MNRL (scale 20), NO_DUPLICATES."""
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import set_seed
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _stock import train_stock_recipe
 
     set_seed(seed)
     ds = stock_rows(src, arm, args)
-    model = base_model(args)
-    base_len = model.max_seq_length
-    model.max_seq_length = args.max_length
-    targs = SentenceTransformerTrainingArguments(
-        output_dir=str(dest / "_ckpt"),
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        max_steps=args.steps,
-        warmup_ratio=0.1,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        seed=seed,
-        data_seed=seed,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=max(1, args.steps // 4),
-        disable_tqdm=True,
+    trainer = train_stock_recipe(
+        base_model(args), ds, dest, batch_size=args.batch_size, lr=args.lr, seed=seed, max_length=args.max_length, steps=args.steps
     )
-    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
-    trainer.train()
-    model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
-    model.save(str(dest))
     return {
         "rows": len(ds),
         "columns": ds.column_names,

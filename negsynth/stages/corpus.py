@@ -475,22 +475,17 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
             llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
             k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
-        meta["round_trip_rank"] = mined["rank"]
-        if cfg.round_trip_k and mined["rank"] > cfg.round_trip_k:
-            return reject(
-                "round_trip",
-                f"its own document ranks {mined['rank']} in the corpus, below round_trip_k={cfg.round_trip_k}",
-                query=query,
-                round_trip_rank=mined["rank"],
-            )
+        # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
+        # meta, each a filter when its k is set
+        ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
         if cfg.teacher != "none":
-            meta["teacher_rank"] = mined["teacher_rank"]
-            if cfg.teacher_k and mined["teacher_rank"] > cfg.teacher_k:
+            ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
+        for reason, key, rank, limit, who in ranks:
+            meta[key] = rank
+            if limit and rank > limit:
+                setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
                 return reject(
-                    "teacher_rank",
-                    f"the {cfg.teacher} teacher ranks its own document {mined['teacher_rank']}, below teacher_k={cfg.teacher_k}",
-                    query=query,
-                    teacher_rank=mined["teacher_rank"],
+                    reason, f"{who} ranks its own document {rank} in the corpus, below {setting}={limit}", query=query, **{key: rank}
                 )
         if len(mined["negatives"]) < k:
             return reject(
