@@ -170,8 +170,11 @@ def test_a_type_failing_at_the_transport_level_stays_pending_and_a_rerun_asks_on
         r = _brainstorm(cfg, rd)
         assert r.exit_code != 0
         st = json.loads((rd / "brainstorm" / "stats.json").read_text())
-        # every list of the type failed (max_requests_per_type = 6 of them): pending, none rejected
-        assert st["pending"] == 6 and st["pending_by_reason"] == {"transport_http_502": 6} and not st["complete"]
+        # every list of the type failed (max_requests_per_type of them, as the layered config says): pending, none rejected
+        from negsynth.pipeline.config_io import load_config
+
+        n = load_config(cfg).brainstorm.max_requests_per_type
+        assert st["pending"] == n and st["pending_by_reason"] == {"transport_http_502": n} and not st["complete"]
         assert (st["valid"], st["rejected"]) == (20, 1)  # the three other types (5 + 9 + 5) and the STS task, kept
         assert "tasks_per_type" not in st and not (rd / "brainstorm" / "shard-00000.jsonl").exists()
         down["on"] = False
