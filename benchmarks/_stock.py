@@ -37,3 +37,20 @@ def train_stock_recipe(model, ds, dest: Path, *, batch_size: int, lr: float, see
     model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
     return trainer
+
+
+def paired_against_stock(results: list[dict], arm: str, stock_arm: str, task: str, n_resamples: int = 10000) -> dict | None:
+    """Per-query paired test of ``arm`` against ``stock_arm`` on ``task`` (each query averaged over
+    the arm's seeds; ``results`` already narrowed to one dataset), or None when either has no
+    per-query scores there."""
+    from negsynth.evaluate.stats import align, paired_test
+
+    def maps(a: str) -> list[dict]:
+        return [r["per_query"][task] for r in sorted(results, key=lambda r: r["seed"]) if r["arm"] == a and task in r.get("per_query", {})]
+
+    mine, stock = maps(arm), maps(stock_arm)
+    if not mine or not stock or arm == stock_arm:
+        return None
+    qids, b = align(stock)
+    _, a = align(mine, qids)
+    return paired_test(a, b, n_resamples=n_resamples, seed=0)

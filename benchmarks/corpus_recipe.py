@@ -386,18 +386,10 @@ def summarise(results: list[dict], dataset: str) -> list[tuple]:
 
 def paired_vs_stock(results: list[dict], dataset: str, arm: str, task: str, n_resamples: int) -> dict | None:
     """Per-query paired test of ``arm`` against ``st-stock`` on ``task`` (seeds pooled), or None."""
-    from negsynth.evaluate.stats import align, paired_test
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _stock import paired_against_stock
 
-    def maps(a: str) -> list[dict]:
-        rs = sorted((r for r in results if r["dataset"] == dataset and r["arm"] == a), key=lambda r: r["seed"])
-        return [r["per_query"][task] for r in rs if task in r.get("per_query", {})]
-
-    mine, stock = maps(arm), maps(STOCK_ARM)
-    if not mine or not stock or arm == STOCK_ARM:
-        return None
-    qids, b = align(stock)
-    _, a = align(mine, qids)
-    return paired_test(a, b, n_resamples=n_resamples, seed=0)
+    return paired_against_stock([r for r in results if r["dataset"] == dataset], arm, STOCK_ARM, task, n_resamples)
 
 
 def print_paired(results: list[dict], dataset: str, tasks: list[str], n_resamples: int) -> None:

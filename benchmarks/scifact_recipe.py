@@ -967,17 +967,10 @@ def summarise(results: list[dict], tasks: list[str]) -> list[tuple]:
 
 def paired_vs_stock(results: list[dict], arm: str, task: str, n_resamples: int = 10000) -> dict | None:
     """Per-query paired test of ``arm`` against the stock recipe on ``task`` (seeds pooled), or None."""
-    from negsynth.evaluate.stats import align, paired_test
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _stock import paired_against_stock
 
-    def maps(a: str) -> list[dict]:
-        return [r["per_query"][task] for r in sorted(results, key=lambda r: r["seed"]) if r["arm"] == a and task in r.get("per_query", {})]
-
-    mine, stock = maps(arm), maps(STOCK_ARM)
-    if not mine or not stock or arm == STOCK_ARM:
-        return None
-    qids, b = align(stock)
-    _, a = align(mine, qids)
-    return paired_test(a, b, n_resamples=n_resamples, seed=0)
+    return paired_against_stock(results, arm, STOCK_ARM, task, n_resamples)
 
 
 def _paired_cell(t: dict | None) -> tuple[str, str]:
