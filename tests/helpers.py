@@ -319,3 +319,23 @@ def streamed_index(model, texts: list[str], folder: Path, *, chunk: int, batch_s
         return (texts[i : i + chunk] for i in range(0, len(texts), chunk))
 
     return CorpusIndex.from_batches(model, batches, len(texts), batch_size=batch_size, cache=folder / "e.npy", store=folder / "t.texts")
+
+
+#: a stand-in llama-server: answers GET /models with its --alias and writes its argv as JSON to
+#: ``{argv_path}`` (a Python expression: a path, or one built from ``opt("--port")``)
+STAND_IN_LLAMA_SERVER = r"""#!{python}
+import http.server, json, sys
+argv = sys.argv[1:]
+opt = lambda f: argv[argv.index(f) + 1]
+open({argv_path}, "w").write(json.dumps(argv))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+        self.wfile.write(json.dumps({{"data": [{{"id": opt("--alias")}}]}}).encode())
+    def log_message(self, *a): pass
+try:
+    srv = http.server.HTTPServer((opt("--host"), int(opt("--port"))), H)
+except OSError:
+    sys.exit(1)
+srv.serve_forever()
+"""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import STAND_IN_LLAMA_SERVER
 
 from negsynth.llm import fleet as F
 from negsynth.llm import server
@@ -91,22 +92,6 @@ def test_the_stage_sends_to_every_server_of_the_fleet(tmp_path):
 
 
 # -- a stand-in llama-server fleet --------------------------------------------------------------
-STAND_IN = r"""#!{python}
-import http.server, json, sys
-argv = sys.argv[1:]
-opt = lambda f: argv[argv.index(f) + 1]
-open({out!r} + "/argv-" + opt("--port") + ".json", "w").write(json.dumps(argv))
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-        self.wfile.write(json.dumps({{"data": [{{"id": opt("--alias")}}]}}).encode())
-    def log_message(self, *a): pass
-try:
-    srv = http.server.HTTPServer((opt("--host"), int(opt("--port"))), H)
-except OSError:
-    sys.exit(1)
-srv.serve_forever()
-"""
 
 
 @pytest.fixture
@@ -116,7 +101,9 @@ def stand_in(tmp_path) -> tuple[ServeConfig, Path]:
     out = tmp_path / "argv"
     out.mkdir()
     binary = tmp_path / "llama-server"
-    binary.write_text(STAND_IN.format(python=sys.executable, out=str(out)))
+    binary.write_text(
+        STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(out)) + ' + "/argv-" + opt("--port") + ".json"')
+    )
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=60, servers=3)
     return cfg, out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import STAND_IN_LLAMA_SERVER
 from pydantic import ValidationError
 
 from negsynth.errors import UserError
@@ -193,27 +194,11 @@ def test_the_python_engine_has_one_slot(no_llama_server):
 
 
 # -- a stand-in llama-server through EmbeddedServer --------------------------------------------
-STAND_IN = r"""#!{python}
-import http.server, json, sys
-argv = sys.argv[1:]
-opt = lambda f: argv[argv.index(f) + 1]
-open({argv_file!r}, "w").write(json.dumps(argv))
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-        self.wfile.write(json.dumps({{"data": [{{"id": opt("--alias")}}]}}).encode())
-    def log_message(self, *a): pass
-try:
-    srv = http.server.HTTPServer((opt("--host"), int(opt("--port"))), H)
-except OSError:
-    sys.exit(1)
-srv.serve_forever()
-"""
 
 
 def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
     argv_file = tmp_path / "argv.json"
-    binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
+    binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
     cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30, parallel=2)
     es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=4, log_path=tmp_path / "logs" / "llama-server.log")
     assert es.engine == "llama-server" and es.slots == 2 and es.threads >= 1
@@ -244,7 +229,7 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
     argv_file = tmp_path / "argv.json"
-    binary = _executable(tmp_path / "llama-server", STAND_IN.format(python=sys.executable, argv_file=str(argv_file)))
+    binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
     run_dir = tmp_path / "run"
     monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)  # one server: one argv file
 
