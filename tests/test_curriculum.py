@@ -34,8 +34,21 @@ def make_examples(n: int, *, task_types=TASK_TYPES, n_negs: int = 4) -> list[dic
 
 
 def batches(rows, bs):
-    assert len(rows) % bs == 0, "rows must come as full batches"
-    return [rows[i : i + bs] for i in range(0, len(rows), bs)]
+    """The rows grouped by their ``batch`` number: consecutive, numbered 0.., none larger than
+    ``bs``, phase-pure; in each phase every full batch comes before its short (last) ones."""
+    out: list[list[dict]] = []
+    for r in rows:
+        if out and out[-1][0]["batch"] == r["batch"]:
+            out[-1].append(r)
+        else:
+            assert r["batch"] == len(out), "batches must come numbered in order"
+            out.append([r])
+    for b in out:
+        assert len(b) <= bs and len({r["phase"] for r in b}) == 1
+    for b, nxt in zip(out, out[1:]):
+        if len(b) < bs and nxt[0]["phase"] == b[0]["phase"]:
+            assert len(nxt) < bs, "a full batch after a short one of the same phase"
+    return out
 
 
 def test_curriculum_phase_order_levels_and_quarter_split():
@@ -229,3 +242,48 @@ def test_tuple_rows_save_reload_and_train_columns(tmp_path):
     import json
 
     assert json.loads((out / "card.json").read_text())["per_level"] == {"0": len(rows)}
+
+
+def test_a_phases_leftover_rows_train_in_short_batches_not_dropped():
+    """Homogeneous batches over 3 task types leave each phase with rows that fill no whole batch:
+    by default they train as short batches (every example once), packed across task types with
+    no text twice; ``incomplete_batches="drop"`` is the old rule and loses them."""
+    ex = make_examples(103, task_types=("short-long", "long-short", "sts"))
+    kept = build_curriculum(ex, batch_size=8, seed=3)
+    dropped = build_curriculum(ex, batch_size=8, seed=3, incomplete_batches="drop")
+    assert len(kept) == 103 and sorted(r["example_id"] for r in kept) == sorted(e["id"] for e in ex)
+    assert len(dropped) == 103 - dropped.stats["dropped_incomplete"] < 103
+    assert kept.stats["dropped_incomplete"] == 0 and kept.stats["short_batches"] >= 1
+    assert kept.stats["rows_in_short_batches"] == sum(len(b) for b in batches(kept, 8) if len(b) < 8)
+    old_rows = {r["example_id"] for r in dropped}
+    as_before = [b for b in batches(kept, 8) if all(r["example_id"] in old_rows for r in b)]
+    assert len(as_before) == len(batches(dropped, 8)) and all(len({r["task_type"] for r in b}) == 1 for b in as_before)
+    for b in batches(kept, 8):
+        texts = [text_key(r[c]) for r in b for c in ("anchor", "positive", "negative")]
+        assert len(texts) == len(set(texts))
+    # the old rule's full batches are exactly the new build's first ones in each phase
+    assert [r["example_id"] for r in dropped] == [r["example_id"] for r in kept if r["example_id"] in old_rows]
+    with pytest.raises(CurriculumError, match="incomplete_batches"):
+        build_curriculum(ex, batch_size=8, incomplete_batches="pad")
+
+
+def test_total_steps_fill_whole_batches_so_nothing_is_short():
+    rows = build_curriculum(make_examples(90), batch_size=8, total_steps=12, seed=0)
+    assert len(rows) == 12 * 8 and rows.stats["short_batches"] == 0
+
+
+def test_the_trainers_sampler_trains_exactly_the_curriculums_batches():
+    """The sampler follows the ``batch`` column, so a short batch is trained as planned, not
+    merged with the next leftover (which packing by phase alone could do)."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("sentence_transformers")
+    from negsynth.train.sampler import CurriculumBatchSampler, batch_segments
+
+    rows = build_curriculum(make_examples(103, task_types=("short-long", "long-short", "sts")), batch_size=8, seed=3)
+    ds = datasets.Dataset.from_list([dict(r) for r in rows])
+    planned = CurriculumBatchSampler(
+        ds.select_columns(["anchor", "positive", "negative"]), batch_size=8, phases=batch_segments(ds), num_replicas=1
+    )
+    assert [[rows[i]["batch"] for i in b] for b in planned] == [[n] * len(b) for n, b in enumerate(batches(rows, 8))]
+    assert batch_segments({"phase": [1, 1, 2]}) == [1, 1, 2] and batch_segments({"batch": [-1, -1], "phase": [1, 2]}) == [1, 2]
+    assert batch_segments({"anchor": ["a"]}) is None

@@ -626,6 +626,10 @@ class CurriculumConfig(Section):
     # anchors get instruction_template when "on"; "auto" = exactly when evaluation formats queries the
     # same way (evaluate.instruct_queries), so training and evaluation see the same text (spec §1.9)
     instructions: Literal["auto", "on", "off"] = "auto"
+    # a phase's rows that fill no whole batch of distinct texts when its examples run out: "train"
+    # them as short batches (as sentence-transformers' NO_DUPLICATES sampler does), or "drop" them
+    # (the rule before; it lost 35 of 163 rows on a 200-document corpus)
+    incomplete_batches: Literal["train", "drop"] = "train"
 
     @field_validator("schedule")
     @classmethod

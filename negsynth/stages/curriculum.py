@@ -61,7 +61,14 @@ def fingerprint(ctx: StageContext) -> str:
 
 def run(ctx: StageContext) -> dict:
     """Build the dataset (derived data: ``run_stage`` reuses it while :func:`fingerprint` is unchanged)."""
-    from negsynth.data.curriculum import BatchFillError, CurriculumError, build_curriculum, largest_fitting_batch, save_curriculum
+    from negsynth.data.curriculum import (
+        BatchFillError,
+        CurriculumError,
+        build_curriculum,
+        has_full_batch,
+        largest_fitting_batch,
+        save_curriculum,
+    )
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
@@ -78,12 +85,13 @@ def run(ctx: StageContext) -> dict:
             "homogeneous_batches": cc.homogeneous_batches,
             "use_mined": cc.negatives == "mined",
             "instruction_template": anchor_template(ctx.cfg),
+            "incomplete_batches": cc.incomplete_batches,
         }
         try:
             rows = build_curriculum(examples, batch_size=batch_size, **options)
         except BatchFillError:
             rows = None
-        if not rows:  # a small pool: no text may appear twice in a batch, so fewer rows share one
+        if not has_full_batch(rows):  # a small pool: no text may appear twice in a batch, so fewer rows share one
             wanted, fit = batch_size, largest_fitting_batch(examples, batch_size, **options)
             if fit is None:
                 raise CurriculumError(
@@ -109,7 +117,8 @@ def run(ctx: StageContext) -> dict:
         "stage": NAME,
         "examples": len(examples),
         "rows": len(rows),
-        "batches": len(rows) // batch_size,
+        "batches": rows.stats.get("steps", len(rows) // batch_size),
+        "short_batches": rows.stats.get("short_batches", 0),
         "batch_size": batch_size,
         # the batch size asked for, when too few examples filled no batch of it (batch_size: the largest that did)
         "batch_size_wanted": rows.stats.get("batch_size_wanted"),
@@ -133,11 +142,12 @@ def report(stats: dict) -> list[Summary]:
                 (
                     "batches of",
                     f"{stats['batches']} x {stats['batch_size']}"
+                    + (f" ({stats['short_batches']} shorter: a phase's last rows)" if stats.get("short_batches") else "")
                     + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else ""),
                 ),
                 ("schedule", stats["schedule"] + (" (auto)" if stats.get("schedule_setting") == "auto" else "")),
                 ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),
-                *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved"))],
+                *[(f"  {k}", v) for k, v in stats["builder"].items() if k.startswith(("dropped", "skipped", "moved", "rows_in_short"))],
                 ("output", stats.get("output", "")),
             ],
         )

@@ -194,6 +194,21 @@ class CurriculumBatchSampler(DefaultBatchSampler):
         return len(self.batches)
 
 
+def batch_segments(columns: dict[str, Sequence[Any]] | Any) -> list | None:
+    """What the sampler must not mix in a batch, from a curriculum's columns (a dict or a
+    ``datasets.Dataset``): its ``batch`` column when it has one (each curriculum batch, a short one
+    included, is then trained as one batch, exactly as the curriculum planned it), else its
+    ``phase`` column, else None (one segment)."""
+    names = columns.column_names if hasattr(columns, "column_names") else list(columns)
+    for name in ("batch", "phase"):
+        if name in names:
+            values = list(columns[name])
+            if name == "batch" and any(v is None or v < 0 for v in values):
+                continue  # an unnumbered row (-1): the rows were not built as batches
+            return values
+    return None
+
+
 def curriculum_batch_sampler(phases: Sequence[Any] | None = None):
     """The ``batch_sampler`` argument for ``SentenceTransformerTrainingArguments``, with ``phases``
     (one per row, or None) bound: works with the stock ``SentenceTransformerTrainer`` too."""
@@ -280,12 +295,12 @@ def for_stock_trainer(data) -> tuple[Any, Any]:
     ``data``: the curriculum as a ``datasets.Dataset`` (or a run dir / curriculum dir / saved
     dataset dir / parquet file), or n-tuple rows. ``train_dataset`` keeps only the text columns
     (``anchor, positive, negative`` or ``negative_1..n``); ``batch_sampler`` is
-    :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``phase`` column (None
-    when there is none): pass it as ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
+    :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``batch`` column (else
+    ``phase``; see :func:`batch_segments`): pass it as
+    ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
     """
     ds = _as_dataset(data)
     missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
     if missing:
         raise CurriculumError(f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or ntuple_rows output")
-    phases = ds["phase"] if "phase" in ds.column_names else None
-    return ds.select_columns(loss_columns(ds.column_names)), curriculum_batch_sampler(phases)
+    return ds.select_columns(loss_columns(ds.column_names)), curriculum_batch_sampler(batch_segments(ds))

@@ -31,7 +31,7 @@ from typing import Any
 from negsynth.embed.base import quiet_loading
 from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
-from negsynth.train.sampler import OrderedBatchSampler, check_batches, curriculum_batch_sampler
+from negsynth.train.sampler import OrderedBatchSampler, batch_segments, check_batches, curriculum_batch_sampler
 
 log = logging.getLogger(__name__)
 
@@ -247,22 +247,26 @@ def _load_dataset(dataset):
     raise TypeError(f"dataset: expected a datasets.Dataset, a dict of columns or a parquet path, got {type(dataset).__name__}")
 
 
-def _curriculum_callback(phases: list | None, levels: list | None, batch_size: int, grad_accum: int):
+def _curriculum_callback(phases: list | None, levels: list | None, batch_size: int, grad_accum: int, batch_starts: list | None = None):
     from transformers import TrainerCallback
 
     class CurriculumLogCallback(TrainerCallback):
         """Adds the curriculum ``phase``/``level`` of the last consumed batch to each log record.
 
         Optimizer step s consumed micro-batches ``[(s-1)·A, s·A)``; the phase is that of the first row of
-        the last one. ``state.log_history[-1]`` is the record the trainer just stored, so the phase lands
+        the last one (``batch_starts``: each planned batch's first row, short batches included;
+        without it, batches of ``batch_size`` rows are assumed). ``state.log_history[-1]`` is the record the trainer just stored, so the phase lands
         in ``trainer_state.json`` next to the loss.
         """
 
         def on_log(self, args, state, control, logs=None, **kw):
             if not phases or not state.global_step or logs is None or "loss" not in logs:
                 return
-            n_batches = -(-len(phases) // batch_size)
-            row = (((state.global_step * grad_accum) - 1) % n_batches) * batch_size
+            if batch_starts:
+                row = batch_starts[((state.global_step * grad_accum) - 1) % len(batch_starts)]
+            else:
+                n_batches = -(-len(phases) // batch_size)
+                row = (((state.global_step * grad_accum) - 1) % n_batches) * batch_size
             rec = state.log_history[-1] if state.log_history else {}
             rec["phase"] = phases[row]
             if levels:
@@ -455,6 +459,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     if not fmt.is_identity:  # every text as the model will see it at evaluation (negsynth_text.json)
         train_ds = train_ds.map(lambda row: {c: fmt.apply(row[c]) for c in text_cols}, desc="text format")
     per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
+    batch_starts = None  # the first row of each planned batch, when the sampler keeps the order
     if config.batch_sampler == "shuffled":
         if phases is not None and len(set(phases)) > 1:
             raise ValueError(
@@ -465,8 +470,9 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
 
         sampler = BatchSamplers.NO_DUPLICATES
     elif config.no_duplicates:
-        sampler = curriculum_batch_sampler(phases)
+        sampler = curriculum_batch_sampler(batch_segments(ds))
         planned = sampler(train_ds, batch_size=per_device, drop_last=False)
+        batch_starts = [b[0] for b in planned.global_batches if b]
         if planned.counts["moved"] or planned.skipped_rows:
             log.info(
                 "batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)",
@@ -545,7 +551,10 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         args=args,
         train_dataset=train_ds,
         loss=loss,
-        callbacks=[_curriculum_callback(phases, levels, config.batch_size, config.grad_accum), _seal_callback(config.save_total_limit)],
+        callbacks=[
+            _curriculum_callback(phases, levels, config.batch_size, config.grad_accum, batch_starts),
+            _seal_callback(config.save_total_limit),
+        ],
     )
     if progress is not None:
         # the bar replaces the log dicts the trainer prints on stdout (train_log.json keeps them)
