@@ -31,9 +31,9 @@ Ray node id of each worker's last try; for score, where each embedding actor las
 - ``llm.endpoints`` travels with the config: every worker spreads its requests over the same
   servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead
   one out on its own.
-- ``llm.base_url = "embedded"`` starts one fleet of servers in the driver (:mod:`negsynth.llm.fleet`)
-  and every worker spreads its requests over all of them, so it serves a one-node cluster; a
-  multi-node cluster needs a served endpoint (vLLM, OpenAI, ...): there is no fleet per node.
+- ``llm.base_url = "embedded"`` starts one fleet of servers (:mod:`negsynth.llm.fleet`) in the
+  driver on one node, and one on **every node** of a cluster of several
+  (:mod:`negsynth.pipeline.ray_fleets`); every worker spreads its requests over all of them.
 - The API key is read by each worker from its own environment (``llm.api_key_env``, and each
   endpoint's ``api_key_env``), never shipped in the task's arguments.
 
@@ -690,7 +690,7 @@ def run_on_ray(
         if ctx.num_shards != 1:
             raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
         nodes: list[str] = []
-        with ray_embedding(ctx, workers=workers, address=address, nodes=nodes):
+        with ray_embedding(ctx, workers=workers, address=address, nodes=nodes), cluster_endpoint(stage, ctx, address):
             stats = run_stage(stage, ctx)
         return {**stats, "executor": "ray", "workers": workers, "ray_nodes": nodes}
     if not stage.shardable:
@@ -714,7 +714,7 @@ def run_on_ray(
     address = ray_address(address)
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
-    with stage_endpoint(stage, ctx, start_llm) as url:
+    with cluster_endpoint(stage, ctx, address) as fleets, stage_endpoint(stage, ctx, None if fleets else start_llm) as url:
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)
@@ -787,6 +787,26 @@ def run_on_ray(
     merged = merge_stage(ctx.run_dir, stage.name)
     print_report(stage, ctx, merged)
     return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **budget, **_embedded(embedded)}
+
+
+@contextlib.contextmanager
+def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[str | None]:
+    """On a Ray cluster of several nodes, the embedded LLM as one fleet per node
+    (:func:`negsynth.pipeline.ray_fleets.node_fleets`), set as ``ctx.base_url`` for the block and
+    yielded; else None and nothing changes (one node: the driver's fleet, as in one process). A new
+    local Ray node (no ``--address`` / ``$RAY_ADDRESS``) is one node: nothing is asked of Ray, and
+    a stage already finished starts no server."""
+    from negsynth.pipeline import ray_fleets
+
+    if not ray_fleets.wanted(stage, ctx) or ray_address(address) == "local" or up_to_date(stage, ctx, manifest_entry(stage, ctx)):
+        yield None
+        return
+    with ray_fleets.node_fleets(stage, ctx, _connect(address)) as url:
+        before, ctx.base_url = ctx.base_url, url or ctx.base_url
+        try:
+            yield url
+        finally:
+            ctx.base_url = before
 
 
 def _embedded(nodes: list[str]) -> dict:

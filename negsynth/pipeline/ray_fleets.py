@@ -1,0 +1,118 @@
+"""The embedded LLM on a multi-node Ray cluster: one fleet per node, every node's servers for every worker.
+
+On one machine the Ray executor starts the embedded fleet in the driver, as a local run does
+(:func:`negsynth.pipeline.embedded.llm_endpoint`). On a cluster of several nodes that would put
+every LLM request on the driver's cores, so :func:`node_fleets` starts one
+:class:`~negsynth.llm.fleet.EmbeddedFleet` on **each** alive node instead (a :class:`NodeFleet`
+actor pinned to the node, no CPU of its own reserved: the servers use the node's free cores, as
+``serve.servers = "auto"`` counts them there), and yields all their URLs as one endpoint string:
+every worker's client spreads its requests over every node's servers (``llm.endpoints``, most
+free capacity first; a server that stops answering is taken out and probed back, a node that
+dies takes its servers with it and the others carry the work).
+
+The servers listen on the address the node joined the cluster with (its ``NodeManagerAddress``),
+so every node reaches them; each logs to ``RUN_DIR/logs/node-<id>/`` (the run dir is on a filesystem every
+node sees, as for any Ray run). Every server has one thread and one slot with its prompt cache
+off (:mod:`negsynth.llm.fleet`), so an answer does not depend on the node or server that
+computed it: the stage's data equal a one-process run's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from negsynth.errors import UserError
+
+
+class NodeFleet:
+    """A Ray actor holding one node's :class:`~negsynth.llm.fleet.EmbeddedFleet`."""
+
+    def __init__(self, serve: dict, model: str, log_dir: str, slots: int, threads: int | None):
+        import ray
+
+        from negsynth.llm.fleet import EmbeddedFleet
+        from negsynth.schemas.config import ServeConfig
+
+        self.node = ray.get_runtime_context().get_node_id()
+        # the address the node joined the cluster with (what the other nodes reach it by)
+        host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == self.node), None) or ray.util.get_node_ip_address()
+        cfg = ServeConfig.model_validate({**serve, "host": host})
+        self.fleet = EmbeddedFleet(cfg, model, log_dir=Path(log_dir) / f"node-{self.node[:8]}", slots=slots, threads=threads)
+
+    def start(self) -> dict:
+        self.fleet.start()
+        return {"node": self.node, "urls": self.fleet.urls, "describe": self.fleet.describe()}
+
+    def stop(self) -> None:
+        self.fleet.stop()
+
+
+def alive_nodes(ray) -> list[str]:
+    """The ids of the cluster's alive nodes that have CPUs."""
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+
+
+def wanted(stage, ctx) -> bool:
+    """Whether the stage needs the embedded LLM and nothing has given it an endpoint yet."""
+    return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.needs_llm(ctx.cfg)
+
+
+@contextlib.contextmanager
+def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[str | None]:
+    """One embedded fleet per alive node of the connected cluster for the block; yields their
+    URLs joined by spaces (:func:`negsynth.llm.fleet.join_urls`), or None when the stage needs no
+    embedded LLM or the cluster has one node (the driver's own fleet serves it then, as before).
+    ``nodes``: the node ids to use (default: every alive node with CPUs)."""
+    if not wanted(stage, ctx):
+        yield None
+        return
+    nodes = alive_nodes(ray) if nodes is None else nodes
+    if len(nodes) < 2:
+        yield None
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from negsynth.llm.fleet import join_urls
+    from negsynth.llm.server import resolve_engine
+    from negsynth.pipeline.embedded import kept_threads
+
+    cfg = ctx.cfg
+    engine = resolve_engine(cfg.serve)[0]
+    if engine != "llama-server":
+        raise UserError(
+            f"--executor ray on {len(nodes)} nodes starts llama.cpp's llama-server on every node; serve.engine resolves to {engine!r} "
+            "here (build it: bash scripts/build_llama_server.sh), or point llm.base_url at a served endpoint"
+        )
+    threads = None if cfg.serve.n_threads is not None else kept_threads(ctx.run_dir, engine)
+    actor = ray.remote(num_cpus=0, max_restarts=0)(NodeFleet)
+    fleets = [
+        actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+            cfg.serve.model_dump(mode="json"), cfg.llm.model, str(Path(ctx.run_dir).resolve() / "logs"), cfg.llm.max_concurrency, threads
+        )
+        for node in nodes
+    ]
+    try:
+        ctx.reporter.info(f"starting the embedded LLM ({cfg.llm.model}) on each of {len(nodes)} Ray nodes ...")
+        try:
+            started = ray.get([f.start.remote() for f in fleets])
+        except ray.exceptions.RayError as e:
+            first = (str(getattr(e, "cause", None) or e).strip().splitlines() or [type(e).__name__])[-1]
+            raise UserError(f"{stage.name}: the embedded LLM did not start on every Ray node ({first}); see RUN_DIR/logs/node-*/") from None
+        urls = [u for s in started for u in s["urls"]]
+        for s in started:
+            ctx.reporter.info(f"node {s['node'][:8]}: {s['describe']} at {', '.join(s['urls'])}")
+        from negsynth.data.shards import atomic_write_json
+        from negsynth.pipeline.embedded import SERVER_RECORD
+
+        record = Path(ctx.run_dir) / SERVER_RECORD
+        if not record.exists():
+            atomic_write_json(record, {"engine": engine, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
+        yield join_urls(urls)
+    finally:
+        for f in fleets:
+            with contextlib.suppress(Exception):
+                ray.get(f.stop.remote(), timeout=60)
+            with contextlib.suppress(Exception):
+                ray.kill(f)
