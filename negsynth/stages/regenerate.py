@@ -28,7 +28,7 @@ How it works (MGH spec §1.5):
 
 The LLM plumbing (request cache, resume from partial shards, budgets, retries, stats) is the
 shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm_session`` and
-``budget_checker`` as ``generate``.
+``budget_gate`` as ``generate``.
 """
 
 from __future__ import annotations

@@ -87,8 +87,7 @@ class LLMJudge:
         return run_sync(self._run(list(examples)))
 
     async def _run(self, examples: list[dict]):
-        async with llm_session(self.ctx, stage="score") as client:
-            client.gate = self._budget_gate(client)
+        async with llm_session(self.ctx, stage="score", gate=self._budget_gate()) as client:
             with self.ctx.reporter.progress("score: LLM judge", len(examples)) as bar:
                 done = Counter()
 
@@ -114,13 +113,12 @@ class LLMJudge:
             negs.append(None if verdict is None else [1.0 if v else 0.0 for v in verdict])
         return pos, negs
 
-    def _budget_gate(self, client):
-        """The budget check of this block's session, counting what earlier blocks sent."""
+    def _budget_gate(self):
+        """The budget check of this block's session (on its client's counters), counting what earlier blocks sent."""
         budget, cfg = self.ctx.budget, self.ctx.cfg.llm
         r0, (p0, c0) = self.requests, self.tokens
 
-        def check() -> str | None:
-            st = client.stats
+        def check(st) -> str | None:
             pt, ct = p0 + st.prompt_tokens, c0 + st.completion_tokens
             return budget.exceeded(r0 + st.requests, pt + ct, cost_usd(cfg, pt, ct))
 
