@@ -62,31 +62,11 @@ def _stage_finished(run_dir: Path, stage: str) -> bool:
     return isinstance(stats, dict) and "complete" in stats and finished_stats(stats)
 
 
-def _stage_of_answer(text: str) -> str | None:
-    """Which stage asked for a cached answer, from the keys of its JSON (the cache keeps no stage)."""
-    try:
-        obj = json.loads(text)
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    keys = set(obj)
-    if "tasks" in keys:
-        return "brainstorm"
-    if "queries" in keys:
-        return "corpus"
-    if "answers_query" in keys:
-        return "score"
-    if keys == {"hard_negative_documents"}:
-        return "regenerate"
-    if keys & {"user_query", "input_text", "S1", "input"}:
-        return "generate"
-    return None
-
-
 def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
     """Per stage, the mean completion tokens of its answers in the run's request cache (the first
-    5,000 answers), for the stages that have some."""
+    5,000 answers), for the stages that have some. Each answer names the stage that asked for it
+    (``"stage"``, recorded by the stage's client); an answer cached before answers were so
+    recorded names none and is not counted."""
     import sqlite3
     from collections import defaultdict
 
@@ -105,8 +85,8 @@ def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
     for (v,) in rows:
         try:
             obj = json.loads(v)
-            stage = _stage_of_answer(obj.get("text"))
-            if stage is not None and obj["usage"][1]:
+            stage = obj.get("stage")
+            if isinstance(stage, str) and obj["usage"][1]:
                 usage[stage].append(int(obj["usage"][1]))
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             continue

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
+from collections import Counter
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
@@ -64,6 +66,16 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": False}))
     again = est(cfg, "-d", rd)["stages"]["generate"]
     assert again["completion_tokens"] == 20 * again["requests"] and any("request cache (20 tokens)" in b for b in again["basis"])
+    # each cached answer names the stage that asked for it (not part of its key); an answer cached
+    # before answers were so recorded names none and is not counted
+    with sqlite3.connect(rd / "cache" / "llm.sqlite") as con:
+        rows = con.execute("SELECT key, value FROM responses").fetchall()
+        assert Counter(json.loads(v).get("stage") for _, v in rows) == {"brainstorm": bs["requests"], "generate": gen["requests"]}
+        con.executemany(
+            "UPDATE responses SET value = ? WHERE key = ?", [(json.dumps({**json.loads(v), "stage": None}), k) for k, v in rows]
+        )
+    con.close()
+    assert not any("request cache" in b for b in est(cfg, "-d", rd)["stages"]["generate"]["basis"])
     # complete but stopped by a budget: not done either (the pipeline's one rule), so it is estimated
     (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": True, "stopped_by": "max_requests"}))
     assert est(cfg, "-d", rd)["stages"]["generate"]["done"] is False

@@ -8,18 +8,20 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from negsynth.errors import UserError
-from negsynth.llm import CacheOpenError, LLMFatalError, open_client
+from negsynth.llm import CacheOpenError, LLMFatalError, RequestCache, open_client
+from negsynth.llm.cache import request_key_and_body
 from negsynth.schemas.config import LLMConfig
 
 
 def test_a_client_that_answers_and_caches(tmp_path):
     cache = tmp_path / "llm.sqlite"
+    client_payload = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
     with FakeOpenAI(lambda req, n: Reply(content='{"ok": 1}')) as srv:
         cfg = LLMConfig(base_url=srv.base_url, model="fake")
 
         async def ask():
-            async with open_client(cfg, base_url=srv.base_url, cache_path=cache) as client:
-                return await client.chat({"model": "fake", "messages": [{"role": "user", "content": "hi"}]}), client
+            async with open_client(cfg, base_url=srv.base_url, cache_path=cache, stage="toy") as client:
+                return await client.chat(client_payload), client
 
         first, client = asyncio.run(ask())
         sent = len(srv.requests)
@@ -28,6 +30,8 @@ def test_a_client_that_answers_and_caches(tmp_path):
     assert not first.get("cached") and again["cached"] is True
     assert cache.is_file() and len(srv.requests) == sent  # the second answer came from the cache
     assert client.cache is not None and client.limiter is not None
+    # the cache records who asked (not part of the key, nor of the answer a hit gives back)
+    assert "stage" not in again and RequestCache(cache).get(request_key_and_body(client_payload, 0)[0])["stage"] == "toy"
 
 
 def test_missing_key_fails_before_the_cache_is_made(tmp_path, monkeypatch):

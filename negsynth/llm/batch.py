@@ -239,7 +239,7 @@ class BatchTransport:
                     if self.client.ledger is not None:
                         self.client.ledger.add(pt, ct)
                     if self.client.cache is not None:
-                        self.client.cache.put(cid, value)
+                        self.client.cache_answer(cid, value)
                     answered.add(cid)
                     self._resolve(cid, value)
                 else:

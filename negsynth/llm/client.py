@@ -296,8 +296,13 @@ class LLMClient:
         ledger: Any | None = None,
         on_wait: Callable[[str, bool], None] | None = None,
         transport: Any | None = None,
+        stage: str | None = None,
     ):
         self.cfg = cfg
+        #: who asks (the pipeline: the stage's name), recorded with each answer this client caches
+        #: (``"stage"`` in the cached value, never part of its key), so that a reader of the cache
+        #: (``negsynth estimate``) knows which stage an answer belongs to
+        self.stage = stage
         self.base_url = base_url
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
@@ -591,6 +596,7 @@ class LLMClient:
             hit = self.cache.get(key)
             if hit is not None:
                 self.stats.cache_hits += 1
+                hit.pop("stage", None)  # who asked first: the cache's record, not part of the answer
                 return {**hit, "cached": True}
         while self._back is not None:  # the server is down: wait with everyone for it to come back
             await self._back.wait()
@@ -620,8 +626,12 @@ class LLMClient:
             self._outage_since = None
             self._probe_answered = False
         if key is not None:
-            self.cache.put(key, result)
+            self.cache_answer(key, result)
         return {**result, "cached": False}
+
+    def cache_answer(self, key: str, result: dict) -> None:
+        """Keep an answer in the request cache, with the :attr:`stage` that asked for it."""
+        self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def _note_failure(self, e: TransportError) -> None:
         """One more request failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""

@@ -53,6 +53,7 @@ async def open_client(
     check: bool = True,
     prepare: Callable[[], None] | None = None,
     transport: Callable[[LLMClient], Any] | None = None,
+    stage: str | None = None,
 ) -> AsyncIterator[LLMClient]:
     """Yield an :class:`LLMClient` for ``cfg`` at ``base_url``, built whole, in this order, so that
     what can fail fails before anything is written: the API key
@@ -66,8 +67,8 @@ async def open_client(
     What the client works with is passed here, none of it set afterwards: ``commit_window`` (see
     :attr:`RequestCache.commit_window`), ``rate_ledger`` (one RPM / TPM shared by several
     processes), ``gate`` (called with the client's counters before each request sent: a reason
-    stops it), ``ledger`` (a budget shared by several processes) and ``on_wait`` (told when a
-    wait for the server begins and ends)."""
+    stops it), ``ledger`` (a budget shared by several processes), ``on_wait`` (told when a wait
+    for the server begins and ends) and ``stage`` (who asks, recorded with each cached answer)."""
     key = resolve_api_key(cfg)
     cache = None
     if cache_path is not None:
@@ -75,7 +76,7 @@ async def open_client(
             cache = RequestCache(cache_path, commit_window=commit_window)
         except (sqlite3.DatabaseError, OSError) as e:
             raise CacheOpenError(Path(cache_path), e) from e
-    parts = {"gate": gate, "ledger": ledger, "on_wait": on_wait}
+    parts = {"gate": gate, "ledger": ledger, "on_wait": on_wait, "stage": stage}
     try:
         async with LLMClient(cfg, base_url=base_url, api_key=key, cache=cache, limiter=rate_limiter(cfg, rate_ledger), **parts) as client:
             if check:

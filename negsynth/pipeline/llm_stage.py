@@ -171,6 +171,7 @@ async def llm_session(
             check=check,
             prepare=(lambda: prepare_outputs(ctx, stage, entry)) if entry is not None and stage is not None else None,
             transport=batch_transport(ctx, stage) if ctx.mode == "batch" else None,
+            stage=stage,
         ) as client:
             yield client
     except LLMFatalError as e:
