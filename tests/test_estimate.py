@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
+from collections import Counter
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid
@@ -64,6 +66,16 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": False}))
     again = est(cfg, "-d", rd)["stages"]["generate"]
     assert again["completion_tokens"] == 20 * again["requests"] and any("request cache (20 tokens)" in b for b in again["basis"])
+    # each cached answer names the stage that asked for it (not part of its key); an answer cached
+    # before answers were so recorded names none and is not counted
+    with sqlite3.connect(rd / "cache" / "llm.sqlite") as con:
+        rows = con.execute("SELECT key, value FROM responses").fetchall()
+        assert Counter(json.loads(v).get("stage") for _, v in rows) == {"brainstorm": bs["requests"], "generate": gen["requests"]}
+        con.executemany(
+            "UPDATE responses SET value = ? WHERE key = ?", [(json.dumps({**json.loads(v), "stage": None}), k) for k, v in rows]
+        )
+    con.close()
+    assert not any("request cache" in b for b in est(cfg, "-d", rd)["stages"]["generate"]["basis"])
     # complete but stopped by a budget: not done either (the pipeline's one rule), so it is estimated
     (rd / "generate" / "stats.json").write_text(json.dumps({**stats, "complete": True, "stopped_by": "max_requests"}))
     assert est(cfg, "-d", rd)["stages"]["generate"]["done"] is False
@@ -123,3 +135,49 @@ def test_rpm_caps_the_rate_and_a_non_llm_stage_is_one_line(tmp_path):
     assert e["assumptions"]["rate_rps"] == 1.0
     r = runner.invoke(app, ["estimate", str(cfg), "-d", str(tmp_path / "run"), "--stages", "train"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--stages train" in r.stderr
+
+
+def test_an_llm_stage_without_an_estimator_is_refused_when_declared():
+    """A stage that calls the LLM (always, or with some settings) and declares no estimator would be
+    estimated at 0 requests / $0: it is refused when its ``Stage`` is built."""
+    from negsynth.pipeline import Stage
+
+    for llm in (True, lambda cfg: True):
+        with pytest.raises(TypeError, match="'toy' calls the LLM .* declares no estimate"):
+            Stage("toy", "a toy LLM stage", lambda ctx: {}, llm=llm)
+    Stage("toy", "a toy stage without the LLM", lambda ctx: {})  # no LLM: no estimator needed
+
+
+def test_every_llm_stage_declares_its_estimator():
+    from negsynth.stages import METHOD
+
+    assert [s.name for s in METHOD if s.llm and s.estimate is not None] == [s.name for s in METHOD if s.llm]
+
+
+def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypatch):
+    """``negsynth estimate`` knows a stage added to ``METHOD`` with no edit of estimate.py: it runs
+    the stage's own estimator, which may read what an earlier stage's estimator planned."""
+    import negsynth.stages
+    from negsynth.estimate import estimate, llm_stage_names
+    from negsynth.pipeline import Stage, StageContext
+    from negsynth.pipeline.config_io import load_config
+
+    msgs = [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 40}, {"role": "user", "content": "z" * 40}]
+    seen = {}
+
+    def toy_estimate(ctx, tally):
+        seen["generate"] = tally.planned("generate")
+        tally.request(msgs, n=3)
+        tally.note("three requests")
+
+    toy = Stage("toy", "a toy LLM stage", lambda ctx: {}, llm=True, estimate=toy_estimate)
+    monkeypatch.setattr(negsynth.stages, "METHOD", (*negsynth.stages.METHOD, toy))
+    assert llm_stage_names()[-1] == "toy"
+    cfg = load_config(write_run_config(tmp_path, "http://127.0.0.1:9/v1", generate={"examples": 4}, llm={"max_attempts": 2}))
+    out = estimate(StageContext(cfg=cfg, run_dir=tmp_path / "run"), ["generate", "toy"], rps=1)
+    t = out["stages"]["toy"]
+    assert t["items"] == 1 and t["requests"] == 3 and t["requests_max"] == 6 and t["basis"] == ["three requests"]
+    if out["assumptions"]["tokenizer"].startswith("approx"):
+        assert t["completion_tokens"] == 3 * 10  # the worked example's answer, 40 characters / 4
+    assert len(seen["generate"]) == out["stages"]["generate"]["items"] == 4
+    assert out["total"]["requests"] == 3 + out["stages"]["generate"]["requests"]

@@ -1,6 +1,6 @@
 """OpenAI Batch API transport: the same stage, validators, cache and shard writer, half the price.
 
-:class:`BatchTransport` plugs into :class:`~negsynth.llm.client.LLMClient` (``client.transport``):
+:class:`BatchTransport` plugs into :class:`~negsynth.llm.client.LLMClient` (``open_client(transport=...)``):
 instead of sending a request, ``chat()`` parks it here. When every item in progress is waiting
 (the stage has nothing left to do but wait for answers), the parked requests become one *round*:
 
@@ -111,7 +111,7 @@ class BatchTransport:
             raise self._fatal
         gate = self.client.gate
         if gate is not None:
-            why = gate()
+            why = gate(self.client.stats)
             if why is not None:
                 raise BudgetStop(why)
         if self.client.ledger is not None:  # a budget shared with other processes (--executor ray)
@@ -239,7 +239,7 @@ class BatchTransport:
                     if self.client.ledger is not None:
                         self.client.ledger.add(pt, ct)
                     if self.client.cache is not None:
-                        self.client.cache.put(cid, value)
+                        self.client.cache_answer(cid, value)
                     answered.add(cid)
                     self._resolve(cid, value)
                 else:

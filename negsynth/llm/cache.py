@@ -47,7 +47,7 @@ def request_key_and_body(payload: dict[str, Any], sample_index: int) -> tuple[st
 class RequestCache:
     """``get(key) -> dict | None`` and ``put(key, value)``; values are JSON objects."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, commit_window: float = 0.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -72,7 +72,7 @@ class RequestCache:
         self._error: Exception | None = None  # a failed deferred commit, raised by the next put
         #: seconds the first pending answer waits for others to share its commit (0: the end of this
         #: loop iteration); only for callers whose finished items are durable without the cache
-        self.commit_window = 0.0
+        self.commit_window = commit_window
 
     #: how often (seconds) a lookup re-reads which keys other processes (workers sharing the file) added
     SYNC_EVERY = 0.5

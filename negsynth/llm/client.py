@@ -23,7 +23,8 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Generic, TypeVar
@@ -278,7 +279,9 @@ class LLMClient:
     """Bounded-concurrency chat client with caching, transport retries and validation re-asks.
 
     Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
-    ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``.
+    ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``. Everything it
+    works with is passed here (:func:`negsynth.llm.open_client` builds one from the config); the
+    one part plugged in later is a transport that needs the client itself (:meth:`plugged`).
     """
 
     def __init__(
@@ -289,20 +292,28 @@ class LLMClient:
         api_key: str | None = None,
         cache: RequestCache | None = None,
         limiter: Any | None = None,
-        gate: Callable[[], str | None] | None = None,
+        gate: Callable[[ClientStats], str | None] | None = None,
+        ledger: Any | None = None,
+        on_wait: Callable[[str, bool], None] | None = None,
         transport: Any | None = None,
+        stage: str | None = None,
     ):
         self.cfg = cfg
+        #: who asks (the pipeline: the stage's name), recorded with each answer this client caches
+        #: (``"stage"`` in the cached value, never part of its key), so that a reader of the cache
+        #: (``negsynth estimate``) knows which stage an answer belongs to
+        self.stage = stage
         self.base_url = base_url
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
         self.limiter = limiter
-        #: called before every request that would be sent (not cache hits): a reason stops it
+        #: called with the client's counters before every request that would be sent (not cache
+        #: hits): a reason stops it (the stages' budget)
         self.gate = gate
         #: a budget shared with other processes (``--executor ray``), or None: ``await
         #: ledger.reserve()`` counts a request before it is sent (a reason stops it instead),
         #: ``ledger.unreserve()`` gives back one never sent, ``ledger.add(pt, ct)`` adds an answer's tokens
-        self.ledger: Any | None = None
+        self.ledger = ledger
         #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
         self.transport = transport
         self._sem = asyncio.Semaphore(cfg.total_concurrency)
@@ -341,7 +352,7 @@ class LLMClient:
         self._item_fails: dict[Any, tuple[int, int, int]] = {}
         self._probe_answered = False  # a probe answered during the current run of failures
         #: told (one line) when a wait for the server begins and ends; the stage shows it
-        self.on_wait: Callable[[str, bool], None] | None = None
+        self.on_wait = on_wait
 
     def _redact(self, text: str) -> str:
         """Servers sometimes quote the key they got in an error; such text may reach a reject record."""
@@ -428,6 +439,18 @@ class LLMClient:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    @asynccontextmanager
+    async def plugged(self, transport: Any) -> AsyncIterator[Any]:
+        """Send through ``transport`` (``await transport.submit(key, payload)``, the Batch API)
+        inside the block, closing it (``await transport.aclose()``) at its end. For a transport
+        built from this client, once its endpoint was checked (:func:`negsynth.llm.open_client`'s
+        ``transport``); it stays readable (``client.transport``, its counts) after the block."""
+        self.transport = transport
+        try:
+            yield transport
+        finally:
+            await transport.aclose()
 
     async def preflight(self, timeout: float = 10.0) -> None:
         """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key.
@@ -573,6 +596,7 @@ class LLMClient:
             hit = self.cache.get(key)
             if hit is not None:
                 self.stats.cache_hits += 1
+                hit.pop("stage", None)  # who asked first: the cache's record, not part of the answer
                 return {**hit, "cached": True}
         while self._back is not None:  # the server is down: wait with everyone for it to come back
             await self._back.wait()
@@ -602,8 +626,12 @@ class LLMClient:
             self._outage_since = None
             self._probe_answered = False
         if key is not None:
-            self.cache.put(key, result)
+            self.cache_answer(key, result)
         return {**result, "cached": False}
+
+    def cache_answer(self, key: str, result: dict) -> None:
+        """Keep an answer in the request cache, with the :attr:`stage` that asked for it."""
+        self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def _note_failure(self, e: TransportError) -> None:
         """One more request failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""
@@ -856,7 +884,7 @@ class LLMClient:
             if self.outage is not None:
                 raise OutageStop(self.outage, self.outage_fatal)
             if self.gate is not None:
-                why = self.gate()
+                why = self.gate(self.stats)
                 if why is not None:
                     raise BudgetStop(why)
             if self.ledger is not None:

@@ -1,7 +1,7 @@
 """The pipeline's one surface: what the stages (and a caller running them from Python) use of it.
 
 ``from negsynth.pipeline import Stage, StageContext, Summary, run_item_stage, ...``: the stage
-contract and its runner (``stage``), the context and budgets (``context``), the run file
+contract and its runner (``stage``), what an LLM stage's estimator fills in (``tally``), the context and budgets (``context``), the run file
 (``config_io``), progress (``progress``), the shared shape of the LLM stages (``llm_stage``,
 ``runner``) and the Ray executor (``ray_executor``). The modules themselves are the
 implementation; the stages import nothing from them directly (``tests/test_layers.py``).
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
     from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
     from negsynth.pipeline.stage import Stage, Summary, run_stage, run_stages
+    from negsynth.pipeline.tally import Tally
 
 #: each name of the surface -> the module of this package that defines it
 _MODULE_OF = {
@@ -61,6 +62,7 @@ _MODULE_OF = {
     "Summary": "stage",
     "run_stage": "stage",
     "run_stages": "stage",
+    "Tally": "tally",
 }
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "Stage",
     "StageContext",
     "Summary",
+    "Tally",
     "WorkItem",
     "config_hash",
     "cost_usd",

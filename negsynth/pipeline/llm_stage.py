@@ -131,14 +131,24 @@ def cache_error(e: CacheOpenError) -> UserError:
 
 
 @asynccontextmanager
-async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | None = None, entry: dict[str, Any] | None = None):
-    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget gate.
+async def llm_session(
+    ctx: StageContext,
+    *,
+    check: bool = True,
+    stage: str | None = None,
+    entry: dict[str, Any] | None = None,
+    gate: Callable[[ClientStats], str | None] | None = None,
+    commit_window: float = 0.0,
+):
+    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget
+    gate (``gate``, else :func:`budget_gate`), built whole by :func:`~negsynth.llm.open_client`.
 
     Every check that can fail (key, endpoint, cache) runs before anything is written; then, with
     ``entry``, :func:`prepare_outputs` notes the entry in the stage folder or starts the --overwrite
     staging (the manifest records it once the stage finished).
     With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
-    (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``).
+    (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``); otherwise
+    the cache's answers may share commits over ``commit_window`` seconds.
     """
     url = endpoint(ctx)
     cfg = llm_config(ctx)
@@ -149,42 +159,53 @@ async def llm_session(ctx: StageContext, *, check: bool = True, stage: str | Non
     cache_path = ctx.run_dir / "cache" / "llm.sqlite" if cfg.cache else None
     try:
         # key, cache and endpoint checked in the llm layer, before anything of the stage is written
-        async with open_client(cfg, base_url=url, cache_path=cache_path, rate_ledger=ctx.rate_ledger, check=check) as client:
-            if entry is not None and stage is not None:
-                prepare_outputs(ctx, stage, entry)
-            client.gate = budget_checker(ctx, client)
-            if isinstance(ctx.budget, SharedBudget):  # --executor ray: one budget for every worker
-                client.ledger = ctx.budget
-            client.on_wait = ctx.reporter.waiting
-            if ctx.mode == "batch":
-                from negsynth.llm.batch import BatchTransport
-
-                state_dir = ctx.stage_dir(stage or "llm") / "_batch"
-                if ctx.num_shards > 1:  # each worker keeps its own batch jobs
-                    state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
-                client.transport = BatchTransport(
-                    client,
-                    state_dir,
-                    poll_s=ctx.batch_poll_s if ctx.batch_poll_s is not None else ctx.cfg.llm.batch_poll_s,
-                    completion_window=ctx.cfg.llm.batch_completion_window,
-                )
-                try:
-                    yield client
-                finally:
-                    await client.transport.aclose()
-            else:
-                yield client
+        async with open_client(
+            cfg,
+            base_url=url,
+            cache_path=cache_path,
+            commit_window=0.0 if ctx.mode == "batch" else commit_window,
+            rate_ledger=ctx.rate_ledger,
+            gate=gate or budget_gate(ctx),
+            ledger=ctx.budget if isinstance(ctx.budget, SharedBudget) else None,  # --executor ray: one budget for every worker
+            on_wait=ctx.reporter.waiting,
+            check=check,
+            prepare=(lambda: prepare_outputs(ctx, stage, entry)) if entry is not None and stage is not None else None,
+            transport=batch_transport(ctx, stage) if ctx.mode == "batch" else None,
+            stage=stage,
+        ) as client:
+            yield client
     except LLMFatalError as e:
         raise UserError(str(e)) from None
     except CacheOpenError as e:
         raise cache_error(e) from None
 
 
-def budget_checker(ctx: StageContext, client: LLMClient):
+def batch_transport(ctx: StageContext, stage: str | None) -> Callable[[LLMClient], Any]:
+    """``--mode batch``: the Batch API transport of a stage's client, its state in ``<stage>/_batch``
+    (built once the session's checks passed and the stage's outputs begun: the staging folder of
+    an --overwrite is known then)."""
+
+    def make(client: LLMClient) -> Any:
+        from negsynth.llm.batch import BatchTransport
+
+        state_dir = ctx.stage_dir(stage or "llm") / "_batch"
+        if ctx.num_shards > 1:  # each worker keeps its own batch jobs
+            state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
+        return BatchTransport(
+            client,
+            state_dir,
+            poll_s=ctx.batch_poll_s if ctx.batch_poll_s is not None else ctx.cfg.llm.batch_poll_s,
+            completion_window=ctx.cfg.llm.batch_completion_window,
+        )
+
+    return make
+
+
+def budget_gate(ctx: StageContext) -> Callable[[ClientStats], str | None]:
+    """The run's budget, checked on a client's counters (what this session sent)."""
     cfg = ctx.cfg.llm
 
-    def check() -> str | None:
-        st = client.stats
+    def check(st: ClientStats) -> str | None:
         tokens = st.prompt_tokens + st.completion_tokens
         return ctx.budget.exceeded(st.requests, tokens, cost_usd(cfg, st.prompt_tokens, st.completion_tokens))
 
@@ -271,12 +292,11 @@ def run_items(
         if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
             prepare_outputs(ctx, stage, entry)
             return await runner().run(items, lambda it: process(None, it), description=stage), None
-        async with llm_session(ctx, stage=stage, entry=entry) as client:
-            if client.cache is not None and client.transport is None:
-                # the runner writes an item to its partial shard as soon as its last answer is in
-                # (a re-ask flushes first): answers may share commits over 50 ms, not one loop pass
-                client.cache.commit_window = 0.05
-            run = runner(stage_concurrency(ctx, len(items)), budget_check=budget_checker(ctx, client), again=client.again)
+        # the runner writes an item to its partial shard as soon as its last answer is in (a
+        # re-ask flushes first): answers may share the cache's commits over 50 ms, not one loop pass
+        gate = budget_gate(ctx)
+        async with llm_session(ctx, stage=stage, entry=entry, gate=gate, commit_window=0.05) as client:
+            run = runner(stage_concurrency(ctx, len(items)), budget_check=lambda: gate(client.stats), again=client.again)
             rep = await run.run(items, lambda it: process(client, it), description=stage)
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
                 # the breaker tripped while the last items were already in flight: every item was

@@ -54,6 +54,7 @@ from negsynth.pipeline.manifest import (
 )
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
+from negsynth.pipeline.tally import Tally
 from negsynth.schemas.config import RunConfig
 
 Relaunch = Literal["resume", "rebuild", "always"]
@@ -77,7 +78,10 @@ class Stage:
     the stages that need it). ``config`` is the class of its section of the run file
     (``cfg.<name>``). ``inputs`` names the stages whose finished outputs it reads (a function of
     the config where that is configurable); with ``any_input`` one of them suffices. ``llm`` says
-    whether it calls the LLM (a function of the config where that depends on it). ``fingerprint``
+    whether it calls the LLM (a function of the config where that depends on it); a stage that
+    may call it declares ``estimate`` (ctx, :class:`~negsynth.pipeline.tally.Tally` -> what later
+    stages' estimators may read), the requests ``negsynth estimate`` counts for it; one without is
+    refused when it is built, so no LLM stage is estimated at zero requests. ``fingerprint``
     (ctx -> the hash of its config and inputs, or the fields of its manifest entry) and
     ``done_files`` (the files in its folder that make it finished) let :func:`run_stage` reuse
     finished work and check (and record) the run manifest before the loop. A ``staged`` stage (the
@@ -113,6 +117,14 @@ class Stage:
     embeds: bool | Callable[[RunConfig], bool] = False
     examples: bool = False
     prepare: Callable[[StageContext], None] | None = None
+    estimate: Callable[[StageContext, Tally], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.llm and self.estimate is None:  # True, or a function of the config
+            raise TypeError(
+                f"stage {self.name!r} calls the LLM (llm={self.llm!r}) but declares no estimate: "
+                "pass Stage(estimate=fn), fn(ctx, tally) counting its requests (negsynth.pipeline.tally)"
+            )
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)

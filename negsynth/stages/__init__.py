@@ -1,7 +1,8 @@
 """The MGH method, stage by stage, in the order ``negsynth run`` runs them.
 
 Each stage module implements only its own loop, ``run(ctx) -> stats``, its ``fingerprint(ctx)``
-and its summary, ``report(stats)``, and declares them in one ``STAGE = Stage(...)``
+and its summary, ``report(stats)`` (an LLM stage also its ``estimate(ctx, tally)``, the requests
+``negsynth estimate`` counts), and declares them in one ``STAGE = Stage(...)``
 (:class:`negsynth.pipeline.stage.Stage`); what every stage shares (input checks, reusing
 finished work, the embedded LLM server, writing ``stats.json``, printing the summary) is the contract in
 :mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
@@ -32,7 +33,7 @@ from negsynth.schemas.config import RunConfig
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module, a
-#: line here and a section of the run file
+#: line here, a section of the run file and its command (an LLM stage: also its prompt files)
 METHOD: tuple[Stage, ...] = (
     brainstorm.STAGE,
     generate.STAGE,

@@ -29,7 +29,7 @@ from negsynth import pipeline
 from negsynth.data.shards import iter_jsonl
 from negsynth.data.text import text_key
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline import Outcome, RunReport, Stage, StageContext, Summary, WorkItem, config_hash
+from negsynth.pipeline import Outcome, RunReport, Stage, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
@@ -214,6 +214,15 @@ def run(ctx: StageContext) -> dict:
     )
 
 
+def estimate(ctx: StageContext, tally: Tally) -> None:
+    """``negsynth estimate``: one list request per ``tasks_per_request`` tasks wanted, per task type."""
+    bc = ctx.cfg.brainstorm
+    for tt in bc.task_types:
+        n = min(max(1, math.ceil(bc.tasks_per_type / bc.tasks_per_request)), bc.max_requests_per_type)
+        tally.request(build_messages(tt, bc.tasks_per_request), n=n)
+    tally.note("one list request per tasks_per_request tasks wanted (the first round; more only if lists come back short)")
+
+
 def report(stats: dict) -> list[Summary]:
     rows = pipeline.summary_rows(stats)
     if stats.get("tasks_per_type"):
@@ -229,6 +238,7 @@ STAGE = Stage(
     fingerprint=fingerprint,
     report=report,
     llm=True,
+    estimate=estimate,
     staged=True,
     done_files=("stats.json", "shard-00000.jsonl"),
 )

@@ -54,7 +54,7 @@ from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut, queries_schema
@@ -664,6 +664,22 @@ def report(stats: dict) -> list[Summary]:
     return [Summary("corpus", rows)]
 
 
+def estimate(ctx: StageContext, tally: Tally) -> None:
+    """``negsynth estimate``: one request per sampled document (its queries share the answer)."""
+    cfg = ctx.cfg.corpus
+    if not cfg.inputs:
+        raise tally.no_inputs()
+    items = plan_items(ctx, load_corpora(ctx))
+    tally.count(len(items))
+    for it in items:
+        p = it.payload
+        if not p["query_index"]:
+            # the stage cuts the document to corpus.doc_tokens tokens of the embedder's tokenizer;
+            # words stand in for them here (no model is loaded)
+            tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
+    tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
+
+
 STAGE = Stage(
     NAME,
     "queries written for a user's documents, with negatives",
@@ -672,6 +688,7 @@ STAGE = Stage(
     fingerprint=fingerprint,
     report=report,
     llm=True,
+    estimate=estimate,
     staged=True,
     # with its index (mined negatives, the round trip): --executor ray runs it in one process (one
     # LLM answer per document is shared by its queries) with the corpus's encoding on Ray workers

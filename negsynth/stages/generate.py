@@ -24,11 +24,11 @@ from negsynth import pipeline
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
-from negsynth.prompts import load_examples, load_template, reask_template, render
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
+from negsynth.prompts import load_example, load_examples, load_template, reask_template, render
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
-from negsynth.schemas.records import TASK_TYPES, Example, Reject, Task
+from negsynth.schemas.records import STS_TASK, TASK_TYPES, Example, Reject, Task
 from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
 from negsynth.validators import check_example
 
@@ -299,6 +299,31 @@ def run(ctx: StageContext) -> dict:
     )
 
 
+def estimate(ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
+    """``negsynth estimate``: one request per planned item, over brainstorm's tasks or, before
+    brainstorm ran, its worked-example tasks. Returns the items' payloads (score's stand-ins)."""
+    cfg = ctx.cfg.generate
+    if list((ctx.run_dir / "brainstorm").glob("shard-*.jsonl")):
+        tasks = load_tasks(ctx)
+        tally.note("tasks from RUN_DIR/brainstorm")
+    else:
+        tasks = {
+            tt: [
+                Task(id=f"example-{tt}-{i}", task_type=tt, task=t, model="example")
+                for i, t in enumerate(load_example(f"brainstorm_{tt}")["output"]["tasks"])
+            ]
+            for tt in cfg.ratio
+            if tt != "sts"
+        }
+        tasks["sts"] = [Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed")]
+        tally.note("brainstorm has not run: its worked-example tasks stand in for the tasks")
+    items = plan_items(ctx, tasks)
+    for it in items:
+        p = it.payload
+        tally.request(build_messages(p["task_type"], p["task"], p["attributes"], few_shot=cfg.few_shot, shot=p.get("shot", 0)))
+    return [it.payload for it in items]
+
+
 def report(stats: dict) -> list[Summary]:
     return [Summary("generate", pipeline.summary_rows(stats))]
 
@@ -312,6 +337,7 @@ STAGE = Stage(
     report=report,
     inputs=("brainstorm",),
     llm=True,
+    estimate=estimate,
     staged=True,
     shardable=True,
     examples=True,

@@ -28,7 +28,7 @@ How it works (MGH spec §1.5):
 
 The LLM plumbing (request cache, resume from partial shards, budgets, retries, stats) is the
 shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm_session`` and
-``budget_checker`` as ``generate``.
+``budget_gate`` as ``generate``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from negsynth.data.sources import SourceData, SourceKind, load_source, source_ke
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, WorkItem, config_hash
+from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
@@ -434,6 +434,20 @@ def prepare(ctx: StageContext) -> None:
         mine_for_items(ctx, items, sources)
 
 
+def estimate(ctx: StageContext, tally: Tally) -> None:
+    """``negsynth estimate``: one request per input pair left after dedup and checks; none with mined negatives."""
+    cfg = ctx.cfg.regenerate
+    if cfg.negatives == "mined":
+        tally.note("regenerate.negatives = 'mined': no LLM request")
+        return
+    if not cfg.inputs:
+        raise tally.no_inputs()
+    items, _ = plan_items(ctx, load_inputs(ctx))
+    for it in items:
+        tally.request(build_messages(it.payload, cfg))
+    tally.note("one request per input pair left after dedup and checks")
+
+
 def report(stats: dict) -> list[Summary]:
     rows = pipeline.summary_rows(stats)
     rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
@@ -449,6 +463,7 @@ STAGE = Stage(
     fingerprint=fingerprint,
     report=report,
     llm=lambda cfg: cfg.regenerate.negatives != "mined",
+    estimate=estimate,
     staged=True,
     shardable=True,
     # mining: with mined negatives (no LLM) --executor ray runs it in one process with the mining's

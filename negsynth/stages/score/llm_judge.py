@@ -22,6 +22,7 @@ block is not written, and a rerun judges it again from the cache, paying only fo
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +31,8 @@ from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
 from negsynth.llm.client import BudgetStop, OutageStop, ValidationFailure
-from negsynth.pipeline import StageContext, cost_usd, llm_session
-from negsynth.prompts import reask_template, render
+from negsynth.pipeline import StageContext, Tally, cost_usd, llm_session
+from negsynth.prompts import load_examples, reask_template, render
 from negsynth.stages.common import schema_failure
 
 NAME = "llm"
@@ -86,8 +87,7 @@ class LLMJudge:
         return run_sync(self._run(list(examples)))
 
     async def _run(self, examples: list[dict]):
-        async with llm_session(self.ctx, stage="score") as client:
-            client.gate = self._budget_gate(client)
+        async with llm_session(self.ctx, stage="score", gate=self._budget_gate()) as client:
             with self.ctx.reporter.progress("score: LLM judge", len(examples)) as bar:
                 done = Counter()
 
@@ -113,13 +113,12 @@ class LLMJudge:
             negs.append(None if verdict is None else [1.0 if v else 0.0 for v in verdict])
         return pos, negs
 
-    def _budget_gate(self, client):
-        """The budget check of this block's session, counting what earlier blocks sent."""
+    def _budget_gate(self):
+        """The budget check of this block's session (on its client's counters), counting what earlier blocks sent."""
         budget, cfg = self.ctx.budget, self.ctx.cfg.llm
         r0, (p0, c0) = self.requests, self.tokens
 
-        def check() -> str | None:
-            st = client.stats
+        def check(st) -> str | None:
             pt, ct = p0 + st.prompt_tokens, c0 + st.completion_tokens
             return budget.exceeded(r0 + st.requests, pt + ct, cost_usd(cfg, pt, ct))
 
@@ -141,3 +140,31 @@ class LLMJudge:
             self.failed[res.reason or "unknown"] += 1
             return None
         return res.value
+
+
+def estimate(ctx: StageContext, tally: Tally) -> None:
+    """``negsynth estimate`` for score: one judgement request per example with the LLM judge
+    (``score.judge_model = "llm"``), none otherwise. Before any example exists, generate's planned
+    items stand in, each with its task type's worked example's texts."""
+    if ctx.cfg.score.judge_model != "llm":
+        tally.note("score.judge_model is not 'llm': no LLM request")
+        return
+    plan = "generate" in ctx.cfg.pipeline.stages and not list((ctx.run_dir / "generate").glob("shard-*.jsonl"))
+    generated = tally.planned("generate", plan=plan)
+    examples: list[dict] = []
+    for stage in ("generate", "regenerate", "corpus"):
+        for p in sorted((ctx.run_dir / stage).glob("shard-*.jsonl")):
+            with open(p, encoding="utf-8") as f:
+                examples += [json.loads(x) for x in f if x.strip()]
+    if examples:
+        tally.note("one judgement per example in the finished shards")
+    else:
+        for g in generated or []:
+            # every worked example is {query field, positive field, [negatives]}, in that order
+            query, positive, negatives = list(load_examples(f"generate_{g['task_type']}")[0]["output"].values())[:3]
+            examples.append({"query": str(query), "positive": str(positive), "negatives": [str(x) for x in negatives]})
+        tally.note("no examples yet: one judgement per planned generate item, generate's worked examples standing in for the texts")
+    for ex in examples:
+        negatives = ex.get("negatives") or []
+        msgs = judge_messages(ex.get("query", ""), ex.get("positive", ""), negatives)
+        tally.request(msgs, answer_tokens=min(tally.fallback, 8 + 6 * len(negatives)))

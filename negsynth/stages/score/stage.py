@@ -30,6 +30,7 @@ from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import embed_block, embedding_progress
 from negsynth.stages.score.inputs import config_digest, embedder_fingerprint, input_shards, load_decontam_texts, read_examples
+from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure
 from negsynth.stages.score.stats import report, summarize
 
@@ -541,6 +542,7 @@ STAGE = Stage(
     inputs=lambda cfg: cfg.score.inputs,
     any_input=True,
     llm=lambda cfg: cfg.score.judge_model == "llm",
+    estimate=estimate,
     embeds=True,
     examples=True,
 )

@@ -1,0 +1,148 @@
+"""What an LLM stage's estimator fills in: the requests it would send, counted before any is sent.
+
+Every stage that calls the LLM declares ``Stage(estimate=fn)`` (a :class:`~negsynth.pipeline.stage.Stage`
+with ``llm`` and no ``estimate`` is refused when it is built). ``fn(ctx, tally)`` plans the
+stage's items the way its ``run`` does, renders each request's messages and passes them to
+:meth:`Tally.request`; ``negsynth estimate`` (:mod:`negsynth.estimate`) turns the counts into
+wall time and USD. What ``fn`` returns is kept for later stages of the same estimate
+(:meth:`Tally.planned`: score's stand-ins are generate's planned items).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from negsynth.errors import UserError
+
+#: tokens a chat format adds per message (OpenAI's rule of thumb: role and separators)
+PER_MESSAGE = 4
+
+
+class TokenCounter:
+    """tiktoken for a model it knows, when installed; else characters / 4, labelled as such."""
+
+    def __init__(self, model: str):
+        self.enc = None
+        self.name = "approx: characters / 4"
+        try:
+            import tiktoken
+        except ImportError:
+            return
+        try:
+            self.enc = tiktoken.encoding_for_model(model)
+        except KeyError:
+            return
+        self.name = f"tiktoken:{self.enc.name}"
+
+    def text(self, s: str) -> int:
+        if self.enc is not None:
+            return len(self.enc.encode(s, disallowed_special=()))
+        return math.ceil(len(s) / 4)
+
+    def messages(self, msgs: list[dict[str, str]]) -> int:
+        return sum(self.text(m.get("content") or "") + PER_MESSAGE for m in msgs) + 3
+
+
+@dataclass
+class StageEstimate:
+    stage: str
+    items: int = 0
+    requests: int = 0
+    requests_max: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_max: int = 0
+    completion_tokens: int = 0
+    completion_tokens_max: int = 0
+    basis: list[str] = field(default_factory=list)
+    done: bool = False
+    wall_s: float = 0.0
+    wall_s_max: float = 0.0
+    cost_usd: float = 0.0
+    cost_usd_max: float = 0.0
+
+    def add(
+        self,
+        msgs: list[dict[str, str]],
+        answer_tokens: int,
+        tc: TokenCounter,
+        attempts: int,
+        max_tokens: int,
+        reask_tokens: int,
+        n: int = 1,
+    ) -> None:
+        """``n`` requests of ``msgs``: first attempts, and the worst case of ``attempts`` tries
+        (each re-ask resends the conversation with the rejected answer and the re-ask turn)."""
+        p = tc.messages(msgs)
+        answer = min(answer_tokens, max_tokens)
+        self.requests += n
+        self.requests_max += n * attempts
+        self.prompt_tokens += n * p
+        extra = answer + reask_tokens + 2 * PER_MESSAGE
+        self.prompt_tokens_max += n * (attempts * p + extra * attempts * (attempts - 1) // 2)
+        self.completion_tokens += n * answer
+        self.completion_tokens_max += n * attempts * max_tokens
+
+
+def worked_answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback: int) -> int:
+    """The worked example's answer (the last assistant turn), the shape the model is asked for."""
+    for m in reversed(msgs):
+        if m["role"] == "assistant":
+            return tc.text(m["content"])
+    return fallback
+
+
+class Tally:
+    """One stage's estimate in the making: :meth:`request` per request (or group of equal ones),
+    :meth:`note` for what the numbers rest on."""
+
+    def __init__(
+        self,
+        est: StageEstimate,
+        tc: TokenCounter,
+        *,
+        attempts: int,
+        max_tokens: int,
+        reask_tokens: int,
+        fallback: int,
+        planned: Callable[[str, bool], Any] | None = None,
+    ):
+        self.est, self.tc = est, tc
+        self.attempts, self.max_tokens, self.reask_tokens = attempts, max_tokens, reask_tokens
+        #: expected answer tokens where a request has no worked example (min(llm.max_tokens, 256))
+        self.fallback = fallback
+        self._planned = planned
+
+    @property
+    def stage(self) -> str:
+        return self.est.stage
+
+    def request(self, msgs: list[dict[str, str]], *, answer_tokens: int | None = None, n: int = 1, items: int = 1) -> None:
+        """``n`` requests of ``msgs`` for ``items`` work items; the answer is expected the size of
+        the worked example's (the last assistant turn) unless ``answer_tokens`` says."""
+        if answer_tokens is None:
+            answer_tokens = worked_answer_tokens(msgs, self.tc, self.fallback)
+        self.est.items += items
+        self.est.add(msgs, answer_tokens, self.tc, self.attempts, self.max_tokens, self.reask_tokens, n=n)
+
+    def count(self, items: int) -> None:
+        """Work items that send no request of their own (corpus: a document's later queries)."""
+        self.est.items += items
+
+    def note(self, line: str) -> None:
+        self.est.basis.append(line)
+
+    def planned(self, stage: str, *, plan: bool = False) -> Any:
+        """What ``stage``'s estimator returned in this estimate; with ``plan``, when it has not run,
+        it is run aside (not counted) for its result; None otherwise."""
+        return None if self._planned is None else self._planned(stage, plan)
+
+    def no_inputs(self) -> UserError:
+        """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them (it has no --input)."""
+        stage = self.stage
+        return UserError(
+            f'estimate: {stage} has no inputs; add [[{stage}.inputs]] path = "..." to the run file (-c FILE), '
+            f"or pass --set '{stage}.inputs=[{{path=\"docs.jsonl\"}}]'"
+        )
