@@ -105,6 +105,9 @@ ARMS: dict[str, dict | None] = {
     "mined-nofilter": {"negatives": "mined", "score": {"policy": "annotate", "dedup": False}},
     "mined-plain": {"negatives": "mined", "train": {"mini_batch_size": "off"}},
     "mined-shuffled": {"negatives": "mined", "train": {"batch_sampler": "shuffled"}},
+    # the no-LLM floor: the same pipeline with queries taken from the documents (what the LLM adds)
+    "title-mined": {"negatives": "mined", "queries": "title"},
+    "sentence-mined": {"negatives": "mined", "queries": "sentence"},
     # the curriculum's rule before short batches: a phase's rows that fill no whole batch dropped
     "mined-dropshort": {"negatives": "mined", "curriculum": {"incomplete_batches": "drop"}},
     # the hybrid teacher (BM25 + the embedder, RRF): queries whose document it ranks in its top k,

@@ -61,7 +61,7 @@ class Section(BaseModel):
 #: section class -> fields added after run dirs existed: at their defaults they stay out of config
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "CorpusConfig": ("teacher", "teacher_k"),
+    "CorpusConfig": ("teacher", "teacher_k", "queries"),
 }
 
 
@@ -569,6 +569,10 @@ class CorpusConfig(Section):
     # document is never a negative; the teacher's ranks and scores go into each example's meta
     teacher: Literal["none", "hybrid"] = "none"
     teacher_k: int = Field(10, ge=0)
+    # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
+    # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
+    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
+    queries: Literal["llm", "title", "sentence"] = "llm"
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
@@ -583,6 +587,8 @@ class CorpusConfig(Section):
 
     @model_validator(mode="after")
     def _chunks(self) -> CorpusConfig:
+        if self.queries == "title" and self.queries_per_doc != 1:
+            raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
         if 0 < self.chunk_tokens < 16:
             raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
         if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.llm.client import LLMClient, LLMResult, ValidationFailure
 from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import CorpusConfig
@@ -184,6 +185,8 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
             style = style_for(cfg, c.name, d.id)
             for j in range(cfg.queries_per_doc):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
+                if cfg.queries != "llm":  # the no-LLM queries read the title (LLM payloads stay as they were)
+                    payload["title"] = d.title
                 items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
 
@@ -386,9 +389,13 @@ class Work:
         return self._lexical[ci]
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
-        """The one LLM answer of a document, shared by its items (requested once)."""
+        """The one LLM answer of a document, shared by its items (requested once); with
+        ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
         key = (p["corpus_index"], p["doc_id"])
         fut = self._answers.get(key)
+        if fut is None and self.cfg.queries != "llm":
+            fut = self._answers[key] = asyncio.get_running_loop().create_future()
+            fut.set_result(extracted_queries(p, self.cfg))
         if fut is not None and fut.done() and _failed_in_transit(fut):
             fut = None  # its request failed at the transport level: an item sent again asks again
         if fut is None:
@@ -412,6 +419,45 @@ class Work:
         return fut
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
+    """A document's queries without an LLM (``corpus.queries``), shaped as an LLM answer of the
+    stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
+    the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
+    body (the text after the title), drawn with the stage seed, each within the query length
+    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
+    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
+    n = cfg.queries_per_doc
+    doc = p["document"]
+    if cfg.queries == "title":
+        title = " ".join(str(p.get("title") or "").split())
+        if not title or text_key(title) == text_key(doc):
+            return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
+        return LLMResult(([title[: cfg.max_query_chars]], [None], []), None)
+    # the body: the text after a title that heads it ("Moon tides The moon's ..."), told from a text
+    # that merely opens with its title's word ("Vaccines expose ...") by the capital after it
+    title = str(p.get("title") or "").strip()
+    rest = doc[len(title) :].lstrip() if title and doc.lower().startswith(title.lower() + " ") else ""
+    body = rest if rest[:1].isupper() or rest[:1].isdigit() else doc
+    fits = [
+        x
+        for x in dict.fromkeys(" ".join(t.split()) for t in _SENTENCE_END.split(body))
+        if cfg.min_query_chars <= len(x) <= cfg.max_query_chars
+    ]
+    picked = random.Random(f"{cfg.seed}:{p['corpus']}:{p['doc_id']}:sentences").sample(fits, min(n, len(fits)))
+    if not picked:
+        return LLMResult(
+            None, None, "too_few_sentences", f"no sentence of {cfg.min_query_chars}-{cfg.max_query_chars} characters in the document"
+        )
+    missing = (
+        "too_few_sentences",
+        f"the document has {len(picked)} sentence(s) within the query length bounds, fewer than queries_per_doc={n}",
+    )
+    return LLMResult((picked + [""] * (n - len(picked)), [None] * len(picked) + [missing] * (n - len(picked)), []), None)
+
+
 def _failed_in_transit(fut: asyncio.Future) -> bool:
     """A document's answer that is a transport failure (the server, not the model)."""
     if fut.cancelled() or fut.exception() is not None:
@@ -431,8 +477,9 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
     j = p["query_index"]
     res = await asyncio.shield(work.answer(client, p))
-    usage = res.usage if j == 0 else None  # the document's answer is paid once: counted on its first item
-    inp = {k: v for k, v in p.items() if k != "document"}
+    # the document's answer is paid once: counted on its first item (queries from its text: none)
+    usage = res.usage if j == 0 and cfg.queries == "llm" else None
+    inp = {k: v for k, v in p.items() if k not in ("document", "title")}
 
     def reject(reason: str, detail: str, **extra: Any) -> Outcome:
         rej = Reject(
@@ -452,7 +499,8 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if verdicts[j] is not None:
         return reject(*verdicts[j], query=queries[j])
     query = queries[j]
-    meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": work.ctx.cfg.llm.model}
+    query_model = work.ctx.cfg.llm.model if cfg.queries == "llm" else f"extract:{cfg.queries}"
+    meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
     if res.reasons:
         meta["failed_attempts"] = res.reasons
     mined: dict[str, Any] | None = None
@@ -558,7 +606,12 @@ def run(ctx: StageContext) -> dict:
     items = plan_items(ctx, corpora)
     work = Work(ctx, corpora)
     return pipeline.run_item_stage(
-        ctx, STAGE, items, lambda client, it: process_item(client, it, work), extra=lambda: run_stats(ctx, corpora, len(items))
+        ctx,
+        STAGE,
+        items,
+        lambda client, it: process_item(client, it, work),
+        llm=ctx.cfg.corpus.queries == "llm",
+        extra=lambda: run_stats(ctx, corpora, len(items)),
     )
 
 
@@ -671,6 +724,9 @@ def estimate(ctx: StageContext, tally: Tally) -> None:
         raise tally.no_inputs()
     items = plan_items(ctx, load_corpora(ctx))
     tally.count(len(items))
+    if cfg.queries != "llm":
+        tally.note(f"queries taken from the documents (corpus.queries = {cfg.queries!r}): no LLM request")
+        return
     for it in items:
         p = it.payload
         if not p["query_index"]:
@@ -687,7 +743,7 @@ STAGE = Stage(
     config=CorpusConfig,
     fingerprint=fingerprint,
     report=report,
-    llm=True,
+    llm=lambda cfg: cfg.corpus.queries == "llm",
     estimate=estimate,
     staged=True,
     # with its index (mined negatives, the round trip): --executor ray runs it in one process (one
