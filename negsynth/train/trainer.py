@@ -473,7 +473,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
     distill = config.loss in DISTILL_LOSSES
     if distill:
-        check_teacher_labels(ds, config.loss, len(text_cols) - 1)
+        check_teacher_labels(ds, config.loss, len(text_cols) - 2)
     # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs; the
     # teacher's scores go in as the label column where the loss learns from them
     train_ds = ds.select_columns(text_cols + (["label"] if distill else []))
