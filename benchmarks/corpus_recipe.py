@@ -41,6 +41,12 @@ mined-teacher   ``mined`` with the hybrid teacher (``corpus.teacher = "hybrid"``
                 document in its top 10, and a candidate it ranks above the document is no negative
 mined-teacher-k3   the same, top 3
 mined-teacher-veto the teacher's negative veto alone (``teacher_k = 0``: every query kept)
+mined-teacher-kl   ``mined-teacher-veto`` trained on the teacher's scores instead of InfoNCE:
+                   ``train.loss = "distill-kl"`` (sentence-transformers' ``DistillKLDivLoss``,
+                   listwise over [document, 4 negatives], its default temperature) on the
+                   teacher's min-max BM25 + cosine sums (the curriculum's ``label`` column)
+mined-teacher-mse  the same with ``train.loss = "margin-mse"`` (``MarginMSELoss``: GPL's loss)
+mined-teacher-mix  the same with ``train.loss = "mnrl+distill-kl"``: InfoNCE + 1 x the KL term
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -115,6 +121,11 @@ ARMS: dict[str, dict | None] = {
     "mined-teacher": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 10},
     "mined-teacher-k3": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 3},
     "mined-teacher-veto": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0},
+    # distillation: every query kept (teacher_k = 0), the model learns the teacher's scores of each
+    # example's document and negatives instead of (or beside) InfoNCE's one-hot target
+    "mined-teacher-kl": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "distill-kl"}},
+    "mined-teacher-mse": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "margin-mse"}},
+    "mined-teacher-mix": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "mnrl+distill-kl"}},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"

@@ -2,11 +2,13 @@
 
 ``OUT/dataset/``: a dataset repo folder — parquet files + ``README.md`` (dataset card with YAML
 front matter: configs, licence, composition, what made the data, schedule, score filters).
-Configurations, each text-only so ``SentenceTransformerTrainer`` takes it with no column
+Configurations, each in a layout ``SentenceTransformerTrainer`` takes with no column
 selection: ``triplet`` (anchor, positive, negative), ``ntuple`` (anchor, positive,
 negative_1..n: the curriculum's n-tuple rows, or with ``ntuple=n`` one row per scored example)
-and ``pair`` (anchor, positive); the default one is the curriculum's own layout, in training
-order. ``metadata`` holds the rest of the curriculum's columns row for row; with ``with_shards``
+and ``pair`` (anchor, positive); where the run had a teacher (``corpus.teacher``) ``triplet`` and
+``ntuple`` add ``label``, its scores of the positive and each negative (the layout of
+``MarginMSELoss`` / ``DistillKLDivLoss``; MNRL ignores it). The default one is the curriculum's
+own layout, in training order. ``metadata`` holds the rest of the curriculum's columns row for row; with ``with_shards``
 the stage records (``generate``, ``regenerate``, ``score``) too.
 ``datasets.load_dataset("OUT/dataset", "triplet", split="train")`` reads it offline (a repo
 layout: ``load_from_disk`` does not); ``push_to_hub`` / :func:`push` upload it as it is.
@@ -188,17 +190,26 @@ def _configs_from_curriculum(table) -> dict[str, Any]:
     ``triplet`` (anchor, positive, negative: graded rows as they are, n-tuple rows with their
     hardest negative), ``ntuple`` (anchor, positive, negative_1..K; n-tuple rows only), ``pair``
     (each distinct anchor, positive once, first occurrence first) and ``metadata`` (the other
-    columns, row for row beside the default configuration)."""
+    columns, row for row beside the default configuration). Rows with a teacher's scores keep
+    them as ``label`` beside the texts of ``ntuple`` (``[positive, negative_1..K]``) and
+    ``triplet`` (``[positive, negative]``): sentence-transformers' layout for ``MarginMSELoss`` and
+    ``DistillKLDivLoss``."""
+    import pyarrow as pa
+
     from negsynth.data.stock import text_columns
 
     cols = table.column_names
     text = text_columns(cols)
+    labelled = "label" in cols
     out: dict[str, Any] = {}
     if "negative" in cols:
-        out["triplet"] = table.select(["anchor", "positive", "negative"])
+        out["triplet"] = table.select(["anchor", "positive", "negative", *(["label"] if labelled else [])])
     else:
-        out["ntuple"] = table.select(text)
+        out["ntuple"] = table.select(text + (["label"] if labelled else []))
         out["triplet"] = table.select(["anchor", "positive", "negative_1"]).rename_columns(["anchor", "positive", "negative"])
+        if labelled:
+            pairs = [lab[:2] for lab in table.column("label").to_pylist()]
+            out["triplet"] = out["triplet"].append_column("label", pa.array(pairs, type=pa.list_(pa.float64())))
     seen: set[tuple[str, str]] = set()
     keep = []
     for i, (a, p) in enumerate(zip(table.column("anchor").to_pylist(), table.column("positive").to_pylist())):
@@ -206,7 +217,7 @@ def _configs_from_curriculum(table) -> dict[str, Any]:
             seen.add((a, p))
             keep.append(i)
     out["pair"] = table.select(["anchor", "positive"]).take(keep)
-    out["metadata"] = table.select([c for c in cols if c not in text])
+    out["metadata"] = table.select([c for c in cols if c not in text and c != "label"])
     return out
 
 
@@ -261,7 +272,7 @@ def export_dataset(
                     f"{score}: no example has {ntuple} negatives (--ntuple {ntuple}); lower --ntuple or use score.policy=annotate"
                 )
             t = pa.Table.from_pylist(list(rows))
-            text = text_columns(t.column_names)
+            text = text_columns(t.column_names) + (["label"] if "label" in t.column_names else [])
             tables["ntuple"] = t.select(text)  # one row per scored example, in score's order (not the curriculum's)
             tables["ntuple_metadata"] = t.select([c for c in t.column_names if c not in text])
             nt_stats = {k: v for k, v in rows.stats.items() if k != "instruction_template"}
@@ -342,8 +353,8 @@ def export_dataset(
 
 #: each configuration's columns, for the card
 CONFIG_COLUMNS = {
-    "triplet": "anchor, positive, negative",
-    "ntuple": "anchor, positive, negative_1 … negative_n (hardest first)",
+    "triplet": "anchor, positive, negative (+ label = the teacher's [positive, negative] scores where the run had a teacher)",
+    "ntuple": "anchor, positive, negative_1 … negative_n (hardest first); label = the teacher's scores [positive, negative_1 … negative_n] where the run had a teacher",
     "pair": "anchor, positive",
     "metadata": "level (1 hardest … 4 easiest; 0: every level), phase, batch, task_type, example_id, source — row for row beside the default configuration",
     "ntuple_metadata": "task_type, example_id, source — row for row beside `ntuple`",

@@ -202,7 +202,7 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
             if name == "corpus":  # the queries the LLM wrote: styles, lengths, round-trip ranks
-                keys = ("query_styles", "query_words", "round_trip", "negative_sources")
+                keys = ("query_styles", "query_words", "round_trip", "negative_sources", "teacher_scores")
                 out["queries"] = {k: stats[0][k] for k in keys if stats[0].get(k)}
     return out
 
@@ -406,6 +406,10 @@ def render(report: dict[str, Any], console) -> None:
                 parts.append(
                     f"round trip top-1 {rt['top1']:.1%}, top-10 {rt['top10']:.1%} (ranks {', '.join(f'{k}: {v}' for k, v in rt['ranks'].items())})"
                 )
+            ts = q.get("teacher_scores")
+            if ts:  # the teacher's scores on its own scale (corpus.teacher): what a distillation loss learns from
+                negs = ", ".join(_f(x) for x in ts["negatives"])
+                parts.append(f"teacher score positive {_f(ts['positive'])}, negatives {negs} (mean of {ts['examples']})")
             if q.get("negative_sources"):  # mixed: the LLM's negatives that passed the mining margin vs mined fill-ins
                 parts.append("negatives " + ", ".join(f"{k} {v}" for k, v in q["negative_sources"].items()))
             console.print(f"{name} queries: " + "; ".join(parts))
@@ -473,13 +477,19 @@ def _sample_panel(ex: dict, level: int | None):
 
     sc = ex.get("score") or {}
     mined = str(ex.get("model") or "").startswith("mined:")
+    # the teacher's scores ([positive, negatives as written], corpus.teacher): a column where present
+    teacher = (ex.get("meta") or {}).get("teacher_label")
+    teacher = teacher if isinstance(teacher, list) and teacher else None
     t = Table(show_header=True, box=None, expand=True, pad_edge=False)
     t.add_column("", style="bold", no_wrap=True)
     t.add_column("cos", justify="right", no_wrap=True)
+    if teacher:
+        t.add_column("teacher", justify="right", no_wrap=True)
     t.add_column("flags", no_wrap=True)
     t.add_column("text", ratio=1)
-    t.add_row("query", "", "", escape(_clip(ex.get("query", ""))))
-    t.add_row("positive", _f(sc.get("cos_pos")), "", escape(_clip(ex.get("positive", ""))))
+    cell = (lambda x: [_f(x)]) if teacher else (lambda x: [])  # noqa: E731
+    t.add_row("query", "", *cell(None), "", escape(_clip(ex.get("query", ""))))
+    t.add_row("positive", _f(sc.get("cos_pos")), *cell(teacher[0] if teacher else None), "", escape(_clip(ex.get("positive", ""))))
     order = sc.get("llm_order") or list(range(len(ex.get("negatives", []))))
     for i, neg in enumerate(ex.get("negatives", [])):
         lv = order[i] + 1 if i < len(order) else i + 1
@@ -494,7 +504,8 @@ def _sample_panel(ex: dict, level: int | None):
         ]
         label = f"{'band' if mined else 'level'} {lv}" + (" ◀" if level == lv else "")
         cos = sc.get("cos_neg", [None] * 9)[i] if sc else None
-        t.add_row(label, _f(cos), " ".join(flags), escape(_clip(neg)))
+        j = (order[i] if i < len(order) else i) + 1  # the negative's place as written: its teacher score
+        t.add_row(label, _f(cos), *cell(teacher[j] if teacher and j < len(teacher) else None), " ".join(flags), escape(_clip(neg)))
     sub = []
     if sc and not mined:  # a mined example's bands are the retriever's ranks: no LLM order to check
         sub.append(f"tau {_f(sc.get('kendall_tau'), 2)}")

@@ -435,6 +435,10 @@ def test_the_hybrid_teacher_keeps_queries_it_ranks_first_and_vetoes_its_false_ne
     meta = recs[0]["meta"]
     assert meta["teacher_rank"] == 1 and len(meta["teacher_scores"]) == 4
     assert all(s < meta["teacher_pos_score"] for s in meta["teacher_scores"])
+    # the scores a student learns from: [document, negative_1..4] on the min-max sum's scale, [0, 2]
+    label = meta["teacher_label"]
+    assert len(label) == 5 and all(0.0 <= x <= 2.0 for x in label) and label[0] == max(label)
+    assert stats["teacher_scores"]["examples"] == 1 and stats["teacher_scores"]["positive"] == round(label[0], 4)
     assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))  # built once, reused on the next run
 
 
@@ -462,6 +466,25 @@ def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
     taught = index.search(q, 0, 3, relative_margin=0.05, lexical=lexical)
     assert texts[1] in plain["negatives"] and texts[1] not in taught["negatives"]
     assert len(taught["negatives"]) == 3 and all(s < taught["teacher_pos_score"] for s in taught["teacher_scores"])
+    # teacher_label: the min-max normalised sum of the cosine and BM25 over the corpus, [document, negatives]
+    from negsynth.embed.lexical import minmax_sum
+
+    sims = index.emb @ model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
+    summed = minmax_sum(sims, lexical)
+    picked = [texts.index(t) for t in taught["negatives"]]
+    assert taught["teacher_label"] == pytest.approx([summed[0], *(summed[i] for i in picked)], abs=1e-5)
+    assert "teacher_label" not in plain
+
+
+def test_the_minmax_sum_puts_both_lists_on_one_scale():
+    import numpy as np
+
+    from negsynth.embed.lexical import minmax_sum
+
+    np.testing.assert_allclose(minmax_sum([0.1, 0.5, 0.3], [0.0, 4.0, 2.0]), [0.0, 2.0, 1.0])
+    np.testing.assert_allclose(minmax_sum([0.2, 0.6, 0.4], [3.0, 1.0, 2.0]), [1.0, 1.0, 1.0])
+    # no query term anywhere: the lexical list adds nothing, the dense one still ranks
+    np.testing.assert_allclose(minmax_sum([0.2, 0.4, 0.3], [0.0, 0.0, 0.0]), [0.0, 1.0, 0.5])
 
 
 def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():

@@ -287,3 +287,77 @@ def test_the_trainers_sampler_trains_exactly_the_curriculums_batches():
     assert [[rows[i]["batch"] for i in b] for b in planned] == [[n] * len(b) for n, b in enumerate(batches(rows, 8))]
     assert batch_segments({"phase": [1, 1, 2]}) == [1, 1, 2] and batch_segments({"batch": [-1, -1], "phase": [1, 2]}) == [1, 2]
     assert batch_segments({"anchor": ["a"]}) is None
+
+
+def with_teacher(examples: list[dict]) -> list[dict]:
+    """Each example with the teacher's scores [positive, neg 1..4] as the corpus stage writes them
+    (``meta["teacher_label"]``), distinct per example and per negative."""
+    for i, e in enumerate(examples):
+        e["meta"] = {"teacher_label": [1.9 - i / 1000, *(1.5 - lvl / 10 - i / 1000 for lvl in range(1, len(e["negatives"]) + 1))]}
+    return examples
+
+
+def score_record(**kw) -> dict:
+    base = {"embedder": "fake", "cos_pos": 0.9, "cos_neg": [0.8, 0.7, 0.6, 0.5], "kendall_tau": 1.0, "monotonic": True}
+    return {**base, "false_negative": [False] * 4, "too_easy": [False] * 4, **kw}
+
+
+def want_label(i: int, levels) -> list[float]:
+    return [1.9 - i / 1000, *(1.5 - lvl / 10 - i / 1000 for lvl in levels)]
+
+
+def test_tuple_rows_carry_the_teachers_scores_in_the_order_of_their_texts(tmp_path):
+    """With teacher scores on every example, each n-tuple row's ``label`` is [positive, negative_1..K]
+    for its own texts (sentence-transformers' distillation layout), saved after the texts; graded
+    rows get [positive, negative]; score's reorder (``llm_order``) is followed."""
+    from pytest import approx
+
+    ex = with_teacher(make_examples(24))
+    rows = build_curriculum(ex, schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    assert rows.stats["label"] is True and rows.stats["teacher_labels"] == 24
+    for r in rows:
+        i = int(r["example_id"][2:])
+        assert r["label"] == approx(want_label(i, (1, 2, 3, 4)))
+    two = build_curriculum(ex, schedule="tuple:2", batch_size=4, seed=0, homogeneous_batches=False)
+    assert all(r["label"] == approx(want_label(int(r["example_id"][2:]), (1, 2))) for r in two)
+    graded = build_curriculum(ex, schedule="curriculum", batch_size=2, seed=0, homogeneous_batches=False)
+    assert all(r["label"] == approx(want_label(int(r["example_id"][2:]), (r["level"],))) for r in graded)
+    # score reordered the negatives (hardest by its own measure first): the scores follow their texts
+    ex[5]["negatives"] = ex[5]["negatives"][::-1]
+    ex[5]["score"] = score_record(policy="reorder", llm_order=[3, 2, 1, 0])
+    rows = build_curriculum(ex, schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    (r5,) = [r for r in rows if r["example_id"] == "ex5"]
+    assert r5["negative_1"] == "neg 4 of 5" and r5["label"] == approx(want_label(5, (4, 3, 2, 1)))
+    out = save_curriculum(rows, tmp_path / "cur", stats=rows.stats)
+    ds = load_curriculum(out)
+    assert ds.column_names[:7] == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4", "label"]
+    assert ds["label"] == [approx(r["label"]) for r in rows]
+
+
+def test_no_label_column_unless_every_example_has_teacher_scores():
+    """An example with no teacher scores (an older run dir, whose ``teacher_scores`` are RRF ranks,
+    or use_mined) leaves the label out of every row: a column has no gaps."""
+    ex = with_teacher(make_examples(24))
+    ex[3]["meta"] = {"teacher_scores": [0.03, 0.02, 0.01, 0.01], "teacher_pos_score": 0.033}  # an older corpus run: RRF only
+    rows = build_curriculum(ex, schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    assert "label" not in rows[0] and rows.stats["label"] is False and rows.stats["teacher_labels"] == 23
+    ex = with_teacher(make_examples(24))
+    for e in ex:
+        e["mined_negatives"] = [f"mined {k} {e['id']}" for k in range(4)]
+    rows = build_curriculum(ex, schedule="tuple", batch_size=4, seed=0, use_mined=True, homogeneous_batches=False)
+    assert "label" not in rows[0]
+    plain = build_curriculum(make_examples(24), schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
+    assert "label" not in plain[0] and plain.stats["teacher_labels"] == 0
+
+
+def test_ntuple_rows_carry_the_teachers_scores_and_drop_a_false_negatives_score_with_it():
+    from pytest import approx
+
+    from negsynth.data.stock import ntuple_rows
+
+    ex = with_teacher(make_examples(6))
+    ex[2]["score"] = score_record(false_negative=[True, False, False, False])
+    rows = ntuple_rows(ex, 3, instruction_template=None, drop_false_negatives=True)
+    assert rows[0]["label"] == approx(want_label(0, (1, 2, 3)))
+    assert rows[2]["negative_1"] == "neg 2 of 2" and rows[2]["label"] == approx(want_label(2, (2, 3, 4)))
+    assert "label" not in ntuple_rows(make_examples(6), 3)[0]

@@ -266,3 +266,45 @@ def test_sentence_transformers_trains_on_each_exported_config_as_it_is(corpus_ex
     trainer = SentenceTransformerTrainer(model, args, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+def test_teacher_scores_export_as_the_label_column_sentence_transformers_distills_from(tmp_path, minilm):
+    """A curriculum whose rows carry the teacher's scores exports them as ``label`` beside the texts
+    of ``ntuple`` ([positive, negative_1..4]) and ``triplet`` ([positive, negative_1]), not in
+    ``metadata``; sentence-transformers' MarginMSELoss trains on the ``ntuple`` config as it is."""
+    from pytest import approx
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MarginMSELoss
+
+    d = tmp_path / "run"
+
+    def load(folder, config):  # a cache of its own: the shared one may hold another folder's "dataset" of the same name
+        return datasets.load_dataset(str(folder), config, split="train", cache_dir=str(tmp_path / "hf"))
+
+    exs = [{**scored(i), "meta": {"teacher_label": [1.8, 1.4, 1.3, 1.2, 1.1 - i / 100]}} for i in range(8)]
+    write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+    atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "policy": "annotate", "kept": 8, "rejected": 0})
+    rows = build_curriculum(exs, schedule="tuple", batch_size=4, seed=0)
+    save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+    r = runner.invoke(app, ["export", "-d", str(d), "--out", str(tmp_path / "o"), "--only", "dataset"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "o" / "dataset"
+    nt = load(out, "ntuple")
+    assert nt.column_names == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4", "label"]
+    by_id = {int(r["example_id"].split("-")[1]): r["label"] for r in rows}
+    assert nt["label"] == [approx(r["label"]) for r in rows] and by_id[3] == approx([1.8, 1.4, 1.3, 1.2, 1.07])
+    tri = load(out, "triplet")
+    assert tri.column_names == ["anchor", "positive", "negative", "label"] and tri["label"] == [approx(r["label"][:2]) for r in rows]
+    assert "label" not in load(out, "metadata").column_names
+    # --ntuple from score's records carries them too
+    r = runner.invoke(app, ["export", "-d", str(d), "--out", str(tmp_path / "o2"), "--only", "dataset", "--ntuple", "2"])
+    assert r.exit_code == 0, r.output
+    nt2 = load(tmp_path / "o2" / "dataset", "ntuple")
+    assert nt2.column_names[-1] == "label" and nt2[0]["label"] == approx([1.8, 1.4, 1.3])
+    model = SentenceTransformer(minilm, device="cpu")
+    args = SentenceTransformerTrainingArguments(
+        str(tmp_path / "st"), max_steps=1, per_device_train_batch_size=4, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True
+    )
+    trainer = SentenceTransformerTrainer(model, args, train_dataset=nt, loss=MarginMSELoss(model))
+    trainer.train()
+    assert trainer.state.global_step == 1

@@ -146,3 +146,25 @@ def test_cli_inspect(run_dir, tmp_path):
     assert r.exit_code == 2 and "no such file or directory" in r.output
     r = CliRunner().invoke(app, ["inspect", str(run_dir), "--flag", "wrong"])
     assert r.exit_code == 2 and "choose from false_negative" in r.output
+
+
+def test_a_sample_shows_the_teachers_scores_beside_its_texts():
+    """An example with the teacher's scores (corpus.teacher) shows them in a ``teacher`` column, each
+    beside its own text after score's reorder; one without has no such column."""
+    from rich.console import Console
+
+    from negsynth.inspect import _sample_panel
+
+    ex = scored(3, cos=(0.9, 0.8, 0.3, 0.2), order=[1, 0, 2, 3])
+    ex["meta"] = {"teacher_label": [1.875, 1.25, 1.125, 0.5, 0.25]}  # [positive, negatives as written before score]
+
+    def shown(e) -> str:
+        console = Console(record=True, width=200)
+        console.print(_sample_panel(e, None))
+        return console.export_text()
+
+    text = shown(ex)
+    assert "teacher" in text and "1.875" in text
+    rows = [" ".join(ln.strip("│ ").split()[:4]) for ln in text.splitlines() if "level" in ln]
+    assert rows[:2] == ["level 2 0.900 1.125", "level 1 0.800 1.250"]  # the first text written is the LLM's level 2
+    assert "teacher" not in shown(scored(0))

@@ -734,3 +734,159 @@ def test_the_shuffled_sampler_is_the_stock_recipes_and_refuses_a_curriculum(mini
     # the default keeps the rows' order
     trainer, _ = make_trainer(ds, cfg.model_copy(update={"batch_sampler": "ordered"}))
     assert [i for b in trainer.get_train_dataloader().batch_sampler for i in b] == list(range(12))
+
+
+# ----------------------------------------------------------------------------- distillation losses
+
+
+def _teacher_dataset(n: int = 8):
+    """n-tuple rows (anchor, positive, negative_1, negative_2) with a teacher's scores as the
+    curriculum writes them: ``label`` = [positive, negative_1, negative_2]."""
+    from datasets import Dataset
+
+    rows = [
+        {
+            "anchor": f"which metal is number {i}?",
+            "positive": f"metal {i} conducts heat",
+            "negative_1": f"rock {i} is grey",
+            "negative_2": f"river {i} flows north",
+            "label": [1.8, 1.2 - i / 100, 0.4],
+            "level": 0,
+            "phase": 1,
+        }
+        for i in range(n)
+    ]
+    return Dataset.from_list(rows)
+
+
+def _fake_loss_model():
+    class Fake(torch.nn.Module):
+        def forward(self, f):
+            return {"sentence_embedding": f["x"]}
+
+    return Fake()
+
+
+def test_distillation_losses_are_the_librarys_and_the_mix_is_their_weighted_sum():
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    from negsynth.train.loss import WeightedSumLoss, make_distill_loss
+
+    torch.manual_seed(0)
+    fake = _fake_loss_model()
+    q, p, n1, n2 = (torch.randn(5, 8) for _ in range(4))
+    feats = [{"x": t} for t in (q, p, n1, n2)]
+    labels = torch.tensor([[1.8, 1.1, 0.3]] * 5)
+    mse = make_distill_loss(fake, "margin-mse")
+    assert isinstance(mse, MarginMSELoss)
+    torch.testing.assert_close(mse(feats, labels), MarginMSELoss(fake, similarity_fct=pairwise_cos_sim)(feats, labels))
+    kl = make_distill_loss(fake, "distill-kl")
+    assert isinstance(kl, DistillKLDivLoss) and kl.temperature == 1.0  # the library's default temperature
+    assert make_distill_loss(fake, "distill-kl", distill_temperature=0.5).temperature == 0.5
+    mix = make_distill_loss(fake, "mnrl+distill-kl", temperature=0.05, distill_weight=3.0)
+    assert isinstance(mix, WeightedSumLoss)
+    torch.testing.assert_close(mix(feats, labels), make_loss(fake, 0.05)(feats, labels) + 3.0 * kl(feats, labels))
+    # the KL term follows the teacher: lower when the student orders the candidates as it does
+    agree = kl([{"x": q}, {"x": q + 0.01}, {"x": q + 0.5 * torch.randn(5, 8)}, {"x": -q}], labels)
+    disagree = kl([{"x": q}, {"x": -q}, {"x": q + 0.5 * torch.randn(5, 8)}, {"x": q + 0.01}], labels)
+    assert agree < disagree
+    with pytest.raises(ValueError, match="distillation loss"):
+        make_distill_loss(fake, "mnrl")
+
+
+@pytest.mark.parametrize("loss", ["margin-mse", "distill-kl", "mnrl+distill-kl"])
+def test_each_distillation_loss_trains_minilm(minilm, tmp_path, loss):
+    """The curriculum's label column reaches the loss: a finite loss every step, and the weights move."""
+    import json
+    import math
+
+    from negsynth.train.trainer import make_trainer
+
+    cfg = TrainConfig(
+        model=minilm, loss=loss, batch_size=4, grad_accum=1, lr=1e-4, max_steps=2, max_length=16, save_steps=1000, output_dir=str(tmp_path)
+    )
+    trainer, model = make_trainer(_teacher_dataset(8), cfg)
+    assert "label" in trainer.train_dataset.column_names
+    assert type(trainer.loss).__name__ == {"margin-mse": "MarginMSELoss", "distill-kl": "DistillKLDivLoss"}.get(loss, "WeightedSumLoss")
+    # GradCache ("auto" on CPU) is InfoNCE's alone: a distillation loss trains without it
+    assert getattr(trainer.loss, "mini_batch_size", None) is None
+    before = model[0].auto_model.encoder.layer[0].attention.self.query.weight.detach().clone()
+    trainer.train()
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
+    after = model[0].auto_model.encoder.layer[0].attention.self.query.weight.detach()
+    assert not torch.equal(before, after)
+    json.dumps(trainer.loss.get_config_dict() if hasattr(trainer.loss, "get_config_dict") else {})
+
+
+def test_a_distillation_loss_without_teacher_scores_is_refused_in_one_line(minilm, tmp_path):
+    from negsynth.train.trainer import make_trainer
+
+    cfg = TrainConfig(model=minilm, loss="distill-kl", batch_size=4, max_steps=1, max_length=16, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match='corpus.teacher = "hybrid"') as e:
+        make_trainer(_teacher_dataset(8).remove_columns("label"), cfg)
+    assert "\n" not in str(e.value)
+    short = _teacher_dataset(8).map(lambda r: {"label": r["label"][:2]})
+    with pytest.raises(ValueError, match="holds 2 scores, not 3"):
+        make_trainer(short, cfg)
+    with pytest.raises(ValueError, match="GradCache"):
+        make_trainer(_teacher_dataset(8), cfg.model_copy(update={"mini_batch_size": 2}))
+    # InfoNCE (the default) trains on the same rows, the label left out of its inputs
+    trainer, _ = make_trainer(_teacher_dataset(8), cfg.model_copy(update={"loss": "mnrl"}))
+    assert trainer.train_dataset.column_names == ["anchor", "positive", "negative_1", "negative_2"]
+
+
+def test_the_train_stage_names_the_teacher_setting_when_the_curriculum_has_no_scores(minilm, tmp_path):
+    from negsynth.data.curriculum import build_curriculum, save_curriculum
+    from negsynth.errors import UserError
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.train import run
+
+    exs = [
+        {
+            "id": f"e{i}",
+            "task": "",
+            "task_type": "short-long",
+            "query": f"q {i}",
+            "positive": f"p {i}",
+            "negatives": [f"n{k} {i}" for k in range(4)],
+        }
+        for i in range(8)
+    ]
+    rows = build_curriculum(exs, schedule="tuple", batch_size=2)
+    save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
+    cfg = RunConfig()
+    cfg.train = cfg.train.model_copy(update={"model": minilm, "loss": "margin-mse", "batch_size": 2})
+    with pytest.raises(UserError, match='corpus.teacher = "hybrid"') as e:
+        run(StageContext(cfg=cfg, run_dir=tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
+    """``train.loss`` and its weights are settings added later: at their defaults neither the train
+    stage's fingerprint nor the run config's hash sees them; set, both change."""
+    from negsynth.pipeline.config_io import config_hash
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import ADDED_FIELDS, RunConfig
+    from negsynth.stages.train import fingerprint
+
+    added = ADDED_FIELDS["TrainConfig"]
+    assert set(added) == {"loss", "distill_weight", "distill_temperature"}
+
+    def fp(**train) -> str:
+        cfg = RunConfig()
+        cfg.train = cfg.train.model_copy(update=train)
+        return fingerprint(StageContext(cfg=cfg, run_dir=tmp_path))
+
+    # what the fingerprint was before the settings existed
+    old = TrainConfig().model_dump(exclude={"resume", "output_dir", "device", "batch_sampler", *added})
+    assert fp() == config_hash({"train": old, "data": None})
+    assert fp(loss="mnrl", distill_weight=1.0) == fp()
+    assert len({fp(), fp(loss="distill-kl"), fp(loss="mnrl+distill-kl"), fp(loss="mnrl+distill-kl", distill_weight=0.5)}) == 4
+    cfg = RunConfig()
+    assert not set(added) & set(cfg.hash_dump()["train"])
+    before = config_hash(cfg)
+    cfg.train = cfg.train.model_copy(update={"loss": "margin-mse"})
+    assert cfg.hash_dump()["train"]["loss"] == "margin-mse" and config_hash(cfg) != before

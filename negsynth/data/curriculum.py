@@ -55,6 +55,13 @@ The result is a list of row dicts (a :class:`CurriculumRows`, which also carries
 
     {"anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source"}
 
+Teacher scores: when every usable example carries a teacher's scores (``meta["teacher_label"]``,
+written by ``corpus.teacher = "hybrid"``, see :func:`teacher_label`), each row adds ``label``: the
+floats ``[positive, negative_1 .. negative_K]`` (or ``[positive, negative]`` for graded rows), in
+the order of the row's text columns — sentence-transformers' layout for ``MarginMSELoss`` and
+``DistillKLDivLoss``. Otherwise no row has one (``stats["teacher_labels"]`` counts the examples
+that had them).
+
 The trainer must NOT shuffle it: consume it in order, ``batch_size`` rows per batch.
 """
 
@@ -132,6 +139,32 @@ def to_example(obj, i: int):
         raise CurriculumError(f"curriculum: example #{i} (id={obj.get('id', '?')!r}) field {loc!r}: {msg}; fix that record") from None
 
 
+def teacher_label(ex, use_mined: bool = False) -> list[float] | None:
+    """The teacher's scores of ``ex``'s positive and of each of its negatives as they stand now,
+    ``[positive, negative_1, ...]``, or None when it has none that line up.
+
+    ``meta["teacher_label"]`` holds them in the order the negatives were written (corpus: the
+    hybrid teacher's min-max normalised BM25 + cosine sum, in ``[0, 2]``); ``score`` may reorder or
+    drop negatives and records which it kept in ``score.llm_order``, which is followed here. An
+    older run dir (no ``teacher_label``: its ``teacher_scores`` are RRF ranks) and ``use_mined``
+    (the scores belong to ``negatives``, not ``mined_negatives``) have none."""
+    label = ex.meta.get("teacher_label") if isinstance(ex.meta, dict) else None
+    if use_mined or not isinstance(label, list) or len(label) < 2:
+        return None
+    try:
+        pos, scores = float(label[0]), [float(x) for x in label[1:]]
+    except (TypeError, ValueError):
+        return None
+    order = ex.score.llm_order if ex.score is not None and ex.score.llm_order is not None else None
+    if order is None:
+        if len(scores) != len(ex.negatives):
+            return None
+        order = range(len(scores))
+    if len(order) != len(ex.negatives) or any(not 0 <= i < len(scores) for i in order):
+        return None
+    return [pos, *(scores[i] for i in order)]
+
+
 def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:
     """Seeded permutations of range(n), one after another, forever."""
     while True:
@@ -176,6 +209,7 @@ def build_curriculum(
 
     stats: dict[str, Any] = Counter()
     pool = []
+    labels: list[list[float] | None] = []
     for i, obj in enumerate(examples):
         ex = to_example(obj, i)
         negs = list(ex.mined_negatives if use_mined else ex.negatives)
@@ -187,7 +221,10 @@ def build_curriculum(
         else:
             anchor = ex.query
         pool.append((ex, negs, anchor, text_key(ex.query), text_key(ex.positive), [text_key(n) for n in negs]))
+        labels.append(teacher_label(ex, use_mined))
     stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
+    stats["teacher_labels"] = sum(lab is not None for lab in labels)
+    with_labels = bool(pool) and stats["teacher_labels"] == len(pool)  # all or none: a column has no gaps
     if not pool:
         raise CurriculumError(
             f"curriculum: no usable example (need >= {needed} {'mined_negatives' if use_mined else 'negatives'} each); "
@@ -229,12 +266,15 @@ def build_curriculum(
             consumed += 1
             ex, negs, anchor, q_key, pos_key, neg_keys = pool[idx]
             level = int(level_rng.integers(1, 5)) if lvl is None else lvl
+            label = labels[idx]
             if level == 0:  # n-tuple row: the K hardest negatives, hardest first
                 keys = {q_key, pos_key, *neg_keys[:needed]}
                 row_negs = {f"negative_{j + 1}": t for j, t in enumerate(negs[:needed])}
+                row_label = label[: needed + 1] if with_labels else None
             else:
                 keys = {q_key, pos_key, neg_keys[level - 1]}
                 row_negs = {"negative": negs[level - 1]}
+                row_label = [label[0], label[level]] if with_labels else None
             if len(keys) < 2 + len(row_negs):
                 stats["dropped_self_duplicate"] += 1
                 continue
@@ -242,6 +282,7 @@ def build_curriculum(
                 "anchor": anchor,
                 "positive": ex.positive,
                 **row_negs,
+                **({"label": row_label} if row_label is not None else {}),
                 "level": level,
                 "phase": p,
                 "batch": -1,
@@ -294,6 +335,7 @@ def build_curriculum(
             "homogeneous_batches": homogeneous_batches,
             "use_mined": use_mined,
             "instruction_template": instruction_template,
+            "label": with_labels,  # rows carry the teacher's scores (column ``label``)
             "examples_used": len(used_examples),
             "examples_unused": len(pool) - len(used_examples),
         }
@@ -390,11 +432,12 @@ def _card_md(card: dict) -> str:
 
 def row_columns(row: dict) -> list[str]:
     """The saved columns: :data:`COLUMNS`, with ``negative_1..negative_K`` in place of ``negative``
-    for n-tuple rows (``tuple`` schedules)."""
+    for n-tuple rows (``tuple`` schedules), and ``label`` after the texts where rows carry one."""
     negs = sorted((c for c in row if re.fullmatch(r"negative_\d+", c)), key=lambda c: int(c.rsplit("_", 1)[1]))
+    label = ["label"] if "label" in row else []
     if not negs:
-        return list(COLUMNS)
-    return ["anchor", "positive", *negs, *COLUMNS[3:]]  # COLUMNS[2] is "negative"
+        return [*COLUMNS[:3], *label, *COLUMNS[3:]]
+    return ["anchor", "positive", *negs, *label, *COLUMNS[3:]]  # COLUMNS[2] is "negative"
 
 
 def save_curriculum(rows: list[dict], out_dir: str | Path, *, stats: dict | None = None) -> Path:

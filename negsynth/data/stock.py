@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, to_example
+from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, teacher_label, to_example
 from negsynth.data.text import text_key
 
 NTUPLE_META = ("task_type", "example_id", "source")
@@ -45,7 +45,9 @@ def ntuple_rows(
     ``score`` flagged as false negatives are removed first. Examples left with fewer than n
     negatives are skipped and counted (``stats["skipped_few_negatives"]``), as are examples
     whose texts repeat within the row (``stats["skipped_self_duplicate"]``: the loss would treat
-    a copy of the positive as a negative). Every row has exactly n negatives.
+    a copy of the positive as a negative). Every row has exactly n negatives. When every row's
+    example carries teacher scores (:func:`negsynth.data.curriculum.teacher_label`), rows add
+    ``label``: ``[positive, negative_1..negative_n]`` (sentence-transformers' distillation layout).
     """
     if n < 1:
         raise CurriculumError(f"ntuple: n must be >= 1, got {n}")
@@ -57,8 +59,11 @@ def ntuple_rows(
         ex = to_example(obj, i)
         stats["examples"] += 1
         negs = list(ex.mined_negatives if use_mined else ex.negatives)
+        label = teacher_label(ex, use_mined)
         if drop_false_negatives and not use_mined and ex.score is not None and len(ex.score.false_negative) == len(negs):
             kept = [t for t, fn in zip(negs, ex.score.false_negative) if not fn]
+            if label is not None:
+                label = [label[0], *(x for x, fn in zip(label[1:], ex.score.false_negative) if not fn)]
             stats["false_negatives_dropped"] += len(negs) - len(kept)
             negs = kept
         if len(negs) < n:
@@ -76,8 +81,12 @@ def ntuple_rows(
             continue
         row = {"anchor": anchor, "positive": ex.positive}
         row.update({f"negative_{k + 1}": t for k, t in enumerate(negs)})
+        row["label"] = label[: n + 1] if label is not None else None
         row.update({"task_type": ex.task_type, "example_id": ex.id, "source": ex.source})
         rows.append(row)
+    if rows and any(r["label"] is None for r in rows):  # all or none: a column has no gaps
+        for r in rows:
+            del r["label"]
     out = dict(stats)
     for k in ("examples", "skipped_few_negatives", "skipped_self_duplicate"):
         out.setdefault(k, 0)

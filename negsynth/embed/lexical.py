@@ -6,8 +6,14 @@ well above either. :func:`rrf` fuses one query's dense and lexical scores over a
 :class:`LexicalIndex` is ``bm25s`` (English stop words, no stemming) over texts read once, its
 index saved to a folder and loaded on the next run.
 
+RRF's scores are ranks in disguise: they order candidates but carry no scale a student could
+learn from. :func:`minmax_sum` is the teacher's *score* for distillation: each query's dense and
+lexical scores min-max normalised over the same texts and summed, in ``[0, 2]`` (the stronger of
+the two fusions on the domains measured; RRF stays the ranking and the filter).
+
     index = LexicalIndex.build(texts, cache="runs/x/corpus/_index/bm25")
     fused = rrf(dense_scores, index.scores("a query"))
+    label = minmax_sum(dense_scores, index.scores("a query"))
 """
 
 from __future__ import annotations
@@ -87,3 +93,17 @@ def rrf(dense, lexical, k: int = RRF_K) -> Any:
     lexical = np.asarray(lexical)
     fused = 1.0 / (k + ranks(dense))
     return fused + np.where(lexical > 0, 1.0 / (k + ranks(lexical)), 0.0)
+
+
+def minmax_sum(dense, lexical) -> Any:
+    """One query's dense and lexical scores over the same texts, each min-max normalised over
+    those texts (the query's whole candidate pool) and summed: in ``[0, 2]``, 2 for a text that
+    tops both lists. A list with one value throughout (no query term anywhere) adds 0 to every text."""
+    import numpy as np
+
+    def norm(x):
+        x = np.asarray(x, dtype=np.float64)
+        lo, hi = float(x.min()), float(x.max())
+        return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+    return norm(dense) + norm(lexical)

@@ -448,8 +448,12 @@ class CorpusIndex:
         ``lexical``: the query's lexical (BM25) scores over the same texts, for the hybrid teacher:
         the dense and lexical rankings fused by RRF (:func:`negsynth.embed.lexical.rrf`). The result
         adds ``teacher_rank`` (the document's rank in the fused list), ``teacher_pos_score`` and
-        ``teacher_scores`` (the negatives' fused scores), and a candidate the fused list ranks at or
-        above the document is never a negative (the teacher's false negative).
+        ``teacher_scores`` (the RRF scores of the document and the negatives: ranks, no scale),
+        ``teacher_label`` (the teacher's score on a usable scale for distillation,
+        ``[document, negative_1..]``: the min-max normalised sum of the dense and lexical scores
+        over the whole corpus, :func:`negsynth.embed.lexical.minmax_sum`, in ``[0, 2]``), and a
+        candidate the fused list ranks at or above the document is never a negative (the
+        teacher's false negative).
 
         ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
         rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
@@ -503,6 +507,10 @@ class CorpusIndex:
             out["teacher_rank"] = 1 + int(np.count_nonzero(fused > pos_fused))
             out["teacher_pos_score"] = round(pos_fused, 6)
             out["teacher_scores"] = [round(float(fused[i]), 6) for i in picked]
+            from negsynth.embed.lexical import minmax_sum
+
+            summed = minmax_sum(sims, lexical)
+            out["teacher_label"] = [round(float(summed[i]), 6) for i in (positive, *picked)]
         if screen:
             vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             s_scores = [float(x) for x in vecs.astype(np.float32) @ q]

@@ -55,6 +55,8 @@ class Section(BaseModel):
         for name, value in self:
             if isinstance(value, Section):
                 out[name] = value.hash_dump()
+            elif isinstance(value, BaseModel) and type(value).__name__ in ADDED_FIELDS:  # train: a plain model
+                out[name] = added_at_default(value, value.model_dump(mode="json"))
         return out
 
 
@@ -62,7 +64,17 @@ class Section(BaseModel):
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "CorpusConfig": ("teacher", "teacher_k", "queries"),
+    # not a Section: the train stage's fingerprint drops these itself (added_at_default)
+    "TrainConfig": ("loss", "distill_weight", "distill_temperature"),
 }
+
+
+def added_at_default(model, dump: dict) -> dict:
+    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their default."""
+    for name in ADDED_FIELDS.get(type(model).__name__, ()):
+        if getattr(model, name) == type(model).model_fields[name].get_default(call_default_factory=True):
+            dump.pop(name, None)
+    return dump
 
 
 class PriceConfig(Section):

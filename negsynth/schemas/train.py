@@ -83,6 +83,14 @@ class TrainConfig(BaseModel):
     infonce_weight: float = Field(1.0, gt=0.0)
     angle_weight: float = Field(0.0, ge=0.0)
     angle_scale: float = Field(20.0, gt=0.0)
+    # what the model learns from: "mnrl" = InfoNCE (the examples as written: the document is the
+    # positive, the rest negatives); "margin-mse" / "distill-kl" = a teacher's scores (the
+    # curriculum's label column, from corpus.teacher = "hybrid") through sentence-transformers'
+    # MarginMSELoss / DistillKLDivLoss; "mnrl+distill-kl" = InfoNCE + distill_weight x DistillKL
+    loss: Literal["mnrl", "margin-mse", "distill-kl", "mnrl+distill-kl"] = "mnrl"
+    distill_weight: float = Field(1.0, gt=0.0)
+    # DistillKLDivLoss's temperature (None: sentence-transformers' default, 1.0)
+    distill_temperature: float | None = Field(None, gt=0.0)
     gather_across_devices: bool = True  # multi-GPU: every rank's in-batch negatives seen by all ranks
     max_steps: int = -1  # optimizer steps; -1 = run `epochs` passes over the data
     epochs: float = Field(1.0, gt=0)

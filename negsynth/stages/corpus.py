@@ -546,6 +546,8 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         if cfg.teacher != "none":
             meta["teacher_pos_score"] = mined["teacher_pos_score"]
             meta["teacher_scores"] = mined["teacher_scores"]
+            if cfg.negatives == "mined":  # every negative a corpus text the teacher scored (mixed: the LLM's are not)
+                meta["teacher_label"] = mined["teacher_label"]
     if mined is not None:
         # a mined negative is a document of the corpus: copied as long as the prompt shows a
         # document (doc_tokens), not whole (one huge document would be copied into every example)
@@ -657,8 +659,11 @@ def describe(folder: Path) -> dict[str, Any]:
     sources: Counter = Counter()
     lengths: list[int] = []
     ranks: list[int] = []
+    labels: list[list[float]] = []
     for path in list_shards(folder):
         for r in iter_jsonl(path):
+            if r.get("meta", {}).get("teacher_label"):
+                labels.append(r["meta"]["teacher_label"])
             styles[r.get("attributes", {}).get("style", "?")] += 1
             sources.update(r.get("meta", {}).get("negative_sources", ()))
             lengths.append(len(r["query"].split()))
@@ -693,6 +698,14 @@ def describe(folder: Path) -> dict[str, Any]:
             "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
             "ranks": hist,
         }
+    if labels:  # the teacher's scores (min-max BM25 + cosine sum, [0, 2]): positive, each negative band
+        mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+        bands = max(len(lab) for lab in labels) - 1
+        out["teacher_scores"] = {
+            "examples": len(labels),
+            "positive": mean([lab[0] for lab in labels]),
+            "negatives": [mean([lab[b + 1] for lab in labels if len(lab) > b + 1]) for b in range(bands)],
+        }
     return out
 
 
@@ -714,6 +727,11 @@ def report(stats: dict) -> list[Summary]:
     if rt:
         rows.append(("round trip: own document top-1 / top-10 / MRR", f"{rt['top1']:.1%} / {rt['top10']:.1%} / {rt['mrr']:.3f}"))
         rows.append(("round trip: ranks", ", ".join(f"{k}: {v}" for k, v in rt["ranks"].items())))
+    ts = stats.get("teacher_scores")
+    if ts:
+        rows.append(
+            ("teacher score: positive / negatives (mean)", f"{ts['positive']:.3f} / " + ", ".join(f"{x:.3f}" for x in ts["negatives"]))
+        )
     return [Summary("corpus", rows)]
 
 

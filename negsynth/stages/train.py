@@ -33,9 +33,12 @@ def fingerprint(ctx: StageContext) -> str:
     Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
     run dir made before that setting existed keeps its trained model (so does one made before
     ``batch_sampler``, while it holds its default)."""
+    from negsynth.schemas.config import added_at_default
+
     card = ctx.stage_dir("curriculum") / "card.json"
     tc = ctx.cfg.train
-    settings = tc.model_dump(exclude={"resume", "output_dir", "device"})
+    # the settings added later (the loss) count only where they differ from their defaults
+    settings = added_at_default(tc, tc.model_dump(exclude={"resume", "output_dir", "device"}))
     if tc.batch_sampler == "ordered":  # the one sampler before the setting existed: older models are kept
         settings.pop("batch_sampler")
     return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
@@ -61,6 +64,15 @@ def run(ctx: StageContext) -> dict:
             f"{data_dir}: the curriculum has 0 rows, nothing to train on; make more examples (or keep more in score) and rerun "
             "`negsynth score` and `negsynth curriculum` (check generate's valid count and score's rejects)"
         )
+    from negsynth.train.loss import DISTILL_LOSSES
+
+    if tc.loss in DISTILL_LOSSES and "label" not in ds.column_names:
+        from negsynth.train.trainer import TEACHER_SETTING
+
+        raise UserError(
+            f"train.loss = {tc.loss!r} learns from a teacher's scores, and {data_dir} has none: make the examples with "
+            f'{TEACHER_SETTING} (corpus.negatives = "mined"), rerun `negsynth corpus` and `negsynth curriculum`, or set train.loss = "mnrl"'
+        )
     from negsynth.train import train
     from negsynth.train.distributed import announce
     from negsynth.train.memory import PeakRSS
@@ -72,6 +84,7 @@ def run(ctx: StageContext) -> dict:
     t0 = time.monotonic()
     ctx.reporter.info(
         f"train: {len(ds)} rows, model={tc.model}, pooling={tc.pooling}, batch {tc.batch_size} x accum {tc.grad_accum}, tau={tc.temperature or 'auto'}"
+        + (f", loss={tc.loss}" if tc.loss != "mnrl" else "")
     )
     try:
         # steps, loss and ETA on the reporter's bar (silent with --quiet / --json); anything the

@@ -109,3 +109,70 @@ def make_angle_infonce_loss(
             return {"infonce_weight": infonce_weight, "angle_weight": angle_weight, "scale": 1.0 / temperature, "angle_scale": angle_scale}
 
     return AnglEInfoNCELoss()
+
+
+#: ``train.loss`` values that learn from a teacher's scores (the dataset's ``label`` column)
+DISTILL_LOSSES = ("margin-mse", "distill-kl", "mnrl+distill-kl")
+
+
+class WeightedSumLoss(torch.nn.Module):
+    """``sum_i weight_i x loss_i`` of sentence-transformers losses over one set of embeddings: the
+    batch's columns are embedded once (``embed_columns``, as the library's losses do) and each
+    part's ``compute_loss_from_embeddings`` reads them with the same labels."""
+
+    def __init__(self, model, parts: dict[str, tuple[float, torch.nn.Module]]):
+        super().__init__()
+        self.model = model
+        self.weights = {name: float(w) for name, (w, _) in parts.items()}
+        self.parts = torch.nn.ModuleDict({name: loss for name, (_, loss) in parts.items()})
+
+    def forward(self, sentence_features, labels):
+        from sentence_transformers.base.losses.merged_forward import embed_columns
+
+        embeddings = embed_columns(self.model, sentence_features)
+        return sum(w * self.parts[name].compute_loss_from_embeddings(embeddings, labels) for name, w in self.weights.items())
+
+    def get_config_dict(self):
+        return {"weights": dict(self.weights), **{name: type(loss).__name__ for name, loss in self.parts.items()}}
+
+
+def make_distill_loss(
+    model,
+    kind: str,
+    *,
+    temperature: float = DEFAULT_TEMPERATURE,
+    distill_weight: float = 1.0,
+    distill_temperature: float | None = None,
+    hardness_mode: str | None = None,
+    hardness_strength: float = 0.0,
+    gather_across_devices: bool = False,
+):
+    """The loss of ``train.loss`` = ``kind`` (one of :data:`DISTILL_LOSSES`), from
+    sentence-transformers' own classes, fed ``(anchor, positive, negative_1..K)`` columns and a
+    ``label`` of the teacher's scores ``[positive, negative_1..K]`` per row:
+
+    * ``margin-mse``: ``MarginMSELoss`` — the student's margins ``s(q, pos) - s(q, neg_i)`` regress
+      on the teacher's (Hofstätter et al.; GPL's loss);
+    * ``distill-kl``: ``DistillKLDivLoss`` — KL between the teacher's and the student's softmax over
+      ``[pos, neg_1..K]`` (listwise), at ``distill_temperature`` (None: the library's default);
+    * ``mnrl+distill-kl``: InfoNCE (:func:`make_loss`, scale ``1/temperature``) +
+      ``distill_weight`` x the KL term, one forward pass (:class:`WeightedSumLoss`).
+
+    The student's score is the cosine, as for InfoNCE (the library's default is the dot product,
+    the same for a model that normalises, like MiniLM); the teacher's scores come as written (the
+    hybrid teacher's are in ``[0, 2]``)."""
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
+    from sentence_transformers.util import pairwise_cos_sim
+
+    if kind not in DISTILL_LOSSES:
+        raise ValueError(f"train.loss = {kind!r}: a distillation loss is one of {', '.join(DISTILL_LOSSES)}")
+    if kind == "margin-mse":
+        return MarginMSELoss(model, similarity_fct=pairwise_cos_sim)
+    kl_kw = {"temperature": distill_temperature} if distill_temperature is not None else {}
+    kl = DistillKLDivLoss(model, similarity_fct=pairwise_cos_sim, **kl_kw)
+    if kind == "distill-kl":
+        return kl
+    mnrl = make_loss(
+        model, temperature, hardness_mode=hardness_mode, hardness_strength=hardness_strength, gather_across_devices=gather_across_devices
+    )
+    return WeightedSumLoss(model, {"mnrl": (1.0, mnrl), "distill_kl": (distill_weight, kl)})

@@ -294,7 +294,8 @@ def for_stock_trainer(data) -> tuple[Any, Any]:
 
     ``data``: the curriculum as a ``datasets.Dataset`` (or a run dir / curriculum dir / saved
     dataset dir / parquet file), or n-tuple rows. ``train_dataset`` keeps only the text columns
-    (``anchor, positive, negative`` or ``negative_1..n``); ``batch_sampler`` is
+    (``anchor, positive, negative`` or ``negative_1..n``) and ``label`` where the rows carry a
+    teacher's scores (for ``MarginMSELoss`` / ``DistillKLDivLoss``; MNRL ignores it); ``batch_sampler`` is
     :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``batch`` column (else
     ``phase``; see :func:`batch_segments`): pass it as
     ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
@@ -303,4 +304,5 @@ def for_stock_trainer(data) -> tuple[Any, Any]:
     missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
     if missing:
         raise CurriculumError(f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or ntuple_rows output")
-    return ds.select_columns(loss_columns(ds.column_names)), curriculum_batch_sampler(batch_segments(ds))
+    keep = loss_columns(ds.column_names) + (["label"] if "label" in ds.column_names else [])
+    return ds.select_columns(keep), curriculum_batch_sampler(batch_segments(ds))

@@ -430,8 +430,30 @@ def resolve_mini_batch_size(config: TrainConfig, per_device: int, device_type: s
     GradCache does not cover."""
     if config.mini_batch_size != "auto":
         return config.mini_batch_size
-    infonce_alone = config.angle_weight == 0 and config.infonce_weight == 1.0
+    infonce_alone = config.loss == "mnrl" and config.angle_weight == 0 and config.infonce_weight == 1.0
     return AUTO_MINI_BATCH if infonce_alone and device_type == "cpu" and per_device > AUTO_MINI_BATCH else None
+
+
+#: the setting that writes teacher scores, named where a distillation loss finds none
+TEACHER_SETTING = 'corpus.teacher = "hybrid"'
+
+
+def check_teacher_labels(ds, loss: str, negatives: int) -> None:
+    """A ValueError in one line unless every row of ``ds`` has a teacher's scores for its positive
+    and each of its ``negatives`` (the ``label`` column the curriculum writes)."""
+    if "label" not in ds.column_names:
+        raise ValueError(
+            f"train.loss = {loss!r} learns from a teacher's scores, and the curriculum has none: "
+            f"make the examples with {TEACHER_SETTING} (corpus.negatives = \"mined\") and rebuild the curriculum, or use train.loss = 'mnrl'"
+        )
+    if negatives < 1:
+        raise ValueError(f"train.loss = {loss!r} needs rows with negatives (anchor, positive, negative_1..K); the dataset has none")
+    bad = next((i for i, lab in enumerate(ds["label"]) if lab is None or len(lab) != negatives + 1), None)
+    if bad is not None:
+        raise ValueError(
+            f"train.loss = {loss!r}: row {bad}'s label holds {len(ds[bad]['label'] or [])} scores, not {negatives + 1} "
+            "(the positive and each negative); rebuild the curriculum"
+        )
 
 
 def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
@@ -441,7 +463,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import set_seed
 
-    from negsynth.train.loss import make_loss
+    from negsynth.train.loss import DISTILL_LOSSES, make_loss
 
     set_seed(config.seed)
     ds = _load_dataset(dataset)
@@ -453,8 +475,12 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     phases = ds["phase"] if "phase" in ds.column_names else None
     levels = ds["level"] if "level" in ds.column_names else None
     text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
-    # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs
-    train_ds = ds.select_columns(text_cols)
+    distill = config.loss in DISTILL_LOSSES
+    if distill:
+        check_teacher_labels(ds, config.loss, len(text_cols) - 2)
+    # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs; the
+    # teacher's scores go in as the label column where the loss learns from them
+    train_ds = ds.select_columns(text_cols + (["label"] if distill else []))
     fmt = text_format(config)
     if not fmt.is_identity:  # every text as the model will see it at evaluation (negsynth_text.json)
         train_ds = train_ds.map(lambda row: {c: fmt.apply(row[c]) for c in text_cols}, desc="text format")
@@ -492,7 +518,28 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     temperature = resolve_temperature(config, is_decoder_model(model))
     gather = config.gather_across_devices and _world_size() > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
-    if config.angle_weight > 0 or config.infonce_weight != 1.0:
+    if distill:
+        from negsynth.train.loss import make_distill_loss
+
+        if config.angle_weight > 0 or config.infonce_weight != 1.0:
+            raise ValueError(
+                f"train.loss = {config.loss!r} does not take the AnglE + InfoNCE weights; set angle_weight = 0 and infonce_weight = 1"
+            )
+        if mini_batch:
+            raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
+        if config.hardness_mode and config.loss != "mnrl+distill-kl":
+            raise ValueError(f"hardness_mode weights InfoNCE's negatives; train.loss = {config.loss!r} has none, set hardness_mode = None")
+        loss = make_distill_loss(
+            model,
+            config.loss,
+            temperature=temperature,
+            distill_weight=config.distill_weight,
+            distill_temperature=config.distill_temperature,
+            hardness_mode=config.hardness_mode,
+            hardness_strength=config.hardness_strength,
+            gather_across_devices=gather,
+        )
+    elif config.angle_weight > 0 or config.infonce_weight != 1.0:
         from negsynth.train.loss import make_angle_infonce_loss
 
         if config.hardness_mode:
