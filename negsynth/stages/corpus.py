@@ -335,6 +335,23 @@ class Work:
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
         self._lexical: dict[int, Any] = {}
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """Load the embedder and build (or load) the index of every corpus with a sampled document
+        before the first request. The build holds the event loop (for as long as the corpus takes
+        to embed): with requests in flight, their answers waited unread, timed out and were paid
+        again, and a kill meanwhile lost the ones not yet committed to the cache."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if needs_index(self.cfg):
+            for ci, positions in enumerate(self.positions):
+                if positions:
+                    self.index(ci)
+                    if self.cfg.teacher == "hybrid":
+                        self.lexical(ci)
+        self.tokenizer()
 
     def model(self):
         if self._model is None:
@@ -430,6 +447,7 @@ def _tokenizer_of(ctx: StageContext):
 async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
     j = p["query_index"]
+    work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
     res = await asyncio.shield(work.answer(client, p))
     usage = res.usage if j == 0 else None  # the document's answer is paid once: counted on its first item
     inp = {k: v for k, v in p.items() if k != "document"}
