@@ -259,21 +259,29 @@ def test_resume_pays_no_request_twice_and_score_reads_the_output(tmp_path, minil
     assert scored["inputs"] and any("corpus" in str(i) for i in scored["inputs"])
 
 
-def test_no_answer_is_paid_twice_while_the_corpus_is_embedded(tmp_path, minilm, monkeypatch):
-    """The embedder loads and the corpus is embedded before the first request: built while
-    requests were in flight, it held the event loop longer than llm.timeout, their answers timed
-    out unread and were sent again (and a kill meanwhile lost them)."""
+@pytest.mark.parametrize("slow", ["embedding", "search"])
+def test_no_answer_is_paid_twice_while_the_embedder_works(tmp_path, minilm, monkeypatch, slow):
+    """Loading the embedder and embedding the corpus happen before the first request, and a
+    query's search off the event loop: either, done while requests were in flight, held the
+    loop longer than llm.timeout on a busy machine, their answers timed out unread and were sent
+    (paid) again (and a kill meanwhile lost them)."""
     import time
 
     import negsynth.embed.mining as mining
 
-    real = mining.load_mining_model
+    if slow == "embedding":  # a large corpus's embedding: longer than the request timeout
+        real = mining.load_mining_model
+        monkeypatch.setattr(mining, "load_mining_model", lambda cfg: (time.sleep(6), real(cfg))[1])
+    else:  # one search as slow as a starved CPU makes it
+        real_search, calls = mining.CorpusIndex.search, []
 
-    def slow(cfg):  # a large corpus's embedding: longer than the request timeout
-        time.sleep(6)
-        return real(cfg)
+        def search(self, *a, **kw):
+            calls.append(1)
+            if len(calls) == 1:
+                time.sleep(6)
+            return real_search(self, *a, **kw)
 
-    monkeypatch.setattr(mining, "load_mining_model", slow)
+        monkeypatch.setattr(mining.CorpusIndex, "search", search)
     folder = write_corpus(tmp_path)
     index = tmp_path / "run" / "corpus" / "_index"
     built: list[bool] = []
