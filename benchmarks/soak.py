@@ -27,7 +27,8 @@ Checks (each a verdict in ``results.json``; the script exits 1 when one fails):
   the server had already answered (a 200 delivered before the kill) is at most the requests in
   flight at the kill: the documents a request had been sent for and that the killed process had
   not recorded (in a partial or finished shard). ``open_at_server`` (received, not yet answered)
-  and ``answered_unrecorded`` (answered, item not yet written) break that down;
+  and ``answered_unrecorded`` (answered, item not yet written) break that down; ``repaid``: the
+  re-sent requests that were answered again (the others met a fault);
 * ``no_repaid_within_a_run``: no answered body is sent again by the same process (an outage's
   requeued items come from the cache);
 * ``rss_flat``: the resident memory of the negsynth process (``/proc/PID/status`` VmRSS, sampled
@@ -375,6 +376,7 @@ def count_resends(ledger: list[list], kills: list[dict]) -> tuple[list[dict], in
     and the paid bodies a process sent again itself. ``kills[k]["process"]`` is the process killed."""
     paid_in: dict[bytes, int] = {}  # body -> the process its last delivered answer went to
     per_kill = {k["process"]: 0 for k in kills}
+    repaid = {k["process"]: 0 for k in kills}  # of those, the ones answered (paid) again
     within = 0
     for run, digest, _doc, outcome, *_ in ledger:
         before = paid_in.get(digest)
@@ -383,11 +385,15 @@ def count_resends(ledger: list[list], kills: list[dict]) -> tuple[list[dict], in
                 charged = max((p for p in per_kill if p < run), default=None)
                 if charged is not None:
                     per_kill[charged] += 1
+                    repaid[charged] += outcome == "paid"
             else:
                 within += 1
         if outcome == "paid":
             paid_in[digest] = run
-    out = [{**k, "resent": per_kill[k["process"]], "ok": per_kill[k["process"]] <= k["in_flight"]} for k in kills]
+    out = [
+        {**k, "resent": per_kill[k["process"]], "repaid": repaid[k["process"]], "ok": per_kill[k["process"]] <= k["in_flight"]}
+        for k in kills
+    ]
     return out, within
 
 

@@ -60,7 +60,7 @@ def test_the_resend_check_charges_each_repaid_body_to_the_kill_before_it():
         [1, b3, "c", "paid"],  # paid twice by the same process
     ]
     kills, within = soak.count_resends(ledger, [{"process": 0, "in_flight": 1}])
-    assert kills[0]["resent"] == 1 and kills[0]["ok"] and within == 1
+    assert kills[0]["resent"] == kills[0]["repaid"] == 1 and kills[0]["ok"] and within == 1
     kills, _ = soak.count_resends(ledger + [[1, b2, "b", "paid"]], [{"process": 0, "in_flight": 1}])
     assert kills[0]["resent"] == 2 and not kills[0]["ok"]
 
