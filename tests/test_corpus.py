@@ -259,6 +259,46 @@ def test_resume_pays_no_request_twice_and_score_reads_the_output(tmp_path, minil
     assert scored["inputs"] and any("corpus" in str(i) for i in scored["inputs"])
 
 
+@pytest.mark.parametrize("slow", ["embedding", "search"])
+def test_no_answer_is_paid_twice_while_the_embedder_works(tmp_path, minilm, monkeypatch, slow):
+    """Loading the embedder and embedding the corpus happen before the first request, and a
+    query's search off the event loop: either, done while requests were in flight, held the
+    loop longer than llm.timeout on a busy machine, their answers timed out unread and were sent
+    (paid) again (and a kill meanwhile lost them)."""
+    import time
+
+    import negsynth.embed.mining as mining
+
+    if slow == "embedding":  # a large corpus's embedding: longer than the request timeout
+        real = mining.load_mining_model
+        monkeypatch.setattr(mining, "load_mining_model", lambda cfg: (time.sleep(6), real(cfg))[1])
+    else:  # one search as slow as a starved CPU makes it
+        real_search, calls = mining.CorpusIndex.search, []
+
+        def search(self, *a, **kw):
+            calls.append(1)
+            if len(calls) == 1:
+                time.sleep(6)
+            return real_search(self, *a, **kw)
+
+        monkeypatch.setattr(mining.CorpusIndex, "search", search)
+    folder = write_corpus(tmp_path)
+    index = tmp_path / "run" / "corpus" / "_index"
+    built: list[bool] = []
+
+    def responder(req, n):
+        built.append(any(index.glob("*.npy")))
+        return answer(req, n)
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"timeout": 3, "max_concurrency": 4})
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+        bodies = [json.dumps(q, sort_keys=True) for q in srv.requests]
+    assert len(bodies) == len(set(bodies)) == len(DOCS)  # each document asked once
+    assert built and all(built)  # every request left after the index was there
+
+
 def test_no_input_is_one_line(tmp_path):
     cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run")])

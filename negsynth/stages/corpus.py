@@ -338,6 +338,35 @@ class Work:
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
         self._lexical: dict[int, Any] = {}
+        self._prepared = False
+        self._pool: Any = None
+
+    async def off_loop(self, fn, *args: Any) -> Any:
+        """``fn(*args)`` on the stage's one worker thread: the embedder and the tokenizer (a query's
+        search, a document's cut) are CPU work, and on the event loop they held the answers that
+        arrived meanwhile unread: on a busy machine past llm.timeout, then sent (paid) again. One
+        thread: a fast tokenizer must not be used by two threads at once."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-corpus")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def prepare(self) -> None:
+        """Load the embedder and build (or load) the index of every corpus with a sampled document
+        before the first request. The build holds the event loop (for as long as the corpus takes
+        to embed): with requests in flight, their answers waited unread, timed out and were paid
+        again, and a kill meanwhile lost the ones not yet committed to the cache."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if needs_index(self.cfg):
+            for ci, positions in enumerate(self.positions):
+                if positions:
+                    self.index(ci)
+                    if self.cfg.teacher == "hybrid":
+                        self.lexical(ci)
+        self.tokenizer()
 
     def model(self):
         if self._model is None:
@@ -399,24 +428,25 @@ class Work:
         if fut is not None and fut.done() and _failed_in_transit(fut):
             fut = None  # its request failed at the transport level: an item sent again asks again
         if fut is None:
-            doc_text = cut_tokens(p["document"], self.tokenizer(), self.cfg.doc_tokens)
-            fut = self._answers[key] = asyncio.ensure_future(
-                client.structured(
-                    build_messages(p, self.cfg, doc_text),
-                    validate=make_validator(p["document"], self.cfg),
-                    schema=queries_schema(
-                        self.cfg.queries_per_doc,
-                        max_query=self.cfg.max_query_chars,
-                        min_query=self.cfg.min_query_chars,
-                        negatives=self.cfg.negatives != "mined",
-                        max_doc=self.cfg.max_doc_chars,
-                    ),
-                    name="queries",
-                    sample_index=0,
-                    reask_template=reask_template(),
-                )
-            )
+            fut = self._answers[key] = asyncio.ensure_future(self._ask(client, p))
         return fut
+
+    async def _ask(self, client: LLMClient, p: dict[str, Any]):
+        doc_text = await self.off_loop(cut_tokens, p["document"], self.tokenizer(), self.cfg.doc_tokens)
+        return await client.structured(
+            build_messages(p, self.cfg, doc_text),
+            validate=make_validator(p["document"], self.cfg),
+            schema=queries_schema(
+                self.cfg.queries_per_doc,
+                max_query=self.cfg.max_query_chars,
+                min_query=self.cfg.min_query_chars,
+                negatives=self.cfg.negatives != "mined",
+                max_doc=self.cfg.max_doc_chars,
+            ),
+            name="queries",
+            sample_index=0,
+            reask_template=reask_template(),
+        )
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -476,6 +506,7 @@ def _tokenizer_of(ctx: StageContext):
 async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
     j = p["query_index"]
+    work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
     res = await asyncio.shield(work.answer(client, p))
     # the document's answer is paid once: counted on its first item (queries from its text: none)
     usage = res.usage if j == 0 and cfg.queries == "llm" else None
@@ -508,17 +539,19 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if needs_index(cfg):
         m = cfg.mining
         k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
-        pos = work.positions[p["corpus_index"]][p["doc_id"]]
-        mined = work.index(p["corpus_index"]).search(
-            query,
-            pos,
-            k,
-            relative_margin=m.relative_margin,
-            absolute_margin=m.absolute_margin,
-            max_score=m.max_score,
-            range_max=m.range_max,
-            lexical=work.lexical(p["corpus_index"]).scores(query) if cfg.teacher == "hybrid" else None,
-            screen=llm_negs if cfg.negatives == "mixed" else (),
+        ci, pos = p["corpus_index"], work.positions[p["corpus_index"]][p["doc_id"]]
+        mined = await work.off_loop(
+            lambda: work.index(ci).search(
+                query,
+                pos,
+                k,
+                relative_margin=m.relative_margin,
+                absolute_margin=m.absolute_margin,
+                max_score=m.max_score,
+                range_max=m.range_max,
+                lexical=work.lexical(ci).scores(query) if cfg.teacher == "hybrid" else None,
+                screen=llm_negs if cfg.negatives == "mixed" else (),
+            )
         )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
             llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
@@ -551,7 +584,8 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if mined is not None:
         # a mined negative is a document of the corpus: copied as long as the prompt shows a
         # document (doc_tokens), not whole (one huge document would be copied into every example)
-        mined["negatives"] = [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in mined["negatives"]]
+        negatives = mined["negatives"]
+        mined["negatives"] = await work.off_loop(lambda: [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in negatives])
     if cfg.negatives == "mined":
         negs, model = mined["negatives"], f"mined:{work.ctx.cfg.embedder.model}:corpus"
     elif cfg.negatives == "llm":
