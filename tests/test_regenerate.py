@@ -449,7 +449,8 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     )
     assert r.exit_code == 0, r.output
     cur = json.loads(r.stdout)
-    assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 2
+    # 3 examples in batches of 2: one full batch and the leftover row as a short one (every row trains)
+    assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 3 and cur["short_batches"] == 1
 
 
 def test_each_mining_strategy_binds_its_own_options_by_name():
