@@ -252,20 +252,11 @@ def test_a_corpus_run_is_described_as_one_and_its_prompts_reach_the_model(corpus
 def test_sentence_transformers_trains_on_each_exported_config_as_it_is(corpus_export, config, minilm, tmp_path):
     """No select_columns: every column of a text configuration is an input of the loss (a metadata
     column would be an extra negative, or an int the trainer refuses)."""
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
     ds = datasets.load_dataset(str(corpus_export / "dataset"), config, split="train")
     assert all(f.dtype == "string" for f in ds.features.values()), ds.features
     want = {"triplet": 3, "ntuple": 6, "pair": 2}[config]
     assert len(ds.column_names) == want
-    model = SentenceTransformer(minilm, device="cpu")
-    args = SentenceTransformerTrainingArguments(
-        str(tmp_path / "st"), max_steps=2, per_device_train_batch_size=2, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True
-    )
-    trainer = SentenceTransformerTrainer(model, args, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
-    trainer.train()
-    assert trainer.state.global_step == 2
+    assert stock_train_steps(minilm, ds, "MultipleNegativesRankingLoss", tmp_path / "st", steps=2, batch_size=2) == 2
 
 
 def test_teacher_scores_export_as_the_label_column_sentence_transformers_distills_from(tmp_path, minilm):
@@ -273,8 +264,6 @@ def test_teacher_scores_export_as_the_label_column_sentence_transformers_distill
     of ``ntuple`` ([positive, negative_1..4]) and ``triplet`` ([positive, negative_1]), not in
     ``metadata``; sentence-transformers' MarginMSELoss trains on the ``ntuple`` config as it is."""
     from pytest import approx
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import MarginMSELoss
 
     d = tmp_path / "run"
 
@@ -301,10 +290,19 @@ def test_teacher_scores_export_as_the_label_column_sentence_transformers_distill
     assert r.exit_code == 0, r.output
     nt2 = load(tmp_path / "o2" / "dataset", "ntuple")
     assert nt2.column_names[-1] == "label" and nt2[0]["label"] == approx([1.8, 1.4, 1.3])
-    model = SentenceTransformer(minilm, device="cpu")
+    assert stock_train_steps(minilm, nt, "MarginMSELoss", tmp_path / "st", steps=1, batch_size=4) == 1
+
+
+def stock_train_steps(model_path, dataset, loss: str, out, *, steps: int, batch_size: int) -> int:
+    """Train ``model_path`` on ``dataset`` with sentence-transformers' own trainer and ``loss`` (a
+    class of its losses, by name) for ``steps`` steps; the steps it ran."""
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer import losses
+
+    model = SentenceTransformer(model_path, device="cpu")
     args = SentenceTransformerTrainingArguments(
-        str(tmp_path / "st"), max_steps=1, per_device_train_batch_size=4, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True
+        str(out), max_steps=steps, per_device_train_batch_size=batch_size, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True
     )
-    trainer = SentenceTransformerTrainer(model, args, train_dataset=nt, loss=MarginMSELoss(model))
+    trainer = SentenceTransformerTrainer(model, args, train_dataset=dataset, loss=getattr(losses, loss)(model))
     trainer.train()
-    assert trainer.state.global_step == 1
+    return trainer.state.global_step
