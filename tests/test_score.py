@@ -583,3 +583,25 @@ def test_measurements_carry_the_records_spelling_everywhere():
     frame = negatives_frame([new])
     assert flags <= set(frame.columns) and frame.equals(negatives_frame([old]))
     assert frame.get_column("false_negative").to_list() == [True, False] and frame.get_column("kendall_tau").to_list() == [1.0, 1.0]
+
+
+def test_the_summary_calls_mined_levels_rank_bands_and_checks_no_llm_order(tmp_path):
+    """Mined negatives' levels are a retriever's rank bands: score's own table says so and shows
+    no Kendall tau or monotonic share; an LLM's graded negatives keep both."""
+    for mined in (False, True):
+        d = tmp_path / str(mined)
+        rows = [{**example(i), "model": "mined:default:corpus" if mined else "gpt-test"} for i in range(2)]
+        write_generate(d, [rows])
+        stats = run_score(make_ctx(d), FakeEmbedder(HAND))
+        assert stats["negatives_mined"] is mined
+        table, summary = S.report(stats)
+        words = " ".join([table.title, *(str(c) for r in table.rows for c in r), *(str(c) for r in summary.rows for c in r)])
+        if mined:
+            assert "rank band" in table.title and "band 1" in words
+            assert "LLM level" not in words and "Kendall" not in words and "monotonic" not in words
+        else:
+            assert "LLM level" in table.title and "level 1" in words and "Kendall tau" in words
+    # one LLM-written example among mined ones: the run's levels are the LLM's
+    d = tmp_path / "mixed"
+    write_generate(d, [[{**example(0), "model": "mined:default:corpus"}, {**example(1), "model": "gpt-test"}]])
+    assert run_score(make_ctx(d), FakeEmbedder(HAND))["negatives_mined"] is False

@@ -195,6 +195,11 @@ def _finish(
         "negatives_dropped": sum(s["negatives_dropped"] for s in sidecars),
         "judge": _judge_stats(cfg, sidecars),
         "reordered": sum(s["reordered"] for s in sidecars),
+        # every scored example's negatives were mined: their levels are a retriever's rank bands,
+        # not an LLM's grading (sidecars from before this count read as not mined)
+        "negatives_mined": bool(sidecars)
+        and all(s.get("mined", -1) == len(s["cos_pos"]) for s in sidecars)
+        and any(s["cos_pos"] for s in sidecars),
         "paper_table4": list(PAPER_TABLE4),
         "inputs": [
             {"stage": shards[k][0], "shard": shards[k][1].name, "out": shard_name(k), "examples": sc.get("examples", len(sc["cos_pos"]))}
@@ -506,6 +511,7 @@ def _score_block(
             "reasons": dict(reasons),
             "negatives_dropped": dropped,
             "reordered": reordered,
+            "mined": sum(str(examples[e].get("model") or "").startswith("mined:") for e in scored),
             "cleaned": {
                 **{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")},
                 "contaminated_by_set": dict(sorted(by_set.items())),

@@ -140,14 +140,14 @@ def summarize(sidecars: list[dict], cfg: ScoreConfig) -> dict[str, Any]:
     return level_stats(negatives_frame(sidecars))
 
 
-def table_rows(stats: dict) -> list[tuple]:
-    """The per-level table: positive first, then levels 1..4 against MGH Table 4."""
+def table_rows(stats: dict, by: str = "level") -> list[tuple]:
+    """The per-level table: positive first, then levels 1..4 (``by``: "level" or "rank band") against MGH Table 4."""
     pos = stats["cos_pos"]
     rows: list[tuple] = [("positive", stats["examples"], _f(pos["mean"]), _f(pos["median"]), "", "", "", "")]
     for lv in stats["levels"]:
         rows.append(
             (
-                f"level {lv['level']}",
+                f"{'band' if by == 'rank band' else 'level'} {lv['level']}",
                 lv["n"],
                 _f(lv["mean"]),
                 _f(lv["median"]),
@@ -174,13 +174,17 @@ def _pct(x) -> str:
 def report(stats: dict) -> list[Summary]:
     """The per-level table and the stage's summary."""
     tp = stats.get("throughput") or {}
-    rows = [
-        ("examples scored / kept / rejected", f"{stats['examples']} / {stats['kept']} / {stats['rejected']}"),
-        ("levels decreasing (MGH claim)", "yes" if stats["levels_decreasing"] else "no"),
-        ("monotonic examples", f"{_f(stats['monotonic_pct'], 1)}%"),
-        ("mean Kendall tau", _f(stats["kendall_tau_mean"], 3)),
-        ("policy", stats["policy"]),
-    ]
+    mined = bool(stats.get("negatives_mined"))
+    rows = [("examples scored / kept / rejected", f"{stats['examples']} / {stats['kept']} / {stats['rejected']}")]
+    if mined:  # rank bands of a retriever: no LLM order to check
+        rows.append(("levels", "rank bands of mined negatives (1 = hardest); no LLM order to check"))
+    else:
+        rows += [
+            ("levels decreasing (MGH claim)", "yes" if stats["levels_decreasing"] else "no"),
+            ("monotonic examples", f"{_f(stats['monotonic_pct'], 1)}%"),
+            ("mean Kendall tau", _f(stats["kendall_tau_mean"], 3)),
+        ]
+    rows.append(("policy", stats["policy"]))
     for reason, k in stats["rejects_by_reason"].items():
         rows.append((f"  rejected: {reason}", str(k)))
     j = stats.get("judge")
@@ -201,7 +205,8 @@ def report(stats: dict) -> list[Summary]:
                 f"{tp['examples_per_s']:.1f} examples/s, {tp['texts_per_s']:.1f} texts/s ({tp['unique_texts']} unique of {tp['texts']})",
             )
         )
-    return [Summary(f"score: by LLM level ({stats['embedder']})", table_rows(stats), TABLE_HEADER), Summary("score", rows)]
+    by = "rank band" if mined else "LLM level"
+    return [Summary(f"score: by {by} ({stats['embedder']})", table_rows(stats, by), TABLE_HEADER), Summary("score", rows)]
 
 
 def clean_rows(stats: dict) -> list[tuple[str, str]]:
