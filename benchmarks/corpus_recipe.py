@@ -47,6 +47,12 @@ mined-teacher-kl   ``mined-teacher-veto`` trained on the teacher's scores instea
                    teacher's min-max BM25 + cosine sums (the curriculum's ``label`` column)
 mined-teacher-mse  the same with ``train.loss = "margin-mse"`` (``MarginMSELoss``: GPL's loss)
 mined-teacher-mix  the same with ``train.loss = "mnrl+distill-kl"``: InfoNCE + 1 x the KL term
+mined-teacher-kl-sharp  ``mined-teacher-kl`` with the student's cosines at 0.05 (its InfoNCE
+                   temperature) and the teacher's scores at 0.1: at the library's 1.0 both
+                   softmaxes are nearly flat and the loss barely moves
+mined-teacher-kl-soft   the same, the teacher at 0.2
+title-teacher-kl-sharp / -soft, title-teacher-mse   the same losses on ``title-mined``'s queries
+                   (no LLM): the teacher's effect apart from the LLM's queries
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -90,6 +96,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _kl(teacher_temperature: float) -> dict:
+    return {"loss": "distill-kl", "distill_temperature": 0.05, "distill_teacher_temperature": teacher_temperature}
+
+
 ARMS: dict[str, dict | None] = {
     "base": None,
     "mined": {"negatives": "mined"},
@@ -126,6 +137,13 @@ ARMS: dict[str, dict | None] = {
     "mined-teacher-kl": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "distill-kl"}},
     "mined-teacher-mse": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "margin-mse"}},
     "mined-teacher-mix": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "mnrl+distill-kl"}},
+    # the KL at temperatures that carry a signal: the student's cosines at its InfoNCE temperature
+    # (0.05), the teacher's scores (median spread 0.7 in a row) at 0.1 (sharp) or 0.2 (soft)
+    "mined-teacher-kl-sharp": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.1)},
+    "mined-teacher-kl-soft": {"negatives": "mined", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.2)},
+    "title-teacher-kl-sharp": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.1)},
+    "title-teacher-kl-soft": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.2)},
+    "title-teacher-mse": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "margin-mse"}},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"
@@ -180,7 +198,7 @@ def evaluate_model(path: str | None, tasks: list[str], args) -> dict:
     rep = evaluate(emb, suite="full", tasks=tasks, progress=False, data_dir=args.data_dir, seed=0, per_query=True)
     scores = {name: float(t["main_score"]) for name, t in rep["tasks"].items()}
     per_query = {name: t["per_query"] for name, t in rep["tasks"].items() if "per_query" in t}
-    return {"scores": scores, "per_query": per_query}
+    return {"scores": scores, "per_query": per_query, "eval_max_length": emb.model.max_seq_length}
 
 
 def prepare_run(dataset: str, arm: str, seed: int, args) -> tuple[Path, Path]:
@@ -294,6 +312,7 @@ def train_stock(dataset: str, seed: int, args) -> dict:
     docs = [d.text for spec in cfg.corpus.inputs for d in read_corpus(spec).documents()]
     set_seed(seed)
     model = SentenceTransformer(str(minilm_path()), device="cpu")
+    base_len = model.max_seq_length
     model.max_seq_length = args.max_length  # mining sees what training sees
     ds = Dataset.from_dict({"anchor": [r["query"] for r in records], "positive": [r["positive"] for r in records]})
     ds = mine_hard_negatives(
@@ -307,6 +326,10 @@ def train_stock(dataset: str, seed: int, args) -> dict:
         batch_size=64,
         verbose=False,
     )
+    # back to the base model's length before training: the trainer saves the model at the length it
+    # was handed, and every arm is evaluated at the base model's (a stock model saved at 128 tokens
+    # was once scored on truncated documents beside negsynth's at 256)
+    model.max_seq_length = base_len
     dest = args.out / dataset / "st-stock" / f"seed{seed}"
     out = dest / "model"
     shutil.rmtree(out, ignore_errors=True)
@@ -346,6 +369,7 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
             ev = evaluate_model(prior.get("model_dir"), todo, args)
         return {
             **prior,
+            "eval_max_length": ev["eval_max_length"],
             "scores": {**prior["scores"], **ev["scores"]},
             "per_query": {**prior.get("per_query", {}), **ev["per_query"]},
             "eval_s": round(prior.get("eval_s", 0) + eval_mem.seconds, 1),
@@ -364,6 +388,7 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
         "seed": seed,
         "scores": ev["scores"],
         "per_query": ev["per_query"],
+        **({"eval_max_length": ev["eval_max_length"]} if "eval_max_length" in ev else {}),
         **info,
         "train_s": round(train_mem.seconds, 1),
         "eval_s": round(eval_mem.seconds, 1),
@@ -446,8 +471,23 @@ def check_same_input(results: list[dict], dataset: str) -> None:
         )
 
 
+def check_eval_length(results: list[dict], dataset: str) -> None:
+    """Every arm of a table was evaluated at one token length (the base model's): a model saved at
+    another truncates the documents it is scored on, which moves nDCG by tenths."""
+    lengths: dict = {}
+    for r in results:
+        if r["dataset"] == dataset and r.get("scores"):
+            lengths.setdefault(r.get("eval_max_length", "not recorded"), []).append(f"{r['arm']}/{r['seed']}")
+    if len(lengths) > 1:
+        where = "; ".join(f"{n}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for n, v in lengths.items())
+        raise SystemExit(
+            f"corpus_recipe: {dataset}: arms were evaluated at different token lengths ({where}); rerun the odd ones with --fresh"
+        )
+
+
 def print_table(results: list[dict], datasets: list[str], args) -> None:
     for d in datasets:
+        check_eval_length(results, d)
         _, tasks = DATASETS[d]
         print(f"\n### {d} (x100; mean ± sd over seeds, (Δ vs base))\n")
         print("| arm | seeds | " + " | ".join(tasks) + " | examples kept |")

@@ -353,3 +353,60 @@ def test_the_corpus_stock_arm_reads_the_default_arms_records(tmp_path):
     assert d["examples"] == 3
     write_jsonl(run / "shard-00001.jsonl", [{"id": "d"}])
     assert corpus.input_digest(tmp_path / "run")["ids_sha256"] != d["ids_sha256"]
+
+
+def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatch, minilm):
+    """The corpus benchmark's stock arm mines at the training length but hands the trainer (which
+    saves at the length it gets) the base model's; and a table whose arms were evaluated at
+    different lengths is refused in one line (a stock model once saved at 128 tokens was scored on
+    truncated documents beside negsynth's at 256)."""
+    import pytest
+    import sentence_transformers.util
+    from datasets import Dataset
+
+    from negsynth.data.shards import atomic_write_json, write_jsonl
+
+    corpus = load_benchmark("corpus_recipe")
+    data = tmp_path / "data" / "cranfield"
+    data.mkdir(parents=True)
+    (data / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"doc {i} about wings"}) + "\n" for i in range(6))
+    )
+    args = corpus.build_parser().parse_args(["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--max-length", "64"])
+    _, run = corpus.prepare_run("cranfield", corpus.DEFAULT_ARM, 0, args)
+    write_jsonl(
+        run / "corpus" / "shard-00000.jsonl",
+        [{"id": f"q{i}", "query": f"wings {i}?", "positive": f"doc {i} about wings"} for i in range(4)],
+    )
+    atomic_write_json(run / "corpus" / "stats.json", {"complete": True})
+    seen = {}
+
+    def mine(ds, model, **kw):
+        seen["mining"] = model.max_seq_length
+        return Dataset.from_dict({"anchor": ds["anchor"], "positive": ds["positive"]})
+
+    class Trainer:
+        class state:
+            log_history = [{"loss": 1.0}]
+            global_step = 1
+
+    def train(model, ds, dest, **kw):
+        seen["trainer"] = model.max_seq_length
+        return Trainer()
+
+    monkeypatch.setattr(sentence_transformers.util, "mine_hard_negatives", mine)
+    monkeypatch.syspath_prepend(str(Path(corpus.__file__).parent))
+    import _stock
+
+    monkeypatch.setattr(_stock, "train_stock_recipe", train)
+    corpus.train_stock("cranfield", 0, args)
+    assert seen == {"mining": 64, "trainer": 256}
+
+    rows = [
+        {"dataset": "cranfield", "arm": a, "seed": 0, "scores": {"Cranfield": 0.4}, "eval_max_length": n}
+        for a, n in ((corpus.DEFAULT_ARM, 256), (corpus.STOCK_ARM, 256))
+    ]
+    corpus.check_eval_length(rows, "cranfield")
+    rows[1]["eval_max_length"] = 128
+    with pytest.raises(SystemExit, match=r"different token lengths \(256: mined/0; 128: st-stock/0\)"):
+        corpus.check_eval_length(rows, "cranfield")
