@@ -784,6 +784,14 @@ def test_distillation_losses_are_the_librarys_and_the_mix_is_their_weighted_sum(
     kl = make_distill_loss(fake, "distill-kl")
     assert isinstance(kl, DistillKLDivLoss) and kl.temperature == 1.0  # the library's default temperature
     assert make_distill_loss(fake, "distill-kl", distill_temperature=0.5).temperature == 0.5
+    # the student's and the teacher's temperatures apart: at 1.0 the softmax over cosines in
+    # [-1, 1] is nearly flat, at the student's own 0.05 it is not
+    split = make_distill_loss(fake, "distill-kl", distill_temperature=0.05, distill_teacher_temperature=0.2)
+    assert (split.student_temperature, split.teacher_temperature) == (0.05, 0.2)
+    s = torch.stack([pairwise_cos_sim(q, x) for x in (p, n1, n2)], dim=1)
+    t = labels / 0.2
+    want = torch.nn.functional.kl_div(torch.log_softmax(s / 0.05, 1), torch.softmax(t, 1), reduction="batchmean") * 0.05**2
+    torch.testing.assert_close(split(feats, labels), want)
     mix = make_distill_loss(fake, "mnrl+distill-kl", temperature=0.05, distill_weight=3.0)
     assert isinstance(mix, WeightedSumLoss)
     torch.testing.assert_close(mix(feats, labels), make_loss(fake, 0.05)(feats, labels) + 3.0 * kl(feats, labels))
@@ -873,7 +881,7 @@ def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
     from negsynth.stages.train import fingerprint
 
     added = ADDED_FIELDS["TrainConfig"]
-    assert set(added) == {"loss", "distill_weight", "distill_temperature"}
+    assert set(added) == {"loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"}
 
     def fp(**train) -> str:
         cfg = RunConfig()

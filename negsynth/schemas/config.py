@@ -65,7 +65,7 @@ class Section(BaseModel):
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "CorpusConfig": ("teacher", "teacher_k", "queries"),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
-    "TrainConfig": ("loss", "distill_weight", "distill_temperature"),
+    "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),
 }
 
 

@@ -89,8 +89,13 @@ class TrainConfig(BaseModel):
     # MarginMSELoss / DistillKLDivLoss; "mnrl+distill-kl" = InfoNCE + distill_weight x DistillKL
     loss: Literal["mnrl", "margin-mse", "distill-kl", "mnrl+distill-kl"] = "mnrl"
     distill_weight: float = Field(1.0, gt=0.0)
-    # DistillKLDivLoss's temperature (None: sentence-transformers' default, 1.0)
+    # DistillKLDivLoss's temperature (None: sentence-transformers' default, 1.0): the student's
+    # cosines are divided by it; distill_teacher_temperature (None: the same) divides the teacher's
+    # scores. At 1.0 both softmaxes are nearly flat (cosines in [-1, 1], hybrid scores in [0, 2]) and
+    # the loss barely moves; the student's InfoNCE temperature (0.05) and a teacher temperature
+    # matched to the spread of its scores give the listwise signal distillation is for
     distill_temperature: float | None = Field(None, gt=0.0)
+    distill_teacher_temperature: float | None = Field(None, gt=0.0)
     gather_across_devices: bool = True  # multi-GPU: every rank's in-batch negatives seen by all ranks
     max_steps: int = -1  # optimizer steps; -1 = run `epochs` passes over the data
     epochs: float = Field(1.0, gt=0)

@@ -143,6 +143,7 @@ def make_distill_loss(
     temperature: float = DEFAULT_TEMPERATURE,
     distill_weight: float = 1.0,
     distill_temperature: float | None = None,
+    distill_teacher_temperature: float | None = None,
     hardness_mode: str | None = None,
     hardness_strength: float = 0.0,
     gather_across_devices: bool = False,
@@ -154,7 +155,9 @@ def make_distill_loss(
     * ``margin-mse``: ``MarginMSELoss`` — the student's margins ``s(q, pos) - s(q, neg_i)`` regress
       on the teacher's (Hofstätter et al.; GPL's loss);
     * ``distill-kl``: ``DistillKLDivLoss`` — KL between the teacher's and the student's softmax over
-      ``[pos, neg_1..K]`` (listwise), at ``distill_temperature`` (None: the library's default);
+      ``[pos, neg_1..K]`` (listwise), the student's cosines over ``distill_temperature`` (None: the
+      library's default, 1.0), the teacher's scores over ``distill_teacher_temperature`` (None: the
+      same); the library scales the loss by the student temperature squared;
     * ``mnrl+distill-kl``: InfoNCE (:func:`make_loss`, scale ``1/temperature``) +
       ``distill_weight`` x the KL term, one forward pass (:class:`WeightedSumLoss`).
 
@@ -169,6 +172,8 @@ def make_distill_loss(
     if kind == "margin-mse":
         return MarginMSELoss(model, similarity_fct=pairwise_cos_sim)
     kl_kw = {"temperature": distill_temperature} if distill_temperature is not None else {}
+    if distill_teacher_temperature is not None:
+        kl_kw["teacher_temperature"] = distill_teacher_temperature
     kl = DistillKLDivLoss(model, similarity_fct=pairwise_cos_sim, **kl_kw)
     if kind == "distill-kl":
         return kl

@@ -535,6 +535,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             temperature=temperature,
             distill_weight=config.distill_weight,
             distill_temperature=config.distill_temperature,
+            distill_teacher_temperature=config.distill_teacher_temperature,
             hardness_mode=config.hardness_mode,
             hardness_strength=config.hardness_strength,
             gather_across_devices=gather,
