@@ -234,7 +234,7 @@ def input_digest(run_dir: Path) -> dict:
 
 def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     """negsynth's stages on the corpus (the LLM's answers shared through the dataset's cache)."""
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages import run_pipeline
 
     if ARMS[arm].get("stock"):
@@ -299,8 +299,8 @@ def train_stock(dataset: str, seed: int, args) -> dict:
 
     from negsynth.data.corpus import read_corpus
     from negsynth.data.shards import read_stage
-    from negsynth.pipeline.config_io import load_config
     from negsynth.resources import minilm_path
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages import run_pipeline
 
     t0 = time.monotonic()

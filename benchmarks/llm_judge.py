@@ -108,11 +108,11 @@ def main() -> None:
     a = ap.parse_args()
 
     from negsynth.embed import load_embedder
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.embedded import llm_endpoint
     from negsynth.pipeline.progress import Reporter
     from negsynth.resources import default_data_dir
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages.score.llm_judge import LLMJudge
 
     data_dir = a.data_dir or default_data_dir()

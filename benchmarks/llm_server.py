@@ -76,7 +76,7 @@ TASKS = {
 def demo_requests(n: int) -> list[dict]:
     """``n`` request bodies of the demo's generate stage, spread evenly over its items."""
     from negsynth.llm.client import LLMClient, response_format_for
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
     from negsynth.schemas.outputs import output_schema
     from negsynth.schemas.records import STS_TASK, Task
     from negsynth.stages.generate import build_messages, plan_items

@@ -99,9 +99,9 @@ min_per_type = 10
 
 def run_stage(stage: str, cfg: Path, run_dir: Path, quiet: bool) -> dict:
     """Run one stage in this process; returns wall time, CPU time and the stage's stats."""
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages import get
 
     ctx = StageContext(cfg=load_config(cfg), run_dir=run_dir, reporter=Reporter(quiet=quiet))

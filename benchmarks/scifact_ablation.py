@@ -77,11 +77,11 @@ def data_dir() -> Path:
 
 def regenerate(args, run_dir: Path) -> dict:
     """Run (or resume) the regenerate stage on the SciFact train pairs."""
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
     from negsynth.pipeline.stage import run_stage
     from negsynth.schemas.config import SourceSpec
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages import get
 
     if args.config:

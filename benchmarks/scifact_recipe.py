@@ -581,7 +581,7 @@ def run_pipeline_arm(args, seed: int, dest: Path, extra_toml: str = "", stages: 
     for ``--counts-only``, which a later full run resumes). Returns each stage's stats."""
     import shutil
 
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages import run_pipeline
 
     run_dir = dest / "run"

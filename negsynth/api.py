@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from negsynth.errors import UserError
-from negsynth.pipeline.config_io import load_config
 from negsynth.resources import sample_corpus
+from negsynth.schemas.config_io import load_config
 
 if TYPE_CHECKING:
     import datasets
@@ -46,7 +46,7 @@ def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | No
     if isinstance(config, RunConfig):
         if not overrides:
             return config
-        from negsynth.pipeline.config_io import apply_override
+        from negsynth.schemas.config_io import apply_override
 
         data = config.model_dump(mode="json")
         for o in overrides:

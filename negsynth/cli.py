@@ -262,9 +262,9 @@ class Options:
 
     def context(self, extra_sets: list[str] | None = None):
         """The stage's context: config (defaults + --config + overrides + --set), run dir, budget."""
-        from negsynth.pipeline.config_io import load_config
         from negsynth.pipeline.context import Budget, StageContext
         from negsynth.pipeline.progress import Reporter
+        from negsynth.schemas.config_io import load_config
 
         cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []))
         _check_run_dir(self.run_dir)
@@ -801,9 +801,9 @@ def estimate(
 ) -> dict:
     """Requests, tokens, wall time and USD of each LLM stage of a run, before any request is sent."""
     from negsynth.estimate import estimate as run_estimate
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
+    from negsynth.schemas.config_io import load_config
 
     if run_file is not None and config is not None and run_file != config:
         raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
@@ -852,7 +852,7 @@ def serve(
     One single-threaded server per free core (``serve.servers``, ``serve.n_threads``); with
     several, their URLs are printed as the ``llm.endpoints`` to pass to a run."""
     from negsynth.llm.fleet import EmbeddedFleet
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     _setup_logging(verbose)
     cfg = load_config(config, set_ or [])
@@ -876,7 +876,7 @@ def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt
     """Print the effective config as TOML (or JSON with --json): the built-in defaults, with
     --config FILE's keys layered over them and then --set; each key the file or --set gave is
     marked with a comment (`# FILE`, `(= default)` when it repeats the built-in value)."""
-    from negsynth.pipeline.config_io import load_config, marked_toml
+    from negsynth.schemas.config_io import load_config, marked_toml
 
     if json_out:
         typer.echo(json.dumps(load_config(config, set_ or []).model_dump(mode="json", exclude_none=True), indent=2))

@@ -171,7 +171,7 @@ def test_a_type_failing_at_the_transport_level_stays_pending_and_a_rerun_asks_on
         assert r.exit_code != 0
         st = json.loads((rd / "brainstorm" / "stats.json").read_text())
         # every list of the type failed (max_requests_per_type of them, as the layered config says): pending, none rejected
-        from negsynth.pipeline.config_io import load_config
+        from negsynth.schemas.config_io import load_config
 
         n = load_config(cfg).brainstorm.max_requests_per_type
         assert st["pending"] == n and st["pending_by_reason"] == {"transport_http_502": n} and not st["complete"]

@@ -8,7 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.pipeline.config_io import load_config
+from negsynth.schemas.config_io import load_config
 
 
 def printed(*args: str) -> dict:

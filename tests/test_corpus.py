@@ -531,8 +531,8 @@ def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
     """A field in ``ADDED_FIELDS`` at its default is not part of the config hash (nor of the
     section's repr, which the stages' hashes also read), so a run dir made before it resumes; set,
     it changes the hash like any setting."""
-    from negsynth.pipeline.config_io import config_hash
     from negsynth.schemas.config import ADDED_FIELDS, CorpusConfig
+    from negsynth.schemas.config_io import config_hash
 
     cfg = CorpusConfig()
     before = cfg.model_dump(mode="json")

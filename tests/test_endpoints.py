@@ -92,7 +92,7 @@ def test_config_errors_are_one_line_naming_the_field_and_the_fix(tmp_path, llm, 
 
 
 def test_endpoints_config_reads_as_expected():
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     cfg = load_config(
         None, ['llm.endpoints=["http://a:8000/v1/", {base_url = "http://b:8000/v1", max_concurrency = 5}]', "llm.max_concurrency=3"]
@@ -370,8 +370,8 @@ def test_ray_workers_share_the_endpoint_list(tmp_path, rd, reference):
     same servers with 1/n of each one's slots; the union equals a one-server run, each request
     answered once."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.ray_executor import worker_config
+    from negsynth.schemas.config_io import load_config
 
     ref_files, ref_bodies = reference
     with FakeOpenAI(sts_reasked_once) as a, FakeOpenAI(sts_reasked_once) as b:

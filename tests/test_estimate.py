@@ -56,7 +56,7 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     if after["assumptions"]["tokenizer"].startswith("approx"):
         assert gen["prompt_tokens"] == sent_prompt_tokens(sent)
     assert gen["requests_max"] == 3 * gen["requests"] and gen["prompt_tokens_max"] > 3 * gen["prompt_tokens"]
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     assert gen["completion_tokens_max"] == gen["requests_max"] * load_config(cfg).llm.max_tokens
     assert 0 < gen["completion_tokens"] < gen["completion_tokens_max"]
@@ -160,7 +160,7 @@ def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypa
     import negsynth.stages
     from negsynth.estimate import estimate, llm_stage_names
     from negsynth.pipeline import Stage, StageContext
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     msgs = [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 40}, {"role": "user", "content": "z" * 40}]
     seen = {}

@@ -15,7 +15,7 @@ from fake_openai import FakeOpenAI, always_valid
 from helpers import write_run_config
 from test_corpus import answer
 
-from negsynth.pipeline.config_io import load_config
+from negsynth.schemas.config_io import load_config
 from negsynth.stages import arun_pipeline, run_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -61,7 +61,7 @@ def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch)
 
 
 def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_path):
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     mod = load_script()
     args = argparse.Namespace(steps=28, batch_size=32, lr=2e-5, max_length=128)
@@ -278,7 +278,7 @@ def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tm
     """--test-frac splits one query file by query: the pipeline arms decontaminate against every
     default evaluation set but that dataset's own (which holds the train queries as well), and an
     arm's own [score] lines still apply; without the flag the default ("auto") stays."""
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     mod = load_script()
     args = argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128, split_from="cranfield")

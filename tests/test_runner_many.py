@@ -11,10 +11,10 @@ from pathlib import Path
 
 from negsynth.data.shards import iter_jsonl
 from negsynth.inspect import _pending
-from negsynth.pipeline.config_io import load_config
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import MANY, Outcome, ShardedRunner, WorkItem
+from negsynth.schemas.config_io import load_config
 
 
 def _ctx(tmp_path: Path, shard_size: int = 10) -> StageContext:

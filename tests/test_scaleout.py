@@ -117,8 +117,8 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, rd, reference):
     driver; byte-identical data and exactly one worker's requests; concurrency split among the
     workers, rpm / tpm one pair of buckets they share."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.ray_executor import worker_config
+    from negsynth.schemas.config_io import load_config
 
     ref_files, ref_stats, ref_bodies = reference
     with FakeOpenAI(sts_reasked_once) as srv:

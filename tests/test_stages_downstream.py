@@ -107,7 +107,7 @@ def test_evaluate_options_arrive_as_typed_even_with_quotes(tmp_path):
 
 def test_config_sets_writes_toml_literals():
     from negsynth.cli import config_sets
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     sets = config_sets("evaluate", suite=None, tasks=["STS12", "a'b"], data_dir=Path("/x/it's"), cache=False, backend="torch")
     cfg = load_config(None, sets)

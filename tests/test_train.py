@@ -875,9 +875,9 @@ def test_the_train_stage_names_the_teacher_setting_when_the_curriculum_has_no_sc
 def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
     """``train.loss`` and its weights are settings added later: at their defaults neither the train
     stage's fingerprint nor the run config's hash sees them; set, both change."""
-    from negsynth.pipeline.config_io import config_hash
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import ADDED_FIELDS, RunConfig
+    from negsynth.schemas.config_io import config_hash
     from negsynth.stages.train import fingerprint
 
     added = ADDED_FIELDS["TrainConfig"]

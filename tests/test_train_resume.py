@@ -133,9 +133,9 @@ def test_a_killed_train_continues_from_its_last_whole_checkpoint(tmp_path, tiny_
 
 
 def test_overwrite_or_a_changed_config_starts_afresh(tmp_path):
-    from negsynth.pipeline.config_io import load_config
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
+    from negsynth.schemas.config_io import load_config
     from negsynth.stages.train import _resume_point
 
     rd = tmp_path / "run"

@@ -1,8 +1,8 @@
 """The pipeline's one surface: what the stages (and a caller running them from Python) use of it.
 
 ``from negsynth.pipeline import Stage, StageContext, Summary, run_item_stage, ...``: the stage
-contract and its runner (``stage``), what an LLM stage's estimator fills in (``tally``), the context and budgets (``context``), the run file
-(``config_io``), progress (``progress``), the shared shape of the LLM stages (``llm_stage``,
+contract and its runner (``stage``), what an LLM stage's estimator fills in (``tally``), the context and budgets (``context``), the run file's
+hash (``config_hash``, from ``schemas.config_io``), progress (``progress``), the shared shape of the LLM stages (``llm_stage``,
 ``runner``) and the Ray executor (``ray_executor``). The modules themselves are the
 implementation; the stages import nothing from them directly (``tests/test_layers.py``).
 
@@ -18,7 +18,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from negsynth.pipeline.config_io import config_hash
     from negsynth.pipeline.context import Budget, SharedBudget, StageContext
     from negsynth.pipeline.llm_stage import (
         cost_usd,
@@ -35,10 +34,11 @@ if TYPE_CHECKING:
     from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
     from negsynth.pipeline.stage import Stage, Summary, run_stage, run_stages
     from negsynth.pipeline.tally import Tally
+    from negsynth.schemas.config_io import config_hash
 
-#: each name of the surface -> the module of this package that defines it
+#: each name of the surface -> the module that defines it (of this package unless dotted)
 _MODULE_OF = {
-    "config_hash": "config_io",
+    "config_hash": "negsynth.schemas.config_io",  # the run file is read below the pipeline
     "Budget": "context",
     "SharedBudget": "context",
     "StageContext": "context",
@@ -100,7 +100,7 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
 
 
 def __dir__() -> list[str]:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from negsynth.aio import run_sync
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import ValidationFailure
@@ -56,10 +55,6 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
     if len(errs) > 1:
         detail += f" (and {len(errs) - 1} more problems)"
     return ValidationFailure("schema", detail)
-
-
-def run_async(coro):
-    return run_sync(coro)
 
 
 def path_fingerprint(path: str) -> list:

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from negsynth.errors import UserError
-    from negsynth.pipeline.config_io import load_config
+    from negsynth.schemas.config_io import load_config
 
     world, rank = data_parallel_world()
     if world > 1:
