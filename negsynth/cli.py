@@ -791,7 +791,13 @@ def estimate(
             help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)",
         ),
     ] = None,
-    latency: Annotated[float, typer.Option("--latency", help="seconds one request takes, for the wall time when --rps is not given")] = 5.0,
+    latency: Annotated[
+        float | None,
+        typer.Option(
+            "--latency",
+            help="seconds one request takes, for the wall time when --rps is not given (default: 5; the embedded LLM is timed on this machine instead)",
+        ),
+    ] = None,
     price_in: Annotated[
         float | None, typer.Option("--price-in", help="USD per 1M prompt tokens (default: llm.price.input_per_mtok)")
     ] = None,

@@ -15,7 +15,9 @@ does and renders their actual prompts; then it reports:
   model is shown), or the mean answer already in the run's cache for that stage when there is
   one; max = ``llm.max_tokens`` per request;
 * **wall time** at ``--rps`` requests per second, or ``llm.max_concurrency`` requests every
-  ``--latency`` seconds, capped by ``llm.rpm`` / ``llm.tpm``;
+  ``--latency`` seconds, capped by ``llm.rpm`` / ``llm.tpm``; for the embedded LLM with neither
+  flag, from its speed measured on this machine (:mod:`negsynth.pipeline.embedded_speed`: seconds per
+  prompt and per completion token, the servers a run would start);
 * **USD** from ``--price-in`` / ``--price-out`` ($ per 1M tokens) or ``llm.price``.
 
 Where a stage's inputs do not exist yet (generate before brainstorm, score before generate), it
@@ -99,7 +101,7 @@ def estimate(
     stages: list[str] | None = None,
     *,
     rps: float | None = None,
-    latency_s: float = 5.0,
+    latency_s: float | None = None,
     price_in: float | None = None,
     price_out: float | None = None,
 ) -> dict[str, Any]:
@@ -112,8 +114,11 @@ def estimate(
     bad = [s for s in names if s not in llm_stages]
     if bad:
         raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(llm_stages)}")
-    if latency_s <= 0 or (rps is not None and rps <= 0):
+    if (latency_s is not None and latency_s <= 0) or (rps is not None and rps <= 0):
         raise UserError("--latency and --rps must be > 0")
+    # the embedded LLM is timed on this machine unless the caller says how fast it is
+    measure = rps is None and latency_s is None and cfg.llm.base_url == "embedded"
+    latency_s = 5.0 if latency_s is None else latency_s
     tc = TokenCounter(cfg.llm.model)
     cached = _cached_answer_tokens(ctx.run_dir)
     counts = {"attempts": cfg.llm.max_attempts, "max_tokens": cfg.llm.max_tokens, "reask_tokens": tc.text(reask_template())}
@@ -136,8 +141,10 @@ def estimate(
             run_estimator(name, StageEstimate(stage=name))  # aside: its counts are not this estimate's
         return planned.get(name)
 
+    ests: list[StageEstimate] = []
     for name in names:
         est = StageEstimate(stage=name)
+        ests.append(est)
         if _stage_finished(ctx.run_dir, name):
             est.done = True
             est.basis.append("finished: a rerun reuses its outputs and sends nothing")
@@ -146,6 +153,13 @@ def estimate(
         if name in cached and est.requests:
             est.completion_tokens = est.requests * min(cached[name], cfg.llm.max_tokens)
             est.basis.append(f"completion tokens: the mean of its answers in the run's request cache ({cached[name]} tokens)")
+    speed = None
+    if measure and any(e.requests for e in ests):
+        from negsynth.pipeline.embedded_speed import measure_embedded
+
+        speed = measure_embedded(cfg, ctx.run_dir, ctx.reporter, tc.text)
+    for est in ests:
+        name = est.stage
         for suffix, req, pt, ct in (
             ("", est.requests, est.prompt_tokens, est.completion_tokens),
             ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max),
@@ -153,7 +167,8 @@ def estimate(
             r = rate
             if cfg.llm.tpm and req:
                 r = min(r, cfg.llm.tpm / 60 / ((pt + ct) / req))
-            setattr(est, "wall_s" + suffix, round(req / r, 1) if req else 0.0)
+            wall = speed.seconds(req, pt, ct) if speed is not None else (req / r if req else 0.0)
+            setattr(est, "wall_s" + suffix, round(wall, 1))
             setattr(est, "cost_usd" + suffix, round((pt * pin + ct * pout) / 1e6, 6))
         out["stages"][name] = asdict(est)
     tot = {
@@ -178,8 +193,10 @@ def estimate(
         "tokenizer": tc.name,
         "completion_tokens": "the size of each stage's worked-example answer, or the mean of its answers in the run's request cache when it has some (max: llm.max_tokens per request)",
         "requests_max": f"every item using all llm.max_attempts={cfg.llm.max_attempts} attempts",
-        "rate_rps": round(rate, 4),
-        "rate_basis": f"--rps {rps:g}"
+        "rate_rps": round(rate, 4) if speed is None else None,
+        "rate_basis": speed.basis
+        if speed is not None
+        else f"--rps {rps:g}"
         if rps is not None
         else f"llm.max_concurrency={cfg.llm.max_concurrency} requests every --latency {latency_s:g} s"
         + (f", capped by llm.rpm={cfg.llm.rpm}" if cfg.llm.rpm else "")
@@ -219,7 +236,10 @@ def render(est: dict[str, Any]) -> None:
         console.print(t)
     a = est["assumptions"]
     console.print(f"tokens: {a['tokenizer']}; completion tokens: {a['completion_tokens']}")
-    console.print(f"wall time at {a['rate_rps']:g} requests/s ({a['rate_basis']})")
+    if a["rate_rps"] is None:
+        console.print(f"wall time: the embedded LLM {a['rate_basis']}")
+    else:
+        console.print(f"wall time at {a['rate_rps']:g} requests/s ({a['rate_basis']})")
     console.print(
         f"USD at ${a['price_per_mtok']['input']:g} / ${a['price_per_mtok']['output']:g} per 1M tokens in / out ({a['price_basis']})"
     )

@@ -77,7 +77,10 @@ def test_estimate_without_inputs_names_the_ways_estimate_takes_them(tmp_path, st
         "".join(json.dumps({"id": f"d{i}", "text": f"document number {i} about things"}) + "\n" for i in range(8))
     )  # more than mining needs
     if stage == "corpus":
-        r = runner.invoke(app, ["estimate", "-d", str(tmp_path / "r"), "--stages", "corpus", "--set", f'corpus.inputs=[{{path="{docs}"}}]'])
+        r = runner.invoke(
+            app,
+            ["estimate", "-d", str(tmp_path / "r"), "--stages", "corpus", "--latency", "5", "--set", f'corpus.inputs=[{{path="{docs}"}}]'],
+        )
         assert r.exit_code == 0, r.output
 
 

@@ -181,3 +181,76 @@ def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypa
         assert t["completion_tokens"] == 3 * 10  # the worked example's answer, 40 characters / 4
     assert len(seen["generate"]) == out["stages"]["generate"]["items"] == 4
     assert out["total"]["requests"] == 3 + out["stages"]["generate"]["requests"]
+
+
+def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypatch):
+    """With the embedded LLM and neither --rps nor --latency, estimate starts the servers a run
+    would start, times a tiny, a long-prompt and a long-answer request on each, and converts its own token
+    counts to seconds. Here the "servers" are the fake, which takes 1 ms per prompt token and 8 ms
+    per answer token (as the estimate counts them). Brainstorm and generate run against it first,
+    two requests at a time; a fresh run dir holding their request cache (so the estimate knows the
+    fake's answer sizes, as it would a model's) is then estimated within 30 % of the time the fake
+    spent per request of the stages."""
+    import contextlib
+    import shutil
+    import threading
+
+    from fake_openai import Reply
+
+    import negsynth.pipeline.embedded as embedded
+    from negsynth.estimate import estimate
+    from negsynth.pipeline.context import StageContext
+    from negsynth.pipeline.progress import Reporter
+    from negsynth.schemas.config_io import load_config
+
+    busy: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def tokens(text: str) -> int:
+        return math.ceil(len(text) / 4)
+
+    def slow(req, n):
+        last = req["messages"][-1]["content"]
+        calibration = last.endswith(("Say yes.", "separated by commas.", "what is the text about?"))
+        content = ("one, two, three, " * req["max_tokens"])[: 4 * req["max_tokens"]] if calibration else always_valid(req, n).content
+        s = 0.001 * sum(tokens(m["content"]) for m in req["messages"]) + 0.008 * tokens(content)
+        with lock:
+            busy.append(("calibration" if calibration else "stage", s))
+        # usage as a server reports it (the estimate reads answer sizes from the cache's usage)
+        return Reply(
+            content=content, delay=s, prompt_tokens=sum(tokens(m["content"]) for m in req["messages"]), completion_tokens=tokens(content)
+        )
+
+    with FakeOpenAI(slow) as srv:
+        ran = tmp_path / "ran"
+        spent = {}
+        cfg_path = write_run_config(tmp_path, srv.base_url, generate={"examples": 12}, llm={"max_concurrency": 2})
+        for stage in ("brainstorm", "generate"):
+            n0 = len(busy)
+            r = runner.invoke(app, [stage, "-c", str(cfg_path), "-d", str(ran), "-q"])
+            assert r.exit_code == 0, r.output
+            spent[stage] = (sum(s for _, s in busy[n0:]) / 2, len(busy) - n0)
+
+        @contextlib.contextmanager
+        def fake_fleet(cfg, run_dir, reporter, needed=True):
+            yield f"{srv.base_url} {srv.base_url}"  # two "servers", as a 2-core machine starts
+
+        monkeypatch.setattr(embedded, "llm_endpoint", fake_fleet)
+        rd = tmp_path / "run"
+        rd.mkdir()
+        shutil.copytree(ran / "cache", rd / "cache")
+        cfg = load_config(write_run_config(tmp_path, "embedded", generate={"examples": 12}, llm={"max_concurrency": 2}))
+        n0 = len(busy)
+        out = estimate(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)), ["brainstorm", "generate"])
+        assert out["assumptions"]["rate_rps"] is None and out["assumptions"]["rate_basis"].startswith("measured on this machine: 2 ")
+        assert [k for k, _ in busy[n0:]] == ["calibration"] * 8  # warm-up, tiny, long prompt, long answer on each server
+        for stage in ("brainstorm", "generate"):
+            # per request: how many requests brainstorm's later rounds add is the planner's
+            # question (tested above), the seconds each takes is this one's
+            s, n = spent[stage]
+            e = out["stages"][stage]
+            assert abs(e["wall_s"] / e["requests"] - s / n) <= 0.3 * s / n, (stage, e["wall_s"], e["requests"], s, n)
+        # --latency still means what it says, and nothing is timed
+        n0 = len(busy)
+        fixed = estimate(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)), ["brainstorm"], latency_s=5.0)
+        assert fixed["assumptions"]["rate_rps"] == 0.4 and len(busy) == n0
