@@ -471,13 +471,24 @@ def check_same_input(results: list[dict], dataset: str) -> None:
         )
 
 
+def eval_length(r: dict):
+    """The token length ``r``'s model was evaluated at: recorded, or (results from before it was
+    recorded) what its saved model loads with; the base model's own for the base arm."""
+    if "eval_max_length" in r:
+        return r["eval_max_length"]
+    path = Path(r["model_dir"]) / "tokenizer_config.json" if r.get("model_dir") else None
+    if path is not None and path.is_file():
+        return json.loads(path.read_text()).get("model_max_length", "not recorded")
+    return 256 if r["arm"] == "base" else "not recorded"
+
+
 def check_eval_length(results: list[dict], dataset: str) -> None:
     """Every arm of a table was evaluated at one token length (the base model's): a model saved at
     another truncates the documents it is scored on, which moves nDCG by tenths."""
     lengths: dict = {}
     for r in results:
         if r["dataset"] == dataset and r.get("scores"):
-            lengths.setdefault(r.get("eval_max_length", "not recorded"), []).append(f"{r['arm']}/{r['seed']}")
+            lengths.setdefault(eval_length(r), []).append(f"{r['arm']}/{r['seed']}")
     if len(lengths) > 1:
         where = "; ".join(f"{n}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}" for n, v in lengths.items())
         raise SystemExit(

@@ -410,3 +410,11 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
     rows[1]["eval_max_length"] = 128
     with pytest.raises(SystemExit, match=r"different token lengths \(256: mined/0; 128: st-stock/0\)"):
         corpus.check_eval_length(rows, "cranfield")
+    # results from before the length was recorded: read from the saved model
+    saved = tmp_path / "old-model"
+    saved.mkdir()
+    (saved / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
+    del rows[1]["eval_max_length"]
+    rows[1]["model_dir"] = str(saved)
+    with pytest.raises(SystemExit, match=r"128: st-stock/0"):
+        corpus.check_eval_length(rows, "cranfield")
