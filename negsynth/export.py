@@ -34,6 +34,20 @@ from negsynth.errors import UserError
 PARQUET = "train-00000-of-00001.parquet"
 
 
+def _content_named(path: Path) -> str:
+    """Rename ``path`` (``…/train-00000-of-00001.parquet``) to carry the first 12 hex digits of its
+    content's SHA-256 and return its new name. ``datasets`` caches a local folder under its folder
+    name, config and a hash of its card's ``configs`` (the data files' *relative* paths), so two
+    exports whose files had the same names were one cache entry: loading the second gave the first
+    one's rows, silently. A name that changes with the content makes each export its own entry."""
+    import hashlib
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    named = path.with_name(f"{path.stem}-{digest}{path.suffix}")
+    path.rename(named)
+    return named.name
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -286,10 +300,11 @@ def export_dataset(
             # without the source file's schema metadata: its "huggingface" features list every
             # column of the curriculum, and datasets would read them back into a text-only config
             pq.write_table(tables[name].replace_schema_metadata(None), str(tmp / name / PARQUET))
+            file = _content_named(tmp / name / PARQUET)
             configs.append(
                 {
                     "config_name": name,
-                    "data_files": [{"split": "train", "path": f"{name}/{PARQUET}"}],
+                    "data_files": [{"split": "train", "path": f"{name}/{file}"}],
                     **({"default": True} if name == default else {}),
                 }
             )
@@ -306,7 +321,8 @@ def export_dataset(
                 if not recs:
                     continue
                 _write_parquet(recs, tmp / st / PARQUET)
-                configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{PARQUET}"}]})
+                file = _content_named(tmp / st / PARQUET)
+                configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{file}"}]})
                 shard_counts[st] = len(recs)
                 summary["configs"][st] = len(recs)
         gens = _generators(run_dir)

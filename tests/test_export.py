@@ -175,7 +175,8 @@ def test_a_tuple_curriculum_exports_its_negative_columns(tmp_path):
     assert [c["config_name"] for c in meta["configs"] if c.get("default")] == ["ntuple"]
     import polars as pl
 
-    assert pl.read_parquet(tmp_path / "o" / "dataset" / "ntuple" / "train-00000-of-00001.parquet").columns == [
+    (ntuple_file,) = (tmp_path / "o" / "dataset" / "ntuple").glob("train-00000-of-00001-*.parquet")
+    assert pl.read_parquet(ntuple_file).columns == [
         "anchor",
         "positive",
         "negative_1",
@@ -306,3 +307,28 @@ def stock_train_steps(model_path, dataset, loss: str, out, *, steps: int, batch_
     trainer = SentenceTransformerTrainer(model, args, train_dataset=dataset, loss=getattr(losses, loss)(model))
     trainer.train()
     return trainer.state.global_step
+
+
+def test_two_exports_load_as_themselves_not_from_the_datasets_cache(tmp_path, monkeypatch):
+    """``datasets`` caches a local folder by its name, config and the card's data-file paths: two
+    exports named ``dataset`` with the same file names were one cache entry, and loading the second
+    silently gave the first one's rows. Each export's file names carry its content's hash."""
+    from datasets import load_dataset
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))  # one cache for both loads, none of the user's
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = []
+    for n in (8, 4):
+        d = tmp_path / f"run{n}"
+        exs = [scored(i + 100 * n) for i in range(n)]
+        write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+        atomic_write_json(d / "score" / "stats.json", {"embedder": "fake", "policy": "annotate", "kept": n, "rejected": 0})
+        rows = build_curriculum(exs, schedule="tuple", batch_size=2, seed=0)
+        save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+        out = tmp_path / f"export{n}"
+        r = runner.invoke(app, ["export", "-d", str(d), "--out", str(out), "--only", "dataset"])
+        assert r.exit_code == 0, r.output
+        ds = load_dataset(str(out / "dataset"), "ntuple", split="train", cache_dir=str(tmp_path / "hf-cache"))
+        loaded.append((len(ds), ds["anchor"]))
+    assert loaded[0][0] == 8 and loaded[1][0] == 4, [n for n, _ in loaded]
+    assert loaded[0][1] != loaded[1][1]
