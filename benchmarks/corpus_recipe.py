@@ -614,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         if not tasks:
             print(f"corpus_recipe: {d} has no dev split; --select skips it", file=sys.stderr)
             continue
-        prior = next((r for r in results if (r["dataset"], r["arm"], r["seed"]) == key), None)
+        # --fresh: every planned run is redone once, though results (read back after each save)
+        # still hold its earlier figure
+        prior = None if args.fresh else next((r for r in results if (r["dataset"], r["arm"], r["seed"]) == key), None)
         if prior and all(t in prior["scores"] for t in tasks):
             continue
         print(f"corpus_recipe: {d} {a} seed {key[2]} ({', '.join(tasks)}) ...", file=sys.stderr, flush=True)

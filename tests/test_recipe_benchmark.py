@@ -418,3 +418,29 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
     rows[1]["model_dir"] = str(saved)
     with pytest.raises(SystemExit, match=r"128: st-stock/0"):
         corpus.check_eval_length(rows, "cranfield")
+
+
+def test_fresh_redoes_every_planned_run_not_only_the_first(tmp_path, monkeypatch):
+    """--fresh redoes each planned (arm, seed) once, though the results file, read back after every
+    save, still holds the earlier figures (before, only the first planned run was redone)."""
+    corpus = load_benchmark("corpus_recipe")
+    (tmp_path / "data" / "cranfield").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    old = [{"dataset": "cranfield", "arm": "st-stock", "seed": s, "scores": {"Cranfield": 0.3}} for s in (0, 1, 2)]
+    (out / "results.json").write_text(json.dumps(old))
+    ran = []
+
+    def run_one(d, a, s, args, tasks, prior=None):
+        ran.append((a, s, prior))
+        return {"dataset": d, "arm": a, "seed": s, "scores": {"Cranfield": 0.4}, "train_s": 0, "eval_s": 0}
+
+    monkeypatch.setattr(corpus, "run_one", run_one)
+    monkeypatch.setattr(corpus, "print_table", lambda *a: None)
+    argv = ["--out", str(out), "--data-dir", str(tmp_path / "data"), "--datasets", "cranfield", "--tasks", "Cranfield"]
+    assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2", "--fresh"]) == 0
+    assert ran == [("st-stock", 0, None), ("st-stock", 1, None), ("st-stock", 2, None)]
+    assert [r["scores"]["Cranfield"] for r in json.loads((out / "results.json").read_text())] == [0.4, 0.4, 0.4]
+    ran.clear()
+    assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2"]) == 0
+    assert ran == []  # without --fresh, done runs are kept
