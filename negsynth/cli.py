@@ -791,6 +791,15 @@ def estimate(
             help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)",
         ),
     ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="the corpus stage's documents, as for `negsynth corpus -i` (repeatable; estimates the corpus stage unless --stages)",
+        ),
+    ] = None,
+    glob: Annotated[str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md'")] = None,
     latency: Annotated[
         float | None,
         typer.Option(
@@ -816,8 +825,14 @@ def estimate(
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
     cfg = load_config(run_file or config, list(set_ or []))
+    if inputs:
+        from negsynth.schemas.config import CorpusSpec
+
+        cfg.corpus.inputs = [CorpusSpec(path=p, **({"glob": glob} if glob else {})) for p in inputs]
+    elif glob:
+        raise UserError("estimate: --glob describes an --input folder; pass --input PATH too")
     ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
-    names = [x.strip() for x in stages.split(",") if x.strip()] if stages else None
+    names = [x.strip() for x in stages.split(",") if x.strip()] if stages else (["corpus"] if inputs else None)
     return run_estimate(ctx, names, rps=rps, latency_s=latency, price_in=price_in, price_out=price_out)
 
 

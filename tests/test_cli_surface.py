@@ -69,7 +69,7 @@ def test_estimate_without_inputs_names_the_ways_estimate_takes_them(tmp_path, st
     r = runner.invoke(app, ["estimate", "-d", str(tmp_path / "r"), "--stages", stage])
     assert r.exit_code == 2
     line = r.output.strip()
-    assert "\n" not in line and "--input" not in line
+    assert "\n" not in line and ("--input PATH" in line) == (stage == "corpus")
     assert f"[[{stage}.inputs]]" in line and f"--set '{stage}.inputs=" in line
     # the --set it suggests is one estimate takes
     docs = tmp_path / "docs.jsonl"
@@ -82,6 +82,11 @@ def test_estimate_without_inputs_names_the_ways_estimate_takes_them(tmp_path, st
             ["estimate", "-d", str(tmp_path / "r"), "--stages", "corpus", "--latency", "5", "--set", f'corpus.inputs=[{{path="{docs}"}}]'],
         )
         assert r.exit_code == 0, r.output
+        # --input, as `negsynth corpus -i` takes it: the corpus stage is what is estimated
+        by_flag = runner.invoke(app, ["estimate", "-d", str(tmp_path / "r"), "-i", str(docs), "--latency", "5", "--json"])
+        assert by_flag.exit_code == 0, by_flag.output
+        assert list(json.loads(by_flag.stdout)["stages"]) == ["corpus"]
+        assert json.loads(by_flag.stdout)["stages"]["corpus"]["requests"] == 8
 
 
 def test_inspect_calls_mined_levels_rank_bands_and_claims_no_llm_order(tmp_path):

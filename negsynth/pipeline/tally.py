@@ -140,9 +140,11 @@ class Tally:
         return None if self._planned is None else self._planned(stage, plan)
 
     def no_inputs(self) -> UserError:
-        """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them (it has no --input)."""
+        """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them
+        (``--input`` for the corpus stage's documents, as ``negsynth corpus -i``)."""
         stage = self.stage
+        flag = "pass --input PATH (the documents), " if stage == "corpus" else ""
         return UserError(
-            f'estimate: {stage} has no inputs; add [[{stage}.inputs]] path = "..." to the run file (-c FILE), '
+            f'estimate: {stage} has no inputs; {flag}add [[{stage}.inputs]] path = "..." to the run file (-c FILE), '
             f"or pass --set '{stage}.inputs=[{{path=\"docs.jsonl\"}}]'"
         )
