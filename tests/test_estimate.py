@@ -186,8 +186,9 @@ def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypa
 def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypatch):
     """With the embedded LLM and neither --rps nor --latency, estimate starts the servers a run
     would start, times a tiny, a long-prompt and a long-answer request on each, and converts its own token
-    counts to seconds. Here the "servers" are the fake, which takes 1 ms per prompt token and 8 ms
-    per answer token (as the estimate counts them). Brainstorm and generate run against it first,
+    counts to seconds. Here the "servers" are the fake, which takes 5 ms per prompt token and 40 ms
+    per answer token (as the estimate counts them: slow enough that HTTP on a loaded machine is a small
+    part of a request). Brainstorm and generate run against it first,
     two requests at a time; a fresh run dir holding their request cache (so the estimate knows the
     fake's answer sizes, as it would a model's) is then estimated within 30 % of the time the fake
     spent per request of the stages."""
@@ -213,7 +214,7 @@ def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypa
         last = req["messages"][-1]["content"]
         calibration = last.endswith(("Say yes.", "separated by commas.", "what is the text about?"))
         content = ("one, two, three, " * req["max_tokens"])[: 4 * req["max_tokens"]] if calibration else always_valid(req, n).content
-        s = 0.001 * sum(tokens(m["content"]) for m in req["messages"]) + 0.008 * tokens(content)
+        s = 0.005 * sum(tokens(m["content"]) for m in req["messages"]) + 0.04 * tokens(content)
         with lock:
             busy.append(("calibration" if calibration else "stage", s))
         # usage as a server reports it (the estimate reads answer sizes from the cache's usage)
@@ -224,7 +225,7 @@ def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypa
     with FakeOpenAI(slow) as srv:
         ran = tmp_path / "ran"
         spent = {}
-        cfg_path = write_run_config(tmp_path, srv.base_url, generate={"examples": 12}, llm={"max_concurrency": 2})
+        cfg_path = write_run_config(tmp_path, srv.base_url, generate={"examples": 4}, llm={"max_concurrency": 2})
         for stage in ("brainstorm", "generate"):
             n0 = len(busy)
             r = runner.invoke(app, [stage, "-c", str(cfg_path), "-d", str(ran), "-q"])
@@ -239,7 +240,7 @@ def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypa
         rd = tmp_path / "run"
         rd.mkdir()
         shutil.copytree(ran / "cache", rd / "cache")
-        cfg = load_config(write_run_config(tmp_path, "embedded", generate={"examples": 12}, llm={"max_concurrency": 2}))
+        cfg = load_config(write_run_config(tmp_path, "embedded", generate={"examples": 4}, llm={"max_concurrency": 2}))
         n0 = len(busy)
         out = estimate(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)), ["brainstorm", "generate"])
         assert out["assumptions"]["rate_rps"] is None and out["assumptions"]["rate_basis"].startswith("measured on this machine: 2 ")
