@@ -437,6 +437,8 @@ def test_fresh_redoes_every_planned_run_not_only_the_first(tmp_path, monkeypatch
 
     monkeypatch.setattr(corpus, "run_one", run_one)
     monkeypatch.setattr(corpus, "print_table", lambda *a: None)
+    # main() points NEGSYNTH_DATA_DIR at --data-dir for the stages: restored after this test
+    monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "data"))
     argv = ["--out", str(out), "--data-dir", str(tmp_path / "data"), "--datasets", "cranfield", "--tasks", "Cranfield"]
     assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2", "--fresh"]) == 0
     assert ran == [("st-stock", 0, None), ("st-stock", 1, None), ("st-stock", 2, None)]
