@@ -53,6 +53,10 @@ mined-teacher-kl-sharp  ``mined-teacher-kl`` with the student's cosines at 0.05 
 mined-teacher-kl-soft   the same, the teacher at 0.2
 title-teacher-kl-sharp / -soft, title-teacher-mse   the same losses on ``title-mined``'s queries
                    (no LLM): the teacher's effect apart from the LLM's queries
+mined-hybridcand   ``mined`` with hybrid candidates (``corpus.candidates = "hybrid"``): the 4
+                   hardest of the fused BM25 + dense ranking that pass the embedder's margin and
+                   rank below the document (lexical near-misses the embedder alone ranks low)
+title-hybridcand   the same on ``title-mined``'s queries (no LLM)
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -144,6 +148,10 @@ ARMS: dict[str, dict | None] = {
     "title-teacher-kl-sharp": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.1)},
     "title-teacher-kl-soft": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": _kl(0.2)},
     "title-teacher-mse": {"negatives": "mined", "queries": "title", "teacher": "hybrid", "teacher_k": 0, "train": {"loss": "margin-mse"}},
+    # hybrid candidates: the negatives taken from the fused BM25 + dense ranking (the embedder's
+    # margin kept), so lexical near-misses the embedder ranks low become negatives
+    "mined-hybridcand": {"negatives": "mined", "candidates": "hybrid"},
+    "title-hybridcand": {"negatives": "mined", "queries": "title", "candidates": "hybrid"},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"

@@ -516,6 +516,82 @@ def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
     assert "teacher_label" not in plain
 
 
+def test_hybrid_candidates_take_negatives_in_the_fused_order(minilm):
+    """``order="hybrid"``: the negatives are the hardest of the fused dense + BM25 ranking, so a
+    candidate BM25 favours comes before ones the embedder alone ranks higher; the embedder's
+    positive-aware margin still applies (a candidate over it is never taken), and the result
+    is the dense order when BM25 scores nothing."""
+    import numpy as np
+
+    from negsynth.embed.lexical import rrf
+    from negsynth.embed.mining import CorpusIndex
+    from negsynth.embed.models import load_sentence_transformer
+
+    model = load_sentence_transformer(minilm, device="cpu")
+    texts = [
+        "Tides rise and fall twice a day as the moon pulls on the oceans.",
+        "Ocean tides follow the moon; spring tides come at new and full moon.",
+        "Bread rises because yeast ferments sugar into carbon dioxide.",
+        "Copper conducts electricity and heat very well.",
+        "The violin has four strings tuned in fifths.",
+        "Glaciers carve valleys as they slowly move downhill.",
+        "Harbour records: the water rises at the quay twice daily.",
+    ]
+    index = CorpusIndex(model, texts, batch_size=8)
+    q = "why do tides rise"
+    sims = index.emb @ model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
+    dense_order = [int(i) for i in np.argsort(-sims, kind="stable") if i != 0]
+    favoured = dense_order[-1]  # the embedder's last candidate, BM25's first after the document
+    lexical = np.zeros(len(texts), dtype=np.float32)
+    lexical[0], lexical[favoured] = 9.0, 8.0
+    dense = index.search(q, 0, 3, relative_margin=0.0, lexical=lexical)
+    hybrid = index.search(q, 0, 3, relative_margin=0.0, lexical=lexical, order="hybrid")
+    assert texts[favoured] not in dense["negatives"] and hybrid["negatives"][0] == texts[favoured]
+    fused = rrf(sims, lexical)
+    assert [fused[texts.index(t)] for t in hybrid["negatives"]] == sorted(
+        (fused[texts.index(t)] for t in hybrid["negatives"]), reverse=True
+    )
+    # the margin is the embedder's: with it tight enough to bar the favoured text, it is not taken
+    tight = float(sims[favoured]) - 1e-4
+    barred = index.search(q, 0, 3, max_score=tight, lexical=lexical, order="hybrid")
+    assert texts[favoured] not in barred["negatives"] and all(s <= tight for s in barred["scores"])
+    # BM25 silent: the fused order is the dense one
+    none = index.search(q, 0, 3, relative_margin=0.0, lexical=np.zeros(len(texts), dtype=np.float32), order="hybrid")
+    assert none["negatives"] == index.search(q, 0, 3, relative_margin=0.0)["negatives"]
+    with pytest.raises(ValueError, match="hybrid"):
+        index.search(q, 0, 3, order="hybrid")
+
+
+def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path, minilm):
+    """``corpus.candidates = "hybrid"`` with no teacher: the stage builds the BM25 index (saved,
+    reused), takes each example's negatives from the fused ranking, and writes no teacher fields."""
+    folder = write_corpus(tmp_path)
+
+    def responder(req, n):
+        return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
+
+    with FakeOpenAI(responder) as srv:
+        cfg = write_run_config(
+            tmp_path, srv.base_url, corpus={"negatives": "mined", "candidates": "hybrid", "mining": {"relative_margin": 0.0}}
+        )
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
+        assert r.exit_code == 0, r.output
+    recs = list(read_stage(tmp_path / "run" / "corpus"))
+    assert recs and all(len(r["negatives"]) == 4 for r in recs)
+    assert not any("teacher_rank" in r["meta"] for r in recs)
+    assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))
+
+
+def test_hybrid_candidates_need_mined_negatives():
+    from pydantic import ValidationError
+
+    from negsynth.schemas.config import CorpusConfig
+
+    with pytest.raises(ValidationError, match='set negatives = "mined" or "mixed"'):
+        CorpusConfig(candidates="hybrid", negatives="llm")
+    assert CorpusConfig(candidates="hybrid").candidates == "hybrid"
+
+
 def test_the_minmax_sum_puts_both_lists_on_one_scale():
     import numpy as np
 

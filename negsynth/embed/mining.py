@@ -436,6 +436,7 @@ class CorpusIndex:
         range_max: int | None = None,
         lexical: Any = None,
         screen: Sequence[str] = (),
+        order: str = "dense",
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
         ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
@@ -454,6 +455,11 @@ class CorpusIndex:
         over the whole corpus, :func:`negsynth.embed.lexical.minmax_sum`, in ``[0, 2]``), and a
         candidate the fused list ranks at or above the document is never a negative (the
         teacher's false negative).
+
+        ``order``: which ranking the negatives are taken from, hardest first: ``dense`` (the
+        embedder's) or ``hybrid`` (the fused dense + lexical ranking; needs ``lexical``): candidates
+        BM25 finds that the embedder alone would rank further down. Either way a candidate must
+        pass the embedder's positive-aware margin and rank below the document in the fused list.
 
         ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
         rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
@@ -481,13 +487,17 @@ class CorpusIndex:
         negs: list[str] = []
         scores: list[float] = []
         picked: list[int] = []
-        m = min(len(sims), 64 + 16 * k + rank)  # the candidates needed, unless many fall under the margin
+        if order not in ("dense", "hybrid") or (order == "hybrid" and fused is None):
+            raise ValueError(f"order={order!r}: 'dense', or 'hybrid' with lexical scores")
+        key = fused if order == "hybrid" else sims
+        key_rank = rank if order == "dense" else 1 + int(np.count_nonzero(fused > pos_fused))
+        m = min(len(sims), 64 + 16 * k + key_rank)  # the candidates needed, unless many fall under the margin
         if range_max is not None:
             m = min(len(sims), range_max + 1)  # the window, room for the positive: nothing further down is looked at
         while k > 0:
-            top = np.argpartition(-sims, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
+            top = np.argpartition(-key, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
             negs, scores, picked = [], [], []
-            for i in top[np.lexsort((top, -sims[top]))]:  # by score, ties by index: deterministic
+            for i in top[np.lexsort((top, -key[top]))]:  # by score, ties by index: deterministic
                 s = float(sims[i])
                 if i == positive or s > limit or (fused is not None and fused[i] >= pos_fused):
                     continue

@@ -63,7 +63,7 @@ class Section(BaseModel):
 #: section class -> fields added after run dirs existed: at their defaults they stay out of config
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "CorpusConfig": ("teacher", "teacher_k", "queries"),
+    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates"),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
     "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),
 }
@@ -581,6 +581,11 @@ class CorpusConfig(Section):
     # document is never a negative; the teacher's ranks and scores go into each example's meta
     teacher: Literal["none", "hybrid"] = "none"
     teacher_k: int = Field(10, ge=0)
+    # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
+    # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
+    # either way a candidate passes the embedder's positive-aware margin and ranks below the
+    # document in the fused list
+    candidates: Literal["dense", "hybrid"] = "dense"
     # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
     # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
@@ -601,6 +606,8 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
+        if self.candidates == "hybrid" and self.negatives == "llm":
+            raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:
             raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
         if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:

@@ -219,6 +219,11 @@ def needs_index(cfg: CorpusConfig) -> bool:
     return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
 
 
+def needs_lexical(cfg: CorpusConfig) -> bool:
+    """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
+    return cfg.teacher == "hybrid" or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
+
+
 # -- the prompt -----------------------------------------------------------------------------
 def cut_tokens(text: str, tokenizer, n: int, mark: str = " ...") -> str:
     """``text`` cut to its first ``n`` tokens (``mark`` ends a cut); words when no tokenizer."""
@@ -364,7 +369,7 @@ class Work:
             for ci, positions in enumerate(self.positions):
                 if positions:
                     self.index(ci)
-                    if self.cfg.teacher == "hybrid":
+                    if needs_lexical(self.cfg):
                         self.lexical(ci)
         self.tokenizer()
 
@@ -549,8 +554,9 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
                 absolute_margin=m.absolute_margin,
                 max_score=m.max_score,
                 range_max=m.range_max,
-                lexical=work.lexical(ci).scores(query) if cfg.teacher == "hybrid" else None,
+                lexical=work.lexical(ci).scores(query) if needs_lexical(cfg) else None,
                 screen=llm_negs if cfg.negatives == "mixed" else (),
+                order=cfg.candidates,
             )
         )
         if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots

@@ -1,0 +1,74 @@
+"""Query likelihood from a causal LM: how well a document explains a query, with no generation.
+
+UPR (Sachan et al. 2022) re-ranks a retriever's candidates by ``log p(query | document)``: a
+language model reads a document and the instruction to write a question about it, and the
+question's tokens are scored in one forward pass. It needs no label and no training, so it can
+serve as a teacher for data without labels: score a query's document and its candidates, and let
+the student learn the teacher's preferences (or drop what the teacher disputes).
+
+:class:`QueryLikelihood` scores with any transformers causal LM (default: the embedded SmolLM2
+GGUF, converted once by :func:`negsynth.embed.hf.resolve_decoder_path`). The score is the mean
+log-probability per query token (a sum would favour short queries). Documents are cut to
+``max_doc_tokens`` tokens; pairs are scored in batches, padded on the left so that every query
+ends at the last position.
+
+    lm = QueryLikelihood.load()
+    lm.scores("what causes lift on a wing", ["Lift is produced by ...", "Boundary layers ..."])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: UPR's prompt (Sachan et al. 2022, §3): the document, then the instruction; the query follows
+TEMPLATE = "Passage: {document}\nPlease write a question based on this passage.\nQuestion:"
+
+
+class QueryLikelihood:
+    """Mean ``log p(query | TEMPLATE(document))`` per query token, for one query and many documents."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_doc_tokens: int = 256, batch_size: int = 8, template: str = TEMPLATE):
+        self.model, self.tok = model, tokenizer
+        self.max_doc_tokens, self.batch_size, self.template = max_doc_tokens, batch_size, template
+
+    @classmethod
+    def load(cls, model: str = "default", *, device: str = "auto", dtype: str = "auto", **kw: Any) -> QueryLikelihood:
+        """The decoder ``model`` (``default``: the embedded SmolLM2) with its LM head."""
+        from negsynth.embed.hf import load_decoder
+
+        m, tok = load_decoder(model, device=device, dtype=dtype, causal_lm=True)
+        return cls(m, tok, **kw)
+
+    def _prompt_ids(self, document: str) -> list[int]:
+        doc_ids = self.tok(document, add_special_tokens=False)["input_ids"][: self.max_doc_tokens]
+        head, tail = self.template.split("{document}")
+        return self.tok(head, add_special_tokens=False)["input_ids"] + doc_ids + self.tok(tail, add_special_tokens=False)["input_ids"]
+
+    def scores(self, query: str, documents: Sequence[str]) -> list[float]:
+        """One score per document, in order: the mean log-probability of ``query``'s tokens."""
+        import torch
+
+        q_ids = self.tok(" " + query.strip(), add_special_tokens=False)["input_ids"]
+        if not q_ids:
+            return [0.0] * len(documents)
+        seqs = [self._prompt_ids(d) + q_ids for d in documents]
+        out: list[float] = []
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        dev = next(self.model.parameters()).device
+        n_q = len(q_ids)
+        for start in range(0, len(seqs), self.batch_size):
+            batch = seqs[start : start + self.batch_size]
+            width = max(len(s) for s in batch)
+            ids = torch.tensor([[pad] * (width - len(s)) + s for s in batch], device=dev)
+            mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in batch], device=dev)
+            # left padding: explicit positions so every sequence starts at position 0
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+            # the query's tokens are the last n_q; each is predicted by the position before it
+            logp = torch.log_softmax(logits[:, -n_q - 1 : -1, :].float(), dim=-1)
+            target = ids[:, -n_q:]
+            tok_lp = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            out.extend(float(x) for x in tok_lp.mean(-1).cpu())
+        return out
