@@ -15,6 +15,7 @@ import negsynth.data.shards
 import negsynth.errors
 import negsynth.evaluate.suite
 import negsynth.llm.client
+import negsynth.llm.errors
 import negsynth.llm.parsing
 import negsynth.resources
 from negsynth.cli import app, guarded
@@ -29,6 +30,7 @@ MODULES = (
     negsynth.data.clean,
     negsynth.data.shards,
     negsynth.llm.client,
+    negsynth.llm.errors,
     negsynth.llm.parsing,
 )
 

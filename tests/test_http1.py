@@ -12,7 +12,7 @@ import zlib
 import pytest
 from helpers import self_signed_cert
 
-from negsynth.llm.client import _never_sent, transport_kind
+from negsynth.llm.errors import never_sent, transport_kind
 from negsynth.llm.http1 import ConnectFailed, H1Pool, ProtocolFault
 
 
@@ -144,7 +144,7 @@ def test_a_request_lost_with_its_connection_is_not_resent_behind_the_callers_bac
 def test_reset_mid_answer_is_a_connection_fault_and_not_resent():
     with pytest.raises(ConnectionResetError) as e:
         run([lambda c: (http(200, BODY)[:40], True)])
-    assert transport_kind(e.value) == "connection" and not _never_sent(e.value)
+    assert transport_kind(e.value) == "connection" and not never_sent(e.value)
 
 
 def test_garbage_answer_is_a_bad_response():
@@ -168,7 +168,7 @@ def test_refused_connection_is_never_sent():
 
     with pytest.raises(ConnectFailed) as e:
         asyncio.run(go())
-    assert _never_sent(e.value) and transport_kind(e.value) == "connection"
+    assert never_sent(e.value) and transport_kind(e.value) == "connection"
 
 
 def test_a_cancelled_request_drops_its_connection():

@@ -60,7 +60,7 @@ def public_url(url: str) -> str:
 
 
 def takes_out(kind: str | None) -> bool:
-    """Whether a transport fault of ``kind`` (see ``client.transport_kind``) says the endpoint is unwell."""
+    """Whether a transport fault of ``kind`` (see ``errors.transport_kind``) says the endpoint is unwell."""
     return kind in ("connection", "timeout", "bad_response") or (kind or "").startswith("http_5")
 
 

@@ -1,0 +1,209 @@
+"""The outage bookkeeping of :class:`~negsynth.llm.client.LLMClient`: failures in a row, the
+breaker, and riding out a server that went away.
+
+A request whose transport retries ran out counts as one failure in a row; an answer resets the
+count unless that request was sent before the run of failures began (an answer the server wrote
+just before it went away says nothing about it now). At ``llm.max_consecutive_failures`` the
+client either stops (``outage``: the stage ends, the unfinished items stay pending) or, with
+``llm.outage_wait``, holds every request while it probes the server with backoff, and resumes
+when it answers. :meth:`OutageWatch.again` decides whether an item whose retries ran out goes
+back in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from negsynth.llm.endpoints import EndpointSet
+from negsynth.llm.errors import FATAL_KINDS, TransportError, outage_message
+from negsynth.llm.stats import ClientStats
+from negsynth.schemas.config import LLMConfig
+
+#: the client's log: a wait's notices keep the logger name they always had
+log = logging.getLogger("negsynth.llm.client")
+
+
+class OutageWatch:
+    """Failures in a row and the waits for the server, mixed into the client (the stages and the
+    pipeline read ``outage``, ``outage_fatal``, ``last_failure`` and call :meth:`again` on it).
+
+    The client sets ``cfg``, ``stats``, ``base_url``, ``router``, ``transport`` and ``on_wait``,
+    calls :meth:`_init_watch` from its constructor, :meth:`_note_failure` / :meth:`_note_answer`
+    after each request it sent and :meth:`_stop_probing` when it closes; the transport half
+    (:class:`~negsynth.llm.wire.Wire`) gives ``_probe`` and ``_connected``.
+    """
+
+    cfg: LLMConfig
+    stats: ClientStats
+    base_url: str
+    router: EndpointSet | None
+    transport: Any | None
+    on_wait: Callable[[str, bool], None] | None
+    _probe: Callable[[], Awaitable[bool]]
+    _connected: Callable[[], bool]
+
+    #: times an item is sent again after failing while the server answered other requests
+    #: (a request the server keeps failing, not an outage): then it is left pending
+    SPORADIC_RETRIES = 2
+
+    def _init_watch(self) -> None:
+        #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it,
+        #: unless that request was sent before the first failure of the run (an answer the server
+        #: wrote just before it went away says nothing about it now)
+        self.consecutive_failures = 0
+        self._sent = 0  # requests sent so far, in order (the send order decides "before")
+        self._streak_from = 0  # send number of the first failed request of the current run
+        self.failure_kinds: Counter = Counter()  # reason -> requests, in the current run of failures
+        self.last_failure: str = ""
+        #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
+        self.outage: str | None = None
+        self.outage_fatal = False
+        #: waiting out an outage (llm.outage_wait): set while the server is probed; requests wait
+        #: for it before they are sent
+        self._back: asyncio.Event | None = None
+        self._probe_task: asyncio.Task | None = None
+        #: when the current run of failures began (the first request of it that failed for good):
+        #: past ``llm.outage_wait`` from there with no answer, the stage stops as an outage
+        self._outage_since: float | None = None
+        self.answers = 0  # requests answered so far (an item's failures between two answers are an outage's)
+        #: item -> (answers when it last failed, times it failed while others were answered, times sent again)
+        self._item_fails: dict[Any, tuple[int, int, int]] = {}
+        self._probe_answered = False  # a probe answered during the current run of failures
+
+    def _note_failure(self, e: TransportError, sent: int) -> None:
+        """Request number ``sent`` failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""
+        if self.consecutive_failures == 0:
+            self._streak_from = sent
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+        self.consecutive_failures += 1
+        self.failure_kinds[e.reason] += 1
+        self.last_failure = e.detail
+        if self.outage is None and self._back is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
+            fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
+            message = self._outage_message()
+            if fatal or not self._can_wait():
+                self.outage_fatal, self.outage = fatal, message
+            else:
+                self._start_wait(message)
+
+    def _note_answer(self, sent: int) -> None:
+        """Request number ``sent`` was answered: the run of failures is over, unless it was sent
+        before that run began."""
+        self.answers += 1
+        if self.consecutive_failures == 0 or sent > self._streak_from:
+            self.consecutive_failures = 0
+            self.failure_kinds.clear()
+            self._outage_since = None
+            self._probe_answered = False
+
+    async def _stop_probing(self) -> None:
+        """Cancel a wait for the server still probing (the client is closing)."""
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
+            try:
+                await self._probe_task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _outage_message(self) -> str:
+        hanging = None
+        if self._probe_answered and self.failure_kinds and self.failure_kinds.most_common(1)[0][0] == "transport_timeout":
+            # GET /models answers but no chat request does: the server is up and hangs
+            hanging = self.router.hanging() if self.router is not None else None
+            hanging = hanging or self.base_url
+        return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=hanging)
+
+    # -- riding out an outage ---------------------------------------------------------------
+    def _can_wait(self) -> bool:
+        """Whether an outage may be waited out: ``llm.outage_wait`` is set, not in batch mode (no
+        Batch API transport), and the transport is open (a probe needs it)."""
+        return self.cfg.outage_wait > 0 and self.transport is None and self._connected()
+
+    def _start_wait(self, message: str) -> None:
+        """Hold every request and probe the server with backoff until it answers (then resume) or
+        ``llm.outage_wait`` has passed since the outage began (then stop as an outage)."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+        left = self._outage_since + self.cfg.outage_wait - now
+        if left <= 0:
+            self.outage = self._waited(message)
+            return
+        self._back = asyncio.Event()
+        self._probe_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
+
+    async def _wait_for_server(self, message: str, deadline: float) -> None:
+        back, t0, delay = self._back, time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
+        cause = message.split(":", 1)[0]
+        self._tell(
+            f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)",
+            True,
+        )
+        try:
+            while True:
+                pause = min(delay, deadline - time.monotonic())
+                if pause <= 0:
+                    self.outage = self._waited(self._outage_message() if self._probe_answered else message)
+                    break
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 30.0, max(self.cfg.backoff_max, 0.05))
+                if await self._probe():
+                    self._probe_answered = True
+                    self.consecutive_failures = 0
+                    self.failure_kinds.clear()
+                    self.stats.outage_waits += 1
+                    self._tell(f"the LLM server answers again after {time.monotonic() - t0:.0f} s; resuming", False)
+                    break
+        finally:
+            self.stats.outage_wait_s += time.monotonic() - t0
+            self._back = None
+            back.set()
+
+    def _waited(self, message: str) -> str:
+        return f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
+
+    def _tell(self, line: str, waiting: bool) -> None:
+        log.info(line)
+        if self.on_wait is not None:
+            self.on_wait(line, waiting)
+
+    async def again(self, item: Any) -> bool:
+        """An item whose requests failed at the transport level (its own retries ran out): True
+        when it should go back in the queue, after a pause (this waits it), False to leave it
+        pending (a rerun does it).
+
+        Sent again while the failures can be an outage: until the endpoints have been failing
+        continuously for ``llm.outage_wait`` (then the client stops as an outage, exit 4); an
+        outage long enough to trip ``llm.max_consecutive_failures`` holds every request while the
+        server is probed. An item that keeps failing while other requests are answered is sent
+        again :attr:`SPORADIC_RETRIES` times. False at once with ``llm.outage_wait = 0``, in
+        batch mode, or when the server answers wrongly (a setting to fix)."""
+        if self.outage is not None or not self._can_wait():
+            return False
+        if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:
+            return False  # the server answers, wrongly: a setting to fix, not an outage to wait out
+        seen, sporadic, sent = self._item_fails.get(item, (self.answers, 0, 0))
+        if self.answers > seen:
+            sporadic += 1
+            if sporadic > self.SPORADIC_RETRIES:
+                return False
+        sent += 1
+        if self._outage_since is not None and time.monotonic() - self._outage_since >= self.cfg.outage_wait and self._back is None:
+            self.outage = self._waited(self._outage_message())
+            return False
+        delay = random.uniform(0.5, 1.0) * min(max(self.cfg.backoff_max, 0.05), max(self.cfg.backoff_initial, 0.01) * 2 ** (sent - 1))
+        await asyncio.sleep(delay)
+        while self._back is not None:  # an outage is being waited out: back in the queue once it ends
+            await self._back.wait()
+        self._item_fails[item] = (self.answers, sporadic, sent)
+        if self.outage is not None:
+            return False
+        self.stats.requeued += 1
+        return True
