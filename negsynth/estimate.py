@@ -96,6 +96,21 @@ def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------- the run
+#: the figures of each stage that the total adds up
+TOTAL_KEYS = (
+    "requests",
+    "requests_max",
+    "prompt_tokens",
+    "prompt_tokens_max",
+    "completion_tokens",
+    "completion_tokens_max",
+    "wall_s",
+    "wall_s_max",
+    "cost_usd",
+    "cost_usd_max",
+)
+
+
 def estimate(
     ctx: StageContext,
     stages: list[str] | None = None,
@@ -106,14 +121,8 @@ def estimate(
     price_out: float | None = None,
 ) -> dict[str, Any]:
     """The estimate of ``stages`` (default: the LLM stages of ``pipeline.stages``), as a dict."""
-    from negsynth.prompts import reask_template
-
     cfg = ctx.cfg
-    llm_stages = llm_stage_names()
-    names = stages or [s for s in cfg.pipeline.stages if s in llm_stages]
-    bad = [s for s in names if s not in llm_stages]
-    if bad:
-        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(llm_stages)}")
+    names = _stages_to_estimate(cfg, stages)
     if (latency_s is not None and latency_s <= 0) or (rps is not None and rps <= 0):
         raise UserError("--latency and --rps must be > 0")
     # the embedded LLM is timed on this machine unless the caller says how fast it is
@@ -121,15 +130,65 @@ def estimate(
     latency_s = 5.0 if latency_s is None else latency_s
     tc = TokenCounter(cfg.llm.model)
     cached = _cached_answer_tokens(ctx.run_dir)
-    counts = {"attempts": cfg.llm.max_attempts, "max_tokens": cfg.llm.max_tokens, "reask_tokens": tc.text(reask_template())}
-    fallback = min(cfg.llm.max_tokens, 256)
     pin = cfg.llm.price.input_per_mtok if price_in is None else price_in
     pout = cfg.llm.price.output_per_mtok if price_out is None else price_out
     # requests per second: given, or llm.max_concurrency in flight, each taking --latency seconds
     rate = rps if rps is not None else cfg.llm.max_concurrency / latency_s
     if cfg.llm.rpm:
         rate = min(rate, cfg.llm.rpm / 60)
+    ests = _count_stages(ctx, names, tc, cached)
+    speed = None
+    if measure and any(e.requests for e in ests):
+        from negsynth.pipeline.embedded_speed import measure_embedded
+
+        speed = measure_embedded(cfg, ctx.run_dir, ctx.reporter, tc.text)
     out: dict[str, Any] = {"stages": {}}
+    for est in ests:
+        _time_and_price(est, rate=rate, tpm=cfg.llm.tpm, speed=speed, pin=pin, pout=pout)
+        out["stages"][est.stage] = asdict(est)
+    tot = {k: sum(s[k] for s in out["stages"].values()) for k in TOTAL_KEYS}
+    tot["cost_usd"], tot["cost_usd_max"] = round(tot["cost_usd"], 6), round(tot["cost_usd_max"], 6)
+    out["total"] = tot
+    out["assumptions"] = {
+        "model": cfg.llm.model,
+        "tokenizer": tc.name,
+        "completion_tokens": "the size of each stage's worked-example answer, or the mean of its answers in the run's request cache when it has some (max: llm.max_tokens per request)",
+        "requests_max": f"every item using all llm.max_attempts={cfg.llm.max_attempts} attempts",
+        "rate_rps": round(rate, 4) if speed is None else None,
+        "rate_basis": speed.basis
+        if speed is not None
+        else f"--rps {rps:g}"
+        if rps is not None
+        else f"llm.max_concurrency={cfg.llm.max_concurrency} requests every --latency {latency_s:g} s"
+        + (f", capped by llm.rpm={cfg.llm.rpm}" if cfg.llm.rpm else "")
+        + (f" and llm.tpm={cfg.llm.tpm}" if cfg.llm.tpm else ""),
+        "price_per_mtok": {"input": pin, "output": pout},
+        "price_basis": "--price-in/--price-out" if price_in is not None or price_out is not None else "llm.price",
+    }
+    return out
+
+
+def _stages_to_estimate(cfg, stages: list[str] | None) -> list[str]:
+    """``stages`` (``--stages``), else the LLM stages of ``pipeline.stages``; one line naming a
+    stage that does not call the LLM."""
+    llm_stages = llm_stage_names()
+    names = stages or [s for s in cfg.pipeline.stages if s in llm_stages]
+    bad = [s for s in names if s not in llm_stages]
+    if bad:
+        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(llm_stages)}")
+    return names
+
+
+def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached: dict[str, int]) -> list[StageEstimate]:
+    """Requests and tokens of each stage in ``names``, from its own estimator; a finished stage
+    costs nothing, and the run's cached answers (``cached``: mean completion tokens per stage)
+    replace the worked example's size. An estimator may ask for another stage's plan (generate
+    plans from brainstorm's tasks): that stage is planned aside, its counts not added."""
+    from negsynth.prompts import reask_template
+
+    cfg = ctx.cfg
+    counts = {"attempts": cfg.llm.max_attempts, "max_tokens": cfg.llm.max_tokens, "reask_tokens": tc.text(reask_template())}
+    fallback = min(cfg.llm.max_tokens, 256)
     by_name = {s.name: s for s in method()}
     planned: dict[str, Any] = {}  # stage -> what its estimator returned in this estimate
 
@@ -153,58 +212,22 @@ def estimate(
         if name in cached and est.requests:
             est.completion_tokens = est.requests * min(cached[name], cfg.llm.max_tokens)
             est.basis.append(f"completion tokens: the mean of its answers in the run's request cache ({cached[name]} tokens)")
-    speed = None
-    if measure and any(e.requests for e in ests):
-        from negsynth.pipeline.embedded_speed import measure_embedded
+    return ests
 
-        speed = measure_embedded(cfg, ctx.run_dir, ctx.reporter, tc.text)
-    for est in ests:
-        name = est.stage
-        for suffix, req, pt, ct in (
-            ("", est.requests, est.prompt_tokens, est.completion_tokens),
-            ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max),
-        ):
-            r = rate
-            if cfg.llm.tpm and req:
-                r = min(r, cfg.llm.tpm / 60 / ((pt + ct) / req))
-            wall = speed.seconds(req, pt, ct) if speed is not None else (req / r if req else 0.0)
-            setattr(est, "wall_s" + suffix, round(wall, 1))
-            setattr(est, "cost_usd" + suffix, round((pt * pin + ct * pout) / 1e6, 6))
-        out["stages"][name] = asdict(est)
-    tot = {
-        k: sum(s[k] for s in out["stages"].values())
-        for k in (
-            "requests",
-            "requests_max",
-            "prompt_tokens",
-            "prompt_tokens_max",
-            "completion_tokens",
-            "completion_tokens_max",
-            "wall_s",
-            "wall_s_max",
-            "cost_usd",
-            "cost_usd_max",
-        )
-    }
-    tot["cost_usd"], tot["cost_usd_max"] = round(tot["cost_usd"], 6), round(tot["cost_usd_max"], 6)
-    out["total"] = tot
-    out["assumptions"] = {
-        "model": cfg.llm.model,
-        "tokenizer": tc.name,
-        "completion_tokens": "the size of each stage's worked-example answer, or the mean of its answers in the run's request cache when it has some (max: llm.max_tokens per request)",
-        "requests_max": f"every item using all llm.max_attempts={cfg.llm.max_attempts} attempts",
-        "rate_rps": round(rate, 4) if speed is None else None,
-        "rate_basis": speed.basis
-        if speed is not None
-        else f"--rps {rps:g}"
-        if rps is not None
-        else f"llm.max_concurrency={cfg.llm.max_concurrency} requests every --latency {latency_s:g} s"
-        + (f", capped by llm.rpm={cfg.llm.rpm}" if cfg.llm.rpm else "")
-        + (f" and llm.tpm={cfg.llm.tpm}" if cfg.llm.tpm else ""),
-        "price_per_mtok": {"input": pin, "output": pout},
-        "price_basis": "--price-in/--price-out" if price_in is not None or price_out is not None else "llm.price",
-    }
-    return out
+
+def _time_and_price(est: StageEstimate, *, rate: float, tpm: int | None, speed, pin: float, pout: float) -> None:
+    """Set ``est``'s wall time and USD, expected and max: at ``rate`` requests per second (capped by
+    ``llm.tpm`` at the stage's tokens per request) or the embedded LLM's measured ``speed``."""
+    for suffix, req, pt, ct in (
+        ("", est.requests, est.prompt_tokens, est.completion_tokens),
+        ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max),
+    ):
+        r = rate
+        if tpm and req:
+            r = min(r, tpm / 60 / ((pt + ct) / req))
+        wall = speed.seconds(req, pt, ct) if speed is not None else (req / r if req else 0.0)
+        setattr(est, "wall_s" + suffix, round(wall, 1))
+        setattr(est, "cost_usd" + suffix, round((pt * pin + ct * pout) / 1e6, 6))
 
 
 def render(est: dict[str, Any]) -> None:

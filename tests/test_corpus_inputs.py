@@ -138,29 +138,29 @@ def test_a_pdf_is_parsed_once_for_the_reads_of_a_run_within_a_bounded_cache(tmp_
     pytest.importorskip("pypdf")
     from collections import OrderedDict
 
-    import negsynth.data.corpus as corpus_mod
+    import negsynth.data.documents as documents_mod
 
-    monkeypatch.setattr(corpus_mod, "_EXTRACTED", OrderedDict())  # this test's cache alone
-    monkeypatch.setattr(corpus_mod, "_extracted_held", 0)
+    monkeypatch.setattr(documents_mod, "_EXTRACTED", OrderedDict())  # this test's cache alone
+    monkeypatch.setattr(documents_mod, "_extracted_held", 0)
     for i in range(3):
         write_pdf(tmp_path / f"p{i}.pdf", [f"Paper {i} reports a finding about topic {i}."])
     parsed: list[str] = []
-    real = corpus_mod._read_pdf
-    monkeypatch.setattr(corpus_mod, "_read_pdf", lambda p: parsed.append(p.name) or real(p))
+    real = documents_mod._read_pdf
+    monkeypatch.setattr(documents_mod, "_read_pdf", lambda p: parsed.append(p.name) or real(p))
     c = read_corpus(CorpusSpec(path=str(tmp_path)))  # the count
     assert [d.id for _, d in c.documents_at([0, 2])] == ["p0.pdf", "p2.pdf"] and len(list(c.documents())) == 3
     assert sorted(parsed) == ["p0.pdf", "p1.pdf", "p2.pdf"]  # three reads, each file parsed once
     (tmp_path / "p1.pdf").touch()  # a file changed since: parsed again
     write_pdf(tmp_path / "p1.pdf", ["Paper 1 now reports another finding entirely."])
     assert "another finding" in [d.text for d in c.documents()][1] and parsed.count("p1.pdf") == 2
-    assert len(corpus_mod._EXTRACTED) == 4  # p1's old text stays until pushed out
-    monkeypatch.setattr(corpus_mod, "_EXTRACTED_BYTES", 60)  # room for about one text: the oldest go
+    assert len(documents_mod._EXTRACTED) == 4  # p1's old text stays until pushed out
+    monkeypatch.setattr(documents_mod, "_EXTRACTED_BYTES", 60)  # room for about one text: the oldest go
     write_pdf(tmp_path / "p3.pdf", ["Paper 3 is new."])
     list(read_corpus(CorpusSpec(path=str(tmp_path / "p3.pdf"))).documents())
     assert (
-        list(corpus_mod._EXTRACTED)[-1][0] == str(tmp_path / "p3.pdf")
-        and len(corpus_mod._EXTRACTED) <= 2
-        and corpus_mod._extracted_held == sum(len(t) + len(b) for t, b in corpus_mod._EXTRACTED.values())
+        list(documents_mod._EXTRACTED)[-1][0] == str(tmp_path / "p3.pdf")
+        and len(documents_mod._EXTRACTED) <= 2
+        and documents_mod._extracted_held == sum(len(t) + len(b) for t, b in documents_mod._EXTRACTED.values())
     )
 
 

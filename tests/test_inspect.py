@@ -153,7 +153,7 @@ def test_a_sample_shows_the_teachers_scores_beside_its_texts():
     beside its own text after score's reorder; one without has no such column."""
     from rich.console import Console
 
-    from negsynth.inspect import _sample_panel
+    from negsynth.inspect.render import _sample_panel
 
     ex = scored(3, cos=(0.9, 0.8, 0.3, 0.2), order=[1, 0, 2, 3])
     ex["meta"] = {"teacher_label": [1.875, 1.25, 1.125, 0.5, 0.25]}  # [positive, negatives as written before score]

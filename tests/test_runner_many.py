@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from negsynth.data.shards import iter_jsonl
-from negsynth.inspect import _pending
+from negsynth.inspect.report import _pending
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import MANY, Outcome, ShardedRunner, WorkItem

@@ -60,9 +60,9 @@ def write(tmp: Path, fmt: str, data: list[dict]) -> Path:
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "parquet"])
 @pytest.mark.parametrize("seed", [0, 3, -1])
 def test_a_streamed_limit_picks_the_same_pairs_as_a_whole_read(tmp_path, fmt, seed, monkeypatch):
-    import negsynth.data.sources as sources
+    import negsynth.data.tables as tables
 
-    monkeypatch.setattr(sources, "_CHUNK", 4096)  # many small batches
+    monkeypatch.setattr(tables, "_CHUNK", 4096)  # many small batches
     p = write(tmp_path, fmt, rows(3000))
     for extra in ({}, {"filter": {"label": "keep"}}):
         spec = SourceSpec(path=str(p), limit=25, seed=seed, skip_invalid=True, **extra)
@@ -85,9 +85,9 @@ def test_a_gzipped_file_reads_as_the_plain_one(tmp_path, fmt, monkeypatch):
     and streamed (a limit), and a file that is not gzip behind the name is one line."""
     import gzip
 
-    import negsynth.data.sources as sources
+    import negsynth.data.tables as tables
 
-    monkeypatch.setattr(sources, "_CHUNK", 4096)
+    monkeypatch.setattr(tables, "_CHUNK", 4096)
     p = write(tmp_path, fmt, rows(400))
     gz = tmp_path / f"pairs.{fmt}.gz"
     gz.write_bytes(gzip.compress(p.read_bytes()))
@@ -199,13 +199,13 @@ def corpus_rows(n: int) -> list[dict]:
 def test_the_corpus_sample_is_the_one_a_whole_read_drew(tmp_path, fmt, monkeypatch):
     """The documents sampled for a seed are the ones the whole-file reader drew (pinned from it):
     cached LLM answers of earlier runs stay valid."""
-    import negsynth.data.sources as sources
+    import negsynth.data.tables as tables
     from negsynth.data.corpus import read_corpus, sample_documents, sample_indices
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import CorpusSpec, RunConfig
     from negsynth.stages.corpus import load_corpora, plan_items
 
-    monkeypatch.setattr(sources, "_CHUNK", 1024)  # many small batches
+    monkeypatch.setattr(tables, "_CHUNK", 1024)  # many small batches
     p = write(tmp_path, fmt, corpus_rows(500)) if fmt != "jsonl" else tmp_path / "c.jsonl"
     if fmt == "jsonl":
         p.write_text("".join(json.dumps(r) + "\n" for r in corpus_rows(500)))

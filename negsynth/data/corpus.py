@@ -31,7 +31,7 @@ and each other non-space character, is a token (``\\w+|[^\\w\\s]``), so the pass
 which embedder is installed. A document within the limit stays one document with its own id.
 
 **Bounded memory.** A corpus is never held whole: it is read in batches (those of
-:mod:`negsynth.data.sources`' streamed reader, about 8 MiB of text or 65,536 parquet rows; a
+:mod:`negsynth.data.tables`' batched reader, about 8 MiB of text or 65,536 parquet rows; a
 folder's document files 64 at a time), once by :func:`read_corpus` to count the documents (what
 is kept: the rows that are not documents, and while that read lasts the ids, for the duplicate
 check), and again by whoever wants documents: :meth:`CorpusData.documents_at` (a sample: the input
@@ -48,15 +48,17 @@ an unreadable file, a missing column, repeated ids or a corpus with no document 
 from __future__ import annotations
 
 import hashlib
-import math
 import random
-import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+# chunk_spans, count_tokens: re-exported (``X as X``) for the tests and benchmarks that name them here
+from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
+from negsynth.data.documents import chunk_spans as chunk_spans
+from negsynth.data.documents import count_tokens as count_tokens
 from negsynth.errors import UserError
 
 T = TypeVar("T")
@@ -89,23 +91,10 @@ TABLE_SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-#: the extra that reads a format, and the module it installs
-EXTRAS = {"html": ("html", "bs4", "BeautifulSoup"), "pdf": ("pdf", "pypdf", "pypdf")}
 #: how ids are made (see the module docstring)
 ID_MODES = ("column", "first", "row", "hash")
 #: a folder's document files read per batch
 _FILES_PER_BATCH = 64
-#: the token proxy chunks are counted in
-_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document: ``id`` is unique within its corpus; ``text`` already holds the title."""
-
-    id: str
-    text: str
-    title: str = ""
 
 
 def file_format(p: Path) -> str | None:
@@ -121,193 +110,6 @@ def file_format(p: Path) -> str | None:
 def _kind(p: Path) -> str:
     """What a file's name says it is, for messages: ``.jsonl.gz``, ``.docx``, or its name."""
     return "".join(p.suffixes[-2:]).lower() if p.suffix.lower() == ".gz" else (p.suffix.lower() or p.name)
-
-
-def need_extra(fmt: str, where: Any) -> None:
-    """Raise the one line that names the extra to install when the library reading ``fmt`` is missing."""
-    if fmt not in EXTRAS:
-        return
-    extra, module, lib = EXTRAS[fmt]
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise UserError(f"{where}: reading {fmt.upper()} needs {lib}: pip install 'negsynth[{extra}]'")
-
-
-# -- chunks -----------------------------------------------------------------------------------
-_WORD_BYTES = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
-_SPACE_BYTES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what \s matches in ASCII (str.isspace)
-#: ASCII bytes that are neither word nor space (each one token), and the table that blanks them
-_OTHER_BYTES = bytes(b for b in range(128) if b not in _WORD_BYTES and b not in _SPACE_BYTES)
-_BLANK = bytes.maketrans(_OTHER_BYTES + _SPACE_BYTES, b" " * (len(_OTHER_BYTES) + len(_SPACE_BYTES)))
-
-
-def count_tokens(text: str) -> int:
-    """Tokens of ``text`` by the proxy chunks are counted in (see the module docstring). ASCII text
-    is counted with two byte translations in C (its other characters, plus the word runs left when
-    they are blanked), the same count as the regex, several times faster; other text by the regex."""
-    if text.isascii():
-        b = text.encode("ascii")
-        return len(b.translate(None, _WORD_BYTES + _SPACE_BYTES)) + len(b.translate(_BLANK).split())
-    return len(_TOKEN.findall(text))
-
-
-def chunk_spans(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
-    """``[start, end)`` token spans covering ``n`` tokens: one span when ``n <= size``, else the
-    fewest spans of at most ``size`` tokens that overlap by at least ``overlap``, all of one length
-    (give or take one) and evenly spaced, so no passage is a short tail."""
-    if n <= size:
-        return [(0, n)]
-    k = math.ceil((n - overlap) / (size - overlap))
-    length = math.ceil((n + (k - 1) * overlap) / k)
-    return [(s, s + length) for s in (round(i * (n - length) / (k - 1)) for i in range(k))]
-
-
-def split_document(d: Document, size: int, overlap: int) -> list[Document]:
-    """``d`` as passages of at most ``size`` proxy tokens (``[d]`` when it fits): passage N has id
-    ``<id>#chunkN`` and opens with the document's title (the first already does)."""
-    if size <= 0 or len(d.text) <= size or count_tokens(d.text) <= size:  # a token is at least one character
-        return [d]
-    spans = [m.span() for m in _TOKEN.finditer(d.text)]
-    # the text opens with its title (see _document): the title heads each passage and the rest is split
-    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
-    if head > size // 2:  # a title too long to repeat: split the whole text
-        head = 0
-    body = spans[head:]
-    out: list[Document] = []
-    for k, (a, b) in enumerate(chunk_spans(len(body), size - head, min(overlap, (size - head) // 2))):
-        lo, hi = (0 if a == 0 else body[a][0]), body[b - 1][1]
-        text = d.text[lo:hi] if lo == 0 or not head else f"{d.title} {d.text[lo:hi]}"
-        out.append(Document(f"{d.id}#chunk{k + 1}", text, d.title))
-    return out
-
-
-def n_chunks(d: Document, size: int, overlap: int) -> int:
-    """How many passages :func:`split_document` makes of ``d`` (without making them)."""
-    if size <= 0 or len(d.text) <= size:
-        return 1
-    n = count_tokens(d.text)
-    if n <= size:
-        return 1
-    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
-    if head > size // 2:
-        head = 0
-    return len(chunk_spans(n - head, size - head, min(overlap, (size - head) // 2)))
-
-
-# -- document files -----------------------------------------------------------------------------
-_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(?:\n|\Z)", re.S)
-_FM_TITLE = re.compile(r"^title\s*:\s*(.+?)\s*$", re.M)
-_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)  # Markdown: # Title
-#: a title underlined (Markdown: === or ---; reStructuredText: a line of one punctuation character)
-_UNDERLINED = {
-    ".md": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=-])\2{2,}[ \t]*$", re.M),
-    ".rst": re.compile(r"^(\S[^\n]*?)[ \t]*\n([=\-~^*#+`'\"])\2{2,}[ \t]*$", re.M),
-}
-
-
-#: PDF / HTML text already extracted: (path, size, mtime) -> (title, body), oldest first, at most
-#: _EXTRACTED_BYTES of text, so the stage's three reads (count, sample, index) parse a small
-#: folder's PDFs once and a large one's within bounded memory
-_EXTRACTED: OrderedDict[tuple, tuple[str, str]] = OrderedDict()
-_EXTRACTED_BYTES = 64 << 20
-_extracted_held = 0  # characters in _EXTRACTED
-
-
-def read_document_file(p: Path, fmt: str) -> tuple[str, str]:
-    """``(title, body)`` of a file that is one document (``fmt``: text, html or pdf)."""
-    if fmt not in ("pdf", "html"):
-        return _read_document_file(p, fmt)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    if key in _EXTRACTED:
-        _EXTRACTED.move_to_end(key)
-        return _EXTRACTED[key]
-    global _extracted_held
-    out = _EXTRACTED[key] = _read_document_file(p, fmt)
-    _extracted_held += len(out[0]) + len(out[1])
-    while _extracted_held > _EXTRACTED_BYTES and len(_EXTRACTED) > 1:
-        _, (t, b) = _EXTRACTED.popitem(last=False)
-        _extracted_held -= len(t) + len(b)
-    return out
-
-
-def _read_document_file(p: Path, fmt: str) -> tuple[str, str]:
-    try:
-        if fmt == "pdf":
-            return _read_pdf(p)
-        raw = p.read_bytes()
-    except OSError as e:
-        raise UserError(f"{p}: cannot read it ({e.strerror or e}); check --input") from None
-    from negsynth.data.sources import MAGIC
-
-    for magic, what, fix in MAGIC:
-        if raw.startswith(magic):
-            raise UserError(f"{p}: is {what}, not {fmt} text; {fix}")
-    if b"\x00" in raw[: 64 * 1024]:
-        raise UserError(f"{p}: holds NUL bytes, so it is not {fmt} text (a binary file?); remove it or fix its name")
-    if fmt == "html":
-        return _read_html(p, raw)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(
-            f"{p}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); convert it to UTF-8 (iconv -t UTF-8)"
-        ) from None
-    title = ""
-    kind = {".markdown": ".md"}.get(p.suffix.lower(), p.suffix.lower())
-    if kind in (".md", ".rst"):
-        fm = _FRONT_MATTER.match(text) if kind == ".md" else None
-        if fm:
-            t = _FM_TITLE.search(fm.group(1))
-            title = t.group(1).strip("'\"") if t else ""
-            text = text[fm.end() :]
-        if not title:  # the first heading, # or underlined
-            found = [m for m in (_HEADING.search(text) if kind == ".md" else None, _UNDERLINED[kind].search(text)) if m]
-            if found:
-                h = min(found, key=lambda m: m.start())
-                title = h.group(1).strip()
-                text = text[: h.start()] + text[h.end() :]  # the heading is the title, not also the text
-    return title or _file_title(p), text
-
-
-def _file_title(p: Path) -> str:
-    return p.name.split(".")[0].replace("_", " ").strip()
-
-
-def _read_html(p: Path, raw: bytes) -> tuple[str, str]:
-    need_extra("html", p)
-    from bs4 import BeautifulSoup
-
-    soup = BeautifulSoup(raw, "html.parser")
-    title = soup.title.get_text(" ", strip=True) if soup.title else ""
-    for tag in soup(["script", "style", "noscript", "template", "head", "svg"]):
-        tag.decompose()
-    body = re.sub(r"\s+", " ", soup.get_text(" ", strip=True)).strip()
-    return title or _file_title(p), body
-
-
-def _read_pdf(p: Path) -> tuple[str, str]:
-    need_extra("pdf", p)
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
-
-    try:
-        reader = PdfReader(p)
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise UserError(f"{p}: an encrypted PDF; decrypt it (qpdf --decrypt) or remove it from the input")
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except UserError:
-        raise
-    except (PdfReadError, ValueError, KeyError, TypeError) as e:
-        raise UserError(
-            f"{p}: cannot read this PDF ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the file"
-        ) from None
-    text = re.sub(r"[ \t]+", " ", "\n".join(pages))
-    return _file_title(p), re.sub(r"\n\s*\n\s*", "\n\n", text).strip()
 
 
 # -- the corpus ---------------------------------------------------------------------------------
@@ -353,7 +155,7 @@ class CorpusData:
     def _part_frames(self, part: Part) -> Iterator[Any]:
         """Polars frames of one table file: JSONL / CSV / TSV / parquet in bounded batches, a
         ``.json`` array or an HF dataset whole."""
-        from negsynth.data.sources import iter_frames, read_frame, sniff, streamable
+        from negsynth.data.tables import iter_frames, read_frame, sniff, streamable
 
         if streamable(part.file, part.fmt):
             p = Path(part.file)
@@ -532,13 +334,43 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
     """Count the documents of one corpus spec in one streamed read: kept are the column map, the
     count and the rows that are not documents, never the texts. Documents longer than
     ``chunk_tokens`` proxy tokens count as their passages (0: never split)."""
-    import numpy as np
-    import polars as pl
+    from negsynth.data.sources import default_name
 
-    from negsynth.data.sources import default_name, detect_format
+    fmt, path, file_fmt = _input_format(spec)
+    name = spec.name or default_name(spec.path, "beir" if fmt in ("beir", "folder") else file_fmt)
+    data = CorpusData(
+        name,
+        spec.path,
+        {},
+        0,
+        file=path,
+        fmt=file_fmt,
+        split=spec.split,
+        mapping=dict(spec.columns),
+        ids=spec.ids,
+        chunk_tokens=chunk_tokens,
+        chunk_overlap=chunk_overlap,
+    )
+    data.parts, data.skipped_files = _input_parts(spec, fmt, path, file_fmt)
+    for f in sorted({p.fmt for p in data.parts}):
+        need_extra(f, spec.path)
+    tally = _count_rows(data)
+    data.rows = tally.rows
+    if tally.rows == 0:
+        raise UserError(f"{path}: holds no document with text; check the file or columns.text")
+    _leave_out_repeats(data, tally)
+    if data.count <= 0:
+        hint = " (a scanned PDF has no text layer: run OCR on it first)" if any(p.fmt == "pdf" for p in data.parts) else ""
+        raise UserError(f"{path}: holds no document with text{hint}; check the file or columns.text")
+    return data
+
+
+def _input_format(spec) -> tuple[str, str, str]:
+    """``(format of the input, the file read, format of that file)``: a BEIR folder is read as its
+    ``corpus.jsonl``, a folder of files as ``folder``; a glob on anything but a folder is refused."""
+    from negsynth.data.sources import detect_format
 
     fmt = spec.format if spec.format != "auto" else _corpus_format(spec.path)
-    ids_mode = spec.ids
     glob = spec.glob
     path = spec.path
     if glob and fmt != "folder":
@@ -552,43 +384,50 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
         file_fmt = fmt
     else:
         file_fmt = fmt if fmt != "auto" else detect_format(path)
-    name = spec.name or default_name(spec.path, "beir" if fmt in ("beir", "folder") else file_fmt)
-    data = CorpusData(
-        name,
-        spec.path,
-        {},
-        0,
-        file=path,
-        fmt=file_fmt,
-        split=spec.split,
-        mapping=dict(spec.columns),
-        ids=ids_mode,
-        chunk_tokens=chunk_tokens,
-        chunk_overlap=chunk_overlap,
-    )
-    if fmt == "folder":
-        folder = Path(spec.path)
-        if not folder.is_dir():
-            raise UserError(f"{folder}: not a folder; check --input")
-        data.parts, data.skipped_files = folder_parts(folder, glob)
-        if not data.parts:
-            found = ", ".join(f"{k} ×{v}" for k, v in data.skipped_files.items()) or "no files"
-            raise UserError(
-                f"{folder}: no corpus files here ({found}{f' for glob {glob!r}' if glob else ''}); it reads {_supported()}: convert the documents to one of them, e.g. JSONL with a 'text' field"
-            )
-    else:
-        data.parts = [Part(path, file_fmt)]
+    return fmt, path, file_fmt
+
+
+def _input_parts(spec, fmt: str, path: str, file_fmt: str) -> tuple[list[Part], dict[str, int]]:
+    """The files of the input (a folder's corpus files, else the one file) and a folder's other
+    files by kind; one line when there is nothing to read."""
+    if fmt != "folder":
         if file_fmt in DOCUMENT_SUFFIXES.values() and not Path(path).is_file():
             raise UserError(f"{path}: file not found; check --input")
-    for f in sorted({p.fmt for p in data.parts}):
-        need_extra(f, spec.path)
-    empty: list[int] = []
-    ids: list[Any] = []  # per batch, the ids of its rows with text (polars strings: compact), for the duplicate check
-    id_rows: list[Any] = []
-    multi_rows: list[Any] = []  # per batch, the rows of documents split into passages, and how many each
-    multi_n: list[Any] = []
-    rows = chunks = 0
-    keep_ids_of = ids_mode in ("column", "first", "hash")
+        return [Part(path, file_fmt)], {}
+    folder, glob = Path(spec.path), spec.glob
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a folder; check --input")
+    parts, skipped_files = folder_parts(folder, glob)
+    if not parts:
+        found = ", ".join(f"{k} ×{v}" for k, v in skipped_files.items()) or "no files"
+        raise UserError(
+            f"{folder}: no corpus files here ({found}{f' for glob {glob!r}' if glob else ''}); it reads {_supported()}: convert the documents to one of them, e.g. JSONL with a 'text' field"
+        )
+    return parts, skipped_files
+
+
+@dataclass
+class _RowTally:
+    """What the counting read of :func:`read_corpus` keeps: row numbers, ids and passage counts in
+    compact per-batch arrays, never the texts."""
+
+    empty: list[int] = field(default_factory=list)  # rows with no text
+    ids: list[Any] = field(default_factory=list)  # per batch, the ids of its rows with text (polars strings), for the duplicate check
+    id_rows: list[Any] = field(default_factory=list)  # per batch, the rows of those ids
+    multi_rows: list[Any] = field(default_factory=list)  # per batch, the rows of documents split into passages
+    multi_n: list[Any] = field(default_factory=list)  # and how many passages each
+    rows: int = 0
+    chunks: int = 0  # passages (a document that fits: one)
+
+
+def _count_rows(data: CorpusData) -> _RowTally:
+    """Read the input once: each row's document (None: no text), its passages and, where ids can
+    repeat, its id."""
+    import numpy as np
+    import polars as pl
+
+    tally = _RowTally()
+    keep_ids_of = data.ids in ("column", "first", "hash")
     for row0, row_ids, titles, texts in data._cells():
         keep_ids: list[str] = []
         keep_rows: list[int] = []
@@ -597,12 +436,12 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
         for j, (i, t, body) in enumerate(zip(row_ids, titles, texts)):
             d = _document(i, t, body)
             if d is None:
-                empty.append(row0 + j)
+                tally.empty.append(row0 + j)
                 continue
             if i is None:
                 d = Document(text_id(d.text), d.text, d.title)
-            n = n_chunks(d, chunk_tokens, chunk_overlap)
-            chunks += n
+            n = n_chunks(d, data.chunk_tokens, data.chunk_overlap)
+            tally.chunks += n
             if n > 1:
                 split_rows.append(row0 + j)
                 split_n.append(n)
@@ -610,35 +449,37 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
                 keep_ids.append(d.id)
                 keep_rows.append(row0 + j)
         if keep_ids:
-            ids.append(pl.Series(keep_ids, dtype=pl.String))
-            id_rows.append(np.asarray(keep_rows, dtype=np.int64))
+            tally.ids.append(pl.Series(keep_ids, dtype=pl.String))
+            tally.id_rows.append(np.asarray(keep_rows, dtype=np.int64))
         if split_rows:
-            multi_rows.append(np.asarray(split_rows, dtype=np.int64))
-            multi_n.append(np.asarray(split_n, dtype=np.int64))
-        rows += len(texts)
-    data.rows = rows
-    if rows == 0:
-        raise UserError(f"{path}: holds no document with text; check the file or columns.text")
+            tally.multi_rows.append(np.asarray(split_rows, dtype=np.int64))
+            tally.multi_n.append(np.asarray(split_n, dtype=np.int64))
+        tally.rows += len(texts)
+    return tally
+
+
+def _leave_out_repeats(data: CorpusData, tally: _RowTally) -> None:
+    """Set ``data``'s skipped rows and counts: a later row whose id was seen before is left out
+    (ids ``first`` / ``hash``; an error with ids ``column``), and so are its passages."""
+    import numpy as np
+    import polars as pl
+
     dup = np.zeros(0, dtype=np.int64)
-    if ids:  # a later row whose id was seen before
-        all_ids = pl.concat(ids)
+    if tally.ids:  # a later row whose id was seen before
+        all_ids = pl.concat(tally.ids)
         first = all_ids.is_first_distinct().to_numpy()
-        rows_of = np.concatenate(id_rows)
+        rows_of = np.concatenate(tally.id_rows)
         dup = rows_of[~first]
-        if len(dup) and ids_mode == "column":
+        if len(dup) and data.ids == "column":
             raise _repeated_ids(data, all_ids, rows_of, first)
-    data.skipped_rows = frozenset(empty) | frozenset(dup.tolist())
-    data.empty_skipped, data.duplicate_ids = len(empty), len(dup)
+    data.skipped_rows = frozenset(tally.empty) | frozenset(dup.tolist())
+    data.empty_skipped, data.duplicate_ids = len(tally.empty), len(dup)
     # a left-out repeat counted its passages above: take them out again
-    split_at = np.concatenate(multi_rows) if multi_rows else np.zeros(0, dtype=np.int64)
-    split_n_all = np.concatenate(multi_n) if multi_n else np.zeros(0, dtype=np.int64)
+    split_at = np.concatenate(tally.multi_rows) if tally.multi_rows else np.zeros(0, dtype=np.int64)
+    split_n_all = np.concatenate(tally.multi_n) if tally.multi_n else np.zeros(0, dtype=np.int64)
     left_out = np.isin(split_at, dup)
     data.chunked = int((~left_out).sum())
-    data.count = chunks - len(dup) - int((split_n_all[left_out] - 1).sum())
-    if data.count <= 0:
-        hint = " (a scanned PDF has no text layer: run OCR on it first)" if any(p.fmt == "pdf" for p in data.parts) else ""
-        raise UserError(f"{path}: holds no document with text{hint}; check the file or columns.text")
-    return data
+    data.count = tally.chunks - len(dup) - int((split_n_all[left_out] - 1).sum())
 
 
 def _repeated_ids(data: CorpusData, all_ids: Any, rows_of: Any, first: Any) -> UserError:

@@ -35,22 +35,28 @@ raises :class:`~negsynth.errors.UserError` naming the file, the row and the fix.
 Reading is done with polars (``csv``/``tsv``/``jsonl``/``parquet``) and ``datasets`` (``hf``);
 there is no hand-written parsing of delimited text. A file whose first bytes say it is something
 else (a PDF, a ZIP archive such as a .docx, gzip without ``.gz``, an image) is refused in one line
-naming what it is and what to do (:data:`MAGIC`).
+naming what it is and what to do (:data:`~negsynth.data.tables.MAGIC`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# re-exported (``X as X``): regenerate, the docs and users name them here
+from negsynth.data.source_kinds import INSTRUCTION_TABLE as INSTRUCTION_TABLE
+from negsynth.data.source_kinds import SourceKind as SourceKind
+from negsynth.data.source_kinds import source_key as source_key
+from negsynth.data.source_kinds import source_kind as source_kind
+from negsynth.data.tables import FORMATS as FORMATS
+from negsynth.data.tables import MAGIC as MAGIC
+from negsynth.data.tables import iter_frames, read_frame, sniff, streamable
 from negsynth.errors import UserError
 
-FORMATS = ("auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir")
 ROLES = ("query", "positive", "instruction", "negatives", "id")
 SPLIT_NAMES = {"train", "test", "dev", "validation", "val", "eval"}
 
@@ -180,120 +186,6 @@ def default_split(path: str, fmt: str, split: str | None) -> str:
 
 
 # -- tabular sources (jsonl / parquet / csv / tsv / hf) ---------------------------------------
-def read_frame(path: str, fmt: str, split: str | None):
-    """Return ``(polars.DataFrame, line_offset)``: line_offset turns a 0-based row into a file line."""
-    import polars as pl
-
-    p = Path(path)
-    if fmt != "hf" and not p.is_file():
-        raise UserError(f"{p}: file not found; check --input")
-    sniff(p, fmt)
-    if is_gzip(p) and fmt in ("jsonl", "csv", "tsv"):  # the same batched reader, gathered
-        frames = list(iter_frames(p, fmt))
-        return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), (1 if fmt == "jsonl" else 2)
-    try:
-        if fmt == "csv":
-            return pl.read_csv(p, infer_schema=False), 2
-        if fmt == "tsv":
-            return pl.read_csv(p, separator="\t", quote_char=None, infer_schema=False), 2
-        if fmt == "parquet":
-            return pl.read_parquet(p), 0
-        if fmt == "jsonl":
-            if p.suffix.lower() == ".json":
-                return pl.read_json(p), 0
-            return pl.read_ndjson(p, infer_schema_length=None), 1
-        if fmt == "hf":
-            return _read_hf(path, split), 0
-    except UserError:
-        raise
-    except Exception as e:  # polars raises many error types; keep the first line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{p}: cannot read as {fmt} ({msg}); check the file or pass the right --format") from None
-    raise UserError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-
-
-_SNIFF = 64 * 1024
-
-#: the opening bytes of files that are not text tables, and what to do with each
-MAGIC: tuple[tuple[bytes, str, str], ...] = (
-    (b"%PDF-", "a PDF file", "name it .pdf (the corpus stage reads PDF text: pip install 'negsynth[pdf]')"),
-    (b"PK\x03\x04", "a ZIP archive (.zip, .docx, .xlsx, .odt?)", "convert it to JSONL with a 'text' field, or to .txt / .md files"),
-    (b"\x1f\x8b", "gzip-compressed", "name it .jsonl.gz / .csv.gz / .tsv.gz so it is decompressed"),
-    (b"PAR1", "a parquet file", "name it .parquet or pass --format parquet"),
-    (b"\xd0\xcf\x11\xe0", "an old Office document (.doc, .xls?)", "convert it to JSONL with a 'text' field, or to CSV"),
-    (b"\x89PNG", "a PNG image", "remove it from the input"),
-    (b"\xff\xd8\xff", "a JPEG image", "remove it from the input"),
-)
-
-
-def is_gzip(p: Path) -> bool:
-    return p.suffix.lower() == ".gz"
-
-
-def open_text_file(p: Path):
-    """``p`` opened for binary reading, decompressed when its name ends in ``.gz``."""
-    if is_gzip(p):
-        import gzip
-
-        return gzip.open(p, "rb")
-    return open(p, "rb")
-
-
-def sniff(p: Path, fmt: str) -> None:
-    """Refuse, after reading at most 64 KiB, a file that cannot be what ``fmt`` says: a PDF, a ZIP
-    archive (a .docx), an image or any file whose magic bytes say what it is, NUL bytes in a text
-    format (a binary file, a zeroed disk), a parquet file without its magic."""
-    if fmt not in ("jsonl", "csv", "tsv", "parquet"):
-        return
-    try:
-        with open_text_file(p) as f:
-            head = f.read(_SNIFF)
-    except OSError as e:  # gzip's BadGzipFile is an OSError too
-        raise UserError(f"{p}: cannot read it ({getattr(e, 'strerror', None) or e}); check --input") from None
-    except EOFError:
-        raise UserError(f"{p}: the gzip stream ends early (a truncated file?); check --input") from None
-    if fmt == "parquet":
-        if head[:4] != b"PAR1":
-            raise UserError(f"{p}: not a parquet file (it does not start with PAR1); pass the right --format or fix --input")
-        return
-    for magic, what, fix in MAGIC:
-        if head.startswith(magic):
-            raise UserError(f"{p}: is {what}, not {fmt} text; {fix}")
-    if b"\x00" in head:
-        raise UserError(
-            f"{p}: holds NUL bytes in its first 64 KiB, so it is not {fmt} text (a binary file?); pass the right --format or fix --input"
-        )
-
-
-def _read_hf(path: str, split: str | None):
-    import datasets
-    import polars as pl
-
-    p = Path(path)
-    if p.exists():
-        try:
-            ds = datasets.load_from_disk(str(p))
-        except FileNotFoundError as e:
-            raise UserError(f"{p}: not a datasets.save_to_disk folder ({e}); pass --format for other files") from None
-    else:
-        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-            raise UserError(
-                f"{path}: not a local path and the hub is offline (HF_HUB_OFFLINE=1); save the dataset with datasets.save_to_disk and pass that folder"
-            )
-        try:
-            ds = datasets.load_dataset(path, split=split or "train")
-        except Exception as e:
-            raise UserError(
-                f"{path}: cannot load from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the name and --split"
-            ) from None
-    if isinstance(ds, datasets.DatasetDict):
-        names = list(ds.keys())
-        if split is None and len(names) == 1:
-            split = names[0]
-        if split not in ds:
-            raise UserError(f'{p}: has splits {", ".join(names)}; pick one with --split (or split = "..." in the source spec)')
-        ds = ds[split]
-    return pl.from_arrow(ds.data.table)
 
 
 def _resolve_columns(df_cols: Sequence[str], mapping: dict[str, str], where: str) -> dict[str, str]:
@@ -532,93 +424,6 @@ def load_source(spec) -> SourceData:
 
 
 # -- streaming: a limit on a large file -------------------------------------------------------
-#: bytes of a text file parsed at a time; one line may be at most _MAX_LINE
-_CHUNK = 8 << 20
-_MAX_LINE = 64 << 20
-
-
-def streamable(path: str, fmt: str) -> bool:
-    """A file read in bounded batches: JSON lines, CSV/TSV, parquet (not a ``.json`` array, not hf)."""
-    return fmt in ("jsonl", "csv", "tsv", "parquet") and not (fmt == "jsonl" and Path(path).suffix.lower() == ".json")
-
-
-def _text_blocks(p: Path) -> Iterator[bytes]:
-    """The file in blocks of whole lines (about _CHUNK bytes each), never holding more than one
-    block and one line: a file without line breaks is refused instead of read whole."""
-    with open_text_file(p) as f:
-        carry = b""
-        while True:
-            block = f.read(_CHUNK)
-            if not block:
-                if carry.strip():
-                    yield carry
-                return
-            data = carry + block
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                if len(data) > _MAX_LINE:
-                    raise UserError(
-                        f"{p}: a line longer than {_MAX_LINE >> 20} MiB; not a line-per-record file, check --input and --format"
-                    )
-                carry = data
-                continue
-            carry = data[cut + 1 :]
-            yield data[: cut + 1]
-
-
-def _check_utf8(p: Path, block: bytes, line: int) -> None:
-    """One line naming the file line of the first byte of ``block`` (which starts on ``line``)
-    that is not UTF-8, if there is one."""
-    try:
-        block.decode("utf-8")
-    except UnicodeDecodeError as e:
-        at = line + block.count(b"\n", 0, e.start)
-        col = e.start - (block.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(
-            f"{p}:{at}: not UTF-8 (byte 0x{block[e.start]:02x} at column {col}); re-encode the file as UTF-8 "
-            "(e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-
-
-def iter_frames(p: Path, fmt: str) -> Iterator[Any]:
-    """polars DataFrames of consecutive rows of the file, each of bounded size."""
-    import io
-
-    import polars as pl
-
-    try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            for batch in pq.ParquetFile(p).iter_batches(batch_size=65536):
-                yield pl.from_arrow(batch)
-            return
-        header = b""
-        line = 1  # the file line the block starts on
-        for i, block in enumerate(_text_blocks(p)):
-            start, line = line, line + block.count(b"\n")
-            try:
-                if fmt == "jsonl":
-                    df = pl.read_ndjson(io.BytesIO(block), infer_schema_length=None)
-                else:
-                    if i == 0:  # CSV/TSV: the header line goes with every block
-                        nl = block.find(b"\n")
-                        header, block, start = block[: nl + 1], block[nl + 1 :], start + 1
-                        if not block.strip():
-                            continue
-                    sep = {"separator": "\t", "quote_char": None} if fmt == "tsv" else {}
-                    df = pl.read_csv(io.BytesIO(header + block), infer_schema=False, **sep)
-            except Exception:
-                _check_utf8(p, block, start)  # polars names no line (or a wrong one) for a bad byte
-                raise
-            yield df
-    except UserError:
-        raise
-    except Exception as e:  # polars/pyarrow raise many error types; keep the first line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{p}: cannot read as {fmt} ({msg}); check the file or pass the right --format") from None
-
-
 def _present(df: Any, col: str) -> Any:
     """Where ``col`` holds what :func:`_text` accepts: a non-blank string or a scalar, vectorised."""
     import polars as pl
@@ -641,24 +446,44 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
     if not p.is_file():
         raise UserError(f"{p}: file not found; check --input")
     sniff(p, fmt)
-    where = spec.path
-    line_offset = {"csv": 2, "tsv": 2, "jsonl": 1}.get(fmt, 0)
-    state: dict[str, Any] = {}
+    table = _StreamedTable(spec, p, fmt, name, split)
+    valid, first, skipped = table.scan()
+    pairs = first if spec.seed < 0 else table.read_rows(_picked_rows(valid, spec.limit, spec.seed))
+    # total_rows: the valid pairs of the file (with seed < 0, those read before the limit was met)
+    return SourceData(name, split, pairs, None, None, len(valid), dict(table.cols), skipped, mining_loader=table.mining)
 
-    def batches() -> Iterator[Any]:
+
+def _picked_rows(valid: list[int], limit: int, seed: int) -> list[int]:
+    """The file rows of the pairs :func:`select` picks among the ``valid`` ones, in file order."""
+    if limit >= len(valid):
+        return sorted(valid)
+    return sorted(valid[i] for i in random.Random(f"{seed}:select").sample(range(len(valid)), limit))
+
+
+class _StreamedTable:
+    """One table file of pairs read in batches (:func:`read_tabular_stream`), as often as needed:
+    the columns are resolved from its first batch, the filter applied to each."""
+
+    def __init__(self, spec, p: Path, fmt: str, name: str, split: str):
+        self.spec, self.p, self.fmt, self.name, self.split = spec, p, fmt, name, split
+        self.where = spec.path
+        self.line_offset = {"csv": 2, "tsv": 2, "jsonl": 1}.get(fmt, 0)
+        self.cols: dict[str, str] | None = None  # role -> column, from the first batch
+
+    def batches(self) -> Iterator[Any]:
         """Per batch of the file: its rows kept by the filter, with ``__row__`` (the file row) and
         ``__ok__`` (query and positive both non-empty), in file order."""
         import polars as pl
 
         offset = 0
-        for df in iter_frames(p, fmt):
+        for df in iter_frames(self.p, self.fmt):
             height = df.height
             df = df.with_row_index("__row__", offset=offset)
             offset += height
-            if "cols" not in state:
-                state["cols"] = _resolve_columns([c for c in df.columns if c != "__row__"], dict(spec.columns), where)
-            cols = state["cols"]
-            df = _apply_filter(df, dict(spec.filter), where)
+            if self.cols is None:
+                self.cols = _resolve_columns([c for c in df.columns if c != "__row__"], dict(self.spec.columns), self.where)
+            cols = self.cols
+            df = _apply_filter(df, dict(self.spec.filter), self.where)
             keep = ["__row__"] + sorted(set(cols.values()))
             for c in keep:  # a column absent from this batch's rows: empty cells
                 if c not in df.columns:
@@ -666,166 +491,74 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
             df = df.select([pl.col(c) for c in keep])
             yield df.with_columns((_present(df, cols["query"]) & _present(df, cols["positive"])).alias("__ok__"))
 
-    def rows() -> Iterator[tuple[int, dict, bool]]:
-        for df in batches():
-            for rec in df.iter_rows(named=True):
-                yield int(rec["__row__"]), rec, bool(rec["__ok__"])
-
-    def pair(row: int, rec: dict) -> Pair:
-        cols = state["cols"]
+    def pair(self, row: int, rec: dict) -> Pair:
+        cols = self.cols
         q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
-        return _row_pair(rec, cols, name, split, row, q, pos)
+        return _row_pair(rec, cols, self.name, self.split, row, q, pos)
 
-    def invalid(row: int, rec: dict) -> None:
-        cols = state["cols"]
-        raise _invalid_row(where, row, line_offset, cols, "query" if _text(rec[cols["query"]]) is None else "positive")
+    def scan(self) -> tuple[list[int], list[Pair], int]:
+        """The first pass: the file rows of the valid pairs, in order, and the rows skipped as
+        invalid (an invalid row is an error unless ``skip_invalid``). With ``seed < 0`` it stops at
+        the first ``limit`` valid pairs and returns them too (no second pass needed)."""
+        import polars as pl
 
-    import polars as pl
+        spec, limit = self.spec, self.spec.limit
+        valid: list[int] = []  # file rows of the valid pairs, in order
+        first: list[Pair] = []
+        skipped = seen = 0
+        for df in self.batches():
+            seen += df.height
+            bad = df.filter(~pl.col("__ok__"))
+            if bad.height:
+                if not spec.skip_invalid:
+                    rec = bad.row(0, named=True)
+                    cols = self.cols
+                    bad_role = "query" if _text(rec[cols["query"]]) is None else "positive"
+                    raise _invalid_row(self.where, int(rec["__row__"]), self.line_offset, cols, bad_role)
+                skipped += bad.height
+            good = df.filter(pl.col("__ok__"))
+            if spec.seed < 0:
+                for rec in good.head(limit - len(first)).iter_rows(named=True):
+                    first.append(self.pair(int(rec["__row__"]), rec))
+                    valid.append(int(rec["__row__"]))
+                if len(first) >= limit:
+                    break  # the first `limit` pairs: the rest of the file is never read
+            else:
+                valid.extend(good["__row__"].to_list())
+        if seen == 0:
+            if spec.filter:
+                raise UserError(
+                    f"{self.where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)"
+                )
+            raise UserError(f"{self.where}: holds no rows; check --input")
+        return valid, first, skipped
 
-    limit = spec.limit
-    valid: list[int] = []  # file rows of the valid pairs, in order
-    first: list[Pair] = []
-    skipped = seen = 0
-    for df in batches():
-        seen += df.height
-        bad = df.filter(~pl.col("__ok__"))
-        if bad.height:
-            if not spec.skip_invalid:
-                rec = bad.row(0, named=True)
-                invalid(int(rec["__row__"]), rec)
-            skipped += bad.height
-        good = df.filter(pl.col("__ok__"))
-        if spec.seed < 0:
-            for rec in good.head(limit - len(first)).iter_rows(named=True):
-                first.append(pair(int(rec["__row__"]), rec))
-                valid.append(int(rec["__row__"]))
-            if len(first) >= limit:
-                break  # the first `limit` pairs: the rest of the file is never read
-        else:
-            valid.extend(good["__row__"].to_list())
-    if seen == 0:
-        if spec.filter:
-            raise UserError(
-                f"{where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)"
-            )
-        raise UserError(f"{where}: holds no rows; check --input")
-    if spec.seed < 0:
-        pairs = first
-    else:
-        picked = {
-            valid[i]
-            for i in (range(len(valid)) if limit >= len(valid) else random.Random(f"{spec.seed}:select").sample(range(len(valid)), limit))
-        }
-        last = max(picked) if picked else -1
-        wanted = sorted(picked)
+    def read_rows(self, wanted: list[int]) -> list[Pair]:
+        """The second pass: the pairs of the ``wanted`` file rows (sorted), reading no further
+        than the last of them."""
+        import polars as pl
+
+        last = wanted[-1] if wanted else -1
         pairs = []
-        for df in batches():
+        for df in self.batches():
             for rec in df.filter(pl.col("__row__").is_in(wanted) & pl.col("__ok__")).iter_rows(named=True):
-                pairs.append(pair(int(rec["__row__"]), rec))
+                pairs.append(self.pair(int(rec["__row__"]), rec))
             if df.height and df["__row__"][-1] >= last:
                 break
+        return pairs
 
-    def mining() -> tuple[list[str], dict[str, list[str]]]:
+    def mining(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The mining corpus (every distinct positive) and each query's known positives, read
+        from the whole file again: only when mining asks for them."""
         corpus: dict[str, None] = {}
         by_q: dict[str, list[str]] = {}
-        for row, rec, ok in rows():
-            if not ok:
-                continue
-            pr = pair(row, rec)
-            corpus[pr.positive] = None
-            lst = by_q.setdefault(pr.query_key, [])
-            if pr.positive not in lst:
-                lst.append(pr.positive)
+        for df in self.batches():
+            for rec in df.iter_rows(named=True):
+                if not rec["__ok__"]:
+                    continue
+                pr = self.pair(int(rec["__row__"]), rec)
+                corpus[pr.positive] = None
+                lst = by_q.setdefault(pr.query_key, [])
+                if pr.positive not in lst:
+                    lst.append(pr.positive)
         return list(corpus), by_q
-
-    # total_rows: the valid pairs of the file (with seed < 0, those read before the limit was met)
-    return SourceData(name, split, pairs, None, None, len(valid), dict(state["cols"]), skipped, mining_loader=mining)
-
-
-# -- per-source instructions (spec §1.5; MGH Table 7 = LLM2Vec's E5_EMBEDDING_PROMPTS) --------
-@dataclass(frozen=True)
-class SourceKind:
-    """How one public source is framed: its instruction(s), symmetry and task type.
-
-    Symmetric sources (NLI, Quora duplicates) list two instructions that alternate by row
-    (row ``i`` uses ``instructions[i % 2]``, as LLM2Vec's E5 loader does) and get the task type
-    ``"sts"`` so that curriculum/trainer group them with the other symmetric data.
-    """
-
-    instructions: tuple[str, ...]
-    symmetric: bool = False
-    task_type: str = "short-long"
-
-
-_WIKI = "Given a question, retrieve Wikipedia passages that answer the question"
-INSTRUCTION_TABLE: dict[str, SourceKind] = {
-    "nli": SourceKind(
-        ("Given a premise, retrieve a hypothesis that is entailed by the premise", "Retrieve semantically similar text"), True, "sts"
-    ),
-    "quora": SourceKind(
-        (
-            "Given a question, retrieve questions that are semantically equivalent to the given question",
-            "Find questions that have the same meaning as the input question",
-        ),
-        True,
-        "sts",
-    ),
-    "dureader": SourceKind(("Given a Chinese search query, retrieve web passages that answer the question",)),
-    "t2ranking": SourceKind(("Given a Chinese search query, retrieve web passages that answer the question",)),
-    "eli5": SourceKind(("Provided a user question, retrieve the highest voted answers on Reddit ELI5 forum",)),
-    "fever": SourceKind(("Given a claim, retrieve documents that support or refute the claim",)),
-    "hotpotqa": SourceKind(("Given a multi-hop question, retrieve documents that can help answer the question",)),
-    "miracl": SourceKind((_WIKI,)),
-    "mrtydi": SourceKind((_WIKI,)),
-    "nq": SourceKind((_WIKI,)),
-    "msmarco_passage": SourceKind(("Given a web search query, retrieve relevant passages that answer the query",)),
-    "msmarco_document": SourceKind(("Given a web search query, retrieve relevant documents that answer the query",)),
-    "squad": SourceKind(("Retrieve Wikipedia passages that answer the question",)),
-    "triviaqa": SourceKind(("Retrieve Wikipedia passages that answer the question",)),
-    # not in Table 7: the instruction E5-mistral uses for SciFact in its BEIR evaluation
-    "scifact": SourceKind(("Given a scientific claim, retrieve documents that support or refute the claim",)),
-}
-#: other spellings of the table's keys
-ALIASES = {
-    "snli": "nli",
-    "mnli": "nli",
-    "allnli": "nli",
-    "multinli": "nli",
-    "sick": "nli",
-    "quora_duplicates": "quora",
-    "qqp": "quora",
-    "quora_duplicate_questions": "quora",
-    "msmarco": "msmarco_passage",
-    "ms_marco": "msmarco_passage",
-    "msmarco_doc": "msmarco_document",
-    "natural_questions": "nq",
-    "naturalquestions": "nq",
-    "mr_tydi": "mrtydi",
-    "trivia_qa": "triviaqa",
-    "hotpot_qa": "hotpotqa",
-    "squad_v2": "squad",
-}
-DEFAULT_KIND = SourceKind(("Given a query, retrieve relevant documents that answer the query",))
-
-
-def source_key(name: str) -> str:
-    k = name.lower().replace("-", "_").replace(" ", "_")
-    return ALIASES.get(k, k)
-
-
-def source_kind(name: str, overrides: dict[str, Any] | None = None, default: SourceKind = DEFAULT_KIND) -> tuple[SourceKind, bool]:
-    """The :class:`SourceKind` of a source name and whether it came from the table (else ``default``).
-
-    ``overrides`` (``regenerate.instructions`` in the run file) maps a source name to one
-    instruction or a list of instructions that alternate; it wins over the table.
-    """
-    key = source_key(name)
-    base = INSTRUCTION_TABLE.get(key)
-    found = base is not None
-    base = base or default
-    if overrides:
-        for k, v in overrides.items():
-            if source_key(k) == key:
-                ins = (v,) if isinstance(v, str) else tuple(v)
-                return SourceKind(ins, base.symmetric, base.task_type), True
-    return base, found

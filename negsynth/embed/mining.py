@@ -150,11 +150,20 @@ def mine_negatives(
         use_faiss=use_faiss,
         cache_folder=str(cache_folder) if cache_folder else None,
     )
+    _gather_triplets(out_ds, queries, known_positives, k, found)
+    return found
+
+
+def _gather_triplets(triplets, queries: dict[str, str], known_positives: dict[str, list[str]], k: int, found: dict[str, dict]) -> None:
+    """Fill ``found`` from ``mine_hard_negatives``' (query, positive, negative) rows: up to ``k``
+    distinct negatives per query key in the library's order (hardest first), never the query or
+    one of its positives after normalisation, and the query's hardest (least similar) positive's
+    score, against which the library measured the margin."""
     text_to_key: dict[str, str] = {}
     for key, q in queries.items():
         text_to_key.setdefault(q, key)
     banned = {key: {text_key(p) for p in known_positives.get(key, [])} | {text_key(queries[key])} for key in queries}
-    for row in out_ds:
+    for row in triplets:
         key = text_to_key.get(row["query"])
         if key is None:
             continue
@@ -169,7 +178,6 @@ def mine_negatives(
     for f in found.values():
         if f["pos_score"] is not None:
             f["pos_score"] = round(float(f["pos_score"]), 6)
-    return found
 
 
 def pick_from_bands(candidates: list[str], scores: list[float], bands, seed: str) -> dict[str, list]:
@@ -470,20 +478,35 @@ class CorpusIndex:
         sims = self.emb @ q
         pos = float(sims[positive])
         rank = 1 + int(np.count_nonzero(sims > pos))
-        limit = np.inf
-        if relative_margin is not None:
-            limit = min(limit, pos - relative_margin * abs(pos))
-        if absolute_margin is not None:
-            limit = min(limit, pos - absolute_margin)
-        if max_score is not None:
-            limit = min(limit, max_score)
+        limit = _score_limit(pos, relative_margin, absolute_margin, max_score)
         fused = None
         if lexical is not None:
             from negsynth.embed.lexical import rrf
 
             fused = rrf(sims, lexical)
-            pos_fused = float(fused[positive])
         banned = {text_key(self.texts[positive]), text_key(query)}
+        negs, scores, picked = self._nearest_below(sims, positive, k, limit, banned, rank=rank, range_max=range_max, fused=fused)
+        out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
+        if fused is not None:
+            out.update(_teacher_fields(sims, lexical, fused, positive, picked))
+        if screen:
+            vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
+            out["screen_scores"] = [round(x, 6) for x in s_scores]
+            out["screen_kept"] = [x <= limit and text_key(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
+        return out
+
+    def _nearest_below(
+        self, sims, positive: int, k: int, limit: float, banned: set[str], *, rank: int, range_max: int | None, fused
+    ) -> tuple[list[str], list[float], list[int]]:
+        """Up to ``k`` distinct texts nearest the query (``sims``: their scores) at or below
+        ``limit``, hardest first: never the positive, a copy of it or of the query, nor (``fused``:
+        the teacher's scores) one the teacher ranks at or above the positive. Returns their texts,
+        scores and indices. Only the nearest candidates are sorted; the whole corpus only when too
+        many of them fall under the margin (and never past ``range_max``)."""
+        import numpy as np
+
+        pos_fused = float(fused[positive]) if fused is not None else None
         negs: list[str] = []
         scores: list[float] = []
         picked: list[int] = []
@@ -512,18 +535,37 @@ class CorpusIndex:
             if len(negs) >= k or m >= len(sims) or range_max is not None:
                 break
             m = len(sims)
-        out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
-        if fused is not None:
-            out["teacher_rank"] = 1 + int(np.count_nonzero(fused > pos_fused))
-            out["teacher_pos_score"] = round(pos_fused, 6)
-            out["teacher_scores"] = [round(float(fused[i]), 6) for i in picked]
-            from negsynth.embed.lexical import minmax_sum
+        return negs, scores, picked
 
-            summed = minmax_sum(sims, lexical)
-            out["teacher_label"] = [round(float(summed[i]), 6) for i in (positive, *picked)]
-        if screen:
-            vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-            s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
-            out["screen_scores"] = [round(x, 6) for x in s_scores]
-            out["screen_kept"] = [x <= limit and text_key(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
-        return out
+
+def _score_limit(pos: float, relative_margin: float | None, absolute_margin: float | None, max_score: float | None) -> float:
+    """The highest score a negative may have: under the positive's score ``pos`` by each margin
+    given, and at most ``max_score`` (``mine_hard_negatives``' positive-aware rule)."""
+    import numpy as np
+
+    limit = np.inf
+    if relative_margin is not None:
+        limit = min(limit, pos - relative_margin * abs(pos))
+    if absolute_margin is not None:
+        limit = min(limit, pos - absolute_margin)
+    if max_score is not None:
+        limit = min(limit, max_score)
+    return limit
+
+
+def _teacher_fields(sims, lexical, fused, positive: int, picked: list[int]) -> dict[str, Any]:
+    """The hybrid teacher's view of a search (:meth:`CorpusIndex.search`): the document's rank and
+    RRF score in the fused list, the negatives' RRF scores, and ``teacher_label``, the min-max
+    normalised dense + lexical scores of ``[document, negative_1..]``."""
+    import numpy as np
+
+    from negsynth.embed.lexical import minmax_sum
+
+    pos_fused = float(fused[positive])
+    summed = minmax_sum(sims, lexical)
+    return {
+        "teacher_rank": 1 + int(np.count_nonzero(fused > pos_fused)),
+        "teacher_pos_score": round(pos_fused, 6),
+        "teacher_scores": [round(float(fused[i]), 6) for i in picked],
+        "teacher_label": [round(float(summed[i]), 6) for i in (positive, *picked)],
+    }

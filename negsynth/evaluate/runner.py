@@ -213,96 +213,45 @@ def evaluate(
         data_dir = default_data_dir()
     by_path = bool(specs) and all(Path(f).is_absolute() for s in specs for f in s.files)  # folder tasks need no data dir
     if (data_dir is None or not Path(data_dir).is_dir()) and not hub_names and not by_path:
-        where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
-        reason = (
-            f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
-            "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data), "
-            "or, online, pip install 'negsynth[eval]' and use --engine mteb --tasks STSBenchmark,SciFact (MTEB's own copies)"
-        )
-        if announce:  # the caller may say it itself (the evaluate command fails with this line)
-            print(reason, file=sys.stderr)
-        rep = empty_report(suite, reason, name)
-        if out is not None:
-            write_report(rep, out)
-        return rep
+        return _no_data_report(suite, data_dir, name, announce=announce, out=out)
 
     data_dir = Path(data_dir) if data_dir is not None else None
     quick = suite == "quick"
     t_all, c_all = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
-    skipped: dict[str, str] = {}
-    cache: dict = {}
     identity = embedder.identity() if results_cache is not None and hasattr(embedder, "identity") else None
     if engine == "mteb":
-        from negsynth.evaluate.mteb_engine import LOCAL_CATEGORIES, evaluate_mteb, is_mteb_task
+        specs = _score_through_mteb(embedder, specs, hub_names, data_dir, out=out, progress=progress, results=results)
+    run = _TaskRun(embedder, data_dir, quick, seed, per_query, identity, Path(results_cache) if identity is not None else None)
+    skipped = run.score_all(specs, f"evaluate {name}", progress, results)
+    report = _report(embedder, name, suite, engine, data_dir, seed, (t_all, c_all), results, skipped)
+    if out is not None:
+        write_report(report, out)
+    return report
 
-        through_mteb = [s.name for s in specs if s.category in LOCAL_CATEGORIES and is_mteb_task(s.name)] + hub_names
-        specs = [s for s in specs if s.name not in through_mteb]
-        bs = getattr(embedder, "batch_size", 64)
-        results.update(
-            evaluate_mteb(
-                embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs
-            )
-        )
-    # a bar over the tasks (the caller's, e.g. the stage's reporter), the one line per task above it
-    bar_cm = progress(f"evaluate {name}", len(specs), status="") if callable(progress) else contextlib.nullcontext(_NoBar(bool(progress)))
-    with bar_cm as bar:
-        say = bar.print
-        for i, spec in enumerate(specs, 1):
-            missing = [f for f in spec.files if _task_file(data_dir, f) is None or not _task_file(data_dir, f).exists()]
-            if missing:
-                skipped[spec.name] = f"missing {', '.join(missing)} under {data_dir}"
-                say(f"[{i}/{len(specs)}] {spec.name}: skipped ({skipped[spec.name]})")
-                bar.update(advance=1, status="")
-                continue
-            key = None
-            if identity is not None:
-                files = [_task_file(data_dir, f) for f in spec.files]
-                key = stored.task_key(identity, spec, files, quick=quick, seed=seed, per_query=per_query)
-                hit = stored.load(Path(results_cache), key)
-                if hit is not None:
-                    results[spec.name] = hit
-                    say(
-                        f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)"
-                    )
-                    bar.update(advance=1, status="")
-                    continue
-            bar.update(status=f"{spec.name} ({spec.category})")
-            t0, c0 = time.perf_counter(), time.process_time()
-            metrics, n, sub = _run_task(embedder, spec, data_dir, quick, seed, cache, per_query)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            pq = metrics.pop("per_query", None)
-            results[spec.name] = {
-                "category": spec.category,
-                "main_metric": spec.main_metric,
-                "main_score": float(metrics[spec.main_metric]),
-                "metrics": metrics,
-                "n": int(n),
-                "seconds": round(dt, 2),
-                "cpu_seconds": round(cpu, 2),
-                "files": list(spec.files),
-                "subsampled": bool(sub),
-                "instruction": spec.instruction,
-                "note": spec.note,
-            }
-            if pq is not None:
-                results[spec.name]["per_query"] = pq
-            if key is not None:
-                stored.store(Path(results_cache), key, results[spec.name])
-            say(
-                f"[{i}/{len(specs)}] {spec.name} ({spec.category}) {spec.main_metric}="
-                f"{100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"
-            )
-            bar.update(advance=1, status="")
+
+def _report(
+    embedder,
+    name: str,
+    suite: str,
+    engine: str,
+    data_dir: Path | None,
+    seed: int,
+    started: tuple[float, float],
+    results: dict[str, dict],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    """The report (module docstring) of the scored ``results``: category means, the average, the
+    notes a reader needs to compare it, and the wall and CPU time since ``started``."""
     cats, avg, extra = _summarise(results)
     notes = []
     if engine == "mteb":
         notes.append(
             "engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator"
         )
-    if quick:
+    if suite == "quick":
         notes.append(f"quick suite: subsampled (seed {seed}); compare only with quick reports")
-    report = {
+    return {
         "schema": SCHEMA,
         "embedder": name,
         "backend": getattr(embedder, "backend", None),
@@ -310,8 +259,8 @@ def evaluate(
         "engine": engine,
         "data_dir": str(data_dir),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(time.perf_counter() - t_all, 2),
-        "cpu_seconds": round(time.process_time() - c_all, 2),
+        "seconds": round(time.perf_counter() - started[0], 2),
+        "cpu_seconds": round(time.process_time() - started[1], 2),
         "seed": seed,
         "instruct_queries": bool(getattr(embedder, "instruct_queries", False)),
         "tasks": results,
@@ -321,9 +270,111 @@ def evaluate(
         "skipped": skipped,
         "notes": notes,
     }
+
+
+def _no_data_report(suite: str, data_dir: str | Path | None, name: str, *, announce: bool, out: str | Path | None) -> dict[str, Any]:
+    """The empty report of a run with no evaluation data to read: its one line says where to get
+    some (printed unless the caller says it itself; the evaluate command fails with it)."""
+    where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
+    reason = (
+        f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
+        "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data), "
+        "or, online, pip install 'negsynth[eval]' and use --engine mteb --tasks STSBenchmark,SciFact (MTEB's own copies)"
+    )
+    if announce:
+        print(reason, file=sys.stderr)
+    rep = empty_report(suite, reason, name)
     if out is not None:
-        write_report(report, out)
-    return report
+        write_report(rep, out)
+    return rep
+
+
+def _score_through_mteb(
+    embedder, specs: list[TaskSpec], hub_names: list[str], data_dir: Path | None, *, out, progress, results: dict[str, dict]
+) -> list[TaskSpec]:
+    """``engine = "mteb"``: score the MTEB tasks among ``specs`` and ``hub_names`` with the mteb
+    library into ``results``; returns the specs left to negsynth's own evaluator."""
+    from negsynth.evaluate.mteb_engine import LOCAL_CATEGORIES, evaluate_mteb, is_mteb_task
+
+    through_mteb = [s.name for s in specs if s.category in LOCAL_CATEGORIES and is_mteb_task(s.name)] + hub_names
+    specs = [s for s in specs if s.name not in through_mteb]
+    bs = getattr(embedder, "batch_size", 64)
+    results.update(
+        evaluate_mteb(embedder, through_mteb, data_dir, out=Path(out).parent if out is not None else None, progress=progress, batch_size=bs)
+    )
+    return specs
+
+
+class _TaskRun:
+    """negsynth's evaluator over a list of tasks: each task scored (or taken from the results
+    cache, or skipped when its files are missing) with one progress line, and its result entry."""
+
+    def __init__(
+        self, embedder, data_dir: Path | None, quick: bool, seed: int, per_query: bool, identity: dict | None, results_cache: Path | None
+    ):
+        self.embedder, self.data_dir, self.quick, self.seed, self.per_query = embedder, data_dir, quick, seed, per_query
+        self.identity, self.results_cache = identity, results_cache  # identity None: no results cache
+        self.encoded: dict = {}  # text -> vector, shared by the tasks (a text in two sets is encoded once)
+
+    def score_all(self, specs: list[TaskSpec], title: str, progress, results: dict[str, dict]) -> dict[str, str]:
+        """Score ``specs`` into ``results``, one line each (``progress``: see :func:`evaluate`);
+        returns the skipped tasks and why."""
+        skipped: dict[str, str] = {}
+        # a bar over the tasks (the caller's, e.g. the stage's reporter), the one line per task above it
+        bar_cm = progress(title, len(specs), status="") if callable(progress) else contextlib.nullcontext(_NoBar(bool(progress)))
+        with bar_cm as bar:
+            for i, spec in enumerate(specs, 1):
+                head = f"[{i}/{len(specs)}] {spec.name}"
+                missing = [f for f in spec.files if _task_file(self.data_dir, f) is None or not _task_file(self.data_dir, f).exists()]
+                if missing:
+                    skipped[spec.name] = f"missing {', '.join(missing)} under {self.data_dir}"
+                    bar.print(f"{head}: skipped ({skipped[spec.name]})")
+                    bar.update(advance=1, status="")
+                    continue
+                key = self._cache_key(spec)
+                hit = stored.load(self.results_cache, key) if key is not None else None
+                if hit is not None:
+                    results[spec.name] = hit
+                    bar.print(f"{head} ({spec.category}) {spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)")
+                    bar.update(advance=1, status="")
+                    continue
+                bar.update(status=f"{spec.name} ({spec.category})")
+                results[spec.name], line = self._score(spec)
+                if key is not None:
+                    stored.store(self.results_cache, key, results[spec.name])
+                bar.print(f"{head} ({spec.category}) {line}")
+                bar.update(advance=1, status="")
+        return skipped
+
+    def _cache_key(self, spec: TaskSpec) -> str | None:
+        """The task's key in the results cache (its embedder, files and settings); None without one."""
+        if self.identity is None:
+            return None
+        files = [_task_file(self.data_dir, f) for f in spec.files]
+        return stored.task_key(self.identity, spec, files, quick=self.quick, seed=self.seed, per_query=self.per_query)
+
+    def _score(self, spec: TaskSpec) -> tuple[dict, str]:
+        """Run one task: its result entry for the report and its progress line (score, size, time)."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        metrics, n, sub = _run_task(self.embedder, spec, self.data_dir, self.quick, self.seed, self.encoded, self.per_query)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        pq = metrics.pop("per_query", None)
+        entry = {
+            "category": spec.category,
+            "main_metric": spec.main_metric,
+            "main_score": float(metrics[spec.main_metric]),
+            "metrics": metrics,
+            "n": int(n),
+            "seconds": round(dt, 2),
+            "cpu_seconds": round(cpu, 2),
+            "files": list(spec.files),
+            "subsampled": bool(sub),
+            "instruction": spec.instruction,
+            "note": spec.note,
+        }
+        if pq is not None:
+            entry["per_query"] = pq
+        return entry, f"{spec.main_metric}={100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"
 
 
 class _NoBar:
