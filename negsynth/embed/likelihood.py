@@ -65,7 +65,9 @@ class QueryLikelihood:
             # left padding: explicit positions so every sequence starts at position 0
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             with torch.no_grad():
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+                # only the last n_q + 1 positions' logits: the vocabulary head over the document
+                # would cost as much as the rest of the model for a small one
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=n_q + 1).logits
             # the query's tokens are the last n_q; each is predicted by the position before it
             logp = torch.log_softmax(logits[:, -n_q - 1 : -1, :].float(), dim=-1)
             target = ids[:, -n_q:]

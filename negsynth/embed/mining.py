@@ -484,8 +484,12 @@ class CorpusIndex:
             from negsynth.embed.lexical import rrf
 
             fused = rrf(sims, lexical)
+        if order not in ("dense", "hybrid") or (order == "hybrid" and fused is None):
+            raise ValueError(f"order={order!r}: 'dense', or 'hybrid' with lexical scores")
         banned = {text_key(self.texts[positive]), text_key(query)}
-        negs, scores, picked = self._nearest_below(sims, positive, k, limit, banned, rank=rank, range_max=range_max, fused=fused)
+        negs, scores, picked = self._nearest_below(
+            sims, positive, k, limit, banned, rank=rank, range_max=range_max, fused=fused, by_fused=order == "hybrid"
+        )
         out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
         if fused is not None:
             out.update(_teacher_fields(sims, lexical, fused, positive, picked))
@@ -497,23 +501,32 @@ class CorpusIndex:
         return out
 
     def _nearest_below(
-        self, sims, positive: int, k: int, limit: float, banned: set[str], *, rank: int, range_max: int | None, fused
+        self,
+        sims,
+        positive: int,
+        k: int,
+        limit: float,
+        banned: set[str],
+        *,
+        rank: int,
+        range_max: int | None,
+        fused,
+        by_fused: bool = False,
     ) -> tuple[list[str], list[float], list[int]]:
         """Up to ``k`` distinct texts nearest the query (``sims``: their scores) at or below
         ``limit``, hardest first: never the positive, a copy of it or of the query, nor (``fused``:
         the teacher's scores) one the teacher ranks at or above the positive. Returns their texts,
         scores and indices. Only the nearest candidates are sorted; the whole corpus only when too
-        many of them fall under the margin (and never past ``range_max``)."""
+        many of them fall under the margin (and never past ``range_max``). ``by_fused``: nearest
+        by the teacher's fused scores instead of ``sims`` (the margin stays on ``sims``)."""
         import numpy as np
 
         pos_fused = float(fused[positive]) if fused is not None else None
         negs: list[str] = []
         scores: list[float] = []
         picked: list[int] = []
-        if order not in ("dense", "hybrid") or (order == "hybrid" and fused is None):
-            raise ValueError(f"order={order!r}: 'dense', or 'hybrid' with lexical scores")
-        key = fused if order == "hybrid" else sims
-        key_rank = rank if order == "dense" else 1 + int(np.count_nonzero(fused > pos_fused))
+        key = fused if by_fused else sims
+        key_rank = 1 + int(np.count_nonzero(fused > pos_fused)) if by_fused else rank
         m = min(len(sims), 64 + 16 * k + key_rank)  # the candidates needed, unless many fall under the margin
         if range_max is not None:
             m = min(len(sims), range_max + 1)  # the window, room for the positive: nothing further down is looked at
