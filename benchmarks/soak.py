@@ -73,7 +73,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if rd.exists():
         shutil.rmtree(rd)
     load_start, t_start = os.getloadavg(), time.monotonic()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     docs, sources = load_docs(a.docs, a.source, a.scifact, a.seed)
     corpus = a.out / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))

@@ -4,9 +4,9 @@ package's error messages) names an extra that pyproject.toml defines."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
-import tomllib
 from typer.testing import CliRunner
 
 from negsynth.cli import app

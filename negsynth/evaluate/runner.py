@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ def empty_report(suite: str, reason: str, embedder_name: str = "") -> dict[str, 
         "embedder": embedder_name,
         "suite": suite,
         "data_dir": None,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": 0.0,
         "tasks": {},
         "categories": {},
@@ -258,7 +258,7 @@ def _report(
         "suite": suite,
         "engine": engine,
         "data_dir": str(data_dir),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started[0], 2),
         "cpu_seconds": round(time.process_time() - started[1], 2),
         "seed": seed,

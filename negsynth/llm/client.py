@@ -315,7 +315,7 @@ class LLMClient(OutageWatch, Wire):
                 raise TransportError("bad_request", self._redact(shorten(e))) from None
             self.stats.transport_failures[kind] += 1
             raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(shorten(e))}") from None
-        except (asyncio.TimeoutError, ConnectionError, BadResponse, EmptyResponse, *aiohttp_errors()) as e:
+        except (TimeoutError, ConnectionError, BadResponse, EmptyResponse, *aiohttp_errors()) as e:
             kind = transport_kind(e) or "connection"
             self.stats.transport_failures[kind] += 1
             detail = shorten(e) or type(e).__name__

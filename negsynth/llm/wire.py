@@ -260,7 +260,7 @@ class Wire:
                 raise UserError(
                     f"cannot reach llm.base_url={url}: {e.os_error.strerror or e.os_error}; start the server or fix llm.base_url"
                 ) from None
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 raise UserError(slow) from None
             except aiohttp.ClientError as e:
                 raise UserError(f"cannot reach llm.base_url={url}: {type(e).__name__}; fix llm.base_url") from None

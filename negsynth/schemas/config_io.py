@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ValidationError
 
 from negsynth.errors import UserError
