@@ -57,6 +57,11 @@ mined-hybridcand   ``mined`` with hybrid candidates (``corpus.candidates = "hybr
                    hardest of the fused BM25 + dense ranking that pass the embedder's margin and
                    rank below the document (lexical near-misses the embedder alone ranks low)
 title-hybridcand   the same on ``title-mined``'s queries (no LLM)
+mined-lik-k1       ``mined`` with the LLM's query likelihood as teacher (``corpus.teacher =
+                   "llm-likelihood"``, ``teacher_k = 1``): a query is kept only when the embedded
+                   LLM finds it likelier after its document than after each of its 4 negatives
+mined-lik-kl-sharp every query kept, trained on the likelihoods with ``distill-kl`` (student 0.05,
+                   teacher 0.1)
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -152,6 +157,11 @@ ARMS: dict[str, dict | None] = {
     # margin kept), so lexical near-misses the embedder ranks low become negatives
     "mined-hybridcand": {"negatives": "mined", "candidates": "hybrid"},
     "title-hybridcand": {"negatives": "mined", "queries": "title", "candidates": "hybrid"},
+    # the embedded LLM's query likelihood as the teacher (UPR), over each document and its 4 mined
+    # negatives: keep a query only when the teacher prefers its document to all four (k1), or
+    # learn the teacher's scores (kl-sharp: student 0.05, teacher 0.1)
+    "mined-lik-k1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 1},
+    "mined-lik-kl-sharp": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(0.1)},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"

@@ -579,7 +579,11 @@ class CorpusConfig(Section):
     # fusion over the whole corpus. A query is kept only if the teacher ranks its document within
     # teacher_k (0: kept whatever the rank), and a mined candidate the teacher ranks at or above the
     # document is never a negative; the teacher's ranks and scores go into each example's meta
-    teacher: Literal["none", "hybrid"] = "none"
+    # "llm-likelihood": the embedded LLM's query likelihood log p(query | document) (UPR), read
+    # in-process from the same GGUF, over the document and its mined negatives only: teacher_k is
+    # then the document's rank among those (1 = the teacher prefers it to every negative), and
+    # the scores (mean log-probability per query token) are the distillation labels; no veto
+    teacher: Literal["none", "hybrid", "llm-likelihood"] = "none"
     teacher_k: int = Field(10, ge=0)
     # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
     # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
@@ -606,6 +610,8 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
+        if self.teacher == "llm-likelihood" and self.negatives != "mined":
+            raise ValueError('teacher = "llm-likelihood" scores mined negatives: set negatives = "mined"')
         if self.candidates == "hybrid" and self.negatives == "llm":
             raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:

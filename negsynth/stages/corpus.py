@@ -219,6 +219,11 @@ def needs_index(cfg: CorpusConfig) -> bool:
     return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
 
 
+#: the llm-likelihood teacher reads the first 192 of a document's tokens (its dev measurement:
+#: benchmarks/likelihood_teacher.py on SciFact's train claims)
+LIKELIHOOD_DOC_TOKENS = 192
+
+
 def needs_lexical(cfg: CorpusConfig) -> bool:
     """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
     return cfg.teacher == "hybrid" or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
@@ -343,6 +348,7 @@ class Work:
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
         self._lexical: dict[int, Any] = {}
+        self._likelihood: Any = None
         self._prepared = False
         self._pool: Any = None
 
@@ -421,6 +427,15 @@ class Work:
                 (d.text for _, docs in c.batches() for d in docs), cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.bm25"
             )
         return self._lexical[ci]
+
+    def likelihood(self):
+        """The ``llm-likelihood`` teacher: the embedded LLM's query likelihood, in-process (loaded once)."""
+        if self._likelihood is None:
+            from negsynth.embed.likelihood import QueryLikelihood
+
+            self.ctx.reporter.info("corpus: loading the embedded LLM for the llm-likelihood teacher ...")
+            self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS)
+        return self._likelihood
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
@@ -565,15 +580,18 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
         # meta, each a filter when its k is set
         ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-        if cfg.teacher != "none":
+        if cfg.teacher == "llm-likelihood" and len(mined["negatives"]) >= k:
+            mined.update(await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"]))
+        if cfg.teacher != "none" and "teacher_rank" in mined:
             ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
         for reason, key, rank, limit, who in ranks:
             meta[key] = rank
             if limit and rank > limit:
                 setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-                return reject(
-                    reason, f"{who} ranks its own document {rank} in the corpus, below {setting}={limit}", query=query, **{key: rank}
+                among = (
+                    "among itself and its mined negatives" if cfg.teacher == "llm-likelihood" and key == "teacher_rank" else "in the corpus"
                 )
+                return reject(reason, f"{who} ranks its own document {rank} {among}, below {setting}={limit}", query=query, **{key: rank})
         if len(mined["negatives"]) < k:
             return reject(
                 "too_few_mined",
@@ -692,6 +710,19 @@ def corpus_stats(c: CorpusData) -> dict[str, Any]:
     return out
 
 
+def likelihood_fields(lm, query: str, document: str, negatives: list[str]) -> dict[str, Any]:
+    """The ``llm-likelihood`` teacher's view of one example: the document's rank among itself and
+    its negatives by ``log p(query | text)`` (mean per query token), the scores, and the label
+    ``[document, negative_1..]`` for distillation."""
+    scores = [round(x, 6) for x in lm.scores(query, [document, *negatives])]
+    return {
+        "teacher_rank": 1 + sum(x > scores[0] for x in scores[1:]),
+        "teacher_pos_score": scores[0],
+        "teacher_scores": scores[1:],
+        "teacher_label": scores,
+    }
+
+
 def describe(folder: Path) -> dict[str, Any]:
     """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
     (kept examples, plus the rank of each query the round trip rejected)."""
@@ -738,7 +769,7 @@ def describe(folder: Path) -> dict[str, Any]:
             "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
             "ranks": hist,
         }
-    if labels:  # the teacher's scores (min-max BM25 + cosine sum, [0, 2]): positive, each negative band
+    if labels:  # the teacher's scores (hybrid: min-max BM25 + cosine sum, [0, 2]; llm-likelihood: mean log p): positive, each negative band
         mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
         bands = max(len(lab) for lab in labels) - 1
         out["teacher_scores"] = {
