@@ -48,3 +48,24 @@ def test_long_documents_are_cut_to_max_doc_tokens(lm):
     doc = DOCS[0] + " " + "filler words " * 200
     # only the first 8 tokens of the document are read: anything after them changes nothing
     assert short.scores("boundary layer", [doc]) == pytest.approx(short.scores("boundary layer", [DOCS[0]]), abs=1e-5)
+
+
+def test_cached_scores_are_the_computed_ones_and_are_not_computed_again(lm, tmp_path):
+    from negsynth.embed.likelihood import QueryLikelihood
+
+    path = tmp_path / "likelihood.sqlite"
+    first = QueryLikelihood(lm.model, lm.tok, cache=path, model_id="smol")
+    query = "what is the capital of France"
+    fresh = first.scores(query, DOCS)
+    assert fresh == lm.scores(query, DOCS)  # the cache changes nothing about the numbers
+
+    again = QueryLikelihood(lm.model, lm.tok, cache=path, model_id="smol")
+    again._compute = lambda *a: pytest.fail("a cached score was computed again")
+    assert again.scores(query, DOCS) == fresh  # bit for bit: a resumed run writes the same records
+    # another prompt cut is another score: not served from the same entries
+    other = QueryLikelihood(lm.model, lm.tok, cache=path, model_id="smol", max_doc_tokens=4)
+    calls = []
+    real = other._compute
+    other._compute = lambda q, docs: calls.append(len(docs)) or real(q, docs)
+    other.scores(query, DOCS[:2])
+    assert calls == [2]

@@ -434,7 +434,9 @@ class Work:
             from negsynth.embed.likelihood import QueryLikelihood
 
             self.ctx.reporter.info("corpus: loading the embedded LLM for the llm-likelihood teacher ...")
-            self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS)
+            # its scores cached beside the request cache: a rerun or resumed run computes none twice
+            cache = self.ctx.run_dir / "cache" / "likelihood.sqlite"
+            self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS, cache=cache)
         return self._likelihood
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
