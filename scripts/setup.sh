@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "error: negsynth needs Python 3.11 or newer; $PY is $("$PY" --version 2>&1). Run: PYTHON=/path/to/python3.11 bash scripts/setup.sh" >&2
+  exit 1
+}
 
 # torch first: a bare `pip install torch` may pull a multi-GB CUDA build; take the CPU
 # build when none is installed (GPU users: install your CUDA torch before this script).
