@@ -262,11 +262,11 @@ def test_filter_window():
 
 
 def test_svd_basis_cached_on_disk(tmp_path, monkeypatch):
-    import negsynth.embed.decoder as dec
+    import negsynth.embed.embedfilter as ef
 
     rng = np.random.default_rng(1)
     w = torch.tensor(rng.normal(size=(40, 8)), dtype=torch.float32)
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
     vh, s = svd_basis(w, "some/model", cache=tmp_path)
     _, s_np, vh_np = np.linalg.svd(w.numpy().astype(np.float64), full_matrices=False)
     np.testing.assert_allclose(s, s_np, rtol=1e-4)
@@ -276,23 +276,23 @@ def test_svd_basis_cached_on_disk(tmp_path, monkeypatch):
     files = list(tmp_path.glob("*.npz"))
     assert len(files) == 1 and "some_model" in files[0].name
     # a second call in a fresh process state reads the file instead of recomputing
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
     monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: (_ for _ in ()).throw(AssertionError("recomputed")))
     vh2, _ = svd_basis(w, "some/model", cache=tmp_path)
     np.testing.assert_array_equal(vh, vh2)
     # a different weight is a different cache entry
     monkeypatch.undo()
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
     svd_basis(w * 2, "some/model", cache=tmp_path)
     assert len(list(tmp_path.glob("*.npz"))) == 2
 
 
 @pytest.mark.parametrize("base,tau", [("echo", 2), ("echo", 4), ("prompteol", 2), ("echo", 1)])
 def test_embedfilter_projects_base(tiny, tmp_path, monkeypatch, base, tau):
-    import negsynth.embed.decoder as dec
+    import negsynth.embed.embedfilter as ef
 
     monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
     model, _ = tiny
     e = make(tiny, "embedfilter", base=base, filter_ratio=tau)
     assert e.dim == 16 // tau
@@ -353,11 +353,11 @@ def test_encode_raw_shares_forward_and_matches_encode(tiny):
 
 
 def test_shared_pass_views_equal_the_embedders_and_resume_from_disk(tiny, tmp_path, monkeypatch):
-    import negsynth.embed.decoder as dec
+    import negsynth.embed.embedfilter as ef
     from negsynth.embed.decoder import SharedPass
 
     monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
     base = make(tiny, "echo")
     shared = SharedPass(base, ("mean", "last"), cache=tmp_path / "echo.npz")
     ef = make(tiny, "embedfilter", base="echo", filter_ratio=2)

@@ -52,10 +52,10 @@ def smol(smol_tok):
 
 @pytest.fixture()
 def svd_tmp(tmp_path, monkeypatch):
-    import negsynth.embed.decoder as dec
+    import negsynth.embed.embedfilter as ef
 
     monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(dec, "_BASIS_MEMO", {})
+    monkeypatch.setattr(ef, "_BASIS_MEMO", {})
 
 
 def _pooled_text(e, item):

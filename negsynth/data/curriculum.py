@@ -72,8 +72,9 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -171,6 +172,195 @@ def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:
         yield from rng.permutation(n).tolist()
 
 
+class _Usable(NamedTuple):
+    """An example a schedule can use, with what every row drawn from it needs precomputed: its
+    negatives (LLM or mined), the formatted anchor, the text keys that decide batch duplicates
+    (:func:`~negsynth.data.text.text_key`) and the teacher's scores (None when it has none)."""
+
+    ex: Any
+    negs: list[str]
+    anchor: str
+    q_key: str
+    pos_key: str
+    neg_keys: list[str]
+    label: list[float] | None
+
+
+#: one drawn row waiting in an open batch: (its draw number in the phase, the row, its text keys)
+_Entry = tuple[int, dict, set[str]]
+
+
+def _check_options(
+    kind: str,
+    n_phases: int,
+    batch_size: int,
+    total_steps: int | None,
+    epochs: float | None,
+    incomplete_batches: str,
+    instruction_template: str | None,
+) -> float | None:
+    """Refuse options that contradict each other or cannot build anything, before any example is
+    read; return ``epochs``, 1 when neither it nor ``total_steps`` is given."""
+    if incomplete_batches not in ("train", "drop"):
+        raise CurriculumError(f"curriculum: incomplete_batches must be 'train' or 'drop', got {incomplete_batches!r}")
+    if batch_size < 1:
+        raise CurriculumError(f"curriculum: batch_size must be >= 1, got {batch_size}")
+    if total_steps is not None and epochs is not None:
+        raise CurriculumError("curriculum: give total_steps or epochs, not both")
+    if total_steps is not None and total_steps < n_phases:
+        raise CurriculumError(f"curriculum: total_steps={total_steps} is fewer than the {n_phases} phases of {kind!r}")
+    if epochs is None and total_steps is None:
+        epochs = 1
+    if epochs is not None and epochs <= 0:
+        raise CurriculumError(f"curriculum: epochs must be > 0, got {epochs}")
+    if instruction_template is not None and "{query}" not in instruction_template:
+        raise CurriculumError("curriculum: instruction_template must contain {query} (and usually {instruction})")
+    return epochs
+
+
+def _usable_examples(examples: Iterable, needed: int, use_mined: bool, instruction_template: str | None, stats: Counter) -> list[_Usable]:
+    """The examples with at least ``needed`` negatives, in input order; the others are counted in
+    ``stats["skipped_few_negatives"]`` (a schedule never pads a row with a missing level)."""
+    pool: list[_Usable] = []
+    for i, obj in enumerate(examples):
+        ex = to_example(obj, i)
+        negs = list(ex.mined_negatives if use_mined else ex.negatives)
+        if len(negs) < needed:
+            stats["skipped_few_negatives"] += 1
+            continue
+        if instruction_template and ex.task.strip():
+            anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query)
+        else:
+            anchor = ex.query
+        keys = (text_key(ex.query), text_key(ex.positive), [text_key(n) for n in negs])
+        pool.append(_Usable(ex, negs, anchor, *keys, teacher_label(ex, use_mined)))
+    return pool
+
+
+def _phase_lengths(n_phases: int, pool_size: int, total_steps: int | None, epochs: float | None) -> tuple[list, list]:
+    """Per phase, (batches to fill, examples to draw): with ``total_steps`` a step count each
+    (``total_steps // n`` for all but the last phase, which takes the rest) and no draw limit;
+    with ``epochs`` the ``round(epochs * N)``-long stream cut into ``n`` equal segments."""
+    if total_steps is not None:
+        first = total_steps // n_phases
+        step_targets: list[int | None] = [first] * (n_phases - 1) + [total_steps - first * (n_phases - 1)]
+        return step_targets, [None] * n_phases
+    total_rows = max(int(round(epochs * pool_size)), 1)
+    seg_sizes: list[int | None] = [len(a) for a in np.array_split(np.arange(total_rows), n_phases)]
+    return [None] * n_phases, seg_sizes
+
+
+def _place(slots: list[tuple[list[_Entry], set[str]]], entry: _Entry, batch_size: int, stats: Counter) -> list[dict] | None:
+    """Put a drawn row into the earliest open batch of its group that holds none of its texts
+    (opening a new one when none does); return that batch's rows once it is full and closed."""
+    keys = entry[2]
+    for k, slot in enumerate(slots):  # noqa: B007 - k is read after the loop
+        if slot[1].isdisjoint(keys):
+            break
+    else:
+        k, slot = len(slots), ([], set())
+        slots.append(slot)
+    if k > 0:  # did not fit the earliest open batch: placed in a later one
+        stats["moved_to_later_batch"] += 1
+    slot[0].append(entry)
+    slot[1].update(keys)
+    if len(slot[0]) == batch_size:
+        slots.remove(slot)
+        return [r for _, r, _ in slot[0]]
+    return None
+
+
+@dataclass
+class _Drawer:
+    """What every phase draws from, in one place so the phases share it: the usable examples, the
+    seeded stream over them, the generator of ``random``'s per-row levels, and the counts."""
+
+    pool: list[_Usable]
+    stream: Iterator[int]
+    level_rng: np.random.Generator
+    needed: int
+    with_labels: bool
+    batch_size: int
+    homogeneous_batches: bool
+    stats: Counter
+    used: set[int] = field(default_factory=set)  # pool indices that gave at least one row
+
+    def row(self, u: _Usable, level: int, phase: int) -> tuple[dict, set[str]] | None:
+        """The row of ``u`` at ``level`` (0: the n-tuple of its ``needed`` hardest negatives) and
+        its text keys; None when the row repeats one of its own texts (it could never be placed)."""
+        if level == 0:  # n-tuple row: the K hardest negatives, hardest first
+            keys = {u.q_key, u.pos_key, *u.neg_keys[: self.needed]}
+            row_negs = {f"negative_{j + 1}": t for j, t in enumerate(u.negs[: self.needed])}
+            row_label = u.label[: self.needed + 1] if self.with_labels else None
+        else:
+            keys = {u.q_key, u.pos_key, u.neg_keys[level - 1]}
+            row_negs = {"negative": u.negs[level - 1]}
+            row_label = [u.label[0], u.label[level]] if self.with_labels else None
+        if len(keys) < 2 + len(row_negs):
+            return None
+        row = {
+            "anchor": u.anchor,
+            "positive": u.ex.positive,
+            **row_negs,
+            **({"label": row_label} if row_label is not None else {}),
+            "level": level,
+            "phase": phase,
+            "batch": -1,
+            "task_type": u.ex.task_type,
+            "example_id": u.ex.id,
+            "source": u.ex.source,
+        }
+        return row, keys
+
+    def phase(self, p: int, lvl: int | None, target: int | None, seg: int | None) -> tuple[list[list[dict]], list[_Entry]]:
+        """Draw phase ``p``'s rows (level ``lvl``, None = random per row) until it has ``target``
+        full batches or has drawn its ``seg`` examples -> (full batches in the order they filled,
+        the rows left in open batches, in draw order). Refuses a ``target`` the pool cannot fill."""
+        open_batches: dict[str, list[tuple[list[_Entry], set[str]]]] = {}
+        done: list[list[dict]] = []
+        consumed = 0
+        limit = None if target is None else 20 * target * self.batch_size + 10 * len(self.pool)
+        while True:
+            if (target is not None and len(done) >= target) or (seg is not None and consumed >= seg):
+                break  # the phase has its batches (total_steps) or its share of the stream (epochs)
+            if limit is not None and consumed >= limit:
+                raise BatchFillError(
+                    f"curriculum: phase {p} cannot fill {target} batches of {self.batch_size} rows with distinct texts "
+                    f"from {len(self.pool)} examples; lower batch_size or total_steps, or set homogeneous_batches=False"
+                )
+            idx = next(self.stream)
+            consumed += 1
+            u = self.pool[idx]
+            made = self.row(u, int(self.level_rng.integers(1, 5)) if lvl is None else lvl, p)
+            if made is None:
+                self.stats["dropped_self_duplicate"] += 1
+                continue
+            row, keys = made
+            group = u.ex.task_type if self.homogeneous_batches else ""
+            full = _place(open_batches.setdefault(group, []), (consumed, row, keys), self.batch_size, self.stats)
+            self.used.add(idx)
+            if full is not None:
+                done.append(full)
+        left = sorted((e for slots in open_batches.values() for s in slots for e in s[0]), key=lambda e: e[0])
+        return done, left
+
+
+def _close_phase(
+    p: int, done: list[list[dict]], left: list[_Entry], *, batch_size: int, train_short: bool, stats: Counter
+) -> list[list[dict]]:
+    """The phase's batches to emit: its full ones, then, when ``train_short``, its leftover rows
+    packed into short batches (:func:`_pack`); otherwise the leftovers are dropped and counted."""
+    if left and train_short:
+        short = _pack(left, batch_size)
+        stats["short_batches"] += sum(len(b) < batch_size for b in short)
+        stats["rows_in_short_batches"] += sum(len(b) for b in short if len(b) < batch_size)
+        stats[f"phase{p}_batches"] = len(done) + len(short)
+        return done + short
+    stats["dropped_incomplete"] += len(left)
+    stats[f"phase{p}_batches"] = len(done)
+    return done
+
+
 def build_curriculum(
     examples: Iterable,
     *,
@@ -192,131 +382,27 @@ def build_curriculum(
     empty task gives the bare query.
     """
     kind, levels, needed = parse_schedule(schedule)
-    if incomplete_batches not in ("train", "drop"):
-        raise CurriculumError(f"curriculum: incomplete_batches must be 'train' or 'drop', got {incomplete_batches!r}")
-    if batch_size < 1:
-        raise CurriculumError(f"curriculum: batch_size must be >= 1, got {batch_size}")
-    if total_steps is not None and epochs is not None:
-        raise CurriculumError("curriculum: give total_steps or epochs, not both")
-    if total_steps is not None and total_steps < len(levels):
-        raise CurriculumError(f"curriculum: total_steps={total_steps} is fewer than the {len(levels)} phases of {kind!r}")
-    if epochs is None and total_steps is None:
-        epochs = 1
-    if epochs is not None and epochs <= 0:
-        raise CurriculumError(f"curriculum: epochs must be > 0, got {epochs}")
-    if instruction_template is not None and "{query}" not in instruction_template:
-        raise CurriculumError("curriculum: instruction_template must contain {query} (and usually {instruction})")
-
+    epochs = _check_options(kind, len(levels), batch_size, total_steps, epochs, incomplete_batches, instruction_template)
     stats: dict[str, Any] = Counter()
-    pool = []
-    labels: list[list[float] | None] = []
-    for i, obj in enumerate(examples):
-        ex = to_example(obj, i)
-        negs = list(ex.mined_negatives if use_mined else ex.negatives)
-        if len(negs) < needed:
-            stats["skipped_few_negatives"] += 1
-            continue
-        if instruction_template and ex.task.strip():
-            anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query)
-        else:
-            anchor = ex.query
-        pool.append((ex, negs, anchor, text_key(ex.query), text_key(ex.positive), [text_key(n) for n in negs]))
-        labels.append(teacher_label(ex, use_mined))
+    pool = _usable_examples(examples, needed, use_mined, instruction_template, stats)
     stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
-    stats["teacher_labels"] = sum(lab is not None for lab in labels)
+    stats["teacher_labels"] = sum(u.label is not None for u in pool)
     with_labels = bool(pool) and stats["teacher_labels"] == len(pool)  # all or none: a column has no gaps
     if not pool:
         raise CurriculumError(
             f"curriculum: no usable example (need >= {needed} {'mined_negatives' if use_mined else 'negatives'} each); "
             "check the input stage or use schedule fixed:K"
         )
-
-    rng = np.random.default_rng(seed)
-    level_rng = np.random.default_rng([seed, 1])
-    stream = _stream(len(pool), rng)
-    n_phases = len(levels)
-    if total_steps is not None:
-        first = total_steps // n_phases
-        step_targets: list[int | None] = [first] * (n_phases - 1) + [total_steps - first * (n_phases - 1)]
-        seg_sizes: list[int | None] = [None] * n_phases
-    else:
-        total_rows = max(int(round(epochs * len(pool))), 1)
-        seg_sizes = [len(a) for a in np.array_split(np.arange(total_rows), n_phases)]
-        step_targets = [None] * n_phases
-
+    # the level generator is seeded apart from the stream, so `random` draws the same examples as the others
+    stream = _stream(len(pool), np.random.default_rng(seed))
+    drawer = _Drawer(pool, stream, np.random.default_rng([seed, 1]), needed, with_labels, batch_size, homogeneous_batches, stats)
     rows: CurriculumRows = CurriculumRows()
-    used_examples: set[int] = set()
     batch_no = 0
-    for p, (lvl, target, seg) in enumerate(zip(levels, step_targets, seg_sizes), start=1):
-        open_batches: dict[str, list[tuple[list[dict], set[str]]]] = {}
-        done: list[list[dict]] = []
-        consumed = 0
-        limit = None if target is None else 20 * target * batch_size + 10 * len(pool)
-        while True:
-            if target is not None and len(done) >= target:
-                break
-            if seg is not None and consumed >= seg:
-                break
-            if limit is not None and consumed >= limit:
-                raise BatchFillError(
-                    f"curriculum: phase {p} cannot fill {target} batches of {batch_size} rows with distinct texts "
-                    f"from {len(pool)} examples; lower batch_size or total_steps, or set homogeneous_batches=False"
-                )
-            idx = next(stream)
-            consumed += 1
-            ex, negs, anchor, q_key, pos_key, neg_keys = pool[idx]
-            level = int(level_rng.integers(1, 5)) if lvl is None else lvl
-            label = labels[idx]
-            if level == 0:  # n-tuple row: the K hardest negatives, hardest first
-                keys = {q_key, pos_key, *neg_keys[:needed]}
-                row_negs = {f"negative_{j + 1}": t for j, t in enumerate(negs[:needed])}
-                row_label = label[: needed + 1] if with_labels else None
-            else:
-                keys = {q_key, pos_key, neg_keys[level - 1]}
-                row_negs = {"negative": negs[level - 1]}
-                row_label = [label[0], label[level]] if with_labels else None
-            if len(keys) < 2 + len(row_negs):
-                stats["dropped_self_duplicate"] += 1
-                continue
-            row = {
-                "anchor": anchor,
-                "positive": ex.positive,
-                **row_negs,
-                **({"label": row_label} if row_label is not None else {}),
-                "level": level,
-                "phase": p,
-                "batch": -1,
-                "task_type": ex.task_type,
-                "example_id": ex.id,
-                "source": ex.source,
-            }
-            group = ex.task_type if homogeneous_batches else ""
-            slots = open_batches.setdefault(group, [])
-            for k, slot in enumerate(slots):  # noqa: B007 - k is read after the loop
-                if slot[1].isdisjoint(keys):
-                    break
-            else:
-                k, slot = len(slots), ([], set())
-                slots.append(slot)
-            if k > 0:  # did not fit the earliest open batch: placed in a later one
-                stats["moved_to_later_batch"] += 1
-            slot[0].append((consumed, row, keys))
-            slot[1].update(keys)
-            used_examples.add(idx)
-            if len(slot[0]) == batch_size:
-                slots.remove(slot)
-                done.append([r for _, r, _ in slot[0]])
-        left = sorted((e for slots in open_batches.values() for s in slots for e in s[0]), key=lambda e: e[0])
-        if left and incomplete_batches == "train" and target is None:
-            short = _pack(left, batch_size)
-            stats["short_batches"] += sum(len(b) < batch_size for b in short)
-            stats["rows_in_short_batches"] += sum(len(b) for b in short if len(b) < batch_size)
-            stats[f"phase{p}_batches"] = len(done) + len(short)
-            done.extend(short)
-        else:
-            stats["dropped_incomplete"] += len(left)
-            stats[f"phase{p}_batches"] = len(done)
-        for batch in done[: target if target is not None else None]:
+    for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), len(pool), total_steps, epochs)), start=1):
+        done, left = drawer.phase(p, lvl, target, seg)
+        # with total_steps a phase draws until its batches are full: there is nothing short to train
+        train_short = incomplete_batches == "train" and target is None
+        for batch in _close_phase(p, done, left, batch_size=batch_size, train_short=train_short, stats=stats)[:target]:
             for r in batch:
                 r["batch"] = batch_no
             rows.extend(batch)
@@ -336,8 +422,8 @@ def build_curriculum(
             "use_mined": use_mined,
             "instruction_template": instruction_template,
             "label": with_labels,  # rows carry the teacher's scores (column ``label``)
-            "examples_used": len(used_examples),
-            "examples_unused": len(pool) - len(used_examples),
+            "examples_used": len(drawer.used),
+            "examples_unused": len(pool) - len(drawer.used),
         }
     )
     stats["incomplete_batches"] = incomplete_batches
@@ -347,7 +433,7 @@ def build_curriculum(
     return rows
 
 
-def _pack(entries: list[tuple[int, dict, set[str]]], batch_size: int) -> list[list[dict]]:
+def _pack(entries: list[_Entry], batch_size: int) -> list[list[dict]]:
     """A phase's leftover rows (``(draw, row, text keys)`` in draw order) packed again, each into
     the earliest batch that holds none of its texts; full batches close, the rest are emitted in
     the order they opened. Each keeps its ``batch`` number, which the trainer's sampler follows

@@ -46,16 +46,19 @@ embeddings up to float rounding.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+# the templates, EmbedFilter's basis and the pooling maths live in modules of their own; the names
+# tests and benchmarks import from here stay importable (re-exported: noqa F401)
 from negsynth.embed.base import Embedder
+from negsynth.embed.decoder_pooling import fuse_attentions, pool, reba_weights
+from negsynth.embed.decoder_templates import drop_instruction, render, resolve_echo_templates, resolve_prompteol_template  # noqa: F401
+from negsynth.embed.embedfilter import MISTRAL_FILTER_START, filter_basis, filter_window, svd_basis, unembedding_matrix  # noqa: F401
 from negsynth.prompts.embedding import ECHO_TEMPLATES, PROMPTEOL_TEMPLATES
 
 log = logging.getLogger(__name__)
@@ -65,252 +68,15 @@ METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 PROMPTEOL_TEMPLATE = PROMPTEOL_TEMPLATES["prompteol"]
 ECHO_TEMPLATE = ECHO_TEMPLATES["rewrite"][0]  # the pre-paper default, kept for callers that import it
 DEFAULT_MAX_LENGTH = 512
-#: EmbedFilter's Mistral-7B-Instruct-v0.3 runs keep V[128 : 128 + k] instead of the centred window
-#: (seed 004 App. A: "offset the whole indices until l_τ = 128"; code ``start_idx = 128``; SEED_SPEC §6)
-MISTRAL_FILTER_START = 128
-
-_SLOT = re.compile(r"\{text\}")
-_ANY_SLOT = re.compile(r"\{text\}|\{instruction\}")
 
 
-# --------------------------------------------------------------------------------------------
-# pure helpers (unit-tested on their own)
-
-
-def filter_window(d: int, tau: int, start: int | None = None) -> tuple[int, int]:
-    """EmbedFilter's window ``[l, r)`` of right singular vectors to keep.
-
-    ``k = d // tau`` rows of ``Vᵀ`` (sorted by descending singular value) are kept. Centred by
-    default (Qwen/Llama): ``l = (d - k) // 2``, ``r = l + k``; with ``start`` (Mistral: 128,
-    :data:`MISTRAL_FILTER_START`) ``l = start``, ``r = start + k``. ``tau = 1`` without ``start``
-    keeps everything (``(0, d)``), i.e. no filter.
-    Example: ``d = 576, tau = 4 -> k = 144, (216, 360)``; ``d = 4096, tau = 2, start = 128 -> (128, 2176)``.
-    """
-    if tau < 1 or d // tau < 1:
-        raise ValueError(f"filter ratio tau={tau} is invalid for d={d}")
-    k = d // tau
-    lo = (d - k) // 2 if start is None else int(start)
-    if lo < 0 or lo + k > d:
-        raise ValueError(f"filter window [{lo}, {lo + k}) does not fit d={d} (tau={tau}, start={start})")
-    return lo, lo + k
-
-
-def resolve_prompteol_template(template: str, method: str, model_type: str | None = None) -> str:
-    """A PromptEOL template by name (:data:`PROMPTEOL_TEMPLATES`) or literal text with one ``{text}``.
-
-    ``"auto"``: ``prompteol`` (original wording) for ``method="prompteol"``; under EmbedFilter the
-    seed's prompt for the backbone, ``mistral`` when ``model_type == "mistral"`` else ``summarize``.
-    """
-    if template == "auto":
-        if method == "embedfilter":
-            template = "mistral" if model_type == "mistral" else "summarize"
-        else:
-            template = "prompteol"
-    out = PROMPTEOL_TEMPLATES.get(template, template)
-    if len(_SLOT.findall(out)) != 1 or "{instruction}" in out:
-        raise ValueError(f"prompteol_template needs exactly one {{text}} slot (or a name: {sorted(PROMPTEOL_TEMPLATES)}), got {template!r}")
-    return out
-
-
-def resolve_echo_templates(template: str, doc_template: str | None = None) -> tuple[str, str]:
-    """(query, document) echo templates from names (:data:`ECHO_TEMPLATES`) or literal text.
-
-    ``template`` names a pair or is literal query text; ``doc_template=None`` takes the document
-    half of the named pair, or the query text without its ``{instruction}`` line for literal text.
-    Each needs two ``{text}`` slots; only the query one may hold an ``{instruction}`` slot.
-    """
-    if template in ECHO_TEMPLATES:
-        query, doc = ECHO_TEMPLATES[template]
-    else:
-        query, doc = template, drop_instruction(template)
-    if doc_template is not None:
-        doc = ECHO_TEMPLATES[doc_template][1] if doc_template in ECHO_TEMPLATES else doc_template
-    for name, t, max_ins in (("echo_template", query, 1), ("echo_doc_template", doc, 0)):
-        if len(_SLOT.findall(t)) != 2 or t.count("{instruction}") > max_ins:
-            raise ValueError(
-                f"{name} needs two {{text}} slots"
-                + (" and at most one {instruction}" if max_ins else " and no {instruction}")
-                + f" (or a name: {sorted(ECHO_TEMPLATES)}), got {t!r}"
-            )
-    return query, doc
-
-
-def drop_instruction(template: str) -> str:
-    """The template without the line that holds ``{instruction}`` (used when a query has none):
-    ``'Instruct:{instruction},\\nQuery:{text}…'`` -> ``'Query:{text}…'``. Unchanged without the slot."""
-    i = template.find("{instruction}")
-    if i < 0:
-        return template
-    lo = template.rfind("\n", 0, i) + 1
-    hi = template.find("\n", i)
-    return template[:lo] + ("" if hi < 0 else template[hi + 1 :])
-
-
-def render(template: str, text: str, instruction: str | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """Fill a template -> (string, character spans of each ``{text}`` slot). ``{instruction}`` is
-    filled with ``instruction`` (its line is dropped when that is empty)."""
-    if not instruction:
-        template = drop_instruction(template)
-    s, spans, pos = "", [], 0
-    for m in _ANY_SLOT.finditer(template):
-        s += template[pos : m.start()]
-        if m.group() == "{text}":
-            spans.append((len(s), len(s) + len(text)))
-            s += text
-        else:
-            s += instruction.strip()
-        pos = m.end()
-    return s + template[pos:], spans
-
-
-def fuse_attentions(attentions: Sequence, attention_mask) -> torch.Tensor:  # noqa: F821
-    """ReBA Algorithm 1: fuse all layers' and heads' attention matrices into one.
-
-    In: ``attentions``, one ``[B, H, L, L]`` tensor per layer (row = query, column = key;
-    softmax probabilities, lower-triangular for a causal model); ``attention_mask`` ``[B, L]``
-    (1 = real token, 0 = pad). Out: ``[B, L, L]`` float32,
-    ``A_new = max over layers p, heads q of (A^{p,q} + A^{p,q}ᵀ) / 2``, symmetric, with every row
-    and column of a pad position set to 0 *before* the max (the probabilities are >= 0, so a
-    zeroed entry never wins; the result on the real tokens is what an unpadded run gives).
-    The seed writes the max as ``(A+B)/2 + |A-B|/2`` starting from ``A_new = 0``; that is the
-    same thing because all entries are non-negative.
-    """
-    import torch
-
-    if not attentions or any(a is None for a in attentions):
-        raise RuntimeError("the model returned no attention probabilities; ReBA needs attn_implementation='eager'")
-    m = attention_mask.to(dtype=torch.float32, device=attentions[0].device)
-    valid = (m[:, :, None] * m[:, None, :])[:, None].bool()  # [B, 1, L, L]
-    fused = None
-    for a in attentions:
-        a = torch.where(valid, a.float(), 0.0)  # where, not *: a fully masked pad row may hold NaN
-        s = ((a + a.transpose(-1, -2)) / 2).amax(dim=1)  # symmetrise, max over heads
-        fused = s if fused is None else torch.maximum(fused, s)
-    return fused
-
-
-def reba_weights(fused, first_mask, attention_mask, pooling: str, variant: str = "paper"):
-    """Token weights ``w[b, k]`` so that the ReBA sentence embedding is ``Σ_k w_k v_k / Σ_k w_k``.
-
-    In: ``fused`` ``[B, L, L]`` from :func:`fuse_attentions`; ``first_mask`` ``[B, L]`` marks the
-    tokens of the *first* copy of the text (the rows, i.e. the words being embedded);
-    ``attention_mask`` ``[B, L]``. ``v_k`` are the last-layer hidden states.
-
-    - ``mean`` (paper eq. 5; the code's ``LLM_ours_mean_pool`` is the same up to scale):
-      ``w_k = Σ_{i in first copy, i <= k} A_new[i, k]`` (column sums of the upper triangle over
-      the first-copy rows), so each word i gathers the *backward* attention from itself and every
-      later token, and the words are averaged.
-    - ``last``, ``variant="paper"`` (eq. 4 for the last word of the first copy, e_n):
-      ``w_k = A_new[n, k]`` for ``k >= n``, where n = last token of the first copy.
-    - ``last``, ``variant="code"`` (``models.py LLM.get_sentence_embedding``):
-      ``w_k = A_new[N, k]`` over all real positions, where N = the final real token.
-    Out: ``[B, L]`` float, zero on pads.
-    """
-    import torch
-
-    am = attention_mask.to(fused.dtype)
-    first = first_mask.to(fused.dtype)
-    L = fused.shape[-1]
-    pos = torch.arange(L, device=fused.device)
-    if pooling == "mean":
-        upper = torch.triu(fused)  # keep k >= i
-        w = torch.einsum("bi,bik->bk", first, upper)
-    elif pooling == "last":
-        if variant == "paper":
-            n = _last_index(first_mask)
-            w = fused[torch.arange(fused.shape[0]), n] * (pos[None, :] >= n[:, None]).to(fused.dtype)
-        elif variant == "code":
-            n = _last_index(attention_mask)
-            w = fused[torch.arange(fused.shape[0]), n]
-        else:
-            raise ValueError(f"unknown ReBA variant {variant!r} (paper, code)")
-    else:
-        raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
-    return w * am
-
-
-def _last_index(mask):
-    """Index of the last 1 in each row of a ``[B, L]`` 0/1 mask (works for left or right padding)."""
-    import torch
-
-    L = mask.shape[-1]
-    pos = torch.arange(L, device=mask.device)[None, :].expand_as(mask)
-    return torch.where(mask.bool(), pos, torch.full_like(pos, -1)).amax(dim=-1)
-
-
-def pool(hidden, weights, pooling: str):
-    """Pool ``hidden`` ``[B, L, d]`` with non-negative ``weights`` ``[B, L]`` -> ``[B, d]``.
-
-    ``mean``: ``Σ_k w_k h_k / Σ_k w_k`` (with a 0/1 mask this is the plain mean over the masked
-    positions). ``last``: ``h`` at the last position whose weight is non-zero.
-    """
-    import torch
-
-    if pooling == "mean":
-        w = weights.to(hidden.dtype)
-        return torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
-    if pooling == "last":
-        idx = _last_index(weights > 0)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
-    raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
-
-
-# --------------------------------------------------------------------------------------------
-# EmbedFilter basis
-
-
-def unembedding_matrix(model):
-    """``W_U`` ``[|V|, d]``: ``lm_head.weight`` of a causal LM, or the input embeddings of a bare
-    backbone whose config ties them to the LM head. Raises if neither is available."""
-    get_out = getattr(model, "get_output_embeddings", None)
-    out = get_out() if get_out is not None else None
-    if out is not None and getattr(out, "weight", None) is not None:
-        return out.weight
-    if getattr(model.config, "tie_word_embeddings", False):
-        return model.get_input_embeddings().weight
-    raise ValueError("EmbedFilter needs the unembedding matrix: load the model with causal_lm=True (lm_head)")
-
-
-_BASIS_MEMO: dict[str, np.ndarray] = {}
-
-
-def svd_basis(weight, model_key: str, cache: Path | str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Right singular vectors of ``W_U``: ``(Vh [d, d], S [d])`` float32, descending ``S``.
-
-    Computed once per (``model_key``, sha256 of the weight bytes) with
-    ``torch.linalg.svd(W.float(), full_matrices=False)`` and kept as ``.npz`` under
-    ``cache`` (default: ``negsynth.embed.hf.cache_dir() / "embedfilter"``) and in memory.
-    The signs of singular vectors are arbitrary; projections and cosines do not depend on them.
-    """
-    import torch
-
-    w = weight.detach().to("cpu", torch.float32).contiguous()
-    digest = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model_key).strip("_")[-80:] or "model"
-    key = f"{slug}-{digest}"
-    if key in _BASIS_MEMO:
-        return _BASIS_MEMO[key]
-    if cache is None:
-        from negsynth.embed.hf import cache_dir
-
-        cache = cache_dir() / "embedfilter"
-    path = Path(cache) / f"{key}.npz"
-    if path.exists():
-        try:
-            z = np.load(path)
-            _BASIS_MEMO[key] = (z["vh"], z["s"])
-            return _BASIS_MEMO[key]
-        except Exception as exc:  # a torn file from a killed run: recompute
-            log.warning("ignoring unreadable SVD cache %s (%s)", path, exc)
-    log.info("EmbedFilter: SVD of the %dx%d unembedding matrix (cached at %s)", *w.shape, path)
-    _, s, vh = torch.linalg.svd(w, full_matrices=False)
-    vh_np, s_np = vh.numpy().astype(np.float32), s.numpy().astype(np.float32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + f".tmp{id(w)}.npz")
-    np.savez(tmp, vh=vh_np, s=s_np)
-    tmp.replace(path)
-    _BASIS_MEMO[key] = (vh_np, s_np)
-    return _BASIS_MEMO[key]
+def _special_prefix(tokenizer) -> list[int]:
+    """The special tokens ``tokenizer`` adds on its own in front of a text (BOS for Llama, none for
+    GPT-2): what :meth:`DecoderEmbedder.tokenize` puts before a template it tokenises bare."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+    return list(full[:at])
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,21 +191,10 @@ class DecoderEmbedder(Embedder):
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.eos_id = tokenizer.eos_token_id
-        # special tokens this tokenizer adds on its own around a text (BOS for Llama, none for GPT-2)
-        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-        full = tokenizer("a", add_special_tokens=True)["input_ids"]
-        at = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
-        self.prefix_ids = list(full[:at])
-        self._basis = None
+        self.prefix_ids = _special_prefix(tokenizer)
+        self._basis = None  # EmbedFilter's projection [d, k]; None = identity
         if method == "embedfilter":
-            vh, _ = svd_basis(unembedding_matrix(model), self._model_key(model, model_name))
-            if filter_start == "auto":  # the seed's Mistral exception; centred for every other backbone
-                filter_start = MISTRAL_FILTER_START if model_type == "mistral" else None
-            elif filter_start in ("centred", "centered"):
-                filter_start = None
-            lo, hi = filter_window(vh.shape[0], filter_ratio, filter_start)
-            self._basis = vh[lo:hi].T.astype(np.float64)  # [d, k]
-            self.window = (lo, hi)
+            self._basis, self.window = filter_basis(model, self._model_key(model, model_name), filter_ratio, filter_start, model_type)
         short = _short_name(model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.name = f"decoder:{short}:{self.describe()}"
 

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.embed.base import quiet_loading
+from negsynth.train.callbacks import curriculum_log_callback, progress_callback
+from negsynth.train.checkpoints import checkpoint_step, checkpoints, drop_checkpoint, last_checkpoint, seal_callback
 from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
 from negsynth.train.sampler import OrderedBatchSampler, batch_segments, check_batches, curriculum_batch_sampler
@@ -247,153 +249,6 @@ def _load_dataset(dataset):
     raise TypeError(f"dataset: expected a datasets.Dataset, a dict of columns or a parquet path, got {type(dataset).__name__}")
 
 
-def _curriculum_callback(phases: list | None, levels: list | None, batch_size: int, grad_accum: int, batch_starts: list | None = None):
-    from transformers import TrainerCallback
-
-    class CurriculumLogCallback(TrainerCallback):
-        """Adds the curriculum ``phase``/``level`` of the last consumed batch to each log record.
-
-        Optimizer step s consumed micro-batches ``[(s-1)·A, s·A)``; the phase is that of the first row of
-        the last one (``batch_starts``: each planned batch's first row, short batches included;
-        without it, batches of ``batch_size`` rows are assumed). ``state.log_history[-1]`` is the record the trainer just stored, so the phase lands
-        in ``trainer_state.json`` next to the loss.
-        """
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if not phases or not state.global_step or logs is None or "loss" not in logs:
-                return
-            if batch_starts:
-                row = batch_starts[((state.global_step * grad_accum) - 1) % len(batch_starts)]
-            else:
-                n_batches = -(-len(phases) // batch_size)
-                row = (((state.global_step * grad_accum) - 1) % n_batches) * batch_size
-            rec = state.log_history[-1] if state.log_history else {}
-            rec["phase"] = phases[row]
-            if levels:
-                rec["level"] = levels[row]
-            log.info(
-                "step %d loss %.4f phase %s level %s lr %.2e",
-                state.global_step,
-                logs["loss"],
-                phases[row],
-                levels[row] if levels else "-",
-                logs.get("learning_rate", float("nan")),
-            )
-
-    return CurriculumLogCallback()
-
-
-def _progress_callback(progress):
-    """Steps, loss and ETA on a progress bar: ``progress(description, total, status=..., completed=...)``
-    is a context manager yielding a bar with ``update(advance=0, **fields)`` (the stage passes
-    :meth:`negsynth.pipeline.progress.Reporter.progress`). The bar opens when training starts
-    (the trainer knows its step count then; a resumed run starts at its checkpoint's step) and
-    closes when it ends; :meth:`close` closes it after an error too. Rank 0 only."""
-    from contextlib import ExitStack
-
-    from transformers import TrainerCallback
-
-    class TrainProgress(TrainerCallback):
-        is_negsynth_progress = True
-
-        def __init__(self):
-            self.stack = ExitStack()
-            self.bar = None
-            self.step = 0
-
-        def on_train_begin(self, args, state, control, **kw):
-            if state.is_world_process_zero and self.bar is None:
-                self.step = state.global_step
-                self.bar = self.stack.enter_context(progress("train", state.max_steps, status="", completed=state.global_step))
-
-        def on_step_end(self, args, state, control, **kw):
-            if self.bar is not None:
-                self.bar.update(advance=state.global_step - self.step)
-                self.step = state.global_step
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if self.bar is not None and logs and "loss" in logs:
-                self.bar.update(status=f"loss {logs['loss']:.4f}")
-
-        def on_train_end(self, args, state, control, **kw):
-            self.close()
-
-        def close(self) -> None:
-            self.bar = None
-            self.stack.close()
-
-    return TrainProgress()
-
-
-#: written into checkpoint-N once the trainer has saved everything in it: the files and their sizes
-SEAL = "negsynth_checkpoint.json"
-
-
-def checkpoint_step(path: Path) -> int | None:
-    name = path.name
-    if not name.startswith("checkpoint-") or not name[len("checkpoint-") :].isdigit():
-        return None
-    return int(name[len("checkpoint-") :])
-
-
-def _sealed(path: Path) -> bool:
-    """Whether ``checkpoint-N`` is whole: its seal lists every file with the size it had when saved."""
-    try:
-        files = json.loads((path / SEAL).read_text(encoding="utf-8"))["files"]
-        return bool(files) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def checkpoints(output_dir: str | Path) -> list[tuple[int, Path, bool]]:
-    """``(step, folder, sealed)`` of every ``checkpoint-N`` in ``output_dir``, by step."""
-    d = Path(output_dir)
-    if not d.is_dir():
-        return []
-    out = [(s, p, _sealed(p)) for p in d.iterdir() if p.is_dir() and (s := checkpoint_step(p)) is not None]
-    return sorted(out, key=lambda t: t[0])
-
-
-def last_checkpoint(output_dir: str | Path) -> Path | None:
-    """The latest whole checkpoint (sealed: a kill mid-save leaves an unsealed one, never used)."""
-    sealed = [p for _, p, ok in checkpoints(output_dir) if ok]
-    return sealed[-1] if sealed else None
-
-
-def _drop_checkpoint(path: Path) -> None:
-    import shutil
-
-    (path / SEAL).unlink(missing_ok=True)  # unsealed first: a kill mid-removal leaves no half checkpoint that looks whole
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _seal_callback(limit: int | None):
-    """Seal each checkpoint once the trainer has written it, then keep the ``limit`` newest sealed
-    ones (the trainer's own rotation is off: it removes old checkpoints before the new one is sealed)."""
-    from transformers import TrainerCallback
-
-    from negsynth.data.shards import atomic_write_text
-    from negsynth.faults import crash_point
-
-    class CheckpointSeal(TrainerCallback):
-        def on_save(self, args, state, control, **kw):
-            if not state.is_world_process_zero:
-                return
-            ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not ck.is_dir():
-                return
-            crash_point(f"checkpoint_saved:{state.global_step}")  # the resume test's kill mid-save
-            files = {str(p.relative_to(ck)): p.stat().st_size for p in sorted(ck.rglob("*")) if p.is_file() and p.name != SEAL}
-            atomic_write_text(ck / SEAL, json.dumps({"step": state.global_step, "files": files}, indent=1) + "\n")
-            crash_point(f"checkpoint_sealed:{state.global_step}")
-            if limit is not None:
-                sealed = [p for _, p, ok in checkpoints(args.output_dir) if ok]
-                for old in sealed[: max(0, len(sealed) - limit)]:
-                    _drop_checkpoint(old)
-
-    return CheckpointSeal()
-
-
 def train_device(config: TrainConfig) -> str:
     """``train.device`` resolved: "auto" -> "cuda" when torch sees a GPU, else "mps" where Apple's
     is there, else "cpu" (the device the HF trainer itself would pick)."""
@@ -456,36 +311,26 @@ def check_teacher_labels(ds, loss: str, negatives: int) -> None:
         )
 
 
-def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
-    """Build (trainer, model) without training — used by :func:`train` and the benchmark.
-
-    ``progress``: see :func:`train`."""
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from transformers import set_seed
-
-    from negsynth.train.loss import DISTILL_LOSSES, make_loss
-
-    set_seed(config.seed)
-    ds = _load_dataset(dataset)
-    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
-    if missing:
-        raise ValueError(
-            f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)"
-        )
-    phases = ds["phase"] if "phase" in ds.column_names else None
-    levels = ds["level"] if "level" in ds.column_names else None
-    text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
-    distill = config.loss in DISTILL_LOSSES
-    if distill:
-        check_teacher_labels(ds, config.loss, len(text_cols) - 2)
-    # ST embeds every column it is given: metadata (level, phase, ids) stays out of the inputs; the
-    # teacher's scores go in as the label column where the loss learns from them
+def _training_dataset(ds, config: TrainConfig, text_cols: list[str], distill: bool):
+    """The dataset as the loss consumes it: only the text columns (sentence-transformers embeds
+    every column it is given: metadata such as level, phase and ids stays out of the inputs), plus
+    the teacher's scores as the label column where the loss learns from them, every text in the
+    format the model will see at evaluation (``negsynth_text.json``)."""
     train_ds = ds.select_columns(text_cols + (["label"] if distill else []))
     fmt = text_format(config)
-    if not fmt.is_identity:  # every text as the model will see it at evaluation (negsynth_text.json)
+    if not fmt.is_identity:
         train_ds = train_ds.map(lambda row: {c: fmt.apply(row[c]) for c in text_cols}, desc="text format")
-    per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
-    batch_starts = None  # the first row of each planned batch, when the sampler keeps the order
+    return train_ds, fmt
+
+
+def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, text_cols: list[str], per_device: int):
+    """``(batch_sampler, batch_starts)``: what ``SentenceTransformerTrainingArguments.batch_sampler``
+    gets, and the first row of each planned batch (None unless the sampler keeps the order and
+    plans them here: the log callback reads each step's phase there).
+
+    ``shuffled``: sentence-transformers' ``NO_DUPLICATES`` (refused on a phased curriculum, which it
+    would mix); ``no_duplicates``: the curriculum sampler, its batches planned once now so that the
+    rows it moves or skips are logged; otherwise consecutive batches, checked when ``check_batches``."""
     if config.batch_sampler == "shuffled":
         if phases is not None and len(set(phases)) > 1:
             raise ValueError(
@@ -494,8 +339,8 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             )
         from sentence_transformers.base.sampler import BatchSamplers
 
-        sampler = BatchSamplers.NO_DUPLICATES
-    elif config.no_duplicates:
+        return BatchSamplers.NO_DUPLICATES, None
+    if config.no_duplicates:
         sampler = curriculum_batch_sampler(batch_segments(ds))
         planned = sampler(train_ds, batch_size=per_device, drop_last=False)
         batch_starts = [b[0] for b in planned.global_batches if b]
@@ -505,16 +350,23 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
                 planned.counts["moved"],
                 planned.skipped_rows,
             )
-    else:
-        sampler = OrderedBatchSampler
-        if config.check_batches:
-            cols = {c: ds[c] for c in text_cols}
-            if phases is not None:
-                cols["phase"] = phases
-            for p in check_batches(cols, config.batch_size):
-                log.warning("curriculum batches: %s", p)
-    model = model if model is not None else build_model(config)
-    model.negsynth_text_format = fmt
+        return sampler, batch_starts
+    if config.check_batches:
+        cols = {c: ds[c] for c in text_cols}
+        if phases is not None:
+            cols["phase"] = phases
+        for p in check_batches(cols, config.batch_size):
+            log.warning("curriculum batches: %s", p)
+    return OrderedBatchSampler, None
+
+
+def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
+    """The loss ``config`` names, at the model family's temperature, gathering in-batch negatives
+    across devices under data parallelism: a distillation loss on the teacher's scores; AnglE +
+    InfoNCE when either weight is off its default; else InfoNCE (cached MNRL when GradCache is on,
+    :func:`resolve_mini_batch_size`). Refuses the settings a loss does not take, in one line."""
+    from negsynth.train.loss import make_loss
+
     temperature = resolve_temperature(config, is_decoder_model(model))
     gather = config.gather_across_devices and _world_size() > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
@@ -529,7 +381,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
         if config.hardness_mode and config.loss != "mnrl+distill-kl":
             raise ValueError(f"hardness_mode weights InfoNCE's negatives; train.loss = {config.loss!r} has none, set hardness_mode = None")
-        loss = make_distill_loss(
+        return make_distill_loss(
             model,
             config.loss,
             temperature=temperature,
@@ -540,7 +392,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             hardness_strength=config.hardness_strength,
             gather_across_devices=gather,
         )
-    elif config.angle_weight > 0 or config.infonce_weight != 1.0:
+    if config.angle_weight > 0 or config.infonce_weight != 1.0:
         from negsynth.train.loss import make_angle_infonce_loss
 
         if config.hardness_mode:
@@ -551,7 +403,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             raise ValueError(
                 "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
             )
-        loss = make_angle_infonce_loss(
+        return make_angle_infonce_loss(
             model,
             temperature,
             infonce_weight=config.infonce_weight,
@@ -559,16 +411,21 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
             angle_scale=config.angle_scale,
             gather_across_devices=gather,
         )
-    else:
-        loss = make_loss(
-            model,
-            temperature,
-            hardness_mode=config.hardness_mode,
-            hardness_strength=config.hardness_strength,
-            gather_across_devices=gather,
-            mini_batch_size=mini_batch,
-        )
-    args = SentenceTransformerTrainingArguments(
+    return make_loss(
+        model,
+        temperature,
+        hardness_mode=config.hardness_mode,
+        hardness_strength=config.hardness_strength,
+        gather_across_devices=gather,
+        mini_batch_size=mini_batch,
+    )
+
+
+def _training_arguments(config: TrainConfig, model, per_device: int, sampler):
+    """``SentenceTransformerTrainingArguments`` from ``config``, for the device the model is on."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    return SentenceTransformerTrainingArguments(
         output_dir=config.output_dir,
         per_device_train_batch_size=per_device,
         gradient_accumulation_steps=config.grad_accum,
@@ -585,7 +442,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         data_seed=config.seed,
         save_strategy="steps",
         save_steps=config.save_steps,
-        save_total_limit=None,  # rotation in _seal_callback, after the new checkpoint is sealed
+        save_total_limit=None,  # rotation in seal_callback, after the new checkpoint is sealed
         logging_steps=config.logging_steps,
         report_to="none",
         dataloader_drop_last=False,
@@ -594,14 +451,44 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         use_cpu=model.device.type == "cpu",  # else the HF trainer moves a CPU-placed model to the GPU
         **_precision(config, model.device.type),
     )
+
+
+def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
+    """Build (trainer, model) without training — used by :func:`train` and the benchmark.
+
+    ``progress``: see :func:`train`."""
+    from sentence_transformers import SentenceTransformerTrainer
+    from transformers import set_seed
+
+    from negsynth.train.loss import DISTILL_LOSSES
+
+    set_seed(config.seed)
+    ds = _load_dataset(dataset)
+    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
+    if missing:
+        raise ValueError(
+            f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)"
+        )
+    phases = ds["phase"] if "phase" in ds.column_names else None
+    levels = ds["level"] if "level" in ds.column_names else None
+    text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
+    distill = config.loss in DISTILL_LOSSES
+    if distill:
+        check_teacher_labels(ds, config.loss, len(text_cols) - 2)
+    train_ds, fmt = _training_dataset(ds, config, text_cols, distill)
+    per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
+    sampler, batch_starts = _batch_sampler(config, ds, train_ds, phases, text_cols, per_device)
+    model = model if model is not None else build_model(config)
+    model.negsynth_text_format = fmt
+    loss = _training_loss(config, model, per_device, distill)
     trainer = SentenceTransformerTrainer(
         model=model,
-        args=args,
+        args=_training_arguments(config, model, per_device, sampler),
         train_dataset=train_ds,
         loss=loss,
         callbacks=[
-            _curriculum_callback(phases, levels, config.batch_size, config.grad_accum, batch_starts),
-            _seal_callback(config.save_total_limit),
+            curriculum_log_callback(phases, levels, config.batch_size, config.grad_accum, batch_starts),
+            seal_callback(config.save_total_limit),
         ],
     )
     if progress is not None:
@@ -609,7 +496,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(_progress_callback(progress))
+        trainer.add_callback(progress_callback(progress))
     return trainer, model
 
 
@@ -620,8 +507,8 @@ def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -
     training order). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
     saved to ``<output_dir>/final`` (with LoRA: the adapter plus its base-model reference), the
     checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
-    ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole (:data:`SEAL`);
-    ``resume=True`` continues from the latest sealed one.
+    ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole
+    (:data:`~negsynth.train.checkpoints.SEAL`); ``resume=True`` continues from the latest sealed one.
 
     ``progress``: show steps, loss and ETA on a bar instead of the trainer's log dicts on stdout;
     a context manager factory ``progress(description, total, status=..., completed=...)`` yielding
@@ -646,7 +533,7 @@ def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -
         for step, p, ok in checkpoints(config.output_dir):
             if not ok and (start is None or step > start):
                 log.warning("%s is not whole (killed while it was saved): removed", p)
-                _drop_checkpoint(p)
+                drop_checkpoint(p)
     try:
         with quiet_loading():  # the checkpoints' save bars (transformers, the hub): the stage shows one bar
             trainer.train(resume_from_checkpoint=resume)

@@ -29,7 +29,7 @@ def embed_block(
     # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
     doc_index: dict[Any, int] = {}
     q_index: dict[Any, int] = doc_index if shared else {}
-    q_items: list[tuple[str, str | None]] = []  # (text, instruction) of pool rows that are queries (non-shared)
+    q_instructions: list[str | None] = []  # the instruction of each pool row that is a query (non-shared), in row order
     pool_texts: list[str] = []
     is_query: list[bool] = []
 
@@ -41,7 +41,7 @@ def embed_block(
             pool_texts.append(text)
             is_query.append(query and not shared)
             if query and not shared:
-                q_items.append((text, instr))
+                q_instructions.append(instr)
         return j
 
     qi = np.empty(len(examples), dtype=np.int64)
@@ -60,14 +60,35 @@ def embed_block(
 
     dim = embedder.dim
     vecs = np.zeros((len(pool_texts), dim), dtype=np.float32)
+    calls = _encode_calls(pool_texts, is_query, q_instructions, shared, chunk=max(1, 8 * batch_size))
+    t0 = time.perf_counter()
+    with embedding_progress(reporter, label, len(pool_texts)) as bar:
+        for (rows, _), v in zip(calls, encode_parts(embedder, [c for _, c in calls], batch_size=batch_size), strict=True):
+            vecs[rows] = v
+            bar.update(advance=len(rows))
+    embed_s = time.perf_counter() - t0
+
+    cos_pos = np.einsum("nd,nd->n", vecs[qi], vecs[pi])
+    cos_neg = [vecs[ni[e]] @ vecs[qi[e]] for e in range(len(examples))] if examples else []
+    info: dict[str, Any] = {"texts": n_texts, "unique_texts": len(pool_texts), "embed_s": embed_s}
+    if raw:
+        info["pool"] = {"texts": pool_texts, "vecs": vecs, "q": qr, "p": pi, "n": ni}
+    return cos_pos, cos_neg, info
+
+
+def _encode_calls(
+    pool_texts: list[str], is_query: list[bool], q_instructions: list[str | None], shared: bool, *, chunk: int
+) -> list[tuple[list[int], tuple]]:
+    """The embedder calls for the pool, in order, each with the pool rows it fills: the rows
+    sorted longest first and cut into chunks of ``chunk``; per chunk one ``encode`` call (queries
+    share the documents' pool) or its queries (with their instructions, ``q_instructions`` in the
+    order of the query rows) then its documents."""
     instr_of = {}
     if not shared:
         # pool row -> instruction, for the query rows
         qrows = [j for j, q in enumerate(is_query) if q]
-        instr_of = {j: q_items[n][1] for n, j in enumerate(qrows)}
+        instr_of = {j: q_instructions[n] for n, j in enumerate(qrows)}
     order = sorted(range(len(pool_texts)), key=lambda j: -len(pool_texts[j]))
-    chunk = max(1, 8 * batch_size)
-    # the calls, in order: per chunk of the sorted rows, one (shared) or queries then documents
     calls: list[tuple[list[int], tuple]] = []
     for c0 in range(0, len(order), chunk):
         rows = order[c0 : c0 + chunk]
@@ -80,19 +101,7 @@ def embed_block(
             calls.append((qrows, ("queries", [pool_texts[j] for j in qrows], [instr_of[j] for j in qrows])))
         if drows:
             calls.append((drows, ("documents", [pool_texts[j] for j in drows], None)))
-    t0 = time.perf_counter()
-    with embedding_progress(reporter, label, len(order)) as bar:
-        for (rows, _), v in zip(calls, encode_parts(embedder, [c for _, c in calls], batch_size=batch_size), strict=True):
-            vecs[rows] = v
-            bar.update(advance=len(rows))
-    embed_s = time.perf_counter() - t0
-
-    cos_pos = np.einsum("nd,nd->n", vecs[qi], vecs[pi])
-    cos_neg = [vecs[ni[e]] @ vecs[qi[e]] for e in range(len(examples))] if examples else []
-    info: dict[str, Any] = {"texts": n_texts, "unique_texts": len(pool_texts), "embed_s": embed_s}
-    if raw:
-        info["pool"] = {"texts": pool_texts, "vecs": vecs, "q": qr, "p": pi, "n": ni}
-    return cos_pos, cos_neg, info
+    return calls
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,30 @@ def measure(cos_pos: np.ndarray, cos_neg: np.ndarray, cfg: ScoreConfig) -> dict[
     easy = cn < cfg.too_easy_floor if cfg.too_easy_floor is not None else np.zeros_like(fn)
     mono = np.all(np.diff(cn, axis=1) < 0, axis=1) if cn.shape[1] > 1 else np.ones(len(cn), dtype=bool)
     return {"cos_pos": cp, "cos_neg": cn, "false_negative": fn, "too_easy": easy, "kendall_tau": kendall_tau_claimed(cn), "monotonic": mono}
+
+
+def measure_examples(cos_pos: np.ndarray, cos_neg: list[np.ndarray], cfg: ScoreConfig) -> list[dict[str, Any]]:
+    """:func:`measure` per example, as the JSON-ready values a record and its sidecar store.
+
+    ``cos_neg`` holds one array per example, normally of 4 negatives (fewer when an earlier filter
+    removed some): the examples are measured in groups of one negative count."""
+    by_k: dict[int, list[int]] = defaultdict(list)
+    for e, cn in enumerate(cos_neg):
+        by_k[len(cn)].append(e)
+    per_ex: list[dict] = [None] * len(cos_neg)  # type: ignore[list-item]
+    for k, idx in by_k.items():
+        m = measure(cos_pos[idx], np.stack([cos_neg[e] for e in idx]) if k else np.zeros((len(idx), 0)), cfg)
+        for r, e in enumerate(idx):
+            tau = m["kendall_tau"][r]
+            per_ex[e] = {
+                "cos_pos": float(m["cos_pos"][r]),
+                "cos_neg": [float(x) for x in m["cos_neg"][r]],
+                "false_negative": [bool(x) for x in m["false_negative"][r]],
+                "too_easy": [bool(x) for x in m["too_easy"][r]],
+                "kendall_tau": None if np.isnan(tau) else round(float(tau), 6),
+                "monotonic": bool(m["monotonic"][r]),
+            }
+    return per_ex
 
 
 def drop_flags(cfg: ScoreConfig) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import embed_block, embedding_progress
 from negsynth.stages.score.inputs import config_digest, embedder_fingerprint, input_shards, load_decontam_texts, read_examples
 from negsynth.stages.score.llm_judge import estimate
-from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure
+from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
+from negsynth.stages.score.shard import ShardOutcome
 from negsynth.stages.score.stats import report, summarize
 
 
@@ -393,8 +394,44 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
     this_run["judge_s"] += time.perf_counter() - t0
 
 
-def _reject(row: dict, reason: str, detail: str) -> dict:
-    return {"id": row["id"], "stage": NAME, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
+def _near_duplicates(
+    cleaner: _Cleaner, cfg, examples: list[dict], policy: list, pool: dict | None, vecs16
+) -> tuple[dict[int, Any], dict[int, bytes]]:
+    """``(duplicates, keys)`` of the block's examples the policy keeps: each one that repeats an
+    example kept before it (earlier blocks included) -> its match, and each one's exact-match key
+    (what the shard's ``kept.npy`` records). Empty without ``score.dedup``."""
+    if cleaner.dedup is None:
+        return {}, {}
+    cand = [e for e in range(len(examples)) if policy[e] is not None and policy[e][0] is not None]
+    keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
+    qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
+    pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
+    exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
+    found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv, exact_only=exact)
+    return {e: d for e, d in zip(cand, found, strict=True) if d is not None}, keys
+
+
+def _write_shard(
+    ctx: StageContext, k: int, shard: ShardOutcome, sidecar: dict, cleaner: _Cleaner, examples: list[dict], keys: dict, pool, vecs16
+) -> None:
+    """Write output shard ``k`` and its companions: the sidecar, the kept examples' dedup state
+    (``kept.npy``, what a resumed run rebuilds the dedup from) and the rejects; the output shard
+    last, because its presence marks the shard done."""
+    out_dir = ctx.stage_dir(NAME)
+    atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
+    if cleaner.dedup is not None:
+        uv = cleaner.dedup.uses_vectors
+        atomic_write_bytes(
+            _kept_path(ctx, k),
+            pack_kept(
+                [examples[e]["id"] for e in shard.kept],
+                [keys[e] for e in shard.kept],
+                vecs16[pool["q"][shard.kept]] if uv else None,
+                vecs16[pool["p"][shard.kept]] if uv else None,
+            ),
+        )
+    write_jsonl(out_dir / "rejects" / shard_name(k), shard.rejects)
+    write_jsonl(out_dir / shard_name(k), shard.records)  # its presence marks the shard done: written last
 
 
 def _score_block(
@@ -424,113 +461,19 @@ def _score_block(
     )
     pool = info.get("pool")
     vecs16 = quantize(pool["vecs"]) if pool is not None else None
-    # measure per negative count (normally all 4)
-    by_k: dict[int, list[int]] = defaultdict(list)
-    for e, cn in enumerate(cos_neg):
-        by_k[len(cn)].append(e)
-    per_ex: list[dict] = [None] * len(examples)  # type: ignore[list-item]
-    for k, idx in by_k.items():
-        m = measure(cos_pos[idx], np.stack([cos_neg[e] for e in idx]) if k else np.zeros((len(idx), 0)), cfg)
-        for r, e in enumerate(idx):
-            tau = m["kendall_tau"][r]
-            per_ex[e] = {
-                "cos_pos": float(m["cos_pos"][r]),
-                "cos_neg": [float(x) for x in m["cos_neg"][r]],
-                "false_negative": [bool(x) for x in m["false_negative"][r]],
-                "too_easy": [bool(x) for x in m["too_easy"][r]],
-                "kendall_tau": None if np.isnan(tau) else round(float(tau), 6),
-                "monotonic": bool(m["monotonic"][r]),
-            }
+    per_ex = measure_examples(cos_pos, cos_neg, cfg)
     contam = cleaner.contamination(examples, pool, vecs16)
     if judge is not None:
         _judge_block(ctx, judge, examples, per_ex, contam, this_run)
     policy = [None if contam[e] else apply_policy(row, per_ex[e], cfg, emb.name) for e, row in enumerate(examples)]
-    dups: dict[int, Any] = {}
-    keys: dict[int, bytes] = {}
-    if cleaner.dedup is not None:
-        cand = [e for e in range(len(examples)) if policy[e] is not None and policy[e][0] is not None]
-        keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
-        qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
-        pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
-        exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
-        found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv, exact_only=exact)
-        dups = {e: d for e, d in zip(cand, found, strict=True) if d is not None}
-    out_dir = ctx.stage_dir(NAME)
+    dups, keys = _near_duplicates(cleaner, cfg, examples, policy, pool, vecs16)
     e0 = 0
     for k, rows in block:
-        records, rejects = [], []
-        reasons: Counter = Counter()
-        cleaned: Counter = Counter()
-        by_set: Counter = Counter()
-        scored: list[int] = []  # examples that stay in the statistics (not cleaned out)
-        kept: list[int] = []
-        dropped = reordered = 0
-        for e in range(e0, e0 + len(rows)):
-            row = examples[e]
-            if contam[e] is not None:
-                set_name, detail = contam[e]
-                rejects.append(_reject(row, "contaminated", detail))
-                cleaned["contaminated"] += 1
-                by_set[set_name] += 1
-                continue
-            rec, rej = policy[e]
-            if e in dups:
-                d = dups[e]
-                rejects.append(_reject(rec, "near_duplicate", d.detail()))
-                cleaned["near_duplicate"] += 1
-                cleaned["near_duplicate_exact"] += int(d.cos_query is None)
-                continue
-            scored.append(e)
-            sc = rec if rec is not None else rej["input"]
-            dropped += len(row["negatives"]) - len(sc["negatives"])
-            reordered += int(cfg.policy == "reorder" and sc["score"]["llm_order"] != sorted(sc["score"]["llm_order"]))
-            if rec is not None:
-                records.append(rec)
-                kept.append(e)
-            else:
-                rejects.append(rej)
-        for r in rejects:
-            reasons[r["reason"]] += 1
+        shard = ShardOutcome.sort(examples, range(e0, e0 + len(rows)), contam, policy, dups, cfg.policy)
         e0 += len(rows)
-        if write is not None and k not in write:
-            continue
-        ms = [per_ex[e] for e in scored]
-        sidecar = {
-            "embedder": emb.name,
-            "examples": len(rows),
-            "task_type": [examples[e]["task_type"] for e in scored],
-            "cos_pos": [m["cos_pos"] for m in ms],
-            "cos_neg": [m["cos_neg"] for m in ms],
-            "false_negative": [m["false_negative"] for m in ms],
-            "too_easy": [m["too_easy"] for m in ms],
-            "kendall_tau": [m["kendall_tau"] for m in ms],
-            "monotonic": [m["monotonic"] for m in ms],
-            **({"judged_false_negative": [m.get("judged_false_negative") for m in ms]} if judge is not None else {}),
-            "kept": len(records),
-            "rejected": len(rejects),
-            "reasons": dict(reasons),
-            "negatives_dropped": dropped,
-            "reordered": reordered,
-            "mined": sum(str(examples[e].get("model") or "").startswith("mined:") for e in scored),
-            "cleaned": {
-                **{k2: cleaned[k2] for k2 in ("near_duplicate", "near_duplicate_exact", "contaminated")},
-                "contaminated_by_set": dict(sorted(by_set.items())),
-            },
-        }
-        atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
-        if cleaner.dedup is not None:
-            uv = cleaner.dedup.uses_vectors
-            atomic_write_bytes(
-                _kept_path(ctx, k),
-                pack_kept(
-                    [examples[e]["id"] for e in kept],
-                    [keys[e] for e in kept],
-                    vecs16[pool["q"][kept]] if uv else None,
-                    vecs16[pool["p"][kept]] if uv else None,
-                ),
-            )
-        write_jsonl(out_dir / "rejects" / shard_name(k), rejects)
-        write_jsonl(out_dir / shard_name(k), records)  # its presence marks the shard done: written last
+        if write is None or k in write:
+            sidecar = shard.sidecar(emb.name, examples, per_ex, len(rows), judged=judge is not None)
+            _write_shard(ctx, k, shard, sidecar, cleaner, examples, keys, pool, vecs16)
     this_run["examples"] += len(examples)
     this_run["texts"] += info["texts"]
     this_run["unique_texts"] += info["unique_texts"]
