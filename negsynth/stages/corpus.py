@@ -40,58 +40,27 @@ answer: a resumed run pays for none of them twice).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
-from negsynth.data.shards import iter_jsonl, list_shards
-from negsynth.data.text import text_key
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, LLMResult, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.prompts import load_example, load_template, reask_template, render
+from negsynth.llm.client import LLMClient
+from negsynth.pipeline import Outcome, Stage, StageContext, Tally, WorkItem, config_hash
+from negsynth.prompts import reask_template
 from negsynth.schemas.config import CorpusConfig
-from negsynth.schemas.outputs import QueriesOut, queries_schema
+from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
-from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.validators import check_meta, check_nonempty, check_query
+from negsynth.stages.common import path_fingerprint, short_id
+from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, make_validator
+from negsynth.stages.corpus_report import describe, report
 
 NAME = "corpus"
 
-#: per style: (one, many, the rule shown to the model, the retrieval instruction of its examples)
-STYLES: dict[str, tuple[str, str, str, str]] = {
-    "question": (
-        "1 question",
-        "{n} different questions",
-        "Each is a question ending with a question mark.",
-        "Given a question, retrieve documents that answer the question",
-    ),
-    "claim": (
-        "1 claim",
-        "{n} different claims",
-        "Each is one declarative sentence stating a finding or fact (a statement, not a question).",
-        "Given a claim, retrieve documents that support or refute the claim",
-    ),
-    "keywords": (
-        "1 keyword query",
-        "{n} different keyword queries",
-        "Each is 3 to 8 keywords, not a sentence.",
-        "Given a web search query, retrieve relevant documents that answer the query",
-    ),
-}
-
 #: ``negatives = "mixed"``: how many of the 4 slots the LLM's negatives may fill (the rest are mined)
 MIXED_LLM_SLOTS = 2
-
-#: rank buckets of the round-trip histogram in stats.json
-RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
 
 
 # -- planning -------------------------------------------------------------------------------
@@ -227,111 +196,6 @@ LIKELIHOOD_DOC_TOKENS = 192
 def needs_lexical(cfg: CorpusConfig) -> bool:
     """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
     return cfg.teacher == "hybrid" or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
-
-
-# -- the prompt -----------------------------------------------------------------------------
-def cut_tokens(text: str, tokenizer, n: int, mark: str = " ...") -> str:
-    """``text`` cut to its first ``n`` tokens (``mark`` ends a cut); words when no tokenizer."""
-    if tokenizer is None:
-        words = text.split()
-        return text if len(words) <= n else " ".join(words[:n]) + mark
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
-    offs = enc["offset_mapping"]
-    if len(offs) <= n:
-        return text
-    return text[: offs[n - 1][1]].rstrip() + mark
-
-
-def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
-    one, many, rule, _ = STYLES[style]
-    count = one if n == 1 else many.format(n=n)
-    shape = '{"queries": [%s]%s}' % (", ".join(['"..."'] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")  # noqa: UP031 - the prompt's bytes (and its cached answers) stay as they were
-    neg_rule = (
-        " Also write 4 hard-negative documents: similar to this document in topic, length and style, but NOT answering the queries, "
-        "sorted from most similar (item 1: the same subject and entities, a different finding) to least similar (item 4: the same field, another subject)."
-        if negatives
-        else ""
-    )
-    return render("corpus", document=document, count=count, style_rule=rule, negatives_rule=neg_rule, shape=shape)
-
-
-def example_answer(style: str, n: int, negatives: bool) -> dict[str, Any]:
-    ex = load_example("corpus")
-    qs = list(ex[style])
-    out: dict[str, Any] = {"queries": [qs[i % len(qs)] for i in range(n)]}
-    if negatives:
-        out["hard_negative_documents"] = ex["hard_negative_documents"]
-    return out
-
-
-def build_messages(p: dict[str, Any], cfg: CorpusConfig, doc_text: str) -> list[dict[str, str]]:
-    llm_negs = cfg.negatives != "mined"
-    msgs = [{"role": "system", "content": load_template("system").strip()}]
-    if cfg.few_shot:
-        ex = load_example("corpus")
-        msgs.append({"role": "user", "content": render_prompt(ex["document"], p["style"], cfg.queries_per_doc, llm_negs)})
-        msgs.append(
-            {"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc, llm_negs), ensure_ascii=False)}
-        )
-    msgs.append({"role": "user", "content": render_prompt(doc_text, p["style"], cfg.queries_per_doc, llm_negs)})
-    return msgs
-
-
-# -- validation -----------------------------------------------------------------------------
-def make_validator(document: str, cfg: CorpusConfig):
-    """``validate(obj) -> (queries, verdicts, negatives)``; raises (a re-ask) while no query passes
-    or the LLM's negatives fail."""
-    ex = load_example("corpus")
-    shown = {text_key(q) for s in STYLES for q in ex[s]}
-    shown_negs = {text_key(n) for n in ex["hard_negative_documents"]}
-    llm_negs = cfg.negatives != "mined"
-
-    def validate(obj: Any):
-        try:
-            out = QueriesOut.model_validate(obj)
-        except ValidationError as e:
-            raise schema_failure(e) from None
-        if len(out.queries) != cfg.queries_per_doc:
-            raise ValidationFailure("wrong_query_count", f"'queries' must hold exactly {cfg.queries_per_doc} items, got {len(out.queries)}")
-        negs: list[str] = []
-        if llm_negs:
-            negs = [n.strip() for n in out.hard_negative_documents or [] if isinstance(n, str)]
-            if len(negs) != NUM_NEGATIVES:
-                raise ValidationFailure(
-                    "wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}"
-                )
-            if cfg.few_shot and any(text_key(n) in shown_negs for n in negs):
-                raise ValidationFailure("copied_example", "you copied the worked example's negatives; write new ones for this document")
-            fields = {f"hard_negative_documents {i + 1}": n for i, n in enumerate(negs)}
-            for v in (check_nonempty(fields), check_meta(fields)):
-                if not v.keep:
-                    raise ValidationFailure(v.reason, v.detail)
-            keys = [text_key(n) for n in negs]
-            if text_key(document) in keys:
-                raise ValidationFailure("negative_equals_positive", f"negative {keys.index(text_key(document)) + 1} repeats the document")
-            if len(set(keys)) < len(keys):
-                raise ValidationFailure("duplicate_negatives", "two negatives are the same; make all 4 different")
-        verdicts: list[tuple[str, str] | None] = []
-        seen: set[str] = set()
-        for q in out.queries:
-            v = check_query(q, document, min_chars=cfg.min_query_chars, max_chars=cfg.max_query_chars)
-            key = text_key(q) if isinstance(q, str) else ""
-            if v.keep and cfg.few_shot and key in shown:
-                v = v._replace(
-                    keep=False, reason="copied_example", detail="you copied the worked example's query; write one about this document"
-                )
-            if v.keep and key in seen:
-                v = v._replace(keep=False, reason="duplicate_query", detail="two queries are the same; make them different")
-            if v.keep and llm_negs and key in {text_key(n) for n in negs}:
-                v = v._replace(keep=False, reason="negative_equals_query", detail="a negative repeats a query")
-            seen.add(key)
-            verdicts.append(None if v.keep else (v.reason, v.detail))
-        if all(v is not None for v in verdicts):
-            reason, detail = verdicts[0]
-            raise ValidationFailure(reason, detail)
-        return [q.strip() for q in out.queries], verdicts, negs
-
-    return validate
 
 
 # -- one item -------------------------------------------------------------------------------
@@ -471,45 +335,6 @@ class Work:
         )
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
-    """A document's queries without an LLM (``corpus.queries``), shaped as an LLM answer of the
-    stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
-    the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
-    body (the text after the title), drawn with the stage seed, each within the query length
-    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
-    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
-    n = cfg.queries_per_doc
-    doc = p["document"]
-    if cfg.queries == "title":
-        title = " ".join(str(p.get("title") or "").split())
-        if not title or text_key(title) == text_key(doc):
-            return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
-        return LLMResult(([title[: cfg.max_query_chars]], [None], []), None)
-    # the body: the text after a title that heads it ("Moon tides The moon's ..."), told from a text
-    # that merely opens with its title's word ("Vaccines expose ...") by the capital after it
-    title = str(p.get("title") or "").strip()
-    rest = doc[len(title) :].lstrip() if title and doc.lower().startswith(title.lower() + " ") else ""
-    body = rest if rest[:1].isupper() or rest[:1].isdigit() else doc
-    fits = [
-        x
-        for x in dict.fromkeys(" ".join(t.split()) for t in _SENTENCE_END.split(body))
-        if cfg.min_query_chars <= len(x) <= cfg.max_query_chars
-    ]
-    picked = random.Random(f"{cfg.seed}:{p['corpus']}:{p['doc_id']}:sentences").sample(fits, min(n, len(fits)))
-    if not picked:
-        return LLMResult(
-            None, None, "too_few_sentences", f"no sentence of {cfg.min_query_chars}-{cfg.max_query_chars} characters in the document"
-        )
-    missing = (
-        "too_few_sentences",
-        f"the document has {len(picked)} sentence(s) within the query length bounds, fewer than queries_per_doc={n}",
-    )
-    return LLMResult((picked + [""] * (n - len(picked)), [None] * len(picked) + [missing] * (n - len(picked)), []), None)
-
-
 def _failed_in_transit(fut: asyncio.Future) -> bool:
     """A document's answer that is a transport failure (the server, not the model)."""
     if fut.cancelled() or fut.exception() is not None:
@@ -559,54 +384,9 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     mined: dict[str, Any] | None = None
     llm_ok: list[str] = []
     if needs_index(cfg):
-        m = cfg.mining
-        k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
-        ci, pos = p["corpus_index"], work.positions[p["corpus_index"]][p["doc_id"]]
-        mined = await work.off_loop(
-            lambda: work.index(ci).search(
-                query,
-                pos,
-                k,
-                relative_margin=m.relative_margin,
-                absolute_margin=m.absolute_margin,
-                max_score=m.max_score,
-                range_max=m.range_max,
-                lexical=work.lexical(ci).scores(query) if needs_lexical(cfg) else None,
-                screen=llm_negs if cfg.negatives == "mixed" else (),
-                order=cfg.candidates,
-            )
-        )
-        if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
-            llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
-            k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
-        # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
-        # meta, each a filter when its k is set
-        ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-        if cfg.teacher == "llm-likelihood" and len(mined["negatives"]) >= k:
-            mined.update(await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"]))
-        if cfg.teacher != "none" and "teacher_rank" in mined:
-            ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
-        for reason, key, rank, limit, who in ranks:
-            meta[key] = rank
-            if limit and rank > limit:
-                setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-                among = (
-                    "among itself and its mined negatives" if cfg.teacher == "llm-likelihood" and key == "teacher_rank" else "in the corpus"
-                )
-                return reject(reason, f"{who} ranks its own document {rank} {among}, below {setting}={limit}", query=query, **{key: rank})
-        if len(mined["negatives"]) < k:
-            return reject(
-                "too_few_mined",
-                f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)",
-                query=query,
-            )
-        meta["mined_scores"] = mined["scores"]
-        meta["mined_pos_score"] = mined["pos_score"]
-        if cfg.teacher != "none":
-            meta["teacher_pos_score"] = mined["teacher_pos_score"]
-            meta["teacher_scores"] = mined["teacher_scores"]
-            if cfg.negatives == "mined":  # every negative a corpus text the teacher scored (mixed: the LLM's are not)
-                meta["teacher_label"] = mined["teacher_label"]
+        mined, llm_ok, rejected = await search_and_judge(work, p, query, llm_negs, meta)
+        if rejected is not None:
+            return reject(rejected[0], rejected[1], **rejected[2])
     if mined is not None:
         # a mined negative is a document of the corpus: copied as long as the prompt shows a
         # document (doc_tokens), not whole (one huge document would be copied into every example)
@@ -637,6 +417,64 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         **({"usage": usage} if usage else {}),
     )
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+
+async def search_and_judge(
+    work: Work, p: dict[str, Any], query: str, llm_negs: list[str], meta: dict[str, Any]
+) -> tuple[dict[str, Any], list[str], tuple[str, str, dict[str, Any]] | None]:
+    """The query's search of its corpus: its document's rank (the round trip), its mined negatives,
+    the teacher's view, each filter that is set, and the count check. Returns the search, the LLM's
+    negatives that pass the mining rule (``mixed``) and None, or a rejection ``(reason, detail,
+    extra input fields)`` instead of None; fills ``meta`` with the ranks and scores."""
+    cfg, m = work.cfg, work.cfg.mining
+    k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
+    ci, pos = p["corpus_index"], work.positions[p["corpus_index"]][p["doc_id"]]
+    mined = await work.off_loop(
+        lambda: work.index(ci).search(
+            query,
+            pos,
+            k,
+            relative_margin=m.relative_margin,
+            absolute_margin=m.absolute_margin,
+            max_score=m.max_score,
+            range_max=m.range_max,
+            lexical=work.lexical(ci).scores(query) if needs_lexical(cfg) else None,
+            screen=llm_negs if cfg.negatives == "mixed" else (),
+            order=cfg.candidates,
+        )
+    )
+    llm_ok: list[str] = []
+    if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
+        llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
+        k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
+    # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
+    # meta, each a filter when its k is set
+    ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
+    if cfg.teacher == "llm-likelihood" and len(mined["negatives"]) >= k:
+        mined.update(await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"]))
+    if cfg.teacher != "none" and "teacher_rank" in mined:
+        ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
+    for reason, key, rank, limit, who in ranks:
+        meta[key] = rank
+        if limit and rank > limit:
+            setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
+            among = "among itself and its mined negatives" if cfg.teacher == "llm-likelihood" and key == "teacher_rank" else "in the corpus"
+            return (
+                mined,
+                llm_ok,
+                (reason, f"{who} ranks its own document {rank} {among}, below {setting}={limit}", {"query": query, key: rank}),
+            )
+    if len(mined["negatives"]) < k:
+        detail = f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)"
+        return mined, llm_ok, ("too_few_mined", detail, {"query": query})
+    meta["mined_scores"] = mined["scores"]
+    meta["mined_pos_score"] = mined["pos_score"]
+    if cfg.teacher != "none":
+        meta["teacher_pos_score"] = mined["teacher_pos_score"]
+        meta["teacher_scores"] = mined["teacher_scores"]
+        if cfg.negatives == "mined":  # every negative a corpus text the teacher scored (mixed: the LLM's are not)
+            meta["teacher_label"] = mined["teacher_label"]
+    return mined, llm_ok, None
 
 
 def mix_negatives(mined: list[str], llm_ok: list[str]) -> tuple[list[str], list[str]]:
@@ -723,89 +561,6 @@ def likelihood_fields(lm, query: str, document: str, negatives: list[str]) -> di
         "teacher_scores": scores[1:],
         "teacher_label": scores,
     }
-
-
-def describe(folder: Path) -> dict[str, Any]:
-    """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
-    (kept examples, plus the rank of each query the round trip rejected)."""
-    styles: Counter = Counter()
-    sources: Counter = Counter()
-    lengths: list[int] = []
-    ranks: list[int] = []
-    labels: list[list[float]] = []
-    for path in list_shards(folder):
-        for r in iter_jsonl(path):
-            if r.get("meta", {}).get("teacher_label"):
-                labels.append(r["meta"]["teacher_label"])
-            styles[r.get("attributes", {}).get("style", "?")] += 1
-            sources.update(r.get("meta", {}).get("negative_sources", ()))
-            lengths.append(len(r["query"].split()))
-            if "round_trip_rank" in r.get("meta", {}):
-                ranks.append(r["meta"]["round_trip_rank"])
-    rej_dir = folder / "rejects"
-    for path in list_shards(rej_dir) if rej_dir.is_dir() else []:
-        for r in iter_jsonl(path):
-            rank = (r.get("input") or {}).get("round_trip_rank")
-            if rank is not None:
-                ranks.append(rank)
-    out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
-    if sources:  # mixed: how many slots the LLM's negatives kept, and how many went to mined ones
-        out["negative_sources"] = dict(sorted(sources.items()))
-    if lengths:
-        s = sorted(lengths)
-        out["query_words"] = {
-            "mean": round(sum(s) / len(s), 2),
-            "p10": s[len(s) // 10],
-            "median": s[len(s) // 2],
-            "p90": s[(9 * len(s)) // 10],
-        }
-    if ranks:
-        hist = {}
-        for lo, hi in RANK_BUCKETS:
-            label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">{lo - 1}")
-            hist[label] = sum(1 for r in ranks if r >= lo and (hi is None or r <= hi))
-        out["round_trip"] = {
-            "queries": len(ranks),
-            "top1": round(sum(r == 1 for r in ranks) / len(ranks), 4),
-            "top10": round(sum(r <= 10 for r in ranks) / len(ranks), 4),
-            "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
-            "ranks": hist,
-        }
-    if labels:  # the teacher's scores (hybrid: min-max BM25 + cosine sum, [0, 2]; llm-likelihood: mean log p): positive, each negative band
-        mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
-        bands = max(len(lab) for lab in labels) - 1
-        out["teacher_scores"] = {
-            "examples": len(labels),
-            "positive": mean([lab[0] for lab in labels]),
-            "negatives": [mean([lab[b + 1] for lab in labels if len(lab) > b + 1]) for b in range(bands)],
-        }
-    return out
-
-
-def report(stats: dict) -> list[Summary]:
-    rows = pipeline.summary_rows(stats)
-    docs = stats.get("documents") or {}
-    rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
-    rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
-    if docs.get("split_into_passages"):
-        rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
-    if stats.get("query_styles"):
-        rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
-    if stats.get("negative_sources"):
-        rows.append(("negatives by source", ", ".join(f"{k} {v}" for k, v in stats["negative_sources"].items())))
-    if stats.get("query_words"):
-        w = stats["query_words"]
-        rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
-    rt = stats.get("round_trip")
-    if rt:
-        rows.append(("round trip: own document top-1 / top-10 / MRR", f"{rt['top1']:.1%} / {rt['top10']:.1%} / {rt['mrr']:.3f}"))
-        rows.append(("round trip: ranks", ", ".join(f"{k}: {v}" for k, v in rt["ranks"].items())))
-    ts = stats.get("teacher_scores")
-    if ts:
-        rows.append(
-            ("teacher score: positive / negatives (mean)", f"{ts['positive']:.3f} / " + ", ".join(f"{x:.3f}" for x in ts["negatives"]))
-        )
-    return [Summary("corpus", rows)]
 
 
 def estimate(ctx: StageContext, tally: Tally) -> None:

@@ -1,0 +1,99 @@
+"""What the corpus stage's outputs say: the query styles and lengths, the round-trip rank of every
+query (kept or rejected), the teacher's scores per negative band (:func:`describe`, folded into
+``stats.json``), and the summary table printed at the end (:func:`report`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from negsynth import pipeline
+from negsynth.data.shards import iter_jsonl, list_shards
+from negsynth.pipeline import Summary
+
+#: rank buckets of the round-trip histogram in stats.json
+RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
+
+
+def describe(folder: Path) -> dict[str, Any]:
+    """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
+    (kept examples, plus the rank of each query the round trip rejected)."""
+    styles: Counter = Counter()
+    sources: Counter = Counter()
+    lengths: list[int] = []
+    ranks: list[int] = []
+    labels: list[list[float]] = []
+    for path in list_shards(folder):
+        for r in iter_jsonl(path):
+            if r.get("meta", {}).get("teacher_label"):
+                labels.append(r["meta"]["teacher_label"])
+            styles[r.get("attributes", {}).get("style", "?")] += 1
+            sources.update(r.get("meta", {}).get("negative_sources", ()))
+            lengths.append(len(r["query"].split()))
+            if "round_trip_rank" in r.get("meta", {}):
+                ranks.append(r["meta"]["round_trip_rank"])
+    rej_dir = folder / "rejects"
+    for path in list_shards(rej_dir) if rej_dir.is_dir() else []:
+        for r in iter_jsonl(path):
+            rank = (r.get("input") or {}).get("round_trip_rank")
+            if rank is not None:
+                ranks.append(rank)
+    out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
+    if sources:  # mixed: how many slots the LLM's negatives kept, and how many went to mined ones
+        out["negative_sources"] = dict(sorted(sources.items()))
+    if lengths:
+        s = sorted(lengths)
+        out["query_words"] = {
+            "mean": round(sum(s) / len(s), 2),
+            "p10": s[len(s) // 10],
+            "median": s[len(s) // 2],
+            "p90": s[(9 * len(s)) // 10],
+        }
+    if ranks:
+        hist = {}
+        for lo, hi in RANK_BUCKETS:
+            label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">{lo - 1}")
+            hist[label] = sum(1 for r in ranks if r >= lo and (hi is None or r <= hi))
+        out["round_trip"] = {
+            "queries": len(ranks),
+            "top1": round(sum(r == 1 for r in ranks) / len(ranks), 4),
+            "top10": round(sum(r <= 10 for r in ranks) / len(ranks), 4),
+            "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
+            "ranks": hist,
+        }
+    if labels:  # the teacher's scores (hybrid: min-max BM25 + cosine sum, [0, 2]; llm-likelihood: mean log p): positive, each negative band
+        mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+        bands = max(len(lab) for lab in labels) - 1
+        out["teacher_scores"] = {
+            "examples": len(labels),
+            "positive": mean([lab[0] for lab in labels]),
+            "negatives": [mean([lab[b + 1] for lab in labels if len(lab) > b + 1]) for b in range(bands)],
+        }
+    return out
+
+
+def report(stats: dict) -> list[Summary]:
+    rows = pipeline.summary_rows(stats)
+    docs = stats.get("documents") or {}
+    rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
+    rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    if docs.get("split_into_passages"):
+        rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
+    if stats.get("query_styles"):
+        rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
+    if stats.get("negative_sources"):
+        rows.append(("negatives by source", ", ".join(f"{k} {v}" for k, v in stats["negative_sources"].items())))
+    if stats.get("query_words"):
+        w = stats["query_words"]
+        rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
+    rt = stats.get("round_trip")
+    if rt:
+        rows.append(("round trip: own document top-1 / top-10 / MRR", f"{rt['top1']:.1%} / {rt['top10']:.1%} / {rt['mrr']:.3f}"))
+        rows.append(("round trip: ranks", ", ".join(f"{k}: {v}" for k, v in rt["ranks"].items())))
+    ts = stats.get("teacher_scores")
+    if ts:
+        rows.append(
+            ("teacher score: positive / negatives (mean)", f"{ts['positive']:.3f} / " + ", ".join(f"{x:.3f}" for x in ts["negatives"]))
+        )
+    return [Summary("corpus", rows)]
