@@ -54,7 +54,7 @@ def test_train_flags_reach_the_train_config(tmp_path, monkeypatch):
         seen["cfg"] = opts.context(extra_sets).cfg
         return {}
 
-    monkeypatch.setattr("negsynth.cli._run", fake_run)
+    monkeypatch.setattr("negsynth.cli.stages._run", fake_run)
     r = runner.invoke(app, ["train", "-d", str(tmp_path / "r"), "--model", "minilm", "--epochs", "3", "--lr", "5e-5"])
     assert r.exit_code == 0, r.output
     tc = seen["cfg"].train
