@@ -1,24 +1,31 @@
 """Command-line options as config overrides: each option a user gave becomes a ``--set``
-assignment (``section.key=VALUE``), its value written as TOML, so a path or name arrives in the
-config as typed."""
+assignment (``section.key=VALUE``), its value serialised as TOML, so a path or name with a quote
+or a backslash in it arrives in the config as typed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from negsynth.errors import UserError
 
 
+def toml_value(v: Any) -> str:
+    """``v`` as a TOML value (a list as an inline array), for the right-hand side of a ``--set``."""
+    import tomli_w
+
+    if isinstance(v, Path):
+        v = str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return tomli_w.dumps({"v": v}).removeprefix("v = ").rstrip("\n")
+
+
 def config_sets(section: str, **values: Any) -> list[str]:
     """The ``--set`` overrides of ``section`` for the options a user gave (None: not given), each
-    value written as a TOML literal, so a path or name with a quote in it arrives as typed."""
-    return [
-        f"{section}.{key}={json.dumps(str(v) if isinstance(v, Path) else v, ensure_ascii=False)}"
-        for key, v in values.items()
-        if v is not None
-    ]
+    value serialised as TOML (:func:`toml_value`), so a path or name with a quote or a backslash in
+    it arrives as typed."""
+    return [f"{section}.{key}={toml_value(v)}" for key, v in values.items() if v is not None]
 
 
 def embedder_overrides(spec: str | None) -> list[str]:
@@ -33,7 +40,7 @@ def embedder_overrides(spec: str | None) -> list[str]:
     kind, _, model = spec.partition(":") if spec.split(":", 1)[0] in ("decoder", "st", "sentence-transformers") else ("st", "", spec)
     out = ["embedder.kind=decoder"] if kind == "decoder" else ["embedder.kind=sentence-transformers"]
     if model:
-        out.append(f"embedder.model='{model}'" if "'" not in model else f"embedder.model={model}")  # TOML literal: no escapes
+        out += config_sets("embedder", model=model)
     elif kind == "decoder" or spec in ("st", "sentence-transformers"):
         out.append("embedder.model='default'")
     return out

@@ -270,7 +270,7 @@ def score(
     The --max-* budgets count the LLM judge's requests (score.judge_model = "llm"); with no LLM
     judge score sends no request and they do nothing.
     """
-    _run("score", opts, embedder_overrides(embedder) + ([f"score.policy={policy}"] if policy else []))
+    _run("score", opts, embedder_overrides(embedder) + config_sets("score", policy=policy or None))
 
 
 @stage_command()
@@ -281,7 +281,7 @@ def curriculum(
     ] = None,
 ) -> None:
     """Build the training rows in training order (easiest level first; n-tuple rows when all negatives were mined) -> RUN_DIR/curriculum/."""
-    _run("curriculum", opts, [f"curriculum.schedule='{schedule}'"] if schedule else [])
+    _run("curriculum", opts, config_sets("curriculum", schedule=schedule or None))
 
 
 @stage_command()

@@ -12,6 +12,7 @@ import typer
 
 from negsynth.cli.guard import guarded
 from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, emit, report_command, setup_logging
+from negsynth.cli.overrides import toml_value
 from negsynth.errors import UserError
 
 
@@ -132,7 +133,7 @@ def serve(
     if len(fleet) == 1:
         use = f"--set llm.base_url={fleet.urls[0]}"
     else:
-        use = "--set 'llm.endpoints=[" + ", ".join(f'"{u}"' for u in fleet.urls) + "]'"
+        use = f"--set 'llm.endpoints={toml_value(list(fleet.urls))}'"
     typer.echo(f"serving {cfg.llm.model} at {', '.join(fleet.urls)} with {fleet.describe()}  (use {use}); Ctrl-C stops it", err=True)
     sys.exit(fleet.wait())
 
