@@ -54,7 +54,7 @@ def test_train_flags_reach_the_train_config(tmp_path, monkeypatch):
         seen["cfg"] = opts.context(extra_sets).cfg
         return {}
 
-    monkeypatch.setattr("negsynth.cli._run", fake_run)
+    monkeypatch.setattr("negsynth.cli.stages._run", fake_run)
     r = runner.invoke(app, ["train", "-d", str(tmp_path / "r"), "--model", "minilm", "--epochs", "3", "--lr", "5e-5"])
     assert r.exit_code == 0, r.output
     tc = seen["cfg"].train
@@ -62,6 +62,31 @@ def test_train_flags_reach_the_train_config(tmp_path, monkeypatch):
     # the user's own --set comes after the flags, and a flag not given leaves the config alone
     r = runner.invoke(app, ["train", "-d", str(tmp_path / "r"), "--lr", "5e-5", "--set", "train.lr=1e-3"])
     assert r.exit_code == 0 and seen["cfg"].train.lr == 1e-3 and seen["cfg"].train.model == "default"
+
+
+def test_flag_values_with_quotes_and_backslashes_reach_the_config_as_typed(tmp_path, monkeypatch):
+    """A flag becomes a --set assignment serialised as TOML: a value holding a double quote, a
+    backslash or a single quote arrives whole, not cut at a quote or unescaped."""
+    from negsynth.cli import config_sets, embedder_overrides
+    from negsynth.schemas.config_io import apply_override
+
+    odd = 'C:\\models\\my "best" model\'s\\'
+    data: dict = {}
+    for s in config_sets("evaluate", model=odd, tasks=[odd, "sts"]) + embedder_overrides(f"st:{odd}"):
+        apply_override(data, s)
+    assert data["evaluate"] == {"model": odd, "tasks": [odd, "sts"]}
+    assert data["embedder"] == {"kind": "sentence-transformers", "model": odd}
+
+    seen = {}
+
+    def fake_run(name, opts, extra_sets=None):
+        seen[name] = opts.context(extra_sets).cfg
+        return {}
+
+    monkeypatch.setattr("negsynth.cli.stages._run", fake_run)
+    r = runner.invoke(app, ["score", "-d", str(tmp_path / "r"), "--embedder", f"decoder:{odd}"])
+    assert r.exit_code == 0, r.output
+    assert (seen["score"].embedder.kind, seen["score"].embedder.model) == ("decoder", odd)
 
 
 @pytest.mark.parametrize("stage", ["corpus", "regenerate"])

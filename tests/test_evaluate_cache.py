@@ -175,6 +175,7 @@ def test_evaluate_command_no_cache_turns_the_cache_off(tmp_path, monkeypatch, ar
     from typer.testing import CliRunner
 
     import negsynth.cli as cli
+    from negsynth.cli import stages as stage_commands
 
     seen = {}
 
@@ -182,7 +183,7 @@ def test_evaluate_command_no_cache_turns_the_cache_off(tmp_path, monkeypatch, ar
         seen["cache"] = ctx.cfg.evaluate.cache
         return {"stage": name}
 
-    monkeypatch.setattr(cli, "_execute", fake_execute)
+    monkeypatch.setattr(stage_commands, "_execute", fake_execute)
     r = CliRunner().invoke(cli.app, ["evaluate", "-d", str(tmp_path / "run"), "-q", *args])
     assert r.exit_code == 0, r.output
     assert seen["cache"] is want

@@ -13,14 +13,16 @@ from negsynth.schemas.config import PipelineConfig
 from negsynth.stages import EMBEDS, METHOD, SHARDABLE
 
 NAMES = [s.name for s in METHOD]
-CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli.py"
+CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli"
+#: the module of the stage commands
+STAGE_COMMANDS = CLI / "stages.py"
 
 
 def _stage_commands() -> list[tuple[str, set[str]]]:
     """(command, the stage names it passes to ``_run``/``_execute``) for each ``@stage_command``
-    in cli.py whose name is a stage, in source order."""
+    in cli/stages.py whose name is a stage, in source order."""
     out = []
-    for node in ast.parse(CLI.read_text(encoding="utf-8")).body:
+    for node in ast.parse(STAGE_COMMANDS.read_text(encoding="utf-8")).body:
         if not isinstance(node, ast.FunctionDef) or node.name not in NAMES:
             continue
         deco = {d.func.id for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Name)}
@@ -39,6 +41,15 @@ def _stage_commands() -> list[tuple[str, set[str]]]:
 
 
 def test_every_stage_has_its_command_in_the_method_order():
+    # the stage commands live in one module: no other module of the command declares one
+    elsewhere = [
+        f"{path.name}: {node.name}"
+        for path in sorted(CLI.glob("*.py"))
+        if path != STAGE_COMMANDS
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.FunctionDef) and node.name in NAMES
+    ]
+    assert not elsewhere, elsewhere
     cmds = _stage_commands()
     assert [name for name, _ in cmds] == NAMES
     for name, called in cmds:

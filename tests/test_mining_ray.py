@@ -201,7 +201,8 @@ def local_ray_embedding(monkeypatch, st_model):
 
     monkeypatch.setattr(ray_executor, "ray_embedding", fake)
     monkeypatch.setattr(ray_executor, "_worker", no_shard_workers)
-    monkeypatch.setattr(ray_executor, "_ray", no_shard_workers)
+    monkeypatch.setattr(ray_executor, "import_ray", no_shard_workers)
+    monkeypatch.setattr(ray_executor, "connect", no_shard_workers)
     return made
 
 

@@ -208,10 +208,10 @@ def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes
     """No restarts left (``MAX_RESTARTS = 0``) and every worker SIGKILLed as it encodes: the stage stops
     with one line (nothing of the block written), and the same call again gives the one-process bytes."""
     from negsynth.errors import UserError
-    from negsynth.pipeline import ray_executor
+    from negsynth.pipeline import ray_embed
     from negsynth.pipeline.ray_executor import run_on_ray
 
-    monkeypatch.setattr(ray_executor, "MAX_RESTARTS", 0)
+    monkeypatch.setattr(ray_embed, "MAX_RESTARTS", 0)
     ref, rd, ctx_again, killed, got = _slow_run(tmp_path, monkeypatch, once=False)
     assert len(set(killed)) >= 2
     assert isinstance(got, UserError), got
@@ -220,7 +220,7 @@ def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes
         str(got),
     )
     assert not (rd / "score" / "shard-00000.jsonl").exists()  # one block: nothing of it was written
-    monkeypatch.setattr(ray_executor, "MAX_RESTARTS", 3)
+    monkeypatch.setattr(ray_embed, "MAX_RESTARTS", 3)
     run_on_ray(SCORE, ctx_again(), workers=2)
     assert outputs(rd) == outputs(ref)
 
@@ -230,9 +230,9 @@ def test_workers_lost_and_not_back_within_the_wait_stop_in_one_line(tmp_path, fa
     forever (pytest's timeout would fail it); after ``RESTART_WAIT`` s with no worker it stops
     with one line."""
     from negsynth.errors import UserError
-    from negsynth.pipeline import ray_executor
+    from negsynth.pipeline import ray_embed
 
-    monkeypatch.setattr(ray_executor, "RESTART_WAIT", 3.0)
+    monkeypatch.setattr(ray_embed, "RESTART_WAIT", 3.0)
     _, rd, _, killed, got = _slow_run(tmp_path, monkeypatch, once=False, stuck=True)
     assert len(set(killed)) >= 2
     assert isinstance(got, UserError), got
@@ -246,13 +246,13 @@ def test_workers_lost_and_not_back_within_the_wait_stop_in_one_line(tmp_path, fa
 def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_path, ray_node, monkeypatch):
     """``__init__`` raising is not a death Ray restarts: the stage stops at once with the worker's line."""
     from negsynth.errors import UserError
-    from negsynth.pipeline import ray_executor
+    from negsynth.pipeline import ray_embed
     from negsynth.pipeline.ray_executor import run_on_ray
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     # unlimited restarts: were an actor whose __init__ raised restarted, this would never end
     # (pytest's timeout fails it; no bound of its own, since a start alone took 200-300 s at load 6)
-    monkeypatch.setattr(ray_executor, "MAX_RESTARTS", -1)
+    monkeypatch.setattr(ray_embed, "MAX_RESTARTS", -1)
     write_generate(tmp_path, [[example()]])
     ctx = make_ctx(tmp_path)
     ctx.cfg.embedder.model = str(tmp_path / "no-such-model")

@@ -187,6 +187,34 @@ def shard_assignment(n_items: int, shard_size: int, num_shards: int, shard_index
     return [s for s in range(total) if s % num_shards == shard_index]
 
 
+@dataclass
+class _RunState:
+    """The bookkeeping of one :meth:`ShardedRunner.run`, shared by its workers."""
+
+    rep: RunReport
+    #: each unfinished shard's items so far: item index -> (kind, row)
+    state: dict[int, dict[int, tuple[str, dict]]] = field(default_factory=dict)
+    #: each unfinished shard's items not yet recorded
+    remaining: dict[int, int] = field(default_factory=dict)
+    #: the open partial file of each shard in progress
+    writers: dict[int, PartialWriter] = field(default_factory=dict)
+    #: all items done, but holding an HTTP-level refusal (or waiting for the stage's verdict): decided at the end
+    deferred: set[int] = field(default_factory=set)
+    #: the items to do, in order
+    todo: list[WorkItem] = field(default_factory=list)
+    done_items: int = 0  # for the progress bar: items, not rows
+    #: why the workers stopped early: a budget (``why``), an outage (``outage``; ``fatal``: the stage failed)
+    stop: dict[str, Any] = field(default_factory=lambda: {"why": None, "outage": None})
+    queue: asyncio.Queue[WorkItem | None] = field(default_factory=asyncio.Queue)
+    n_workers: int = 1
+    left: int = 0  # items not yet recorded: the workers end when none is left
+
+    def wake_all(self) -> None:
+        """End every worker waiting for an item."""
+        for _ in range(self.n_workers):
+            self.queue.put_nowait(None)
+
+
 class ShardedRunner:
     """Drive ``process(item) -> Outcome`` over items with bounded concurrency and resumable shards."""
 
@@ -271,142 +299,155 @@ class ShardedRunner:
     async def run(
         self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None
     ) -> RunReport:
+        """Every item of this worker's shards through ``process``, ``concurrency`` at a time:
+        finished shards are counted, not redone, and a partial shard resumes where it stopped."""
         t0 = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise storage_error(e, self.dir) from None
-        rep = RunReport(stage=self.stage)
         mine = self._mine(len(items))
-        rep.shards_total = len(mine)
-        todo: list[WorkItem] = []
-        state: dict[int, dict[int, tuple[str, dict]]] = {}
-        remaining: dict[int, int] = {}
-        writers: dict[int, PartialWriter] = {}
-        # all items done, but holding an HTTP-level refusal (or waiting for the stage's verdict): decided at the end
-        deferred: set[int] = set()
-        done_items = 0  # for the progress bar: items, not rows
-
-        def shard_done(s: int) -> None:
-            rows = state[s]
-            if any(failed_with(k, r, PENDING) for k, r in rows.values()):
-                return  # items pending after a transport failure: the shard stays unfinished
-            if self.verdict is not None or any(failed_with(k, r, HTTP_LEVEL) for k, r in rows.values()):
-                deferred.add(s)
-                return
-            self._finalize(s, state.pop(s))
-            rep.shards_done += 1
-
+        run = _RunState(RunReport(stage=self.stage, shards_total=len(mine)))
         for s in mine:
-            lo, hi = s * self.shard_size, min(len(items), (s + 1) * self.shard_size)
-            if self._final(s).exists():
-                rep.shards_done += 1
-                rep.add_shard(self._shard_stats(s))
-                done_items += hi - lo
-                if self._partial(s).exists():  # killed between the final rename and the unlink
-                    os.unlink(self._partial(s))
-                continue
-            done: dict[int, tuple[str, dict]] = {}
-            if self._partial(s).exists():
-                for row in iter_jsonl(self._partial(s), tolerate_truncated_tail=True):
-                    if not (lo <= row.get("i", -1) < hi):
-                        continue
-                    if failed_with(row["k"], row["r"], RETRY_ON_RESUME):
-                        done.pop(row["i"], None)  # the server failed, not the model: try it again
-                        continue
-                    done[row["i"]] = (row["k"], row["r"])
-            state[s] = done
-            remaining[s] = (hi - lo) - len(done)
-            for kind, r in done.values():
-                rep.count(kind, r)
-            done_items += len(done)
-            todo.extend(items[i] for i in range(lo, hi) if i not in done)
-            if remaining[s] == 0:
-                shard_done(s)
+            self._resume_shard(run, items, s)
         total_items = sum(min(len(items), (s + 1) * self.shard_size) - s * self.shard_size for s in mine)
-        queue: asyncio.Queue[WorkItem | None] = asyncio.Queue()
-        for it in todo:
-            queue.put_nowait(it)
-        stop: dict[str, Any] = {"why": None, "outage": None}
-        n_workers = min(self.concurrency, max(1, len(todo)))
-        left = {"items": len(todo)}  # items not yet recorded: the workers end when none is left
-
+        for it in run.todo:
+            run.queue.put_nowait(it)
+        run.n_workers = min(self.concurrency, max(1, len(run.todo)))
+        run.left = len(run.todo)
         with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
-            bar.update(advance=done_items, valid=rep.valid, rejected=rep.rejected)
-
-            def wake_all() -> None:  # every worker waiting for an item ends
-                for _ in range(n_workers):
-                    queue.put_nowait(None)
-
-            async def worker() -> None:
-                while True:
-                    if stop["why"] is None and stop["outage"] is None:
-                        stop["why"] = self.budget_check()
-                    if stop["why"] is not None or stop["outage"] is not None:
-                        wake_all()
-                        return
-                    it = await queue.get()
-                    if it is None:
-                        return
-                    try:
-                        out = await process(it)
-                    except OutageStop as e:  # the server is gone (or wrong): the item stays unfinished
-                        stop["outage"] = e.reason
-                        stop["fatal"] = e.fatal
-                        wake_all()
-                        return
-                    except BudgetStop as e:  # the item stays unfinished: a rerun does it
-                        stop["why"] = e.reason
-                        wake_all()
-                        return
-                    if out.pending and self.again is not None and stop["why"] is None and stop["outage"] is None:
-                        if await self.again(it.index):  # an outage being ridden out: back in the queue
-                            queue.put_nowait(it)
-                            continue
-                    record(it, out)
-                    left["items"] -= 1
-                    if left["items"] == 0:
-                        wake_all()
-
-            def record(it: WorkItem, out: Outcome) -> None:
-                s = it.index // self.shard_size
-                kind, row = out.entry()  # one line, whatever the item gave: a kill never leaves half of it
-                try:
-                    w = writers.get(s)
-                    if w is None:
-                        w = writers[s] = PartialWriter(self._partial(s))
-                    w.write({"i": it.index, "k": kind, "r": row})
-                except OSError as e:
-                    raise storage_error(e, self._partial(s)) from None
-                state[s][it.index] = (kind, row)
-                remaining[s] -= 1
-                rep.count(kind, row)
-                bar.update(advance=1, valid=rep.valid, rejected=rep.rejected)
-                if remaining[s] == 0:
-                    w.close()
-                    writers.pop(s, None)
-                    shard_done(s)
-
+            bar.update(advance=run.done_items, valid=run.rep.valid, rejected=run.rep.rejected)
             try:
-                if todo:
-                    await asyncio.gather(*(worker() for _ in range(n_workers)))
+                if run.todo:
+                    await asyncio.gather(*(self._work(run, process, bar) for _ in range(run.n_workers)))
             finally:
-                for w in writers.values():
+                for w in run.writers.values():
                     w.close()
+        self._conclude(run)
+        run.rep.wall_time_s = time.monotonic() - t0
+        return run.rep
+
+    def _resume_shard(self, run: _RunState, items: Sequence[WorkItem], s: int) -> None:
+        """Take up shard ``s`` where an earlier run left it: a finished shard is counted from its
+        stats; an unfinished one keeps the items its partial file holds (not those that failed at
+        the server) and queues the rest."""
+        rep = run.rep
+        lo, hi = s * self.shard_size, min(len(items), (s + 1) * self.shard_size)
+        if self._final(s).exists():
+            rep.shards_done += 1
+            rep.add_shard(self._shard_stats(s))
+            run.done_items += hi - lo
+            if self._partial(s).exists():  # killed between the final rename and the unlink
+                os.unlink(self._partial(s))
+            return
+        done = self._read_partial(s, lo, hi)
+        run.state[s] = done
+        run.remaining[s] = (hi - lo) - len(done)
+        for kind, r in done.values():
+            rep.count(kind, r)
+        run.done_items += len(done)
+        run.todo.extend(items[i] for i in range(lo, hi) if i not in done)
+        if run.remaining[s] == 0:
+            self._shard_done(run, s)
+
+    def _read_partial(self, s: int, lo: int, hi: int) -> dict[int, tuple[str, dict]]:
+        """The items of shard ``s`` (indices ``lo`` to ``hi``) its partial file holds, but for those
+        that failed at the server (:data:`RETRY_ON_RESUME`): a rerun does them again."""
+        done: dict[int, tuple[str, dict]] = {}
+        if not self._partial(s).exists():
+            return done
+        for row in iter_jsonl(self._partial(s), tolerate_truncated_tail=True):
+            if not (lo <= row.get("i", -1) < hi):
+                continue
+            if failed_with(row["k"], row["r"], RETRY_ON_RESUME):
+                done.pop(row["i"], None)  # the server failed, not the model: try it again
+                continue
+            done[row["i"]] = (row["k"], row["r"])
+        return done
+
+    def _shard_done(self, run: _RunState, s: int) -> None:
+        """Every item of shard ``s`` is recorded: write it, or leave it unfinished (an item pending
+        after a transport failure) or deferred to the end of the run (an HTTP-level refusal, or the
+        stage's verdict)."""
+        rows = run.state[s]
+        if any(failed_with(k, r, PENDING) for k, r in rows.values()):
+            return  # items pending after a transport failure: the shard stays unfinished
+        if self.verdict is not None or any(failed_with(k, r, HTTP_LEVEL) for k, r in rows.values()):
+            run.deferred.add(s)
+            return
+        self._finalize(s, run.state.pop(s))
+        run.rep.shards_done += 1
+
+    async def _work(self, run: _RunState, process: Callable[[WorkItem], Awaitable[Outcome]], bar: Any) -> None:
+        """One worker: items from the queue through ``process`` until none is left, or a budget or
+        an outage stops every worker (the item in hand stays unfinished: a rerun does it)."""
+        stop = run.stop
+        while True:
+            if stop["why"] is None and stop["outage"] is None:
+                stop["why"] = self.budget_check()
+            if stop["why"] is not None or stop["outage"] is not None:
+                run.wake_all()
+                return
+            it = await run.queue.get()
+            if it is None:
+                return
+            try:
+                out = await process(it)
+            except OutageStop as e:  # the server is gone (or wrong): the item stays unfinished
+                stop["outage"] = e.reason
+                stop["fatal"] = e.fatal
+                run.wake_all()
+                return
+            except BudgetStop as e:  # the item stays unfinished: a rerun does it
+                stop["why"] = e.reason
+                run.wake_all()
+                return
+            if out.pending and self.again is not None and stop["why"] is None and stop["outage"] is None:
+                if await self.again(it.index):  # an outage being ridden out: back in the queue
+                    run.queue.put_nowait(it)
+                    continue
+            self._record(run, it, out, bar)
+            run.left -= 1
+            if run.left == 0:
+                run.wake_all()
+
+    def _record(self, run: _RunState, it: WorkItem, out: Outcome, bar: Any) -> None:
+        """Append one item's outcome to its shard's partial file and count it; the shard's last
+        item closes the file and finishes the shard."""
+        s = it.index // self.shard_size
+        kind, row = out.entry()  # one line, whatever the item gave: a kill never leaves half of it
+        try:
+            w = run.writers.get(s)
+            if w is None:
+                w = run.writers[s] = PartialWriter(self._partial(s))
+            w.write({"i": it.index, "k": kind, "r": row})
+        except OSError as e:
+            raise storage_error(e, self._partial(s)) from None
+        run.state[s][it.index] = (kind, row)
+        run.remaining[s] -= 1
+        run.rep.count(kind, row)
+        bar.update(advance=1, valid=run.rep.valid, rejected=run.rep.rejected)
+        if run.remaining[s] == 0:
+            w.close()
+            run.writers.pop(s, None)
+            self._shard_done(run, s)
+
+    def _conclude(self, run: _RunState) -> None:
+        """After the workers: how the run ended (an outage, a failure, a budget stop), and, when
+        nothing stopped it, the verdict on the deferred shards, which are written if it passes."""
+        rep, stop, state = run.rep, run.stop, run.state
         if stop.get("fatal"):
             rep.failed = f"{self.stage}: {stop['outage']}"
         else:
             rep.outage = stop["outage"]
         if stop["outage"] is None and stop["why"] is None:
-            held = [kr for s in sorted(deferred) for i in sorted(state[s]) for kr in rows_of(*state[s][i])] if self.verdict else []
+            held = [kr for s in sorted(run.deferred) for i in sorted(state[s]) for kr in rows_of(*state[s][i])] if self.verdict else []
             rep.failed = self._verdict(rep, held)
             if rep.failed is None:
-                for s in sorted(deferred):
+                for s in sorted(run.deferred):
                     self._finalize(s, state.pop(s))
                     rep.shards_done += 1
         rep.stopped_by = stop["why"] if rep.shards_done < rep.shards_total and stop["outage"] is None else None
-        rep.wall_time_s = time.monotonic() - t0
-        return rep
 
     def _verdict(self, rep: RunReport, held: list[tuple[str, dict]]) -> str | None:
         """None, or why the stage failed as a whole: no valid output, or too many HTTP-level

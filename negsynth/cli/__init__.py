@@ -1,0 +1,75 @@
+"""The ``negsynth`` command: one subcommand per stage, plus ``run``, ``serve``, ``inspect`` and more.
+
+Every stage command is a declaration: its own options, the shared ones (:class:`Options`, declared
+once and added by :func:`stage_command`) and one call to
+:func:`negsynth.pipeline.stage.run_stage`. ``--config FILE.toml`` (default: the built-in
+embedded-LLM config), ``--run-dir DIR`` and ``--set section.key=value`` work everywhere. Errors
+raised on purpose (:class:`negsynth.errors.NegsynthError`) end with one line on stderr and their
+exit code, in one place (:func:`guarded`); ``--json`` prints machine-readable stats on stdout.
+
+The package, by responsibility: :mod:`~negsynth.cli.options` (the app, the shared options and
+the decorators that declare a command), :mod:`~negsynth.cli.overrides` (options as ``--set``
+overrides of the config), :mod:`~negsynth.cli.guard` (exit codes, errors and signals as one
+line), :mod:`~negsynth.cli.stages` (the stage commands and ``run``) and
+:mod:`~negsynth.cli.tools` (``estimate``, ``merge``, ``serve``, ``config``, ``inspect``,
+``export``). Importing it registers every command on :data:`app`, in that order.
+"""
+
+from __future__ import annotations
+
+from negsynth.cli.guard import EXIT_BUDGET, EXIT_ENV, EXIT_PENDING, guarded, run_app
+from negsynth.cli.options import Options, app, column_options, report_command, stage_command
+from negsynth.cli.overrides import config_sets, embedder_overrides
+from negsynth.cli.stages import (
+    DOCUMENT_COLUMNS,
+    PAIR_COLUMNS,
+    brainstorm,
+    corpus,
+    curriculum,
+    evaluate,
+    generate,
+    refuse_under_launcher,
+    regenerate,
+    run,
+    score,
+    train,
+)
+from negsynth.cli.tools import estimate, export, inspect_cmd, merge, serve, show_config
+
+__all__ = [
+    "DOCUMENT_COLUMNS",
+    "EXIT_BUDGET",
+    "EXIT_ENV",
+    "EXIT_PENDING",
+    "PAIR_COLUMNS",
+    "Options",
+    "app",
+    "brainstorm",
+    "column_options",
+    "config_sets",
+    "corpus",
+    "curriculum",
+    "embedder_overrides",
+    "estimate",
+    "evaluate",
+    "export",
+    "generate",
+    "guarded",
+    "inspect_cmd",
+    "main",
+    "merge",
+    "refuse_under_launcher",
+    "regenerate",
+    "report_command",
+    "run",
+    "score",
+    "serve",
+    "show_config",
+    "stage_command",
+    "train",
+]
+
+
+def main() -> None:
+    """The ``negsynth`` console entry point (``[project.scripts]``): every command, registered."""
+    run_app(app)

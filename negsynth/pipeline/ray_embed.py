@@ -1,0 +1,471 @@
+"""``--executor ray``'s embedding workers: a stage's encoding spread over Ray actors, each holding
+one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer`` mining loads
+(:class:`RaySentenceModel`), given to a stage for as long as :func:`ray_embedding` is open. The
+executor itself (which stages run this way, the shard workers) is
+:mod:`negsynth.pipeline.ray_executor`.
+
+**Embedding workers.** The stage runs in the driver as in one process (reads, dedup in input
+order, decontamination, the policy, writing: everything that decides what is kept); only its
+embedder is replaced by :class:`RayEmbedder`, a proxy over ``workers`` Ray actors, each holding
+one embedder (loaded there from ``[embedder]``, on the GPU Ray gives it when the cluster has
+GPUs, by the embedder's own ``device`` resolution; or a copy of the one a Python caller passed
+in ``ctx.embedder``). The stage hands its calls over as parts (contiguous chunks of its
+length-sorted texts, :func:`negsynth.embed.base.encode_parts`); each part goes whole to the next
+free actor and the vectors come back in order, so every batch holds the texts it holds in one
+process and the floats differ at most by float rounding (another thread count in the actors).
+The actors start only when the stage has texts to embed, and stop when it ends.
+
+A lost actor (its process or its node died) does not stop the stage: Ray restarts it
+(``max_restarts``, on any node with a free CPU, loading its embedder again) and the driver gives
+the part it held to the next free actor (a part is a pure function of its texts, so redoing it
+gives the same vectors). The restarted actor takes parts again once it answers. The stage stops
+with one line only when a part failed :data:`PART_TRIES` times, when every actor is gone for good
+(its restarts used up), or when no actor is left and none comes back within
+:data:`RESTART_WAIT` seconds (a restart no node has a CPU for waits forever otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from negsynth.embed.base import Embedder, Part, encode_part, shares_query_pool
+from negsynth.errors import UserError
+from negsynth.pipeline.context import StageContext
+from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_get
+
+#: how often Ray restarts one embedding actor that died (a process or node lost); an actor whose
+#: embedder cannot load is not restarted (Ray restarts only an actor that died, not one whose
+#: ``__init__`` raised)
+MAX_RESTARTS = 3
+#: how many times one part is given to an actor before the stage stops (a part that kills every
+#: actor it goes to must not use up every restart)
+PART_TRIES = 4
+#: how long (s) the stage waits for a restarted actor when no actor is left
+RESTART_WAIT = 300.0
+
+
+class _EmbedWorker:
+    """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given.
+    ``raw``: a raw ``SentenceTransformer`` loaded as mining loads it
+    (:func:`negsynth.embed.mining.load_mining_model`), for :class:`RaySentenceModel`."""
+
+    def __init__(self, embedder_cfg: dict, embedder: Any = None, raw: bool = False):
+        self.raw = raw
+        if embedder is None:
+            from negsynth.schemas.config import EmbedderConfig
+
+            cfg = EmbedderConfig.model_validate(embedder_cfg)
+            if raw:
+                from negsynth.embed.mining import load_mining_model
+
+                embedder = load_mining_model(cfg)
+            else:
+                from negsynth.embed import load_embedder
+
+                embedder = load_embedder(cfg)
+        self.embedder = embedder
+
+    def describe(self) -> dict:
+        e = self.embedder
+        node = import_ray().get_runtime_context().get_node_id()
+        if self.raw:
+            card = getattr(e, "model_card_data", None)
+            get_dim = getattr(e, "get_embedding_dimension", None) or e.get_sentence_embedding_dimension
+            return {
+                "name": f"st:{getattr(card, 'base_model', None) or 'model'}",
+                "dim": int(get_dim()),
+                "device": str(e.device),
+                "query_template": Embedder.query_template,
+                "instruct_queries": False,
+                "shares_query_pool": False,
+                "node": node,
+                # whether its encode interleaves long and short inputs (the batches it makes)
+                "flatten": bool(callable(getattr(e, "_can_flatten_inputs", None)) and e._can_flatten_inputs()),
+                "base_model": getattr(card, "base_model", None),
+                "similarity_fn_name": getattr(e, "similarity_fn_name", None) or "cosine",
+            }
+        return {
+            "name": e.name,
+            "dim": int(e.dim),
+            "device": str(getattr(e, "device", "?")),
+            "query_template": e.query_template,
+            "instruct_queries": e.instruct_queries,
+            "shares_query_pool": shares_query_pool(e),
+            "node": node,
+        }
+
+    def encode_part(self, part: Part, batch_size: int) -> np.ndarray:
+        if self.raw:
+            return encode_batches_part(self.embedder, part, batch_size)
+        return encode_part(self.embedder, part, batch_size=batch_size)
+
+
+#: what a :class:`RaySentenceModel` part asks of a ``SentenceTransformer`` (normalised vectors;
+#: ``+raw``: as they come)
+_ST_CALLS = {"encode": "encode", "document": "encode_document", "query": "encode_query"}
+
+
+def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
+    """The vectors of one :class:`RaySentenceModel` part: its texts are whole batches of
+    ``batch_size`` (the last one may be shorter), each embedded by its own call of the model's
+    ``encode`` / ``encode_document`` / ``encode_query`` (so each batch holds the texts the model's
+    one call over every text puts in it)."""
+    how, texts, _ = part
+    kind, _, plain = how.partition("+")
+    fn = getattr(model, _ST_CALLS[kind])
+    out = [
+        np.asarray(
+            fn(
+                texts[a : a + batch_size],
+                batch_size=batch_size,
+                normalize_embeddings=plain != "raw",
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            dtype=np.float32,
+        )
+        for a in range(0, len(texts), batch_size)
+    ]
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+class RayEmbedder(Embedder):
+    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors (one embedder
+    each). It answers ``name``, ``dim``, the query formatting and :func:`shares_query_pool` for the
+    embedder it stands for, so a stage uses it as that embedder; :meth:`encode_parts` spreads a
+    stage's parts over the actors (each part whole), and ``encode`` / ``encode_queries`` /
+    ``encode_documents`` cut one call into contiguous pieces, one per actor, re-joined in order."""
+
+    def __init__(self, ray, actors: list, info: dict):
+        self._ray, self.actors = ray, actors
+        self.name = info["name"]
+        self._dim = info["dim"]
+        self.query_template = info["query_template"]
+        self.instruct_queries = info["instruct_queries"]
+        self.shares_query_pool = info["shares_query_pool"]
+        self.devices = [info["device"], *info.get("other_devices", [])]
+        self.nodes = info.get("nodes", [])  # the Ray node id of each actor (where it last answered)
+        self._shipped = None  # the embedder a caller passed, in Ray's object store (start sets it)
+
+    @classmethod
+    def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None, raw: bool = False) -> RayEmbedder:
+        """``workers`` actors, each loading ``embedder_cfg`` (or holding a copy of ``embedder``;
+        ``raw``: the raw ``SentenceTransformer`` mining loads, for :class:`RaySentenceModel`);
+        each asks Ray for one CPU and, when the cluster has GPUs, a GPU (a share of one when
+        there are fewer GPUs than workers)."""
+        if workers < 1:
+            raise UserError(f"--workers {workers}: must be >= 1")
+        ray = connect(address)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        if cpus < workers:  # the actors beyond it would wait for a CPU forever
+            raise UserError(
+                f"--workers {workers}: the Ray cluster has {cpus:.0f} CPU(s) and each embedding worker takes one; use --workers {max(1, int(cpus))}"
+            )
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        per_gpu = min(1.0, gpus / workers) if gpus else 0
+        actor = ray.remote(num_cpus=1, num_gpus=per_gpu, max_restarts=MAX_RESTARTS)(_EmbedWorker)
+        cfg_json = embedder_cfg.model_dump(mode="json")
+        shipped = ray.put(embedder) if embedder is not None else None
+        actors = [actor.remote(cfg_json, shipped, raw) for _ in range(workers)]
+        try:
+            infos = ray_get(ray, [a.describe.remote() for a in actors])
+        except BaseException as e:
+            for a in actors:
+                ray.kill(a)
+            if isinstance(e, ray.exceptions.RayError):  # an actor died while loading its embedder
+                lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                last = (lines[-1] if lines else type(e).__name__).removeprefix("negsynth.errors.UserError: ")  # the worker's own line
+                raise UserError(f"--executor ray: the embedding workers could not start ({last})") from None
+            raise
+        emb = cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
+        emb.info = infos[0]
+        emb._shipped = shipped  # held while the actors live: a restarted actor loads it again
+        return emb
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def device(self) -> str:
+        """``ray:`` and each worker's device, e.g. ``ray:cpu,cpu`` (what score's stats record)."""
+        return "ray:" + ",".join(self.devices)
+
+    def close(self) -> None:
+        for a in self.actors:
+            self._ray.kill(a)
+        self.actors, self._shipped = [], None
+
+    def encode_parts(self, parts: Sequence[Part], *, batch_size: int) -> Iterator[np.ndarray]:
+        """Each part to the next free actor; the vectors yielded in the parts' order. A part
+        whose actor is lost goes to the next free actor; the lost one (restarted by Ray) takes
+        parts again once it answers."""
+        ray = self._ray
+        try:
+            yield from self._deal(list(parts), batch_size)
+        except ray.exceptions.RayTaskError as e:
+            raise_cause(e)
+        except ray.exceptions.RayError as e:  # the cluster went away
+            raise self._failed(e) from None
+
+    @staticmethod
+    def _failed(e: BaseException | None, why: str = "") -> UserError:
+        first = (str(e).strip().splitlines() or [""])[0] if e is not None else ""
+        first = first or (type(e).__name__ if e is not None else "lost")
+        return UserError(
+            f"--executor ray: an embedding worker failed ({first}){why}; finished shards are kept, rerun the same command to resume"
+        )
+
+    def _deal(self, parts: list[Part], batch_size: int) -> Iterator[np.ndarray]:
+        ray = self._ray
+        lost_errors = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
+        todo = deque(range(len(parts)))  # parts waiting for an actor, in order
+        tries = [0] * len(parts)
+        done: dict[int, np.ndarray] = {}
+        free = deque(range(len(self.actors)))  # actors that answered and hold no part
+        busy: dict[Any, tuple[int, int]] = {}  # ref -> (actor, part)
+        asking: dict[Any, int] = {}  # a lost actor's describe() -> actor: it is back when it answers
+        last: BaseException | None = None
+        alone_since: float | None = None  # when the last actor was lost
+        nxt = 0
+        while nxt < len(parts):
+            while todo and free:
+                a, p = free.popleft(), todo.popleft()
+                tries[p] += 1
+                busy[self.actors[a].encode_part.remote(parts[p], batch_size)] = (a, p)
+            if not busy and not asking:
+                raise self._failed(last, ", and no embedding worker is left")
+            timeout = None
+            if not busy:  # every actor lost: wait a while for one to come back
+                alone_since = alone_since or time.monotonic()
+                timeout = alone_since + RESTART_WAIT - time.monotonic()
+                if timeout <= 0:
+                    raise self._failed(last, f", and none came back within {RESTART_WAIT:.0f} s")
+            # Ray's driver prints its notes (a worker died, ...) on stdout: while waiting, to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                ready, _ = ray.wait([*busy, *asking], num_returns=1, timeout=timeout)
+            for ref in ready:
+                if ref in asking:
+                    a = asking.pop(ref)
+                    try:
+                        info = ray.get(ref)
+                    except ray.exceptions.ActorUnavailableError:  # not reachable yet: ask again
+                        time.sleep(0.2)
+                        asking[self.actors[a].describe.remote()] = a
+                        continue
+                    except ray.exceptions.RayError as e:  # its restarts used up: gone for good
+                        last = e
+                        continue
+                    self.nodes[a], self.devices[a] = info["node"], info["device"]
+                    free.append(a)
+                    alone_since = None
+                    continue
+                a, p = busy.pop(ref)
+                try:
+                    done[p] = ray.get(ref)
+                except lost_errors as e:  # its process or its node died: the part to another actor
+                    last = e
+                    if tries[p] >= PART_TRIES:
+                        raise self._failed(e, f", on each of {tries[p]} tries of one part") from None
+                    todo.appendleft(p)
+                    asking[self.actors[a].describe.remote()] = a
+                    continue
+                free.append(a)
+            while nxt in done:
+                yield done.pop(nxt)
+                nxt += 1
+
+    def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
+        n = min(len(self.actors), len(texts))
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        cuts = np.linspace(0, len(texts), n + 1).astype(int)
+        parts = [(how, texts[a:b], None if instructions is None else instructions[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        got = list(self.encode_parts(parts, batch_size=batch_size or 64))
+        return np.concatenate(got).astype(np.float32, copy=False)
+
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
+        return self._spread("encode", list(texts), None, batch_size)
+
+    def encode_queries(self, texts: Sequence[str], instruction=None, **kw) -> np.ndarray:
+        texts = list(texts)
+        instr = [instruction] * len(texts) if instruction is None or isinstance(instruction, str) else list(instruction)
+        return self._spread("queries", texts, instr, kw.get("batch_size"))
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        return self._spread("documents", list(texts), None, kw.get("batch_size"))
+
+    def _encode(self, texts, *, batch_size, show_progress):  # encode is overridden: never called
+        raise NotImplementedError
+
+
+def _similarity_function():
+    """sentence-transformers' ``SimilarityFunction`` (moved to ``util.similarity`` in version 6)."""
+    try:
+        from sentence_transformers.util.similarity import SimilarityFunction
+    except ImportError:
+        from sentence_transformers.similarity_functions import SimilarityFunction
+    return SimilarityFunction
+
+
+#: parts per worker a :class:`RaySentenceModel` call is cut into (several: a free worker takes
+#: the next one, so a slow or lost worker holds back one small part, not a whole share)
+PARTS_PER_WORKER = 4
+
+
+class RaySentenceModel:
+    """A stand-in for the ``SentenceTransformer`` mining uses (``mine_hard_negatives`` in
+    :func:`negsynth.embed.mining.mine_negatives`, :class:`~negsynth.embed.mining.CorpusIndex`),
+    whose encoding runs on the Ray actors of ``dealer`` (a :class:`RayEmbedder` started with
+    ``raw=True``: each actor holds the model mining loads).
+
+    ``encode`` / ``encode_document`` / ``encode_query`` sort the texts as the model's own
+    ``encode`` sorts them (:func:`~negsynth.embed.mining.encode_order`, longest first), cut them
+    into its batches and hand runs of whole batches to the actors (each batch one call there, of
+    the same texts as in one process), then put the vectors back in input order. The search stays
+    here: ``similarity`` / ``similarity_pairwise`` are the model's own functions (by its
+    ``similarity_fn_name``), on the CPU (``device``). What else ``mine_hard_negatives`` reads
+    (``model_card_data.base_model`` for its embedding cache, ``get_embedding_dimension`` for
+    FAISS) is the model's. A prompt other than the model's own (``prompt`` / ``prompt_name``) is
+    refused, as is a multi-process ``pool``."""
+
+    def __init__(self, dealer: Any, info: dict):
+        from types import SimpleNamespace
+
+        self.dealer = dealer
+        self.info = info
+        self.model_card_data = SimpleNamespace(base_model=info.get("base_model"))
+        self.similarity_fn_name = info.get("similarity_fn_name") or "cosine"
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    @property
+    def devices(self) -> list[str]:
+        return self.dealer.devices
+
+    def get_embedding_dimension(self) -> int:
+        return int(self.dealer.dim)
+
+    get_sentence_embedding_dimension = get_embedding_dimension
+
+    def similarity(self, a, b):
+        return _similarity_function().to_similarity_fn(self.similarity_fn_name)(a, b)
+
+    def similarity_pairwise(self, a, b):
+        return _similarity_function().to_similarity_pairwise_fn(self.similarity_fn_name)(a, b)
+
+    def _can_flatten_inputs(self) -> bool:
+        return bool(self.info.get("flatten"))
+
+    @staticmethod
+    def _interleave_sorted_indices(order):
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer._interleave_sorted_indices(order)
+
+    def encode_batches(
+        self, batches: Sequence[list[str]], *, kind: str = "encode", batch_size: int, normalize: bool = True
+    ) -> Iterator[np.ndarray]:
+        """The vectors of ``batches`` (each at most ``batch_size`` texts, embedded by one call),
+        in order: runs of whole batches dealt to the actors."""
+        if not batches:
+            return
+        per = max(1, math.ceil(len(batches) / (PARTS_PER_WORKER * max(1, len(self.dealer.actors)))))
+        how = kind if normalize else f"{kind}+raw"
+        parts = [(how, [t for b in batches[i : i + per] for t in b], None) for i in range(0, len(batches), per)]
+        yield from self.dealer.encode_parts(parts, batch_size=batch_size)
+
+    def _encode(
+        self,
+        kind: str,
+        inputs,
+        *,
+        batch_size: int = 32,
+        normalize_embeddings: bool = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        prompt_name=None,
+        prompt=None,
+        pool=None,
+        show_progress_bar=None,
+        **kw,
+    ):
+        from negsynth.embed.mining import encode_order
+
+        if prompt_name is not None or prompt is not None or pool is not None or kw:
+            raise ValueError(f"RaySentenceModel.{_ST_CALLS[kind]}: prompt, prompt_name, pool and {sorted(kw)} are not supported")
+        single = isinstance(inputs, str)
+        texts = [inputs] if single else list(inputs)
+        out = np.zeros((len(texts), self.get_embedding_dimension()), dtype=np.float32)
+        if texts:
+            order = encode_order([len(t) for t in texts], self)
+            batches = [[texts[int(i)] for i in order[a : a + batch_size]] for a in range(0, len(texts), batch_size)]
+            out[order] = np.concatenate(
+                list(self.encode_batches(batches, kind=kind, batch_size=batch_size, normalize=normalize_embeddings))
+            )
+        if single:
+            out = out[0]
+        if convert_to_tensor:
+            import torch
+
+            return torch.from_numpy(out)
+        return out
+
+    def encode(self, inputs, **kw):
+        return self._encode("encode", inputs, **kw)
+
+    def encode_document(self, inputs, **kw):
+        return self._encode("document", inputs, **kw)
+
+    def encode_query(self, inputs, **kw):
+        return self._encode("query", inputs, **kw)
+
+
+@contextlib.contextmanager
+def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
+    """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
+    :class:`RayEmbedder` over ``workers`` actors, and one that mines through
+    ``ctx.mining_model_factory`` a :class:`RaySentenceModel` over ``workers`` actors holding the
+    model mining loads (either started only when the stage asks; stopped on exit).
+    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
+    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
+    if ctx.cfg.embedder.devices is not None:
+        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
+    given, made = ctx.embedder, []
+
+    def factory(embedder_cfg):
+        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
+        made.append(emb)
+        ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        return emb
+
+    def mining_factory(embedder_cfg):
+        from negsynth.embed.mining import check_mining_embedder
+
+        check_mining_embedder(embedder_cfg)  # before any actor starts
+        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, raw=True)
+        made.append(emb)
+        ctx.reporter.info(f"mining: embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        return RaySentenceModel(emb, emb.info)
+
+    ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = None, factory, mining_factory
+    try:
+        yield ctx
+    finally:
+        ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = given, None, None
+        for emb in made:
+            if nodes is not None:  # where each actor last answered (a restarted one: its new node)
+                nodes.extend(emb.nodes)
+            emb.close()
