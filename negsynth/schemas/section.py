@@ -1,0 +1,69 @@
+"""The base of every run-file table (:class:`Section`): unknown keys refused, assignments
+validated, and the fields added after run dirs existed kept out of config hashes while they hold
+their defaults (:data:`ADDED_FIELDS`), so an older run dir still resumes."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+def check_bands(bands) -> list[tuple[int, int]]:
+    """Validate rank bands: 1-based, inclusive, increasing and non-overlapping."""
+    out = [(int(a), int(b)) for a, b in bands]
+    prev = 0
+    for a, b in out:
+        if not (1 <= a <= b) or a <= prev:
+            raise ValueError(
+                f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order"
+            )
+        prev = b
+    return out
+
+
+class Section(BaseModel):
+    """A table of the run file: unknown keys refused, assignments validated. A field that holds a
+    table of its own defaults to that table's defaults (``price: PriceConfig = PriceConfig()``:
+    pydantic copies a default per config, so no two configs share a table); every section has
+    defaults, so an empty file is a valid config."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __repr_args__(self):
+        # a field added after run dirs were made (``added_field``) is left out while it holds its
+        # default: config hashes (over the sections' dumps and reprs) stay what older run dirs recorded
+        for name, value in super().__repr_args__():
+            if name in ADDED_FIELDS.get(type(self).__name__, ()) and value == type(self).model_fields[name].get_default(
+                call_default_factory=True
+            ):
+                continue
+            yield name, value
+
+    def hash_dump(self) -> dict:
+        """``model_dump(mode="json")`` less the added fields at their defaults (see ``__repr_args__``)."""
+        out = self.model_dump(mode="json")
+        for name in ADDED_FIELDS.get(type(self).__name__, ()):
+            if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
+                out.pop(name, None)
+        for name, value in self:
+            if isinstance(value, Section):
+                out[name] = value.hash_dump()
+            elif isinstance(value, BaseModel) and type(value).__name__ in ADDED_FIELDS:  # train: a plain model
+                out[name] = added_at_default(value, value.model_dump(mode="json"))
+        return out
+
+
+#: section class -> fields added after run dirs existed: at their defaults they stay out of config
+#: hashes, so an older run dir resumes; set, they change the hash as every setting does
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates"),
+    # not a Section: the train stage's fingerprint drops these itself (added_at_default)
+    "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),
+}
+
+
+def added_at_default(model, dump: dict) -> dict:
+    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their default."""
+    for name in ADDED_FIELDS.get(type(model).__name__, ()):
+        if getattr(model, name) == type(model).model_fields[name].get_default(call_default_factory=True):
+            dump.pop(name, None)
+    return dump
