@@ -152,7 +152,9 @@ def main() -> None:
         "seconds": round(time.time() - t0, 1),
         "rows": rows,
     }
-    (args.out / f"results-{folder.parent.name}-{folder.name}-q{len(qids)}-k{args.k}-seed{args.seed}.json").write_text(json.dumps(res, indent=1))
+    (args.out / f"results-{folder.parent.name}-{folder.name}-q{len(qids)}-k{args.k}-seed{args.seed}.json").write_text(
+        json.dumps(res, indent=1)
+    )
     print(f"{folder}: {len(qids)} queries, top {args.k} re-ranked, {res['seconds']} s")
     print(f"{'order':<20} {'nDCG@10':>8} {'vs dense':>24} {'judged>4 hardest':>17}")
     for r in rows:
