@@ -62,6 +62,8 @@ mined-lik-k1       ``mined`` with the LLM's query likelihood as teacher (``corpu
                    LLM finds it likelier after its document than after each of its 4 negatives
 mined-lik-kl-sharp every query kept, trained on the likelihoods with ``distill-kl`` (student 0.05,
                    teacher 0.1)
+mined-lik-kl-t1    the same with the teacher at 1.0 (its scores lie ~1.2 nats apart: at 0.1 its
+                   distribution is nearly one-hot, at 1.0 it keeps the negatives' order)
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -162,6 +164,8 @@ ARMS: dict[str, dict | None] = {
     # learn the teacher's scores (kl-sharp: student 0.05, teacher 0.1)
     "mined-lik-k1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 1},
     "mined-lik-kl-sharp": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(0.1)},
+    # the likelihoods lie ~1.2 nats apart: at 0.1 the teacher is one-hot; at 1.0 it keeps its order
+    "mined-lik-kl-t1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(1.0)},
 }
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"
