@@ -42,11 +42,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def ndcg_at_10(order: list[str], rel: dict[str, float]) -> float:
-    gains = [rel.get(d, 0.0) for d in order[:10]]
-    dcg = sum(g / np.log2(i + 2) for i, g in enumerate(gains))
-    ideal = sorted(rel.values(), reverse=True)[:10]
-    idcg = sum(g / np.log2(i + 2) for i, g in enumerate(ideal))
-    return float(dcg / idcg) if idcg else 0.0
+    """nDCG@10 of a ranking of the whole corpus, as :mod:`negsynth.evaluate.metrics` computes it
+    (``sklearn.metrics.ndcg_score``, linear gains): the position is the score."""
+    from sklearn.metrics import ndcg_score
+
+    gains = np.array([[rel.get(d, 0.0) for d in order]])
+    return float(ndcg_score(gains, np.arange(len(order), 0, -1, dtype=np.float64)[None, :], k=10))
 
 
 def rrf_order(*orders: list[str], k: int = 60) -> list[str]:
