@@ -15,9 +15,11 @@ What it adds to a bare ``SentenceTransformer.encode``:
   character length (longest first) before batching, so padding stays small; this class does not
   sort again. (``score`` sorts *all* unique texts once and feeds them in chunks for a progress
   bar; ST's per-call sort is then a no-op pass over already-sorted lengths.)
-* **Device and dtype** from :func:`negsynth.embed.base.resolve_device` /
-  :func:`~negsynth.embed.base.resolve_dtype`: CUDA -> bf16 (fp16 without bf16 support), MPS ->
-  fp16, CPU -> fp32. No code change between a laptop and a GPU box.
+* **Device and dtype**: the device from :func:`negsynth.embed.base.resolve_device`; the dtype
+  ``"auto"`` is float32 on every device (:func:`encoder_dtype`): score's margins and
+  false-negative rule compare cosines a few thousandths apart, and bf16 weights move them (on an
+  H200, 37 of 163 corpus examples that float32 keeps were dropped as false negatives). A
+  ``dtype`` set explicitly is used as given. No code change between a laptop and a GPU box.
 * **E5-style query instructions**: ``encode_queries(texts, instruction)`` formats each query as
   ``query_template`` (default ``Instruct: {instruction}\\nQuery: {text}``) when
   ``instruct_queries`` is on; documents are always embedded plain. MiniLM was not trained with
@@ -72,6 +74,13 @@ def _own_modules(path: str) -> bool:
         return mj.is_file() and '"negsynth.' in mj.read_text(encoding="utf-8")
     except OSError:
         return False
+
+
+def encoder_dtype(dtype: str, device: str):
+    """The weights' dtype of a sentence-transformers encoder: ``"auto"`` is float32 on every device
+    (a measurement must not depend on the machine; bf16 buys little at an encoder's size), any other
+    value as :func:`~negsynth.embed.base.resolve_dtype` gives it."""
+    return resolve_dtype("float32" if dtype == "auto" else dtype, device)
 
 
 def _short_name(model: str) -> str:
@@ -154,7 +163,7 @@ class SentenceTransformerEmbedder(Embedder):
         ref = resolve_model(model, what="embedder.model")
         path, local = ref.path, ref.local
         dev = resolve_device(device)
-        torch_dtype = resolve_dtype(dtype, dev)
+        torch_dtype = encoder_dtype(dtype, dev)
         try:
             st = SentenceTransformer(
                 path, device=dev, local_files_only=local, model_kwargs={"dtype": torch_dtype}, trust_remote_code=_own_modules(path)
