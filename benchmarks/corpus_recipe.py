@@ -181,8 +181,10 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> str:
     llm += "temperature = 0.7\nseed = 0\nmax_tokens = 400\nmax_attempts = 3\ntimeout = 300\n"
     if args.llm_key_env:
         llm += f"api_key_env = {json.dumps(args.llm_key_env)}\n"
-    serve = (f"n_threads = {args.llm_threads}\n" if args.llm_threads else "") + (
-        f"engine = {json.dumps(args.llm_engine)}\n" if args.llm_engine else ""
+    serve = (
+        (f"n_threads = {args.llm_threads}\n" if args.llm_threads else "")
+        + (f"servers = {args.llm_servers}\n" if args.llm_servers else "")
+        + (f"engine = {json.dumps(args.llm_engine)}\n" if args.llm_engine else "")
     )
     if serve:
         llm += "[serve]\n" + serve
@@ -576,6 +578,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the embedded server's threads (default: the cores free when it starts; 1 on a machine other jobs share)",
+    )
+    ap.add_argument(
+        "--llm-servers",
+        type=int,
+        default=None,
+        help="the embedded LLM's servers side by side (default: serve.servers's auto, one per free core)",
     )
     ap.add_argument(
         "--llm-engine",
