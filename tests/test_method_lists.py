@@ -10,7 +10,7 @@ import typer.main
 
 from negsynth.cli import app
 from negsynth.schemas.config import PipelineConfig
-from negsynth.stages import EMBEDS, METHOD, SHARDABLE
+from negsynth.stages import METHOD, splitting
 
 NAMES = [s.name for s in METHOD]
 CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli"
@@ -59,21 +59,20 @@ def test_every_stage_has_its_command_in_the_method_order():
 
 
 def test_inspect_order_and_example_stages_follow_the_method():
-    from negsynth.inspect import EXAMPLE_STAGES, STAGE_ORDER
+    from negsynth.inspect import example_stages, stage_order
 
-    assert list(STAGE_ORDER) == NAMES
-    assert [n for n in NAMES if n in EXAMPLE_STAGES] == list(reversed(EXAMPLE_STAGES))
-    assert EXAMPLE_STAGES == ("score", "corpus", "regenerate", "generate")
+    assert list(stage_order()) == NAMES
+    assert list(example_stages()) == [s.name for s in reversed(METHOD) if s.examples]
 
 
 def test_shardable_and_llm_stages_follow_the_method():
     from negsynth.estimate import llm_stage_names
 
-    assert list(SHARDABLE) == [n for n in NAMES if n in SHARDABLE] == ["generate", "regenerate"]
-    # score's embedding on Ray workers, the rest in one process; regenerate only with mined negatives
-    # (otherwise shard workers), corpus only with its index
-    assert EMBEDS == ("regenerate", "corpus", "score") and set(EMBEDS) & set(SHARDABLE) == {"regenerate"}
-    assert llm_stage_names() == ("brainstorm", "generate", "regenerate", "corpus", "score")
+    # the shard-worker stages first, then those whose embedding alone goes to Ray workers, each in
+    # the method's order and once (regenerate is both)
+    shard = [s.name for s in METHOD if s.shardable]
+    assert splitting() == tuple(dict.fromkeys(shard + [s.name for s in METHOD if s.embeds]))
+    assert list(llm_stage_names()) == [s.name for s in METHOD if s.llm]
 
 
 def test_default_pipeline_is_the_method_in_order():

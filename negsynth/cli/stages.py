@@ -59,7 +59,7 @@ def _execute(name: str, opts: Options, ctx) -> dict:
     """The stage in this process, or (``--executor ray``) as shard workers on Ray, or (score,
     mined regenerate, corpus with its index) here with its embedding on Ray workers."""
     from negsynth.pipeline.stage import run_stage
-    from negsynth.stages import EMBEDS, SHARDABLE, get
+    from negsynth.stages import get, splitting
 
     stage = get(name)
     if opts.executor == "ray":
@@ -67,7 +67,7 @@ def _execute(name: str, opts: Options, ctx) -> dict:
 
         if not (stage.shardable or stage.embeds):
             raise UserError(
-                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(dict.fromkeys(SHARDABLE + EMBEDS))})"
+                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(splitting())})"
             )
         return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
     if opts.executor != "local":

@@ -34,9 +34,8 @@ from __future__ import annotations
 from negsynth.inspect.plots import write_plots
 from negsynth.inspect.render import render
 from negsynth.inspect.report import (
-    EXAMPLE_STAGES,
     FLAGS,
-    STAGE_ORDER,
+    example_stages,
     inspect_path,
     level_word,
     negatives_mined,
@@ -46,13 +45,13 @@ from negsynth.inspect.report import (
     score_frame,
     score_stats,
     select_examples,
+    stage_order,
     stage_summary,
 )
 
 __all__ = [
-    "EXAMPLE_STAGES",
     "FLAGS",
-    "STAGE_ORDER",
+    "example_stages",
     "inspect_path",
     "level_word",
     "negatives_mined",
@@ -63,6 +62,7 @@ __all__ = [
     "score_frame",
     "score_stats",
     "select_examples",
+    "stage_order",
     "stage_summary",
     "write_plots",
 ]

@@ -10,15 +10,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import negsynth.stages
 from negsynth.data.shards import ShardError, iter_jsonl, repair_hint
 from negsynth.errors import UserError
-from negsynth.stages import METHOD
 
-#: stage folders in pipeline order (others follow alphabetically)
-STAGE_ORDER = tuple(s.name for s in METHOD)
-#: stages whose records are Examples, the latest in the method first (``score`` is preferred for
-#: samples and scores)
-EXAMPLE_STAGES = tuple(reversed([s.name for s in METHOD if s.examples]))
+
+def stage_order() -> tuple[str, ...]:
+    """Stage folders in the method's order (others follow alphabetically); ``METHOD`` read when called."""
+    return tuple(s.name for s in negsynth.stages.METHOD)
+
+
+def example_stages() -> tuple[str, ...]:
+    """The stages whose records are Examples, the latest in the method first (``score`` is
+    preferred for samples and scores)."""
+    return tuple(reversed([s.name for s in negsynth.stages.METHOD if s.examples]))
+
+
 FLAGS = ("false_negative", "too_easy", "non_monotonic")
 
 
@@ -106,7 +113,8 @@ def resolve(path: Path) -> tuple[Path | None, dict[str, list[Path]]]:
         for d in path.iterdir()
         if d.is_dir() and not d.name.startswith(".") and (_shards(d) or (d / "stats.json").exists() or (d / "rejects").is_dir())
     ]
-    for d in sorted(subdirs, key=lambda d: (STAGE_ORDER.index(d.name) if d.name in STAGE_ORDER else len(STAGE_ORDER), d.name)):
+    order = stage_order()
+    for d in sorted(subdirs, key=lambda d: (order.index(d.name) if d.name in order else len(order), d.name)):
         stages[d.name] = _shards(d)
     return path, stages
 
@@ -279,7 +287,7 @@ def pick_samples(frame, n: int, seed: int) -> list[dict]:
 def example_stage(stages: dict[str, list[Path]]) -> str | None:
     """The stage whose records the scores, samples and plots come from: the latest Example stage
     with shards, else the first stage that has any."""
-    return next((s for s in EXAMPLE_STAGES if stages.get(s)), None) or next((s for s in stages if stages[s]), None)
+    return next((s for s in example_stages() if stages.get(s)), None) or next((s for s in stages if stages[s]), None)
 
 
 def inspect_path(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         run_item_stage,
         summary_rows,
     )
+    from negsynth.pipeline.llm_task import LLMStage, inputs_fingerprint
     from negsynth.pipeline.progress import Reporter
     from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
     from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
@@ -42,6 +43,8 @@ _MODULE_OF = {
     "Budget": "context",
     "SharedBudget": "context",
     "StageContext": "context",
+    "LLMStage": "llm_task",
+    "inputs_fingerprint": "llm_task",
     "cost_usd": "llm_stage",
     "item_stage_fingerprint": "llm_stage",
     "llm_fingerprint": "llm_stage",
@@ -67,6 +70,7 @@ _MODULE_OF = {
 
 __all__ = [
     "Budget",
+    "LLMStage",
     "Outcome",
     "Reporter",
     "RunReport",
@@ -78,6 +82,7 @@ __all__ = [
     "WorkItem",
     "config_hash",
     "cost_usd",
+    "inputs_fingerprint",
     "embeds_in_driver",
     "failure_message",
     "item_stage_fingerprint",

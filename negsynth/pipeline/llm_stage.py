@@ -42,11 +42,12 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
     )
 
 
-def llm_stage_parts(ctx: StageContext, name: str, prompts: str) -> dict[str, Any]:
-    """What every LLM stage's config hash holds: its own section of the run file, the LLM settings
-    and its prompt templates (those starting with ``prompts``, and the shared system and re-ask ones)."""
+def llm_stage_parts(ctx: StageContext, name: str, prompts: str, section: Any = None) -> dict[str, Any]:
+    """What every LLM stage's config hash holds: its own section of the run file (``section``, by
+    default ``cfg.<name>``), the LLM settings and its prompt templates (those starting with
+    ``prompts``, and the shared system and re-ask ones)."""
     return {
-        name: getattr(ctx.cfg, name),
+        name: getattr(ctx.cfg, name) if section is None else section,
         "llm": llm_fingerprint(ctx.cfg.llm),
         "prompts": templates_fingerprint(prompts, "system", "reask"),
     }

@@ -45,15 +45,15 @@ METHOD: tuple[Stage, ...] = (
     evaluate.STAGE,
 )
 
-BY_NAME: dict[str, Stage] = {s.name: s for s in METHOD}
-
 
 def get(name: str) -> Stage:
-    """The stage called ``name``; one line listing the stages when there is none."""
+    """The stage called ``name`` (of :data:`METHOD`, read when called); one line listing the
+    stages when there is none."""
+    by_name = {s.name: s for s in METHOD}
     try:
-        return BY_NAME[name]
+        return by_name[name]
     except KeyError:
-        raise UserError(f"unknown stage {name!r}; choose from {', '.join(BY_NAME)}") from None
+        raise UserError(f"unknown stage {name!r}; choose from {', '.join(by_name)}") from None
 
 
 def run_pipeline(
@@ -117,10 +117,12 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-#: the stages whose work splits into shard workers (``--executor ray``)
-SHARDABLE: tuple[str, ...] = tuple(s.name for s in METHOD if s.shardable)
-#: the stages whose embedding ``--executor ray`` spreads over workers (the stage itself runs in one
-#: process), some only under some settings (regenerate: mined negatives; corpus: with its index)
-EMBEDS: tuple[str, ...] = tuple(s.name for s in METHOD if s.embeds)
+def splitting() -> tuple[str, ...]:
+    """The stages ``--executor ray`` splits: whose work splits into shard workers
+    (``Stage.shardable``), then those whose embedding it spreads over workers (``Stage.embeds``;
+    the stage itself runs in one process, some only under some settings: regenerate with mined
+    negatives, corpus with its index)."""
+    return tuple(dict.fromkeys([s.name for s in METHOD if s.shardable] + [s.name for s in METHOD if s.embeds]))
 
-__all__ = ["EMBEDS", "METHOD", "SHARDABLE", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]
+
+__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage", "splitting"]

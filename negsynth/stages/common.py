@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.client import ValidationFailure
+from negsynth.pipeline import inputs_fingerprint  # noqa: F401 - the stages' name for it
 from negsynth.schemas.records import first_problem
 
 
@@ -30,15 +31,6 @@ def read_stage_records(run_dir: Path, stage: str, *, hint: str) -> Iterator[dict
             yield from iter_jsonl(p)
     except ShardError as e:
         raise UserError(str(e)) from None
-
-
-def inputs_fingerprint(run_dir: Path, stage: str) -> str:
-    """Names and sizes of a stage's finished shards: changes when its outputs change."""
-    h = hashlib.sha256()
-    for p in list_shards(Path(run_dir) / stage):
-        h.update(p.name.encode())
-        h.update(str(p.stat().st_size).encode())
-    return h.hexdigest()[:16]
 
 
 def schema_failure(e: ValidationError) -> ValidationFailure:

@@ -23,13 +23,13 @@ from pydantic import ValidationError
 from negsynth import pipeline
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.prompts import load_example, load_examples, load_template, reask_template, render
+from negsynth.llm.client import ValidationFailure
+from negsynth.pipeline import StageContext, Tally, WorkItem
+from negsynth.prompts import load_example, load_examples, load_template, render
 from negsynth.schemas.config import GenerateConfig
 from negsynth.schemas.outputs import OUTPUTS, output_schema
-from negsynth.schemas.records import STS_TASK, TASK_TYPES, Example, Reject, Task
-from negsynth.stages.common import inputs_fingerprint, read_stage_records, schema_failure, short_id
+from negsynth.schemas.records import STS_TASK, TASK_TYPES, Example, Task
+from negsynth.stages.common import read_stage_records, schema_failure, short_id
 from negsynth.validators import check_example
 
 NAME = "generate"
@@ -218,16 +218,6 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
     return items
 
 
-def fingerprint(ctx: StageContext) -> dict[str, Any]:
-    """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx), seed=ctx.cfg.generate.seed)
-
-
-def config_digest(ctx: StageContext) -> str:
-    """The hash of the settings, LLM, prompts and brainstorm's shards the examples are made from."""
-    return config_hash({**pipeline.llm_stage_parts(ctx, "generate", "generate_"), "inputs": inputs_fingerprint(ctx.run_dir, "brainstorm")})
-
-
 class PerType:
     """Validator and output schema of each task type, built once per run instead of per item."""
 
@@ -246,99 +236,90 @@ class PerType:
         return made
 
 
-async def process_item(client: LLMClient, it: WorkItem, cfg: GenerateConfig, model: str, per_type: PerType | None = None) -> Outcome:
-    p = it.payload
-    tt = p["task_type"]
-    validate, schema = (per_type or PerType(cfg))(tt)
-    res = await client.structured(
-        build_messages(tt, p["task"], p["attributes"], few_shot=cfg.few_shot, shot=p.get("shot", 0)),
-        validate=validate,
-        schema=schema,
-        name="example",
-        sample_index=p["k"],
-        reask_template=reask_template(),
-    )
-    if res.value is None:
-        rej = Reject(id=it.id, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
-        return Outcome(reject=rej.model_dump(mode="json"))
-    q, pos, negs = res.value
-    ex = Example(
-        id=it.id,
-        task_id=p["task_id"],
-        task=p["task"],
-        task_type=tt,
-        attributes=p["attributes"],
-        query=q,
-        positive=pos,
-        negatives=negs,
-        model=model,
-        usage=res.usage,
-        meta={"failed_attempts": res.reasons} if res.reasons else {},
-    )
-    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+def worked_example_tasks(cfg: GenerateConfig) -> dict[str, list[Task]]:
+    """The brainstorm prompts' worked-example tasks, per type: ``estimate``'s stand-ins before brainstorm ran."""
+    tasks = {
+        tt: [
+            Task(id=f"example-{tt}-{i}", task_type=tt, task=t, model="example")
+            for i, t in enumerate(load_example(f"brainstorm_{tt}")["output"]["tasks"])
+        ]
+        for tt in cfg.ratio
+        if tt != "sts"
+    }
+    tasks["sts"] = [Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed")]
+    return tasks
 
 
-def run(ctx: StageContext) -> dict:
-    """Run generate and return its stats (``run_stage`` writes them to ``generate/stats.json``)."""
-    cfg = ctx.cfg.generate
-    if cfg.examples == 0:
-        raise UserError("generate.examples = 0: nothing to generate; set generate.examples to the number of examples wanted")
-    tasks = load_tasks(ctx)
-    items = plan_items(ctx, tasks)
-    if not items:
-        raise UserError(
-            f"{ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio"
+class Generate(pipeline.LLMStage):
+    """One example (query, positive, 4 negatives hardest -> easiest) per planned item."""
+
+    name = NAME
+    summary = "examples with 4 graded negatives"
+    config = GenerateConfig
+    prompts = "generate_"
+    inputs = ("brainstorm",)
+    output_name = "example"
+    examples = True
+
+    def __init__(self, ctx: StageContext):
+        super().__init__(ctx)
+        self.per_type = PerType(self.cfg)
+
+    def check(self) -> None:
+        if self.cfg.examples == 0:
+            raise UserError("generate.examples = 0: nothing to generate; set generate.examples to the number of examples wanted")
+
+    def plan(self) -> list[WorkItem]:
+        items = plan_items(self.ctx, load_tasks(self.ctx))
+        if not items:
+            raise UserError(
+                f"{self.ctx.run_dir / 'brainstorm'}: no tasks for any task type in generate.ratio; rerun brainstorm or fix generate.ratio"
+            )
+        return items
+
+    def messages(self, item: WorkItem) -> list[dict[str, str]]:
+        p = item.payload
+        return build_messages(p["task_type"], p["task"], p["attributes"], few_shot=self.cfg.few_shot, shot=p.get("shot", 0))
+
+    def validator(self, item: WorkItem) -> Any:
+        return self.per_type(item.payload["task_type"])[0]
+
+    def schema(self, item: WorkItem) -> dict[str, Any]:
+        return self.per_type(item.payload["task_type"])[1]
+
+    def record(self, item: WorkItem, value: Any, result: Any) -> dict[str, Any]:
+        p = item.payload
+        q, pos, negs = value
+        ex = Example(
+            id=item.id,
+            task_id=p["task_id"],
+            task=p["task"],
+            task_type=p["task_type"],
+            attributes=p["attributes"],
+            query=q,
+            positive=pos,
+            negatives=negs,
+            model=self.ctx.cfg.llm.model,
+            usage=result.usage,
+            meta={"failed_attempts": result.reasons} if result.reasons else {},
         )
-    per_type, planned = PerType(cfg), allocate(cfg)
-    return pipeline.run_item_stage(
-        ctx,
-        STAGE,
-        items,
-        lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model, per_type),
-        extra={"planned_per_type": planned},
-    )
+        return ex.model_dump(mode="json", exclude={"score"})
+
+    def fingerprint_extra(self) -> dict[str, Any]:
+        return {"seed": self.cfg.seed}
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {"planned_per_type": allocate(self.cfg)}
+
+    def estimate_items(self, tally: Tally) -> list[WorkItem]:
+        """Over brainstorm's tasks or, before brainstorm ran, its worked-example tasks."""
+        if list((self.ctx.run_dir / "brainstorm").glob("shard-*.jsonl")):
+            tasks = load_tasks(self.ctx)
+            tally.note("tasks from RUN_DIR/brainstorm")
+        else:
+            tasks = worked_example_tasks(self.cfg)
+            tally.note("brainstorm has not run: its worked-example tasks stand in for the tasks")
+        return plan_items(self.ctx, tasks)
 
 
-def estimate(ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
-    """``negsynth estimate``: one request per planned item, over brainstorm's tasks or, before
-    brainstorm ran, its worked-example tasks. Returns the items' payloads (score's stand-ins)."""
-    cfg = ctx.cfg.generate
-    if list((ctx.run_dir / "brainstorm").glob("shard-*.jsonl")):
-        tasks = load_tasks(ctx)
-        tally.note("tasks from RUN_DIR/brainstorm")
-    else:
-        tasks = {
-            tt: [
-                Task(id=f"example-{tt}-{i}", task_type=tt, task=t, model="example")
-                for i, t in enumerate(load_example(f"brainstorm_{tt}")["output"]["tasks"])
-            ]
-            for tt in cfg.ratio
-            if tt != "sts"
-        }
-        tasks["sts"] = [Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed")]
-        tally.note("brainstorm has not run: its worked-example tasks stand in for the tasks")
-    items = plan_items(ctx, tasks)
-    for it in items:
-        p = it.payload
-        tally.request(build_messages(p["task_type"], p["task"], p["attributes"], few_shot=cfg.few_shot, shot=p.get("shot", 0)))
-    return [it.payload for it in items]
-
-
-def report(stats: dict) -> list[Summary]:
-    return [Summary("generate", pipeline.summary_rows(stats))]
-
-
-STAGE = Stage(
-    NAME,
-    "examples with 4 graded negatives",
-    run,
-    config=GenerateConfig,
-    fingerprint=fingerprint,
-    report=report,
-    inputs=("brainstorm",),
-    llm=True,
-    estimate=estimate,
-    staged=True,
-    shardable=True,
-    examples=True,
-)
+STAGE = Generate.declare()
