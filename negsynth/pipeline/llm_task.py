@@ -29,6 +29,7 @@ LLM) keeps its own loop on :func:`~negsynth.pipeline.llm_stage.run_item_stage`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,6 +71,12 @@ class LLMStage:
     #: its records are examples (query, positive, negatives): ``inspect`` and ``export`` read them
     examples: ClassVar[bool] = False
     shardable: ClassVar[bool] = True
+    #: ``None``: it always calls the LLM; else a function of the run config saying whether it does
+    #: (regenerate with mined negatives does not); :meth:`uses_llm` is the same for one run
+    llm_when: ClassVar[Callable[[Any], bool] | None] = None
+    #: a function of the run config: its heavy work is embedding (``Stage.embeds``), done in
+    #: :meth:`before`, once in the driver under ``--executor ray`` (:meth:`prepare`)
+    embeds_when: ClassVar[Callable[[Any], bool] | None] = None
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -88,6 +95,13 @@ class LLMStage:
 
     def plan(self) -> list[WorkItem]:
         raise NotImplementedError
+
+    def before(self, items: list[WorkItem]) -> None:
+        """Work on the planned items before any of them is processed (regenerate's mining)."""
+
+    def uses_llm(self) -> bool:
+        """Whether this run's items call the LLM (else ``process`` gets no client and no session opens)."""
+        return self.llm_when is None or bool(self.llm_when(self.ctx.cfg))
 
     def messages(self, item: WorkItem) -> list[dict[str, str]]:
         raise NotImplementedError
@@ -170,7 +184,15 @@ class LLMStage:
         st = cls(ctx)
         st.check()
         items = st.plan()
-        return run_item_stage(ctx, cls.declare(), items, st.process, extra=st.extra_stats)
+        st.before(items)
+        return run_item_stage(ctx, cls.declare(), items, st.process, llm=st.uses_llm(), extra=st.extra_stats)
+
+    @classmethod
+    def prepare(cls, ctx: StageContext) -> None:
+        """``--executor ray``: the plan and :meth:`before` once in the driver, before the shard
+        workers start (what ``before`` made, they then read from the stage's folder)."""
+        st = cls(ctx)
+        st.before(st.plan())
 
     @classmethod
     def estimate(cls, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
@@ -195,10 +217,12 @@ class LLMStage:
                 fingerprint=cls.fingerprint,
                 report=cls.report,
                 inputs=cls.inputs,
-                llm=True,
+                llm=True if cls.llm_when is None else cls.llm_when,
                 estimate=cls.estimate,
                 staged=True,
                 shardable=cls.shardable,
+                embeds=cls.embeds_when or False,
+                prepare=cls.prepare if cls.embeds_when else None,
                 examples=cls.examples,
             )
             cls._declared = made

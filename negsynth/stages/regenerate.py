@@ -47,8 +47,8 @@ from negsynth.data.sources import SourceData, SourceKind, load_source, source_ke
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
-from negsynth.pipeline import Outcome, Stage, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.prompts import load_example, load_template, reask_template, render
+from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
+from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
@@ -153,25 +153,6 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
                 st["items"] += 1
         st["skipped"] = dict(st["skipped"])
     return items, per_source
-
-
-def fingerprint(ctx: StageContext) -> dict[str, Any]:
-    """What the outputs are made from, as the manifest records it (the items follow from it)."""
-    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx), mine=ctx.cfg.regenerate.mine)
-
-
-def config_digest(ctx: StageContext) -> str:
-    """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
-    cfg = ctx.cfg.regenerate
-    parts = {
-        **pipeline.llm_stage_parts(ctx, NAME, "regenerate"),
-        "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
-    }
-    if cfg.mine or cfg.negatives == "mined":
-        parts["embedder"] = ctx.cfg.embedder
-    if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
-        del parts["llm"], parts["prompts"]
-    return config_hash(parts)
 
 
 def mine_k(cfg: RegenerateConfig) -> int:
@@ -324,30 +305,6 @@ def make_validator(payload: dict[str, Any], cfg: RegenerateConfig):
     return validate
 
 
-async def process_item(client: LLMClient, it: WorkItem, cfg: RegenerateConfig, model: str) -> Outcome:
-    p = it.payload
-    res = await client.structured(
-        build_messages(p, cfg),
-        validate=make_validator(p, cfg),
-        schema=negatives_schema(cfg.max_doc_chars),
-        name="negatives",
-        sample_index=0,
-        reask_template=reask_template(),
-    )
-    if res.value is None:
-        rej = Reject(id=it.id, stage=NAME, reason=res.reason or "unknown", detail=res.detail, raw=res.raw, input=p, usage=res.usage)
-        return Outcome(reject=rej.model_dump(mode="json"))
-    meta = pair_meta(p)
-    mined = p.get("mined")
-    if mined is not None:
-        meta["mined_scores"] = mined["scores"]
-        meta["mined_pos_score"] = mined["pos_score"]
-    if res.reasons:
-        meta["failed_attempts"] = res.reasons
-    mined_negatives = list(mined["negatives"]) if mined else []
-    return pair_example(it, res.value, model, meta, usage=res.usage, mined_negatives=mined_negatives)
-
-
 def pair_meta(p: dict[str, Any]) -> dict[str, Any]:
     """The meta of a pair's example: the source row's, with the source's own negatives if any."""
     meta: dict[str, Any] = dict(p["meta"])
@@ -395,81 +352,124 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
     return pair_example(it, list(negs), model, meta)
 
 
-def run(ctx: StageContext) -> dict:
-    """Run regenerate and return its stats (``run_stage`` writes them to ``regenerate/stats.json``)."""
-    cfg = ctx.cfg.regenerate
-    sources = load_inputs(ctx)
-    items, per_source = plan_items(ctx, sources)
-    if not items:
-        raise UserError(
-            "regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: "
-            + json.dumps(
-                {k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]} for k, v in per_source.items()}
-            )
-            + ")"
-        )
-    mining = mine_for_items(ctx, items, sources) if mine_k(cfg) else None
-    extra: dict[str, Any] = {
-        "pairs": len(items),
-        "sources": per_source,
-        "duplicates": sum(v["duplicates"] for v in per_source.values()),
-        "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
-    }
-    if mining is not None:
-        extra["mining"] = {"k": mine_k(cfg), "strategy": cfg.mining.strategy, "negatives": cfg.negatives, **mining}
-    if cfg.negatives == "mined":
-        label = f"mined:{ctx.cfg.embedder.model}:{cfg.mining.strategy}"
-        return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: mined_item(client, it, cfg, label), llm=False, extra=extra)
-    return pipeline.run_item_stage(ctx, STAGE, items, lambda client, it: process_item(client, it, cfg, ctx.cfg.llm.model), extra=extra)
+class Regenerate(pipeline.LLMStage):
+    """Graded negatives for existing (query, positive) pairs: the LLM writes them, or mining finds them."""
 
-
-def prepare(ctx: StageContext) -> None:
-    """The mining of every pair, done once (``--executor ray``: in the driver, its encoding on the
-    Ray workers, before the shard workers start; each of them then finds it in ``_mined/``)."""
-    if not mine_k(ctx.cfg.regenerate):
-        return
-    sources = load_inputs(ctx)
-    items, _ = plan_items(ctx, sources)
-    if items:
-        mine_for_items(ctx, items, sources)
-
-
-def estimate(ctx: StageContext, tally: Tally) -> None:
-    """``negsynth estimate``: one request per input pair left after dedup and checks; none with mined negatives."""
-    cfg = ctx.cfg.regenerate
-    if cfg.negatives == "mined":
-        tally.note("regenerate.negatives = 'mined': no LLM request")
-        return
-    if not cfg.inputs:
-        raise tally.no_inputs()
-    items, _ = plan_items(ctx, load_inputs(ctx))
-    for it in items:
-        tally.request(build_messages(it.payload, cfg))
-    tally.note("one request per input pair left after dedup and checks")
-
-
-def report(stats: dict) -> list[Summary]:
-    rows = pipeline.summary_rows(stats)
-    rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
-    rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
-    return [Summary("regenerate", rows)]
-
-
-STAGE = Stage(
-    NAME,
-    "graded negatives for existing pairs",
-    run,
-    config=RegenerateConfig,
-    fingerprint=fingerprint,
-    report=report,
-    llm=lambda cfg: cfg.regenerate.negatives != "mined",
-    estimate=estimate,
-    staged=True,
-    shardable=True,
+    name = NAME
+    summary = "graded negatives for existing pairs"
+    config = RegenerateConfig
+    prompts = "regenerate"
+    output_name = "negatives"
+    examples = True
+    llm_when = staticmethod(lambda cfg: cfg.regenerate.negatives != "mined")
     # mining: with mined negatives (no LLM) --executor ray runs it in one process with the mining's
     # encoding on the Ray workers; with the LLM it mines first (prepare, the same way), then runs
     # as shard workers that read the mined negatives from regenerate/_mined/
-    embeds=lambda cfg: mine_k(cfg.regenerate) > 0,
-    prepare=prepare,
-    examples=True,
-)
+    embeds_when = staticmethod(lambda cfg: mine_k(cfg.regenerate) > 0)
+
+    def __init__(self, ctx: StageContext):
+        super().__init__(ctx)
+        self.sources: list[tuple[SourceSpec, SourceData]] = []
+        self.per_source: dict[str, Any] = {}
+        self.mining: dict[str, Any] | None = None
+        self.n_items = 0
+
+    def plan(self) -> list[WorkItem]:
+        self.sources = load_inputs(self.ctx)
+        items, self.per_source = plan_items(self.ctx, self.sources)
+        if not items:
+            raise UserError(
+                "regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: "
+                + json.dumps(
+                    {
+                        k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]}
+                        for k, v in self.per_source.items()
+                    }
+                )
+                + ")"
+            )
+        self.n_items = len(items)
+        return items
+
+    def before(self, items: list[WorkItem]) -> None:
+        """The mining of every pair (once: a relaunch or a shard worker reads it from ``_mined/``)."""
+        if mine_k(self.cfg):
+            self.mining = mine_for_items(self.ctx, items, self.sources)
+
+    def messages(self, item: WorkItem) -> list[dict[str, str]]:
+        return build_messages(item.payload, self.cfg)
+
+    def schema(self, item: WorkItem) -> dict[str, Any]:
+        return negatives_schema(self.cfg.max_doc_chars)
+
+    def validator(self, item: WorkItem) -> Any:
+        return make_validator(item.payload, self.cfg)
+
+    def sample_index(self, item: WorkItem) -> int:
+        return 0
+
+    async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
+        if self.cfg.negatives == "mined":
+            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:{self.cfg.mining.strategy}")
+        return await super().process(client, item)
+
+    def record(self, item: WorkItem, value: Any, result: Any) -> dict[str, Any]:
+        p = item.payload
+        meta = pair_meta(p)
+        mined = p.get("mined")
+        if mined is not None:
+            meta["mined_scores"] = mined["scores"]
+            meta["mined_pos_score"] = mined["pos_score"]
+        if result.reasons:
+            meta["failed_attempts"] = result.reasons
+        mined_negatives = list(mined["negatives"]) if mined else []
+        return pair_example(item, value, self.ctx.cfg.llm.model, meta, usage=result.usage, mined_negatives=mined_negatives).record
+
+    def extra_stats(self) -> dict[str, Any]:
+        per_source = self.per_source
+        extra: dict[str, Any] = {
+            "pairs": self.n_items,
+            "sources": per_source,
+            "duplicates": sum(v["duplicates"] for v in per_source.values()),
+            "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
+        }
+        if self.mining is not None:
+            extra["mining"] = {"k": mine_k(self.cfg), "strategy": self.cfg.mining.strategy, "negatives": self.cfg.negatives, **self.mining}
+        return extra
+
+    def config_digest(self) -> str:
+        """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
+        cfg = self.cfg
+        parts = {
+            **pipeline.llm_stage_parts(self.ctx, NAME, "regenerate"),
+            "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
+        }
+        if cfg.mine or cfg.negatives == "mined":
+            parts["embedder"] = self.ctx.cfg.embedder
+        if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
+            del parts["llm"], parts["prompts"]
+        return config_hash(parts)
+
+    def fingerprint_extra(self) -> dict[str, Any]:
+        return {"mine": self.cfg.mine}
+
+    def estimate_items(self, tally: Tally) -> list[WorkItem]:
+        """One request per input pair left after dedup and checks; none with mined negatives."""
+        if self.cfg.negatives == "mined":
+            tally.note("regenerate.negatives = 'mined': no LLM request")
+            return []
+        if not self.cfg.inputs:
+            raise tally.no_inputs()
+        items, _ = plan_items(self.ctx, load_inputs(self.ctx))
+        tally.note("one request per input pair left after dedup and checks")
+        return items
+
+    @classmethod
+    def report(cls, stats: dict) -> list[Summary]:
+        rows = pipeline.summary_rows(stats)
+        rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
+        rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
+        return [Summary("regenerate", rows)]
+
+
+STAGE = Regenerate.declare()
