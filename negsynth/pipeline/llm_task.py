@@ -222,7 +222,7 @@ class LLMStage:
                 staged=True,
                 shardable=cls.shardable,
                 embeds=cls.embeds_when or False,
-                prepare=cls.prepare if cls.embeds_when else None,
+                prepare=cls.prepare if cls.embeds_when and cls.shardable else None,
                 examples=cls.examples,
             )
             cls._declared = made

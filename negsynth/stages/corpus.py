@@ -48,7 +48,7 @@ from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline import Outcome, Stage, StageContext, Tally, WorkItem, config_hash
+from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import reask_template
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
@@ -177,11 +177,6 @@ def config_digest(ctx: StageContext) -> str:
     if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)
         parts["mixed"] = "screened"
     return config_hash(parts)
-
-
-def fingerprint(ctx: StageContext) -> dict[str, Any]:
-    """What the outputs are made from, as the manifest records it."""
-    return pipeline.item_stage_fingerprint(ctx, config_digest(ctx))
 
 
 def needs_index(cfg: CorpusConfig) -> bool:
@@ -494,27 +489,6 @@ def mix_negatives(mined: list[str], llm_ok: list[str]) -> tuple[list[str], list[
 
 
 # -- the stage ------------------------------------------------------------------------------
-def run(ctx: StageContext) -> dict:
-    """Run the corpus stage and return its stats (``run_stage`` writes them)."""
-    qpd = ctx.cfg.corpus.queries_per_doc
-    if ctx.num_shards > 1 and ctx.cfg.pipeline.shard_size % qpd:
-        # a document's queries share one answer: split across two workers, it would be paid twice
-        raise UserError(
-            f"corpus: pipeline.shard_size={ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run"
-        )
-    corpora = load_corpora(ctx)
-    items = plan_items(ctx, corpora)
-    work = Work(ctx, corpora)
-    return pipeline.run_item_stage(
-        ctx,
-        STAGE,
-        items,
-        lambda client, it: process_item(client, it, work),
-        llm=ctx.cfg.corpus.queries == "llm",
-        extra=lambda: run_stats(ctx, corpora, len(items)),
-    )
-
-
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     docs = {
@@ -563,37 +537,64 @@ def likelihood_fields(lm, query: str, document: str, negatives: list[str]) -> di
     }
 
 
-def estimate(ctx: StageContext, tally: Tally) -> None:
-    """``negsynth estimate``: one request per sampled document (its queries share the answer)."""
-    cfg = ctx.cfg.corpus
-    if not cfg.inputs:
-        raise tally.no_inputs()
-    items = plan_items(ctx, load_corpora(ctx))
-    tally.count(len(items))
-    if cfg.queries != "llm":
-        tally.note(f"queries taken from the documents (corpus.queries = {cfg.queries!r}): no LLM request")
-        return
-    for it in items:
-        p = it.payload
-        if not p["query_index"]:
-            # the stage cuts the document to corpus.doc_tokens tokens of the embedder's tokenizer;
-            # words stand in for them here (no model is loaded)
-            tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
-    tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
+class Corpus(pipeline.LLMStage):
+    """Queries the LLM writes for a user's documents (or taken from them), with mined or written negatives."""
+
+    name = NAME
+    summary = "queries written for a user's documents, with negatives"
+    config = CorpusConfig
+    prompts = "corpus"
+    examples = True
+    shardable = False  # a document's queries share one LLM answer: one process, its encoding on Ray workers
+    llm_when = staticmethod(lambda cfg: cfg.corpus.queries == "llm")
+    embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
+
+    def check(self) -> None:
+        qpd = self.cfg.queries_per_doc
+        if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
+            # a document's queries share one answer: split across two workers, it would be paid twice
+            raise UserError(
+                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run"
+            )
+
+    def plan(self) -> list[WorkItem]:
+        self.corpora = load_corpora(self.ctx)
+        self.items = plan_items(self.ctx, self.corpora)
+        self.work = Work(self.ctx, self.corpora)
+        return self.items
+
+    async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
+        """Its own flow: one answer per document shared by its queries, then search and judging."""
+        return await process_item(client, item, self.work)
+
+    def extra_stats(self) -> dict[str, Any]:
+        return run_stats(self.ctx, self.corpora, len(self.items))
+
+    def config_digest(self) -> str:  # its inputs are documents read in place, not a stage's shards
+        return config_digest(self.ctx)
+
+    @classmethod
+    def estimate(cls, ctx: StageContext, tally: Tally) -> None:
+        """``negsynth estimate``: one request per sampled document (its queries share the answer)."""
+        cfg = ctx.cfg.corpus
+        if not cfg.inputs:
+            raise tally.no_inputs()
+        items = plan_items(ctx, load_corpora(ctx))
+        tally.count(len(items))
+        if cfg.queries != "llm":
+            tally.note(f"queries taken from the documents (corpus.queries = {cfg.queries!r}): no LLM request")
+            return
+        for it in items:
+            p = it.payload
+            if not p["query_index"]:
+                # the stage cuts the document to corpus.doc_tokens tokens of the embedder's tokenizer;
+                # words stand in for them here (no model is loaded)
+                tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
+        tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
+
+    @classmethod
+    def report(cls, stats: dict) -> list[Summary]:
+        return report(stats)
 
 
-STAGE = Stage(
-    NAME,
-    "queries written for a user's documents, with negatives",
-    run,
-    config=CorpusConfig,
-    fingerprint=fingerprint,
-    report=report,
-    llm=lambda cfg: cfg.corpus.queries == "llm",
-    estimate=estimate,
-    staged=True,
-    # with its index (mined negatives, the round trip): --executor ray runs it in one process (one
-    # LLM answer per document is shared by its queries) with the corpus's encoding on Ray workers
-    embeds=lambda cfg: needs_index(cfg.corpus),
-    examples=True,
-)
+STAGE = Corpus.declare()
