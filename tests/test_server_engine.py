@@ -3,6 +3,7 @@ thread and slot choice, and a stand-in llama-server started through EmbeddedServ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -215,9 +216,13 @@ def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
 class _Quiet:
     def __init__(self):
         self.lines: list[str] = []
+        self.warnings: list[str] = []
 
     def info(self, msg: str) -> None:
         self.lines.append(msg)
+
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
 
 
 def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, gguf, monkeypatch):
@@ -252,7 +257,9 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
         return _opt(json.loads(argv_file.read_text()), "--threads"), rep.lines[0]
 
     threads, line = start()  # the default: one thread, whatever the load
-    assert threads == "1" and json.loads((run_dir / SERVER_RECORD).read_text()) == {"engine": "llama-server", "threads": 1, "servers": 1}
+    build = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
+    record = json.loads((run_dir / SERVER_RECORD).read_text())
+    assert threads == "1" and record == {"engine": "llama-server", "threads": 1, "servers": 1, "build": build}
     assert "first count" not in line
     (run_dir / SERVER_RECORD).write_text(
         json.dumps({"engine": "llama-server", "threads": 2})
@@ -263,6 +270,36 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
     assert json.loads((run_dir / SERVER_RECORD).read_text())["threads"] == 2  # and does not rewrite the record
     (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: as for a new run dir
     assert start()[0] == "1"
+
+
+def test_a_resume_on_another_llama_server_build_is_told_so(tmp_path, gguf, monkeypatch):
+    """Another build (other CPU instructions) writes other text for the same request: a run dir
+    records its first build, and a start with another one warns in one line (the same build, or a
+    record from before builds were recorded, says nothing)."""
+    from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
+
+    argv_file = tmp_path / "argv.json"
+    source = STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file)))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _executable(tmp_path / "a" / "llama-server", source)
+    second = _executable(tmp_path / "b" / "llama-server", source + "# another build\n")
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)
+
+    def start(binary) -> list[str]:
+        serve = {"model_path": str(gguf), "server_path": str(binary), "startup_timeout": 30, "port": server._free_port("127.0.0.1")}
+        cfg = RunConfig.model_validate({"llm": {"base_url": "embedded"}, "serve": serve})
+        rep = _Quiet()
+        with llm_endpoint(cfg, run_dir, rep):
+            pass
+        return rep.warnings
+
+    assert start(first) == [] and start(first) == []
+    (warning,) = start(second)
+    assert "another llama-server build" in warning and "\n" not in warning
+    (run_dir / SERVER_RECORD).write_text(json.dumps({"engine": "llama-server", "threads": 1, "servers": 1}))  # an older record
+    assert start(second) == []
 
 
 def test_the_python_server_keeps_no_thread_record(tmp_path, gguf, no_llama_server, monkeypatch):

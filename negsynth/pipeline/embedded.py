@@ -33,6 +33,29 @@ def kept_threads(run_dir: Path, engine: str) -> int | None:
     return t if isinstance(t, int) and t > 0 else None
 
 
+def build_id(binary: Path | None) -> str | None:
+    """A short identity of a llama-server build (the SHA-256 of its file, 16 hex digits): builds for
+    other CPU instructions (AVX2 against AVX-512) write other text for the same request (6 of 16
+    answers equal, docs/llm_server.md), so a run dir records which build answered first."""
+    import hashlib
+
+    try:
+        with open(binary, "rb") as f:  # type: ignore[arg-type]
+            return hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
+
+
+def other_build(run_dir: Path, build: str | None) -> str | None:
+    """The build the run dir's first servers were, when it is not ``build`` (else None)."""
+    try:
+        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    first = rec.get("build") if isinstance(rec, dict) else None
+    return first if isinstance(first, str) and build and first != build else None
+
+
 @contextmanager
 def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterator[str | None]:
     """The one place ``llm.base_url = "embedded"`` becomes servers: start the bundled llama.cpp
@@ -56,9 +79,18 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterat
         else ""
     )
     reporter.info(f"starting the embedded LLM ({cfg.llm.model}): {fleet.describe()}{why} ...")
+    build = build_id(fleet.binary) if fleet.engine == "llama-server" else None
+    first = other_build(run_dir, build)
+    if first:
+        reporter.warn(
+            f"this run dir's first answers came from another llama-server build ({first}; this one is {build}): "
+            "answers cached so far are reused, new ones may differ from what the first build would write "
+            "(a build for other CPU instructions writes other text)"
+        )
     with fleet:
         if fleet.engine == "llama-server" and not (Path(run_dir) / SERVER_RECORD).exists():
-            atomic_write_json(Path(run_dir) / SERVER_RECORD, {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet)})
+            record = {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet)}
+            atomic_write_json(Path(run_dir) / SERVER_RECORD, {**record, "build": build} if build else record)
         rss = [r for r in fleet.rss_mib() if r is not None]
         mem = f" ({max(rss):.0f} MiB resident per server at start)" if rss and len(fleet) > 1 else ""
         reporter.info(f"embedded LLM ready at {', '.join(fleet.urls)}{mem}")
