@@ -163,6 +163,9 @@ ARMS: dict[str, dict | None] = {
     # negatives: keep a query only when the teacher prefers its document to all four (k1), or
     # learn the teacher's scores (kl-sharp: student 0.05, teacher 0.1)
     "mined-lik-k1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 1},
+    # the hybrid teacher and the LLM's likelihood fused (the best re-ranker on SciFact-dev): a
+    # query kept when the fused order puts its document first among it and its mined negatives
+    "mined-ens-k1": {"negatives": "mined", "teacher": "hybrid+llm-likelihood", "teacher_k": 1},
     "mined-lik-kl-sharp": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(0.1)},
     # the likelihoods lie ~1.2 nats apart: at 0.1 the teacher is one-hot; at 1.0 it keeps its order
     "mined-lik-kl-t1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(1.0)},

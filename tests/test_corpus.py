@@ -628,6 +628,67 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
     assert any("among itself and its mined negatives" in json.dumps(x) for x in rejects)
 
 
+def test_reciprocal_rank_fusion_of_candidate_scores_uses_orders_not_scales():
+    from negsynth.embed.lexical import rrf_over
+
+    # candidate 1 is second in the first list and first in the second (on another scale)
+    fused = rrf_over([3.0, 2.0, 1.0], [-3.0, -1.0, -2.0])
+    assert sorted(range(3), key=lambda i: -fused[i]) == [1, 0, 2]
+    assert fused == [1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 62]
+    assert rrf_over([5.0, 5.0, 1.0])[:2] == [1 / 61, 1 / 61]  # ties share the better rank
+    with pytest.raises(ValueError, match="same candidates"):
+        rrf_over([1.0, 2.0], [1.0])
+
+
+def test_the_fused_teacher_ranks_by_both_the_hybrid_order_and_the_llm(tmp_path, minilm, monkeypatch):
+    """``teacher = "hybrid+llm-likelihood"``: the document's rank among itself and its mined
+    negatives by the fusion of the hybrid teacher's order (whose veto puts the document above its
+    negatives) and the LLM's; the LLM's scores stay the distillation label. An LLM that ranks
+    every document first keeps what the hybrid teacher keeps; one that ranks it last keeps none."""
+    import negsynth.embed.likelihood as lik
+
+    folder = write_corpus(tmp_path)
+    calls = []
+    doc_score = {"value": -5.0}
+
+    class Scorer:
+        def scores(self, query, documents):
+            calls.append(len(documents))
+            return [doc_score["value"]] + [-1.0 - 0.1 * i for i in range(len(documents) - 1)]
+
+    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: Scorer()))
+    runs = {}
+    with FakeOpenAI(answer) as srv:
+        for name, teacher, k, doc in (
+            ("hybrid", "hybrid", 8, None),
+            ("last", "hybrid+llm-likelihood", 1, -5.0),
+            ("first", "hybrid+llm-likelihood", 1, 0.0),
+        ):
+            doc_score["value"] = doc
+            cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": teacher, "teacher_k": k})
+            r = invoke("corpus", "-c", cfg, "-d", tmp_path / name, "-i", folder, "--json")
+            assert r.exit_code == (2 if name == "last" else 0), r.output  # every query rejected alike: a failed stage
+            runs[name] = {x["meta"]["doc_id"]: x for x in read_stage(tmp_path / name / "corpus")}
+    assert calls and set(calls) == {5}
+    assert runs["hybrid"] and runs["last"] == {}
+    assert set(runs["first"]) == set(runs["hybrid"])
+    for x in runs["first"].values():
+        meta = x["meta"]
+        assert meta["teacher_rank"] == 1 and meta["teacher_pos_score"] == round(1 / 61 + 1 / 61, 6)
+        assert meta["teacher_label"] == [0.0, -1.0, -1.1, -1.2, -1.3]  # the LLM's scores
+    stats = json.loads((tmp_path / "last" / "corpus" / "stats.json").read_text())
+    assert stats["rejects_by_reason"]["teacher_rank"] >= len(runs["hybrid"])
+
+
+def test_the_fused_teacher_needs_mined_negatives():
+    from pydantic import ValidationError
+
+    from negsynth.schemas.config import CorpusConfig
+
+    with pytest.raises(ValidationError, match='teacher = "hybrid\\+llm-likelihood" scores mined negatives'):
+        CorpusConfig(teacher="hybrid+llm-likelihood", negatives="mixed")
+
+
 def test_hybrid_candidates_need_mined_negatives():
     from pydantic import ValidationError
 

@@ -95,6 +95,20 @@ def rrf(dense, lexical, k: int = RRF_K) -> Any:
     return fused + np.where(lexical > 0, 1.0 / (k + ranks(lexical)), 0.0)
 
 
+def rrf_over(*score_lists, k: int = 60) -> list[float]:
+    """Reciprocal rank fusion of several scorings of the same candidates: ``sum 1 / (k + rank)``
+    per candidate, rank 1 the best of each list (ties share the better rank). The fusion of the
+    lists' orders, not of their scales, so scores of any range combine."""
+    n = len(score_lists[0])
+    if any(len(s) != n for s in score_lists):
+        raise ValueError("rrf_over: every list must score the same candidates")
+    fused = [0.0] * n
+    for scores in score_lists:
+        for i, x in enumerate(scores):
+            fused[i] += 1.0 / (k + 1 + sum(y > x for y in scores))
+    return fused
+
+
 def minmax_sum(dense, lexical) -> Any:
     """One query's dense and lexical scores over the same texts, each min-max normalised over
     those texts (the query's whole candidate pool) and summed: in ``[0, 2]``, 2 for a text that

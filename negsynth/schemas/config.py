@@ -344,8 +344,11 @@ class CorpusConfig(Section):
     # "llm-likelihood": the embedded LLM's query likelihood log p(query | document) (UPR), read
     # in-process from the same GGUF, over the document and its mined negatives only: teacher_k is
     # then the document's rank among those (1 = the teacher prefers it to every negative), and
-    # the scores (mean log-probability per query token) are the distillation labels; no veto
-    teacher: Literal["none", "hybrid", "llm-likelihood"] = "none"
+    # the scores (mean log-probability per query token) are the distillation labels; no veto.
+    # "hybrid+llm-likelihood": both, their orders of the document and its mined negatives fused by
+    # reciprocal rank (teacher_k: the document's fused rank among those five); the hybrid teacher's
+    # veto of negatives holds, the labels are the LLM's
+    teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood"] = "none"
     teacher_k: int = Field(10, ge=0)
     # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
     # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
@@ -372,8 +375,8 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
-        if self.teacher == "llm-likelihood" and self.negatives != "mined":
-            raise ValueError('teacher = "llm-likelihood" scores mined negatives: set negatives = "mined"')
+        if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood") and self.negatives != "mined":
+            raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
         if self.candidates == "hybrid" and self.negatives == "llm":
             raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:

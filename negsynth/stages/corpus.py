@@ -56,6 +56,7 @@ from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, R
 from negsynth.stages.common import path_fingerprint, short_id
 from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, make_validator
 from negsynth.stages.corpus_report import describe, report
+from negsynth.stages.corpus_teacher import ensemble_fields, likelihood_fields, uses_likelihood
 
 NAME = "corpus"
 
@@ -190,7 +191,7 @@ LIKELIHOOD_DOC_TOKENS = 192
 
 def needs_lexical(cfg: CorpusConfig) -> bool:
     """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
-    return cfg.teacher == "hybrid" or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
+    return cfg.teacher in ("hybrid", "hybrid+llm-likelihood") or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
 
 
 # -- one item -------------------------------------------------------------------------------
@@ -445,15 +446,16 @@ async def search_and_judge(
     # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
     # meta, each a filter when its k is set
     ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-    if cfg.teacher == "llm-likelihood" and len(mined["negatives"]) >= k:
-        mined.update(await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"]))
+    if uses_likelihood(cfg.teacher) and len(mined["negatives"]) >= k:
+        view = await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"])
+        mined.update(view if cfg.teacher == "llm-likelihood" else ensemble_fields(mined, view))
     if cfg.teacher != "none" and "teacher_rank" in mined:
         ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
     for reason, key, rank, limit, who in ranks:
         meta[key] = rank
         if limit and rank > limit:
             setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-            among = "among itself and its mined negatives" if cfg.teacher == "llm-likelihood" and key == "teacher_rank" else "in the corpus"
+            among = "among itself and its mined negatives" if uses_likelihood(cfg.teacher) and key == "teacher_rank" else "in the corpus"
             return (
                 mined,
                 llm_ok,
@@ -522,19 +524,6 @@ def corpus_stats(c: CorpusData) -> dict[str, Any]:
     if c.ids != "column":
         out["ids"] = c.ids
     return out
-
-
-def likelihood_fields(lm, query: str, document: str, negatives: list[str]) -> dict[str, Any]:
-    """The ``llm-likelihood`` teacher's view of one example: the document's rank among itself and
-    its negatives by ``log p(query | text)`` (mean per query token), the scores, and the label
-    ``[document, negative_1..]`` for distillation."""
-    scores = [round(x, 6) for x in lm.scores(query, [document, *negatives])]
-    return {
-        "teacher_rank": 1 + sum(x > scores[0] for x in scores[1:]),
-        "teacher_pos_score": scores[0],
-        "teacher_scores": scores[1:],
-        "teacher_label": scores,
-    }
 
 
 class Corpus(pipeline.LLMStage):
