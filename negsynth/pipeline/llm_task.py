@@ -77,6 +77,10 @@ class LLMStage:
     #: a function of the run config: its heavy work is embedding (``Stage.embeds``), done in
     #: :meth:`before`, once in the driver under ``--executor ray`` (:meth:`prepare`)
     embeds_when: ClassVar[Callable[[Any], bool] | None] = None
+    #: every item in one shard, finished only when :meth:`verdict` passes (outputs all or nothing: brainstorm)
+    one_shard: ClassVar[bool] = False
+    #: the files in its folder that make it finished
+    done_files: ClassVar[tuple[str, ...]] = ("stats.json",)
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -98,6 +102,14 @@ class LLMStage:
 
     def before(self, items: list[WorkItem]) -> None:
         """Work on the planned items before any of them is processed (regenerate's mining)."""
+
+    def verdict(self, rep: Any, rows: list[tuple[str, dict]]) -> str | None:
+        """A ``one_shard`` stage's judgment of all its rows once every item is done: None, or why it failed."""
+        return None
+
+    def fixed(self) -> int:
+        """How many of its valid records need no request (they do not hide that every request failed alike)."""
+        return 0
 
     def uses_llm(self) -> bool:
         """Whether this run's items call the LLM (else ``process`` gets no client and no session opens)."""
@@ -185,7 +197,17 @@ class LLMStage:
         st.check()
         items = st.plan()
         st.before(items)
-        return run_item_stage(ctx, cls.declare(), items, st.process, llm=st.uses_llm(), extra=st.extra_stats)
+        return run_item_stage(
+            ctx,
+            cls.declare(),
+            items,
+            st.process,
+            llm=st.uses_llm(),
+            extra=st.extra_stats,
+            one_shard=cls.one_shard,
+            verdict=st.verdict if cls.one_shard else None,
+            fixed=st.fixed(),
+        )
 
     @classmethod
     def prepare(cls, ctx: StageContext) -> None:
@@ -220,6 +242,7 @@ class LLMStage:
                 llm=True if cls.llm_when is None else cls.llm_when,
                 estimate=cls.estimate,
                 staged=True,
+                done_files=cls.done_files,
                 shardable=cls.shardable,
                 embeds=cls.embeds_when or False,
                 prepare=cls.prepare if cls.embeds_when and cls.shardable else None,

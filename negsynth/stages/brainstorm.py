@@ -29,7 +29,7 @@ from negsynth import pipeline
 from negsynth.data.shards import iter_jsonl
 from negsynth.data.text import text_key
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline import Outcome, RunReport, Stage, StageContext, Summary, Tally, WorkItem, config_hash
+from negsynth.pipeline import Outcome, RunReport, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, reask_template, render
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
@@ -58,11 +58,6 @@ def _validate_list(obj: Any) -> list[str]:
     except ValidationError as e:
         raise schema_failure(e) from None
     return out.tasks
-
-
-def fingerprint(ctx: StageContext) -> str:
-    """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
-    return config_hash({**pipeline.llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
 
 
 @dataclass
@@ -151,94 +146,82 @@ async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> Type
     return out
 
 
-def _items(ctx: StageContext) -> list[WorkItem]:
-    """One item per task type, in config order, then the fixed STS task when generate makes STS examples."""
-    types = list(ctx.cfg.brainstorm.task_types)
-    items = [WorkItem(index=i, id=tt, payload={"task_type": tt}) for i, tt in enumerate(types)]
-    if ctx.cfg.generate.ratio.get("sts", 0) > 0:
-        items.append(WorkItem(index=len(types), id="sts-fixed", payload={"fixed": "sts"}))
-    return items
+class Brainstorm(pipeline.LLMStage):
+    """Embedding tasks per task type, asked in rounds; the fixed STS task last. All or nothing: one
+    shard, finished only when the list requests as a whole did not fail."""
+
+    name = NAME
+    summary = "embedding tasks per task type"
+    config = BrainstormConfig
+    prompts = "brainstorm_"
+    shardable = False
+    one_shard = True
+    done_files = ("stats.json", "shard-00000.jsonl")
+
+    def sts(self) -> bool:
+        """Whether generate makes STS examples (its fixed task is then brainstorm's last item)."""
+        return self.ctx.cfg.generate.ratio.get("sts", 0) > 0
+
+    def plan(self) -> list[WorkItem]:
+        """One item per task type, in config order, then the fixed STS task when generate makes STS examples."""
+        types = list(self.cfg.task_types)
+        items = [WorkItem(index=i, id=tt, payload={"task_type": tt}) for i, tt in enumerate(types)]
+        if self.sts():
+            items.append(WorkItem(index=len(types), id="sts-fixed", payload={"fixed": "sts"}))
+        return items
+
+    async def process(self, client: LLMClient | None, it: WorkItem) -> Outcome:
+        """One task type's tasks (by id) and rejects (by id) as one outcome; the fixed STS task needs no request."""
+        if it.payload.get("fixed") == "sts":
+            return Outcome(record=Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed").model_dump(mode="json"))
+        out = await brainstorm_type(self.ctx, client, it.payload["task_type"])
+        return Outcome(
+            records=[t.model_dump(mode="json") for t in sorted(out.tasks, key=lambda t: t.id)],
+            rejects=[r.model_dump(mode="json") for r in sorted(out.rejects, key=lambda r: r.id)],
+            usage=dict(out.usage),
+        )
+
+    def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
+        """One line when no list request gave a usable task, or too many were refused: brainstorm is
+        judged by its list requests (``list_requests`` in the items' usage), not by its tasks."""
+        rejects = sorted((r for kind, r in rows if kind == "rej"), key=lambda r: r["id"])
+        verdict = RunReport(stage=NAME)
+        verdict.items = int(rep.usage.get("list_requests", 0))
+        verdict.valid = sum(1 for kind, r in rows if kind == "ok" and r.get("model") != "fixed")
+        verdict.reasons = Counter(r["reason"] for r in rejects if "position" not in (r.get("input") or {}))
+        for r in rejects:
+            verdict.details.setdefault(r["reason"], str(r.get("detail") or "")[:160])
+        return pipeline.failure_message(NAME, verdict, self.ctx) if verdict.items else None
+
+    def fixed(self) -> int:
+        return int(self.sts())
+
+    def extra_stats(self) -> dict:
+        shard = self.ctx.stage_dir(NAME) / "shard-00000.jsonl"  # a staging folder beside the old outputs under --overwrite
+        if not shard.exists():
+            return {}
+        return {"tasks_per_type": dict(Counter(t["task_type"] for t in iter_jsonl(shard)))}
+
+    @classmethod
+    def fingerprint(cls, ctx: StageContext) -> str:
+        """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
+        return config_hash({**pipeline.llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
+
+    @classmethod
+    def estimate(cls, ctx: StageContext, tally: Tally) -> None:
+        """``negsynth estimate``: one list request per ``tasks_per_request`` tasks wanted, per task type."""
+        bc = ctx.cfg.brainstorm
+        for tt in bc.task_types:
+            n = min(max(1, math.ceil(bc.tasks_per_type / bc.tasks_per_request)), bc.max_requests_per_type)
+            tally.request(build_messages(tt, bc.tasks_per_request), n=n)
+        tally.note("one list request per tasks_per_request tasks wanted (the first round; more only if lists come back short)")
+
+    @classmethod
+    def report(cls, stats: dict) -> list[Summary]:
+        rows = pipeline.summary_rows(stats)
+        if stats.get("tasks_per_type"):
+            rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
+        return [Summary("brainstorm", rows)]
 
 
-async def _process(ctx: StageContext, client: LLMClient, it: WorkItem) -> Outcome:
-    """One task type's tasks (by id) and rejects (by id) as one outcome; the fixed STS task needs no request."""
-    if it.payload.get("fixed") == "sts":
-        return Outcome(record=Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed").model_dump(mode="json"))
-    out = await brainstorm_type(ctx, client, it.payload["task_type"])
-    return Outcome(
-        records=[t.model_dump(mode="json") for t in sorted(out.tasks, key=lambda t: t.id)],
-        rejects=[r.model_dump(mode="json") for r in sorted(out.rejects, key=lambda r: r.id)],
-        usage=dict(out.usage),
-    )
-
-
-def _verdict(ctx: StageContext, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
-    """One line when no list request gave a usable task, or too many were refused: brainstorm is
-    judged by its list requests (``list_requests`` in the items' usage), not by its tasks."""
-    rejects = sorted((r for kind, r in rows if kind == "rej"), key=lambda r: r["id"])
-    verdict = RunReport(stage=NAME)
-    verdict.items = int(rep.usage.get("list_requests", 0))
-    verdict.valid = sum(1 for kind, r in rows if kind == "ok" and r.get("model") != "fixed")
-    verdict.reasons = Counter(r["reason"] for r in rejects if "position" not in (r.get("input") or {}))
-    for r in rejects:
-        verdict.details.setdefault(r["reason"], str(r.get("detail") or "")[:160])
-    return pipeline.failure_message(NAME, verdict, ctx) if verdict.items else None
-
-
-def _tasks_per_type(ctx: StageContext) -> dict:
-    shard = ctx.stage_dir(NAME) / "shard-00000.jsonl"  # a staging folder beside the old outputs under --overwrite
-    if not shard.exists():
-        return {}
-    return {"tasks_per_type": dict(Counter(t["task_type"] for t in iter_jsonl(shard)))}
-
-
-def run(ctx: StageContext) -> dict:
-    """Run brainstorm and return its stats (``run_stage`` writes them to ``brainstorm/stats.json``).
-
-    Each task type is one item of the shared LLM-stage shape (:func:`run_item_stage`), whose
-    rounds give all of its tasks and rejects at once; the fixed STS task is the last item. Its
-    outputs are all or nothing: one shard, finished only when the list requests as a whole did
-    not fail (:func:`_verdict`). A type whose list request failed at the transport level stays
-    pending (a rerun asks again; its answered requests come from the cache), and a killed or
-    stopped run keeps the types it finished."""
-    sts = ctx.cfg.generate.ratio.get("sts", 0) > 0
-    return pipeline.run_item_stage(
-        ctx,
-        STAGE,
-        _items(ctx),
-        lambda client, it: _process(ctx, client, it),
-        extra=lambda: _tasks_per_type(ctx),
-        one_shard=True,
-        verdict=lambda rep, rows: _verdict(ctx, rep, rows),
-        fixed=int(sts),
-    )
-
-
-def estimate(ctx: StageContext, tally: Tally) -> None:
-    """``negsynth estimate``: one list request per ``tasks_per_request`` tasks wanted, per task type."""
-    bc = ctx.cfg.brainstorm
-    for tt in bc.task_types:
-        n = min(max(1, math.ceil(bc.tasks_per_type / bc.tasks_per_request)), bc.max_requests_per_type)
-        tally.request(build_messages(tt, bc.tasks_per_request), n=n)
-    tally.note("one list request per tasks_per_request tasks wanted (the first round; more only if lists come back short)")
-
-
-def report(stats: dict) -> list[Summary]:
-    rows = pipeline.summary_rows(stats)
-    if stats.get("tasks_per_type"):
-        rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
-    return [Summary("brainstorm", rows)]
-
-
-STAGE = Stage(
-    NAME,
-    "embedding tasks per task type",
-    run,
-    config=BrainstormConfig,
-    fingerprint=fingerprint,
-    report=report,
-    llm=True,
-    estimate=estimate,
-    staged=True,
-    done_files=("stats.json", "shard-00000.jsonl"),
-)
+STAGE = Brainstorm.declare()
