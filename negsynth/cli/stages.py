@@ -56,23 +56,13 @@ def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
 
 
 def _execute(name: str, opts: Options, ctx) -> dict:
-    """The stage in this process, or (``--executor ray``) as shard workers on Ray, or (score,
-    mined regenerate, corpus with its index) here with its embedding on Ray workers."""
-    from negsynth.pipeline.stage import run_stage
-    from negsynth.stages import get, splitting
+    """The stage on the executor ``--executor`` chose (:mod:`negsynth.pipeline.executor`): in this
+    process, or on Ray (shard workers; score, mined regenerate and corpus with its index: here with
+    their embedding on Ray workers)."""
+    from negsynth.pipeline.executor import executor_for
+    from negsynth.stages import METHOD, get
 
-    stage = get(name)
-    if opts.executor == "ray":
-        from negsynth.pipeline.ray_executor import run_on_ray
-
-        if not (stage.shardable or stage.embeds):
-            raise UserError(
-                f"--executor ray: {name} does not split into Ray workers; run it without --executor (it splits: {', '.join(splitting())})"
-            )
-        return run_on_ray(stage, ctx, workers=opts.workers, address=opts.ray_address)
-    if opts.executor != "local":
-        raise UserError(f"--executor {opts.executor!r}: choose local or ray")
-    return run_stage(stage, ctx)
+    return executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD).run_one(get(name), ctx)
 
 
 # ============================================================================ the method's stages
@@ -375,11 +365,11 @@ def run(
     regenerate's mining with mined negatives and of corpus's index on --workers Ray workers (the
     stage itself here); the other stages run in this process. One embedded LLM server and one
     budget serve the whole run, and finished stages are reused without starting workers."""
+    from negsynth.pipeline.executor import executor_for
     from negsynth.pipeline.stage import unfinished
     from negsynth.stages import run_pipeline
 
-    if opts.executor not in ("local", "ray"):
-        raise UserError(f"--executor {opts.executor!r}: choose local or ray")
+    executor = executor_for(opts.executor, workers=opts.workers, address=opts.ray_address)
     ctx = opts.context()
     names = [s.strip() for s in stages.split(",")] if stages else None
     refuse_under_launcher(names or ctx.cfg.pipeline.stages, opts.run_dir)
@@ -391,8 +381,7 @@ def run(
         overwrite=opts.overwrite,
         verify=opts.verify,
         budget=ctx.budget,
-        ray_workers=opts.workers if opts.executor == "ray" else None,
-        ray_address=opts.ray_address,
+        executor=executor,
     )
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from negsynth.pipeline.context import Budget, SharedBudget, StageContext
+    from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for
     from negsynth.pipeline.llm_stage import (
         cost_usd,
         item_stage_fingerprint,
@@ -43,6 +44,10 @@ _MODULE_OF = {
     "Budget": "context",
     "SharedBudget": "context",
     "StageContext": "context",
+    "Executor": "executor",
+    "LocalExecutor": "executor",
+    "RayExecutor": "executor",
+    "executor_for": "executor",
     "LLMStage": "llm_task",
     "inputs_fingerprint": "llm_task",
     "cost_usd": "llm_stage",
@@ -70,6 +75,10 @@ _MODULE_OF = {
 
 __all__ = [
     "Budget",
+    "Executor",
+    "LocalExecutor",
+    "RayExecutor",
+    "executor_for",
     "LLMStage",
     "Outcome",
     "Reporter",

@@ -26,11 +26,15 @@ evaluate        the report on real benchmarks, beside the base model        no  
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from negsynth.errors import UserError
 from negsynth.pipeline import Budget, Reporter, Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
+
+if TYPE_CHECKING:
+    from negsynth.pipeline import Executor
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module, a
 #: line here, a section of the run file and its command (an LLM stage: also its prompt files)
@@ -64,45 +68,40 @@ def run_pipeline(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
+    executor: Executor | None = None,
     ray_workers: int | None = None,
     ray_address: str | None = None,
     verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
 
-    ``ray_workers`` (``negsynth run --executor ray --workers N``): the whole pipeline on Ray. Each
-    stage that splits into shard workers (``Stage.shardable``) runs as that many Ray tasks,
-    merged here (:func:`~negsynth.pipeline.ray_executor.run_on_ray`), with the run's one embedded
-    server, one budget and the run dir this process holds; a stage whose heavy work is embedding
-    (score; regenerate with ``negatives = "mined"``; corpus with its index) runs here with that
-    encoding on that many Ray workers (:func:`~negsynth.pipeline.ray_executor.embeds_in_driver`);
-    every other stage runs in this process, as without Ray.
+    ``executor`` (:mod:`negsynth.pipeline.executor`, chosen once: ``negsynth run --executor``)
+    decides where each stage runs; by default this process. ``RayExecutor(workers)`` runs the
+    whole pipeline on Ray: each stage that splits into shard workers (``Stage.shardable``) as that
+    many Ray tasks, merged here, with the run's one embedded server, one budget and the run dir
+    this process holds; a stage whose heavy work is embedding (score; regenerate with ``negatives =
+    "mined"``; corpus with its index) here with that encoding on that many Ray workers; every other
+    stage in this process. (``ray_workers`` / ``ray_address`` are the older spelling of
+    ``executor=RayExecutor(ray_workers, ray_address)``.)
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
+    from negsynth.pipeline import LocalExecutor, RayExecutor
+
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    around = runner = None
-    if ray_workers:
-        from contextlib import contextmanager
-
-        from negsynth.pipeline import embeds_in_driver, ray_embedding, run_on_ray
-
-        @contextmanager
-        def around(stage, ctx):  # score's / mining's encoding on the Ray workers; every other stage as it is
-            if not embeds_in_driver(stage, cfg):
-                yield {}
-                return
-            with ray_embedding(ctx, workers=ray_workers, address=ray_address):
-                yield {"executor": "ray", "workers": ray_workers}
-
-        def runner(stage, ctx, start_llm):  # a shardable LLM stage as shard workers; the others here
-            if stage.shardable and not embeds_in_driver(stage, cfg):
-                return run_on_ray(stage, ctx, workers=ray_workers, address=ray_address, start_llm=start_llm)
-            return run_stage(stage, ctx, start_llm=start_llm)
-
+    if executor is None:
+        executor = RayExecutor(ray_workers, ray_address) if ray_workers else LocalExecutor()
     return run_stages(
-        chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, around=around, runner=runner, verify=verify
+        chosen,
+        cfg,
+        run_dir,
+        reporter=reporter,
+        overwrite=overwrite,
+        budget=budget,
+        around=executor.around,
+        runner=executor.run,
+        verify=verify,
     )
 
 
