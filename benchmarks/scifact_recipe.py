@@ -145,6 +145,7 @@ ALL_ARMS = (
     "ns-pipeline-noeasy",
     "ns-pipeline-gc8",
     "ns-pipeline-shuffled",
+    "ns-pipeline-stockwin",
     "ns-llm-curriculum",
     "ns-llm-random",
     "ns-llm-reverse",
@@ -165,10 +166,23 @@ PIPELINE_ARMS = {
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
     # the same rows through the stock recipe's sampler (NO_DUPLICATES, reshuffled): the trainer difference alone
     "ns-pipeline-shuffled": '[train]\nbatch_sampler = "shuffled"\n',
+    # the stock recipe's candidate window (mine_hard_negatives' default under a margin: 10 x 4 +
+    # the most positives of a query) instead of negsynth's 10 x 4 + 4 x that: which queries keep
+    # 4 negatives is then decided as the stock recipe decides it
+    "ns-pipeline-stockwin": "[regenerate.mining]\nrange_max = {stock_range_max}\n",
 }
 
 
 STOCK_ARM = "st-mined-4"  # the stock recipe every arm is tested against
+
+
+def pipeline_extra(arm: str, src) -> str:
+    """A pipeline arm's TOML lines, with ``{stock_range_max}`` filled in for the fit split: the
+    window ``mine_hard_negatives`` uses under a margin (10 x 4 negatives + the most positives of one query)."""
+    from collections import Counter
+
+    most = max(Counter(p.query for p in src.pairs).values(), default=1)
+    return PIPELINE_ARMS[arm].format(stock_range_max=40 + most)
 
 
 # ------------------------------------------------------------------------------ dataset and splits
@@ -681,7 +695,7 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
     elif arm in PIPELINE_ARMS:
         from negsynth.data.shards import read_stage
 
-        stats = run_pipeline_arm(args, seed, args.out / arm / f"seed{seed}", PIPELINE_ARMS[arm], stages=PIPELINE_DATA_STAGES)
+        stats = run_pipeline_arm(args, seed, args.out / arm / f"seed{seed}", pipeline_extra(arm, src), stages=PIPELINE_DATA_STAGES)
         reg, sc, cur = stats.get("regenerate", {}), stats.get("score", {}), stats.get("curriculum", {})
         run_dir = args.out / arm / f"seed{seed}" / "run"
         mined = [r for r in read_stage(run_dir / "regenerate")]
@@ -910,7 +924,7 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         info = train_stock(src, arm, args, seed, dest)
         path = str(dest)
     elif arm in PIPELINE_ARMS:
-        info = train_pipeline(args, seed, dest, PIPELINE_ARMS[arm])
+        info = train_pipeline(args, seed, dest, pipeline_extra(arm, src))
         path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)
