@@ -69,7 +69,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     for arm, extra in mod.PIPELINE_ARMS.items():
         assert arm in mod.ALL_ARMS
         toml = tmp_path / f"{arm}.toml"
-        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra))
+        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(stock_range_max=41)))
         cfgs[arm] = load_config(toml)
     base = cfgs["ns-pipeline"]
     assert (
@@ -77,6 +77,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     )
     assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
+    assert cfgs["ns-pipeline-stockwin"].regenerate.mining.range_max == 41
     for arm, cfg in cfgs.items():
         changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
         assert (
@@ -88,6 +89,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-shuffled": {"train"},
+                "ns-pipeline-stockwin": {"regenerate"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
@@ -446,3 +448,14 @@ def test_fresh_redoes_every_planned_run_not_only_the_first(tmp_path, monkeypatch
     ran.clear()
     assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2"]) == 0
     assert ran == []  # without --fresh, done runs are kept
+
+
+def test_the_stock_window_arm_takes_the_librarys_window_for_the_split():
+    """mine_hard_negatives under a margin looks at 10 x 4 negatives + the most positives of one
+    query; the arm's range_max is that for the fit split it runs on."""
+    from types import SimpleNamespace
+
+    mod = load_script()
+    pairs = [SimpleNamespace(query=q) for q in ["a", "a", "a", "b", "c", "c"]]
+    assert mod.pipeline_extra("ns-pipeline-stockwin", SimpleNamespace(pairs=pairs)) == "[regenerate.mining]\nrange_max = 43\n"
+    assert mod.pipeline_extra("ns-pipeline", SimpleNamespace(pairs=pairs)) == ""
