@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-    from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for
+    from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for, split_stages
     from negsynth.pipeline.llm_stage import (
         cost_usd,
         item_stage_fingerprint,
@@ -48,6 +48,7 @@ _MODULE_OF = {
     "LocalExecutor": "executor",
     "RayExecutor": "executor",
     "executor_for": "executor",
+    "split_stages": "executor",
     "LLMStage": "llm_task",
     "inputs_fingerprint": "llm_task",
     "cost_usd": "llm_stage",
@@ -79,6 +80,7 @@ __all__ = [
     "LocalExecutor",
     "RayExecutor",
     "executor_for",
+    "split_stages",
     "LLMStage",
     "Outcome",
     "Reporter",

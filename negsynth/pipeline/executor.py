@@ -22,6 +22,13 @@ from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.stage import Stage, run_stage
 
 
+def split_stages(method: Sequence[Stage]) -> tuple[str, ...]:
+    """The stages ``--executor ray`` splits: those whose work splits into shard workers
+    (``Stage.shardable``), then those whose embedding it spreads over workers (``Stage.embeds``;
+    the stage itself runs in one process), each once, in the method's order."""
+    return tuple(dict.fromkeys([s.name for s in method if s.shardable] + [s.name for s in method if s.embeds]))
+
+
 class LocalExecutor:
     """Every stage in this process."""
 
@@ -52,8 +59,8 @@ class RayExecutor(LocalExecutor):
 
     def check(self, stage: Stage) -> None:
         if not (stage.shardable or stage.embeds):
-            split = [s.name for s in self.method if s.shardable] + [s.name for s in self.method if s.embeds]
-            hint = f" (it splits: {', '.join(dict.fromkeys(split))})" if split else ""
+            split = split_stages(self.method)
+            hint = f" (it splits: {', '.join(split)})" if split else ""
             raise UserError(f"--executor ray: {stage.name} does not split into Ray workers; run it without --executor{hint}")
 
     def run_one(self, stage: Stage, ctx: StageContext) -> dict:

@@ -117,11 +117,10 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
 
 
 def splitting() -> tuple[str, ...]:
-    """The stages ``--executor ray`` splits: whose work splits into shard workers
-    (``Stage.shardable``), then those whose embedding it spreads over workers (``Stage.embeds``;
-    the stage itself runs in one process, some only under some settings: regenerate with mined
-    negatives, corpus with its index)."""
-    return tuple(dict.fromkeys([s.name for s in METHOD if s.shardable] + [s.name for s in METHOD if s.embeds]))
+    """The stages ``--executor ray`` splits (:func:`negsynth.pipeline.executor.split_stages` of :data:`METHOD`)."""
+    from negsynth.pipeline import split_stages
+
+    return split_stages(METHOD)
 
 
 __all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage", "splitting"]
