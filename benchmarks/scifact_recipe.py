@@ -55,6 +55,14 @@ ns-pipeline-gc8        ns-pipeline trained with ``train.mini_batch_size = 8`` (G
                        another order)
 ns-pipeline-shuffled   ns-pipeline trained with the stock recipe's sampler (``train.batch_sampler =
                        "shuffled"``: NO_DUPLICATES, rows reshuffled): the trainer's difference alone
+ns-pipeline-stocktrainer  ns-pipeline's examples through the stock recipe's trainer settings (the
+                       shuffled sampler and ``train.mini_batch_size = "off"``): with both, negsynth's
+                       trainer reproduces the stock recipe bit for bit on the same rows (a test
+                       checks it), so this arm differs from ``st-mined-4`` by the selection alone
+ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
+                       through negsynth's curriculum (``tuple``, the same step budget) and trainer
+                       defaults: differs from ``st-mined-4`` by the trainer side alone (sampler,
+                       cycling, GradCache chunks)
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -146,6 +154,8 @@ ALL_ARMS = (
     "ns-pipeline-gc8",
     "ns-pipeline-shuffled",
     "ns-pipeline-stockwin",
+    "ns-pipeline-stocktrainer",
+    "ns-stockrows",
     "ns-llm-curriculum",
     "ns-llm-random",
     "ns-llm-reverse",
@@ -170,6 +180,10 @@ PIPELINE_ARMS = {
     # the most positives of a query) instead of negsynth's 10 x 4 + 4 x that: which queries keep
     # 4 negatives is then decided as the stock recipe decides it
     "ns-pipeline-stockwin": "[regenerate.mining]\nrange_max = {stock_range_max}\n",
+    # the default's examples through the stock recipe's trainer settings (its NO_DUPLICATES sampler,
+    # one forward pass per batch): with these two, negsynth's trainer *is* the stock trainer, bit for
+    # bit on the same rows (tests/test_train_stock_equivalence.py), so what is left is the selection
+    "ns-pipeline-stocktrainer": '[train]\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n',
 }
 
 
@@ -526,6 +540,43 @@ def tuple_rows(src, arm: str, args, seed: int, steps: int) -> list[dict]:
     return rows
 
 
+def stockrows_curriculum(src, args, seed: int) -> list[dict]:
+    """The stock recipe's own rows (``st-mined-4``: the pairs ``mine_hard_negatives`` kept, their 4
+    negatives hardest first) as negsynth examples, through negsynth's curriculum (``tuple``, seeded
+    passes over the rows for the arms' row budget, packed without a duplicate text per batch)."""
+    ds = stock_rows(src, STOCK_ARM, args)
+    negs = [c for c in ds.column_names if c.startswith("negative")]
+    examples = [
+        {
+            "id": f"stock-{i}",
+            "task": "",
+            "task_type": "short-long",
+            "query": r["anchor"],
+            "positive": r["positive"],
+            "negatives": [r[c] for c in negs],
+            "source": "stock",
+        }
+        for i, r in enumerate(ds)
+    ]
+    from negsynth.data.curriculum import build_curriculum
+
+    # as many row visits as the stock trainer's step budget (steps x batch): 33-odd queries with
+    # several positives each cannot fill whole batches of distinct texts for a fixed step count, so
+    # the passes are given and the rows that collide train in short batches, as NO_DUPLICATES does
+    epochs = args.steps * args.batch_size / max(len(examples), 1)
+    return list(
+        build_curriculum(
+            examples,
+            schedule="tuple",
+            batch_size=args.batch_size,
+            epochs=epochs,
+            seed=seed,
+            homogeneous_batches=False,
+            instruction_template=None,
+        )
+    )
+
+
 def llm_examples(run_dir: Path) -> list[dict]:
     """Scored (else regenerated) SciFact examples of an LLM run, 4 negatives each."""
     from negsynth.data.shards import read_stage
@@ -667,6 +718,27 @@ def stock_rows(src, arm: str, args):
     return ds
 
 
+def stock_batch_sizes(ds, batch_size: int, steps: int, seed: int) -> list[int]:
+    """The rows in each of the stock recipe's ``steps`` batches: sentence-transformers'
+    ``NO_DUPLICATES`` sampler replayed with the arm's seed. It never puts a text twice in a batch and
+    does not refill one (``drop_last = False``), so where rows share texts (a query with several
+    positives is one anchor on several rows) its batches come out short: on Cranfield's fit split
+    17 batches of 23, 23, 17, 12, 9, ... rows, 201 rows in all, not 17 x 32."""
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    sampler = NoDuplicatesBatchSampler(ds, batch_size=batch_size, drop_last=False, valid_label_columns=[], seed=seed)
+    sizes: list[int] = []
+    epoch = 0
+    while len(sizes) < steps:
+        sampler.set_epoch(epoch)
+        before = len(sizes)
+        sizes += [len(b) for b in sampler][: steps - len(sizes)]
+        if len(sizes) == before:  # an empty dataset
+            break
+        epoch += 1
+    return sizes
+
+
 def data_flow(arm: str, seed: int, src, args) -> dict:
     """What reaches training in ``arm``, counted without training: pairs / queries in, after mining
     (each row needs its negatives; positive-aware margin), after the false-negative and other
@@ -692,6 +764,9 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
             filters={"no k negatives within the positive-aware margin": len(src.pairs) - len(ds)} if arm.startswith("st-mined-") else {},
             cycling="HF Trainer: max_steps over the rows, reshuffled (NO_DUPLICATES) each pass",
         )
+        sizes = stock_batch_sizes(ds, args.batch_size, args.steps, seed)
+        flow["budget_rows"] = sum(sizes)
+        flow["batch_rows"] = sizes
     elif arm in PIPELINE_ARMS:
         from negsynth.data.shards import read_stage
 
@@ -752,6 +827,13 @@ def print_flow(flows: list[dict], args) -> None:
             f"| {f['arm']} | {f['pairs']} ({f['queries']}) | {f['mined_pairs']} ({f['mined_queries']}) | {f['kept_pairs']} ({f['kept_queries']}) | {why} | "
             f"{f['budget_rows']} | {f['passes']:.2f} | {shared} |"
         )
+    for f in flows:
+        if f.get("batch_rows") and min(f["batch_rows"]) < args.batch_size:
+            b = f["batch_rows"]
+            print(
+                f"\n{f['arm']}: its sampler (NO_DUPLICATES) left batches short where rows share texts: {len(b)} batches of "
+                f"{min(b)}-{max(b)} rows (median {statistics.median(b):.0f}), {sum(b)} rows trained instead of {len(b) * args.batch_size}"
+            )
     print("\n(pairs (queries); 'passes': rows trained / kept pairs, i.e. how often the step budget cycles each kept row)")
 
 
@@ -928,6 +1010,10 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)
+        info = train_ns(rows, args, seed, dest)
+        path = str(dest)
+    elif arm == "ns-stockrows":
+        rows = stockrows_curriculum(src, args, seed)
         info = train_ns(rows, args, seed, dest)
         path = str(dest)
     elif arm.startswith("ns-tuple-"):

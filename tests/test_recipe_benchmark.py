@@ -90,6 +90,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-shuffled": {"train"},
                 "ns-pipeline-stockwin": {"regenerate"},
+                "ns-pipeline-stocktrainer": {"train"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
@@ -98,6 +99,9 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
     shuffled = cfgs["ns-pipeline-shuffled"].train
     assert shuffled.batch_sampler == "shuffled" and shuffled.model_copy(update={"batch_sampler": "ordered"}) == base.train
+    stock = cfgs["ns-pipeline-stocktrainer"].train  # the two settings that make negsynth's trainer the stock one
+    assert (stock.batch_sampler, stock.mini_batch_size) == ("shuffled", None)
+    assert stock.model_copy(update={"batch_sampler": "ordered", "mini_batch_size": "auto"}) == base.train
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():
@@ -459,3 +463,16 @@ def test_the_stock_window_arm_takes_the_librarys_window_for_the_split():
     pairs = [SimpleNamespace(query=q) for q in ["a", "a", "a", "b", "c", "c"]]
     assert mod.pipeline_extra("ns-pipeline-stockwin", SimpleNamespace(pairs=pairs)) == "[regenerate.mining]\nrange_max = 43\n"
     assert mod.pipeline_extra("ns-pipeline", SimpleNamespace(pairs=pairs)) == ""
+
+
+def test_the_stock_recipes_batches_are_counted_as_its_sampler_makes_them():
+    """NO_DUPLICATES never puts a text twice in a batch and does not refill one: rows sharing an
+    anchor (a query with several positives) come out in short batches, and the counts say so."""
+    from datasets import Dataset
+
+    mod = load_script()
+    distinct = Dataset.from_dict({"anchor": [f"q{i}" for i in range(8)], "positive": [f"d{i}" for i in range(8)]})
+    assert mod.stock_batch_sizes(distinct, 4, 5, seed=0) == [4, 4, 4, 4, 4]  # 8 distinct rows: whole batches, a second pass
+    shared = Dataset.from_dict({"anchor": ["q0"] * 4 + ["q1"] * 4, "positive": [f"d{i}" for i in range(8)]})
+    sizes = mod.stock_batch_sizes(shared, 4, 6, seed=0)
+    assert sizes == [2, 2, 2, 2, 2, 2]  # two queries: at most two rows per batch, 12 rows trained instead of 24

@@ -1,0 +1,88 @@
+"""negsynth's trainer against sentence-transformers' stock recipe on the same rows.
+
+The recipe benchmarks compare negsynth's path with the stock recipe (``benchmarks/_stock.py``:
+``SentenceTransformerTrainer`` + ``MultipleNegativesRankingLoss``, ``NO_DUPLICATES``, 10 % warmup).
+Every tenth of a point between the two must be attributable to a named setting, so: with the stock
+recipe's sampler (``batch_sampler = "shuffled"``) and one forward pass per batch
+(``mini_batch_size = "off"``), negsynth's trainer must give the stock recipe's model bit for bit;
+and the settings negsynth adds (its order-keeping sampler, GradCache chunks) must each change it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+STOCK = Path(__file__).resolve().parents[1] / "benchmarks" / "_stock.py"
+PROBE = ["a query about topic 3", "a document discussing topic 5 in detail", "unrelated text on subject 2"]
+
+
+def _stock_recipe():
+    spec = importlib.util.spec_from_file_location("_negsynth_bench_stock", STOCK)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.train_stock_recipe
+
+
+def _rows():
+    from datasets import Dataset
+
+    n = 24
+    return Dataset.from_dict(
+        {
+            "anchor": [f"query number {i} about topic {i % 7}" for i in range(n)],
+            "positive": [f"document {i} discussing topic {i % 7} in detail" for i in range(n)],
+            "negative_1": [f"unrelated text {i} on subject {(i + 3) % 11}" for i in range(n)],
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def stock_embeddings(minilm, tmp_path_factory):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(minilm, device="cpu")
+    _stock_recipe()(model, _rows(), tmp_path_factory.mktemp("stock"), batch_size=8, lr=5e-5, seed=3, max_length=48, steps=4)
+    return model.encode(PROBE, convert_to_tensor=True)
+
+
+def _negsynth_embeddings(minilm, tmp_path, **settings):
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.train import TrainConfig, make_trainer
+
+    shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_steps": 4, "max_length": 48, "seed": 3, "save_steps": 10**6}
+    cfg = TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **{**shared, **settings})
+    # the base model loaded as the stock recipe loads it: what differs is the trainer alone
+    trainer, model = make_trainer(_rows(), cfg, model=SentenceTransformer(minilm, device="cpu"))
+    trainer.train()
+    model.max_seq_length = 256
+    return model.encode(PROBE, convert_to_tensor=True)
+
+
+def test_with_the_stock_sampler_and_one_pass_per_batch_negsynths_trainer_is_the_stock_recipe(minilm, tmp_path, stock_embeddings):
+    import torch
+
+    mine = _negsynth_embeddings(minilm, tmp_path, batch_sampler="shuffled", mini_batch_size="off")
+    assert torch.equal(mine, stock_embeddings), (mine - stock_embeddings).abs().max().item()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"batch_sampler": "ordered", "mini_batch_size": "off"},  # negsynth's sampler: the rows' order kept
+        {"batch_sampler": "shuffled", "mini_batch_size": 4},  # GradCache chunks: the same loss, other float sums and dropout draws
+        {"batch_sampler": "shuffled", "mini_batch_size": "off", "lr": 4e-5},  # the comparison can tell one setting apart
+    ],
+    ids=["ordered-sampler", "gradcache", "lr"],
+)
+def test_each_setting_negsynth_adds_changes_the_model(minilm, tmp_path, stock_embeddings, settings):
+    import torch
+
+    mine = _negsynth_embeddings(minilm, tmp_path, **settings)
+    assert not torch.equal(mine, stock_embeddings)
+    assert torch.nn.functional.cosine_similarity(mine, stock_embeddings).min() > 0.9  # the same model, trained a little differently
