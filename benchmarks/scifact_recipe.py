@@ -59,6 +59,8 @@ ns-pipeline-stocktrainer  ns-pipeline's examples through the stock recipe's trai
                        shuffled sampler and ``train.mini_batch_size = "off"``): with both, negsynth's
                        trainer reproduces the stock recipe bit for bit on the same rows (a test
                        checks it), so this arm differs from ``st-mined-4`` by the selection alone
+ns-pipeline-b12        ns-pipeline with 12 rows a batch: the rows per step the stock recipe's sampler
+                       leaves where queries have several positives (Cranfield: 201 rows in 17 steps)
 ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
                        through negsynth's curriculum (``tuple``, the same step budget) and trainer
                        defaults: differs from ``st-mined-4`` by the trainer side alone (sampler,
@@ -155,6 +157,7 @@ ALL_ARMS = (
     "ns-pipeline-shuffled",
     "ns-pipeline-stockwin",
     "ns-pipeline-stocktrainer",
+    "ns-pipeline-b12",
     "ns-stockrows",
     "ns-llm-curriculum",
     "ns-llm-random",
@@ -184,6 +187,10 @@ PIPELINE_ARMS = {
     # one forward pass per batch): with these two, negsynth's trainer *is* the stock trainer, bit for
     # bit on the same rows (tests/test_train_stock_equivalence.py), so what is left is the selection
     "ns-pipeline-stocktrainer": '[train]\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n',
+    # the default with the rows per batch the stock recipe's sampler leaves on data whose queries have
+    # several positives (Cranfield's fit split: 17 batches of 201 rows in all, 12 a batch): the same
+    # steps, fewer rows and fewer in-batch negatives per step
+    "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
 }
 
 
@@ -619,23 +626,33 @@ def decontam_sets_without(folder: str) -> list[str]:
 
 
 def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: str = "train", name: str | None = None) -> str:
-    """The run file of a pipeline arm: mined negatives for the training split, the shared training protocol.
-    ``src_dir``: the data dir holding ``scifact/`` (``name`` None), else the BEIR folder itself."""
+    """The run file of a pipeline arm: mined negatives for the training split, the shared training
+    protocol, and the arm's own TOML merged over it (an arm's key replaces the protocol's: e.g.
+    ``[train] batch_size``). ``src_dir``: the data dir holding ``scifact/`` (``name`` None), else the
+    BEIR folder itself."""
+    import tomllib
+
+    import tomli_w
+
     path = src_dir / "scifact" if name is None else src_dir
-    source = f'[[regenerate.inputs]]\npath = {json.dumps(str(path))}\nsplit = "{split}"\n' + (
-        f"name = {json.dumps(name)}\n" if name else ""
-    )
-    train = f"[train]\nbatch_size = {args.batch_size}\ngrad_accum = 1\nlr = {args.lr}\nmax_length = {args.max_length}\nseed = {seed}\n"
-    if extra_toml.startswith("[train]\n"):  # a train-only arm: its lines join the one [train] table
-        train, extra_toml = train + extra_toml[len("[train]\n") :], ""
+    cfg: dict = {
+        "regenerate": {"negatives": "mined", "inputs": [{"path": str(path), "split": split, **({"name": name} if name else {})}]},
+        "curriculum": {"seed": seed, "total_steps": args.steps},
+        "train": {"batch_size": args.batch_size, "grad_accum": 1, "lr": args.lr, "max_length": args.max_length, "seed": seed},
+    }
     own = getattr(args, "split_from", None)
     if own:  # --test-frac: the dataset's own query file holds the train queries too (see decontam_sets)
-        line = f"decontam_sets = {json.dumps(decontam_sets_without(own))}\n"
-        if extra_toml.startswith("[score]\n"):
-            extra_toml = "[score]\n" + line + extra_toml[len("[score]\n") :]
-        else:
-            extra_toml += "[score]\n" + line
-    return f'[regenerate]\nnegatives = "mined"\n{source}[curriculum]\nseed = {seed}\ntotal_steps = {args.steps}\n' + train + extra_toml
+        cfg["score"] = {"decontam_sets": decontam_sets_without(own)}
+
+    def merge(into: dict, extra: dict) -> None:
+        for k, v in extra.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+
+    merge(cfg, tomllib.loads(extra_toml))
+    return tomli_w.dumps(cfg)
 
 
 PIPELINE_DATA_STAGES = ["regenerate", "score", "curriculum"]

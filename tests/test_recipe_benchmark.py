@@ -91,6 +91,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-shuffled": {"train"},
                 "ns-pipeline-stockwin": {"regenerate"},
                 "ns-pipeline-stocktrainer": {"train"},
+                "ns-pipeline-b12": {"train"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
@@ -102,6 +103,9 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     stock = cfgs["ns-pipeline-stocktrainer"].train  # the two settings that make negsynth's trainer the stock one
     assert (stock.batch_sampler, stock.mini_batch_size) == ("shuffled", None)
     assert stock.model_copy(update={"batch_sampler": "ordered", "mini_batch_size": "auto"}) == base.train
+    b12 = cfgs["ns-pipeline-b12"]  # an arm's key replaces the protocol's, in the protocol's own table
+    assert b12.train.batch_size == 12 and b12.train.model_copy(update={"batch_size": base.train.batch_size}) == base.train
+    assert b12.curriculum == base.curriculum
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():
