@@ -51,7 +51,7 @@ def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | No
         data = config.model_dump(mode="json")
         for o in overrides:
             apply_override(data, o)
-        return RunConfig.model_validate(data)
+        return type(config).model_validate(data)  # the class it was: with any stage sections it had
     return load_config(config, list(overrides or []))
 
 

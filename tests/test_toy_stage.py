@@ -4,8 +4,9 @@ The toy stage below is the whole of such a module (its messages inline; a packag
 them in prompt files named by its ``prompts`` prefix): an ``LLMStage`` subclass declaring its
 name, config section and inputs, and its plan, messages, validator and record. With only the
 ``METHOD`` line added (here: the module attribute patched), ``negsynth run``, ``negsynth
-estimate`` and ``negsynth inspect`` know it, it resumes without a second request and keeps its
-rejects with their reasons, as every LLM stage does.
+estimate`` and ``negsynth inspect`` know it, it has its command (``negsynth toy``) and its
+``[toy]`` section of the run file (``--set toy.topics=...``), it resumes without a second request
+and keeps its rejects with their reasons, as every LLM stage does.
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ def toy(tmp_path, monkeypatch):
     import importlib
     import sys
 
+    import negsynth.schemas.config
     import negsynth.stages
 
+    # the sections stages register when declared: the toy's goes with the test
+    monkeypatch.setattr(negsynth.schemas.config, "STAGE_SECTIONS", {})
     folder = tmp_path / "pkg"
     folder.mkdir()
     (folder / "toy_stage.py").write_text(textwrap.dedent(TOY_MODULE))
@@ -117,3 +121,28 @@ def test_a_toy_llm_stage_is_run_estimated_resumed_and_inspected_with_no_other_ed
     ins = invoke("inspect", rd, "--json")
     assert ins.exit_code == 0, ins.output
     assert "toy" in json.loads(ins.stdout)["stages"]
+
+
+def test_a_toy_stage_has_its_command_and_its_section_of_the_run_file(toy, tmp_path):
+    with FakeOpenAI(answer) as srv:
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2}, toy={"topics": ["tides", "bees"]})
+        rd = tmp_path / "run"
+        assert "Stage toy: one fact per topic" in invoke("toy", "--help").output
+        r = invoke("toy", "-c", cfg, "-d", rd, "--set", "toy.topics=['glass']", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["valid"] == 1 and len(srv.requests) == 1  # --set over the file's [toy]
+        rows = [json.loads(line) for p in sorted((rd / "toy").glob("shard-*.jsonl")) for line in p.read_text().splitlines()]
+        assert [r["topic"] for r in rows] == ["glass"]
+        bad = invoke("toy", "-c", cfg, "-d", tmp_path / "other", "--set", "toy.topcs=['x']")
+        assert bad.exit_code != 0 and "[toy] unknown key 'topcs' (allowed: topics)" in bad.output
+        typo = invoke("toy", "-c", cfg, "-d", tmp_path / "other", "--set", "toi.topics=['x']")
+        assert typo.exit_code != 0 and "unknown key 'toi'" in typo.output and "toy" in typo.output
+
+
+def test_a_stage_gone_from_method_takes_its_command_and_section_with_it():
+    from negsynth.cli import app
+    from negsynth.schemas.config import RunConfig, run_config_class
+
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert "toy" not in names and {"brainstorm", "score", "run"} <= names
+    assert run_config_class() is RunConfig  # the method's own run files validate and hash as before

@@ -33,7 +33,34 @@ for _k, _v in (
 ):
     os.environ.setdefault(_k, _v)
 
-app = typer.Typer(
+class MethodApp(typer.Typer):
+    """The app. Click reads its commands through ``registered_commands`` each time it is run (the
+    console entry point, and tests' ``CliRunner``); every function in ``command_hooks`` brings the
+    list up to date first, e.g. a command per stage of the method (``negsynth.cli.stages``), so a
+    stage added as a module and a ``METHOD`` line is ``negsynth NAME`` with no other edit."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.command_hooks: list[Callable[[list], list]] = []
+        self._syncing = False
+        super().__init__(**kw)
+
+    @property
+    def registered_commands(self) -> list:
+        if not self._syncing and self.command_hooks:
+            self._syncing = True  # a hook registers commands through this list: no second pass
+            try:
+                for hook in self.command_hooks:
+                    self._commands = hook(self._commands)
+            finally:
+                self._syncing = False
+        return self._commands
+
+    @registered_commands.setter
+    def registered_commands(self, value: list) -> None:
+        self._commands = value
+
+
+app = MethodApp(
     name="negsynth",
     help="LLM-driven multi-granularity hard-negative synthesis (MGH) for text-embedding training.",
     no_args_is_help=True,

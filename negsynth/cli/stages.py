@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_PENDING
-from negsynth.cli.options import BackendOpt, EngineOpt, FormatOpt, NoCacheOpt, Options, column_options, emit, stage_command
+from negsynth.cli.options import BackendOpt, EngineOpt, FormatOpt, NoCacheOpt, Options, app, column_options, emit, stage_command
 from negsynth.cli.overrides import config_sets, embedder_overrides, filter_arg
 from negsynth.errors import UserError
 
@@ -334,6 +334,40 @@ def evaluate(
         ctx.cfg.evaluate.baseline = baseline
     ctx.require_data = True
     _emit_llm(_execute("evaluate", opts, ctx), opts.json_out)
+
+
+#: the commands :func:`method_commands` made, by stage name
+_GENERIC: dict[str, object] = {}
+
+
+def method_commands(commands: list) -> list:
+    """``commands`` with one per stage of ``METHOD`` (read now) that has none of its own: ``negsynth
+    NAME`` runs the stage with the shared options (an LLM stage's workers, mode and budgets; a stage
+    that splits, the executor's), as the method's own commands do; a command made for a stage no
+    longer in ``METHOD`` goes. A stage that needs options of its own declares its command here."""
+    from negsynth.stages import METHOD
+
+    names = {s.name for s in METHOD}
+    # in place: a command registered below is appended to this very list
+    commands[:] = [c for c in commands if not any(c is made and n not in names for n, made in _GENERIC.items())]
+    for n in [n for n in _GENERIC if n not in names]:
+        del _GENERIC[n]
+    have = {c.name or c.callback.__name__.replace("_", "-") for c in commands}
+    for stage in METHOD:
+        if stage.name in have:
+            continue
+
+        def command(opts: Options, _name: str = stage.name) -> None:
+            _run(_name, opts)
+
+        command.__name__ = stage.name
+        command.__doc__ = f"Stage {stage.name}: {stage.summary} -> RUN_DIR/{stage.name}/."
+        stage_command(stage.name, llm=stage.llm is not False, ray=stage.shardable)(command)
+        _GENERIC[stage.name] = commands[-1]
+    return commands
+
+
+app.command_hooks.append(method_commands)
 
 
 def refuse_under_launcher(names: list[str], run_dir: Path) -> None:

@@ -72,7 +72,7 @@ from negsynth.pipeline.stage import (
     unfinished,
     up_to_date,
 )
-from negsynth.schemas.config import RunConfig
+from negsynth.schemas.config import RunConfig, run_config_class
 
 
 def worker_config(cfg: RunConfig, n: int) -> RunConfig:
@@ -141,7 +141,7 @@ def _worker(
     ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger` actor) against one RPM / TPM.
     ``under``: the lock token of the driver when it holds the run dir (``negsynth run``), so the
     worker runs under it instead of refusing (:func:`negsynth.pipeline.lock.hold`)."""
-    cfg = RunConfig.model_validate(cfg_json)
+    cfg = run_config_class().model_validate(cfg_json)
     ctx = StageContext(
         cfg=cfg,
         run_dir=Path(run_dir),

@@ -55,7 +55,7 @@ from negsynth.pipeline.manifest import (
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
-from negsynth.schemas.config import RunConfig
+from negsynth.schemas.config import RunConfig, register_section
 
 Relaunch = Literal["resume", "rebuild", "always"]
 
@@ -125,6 +125,8 @@ class Stage:
                 f"stage {self.name!r} calls the LLM (llm={self.llm!r}) but declares no estimate: "
                 "pass Stage(estimate=fn), fn(ctx, tally) counting its requests (negsynth.pipeline.tally)"
             )
+        if self.config is not None:  # a stage RunConfig does not list gets its [name] section of the run file
+            register_section(self.name, self.config)
 
     def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
         return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)

@@ -6,10 +6,11 @@ so an empty file is a valid config that runs the embedded local default end to e
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
 from negsynth.schemas.llm_config import EndpointConfig, LLMConfig, PriceConfig, ServeConfig  # noqa: F401 - the sections' one import path
 from negsynth.schemas.records import BRAINSTORM_TYPES, TASK_TYPES
@@ -487,3 +488,27 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         return self
+
+
+#: the run-file sections of stages that :class:`RunConfig` does not list: a stage added as a module
+#: registers its section class under its name when it is declared (``Stage(config=...)``), and
+#: :func:`run_config_class` validates ``[name]`` with it as RunConfig validates its own sections
+STAGE_SECTIONS: dict[str, type[BaseModel]] = {}
+
+
+def register_section(name: str, section: type[BaseModel]) -> None:
+    """``[name]`` of the run file is validated with ``section`` (RunConfig's own sections stay)."""
+    if name not in RunConfig.model_fields:
+        STAGE_SECTIONS[name] = section
+
+
+def run_config_class() -> type[RunConfig]:
+    """RunConfig with a section per registered stage (:data:`STAGE_SECTIONS`); RunConfig itself
+    while none is registered, so the method's own run files validate and hash as they always did."""
+    return _with_sections(tuple(sorted(STAGE_SECTIONS.items(), key=lambda kv: kv[0]))) if STAGE_SECTIONS else RunConfig
+
+
+@functools.cache
+def _with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[RunConfig]:
+    fields: dict[str, Any] = {name: (cls, Field(default_factory=cls)) for name, cls in sections}
+    return create_model("RunConfig", __base__=RunConfig, __module__=__name__, **fields)

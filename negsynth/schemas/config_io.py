@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from negsynth.errors import UserError
-from negsynth.schemas.config import RunConfig, Section
+from negsynth.schemas.config import RunConfig, Section, run_config_class
 
 
 def default_config_text() -> str:
@@ -75,7 +75,7 @@ def explain(e: ValidationError, source: str) -> str:
     key = loc[-1] if loc else "?"
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     if err["type"] == "extra_forbidden":
-        allowed = _allowed(RunConfig, loc)
+        allowed = _allowed(run_config_class(), loc)
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
         return f"{source}: {section}unknown key {key!r}{hint}{more}"
     msg = err["msg"].removeprefix("Value error, ")
@@ -138,7 +138,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     it, then ``overrides`` (``["train.lr=1e-5", ...]``, as ``--set``), validated."""
     defaults, user, source = config_layers(path, overrides)
     try:
-        return RunConfig.model_validate(layer(_recipe_yields(defaults, user), user))
+        return run_config_class().model_validate(layer(_recipe_yields(defaults, user), user))
     except ValidationError as e:
         raise UserError(explain(e, source)) from None
 

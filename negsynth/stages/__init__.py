@@ -36,8 +36,8 @@ from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, 
 if TYPE_CHECKING:
     from negsynth.pipeline import Executor
 
-#: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module, a
-#: line here, a section of the run file and its command (an LLM stage: also its prompt files)
+#: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module and a
+#: line here (an LLM stage: also its prompt files); its run-file section and command come with it
 METHOD: tuple[Stage, ...] = (
     brainstorm.STAGE,
     generate.STAGE,
