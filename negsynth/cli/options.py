@@ -33,6 +33,7 @@ for _k, _v in (
 ):
     os.environ.setdefault(_k, _v)
 
+
 class MethodApp(typer.Typer):
     """The app. Click reads its commands through ``registered_commands`` each time it is run (the
     console entry point, and tests' ``CliRunner``); every function in ``command_hooks`` brings the
