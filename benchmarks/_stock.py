@@ -9,7 +9,7 @@ from pathlib import Path
 
 def train_stock_recipe(model, ds, dest: Path, *, batch_size: int, lr: float, seed: int, max_length: int, steps: int | None = None):
     """Train ``model`` on ``ds`` (anchor, positive[, negative_1..n]) for ``steps`` (None: one pass),
-    save it to ``dest`` and return the trainer."""
+    save it to ``dest`` and return the trainer (``trainer.batch_rows``: the rows of each batch trained)."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -32,8 +32,13 @@ def train_stock_recipe(model, ds, dest: Path, *, batch_size: int, lr: float, see
         logging_steps=1,
         disable_tqdm=True,
     )
-    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
+    loss = MultipleNegativesRankingLoss(model)
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=ds, loss=loss)
+    # the rows of each batch as trained: NO_DUPLICATES leaves a batch short when rows share a text
+    trainer.batch_rows = []
+    hook = loss.register_forward_pre_hook(lambda _m, a: trainer.batch_rows.append(int(a[0][0]["input_ids"].shape[0])))
     trainer.train()
+    hook.remove()
     model.max_seq_length = base_len  # evaluated like the base model (documents up to 256 tokens)
     model.save(str(dest))
     return trainer

@@ -372,6 +372,7 @@ def train_stock(dataset: str, seed: int, args) -> dict:
         "kept": len(ds),
         "rows": len(ds),
         "steps": trainer.state.global_step,
+        "batch_rows": trainer.batch_rows,  # NO_DUPLICATES leaves a batch short where rows share a text
         "loss": [losses[0], losses[-1]] if losses else [None, None],
         "pipeline_s": round(time.monotonic() - t0, 1),
         "same_input": input_digest(src_run),

@@ -736,22 +736,22 @@ def stock_rows(src, arm: str, args):
 
 
 def stock_batch_sizes(ds, batch_size: int, steps: int, seed: int) -> list[int]:
-    """The rows in each of the stock recipe's ``steps`` batches: sentence-transformers'
-    ``NO_DUPLICATES`` sampler replayed with the arm's seed. It never puts a text twice in a batch and
-    does not refill one (``drop_last = False``), so where rows share texts (a query with several
-    positives is one anchor on several rows) its batches come out short: on Cranfield's fit split
-    17 batches of 23, 23, 17, 12, 9, ... rows, 201 rows in all, not 17 x 32."""
+    """The rows in each of the stock recipe's ``steps`` batches, as sentence-transformers'
+    ``NO_DUPLICATES`` sampler and the HF trainer make them (replayed: the trainer's own permutations
+    differ, the run records the real ones as ``batch_rows``). The sampler never puts a text twice in
+    a batch and does not refill one; the trainer takes ``len(sampler)`` = ceil(rows / batch) batches
+    an epoch and starts the next. Where rows share texts (a query with several positives is one
+    anchor on several rows) the batches come out short and the rows that collide most are the ones
+    each epoch leaves out: on Cranfield's fit split 17 batches of 25, 22, 16, 10, 25, ... rows, 320
+    in all (one run), not 17 x 32."""
     from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
 
     sampler = NoDuplicatesBatchSampler(ds, batch_size=batch_size, drop_last=False, valid_label_columns=[], seed=seed)
     sizes: list[int] = []
     epoch = 0
-    while len(sizes) < steps:
+    while len(sizes) < steps and len(ds):
         sampler.set_epoch(epoch)
-        before = len(sizes)
-        sizes += [len(b) for b in sampler][: steps - len(sizes)]
-        if len(sizes) == before:  # an empty dataset
-            break
+        sizes += [len(b) for b in sampler][: min(len(sampler), steps - len(sizes))]
         epoch += 1
     return sizes
 
@@ -875,6 +875,7 @@ def train_stock(src, arm: str, args, seed: int, dest: Path) -> dict:
         "steps": trainer.state.global_step,
         "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
         "queries": len(set(ds["anchor"])),
+        "batch_rows": trainer.batch_rows,
     }
 
 

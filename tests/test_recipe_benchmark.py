@@ -478,5 +478,6 @@ def test_the_stock_recipes_batches_are_counted_as_its_sampler_makes_them():
     distinct = Dataset.from_dict({"anchor": [f"q{i}" for i in range(8)], "positive": [f"d{i}" for i in range(8)]})
     assert mod.stock_batch_sizes(distinct, 4, 5, seed=0) == [4, 4, 4, 4, 4]  # 8 distinct rows: whole batches, a second pass
     shared = Dataset.from_dict({"anchor": ["q0"] * 4 + ["q1"] * 4, "positive": [f"d{i}" for i in range(8)]})
-    sizes = mod.stock_batch_sizes(shared, 4, 6, seed=0)
-    assert sizes == [2, 2, 2, 2, 2, 2]  # two queries: at most two rows per batch, 12 rows trained instead of 24
+    # two queries: at most two rows a batch, and the trainer takes ceil(8 / 4) = 2 batches an epoch,
+    # so each epoch trains 4 of the 8 rows: 12 rows in 6 steps instead of 24
+    assert mod.stock_batch_sizes(shared, 4, 6, seed=0) == [2, 2, 2, 2, 2, 2]
