@@ -64,6 +64,10 @@ mined-lik-kl-sharp every query kept, trained on the likelihoods with ``distill-k
                    teacher 0.1)
 mined-lik-kl-t1    the same with the teacher at 1.0 (its scores lie ~1.2 nats apart: at 0.1 its
                    distribution is nearly one-hot, at 1.0 it keeps the negatives' order)
+title-mined        the no-LLM floor: the document's title as its query (``corpus.queries = "title"``)
+sentence-mined     the same with a sentence of its body (``"sentence"``)
+mix-title-mined    both sources: the LLM's query and the title, each an example
+                   (``corpus.queries = "llm+title"``; the LLM's requests are ``mined``'s, cached)
 ==============  ===========================================================================
 
 The ``st-stock`` arm and every negsynth arm start from one list of examples: the benchmark checks
@@ -136,6 +140,8 @@ ARMS: dict[str, dict | None] = {
     # the no-LLM floor: the same pipeline with queries taken from the documents (what the LLM adds)
     "title-mined": {"negatives": "mined", "queries": "title"},
     "sentence-mined": {"negatives": "mined", "queries": "sentence"},
+    # the LLM's query and the title, each an example (the LLM's requests as in "mined": cached)
+    "mix-title-mined": {"negatives": "mined", "queries": "llm+title"},
     # the curriculum's rule before short batches: a phase's rows that fill no whole batch dropped
     "mined-dropshort": {"negatives": "mined", "curriculum": {"incomplete_batches": "drop"}},
     # the hybrid teacher (BM25 + the embedder, RRF): queries whose document it ranks in its top k,

@@ -396,6 +396,8 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
         return Dataset.from_dict({"anchor": ds["anchor"], "positive": ds["positive"]})
 
     class Trainer:
+        batch_rows = [2]
+
         class state:
             log_history = [{"loss": 1.0}]
             global_step = 1

@@ -358,8 +358,10 @@ class CorpusConfig(Section):
     candidates: Literal["dense", "hybrid"] = "dense"
     # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
-    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
-    queries: Literal["llm", "title", "sentence"] = "llm"
+    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed); or
+    # a mix, "llm+title" / "llm+sentence": the LLM's queries_per_doc queries and one more taken from
+    # the document (its title, or one sentence), each its own example (the LLM's requests as with "llm")
+    queries: Literal["llm", "title", "sentence", "llm+title", "llm+sentence"] = "llm"
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
@@ -376,6 +378,8 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
+        if "+" in self.queries and self.negatives != "mined":  # a query taken from the text has no LLM negatives
+            raise ValueError(f'queries = "{self.queries}" adds queries no LLM wrote negatives for: set negatives = "mined"')
         if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood") and self.negatives != "mined":
             raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
         if self.candidates == "hybrid" and self.negatives == "llm":

@@ -54,7 +54,7 @@ from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, short_id
-from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, make_validator
+from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, extraction, llm_writes, make_validator
 from negsynth.stages.corpus_report import describe, report
 from negsynth.stages.corpus_teacher import ensemble_fields, likelihood_fields, uses_likelihood
 
@@ -153,12 +153,22 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
         for pos, d in c.documents_at(wanted):
             c.positions[d.id] = pos
             style = style_for(cfg, c.name, d.id)
-            for j in range(cfg.queries_per_doc):
+            for j in range(queries_per_document(cfg)):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
-                if cfg.queries != "llm":  # the no-LLM queries read the title (LLM payloads stay as they were)
+                if not is_llm_item(cfg, j):  # the no-LLM queries read the title (LLM payloads stay as they were)
                     payload["title"] = d.title
                 items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
+
+
+def queries_per_document(cfg: CorpusConfig) -> int:
+    """Items per sampled document: the LLM's (or the text's) ``queries_per_doc``, + 1 in a mix."""
+    return cfg.queries_per_doc + (1 if llm_writes(cfg) and extraction(cfg) else 0)
+
+
+def is_llm_item(cfg: CorpusConfig, j: int) -> bool:
+    """Whether query ``j`` of a document is the LLM's (in a mix the last one is taken from the text)."""
+    return llm_writes(cfg) and j < cfg.queries_per_doc
 
 
 def config_digest(ctx: StageContext) -> str:
@@ -203,7 +213,7 @@ class Work:
         self.cfg = ctx.cfg.corpus
         self.corpora = corpora
         self.positions = [c.positions for c in corpora]  # the sampled documents' index rows
-        self._answers: dict[tuple[int, str], asyncio.Future] = {}
+        self._answers: dict[tuple[int, str, bool], asyncio.Future] = {}
         self._model = None
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
@@ -302,9 +312,10 @@ class Work:
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
         ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
-        key = (p["corpus_index"], p["doc_id"])
+        llm = is_llm_item(self.cfg, p["query_index"])
+        key = (p["corpus_index"], p["doc_id"], llm)
         fut = self._answers.get(key)
-        if fut is None and self.cfg.queries != "llm":
+        if fut is None and not llm:
             fut = self._answers[key] = asyncio.get_running_loop().create_future()
             fut.set_result(extracted_queries(p, self.cfg))
         if fut is not None and fut.done() and _failed_in_transit(fut):
@@ -348,11 +359,12 @@ def _tokenizer_of(ctx: StageContext):
 
 async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
-    j = p["query_index"]
+    llm = is_llm_item(cfg, p["query_index"])
+    j = p["query_index"] if llm or not llm_writes(cfg) else 0  # its place in its answer (a mix's text query: 0)
     work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
     res = await asyncio.shield(work.answer(client, p))
     # the document's answer is paid once: counted on its first item (queries from its text: none)
-    usage = res.usage if j == 0 and cfg.queries == "llm" else None
+    usage = res.usage if j == 0 and llm else None
     inp = {k: v for k, v in p.items() if k not in ("document", "title")}
 
     def reject(reason: str, detail: str, **extra: Any) -> Outcome:
@@ -373,7 +385,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if verdicts[j] is not None:
         return reject(*verdicts[j], query=queries[j])
     query = queries[j]
-    query_model = work.ctx.cfg.llm.model if cfg.queries == "llm" else f"extract:{cfg.queries}"
+    query_model = work.ctx.cfg.llm.model if llm else f"extract:{extraction(cfg)}"
     meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
     if res.reasons:
         meta["failed_attempts"] = res.reasons
@@ -401,7 +413,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         id=it.id,
         task=STYLES[p["style"]][3],
         task_type="short-long",
-        attributes={"style": p["style"], "query_index": j},
+        attributes={"style": p["style"], "query_index": p["query_index"]},
         query=query,
         positive=p["document"],
         negatives=list(negs),
@@ -495,7 +507,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     docs = {
         "in_corpus": sum(c.count for c in corpora),
-        "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
+        "sampled": n_items // queries_per_document(ctx.cfg.corpus),
         "empty_skipped": sum(c.empty_skipped for c in corpora),
         "duplicate_ids": sum(c.duplicate_ids for c in corpora),
     }
@@ -505,6 +517,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
         "documents": docs,
         "corpora": {c.name: corpus_stats(c) for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
+        **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
         "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir(NAME)),
@@ -535,15 +548,18 @@ class Corpus(pipeline.LLMStage):
     prompts = "corpus"
     examples = True
     shardable = False  # a document's queries share one LLM answer: one process, its encoding on Ray workers
-    llm_when = staticmethod(lambda cfg: cfg.corpus.queries == "llm")
+    llm_when = staticmethod(lambda cfg: llm_writes(cfg.corpus))
     embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
 
     def check(self) -> None:
-        qpd = self.cfg.queries_per_doc
+        qpd = queries_per_document(self.cfg)
         if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
             # a document's queries share one answer: split across two workers, it would be paid twice
+            what = f"corpus.queries_per_doc={self.cfg.queries_per_doc}" + (
+                " + 1 (corpus.queries = a mix)" if qpd != self.cfg.queries_per_doc else ""
+            )
             raise UserError(
-                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of corpus.queries_per_doc={qpd} when workers split the run"
+                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of {what} when workers split the run"
             )
 
     def plan(self) -> list[WorkItem]:
@@ -570,7 +586,7 @@ class Corpus(pipeline.LLMStage):
             raise tally.no_inputs()
         items = plan_items(ctx, load_corpora(ctx))
         tally.count(len(items))
-        if cfg.queries != "llm":
+        if not llm_writes(cfg):
             tally.note(f"queries taken from the documents (corpus.queries = {cfg.queries!r}): no LLM request")
             return
         for it in items:

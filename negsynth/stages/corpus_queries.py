@@ -1,6 +1,7 @@
 """Where the corpus stage's queries come from: the prompt that asks the LLM for a document's
 queries (its styles, the document cut to the prompt's length, the worked example), the validation
-of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``) shaped as
+of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``, alone or
+in a mix with the LLM's) shaped as
 an answer of the same kind, so that :mod:`negsynth.stages.corpus` treats every source alike."""
 
 from __future__ import annotations
@@ -153,16 +154,28 @@ def make_validator(document: str, cfg: CorpusConfig):
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+def llm_writes(cfg: CorpusConfig) -> bool:
+    """Whether the LLM writes queries under ``corpus.queries`` ("llm" or a mix with it)."""
+    return cfg.queries.startswith("llm")
+
+
+def extraction(cfg: CorpusConfig) -> str | None:
+    """The no-LLM query source of ``corpus.queries`` ("title", "sentence"; a mix's second part), or None."""
+    kind = cfg.queries.removeprefix("llm").removeprefix("+")
+    return kind or None
+
+
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
     """A document's queries without an LLM (``corpus.queries``), shaped as an LLM answer of the
     stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
     the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
     body (the text after the title), drawn with the stage seed, each within the query length
-    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
-    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
-    n = cfg.queries_per_doc
+    bounds (a query index with no sentence left is rejected ``too_few_sentences``); in a mix with
+    the LLM (``llm+title``, ``llm+sentence``) one such query. The document stays the positive,
+    whole. No validator runs: a copied sentence is what these queries are."""
+    n = 1 if llm_writes(cfg) else cfg.queries_per_doc
     doc = p["document"]
-    if cfg.queries == "title":
+    if extraction(cfg) == "title":
         title = " ".join(str(p.get("title") or "").split())
         if not title or text_key(title) == text_key(doc):
             return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
