@@ -61,6 +61,8 @@ ns-pipeline-stocktrainer  ns-pipeline's examples through the stock recipe's trai
                        checks it), so this arm differs from ``st-mined-4`` by the selection alone
 ns-pipeline-b12        ns-pipeline with 12 rows a batch: the rows per step the stock recipe's sampler
                        leaves where queries have several positives (Cranfield: 201 rows in 17 steps)
+ns-pipeline-qbalanced  ns-pipeline with ``curriculum.balance = "queries"``: a pass is one row per query,
+                       its positives in turn (each query weighs once, as in nDCG@10)
 ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
                        through negsynth's curriculum (``tuple``, the same step budget) and trainer
                        defaults: differs from ``st-mined-4`` by the trainer side alone (sampler,
@@ -158,6 +160,7 @@ ALL_ARMS = (
     "ns-pipeline-stockwin",
     "ns-pipeline-stocktrainer",
     "ns-pipeline-b12",
+    "ns-pipeline-qbalanced",
     "ns-stockrows",
     "ns-llm-curriculum",
     "ns-llm-random",
@@ -191,6 +194,9 @@ PIPELINE_ARMS = {
     # several positives (Cranfield's fit split: 17 batches of 201 rows in all, 12 a batch): the same
     # steps, fewer rows and fewer in-batch negatives per step
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
+    # a pass is one row per query, its positives in turn: a query with nine positives weighs as one
+    # with one (the stock recipe's sampler does something like it by accident on such data)
+    "ns-pipeline-qbalanced": '[curriculum]\nbalance = "queries"\n',
 }
 
 

@@ -361,3 +361,46 @@ def test_ntuple_rows_carry_the_teachers_scores_and_drop_a_false_negatives_score_
     assert rows[0]["label"] == approx(want_label(0, (1, 2, 3)))
     assert rows[2]["negative_1"] == "neg 2 of 2" and rows[2]["label"] == approx(want_label(2, (2, 3, 4)))
     assert "label" not in ntuple_rows(make_examples(6), 3)[0]
+
+
+def _multi_positive(n_queries: int, positives_of_first: int) -> list[dict]:
+    """Query 0 has ``positives_of_first`` positives (one example each), every other query one."""
+    out = []
+    for q in range(n_queries):
+        for k in range(positives_of_first if q == 0 else 1):
+            out.append(
+                {
+                    "id": f"q{q}-p{k}",
+                    "task": "",
+                    "task_type": "short-long",
+                    "query": f"query {q}",
+                    "positive": f"positive {k} of query {q}",
+                    "negatives": [f"neg {j} of query {q} positive {k}" for j in range(4)],
+                }
+            )
+    return out
+
+
+def test_balance_queries_weighs_each_query_once_whatever_its_positives():
+    ex = _multi_positive(8, 9)  # 16 examples, 9 of them query 0's
+    per_query = lambda rows: Counter(r["anchor"] for r in rows)  # noqa: E731
+    plain = build_curriculum(ex, schedule="tuple", batch_size=4, total_steps=8, seed=0, instruction_template=None)
+    even = build_curriculum(ex, schedule="tuple", batch_size=4, total_steps=8, seed=0, instruction_template=None, balance="queries")
+    assert len(plain) == len(even) == 32
+    # by examples query 0 fills a row in every batch (it is over half the pool); by queries it gets a pass's share
+    assert per_query(plain)["query 0"] == 8 and per_query(even)["query 0"] == 4
+    assert set(per_query(even).values()) == {4}  # 32 rows = 4 passes of 8 queries
+    # and it takes its positives in turn: 4 distinct ones, not one of them 4 times
+    assert len({r["positive"] for r in even if r["anchor"] == "query 0"}) == 4
+    assert even.stats["balance"] == "queries" and "balance" not in plain.stats
+    # epochs: a pass is one row per query
+    one = build_curriculum(ex, schedule="tuple", batch_size=4, epochs=1, seed=0, instruction_template=None, balance="queries")
+    assert len(one) == 8 and set(per_query(one).values()) == {1}
+    # one positive per query: the same rows as by examples
+    single = make_examples(12)
+    kw = {"schedule": "tuple", "batch_size": 4, "total_steps": 6, "seed": 3, "instruction_template": None}
+    assert sorted(r["example_id"] for r in build_curriculum(single, **kw)) == sorted(
+        r["example_id"] for r in build_curriculum(single, balance="queries", **kw)
+    )
+    with pytest.raises(CurriculumError, match="balance must be"):
+        build_curriculum(single, balance="positives", **kw)

@@ -7,7 +7,10 @@ coarse to fine": level 4 for the first 25% of the steps, then 3, 2, 1.
 How examples are assigned (the spec's §1.7 reading, "each example visited once (≈1 epoch)"):
 
 1. A *stream* of example indices is built from seeded permutations of the pool (one fresh
-   permutation per pass). With ``epochs=1`` (the default) every example appears once.
+   permutation per pass). With ``epochs=1`` (the default) every example appears once. With
+   ``balance="queries"`` a pass is one row per *query* instead: seeded permutations of the
+   queries, each giving its next positive's example in turn, so a query with nine positives
+   weighs in training as one with one, as each query does in nDCG@10.
 2. The stream is cut into consecutive phase segments, so the 4 phases get **disjoint** random
    groups of examples; a row uses the example's negative at its phase's level. Each row is
    thus (query, positive, ONE negative) — the other 3 negatives of that example are unused.
@@ -170,6 +173,28 @@ def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:
     """Seeded permutations of range(n), one after another, forever."""
     while True:
         yield from rng.permutation(n).tolist()
+
+
+def _query_stream(groups: list[list[int]], rng: np.random.Generator) -> Iterator[int]:
+    """``balance = "queries"``: seeded permutations of the queries, one after another, forever;
+    each time a query is drawn it gives its next example, its examples (one per positive) taken in
+    a seeded order of their own and cycled. Every query then weighs the same whatever its number of
+    positives, as it does in nDCG@10, where each query counts once."""
+    order = [rng.permutation(len(g)).tolist() for g in groups]
+    seen = [0] * len(groups)
+    while True:
+        for q in rng.permutation(len(groups)).tolist():
+            g = groups[q]
+            yield g[order[q][seen[q] % len(g)]]
+            seen[q] += 1
+
+
+def _query_groups(pool: list) -> list[list[int]]:
+    """Pool indices grouped by query (its text key), in the order queries first appear."""
+    groups: dict[str, list[int]] = {}
+    for i, u in enumerate(pool):
+        groups.setdefault(u.q_key, []).append(i)
+    return list(groups.values())
 
 
 class _Usable(NamedTuple):
@@ -373,6 +398,7 @@ def build_curriculum(
     use_mined: bool = False,
     instruction_template: str | None = DEFAULT_TEMPLATE,
     incomplete_batches: str = "train",
+    balance: str = "examples",
 ) -> CurriculumRows:
     """Build the training rows in training order (see the module docstring for the rules).
 
@@ -394,11 +420,17 @@ def build_curriculum(
             "check the input stage or use schedule fixed:K"
         )
     # the level generator is seeded apart from the stream, so `random` draws the same examples as the others
-    stream = _stream(len(pool), np.random.default_rng(seed))
+    if balance == "queries":
+        groups = _query_groups(pool)
+        stream, passes_of = _query_stream(groups, np.random.default_rng(seed)), len(groups)  # a pass: one row per query
+    elif balance == "examples":
+        stream, passes_of = _stream(len(pool), np.random.default_rng(seed)), len(pool)
+    else:
+        raise CurriculumError(f"curriculum: balance must be 'examples' or 'queries', got {balance!r}")
     drawer = _Drawer(pool, stream, np.random.default_rng([seed, 1]), needed, with_labels, batch_size, homogeneous_batches, stats)
     rows: CurriculumRows = CurriculumRows()
     batch_no = 0
-    for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), len(pool), total_steps, epochs)), start=1):
+    for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), passes_of, total_steps, epochs)), start=1):
         done, left = drawer.phase(p, lvl, target, seg)
         # with total_steps a phase draws until its batches are full: there is nothing short to train
         train_short = incomplete_batches == "train" and target is None
@@ -419,6 +451,7 @@ def build_curriculum(
             "steps": batch_no,
             "rows": len(rows),
             "homogeneous_batches": homogeneous_batches,
+            **({"balance": balance} if balance != "examples" else {}),
             "use_mined": use_mined,
             "instruction_template": instruction_template,
             "label": with_labels,  # rows carry the teacher's scores (column ``label``)

@@ -431,6 +431,10 @@ class CurriculumConfig(Section):
     # them as short batches (as sentence-transformers' NO_DUPLICATES sampler does), or "drop" them
     # (the rule before; it lost 35 of 163 rows on a 200-document corpus)
     incomplete_batches: Literal["train", "drop"] = "train"
+    # what a pass over the data is: "examples" (each (query, positive) example once), or "queries"
+    # (each query once, giving its positives in turn): where a query has many positives it then
+    # weighs in training as in nDCG@10, once, instead of once per positive
+    balance: Literal["examples", "queries"] = "examples"
 
     @field_validator("schedule")
     @classmethod

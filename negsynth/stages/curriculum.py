@@ -86,6 +86,7 @@ def run(ctx: StageContext) -> dict:
             "use_mined": cc.negatives == "mined",
             "instruction_template": anchor_template(ctx.cfg),
             "incomplete_batches": cc.incomplete_batches,
+            "balance": cc.balance,
         }
         try:
             rows = build_curriculum(examples, batch_size=batch_size, **options)
