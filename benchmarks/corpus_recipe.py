@@ -559,10 +559,16 @@ def load_results(path: Path) -> list[dict]:
 
 
 def save_result(path: Path, r: dict) -> list[dict]:
-    results = [x for x in load_results(path) if (x["dataset"], x["arm"], x["seed"]) != (r["dataset"], r["arm"], r["seed"])] + [r]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(path)
+    """Add one result to ``results.json`` and return them all: read again right before the write,
+    under a lock, so arms another process runs into the same ``--out`` at the same time are kept."""
+    import fcntl
+
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = [x for x in load_results(path) if (x["dataset"], x["arm"], x["seed"]) != (r["dataset"], r["arm"], r["seed"])] + [r]
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(path)
     return results
 
 
