@@ -54,8 +54,18 @@ from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, short_id
-from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, extraction, llm_writes, make_validator
-from negsynth.stages.corpus_report import describe, report
+from negsynth.stages.corpus_queries import (
+    STYLES,
+    build_messages,
+    cut_tokens,
+    extracted_queries,
+    extraction,
+    is_llm_item,
+    llm_writes,
+    make_validator,
+    queries_per_document,
+)
+from negsynth.stages.corpus_report import report, run_stats
 from negsynth.stages.corpus_teacher import ensemble_fields, likelihood_fields, uses_likelihood
 
 NAME = "corpus"
@@ -159,16 +169,6 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
                     payload["title"] = d.title
                 items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
-
-
-def queries_per_document(cfg: CorpusConfig) -> int:
-    """Items per sampled document: the LLM's (or the text's) ``queries_per_doc``, + 1 in a mix."""
-    return cfg.queries_per_doc + (1 if llm_writes(cfg) and extraction(cfg) else 0)
-
-
-def is_llm_item(cfg: CorpusConfig, j: int) -> bool:
-    """Whether query ``j`` of a document is the LLM's (in a mix the last one is taken from the text)."""
-    return llm_writes(cfg) and j < cfg.queries_per_doc
 
 
 def config_digest(ctx: StageContext) -> str:
@@ -503,42 +503,6 @@ def mix_negatives(mined: list[str], llm_ok: list[str]) -> tuple[list[str], list[
 
 
 # -- the stage ------------------------------------------------------------------------------
-def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
-    """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
-    docs = {
-        "in_corpus": sum(c.count for c in corpora),
-        "sampled": n_items // queries_per_document(ctx.cfg.corpus),
-        "empty_skipped": sum(c.empty_skipped for c in corpora),
-        "duplicate_ids": sum(c.duplicate_ids for c in corpora),
-    }
-    if any(c.chunked for c in corpora):  # in_corpus and sampled then count passages
-        docs["split_into_passages"] = sum(c.chunked for c in corpora)
-    return {
-        "documents": docs,
-        "corpora": {c.name: corpus_stats(c) for c in corpora},
-        "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
-        **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
-        "negatives": ctx.cfg.corpus.negatives,
-        "round_trip_k": ctx.cfg.corpus.round_trip_k,
-        **describe(ctx.stage_dir(NAME)),
-    }
-
-
-def corpus_stats(c: CorpusData) -> dict[str, Any]:
-    """One corpus in stats.json: where it is, its documents (passages) and how they were read."""
-    out: dict[str, Any] = {"path": c.path, "documents": c.count, "columns": c.columns}
-    if c.fmt == "folder":
-        out["files"] = len(c.parts)
-        if c.skipped_files:
-            out["skipped_files"] = c.skipped_files  # files of no corpus type, by kind
-    if c.chunked:
-        out["rows"] = c.rows
-        out["split_into_passages"] = c.chunked
-    if c.ids != "column":
-        out["ids"] = c.ids
-    return out
-
-
 class Corpus(pipeline.LLMStage):
     """Queries the LLM writes for a user's documents (or taken from them), with mined or written negatives."""
 

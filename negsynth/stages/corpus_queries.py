@@ -165,6 +165,16 @@ def extraction(cfg: CorpusConfig) -> str | None:
     return kind or None
 
 
+def queries_per_document(cfg: CorpusConfig) -> int:
+    """Items per sampled document: the LLM's (or the text's) ``queries_per_doc``, + 1 in a mix."""
+    return cfg.queries_per_doc + (1 if llm_writes(cfg) and extraction(cfg) else 0)
+
+
+def is_llm_item(cfg: CorpusConfig, j: int) -> bool:
+    """Whether query ``j`` of a document is the LLM's (in a mix the last one is taken from the text)."""
+    return llm_writes(cfg) and j < cfg.queries_per_doc
+
+
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
     """A document's queries without an LLM (``corpus.queries``), shaped as an LLM answer of the
     stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from negsynth import pipeline
+from negsynth.data.corpus import CorpusData
 from negsynth.data.shards import iter_jsonl, list_shards
-from negsynth.pipeline import Summary
+from negsynth.pipeline import StageContext, Summary
+from negsynth.stages.corpus_queries import queries_per_document
 
 #: rank buckets of the round-trip histogram in stats.json
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
@@ -97,3 +99,39 @@ def report(stats: dict) -> list[Summary]:
             ("teacher score: positive / negatives (mean)", f"{ts['positive']:.3f} / " + ", ".join(f"{x:.3f}" for x in ts["negatives"]))
         )
     return [Summary("corpus", rows)]
+
+
+def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
+    """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
+    docs = {
+        "in_corpus": sum(c.count for c in corpora),
+        "sampled": n_items // queries_per_document(ctx.cfg.corpus),
+        "empty_skipped": sum(c.empty_skipped for c in corpora),
+        "duplicate_ids": sum(c.duplicate_ids for c in corpora),
+    }
+    if any(c.chunked for c in corpora):  # in_corpus and sampled then count passages
+        docs["split_into_passages"] = sum(c.chunked for c in corpora)
+    return {
+        "documents": docs,
+        "corpora": {c.name: corpus_stats(c) for c in corpora},
+        "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
+        **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
+        "negatives": ctx.cfg.corpus.negatives,
+        "round_trip_k": ctx.cfg.corpus.round_trip_k,
+        **describe(ctx.stage_dir("corpus")),
+    }
+
+
+def corpus_stats(c: CorpusData) -> dict[str, Any]:
+    """One corpus in stats.json: where it is, its documents (passages) and how they were read."""
+    out: dict[str, Any] = {"path": c.path, "documents": c.count, "columns": c.columns}
+    if c.fmt == "folder":
+        out["files"] = len(c.parts)
+        if c.skipped_files:
+            out["skipped_files"] = c.skipped_files  # files of no corpus type, by kind
+    if c.chunked:
+        out["rows"] = c.rows
+        out["split_into_passages"] = c.chunked
+    if c.ids != "column":
+        out["ids"] = c.ids
+    return out
