@@ -59,8 +59,9 @@ ns-pipeline-stocktrainer  ns-pipeline's examples through the stock recipe's trai
                        shuffled sampler and ``train.mini_batch_size = "off"``): with both, negsynth's
                        trainer reproduces the stock recipe bit for bit on the same rows (a test
                        checks it), so this arm differs from ``st-mined-4`` by the selection alone
-ns-pipeline-b12        ns-pipeline with 12 rows a batch: the rows per step the stock recipe's sampler
-                       leaves where queries have several positives (Cranfield: 201 rows in 17 steps)
+ns-pipeline-b12        ns-pipeline with 12 rows a batch: fewer rows per step than the stock recipe's
+                       sampler leaves where queries have several positives (Cranfield: 320 rows in
+                       17 steps, 10-25 a batch), where the default trains 32
 ns-pipeline-qbalanced  ns-pipeline with ``curriculum.balance = "queries"``: a pass is one row per query,
                        its positives in turn (each query weighs once, as in nDCG@10)
 ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
@@ -190,9 +191,9 @@ PIPELINE_ARMS = {
     # one forward pass per batch): with these two, negsynth's trainer *is* the stock trainer, bit for
     # bit on the same rows (tests/test_train_stock_equivalence.py), so what is left is the selection
     "ns-pipeline-stocktrainer": '[train]\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n',
-    # the default with the rows per batch the stock recipe's sampler leaves on data whose queries have
-    # several positives (Cranfield's fit split: 17 batches of 201 rows in all, 12 a batch): the same
-    # steps, fewer rows and fewer in-batch negatives per step
+    # the default with fewer rows a batch than the stock recipe's sampler leaves on data whose queries
+    # have several positives (Cranfield's fit split: 320 rows in 17 batches of 10-25; the default: 32
+    # each): the same steps, fewer rows and fewer in-batch negatives per step
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
     # a pass is one row per query, its positives in turn: a query with nine positives weighs as one
     # with one (the stock recipe's sampler does something like it by accident on such data)
