@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         run_item_stage,
         summary_rows,
     )
-    from negsynth.pipeline.llm_task import LLMStage, inputs_fingerprint
+    from negsynth.pipeline.llm_task import LLMStage, LLMTask, inputs_fingerprint
     from negsynth.pipeline.progress import Reporter
     from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
     from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
@@ -50,6 +50,7 @@ _MODULE_OF = {
     "executor_for": "executor",
     "split_stages": "executor",
     "LLMStage": "llm_task",
+    "LLMTask": "llm_task",
     "inputs_fingerprint": "llm_task",
     "cost_usd": "llm_stage",
     "item_stage_fingerprint": "llm_stage",
@@ -82,6 +83,7 @@ __all__ = [
     "executor_for",
     "split_stages",
     "LLMStage",
+    "LLMTask",
     "Outcome",
     "Reporter",
     "RunReport",

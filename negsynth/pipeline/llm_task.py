@@ -24,6 +24,9 @@ line in ``negsynth.stages.METHOD``.
 
 A stage whose items are not one JSON object each (brainstorm's rounds, corpus's mining before the
 LLM) keeps its own loop on :func:`~negsynth.pipeline.llm_stage.run_item_stage`.
+
+``LLMTask``, its base, is the request alone (messages, schema, validator, ``ask``): what a step
+that asks the LLM inside another stage subclasses (score's LLM judge).
 """
 
 from __future__ import annotations
@@ -54,7 +57,46 @@ def inputs_fingerprint(run_dir: Path, stage: str) -> str:
     return h.hexdigest()[:16]
 
 
-class LLMStage:
+class LLMTask:
+    """One JSON answer asked of the LLM per item: what a request is (:meth:`messages`, :meth:`schema`,
+    :meth:`validator`, the answer's name, a temperature) and :meth:`ask`, the one call that asks it
+    (re-asked with the validator's reason until valid or out of attempts; cached, retried and
+    budgeted by the client it is given). :class:`LLMStage` is a task whose answers become a stage's
+    records; a step inside a stage that asks the LLM per item (score's LLM judge) is a task too, so
+    every LLM request of the package is made one way."""
+
+    #: the answer's name in the client's messages and re-asks ("example", "queries", ...)
+    output_name: ClassVar[str] = "output"
+    #: the sampling temperature of its requests (None: ``llm.temperature``)
+    temperature: ClassVar[float | None] = None
+
+    def messages(self, item: Any) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def schema(self, item: Any) -> dict[str, Any] | None:
+        return None
+
+    def validator(self, item: Any) -> Any:
+        raise NotImplementedError
+
+    def sample_index(self, item: Any) -> int:
+        """Which sample of the same request this item is (part of the request's cache key)."""
+        return 0
+
+    async def ask(self, client: LLMClient, item: Any) -> LLMResult:
+        """The item's answer: its value, or why every attempt failed (``reason``, ``detail``, ``raw``)."""
+        return await client.structured(
+            self.messages(item),
+            validate=self.validator(item),
+            schema=self.schema(item),
+            name=self.output_name,
+            sample_index=self.sample_index(item),
+            temperature=self.temperature,
+            reask_template=reask_template(),
+        )
+
+
+class LLMStage(LLMTask):
     """Subclass, set the class attributes, implement :meth:`plan`, :meth:`messages`,
     :meth:`validator` and :meth:`record`; ``STAGE = Subclass.declare()``. One instance is made per
     run (or fingerprint, or estimate) with the stage's context: ``self.ctx``, ``self.cfg`` (its
@@ -66,8 +108,6 @@ class LLMStage:
     #: the prefix of its prompt templates (``generate_`` -> ``generate_*.txt``): part of its fingerprint
     prompts: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]] = ()
-    #: the answer's name in the client's messages and re-asks ("example", "queries", ...)
-    output_name: ClassVar[str] = "output"
     #: its records are examples (query, positive, negatives): ``inspect`` and ``export`` read them
     examples: ClassVar[bool] = False
     shardable: ClassVar[bool] = True
@@ -115,15 +155,6 @@ class LLMStage:
         """Whether this run's items call the LLM (else ``process`` gets no client and no session opens)."""
         return self.llm_when is None or bool(self.llm_when(self.ctx.cfg))
 
-    def messages(self, item: WorkItem) -> list[dict[str, str]]:
-        raise NotImplementedError
-
-    def schema(self, item: WorkItem) -> dict[str, Any] | None:
-        return None
-
-    def validator(self, item: WorkItem) -> Any:
-        raise NotImplementedError
-
     def record(self, item: WorkItem, value: Any, result: LLMResult) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -165,14 +196,7 @@ class LLMStage:
     async def process(self, client: LLMClient, item: WorkItem) -> Outcome:
         """Ask for the item's answer (re-asked with the validator's reason until valid or out of
         attempts): its record, or its reject."""
-        res = await client.structured(
-            self.messages(item),
-            validate=self.validator(item),
-            schema=self.schema(item),
-            name=self.output_name,
-            sample_index=self.sample_index(item),
-            reask_template=reask_template(),
-        )
+        res = await self.ask(client, item)
         if res.value is None:
             return Outcome(reject=self.reject(item, res))
         return Outcome(record=self.record(item, res.value, res))

@@ -31,8 +31,8 @@ from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
 from negsynth.llm.client import BudgetStop, OutageStop, ValidationFailure
-from negsynth.pipeline import StageContext, Tally, cost_usd, llm_session
-from negsynth.prompts import load_examples, reask_template, render
+from negsynth.pipeline import LLMTask, StageContext, Tally, cost_usd, llm_session
+from negsynth.prompts import load_examples, render
 from negsynth.stages.common import schema_failure
 
 NAME = "llm"
@@ -70,10 +70,28 @@ def make_validator(n: int):
     return validate
 
 
+class JudgeTask(LLMTask):
+    """The judgement of one example (a dict with query, positive and negatives) as an LLM task: the
+    judge prompt, one boolean per negative, temperature 0."""
+
+    output_name = "judgement"
+    temperature = 0.0
+
+    def messages(self, item: dict) -> list[dict[str, str]]:
+        return judge_messages(item["query"], item["positive"], item["negatives"])
+
+    def schema(self, item: dict) -> dict[str, Any]:
+        return judge_schema(len(item["negatives"]))
+
+    def validator(self, item: dict):
+        return make_validator(len(item["negatives"]))
+
+
 class LLMJudge:
     """Judges examples' negatives with the run's LLM (``llm.*`` settings, temperature 0)."""
 
     name = NAME
+    task = JudgeTask()
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -125,17 +143,9 @@ class LLMJudge:
         return check
 
     async def _one(self, client, ex: dict) -> list[bool] | None:
-        n = len(ex["negatives"])
-        if n == 0:
+        if not ex["negatives"]:
             return []
-        res = await client.structured(
-            judge_messages(ex["query"], ex["positive"], ex["negatives"]),
-            validate=make_validator(n),
-            schema=judge_schema(n),
-            name="judgement",
-            temperature=0.0,
-            reask_template=reask_template(),
-        )
+        res = await self.task.ask(client, ex)
         if res.value is None:
             self.failed[res.reason or "unknown"] += 1
             return None
@@ -165,6 +175,5 @@ def estimate(ctx: StageContext, tally: Tally) -> None:
             examples.append({"query": str(query), "positive": str(positive), "negatives": [str(x) for x in negatives]})
         tally.note("no examples yet: one judgement per planned generate item, generate's worked examples standing in for the texts")
     for ex in examples:
-        negatives = ex.get("negatives") or []
-        msgs = judge_messages(ex.get("query", ""), ex.get("positive", ""), negatives)
-        tally.request(msgs, answer_tokens=min(tally.fallback, 8 + 6 * len(negatives)))
+        item = {"query": ex.get("query", ""), "positive": ex.get("positive", ""), "negatives": ex.get("negatives") or []}
+        tally.request(LLMJudge.task.messages(item), answer_tokens=min(tally.fallback, 8 + 6 * len(item["negatives"])))
