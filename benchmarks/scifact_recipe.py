@@ -65,9 +65,11 @@ ns-pipeline-b12        ns-pipeline with 12 rows a batch: fewer rows per step tha
 ns-pipeline-qbalanced  ns-pipeline with ``curriculum.balance = "queries"``: a pass is one row per query,
                        its positives in turn (each query weighs once, as in nDCG@10)
 ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
-                       through negsynth's curriculum (``tuple``, the same step budget) and trainer
-                       defaults: differs from ``st-mined-4`` by the trainer side alone (sampler,
-                       cycling, GradCache chunks)
+                       through negsynth's curriculum (``tuple``, as many row visits as steps x batch)
+                       and trainer defaults. Where queries have several positives the rows share
+                       anchors and pack into many short batches (Cranfield: ~54 steps instead of
+                       17), so there it is not a like-for-like trainer comparison; the bit-for-bit
+                       test and ``ns-pipeline-stocktrainer`` are
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
