@@ -643,6 +643,8 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
 
     import tomli_w
 
+    from negsynth.schemas.config_io import layer
+
     path = src_dir / "scifact" if name is None else src_dir
     cfg: dict = {
         "regenerate": {"negatives": "mined", "inputs": [{"path": str(path), "split": split, **({"name": name} if name else {})}]},
@@ -653,15 +655,7 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
     if own:  # --test-frac: the dataset's own query file holds the train queries too (see decontam_sets)
         cfg["score"] = {"decontam_sets": decontam_sets_without(own)}
 
-    def merge(into: dict, extra: dict) -> None:
-        for k, v in extra.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-
-    merge(cfg, tomllib.loads(extra_toml))
-    return tomli_w.dumps(cfg)
+    return tomli_w.dumps(layer(cfg, tomllib.loads(extra_toml)))  # the arm's tables over the protocol's, key by key
 
 
 PIPELINE_DATA_STAGES = ["regenerate", "score", "curriculum"]

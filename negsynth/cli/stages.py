@@ -348,10 +348,8 @@ def method_commands(commands: list) -> list:
     from negsynth.stages import METHOD
 
     names = {s.name for s in METHOD}
-    # in place: a command registered below is appended to this very list
-    commands[:] = [c for c in commands if not any(c is made and n not in names for n, made in _GENERIC.items())]
     for n in [n for n in _GENERIC if n not in names]:
-        del _GENERIC[n]
+        commands.remove(_GENERIC.pop(n))  # in place: a command registered below is appended to this very list
     have = {c.name or c.callback.__name__.replace("_", "-") for c in commands}
     for stage in METHOD:
         if stage.name in have:
