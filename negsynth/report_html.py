@@ -157,21 +157,12 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         )
     sc = report.get("score")
     if sc:
+        from negsynth.stages.score.stats import TABLE_HEADER, table_rows
+
         mined = sc.get("negatives") == "mined"  # rank bands of a retriever: no LLM order to check
-        rows = [["positive", sc["examples"], _f(sc["cos_pos"]["mean"]), _f(sc["cos_pos"]["median"]), "", ""]]
-        rows += [
-            [
-                f"{'band' if mined else 'level'} {lv['level']}",
-                lv["n"],
-                _f(lv["mean"]),
-                _f(lv["median"]),
-                _pct(lv["false_negative_rate"]),
-                _pct(lv["too_easy_rate"]),
-            ]
-            for lv in sc["levels"]
-        ]
+        rows = table_rows(sc, "rank band" if mined else "level")  # the terminal's table, the same columns
         what = "rank band (mined negatives, 1 = hardest)" if mined else "LLM level"
-        parts.append(f"<h2>Score: cos(query, ·) per {what}</h2>" + _table(["", "n", "mean", "median", "false neg", "too easy"], rows))
+        parts.append(f"<h2>Score: cos(query, ·) per {what}</h2>" + _table(["", *TABLE_HEADER[1:]], rows))
         order = (
             ""
             if mined

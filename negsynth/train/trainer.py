@@ -360,6 +360,16 @@ def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, text_
     return OrderedBatchSampler, None
 
 
+#: the settings of ``[train]`` each loss factory takes under its own name
+_HARDNESS_KEYS = ("hardness_mode", "hardness_strength")
+_DISTILL_KEYS = ("distill_weight", "distill_temperature", "distill_teacher_temperature", *_HARDNESS_KEYS)
+_ANGLE_KEYS = ("infonce_weight", "angle_weight", "angle_scale")
+
+
+def _pick(config: TrainConfig, *names: str) -> dict:
+    return {n: getattr(config, n) for n in names}
+
+
 def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     """The loss ``config`` names, at the model family's temperature, gathering in-batch negatives
     across devices under data parallelism: a distillation loss on the teacher's scores; AnglE +
@@ -381,17 +391,7 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
             raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
         if config.hardness_mode and config.loss != "mnrl+distill-kl":
             raise ValueError(f"hardness_mode weights InfoNCE's negatives; train.loss = {config.loss!r} has none, set hardness_mode = None")
-        return make_distill_loss(
-            model,
-            config.loss,
-            temperature=temperature,
-            distill_weight=config.distill_weight,
-            distill_temperature=config.distill_temperature,
-            distill_teacher_temperature=config.distill_teacher_temperature,
-            hardness_mode=config.hardness_mode,
-            hardness_strength=config.hardness_strength,
-            gather_across_devices=gather,
-        )
+        return make_distill_loss(model, config.loss, temperature=temperature, gather_across_devices=gather, **_pick(config, *_DISTILL_KEYS))
     if config.angle_weight > 0 or config.infonce_weight != 1.0:
         from negsynth.train.loss import make_angle_infonce_loss
 
@@ -403,22 +403,8 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
             raise ValueError(
                 "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
             )
-        return make_angle_infonce_loss(
-            model,
-            temperature,
-            infonce_weight=config.infonce_weight,
-            angle_weight=config.angle_weight,
-            angle_scale=config.angle_scale,
-            gather_across_devices=gather,
-        )
-    return make_loss(
-        model,
-        temperature,
-        hardness_mode=config.hardness_mode,
-        hardness_strength=config.hardness_strength,
-        gather_across_devices=gather,
-        mini_batch_size=mini_batch,
-    )
+        return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **_pick(config, *_ANGLE_KEYS))
+    return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch, **_pick(config, *_HARDNESS_KEYS))
 
 
 def _training_arguments(config: TrainConfig, model, per_device: int, sampler):
