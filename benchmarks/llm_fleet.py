@@ -34,6 +34,15 @@ stage's output shards compared byte for byte across repetitions and across arms 
     python benchmarks/llm_fleet.py --workloads corpus --docs 150 --repeats 3 --out /tmp/llm-fleet
     python benchmarks/llm_fleet.py --workloads corpus,generate --docs 40 --examples 24 --repeats 3 --out /tmp/llm-fleet
     python benchmarks/llm_fleet.py --determinism 16 --out /tmp/llm-fleet-det    # the answer check alone
+
+**The physical limit** (``--ceiling``): after each repetition, llama.cpp's own
+``llama-batched-bench`` on the same GGUF with every usable CPU's thread, B sequences decoded
+together (``--ceiling-batches``), each sequence as long as the workload's mean request (its prompt
+and completion tokens per request, measured in that repetition's reference arm). A request there
+costs what one of ours costs in tokens, without HTTP, JSON, sampling constraints or the schema's
+grammar; its best requests/s over B is the ceiling the table puts beside the arms. The tool is
+built from the same llama.cpp source as the server (``ninja -C <build dir> bin/llama-batched-bench``;
+``--batched-bench`` points at it, else it is looked for beside the built server).
 """
 
 from __future__ import annotations
@@ -248,6 +257,34 @@ def determinism(n: int, log_dir: Path, server_path: str | None = None) -> None:
     print(f"load average at end {os.getloadavg()[0]:.2f}")
 
 
+def find_batched_bench(given: str | None) -> Path | None:
+    if given:
+        return Path(given)
+    hits = sorted((Path.home() / ".cache" / "negsynth").glob("llama-server-*/build-*/bin/llama-batched-bench"))
+    return hits[-1] if hits else None
+
+
+def batched_ceiling(binary: Path, n_prompt: int, n_gen: int, batches: list[int], threads: int) -> list[dict]:
+    """``llama-batched-bench`` at each B: B sequences of ``n_prompt`` + ``n_gen`` tokens decoded
+    together; requests/s = B / its total time. Its markdown table is parsed (columns PP, TG, B,
+    N_KV, T_PP, S_PP, T_TG, S_TG, T, S)."""
+    from negsynth.resources import smollm2_gguf_path
+
+    ctx = max(batches) * (n_prompt + n_gen) + 64
+    cmd = [str(binary), "-m", str(smollm2_gguf_path()), "-c", str(ctx), "-b", "2048", "-ub", "512", "-t", str(threads)]
+    cmd += ["-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches))]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and cells[0].isdigit():
+            b, total = int(cells[2]), float(cells[8])
+            rows.append({"batch": b, "total_s": total, "req_s": b / total, "pp_tok_s": float(cells[5]), "tg_tok_s": float(cells[7])})
+    if not rows:
+        raise SystemExit(f"llama-batched-bench printed no table: {' '.join(cmd)}")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="corpus", help="corpus, generate or both (comma-separated)")
@@ -261,7 +298,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="run dirs and results.json go here")
     ap.add_argument("--server-path", default=None, help="serve.server_path for every arm (default: the built llama-server)")
     ap.add_argument("--determinism", type=int, default=0, metavar="N", help="only the answer check on N demo requests (see determinism())")
+    ap.add_argument("--ceiling", action="store_true", help="also llama-batched-bench on the workload's mean request, each repetition")
+    ap.add_argument("--ceiling-batches", default="1,2,4,8,16", help="the B values of --ceiling")
+    ap.add_argument("--batched-bench", default=None, help="the llama-batched-bench binary (default: beside the built llama-server)")
     a = ap.parse_args()
+    bench_bin = find_batched_bench(a.batched_bench) if a.ceiling else None
+    if a.ceiling and (bench_bin is None or not bench_bin.is_file()):
+        ap.error(
+            "--ceiling: no llama-batched-bench; build it with `ninja -C ~/.cache/negsynth/llama-server-<version>/build-native bin/llama-batched-bench` or pass --batched-bench"
+        )
     if a.determinism:
         a.out.mkdir(parents=True, exist_ok=True)
         determinism(a.determinism, a.out, a.server_path)
@@ -277,6 +322,7 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
         negsynth(["run", "-d", str(base), "--stages", "brainstorm"])
     results: dict[str, dict[str, list[dict]]] = {w: {n: [] for n in names} for w in workloads}
+    ceilings: dict[str, list[dict]] = {w: [] for w in workloads}
     t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()[0]
     for rep in range(a.repeats):
         for w in workloads:
@@ -308,6 +354,22 @@ def main() -> None:
                     f"valid {r['valid']}  load {load:.2f}  servers {r['server']}  rss {r['server_rss_mib']}  shards {r['digest']}",
                     flush=True,
                 )
+            if bench_bin is not None:  # the same repetition's reference arm gives the request's mean length
+                ref = results[w][names[0]][-1]
+                per = max(1, ref["requests"] or 1)
+                n_prompt = round(ref["prompt_tok_s"] * ref["stage_s"] / per)
+                n_gen = max(1, round(ref["completion_tok_s"] * ref["stage_s"] / per))
+                load = os.getloadavg()[0]
+                rows = batched_ceiling(
+                    bench_bin, n_prompt, n_gen, [int(b) for b in a.ceiling_batches.split(",")], len(os.sched_getaffinity(0))
+                )
+                best = max(rows, key=lambda r: r["req_s"])
+                ceilings[w].append({"n_prompt": n_prompt, "n_gen": n_gen, "load": round(load, 2), "rows": rows, "best": best})
+                print(
+                    f"rep {rep + 1} {w:8s} ceiling  {n_prompt}+{n_gen} tokens/request: best B={best['batch']} {best['req_s']:.2f} requests/s "
+                    f"(B=1: {rows[0]['req_s']:.2f})  load {load:.2f}",
+                    flush=True,
+                )
     med = statistics.median
     print(f"\n{len(os.sched_getaffinity(0))} CPUs; {a.repeats} repetitions, order rotated; medians; started {t_start}")
     for w, by_arm in results.items():
@@ -328,6 +390,15 @@ def main() -> None:
                 f"{med(r['prompt_tok_s'] for r in rs):.0f} | {med(r['completion_tok_s'] for r in rs):.1f} | {med(r['requests'] for r in rs):.0f} | "
                 f"{rss[0] if rss else '?'}-{rss[-1] if rss else '?'} | {'yes' if same else 'NO'} |"
             )
+        if ceilings[w]:
+            c = ceilings[w]
+            best_rs = med(x["best"]["req_s"] for x in c)
+            print(
+                f"| llama-batched-bench (ceiling; {c[0]['n_prompt']}+{c[0]['n_gen']} tokens a request, best B "
+                f"{sorted({x['best']['batch'] for x in c})}) | | | | {best_rs:.2f} | | | | | |"
+            )
+            for n in names:
+                print(f"{n}: {med(r['req_s'] for r in by_arm[n]) / best_rs:.2f} of the ceiling's requests/s")
         digests = {n: {r["digest"] for r in by_arm[n]} for n in names}
         for x in names:
             for y in names:
@@ -336,7 +407,9 @@ def main() -> None:
         loads = [r["load"] for rs in by_arm.values() for r in rs]
         print(f"load average before each run: {min(loads):.2f}-{max(loads):.2f}")
     print(f"load average at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f}")
-    (a.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, indent=1))
+    (a.out / "results.json").write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": results, "ceilings": ceilings}, indent=1)
+    )
 
 
 if __name__ == "__main__":
