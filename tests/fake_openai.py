@@ -84,6 +84,9 @@ class FakeOpenAI:
         self.batch_hold.set()
         self.on_batch_poll: Callable[[dict], None] | None = None
         self.batch_api = True  # False: /files and /batches answer 404 (a server without the Batch API)
+        # /v1/completions (the legacy endpoint): completions(request) -> response body; None: 404
+        self.completions: Callable[[dict], dict] | None = None
+        self.completion_requests: list[dict] = []
         self.down = False  # go_down(): refuse new connections, reset the open ones; come_back() undoes it
         self.dropped = 0  # requests reset because the server was down
         outer = self
@@ -159,6 +162,11 @@ class FakeOpenAI:
                 if path.endswith("/batches"):
                     return self._send(200, outer._create_batch(json.loads(raw)))
                 req = json.loads(raw or b"{}")
+                if path.endswith("/completions") and not path.endswith("/chat/completions") and outer.completions is not None:
+                    with outer._lock:
+                        outer.completion_requests.append(req)
+                        outer.headers.append(dict(self.headers))
+                    return self._send(200, outer.completions(req))
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": "not found"}})
                 with outer._lock:

@@ -351,6 +351,10 @@ class CorpusConfig(Section):
     # veto of negatives holds, the labels are the LLM's
     teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood"] = "none"
     teacher_k: int = Field(10, ge=0)
+    # which model the llm-likelihood teacher asks: "embedded" (the embedded SmolLM2 GGUF through
+    # transformers, in-process) or "llm" (the run's [llm] endpoint: /completions with echoed prompt
+    # log-probs, as vLLM and llama-cpp-python's server give them; llama-server gives none)
+    likelihood: Literal["embedded", "llm"] = "embedded"
     # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
     # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
     # either way a candidate passes the embedder's positive-aware margin and ranks below the

@@ -299,14 +299,25 @@ class Work:
         return self._lexical[ci]
 
     def likelihood(self):
-        """The ``llm-likelihood`` teacher: the embedded LLM's query likelihood, in-process (loaded once)."""
+        """The ``llm-likelihood`` teacher: the embedded LLM's query likelihood in-process, or the
+        run's [llm] endpoint's (``corpus.likelihood``); made once."""
         if self._likelihood is None:
-            from negsynth.embed.likelihood import QueryLikelihood
-
-            self.ctx.reporter.info("corpus: loading the embedded LLM for the llm-likelihood teacher ...")
             # its scores cached beside the request cache: a rerun or resumed run computes none twice
             cache = self.ctx.run_dir / "cache" / "likelihood.sqlite"
-            self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS, cache=cache)
+            if self.cfg.likelihood == "llm":
+                from negsynth.llm.keys import read_key
+                from negsynth.llm.likelihood import EndpointLikelihood
+
+                llm = self.ctx.cfg.llm
+                key = read_key(llm.api_key_env, llm.api_key_file, "llm")
+                self._likelihood = EndpointLikelihood(
+                    llm.base_url, llm.model, key, max_doc_words=LIKELIHOOD_DOC_TOKENS, cache=cache, timeout_s=llm.timeout
+                )
+            else:
+                from negsynth.embed.likelihood import QueryLikelihood
+
+                self.ctx.reporter.info("corpus: loading the embedded LLM for the llm-likelihood teacher ...")
+                self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS, cache=cache)
         return self._likelihood
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
@@ -516,6 +527,11 @@ class Corpus(pipeline.LLMStage):
     embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
 
     def check(self) -> None:
+        if self.cfg.likelihood == "llm" and uses_likelihood(self.cfg.teacher) and self.ctx.cfg.llm.base_url == "embedded":
+            raise UserError(
+                "corpus.likelihood = 'llm': the embedded llama-server echoes no prompt log-probs; "
+                "set corpus.likelihood = 'embedded' (the same model, in-process) or point llm.base_url at vLLM or llama-cpp-python's server"
+            )
         qpd = queries_per_document(self.cfg)
         if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
             # a document's queries share one answer: split across two workers, it would be paid twice
