@@ -468,3 +468,82 @@ def test_each_mining_strategy_binds_its_own_options_by_name():
         bound = miner(opts, 3, batch_size=8)
         assert bound.func is fn and bound.keywords["relative_margin"] == 0.2 and bound.keywords["range_max"] == 50
     assert miner(MiningConfig(), 3).keywords["k"] == 3 and miner(MiningConfig(strategy="graded"), 3).keywords["bands"][0] == (1, 3)
+
+
+def _beir_topics(root: Path) -> dict[str, str]:
+    """A BEIR folder of 120 documents over 5 topics and 3 queries (d0, d1, d2 their positives)."""
+    import random
+
+    root.mkdir()
+    rng = random.Random(0)
+    topics = ["ocean tides and the moon", "vaccines and the immune system", "volcanoes and lava", "bees and pollination", "black holes"]
+    words = "the of a shows study effect data rate high low new model cell energy water light heat plant animal".split()
+    docs = {}
+    for i in range(120):
+        docs[f"d{i}"] = f"{topics[i % len(topics)]}: " + " ".join(rng.choice(words) for _ in range(12)) + f" ({i})"
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": "", "text": v}) + "\n" for k, v in docs.items()))
+    queries = [
+        ("1", "what causes ocean tides", "d0"),
+        ("2", "how do vaccines train immunity", "d1"),
+        ("3", "why do volcanoes erupt lava", "d2"),
+    ]
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in queries))
+    (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in queries))
+    return docs
+
+
+def test_the_likelihood_teacher_drops_the_false_negatives_it_finds_and_labels_the_rest(tmp_path, monkeypatch):
+    """``regenerate.teacher = "llm-likelihood"`` (RLHN): a mined candidate the teacher scores at
+    or above the labelled positive is left out and the next one takes its place; the example's
+    label is the positive's and the kept negatives' scores. A stand-in teacher here finds every
+    document of the positive's topic as relevant as the positive itself."""
+    import negsynth.embed.likelihood as lik
+
+    docs = _beir_topics(tmp_path / "beir")
+
+    class SameTopicIsRelevant:
+        def scores(self, query, texts):
+            topic = texts[0].split(":")[0]
+            return [-1.0] + [-1.0 if t.startswith(topic) else -2.0 - 0.01 * i for i, t in enumerate(texts[1:])]
+
+    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: SameTopicIsRelevant()))
+    body = '[regenerate]\nnegatives = "mined"\nmine = 40\nteacher = "llm-likelihood"\n'
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: the teacher is in-process
+    r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tmp_path / "beir", "--json")
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)
+    recs = list(read_stage(tmp_path / "run" / "regenerate"))
+    assert stats["valid"] == 3 and stats["attempts"] == 0 and len(recs) == 3
+    assert stats["teacher"]["pairs"] == 3 and stats["teacher"]["false_negatives"] == sum(x["meta"]["teacher_false_negatives"] for x in recs)
+    for x in recs:
+        topic = x["positive"].split(":")[0]
+        meta = x["meta"]
+        assert meta["teacher_false_negatives"] >= 1  # the nearest mined documents share the topic
+        assert len(x["negatives"]) == 4 and not any(n.startswith(topic) for n in x["negatives"])
+        assert meta["teacher_label"][0] == meta["teacher_pos_score"] == -1.0 and meta["teacher_label"][1:] == meta["teacher_scores"]
+        assert len(meta["mined_scores"]) == 4 and meta["mined_scores"] == sorted(meta["mined_scores"], reverse=True)
+        assert set(x["negatives"]) <= set(docs.values())
+    # without room to replace them (mine = 4), the pairs whose candidates the teacher disputes are rejects saying so
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1", body.replace("mine = 40", "mine = 4"))
+    r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run4", "-i", tmp_path / "beir", "--json")
+    assert r.exit_code != 0  # nothing valid: the stage fails, blaming no model, in one line naming the reason
+    out = " ".join(r.output.split())
+    assert "no LLM request was made; too_few_mined:" in out and "the teacher scored" in out and "check llm.model" not in out
+    rejects = [
+        json.loads(line) for p in (tmp_path / "run4" / "regenerate" / "rejects").glob("*.jsonl") for line in p.read_text().splitlines()
+    ]
+    assert rejects and all(x["reason"] == "too_few_mined" and "the teacher scored" in x["detail"] for x in rejects)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('teacher = "llm-likelihood"', 'set negatives = "mined"'),
+        ('negatives = "mined"\nteacher = "llm-likelihood"\n[regenerate.mining]\nstrategy = "graded"', 'set mining.strategy = "top"'),
+    ],
+)
+def test_a_teacher_regenerate_cannot_apply_is_refused_in_one_line(tmp_path, body, message):
+    _beir_topics(tmp_path / "beir")
+    cfg = config(tmp_path, "http://127.0.0.1:9/v1", "[regenerate]\n" + body)
+    r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tmp_path / "beir")
+    assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output

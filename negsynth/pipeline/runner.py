@@ -490,6 +490,10 @@ def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None
             f"{url} refuses the requests ({detail or 'HTTP 4xx'}); check llm.model={cfg.model!r}, "
             "llm.structured_output and llm.extra_body (or llm.base_url)"
         )
+    elif not any(rep.usage.get(k) for k in ("attempts", "requests", "cached")):  # no LLM involved (mined negatives)
+        top = rep.reasons.most_common(1)[0][0] if rep.reasons else ""
+        first = f"{top}: {rep.details[top]}; " if rep.details.get(top) else ""
+        hint = f"no LLM request was made; {first}every reject with its reason is in {ctx.stage_dir(stage)}/rejects/"
     else:
         hint = (
             f"the model {cfg.model!r} at {url} answers but never validly; check llm.model (a chat/instruct "

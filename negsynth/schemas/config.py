@@ -269,6 +269,13 @@ class RegenerateConfig(Section):
     # strategy "graded", else the 4 hardest; level 1 = hardest)
     negatives: Literal["llm", "mined"] = "llm"
     mining: MiningConfig = MiningConfig()
+    # a teacher over labelled pairs with mined negatives: "llm-likelihood" scores the positive and
+    # every mined candidate by the LLM's query likelihood (corpus.teacher's); a candidate it scores
+    # at or above the positive is a false negative and is dropped (RLHN's relabelling), the next
+    # candidate takes its place (mine > 4 leaves room); the scores of the positive and the 4 kept
+    # are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
+    teacher: Literal["none", "llm-likelihood"] = "none"
+    likelihood: Literal["embedded", "llm"] = "embedded"  # as corpus.likelihood
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
     dedup: bool = True  # the same normalised (query, positive) only once across all inputs
@@ -277,6 +284,16 @@ class RegenerateConfig(Section):
     max_chars: int = Field(12000, ge=10)  # source abstracts can be long; also bounds the negatives
     max_doc_chars: int | None = 1500  # schema maxLength per generated negative
     prompt_positive_chars: int | None = Field(3000, ge=50)  # longer positives are cut in the prompt only
+
+    @model_validator(mode="after")
+    def _teacher(self) -> RegenerateConfig:
+        if self.teacher != "none" and self.negatives != "mined":
+            raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
+        if self.teacher != "none" and self.mining.strategy != "top":
+            raise ValueError(
+                f'teacher = "{self.teacher}" replaces the negatives it drops with the next mined ones: set mining.strategy = "top"'
+            )
+        return self
 
 
 class CorpusSpec(Section):

@@ -56,6 +56,7 @@ class Section(BaseModel):
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "likelihood"),
+    "RegenerateConfig": ("teacher", "likelihood"),
     "CurriculumConfig": ("balance",),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
     "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),

@@ -66,7 +66,7 @@ from negsynth.stages.corpus_queries import (
     queries_per_document,
 )
 from negsynth.stages.corpus_report import report, run_stats
-from negsynth.stages.corpus_teacher import ensemble_fields, likelihood_fields, uses_likelihood
+from negsynth.stages.corpus_teacher import check_likelihood_source, ensemble_fields, likelihood_fields, likelihood_scorer, uses_likelihood
 
 NAME = "corpus"
 
@@ -194,11 +194,6 @@ def needs_index(cfg: CorpusConfig) -> bool:
     return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
 
 
-#: the llm-likelihood teacher reads the first 192 of a document's tokens (its dev measurement:
-#: benchmarks/likelihood_teacher.py on SciFact's train claims)
-LIKELIHOOD_DOC_TOKENS = 192
-
-
 def needs_lexical(cfg: CorpusConfig) -> bool:
     """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
     return cfg.teacher in ("hybrid", "hybrid+llm-likelihood") or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
@@ -302,22 +297,9 @@ class Work:
         """The ``llm-likelihood`` teacher: the embedded LLM's query likelihood in-process, or the
         run's [llm] endpoint's (``corpus.likelihood``); made once."""
         if self._likelihood is None:
-            # its scores cached beside the request cache: a rerun or resumed run computes none twice
-            cache = self.ctx.run_dir / "cache" / "likelihood.sqlite"
-            if self.cfg.likelihood == "llm":
-                from negsynth.llm.keys import read_key
-                from negsynth.llm.likelihood import EndpointLikelihood
-
-                llm = self.ctx.cfg.llm
-                key = read_key(llm.api_key_env, llm.api_key_file, "llm")
-                self._likelihood = EndpointLikelihood(
-                    llm.base_url, llm.model, key, max_doc_words=LIKELIHOOD_DOC_TOKENS, cache=cache, timeout_s=llm.timeout
-                )
-            else:
-                from negsynth.embed.likelihood import QueryLikelihood
-
-                self.ctx.reporter.info("corpus: loading the embedded LLM for the llm-likelihood teacher ...")
-                self._likelihood = QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS, cache=cache)
+            self._likelihood = likelihood_scorer(
+                self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
+            )
         return self._likelihood
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
@@ -527,11 +509,8 @@ class Corpus(pipeline.LLMStage):
     embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
 
     def check(self) -> None:
-        if self.cfg.likelihood == "llm" and uses_likelihood(self.cfg.teacher) and self.ctx.cfg.llm.base_url == "embedded":
-            raise UserError(
-                "corpus.likelihood = 'llm': the embedded llama-server echoes no prompt log-probs; "
-                "set corpus.likelihood = 'embedded' (the same model, in-process) or point llm.base_url at vLLM or llama-cpp-python's server"
-            )
+        if uses_likelihood(self.cfg.teacher):
+            check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
         qpd = queries_per_document(self.cfg)
         if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
             # a document's queries share one answer: split across two workers, it would be paid twice

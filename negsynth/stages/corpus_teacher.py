@@ -1,11 +1,45 @@
-"""The corpus stage's teachers beyond the hybrid one (which mining computes over the whole corpus):
-the LLM's query likelihood over a document and its mined negatives, and the two fused."""
+"""The teachers beyond the hybrid one (which the corpus stage's mining computes over the whole
+corpus): the LLM's query likelihood over a text and its mined negatives (corpus, regenerate), and
+the two fused (corpus)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from negsynth.embed.lexical import rrf_over
+from negsynth.errors import UserError
+
+#: the llm-likelihood teacher reads the first 192 of a document's tokens (its dev measurement:
+#: benchmarks/likelihood_teacher.py on SciFact's train claims)
+LIKELIHOOD_DOC_TOKENS = 192
+
+
+def check_likelihood_source(stage: str, which: str, llm_base_url: str) -> None:
+    """``<stage>.likelihood = "llm"`` needs an endpoint that echoes prompt log-probs: refuse the embedded server."""
+    if which == "llm" and llm_base_url == "embedded":
+        raise UserError(
+            f"{stage}.likelihood = 'llm': the embedded llama-server echoes no prompt log-probs; "
+            f"set {stage}.likelihood = 'embedded' (the same model, in-process) or point llm.base_url at vLLM or llama-cpp-python's server"
+        )
+
+
+def likelihood_scorer(which: str, llm: Any, run_dir: Path, info=None) -> Any:
+    """The query-likelihood scorer: the embedded GGUF in-process (``which = "embedded"``) or the
+    run's ``[llm]`` endpoint (``"llm"``), its scores cached in ``RUN_DIR/cache/likelihood.sqlite``
+    (a rerun or a resumed run computes none twice)."""
+    cache = run_dir / "cache" / "likelihood.sqlite"
+    if which == "llm":
+        from negsynth.llm.keys import read_key
+        from negsynth.llm.likelihood import EndpointLikelihood
+
+        key = read_key(llm.api_key_env, llm.api_key_file, "llm")
+        return EndpointLikelihood(llm.base_url, llm.model, key, max_doc_words=LIKELIHOOD_DOC_TOKENS, cache=cache, timeout_s=llm.timeout)
+    from negsynth.embed.likelihood import QueryLikelihood
+
+    if info is not None:
+        info("loading the embedded LLM for the llm-likelihood teacher ...")
+    return QueryLikelihood.load(max_doc_tokens=LIKELIHOOD_DOC_TOKENS, cache=cache)
 
 
 def uses_likelihood(teacher: str) -> bool:
@@ -38,4 +72,22 @@ def ensemble_fields(hybrid: dict[str, Any], likelihood: dict[str, Any]) -> dict[
         "teacher_pos_score": round(fused[0], 6),
         "teacher_scores": [round(x, 6) for x in fused[1:]],
         "teacher_label": likelihood["teacher_label"],
+    }
+
+
+def relabel_fields(lm, query: str, positive: str, candidates: list[str], k: int) -> tuple[list[int], dict[str, Any]]:
+    """A labelled pair's teacher (``regenerate.teacher``): the positive and every mined candidate
+    scored by ``lm``; a candidate scored at or above the positive is a false negative (RLHN) and
+    left out. Returns the indices of the first ``k`` candidates kept and the example's teacher
+    fields (the positive's rank among all candidates, the kept ones' scores, the label
+    ``[positive, kept_1..k]``, how many were left out)."""
+    scores = [round(x, 6) for x in lm.scores(query, [positive, *candidates])]
+    pos, cand = scores[0], scores[1:]
+    kept = [i for i, x in enumerate(cand) if x < pos][:k]
+    return kept, {
+        "teacher_rank": 1 + sum(x >= pos for x in cand),
+        "teacher_pos_score": pos,
+        "teacher_scores": [cand[i] for i in kept],
+        "teacher_label": [pos, *(cand[i] for i in kept)],
+        "teacher_false_negatives": sum(x >= pos for x in cand),
     }

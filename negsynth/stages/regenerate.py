@@ -33,6 +33,7 @@ shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConf
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
+from negsynth.stages.corpus_teacher import check_likelihood_source, likelihood_scorer, relabel_fields
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty
 
 NAME = "regenerate"
@@ -333,23 +335,31 @@ def pair_example(it: WorkItem, negatives: list[str], model: str, meta: dict[str,
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
 
 
-async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str) -> Outcome:
-    """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``)."""
+async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str, teacher: Any = None) -> Outcome:
+    """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``).
+    ``teacher``: an async ``(query, positive, candidates) -> (kept indices, teacher fields)``
+    (:func:`~negsynth.stages.corpus_teacher.relabel_fields`): the candidates it finds at or above
+    the positive are left out and the next ones take their place."""
     p = it.payload
     mined = p.get("mined") or {"negatives": [], "scores": [], "pos_score": None}
-    negs = mined["negatives"][:NUM_NEGATIVES]
-    if len(negs) < NUM_NEGATIVES:
-        detail = f"{len(negs)} of {NUM_NEGATIVES} negatives survived mining (corpus too small, or the margin removed the rest)"
+    picked, fields = list(range(min(NUM_NEGATIVES, len(mined["negatives"])))), {}
+    if teacher is not None and mined["negatives"]:
+        picked, fields = await teacher(p["query"], p["positive"], list(mined["negatives"]))
+    if len(picked) < NUM_NEGATIVES:
+        detail = f"{len(picked)} of {NUM_NEGATIVES} negatives survived mining (corpus too small, or the margin removed the rest)"
+        if fields.get("teacher_false_negatives"):
+            detail = f"{len(picked)} of {NUM_NEGATIVES} negatives left: the teacher scored {fields['teacher_false_negatives']} at or above the positive (raise regenerate.mine)"
         rej = Reject(
             id=it.id, stage=NAME, reason="too_few_mined", detail=detail, raw=None, input={k: v for k, v in p.items() if k != "mined"}
         )
         return Outcome(reject=rej.model_dump(mode="json"))
     meta = pair_meta(p)
-    meta["mined_scores"] = mined["scores"][:NUM_NEGATIVES]
+    meta["mined_scores"] = [mined["scores"][i] for i in picked]
     meta["mined_pos_score"] = mined["pos_score"]
     if mined.get("ranks"):
-        meta["mined_ranks"] = mined["ranks"][:NUM_NEGATIVES]
-    return pair_example(it, list(negs), model, meta)
+        meta["mined_ranks"] = [mined["ranks"][i] for i in picked]
+    meta.update(fields)
+    return pair_example(it, [mined["negatives"][i] for i in picked], model, meta)
 
 
 class Regenerate(pipeline.LLMStage):
@@ -373,6 +383,9 @@ class Regenerate(pipeline.LLMStage):
         self.per_source: dict[str, Any] = {}
         self.mining: dict[str, Any] | None = None
         self.n_items = 0
+        self._teacher: Any = None
+        self._pool: Any = None
+        self.taught = {"pairs": 0, "false_negatives": 0}  # this run's teacher: pairs scored, candidates left out
 
     def plan(self) -> list[WorkItem]:
         self.sources = load_inputs(self.ctx)
@@ -408,10 +421,33 @@ class Regenerate(pipeline.LLMStage):
     def sample_index(self, item: WorkItem) -> int:
         return 0
 
+    def check(self) -> None:
+        if self.cfg.teacher != "none":
+            check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
+
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
-            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:{self.cfg.mining.strategy}")
+            teacher = self.teach if self.cfg.teacher != "none" else None
+            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:{self.cfg.mining.strategy}", teacher)
         return await super().process(client, item)
+
+    async def teach(self, query: str, positive: str, candidates: list[str]) -> tuple[list[int], dict[str, Any]]:
+        """``regenerate.teacher``: the scorer (made once) on one worker thread, off the event loop
+        (a fast tokenizer must not be used by two threads at once)."""
+        if self._teacher is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-regenerate")
+            info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
+            self._teacher = await asyncio.get_running_loop().run_in_executor(
+                self._pool, likelihood_scorer, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, info
+            )
+        kept, fields = await asyncio.get_running_loop().run_in_executor(
+            self._pool, relabel_fields, self._teacher, query, positive, candidates, NUM_NEGATIVES
+        )
+        self.taught["pairs"] += 1
+        self.taught["false_negatives"] += fields["teacher_false_negatives"]
+        return kept, fields
 
     def record(self, item: WorkItem, value: Any, result: Any) -> dict[str, Any]:
         p = item.payload
@@ -435,6 +471,8 @@ class Regenerate(pipeline.LLMStage):
         }
         if self.mining is not None:
             extra["mining"] = {"k": mine_k(self.cfg), "strategy": self.cfg.mining.strategy, "negatives": self.cfg.negatives, **self.mining}
+        if self.cfg.teacher != "none":
+            extra["teacher"] = {"kind": self.cfg.teacher, "likelihood": self.cfg.likelihood, **self.taught}
         return extra
 
     def config_digest(self) -> str:
@@ -447,7 +485,9 @@ class Regenerate(pipeline.LLMStage):
         if cfg.mine or cfg.negatives == "mined":
             parts["embedder"] = self.ctx.cfg.embedder
         if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
-            del parts["llm"], parts["prompts"]
+            del parts["prompts"]
+            if not (cfg.teacher != "none" and cfg.likelihood == "llm"):  # unless the teacher asks the endpoint
+                del parts["llm"]
         return config_hash(parts)
 
     def fingerprint_extra(self) -> dict[str, Any]:
