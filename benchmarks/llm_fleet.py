@@ -264,15 +264,16 @@ def find_batched_bench(given: str | None) -> Path | None:
     return hits[-1] if hits else None
 
 
-def batched_ceiling(binary: Path, n_prompt: int, n_gen: int, batches: list[int], threads: int) -> list[dict]:
+def batched_ceiling(binary: Path, n_prompt: int, n_gen: int, batches: list[int], threads: int, shared: bool = False) -> list[dict]:
     """``llama-batched-bench`` at each B: B sequences of ``n_prompt`` + ``n_gen`` tokens decoded
-    together; requests/s = B / its total time. Its markdown table is parsed (columns PP, TG, B,
-    N_KV, T_PP, S_PP, T_TG, S_TG, T, S)."""
+    together; requests/s = B / its total time. ``shared``: the B sequences share one prompt
+    (``-pps``), computed once — the bound for servers that reuse a common prefix (a prompt cache).
+    Its markdown table is parsed (columns PP, TG, B, N_KV, T_PP, S_PP, T_TG, S_TG, T, S)."""
     from negsynth.resources import smollm2_gguf_path
 
     ctx = max(batches) * (n_prompt + n_gen) + 64
     cmd = [str(binary), "-m", str(smollm2_gguf_path()), "-c", str(ctx), "-b", "2048", "-ub", "512", "-t", str(threads)]
-    cmd += ["-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches))]
+    cmd += ["-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", ",".join(map(str, batches))] + (["-pps"] if shared else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():
@@ -360,14 +361,15 @@ def main() -> None:
                 n_prompt = round(ref["prompt_tok_s"] * ref["stage_s"] / per)
                 n_gen = max(1, round(ref["completion_tok_s"] * ref["stage_s"] / per))
                 load = os.getloadavg()[0]
-                rows = batched_ceiling(
-                    bench_bin, n_prompt, n_gen, [int(b) for b in a.ceiling_batches.split(",")], len(os.sched_getaffinity(0))
-                )
-                best = max(rows, key=lambda r: r["req_s"])
-                ceilings[w].append({"n_prompt": n_prompt, "n_gen": n_gen, "load": round(load, 2), "rows": rows, "best": best})
+                bs, threads = [int(b) for b in a.ceiling_batches.split(",")], len(os.sched_getaffinity(0))
+                rows = batched_ceiling(bench_bin, n_prompt, n_gen, bs, threads)
+                shared = batched_ceiling(bench_bin, n_prompt, n_gen, bs, threads, shared=True)
+                best, best_shared = max(rows, key=lambda r: r["req_s"]), max(shared, key=lambda r: r["req_s"])
+                entry = {"n_prompt": n_prompt, "n_gen": n_gen, "load": round(load, 2), "rows": rows, "best": best}
+                ceilings[w].append({**entry, "shared": shared, "best_shared": best_shared})
                 print(
                     f"rep {rep + 1} {w:8s} ceiling  {n_prompt}+{n_gen} tokens/request: best B={best['batch']} {best['req_s']:.2f} requests/s "
-                    f"(B=1: {rows[0]['req_s']:.2f})  load {load:.2f}",
+                    f"(B=1: {rows[0]['req_s']:.2f}); one shared prompt: B={best_shared['batch']} {best_shared['req_s']:.2f}  load {load:.2f}",
                     flush=True,
                 )
     med = statistics.median
@@ -397,8 +399,11 @@ def main() -> None:
                 f"| llama-batched-bench (ceiling; {c[0]['n_prompt']}+{c[0]['n_gen']} tokens a request, best B "
                 f"{sorted({x['best']['batch'] for x in c})}) | | | | {best_rs:.2f} | | | | | |"
             )
+            shared_rs = med(x["best_shared"]["req_s"] for x in c)
+            print(f"| llama-batched-bench, one prompt shared by the batch (-pps: a prefix-cache bound) | | | | {shared_rs:.2f} | | | | | |")
             for n in names:
-                print(f"{n}: {med(r['req_s'] for r in by_arm[n]) / best_rs:.2f} of the ceiling's requests/s")
+                got = med(r["req_s"] for r in by_arm[n])
+                print(f"{n}: {got / best_rs:.2f} of the ceiling's requests/s, {got / shared_rs:.2f} of the shared-prompt bound")
         digests = {n: {r["digest"] for r in by_arm[n]} for n in names}
         for x in names:
             for y in names:

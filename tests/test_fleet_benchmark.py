@@ -37,6 +37,9 @@ def test_the_ceiling_is_b_requests_over_the_total_time(tmp_path):
     assert argv[argv.index("-npp") + 1] == "100" and argv[argv.index("-ntg") + 1] == "20"
     assert argv[argv.index("-npl") + 1] == "1,4" and argv[argv.index("-t") + 1] == "2"
     assert int(argv[argv.index("-c") + 1]) >= 4 * 120  # room for every sequence's tokens
+    assert "-pps" not in argv
+    fleet.batched_ceiling(_stand_in(tmp_path, TABLE), 100, 20, [1, 4], threads=2, shared=True)
+    assert "-pps" in (tmp_path / "argv").read_text().split()  # the shared-prompt bound
 
 
 def test_a_run_with_no_table_is_refused(tmp_path):
