@@ -384,34 +384,11 @@ def test_score_accepts_regenerated_records(tmp_path):
 def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     """``regenerate.negatives = "mined"``: a user with no LLM still gets graded, verified examples —
     one negative per rank band, positive-aware, through the same shards, stats and score."""
-    import random
-
     from negsynth.schemas.config import RunConfig
     from negsynth.stages import get
 
     root = tmp_path / "beir"
-    root.mkdir()
-    rng = random.Random(0)
-    topics = [
-        "ocean tides and the moon",
-        "vaccines and the immune system",
-        "volcanoes and lava",
-        "bees and pollination",
-        "black holes and gravity",
-    ]
-    words = "the of a shows study effect data rate high low new model cell energy water light heat plant animal".split()
-    docs = []
-    for i in range(120):
-        t = topics[i % len(topics)]
-        docs.append({"_id": f"d{i}", "title": "", "text": f"{t}: " + " ".join(rng.choice(words) for _ in range(12)) + f" ({i})"})
-    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    queries = [
-        ("1", "what causes ocean tides", "d0"),
-        ("2", "how do vaccines train immunity", "d1"),
-        ("3", "why do volcanoes erupt lava", "d2"),
-    ]
-    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in queries))
-    (root / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, _, d in queries))
+    docs = _beir_topics(root)
     body = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: no request may be made
     assert not get("regenerate").needs_llm(RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
@@ -420,7 +397,7 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
     assert stats["valid"] == 3 and stats["attempts"] == 0 and stats["mining"]["negatives"] == "mined"
-    text = {d["_id"]: d["text"] for d in docs}
+    text = docs
     for x in read_stage(tmp_path / "run" / "regenerate"):
         Example.model_validate(x)
         pos = x["positive"]
@@ -476,7 +453,13 @@ def _beir_topics(root: Path) -> dict[str, str]:
 
     root.mkdir()
     rng = random.Random(0)
-    topics = ["ocean tides and the moon", "vaccines and the immune system", "volcanoes and lava", "bees and pollination", "black holes"]
+    topics = [
+        "ocean tides and the moon",
+        "vaccines and the immune system",
+        "volcanoes and lava",
+        "bees and pollination",
+        "black holes and gravity",
+    ]
     words = "the of a shows study effect data rate high low new model cell energy water light heat plant animal".split()
     docs = {}
     for i in range(120):
