@@ -58,6 +58,17 @@ class ScoreCache:
         with self._lock, self._db:
             self._db.executemany("INSERT OR REPLACE INTO scores VALUES (?, ?)", list(items.items()))
 
+    def through(self, keys: Sequence[str], compute) -> list[float]:
+        """The scores of ``keys``, in order: the cached ones read, the rest from ``compute(indices)``
+        (their scores, in that order) and written."""
+        known = self.get(keys)
+        todo = [i for i, k in enumerate(keys) if k not in known]
+        if todo:
+            new = {keys[i]: x for i, x in zip(todo, compute(todo), strict=True)}
+            self.put(new)
+            known.update(new)
+        return [known[k] for k in keys]
+
 
 class QueryLikelihood:
     """Mean ``log p(query | TEMPLATE(document))`` per query token, for one query and many documents."""
@@ -103,14 +114,7 @@ class QueryLikelihood:
         if self.cache is None:
             return self._compute(query, documents)
         keys = [self._key(query, d) for d in documents]
-        known = self.cache.get(keys)
-        todo = [i for i, k in enumerate(keys) if k not in known]
-        if todo:
-            fresh = self._compute(query, [documents[i] for i in todo])
-            new = {keys[i]: x for i, x in zip(todo, fresh, strict=True)}
-            self.cache.put(new)
-            known.update(new)
-        return [known[k] for k in keys]
+        return self.cache.through(keys, lambda todo: self._compute(query, [documents[i] for i in todo]))
 
     def _compute(self, query: str, documents: Sequence[str]) -> list[float]:
         import torch

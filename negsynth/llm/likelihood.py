@@ -41,10 +41,12 @@ class EndpointLikelihood:
         cache: str | Path | None = None,
         timeout_s: float = 120.0,
         transport: Any = None,
+        setting: str = "corpus.likelihood",
     ):
         import httpx
 
         self.url = base_url.rstrip("/") + "/completions"
+        self.setting = setting  # the run-file key that chose this scorer, for the error lines
         self.model, self.template, self.max_doc_words = model, template, max_doc_words
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
@@ -60,15 +62,10 @@ class EndpointLikelihood:
 
     def scores(self, query: str, documents: Sequence[str]) -> list[float]:
         """One score per document, in order (cached scores are not asked again)."""
+        if self.cache is None:
+            return [self.score(query, d) for d in documents]
         keys = [self._key(query, d) for d in documents]
-        known = self.cache.get(keys) if self.cache is not None else {}
-        todo = [i for i, k in enumerate(keys) if k not in known]
-        if todo:
-            fresh = {keys[i]: self.score(query, documents[i]) for i in todo}
-            if self.cache is not None:
-                self.cache.put(fresh)
-            known.update(fresh)
-        return [known[k] for k in keys]
+        return self.cache.through(keys, lambda todo: [self.score(query, documents[i]) for i in todo])
 
     def score(self, query: str, document: str) -> float:
         prefix = self.prefix(document)
@@ -76,13 +73,13 @@ class EndpointLikelihood:
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
         r = self._http.post(self.url, json=body)
         if r.status_code >= 400:
-            raise UserError(f"corpus.likelihood = 'llm': {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+            raise UserError(f"{self.setting} = 'llm': {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
         lp = ((r.json().get("choices") or [{}])[0]).get("logprobs") or {}
         offsets, values = lp.get("text_offset"), lp.get("token_logprobs")
         if not offsets or not values or len(offsets) != len(values) or offsets[-1] < len(prefix):
             raise UserError(
-                f"corpus.likelihood = 'llm': {self.url} echoes no prompt log-probs (a server that does: vLLM, llama-cpp-python's); "
-                "set corpus.likelihood = 'embedded' to score with the embedded model in-process"
+                f"{self.setting} = 'llm': {self.url} echoes no prompt log-probs (a server that does: vLLM, llama-cpp-python's); "
+                f"set {self.setting} = 'embedded' to score with the embedded model in-process"
             )
         # the query's tokens: from the first one that starts at or after the prefix's end, through
         # the prompt's end (the generated token after it is not the query's)

@@ -298,7 +298,7 @@ class Work:
         run's [llm] endpoint's (``corpus.likelihood``); made once."""
         if self._likelihood is None:
             self._likelihood = likelihood_scorer(
-                self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
+                NAME, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
             )
         return self._likelihood
 

@@ -24,7 +24,7 @@ def check_likelihood_source(stage: str, which: str, llm_base_url: str) -> None:
         )
 
 
-def likelihood_scorer(which: str, llm: Any, run_dir: Path, info=None) -> Any:
+def likelihood_scorer(stage: str, which: str, llm: Any, run_dir: Path, info=None) -> Any:
     """The query-likelihood scorer: the embedded GGUF in-process (``which = "embedded"``) or the
     run's ``[llm]`` endpoint (``"llm"``), its scores cached in ``RUN_DIR/cache/likelihood.sqlite``
     (a rerun or a resumed run computes none twice)."""
@@ -34,7 +34,15 @@ def likelihood_scorer(which: str, llm: Any, run_dir: Path, info=None) -> Any:
         from negsynth.llm.likelihood import EndpointLikelihood
 
         key = read_key(llm.api_key_env, llm.api_key_file, "llm")
-        return EndpointLikelihood(llm.base_url, llm.model, key, max_doc_words=LIKELIHOOD_DOC_TOKENS, cache=cache, timeout_s=llm.timeout)
+        return EndpointLikelihood(
+            llm.base_url,
+            llm.model,
+            key,
+            max_doc_words=LIKELIHOOD_DOC_TOKENS,
+            cache=cache,
+            timeout_s=llm.timeout,
+            setting=f"{stage}.likelihood",
+        )
     from negsynth.embed.likelihood import QueryLikelihood
 
     if info is not None:

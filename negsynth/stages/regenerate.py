@@ -440,7 +440,7 @@ class Regenerate(pipeline.LLMStage):
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-regenerate")
             info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
             self._teacher = await asyncio.get_running_loop().run_in_executor(
-                self._pool, likelihood_scorer, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, info
+                self._pool, likelihood_scorer, NAME, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, info
             )
         kept, fields = await asyncio.get_running_loop().run_in_executor(
             self._pool, relabel_fields, self._teacher, query, positive, candidates, NUM_NEGATIVES
