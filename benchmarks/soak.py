@@ -23,13 +23,15 @@ Checks (each a verdict in ``results.json``; the script exits 1 when one fails):
 * ``accounted``: every document has exactly one valid record (an ``Example``) or one reject with
   a reason in the final shards, no id twice, none missing, no ``.partial`` left, ``stats.json``
   complete with ``items`` = documents and nothing pending;
-* ``resent_within_in_flight``: per kill, the requests the next processes sent again whose body
+* ``resent_within_in_flight``: per kill, the bodies the next processes sent again that
   the server had already answered (a 200 delivered before the kill) is at most the requests in
   flight at the kill: the documents a request had been sent for and that the killed process had
   not recorded (in a partial or finished shard), or, where documents were re-asked, the distinct
-  answered bodies of those documents (``paid_unrecorded_requests``: a re-asked document had two). ``open_at_server`` (received, not yet answered)
-  and ``answered_unrecorded`` (answered, item not yet written) break that down; ``repaid``: the
-  re-sent requests that were answered again (the others met a fault);
+  answered bodies of those documents (``paid_unrecorded_requests``: a re-asked document had two).
+  A body counts once however often it is retried (``resent_requests`` counts every send: a
+  re-sent body that meets an injected fault is sent again); ``repaid``, the re-sends answered
+  again, is held to the same bound. ``open_at_server`` (received, not yet answered) and
+  ``answered_unrecorded`` (answered, item not yet written) break the bound down;
 * ``no_repaid_within_a_run``: no answered body is sent again by the same process (an outage's
   requeued items come from the cache);
 * ``rss_flat``: the resident memory of the negsynth process (``/proc/PID/status`` VmRSS, sampled
@@ -373,33 +375,42 @@ def check_accounting(doc_ids: list[str], got: Counter, rows: list[tuple[str, dic
 
 
 def count_resends(ledger: list[list], kills: list[dict]) -> tuple[list[dict], int]:
-    """Per kill, the requests later processes sent whose body had been delivered (paid) before it;
-    and the paid bodies a process sent again itself. ``kills[k]["process"]`` is the process killed."""
+    """Per kill, the bodies later processes sent again whose answer had been delivered (paid)
+    before it; and the paid bodies a process sent again itself. ``kills[k]["process"]`` is the
+    process killed. A body is counted once however many times it is sent: a re-sent body that met
+    an injected fault (a reset, a 500) is retried, and each retry costs nothing until one is
+    answered; ``resent_requests`` counts them all, ``repaid`` the answered ones."""
     paid_in: dict[bytes, int] = {}  # body -> the process its last delivered answer went to
-    per_kill = {k["process"]: 0 for k in kills}
+    bodies: dict[int, set] = {k["process"]: set() for k in kills}
+    requests = {k["process"]: 0 for k in kills}
     repaid = {k["process"]: 0 for k in kills}  # of those, the ones answered (paid) again
     within = 0
     for run, digest, _doc, outcome, *_ in ledger:
         before = paid_in.get(digest)
         if before is not None:
             if before < run:  # paid by an earlier (killed) process: charged to the kill just before this process
-                charged = max((p for p in per_kill if p < run), default=None)
+                charged = max((p for p in bodies if p < run), default=None)
                 if charged is not None:
-                    per_kill[charged] += 1
+                    bodies[charged].add(digest)
+                    requests[charged] += 1
                     repaid[charged] += outcome == "paid"
             else:
                 within += 1
         if outcome == "paid":
             paid_in[digest] = run
-    out = [
-        {
-            **k,
-            "resent": per_kill[k["process"]],
-            "repaid": repaid[k["process"]],
-            "ok": per_kill[k["process"]] <= max(k["in_flight"], k.get("paid_unrecorded_requests", 0)),
-        }
-        for k in kills
-    ]
+    out = []
+    for k in kills:
+        p = k["process"]
+        bound = max(k["in_flight"], k.get("paid_unrecorded_requests", 0))
+        out.append(
+            {
+                **k,
+                "resent": len(bodies[p]),
+                "resent_requests": requests[p],
+                "repaid": repaid[p],
+                "ok": len(bodies[p]) <= bound and repaid[p] <= bound,
+            }
+        )
     return out, within
 
 

@@ -67,6 +67,12 @@ def test_the_resend_check_charges_each_repaid_body_to_the_kill_before_it():
     # one document re-asked before the kill (two answered bodies in flight): both may come again
     kills, _ = soak.count_resends(ledger + [[1, b2, "b", "paid"]], [{"process": 0, "in_flight": 1, "paid_unrecorded_requests": 2}])
     assert kills[0]["resent"] == 2 and kills[0]["ok"]
+    # a re-sent body that meets a fault is retried: one body, however many sends
+    retried = ledger + [[1, b2, "b", "reset"], [1, b2, "b", "http500"], [1, b2, "b", "paid"]]
+    kills, _ = soak.count_resends(retried, [{"process": 0, "in_flight": 2}])
+    assert kills[0]["resent"] == 2 and kills[0]["resent_requests"] == 4 and kills[0]["repaid"] == 2 and kills[0]["ok"]
+    kills, _ = soak.count_resends(retried, [{"process": 0, "in_flight": 1}])
+    assert not kills[0]["ok"]
 
 
 def test_the_rss_check_fails_on_growth_and_passes_a_flat_run():
