@@ -8,11 +8,14 @@ Each arm is a ``--set`` of ``[serve]`` for the same ``negsynth`` command, on a f
 ``single-auto`` the same with the threads chosen as before the fleet: the cores free when it
              starts (``serve.n_threads = 0``; on a busy machine fewer than every CPU);
 ``fleet2``   two single-threaded, single-slot servers behind the endpoint router
-             (``serve.servers = 2``, ``serve.n_threads = 1``), the default on a quiet 2-core machine;
-``fleet1``   one single-threaded server (``serve.servers = 1``, ``serve.n_threads = 1``): the
-             fleet's answers with one server, for the byte comparison;
-``fleet2-pc`` ``fleet2`` with llama-server's prompt cache on (``serve.prompt_cache = true``):
-             what turning it off costs (its answers depend on each server's history).
+             (``serve.servers = 2``, ``serve.n_threads = 1``), each request's shared prefix
+             pinned (``serve.prompt_cache = "pinned"``): the default on a quiet 2-core machine;
+``fleet1``   one such server (``serve.servers = 1``): the fleet's answers with one server, for
+             the byte comparison;
+``fleet2-whole`` / ``fleet1-whole`` the same with every prompt evaluated whole
+             (``serve.prompt_cache = "off"``, the default before the pin);
+``fleet2-pc`` ``fleet2`` with llama-server's plain prompt cache (``serve.prompt_cache = "on"``):
+             its answers depend on each server's history.
 
 Workloads (``--workloads``):
 
@@ -29,7 +32,8 @@ the default config unless ``--concurrency``. Reported, medians over ``--repeats`
 stage's token counts over its wall time), the ratio to ``single``, the servers' peak resident
 memory (``/proc``, sampled every 0.5 s, per server), the load average before each run; and the
 stage's output shards compared byte for byte across repetitions and across arms (``fleet1`` and
-``fleet2`` should agree; ``single``'s other thread count gives other answers).
+``fleet2`` should agree, as should ``fleet1-whole`` and ``fleet2-whole``; a pinned prefix gives
+other answers than a whole prompt, and ``single``'s other thread count others again).
 
     python benchmarks/llm_fleet.py --workloads corpus --docs 150 --repeats 3 --out /tmp/llm-fleet
     python benchmarks/llm_fleet.py --workloads corpus,generate --docs 40 --examples 24 --repeats 3 --out /tmp/llm-fleet
@@ -67,9 +71,11 @@ def arms(single_threads: int) -> dict[str, list[str]]:
     return {
         "single": ["serve.servers=1", f"serve.n_threads={single_threads}", "serve.prompt_cache=true"],
         "single-auto": ["serve.servers=1", "serve.n_threads=0", "serve.prompt_cache=true"],
-        "fleet2": ["serve.servers=2", "serve.n_threads=1"],
-        "fleet1": ["serve.servers=1", "serve.n_threads=1"],
-        "fleet2-pc": ["serve.servers=2", "serve.n_threads=1", "serve.prompt_cache=true"],
+        "fleet2": ["serve.servers=2", "serve.n_threads=1", "serve.prompt_cache=pinned"],
+        "fleet1": ["serve.servers=1", "serve.n_threads=1", "serve.prompt_cache=pinned"],
+        "fleet2-whole": ["serve.servers=2", "serve.n_threads=1", "serve.prompt_cache=off"],
+        "fleet1-whole": ["serve.servers=1", "serve.n_threads=1", "serve.prompt_cache=off"],
+        "fleet2-pc": ["serve.servers=2", "serve.n_threads=1", "serve.prompt_cache=on"],
     }
 
 

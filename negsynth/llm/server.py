@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from negsynth.errors import UserError
-from negsynth.llm import repeats
+from negsynth.llm import prefix_pin, repeats
 from negsynth.schemas.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,10 @@ def _model_path(cfg: ServeConfig) -> Path:
     return model
 
 
+#: what :meth:`EmbeddedServer.describe` adds for each prompt mode
+PROMPT_NOTE = {"pinned": ", prompt prefix pinned", "on": ", prompt cache on (answers depend on the order)", "off": ""}
+
+
 def flags(options: dict[str, str]) -> list[str]:
     """``{"--port": "8765", ...}`` as a command line's ``--port 8765 ...``, in the dict's order."""
     return [word for pair in options.items() for word in pair]
@@ -225,11 +229,14 @@ def server_command(
     engine: tuple[str, Path | None] | None = None,
     slots: int = 1,
     threads: int | None = None,
+    slot_dir: str | Path | None = None,
 ) -> list[str]:
     """The command line of the server on ``port``. ``engine``: the engine and its binary, as
     :func:`resolve_engine` gives them (by default it is asked); ``slots`` and ``threads`` apply to
     llama-server only (the Python server serves one request at a time and keeps llama-cpp-python's
-    own thread default unless ``serve.n_threads`` is set)."""
+    own thread default unless ``serve.n_threads`` is set). ``slot_dir``: a pinned server's
+    folder for saved prompt prefixes (:mod:`negsynth.llm.prefix_pin`; None: not pinned, and
+    ``serve.prompt_cache = "pinned"`` then means off)."""
     engine, binary = engine or resolve_engine(cfg)
     if engine == "llama-server":
         if binary is None:
@@ -250,11 +257,19 @@ def server_command(
             # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
             # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
             "--repeat-penalty": str(REPEAT_PENALTY),
-            "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache else 0),
+            # no host-side prompt cache unless the plain cache is asked for: a pinned slot must
+            # hold only what the client restored into it
+            "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache == "on" else 0),
         }
         # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
-        # does not depend on what this server (or which server of a fleet) served before
-        cache = [] if cfg.prompt_cache else ["--no-cache-prompt"]
+        # does not depend on what this server (or which server of a fleet) served before; pinned,
+        # every request starts from its own restored prefix, which gives the same guarantee
+        if cfg.prompt_cache == "on":
+            cache = []
+        elif slot_dir is not None and cfg.prompt_cache == "pinned":
+            cache = ["--slot-save-path", str(slot_dir)]
+        else:
+            cache = ["--no-cache-prompt"]
         return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
     try:
         import llama_cpp  # noqa: F401
@@ -292,6 +307,7 @@ class EmbeddedServer:
         slots: int = 1,
         threads: int | None = None,
         port: int | None = None,
+        pin: bool = False,
     ):
         self.cfg = cfg
         self.alias = model_alias
@@ -302,14 +318,25 @@ class EmbeddedServer:
         self.slots = choose_slots(cfg.parallel, slots) if self.engine == "llama-server" else 1
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = (threads or choose_threads(cfg.n_threads)) if self.engine == "llama-server" else cfg.n_threads
+        #: the prompt prefix pinned (negsynth.llm.prefix_pin): asked by ``pin`` (the caller's
+        #: process is the only client) and ``serve.prompt_cache = "pinned"``, one slot, llama-server
+        self.pinned = pin and cfg.prompt_cache == "pinned" and self.engine == "llama-server" and self.slots == 1
+        self.slot_dir: str | None = None
 
     def describe(self) -> str:
         """One line for the user: which engine, how many slots and threads."""
         if self.engine == "llama-server":
             t = self.threads
-            return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}"
+            return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}{PROMPT_NOTE[self.prompt_mode]}"
         why = "" if self.cfg.engine == "llama-cpp-python" else f"; no llama-server binary found, {BUILD_HINT} for a faster one"
         return f"llama-cpp-python's server, one request at a time{why}"
+
+    @property
+    def prompt_mode(self) -> str:
+        """How the server treats a prompt's shared prefix: "pinned", "on" (the plain cache) or "off"."""
+        if self.engine != "llama-server":
+            return "off"
+        return "pinned" if self.pinned else "on" if self.cfg.prompt_cache == "on" else "off"
 
     @property
     def base_url(self) -> str:
@@ -329,8 +356,7 @@ class EmbeddedServer:
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
             if self._spawn_and_wait(deadline):
-                if self.engine == "llama-server":
-                    repeats.register(self.base_url)  # exact repeats evaluated whole: fresh answers
+                self.registered()
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
             # another process took the port between the check and our server's bind (two runs
@@ -338,6 +364,15 @@ class EmbeddedServer:
             self.stop()
             self.port = _free_port(self.cfg.host)
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
+
+    def registered(self) -> None:
+        """Tell this process's chat clients how to talk to the server just started (or started
+        again): a pinned server's :class:`~negsynth.llm.prefix_pin.PrefixPin`, else the guard that
+        sends an exact repeat with its prompt evaluated whole (:class:`~negsynth.llm.repeats.RepeatGuard`)."""
+        if self.pinned:
+            prefix_pin.register(self.base_url, self.slot_dir)
+        elif self.engine == "llama-server":
+            repeats.register(self.base_url)
 
     def _spawn_and_wait(self, deadline: float) -> bool:
         """Start the server on ``self.port`` and wait until it answers. True when the answer comes
@@ -347,7 +382,19 @@ class EmbeddedServer:
 
     def spawn(self) -> None:
         """Start the server process on ``self.port`` (without waiting for it)."""
-        cmd = server_command(self.cfg, self.alias, self.port, engine=(self.engine, self.binary), slots=self.slots, threads=self.threads)
+        if self.pinned and self.slot_dir is None:
+            import tempfile
+
+            self.slot_dir = tempfile.mkdtemp(prefix="negsynth-slots-")
+        cmd = server_command(
+            self.cfg,
+            self.alias,
+            self.port,
+            engine=(self.engine, self.binary),
+            slots=self.slots,
+            threads=self.threads,
+            slot_dir=self.slot_dir,
+        )
         if self.log_path:
             Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
@@ -395,16 +442,18 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         repeats.unregister(self.base_url)
+        prefix_pin.unregister(self.base_url)
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.slot_dir is not None:
+            shutil.rmtree(self.slot_dir, ignore_errors=True)
+            self.slot_dir = None
 
     def __enter__(self) -> EmbeddedServer:
         self.start()

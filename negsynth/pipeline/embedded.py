@@ -56,13 +56,53 @@ def other_build(run_dir: Path, build: str | None) -> str | None:
     return first if isinstance(first, str) and build and first != build else None
 
 
+def kept_prompt_mode(run_dir: Path, engine: str) -> str | None:
+    """How the run dir's first llama-server(s) treated a prompt's shared prefix ("pinned", "on" or
+    "off"; a record from before the pin: "off"), or None (no record, another engine). An answer
+    computed from a pinned prefix is not the answer computed on the whole prompt, so a run dir
+    keeps its first mode: a resumed or extended run writes what an uninterrupted one would have."""
+    try:
+        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("engine") != engine:
+        return None
+    mode = rec.get("prompt", "off")
+    return mode if mode in ("pinned", "on", "off") else "off"
+
+
+def prompt_mode(cfg, run_dir: Path, engine: str, in_process: bool) -> tuple[str, str]:
+    """``(serve.prompt_cache to start the servers with, a note when it is not the configured one)``.
+
+    A run dir begun with every prompt evaluated whole (before the pin, or under Ray) stays so under
+    the default; ``serve.prompt_cache = "off"`` is honoured on a pinned run dir, with a note. Under
+    Ray (``in_process`` False) a pin cannot hold: the prompt is evaluated whole."""
+    want = cfg.serve.prompt_cache
+    kept = kept_prompt_mode(run_dir, engine)
+    notes = []
+    if kept == "off" and want == "pinned":
+        want = "off"
+        notes.append("prompts evaluated whole: this run dir's first mode")
+    elif kept == "pinned" and want == "off":
+        notes.append("serve.prompt_cache = off: new answers may differ from this run dir's pinned ones")
+    if want == "pinned" and not in_process:
+        want = "off"
+        notes.append(
+            "under Ray every prompt is evaluated whole"
+            + (": new answers may differ from this run dir's pinned ones" if kept == "pinned" else "")
+        )
+    return want, "; ".join(notes)
+
+
 @contextmanager
-def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterator[str | None]:
+def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_process: bool = True) -> Iterator[str | None]:
     """The one place ``llm.base_url = "embedded"`` becomes servers: start the bundled llama.cpp
     server fleet (:class:`~negsynth.llm.fleet.EmbeddedFleet`) for the duration of the block and
     yield its URL (several servers: their URLs joined by spaces, which
     :func:`~negsynth.llm.fleet.fleet_llm_config` turns into ``llm.endpoints``); any other base
-    URL, or ``needed`` False, yields None (the configured URL is used as it is)."""
+    URL, or ``needed`` False, yields None (the configured URL is used as it is). ``in_process``:
+    every request will come from this process, so the servers' prompt prefix may be pinned
+    (:mod:`negsynth.llm.prefix_pin`); else it is evaluated whole."""
     if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return
@@ -72,12 +112,16 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterat
 
     engine = resolve_engine(cfg.serve)[0]
     kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir, engine)
-    fleet = EmbeddedFleet(cfg.serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", slots=cfg.llm.max_concurrency, threads=kept)
-    why = (
-        f" ({kept} threads per server: this run dir's first count, whose answers differ from other counts; serve.n_threads changes it)"
+    mode, mode_why = prompt_mode(cfg, run_dir, engine, in_process) if engine == "llama-server" else (cfg.serve.prompt_cache, "")
+    serve = cfg.serve if mode == cfg.serve.prompt_cache else cfg.serve.model_copy(update={"prompt_cache": mode})
+    fleet = EmbeddedFleet(serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", slots=cfg.llm.max_concurrency, threads=kept, pin=in_process)
+    whys = (
+        [f"{kept} threads per server: this run dir's first count, whose answers differ from other counts; serve.n_threads changes it"]
         if kept and kept != 1
-        else ""
+        else []
     )
+    whys += [mode_why] if mode_why else []
+    why = f" ({'; '.join(whys)})" if whys else ""
     reporter.info(f"starting the embedded LLM ({cfg.llm.model}): {fleet.describe()}{why} ...")
     build = build_id(fleet.binary) if fleet.engine == "llama-server" else None
     first = other_build(run_dir, build)
@@ -89,7 +133,7 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True) -> Iterat
         )
     with fleet:
         if fleet.engine == "llama-server" and not (Path(run_dir) / SERVER_RECORD).exists():
-            record = {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet)}
+            record = {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet), "prompt": fleet.prompt_mode}
             atomic_write_json(Path(run_dir) / SERVER_RECORD, {**record, "build": build} if build else record)
         rss = [r for r in fleet.rss_mib() if r is not None]
         mem = f" ({max(rss):.0f} MiB resident per server at start)" if rss and len(fleet) > 1 else ""

@@ -33,6 +33,9 @@ class LocalExecutor:
     """Every stage in this process."""
 
     name = "local"
+    #: whether the embedded LLM's only clients are in this process (its prompt prefix may be
+    #: pinned, :mod:`negsynth.llm.prefix_pin`); Ray's workers are other processes
+    llm_in_process = True
 
     def check(self, stage: Stage) -> None:
         """Every stage runs locally."""
@@ -51,6 +54,7 @@ class RayExecutor(LocalExecutor):
     """Shard workers and embedding on ``workers`` Ray workers (``address``: a cluster to join)."""
 
     name = "ray"
+    llm_in_process = False
 
     def __init__(self, workers: int, address: str | None = None, *, method: Sequence[Stage] = ()):
         self.workers = workers

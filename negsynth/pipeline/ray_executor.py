@@ -259,7 +259,10 @@ def _run_shard_workers(
     used (None without a ``--max-*``)."""
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
     under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
-    with cluster_endpoint(stage, ctx, address) as fleets, stage_endpoint(stage, ctx, None if fleets else start_llm) as url:
+    with (
+        cluster_endpoint(stage, ctx, address) as fleets,
+        stage_endpoint(stage, ctx, None if fleets else start_llm, in_process=False) as url,
+    ):
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         task = ray.remote(max_retries=max_retries)(_worker)

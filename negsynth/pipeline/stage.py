@@ -343,14 +343,17 @@ def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str |
 
 
 @contextmanager
-def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None) -> Iterator[str | None]:
+def stage_endpoint(
+    stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None, *, in_process: bool = True
+) -> Iterator[str | None]:
     """Where a stage's requests go: ``ctx.base_url`` when the caller already has an endpoint, else
     the run's shared embedded server (``start_llm``, started on first use, set as ``ctx.base_url``),
-    else an embedded server for the block, whose URL is yielded (None otherwise)."""
+    else an embedded server for the block, whose URL is yielded (None otherwise). ``in_process``:
+    the requests are sent from this process (False: Ray's workers send them)."""
     needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
     if needed and start_llm is not None:
         ctx.base_url, needed = start_llm(), False
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed) as url:
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=in_process) as url:
         yield url
 
 
@@ -378,6 +381,7 @@ def run_stages(
     around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
     runner: Runner | None = None,
     verify: bool = False,
+    llm_in_process: bool = True,
 ) -> dict[str, dict]:
     """Run ``stages`` in order with :func:`run_stage` (or ``runner``); returns each stage's stats.
 
@@ -392,7 +396,10 @@ def run_stages(
     ``runner(stage, ctx, start_llm)``: what runs one stage instead of :func:`run_stage` (``negsynth
     run --executor ray``: a shardable stage as shard workers on Ray). It gets the run's shared
     ``start_llm`` (the one embedded server, started on first use) and returns the stage's stats;
-    their ``this_run`` is counted against the run's one budget as a local stage's is."""
+    their ``this_run`` is counted against the run's one budget as a local stage's is.
+
+    ``llm_in_process``: every request to the embedded server is sent from this process (False
+    under Ray, whose workers send them: the server's prompt prefix is then not pinned)."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
@@ -404,7 +411,7 @@ def run_stages(
         def start_llm() -> str | None:  # on first use: a run whose LLM stages are all up to date starts none
             nonlocal base_url
             if base_url is None:
-                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter))
+                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter, in_process=llm_in_process))
             return base_url
 
         for i, stage in enumerate(stages):

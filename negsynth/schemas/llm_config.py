@@ -173,15 +173,23 @@ class ServeConfig(Section):
     # but an answer then depends on which requests share its batch, so runs stop repeating bit for
     # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
-    # llama-server's prompt cache (a request whose prompt shares a prefix with the slot's last one
-    # evaluates only the rest): off, because an answer computed on a cached prefix is not the
-    # answer computed on the whole prompt, so it would depend on what the server served before
-    # (docs/llm_server.md); true: faster prompts, answers that depend on the order
-    prompt_cache: bool = False
+    # llama-server's prompt cache. An answer computed on a cached prefix is not the answer computed
+    # on the whole prompt, so the plain cache ("on", or true) makes answers depend on what the
+    # server served before. "pinned": every request starts from its own prefix (system prompt and
+    # worked example), saved once and restored before it (negsynth.llm.prefix_pin): the shared
+    # prefix is evaluated once per server, and the answer is still a function of the request alone;
+    # it serves the process that started the server (servers for other processes, `negsynth serve`
+    # and Ray workers, run "off"). "off" (or false): every prompt evaluated whole.
+    prompt_cache: Literal["off", "pinned", "on"] = "pinned"
     # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
     # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
     # requests: docs/llm_server.md); the engine refuses a flag it does not know when it starts
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("prompt_cache", mode="before")
+    @classmethod
+    def _prompt_cache(cls, v):
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
     @field_validator("servers", mode="before")
     @classmethod

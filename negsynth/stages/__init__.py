@@ -102,6 +102,7 @@ def run_pipeline(
         around=executor.around,
         runner=executor.run,
         verify=verify,
+        llm_in_process=executor.llm_in_process,
     )
 
 
