@@ -9,8 +9,9 @@
                       dir; ``serve.server_path`` names another binary). Started with ``n`` slots
                       decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
                       slots because llama-server splits it across them), the prompt cache off
-                      unless ``serve.prompt_cache`` (an answer on a cached prefix is not the answer
-                      on the whole prompt), ``--poll 0`` (idle threads sleep instead of spinning
+                      (an answer on a cached prefix is not the answer on the whole prompt) or its
+                      prefix pinned (``serve.prompt_cache = "pinned"`` and a client in this
+                      process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle threads sleep instead of spinning
                       on a core another process needs) and ``--threads`` as given (a fleet's:
                       :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`).
 ``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
