@@ -104,6 +104,8 @@ TOTAL_KEYS = (
     "prompt_tokens_max",
     "completion_tokens",
     "completion_tokens_max",
+    "prefix_tokens",
+    "prefix_tokens_max",
     "wall_s",
     "wall_s_max",
     "cost_usd",
@@ -218,14 +220,14 @@ def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached:
 def _time_and_price(est: StageEstimate, *, rate: float, tpm: int | None, speed, pin: float, pout: float) -> None:
     """Set ``est``'s wall time and USD, expected and max: at ``rate`` requests per second (capped by
     ``llm.tpm`` at the stage's tokens per request) or the embedded LLM's measured ``speed``."""
-    for suffix, req, pt, ct in (
-        ("", est.requests, est.prompt_tokens, est.completion_tokens),
-        ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max),
+    for suffix, req, pt, ct, pre in (
+        ("", est.requests, est.prompt_tokens, est.completion_tokens, est.prefix_tokens),
+        ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max, est.prefix_tokens_max),
     ):
         r = rate
         if tpm and req:
             r = min(r, tpm / 60 / ((pt + ct) / req))
-        wall = speed.seconds(req, pt, ct) if speed is not None else (req / r if req else 0.0)
+        wall = speed.seconds(req, pt, ct, pre) if speed is not None else (req / r if req else 0.0)
         setattr(est, "wall_s" + suffix, round(wall, 1))
         setattr(est, "cost_usd" + suffix, round((pt * pin + ct * pout) / 1e6, 6))
 

@@ -255,3 +255,29 @@ def test_the_embedded_llms_wall_time_is_timed_on_this_machine(tmp_path, monkeypa
         n0 = len(busy)
         fixed = estimate(StageContext(cfg=cfg, run_dir=rd, reporter=Reporter(quiet=True)), ["brainstorm"], latency_s=5.0)
         assert fixed["assumptions"]["rate_rps"] == 0.4 and len(busy) == n0
+
+
+def test_a_pinned_embedded_server_is_timed_without_the_shared_prefix():
+    """The pinned fleet restores each request's system prompt and worked example instead of
+    evaluating them: the measured speed times only the rest of the prompt, and the stage counts
+    how many of its prompt tokens that prefix is (the worst case: on every attempt)."""
+    from negsynth.pipeline.embedded_speed import EmbeddedSpeed
+    from negsynth.pipeline.tally import StageEstimate, TokenCounter
+
+    tc = TokenCounter("smollm2-135m-instruct")
+    msgs = [
+        {"role": "system", "content": "You write search queries. " * 20},
+        {"role": "user", "content": "Document: an example"},
+        {"role": "assistant", "content": '{"query": "example"}'},
+        {"role": "user", "content": "Document: the item"},
+    ]
+    est = StageEstimate(stage="corpus")
+    est.add(msgs, 10, tc, attempts=3, max_tokens=64, reask_tokens=20, n=2)
+    prefix = tc.messages(msgs[:3])
+    assert est.prefix_tokens == 2 * prefix and est.prefix_tokens_max == 2 * 3 * prefix
+    assert 0 < est.prefix_tokens < est.prompt_tokens
+    whole = EmbeddedSpeed(0.01, 0.05, 0.1, 2, "x")
+    pinned = EmbeddedSpeed(0.01, 0.05, 0.1, 2, "x", pinned=True)
+    args = (est.requests, est.prompt_tokens, est.completion_tokens, est.prefix_tokens)
+    assert whole.seconds(*args) == whole.seconds(*args[:3])  # whole prompts: every token evaluated
+    assert abs(whole.seconds(*args) - pinned.seconds(*args) - est.prefix_tokens * 0.01 / 2) < 1e-9

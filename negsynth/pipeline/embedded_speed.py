@@ -43,9 +43,13 @@ class EmbeddedSpeed:
     request_overhead_s: float
     parallel: int
     basis: str
+    #: the servers pin each request's shared prefix (negsynth.llm.prefix_pin): its tokens are
+    #: restored, not evaluated (each prefix's one evaluation per server is not counted)
+    pinned: bool = False
 
-    def seconds(self, requests: int, prompt_tokens: int, completion_tokens: int) -> float:
-        work = prompt_tokens * self.prompt_s_per_token + completion_tokens * self.completion_s_per_token
+    def seconds(self, requests: int, prompt_tokens: int, completion_tokens: int, prefix_tokens: int = 0) -> float:
+        evaluated = prompt_tokens - (min(prefix_tokens, prompt_tokens) if self.pinned else 0)
+        work = evaluated * self.prompt_s_per_token + completion_tokens * self.completion_s_per_token
         return (work + requests * self.request_overhead_s) / self.parallel
 
 
@@ -92,6 +96,7 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
     import shutil
 
     from negsynth.llm.fleet import split_urls
+    from negsynth.llm.prefix_pin import prefix_pin
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
     with tempfile.TemporaryDirectory(prefix="negsynth-estimate-") as tmp:
@@ -100,6 +105,7 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
             shutil.copy(record, Path(tmp) / SERVER_RECORD)
         with llm_endpoint(cfg, Path(tmp), reporter) as url:
             urls = split_urls(url)
+            pinned = prefix_pin(urls[0]) is not None
             _all_at_once(urls, "Say yes.", 1, 0)  # warm-up: weights paged in, first-request costs paid
             tiny = _all_at_once(urls, "Say yes.", 1, 1)
             long = _all_at_once(urls, _LONG_PROMPT, 1, 2)
@@ -119,5 +125,6 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
         f"measured on this machine: {n} embedded server{'s' * (n != 1)} at once, "
         f"{1000 * prompt_rate:.1f} ms per prompt token, {1000 * completion_rate:.1f} ms per completion token, "
         f"{1000 * overhead:.0f} ms per request, {parallel} request{'s' * (parallel != 1)} at a time"
+        + ("; each request's shared prefix pinned (restored, not evaluated)" if pinned else "")
     )
-    return EmbeddedSpeed(prompt_rate, completion_rate, overhead, parallel, basis)
+    return EmbeddedSpeed(prompt_rate, completion_rate, overhead, parallel, basis, pinned)

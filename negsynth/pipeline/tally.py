@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from negsynth.errors import UserError
+from negsynth.llm.prefix_pin import prefix_length
 
 #: tokens a chat format adds per message (OpenAI's rule of thumb: role and separators)
 PER_MESSAGE = 4
@@ -56,6 +57,10 @@ class StageEstimate:
     prompt_tokens_max: int = 0
     completion_tokens: int = 0
     completion_tokens_max: int = 0
+    #: of the prompt tokens, those of each request's shared prefix (system prompt, worked example):
+    #: a pinned embedded server restores them instead of evaluating them (negsynth.llm.prefix_pin)
+    prefix_tokens: int = 0
+    prefix_tokens_max: int = 0
     basis: list[str] = field(default_factory=list)
     done: bool = False
     wall_s: float = 0.0
@@ -84,6 +89,10 @@ class StageEstimate:
         self.prompt_tokens_max += n * (attempts * p + extra * attempts * (attempts - 1) // 2)
         self.completion_tokens += n * answer
         self.completion_tokens_max += n * attempts * max_tokens
+        k = prefix_length(msgs)
+        prefix = tc.messages(msgs[:k]) if k else 0
+        self.prefix_tokens += n * prefix
+        self.prefix_tokens_max += n * attempts * prefix
 
 
 def worked_answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback: int) -> int:
