@@ -1,7 +1,9 @@
 """`negsynth run --executor ray` on the embedded llama-server (the default `llm.base_url`): the
 driver starts the one server, generate's Ray workers share it, and the data equal a local
-`negsynth run` on the same model and thread count byte for byte. Real model, real server, a
-local Ray node: slow."""
+`negsynth run` on the same model, thread count and prompt mode byte for byte. Ray's workers are
+other processes, so the servers evaluate every prompt whole there (a pinned prefix needs its
+restore and its request to reach the slot together, which only the starting process can ensure);
+the local run is asked for whole prompts too. Real model, real server, a local Ray node: slow."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ SETS = [
     "generate.examples=4",
     "brainstorm.tasks_per_type=2",
     "serve.n_threads=1",  # llama.cpp's answers depend on the thread count: both runs take one
+    "serve.prompt_cache=off",  # and on where a prompt's evaluation starts: whole, as under Ray
 ]
 
 
@@ -42,3 +45,4 @@ def test_run_on_ray_with_the_embedded_server_equals_a_local_run(tmp_path, ray_no
     assert (tmp_path / "ray" / "generate" / "stats.00001-of-00002.json").is_file()  # generate did run as 2 Ray workers
     mine, theirs = _data(tmp_path / "ray"), _data(tmp_path / "local")
     assert any(k.startswith("generate/shard-") for k in mine) and mine == theirs
+    assert '"prompt": "off"' in (tmp_path / "ray" / "embedded-server.json").read_text()
