@@ -16,6 +16,15 @@ from pathlib import Path
 SERVER_RECORD = "embedded-server.json"
 
 
+def server_record(run_dir: Path) -> dict:
+    """The run dir's :data:`SERVER_RECORD` ({} when there is none or it cannot be read)."""
+    try:
+        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
 def kept_threads(run_dir: Path, engine: str) -> int | None:
     """The threads per server of the run dir's first llama-server(s), or None (no record, another engine).
 
@@ -25,11 +34,8 @@ def kept_threads(run_dir: Path, engine: str) -> int | None:
     (``serve.n_threads``, or a run dir of the single multi-threaded server of earlier versions,
     whose count followed the load) keeps that count per server, so that a resumed or extended run
     writes what an uninterrupted one would have. ``serve.n_threads`` still overrides it."""
-    try:
-        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    t = rec.get("threads") if isinstance(rec, dict) and rec.get("engine") == engine else None
+    rec = server_record(run_dir)
+    t = rec.get("threads") if rec.get("engine") == engine else None
     return t if isinstance(t, int) and t > 0 else None
 
 
@@ -48,11 +54,7 @@ def build_id(binary: Path | None) -> str | None:
 
 def other_build(run_dir: Path, build: str | None) -> str | None:
     """The build the run dir's first servers were, when it is not ``build`` (else None)."""
-    try:
-        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    first = rec.get("build") if isinstance(rec, dict) else None
+    first = server_record(run_dir).get("build")
     return first if isinstance(first, str) and build and first != build else None
 
 
@@ -61,11 +63,8 @@ def kept_prompt_mode(run_dir: Path, engine: str) -> str | None:
     "off"; a record from before the pin: "off"), or None (no record, another engine). An answer
     computed from a pinned prefix is not the answer computed on the whole prompt, so a run dir
     keeps its first mode: a resumed or extended run writes what an uninterrupted one would have."""
-    try:
-        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("engine") != engine:
+    rec = server_record(run_dir)
+    if rec.get("engine") != engine:
         return None
     mode = rec.get("prompt", "off")
     return mode if mode in ("pinned", "on", "off") else "off"
