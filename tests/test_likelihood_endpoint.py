@@ -107,3 +107,66 @@ def test_the_embedded_server_is_refused_for_endpoint_likelihood(tmp_path, minilm
     r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder)
     assert r.exit_code != 0
     assert "the embedded llama-server echoes no prompt log-probs" in r.output and "Traceback" not in r.output
+
+
+def _scripted(statuses: list[int], retry_after: str | None = None):
+    """An httpx transport answering each POST with the next status (the last one repeats);
+    a 200 echoes prompt log-probs the way :func:`echo` does."""
+    import httpx
+
+    sent: list[dict] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        req = json.loads(request.content)
+        sent.append(req)
+        status = statuses[min(len(sent) - 1, len(statuses) - 1)]
+        if status == 200:
+            return httpx.Response(200, json=echo(req))
+        headers = {"retry-after": retry_after} if retry_after else {}
+        return httpx.Response(status, text=f"status {status}", headers=headers)
+
+    return httpx.MockTransport(handle), sent
+
+
+def test_a_rate_limit_or_a_server_error_is_retried_with_the_servers_wait():
+    transport, sent = _scripted([429, 503, 200], retry_after="2")
+    waits: list[float] = []
+    lm = EndpointLikelihood("http://lik.test/v1", "m", transport=transport, sleep=waits.append, backoff_initial=0.5, backoff_max=1.5)
+    assert lm.scores("lava vents erupt", ["Volcanoes erupt lava from their vents."]) == [pytest.approx(-0.5)]
+    assert len(sent) == 3 and lm.retries == 2
+    assert waits == [1.5, 1.5]  # Retry-After (2 s) capped at backoff_max
+
+
+def test_a_request_the_server_refuses_is_not_retried_and_the_last_failure_is_one_line():
+    transport, sent = _scripted([400])
+    lm = EndpointLikelihood("http://lik.test/v1", "m", transport=transport, sleep=lambda s: None, setting="regenerate.likelihood")
+    with pytest.raises(UserError, match=r"^regenerate.likelihood = 'llm': .* answered HTTP 400: status 400$"):
+        lm.score("a query", "a document")
+    assert len(sent) == 1
+    transport, sent = _scripted([502])
+    waits: list[float] = []
+    lm = EndpointLikelihood("http://lik.test/v1", "m", transport=transport, sleep=waits.append, max_retries=2, backoff_initial=1.0)
+    with pytest.raises(UserError, match=r"answered HTTP 502 after 3 tries") as e:
+        lm.score("a query", "a document")
+    assert len(sent) == 3 and "\n" not in str(e.value)
+    assert 0.0 <= waits[0] <= 1.0 and 0.0 <= waits[1] <= 2.0  # full-jitter exponential
+
+
+def test_a_dropped_connection_is_retried():
+    import httpx
+
+    calls = {"n": 0}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise httpx.ConnectError("connection reset", request=request)
+        return httpx.Response(200, json=echo(json.loads(request.content)))
+
+    lm = EndpointLikelihood("http://lik.test/v1", "m", transport=httpx.MockTransport(handle), sleep=lambda s: None)
+    assert lm.score("lava vents erupt", "Volcanoes erupt lava from their vents.") == pytest.approx(-0.5)
+    assert calls["n"] == 2
+    lm = EndpointLikelihood("http://lik.test/v1", "m", transport=httpx.MockTransport(handle), sleep=lambda s: None, max_retries=0)
+    calls["n"] = 0
+    with pytest.raises(UserError, match=r"unreachable after 1 try \(ConnectError\)"):
+        lm.score("a query", "a document")

@@ -8,7 +8,8 @@ query token) and the same cache. One request per document: the prompt is the tem
 document followed by the query, ``echo`` returns the log-probability of every prompt token with
 its character offset, and the tokens from the query's first character on are averaged. Servers
 that echo no prompt log-probs (llama.cpp's ``llama-server``, OpenAI's chat models) are refused in
-one line on the first request.
+one line on the first request. A 429, 408/409, 5xx, timeout or dropped connection is retried with
+the run's backoff (``Retry-After`` honoured, ``llm.max_retries`` times) before it is an error.
 
     lm = EndpointLikelihood("http://localhost:8000/v1", "Qwen/Qwen2.5-7B-Instruct", cache="runs/x/cache/likelihood.sqlite")
     lm.scores("what causes lift on a wing", ["Lift is produced by ...", "Boundary layers ..."])
@@ -18,12 +19,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from negsynth.embed.likelihood import TEMPLATE, ScoreCache
 from negsynth.errors import UserError
+from negsynth.llm.errors import retry_after_seconds
+
+#: statuses a server may answer differently a moment later
+TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+def _tries(attempt: int) -> str:
+    return "1 try" if attempt == 0 else f"{attempt + 1} tries"
 
 
 class EndpointLikelihood:
@@ -42,6 +53,10 @@ class EndpointLikelihood:
         timeout_s: float = 120.0,
         transport: Any = None,
         setting: str = "corpus.likelihood",
+        max_retries: int = 6,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         import httpx
 
@@ -51,6 +66,8 @@ class EndpointLikelihood:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(headers=headers, timeout=timeout_s, transport=transport)
         self.cache = ScoreCache(cache) if cache else None
+        self.max_retries, self.backoff_initial, self.backoff_max, self._sleep = max_retries, backoff_initial, backoff_max, sleep
+        self.retries = 0  # transport retries so far (429s, 5xx, timeouts)
         # what a cached score depends on besides its texts: the endpoint's model, the prompt, the cut
         self._salt = json.dumps(["endpoint", model, template, max_doc_words])
 
@@ -71,9 +88,7 @@ class EndpointLikelihood:
         prefix = self.prefix(document)
         prompt = f"{prefix} {query.strip()}"
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
-        r = self._http.post(self.url, json=body)
-        if r.status_code >= 400:
-            raise UserError(f"{self.setting} = 'llm': {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+        r = self._post(body)
         lp = ((r.json().get("choices") or [{}])[0]).get("logprobs") or {}
         offsets, values = lp.get("text_offset"), lp.get("token_logprobs")
         if not offsets or not values or len(offsets) != len(values) or offsets[-1] < len(prefix):
@@ -85,6 +100,33 @@ class EndpointLikelihood:
         # the prompt's end (the generated token after it is not the query's)
         picked = [v for o, v in zip(offsets, values, strict=True) if len(prefix) <= o < len(prompt) and v is not None]
         return sum(picked) / len(picked) if picked else 0.0
+
+    def _post(self, body: dict) -> Any:
+        """POST with retries on what may pass (429, 408/409, 5xx, timeouts, dropped connections):
+        ``Retry-After`` when the server names a wait (capped at ``backoff_max``), else full-jitter
+        exponential backoff, as the chat client waits. Anything else, or the last failure, is one line."""
+        import httpx
+
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = self._http.post(self.url, json=body)
+            except httpx.TransportError as e:  # timeouts, refused or reset connections
+                if attempt == self.max_retries:
+                    raise UserError(
+                        f"{self.setting} = 'llm': {self.url} unreachable after {_tries(attempt)} ({type(e).__name__}): {e}"
+                    ) from None
+                wait = None
+            else:
+                if r.status_code < 400:
+                    return r
+                if r.status_code not in TRANSIENT or attempt == self.max_retries:
+                    tries = f" after {_tries(attempt)}" if attempt else ""
+                    raise UserError(f"{self.setting} = 'llm': {self.url} answered HTTP {r.status_code}{tries}: {r.text[:200]}")
+                wait = retry_after_seconds(r)
+            self.retries += 1
+            cap = min(self.backoff_max, self.backoff_initial * 2**attempt)
+            self._sleep(min(wait, self.backoff_max) if wait is not None else random.uniform(0.0, cap))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self._http.close()

@@ -42,6 +42,9 @@ def likelihood_scorer(stage: str, which: str, llm: Any, run_dir: Path, info=None
             cache=cache,
             timeout_s=llm.timeout,
             setting=f"{stage}.likelihood",
+            max_retries=llm.max_retries,
+            backoff_initial=llm.backoff_initial,
+            backoff_max=llm.backoff_max,
         )
     from negsynth.embed.likelihood import QueryLikelihood
 
