@@ -89,6 +89,9 @@ class FakeOpenAI:
         self.completion_requests: list[dict] = []
         self.down = False  # go_down(): refuse new connections, reset the open ones; come_back() undoes it
         self.dropped = 0  # requests reset because the server was down
+        # connections accepted and not yet closed, and when one last opened or closed (quiesce())
+        self.open_connections = 0
+        self.last_activity = time.monotonic()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -203,6 +206,20 @@ class FakeOpenAI:
             daemon_threads = True
             allow_reuse_address = True
 
+            def process_request(self, request: Any, client_address: Any) -> None:
+                with outer._lock:  # counted on accept, before its thread starts
+                    outer.open_connections += 1
+                    outer.last_activity = time.monotonic()
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    with outer._lock:
+                        outer.open_connections -= 1
+                        outer.last_activity = time.monotonic()
+
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a client that gave up (timeout test) is expected, not an error
 
@@ -211,6 +228,19 @@ class FakeOpenAI:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._serving = False
+
+    def quiesce(self, idle_s: float = 1.0, timeout_s: float = 60.0) -> None:
+        """Wait until no connection is open and none opened or closed for ``idle_s`` seconds: a
+        killed client's last requests, still queued or being read on a loaded machine, are then
+        handled (by whatever the responder says now) before the next client starts."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                quiet = self.open_connections == 0 and time.monotonic() - self.last_activity >= idle_s
+            if quiet:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"fake server: {self.open_connections} connections still open after {timeout_s} s")
 
     # -- an outage -------------------------------------------------------------------------
     def go_down(self) -> None:
