@@ -274,8 +274,9 @@ class RegenerateConfig(Section):
     # at or above the positive is a false negative and is dropped (RLHN's relabelling), the next
     # candidate takes its place (mine > 4 leaves room); the scores of the positive and the 4 kept
     # are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
-    teacher: Literal["none", "llm-likelihood"] = "none"
+    teacher: Literal["none", "llm-likelihood", "cross-encoder"] = "none"
     likelihood: Literal["embedded", "llm"] = "embedded"  # as corpus.likelihood
+    teacher_model: str = ""  # teacher = "cross-encoder": its name or folder, as corpus.teacher_model
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
     dedup: bool = True  # the same normalised (query, positive) only once across all inputs
@@ -293,7 +294,15 @@ class RegenerateConfig(Section):
             raise ValueError(
                 f'teacher = "{self.teacher}" replaces the negatives it drops with the next mined ones: set mining.strategy = "top"'
             )
+        _check_teacher_model(self.teacher, self.teacher_model)
         return self
+
+
+def _check_teacher_model(teacher: str, model: str) -> None:
+    if teacher == "cross-encoder" and not model.strip():
+        raise ValueError('teacher = "cross-encoder" needs teacher_model = "<a sentence-transformers CrossEncoder name or folder>"')
+    if model and teacher != "cross-encoder":
+        raise ValueError(f'teacher_model is read by teacher = "cross-encoder" only (teacher is "{teacher}"): remove it or set the teacher')
 
 
 class CorpusSpec(Section):
@@ -366,8 +375,12 @@ class CorpusConfig(Section):
     # "hybrid+llm-likelihood": both, their orders of the document and its mined negatives fused by
     # reciprocal rank (teacher_k: the document's fused rank among those five); the hybrid teacher's
     # veto of negatives holds, the labels are the LLM's
-    teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood"] = "none"
+    # "cross-encoder": a sentence-transformers CrossEncoder the user names in teacher_model (a hub
+    # name or a folder; GPU when present) scores the document and its mined negatives, as
+    # "llm-likelihood" does with the LLM (teacher_k, labels; no veto)
+    teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood", "cross-encoder"] = "none"
     teacher_k: int = Field(10, ge=0)
+    teacher_model: str = ""
     # which model the llm-likelihood teacher asks: "embedded" (the embedded SmolLM2 GGUF through
     # transformers, in-process) or "llm" (the run's [llm] endpoint: /completions with echoed prompt
     # log-probs, as vLLM and llama-cpp-python's server give them; llama-server gives none)
@@ -401,8 +414,9 @@ class CorpusConfig(Section):
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
         if "+" in self.queries and self.negatives != "mined":  # a query taken from the text has no LLM negatives
             raise ValueError(f'queries = "{self.queries}" adds queries no LLM wrote negatives for: set negatives = "mined"')
-        if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood") and self.negatives != "mined":
+        if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood", "cross-encoder") and self.negatives != "mined":
             raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
+        _check_teacher_model(self.teacher, self.teacher_model)
         if self.candidates == "hybrid" and self.negatives == "llm":
             raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:

@@ -66,7 +66,14 @@ from negsynth.stages.corpus_queries import (
     queries_per_document,
 )
 from negsynth.stages.corpus_report import report, run_stats
-from negsynth.stages.corpus_teacher import check_likelihood_source, ensemble_fields, likelihood_fields, likelihood_scorer, uses_likelihood
+from negsynth.stages.corpus_teacher import (
+    check_likelihood_source,
+    ensemble_fields,
+    likelihood_fields,
+    pair_scorer,
+    scores_texts,
+    uses_likelihood,
+)
 
 NAME = "corpus"
 
@@ -294,11 +301,12 @@ class Work:
         return self._lexical[ci]
 
     def likelihood(self):
-        """The ``llm-likelihood`` teacher: the embedded LLM's query likelihood in-process, or the
-        run's [llm] endpoint's (``corpus.likelihood``); made once."""
+        """The teacher that scores texts one by one: the LLM's query likelihood (the embedded model
+        in-process, or the run's [llm] endpoint: ``corpus.likelihood``) or the user's cross-encoder
+        (``corpus.teacher_model``); made once."""
         if self._likelihood is None:
-            self._likelihood = likelihood_scorer(
-                NAME, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
+            self._likelihood = pair_scorer(
+                NAME, self.cfg, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
             )
         return self._likelihood
 
@@ -451,16 +459,16 @@ async def search_and_judge(
     # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
     # meta, each a filter when its k is set
     ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-    if uses_likelihood(cfg.teacher) and len(mined["negatives"]) >= k:
+    if scores_texts(cfg.teacher) and len(mined["negatives"]) >= k:
         view = await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"])
-        mined.update(view if cfg.teacher == "llm-likelihood" else ensemble_fields(mined, view))
+        mined.update(ensemble_fields(mined, view) if cfg.teacher == "hybrid+llm-likelihood" else view)
     if cfg.teacher != "none" and "teacher_rank" in mined:
         ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
     for reason, key, rank, limit, who in ranks:
         meta[key] = rank
         if limit and rank > limit:
             setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-            among = "among itself and its mined negatives" if uses_likelihood(cfg.teacher) and key == "teacher_rank" else "in the corpus"
+            among = "among itself and its mined negatives" if scores_texts(cfg.teacher) and key == "teacher_rank" else "in the corpus"
             return (
                 mined,
                 llm_ok,

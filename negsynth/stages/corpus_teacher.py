@@ -1,6 +1,6 @@
 """The teachers beyond the hybrid one (which the corpus stage's mining computes over the whole
-corpus): the LLM's query likelihood over a text and its mined negatives (corpus, regenerate), and
-the two fused (corpus)."""
+corpus): the LLM's query likelihood or a user's cross-encoder over a text and its mined negatives
+(corpus, regenerate), and the hybrid and likelihood teachers fused (corpus)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,28 @@ def uses_likelihood(teacher: str) -> bool:
     return teacher in ("llm-likelihood", "hybrid+llm-likelihood")
 
 
+def scores_texts(teacher: str) -> bool:
+    """The teacher scores the document (or positive) and its mined negatives one by one."""
+    return uses_likelihood(teacher) or teacher == "cross-encoder"
+
+
+def pair_scorer(stage: str, section: Any, llm: Any, run_dir: Path, info=None) -> Any:
+    """The scorer of ``<stage>.teacher``: the user's cross-encoder (``teacher_model``) or the
+    query likelihood (:func:`likelihood_scorer`); scores cached in ``RUN_DIR/cache/``."""
+    if section.teacher == "cross-encoder":
+        from negsynth.embed.cross_encoder import CrossEncoderScorer
+
+        if info is not None:
+            info(f"loading the cross-encoder teacher {section.teacher_model} ...")
+        return CrossEncoderScorer(section.teacher_model, cache=run_dir / "cache" / "cross_encoder.sqlite", setting=f"{stage}.teacher_model")
+    return likelihood_scorer(stage, section.likelihood, llm, run_dir, info)
+
+
 def likelihood_fields(lm, query: str, document: str, negatives: list[str]) -> dict[str, Any]:
-    """The ``llm-likelihood`` teacher's view of one example: the document's rank among itself and
-    its negatives by ``log p(query | text)`` (mean per query token), the scores, and the label
-    ``[document, negative_1..]`` for distillation."""
+    """A text-scoring teacher's view of one example (``llm-likelihood``: ``log p(query | text)``,
+    mean per query token; ``cross-encoder``: the model's relevance score): the document's rank
+    among itself and its negatives, the scores, and the label ``[document, negative_1..]`` for
+    distillation."""
     scores = [round(x, 6) for x in lm.scores(query, [document, *negatives])]
     return {
         "teacher_rank": 1 + sum(x > scores[0] for x in scores[1:]),

@@ -54,7 +54,7 @@ from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConf
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.stages.corpus_teacher import check_likelihood_source, likelihood_scorer, relabel_fields
+from negsynth.stages.corpus_teacher import check_likelihood_source, pair_scorer, relabel_fields
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty
 
 NAME = "regenerate"
@@ -422,7 +422,7 @@ class Regenerate(pipeline.LLMStage):
         return 0
 
     def check(self) -> None:
-        if self.cfg.teacher != "none":
+        if self.cfg.teacher == "llm-likelihood":
             check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
@@ -440,7 +440,7 @@ class Regenerate(pipeline.LLMStage):
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-regenerate")
             info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
             self._teacher = await asyncio.get_running_loop().run_in_executor(
-                self._pool, likelihood_scorer, NAME, self.cfg.likelihood, self.ctx.cfg.llm, self.ctx.run_dir, info
+                self._pool, pair_scorer, NAME, self.cfg, self.ctx.cfg.llm, self.ctx.run_dir, info
             )
         kept, fields = await asyncio.get_running_loop().run_in_executor(
             self._pool, relabel_fields, self._teacher, query, positive, candidates, NUM_NEGATIVES
