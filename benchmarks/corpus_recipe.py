@@ -175,7 +175,15 @@ ARMS: dict[str, dict | None] = {
     "mined-lik-kl-sharp": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(0.1)},
     # the likelihoods lie ~1.2 nats apart: at 0.1 the teacher is one-hot; at 1.0 it keeps its order
     "mined-lik-kl-t1": {"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 0, "train": _kl(1.0)},
+    # a cross-encoder the user names (--teacher-model: a hub name or a folder; GPU when present):
+    # GPL's recipe (MarginMSE on its scores), listwise KL, and a filter keeping a query only when
+    # the model prefers its document to its 4 mined negatives
+    "mined-ce-mse": {"negatives": "mined", "teacher": "cross-encoder", "teacher_k": 0, "train": {"loss": "margin-mse"}},
+    "mined-ce-kl": {"negatives": "mined", "teacher": "cross-encoder", "teacher_k": 0, "train": _kl(1.0)},
+    "mined-ce-k1": {"negatives": "mined", "teacher": "cross-encoder", "teacher_k": 1},
 }
+#: arms that need --teacher-model
+NEEDS_TEACHER_MODEL = [a for a, spec in ARMS.items() if spec and spec.get("teacher") == "cross-encoder"]
 STOCK_ARM = "st-stock"
 DEFAULT_ARM = "mined"
 DATASETS = {
@@ -602,6 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the embedded LLM's servers side by side (default: serve.servers's auto, one per free core)",
     )
     ap.add_argument(
+        "--teacher-model",
+        default="",
+        help="the cross-encoder the mined-ce-* arms use as their teacher (corpus.teacher_model: a hub name or a folder)",
+    )
+    ap.add_argument(
         "--llm-engine",
         default=None,
         choices=["llama-server", "llama-cpp-python"],
@@ -628,10 +641,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    arms = list(ARMS) if args.arms.strip() == "all" else [a.strip() for a in args.arms.split(",") if a.strip()]
+    if args.arms.strip() == "all":  # the cross-encoder arms only when a model is named
+        arms = [a for a in ARMS if args.teacher_model or a not in NEEDS_TEACHER_MODEL]
+    else:
+        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
         ap.error(f"--arms: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(ARMS)} or all")
+    ce_arms = [a for a in arms if a in NEEDS_TEACHER_MODEL]
+    if ce_arms and not args.teacher_model:
+        ap.error(f"--arms {','.join(ce_arms)}: name the cross-encoder with --teacher-model (a hub name or a folder)")
+    for a in ce_arms:
+        ARMS[a] = {**ARMS[a], "teacher_model": args.teacher_model}
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not datasets or any(d not in DATASETS for d in datasets):
         ap.error(f"--datasets: choose from {', '.join(DATASETS)}")
