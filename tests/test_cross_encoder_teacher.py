@@ -119,3 +119,15 @@ def test_regenerate_relabels_with_the_cross_encoder(tmp_path, tiny_ce):
         want = [float(s) for s in ce.predict([(x["query"], t) for t in [x["positive"], *x["negatives"]]])]
         assert label == pytest.approx(want, abs=1e-4)
         assert len(x["negatives"]) == 4 and all(s < label[0] for s in label[1:])
+
+
+def test_a_teacher_model_that_does_not_resolve_stops_the_stage_before_any_llm_request(tmp_path):
+    folder = write_corpus(tmp_path)
+    with FakeOpenAI(lambda r, n: Reply(json.dumps({"queries": ["a query about the document?"]}))) as srv:
+        corpus = {"negatives": "mined", "teacher": "cross-encoder", "teacher_model": str(tmp_path / "no-such-model")}
+        cfg = write_run_config(tmp_path, srv.base_url, corpus=corpus)
+        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder)
+        assert r.exit_code != 0
+        assert "corpus.teacher_model = " in r.output and "not a sentence-transformers CrossEncoder name or folder" in r.output
+        assert "Traceback" not in r.output
+        assert srv.requests == []  # nothing paid for

@@ -68,6 +68,7 @@ from negsynth.stages.corpus_queries import (
 from negsynth.stages.corpus_report import report, run_stats
 from negsynth.stages.corpus_teacher import (
     check_likelihood_source,
+    check_teacher_model,
     ensemble_fields,
     likelihood_fields,
     pair_scorer,
@@ -519,6 +520,7 @@ class Corpus(pipeline.LLMStage):
     def check(self) -> None:
         if uses_likelihood(self.cfg.teacher):
             check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
+        check_teacher_model(NAME, self.cfg)
         qpd = queries_per_document(self.cfg)
         if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
             # a document's queries share one answer: split across two workers, it would be paid twice

@@ -62,6 +62,22 @@ def scores_texts(teacher: str) -> bool:
     return uses_likelihood(teacher) or teacher == "cross-encoder"
 
 
+def check_teacher_model(stage: str, section: Any) -> None:
+    """``<stage>.teacher = "cross-encoder"``: its model must resolve before any LLM request is
+    paid (its config read from the folder, the hub or the hub's cache; the weights load later)."""
+    if section.teacher != "cross-encoder":
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(section.teacher_model)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"{stage}.teacher_model = {section.teacher_model!r}: not a sentence-transformers CrossEncoder name or folder ({first})"
+        ) from None
+
+
 def pair_scorer(stage: str, section: Any, llm: Any, run_dir: Path, info=None) -> Any:
     """The scorer of ``<stage>.teacher``: the user's cross-encoder (``teacher_model``) or the
     query likelihood (:func:`likelihood_scorer`); scores cached in ``RUN_DIR/cache/``."""

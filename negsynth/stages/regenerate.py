@@ -54,7 +54,7 @@ from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConf
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.stages.corpus_teacher import check_likelihood_source, pair_scorer, relabel_fields
+from negsynth.stages.corpus_teacher import check_likelihood_source, check_teacher_model, pair_scorer, relabel_fields
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty
 
 NAME = "regenerate"
@@ -424,6 +424,7 @@ class Regenerate(pipeline.LLMStage):
     def check(self) -> None:
         if self.cfg.teacher == "llm-likelihood":
             check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
+        check_teacher_model(NAME, self.cfg)
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
