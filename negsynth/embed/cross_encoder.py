@@ -19,6 +19,22 @@ from negsynth.embed.likelihood import ScoreCache
 from negsynth.errors import UserError
 
 
+def _not_a_cross_encoder(setting: str, model: str, e: Exception) -> UserError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return UserError(f"{setting} = {model!r}: not a sentence-transformers CrossEncoder name or folder ({first})")
+
+
+def check_cross_encoder(model: str, setting: str) -> None:
+    """One line unless ``model`` resolves (its config read from the folder, the hub or the hub's
+    cache): a stage checks it before paying for any LLM request; the weights load later."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise _not_a_cross_encoder(setting, model, e) from None
+
+
 class CrossEncoderScorer:
     """Relevance of texts to a query by a sentence-transformers ``CrossEncoder``: its raw output
     (a logit for one-label models), the higher the more relevant."""
@@ -38,8 +54,7 @@ class CrossEncoderScorer:
         try:
             self.model = CrossEncoder(model, device=resolve_device(device), max_length=max_length)
         except (OSError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{setting} = {model!r}: not a sentence-transformers CrossEncoder name or folder ({first})") from None
+            raise _not_a_cross_encoder(setting, model, e) from None
         self.batch_size = batch_size
         self.cache = ScoreCache(cache) if cache else None
         # what a cached score depends on besides its texts: the model and the cut

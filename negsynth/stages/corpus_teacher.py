@@ -63,19 +63,11 @@ def scores_texts(teacher: str) -> bool:
 
 
 def check_teacher_model(stage: str, section: Any) -> None:
-    """``<stage>.teacher = "cross-encoder"``: its model must resolve before any LLM request is
-    paid (its config read from the folder, the hub or the hub's cache; the weights load later)."""
-    if section.teacher != "cross-encoder":
-        return
-    from transformers import AutoConfig
+    """``<stage>.teacher = "cross-encoder"``: its model must resolve before any LLM request is paid."""
+    if section.teacher == "cross-encoder":
+        from negsynth.embed.cross_encoder import check_cross_encoder
 
-    try:
-        AutoConfig.from_pretrained(section.teacher_model)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"{stage}.teacher_model = {section.teacher_model!r}: not a sentence-transformers CrossEncoder name or folder ({first})"
-        ) from None
+        check_cross_encoder(section.teacher_model, f"{stage}.teacher_model")
 
 
 def pair_scorer(stage: str, section: Any, llm: Any, run_dir: Path, info=None) -> Any:
