@@ -164,6 +164,7 @@ ALL_ARMS = (
     "ns-pipeline-stocktrainer",
     "ns-pipeline-b12",
     "ns-pipeline-qbalanced",
+    "ns-pipeline-asstock",
     "ns-stockrows",
     "ns-llm-curriculum",
     "ns-llm-random",
@@ -200,19 +201,28 @@ PIPELINE_ARMS = {
     # a pass is one row per query, its positives in turn: a query with nine positives weighs as one
     # with one (the stock recipe's sampler does something like it by accident on such data)
     "ns-pipeline-qbalanced": '[curriculum]\nbalance = "queries"\n',
+    # every part of the stock recipe through negsynth's stages: its candidate window, mining at the
+    # training length (as the stock arm mines), the kept examples once (no cycling; the trainer's
+    # max_steps starts reshuffled passes, as the HF trainer does for the stock recipe) and its trainer
+    # (NO_DUPLICATES, one forward pass per batch): what is left is score's cleaning and the row order
+    "ns-pipeline-asstock": (
+        "[regenerate.mining]\nrange_max = {stock_range_max}\n[embedder]\nmax_length = {max_length}\n"
+        '[curriculum]\nepochs = 1\n[train]\nmax_steps = {steps}\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n'
+    ),
 }
 
 
 STOCK_ARM = "st-mined-4"  # the stock recipe every arm is tested against
 
 
-def pipeline_extra(arm: str, src) -> str:
+def pipeline_extra(arm: str, src, args=None) -> str:
     """A pipeline arm's TOML lines, with ``{stock_range_max}`` filled in for the fit split: the
     window ``mine_hard_negatives`` uses under a margin (10 x 4 negatives + the most positives of one query)."""
     from collections import Counter
 
     most = max(Counter(p.query for p in src.pairs).values(), default=1)
-    return PIPELINE_ARMS[arm].format(stock_range_max=40 + most)
+    steps, max_length = (args.steps, args.max_length) if args is not None else (None, None)
+    return PIPELINE_ARMS[arm].format(stock_range_max=40 + most, steps=steps, max_length=max_length)
 
 
 # ------------------------------------------------------------------------------ dataset and splits
@@ -655,7 +665,10 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
     if own:  # --test-frac: the dataset's own query file holds the train queries too (see decontam_sets)
         cfg["score"] = {"decontam_sets": decontam_sets_without(own)}
 
-    return tomli_w.dumps(layer(cfg, tomllib.loads(extra_toml)))  # the arm's tables over the protocol's, key by key
+    merged = layer(cfg, tomllib.loads(extra_toml))  # the arm's tables over the protocol's, key by key
+    if "epochs" in merged["curriculum"]:  # an arm that sizes the curriculum by passes, not steps
+        merged["curriculum"].pop("total_steps", None)
+    return tomli_w.dumps(merged)
 
 
 PIPELINE_DATA_STAGES = ["regenerate", "score", "curriculum"]
@@ -790,7 +803,7 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
     elif arm in PIPELINE_ARMS:
         from negsynth.data.shards import read_stage
 
-        stats = run_pipeline_arm(args, seed, args.out / arm / f"seed{seed}", pipeline_extra(arm, src), stages=PIPELINE_DATA_STAGES)
+        stats = run_pipeline_arm(args, seed, args.out / arm / f"seed{seed}", pipeline_extra(arm, src, args), stages=PIPELINE_DATA_STAGES)
         reg, sc, cur = stats.get("regenerate", {}), stats.get("score", {}), stats.get("curriculum", {})
         run_dir = args.out / arm / f"seed{seed}" / "run"
         mined = [r for r in read_stage(run_dir / "regenerate")]
@@ -1027,7 +1040,7 @@ def train_arm(arm: str, seed: int, src, args) -> tuple[dict, str | None]:
         info = train_stock(src, arm, args, seed, dest)
         path = str(dest)
     elif arm in PIPELINE_ARMS:
-        info = train_pipeline(args, seed, dest, pipeline_extra(arm, src))
+        info = train_pipeline(args, seed, dest, pipeline_extra(arm, src, args))
         path = info["model_dir"]
     elif arm == "ns-graded-tuple":
         rows = graded_tuple_rows(src, args, seed)

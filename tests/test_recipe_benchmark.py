@@ -69,7 +69,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     for arm, extra in mod.PIPELINE_ARMS.items():
         assert arm in mod.ALL_ARMS
         toml = tmp_path / f"{arm}.toml"
-        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(stock_range_max=41)))
+        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(stock_range_max=41, steps=28, max_length=128)))
         cfgs[arm] = load_config(toml)
     base = cfgs["ns-pipeline"]
     assert (
@@ -78,6 +78,12 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     assert cfgs["ns-pipeline-stockwin"].regenerate.mining.range_max == 41
+    # every stock part at once: the window, mining at the training length, one pass of the kept
+    # examples (no step-sized curriculum: the trainer's max_steps cycles them) and the stock trainer
+    stock = cfgs["ns-pipeline-asstock"]
+    assert stock.regenerate.mining.range_max == 41 and stock.embedder.max_length == 128 and base.embedder.max_length is None
+    assert stock.curriculum.total_steps is None and stock.curriculum.epochs == 1 and stock.train.max_steps == 28
+    assert (stock.train.batch_sampler, stock.train.mini_batch_size) == ("shuffled", None)
     for arm, cfg in cfgs.items():
         changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
         assert (
@@ -93,6 +99,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-stocktrainer": {"train"},
                 "ns-pipeline-b12": {"train"},
                 "ns-pipeline-qbalanced": {"curriculum"},
+                "ns-pipeline-asstock": {"regenerate", "curriculum", "train"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None

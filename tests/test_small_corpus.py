@@ -110,3 +110,21 @@ def test_examples_corpus_toml_runs_on_the_50_sample_documents(tmp_path, minilm):
     assert sum("cannot fill a batch of 32" in line for line in r.output.splitlines()) == 1
     train = json.loads((rd / "train" / "stats.json").read_text())
     assert train["steps"] == 2 and (rd / "train" / "final" / "modules.json").is_file()
+
+
+def test_the_shuffled_sampler_keeps_the_configured_batch_when_the_curriculum_packed_a_smaller_one(tmp_path):
+    """A curriculum too small for 32 distinct texts a batch packs its rows for a smaller batch, and
+    train follows it; under ``batch_sampler = "shuffled"`` (sentence-transformers' NO_DUPLICATES,
+    which batches the rows itself and leaves a batch short rather than repeat a text) train keeps
+    the configured size, as the stock recipe trains the same rows."""
+    from types import SimpleNamespace
+
+    from negsynth.schemas.train import TrainConfig
+    from negsynth.stages.train import _curriculum_batch
+
+    (tmp_path / "curriculum").mkdir()
+    (tmp_path / "curriculum" / "card.json").write_text(json.dumps({"build": {"batch_size": 25, "batch_size_wanted": 32}}))
+    said: list[str] = []
+    ctx = SimpleNamespace(stage_dir=lambda name: tmp_path / name, reporter=SimpleNamespace(info=said.append))
+    assert _curriculum_batch(ctx, TrainConfig(batch_size=32)).batch_size == 25 and len(said) == 1
+    assert _curriculum_batch(ctx, TrainConfig(batch_size=32, batch_sampler="shuffled")).batch_size == 32 and len(said) == 1

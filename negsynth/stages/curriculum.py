@@ -106,7 +106,11 @@ def run(ctx: StageContext) -> dict:
             ctx.reporter.warn(
                 f"curriculum: {len(examples)} examples cannot fill a batch of {wanted} with distinct texts (no text may appear twice "
                 f"in a batch{why}); using batch size {batch_size}, the largest that fills, "
-                "for curriculum and train (more examples keep the size asked for)"
+                + (
+                    f"for the curriculum's batches (train's shuffled sampler batches the rows itself, {wanted} at most)"
+                    if ctx.cfg.train.batch_sampler == "shuffled"
+                    else "for curriculum and train (more examples keep the size asked for)"
+                )
             )
         save_curriculum(rows, out, stats=dict(rows.stats))
     except CurriculumError as e:

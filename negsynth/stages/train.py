@@ -118,7 +118,12 @@ def run(ctx: StageContext) -> dict:
 def _curriculum_batch(ctx: StageContext, tc):
     """``tc`` with the curriculum's batch size where the curriculum chose a smaller one than asked
     (too few examples filled no batch of distinct texts of the configured size): the rows are
-    packed for that size, and a larger batch would put a text twice in one batch."""
+    packed for that size, and a larger batch would put a text twice in one batch. Not under
+    ``train.batch_sampler = "shuffled"``: that sampler (sentence-transformers' ``NO_DUPLICATES``)
+    batches the rows itself, leaving a batch short rather than repeating a text, as the stock
+    recipe does with the configured size."""
+    if tc.batch_sampler == "shuffled":
+        return tc
     try:
         build = json.loads((ctx.stage_dir("curriculum") / "card.json").read_text(encoding="utf-8")).get("build") or {}
     except (OSError, ValueError):
