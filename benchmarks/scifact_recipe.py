@@ -118,6 +118,7 @@ and a GPU makes every arm minutes::
     python benchmarks/scifact_recipe.py --out runs/recipe --arms all --llm-run runs/scifact-llm   # every arm
     python benchmarks/scifact_recipe.py --out runs/recipe --dataset path/to/beir-folder --counts-only   # data flow, no training
     python benchmarks/scifact_recipe.py --out runs/recipe --dataset path/to/beir-folder     # the same arms on your own data
+    python benchmarks/scifact_recipe.py --out runs/recipe --arms ARMS --dev-only            # dev figures only; rerun without it for test
 
 The LLM-graded arms read a finished ``regenerate`` (+ ``score``) run on SciFact train, made once::
 
@@ -1271,6 +1272,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--fresh", action="store_true", help="redo arms already in OUT/results.json")
     ap.add_argument(
+        "--dev-only",
+        action="store_true",
+        help="stop after the dev figures (choose there); a later run without it adds the test split to the arms it reports",
+    )
+    ap.add_argument(
         "--emb-cache",
         type=Path,
         default=None,
@@ -1374,7 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         results = save_result(res_path, r, args)
-    if args.dev_name:  # the test split, once per reported arm and seed, after every dev figure is in
+    if args.dev_name and not args.dev_only:  # the test split, once per reported arm and seed, after every dev figure is in
         for arm in report_arms(results, args):
             for r in [x for x in results if x["arm"] == arm and args.test_name not in x["scores"]]:
                 r = run_test(r, args)

@@ -493,3 +493,31 @@ def test_the_stock_recipes_batches_are_counted_as_its_sampler_makes_them():
     # two queries: at most two rows a batch, and the trainer takes ceil(8 / 4) = 2 batches an epoch,
     # so each epoch trains 4 of the 8 rows: 12 rows in 6 steps instead of 24
     assert mod.stock_batch_sizes(shared, 4, 6, seed=0) == [2, 2, 2, 2, 2, 2]
+
+
+def test_dev_only_stops_before_the_test_split_and_a_later_run_adds_it(tmp_path, monkeypatch):
+    """Choose on dev first: --dev-only trains and scores every arm on dev and leaves the test split
+    alone; the same command without it reuses those runs and adds the test split for the arms the
+    table reports."""
+    mod = load_script()
+    root = _beir(tmp_path / "data" / "mydomain", "project")
+    trained, tested = [], []
+
+    def run_arm(arm, seed, src, args):
+        trained.append((arm, seed))
+        return {"arm": arm, "seed": seed, "scores": {args.dev_name: 0.5}, "seconds": 0, "split": args.split_id}
+
+    def run_test(r, args):
+        tested.append((r["arm"], r["seed"]))
+        return {**r, "scores": {**r["scores"], args.test_name: 0.4}}
+
+    monkeypatch.setattr(mod, "run_arm", run_arm)
+    monkeypatch.setattr(mod, "run_test", run_test)
+    for quiet in ("print_table", "print_flow", "check_same_input"):
+        monkeypatch.setattr(mod, quiet, lambda *a, **k: None)
+    monkeypatch.setattr(mod, "data_flow", lambda *a, **k: {})
+    argv = ["--dataset", str(root), "--out", str(tmp_path / "out"), "--arms", "base,st-mined-4", "--eval-tasks", "none"]
+    assert mod.main([*argv, "--dev-only"]) == 0
+    assert trained == [("base", 0), ("st-mined-4", 0)] and tested == []
+    assert mod.main(argv) == 0
+    assert trained == [("base", 0), ("st-mined-4", 0)] and sorted(tested) == [("base", 0), ("st-mined-4", 0)]
