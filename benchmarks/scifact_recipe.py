@@ -830,6 +830,19 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
             cycling=f"curriculum total_steps: seeded passes over the kept examples ({cur.get('schedule')} rows)",
         )
         flow["budget_rows"] = cur.get("rows") or flow["budget_rows"]
+        from negsynth.schemas.config_io import load_config
+
+        tr = load_config(run_dir.parent / "pipeline.toml").train
+        if tr.batch_sampler == "shuffled" and tr.max_steps > 0:
+            # the trainer cycles the curriculum's one pass itself, as the HF trainer does the stock recipe's rows
+            from negsynth.data.curriculum_io import load_curriculum
+            from negsynth.data.stock import text_columns
+
+            ds = load_curriculum(run_dir / "curriculum")
+            sizes = stock_batch_sizes(ds.select_columns(text_columns(ds.column_names)), args.batch_size, tr.max_steps, seed)
+            flow.update(
+                budget_rows=sum(sizes), batch_rows=sizes, cycling="train max_steps: reshuffled passes (NO_DUPLICATES) over the kept rows"
+            )
     else:
         return {"arm": arm, "skipped": "counts are measured for the stock and the pipeline arms"}
     flow["passes"] = round(flow["budget_rows"] / max(flow["kept_pairs"], 1), 3)
