@@ -1021,6 +1021,42 @@ def check_same_input(results: list[dict]) -> None:
     )
 
 
+def rows_digest(ds) -> tuple[int, str]:
+    """``(distinct rows, sha256 of them sorted)`` over a training set's text columns (anchor, positive,
+    negative_1..n, in that order): two arms with one digest train the same rows, whatever their order."""
+    import hashlib
+
+    from negsynth.data.stock import text_columns
+
+    cols = text_columns(ds.column_names)
+    rows = sorted({"\x1f".join(r[c] for c in cols) for r in ds.select_columns(cols)})
+    return len(rows), hashlib.sha256("\x1e".join(rows).encode()).hexdigest()[:16]
+
+
+#: the pipeline arm that must train exactly the stock recipe's rows (its selection is the library's)
+AS_STOCK_ARM = "ns-pipeline-asstock"
+
+
+def check_same_rows(arms: list[str], seed: int, src, args) -> None:
+    """``ns-pipeline-asstock`` trains the stock recipe's own rows, tuple for tuple, through negsynth's
+    stages: the benchmark refuses a table where they differ (negsynth's mining, cleaning or curriculum
+    drifted from the library's), so its figures stay a same-rows comparison."""
+    if STOCK_ARM not in arms or AS_STOCK_ARM not in arms:
+        return
+    from negsynth.data.curriculum_io import load_curriculum
+
+    cur = args.out / AS_STOCK_ARM / f"seed{seed}" / "run" / "curriculum"
+    if not (cur / "dataset").is_dir():
+        return
+    stock, mine = rows_digest(stock_rows(src, STOCK_ARM, args)), rows_digest(load_curriculum(cur))
+    if stock != mine:
+        raise SystemExit(
+            f"scifact_recipe: {AS_STOCK_ARM} does not train the stock recipe's rows ({mine[0]} rows, {mine[1]} vs {stock[0]}, {stock[1]}): "
+            "negsynth's selection drifted from mine_hard_negatives'"
+        )
+    print(f"\nsame rows: {AS_STOCK_ARM} trains the stock recipe's {stock[0]} rows, tuple for tuple ({stock[1]}), in its own order")
+
+
 def run_test(r: dict, args) -> dict:
     """The test split for an arm already evaluated on dev: its scores and per-query figures added."""
     t0 = time.time()
@@ -1368,6 +1404,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"split": sp, "steps": args.steps, "batch_size": args.batch_size, "flows": flows}, indent=1)
         )
         print_flow(flows, args)
+        check_same_rows(arms, seeds[0], src, args)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
@@ -1408,6 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(default[0]["model"], target, ignore=shutil.ignore_patterns("_ckpt"))
         print(f"negsynth's default arm saved as {target}", file=sys.stderr)
     check_same_input(results)
+    check_same_rows(arms, seeds[0], src, args)
     print_table(results, args)
     # what reached training (the stages' stats; the mining and the stages resume from this run's files)
     print_flow([data_flow(arm, seeds[0], src, args) for arm in arms if arm.startswith("st-") or arm in PIPELINE_ARMS], args)

@@ -521,3 +521,29 @@ def test_dev_only_stops_before_the_test_split_and_a_later_run_adds_it(tmp_path, 
     assert trained == [("base", 0), ("st-mined-4", 0)] and tested == []
     assert mod.main(argv) == 0
     assert trained == [("base", 0), ("st-mined-4", 0)] and sorted(tested) == [("base", 0), ("st-mined-4", 0)]
+
+
+def test_the_as_stock_arm_must_train_the_stock_recipes_rows_tuple_for_tuple(tmp_path, monkeypatch, capsys):
+    """The digest ignores row order and sees one changed negative; the benchmark refuses a table
+    whose as-stock arm trains other rows than the stock recipe (a drift in selection), and says so
+    when they match."""
+    import pytest
+    from datasets import Dataset
+
+    mod = load_script()
+    rows = {"anchor": ["q1", "q2"], "positive": ["p1", "p2"], **{f"negative_{i}": [f"n{i}a", f"n{i}b"] for i in range(1, 5)}}
+    stock = Dataset.from_dict(rows)
+    shuffled = Dataset.from_dict({k: v[::-1] for k, v in rows.items()})
+    assert mod.rows_digest(stock) == mod.rows_digest(shuffled.add_column("phase", [1, 1]))
+    cur = tmp_path / "out" / mod.AS_STOCK_ARM / "seed0" / "run" / "curriculum"
+    shuffled.save_to_disk(str(cur / "dataset"))
+    monkeypatch.setattr(mod, "stock_rows", lambda src, arm, args: stock)
+    args = argparse.Namespace(out=tmp_path / "out")
+    mod.check_same_rows([mod.STOCK_ARM, mod.AS_STOCK_ARM], 0, None, args)
+    assert "trains the stock recipe's 2 rows, tuple for tuple" in capsys.readouterr().out
+    mod.check_same_rows([mod.STOCK_ARM], 0, None, args)  # nothing to compare: no check
+    other = Dataset.from_dict({**rows, "negative_4": ["n4a", "other"]})
+    monkeypatch.setattr(mod, "stock_rows", lambda src, arm, args: other)
+    assert mod.rows_digest(other) != mod.rows_digest(stock)
+    with pytest.raises(SystemExit, match="does not train the stock recipe's rows"):
+        mod.check_same_rows([mod.STOCK_ARM, mod.AS_STOCK_ARM], 0, None, args)
