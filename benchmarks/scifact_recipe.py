@@ -40,9 +40,19 @@ ns-tuple-hard-noeasy   ns-tuple-hard with the easiness filter (NeMo Curator's re
                        quarter of SciFact train) are dropped, and the same 28 steps cycle over the rest
 ns-pipeline            negsynth's own pipeline with its defaults, end to end through the stages:
                        ``regenerate.negatives = "mined"`` (no LLM: the 4 hardest positive-aware
-                       candidates, ``mining.strategy = "top"``) -> ``score`` (measured policy) ->
-                       ``curriculum`` (``schedule = "auto"`` -> ``tuple``) -> ``train``; only batch,
-                       steps, lr, length and seed set as for every arm (run dir ``OUT/ns-pipeline/seedN/run``)
+                       candidates in the library's window, ``mining.strategy = "top"``) -> ``score``
+                       (measured policy) -> ``curriculum`` (``schedule = "auto"`` -> ``stock``: the rows
+                       in input order, once) -> ``train`` (the stock sampler, plain MNRL, the
+                       curriculum's ``total_steps``); only batch, steps, lr, length, seed and the mining
+                       length (the training length, as the stock arm mines) set as for every arm (run
+                       dir ``OUT/ns-pipeline/seedN/run``). It trains the stock recipe's rows tuple for
+                       tuple (checked: the table is refused otherwise) and, where ``score`` drops
+                       nothing, its model bit for bit
+ns-pipeline-reordered  the default's rows and trainer, the rows in the ``tuple`` builder's seeded
+                       order: how far the row order alone moves a figure
+ns-pipeline-tuple      the default before ``stock``: the ``tuple`` builder (seeded passes in planned
+                       batches, the order-keeping sampler, GradCache on CPU) and the wider window
+                       (10 x 4 + 4 x the most positives of a query)
 ns-pipeline-neardedup  ns-pipeline with ``score.dedup_labelled = "near"`` (the default before): a
                        dataset's near-identical pairs dropped too (SciFact: 115 claim / altered-claim
                        pairs with the same abstract)
@@ -53,23 +63,17 @@ ns-pipeline-noeasy     ns-pipeline with ``score.easy_margin = 0.1`` (the easines
 ns-pipeline-gc8        ns-pipeline trained with ``train.mini_batch_size = 8`` (GradCache: the same
                        loss in 8-row chunks, a sixth of the training memory; dropout drawn in
                        another order)
-ns-pipeline-shuffled   ns-pipeline trained with the stock recipe's sampler (``train.batch_sampler =
-                       "shuffled"``: NO_DUPLICATES, rows reshuffled): the trainer's difference alone
-ns-pipeline-stocktrainer  ns-pipeline's examples through the stock recipe's trainer settings (the
-                       shuffled sampler and ``train.mini_batch_size = "off"``): with both, negsynth's
-                       trainer reproduces the stock recipe bit for bit on the same rows (a test
-                       checks it), so this arm differs from ``st-mined-4`` by the selection alone
 ns-pipeline-b12        ns-pipeline with 12 rows a batch: fewer rows per step than the stock recipe's
                        sampler leaves where queries have several positives (Cranfield: 320 rows in
                        17 steps, 10-25 a batch), where the default trains 32
-ns-pipeline-qbalanced  ns-pipeline with ``curriculum.balance = "queries"``: a pass is one row per query,
-                       its positives in turn (each query weighs once, as in nDCG@10)
+ns-pipeline-qbalanced  ns-pipeline-tuple with ``curriculum.balance = "queries"``: a pass is one row per
+                       query, its positives in turn (each query weighs once, as in nDCG@10)
 ns-stockrows           the stock recipe's own rows (``st-mined-4``'s ``mine_hard_negatives`` output)
                        through negsynth's curriculum (``tuple``, as many row visits as steps x batch)
                        and trainer defaults. Where queries have several positives the rows share
                        anchors and pack into many short batches (Cranfield: ~54 steps instead of
                        17), so there it is not a like-for-like trainer comparison; the bit-for-bit
-                       test and ``ns-pipeline-stocktrainer`` are
+                       test and ``ns-pipeline`` are
 ns-llm-{curriculum,    LLM-graded negatives from a ``regenerate`` run (``--llm-run DIR``; the
 random,reverse}        examples' scored levels), in curriculum / random / reverse order
 =====================  ==========================================================================
@@ -160,12 +164,10 @@ ALL_ARMS = (
     "ns-pipeline-wide",
     "ns-pipeline-noeasy",
     "ns-pipeline-gc8",
-    "ns-pipeline-shuffled",
-    "ns-pipeline-stockwin",
-    "ns-pipeline-stocktrainer",
     "ns-pipeline-b12",
     "ns-pipeline-qbalanced",
-    "ns-pipeline-asstock",
+    "ns-pipeline-reordered",
+    "ns-pipeline-tuple",
     "ns-stockrows",
     "ns-llm-curriculum",
     "ns-llm-random",
@@ -185,45 +187,39 @@ PIPELINE_ARMS = {
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
     # the same data trained with GradCache (8-row chunks): does the memory saving change the model?
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
-    # the same rows through the stock recipe's sampler (NO_DUPLICATES, reshuffled): the trainer difference alone
-    "ns-pipeline-shuffled": '[train]\nbatch_sampler = "shuffled"\n',
-    # the stock recipe's candidate window (mine_hard_negatives' default under a margin: 10 x 4 +
-    # the most positives of a query) instead of negsynth's 10 x 4 + 4 x that: which queries keep
-    # 4 negatives is then decided as the stock recipe decides it
-    "ns-pipeline-stockwin": "[regenerate.mining]\nrange_max = {stock_range_max}\n",
-    # the default's examples through the stock recipe's trainer settings (its NO_DUPLICATES sampler,
-    # one forward pass per batch): with these two, negsynth's trainer *is* the stock trainer, bit for
-    # bit on the same rows (tests/test_train_stock_equivalence.py), so what is left is the selection
-    "ns-pipeline-stocktrainer": '[train]\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n',
     # the default with fewer rows a batch than the stock recipe's sampler leaves on data whose queries
     # have several positives (Cranfield's fit split: 320 rows in 17 batches of 10-25; the default: 32
     # each): the same steps, fewer rows and fewer in-batch negatives per step
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
     # a pass is one row per query, its positives in turn: a query with nine positives weighs as one
     # with one (the stock recipe's sampler does something like it by accident on such data)
-    "ns-pipeline-qbalanced": '[curriculum]\nbalance = "queries"\n',
-    # every part of the stock recipe through negsynth's stages: its candidate window, mining at the
-    # training length (as the stock arm mines), the kept examples once (no cycling; the trainer's
-    # max_steps starts reshuffled passes, as the HF trainer does for the stock recipe) and its trainer
-    # (NO_DUPLICATES, one forward pass per batch): what is left is score's cleaning and the row order
-    "ns-pipeline-asstock": (
-        "[regenerate.mining]\nrange_max = {stock_range_max}\n[embedder]\nmax_length = {max_length}\n"
-        '[curriculum]\nepochs = 1\n[train]\nmax_steps = {steps}\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n'
+    # (on the tuple path: the stock schedule writes each example once and draws no passes)
+    "ns-pipeline-qbalanced": '[curriculum]\nschedule = "tuple"\nbalance = "queries"\n',
+    # the stock recipe's rows and trainer (the default's), the rows in the tuple builder's seeded
+    # order instead of the library's: how far the row order alone moves a figure
+    "ns-pipeline-reordered": (
+        '[curriculum]\nschedule = "tuple"\nepochs = 1\n[train]\nmax_steps = {steps}\nbatch_sampler = "shuffled"\nmini_batch_size = "off"\n'
     ),
+    # the default before the stock schedule: negsynth's tuple builder (seeded passes packed into
+    # planned batches, the order-keeping sampler, GradCache on CPU) and its wider mining window
+    # (10 x 4 + 4 x the most positives of one query)
+    "ns-pipeline-tuple": '[curriculum]\nschedule = "tuple"\n[regenerate.mining]\nrange_max = {tuple_range_max}\n',
 }
+# the arms whose examples must be the stock recipe's rows, tuple for tuple (check_same_rows)
+SAME_ROWS_ARMS = ("ns-pipeline", "ns-pipeline-reordered")
 
 
 STOCK_ARM = "st-mined-4"  # the stock recipe every arm is tested against
 
 
 def pipeline_extra(arm: str, src, args=None) -> str:
-    """A pipeline arm's TOML lines, with ``{stock_range_max}`` filled in for the fit split: the
-    window ``mine_hard_negatives`` uses under a margin (10 x 4 negatives + the most positives of one query)."""
+    """A pipeline arm's TOML lines, with ``{tuple_range_max}`` filled in for the fit split (the
+    window before the library's: 10 x 4 negatives + 4 x the most positives of one query) and
+    ``{steps}`` with the protocol's step count."""
     from collections import Counter
 
     most = max(Counter(p.query for p in src.pairs).values(), default=1)
-    steps, max_length = (args.steps, args.max_length) if args is not None else (None, None)
-    return PIPELINE_ARMS[arm].format(stock_range_max=40 + most, steps=steps, max_length=max_length)
+    return PIPELINE_ARMS[arm].format(tuple_range_max=40 + 4 * most, steps=args.steps if args is not None else None)
 
 
 # ------------------------------------------------------------------------------ dataset and splits
@@ -661,6 +657,8 @@ def pipeline_toml(src_dir: Path, args, seed: int, extra_toml: str = "", split: s
         "regenerate": {"negatives": "mined", "inputs": [{"path": str(path), "split": split, **({"name": name} if name else {})}]},
         "curriculum": {"seed": seed, "total_steps": args.steps},
         "train": {"batch_size": args.batch_size, "grad_accum": 1, "lr": args.lr, "max_length": args.max_length, "seed": seed},
+        # mined (and scored) at the training length, as the stock arm mines: the same rows for both
+        "embedder": {"max_length": args.max_length},
     }
     own = getattr(args, "split_from", None)
     if own:  # --test-frac: the dataset's own query file holds the train queries too (see decontam_sets)
@@ -833,13 +831,15 @@ def data_flow(arm: str, seed: int, src, args) -> dict:
         from negsynth.schemas.config_io import load_config
 
         tr = load_config(run_dir.parent / "pipeline.toml").train
-        if tr.batch_sampler == "shuffled" and tr.max_steps > 0:
+        # a stock curriculum's rows are cycled by the trainer for the curriculum's total_steps
+        steps = tr.max_steps if tr.max_steps > 0 else args.steps if cur.get("schedule") == "stock" else 0
+        if (tr.batch_sampler == "shuffled" or cur.get("schedule") == "stock") and steps > 0:
             # the trainer cycles the curriculum's one pass itself, as the HF trainer does the stock recipe's rows
             from negsynth.data.curriculum_io import load_curriculum
             from negsynth.data.stock import text_columns
 
             ds = load_curriculum(run_dir / "curriculum")
-            sizes = stock_batch_sizes(ds.select_columns(text_columns(ds.column_names)), args.batch_size, tr.max_steps, seed)
+            sizes = stock_batch_sizes(ds.select_columns(text_columns(ds.column_names)), args.batch_size, steps, seed)
             flow.update(
                 budget_rows=sum(sizes), batch_rows=sizes, cycling="train max_steps: reshuffled passes (NO_DUPLICATES) over the kept rows"
             )
@@ -1033,28 +1033,25 @@ def rows_digest(ds) -> tuple[int, str]:
     return len(rows), hashlib.sha256("\x1e".join(rows).encode()).hexdigest()[:16]
 
 
-#: the pipeline arm that must train exactly the stock recipe's rows (its selection is the library's)
-AS_STOCK_ARM = "ns-pipeline-asstock"
-
-
 def check_same_rows(arms: list[str], seed: int, src, args) -> None:
-    """``ns-pipeline-asstock`` trains the stock recipe's own rows, tuple for tuple, through negsynth's
-    stages: the benchmark refuses a table where they differ (negsynth's mining, cleaning or curriculum
-    drifted from the library's), so its figures stay a same-rows comparison."""
-    if STOCK_ARM not in arms or AS_STOCK_ARM not in arms:
-        return
+    """negsynth's default (and ``ns-pipeline-reordered``) train the stock recipe's own rows, tuple for
+    tuple, through negsynth's stages: the benchmark refuses a table where they differ (negsynth's
+    mining, cleaning or curriculum drifted from ``mine_hard_negatives``'), so the side-by-side stays a
+    same-rows comparison."""
     from negsynth.data.curriculum_io import load_curriculum
 
-    cur = args.out / AS_STOCK_ARM / f"seed{seed}" / "run" / "curriculum"
-    if not (cur / "dataset").is_dir():
+    todo = [a for a in SAME_ROWS_ARMS if a in arms and (args.out / a / f"seed{seed}" / "run" / "curriculum" / "dataset").is_dir()]
+    if STOCK_ARM not in arms or not todo:
         return
-    stock, mine = rows_digest(stock_rows(src, STOCK_ARM, args)), rows_digest(load_curriculum(cur))
-    if stock != mine:
-        raise SystemExit(
-            f"scifact_recipe: {AS_STOCK_ARM} does not train the stock recipe's rows ({mine[0]} rows, {mine[1]} vs {stock[0]}, {stock[1]}): "
-            "negsynth's selection drifted from mine_hard_negatives'"
-        )
-    print(f"\nsame rows: {AS_STOCK_ARM} trains the stock recipe's {stock[0]} rows, tuple for tuple ({stock[1]}), in its own order")
+    stock = rows_digest(stock_rows(src, STOCK_ARM, args))
+    for arm in todo:
+        mine = rows_digest(load_curriculum(args.out / arm / f"seed{seed}" / "run" / "curriculum"))
+        if stock != mine:
+            raise SystemExit(
+                f"scifact_recipe: {arm} does not train the stock recipe's rows ({mine[0]} rows, {mine[1]} vs {stock[0]}, {stock[1]}): "
+                "negsynth's selection drifted from mine_hard_negatives'"
+            )
+        print(f"\nsame rows: {arm} trains the stock recipe's {stock[0]} rows, tuple for tuple ({stock[1]})")
 
 
 def run_test(r: dict, args) -> dict:

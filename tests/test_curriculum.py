@@ -404,3 +404,38 @@ def test_balance_queries_weighs_each_query_once_whatever_its_positives():
     )
     with pytest.raises(CurriculumError, match="balance must be"):
         build_curriculum(single, balance="positives", **kw)
+
+
+def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_negative():
+    """``stock``: the n-tuple rows in input order, once, nothing packed or moved (the trainer's
+    shuffled sampler makes the batches), ``total_steps`` kept as the trainer's step count; the
+    epochs a pass-drawing schedule takes are refused in one line."""
+    ex = make_examples(10)
+    rows = build_curriculum(ex, schedule="stock", batch_size=4, total_steps=7, instruction_template=None)
+    assert [r["example_id"] for r in rows] == [e["id"] for e in ex]
+    assert [r["negative_4"] for r in rows] == [f"neg 4 of {i}" for i in range(10)] and {r["phase"] for r in rows} == {1}
+    assert rows.stats["total_steps"] == 7 and rows.stats["batches_planned"] is False and rows.stats["rows"] == 10
+    assert build_curriculum(ex, schedule="stock", batch_size=4, seed=5, instruction_template=None) == build_curriculum(
+        ex, schedule="stock", batch_size=4, seed=1, instruction_template=None
+    )  # no draw: the seed is the trainer's
+    with pytest.raises(CurriculumError, match="schedule 'stock' writes the rows once"):
+        build_curriculum(ex, schedule="stock", batch_size=4, epochs=2, instruction_template=None)
+    with pytest.raises(CurriculumError, match="use schedule = 'tuple' with it"):
+        build_curriculum(ex, schedule="stock", batch_size=4, balance="queries", instruction_template=None)
+
+
+def test_auto_takes_the_stock_schedule_for_labelled_pairs_with_mined_negatives_only():
+    """``auto``: labelled pairs whose 4 hardest negatives regenerate mined -> ``stock``; the corpus stage's
+    mined negatives -> ``tuple`` (its own measured path); LLM-written negatives -> ``curriculum``."""
+    from negsynth.schemas.config import CurriculumConfig
+    from negsynth.stages.curriculum import resolve_schedule
+
+    cc = CurriculumConfig()
+    labelled = [{"model": "mined:default:top"}] * 3
+    corpus = [{"model": "mined:default:corpus"}] * 3
+    assert resolve_schedule(cc, labelled) == "stock"
+    assert resolve_schedule(cc, corpus) == "tuple" and resolve_schedule(cc, labelled + corpus) == "tuple"
+    assert resolve_schedule(cc, [{"model": "smollm2"}]) == "curriculum"
+    assert resolve_schedule(cc, [{"model": "mined:default:graded"}] * 2) == "tuple"  # one per rank band: not the stock rows
+    assert resolve_schedule(CurriculumConfig(schedule="tuple"), labelled) == "tuple"
+    assert resolve_schedule(CurriculumConfig(negatives="mined"), labelled) == "tuple"

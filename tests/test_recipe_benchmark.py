@@ -69,7 +69,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     for arm, extra in mod.PIPELINE_ARMS.items():
         assert arm in mod.ALL_ARMS
         toml = tmp_path / f"{arm}.toml"
-        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(stock_range_max=41, steps=28, max_length=128)))
+        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(tuple_range_max=44, steps=28)))
         cfgs[arm] = load_config(toml)
     base = cfgs["ns-pipeline"]
     assert (
@@ -77,13 +77,14 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     )
     assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
-    assert cfgs["ns-pipeline-stockwin"].regenerate.mining.range_max == 41
-    # every stock part at once: the window, mining at the training length, one pass of the kept
-    # examples (no step-sized curriculum: the trainer's max_steps cycles them) and the stock trainer
-    stock = cfgs["ns-pipeline-asstock"]
-    assert stock.regenerate.mining.range_max == 41 and stock.embedder.max_length == 128 and base.embedder.max_length is None
-    assert stock.curriculum.total_steps is None and stock.curriculum.epochs == 1 and stock.train.max_steps == 28
-    assert (stock.train.batch_sampler, stock.train.mini_batch_size) == ("shuffled", None)
+    # both arms mine at the training length, as the stock arm mines
+    assert base.embedder.max_length == 128 and base.curriculum.schedule == "auto"
+    # the stock rows in the tuple builder's seeded order, through the stock trainer
+    reordered = cfgs["ns-pipeline-reordered"]
+    assert reordered.curriculum.schedule == "tuple" and reordered.curriculum.total_steps is None and reordered.curriculum.epochs == 1
+    assert (reordered.train.max_steps, reordered.train.batch_sampler, reordered.train.mini_batch_size) == (28, "shuffled", None)
+    old = cfgs["ns-pipeline-tuple"]  # the default before: tuple builder, 4 x the positives in the window
+    assert old.curriculum.schedule == "tuple" and old.regenerate.mining.range_max == 44 and old.train == base.train
     for arm, cfg in cfgs.items():
         changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
         assert (
@@ -94,27 +95,21 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-wide": {"regenerate"},
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
-                "ns-pipeline-shuffled": {"train"},
-                "ns-pipeline-stockwin": {"regenerate"},
-                "ns-pipeline-stocktrainer": {"train"},
                 "ns-pipeline-b12": {"train"},
                 "ns-pipeline-qbalanced": {"curriculum"},
-                "ns-pipeline-asstock": {"regenerate", "curriculum", "train"},
+                "ns-pipeline-reordered": {"curriculum", "train"},
+                "ns-pipeline-tuple": {"regenerate", "curriculum"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
     gc8 = cfgs["ns-pipeline-gc8"].train  # its one line joins the protocol's [train] table
     assert gc8.mini_batch_size == 8 and base.train.mini_batch_size == "auto"
     assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
-    shuffled = cfgs["ns-pipeline-shuffled"].train
-    assert shuffled.batch_sampler == "shuffled" and shuffled.model_copy(update={"batch_sampler": "ordered"}) == base.train
-    stock = cfgs["ns-pipeline-stocktrainer"].train  # the two settings that make negsynth's trainer the stock one
-    assert (stock.batch_sampler, stock.mini_batch_size) == ("shuffled", None)
-    assert stock.model_copy(update={"batch_sampler": "ordered", "mini_batch_size": "auto"}) == base.train
     b12 = cfgs["ns-pipeline-b12"]  # an arm's key replaces the protocol's, in the protocol's own table
     assert b12.train.batch_size == 12 and b12.train.model_copy(update={"batch_size": base.train.batch_size}) == base.train
     assert b12.curriculum == base.curriculum
-    assert cfgs["ns-pipeline-qbalanced"].curriculum.balance == "queries" and base.curriculum.balance == "examples"
+    qb = cfgs["ns-pipeline-qbalanced"].curriculum
+    assert qb.balance == "queries" and qb.schedule == "tuple" and base.curriculum.balance == "examples"
     assert cfgs["ns-pipeline-qbalanced"].curriculum.total_steps == base.curriculum.total_steps  # merged into the protocol's table
 
 
@@ -470,14 +465,15 @@ def test_fresh_redoes_every_planned_run_not_only_the_first(tmp_path, monkeypatch
     assert ran == []  # without --fresh, done runs are kept
 
 
-def test_the_stock_window_arm_takes_the_librarys_window_for_the_split():
-    """mine_hard_negatives under a margin looks at 10 x 4 negatives + the most positives of one
-    query; the arm's range_max is that for the fit split it runs on."""
+def test_the_tuple_arm_takes_the_earlier_window_for_the_split():
+    """The default before the stock schedule looked at 10 x 4 negatives + 4 x the most positives of
+    one query; the arm's range_max is that for the fit split it runs on."""
     from types import SimpleNamespace
 
     mod = load_script()
     pairs = [SimpleNamespace(query=q) for q in ["a", "a", "a", "b", "c", "c"]]
-    assert mod.pipeline_extra("ns-pipeline-stockwin", SimpleNamespace(pairs=pairs)) == "[regenerate.mining]\nrange_max = 43\n"
+    got = mod.pipeline_extra("ns-pipeline-tuple", SimpleNamespace(pairs=pairs))
+    assert got == '[curriculum]\nschedule = "tuple"\n[regenerate.mining]\nrange_max = 52\n'
     assert mod.pipeline_extra("ns-pipeline", SimpleNamespace(pairs=pairs)) == ""
 
 
@@ -523,9 +519,9 @@ def test_dev_only_stops_before_the_test_split_and_a_later_run_adds_it(tmp_path, 
     assert trained == [("base", 0), ("st-mined-4", 0)] and sorted(tested) == [("base", 0), ("st-mined-4", 0)]
 
 
-def test_the_as_stock_arm_must_train_the_stock_recipes_rows_tuple_for_tuple(tmp_path, monkeypatch, capsys):
+def test_the_default_arm_must_train_the_stock_recipes_rows_tuple_for_tuple(tmp_path, monkeypatch, capsys):
     """The digest ignores row order and sees one changed negative; the benchmark refuses a table
-    whose as-stock arm trains other rows than the stock recipe (a drift in selection), and says so
+    whose default arm trains other rows than the stock recipe (a drift in selection), and says so
     when they match."""
     import pytest
     from datasets import Dataset
@@ -535,15 +531,15 @@ def test_the_as_stock_arm_must_train_the_stock_recipes_rows_tuple_for_tuple(tmp_
     stock = Dataset.from_dict(rows)
     shuffled = Dataset.from_dict({k: v[::-1] for k, v in rows.items()})
     assert mod.rows_digest(stock) == mod.rows_digest(shuffled.add_column("phase", [1, 1]))
-    cur = tmp_path / "out" / mod.AS_STOCK_ARM / "seed0" / "run" / "curriculum"
+    cur = tmp_path / "out" / mod.DEFAULT_ARM / "seed0" / "run" / "curriculum"
     shuffled.save_to_disk(str(cur / "dataset"))
     monkeypatch.setattr(mod, "stock_rows", lambda src, arm, args: stock)
     args = argparse.Namespace(out=tmp_path / "out")
-    mod.check_same_rows([mod.STOCK_ARM, mod.AS_STOCK_ARM], 0, None, args)
-    assert "trains the stock recipe's 2 rows, tuple for tuple" in capsys.readouterr().out
+    mod.check_same_rows([mod.STOCK_ARM, mod.DEFAULT_ARM], 0, None, args)
+    assert "ns-pipeline trains the stock recipe's 2 rows, tuple for tuple" in capsys.readouterr().out
     mod.check_same_rows([mod.STOCK_ARM], 0, None, args)  # nothing to compare: no check
     other = Dataset.from_dict({**rows, "negative_4": ["n4a", "other"]})
     monkeypatch.setattr(mod, "stock_rows", lambda src, arm, args: other)
     assert mod.rows_digest(other) != mod.rows_digest(stock)
-    with pytest.raises(SystemExit, match="does not train the stock recipe's rows"):
-        mod.check_same_rows([mod.STOCK_ARM, mod.AS_STOCK_ARM], 0, None, args)
+    with pytest.raises(SystemExit, match="ns-pipeline does not train the stock recipe's rows"):
+        mod.check_same_rows([mod.STOCK_ARM, mod.DEFAULT_ARM], 0, None, args)

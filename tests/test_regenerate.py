@@ -530,3 +530,26 @@ def test_a_teacher_regenerate_cannot_apply_is_refused_in_one_line(tmp_path, body
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", "[regenerate]\n" + body)
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tmp_path / "beir")
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
+
+
+def test_the_default_mining_window_is_the_librarys_own(monkeypatch):
+    """With ``range_max`` unset, ``mine_negatives`` asks ``mine_hard_negatives`` for the window the
+    library itself takes under a margin (10 x k candidates + the most positives of one query), so
+    a query keeps k negatives exactly where the stock recipe keeps them; a set value is passed as is."""
+    import datasets
+    import sentence_transformers.util
+
+    from negsynth.embed.mining import mine_negatives
+
+    seen = []
+
+    def fake(ds, model, **kw):
+        seen.append(kw["range_max"])
+        return datasets.Dataset.from_dict({"query": [], "positive": [], "negative": [], "scores": []})
+
+    monkeypatch.setattr(sentence_transformers.util, "mine_hard_negatives", fake)
+    corpus = [f"doc {i}" for i in range(200)]
+    known = {"a": ["doc 1", "doc 2", "doc 3"], "b": ["doc 4"]}
+    mine_negatives(None, {"a": "query a", "b": "query b"}, known, corpus, 4)
+    mine_negatives(None, {"a": "query a", "b": "query b"}, known, corpus, 4, range_max=77)
+    assert seen == [10 * 4 + 3, 77]

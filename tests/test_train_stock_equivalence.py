@@ -86,3 +86,55 @@ def test_each_setting_negsynth_adds_changes_the_model(minilm, tmp_path, stock_em
     mine = _negsynth_embeddings(minilm, tmp_path, **settings)
     assert not torch.equal(mine, stock_embeddings)
     assert torch.nn.functional.cosine_similarity(mine, stock_embeddings).min() > 0.9  # the same model, trained a little differently
+
+
+def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe(minilm, tmp_path):
+    """negsynth's default for labelled pairs with mined negatives, end to end from the examples: the
+    ``stock`` schedule writes the rows in input order and the train stage trains them with the
+    stock sampler, one pass per batch and the curriculum's ``total_steps``, with every train
+    setting left at its default — the stock recipe's model on ``mine_hard_negatives``' n-tuples, bit for bit."""
+    from types import SimpleNamespace
+
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.data.curriculum import build_curriculum, load_curriculum, save_curriculum
+    from negsynth.stages.train import _stock_schedule
+    from negsynth.train import TrainConfig, make_trainer
+
+    src = _rows()
+    negs = [[f"unrelated text {i} on subject {(i + k) % 11}, take {k}" for k in range(4)] for i in range(len(src))]
+    stock_rows = Dataset.from_dict(
+        {"anchor": src["anchor"], "positive": src["positive"], **{f"negative_{k + 1}": [n[k] for n in negs] for k in range(4)}}
+    )
+    stock = SentenceTransformer(minilm, device="cpu")
+    _stock_recipe()(stock, stock_rows, tmp_path / "stock", batch_size=8, lr=5e-5, seed=3, max_length=48, steps=4)
+    want = stock.encode(PROBE, convert_to_tensor=True)
+
+    examples = [
+        {
+            "id": f"e{i}",
+            "task": "",
+            "task_type": "short-long",
+            "query": q,
+            "positive": p,
+            "negatives": n,
+            "model": "mined:x:top",
+            "source": "beir",
+        }
+        for i, (q, p, n) in enumerate(zip(src["anchor"], src["positive"], negs))
+    ]
+    rows = build_curriculum(examples, schedule="stock", batch_size=8, total_steps=4, instruction_template=None)
+    save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
+    ds = load_curriculum(tmp_path / "curriculum")
+    assert ds.select_columns(stock_rows.column_names).to_dict() == stock_rows.to_dict()
+    ctx = SimpleNamespace(stage_dir=lambda name: tmp_path / name)
+    shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_length": 48, "seed": 3, "save_steps": 10**6}
+    tc = _stock_schedule(ctx, TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **shared))
+    assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)
+    trainer, model = make_trainer(ds, tc, model=SentenceTransformer(minilm, device="cpu"))
+    trainer.train()
+    model.max_seq_length = 256
+    mine = model.encode(PROBE, convert_to_tensor=True)
+    assert torch.equal(mine, want), (mine - want).abs().max().item()

@@ -45,7 +45,11 @@ def _card_md(card: dict) -> str:
         "",
         f"Schedule `{b.get('schedule')}` (levels by phase {b.get('levels')}), batch size {b.get('batch_size')}, "
         f"seed {b.get('seed')}, homogeneous batches {b.get('homogeneous_batches')}, mined negatives {b.get('use_mined')}.",
-        f"{card['rows']} rows = {card['batches']} batches, in training order (do not shuffle).",
+        (
+            f"{card['rows']} rows in input order, once: the trainer's shuffled sampler batches and cycles them."
+            if b.get("batches_planned") is False
+            else f"{card['rows']} rows = {card['batches']} batches, in training order (do not shuffle)."
+        ),
         "",
     ]
     for key, title in (

@@ -441,10 +441,12 @@ class CurriculumConfig(Section):
 
     ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``reverse``,
     ``random``, ``fixed:K``, ``tuple`` / ``tuple:K`` (every row carries the K = 4 hardest
-    negatives as ``negative_1..K``, no order), or ``auto`` (the default): ``tuple`` when every
-    negative was mined (``negatives = "mined"``, or every input example made by
-    ``regenerate.negatives = "mined"``), where it beat the graded curriculum on SciFact
-    (``benchmarks/scifact_recipe.py``), else ``curriculum`` (LLM-graded negatives, the method).
+    negatives as ``negative_1..K``, no order), ``stock`` (the same rows in input order, once: the
+    trainer shuffles, batches and cycles them as sentence-transformers' stock recipe does), or
+    ``auto`` (the default): ``stock`` when every example is a labelled pair with its 4 hardest mined
+    negatives (``regenerate.negatives = "mined"``, strategy ``top``: negsynth then trains the stock recipe's rows the stock way,
+    chosen on SciFact-dev and Cranfield-dev), ``tuple`` for other mined negatives (the corpus stage's,
+    or ``negatives = "mined"``), else ``curriculum`` (LLM-graded negatives, the method).
     ``batch_size`` defaults to ``train.batch_size``: the builder keeps every text unique inside
     each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
@@ -475,11 +477,11 @@ class CurriculumConfig(Section):
     @classmethod
     def _schedule(cls, v: str) -> str:
         if (
-            v not in ("auto", "curriculum", "reverse", "random", "tuple")
+            v not in ("auto", "curriculum", "reverse", "random", "tuple", "stock")
             and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4")
             and not re.fullmatch(r"tuple:[1-9][0-9]*", v)
         ):
-            raise ValueError(f"unknown schedule {v!r}; choose auto, curriculum, reverse, random, fixed:1..fixed:4, tuple or tuple:K")
+            raise ValueError(f"unknown schedule {v!r}; choose auto, curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K or stock")
         return v
 
 

@@ -36,12 +36,18 @@ def anchor_template(cfg) -> str | None:
 def resolve_schedule(cc, examples: list[dict]) -> str:
     """``curriculum.schedule``, with ``auto`` resolved: ``tuple`` (every row carries its 4 hardest
     negatives) when all negatives were mined — ``curriculum.negatives = "mined"`` or every example
-    made by ``regenerate.negatives = "mined"`` (``model`` = ``mined:…``) — since on SciFact mined
+    made by the corpus stage's mining (``model`` = ``mined:…:corpus``) — since on SciFact mined
     negatives trained better that way than as a graded curriculum (benchmarks/scifact_recipe.py);
-    else ``curriculum``, the method's order for LLM-graded negatives."""
+    ``stock`` when every example is a labelled pair with the 4 hardest mined negatives
+    (``regenerate.negatives = "mined"``, ``mining.strategy = "top"``): the stock recipe's own rows and training, which led negsynth's tuple path on
+    SciFact-dev and Cranfield-dev (docs/recipe.md); else ``curriculum``, the method's order for
+    LLM-graded negatives."""
     if cc.schedule != "auto":
         return cc.schedule
-    mined = cc.negatives == "mined" or (bool(examples) and all(str(e.get("model") or "").startswith("mined:") for e in examples))
+    models = [str(e.get("model") or "") for e in examples]
+    if cc.negatives != "mined" and models and all(m.startswith("mined:") and m.endswith(":top") for m in models):
+        return "stock"  # labelled pairs with the hardest mined negatives: the stock recipe's rows, trained its way
+    mined = cc.negatives == "mined" or (bool(models) and all(m.startswith("mined:") for m in models))
     return "tuple" if mined else "curriculum"
 
 
@@ -92,7 +98,8 @@ def run(ctx: StageContext) -> dict:
             rows = build_curriculum(examples, batch_size=batch_size, **options)
         except BatchFillError:
             rows = None
-        if not has_full_batch(rows):  # a small pool: no text may appear twice in a batch, so fewer rows share one
+        # "stock" plans no batches: the trainer's shuffled sampler leaves one short rather than repeat a text
+        if schedule != "stock" and not has_full_batch(rows):  # a small pool: no text may appear twice in a batch, so fewer rows share one
             wanted, fit = batch_size, largest_fitting_batch(examples, batch_size, **options)
             if fit is None:
                 raise CurriculumError(
@@ -145,10 +152,17 @@ def report(stats: dict) -> list[Summary]:
                 ("examples in", stats["examples"]),
                 ("rows (training order)", stats["rows"]),
                 (
-                    "batches of",
-                    f"{stats['batches']} x {stats['batch_size']}"
-                    + (f" ({stats['short_batches']} shorter: a phase's last rows)" if stats.get("short_batches") else "")
-                    + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else ""),
+                    (
+                        "batches of",
+                        f"the trainer's shuffled sampler (NO_DUPLICATES): {stats['batches']} steps x up to {stats['batch_size']}",
+                    )
+                    if stats["schedule"] == "stock"
+                    else (
+                        "batches of",
+                        f"{stats['batches']} x {stats['batch_size']}"
+                        + (f" ({stats['short_batches']} shorter: a phase's last rows)" if stats.get("short_batches") else "")
+                        + (f" (too few examples for {stats['batch_size_wanted']})" if stats.get("batch_size_wanted") else ""),
+                    )
                 ),
                 ("schedule", stats["schedule"] + (" (auto)" if stats.get("schedule_setting") == "auto" else "")),
                 ("rows per phase", ", ".join(f"{k}: {v}" for k, v in stats["rows_per_phase"].items())),

@@ -78,6 +78,7 @@ def run(ctx: StageContext) -> dict:
     from negsynth.train.memory import PeakRSS
 
     tc = _curriculum_batch(ctx, tc)
+    tc = _stock_schedule(ctx, tc)
     tc = _resume_point(ctx, tc)
     announce(tc)  # under a launcher: the other ranks train with this very config
     resumed_from = _checkpoint_step_of(tc.resume, out)
@@ -115,6 +116,32 @@ def run(ctx: StageContext) -> dict:
     return stats
 
 
+def _curriculum_build(ctx: StageContext) -> dict:
+    """The curriculum's build statistics (its card), or {} when there is no card."""
+    try:
+        return json.loads((ctx.stage_dir("curriculum") / "card.json").read_text(encoding="utf-8")).get("build") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _stock_schedule(ctx: StageContext, tc):
+    """``tc`` for a ``stock`` curriculum (rows in input order, once, no batches planned): trained as
+    sentence-transformers' stock recipe trains ``mine_hard_negatives``' rows — its ``NO_DUPLICATES``
+    sampler (an order-keeping sampler would train them in input order, unshuffled), one forward pass
+    per batch where ``mini_batch_size`` is ``"auto"`` (a set chunk size stays: GradCache is the same
+    loss), and ``curriculum.total_steps`` as the step count where ``train.max_steps`` is unset. With
+    these the model is the stock recipe's, bit for bit (tests/test_train_stock_equivalence.py)."""
+    build = _curriculum_build(ctx)
+    if build.get("schedule") != "stock":
+        return tc
+    update: dict = {"batch_sampler": "shuffled"}
+    if tc.mini_batch_size == "auto":
+        update["mini_batch_size"] = None
+    if tc.max_steps < 0 and isinstance(build.get("total_steps"), int):
+        update["max_steps"] = build["total_steps"]
+    return tc.model_copy(update=update)
+
+
 def _curriculum_batch(ctx: StageContext, tc):
     """``tc`` with the curriculum's batch size where the curriculum chose a smaller one than asked
     (too few examples filled no batch of distinct texts of the configured size): the rows are
@@ -124,10 +151,7 @@ def _curriculum_batch(ctx: StageContext, tc):
     recipe does with the configured size."""
     if tc.batch_sampler == "shuffled":
         return tc
-    try:
-        build = json.loads((ctx.stage_dir("curriculum") / "card.json").read_text(encoding="utf-8")).get("build") or {}
-    except (OSError, ValueError):
-        return tc
+    build = _curriculum_build(ctx)
     b = build.get("batch_size")
     if build.get("batch_size_wanted") and isinstance(b, int) and b != tc.batch_size:
         ctx.reporter.info(f"train: batch size {b}, the curriculum's (too few examples for {build['batch_size_wanted']})")
