@@ -415,6 +415,7 @@ def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_n
     assert [r["example_id"] for r in rows] == [e["id"] for e in ex]
     assert [r["negative_4"] for r in rows] == [f"neg 4 of {i}" for i in range(10)] and {r["phase"] for r in rows} == {1}
     assert rows.stats["total_steps"] == 7 and rows.stats["batches_planned"] is False and rows.stats["rows"] == 10
+    assert {r["batch"] for r in rows} == {-1}  # not built as batches
     assert build_curriculum(ex, schedule="stock", batch_size=4, seed=5, instruction_template=None) == build_curriculum(
         ex, schedule="stock", batch_size=4, seed=1, instruction_template=None
     )  # no draw: the seed is the trainer's

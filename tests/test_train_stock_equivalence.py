@@ -138,3 +138,25 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
     model.max_seq_length = 256
     mine = model.encode(PROBE, convert_to_tensor=True)
     assert torch.equal(mine, want), (mine - want).abs().max().item()
+
+
+def test_rows_not_built_as_batches_under_the_order_keeping_sampler_are_named_in_a_warning(caplog):
+    """A ``stock`` curriculum handed to the library trainer with its default (order-keeping)
+    sampler would train in input order, unshuffled: the trainer says so and names the setting."""
+    import logging
+
+    from datasets import Dataset
+
+    from negsynth.train import TrainConfig
+    from negsynth.train.trainer import _batch_sampler
+
+    ds = Dataset.from_dict({"anchor": ["a", "b"], "positive": ["p", "q"], "phase": [1, 1], "batch": [-1, -1]})
+    with caplog.at_level(logging.WARNING, logger="negsynth.train.trainer"):
+        texts = ds.select_columns(["anchor", "positive"])
+        _batch_sampler(TrainConfig(), ds, texts, ds["phase"], ["anchor", "positive"], 2)
+        assert "set batch_sampler = 'shuffled'" in caplog.text
+        caplog.clear()
+        _batch_sampler(TrainConfig(batch_sampler="shuffled"), ds, texts, ds["phase"], ["anchor", "positive"], 2)
+        planned = ds.remove_columns("batch").add_column("batch", [0, 0])
+        _batch_sampler(TrainConfig(), planned, texts, planned["phase"], ["anchor", "positive"], 2)
+        assert caplog.text == ""

@@ -46,8 +46,8 @@ phase; each row's level drawn uniformly from 1-4 by ``seed``; phase = 1 througho
 carries the example's K hardest negatives, K = 4 by default, as ``negative_1 .. negative_K``
 hardest first, ``level = 0``: every negative is used, as in sentence-transformers' n-tuple
 recipe; on SciFact this beat the graded curriculum, see ``benchmarks/scifact_recipe.py``), and
-``stock``: the n-tuple rows of ``tuple`` **in input order, once, with no batches planned** (the
-``batch`` column numbers consecutive blocks, for the card): the trainer's shuffled sampler (sentence-transformers' ``NO_DUPLICATES``) makes
+``stock``: the n-tuple rows of ``tuple`` **in input order, once, with no batches planned**
+(``batch`` = -1): the trainer's shuffled sampler (sentence-transformers' ``NO_DUPLICATES``) makes
 the batches and its ``max_steps`` cycles the rows, as the stock recipe trains
 ``mine_hard_negatives``' output; ``total_steps`` is then the trainer's step count, not a row count.
 
@@ -493,8 +493,8 @@ def _stock_rows(
             f"curriculum: no usable example (need >= 4 {'mined_negatives' if use_mined else 'negatives'} each); "
             "check the input stage or use schedule fixed:K"
         )
-    # ``batch``: consecutive blocks, for the card only: the trainer's sampler makes the batches
-    rows = CurriculumRows({**r, "level": 0, "phase": 1, "batch": i // batch_size} for i, r in enumerate(built))
+    # ``batch`` -1: not built as batches (the trainer's shuffled sampler makes them)
+    rows = CurriculumRows({**r, "level": 0, "phase": 1, "batch": -1} for r in built)
     stats = dict(built.stats)
     stats.update(
         {

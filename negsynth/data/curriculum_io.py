@@ -27,7 +27,7 @@ def composition(rows: list[dict], stats: dict | None = None) -> dict[str, Any]:
     stats = dict(stats or getattr(rows, "stats", {}) or {})
     card = {
         "rows": len(rows),
-        "batches": len({r["batch"] for r in rows}),
+        "batches": len({r["batch"] for r in rows if r["batch"] >= 0}),  # -1: rows not built as batches ("stock")
         "per_phase": dict(sorted(Counter(r["phase"] for r in rows).items())),
         "per_level": dict(sorted(Counter(r["level"] for r in rows).items())),
         "per_phase_level": {f"{p}/{lv}": n for (p, lv), n in sorted(Counter((r["phase"], r["level"]) for r in rows).items())},

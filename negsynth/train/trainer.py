@@ -340,6 +340,11 @@ def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, text_
         from sentence_transformers.base.sampler import BatchSamplers
 
         return BatchSamplers.NO_DUPLICATES, None
+    if "batch" in ds.column_names and len(ds) and set(ds.unique("batch")) == {-1}:
+        log.warning(
+            "the rows were not built as batches (batch = -1: a 'stock' curriculum): the order-keeping sampler trains them "
+            "in dataset order, unshuffled; set batch_sampler = 'shuffled' to train them as sentence-transformers' stock recipe does"
+        )
     if config.no_duplicates:
         sampler = curriculum_batch_sampler(batch_segments(ds))
         planned = sampler(train_ds, batch_size=per_device, drop_last=False)
