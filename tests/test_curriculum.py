@@ -410,19 +410,23 @@ def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_n
     """``stock``: the n-tuple rows in input order, once, nothing packed or moved (the trainer's
     shuffled sampler makes the batches), ``total_steps`` kept as the trainer's step count; the
     epochs a pass-drawing schedule takes are refused in one line."""
+    from negsynth.data.stock import stock_curriculum
+
     ex = make_examples(10)
-    rows = build_curriculum(ex, schedule="stock", batch_size=4, total_steps=7, instruction_template=None)
+    rows = stock_curriculum(ex, batch_size=4, total_steps=7, instruction_template=None)
     assert [r["example_id"] for r in rows] == [e["id"] for e in ex]
     assert [r["negative_4"] for r in rows] == [f"neg 4 of {i}" for i in range(10)] and {r["phase"] for r in rows} == {1}
     assert rows.stats["total_steps"] == 7 and rows.stats["batches_planned"] is False and rows.stats["rows"] == 10
     assert {r["batch"] for r in rows} == {-1}  # not built as batches
-    assert build_curriculum(ex, schedule="stock", batch_size=4, seed=5, instruction_template=None) == build_curriculum(
-        ex, schedule="stock", batch_size=4, seed=1, instruction_template=None
+    assert stock_curriculum(ex, batch_size=4, seed=5, instruction_template=None) == stock_curriculum(
+        ex, batch_size=4, seed=1, instruction_template=None
     )  # no draw: the seed is the trainer's
     with pytest.raises(CurriculumError, match="schedule 'stock' writes the rows once"):
-        build_curriculum(ex, schedule="stock", batch_size=4, epochs=2, instruction_template=None)
+        stock_curriculum(ex, batch_size=4, epochs=2, instruction_template=None)
     with pytest.raises(CurriculumError, match="use schedule = 'tuple' with it"):
-        build_curriculum(ex, schedule="stock", batch_size=4, balance="queries", instruction_template=None)
+        stock_curriculum(ex, batch_size=4, balance="queries", instruction_template=None)
+    with pytest.raises(CurriculumError, match="build it with negsynth.data.stock.stock_curriculum"):
+        build_curriculum(ex, schedule="stock", batch_size=4, instruction_template=None)
 
 
 def test_auto_takes_the_stock_schedule_for_labelled_pairs_with_mined_negatives_only():

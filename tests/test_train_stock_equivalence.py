@@ -99,7 +99,8 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
 
-    from negsynth.data.curriculum import build_curriculum, load_curriculum, save_curriculum
+    from negsynth.data.curriculum import load_curriculum, save_curriculum
+    from negsynth.data.stock import stock_curriculum
     from negsynth.stages.train import _stock_schedule
     from negsynth.train import TrainConfig, make_trainer
 
@@ -125,7 +126,7 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
         }
         for i, (q, p, n) in enumerate(zip(src["anchor"], src["positive"], negs))
     ]
-    rows = build_curriculum(examples, schedule="stock", batch_size=8, total_steps=4, instruction_template=None)
+    rows = stock_curriculum(examples, batch_size=8, total_steps=4, instruction_template=None)
     save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
     ds = load_curriculum(tmp_path / "curriculum")
     assert ds.select_columns(stock_rows.column_names).to_dict() == stock_rows.to_dict()

@@ -46,8 +46,8 @@ phase; each row's level drawn uniformly from 1-4 by ``seed``; phase = 1 througho
 carries the example's K hardest negatives, K = 4 by default, as ``negative_1 .. negative_K``
 hardest first, ``level = 0``: every negative is used, as in sentence-transformers' n-tuple
 recipe; on SciFact this beat the graded curriculum, see ``benchmarks/scifact_recipe.py``), and
-``stock``: the n-tuple rows of ``tuple`` **in input order, once, with no batches planned**
-(``batch`` = -1): the trainer's shuffled sampler (sentence-transformers' ``NO_DUPLICATES``) makes
+``stock`` (built by :func:`negsynth.data.stock.stock_curriculum`): the n-tuple rows of ``tuple``
+**in input order, once, with no batches planned** (``batch`` = -1): the trainer's shuffled sampler (sentence-transformers' ``NO_DUPLICATES``) makes
 the batches and its ``max_steps`` cycles the rows, as the stock recipe trains
 ``mine_hard_negatives``' output; ``total_steps`` is then the trainer's step count, not a row count.
 
@@ -116,15 +116,13 @@ def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
     if m:
         k = int(m.group(1))
         return f"fixed:{k}", [k], k
-    if s == "stock":  # one row per example, input order, batches left to the trainer's sampler
+    if s == "stock":  # one row per example, input order: built by negsynth.data.stock.stock_curriculum
         return "stock", [0], 4
     m = re.fullmatch(r"tuple(?::([1-9][0-9]*))?", s)
     if m:  # level 0 = the row carries every level up to K
         k = int(m.group(1) or 4)
         return ("tuple" if k == 4 else f"tuple:{k}"), [0], k
-    raise CurriculumError(
-        f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K, stock"
-    )
+    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K")
 
 
 def to_example(obj, i: int):
@@ -408,14 +406,9 @@ def build_curriculum(
     empty task gives the bare query.
     """
     kind, levels, needed = parse_schedule(schedule)
-    epochs = _check_options(kind, len(levels), batch_size, total_steps, epochs, incomplete_batches, instruction_template)
     if kind == "stock":
-        if balance != "examples":
-            raise CurriculumError(
-                f"curriculum: schedule 'stock' writes each example once and draws no passes, so balance = {balance!r} "
-                "has nothing to balance; use schedule = 'tuple' with it"
-            )
-        return _stock_rows(examples, batch_size, total_steps, epochs, seed, use_mined, instruction_template)
+        raise CurriculumError("curriculum: schedule 'stock' plans no batches; build it with negsynth.data.stock.stock_curriculum")
+    epochs = _check_options(kind, len(levels), batch_size, total_steps, epochs, incomplete_batches, instruction_template)
     stats: dict[str, Any] = Counter()
     pool = _usable_examples(examples, needed, use_mined, instruction_template, stats)
     stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
@@ -469,56 +462,6 @@ def build_curriculum(
     stats["incomplete_batches"] = incomplete_batches
     for k in ("skipped_few_negatives", "dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
         stats.setdefault(k, 0)
-    rows.stats = stats
-    return rows
-
-
-def _stock_rows(
-    examples, batch_size: int, total_steps: int | None, epochs: float | None, seed: int, use_mined: bool, template
-) -> CurriculumRows:
-    """The ``stock`` schedule: :func:`negsynth.data.stock.ntuple_rows` (one row per example, its 4
-    hardest negatives, input order) with ``level`` 0 and ``phase`` 1, once.
-    The trainer shuffles and batches them (``NO_DUPLICATES``) and cycles them for ``total_steps``
-    steps, so a pass is never drawn or packed here."""
-    from negsynth.data.stock import ntuple_rows
-
-    if epochs is not None and epochs != 1:
-        raise CurriculumError(
-            f"curriculum: schedule 'stock' writes the rows once and the trainer cycles them; set train.max_steps "
-            f"or curriculum.total_steps instead of epochs = {epochs}"
-        )
-    built = ntuple_rows(examples, 4, instruction_template=template, use_mined=use_mined)
-    if not built:
-        raise CurriculumError(
-            f"curriculum: no usable example (need >= 4 {'mined_negatives' if use_mined else 'negatives'} each); "
-            "check the input stage or use schedule fixed:K"
-        )
-    # ``batch`` -1: not built as batches (the trainer's shuffled sampler makes them)
-    rows = CurriculumRows({**r, "level": 0, "phase": 1, "batch": -1} for r in built)
-    stats = dict(built.stats)
-    stats.update(
-        {
-            "schedule": "stock",
-            "levels": [0],
-            "batch_size": batch_size,
-            "seed": seed,
-            "epochs": epochs,
-            # the trainer's optimizer steps (it cycles the rows); None: one pass, ceil(rows / batch)
-            "total_steps": total_steps,
-            "steps": total_steps or -(-len(rows) // batch_size),
-            "rows": len(rows),
-            "use_mined": use_mined,
-            "instruction_template": template,
-            "label": "label" in rows[0],
-            "examples_in": stats.get("examples", 0),
-            "examples_used": len(rows),
-            "examples_unused": stats.get("examples", 0) - len(rows),
-            "batches_planned": False,  # the trainer's shuffled sampler makes them
-        }
-    )
-    for k in ("dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
-        stats.setdefault(k, 0)
-    stats["dropped_self_duplicate"] = stats.pop("skipped_self_duplicate", 0)
     rows.stats = stats
     return rows
 

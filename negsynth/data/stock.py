@@ -1,5 +1,9 @@
 """Training rows in the layouts the stock sentence-transformers trainer reads.
 
+* **the ``stock`` curriculum** (:func:`stock_curriculum`): the n-tuples below in input order, once,
+  not built as batches: the trainer's shuffled sampler batches and cycles them, as the stock recipe
+  trains ``mine_hard_negatives``' output (the default for labelled pairs with mined negatives);
+
 * **the curriculum** (``RUN_DIR/curriculum/dataset``, built by :mod:`negsynth.data.curriculum`):
   one row per (example, level), in training order, with metadata columns;
 * **n-tuples** (:func:`ntuple_rows`): one row per example, ``anchor, positive, negative_1 ..
@@ -100,3 +104,75 @@ def ntuple_rows(
         }
     )
     return CurriculumRows(rows, out)
+
+
+def stock_curriculum(
+    examples: Iterable,
+    *,
+    batch_size: int = 64,
+    total_steps: int | None = None,
+    epochs: float | None = None,
+    seed: int = 0,
+    use_mined: bool = False,
+    instruction_template: str | None = DEFAULT_TEMPLATE,
+    balance: str = "examples",
+    schedule: str = "stock",
+    homogeneous_batches: bool = True,
+    incomplete_batches: str = "train",
+) -> CurriculumRows:
+    """The ``stock`` schedule: :func:`ntuple_rows` (one row per example, its 4 hardest negatives,
+    input order) with ``level`` 0, ``phase`` 1 and ``batch`` -1 (not built as batches), once. The
+    trainer shuffles and batches them (``NO_DUPLICATES``) and cycles them for ``total_steps`` steps,
+    as sentence-transformers' stock recipe trains ``mine_hard_negatives``' rows, so no pass is drawn
+    or packed here. Takes :func:`~negsynth.data.curriculum.build_curriculum`'s options; the batch
+    planning ones (``homogeneous_batches``, ``incomplete_batches``) have nothing to plan."""
+    del homogeneous_batches, incomplete_batches  # no batch is planned here
+    if schedule != "stock":
+        raise CurriculumError(f"curriculum: stock_curriculum builds schedule 'stock', not {schedule!r}; use build_curriculum")
+    template = instruction_template
+    if total_steps is not None and epochs is not None:
+        raise CurriculumError("curriculum: give total_steps or epochs, not both")
+    if balance != "examples":
+        raise CurriculumError(
+            f"curriculum: schedule 'stock' writes each example once and draws no passes, so balance = {balance!r} "
+            "has nothing to balance; use schedule = 'tuple' with it"
+        )
+    if epochs is not None and epochs != 1:
+        raise CurriculumError(
+            f"curriculum: schedule 'stock' writes the rows once and the trainer cycles them; set train.max_steps "
+            f"or curriculum.total_steps instead of epochs = {epochs}"
+        )
+    built = ntuple_rows(examples, 4, instruction_template=template, use_mined=use_mined)
+    if not built:
+        raise CurriculumError(
+            f"curriculum: no usable example (need >= 4 {'mined_negatives' if use_mined else 'negatives'} each); "
+            "check the input stage or use schedule fixed:K"
+        )
+    # ``batch`` -1: not built as batches (the trainer's shuffled sampler makes them)
+    rows = CurriculumRows({**r, "level": 0, "phase": 1, "batch": -1} for r in built)
+    stats = dict(built.stats)
+    stats.update(
+        {
+            "schedule": "stock",
+            "levels": [0],
+            "batch_size": batch_size,
+            "seed": seed,
+            "epochs": epochs if total_steps is not None or epochs is not None else 1,
+            # the trainer's optimizer steps (it cycles the rows); None: one pass, ceil(rows / batch)
+            "total_steps": total_steps,
+            "steps": total_steps or -(-len(rows) // batch_size),
+            "rows": len(rows),
+            "use_mined": use_mined,
+            "instruction_template": template,
+            "label": "label" in rows[0],
+            "examples_in": stats.get("examples", 0),
+            "examples_used": len(rows),
+            "examples_unused": stats.get("examples", 0) - len(rows),
+            "batches_planned": False,  # the trainer's shuffled sampler makes them
+        }
+    )
+    for k in ("dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
+        stats.setdefault(k, 0)
+    stats["dropped_self_duplicate"] = stats.pop("skipped_self_duplicate", 0)
+    rows.stats = stats
+    return rows

@@ -75,6 +75,7 @@ def run(ctx: StageContext) -> dict:
         largest_fitting_batch,
         save_curriculum,
     )
+    from negsynth.data.stock import stock_curriculum
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
@@ -95,7 +96,7 @@ def run(ctx: StageContext) -> dict:
             "balance": cc.balance,
         }
         try:
-            rows = build_curriculum(examples, batch_size=batch_size, **options)
+            rows = (stock_curriculum if schedule == "stock" else build_curriculum)(examples, batch_size=batch_size, **options)
         except BatchFillError:
             rows = None
         # "stock" plans no batches: the trainer's shuffled sampler leaves one short rather than repeat a text
