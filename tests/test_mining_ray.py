@@ -271,7 +271,9 @@ def test_llm_regenerate_with_mining_mines_once_on_the_workers_then_runs_shard_wo
     assert out["executor"] == "ray" and out["num_shards"] == 2 and len(out["embedding_nodes"]) == 2 and out["valid"] == 5
     one = outputs(tmp_path / "one")
     assert same_outputs(outputs(tmp_path / "ray"), one) and any(k.startswith("_mined") for k in one)
-    assert all(len(x["mined_negatives"]) == 3 for x in read_stage(tmp_path / "ray" / "regenerate"))
+    # at most 3 each, as many as mine_hard_negatives' own window holds under the margin (the same in both runs)
+    counts = [len(x["mined_negatives"]) for x in read_stage(tmp_path / "ray" / "regenerate")]
+    assert max(counts) == 3 and all(c <= 3 for c in counts), counts
 
 
 @pytest.mark.slow
