@@ -267,7 +267,7 @@ def score(
 def curriculum(
     opts: Options,
     schedule: Annotated[
-        str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K")
+        str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K | stock")
     ] = None,
 ) -> None:
     """Build the training rows in training order (easiest level first; n-tuple rows when all negatives were mined) -> RUN_DIR/curriculum/."""
