@@ -129,7 +129,6 @@ def stock_curriculum(
     del homogeneous_batches, incomplete_batches  # no batch is planned here
     if schedule != "stock":
         raise CurriculumError(f"curriculum: stock_curriculum builds schedule 'stock', not {schedule!r}; use build_curriculum")
-    template = instruction_template
     if total_steps is not None and epochs is not None:
         raise CurriculumError("curriculum: give total_steps or epochs, not both")
     if balance != "examples":
@@ -142,7 +141,7 @@ def stock_curriculum(
             f"curriculum: schedule 'stock' writes the rows once and the trainer cycles them; set train.max_steps "
             f"or curriculum.total_steps instead of epochs = {epochs}"
         )
-    built = ntuple_rows(examples, 4, instruction_template=template, use_mined=use_mined)
+    built = ntuple_rows(examples, 4, instruction_template=instruction_template, use_mined=use_mined)
     if not built:
         raise CurriculumError(
             f"curriculum: no usable example (need >= 4 {'mined_negatives' if use_mined else 'negatives'} each); "
@@ -163,7 +162,7 @@ def stock_curriculum(
             "steps": total_steps or -(-len(rows) // batch_size),
             "rows": len(rows),
             "use_mined": use_mined,
-            "instruction_template": template,
+            "instruction_template": instruction_template,
             "label": "label" in rows[0],
             "examples_in": stats.get("examples", 0),
             "examples_used": len(rows),
@@ -171,8 +170,9 @@ def stock_curriculum(
             "batches_planned": False,  # the trainer's shuffled sampler makes them
         }
     )
-    for k in ("dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
-        stats.setdefault(k, 0)
-    stats["dropped_self_duplicate"] = stats.pop("skipped_self_duplicate", 0)
+    # the builder's counters, under its names: ntuple_rows skips a row whose texts repeat; nothing is packed
+    stats.update(
+        dropped_self_duplicate=stats.pop("skipped_self_duplicate", 0), dropped_incomplete=0, moved_to_later_batch=0, short_batches=0
+    )
     rows.stats = stats
     return rows
