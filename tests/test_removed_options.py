@@ -1,0 +1,75 @@
+"""Options removed from the package (measured to tie or trail; their figures stay in docs/): a run
+file or ``--set`` that still names one is refused in one line that says what to use instead, and
+the config hashes of the sections they left are what run dirs made before recorded, so those run
+dirs resume with no request paid again."""
+
+from __future__ import annotations
+
+import pytest
+
+from negsynth.schemas.config import CorpusConfig, RegenerateConfig
+from negsynth.schemas.config_io import config_hash
+
+# (section, its hash as a value, its hash inside a stage's parts dict, which reads its repr): the
+# figures of the code before the options left
+PINNED = [
+    (CorpusConfig(), "5466fa1404086ff1", "21df7691f2b47936"),
+    (
+        CorpusConfig(
+            teacher="cross-encoder",
+            teacher_model="m",
+            teacher_k=3,
+            queries="sentence",
+            queries_per_doc=2,
+            candidates="hybrid",
+            round_trip_k=5,
+        ),
+        "d5e65820b1398393",
+        "47d3ed8e23fa22b7",
+    ),
+    (RegenerateConfig(), "d25c71042daa8066", "80cdbaeefd0c6e77"),
+    (RegenerateConfig(negatives="mined", mine=20, teacher="cross-encoder", teacher_model="m"), "0ff5b20f93879ee4", "7e907706a2fc25ce"),
+]
+
+
+@pytest.mark.parametrize("section, as_value, in_parts", PINNED, ids=["corpus", "corpus-set", "regenerate", "regenerate-set"])
+def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):
+    assert config_hash(section) == as_value
+    assert config_hash({"x": section}) == in_parts
+
+
+@pytest.mark.parametrize(
+    "corpus, pinned",
+    [
+        ({}, "891884e32fa1bfac"),
+        ({"teacher": "cross-encoder", "teacher_model": "m", "candidates": "hybrid"}, "042c8612bd78160a"),
+        ({"queries": "sentence", "queries_per_doc": 2}, "49265787a83b25a2"),
+    ],
+    ids=["defaults", "cross-encoder-hybrid", "sentence"],
+)
+def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, monkeypatch, corpus, pinned):
+    """The whole digest of a corpus run (section, LLM, prompts, documents, embedder)."""
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.corpus import config_digest
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    for i in range(6):
+        (tmp_path / "docs" / f"{i}.md").write_text(f"# Note {i}\n\nThe note number {i} is about tides and moons.\n")
+    cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": "docs"}], **corpus}})
+    assert config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run")) == pinned
+
+
+@pytest.mark.parametrize(
+    "regenerate, pinned",
+    [({}, "bf31e68f6eec1198"), ({"negatives": "mined", "mine": 20, "teacher": "cross-encoder", "teacher_model": "m"}, "e2012a89f2639a14")],
+    ids=["llm", "mined-cross-encoder"],
+)
+def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, regenerate, pinned):
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.regenerate import Regenerate
+
+    cfg = RunConfig.model_validate({"regenerate": regenerate})
+    assert Regenerate(StageContext(cfg=cfg, run_dir=tmp_path / "run")).config_digest() == pinned
