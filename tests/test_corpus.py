@@ -456,35 +456,7 @@ def test_the_mining_window_keeps_what_mine_hard_negatives_keeps(minilm):
         assert len(index.search(q, p, 4, relative_margin=0.05)["negatives"]) == 4
 
 
-def test_the_hybrid_teacher_keeps_queries_it_ranks_first_and_vetoes_its_false_negatives(tmp_path, minilm):
-    """``teacher = "hybrid"``: BM25 fused with the embedder ranks each document; a query whose
-    document it ranks below ``teacher_k`` is a reject with that reason, and every kept negative
-    scores below the document in the fused list (its scores are in the meta)."""
-    folder = write_corpus(tmp_path)
-
-    def responder(req, n):  # every query is about volcanoes, whatever the document
-        return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
-
-    with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": "hybrid", "teacher_k": 1})
-        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
-        assert r.exit_code == 0, r.output
-    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
-    recs = list(read_stage(tmp_path / "run" / "corpus"))
-    assert [r["meta"]["doc_id"] for r in recs] == ["d4"]
-    # the others: the teacher's rejects, or too few candidates under the margin for an unrelated query
-    assert stats["rejects_by_reason"]["teacher_rank"] >= 1 and set(stats["rejects_by_reason"]) <= {"teacher_rank", "too_few_mined"}
-    meta = recs[0]["meta"]
-    assert meta["teacher_rank"] == 1 and len(meta["teacher_scores"]) == 4
-    assert all(s < meta["teacher_pos_score"] for s in meta["teacher_scores"])
-    # the scores a student learns from: [document, negative_1..4] on the min-max sum's scale, [0, 2]
-    label = meta["teacher_label"]
-    assert len(label) == 5 and all(0.0 <= x <= 2.0 for x in label) and label[0] == max(label)
-    assert stats["teacher_scores"]["examples"] == 1 and stats["teacher_scores"]["positive"] == round(label[0], 4)
-    assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))  # built once, reused on the next run
-
-
-def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
+def test_a_candidate_bm25_puts_above_the_document_is_no_negative(minilm):
     """A candidate the dense model puts under the margin but BM25 ranks first is, fused, above the
     document: it is not a negative; without the lexical scores it is."""
     import numpy as np
@@ -507,15 +479,7 @@ def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
     lexical = np.array([0.5 if "zebra" not in t else 9.0 for t in texts], dtype=np.float32)
     taught = index.search(q, 0, 3, relative_margin=0.05, lexical=lexical)
     assert texts[1] in plain["negatives"] and texts[1] not in taught["negatives"]
-    assert len(taught["negatives"]) == 3 and all(s < taught["teacher_pos_score"] for s in taught["teacher_scores"])
-    # teacher_label: the min-max normalised sum of the cosine and BM25 over the corpus, [document, negatives]
-    from negsynth.embed.lexical import minmax_sum
-
-    sims = index.emb @ model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
-    summed = minmax_sum(sims, lexical)
-    picked = [texts.index(t) for t in taught["negatives"]]
-    assert taught["teacher_label"] == pytest.approx([summed[0], *(summed[i] for i in picked)], abs=1e-5)
-    assert "teacher_label" not in plain
+    assert len(taught["negatives"]) == 3
 
 
 def test_hybrid_candidates_take_negatives_in_the_fused_order(minilm):
@@ -565,7 +529,7 @@ def test_hybrid_candidates_take_negatives_in_the_fused_order(minilm):
 
 
 def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path, minilm):
-    """``corpus.candidates = "hybrid"`` with no teacher: the stage builds the BM25 index (saved,
+    """``corpus.candidates = "hybrid"``: the stage builds the BM25 index (saved,
     reused), takes each example's negatives from the fused ranking, and writes no teacher fields."""
     folder = write_corpus(tmp_path)
 
@@ -584,12 +548,12 @@ def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path,
     assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))
 
 
-def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_path, minilm, monkeypatch):
-    """``teacher = "llm-likelihood"``: each kept example's document and mined negatives are scored
-    by the LLM's query likelihood (here a stand-in that prefers texts naming "d4"'s subject); a
-    query whose document the teacher does not rank first among them is a reject under
-    ``teacher_k = 1``, and the scores are the example's distillation label."""
-    import negsynth.embed.likelihood as lik
+def test_the_teacher_ranks_the_document_among_its_negatives(tmp_path, minilm, monkeypatch):
+    """``teacher = "cross-encoder"``: each kept example's document and mined negatives are scored
+    by the teacher (here a stand-in that prefers texts naming "d4"'s subject); a query whose
+    document the teacher does not rank first among them is a reject under ``teacher_k = 1``, and
+    the scores are the example's distillation label."""
+    import negsynth.stages.corpus as stage
 
     folder = write_corpus(tmp_path)
     subject = next(x for i, _, x in DOCS if i == "d4").split()[0].lower()
@@ -601,7 +565,7 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
             # the texts about d4's subject first; any other document below its own negatives
             return [-1.0 if subject in d.lower() else (-3.0 if i == 0 else -2.0 - 0.1 * i) for i, d in enumerate(documents)]
 
-    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: Scorer()))
+    monkeypatch.setattr(stage, "teacher_scorer", lambda *a, **kw: Scorer())
 
     def responder(req, n):
         return Reply(json.dumps({"queries": ["a question that any of these documents might answer?"]}))
@@ -610,7 +574,7 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 1, "mining": {"relative_margin": 0.0}},
+            corpus={"teacher": "cross-encoder", "teacher_model": minilm, "teacher_k": 1, "mining": {"relative_margin": 0.0}},
         )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
@@ -628,67 +592,6 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
     assert any("among itself and its mined negatives" in json.dumps(x) for x in rejects)
 
 
-def test_reciprocal_rank_fusion_of_candidate_scores_uses_orders_not_scales():
-    from negsynth.embed.lexical import rrf_over
-
-    # candidate 1 is second in the first list and first in the second (on another scale)
-    fused = rrf_over([3.0, 2.0, 1.0], [-3.0, -1.0, -2.0])
-    assert sorted(range(3), key=lambda i: -fused[i]) == [1, 0, 2]
-    assert fused == [1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 62]
-    assert rrf_over([5.0, 5.0, 1.0])[:2] == [1 / 61, 1 / 61]  # ties share the better rank
-    with pytest.raises(ValueError, match="same candidates"):
-        rrf_over([1.0, 2.0], [1.0])
-
-
-def test_the_fused_teacher_ranks_by_both_the_hybrid_order_and_the_llm(tmp_path, minilm, monkeypatch):
-    """``teacher = "hybrid+llm-likelihood"``: the document's rank among itself and its mined
-    negatives by the fusion of the hybrid teacher's order (whose veto puts the document above its
-    negatives) and the LLM's; the LLM's scores stay the distillation label. An LLM that ranks
-    every document first keeps what the hybrid teacher keeps; one that ranks it last keeps none."""
-    import negsynth.embed.likelihood as lik
-
-    folder = write_corpus(tmp_path)
-    calls = []
-    doc_score = {"value": -5.0}
-
-    class Scorer:
-        def scores(self, query, documents):
-            calls.append(len(documents))
-            return [doc_score["value"]] + [-1.0 - 0.1 * i for i in range(len(documents) - 1)]
-
-    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: Scorer()))
-    runs = {}
-    with FakeOpenAI(answer) as srv:
-        for name, teacher, k, doc in (
-            ("hybrid", "hybrid", 8, None),
-            ("last", "hybrid+llm-likelihood", 1, -5.0),
-            ("first", "hybrid+llm-likelihood", 1, 0.0),
-        ):
-            doc_score["value"] = doc
-            cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": teacher, "teacher_k": k})
-            r = invoke("corpus", "-c", cfg, "-d", tmp_path / name, "-i", folder, "--json")
-            assert r.exit_code == (2 if name == "last" else 0), r.output  # every query rejected alike: a failed stage
-            runs[name] = {x["meta"]["doc_id"]: x for x in read_stage(tmp_path / name / "corpus")}
-    assert calls and set(calls) == {5}
-    assert runs["hybrid"] and runs["last"] == {}
-    assert set(runs["first"]) == set(runs["hybrid"])
-    for x in runs["first"].values():
-        meta = x["meta"]
-        assert meta["teacher_rank"] == 1 and meta["teacher_pos_score"] == round(1 / 61 + 1 / 61, 6)
-        assert meta["teacher_label"] == [0.0, -1.0, -1.1, -1.2, -1.3]  # the LLM's scores
-    stats = json.loads((tmp_path / "last" / "corpus" / "stats.json").read_text())
-    assert stats["rejects_by_reason"]["teacher_rank"] >= len(runs["hybrid"])
-
-
-def test_the_fused_teacher_needs_mined_negatives():
-    from pydantic import ValidationError
-
-    from negsynth.schemas.config import CorpusConfig
-
-    with pytest.raises(ValidationError, match='teacher = "hybrid\\+llm-likelihood" scores mined negatives'):
-        CorpusConfig(teacher="hybrid+llm-likelihood", negatives="mixed")
-
-
 def test_hybrid_candidates_need_mined_negatives():
     from pydantic import ValidationError
 
@@ -697,17 +600,6 @@ def test_hybrid_candidates_need_mined_negatives():
     with pytest.raises(ValidationError, match='set negatives = "mined" or "mixed"'):
         CorpusConfig(candidates="hybrid", negatives="llm")
     assert CorpusConfig(candidates="hybrid").candidates == "hybrid"
-
-
-def test_the_minmax_sum_puts_both_lists_on_one_scale():
-    import numpy as np
-
-    from negsynth.embed.lexical import minmax_sum
-
-    np.testing.assert_allclose(minmax_sum([0.1, 0.5, 0.3], [0.0, 4.0, 2.0]), [0.0, 2.0, 1.0])
-    np.testing.assert_allclose(minmax_sum([0.2, 0.6, 0.4], [3.0, 1.0, 2.0]), [1.0, 1.0, 1.0])
-    # no query term anywhere: the lexical list adds nothing, the dense one still ranks
-    np.testing.assert_allclose(minmax_sum([0.2, 0.4, 0.3], [0.0, 0.0, 0.0]), [0.0, 1.0, 0.5])
 
 
 def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
@@ -723,7 +615,7 @@ def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
         before.pop(name)
         assert f"{name}=" not in str(cfg)
     assert config_hash(cfg) == config_hash(before)
-    assert config_hash(CorpusConfig(teacher="hybrid")) != config_hash(cfg)
+    assert config_hash(CorpusConfig(candidates="hybrid")) != config_hash(cfg)
     assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})
 
 

@@ -6,9 +6,38 @@ dirs resume with no request paid again."""
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from negsynth.cli import app
 from negsynth.schemas.config import CorpusConfig, RegenerateConfig
 from negsynth.schemas.config_io import config_hash
+
+# (section, key, value as TOML, what the line names as removed, what it says to use instead)
+REMOVED = [
+    ("corpus", "teacher", '"hybrid"', "teacher = 'hybrid'", 'use "cross-encoder" (with corpus.teacher_model) or "none"'),
+    ("corpus", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder"'),
+    ("corpus", "teacher", '"hybrid+llm-likelihood"', "teacher = 'hybrid+llm-likelihood'", 'use "cross-encoder"'),
+    ("corpus", "likelihood", '"embedded"', "likelihood", 'the teacher is corpus.teacher = "cross-encoder"'),
+    ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
+    ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
+]
+
+
+@pytest.mark.parametrize("section, key, value, named, instead", REMOVED, ids=[f"{s}.{k}={v}" for s, k, v, *_ in REMOVED])
+@pytest.mark.parametrize("where", ["file", "set"])
+def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, section, key, value, named, instead, where):
+    if where == "file":
+        f = tmp_path / "run.toml"
+        f.write_text(f"[{section}]\n{key} = {value}\n")
+        args = ["config", "-c", str(f)]
+    else:
+        args = ["config", "--set", f"{section}.{key}={value}"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    line = r.output.strip()
+    assert "\n" not in line, line
+    assert f"[{section}] {named} was removed (measured no gain: docs/corpus.md); " in line and instead in line, line
+
 
 # (section, its hash as a value, its hash inside a stage's parts dict, which reads its repr): the
 # figures of the code before the options left

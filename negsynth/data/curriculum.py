@@ -145,8 +145,8 @@ def teacher_label(ex, use_mined: bool = False) -> list[float] | None:
     """The teacher's scores of ``ex``'s positive and of each of its negatives as they stand now,
     ``[positive, negative_1, ...]``, or None when it has none that line up.
 
-    ``meta["teacher_label"]`` holds them in the order the negatives were written (corpus: the
-    hybrid teacher's min-max normalised BM25 + cosine sum, in ``[0, 2]``); ``score`` may reorder or
+    ``meta["teacher_label"]`` holds them in the order the negatives were written (the
+    cross-encoder teacher's scores); ``score`` may reorder or
     drop negatives and records which it kept in ``score.llm_order``, which is followed here. An
     older run dir (no ``teacher_label``: its ``teacher_scores`` are RRF ranks) and ``use_mined``
     (the scores belong to ``negatives``, not ``mined_negatives``) have none."""

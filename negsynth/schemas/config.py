@@ -269,14 +269,13 @@ class RegenerateConfig(Section):
     # strategy "graded", else the 4 hardest; level 1 = hardest)
     negatives: Literal["llm", "mined"] = "llm"
     mining: MiningConfig = MiningConfig()
-    # a teacher over labelled pairs with mined negatives: "llm-likelihood" scores the positive and
-    # every mined candidate by the LLM's query likelihood (corpus.teacher's); a candidate it scores
-    # at or above the positive is a false negative and is dropped (RLHN's relabelling), the next
-    # candidate takes its place (mine > 4 leaves room); the scores of the positive and the 4 kept
-    # are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
-    teacher: Literal["none", "llm-likelihood", "cross-encoder"] = "none"
-    likelihood: Literal["embedded", "llm"] = "embedded"  # as corpus.likelihood
-    teacher_model: str = ""  # teacher = "cross-encoder": its name or folder, as corpus.teacher_model
+    # a teacher over labelled pairs with mined negatives: "cross-encoder" (the sentence-transformers
+    # CrossEncoder teacher_model names, as corpus.teacher_model) scores the positive and every mined
+    # candidate; a candidate it scores at or above the positive is a false negative and is dropped
+    # (RLHN's relabelling), the next candidate takes its place (mine > 4 leaves room); the scores of
+    # the positive and the 4 kept are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
+    teacher: Literal["none", "cross-encoder"] = "none"
+    teacher_model: str = ""
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
     dedup: bool = True  # the same normalised (query, positive) only once across all inputs
@@ -352,7 +351,7 @@ class CorpusConfig(Section):
     fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
     the base embedder ranks its own document within the top k of the corpus; 0 = off), ``teacher``
-    / ``teacher_k`` (the same with the hybrid BM25 + embedder ranking, which also vetoes negatives). Near-duplicate
+    / ``teacher_k`` (the document's rank among itself and its mined negatives by a cross-encoder). Near-duplicate
     queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.
     """
 
@@ -364,27 +363,13 @@ class CorpusConfig(Section):
     negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
-    # a teacher that needs no label: "hybrid" = BM25 (bm25s) and the embedder fused by reciprocal rank
-    # fusion over the whole corpus. A query is kept only if the teacher ranks its document within
-    # teacher_k (0: kept whatever the rank), and a mined candidate the teacher ranks at or above the
-    # document is never a negative; the teacher's ranks and scores go into each example's meta
-    # "llm-likelihood": the embedded LLM's query likelihood log p(query | document) (UPR), read
-    # in-process from the same GGUF, over the document and its mined negatives only: teacher_k is
-    # then the document's rank among those (1 = the teacher prefers it to every negative), and
-    # the scores (mean log-probability per query token) are the distillation labels; no veto.
-    # "hybrid+llm-likelihood": both, their orders of the document and its mined negatives fused by
-    # reciprocal rank (teacher_k: the document's fused rank among those five); the hybrid teacher's
-    # veto of negatives holds, the labels are the LLM's
-    # "cross-encoder": a sentence-transformers CrossEncoder the user names in teacher_model (a hub
-    # name or a folder; GPU when present) scores the document and its mined negatives, as
-    # "llm-likelihood" does with the LLM (teacher_k, labels; no veto)
-    teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood", "cross-encoder"] = "none"
+    # a teacher that needs no label: "cross-encoder", a sentence-transformers CrossEncoder the user
+    # names in teacher_model (a hub name or a folder; GPU when present), scores the document and its
+    # mined negatives: a query is kept only if it ranks its document within teacher_k among those
+    # (1 = above every negative; 0: kept whatever the rank), and the scores are the distillation labels
+    teacher: Literal["none", "cross-encoder"] = "none"
     teacher_k: int = Field(10, ge=0)
     teacher_model: str = ""
-    # which model the llm-likelihood teacher asks: "embedded" (the embedded SmolLM2 GGUF through
-    # transformers, in-process) or "llm" (the run's [llm] endpoint: /completions with echoed prompt
-    # log-probs, as vLLM and llama-cpp-python's server give them; llama-server gives none)
-    likelihood: Literal["embedded", "llm"] = "embedded"
     # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
     # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
     # either way a candidate passes the embedder's positive-aware margin and ranks below the
@@ -414,7 +399,7 @@ class CorpusConfig(Section):
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
         if "+" in self.queries and self.negatives != "mined":  # a query taken from the text has no LLM negatives
             raise ValueError(f'queries = "{self.queries}" adds queries no LLM wrote negatives for: set negatives = "mined"')
-        if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood", "cross-encoder") and self.negatives != "mined":
+        if self.teacher == "cross-encoder" and self.negatives != "mined":
             raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
         _check_teacher_model(self.teacher, self.teacher_model)
         if self.candidates == "hybrid" and self.negatives == "llm":

@@ -55,8 +55,8 @@ class Section(BaseModel):
 #: section class -> fields added after run dirs existed: at their defaults they stay out of config
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "likelihood", "teacher_model"),
-    "RegenerateConfig": ("teacher", "likelihood", "teacher_model"),
+    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "teacher_model"),
+    "RegenerateConfig": ("teacher", "teacher_model"),
     "CurriculumConfig": ("balance",),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
     "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),

@@ -46,6 +46,7 @@ from typing import Any
 
 from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
+from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, teacher_scorer
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
@@ -66,15 +67,6 @@ from negsynth.stages.corpus_queries import (
     queries_per_document,
 )
 from negsynth.stages.corpus_report import report, run_stats
-from negsynth.stages.corpus_teacher import (
-    check_likelihood_source,
-    check_teacher_model,
-    ensemble_fields,
-    likelihood_fields,
-    pair_scorer,
-    scores_texts,
-    uses_likelihood,
-)
 
 NAME = "corpus"
 
@@ -203,8 +195,8 @@ def needs_index(cfg: CorpusConfig) -> bool:
 
 
 def needs_lexical(cfg: CorpusConfig) -> bool:
-    """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
-    return cfg.teacher in ("hybrid", "hybrid+llm-likelihood") or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
+    """BM25 over the corpus: for hybrid candidates."""
+    return cfg.candidates == "hybrid" and cfg.negatives != "llm"
 
 
 # -- one item -------------------------------------------------------------------------------
@@ -221,7 +213,7 @@ class Work:
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
         self._lexical: dict[int, Any] = {}
-        self._likelihood: Any = None
+        self._teacher: Any = None
         self._prepared = False
         self._pool: Any = None
 
@@ -289,7 +281,7 @@ class Work:
         return self._indexes[ci]
 
     def lexical(self, ci: int):
-        """The teacher's BM25 index of corpus ``ci`` (built once, saved beside the dense index)."""
+        """The BM25 index of corpus ``ci`` for hybrid candidates (built once, saved beside the dense index)."""
         if ci not in self._lexical:
             from negsynth.embed.lexical import LexicalIndex
 
@@ -301,15 +293,12 @@ class Work:
             )
         return self._lexical[ci]
 
-    def likelihood(self):
-        """The teacher that scores texts one by one: the LLM's query likelihood (the embedded model
-        in-process, or the run's [llm] endpoint: ``corpus.likelihood``) or the user's cross-encoder
+    def teacher(self):
+        """The teacher that scores the document and its negatives: the user's cross-encoder
         (``corpus.teacher_model``); made once."""
-        if self._likelihood is None:
-            self._likelihood = pair_scorer(
-                NAME, self.cfg, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
-            )
-        return self._likelihood
+        if self._teacher is None:
+            self._teacher = teacher_scorer(NAME, self.cfg, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}"))
+        return self._teacher
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
@@ -460,16 +449,15 @@ async def search_and_judge(
     # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
     # meta, each a filter when its k is set
     ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-    if scores_texts(cfg.teacher) and len(mined["negatives"]) >= k:
-        view = await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"])
-        mined.update(ensemble_fields(mined, view) if cfg.teacher == "hybrid+llm-likelihood" else view)
-    if cfg.teacher != "none" and "teacher_rank" in mined:
+    if cfg.teacher != "none" and len(mined["negatives"]) >= k:
+        mined.update(await work.off_loop(teacher_fields, work.teacher(), query, p["document"], mined["negatives"]))
+    if "teacher_rank" in mined:
         ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
     for reason, key, rank, limit, who in ranks:
         meta[key] = rank
         if limit and rank > limit:
             setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-            among = "among itself and its mined negatives" if scores_texts(cfg.teacher) and key == "teacher_rank" else "in the corpus"
+            among = "among itself and its mined negatives" if key == "teacher_rank" else "in the corpus"
             return (
                 mined,
                 llm_ok,
@@ -518,8 +506,6 @@ class Corpus(pipeline.LLMStage):
     embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
 
     def check(self) -> None:
-        if uses_likelihood(self.cfg.teacher):
-            check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
         check_teacher_model(NAME, self.cfg)
         qpd = queries_per_document(self.cfg)
         if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:

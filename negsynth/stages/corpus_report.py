@@ -64,7 +64,7 @@ def describe(folder: Path) -> dict[str, Any]:
             "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
             "ranks": hist,
         }
-    if labels:  # the teacher's scores (hybrid: min-max BM25 + cosine sum, [0, 2]; llm-likelihood: mean log p): positive, each negative band
+    if labels:  # the teacher's scores (the cross-encoder's): positive, each negative band
         mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
         bands = max(len(lab) for lab in labels) - 1
         out["teacher_scores"] = {

@@ -290,7 +290,7 @@ def resolve_mini_batch_size(config: TrainConfig, per_device: int, device_type: s
 
 
 #: the setting that writes teacher scores, named where a distillation loss finds none
-TEACHER_SETTING = 'corpus.teacher = "hybrid", "llm-likelihood", "hybrid+llm-likelihood" or "cross-encoder"'
+TEACHER_SETTING = 'corpus.teacher = "cross-encoder" (corpus.teacher_model = a CrossEncoder name or folder)'
 
 
 def check_teacher_labels(ds, loss: str, negatives: int) -> None:
