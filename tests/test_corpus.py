@@ -1,4 +1,4 @@
-"""The corpus stage: documents in, queries written for them, negatives mined or written, filters
+"""The corpus stage: documents in, queries written for them, negatives mined, filters
 counted; resume without paying twice; score reads its output.
 
 LLM answers come from the real-socket fake server, which reads the document out of the prompt
@@ -83,10 +83,7 @@ def answer(req: dict, n: int, *, bad: str | None = None) -> Reply:
     qs = [f"what does {' '.join(words[:2]).lower()} say about {words[2 + j].strip('.,').lower()}?" for j in range(k)]
     if bad == "meta":
         qs = ["This document describes " + doc[:30]] * k
-    out: dict = {"queries": qs}
-    if "hard_negative_documents" in req["response_format"]["schema"]["properties"]:
-        out["hard_negative_documents"] = [f"An unrelated note number {i} about gardening tools and how to sharpen them." for i in range(4)]
-    return Reply(json.dumps(out))
+    return Reply(json.dumps({"queries": qs}))
 
 
 def invoke(*args):
@@ -123,13 +120,10 @@ def test_check_query_reasons():
     assert check_query("   ", doc, **ok).reason == "empty_text"
 
 
-@pytest.mark.parametrize("negatives", ["mined", "llm", "mixed"])
-def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
+def test_corpus_stage_end_to_end(tmp_path, minilm):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(
-            tmp_path, srv.base_url, corpus={"negatives": negatives, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}}
-        )
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
         # one request per document (no re-asks: every answer is valid), shared by its 2 queries
@@ -142,64 +136,11 @@ def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
     for rec in recs:
         assert any(rec["positive"].endswith(x) for x in texts) and len(rec["negatives"]) == 4
         assert rec["positive"] not in rec["negatives"]
-        if negatives == "mined":
-            assert all(any(n.endswith(x) for x in texts) for n in rec["negatives"]) and rec["model"].startswith("mined:")
-        if negatives == "llm":
-            assert all("gardening" in n for n in rec["negatives"])
-        if negatives == "mixed":
-            assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
+        assert all(any(n.endswith(x) for x in texts) for n in rec["negatives"]) and rec["model"].startswith("mined:")
         assert rec["attributes"]["style"] in ("question", "claim", "keywords")
     # the tokens of one answer are counted once per document, not once per query
     assert stats["tokens"]["prompt"] == 6 * 10
-    if negatives != "llm":
-        assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
-
-
-def test_mixed_replaces_llm_negatives_that_fail_the_mining_rule(tmp_path, minilm):
-    """A weak model's "negatives" often paraphrase the query: under ``mixed`` each one closer to the
-    query than the positive-aware margin allows is replaced by the next mined negative, so the
-    example keeps 4 negatives instead of being lost in score."""
-    folder = write_corpus(tmp_path)
-
-    def responder(req, n):
-        doc = document_of(req)
-        q = f"how does {doc.split()[0].lower()} {doc.split()[1].lower()} work?"
-        close = [q + " Indeed.", "Indeed, " + q, q + " Really, tell me."]  # paraphrases of the query: they fail
-        negs = [close[0], "Notes on gardening tools and how to sharpen them.", close[1], close[2]]
-        if "Moon tides" in doc:
-            negs = [close[0], close[1], "Notes on gardening tools.", "A recipe for bread."]
-        return Reply(json.dumps({"queries": [q], "hard_negative_documents": negs}))
-
-    with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mixed", "mining": {"relative_margin": 0.0}})
-        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
-        assert r.exit_code == 0, r.output
-    recs = {r["meta"]["doc_id"]: r for r in read_stage(tmp_path / "run" / "corpus")}
-    assert len(recs) == 8  # no example lost to its LLM half
-    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
-    assert stats["negative_sources"] == {"llm": 2 + 7, "mined": 2 + 7 * 3}
-    r = invoke("inspect", tmp_path / "run", "--json")  # the count a user checks before training
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["stages"]["corpus"]["queries"]["negative_sources"] == {"llm": 9, "mined": 23}
-    moon = recs.pop("d1")
-    # both paraphrases failed the rule: the LLM's two unrelated texts fill its slots, in its order
-    assert moon["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
-    assert moon["negatives"][1] == "Notes on gardening tools." and moon["negatives"][3] == "A recipe for bread."
-    assert len(moon["meta"]["llm_negative_scores"]) == 4
-    for rec in recs.values():
-        # three paraphrases failed: one LLM slot, the other three mined from the corpus
-        assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "mined"], rec["meta"]
-        assert rec["negatives"][1] == "Notes on gardening tools and how to sharpen them."
-        assert rec["positive"] not in rec["negatives"] and len(set(rec["negatives"])) == 4
-
-
-def test_mix_negatives_fills_failed_llm_slots_with_mined():
-    from negsynth.stages.corpus import mix_negatives
-
-    mined = ["m1", "m2", "m3", "m4"]
-    assert mix_negatives(mined, ["l1", "l2", "l3"]) == (["m1", "l1", "m2", "l2"], ["mined", "llm", "mined", "llm"])
-    assert mix_negatives(mined, ["l1"]) == (["m1", "l1", "m2", "m3"], ["mined", "llm", "mined", "mined"])
-    assert mix_negatives(mined, []) == (mined, ["mined"] * 4)
+    assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
 
 
 def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
@@ -212,7 +153,7 @@ def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
         return answer(req, n)
 
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2}, corpus={"negatives": "mined"})
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
         assert len(srv.requests) == 8 + 1  # the meta document was re-asked once
@@ -231,7 +172,7 @@ def test_round_trip_filter_rejects_far_queries(tmp_path, minilm):
     with FakeOpenAI(responder):
         pass
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "round_trip_k": 1})
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"round_trip_k": 1})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
     stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
@@ -244,7 +185,7 @@ def test_round_trip_filter_rejects_far_queries(tmp_path, minilm):
 def test_resume_pays_no_request_twice_and_score_reads_the_output(tmp_path, minilm):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "queries_per_doc": 2}, llm={"max_concurrency": 2})
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"queries_per_doc": 2}, llm={"max_concurrency": 2})
         # a budget stops the run part-way (exit 3); the rerun finishes it
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--max-requests", "3")
         assert r.exit_code == 3, r.output
@@ -314,7 +255,7 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"inputs": [{"path": str(folder)}], "negatives": "mined", "mining": {"relative_margin": 0.0}},
+            corpus={"inputs": [{"path": str(folder)}], "mining": {"relative_margin": 0.0}},
             pipeline={"shard_size": 4, "stages": ["corpus", "score", "curriculum"]},
             curriculum={"batch_size": 2, "homogeneous_batches": False},
         )
@@ -326,8 +267,8 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
 
 def test_bad_options_are_one_line(tmp_path):
     cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
-    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path), "--negatives", "foo"])
-    assert r.exit_code == 2 and "corpus: negatives: Input should be 'mined', 'llm' or 'mixed'" in r.output
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path), "--ids", "foo"])
+    assert r.exit_code == 2 and "corpus: ids: Input should be 'column', 'first', 'row' or 'hash'" in r.output
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl")])
     assert r.exit_code == 2 and "no text column (columns: a)" in r.output and "Traceback" not in r.output
@@ -390,7 +331,7 @@ def test_a_mined_negative_is_copied_as_long_as_the_prompt_shows_a_document(tmp_p
             tmp_path,
             srv.base_url,
             # documents kept whole (chunk_tokens 0): the cap is what bounds a copied negative
-            corpus={"negatives": "mined", "queries_per_doc": 1, "doc_tokens": 40, "chunk_tokens": 0, "mining": {"relative_margin": 0.0}},
+            corpus={"queries_per_doc": 1, "doc_tokens": 40, "chunk_tokens": 0, "mining": {"relative_margin": 0.0}},
         )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
@@ -537,9 +478,7 @@ def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path,
         return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
 
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(
-            tmp_path, srv.base_url, corpus={"negatives": "mined", "candidates": "hybrid", "mining": {"relative_margin": 0.0}}
-        )
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"candidates": "hybrid", "mining": {"relative_margin": 0.0}})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
     recs = list(read_stage(tmp_path / "run" / "corpus"))
@@ -592,28 +531,24 @@ def test_the_teacher_ranks_the_document_among_its_negatives(tmp_path, minilm, mo
     assert any("among itself and its mined negatives" in json.dumps(x) for x in rejects)
 
 
-def test_hybrid_candidates_need_mined_negatives():
-    from pydantic import ValidationError
-
-    from negsynth.schemas.config import CorpusConfig
-
-    with pytest.raises(ValidationError, match='set negatives = "mined" or "mixed"'):
-        CorpusConfig(candidates="hybrid", negatives="llm")
-    assert CorpusConfig(candidates="hybrid").candidates == "hybrid"
-
-
 def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
     """A field in ``ADDED_FIELDS`` at its default is not part of the config hash (nor of the
     section's repr, which the stages' hashes also read), so a run dir made before it resumes; set,
-    it changes the hash like any setting."""
+    it changes the hash like any setting. A field in ``REMOVED_FIELDS`` stays in both at the
+    default it had."""
     from negsynth.schemas.config import ADDED_FIELDS, CorpusConfig
     from negsynth.schemas.config_io import config_hash
+    from negsynth.schemas.section import REMOVED_FIELDS
 
     cfg = CorpusConfig()
     before = cfg.model_dump(mode="json")
     for name in ADDED_FIELDS["CorpusConfig"]:
         before.pop(name)
         assert f"{name}=" not in str(cfg)
+    # a field removed since is read at its old default, as every older run dir held it
+    for name, (_, old) in REMOVED_FIELDS["CorpusConfig"].items():
+        before[name] = old
+        assert f"{name}={old!r}" in str(cfg)
     assert config_hash(cfg) == config_hash(before)
     assert config_hash(CorpusConfig(candidates="hybrid")) != config_hash(cfg)
     assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})
@@ -681,10 +616,6 @@ def test_a_mix_adds_a_query_from_the_text_to_the_llms_and_sends_the_same_request
         title, text = by_id[rec["meta"]["doc_id"]]
         assert rec["query"] == (title if kind == "title" else text) and len(rec["negatives"]) == 4
         assert not (rec.get("usage") or {}).get("prompt_tokens")  # the document's answer is paid on its first LLM query
-    with pytest.raises(ValueError, match='set negatives = "mined"'):
-        from negsynth.schemas.config import CorpusConfig
-
-        CorpusConfig(queries=mix, negatives="llm")
 
 
 def test_title_queries_are_one_per_document():

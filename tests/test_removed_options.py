@@ -18,6 +18,9 @@ REMOVED = [
     ("corpus", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder"'),
     ("corpus", "teacher", '"hybrid+llm-likelihood"', "teacher = 'hybrid+llm-likelihood'", 'use "cross-encoder"'),
     ("corpus", "likelihood", '"embedded"', "likelihood", 'the teacher is corpus.teacher = "cross-encoder"'),
+    ("corpus", "negatives", '"mined"', "negatives", "corpus always mines its negatives"),
+    ("corpus", "negatives", '"mixed"', "negatives", "corpus always mines its negatives"),
+    ("corpus", "max_doc_chars", "400", "max_doc_chars", "which corpus no longer asks for; delete the key"),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
 ]

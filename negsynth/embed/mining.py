@@ -447,7 +447,6 @@ class CorpusIndex:
         max_score: float | None = None,
         range_max: int | None = None,
         lexical: Any = None,
-        screen: Sequence[str] = (),
         order: str = "dense",
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
@@ -465,11 +464,7 @@ class CorpusIndex:
         ``order``: which ranking the negatives are taken from, hardest first: ``dense`` (the
         embedder's) or ``hybrid`` (the fused dense + lexical ranking; needs ``lexical``): candidates
         BM25 finds that the embedder alone would rank further down. Either way a candidate must
-        pass the embedder's positive-aware margin and rank below the document in the fused list.
-
-        ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
-        rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
-        (whether each is below the limit and differs from the positive and the query)."""
+        pass the embedder's positive-aware margin and rank below the document in the fused list."""
         import numpy as np
 
         q = self.model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)[0]
@@ -488,13 +483,7 @@ class CorpusIndex:
         negs, scores = self._nearest_below(
             sims, positive, k, limit, banned, rank=rank, range_max=range_max, fused=fused, by_fused=order == "hybrid"
         )
-        out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
-        if screen:
-            vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-            s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
-            out["screen_scores"] = [round(x, 6) for x in s_scores]
-            out["screen_kept"] = [x <= limit and text_key(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
-        return out
+        return {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
 
     def _nearest_below(
         self,

@@ -343,12 +343,9 @@ class CorpusConfig(Section):
     """``corpus``: the LLM writes queries grounded in a user's documents (no labels needed).
 
     One request per sampled document asks for ``queries_per_doc`` queries of one style drawn per
-    request from ``styles`` (seeded), and with ``negatives = "llm"`` / ``"mixed"`` also 4
-    negatives graded hardest -> easiest written for this document. The document is the positive.
-    ``negatives``: ``mined`` (the 4 hardest positive-aware candidates of the same corpus for each
-    query, ``regenerate.mining``'s margin), ``llm`` (the LLM's 4), ``mixed`` (the 2 hardest mined and
-    the LLM's 2 hardest of those that pass the same positive-aware margin; a slot whose LLM negative
-    fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
+    request from ``styles`` (seeded). The document is the positive; its negatives are the 4 hardest
+    positive-aware candidates of the same corpus for each query (``mining``: ``regenerate.mining``'s
+    margin). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
     the base embedder ranks its own document within the top k of the corpus; 0 = off), ``teacher``
     / ``teacher_k`` (the document's rank among itself and its mined negatives by a cross-encoder). Near-duplicate
@@ -360,7 +357,6 @@ class CorpusConfig(Section):
     seed: int = 0
     queries_per_doc: int = Field(1, ge=1, le=20)
     styles: list[str] = Field(default_factory=lambda: list(QUERY_STYLES))
-    negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
     # a teacher that needs no label: "cross-encoder", a sentence-transformers CrossEncoder the user
@@ -385,7 +381,6 @@ class CorpusConfig(Section):
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
-    max_doc_chars: int | None = 1500  # schema maxLength per LLM-written negative
     # a document longer than chunk_tokens proxy tokens (\w+ runs and other non-space characters)
     # is split into passages overlapping by chunk_overlap, each its own positive (0: never split);
     # 224: a passage fits the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
@@ -397,13 +392,7 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
-        if "+" in self.queries and self.negatives != "mined":  # a query taken from the text has no LLM negatives
-            raise ValueError(f'queries = "{self.queries}" adds queries no LLM wrote negatives for: set negatives = "mined"')
-        if self.teacher == "cross-encoder" and self.negatives != "mined":
-            raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
         _check_teacher_model(self.teacher, self.teacher_model)
-        if self.candidates == "hybrid" and self.negatives == "llm":
-            raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:
             raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
         if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:

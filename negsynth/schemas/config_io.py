@@ -77,6 +77,8 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str]] = {
         None,
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is corpus.teacher = "cross-encoder")',
     ),
+    "corpus.negatives": (None, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
+    "corpus.max_doc_chars": (None, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
     "regenerate.teacher": (("llm-likelihood",), 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
     "regenerate.likelihood": (
         None,

@@ -22,7 +22,6 @@ def describe(folder: Path) -> dict[str, Any]:
     """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
     (kept examples, plus the rank of each query the round trip rejected)."""
     styles: Counter = Counter()
-    sources: Counter = Counter()
     lengths: list[int] = []
     ranks: list[int] = []
     labels: list[list[float]] = []
@@ -31,7 +30,6 @@ def describe(folder: Path) -> dict[str, Any]:
             if r.get("meta", {}).get("teacher_label"):
                 labels.append(r["meta"]["teacher_label"])
             styles[r.get("attributes", {}).get("style", "?")] += 1
-            sources.update(r.get("meta", {}).get("negative_sources", ()))
             lengths.append(len(r["query"].split()))
             if "round_trip_rank" in r.get("meta", {}):
                 ranks.append(r["meta"]["round_trip_rank"])
@@ -42,8 +40,6 @@ def describe(folder: Path) -> dict[str, Any]:
             if rank is not None:
                 ranks.append(rank)
     out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
-    if sources:  # mixed: how many slots the LLM's negatives kept, and how many went to mined ones
-        out["negative_sources"] = dict(sorted(sources.items()))
     if lengths:
         s = sorted(lengths)
         out["query_words"] = {
@@ -79,13 +75,11 @@ def report(stats: dict) -> list[Summary]:
     rows = pipeline.summary_rows(stats)
     docs = stats.get("documents") or {}
     rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
-    rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    rows.insert(1, ("queries per document", str(stats.get("queries_per_doc"))))
     if docs.get("split_into_passages"):
         rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
     if stats.get("query_styles"):
         rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
-    if stats.get("negative_sources"):
-        rows.append(("negatives by source", ", ".join(f"{k} {v}" for k, v in stats["negative_sources"].items())))
     if stats.get("query_words"):
         w = stats["query_words"]
         rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
@@ -116,7 +110,6 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
         "corpora": {c.name: corpus_stats(c) for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
-        "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir("corpus")),
     }

@@ -299,7 +299,7 @@ def check_teacher_labels(ds, loss: str, negatives: int) -> None:
     if "label" not in ds.column_names:
         raise ValueError(
             f"train.loss = {loss!r} learns from a teacher's scores, and the curriculum has none: "
-            f"make the examples with {TEACHER_SETTING} (corpus.negatives = \"mined\") and rebuild the curriculum, or use train.loss = 'mnrl'"
+            f"make the examples with {TEACHER_SETTING} and rebuild the curriculum, or use train.loss = 'mnrl'"
         )
     if negatives < 1:
         raise ValueError(f"train.loss = {loss!r} needs rows with negatives (anchor, positive, negative_1..K); the dataset has none")
