@@ -583,41 +583,6 @@ def test_queries_from_the_documents_need_no_llm(tmp_path, minilm, queries):
         assert len(rejects) == 6 and {x["reason"] for x in rejects} == {"too_few_sentences"}
 
 
-@pytest.mark.parametrize("mix", ["llm+title", "llm+sentence"])
-def test_a_mix_adds_a_query_from_the_text_to_the_llms_and_sends_the_same_requests(tmp_path, minilm, mix):
-    """``corpus.queries = "llm+title" | "llm+sentence"``: per document the LLM's queries_per_doc
-    queries, from the very requests ``llm`` sends (so a run's cached answers serve it), and one more
-    taken from the text, each its own example with its own query source."""
-    folder = write_corpus(tmp_path)
-
-    def run(queries: str, rd: str) -> tuple[list[dict], dict, list[dict]]:
-        with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-            cfg = write_run_config(
-                tmp_path, srv.base_url, corpus={"queries": queries, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}}
-            )
-            r = invoke("corpus", "-c", cfg, "-d", tmp_path / rd, "-i", folder, "--json")
-            assert r.exit_code == 0, r.output
-            bodies = [json.dumps(q["messages"], sort_keys=True) for q in srv.requests]
-        return list(read_stage(tmp_path / rd / "corpus")), json.loads((tmp_path / rd / "corpus" / "stats.json").read_text()), bodies
-
-    llm_recs, _, llm_bodies = run("llm", "llm")
-    recs, stats, bodies = run(mix, "mix")
-    assert sorted(bodies) == sorted(llm_bodies) and len(bodies) == 6  # one request per document, byte for byte the llm run's
-    assert stats["items"] == 18 and stats["documents"]["sampled"] == 6 and stats["tokens"]["prompt"] == 6 * 10
-    kind = mix.split("+")[1]
-    by_source: dict[str, list[dict]] = {}
-    for rec in recs:
-        by_source.setdefault(rec["meta"]["query_model"], []).append(rec)
-    extracted = by_source.pop(f"extract:{kind}")
-    assert sorted(r["query"] for r in next(iter(by_source.values()))) == sorted(r["query"] for r in llm_recs) and len(by_source) == 1
-    by_id = {i: (t, x) for i, t, x in DOCS}
-    assert len(extracted) == 6 and all(r["attributes"]["query_index"] == 2 for r in extracted)
-    for rec in extracted:
-        title, text = by_id[rec["meta"]["doc_id"]]
-        assert rec["query"] == (title if kind == "title" else text) and len(rec["negatives"]) == 4
-        assert not (rec.get("usage") or {}).get("prompt_tokens")  # the document's answer is paid on its first LLM query
-
-
 def test_title_queries_are_one_per_document():
     from negsynth.schemas.config import CorpusConfig
 

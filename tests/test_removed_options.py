@@ -21,6 +21,8 @@ REMOVED = [
     ("corpus", "negatives", '"mined"', "negatives", "corpus always mines its negatives"),
     ("corpus", "negatives", '"mixed"', "negatives", "corpus always mines its negatives"),
     ("corpus", "max_doc_chars", "400", "max_doc_chars", "which corpus no longer asks for; delete the key"),
+    ("corpus", "queries", '"llm+title"', "queries = 'llm+title'", 'use "llm" (or "title" / "sentence" alone'),
+    ("corpus", "queries", '"llm+sentence"', "queries = 'llm+sentence'", 'use "llm"'),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
 ]

@@ -373,10 +373,8 @@ class CorpusConfig(Section):
     candidates: Literal["dense", "hybrid"] = "dense"
     # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
-    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed); or
-    # a mix, "llm+title" / "llm+sentence": the LLM's queries_per_doc queries and one more taken from
-    # the document (its title, or one sentence), each its own example (the LLM's requests as with "llm")
-    queries: Literal["llm", "title", "sentence", "llm+title", "llm+sentence"] = "llm"
+    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
+    queries: Literal["llm", "title", "sentence"] = "llm"
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)

@@ -54,11 +54,8 @@ from negsynth.stages.corpus_queries import (
     build_messages,
     cut_tokens,
     extracted_queries,
-    extraction,
-    is_llm_item,
     llm_writes,
     make_validator,
-    queries_per_document,
 )
 from negsynth.stages.corpus_report import report, run_stats
 
@@ -152,9 +149,9 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
         for pos, d in c.documents_at(wanted):
             c.positions[d.id] = pos
             style = style_for(cfg, c.name, d.id)
-            for j in range(queries_per_document(cfg)):
+            for j in range(cfg.queries_per_doc):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
-                if not is_llm_item(cfg, j):  # the no-LLM queries read the title (LLM payloads stay as they were)
+                if not llm_writes(cfg):  # the no-LLM queries read the title (LLM payloads stay as they were)
                     payload["title"] = d.title
                 items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
@@ -279,10 +276,9 @@ class Work:
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
         ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
-        llm = is_llm_item(self.cfg, p["query_index"])
-        key = (p["corpus_index"], p["doc_id"], llm)
+        key = (p["corpus_index"], p["doc_id"])
         fut = self._answers.get(key)
-        if fut is None and not llm:
+        if fut is None and not llm_writes(self.cfg):
             fut = self._answers[key] = asyncio.get_running_loop().create_future()
             fut.set_result(extracted_queries(p, self.cfg))
         if fut is not None and fut.done() and _failed_in_transit(fut):
@@ -324,8 +320,8 @@ def _tokenizer_of(ctx: StageContext):
 
 async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
-    llm = is_llm_item(cfg, p["query_index"])
-    j = p["query_index"] if llm or not llm_writes(cfg) else 0  # its place in its answer (a mix's text query: 0)
+    llm = llm_writes(cfg)
+    j = p["query_index"]  # its place in its answer
     work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
     res = await asyncio.shield(work.answer(client, p))
     # the document's answer is paid once: counted on its first item (queries from its text: none)
@@ -350,7 +346,7 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     if verdicts[j] is not None:
         return reject(*verdicts[j], query=queries[j])
     query = queries[j]
-    query_model = work.ctx.cfg.llm.model if llm else f"extract:{extraction(cfg)}"
+    query_model = work.ctx.cfg.llm.model if llm else f"extract:{cfg.queries}"
     meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
     if res.reasons:
         meta["failed_attempts"] = res.reasons
@@ -443,14 +439,11 @@ class Corpus(pipeline.LLMStage):
 
     def check(self) -> None:
         check_teacher_model(NAME, self.cfg)
-        qpd = queries_per_document(self.cfg)
-        if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
+        if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % self.cfg.queries_per_doc:
             # a document's queries share one answer: split across two workers, it would be paid twice
-            what = f"corpus.queries_per_doc={self.cfg.queries_per_doc}" + (
-                " + 1 (corpus.queries = a mix)" if qpd != self.cfg.queries_per_doc else ""
-            )
             raise UserError(
-                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of {what} when workers split the run"
+                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of "
+                f"corpus.queries_per_doc={self.cfg.queries_per_doc} when workers split the run"
             )
 
     def plan(self) -> list[WorkItem]:

@@ -1,7 +1,6 @@
 """Where the corpus stage's queries come from: the prompt that asks the LLM for a document's
 queries (its styles, the document cut to the prompt's length, the worked example), the validation
-of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``, alone or
-in a mix with the LLM's) shaped as
+of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``) shaped as
 an answer of the same kind, so that :mod:`negsynth.stages.corpus` treats every source alike."""
 
 from __future__ import annotations
@@ -121,24 +120,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def llm_writes(cfg: CorpusConfig) -> bool:
-    """Whether the LLM writes queries under ``corpus.queries`` ("llm" or a mix with it)."""
-    return cfg.queries.startswith("llm")
-
-
-def extraction(cfg: CorpusConfig) -> str | None:
-    """The no-LLM query source of ``corpus.queries`` ("title", "sentence"; a mix's second part), or None."""
-    kind = cfg.queries.removeprefix("llm").removeprefix("+")
-    return kind or None
-
-
-def queries_per_document(cfg: CorpusConfig) -> int:
-    """Items per sampled document: the LLM's (or the text's) ``queries_per_doc``, + 1 in a mix."""
-    return cfg.queries_per_doc + (1 if llm_writes(cfg) and extraction(cfg) else 0)
-
-
-def is_llm_item(cfg: CorpusConfig, j: int) -> bool:
-    """Whether query ``j`` of a document is the LLM's (in a mix the last one is taken from the text)."""
-    return llm_writes(cfg) and j < cfg.queries_per_doc
+    """Whether the LLM writes the queries (``corpus.queries = "llm"``), or they are taken from the text."""
+    return cfg.queries == "llm"
 
 
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
@@ -146,12 +129,11 @@ def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
     stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
     the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
     body (the text after the title), drawn with the stage seed, each within the query length
-    bounds (a query index with no sentence left is rejected ``too_few_sentences``); in a mix with
-    the LLM (``llm+title``, ``llm+sentence``) one such query. The document stays the positive,
-    whole. No validator runs: a copied sentence is what these queries are."""
-    n = 1 if llm_writes(cfg) else cfg.queries_per_doc
+    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
+    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
+    n = cfg.queries_per_doc
     doc = p["document"]
-    if extraction(cfg) == "title":
+    if cfg.queries == "title":
         title = " ".join(str(p.get("title") or "").split())
         if not title or text_key(title) == text_key(doc):
             return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")

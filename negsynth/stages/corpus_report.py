@@ -12,7 +12,6 @@ from negsynth import pipeline
 from negsynth.data.corpus import CorpusData
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.pipeline import StageContext, Summary
-from negsynth.stages.corpus_queries import queries_per_document
 
 #: rank buckets of the round-trip histogram in stats.json
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
@@ -99,7 +98,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     docs = {
         "in_corpus": sum(c.count for c in corpora),
-        "sampled": n_items // queries_per_document(ctx.cfg.corpus),
+        "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
         "empty_skipped": sum(c.empty_skipped for c in corpora),
         "duplicate_ids": sum(c.duplicate_ids for c in corpora),
     }
