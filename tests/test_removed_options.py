@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.schemas.config import CorpusConfig, RegenerateConfig
+from negsynth.schemas.config import CorpusConfig, CurriculumConfig, RegenerateConfig
 from negsynth.schemas.config_io import config_hash
 
 # (section, key, value as TOML, what the line names as removed, what it says to use instead)
@@ -23,6 +23,8 @@ REMOVED = [
     ("corpus", "max_doc_chars", "400", "max_doc_chars", "which corpus no longer asks for; delete the key"),
     ("corpus", "queries", '"llm+title"', "queries = 'llm+title'", 'use "llm" (or "title" / "sentence" alone'),
     ("corpus", "queries", '"llm+sentence"', "queries = 'llm+sentence'", 'use "llm"'),
+    ("curriculum", "incomplete_batches", '"drop"', "incomplete_batches", "always train as short batches"),
+    ("curriculum", "balance", '"queries"', "balance", "a pass is every example once"),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
 ]
@@ -63,13 +65,25 @@ PINNED = [
     ),
     (RegenerateConfig(), "d25c71042daa8066", "80cdbaeefd0c6e77"),
     (RegenerateConfig(negatives="mined", mine=20, teacher="cross-encoder", teacher_model="m"), "0ff5b20f93879ee4", "7e907706a2fc25ce"),
+    (CurriculumConfig(), "305f0e5b36bc429a", "54cea7ac60d4ddc0"),
+    (CurriculumConfig(schedule="tuple", epochs=2, instructions="off"), "fda436c5860bd4a1", "691e1969071040f5"),
 ]
 
 
-@pytest.mark.parametrize("section, as_value, in_parts", PINNED, ids=["corpus", "corpus-set", "regenerate", "regenerate-set"])
+@pytest.mark.parametrize(
+    "section, as_value, in_parts", PINNED, ids=["corpus", "corpus-set", "regenerate", "regenerate-set", "curriculum", "curriculum-set"]
+)
 def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):
     assert config_hash(section) == as_value
     assert config_hash({"x": section}) == in_parts
+
+
+def test_the_whole_run_config_hashes_as_before():
+    import negsynth.stages  # noqa: F401 - registers the stage sections
+    from negsynth.schemas.config_io import load_config
+
+    cfg = load_config()
+    assert config_hash(cfg) == "aaf728cb2ea2bac3" and config_hash({"x": cfg}) == "5b51bfbfadb0aeee"
 
 
 @pytest.mark.parametrize(

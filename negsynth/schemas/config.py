@@ -436,14 +436,6 @@ class CurriculumConfig(Section):
     # anchors get instruction_template when "on"; "auto" = exactly when evaluation formats queries the
     # same way (evaluate.instruct_queries), so training and evaluation see the same text (spec §1.9)
     instructions: Literal["auto", "on", "off"] = "auto"
-    # a phase's rows that fill no whole batch of distinct texts when its examples run out: "train"
-    # them as short batches (as sentence-transformers' NO_DUPLICATES sampler does), or "drop" them
-    # (the rule before; it lost 35 of 163 rows on a 200-document corpus)
-    incomplete_batches: Literal["train", "drop"] = "train"
-    # what a pass over the data is: "examples" (each (query, positive) example once), or "queries"
-    # (each query once, giving its positives in turn): where a query has many positives it then
-    # weighs in training as in nDCG@10, once, instead of once per positive
-    balance: Literal["examples", "queries"] = "examples"
 
     @field_validator("schedule")
     @classmethod

@@ -80,6 +80,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "corpus.negatives": (None, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
     "corpus.max_doc_chars": (None, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
     "corpus.queries": (("llm+title", "llm+sentence"), 'use "llm" (or "title" / "sentence" alone, the no-LLM floor)'),
+    "curriculum.incomplete_batches": (
+        None,
+        'a phase\'s leftover rows always train as short batches (the old default, "train"); delete the key',
+    ),
+    "curriculum.balance": (None, 'a pass is every example once (the old default, "examples"); delete the key'),
     "regenerate.teacher": (("llm-likelihood",), 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
     "regenerate.likelihood": (
         None,

@@ -64,7 +64,6 @@ class Section(BaseModel):
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
     "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "teacher_model"),
     "RegenerateConfig": ("teacher", "teacher_model"),
-    "CurriculumConfig": ("balance",),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
     "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),
 }
@@ -75,6 +74,7 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
 #: refused now: ``config_io.REMOVED``), so config hashes read them there as they always did
 REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
+    "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
 }
 
 
