@@ -11,7 +11,7 @@ pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 
 from negsynth.data.text import text_key  # noqa: E402
-from negsynth.train.config import TrainConfig  # noqa: E402
+from negsynth.schemas.train import TrainConfig  # noqa: E402
 from negsynth.train.sampler import CurriculumBatchSampler, plan_batches  # noqa: E402
 
 

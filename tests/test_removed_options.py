@@ -27,6 +27,10 @@ REMOVED = [
     ("curriculum", "balance", '"queries"', "balance", "a pass is every example once"),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
+    ("train", "hardness_mode", '"hard_negatives"', "hardness_mode", "InfoNCE weighs every negative alike"),
+    ("train", "hardness_strength", "5.0", "hardness_strength", "delete the key"),
+    ("train", "no_duplicates", "false", "no_duplicates", "every batch keeps each text once"),
+    ("train", "check_batches", "false", "check_batches", "nothing to check"),
 ]
 
 
@@ -43,7 +47,8 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     assert r.exit_code != 0 and "Traceback" not in r.output
     line = r.output.strip()
     assert "\n" not in line, line
-    assert f"[{section}] {named} was removed (measured no gain: docs/corpus.md); " in line and instead in line, line
+    doc = "docs/train.md" if section == "train" else "docs/corpus.md"
+    assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line
 
 
 # (section, its hash as a value, its hash inside a stage's parts dict, which reads its repr): the
@@ -121,3 +126,22 @@ def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path
 
     cfg = RunConfig.model_validate({"regenerate": regenerate})
     assert Regenerate(StageContext(cfg=cfg, run_dir=tmp_path / "run")).config_digest() == pinned
+
+
+@pytest.mark.parametrize(
+    "train, settings, as_repr",
+    [
+        ({}, "ec2a8e477e53a433", "6d3d52d04b246b74"),
+        ({"batch_size": 8, "loss": "margin-mse", "pooling": "ata"}, "805d3803667af17e", "d30974e444e29e02"),
+    ],
+    ids=["defaults", "set"],
+)
+def test_the_train_settings_hash_as_before_the_options_left(train, settings, as_repr):
+    """What the train stage's fingerprint hashes (its settings) and the section's repr, as before
+    hardness weighting, no_duplicates and check_batches left ``[train]``."""
+    from negsynth.schemas.config import added_at_default
+    from negsynth.schemas.train import TrainConfig
+
+    tc = TrainConfig(**train)
+    assert config_hash(added_at_default(tc, tc.model_dump(exclude={"resume", "output_dir", "device"}))) == settings
+    assert config_hash({"x": tc}) == as_repr

@@ -90,16 +90,27 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str]] = {
         None,
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
+    "train.hardness_mode": (None, "InfoNCE weighs every negative alike (the old default, off); delete the key"),
+    "train.hardness_strength": (None, "it set the strength of the removed hardness weighting; delete the key"),
+    "train.no_duplicates": (None, "every batch keeps each text once (the old default, true); delete the key"),
+    "train.check_batches": (
+        None,
+        "the order-keeping sampler never puts a text twice in a batch, so there is nothing to check; delete the key",
+    ),
 }
+
+#: where the figures of a section's removed options are (default: docs/corpus.md)
+REMOVED_DOCS = {"train": "docs/train.md"}
 
 
 def _removed(err: dict, loc: tuple[str, ...]) -> str | None:
     """``key was removed ...; fix`` when the error is a removed option's (:data:`REMOVED`), else None."""
     values, fix = REMOVED.get(".".join(loc), ((), ""))
+    doc = REMOVED_DOCS.get(loc[0], "docs/corpus.md")
     if values is None and err["type"] == "extra_forbidden":
-        return f"{loc[-1]} was removed (measured no gain: docs/corpus.md); {fix}"
+        return f"{loc[-1]} was removed (measured no gain: {doc}); {fix}"
     if values and isinstance(err.get("input"), str) and err["input"] in values:
-        return f"{loc[-1]} = {err['input']!r} was removed (measured no gain: docs/corpus.md); {fix}"
+        return f"{loc[-1]} = {err['input']!r} was removed (measured no gain: {doc}); {fix}"
     return None
 
 

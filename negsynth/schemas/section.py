@@ -75,12 +75,21 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
 REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
     "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
+    # not a Section: added_at_default and TrainConfig.__repr_args__ put these back
+    "TrainConfig": {
+        "hardness_mode": ("max_grad_norm", None),
+        "hardness_strength": ("max_grad_norm", 0.0),
+        "check_batches": ("resume", True),
+        "no_duplicates": ("resume", True),
+    },
 }
 
 
 def added_at_default(model, dump: dict) -> dict:
-    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their default."""
+    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their
+    default, with those of ``REMOVED_FIELDS`` at their old defaults."""
     for name in ADDED_FIELDS.get(type(model).__name__, ()):
         if getattr(model, name) == type(model).model_fields[name].get_default(call_default_factory=True):
             dump.pop(name, None)
+    dump.update({gone: old for gone, (_, old) in REMOVED_FIELDS.get(type(model).__name__, {}).items()})
     return dump
