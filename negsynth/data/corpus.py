@@ -10,7 +10,7 @@ text``, as BEIR retrieval reads it.
 
 ``ids``: ``column`` (a repeated id is an error), ``first`` (later repeats left out), ``row`` or
 ``hash`` (identical texts kept once). A document longer than ``chunk_tokens`` proxy tokens
-(``\w+|[^\w\s]``, no model tokenizer) is split into overlapping passages ``<id>#chunk<N>``, each
+(``\\w+|[^\\w\\s]``, no model tokenizer) is split into overlapping passages ``<id>#chunk<N>``, each
 headed by the title (:func:`~negsynth.data.documents.split_document`).
 
 Memory stays bounded: :func:`read_corpus` streams the input once to count the documents (keeping
