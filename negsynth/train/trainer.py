@@ -30,7 +30,7 @@ from negsynth.schemas.train import TrainConfig
 from negsynth.train.callbacks import curriculum_log_callback, progress_callback
 from negsynth.train.checkpoints import checkpoint_step, checkpoints, drop_checkpoint, last_checkpoint, seal_callback
 from negsynth.train.distributed import is_main_process, per_device_batch_size
-from negsynth.train.sampler import batch_segments, curriculum_batch_sampler
+from negsynth.train.sampler import batch_segments, curriculum_batch_sampler, data_parallel_world
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +170,6 @@ def is_decoder_model(model) -> bool:
     )
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def resolve_temperature(config: TrainConfig, is_decoder: bool) -> float:
     """``train.temperature``, or the family default: 0.05 for encoders (sentence-transformers models were
     pretrained at MNRL scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral)."""
@@ -233,16 +225,13 @@ def _load_dataset(dataset):
 
 
 def train_device(config: TrainConfig) -> str:
-    """``train.device`` resolved: "auto" -> "cuda" when torch sees a GPU, else "mps" where Apple's
-    is there, else "cpu" (the device the HF trainer itself would pick)."""
-    import torch
+    """``train.device`` resolved as :func:`~negsynth.embed.base.resolve_device` does ("auto": a CUDA
+    GPU, else Apple's mps, else the CPU); a GPU torch does not see is refused."""
+    from negsynth.embed.base import resolve_device
 
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if config.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    if (config.device == "cuda" and not torch.cuda.is_available()) or (config.device == "mps" and not mps):
+    if config.device in ("cuda", "mps") and resolve_device("auto") != config.device:
         raise ValueError(f"train.device = {config.device!r} but torch sees no such device; use 'auto' or 'cpu'")
-    return config.device
+    return resolve_device(config.device)
 
 
 def _precision(config: TrainConfig, device: str) -> dict[str, bool]:
@@ -356,7 +345,7 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     from negsynth.train.loss import make_loss
 
     temperature = resolve_temperature(config, is_decoder_model(model))
-    gather = config.gather_across_devices and _world_size() > 1
+    gather = config.gather_across_devices and data_parallel_world()[0] > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
     if distill:
         from negsynth.train.loss import make_distill_loss
