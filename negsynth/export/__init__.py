@@ -14,22 +14,8 @@ settings, evaluation table); ``SentenceTransformer(OUT/model)`` loads it, with `
 
 from __future__ import annotations
 
-from negsynth.export.common import PARQUET
-from negsynth.export.dataset import CONFIG_COLUMNS, TEXT_CONFIGS, export_dataset
-from negsynth.export.model import export_model, query_prompts
-from negsynth.export.provenance import describe_provenance, provenance
-from negsynth.export.run import check_out, export_run, push
+from negsynth.export.dataset import export_dataset
+from negsynth.export.model import export_model
+from negsynth.export.run import export_run, push
 
-__all__ = [
-    "CONFIG_COLUMNS",
-    "PARQUET",
-    "TEXT_CONFIGS",
-    "check_out",
-    "describe_provenance",
-    "export_dataset",
-    "export_model",
-    "export_run",
-    "provenance",
-    "push",
-    "query_prompts",
-]
+__all__ = ["export_dataset", "export_model", "export_run", "push"]

@@ -17,36 +17,6 @@ from __future__ import annotations
 
 from negsynth.inspect.plots import write_plots
 from negsynth.inspect.render import render
-from negsynth.inspect.report import (
-    FLAGS,
-    example_stages,
-    inspect_path,
-    level_word,
-    negatives_mined,
-    pick_samples,
-    read_lines,
-    resolve,
-    score_frame,
-    score_stats,
-    select_examples,
-    stage_order,
-    stage_summary,
-)
+from negsynth.inspect.report import example_stages, inspect_path, resolve, stage_order
 
-__all__ = [
-    "FLAGS",
-    "example_stages",
-    "inspect_path",
-    "level_word",
-    "negatives_mined",
-    "pick_samples",
-    "read_lines",
-    "render",
-    "resolve",
-    "score_frame",
-    "score_stats",
-    "select_examples",
-    "stage_order",
-    "stage_summary",
-    "write_plots",
-]
+__all__ = ["example_stages", "inspect_path", "render", "resolve", "stage_order", "write_plots"]
