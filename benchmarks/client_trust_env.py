@@ -42,7 +42,7 @@ def serve(port: int) -> None:
 async def run(url: str, n: int, c: int, trust_env: bool) -> float:
     import aiohttp
 
-    from negsynth.llm.client import proxy_for
+    from negsynth.llm.wire import proxy_for
 
     proxy = None if trust_env else proxy_for(url)
     async with aiohttp.ClientSession(

@@ -113,7 +113,7 @@ def test_fatal_auth_error(tmp_path):
 def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
     """HTTP_PROXY / NO_PROXY are honoured (as the SDK's client does) without trust_env's
     per-request lookups: the fake server plays the proxy for a host that does not resolve."""
-    from negsynth.llm.client import proxy_for
+    from negsynth.llm.wire import proxy_for
 
     target = "http://upstream.invalid:9/v1"
 
@@ -269,7 +269,7 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
     """Requests in flight when the server goes away can be answered after later ones have already
     failed; such an answer must not reset the count of failures in a row (it did, so a busy
     machine turned an outage into a long trickle of failed items)."""
-    from negsynth.llm.client import TransportError
+    from negsynth.llm.errors import TransportError
 
     async def go():
         url = "http://127.0.0.1:9/v1"

@@ -29,7 +29,6 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.errors import (
-    FATAL_KINDS,
     BadResponse,
     BudgetStop,
     EmptyResponse,
@@ -43,10 +42,8 @@ from negsynth.llm.errors import (
     non_ascii_note,
     openai,
     openai_loaded,
-    outage_message,
     retry_after_seconds,
     shorten,
-    tls_message,
     transport_kind,
 )
 from negsynth.llm.keys import read_key
@@ -55,35 +52,9 @@ from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.llm.prefix_pin import prefix_pin
 from negsynth.llm.repeats import repeat_guard
 from negsynth.llm.stats import ClientStats
-from negsynth.llm.wire import Wire, proxy_for, redirect_target
+from negsynth.llm.wire import Wire
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
-
-#: the client's public names as they were before it was split: the stages, the pipeline, the
-#: benchmarks and the tests import them from here; each lives in the module of its responsibility
-#: (errors, stats, wire, outage) and is re-exported
-__all__ = [
-    "FATAL_KINDS",
-    "BadResponse",
-    "BudgetStop",
-    "ClientStats",
-    "EmptyResponse",
-    "HTTPFault",
-    "LLMClient",
-    "LLMFatalError",
-    "LLMResult",
-    "OutageStop",
-    "TransportError",
-    "ValidationFailure",
-    "non_ascii_note",
-    "outage_message",
-    "proxy_for",
-    "redirect_target",
-    "resolve_api_key",
-    "response_format_for",
-    "tls_message",
-    "transport_kind",
-]
 
 log = logging.getLogger(__name__)
 for _name in ("openai", "httpx", "httpcore", "aiohttp"):

@@ -47,7 +47,8 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.llm.client import LLMClient
+from negsynth.llm.errors import ValidationFailure
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
