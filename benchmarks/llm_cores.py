@@ -47,9 +47,7 @@ def parse_arm(arm: str) -> tuple[str, int]:
 
 def serve_config(kind: str, n: int, args) -> ServeConfig:
     servers, threads = (n, 1) if kind == "fleet" else (1, n)
-    return ServeConfig(
-        servers=servers, n_threads=threads, engine="llama-server", model_path=args.model, server_path=args.server, prompt_cache=False
-    )
+    return ServeConfig(servers=servers, n_threads=threads, model_path=args.model, server_path=args.server, prompt_cache=False)
 
 
 async def replay(urls: list[str], bodies: list[dict], timeout: float) -> tuple[float, list[dict]]:

@@ -206,7 +206,6 @@ def determinism(n: int, log_dir: Path, server_path: str | None = None) -> None:
 
     def run(servers: int, threads: int, order: list[int], cache: bool) -> tuple[dict[int, str], dict[int, int], float]:
         cfg = ServeConfig(
-            engine="llama-server",
             server_path=server_path,
             port=_free_port("127.0.0.1"),
             servers=servers,

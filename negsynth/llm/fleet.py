@@ -17,7 +17,7 @@ and K servers on K cores answer ~K requests at once (docs/llm_server.md).
 
 A server that exits while the fleet is up is started again on its own port (the router's probe
 then takes it back in), at most :attr:`EmbeddedFleet.RESTARTS` times; after that it stays out
-and the others carry its share. The Python engine (``llama-cpp-python``) is always one server.
+and the others carry its share.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from negsynth.errors import UserError
-from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, busy_cores, resolve_engine
+from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, busy_cores, llama_server_binary
 from negsynth.schemas.config import EndpointConfig, LLMConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,8 @@ class EmbeddedFleet:
         pin: bool = False,
     ):
         self.cfg = cfg
-        self.engine, self.binary = resolve_engine(cfg)
-        if self.engine == "llama-server":
-            n, t = fleet_shape(cfg if servers is None else cfg.model_copy(update={"servers": servers}), threads=threads)
-        else:
-            n, t = 1, threads or cfg.n_threads  # the Python server: one, its own thread default
+        self.binary = llama_server_binary(cfg)
+        n, t = fleet_shape(cfg if servers is None else cfg.model_copy(update={"servers": servers}), threads=threads)
         self.threads = t
         names = ["llama-server.log"] if n == 1 else [f"llama-server-{i}.log" for i in range(n)]
         self.servers = [
@@ -170,7 +167,7 @@ class EmbeddedFleet:
             )
             for i, name in enumerate(names)
         ]
-        self.slots = self.servers[0].slots if self.engine == "llama-server" else 1
+        self.slots = self.servers[0].slots
         self.restarts = [0] * n
         self._stopping = threading.Event()
         self._lock = threading.Lock()
