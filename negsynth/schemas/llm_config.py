@@ -68,7 +68,6 @@ class LLMConfig(Section):
     backoff_max: float = Field(60.0, ge=0)
     rpm: int | None = Field(None, ge=1)  # client-side requests per minute
     tpm: int | None = Field(None, ge=1)  # client-side tokens per minute
-    transport: Literal["http1", "aiohttp", "httpx"] = "http1"
     cache: bool = True
     extra_body: dict = Field(default_factory=dict)
     price: PriceConfig = PriceConfig()
