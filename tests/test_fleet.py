@@ -59,7 +59,7 @@ def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
 
 
 def test_the_count_is_measured_only_when_needed(monkeypatch):
-    monkeypatch.setattr(F, "busy_cores", lambda cpus: (_ for _ in ()).throw(AssertionError("measured")))
+    monkeypatch.setattr(F, "free_cores", lambda **kw: (_ for _ in ()).throw(AssertionError("measured")))
     assert F.fleet_shape(ServeConfig(servers=2, n_threads=1)) == (2, 1)
 
 

@@ -124,16 +124,12 @@ def busy_cores(cpus: set[int], window: float = 1.0) -> float:
         return 0.0
 
 
-def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
-    """Compute threads for the server: ``serve.n_threads`` when set, else the cores free now.
-
-    Free = the CPUs this process may run on (``os.sched_getaffinity``) minus the busy ones
-    (``load``; measured over one second by :func:`busy_cores` when not given), rounded; at least 1.
-    On a shared machine a thread on a core another process keeps busy stalls every step of the
-    others (llama.cpp waits for its slowest thread), so fewer threads on free cores beat more
-    threads on busy ones."""
-    if n_threads:
-        return n_threads
+def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``; ``cpus`` of them when given)
+    minus the busy ones (``load``; measured over one second by :func:`busy_cores` when not given),
+    rounded; at least 1. On a shared machine a thread on a core another process keeps busy stalls
+    every step of the others (llama.cpp waits for its slowest thread), so fewer threads on free
+    cores beat more threads on busy ones."""
     try:
         mine = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -143,6 +139,11 @@ def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, loa
     if load is None:
         load = busy_cores(mine)
     return max(1, min(cpus, cpus - int(load + 0.5)))
+
+
+def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
+    """Threads for a server: ``serve.n_threads`` when set (0: choose), else :func:`free_cores`."""
+    return n_threads or free_cores(cpus=cpus, load=load)
 
 
 def choose_slots(parallel: int | None, max_concurrency: int) -> int:
