@@ -490,15 +490,16 @@ class LLMClient(OutageWatch):
         the ``reask`` prompt template). A transport failure after all retries yields a result
         with reason ``transport_*``.
         """
-        if self.transport is not None:
-            self.transport.begin()
-            try:
-                return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
-            finally:
-                self.transport.end()
-        return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
+        batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
+        if batch is not None:
+            batch.begin()
+        try:
+            return await self._ask(messages, validate, schema, name, sample_index, temperature, reask_template)
+        finally:
+            if batch is not None:
+                batch.end()
 
-    async def _structured(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
+    async def _ask(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
         rf = response_format_for(self.cfg.structured_output, schema, name)
         msgs = list(messages)
         pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt

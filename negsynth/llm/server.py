@@ -316,7 +316,8 @@ class EmbeddedServer:
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
-            if self._spawn_and_wait(deadline):
+            self.spawn()
+            if self.wait_ready(deadline):  # False: another process answers on that port
                 self.registered()
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
@@ -334,12 +335,6 @@ class EmbeddedServer:
             prefix_pin.register(self.base_url, self.slot_dir)
         else:
             repeats.register(self.base_url)
-
-    def _spawn_and_wait(self, deadline: float) -> bool:
-        """Start the server on ``self.port`` and wait until it answers. True when the answer comes
-        from our process; False when another process answers on that port."""
-        self.spawn()
-        return self.wait_ready(deadline)
 
     def spawn(self) -> None:
         """Start the server process on ``self.port`` (without waiting for it)."""
@@ -422,11 +417,3 @@ class EmbeddedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    def wait(self) -> int:
-        assert self.proc is not None
-        try:
-            return self.proc.wait()
-        except KeyboardInterrupt:
-            self.stop()
-            return 0
