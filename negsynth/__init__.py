@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # (no import of negsynth.api here, not even for type checkers: the package root is the bottom layer
 # of tests/test_layers.py, and the API sits above the stages)
-__all__ = ["load_config", "run", "sample_corpus", "training_data"]
+__all__ = ["evaluate_model", "load_config", "model_path", "run", "sample_corpus", "training_data"]
 
 
 def __getattr__(name: str) -> Any:
