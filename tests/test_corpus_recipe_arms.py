@@ -4,6 +4,7 @@ cross-encoder arms need the model named (one line, before anything runs)."""
 from __future__ import annotations
 
 import pytest
+import tomli_w
 from helpers import load_benchmark
 
 from negsynth.schemas.config_io import load_config
@@ -18,7 +19,7 @@ def test_every_pipeline_arm_is_a_valid_run_file(tmp_path):
         if name in mod.NEEDS_TEACHER_MODEL:
             spec = {**spec, "teacher_model": "some/cross-encoder"}
         path = tmp_path / f"{name}.toml"
-        path.write_text(mod.pipeline_toml(tmp_path / "corpus", spec, args, 0))
+        path.write_text(tomli_w.dumps(mod.pipeline_toml(tmp_path / "corpus", spec, args, 0)))
         cfg = load_config(path)
         assert cfg.corpus.teacher == spec.get("teacher", "none"), name
         if name in mod.NEEDS_TEACHER_MODEL:
