@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"{m['wall_s']:.1f}",
                         f"{m['cpu_s']:.1f}",
                         embed,
-                        f"{r['texts'] / m['wall_s']:.0f}",
+                        f"{r['texts'] / m['wall_s']:.0f}" if arm != "inspect" else "-",
                         f"{m['peak_rss_mb']:.0f}",
                         f"{ratio:.2f}",
                     ]

@@ -15,7 +15,7 @@ data). An arm is settings joined by ``+``:
 ``--model smollm2`` trains the bundled SmolLM2-135M with LoRA and every layer bidirectional (the
 decoder recipe). Reported per arm, medians over ``--repeats`` (arms interleaved, order rotated): the
 child's peak resident memory, the trainer's seconds per step, the ratio to the first arm, and the
-largest difference of a step's loss from the first arm's (GradCache must give the same loss)::
+largest difference of a step's loss from the first arm's (GradCache's differs by dropout noise: it draws the masks in another order)::
 
     python benchmarks/train_step.py --arms base,gc,cached8,gc+cached8 --steps 3        # the memory settings
     python benchmarks/train_step.py --arms mean,ata,latent --steps 6 --batch-size 8 --max-length 64 --negatives 1
