@@ -25,7 +25,6 @@ mined-win41         the stock candidate window (``corpus.mining.range_max = 41``
 mined-nofilter      ``score.policy = "annotate"``, the cleaning off: every valid record trains
 mined-plain         plain MNRL (``train.mini_batch_size`` off)
 mined-shuffled      the stock recipe's sampler (``train.batch_sampler = "shuffled"``)
-mined-dropshort     a phase's rows that fill no whole batch dropped (``curriculum.incomplete_batches``)
 mined-hybridcand    hybrid candidates (``corpus.candidates = "hybrid"``): the 4 hardest of the fused
                     BM25 + dense ranking that pass the embedder's margin; ``title-hybridcand`` the same
                     on ``title-mined``'s queries
@@ -92,7 +91,6 @@ ARMS: dict[str, dict | None] = {
     "mined-shuffled": {"train": {"batch_sampler": "shuffled"}},
     "title-mined": {"queries": "title"},
     "sentence-mined": {"queries": "sentence"},
-    "mined-dropshort": {"curriculum": {"incomplete_batches": "drop"}},
     "mined-hybridcand": {"candidates": "hybrid"},
     "title-hybridcand": {"queries": "title", "candidates": "hybrid"},
     "mined-ce-mse": {**CE, "teacher_k": 0, "train": {"loss": "margin-mse"}},

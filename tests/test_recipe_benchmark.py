@@ -78,7 +78,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-b12": {"train"},
-                "ns-pipeline-qbalanced": {"curriculum"},
                 "ns-pipeline-reordered": {"curriculum", "train"},
                 "ns-pipeline-tuple": {"regenerate", "curriculum"},
                 "ns-pipeline-graded": {"regenerate", "curriculum"},
@@ -92,9 +91,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     b12 = cfgs["ns-pipeline-b12"]  # an arm's key replaces the protocol's, in the protocol's own table
     assert b12.train.batch_size == 12 and b12.train.model_copy(update={"batch_size": base.train.batch_size}) == base.train
     assert b12.curriculum == base.curriculum
-    qb = cfgs["ns-pipeline-qbalanced"].curriculum
-    assert qb.balance == "queries" and qb.schedule == "tuple" and base.curriculum.balance == "examples"
-    assert cfgs["ns-pipeline-qbalanced"].curriculum.total_steps == base.curriculum.total_steps  # merged into the protocol's table
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():
