@@ -3,8 +3,6 @@ positive of a query excluded; candidates within ``relative_margin`` of the posit
 as likely false negatives, NV-Retriever's TopK-PercPos):
 
 * :func:`mine_negatives` — the ``k`` hardest survivors per query, through the library itself;
-* :func:`mine_graded` — one negative per rank band of the survivors (default ``[1, 3], [4, 10],
-  [11, 30], [31, 100]``, level 1 hardest), drawn with a per-query seed;
 * :class:`CorpusIndex` — the same rule for one query at a time over a corpus embedded once (the
   corpus stage), streamed from disk when it is too large to hold.
 
@@ -15,23 +13,17 @@ as likely false negatives, NV-Retriever's TopK-PercPos):
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from negsynth.data.text import text_key
-from negsynth.schemas.config import check_bands
 
 log = logging.getLogger(__name__)
 
 #: corpus size (texts) from which ``use_faiss=None`` searches with FAISS
 FAISS_THRESHOLD = 100_000
-
-#: default rank bands (1-based, inclusive) for levels 1..4 of :func:`mine_graded`
-DEFAULT_BANDS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 100))
 
 
 def load_mining_model(cfg):
@@ -165,64 +157,6 @@ def _gather_triplets(triplets, queries: dict[str, str], known_positives: dict[st
     for f in found.values():
         if f["pos_score"] is not None:
             f["pos_score"] = round(float(f["pos_score"]), 6)
-
-
-def pick_from_bands(candidates: list[str], scores: list[float], bands, seed: str) -> dict[str, list]:
-    """One candidate per rank band (candidates sorted hardest first). A band past the end of the
-    list is left out, so a query with few candidates gets fewer levels."""
-    rng = random.Random(int(hashlib.sha256(seed.encode()).hexdigest()[:16], 16))
-    negs, scs, ranks = [], [], []
-    for a, b in bands:
-        lo, hi = a - 1, min(b, len(candidates))
-        if lo >= hi:
-            break
-        i = rng.randrange(lo, hi)
-        negs.append(candidates[i])
-        scs.append(scores[i])
-        ranks.append(i + 1)
-    return {"negatives": negs, "scores": scs, "ranks": ranks}
-
-
-def mine_graded(
-    model,
-    queries: dict[str, str],
-    known_positives: dict[str, list[str]],
-    corpus: list[str],
-    *,
-    bands=DEFAULT_BANDS,
-    relative_margin: float | None = 0.05,
-    range_max: int | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    cache_folder: str | Path | None = None,
-    use_faiss: bool | None = None,
-    faiss_threshold: int | None = FAISS_THRESHOLD,
-) -> dict[str, dict[str, Any]]:
-    """One negative per rank band of the positive-aware candidates: ``{key: {"negatives", "scores",
-    "ranks", "pos_score"}}``, level 1 (hardest band) first; ``ranks`` among the survivors.
-    ``range_max``: the candidates the margin looks at (default: the last band's end + 4 per known
-    positive + 20); a query whose positive ranks low gets fewer levels."""
-    bands = check_bands(bands)
-    depth = bands[-1][1]
-    pool = mine_negatives(
-        model,
-        queries,
-        known_positives,
-        corpus,
-        depth,
-        relative_margin=relative_margin,
-        range_max=range_max or depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
-        batch_size=batch_size,
-        cache_folder=cache_folder,
-        use_faiss=use_faiss,
-        faiss_threshold=faiss_threshold,
-    )
-    out: dict[str, dict[str, Any]] = {}
-    for key, f in pool.items():
-        picked = pick_from_bands(f["negatives"], f["scores"], bands, f"{seed}:{key}")
-        picked["pos_score"] = f["pos_score"]
-        out[key] = picked
-    return out
 
 
 class TextStore:
