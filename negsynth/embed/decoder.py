@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 
 DEFAULT_MAX_LENGTH = 512
+#: the ``[embedder]`` fields :class:`DecoderEmbedder` takes under the same names
+CONFIG_FIELDS = (
+    "method pooling repeat reba_variant filter_ratio base max_length batch_size padding_side prompteol_template echo_template "
+    "echo_doc_template truncation filter_start query_template instruct_queries"
+).split()
 
 
 def _special_prefix(tokenizer) -> list[int]:
@@ -173,27 +178,7 @@ class DecoderEmbedder(Embedder):
             causal_lm=cfg.method == "embedfilter",
             attn_implementation="eager" if cfg.method == "reba" else None,
         )
-        return cls(
-            model,
-            tok,
-            method=cfg.method,
-            pooling=cfg.pooling,
-            repeat=cfg.repeat,
-            reba_variant=cfg.reba_variant,
-            filter_ratio=cfg.filter_ratio,
-            base=cfg.base,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
-            padding_side=cfg.padding_side,
-            model_name=cfg.model,
-            prompteol_template=cfg.prompteol_template,
-            echo_template=cfg.echo_template,
-            echo_doc_template=cfg.echo_doc_template,
-            truncation=cfg.truncation,
-            filter_start=cfg.filter_start,
-            query_template=cfg.query_template,
-            instruct_queries=cfg.instruct_queries,
-        )
+        return cls(model, tok, model_name=cfg.model, **{k: getattr(cfg, k) for k in CONFIG_FIELDS})
 
     # ---------------------------------------------------------------- description
 
