@@ -19,6 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from fake_openai import FakeOpenAI, Reply
 
 import negsynth
@@ -77,7 +78,19 @@ def test_an_old_run_dir_is_reused_stage_by_stage_with_no_request(tmp_path, monke
     assert files(run) == before  # the manifest and every shard, byte for byte
 
 
-def test_the_llm_stages_made_again_find_every_answer_in_the_old_request_cache(tmp_path, monkeypatch):
+@pytest.fixture
+def one_thread():
+    """The fixture's embeddings were computed on one thread (as the suite's helpers ran); a float
+    sum over two threads can move the 6th decimal of a mined score, which the remade shard
+    records, so the remake computes them on one thread too."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_llm_stages_made_again_find_every_answer_in_the_old_request_cache(tmp_path, monkeypatch, one_thread):
     run = old_run_dir(tmp_path, monkeypatch)
     before = {stage: outputs(run / stage) for stage in LLM_STAGES}
     missed: dict[str, str] = {}
