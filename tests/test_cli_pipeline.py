@@ -240,9 +240,9 @@ def test_every_stage_command_takes_the_shared_options():
     shared = {"--config", "--run-dir", "--set", "--quiet", "--json", "--verbose"}
     for stage in METHOD:
         assert shared <= opts[stage.name], stage.name
-        llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--num-shards", "--shard-index", "--mode"}
+        llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--mode", "--executor", "--workers"}
         assert (llm_flags <= opts[stage.name]) == (stage.name in ("brainstorm", "generate", "regenerate", "corpus")), stage.name
-    assert {"--max-requests", "--overwrite"} <= opts["run"] and "--num-shards" not in opts["run"]
+    assert {"--max-requests", "--overwrite", "--executor"} <= opts["run"] and "--mode" not in opts["run"]
     assert "--overwrite" not in opts["evaluate"]
     default = RunConfig().pipeline.stages
     assert [s.name for s in METHOD if s.name in default] == default

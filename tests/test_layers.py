@@ -151,8 +151,8 @@ def test_the_pipeline_surface_reads_its_modules_each_time(monkeypatch):
     import negsynth.pipeline as surface
     from negsynth.pipeline import ray_executor
 
-    monkeypatch.setattr(ray_executor, "run_on_ray", patched := object())
-    assert surface.run_on_ray is patched
+    monkeypatch.setattr(ray_executor, "ray_embedding", patched := object())
+    assert surface.ray_embedding is patched
 
 
 def test_the_package_api_is_lazy_and_each_name_has_one_home():

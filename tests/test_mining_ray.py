@@ -200,7 +200,7 @@ def local_ray_embedding(monkeypatch, st_model):
         raise AssertionError("mined regenerate must not start shard workers")
 
     monkeypatch.setattr(ray_executor, "ray_embedding", fake)
-    monkeypatch.setattr(ray_executor, "_worker", no_shard_workers)
+    monkeypatch.setattr(ray_executor, "_rank", no_shard_workers)
     monkeypatch.setattr(ray_executor, "import_ray", no_shard_workers)
     monkeypatch.setattr(ray_executor, "connect", no_shard_workers)
     return made

@@ -57,12 +57,15 @@ def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
 
 def _execute(name: str, opts: Options, ctx) -> dict:
     """The stage on the executor ``--executor`` chose (:mod:`negsynth.pipeline.executor`): in this
-    process, or on Ray (shard workers; score, mined regenerate and corpus with its index: here with
-    their embedding on Ray workers)."""
-    from negsynth.pipeline.executor import executor_for
+    process, or on Ray (ranks; score, mined regenerate and corpus with its index: here with their
+    embedding on Ray workers)."""
+    from negsynth.pipeline.executor import executor_for, run_stage
     from negsynth.stages import METHOD, get
 
-    return executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD).run_one(get(name), ctx)
+    stage = get(name)
+    executor = executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD)
+    executor.check(stage)
+    return run_stage(stage, ctx, executor=executor)
 
 
 # ============================================================================ the method's stages
@@ -393,7 +396,7 @@ def run(
     """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM).
 
     With --executor ray the pipeline runs on Ray: each LLM stage that splits (generate,
-    regenerate) runs as --workers shard workers, merged here, and the embedding of score, of
+    regenerate) runs as --workers ranks, their stats summed here, and the embedding of score, of
     regenerate's mining with mined negatives and of corpus's index on --workers Ray workers (the
     stage itself here); the other stages run in this process. One embedded LLM server and one
     budget serve the whole run, and finished stages are reused without starting workers."""

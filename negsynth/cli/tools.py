@@ -1,5 +1,5 @@
-"""The commands around the stages: ``estimate`` before a run, ``merge`` after split workers,
-``serve`` (the embedded LLM alone), ``config``, ``inspect`` and ``export``."""
+"""The commands around the stages: ``estimate`` before a run, ``serve`` (the embedded LLM
+alone), ``config``, ``inspect`` and ``export``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from negsynth.cli.guard import guarded
-from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, emit, report_command, setup_logging
+from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, report_command, setup_logging
 from negsynth.cli.overrides import toml_value
 from negsynth.errors import UserError
 
@@ -84,26 +84,6 @@ def estimate(
 
 
 # ============================================================================ around the stages
-
-
-@app.command()
-@guarded
-def merge(
-    run_dir: RunDirOpt = Path("runs/default"),
-    stage: Annotated[str, typer.Option("--stage", help="the stage whose --num-shards workers to merge")] = "generate",
-    json_out: JsonOpt = False,
-) -> None:
-    """After n workers (--shard-index 0..n-1 --num-shards n): check every shard is done, write one stats.json."""
-    from negsynth.pipeline.llm_stage import merge_stage
-
-    stats = merge_stage(run_dir, stage)
-    if json_out:
-        emit(stats, True)
-    else:
-        typer.echo(
-            f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}",
-            err=True,
-        )
 
 
 @app.command()

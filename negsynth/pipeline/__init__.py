@@ -19,22 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-    from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for, split_stages
+    from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for, run_stage, run_stages, split_stages
     from negsynth.pipeline.llm_stage import (
         cost_usd,
         item_stage_fingerprint,
         llm_fingerprint,
         llm_session,
         llm_stage_parts,
-        merge_stage,
         run_item_stage,
         summary_rows,
     )
     from negsynth.pipeline.llm_task import LLMStage, LLMTask, inputs_fingerprint
     from negsynth.pipeline.progress import Reporter
-    from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding, run_on_ray
+    from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding
     from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
-    from negsynth.pipeline.stage import Stage, Summary, run_stage, run_stages
+    from negsynth.pipeline.stage import Stage, Summary
     from negsynth.pipeline.tally import Tally
     from negsynth.schemas.config_io import config_hash
 
@@ -57,21 +56,19 @@ _MODULE_OF = {
     "llm_fingerprint": "llm_stage",
     "llm_session": "llm_stage",
     "llm_stage_parts": "llm_stage",
-    "merge_stage": "llm_stage",
     "run_item_stage": "llm_stage",
     "summary_rows": "llm_stage",
     "Reporter": "progress",
     "embeds_in_driver": "ray_executor",
     "ray_embedding": "ray_executor",
-    "run_on_ray": "ray_executor",
     "Outcome": "runner",
     "RunReport": "runner",
     "WorkItem": "runner",
     "failure_message": "runner",
     "Stage": "stage",
     "Summary": "stage",
-    "run_stage": "stage",
-    "run_stages": "stage",
+    "run_stage": "executor",
+    "run_stages": "executor",
     "Tally": "tally",
 }
 
@@ -102,10 +99,8 @@ __all__ = [
     "llm_fingerprint",
     "llm_session",
     "llm_stage_parts",
-    "merge_stage",
     "ray_embedding",
     "run_item_stage",
-    "run_on_ray",
     "run_stage",
     "run_stages",
     "summary_rows",

@@ -55,7 +55,7 @@ class Budget:
 
 @dataclass
 class SharedBudget(Budget):
-    """One budget for several processes (the shard workers of ``--executor ray``): the counts live
+    """One budget for several processes (the ranks of ``--executor ray``): the counts live
     in one Ray actor (``ledger``, a :class:`~negsynth.pipeline.ray_executor.BudgetLedger`), not in
     this process's client.
 
@@ -92,8 +92,9 @@ class StageContext:
     cfg: RunConfig
     run_dir: Path
     overwrite: bool = False
-    shard_index: int = 0
-    num_shards: int = 1
+    #: this worker's rank and how many split the stage (the executor sets them: Ray's ranks; locally 0 of 1)
+    rank: int = 0
+    world_size: int = 1
     budget: Budget = field(default_factory=Budget)
     #: RPM / TPM buckets shared with other processes (``--executor ray``: a
     #: :class:`~negsynth.llm.ratelimit.RateLedger` actor), or None: this process keeps its own
@@ -138,14 +139,6 @@ class StageContext:
             from negsynth.errors import UserError
 
             raise UserError(f"--mode {self.mode!r}: choose 'online' (live requests) or 'batch' (OpenAI Batch API)")
-        if self.num_shards < 1:
-            from negsynth.errors import UserError
-
-            raise UserError(f"--num-shards {self.num_shards}: must be >= 1 (the number of workers splitting the run)")
-        if not (0 <= self.shard_index < self.num_shards):
-            from negsynth.errors import UserError
-
-            raise UserError(f"--shard-index {self.shard_index} must be in [0, --num-shards {self.num_shards})")
 
     def stage_dir(self, stage: str) -> Path:
         return self.outputs.get(stage) or self.run_dir / stage

@@ -18,11 +18,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from negsynth.aio import run_sync
-from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
@@ -90,7 +88,7 @@ def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> Non
     d = ctx.run_dir / stage
     if ctx.overwrite:
         try:
-            ctx.outputs[stage] = begin_staging(ctx.run_dir, stage, entry, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+            ctx.outputs[stage] = begin_staging(ctx.run_dir, stage, entry)
         except OSError as e:
             raise storage_error(e, ctx.run_dir) from None
         return
@@ -104,16 +102,15 @@ def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> Non
         raise storage_error(e, d) from None
 
 
-def finish_stage(
-    ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None
-) -> dict:
+def finish_stage(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient | None, extra: dict | None = None) -> dict:
     """The stage's stats (``run_stage`` writes them); an --overwrite that finished swaps its
-    outputs in (else the old ones stay)."""
+    outputs in (else the old ones stay; the ranks of a split leave that to the driver, which
+    sums their stats)."""
     stats = llm_stats(ctx, stage, rep, client, extra)
     staged = ctx.outputs.get(stage)
-    if staged is not None and ctx.overwrite and rep.finished:
+    if staged is not None and ctx.overwrite and rep.finished and ctx.world_size == 1:
         try:
-            swap_in(ctx.run_dir, stage, entry, staged, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+            swap_in(ctx.run_dir, stage, staged)
         except OSError as e:
             raise storage_error(e, ctx.run_dir / stage) from None
         del ctx.outputs[stage]
@@ -190,8 +187,8 @@ def batch_transport(ctx: StageContext, stage: str | None) -> Callable[[LLMClient
         from negsynth.llm.batch import BatchTransport
 
         state_dir = ctx.stage_dir(stage or "llm") / "_batch"
-        if ctx.num_shards > 1:  # each worker keeps its own batch jobs
-            state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
+        if ctx.world_size > 1:  # each rank keeps its own batch jobs
+            state_dir = state_dir / f"worker-{ctx.rank:05d}-of-{ctx.world_size:05d}"
         return BatchTransport(
             client,
             state_dir,
@@ -217,7 +214,7 @@ def item_stage_fingerprint(ctx: StageContext, digest: str, **extra: Any) -> dict
     """The fingerprint of an item stage (the manifest entry :func:`stage_entry` makes of it): the
     hash of what its outputs are made from, the shard size and worker count they were cut by (a
     relaunch that changes any of the three is refused), then the stage's ``extra`` keys."""
-    return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, **extra}
+    return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.world_size, **extra}
 
 
 def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> dict[str, Any]:
@@ -259,7 +256,7 @@ def run_item_stage(
     (brainstorm's fixed STS task: they do not hide that every request failed alike)."""
     entry = stage_entry(ctx, stage, len(items))
     rep, client = run_items(ctx, stage.name, items, process, entry=entry, llm=llm, one_shard=one_shard, verdict=verdict, fixed=fixed)
-    return finish_stage(ctx, stage.name, entry, rep, client, extra() if callable(extra) else extra)
+    return finish_stage(ctx, stage.name, rep, client, extra() if callable(extra) else extra)
 
 
 def run_items(
@@ -359,7 +356,7 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
     stats = report_stats(stage, rep)
     u = rep.usage
     stats["estimated_cost_usd"] = round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6)
-    stats.update(model=cfg.model, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+    stats.update(model=cfg.model, shard_index=ctx.rank, num_shards=ctx.world_size)
     if client is None:  # a relaunch of a finished stage sent nothing
         stats["this_run"] = {**ClientStats().as_dict(), "cost_usd": 0.0}
     else:
@@ -411,74 +408,3 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
     if stats.get("stopped_by"):
         rows.append(("stopped by budget", stats["stopped_by"]))
     return rows
-
-
-def merge_stage(run_dir: Path, stage: str) -> dict:
-    """Combine the work of ``--num-shards n`` workers into one ``RUN_DIR/<stage>/stats.json``.
-
-    Every worker writes its shards into the same stage folder (so ``read_stage`` already sees the
-    union) and its own ``stats.KKKKK-of-NNNNN.json``. This checks that every shard the manifest
-    planned is finished, sums the per-shard stats and the workers' request counters, and writes
-    ``stats.json``. Raises :class:`UserError` naming the missing shards and their workers.
-    """
-    import json
-
-    from negsynth.pipeline.manifest import describe_outputs, made_from, record_manifest
-
-    run_dir = Path(run_dir)
-    d = run_dir / stage
-    entry = made_from(run_dir, stage)
-    if not entry or not d.is_dir():
-        raise UserError(f"{d}: no {stage} outputs recorded in {run_dir / 'manifest.json'}; run `negsynth {stage}` first")
-    n_items, size, n = entry.get("items"), entry.get("shard_size"), entry.get("num_shards") or 1
-    if n_items is None or not size:
-        total = len(list(d.glob("shard-*.jsonl")))
-    else:
-        total = (n_items + size - 1) // size
-    missing = [s for s in range(total) if not (d / f"shard-{s:05d}.jsonl").exists()]
-    if missing:
-        workers = sorted({s % n for s in missing})
-        shown = ", ".join(f"{s:05d}" for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
-        raise UserError(
-            f"{d}: {len(missing)} of {total} shards are not finished ({shown}); rerun "
-            + ", ".join(f"--shard-index {k}" for k in workers)
-            + f" --num-shards {n} (the same command resumes), then merge again"
-        )
-    rep = RunReport(stage=stage, shards_total=total, shards_done=total)
-    for s in range(total):
-        p = d / "_shards" / f"{s:05d}.json"
-        try:
-            rep.add_shard(json.loads(p.read_text(encoding="utf-8")))
-        except (FileNotFoundError, json.JSONDecodeError):
-            raise UserError(f"{p}: per-shard stats missing or corrupt; rerun the worker --shard-index {s % n} --num-shards {n}") from None
-    workers: dict[str, Any] = {}
-    this_run: dict[str, Any] = {}
-    costs: list[Any] = []
-    wall = 0.0
-    for p in sorted(d.glob("stats.*-of-*.json")) + ([d / "stats.json"] if n == 1 and (d / "stats.json").exists() else []):
-        try:
-            w = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            raise UserError(f"{p}: not valid JSON; rerun that worker") from None
-        workers[p.name] = {
-            k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")
-        }
-        wall = max(wall, float(w.get("wall_time_s") or 0.0))
-        costs.append(w.get("estimated_cost_usd"))  # each worker's: the cost of its own shards
-        for k, v in (w.get("this_run") or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                this_run[k] = this_run.get(k, 0) + v
-            elif isinstance(v, dict) and k != "rate_limiter":
-                acc = this_run.setdefault(k, {})
-                for kk, vv in v.items():
-                    acc[kk] = acc.get(kk, 0) + vv
-    rep.wall_time_s = wall
-    stats = report_stats(stage, rep)
-    if costs and all(isinstance(c, (int, float)) for c in costs):
-        stats["estimated_cost_usd"] = round(sum(costs), 6)
-    stats.update(num_shards=n, merged_from=workers, this_run=this_run)
-    atomic_write_json(d / "stats.json", stats)
-    if rep.finished and all(w.get("complete") and not w.get("stopped_by") for w in workers.values()):
-        made = {k: v for k, v in entry.items() if k not in ("updated", "outputs")}
-        record_manifest(run_dir, stage, made, outputs=describe_outputs(d))
-    return stats

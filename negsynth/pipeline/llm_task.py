@@ -39,7 +39,8 @@ from typing import Any, ClassVar
 from negsynth.data.shards import list_shards
 from negsynth.llm.client import LLMClient, LLMResult
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, summary_rows
+from negsynth.pipeline.llm_stage import item_stage_fingerprint, llm_stage_parts, run_item_stage, stage_entry, summary_rows
+from negsynth.pipeline.manifest import begin_staging
 from negsynth.pipeline.runner import Outcome, WorkItem
 from negsynth.pipeline.stage import Stage, Summary
 from negsynth.pipeline.tally import Tally
@@ -235,10 +236,14 @@ class LLMStage(LLMTask):
 
     @classmethod
     def prepare(cls, ctx: StageContext) -> None:
-        """``--executor ray``: the plan and :meth:`before` once in the driver, before the shard
-        workers start (what ``before`` made, they then read from the stage's folder)."""
+        """``--executor ray``: once in the driver, before the ranks start, the plan and
+        :meth:`before` (what it made, they read from the stage's folder) and, under
+        ``--overwrite``, the staging folder they all write to."""
         st = cls(ctx)
-        st.before(st.plan())
+        items = st.plan()
+        st.before(items)
+        if ctx.overwrite:
+            begin_staging(ctx.run_dir, cls.name, stage_entry(ctx, cls.declare(), len(items)))
 
     @classmethod
     def estimate(cls, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
@@ -269,7 +274,7 @@ class LLMStage(LLMTask):
                 done_files=cls.done_files,
                 shardable=cls.shardable,
                 embeds=cls.embeds_when or False,
-                prepare=cls.prepare if cls.embeds_when and cls.shardable else None,
+                prepare=cls.prepare if cls.shardable else None,
                 examples=cls.examples,
             )
             cls._declared = made

@@ -1,7 +1,8 @@
 """Run a list of work items through an async function into deterministic, resumable shards.
 
-Item ``i`` belongs to shard ``i // shard_size``; with ``--num-shards n --shard-index k`` this
-process handles the shards ``s`` with ``s % n == k``, so n machines split one run. While a shard
+Item ``i`` belongs to shard ``i // shard_size``; rank ``k`` of ``n`` (``ctx.rank``,
+``ctx.world_size``: the executor's) handles the shards ``s`` with ``s % n == k``, so n workers
+split one run. While a shard
 is in progress each finished item is appended to ``shard-XXXXX.jsonl.partial``; when all its
 items are done the shard is written sorted by item index (temp file + rename) and the partial
 removed. A rerun skips finished shards and the items found in partial files, so a killed run
@@ -182,9 +183,9 @@ class RunReport:
         self.usage.update(st.get("usage", {}))
 
 
-def shard_assignment(n_items: int, shard_size: int, num_shards: int, shard_index: int) -> list[int]:
+def shard_assignment(n_items: int, shard_size: int, world_size: int, rank: int) -> list[int]:
     total = (n_items + shard_size - 1) // shard_size
-    return [s for s in range(total) if s % num_shards == shard_index]
+    return [s for s in range(total) if s % world_size == rank]
 
 
 @dataclass
@@ -249,7 +250,7 @@ class ShardedRunner:
         if self.one_shard:
             self.shard_size = max(1, n_items)
             return shard_assignment(n_items, self.shard_size, 1, 0)
-        return shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
+        return shard_assignment(n_items, self.shard_size, self.ctx.world_size, self.ctx.rank)
 
     def _partial(self, s: int) -> Path:
         return self.dir / (shard_name(s) + ".partial")

@@ -1,19 +1,12 @@
-"""The stage contract: what every stage declares, and the one function that runs a stage.
-
-A stage module implements only its own loop (``run(ctx) -> stats``). What is the same for every
-stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
-paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`),
-once its outputs are checked against the manifest (:func:`repair_outputs`: a damaged one is made
-again); a stage folder that cannot be written is refused before any work; outputs made from
-another config are refused unless ``--overwrite`` and the stage folder notes what the new ones are
-made from (:func:`check_manifest_entry`: the one manifest check of a stage run; its fingerprint is
-computed once and kept in ``ctx.made_from``); the embedded LLM server runs around the stages that
-call the LLM (and only those); the stats the loop returns are written atomically to
-``RUN_DIR/<stage>/stats.json``; a stage that finished is recorded in the manifest with its
-outputs' sizes and hashes (:func:`record_finished`; one that failed or stopped early is not); the
-stage's summary table is printed from the stats.
-The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
-order, are declared in :mod:`negsynth.stages`.
+"""The stage contract: what every stage declares, and the checks
+:func:`~negsynth.pipeline.executor.run_stage` makes around a stage's own loop (``run(ctx) ->
+stats``): its inputs (:func:`check_inputs`), whether finished work made from the same config and
+inputs can be reused (:func:`up_to_date`, once its outputs are checked against the manifest:
+:func:`repair_outputs`), the manifest before the loop (:func:`check_manifest_entry`; the
+fingerprint is computed once and kept in ``ctx.made_from``) and after it
+(:func:`record_finished`: a stage that finished is recorded with its outputs' sizes and hashes).
+The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. The
+method's stages, in order, are declared in :mod:`negsynth.stages`.
 
 Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 
@@ -32,17 +25,14 @@ Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from negsynth.data.shards import atomic_write_json, list_shards
+from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.pipeline.context import Budget, StageContext
-from negsynth.pipeline.embedded import llm_endpoint
-from negsynth.pipeline.lock import hold
+from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import (
     check_and_record,
     check_manifest,
@@ -52,7 +42,6 @@ from negsynth.pipeline.manifest import (
     read_manifest,
     record_manifest,
 )
-from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
 from negsynth.schemas.config import RunConfig, register_section
@@ -95,9 +84,9 @@ class Stage:
     (or, to mine, ``ctx.mining_model_factory``) when one is set (``--executor ray`` spreads the
     encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
     hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
-    ``prepare``: work a ``shardable`` stage that ``embeds`` does once in the driver before its
-    shard workers start (``--executor ray``: its embedding on the Ray workers), whose results the
-    workers then read from the stage's cache instead of each computing it (regenerate's mining).
+    ``prepare``: work a ``shardable`` stage does once in the driver before its ranks start
+    (``--executor ray``; its embedding on the Ray workers), whose results the ranks then read
+    instead of each computing it (regenerate's mining, the staging folder of an ``--overwrite``).
     """
 
     name: str
@@ -139,10 +128,6 @@ class Stage:
         return bool(self.embeds(cfg) if callable(self.embeds) else self.embeds)
 
 
-#: what runs one stage of :func:`run_stages`: (stage, ctx, start_llm) -> its stats
-Runner = Callable[["Stage", StageContext, Callable[[], "str | None"]], dict]
-
-
 def has_outputs(folder: Path) -> bool:
     """Whether a stage folder holds outputs a later stage can read (a finished shard, or a stage's
     closing stats.json). Not whether the stage is done: that is :func:`finished_stats`."""
@@ -157,13 +142,6 @@ def check_inputs(stage: Stage, ctx: StageContext) -> None:
         return
     where = " or ".join(str(ctx.run_dir / n) for n in missing)
     raise UserError(f"{stage.name}: no finished outputs in {where}; run `negsynth {missing[0]}` first")
-
-
-def stats_path(ctx: StageContext, name: str) -> Path:
-    """Where a stage's stats go: ``stats.json``; worker k of n writes ``stats.k-of-n.json``
-    (``negsynth merge`` combines them)."""
-    file = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
-    return ctx.stage_dir(name) / file
 
 
 def manifest_entry(stage: Stage, ctx: StageContext) -> dict[str, Any] | None:
@@ -183,14 +161,14 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
     Otherwise a ``rebuild`` stage is marked for rebuilding (``ctx.overwrite``) without asking
     (unless ``keep_on_change``); a ``resume`` stage runs, continuing unfinished work or refusing a
     changed config."""
-    if stage.relaunch == "always" or entry is None or ctx.overwrite or ctx.num_shards != 1:
+    if stage.relaunch == "always" or entry is None or ctx.overwrite:
         return None
     out = ctx.stage_dir(stage.name)
     if not any((out / f).exists() for f in stage.done_files):
         return None
     stats = _read_stats(out / "stats.json")
     recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
-    if stats is not None and _finished_as_recorded(out, stage, stats) and all(recorded.get(k) == v for k, v in entry.items()):
+    if stats is not None and _finished_as_recorded(out, stage, stats) and same_entry(recorded, entry):
         if not repair_outputs(stage, ctx, recorded.get("outputs")):
             ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
             return {**stats, "reused": True}
@@ -199,6 +177,12 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
         ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
         ctx.overwrite = True
     return None
+
+
+def same_entry(recorded: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """Whether outputs recorded with ``recorded`` are made from ``entry``; the number of workers
+    that wrote them (``num_shards``) aside: every shard is the same whichever worker wrote it."""
+    return all(recorded.get(k) == v for k, v in entry.items() if k != "num_shards")
 
 
 def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | None) -> bool:
@@ -260,11 +244,11 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any])
 def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:
     """A stage that finished: the manifest records its entry and its outputs' sizes and hashes (a
     stage that failed or stopped early records nothing)."""
-    if entry is None or ctx.num_shards != 1 or stats.get("reused") or not finished_stats(stats):
+    if entry is None or stats.get("reused") or not finished_stats(stats):
         return
     out = ctx.stage_dir(stage.name)
     own = own_record(out)  # the entry the stage began its outputs with (an item stage adds its item count)
-    if own is not None and all(own.get(k) == v for k, v in entry.items()):
+    if own is not None and same_entry(own, entry):
         entry = own
     try:
         record_manifest(ctx.run_dir, stage.name, entry, outputs=describe_outputs(out))
@@ -292,71 +276,6 @@ def _read_stats(path: Path) -> dict | None:
         return None  # missing or torn: the stage runs and writes it again
 
 
-def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    path = stats_path(ctx, stage.name)
-    try:
-        atomic_write_json(path, stats)
-    except OSError as e:
-        raise storage_error(e, path) from None
-
-
-def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    if stage.report is None or stats.get("skipped"):
-        return
-    for t in stage.report(stats):
-        ctx.reporter.table(t.title, t.rows, t.header)
-
-
-def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None, under: str | None = None) -> dict:
-    """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
-    if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
-    use), run its loop, write its stats atomically, print its summary and return its stats.
-
-    The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`; a worker of a split
-    run holds its own (stage, shard)): a second process on it stops with one line, nothing sent.
-    ``under``: this is a worker launched by the process holding the run dir, whose lock token
-    this is (``negsynth run --executor ray``); it holds its (stage, shard) and runs beside it."""
-    shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 or under else None
-    with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn, under=under):
-        try:
-            return _run_stage(stage, ctx, start_llm=start_llm)
-        finally:
-            ctx.made_from = None  # this stage's: a later stage on the same context computes its own
-
-
-def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None) -> dict:
-    check_inputs(stage, ctx)
-    entry = manifest_entry(stage, ctx)
-    stats = up_to_date(stage, ctx, entry)
-    if stats is None:
-        check_writable(ctx.run_dir / stage.name)
-        if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
-            check_manifest_entry(stage, ctx, entry)
-        with stage_endpoint(stage, ctx, start_llm) as url:
-            if url:
-                ctx.base_url = url
-            stats = stage.run(ctx)
-        write_stats(stage, ctx, stats)
-        record_finished(stage, ctx, entry, stats)
-    print_report(stage, ctx, stats)
-    return stats
-
-
-@contextmanager
-def stage_endpoint(
-    stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None, *, in_process: bool = True
-) -> Iterator[str | None]:
-    """Where a stage's requests go: ``ctx.base_url`` when the caller already has an endpoint, else
-    the run's shared embedded server (``start_llm``, started on first use, set as ``ctx.base_url``),
-    else an embedded server for the block, whose URL is yielded (None otherwise). ``in_process``:
-    the requests are sent from this process (False: Ray's workers send them)."""
-    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
-    if needed and start_llm is not None:
-        ctx.base_url, needed = start_llm(), False
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=in_process) as url:
-        yield url
-
-
 def unfinished(stats: dict) -> bool:
     """Whether a stage's stats say it stopped early (budget, outage, pending items, failure)."""
     return bool(stats.get("failed") or stats.get("outage") or stats.get("stopped_by") or stats.get("pending"))
@@ -368,67 +287,3 @@ def finished_stats(stats: dict) -> bool:
     :attr:`RunReport.finished <negsynth.pipeline.runner.RunReport.finished>` is the same rule on
     the report the stats are made from."""
     return bool(stats.get("complete", True)) and not unfinished(stats)
-
-
-def run_stages(
-    stages: Sequence[Stage],
-    cfg: RunConfig,
-    run_dir: str | Path,
-    *,
-    reporter: Reporter | None = None,
-    overwrite: bool = False,
-    budget: Budget | None = None,
-    around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
-    runner: Runner | None = None,
-    verify: bool = False,
-    llm_in_process: bool = True,
-) -> dict[str, dict]:
-    """Run ``stages`` in order with :func:`run_stage` (or ``runner``); returns each stage's stats.
-
-    One embedded server serves every LLM stage of the run (started when the first one has work,
-    stopped after the last so scoring and training get its cores). A stage that stops early ends the
-    run: later stages would train and evaluate on partial (or no) data.
-
-    ``around(stage, ctx)``: a context manager each stage runs inside, yielding what to add to its
-    stats (``negsynth run --executor ray``: score's encoding on Ray workers, see
-    :func:`negsynth.stages.run_pipeline`); the caller above this layer supplies it.
-
-    ``runner(stage, ctx, start_llm)``: what runs one stage instead of :func:`run_stage` (``negsynth
-    run --executor ray``: a shardable stage as shard workers on Ray). It gets the run's shared
-    ``start_llm`` (the one embedded server, started on first use) and returns the stage's stats;
-    their ``this_run`` is counted against the run's one budget as a local stage's is.
-
-    ``llm_in_process``: every request to the embedded server is sent from this process (False
-    under Ray, whose workers send them: the server's prompt prefix is then not pinned)."""
-    run_dir = Path(run_dir)
-    reporter = reporter or Reporter()
-    llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
-    budget = budget or Budget()
-    out: dict[str, dict] = {}
-    with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
-        base_url: str | None = None
-
-        def start_llm() -> str | None:  # on first use: a run whose LLM stages are all up to date starts none
-            nonlocal base_url
-            if base_url is None:
-                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter, in_process=llm_in_process))
-            return base_url
-
-        for i, stage in enumerate(stages):
-            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
-            reporter.info(f"[bold]== {stage.name}[/]")
-            with around(stage, ctx) if around else nullcontext({}) as extra:
-                st = runner(stage, ctx, start_llm) if runner else run_stage(stage, ctx, start_llm=start_llm)
-            out[stage.name] = st = {**st, **extra} if extra else st
-            if isinstance(st.get("this_run"), dict) and not st.get("reused"):
-                budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
-            if unfinished(st):
-                if st.get("stopped_by"):
-                    reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")
-                else:
-                    reporter.warn(f"{stage.name} did not finish; later stages not run")
-                break
-            if llm_idx and i == llm_idx[-1]:
-                stack.close()  # the LLM is no longer needed: free its cores for scoring and training
-                base_url = None
-    return out

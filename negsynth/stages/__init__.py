@@ -69,41 +69,23 @@ def run_pipeline(
     overwrite: bool = False,
     budget: Budget | None = None,
     executor: Executor | None = None,
-    ray_workers: int | None = None,
-    ray_address: str | None = None,
     verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
 
     ``executor`` (:mod:`negsynth.pipeline.executor`, chosen once: ``negsynth run --executor``)
     decides where each stage runs; by default this process. ``RayExecutor(workers)`` runs the
-    whole pipeline on Ray: each stage that splits into shard workers (``Stage.shardable``) as that
-    many Ray tasks, merged here, with the run's one embedded server, one budget and the run dir
-    this process holds; a stage whose heavy work is embedding (score; regenerate with ``negatives =
-    "mined"``; corpus with its index) here with that encoding on that many Ray workers; every other
-    stage in this process. (``ray_workers`` / ``ray_address`` are the older spelling of
-    ``executor=RayExecutor(ray_workers, ray_address)``.)
+    whole pipeline on Ray: each stage that splits (``Stage.shardable``) as that many ranks, Ray
+    tasks whose stats are summed here, with the run's one embedded server, one budget and the run
+    dir this process holds; a stage whose heavy work is embedding (score; regenerate with
+    ``negatives = "mined"``; corpus with its index) here with that encoding on that many Ray
+    workers; every other stage in this process.
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
-    from negsynth.pipeline import LocalExecutor, RayExecutor
-
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    if executor is None:
-        executor = RayExecutor(ray_workers, ray_address) if ray_workers else LocalExecutor()
-    return run_stages(
-        chosen,
-        cfg,
-        run_dir,
-        reporter=reporter,
-        overwrite=overwrite,
-        budget=budget,
-        around=executor.around,
-        runner=executor.run,
-        verify=verify,
-        llm_in_process=executor.llm_in_process,
-    )
+    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, executor=executor, verify=verify)
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:

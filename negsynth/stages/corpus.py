@@ -522,7 +522,7 @@ class Corpus(pipeline.LLMStage):
             check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
         check_teacher_model(NAME, self.cfg)
         qpd = queries_per_document(self.cfg)
-        if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
+        if self.ctx.world_size > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
             # a document's queries share one answer: split across two workers, it would be paid twice
             what = f"corpus.queries_per_doc={self.cfg.queries_per_doc}" + (
                 " + 1 (corpus.queries = a mix)" if qpd != self.cfg.queries_per_doc else ""
