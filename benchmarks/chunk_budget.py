@@ -29,7 +29,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from negsynth.data.corpus import count_tokens, read_corpus
+    from negsynth.data.corpus import read_corpus
+    from negsynth.data.documents import count_tokens
     from negsynth.embed.models import resolve_model
     from negsynth.schemas.config import CorpusSpec, EmbedderConfig
 

@@ -16,8 +16,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# (no import of negsynth.api here, not even for type checkers: the package root is the bottom layer
-# of tests/test_layers.py, and the API sits above the stages)
+# the package root sits in the top layer with the API (tests/test_layers.py), so no module of the
+# package imports it; negsynth.api is imported on first use only, to keep ``import negsynth`` cheap
 __all__ = ["load_config", "run", "sample_corpus", "training_data"]
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own `llama-server` for the embedded LLM (serve.engine = "auto").
 #
-# Source: the llama.cpp that the installed llama-cpp-python vendors (its sdist from the package
-# registry holds vendor/llama.cpp), so both engines run the same llama.cpp. Build: native
+# Source: the llama.cpp that llama-cpp-python's sdist vendors (vendor/llama.cpp), pinned by version
+# (LLAMA_CPP_PYTHON_VERSION, default below) so every machine serves the same llama.cpp; only the sdist
+# is downloaded, llama-cpp-python itself is not built or installed. Build: native
 # (-DGGML_NATIVE=ON: AVX-512 etc. where the CPU has them), a portable build when that fails, no
 # curl / OpenSSL / web UI, static, only the `llama-server` target, ggml's own thread pool instead
 # of OpenMP (so negsynth can pass --poll 0: no threads spinning on a core another process needs).
@@ -11,7 +12,7 @@
 # instruction, `ldtilecfg`).
 # Installed next to the Python interpreter's scripts (`sysconfig.get_path("scripts")`), where
 # negsynth looks first. Idempotent: skips when that binary exists and was built from the same
-# llama-cpp-python version with the same flags (stamp file `llama-server.negsynth-version` beside it).
+# sdist version with the same flags (stamp file `llama-server.negsynth-version` beside it).
 # About 6 min on 2 cores. Env: PYTHON, LLAMA_SERVER_JOBS (parallel compile jobs),
 # LLAMA_SERVER_BUILD_DIR (work dir; default ~/.cache/negsynth/llama-server-<version>),
 # LLAMA_SERVER_FORCE=1 (rebuild), LLAMA_SERVER_PORTABLE=1 (skip the native build).
@@ -45,17 +46,14 @@ check() {  # check <binary> <gguf>: 0 when the server loads the model and answer
   return $ok
 }
 
-VER=$("$PY" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))" 2>/dev/null) || {
-  echo "build_llama_server: llama-cpp-python is not installed; install it first (its sdist is the llama.cpp source)" >&2
-  exit 1
-}
+VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 BIN_DIR=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 DEST="$BIN_DIR/llama-server"
 STAMP="$DEST.negsynth-version"
 TAG="$VER no-amx"  # a binary built before AMX was left out is rebuilt once
 if [[ "${1:-}" == "--check" ]]; then
   GGUF=${2:?usage: build_llama_server.sh --check MODEL.gguf}
-  [[ -x "$DEST" ]] || exit 0  # nothing built (the Python server serves)
+  [[ -x "$DEST" ]] || { echo "llama-server: not built ($DEST); run scripts/build_llama_server.sh" >&2; exit 1; }
   [[ -f "$DEST.negsynth-checked" && "$(cat "$DEST.negsynth-checked")" == "$TAG" ]] && exit 0
   if check "$DEST" "$GGUF"; then
     echo "$TAG" >"$DEST.negsynth-checked"
@@ -64,7 +62,7 @@ if [[ "${1:-}" == "--check" ]]; then
   fi
   echo "llama-server: the native build does not run on this CPU (it compiled instructions the machine refuses); rebuilding portable ..." >&2
   LLAMA_SERVER_FORCE=1 LLAMA_SERVER_PORTABLE=1 PYTHON="$PY" bash "$0"
-  check "$DEST" "$GGUF" || { echo "llama-server: the portable build does not run either; remove $DEST to use the Python server" >&2; exit 1; }
+  check "$DEST" "$GGUF" || { echo "llama-server: the portable build does not run either; see the build log under ~/.cache/negsynth" >&2; exit 1; }
   echo "$TAG" >"$DEST.negsynth-checked"
   exit 0
 fi
@@ -115,7 +113,7 @@ if [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] && build ON "$WORK/build-native"; then
 else
   [[ -n "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: the native build failed (see $WORK/build-native.log); building portable ..."
   [[ -z "${LLAMA_SERVER_PORTABLE:-}" ]] || echo "llama-server: building llama.cpp from llama-cpp-python $VER (portable; log $WORK/build-portable.log) ..."
-  build OFF "$WORK/build-portable" || { echo "llama-server: the portable build failed too; see $WORK/build-portable.log" >&2; exit 1; }
+  build OFF "$WORK/build-portable" || { echo "llama-server: the portable build failed too; see the build log under ~/.cache/negsynth" >&2; exit 1; }
   OUT="$WORK/build-portable/bin/llama-server"
 fi
 install -m 755 "$OUT" "$DEST"

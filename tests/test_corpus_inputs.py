@@ -18,8 +18,9 @@ from test_corpus import DOCS, answer, document_of
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.data.corpus import Document as Doc
-from negsynth.data.corpus import chunk_spans, count_tokens, read_corpus, split_document
+from negsynth.data.corpus import read_corpus
+from negsynth.data.documents import Document as Doc
+from negsynth.data.documents import chunk_spans, count_tokens, split_document
 from negsynth.data.shards import read_stage
 from negsynth.errors import UserError
 from negsynth.schemas.config import CorpusConfig, CorpusSpec

@@ -16,12 +16,9 @@ pytest.importorskip("tokenizers")
 
 from helpers import tiny_decoder  # noqa: E402
 
-from negsynth.embed.decoder import (  # noqa: E402
-    DecoderEmbedder,
-    filter_window,
-    fuse_attentions,
-    svd_basis,
-)
+from negsynth.embed.decoder import DecoderEmbedder  # noqa: E402
+from negsynth.embed.decoder_pooling import fuse_attentions  # noqa: E402
+from negsynth.embed.embedfilter import filter_window, svd_basis  # noqa: E402
 
 TEXTS = ["the cat sat", "a dog ran far away .", "cat", "the dog sat on the cat"]
 ECHO_T = "rewrite : {text} . again : {text}"

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parent.parent / "negsynth"
 
 #: bottom to top; a module may import its own layer and those below it
 LAYERS: list[set[str]] = [
-    {"negsynth", "errors", "aio", "faults", "resources"},
+    {"errors", "aio", "faults", "resources"},
     {"prompts"},
     {"schemas"},
     {"data"},
@@ -20,7 +20,9 @@ LAYERS: list[set[str]] = [
     {"pipeline"},
     {"stages"},
     {"export", "inspect", "report_html", "estimate"},
-    {"cli", "__main__", "api"},
+    # the package root offers the API's names (resolved from api on first use): it sits with the API,
+    # so a module below that reads ``negsynth.__version__`` or ``import negsynth`` is an upward import
+    {"cli", "__main__", "api", "negsynth"},
 ]
 
 
@@ -38,38 +40,67 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def module_imports(mod: str, source: str, modules: set[str], *, is_pkg: bool = False) -> set[str]:
+    """The package modules ``mod`` imports: ``import`` statements, ``from negsynth.x import y``
+    (x.y when that is a module, else x) and ``importlib.import_module("negsynth.x")`` with a literal."""
+    deps: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        deps |= {n for n in names if n == "negsynth" or n.startswith("negsynth.")}
+    # a name imported from a package resolves to the package's __init__ or the submodule
+    return {d if d in modules else d.rsplit(".", 1)[0] for d in deps} - {mod}
+
+
 def imports() -> dict[str, set[str]]:
-    """Module -> the package modules it imports (``from negsynth.x import y`` counts as x.y when
-    that is a module, else x)."""
+    """Module -> the package modules it imports (:func:`module_imports`)."""
     modules = {module_name(p): p for p in PKG.rglob("*.py")}
-    out: dict[str, set[str]] = {}
-    for mod, path in modules.items():
-        deps: set[str] = set()
-        is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names: list[str] = []
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative import
-                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join(anchor + ([base] if base else []))
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            deps |= {n for n in names if n == "negsynth" or n.startswith("negsynth.")}
-        # a name imported from a package resolves to the package's __init__ or the submodule
-        out[mod] = {d if d in modules else d.rsplit(".", 1)[0] for d in deps} - {mod}
-    return out
+    return {
+        mod: module_imports(mod, path.read_text(encoding="utf-8"), set(modules), is_pkg=path.name == "__init__.py")
+        for mod, path in modules.items()
+    }
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{mod} -> {d}" for mod, deps in graph.items() for d in deps if layer_of(d) > layer_of(mod))
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    bad = []
-    for mod, deps in imports().items():
-        for d in deps:
-            if layer_of(d) > layer_of(mod):
-                bad.append(f"{mod} -> {d}")
-    assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+    bad = upward_imports(imports())
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_check_sees_the_imports_that_run_back_up():
+    """The package root, an ``import_module`` literal and a function-level import each count: a
+    pipeline module reading the root's version, or the data layer loading a stage, is refused."""
+    modules = {"negsynth", "negsynth.api", "negsynth.stages", "negsynth.pipeline.manifest", "negsynth.data.shards"}
+    graph = {
+        "negsynth.pipeline.manifest": module_imports(
+            "negsynth.pipeline.manifest", "from negsynth import __version__\nfrom negsynth.data.shards import x", modules
+        ),
+        "negsynth.data.shards": module_imports(
+            "negsynth.data.shards", "def f():\n    import importlib\n    importlib.import_module('negsynth.stages')", modules
+        ),
+        "negsynth": module_imports("negsynth", "import importlib\nimportlib.import_module('negsynth.api')", modules, is_pkg=True),
+    }
+    assert upward_imports(graph) == ["negsynth.data.shards -> negsynth.stages", "negsynth.pipeline.manifest -> negsynth"]
 
 
 def test_no_module_imports_another_modules_private_name():

@@ -18,13 +18,12 @@ transformers = pytest.importorskip("transformers")
 
 from helpers import tiny_decoder  # noqa: E402
 
-from negsynth.embed.decoder import (  # noqa: E402
-    ECHO_TEMPLATE,
-    DecoderEmbedder,
-    filter_window,
-    render,
-    resolve_echo_templates,
-)
+from negsynth.embed.decoder import DecoderEmbedder  # noqa: E402
+from negsynth.embed.decoder_templates import render, resolve_echo_templates  # noqa: E402
+from negsynth.embed.embedfilter import filter_window  # noqa: E402
+from negsynth.prompts.embedding import ECHO_TEMPLATES  # noqa: E402
+
+ECHO_TEMPLATE = ECHO_TEMPLATES["rewrite"][0]
 
 Q = "What is the capital of France?"
 D = "Paris is the capital of France."

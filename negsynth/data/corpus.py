@@ -55,10 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-# chunk_spans, count_tokens: re-exported (``X as X``) for the tests and benchmarks that name them here
 from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
-from negsynth.data.documents import chunk_spans as chunk_spans
-from negsynth.data.documents import count_tokens as count_tokens
 from negsynth.errors import UserError
 
 T = TypeVar("T")

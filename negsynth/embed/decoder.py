@@ -53,20 +53,16 @@ from pathlib import Path
 
 import numpy as np
 
-# the templates, EmbedFilter's basis and the pooling maths live in modules of their own; the names
-# tests and benchmarks import from here stay importable (re-exported: noqa F401)
 from negsynth.embed.base import Embedder
 from negsynth.embed.decoder_pooling import fuse_attentions, pool, reba_weights
-from negsynth.embed.decoder_templates import drop_instruction, render, resolve_echo_templates, resolve_prompteol_template  # noqa: F401
-from negsynth.embed.embedfilter import MISTRAL_FILTER_START, filter_basis, filter_window, svd_basis, unembedding_matrix  # noqa: F401
+from negsynth.embed.decoder_templates import render, resolve_echo_templates, resolve_prompteol_template
+from negsynth.embed.embedfilter import filter_basis
 from negsynth.prompts.embedding import ECHO_TEMPLATES, PROMPTEOL_TEMPLATES
 
 log = logging.getLogger(__name__)
 
 METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 
-PROMPTEOL_TEMPLATE = PROMPTEOL_TEMPLATES["prompteol"]
-ECHO_TEMPLATE = ECHO_TEMPLATES["rewrite"][0]  # the pre-paper default, kept for callers that import it
 DEFAULT_MAX_LENGTH = 512
 
 

@@ -22,14 +22,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from negsynth import __version__
 from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 
 
 def versions() -> dict[str, str]:
-    out = {"negsynth": __version__, "python": platform.python_version()}
-    for pkg in ("openai", "pydantic", "polars", "torch", "sentence-transformers", "transformers", "llama-cpp-python"):
+    """The installed versions of negsynth (its package metadata: the root sits above this layer),
+    Python and the libraries that shape the outputs."""
+    out = {"python": platform.python_version()}
+    for pkg in ("negsynth", "openai", "pydantic", "polars", "torch", "sentence-transformers", "transformers", "llama-cpp-python"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
