@@ -1,4 +1,4 @@
-"""The corpus stage: documents in, queries written for them, negatives mined or written, filters
+"""The corpus stage: documents in, queries written for them, negatives mined, filters
 counted; resume without paying twice; score reads its output.
 
 LLM answers come from the real-socket fake server, which reads the document out of the prompt
@@ -83,10 +83,7 @@ def answer(req: dict, n: int, *, bad: str | None = None) -> Reply:
     qs = [f"what does {' '.join(words[:2]).lower()} say about {words[2 + j].strip('.,').lower()}?" for j in range(k)]
     if bad == "meta":
         qs = ["This document describes " + doc[:30]] * k
-    out: dict = {"queries": qs}
-    if "hard_negative_documents" in req["response_format"]["schema"]["properties"]:
-        out["hard_negative_documents"] = [f"An unrelated note number {i} about gardening tools and how to sharpen them." for i in range(4)]
-    return Reply(json.dumps(out))
+    return Reply(json.dumps({"queries": qs}))
 
 
 def invoke(*args):
@@ -123,13 +120,10 @@ def test_check_query_reasons():
     assert check_query("   ", doc, **ok).reason == "empty_text"
 
 
-@pytest.mark.parametrize("negatives", ["mined", "llm", "mixed"])
-def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
+def test_corpus_stage_end_to_end(tmp_path, minilm):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(
-            tmp_path, srv.base_url, corpus={"negatives": negatives, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}}
-        )
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
         # one request per document (no re-asks: every answer is valid), shared by its 2 queries
@@ -142,64 +136,11 @@ def test_corpus_stage_end_to_end(tmp_path, minilm, negatives):
     for rec in recs:
         assert any(rec["positive"].endswith(x) for x in texts) and len(rec["negatives"]) == 4
         assert rec["positive"] not in rec["negatives"]
-        if negatives == "mined":
-            assert all(any(n.endswith(x) for x in texts) for n in rec["negatives"]) and rec["model"].startswith("mined:")
-        if negatives == "llm":
-            assert all("gardening" in n for n in rec["negatives"])
-        if negatives == "mixed":
-            assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
+        assert all(any(n.endswith(x) for x in texts) for n in rec["negatives"]) and rec["model"].startswith("mined:")
         assert rec["attributes"]["style"] in ("question", "claim", "keywords")
     # the tokens of one answer are counted once per document, not once per query
     assert stats["tokens"]["prompt"] == 6 * 10
-    if negatives != "llm":
-        assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
-
-
-def test_mixed_replaces_llm_negatives_that_fail_the_mining_rule(tmp_path, minilm):
-    """A weak model's "negatives" often paraphrase the query: under ``mixed`` each one closer to the
-    query than the positive-aware margin allows is replaced by the next mined negative, so the
-    example keeps 4 negatives instead of being lost in score."""
-    folder = write_corpus(tmp_path)
-
-    def responder(req, n):
-        doc = document_of(req)
-        q = f"how does {doc.split()[0].lower()} {doc.split()[1].lower()} work?"
-        close = [q + " Indeed.", "Indeed, " + q, q + " Really, tell me."]  # paraphrases of the query: they fail
-        negs = [close[0], "Notes on gardening tools and how to sharpen them.", close[1], close[2]]
-        if "Moon tides" in doc:
-            negs = [close[0], close[1], "Notes on gardening tools.", "A recipe for bread."]
-        return Reply(json.dumps({"queries": [q], "hard_negative_documents": negs}))
-
-    with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mixed", "mining": {"relative_margin": 0.0}})
-        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
-        assert r.exit_code == 0, r.output
-    recs = {r["meta"]["doc_id"]: r for r in read_stage(tmp_path / "run" / "corpus")}
-    assert len(recs) == 8  # no example lost to its LLM half
-    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
-    assert stats["negative_sources"] == {"llm": 2 + 7, "mined": 2 + 7 * 3}
-    r = invoke("inspect", tmp_path / "run", "--json")  # the count a user checks before training
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["stages"]["corpus"]["queries"]["negative_sources"] == {"llm": 9, "mined": 23}
-    moon = recs.pop("d1")
-    # both paraphrases failed the rule: the LLM's two unrelated texts fill its slots, in its order
-    assert moon["meta"]["negative_sources"] == ["mined", "llm", "mined", "llm"]
-    assert moon["negatives"][1] == "Notes on gardening tools." and moon["negatives"][3] == "A recipe for bread."
-    assert len(moon["meta"]["llm_negative_scores"]) == 4
-    for rec in recs.values():
-        # three paraphrases failed: one LLM slot, the other three mined from the corpus
-        assert rec["meta"]["negative_sources"] == ["mined", "llm", "mined", "mined"], rec["meta"]
-        assert rec["negatives"][1] == "Notes on gardening tools and how to sharpen them."
-        assert rec["positive"] not in rec["negatives"] and len(set(rec["negatives"])) == 4
-
-
-def test_mix_negatives_fills_failed_llm_slots_with_mined():
-    from negsynth.stages.corpus import mix_negatives
-
-    mined = ["m1", "m2", "m3", "m4"]
-    assert mix_negatives(mined, ["l1", "l2", "l3"]) == (["m1", "l1", "m2", "l2"], ["mined", "llm", "mined", "llm"])
-    assert mix_negatives(mined, ["l1"]) == (["m1", "l1", "m2", "m3"], ["mined", "llm", "mined", "mined"])
-    assert mix_negatives(mined, []) == (mined, ["mined"] * 4)
+    assert stats["round_trip"]["queries"] == 12 and "round_trip_rank" in recs[0]["meta"]
 
 
 def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
@@ -212,7 +153,7 @@ def test_rejects_keep_their_reasons_and_reasks(tmp_path, minilm):
         return answer(req, n)
 
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2}, corpus={"negatives": "mined"})
+        cfg = write_run_config(tmp_path, srv.base_url, llm={"max_attempts": 2})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
         assert len(srv.requests) == 8 + 1  # the meta document was re-asked once
@@ -231,7 +172,7 @@ def test_round_trip_filter_rejects_far_queries(tmp_path, minilm):
     with FakeOpenAI(responder):
         pass
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "round_trip_k": 1})
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"round_trip_k": 1})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
     stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
@@ -244,7 +185,7 @@ def test_round_trip_filter_rejects_far_queries(tmp_path, minilm):
 def test_resume_pays_no_request_twice_and_score_reads_the_output(tmp_path, minilm):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "queries_per_doc": 2}, llm={"max_concurrency": 2})
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"queries_per_doc": 2}, llm={"max_concurrency": 2})
         # a budget stops the run part-way (exit 3); the rerun finishes it
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--max-requests", "3")
         assert r.exit_code == 3, r.output
@@ -314,7 +255,7 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"inputs": [{"path": str(folder)}], "negatives": "mined", "mining": {"relative_margin": 0.0}},
+            corpus={"inputs": [{"path": str(folder)}], "mining": {"relative_margin": 0.0}},
             pipeline={"shard_size": 4, "stages": ["corpus", "score", "curriculum"]},
             curriculum={"batch_size": 2, "homogeneous_batches": False},
         )
@@ -326,8 +267,8 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
 
 def test_bad_options_are_one_line(tmp_path):
     cfg = write_run_config(tmp_path, "http://127.0.0.1:9/v1")
-    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path), "--negatives", "foo"])
-    assert r.exit_code == 2 and "corpus: negatives: Input should be 'mined', 'llm' or 'mixed'" in r.output
+    r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path), "--ids", "foo"])
+    assert r.exit_code == 2 and "corpus: ids: Input should be 'column', 'first', 'row' or 'hash'" in r.output
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
     r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(tmp_path / "x.jsonl")])
     assert r.exit_code == 2 and "no text column (columns: a)" in r.output and "Traceback" not in r.output
@@ -390,7 +331,7 @@ def test_a_mined_negative_is_copied_as_long_as_the_prompt_shows_a_document(tmp_p
             tmp_path,
             srv.base_url,
             # documents kept whole (chunk_tokens 0): the cap is what bounds a copied negative
-            corpus={"negatives": "mined", "queries_per_doc": 1, "doc_tokens": 40, "chunk_tokens": 0, "mining": {"relative_margin": 0.0}},
+            corpus={"queries_per_doc": 1, "doc_tokens": 40, "chunk_tokens": 0, "mining": {"relative_margin": 0.0}},
         )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
@@ -456,35 +397,7 @@ def test_the_mining_window_keeps_what_mine_hard_negatives_keeps(minilm):
         assert len(index.search(q, p, 4, relative_margin=0.05)["negatives"]) == 4
 
 
-def test_the_hybrid_teacher_keeps_queries_it_ranks_first_and_vetoes_its_false_negatives(tmp_path, minilm):
-    """``teacher = "hybrid"``: BM25 fused with the embedder ranks each document; a query whose
-    document it ranks below ``teacher_k`` is a reject with that reason, and every kept negative
-    scores below the document in the fused list (its scores are in the meta)."""
-    folder = write_corpus(tmp_path)
-
-    def responder(req, n):  # every query is about volcanoes, whatever the document
-        return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
-
-    with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": "hybrid", "teacher_k": 1})
-        r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
-        assert r.exit_code == 0, r.output
-    stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
-    recs = list(read_stage(tmp_path / "run" / "corpus"))
-    assert [r["meta"]["doc_id"] for r in recs] == ["d4"]
-    # the others: the teacher's rejects, or too few candidates under the margin for an unrelated query
-    assert stats["rejects_by_reason"]["teacher_rank"] >= 1 and set(stats["rejects_by_reason"]) <= {"teacher_rank", "too_few_mined"}
-    meta = recs[0]["meta"]
-    assert meta["teacher_rank"] == 1 and len(meta["teacher_scores"]) == 4
-    assert all(s < meta["teacher_pos_score"] for s in meta["teacher_scores"])
-    # the scores a student learns from: [document, negative_1..4] on the min-max sum's scale, [0, 2]
-    label = meta["teacher_label"]
-    assert len(label) == 5 and all(0.0 <= x <= 2.0 for x in label) and label[0] == max(label)
-    assert stats["teacher_scores"]["examples"] == 1 and stats["teacher_scores"]["positive"] == round(label[0], 4)
-    assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))  # built once, reused on the next run
-
-
-def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
+def test_a_candidate_bm25_puts_above_the_document_is_no_negative(minilm):
     """A candidate the dense model puts under the margin but BM25 ranks first is, fused, above the
     document: it is not a negative; without the lexical scores it is."""
     import numpy as np
@@ -507,15 +420,7 @@ def test_the_teacher_vetoes_a_candidate_bm25_puts_above_the_document(minilm):
     lexical = np.array([0.5 if "zebra" not in t else 9.0 for t in texts], dtype=np.float32)
     taught = index.search(q, 0, 3, relative_margin=0.05, lexical=lexical)
     assert texts[1] in plain["negatives"] and texts[1] not in taught["negatives"]
-    assert len(taught["negatives"]) == 3 and all(s < taught["teacher_pos_score"] for s in taught["teacher_scores"])
-    # teacher_label: the min-max normalised sum of the cosine and BM25 over the corpus, [document, negatives]
-    from negsynth.embed.lexical import minmax_sum
-
-    sims = index.emb @ model.encode([q], normalize_embeddings=True, convert_to_numpy=True)[0]
-    summed = minmax_sum(sims, lexical)
-    picked = [texts.index(t) for t in taught["negatives"]]
-    assert taught["teacher_label"] == pytest.approx([summed[0], *(summed[i] for i in picked)], abs=1e-5)
-    assert "teacher_label" not in plain
+    assert len(taught["negatives"]) == 3
 
 
 def test_hybrid_candidates_take_negatives_in_the_fused_order(minilm):
@@ -565,7 +470,7 @@ def test_hybrid_candidates_take_negatives_in_the_fused_order(minilm):
 
 
 def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path, minilm):
-    """``corpus.candidates = "hybrid"`` with no teacher: the stage builds the BM25 index (saved,
+    """``corpus.candidates = "hybrid"``: the stage builds the BM25 index (saved,
     reused), takes each example's negatives from the fused ranking, and writes no teacher fields."""
     folder = write_corpus(tmp_path)
 
@@ -573,9 +478,7 @@ def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path,
         return Reply(json.dumps({"queries": ["why do volcanoes erupt lava and ash from their vents?"]}))
 
     with FakeOpenAI(responder) as srv:
-        cfg = write_run_config(
-            tmp_path, srv.base_url, corpus={"negatives": "mined", "candidates": "hybrid", "mining": {"relative_margin": 0.0}}
-        )
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"candidates": "hybrid", "mining": {"relative_margin": 0.0}})
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
     recs = list(read_stage(tmp_path / "run" / "corpus"))
@@ -584,12 +487,12 @@ def test_the_corpus_stage_mines_hybrid_candidates_with_bm25_built_once(tmp_path,
     assert any((tmp_path / "run" / "corpus" / "_index").glob("*.bm25/done"))
 
 
-def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_path, minilm, monkeypatch):
-    """``teacher = "llm-likelihood"``: each kept example's document and mined negatives are scored
-    by the LLM's query likelihood (here a stand-in that prefers texts naming "d4"'s subject); a
-    query whose document the teacher does not rank first among them is a reject under
-    ``teacher_k = 1``, and the scores are the example's distillation label."""
-    import negsynth.embed.likelihood as lik
+def test_the_teacher_ranks_the_document_among_its_negatives(tmp_path, minilm, monkeypatch):
+    """``teacher = "cross-encoder"``: each kept example's document and mined negatives are scored
+    by the teacher (here a stand-in that prefers texts naming "d4"'s subject); a query whose
+    document the teacher does not rank first among them is a reject under ``teacher_k = 1``, and
+    the scores are the example's distillation label."""
+    import negsynth.stages.corpus as stage
 
     folder = write_corpus(tmp_path)
     subject = next(x for i, _, x in DOCS if i == "d4").split()[0].lower()
@@ -601,7 +504,7 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
             # the texts about d4's subject first; any other document below its own negatives
             return [-1.0 if subject in d.lower() else (-3.0 if i == 0 else -2.0 - 0.1 * i) for i, d in enumerate(documents)]
 
-    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: Scorer()))
+    monkeypatch.setattr(stage, "teacher_scorer", lambda *a, **kw: Scorer())
 
     def responder(req, n):
         return Reply(json.dumps({"queries": ["a question that any of these documents might answer?"]}))
@@ -610,7 +513,7 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"negatives": "mined", "teacher": "llm-likelihood", "teacher_k": 1, "mining": {"relative_margin": 0.0}},
+            corpus={"teacher": "cross-encoder", "teacher_model": minilm, "teacher_k": 1, "mining": {"relative_margin": 0.0}},
         )
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
         assert r.exit_code == 0, r.output
@@ -628,102 +531,26 @@ def test_the_llm_likelihood_teacher_ranks_the_document_among_its_negatives(tmp_p
     assert any("among itself and its mined negatives" in json.dumps(x) for x in rejects)
 
 
-def test_reciprocal_rank_fusion_of_candidate_scores_uses_orders_not_scales():
-    from negsynth.embed.lexical import rrf_over
-
-    # candidate 1 is second in the first list and first in the second (on another scale)
-    fused = rrf_over([3.0, 2.0, 1.0], [-3.0, -1.0, -2.0])
-    assert sorted(range(3), key=lambda i: -fused[i]) == [1, 0, 2]
-    assert fused == [1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 62]
-    assert rrf_over([5.0, 5.0, 1.0])[:2] == [1 / 61, 1 / 61]  # ties share the better rank
-    with pytest.raises(ValueError, match="same candidates"):
-        rrf_over([1.0, 2.0], [1.0])
-
-
-def test_the_fused_teacher_ranks_by_both_the_hybrid_order_and_the_llm(tmp_path, minilm, monkeypatch):
-    """``teacher = "hybrid+llm-likelihood"``: the document's rank among itself and its mined
-    negatives by the fusion of the hybrid teacher's order (whose veto puts the document above its
-    negatives) and the LLM's; the LLM's scores stay the distillation label. An LLM that ranks
-    every document first keeps what the hybrid teacher keeps; one that ranks it last keeps none."""
-    import negsynth.embed.likelihood as lik
-
-    folder = write_corpus(tmp_path)
-    calls = []
-    doc_score = {"value": -5.0}
-
-    class Scorer:
-        def scores(self, query, documents):
-            calls.append(len(documents))
-            return [doc_score["value"]] + [-1.0 - 0.1 * i for i in range(len(documents) - 1)]
-
-    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: Scorer()))
-    runs = {}
-    with FakeOpenAI(answer) as srv:
-        for name, teacher, k, doc in (
-            ("hybrid", "hybrid", 8, None),
-            ("last", "hybrid+llm-likelihood", 1, -5.0),
-            ("first", "hybrid+llm-likelihood", 1, 0.0),
-        ):
-            doc_score["value"] = doc
-            cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "teacher": teacher, "teacher_k": k})
-            r = invoke("corpus", "-c", cfg, "-d", tmp_path / name, "-i", folder, "--json")
-            assert r.exit_code == (2 if name == "last" else 0), r.output  # every query rejected alike: a failed stage
-            runs[name] = {x["meta"]["doc_id"]: x for x in read_stage(tmp_path / name / "corpus")}
-    assert calls and set(calls) == {5}
-    assert runs["hybrid"] and runs["last"] == {}
-    assert set(runs["first"]) == set(runs["hybrid"])
-    for x in runs["first"].values():
-        meta = x["meta"]
-        assert meta["teacher_rank"] == 1 and meta["teacher_pos_score"] == round(1 / 61 + 1 / 61, 6)
-        assert meta["teacher_label"] == [0.0, -1.0, -1.1, -1.2, -1.3]  # the LLM's scores
-    stats = json.loads((tmp_path / "last" / "corpus" / "stats.json").read_text())
-    assert stats["rejects_by_reason"]["teacher_rank"] >= len(runs["hybrid"])
-
-
-def test_the_fused_teacher_needs_mined_negatives():
-    from pydantic import ValidationError
-
-    from negsynth.schemas.config import CorpusConfig
-
-    with pytest.raises(ValidationError, match='teacher = "hybrid\\+llm-likelihood" scores mined negatives'):
-        CorpusConfig(teacher="hybrid+llm-likelihood", negatives="mixed")
-
-
-def test_hybrid_candidates_need_mined_negatives():
-    from pydantic import ValidationError
-
-    from negsynth.schemas.config import CorpusConfig
-
-    with pytest.raises(ValidationError, match='set negatives = "mined" or "mixed"'):
-        CorpusConfig(candidates="hybrid", negatives="llm")
-    assert CorpusConfig(candidates="hybrid").candidates == "hybrid"
-
-
-def test_the_minmax_sum_puts_both_lists_on_one_scale():
-    import numpy as np
-
-    from negsynth.embed.lexical import minmax_sum
-
-    np.testing.assert_allclose(minmax_sum([0.1, 0.5, 0.3], [0.0, 4.0, 2.0]), [0.0, 2.0, 1.0])
-    np.testing.assert_allclose(minmax_sum([0.2, 0.6, 0.4], [3.0, 1.0, 2.0]), [1.0, 1.0, 1.0])
-    # no query term anywhere: the lexical list adds nothing, the dense one still ranks
-    np.testing.assert_allclose(minmax_sum([0.2, 0.4, 0.3], [0.0, 0.0, 0.0]), [0.0, 1.0, 0.5])
-
-
 def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
     """A field in ``ADDED_FIELDS`` at its default is not part of the config hash (nor of the
     section's repr, which the stages' hashes also read), so a run dir made before it resumes; set,
-    it changes the hash like any setting."""
+    it changes the hash like any setting. A field in ``REMOVED_FIELDS`` stays in both at the
+    default it had."""
     from negsynth.schemas.config import ADDED_FIELDS, CorpusConfig
     from negsynth.schemas.config_io import config_hash
+    from negsynth.schemas.section import REMOVED_FIELDS
 
     cfg = CorpusConfig()
     before = cfg.model_dump(mode="json")
     for name in ADDED_FIELDS["CorpusConfig"]:
         before.pop(name)
         assert f"{name}=" not in str(cfg)
+    # a field removed since is read at its old default, as every older run dir held it
+    for name, (_, old) in REMOVED_FIELDS["CorpusConfig"].items():
+        before[name] = old
+        assert f"{name}={old!r}" in str(cfg)
     assert config_hash(cfg) == config_hash(before)
-    assert config_hash(CorpusConfig(teacher="hybrid")) != config_hash(cfg)
+    assert config_hash(CorpusConfig(candidates="hybrid")) != config_hash(cfg)
     assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})
 
 
@@ -754,45 +581,6 @@ def test_queries_from_the_documents_need_no_llm(tmp_path, minilm, queries):
     if queries == "sentence":  # the second query of a one-sentence document: rejected with its reason
         rejects = list(read_stage(tmp_path / "run" / "corpus" / "rejects"))
         assert len(rejects) == 6 and {x["reason"] for x in rejects} == {"too_few_sentences"}
-
-
-@pytest.mark.parametrize("mix", ["llm+title", "llm+sentence"])
-def test_a_mix_adds_a_query_from_the_text_to_the_llms_and_sends_the_same_requests(tmp_path, minilm, mix):
-    """``corpus.queries = "llm+title" | "llm+sentence"``: per document the LLM's queries_per_doc
-    queries, from the very requests ``llm`` sends (so a run's cached answers serve it), and one more
-    taken from the text, each its own example with its own query source."""
-    folder = write_corpus(tmp_path)
-
-    def run(queries: str, rd: str) -> tuple[list[dict], dict, list[dict]]:
-        with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-            cfg = write_run_config(
-                tmp_path, srv.base_url, corpus={"queries": queries, "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}}
-            )
-            r = invoke("corpus", "-c", cfg, "-d", tmp_path / rd, "-i", folder, "--json")
-            assert r.exit_code == 0, r.output
-            bodies = [json.dumps(q["messages"], sort_keys=True) for q in srv.requests]
-        return list(read_stage(tmp_path / rd / "corpus")), json.loads((tmp_path / rd / "corpus" / "stats.json").read_text()), bodies
-
-    llm_recs, _, llm_bodies = run("llm", "llm")
-    recs, stats, bodies = run(mix, "mix")
-    assert sorted(bodies) == sorted(llm_bodies) and len(bodies) == 6  # one request per document, byte for byte the llm run's
-    assert stats["items"] == 18 and stats["documents"]["sampled"] == 6 and stats["tokens"]["prompt"] == 6 * 10
-    kind = mix.split("+")[1]
-    by_source: dict[str, list[dict]] = {}
-    for rec in recs:
-        by_source.setdefault(rec["meta"]["query_model"], []).append(rec)
-    extracted = by_source.pop(f"extract:{kind}")
-    assert sorted(r["query"] for r in next(iter(by_source.values()))) == sorted(r["query"] for r in llm_recs) and len(by_source) == 1
-    by_id = {i: (t, x) for i, t, x in DOCS}
-    assert len(extracted) == 6 and all(r["attributes"]["query_index"] == 2 for r in extracted)
-    for rec in extracted:
-        title, text = by_id[rec["meta"]["doc_id"]]
-        assert rec["query"] == (title if kind == "title" else text) and len(rec["negatives"]) == 4
-        assert not (rec.get("usage") or {}).get("prompt_tokens")  # the document's answer is paid on its first LLM query
-    with pytest.raises(ValueError, match='set negatives = "mined"'):
-        from negsynth.schemas.config import CorpusConfig
-
-        CorpusConfig(queries=mix, negatives="llm")
 
 
 def test_title_queries_are_one_per_document():

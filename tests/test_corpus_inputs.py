@@ -297,7 +297,7 @@ def test_a_corpus_that_collapses_is_named_before_any_request(tmp_path):
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", p, "--id-col", "pid", "--ids", "first", "-q")
         assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
         assert f"{p}: 1 document of 20 rows (19 left out as repeats of an earlier id (ids = 'first'))" in r.stderr
-        assert "--ids row" in r.stderr and "--negatives llm" in r.stderr
+        assert "--ids row" in r.stderr
         assert srv.requests == []
 
 
@@ -339,7 +339,7 @@ def test_the_stage_prompts_and_trains_on_passages_of_a_folder(tmp_path, minilm):
     sentences = [f"Paragraph {k} of the long guide explains topic number {k} in plain words." for k in range(60)]
     (folder / "long.md").write_text("# Long guide\n\n" + " ".join(sentences) + "\n")
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
-        cfg = write_run_config(tmp_path, srv.base_url, corpus={"negatives": "mined", "mining": {"relative_margin": 0.0}})
+        cfg = write_run_config(tmp_path, srv.base_url, corpus={"mining": {"relative_margin": 0.0}})
         r = runner.invoke(
             app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / "run"), "-i", str(folder), "--chunk-tokens", "128", "--json"]
         )

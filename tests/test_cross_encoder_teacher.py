@@ -79,7 +79,6 @@ def test_the_corpus_stage_takes_the_cross_encoders_scores_as_its_teacher(tmp_pat
 
     with FakeOpenAI(responder) as srv:
         corpus = {
-            "negatives": "mined",
             "teacher": "cross-encoder",
             "teacher_model": tiny_ce,
             "teacher_k": 0,
@@ -124,7 +123,7 @@ def test_regenerate_relabels_with_the_cross_encoder(tmp_path, tiny_ce):
 def test_a_teacher_model_that_does_not_resolve_stops_the_stage_before_any_llm_request(tmp_path):
     folder = write_corpus(tmp_path)
     with FakeOpenAI(lambda r, n: Reply(json.dumps({"queries": ["a query about the document?"]}))) as srv:
-        corpus = {"negatives": "mined", "teacher": "cross-encoder", "teacher_model": str(tmp_path / "no-such-model")}
+        corpus = {"teacher": "cross-encoder", "teacher_model": str(tmp_path / "no-such-model")}
         cfg = write_run_config(tmp_path, srv.base_url, corpus=corpus)
         r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder)
         assert r.exit_code != 0

@@ -246,25 +246,15 @@ def test_tuple_rows_save_reload_and_train_columns(tmp_path):
 
 def test_a_phases_leftover_rows_train_in_short_batches_not_dropped():
     """Homogeneous batches over 3 task types leave each phase with rows that fill no whole batch:
-    by default they train as short batches (every example once), packed across task types with
-    no text twice; ``incomplete_batches="drop"`` is the old rule and loses them."""
+    they train as short batches (every example once), packed across task types with no text twice."""
     ex = make_examples(103, task_types=("short-long", "long-short", "sts"))
     kept = build_curriculum(ex, batch_size=8, seed=3)
-    dropped = build_curriculum(ex, batch_size=8, seed=3, incomplete_batches="drop")
     assert len(kept) == 103 and sorted(r["example_id"] for r in kept) == sorted(e["id"] for e in ex)
-    assert len(dropped) == 103 - dropped.stats["dropped_incomplete"] < 103
     assert kept.stats["dropped_incomplete"] == 0 and kept.stats["short_batches"] >= 1
     assert kept.stats["rows_in_short_batches"] == sum(len(b) for b in batches(kept, 8) if len(b) < 8)
-    old_rows = {r["example_id"] for r in dropped}
-    as_before = [b for b in batches(kept, 8) if all(r["example_id"] in old_rows for r in b)]
-    assert len(as_before) == len(batches(dropped, 8)) and all(len({r["task_type"] for r in b}) == 1 for b in as_before)
     for b in batches(kept, 8):
         texts = [text_key(r[c]) for r in b for c in ("anchor", "positive", "negative")]
         assert len(texts) == len(set(texts))
-    # the old rule's full batches are exactly the new build's first ones in each phase
-    assert [r["example_id"] for r in dropped] == [r["example_id"] for r in kept if r["example_id"] in old_rows]
-    with pytest.raises(CurriculumError, match="incomplete_batches"):
-        build_curriculum(ex, batch_size=8, incomplete_batches="pad")
 
 
 def test_total_steps_fill_whole_batches_so_nothing_is_short():
@@ -363,49 +353,6 @@ def test_ntuple_rows_carry_the_teachers_scores_and_drop_a_false_negatives_score_
     assert "label" not in ntuple_rows(make_examples(6), 3)[0]
 
 
-def _multi_positive(n_queries: int, positives_of_first: int) -> list[dict]:
-    """Query 0 has ``positives_of_first`` positives (one example each), every other query one."""
-    out = []
-    for q in range(n_queries):
-        for k in range(positives_of_first if q == 0 else 1):
-            out.append(
-                {
-                    "id": f"q{q}-p{k}",
-                    "task": "",
-                    "task_type": "short-long",
-                    "query": f"query {q}",
-                    "positive": f"positive {k} of query {q}",
-                    "negatives": [f"neg {j} of query {q} positive {k}" for j in range(4)],
-                }
-            )
-    return out
-
-
-def test_balance_queries_weighs_each_query_once_whatever_its_positives():
-    ex = _multi_positive(8, 9)  # 16 examples, 9 of them query 0's
-    per_query = lambda rows: Counter(r["anchor"] for r in rows)  # noqa: E731
-    plain = build_curriculum(ex, schedule="tuple", batch_size=4, total_steps=8, seed=0, instruction_template=None)
-    even = build_curriculum(ex, schedule="tuple", batch_size=4, total_steps=8, seed=0, instruction_template=None, balance="queries")
-    assert len(plain) == len(even) == 32
-    # by examples query 0 fills a row in every batch (it is over half the pool); by queries it gets a pass's share
-    assert per_query(plain)["query 0"] == 8 and per_query(even)["query 0"] == 4
-    assert set(per_query(even).values()) == {4}  # 32 rows = 4 passes of 8 queries
-    # and it takes its positives in turn: 4 distinct ones, not one of them 4 times
-    assert len({r["positive"] for r in even if r["anchor"] == "query 0"}) == 4
-    assert even.stats["balance"] == "queries" and "balance" not in plain.stats
-    # epochs: a pass is one row per query
-    one = build_curriculum(ex, schedule="tuple", batch_size=4, epochs=1, seed=0, instruction_template=None, balance="queries")
-    assert len(one) == 8 and set(per_query(one).values()) == {1}
-    # one positive per query: the same rows as by examples
-    single = make_examples(12)
-    kw = {"schedule": "tuple", "batch_size": 4, "total_steps": 6, "seed": 3, "instruction_template": None}
-    assert sorted(r["example_id"] for r in build_curriculum(single, **kw)) == sorted(
-        r["example_id"] for r in build_curriculum(single, balance="queries", **kw)
-    )
-    with pytest.raises(CurriculumError, match="balance must be"):
-        build_curriculum(single, balance="positives", **kw)
-
-
 def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_negative():
     """``stock``: the n-tuple rows in input order, once, nothing packed or moved (the trainer's
     shuffled sampler makes the batches), ``total_steps`` kept as the trainer's step count; the
@@ -423,8 +370,6 @@ def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_n
     )  # no draw: the seed is the trainer's
     with pytest.raises(CurriculumError, match="schedule 'stock' writes the rows once"):
         stock_curriculum(ex, batch_size=4, epochs=2, instruction_template=None)
-    with pytest.raises(CurriculumError, match="use schedule = 'tuple' with it"):
-        stock_curriculum(ex, batch_size=4, balance="queries", instruction_template=None)
     with pytest.raises(CurriculumError, match="build it with negsynth.data.stock.stock_curriculum"):
         build_curriculum(ex, schedule="stock", batch_size=4, instruction_template=None)
 

@@ -83,7 +83,7 @@ def test_brainstorm_and_generate_estimates_match_what_is_sent(tmp_path):
     assert est(cfg, "-d", rd)["stages"]["generate"]["done"] is True
 
 
-def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):
+def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path, minilm):
     from test_corpus import answer, write_corpus
 
     folder = write_corpus(tmp_path)
@@ -92,7 +92,7 @@ def test_corpus_estimate_is_one_request_per_sampled_document(tmp_path):
         cfg = write_run_config(
             tmp_path,
             srv.base_url,
-            corpus={"inputs": [{"path": str(folder)}], "negatives": "llm", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 0},
+            corpus={"inputs": [{"path": str(folder)}], "queries_per_doc": 2, "max_docs": 6, "mining": {"relative_margin": 0.0}},
         )
         e = est(cfg, "-d", rd, "--stages", "corpus")
         assert srv.requests == []

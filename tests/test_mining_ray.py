@@ -156,23 +156,23 @@ def test_the_stand_in_gives_the_vectors_and_negatives_of_the_model(st_model, tmp
     one = CorpusIndex(st_model, texts, batch_size=8)
     streamed = streamed_index(proxy, texts, tmp_path, chunk=10, batch_size=8)
     assert np.array_equal(np.asarray(streamed.emb), one.emb)
-    assert streamed.search("violin energy", 4, 4, screen=["a plant"]) == one.search("violin energy", 4, 4, screen=["a plant"])
+    assert streamed.search("violin energy", 4, 4) == one.search("violin energy", 4, 4)
     with pytest.raises(ValueError, match="prompt"):
         proxy.encode_query(texts, prompt="query: ")
 
 
 def test_which_stages_embed_in_the_driver():
     """score always; regenerate only with mined negatives (with the LLM: shard workers); corpus
-    only with its index (mined or mixed negatives, or the round trip)."""
+    always (its index: mined negatives and the round trip)."""
     mined = RunConfig.model_validate({"regenerate": {"negatives": "mined"}})
     assert embeds_in_driver(get("score"), RunConfig())
     assert embeds_in_driver(get("regenerate"), mined) and not embeds_in_driver(get("regenerate"), RunConfig())
     llm_mine = RunConfig.model_validate({"regenerate": {"mine": 4}})  # mines first (prepare), then shard workers
     assert not embeds_in_driver(get("regenerate"), llm_mine) and get("regenerate").embeds_with(llm_mine)
     assert get("regenerate").prepare is not None and not get("regenerate").embeds_with(RunConfig())
-    assert embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "mined"}}))
-    assert embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "llm", "round_trip_k": 3}}))
-    assert not embeds_in_driver(get("corpus"), RunConfig.model_validate({"corpus": {"negatives": "llm"}}))
+    assert embeds_in_driver(get("corpus"), RunConfig()) and embeds_in_driver(
+        get("corpus"), RunConfig.model_validate({"corpus": {"round_trip_k": 3}})
+    )
     assert not embeds_in_driver(get("generate"), mined)
 
 
@@ -287,7 +287,7 @@ def test_corpus_index_on_two_ray_workers_equals_one_process(tmp_path, ray_node, 
             tmp_path,
             srv.base_url,
             embedder={"batch_size": 4},
-            corpus={"negatives": "mined", "queries_per_doc": 2, "max_docs": 6, "round_trip_k": 20, "mining": {"relative_margin": 0.0}},
+            corpus={"queries_per_doc": 2, "max_docs": 6, "round_trip_k": 20, "mining": {"relative_margin": 0.0}},
         )
         for name, extra in (("one", []), ("ray", ["--executor", "ray", "--workers", "2"])):
             r = runner.invoke(app, ["corpus", "-c", str(cfg), "-d", str(tmp_path / name), "-i", str(folder), "--json", *extra])

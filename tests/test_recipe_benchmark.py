@@ -61,6 +61,7 @@ def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch)
 
 
 def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_path):
+    from negsynth.errors import UserError
     from negsynth.schemas.config_io import load_config
 
     mod = load_script()
@@ -70,7 +71,10 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
         assert arm in mod.ALL_ARMS
         toml = tmp_path / f"{arm}.toml"
         toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(tuple_range_max=44, steps=28)))
-        cfgs[arm] = load_config(toml)
+        try:
+            cfgs[arm] = load_config(toml)
+        except UserError as e:  # an arm of a removed option: its figures stay in docs/
+            assert " was removed (measured no gain" in str(e), (arm, str(e))
     base = cfgs["ns-pipeline"]
     assert (
         base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
@@ -108,9 +112,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     b12 = cfgs["ns-pipeline-b12"]  # an arm's key replaces the protocol's, in the protocol's own table
     assert b12.train.batch_size == 12 and b12.train.model_copy(update={"batch_size": base.train.batch_size}) == base.train
     assert b12.curriculum == base.curriculum
-    qb = cfgs["ns-pipeline-qbalanced"].curriculum
-    assert qb.balance == "queries" and qb.schedule == "tuple" and base.curriculum.balance == "examples"
-    assert cfgs["ns-pipeline-qbalanced"].curriculum.total_steps == base.curriculum.total_steps  # merged into the protocol's table
 
 
 def test_default_invocation_is_the_headline_and_all_means_every_arm():

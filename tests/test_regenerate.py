@@ -475,12 +475,12 @@ def _beir_topics(root: Path) -> dict[str, str]:
     return docs
 
 
-def test_the_likelihood_teacher_drops_the_false_negatives_it_finds_and_labels_the_rest(tmp_path, monkeypatch):
-    """``regenerate.teacher = "llm-likelihood"`` (RLHN): a mined candidate the teacher scores at
-    or above the labelled positive is left out and the next one takes its place; the example's
-    label is the positive's and the kept negatives' scores. A stand-in teacher here finds every
-    document of the positive's topic as relevant as the positive itself."""
-    import negsynth.embed.likelihood as lik
+def test_the_teacher_drops_the_false_negatives_it_finds_and_labels_the_rest(tmp_path, monkeypatch, minilm):
+    """``regenerate.teacher`` (RLHN): a mined candidate the teacher scores at or above the labelled
+    positive is left out and the next one takes its place; the example's label is the positive's
+    and the kept negatives' scores. A stand-in for the cross-encoder here finds every document of
+    the positive's topic as relevant as the positive itself."""
+    import negsynth.stages.regenerate as stage
 
     docs = _beir_topics(tmp_path / "beir")
 
@@ -489,8 +489,8 @@ def test_the_likelihood_teacher_drops_the_false_negatives_it_finds_and_labels_th
             topic = texts[0].split(":")[0]
             return [-1.0] + [-1.0 if t.startswith(topic) else -2.0 - 0.01 * i for i, t in enumerate(texts[1:])]
 
-    monkeypatch.setattr(lik.QueryLikelihood, "load", classmethod(lambda cls, *a, **kw: SameTopicIsRelevant()))
-    body = '[regenerate]\nnegatives = "mined"\nmine = 40\nteacher = "llm-likelihood"\n'
+    monkeypatch.setattr(stage, "teacher_scorer", lambda *a, **kw: SameTopicIsRelevant())
+    body = f'[regenerate]\nnegatives = "mined"\nmine = 40\nteacher = "cross-encoder"\nteacher_model = {json.dumps(minilm)}\n'
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: the teacher is in-process
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", tmp_path / "beir", "--json")
     assert r.exit_code == 0, r.output
@@ -521,8 +521,11 @@ def test_the_likelihood_teacher_drops_the_false_negatives_it_finds_and_labels_th
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ('teacher = "llm-likelihood"', 'set negatives = "mined"'),
-        ('negatives = "mined"\nteacher = "llm-likelihood"\n[regenerate.mining]\nstrategy = "graded"', 'set mining.strategy = "top"'),
+        ('teacher = "cross-encoder"\nteacher_model = "m"', 'set negatives = "mined"'),
+        (
+            'negatives = "mined"\nteacher = "cross-encoder"\nteacher_model = "m"\n[regenerate.mining]\nstrategy = "graded"',
+            'set mining.strategy = "top"',
+        ),
     ],
 )
 def test_a_teacher_regenerate_cannot_apply_is_refused_in_one_line(tmp_path, body, message):

@@ -832,7 +832,7 @@ def test_a_distillation_loss_without_teacher_scores_is_refused_in_one_line(minil
     from negsynth.train.trainer import make_trainer
 
     cfg = TrainConfig(model=minilm, loss="distill-kl", batch_size=4, max_steps=1, max_length=16, output_dir=str(tmp_path))
-    with pytest.raises(ValueError, match='corpus.teacher = "hybrid"') as e:
+    with pytest.raises(ValueError, match='corpus.teacher = "cross-encoder"') as e:
         make_trainer(_teacher_dataset(8).remove_columns("label"), cfg)
     assert "\n" not in str(e.value)
     short = _teacher_dataset(8).map(lambda r: {"label": r["label"][:2]})
@@ -867,7 +867,7 @@ def test_the_train_stage_names_the_teacher_setting_when_the_curriculum_has_no_sc
     save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
     cfg = RunConfig()
     cfg.train = cfg.train.model_copy(update={"model": minilm, "loss": "margin-mse", "batch_size": 2})
-    with pytest.raises(UserError, match='corpus.teacher = "hybrid"') as e:
+    with pytest.raises(UserError, match='corpus.teacher = "cross-encoder"') as e:
         run(StageContext(cfg=cfg, run_dir=tmp_path))
     assert "\n" not in str(e.value)
 

@@ -189,13 +189,6 @@ def corpus(
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
     ] = None,
-    negatives: Annotated[
-        str | None,
-        typer.Option(
-            "--negatives",
-            help="mined (from the corpus) | llm (written for the document) | mixed (2 mined + the LLM's 2 hardest that pass the mining margin)",
-        ),
-    ] = None,
     glob: Annotated[
         str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md' (default: every corpus file)")
     ] = None,
@@ -238,8 +231,6 @@ def corpus(
             ccfg.max_docs = max_docs
         if queries_per_doc is not None:
             ccfg.queries_per_doc = queries_per_doc
-        if negatives is not None:
-            ccfg.negatives = negatives
     except ValueError as e:  # pydantic's ValidationError: the first error's message, with the field
         errs = getattr(e, "errors", lambda: [])()
         msg = f"{'.'.join(str(x) for x in errs[0]['loc'])}: {errs[0]['msg']}" if errs else str(e).splitlines()[0]

@@ -7,10 +7,7 @@ coarse to fine": level 4 for the first 25% of the steps, then 3, 2, 1.
 How examples are assigned (the spec's §1.7 reading, "each example visited once (≈1 epoch)"):
 
 1. A *stream* of example indices is built from seeded permutations of the pool (one fresh
-   permutation per pass). With ``epochs=1`` (the default) every example appears once. With
-   ``balance="queries"`` a pass is one row per *query* instead: seeded permutations of the
-   queries, each giving its next positive's example in turn, so a query with nine positives
-   weighs in training as one with one, as each query does in nDCG@10.
+   permutation per pass). With ``epochs=1`` (the default) every example appears once.
 2. The stream is cut into consecutive phase segments, so the 4 phases get **disjoint** random
    groups of examples; a row uses the example's negative at its phase's level. Each row is
    thus (query, positive, ONE negative) — the other 3 negatives of that example are unused.
@@ -23,16 +20,17 @@ How examples are assigned (the spec's §1.7 reading, "each example visited once 
    joins another open batch). A row whose own three texts collide (e.g. negative == positive)
    can never be placed and is dropped, counted in ``stats["dropped_self_duplicate"]``.
 5. A phase's rows left in incomplete batches when its examples run out are **trained as short
-   batches** (``incomplete_batches="train"``, the default): they are packed again in the order
+   batches**: they are packed again in the order
    they were drawn, across task types (homogeneity gives way here: a row trained beside other
    tasks beats a row never trained), each into the earliest batch that holds none of its texts,
    and emitted after the phase's full batches (counted in ``stats["short_batches"]`` /
    ``stats["rows_in_short_batches"]``). This is what sentence-transformers' ``NO_DUPLICATES``
    sampler does with a last batch (``drop_last=False``); before, the leftovers were dropped, which
-   on a small or filtered pool lost a fifth of it (163 → 128 rows on a 200-document corpus).
-   ``incomplete_batches="drop"`` keeps the old rule (``stats["dropped_incomplete"]``). Never
-   padded — padding would repeat an example and so create a duplicate text in a batch. With
-   ``total_steps`` a phase draws until its batches are full, so nothing is left to train.
+   on a small or filtered pool lost a fifth of it (163 → 128 rows on a 200-document corpus) and
+   trained a worse model at every seed measured (docs/corpus.md). Never padded — padding would
+   repeat an example and so create a duplicate text in a batch. With ``total_steps`` a phase draws
+   until its batches are full, so nothing is left to train (``stats["dropped_incomplete"]``
+   counts what a phase drew beyond its steps).
 
 Length: with ``total_steps`` each phase takes exactly its share of steps (``total_steps // 4``
 for the first three phases, the remainder for the last, as in the §1.7 pseudo-code), drawing
@@ -145,8 +143,8 @@ def teacher_label(ex, use_mined: bool = False) -> list[float] | None:
     """The teacher's scores of ``ex``'s positive and of each of its negatives as they stand now,
     ``[positive, negative_1, ...]``, or None when it has none that line up.
 
-    ``meta["teacher_label"]`` holds them in the order the negatives were written (corpus: the
-    hybrid teacher's min-max normalised BM25 + cosine sum, in ``[0, 2]``); ``score`` may reorder or
+    ``meta["teacher_label"]`` holds them in the order the negatives were written (the
+    cross-encoder teacher's scores); ``score`` may reorder or
     drop negatives and records which it kept in ``score.llm_order``, which is followed here. An
     older run dir (no ``teacher_label``: its ``teacher_scores`` are RRF ranks) and ``use_mined``
     (the scores belong to ``negatives``, not ``mined_negatives``) have none."""
@@ -173,28 +171,6 @@ def _stream(n: int, rng: np.random.Generator) -> Iterator[int]:
         yield from rng.permutation(n).tolist()
 
 
-def _query_stream(groups: list[list[int]], rng: np.random.Generator) -> Iterator[int]:
-    """``balance = "queries"``: seeded permutations of the queries, one after another, forever;
-    each time a query is drawn it gives its next example, its examples (one per positive) taken in
-    a seeded order of their own and cycled. Every query then weighs the same whatever its number of
-    positives, as it does in nDCG@10, where each query counts once."""
-    order = [rng.permutation(len(g)).tolist() for g in groups]
-    seen = [0] * len(groups)
-    while True:
-        for q in rng.permutation(len(groups)).tolist():
-            g = groups[q]
-            yield g[order[q][seen[q] % len(g)]]
-            seen[q] += 1
-
-
-def _query_groups(pool: list) -> list[list[int]]:
-    """Pool indices grouped by query (its text key), in the order queries first appear."""
-    groups: dict[str, list[int]] = {}
-    for i, u in enumerate(pool):
-        groups.setdefault(u.q_key, []).append(i)
-    return list(groups.values())
-
-
 class _Usable(NamedTuple):
     """An example a schedule can use, with what every row drawn from it needs precomputed: its
     negatives (LLM or mined), the formatted anchor, the text keys that decide batch duplicates
@@ -219,13 +195,10 @@ def _check_options(
     batch_size: int,
     total_steps: int | None,
     epochs: float | None,
-    incomplete_batches: str,
     instruction_template: str | None,
 ) -> float | None:
     """Refuse options that contradict each other or cannot build anything, before any example is
     read; return ``epochs``, 1 when neither it nor ``total_steps`` is given."""
-    if incomplete_batches not in ("train", "drop"):
-        raise CurriculumError(f"curriculum: incomplete_batches must be 'train' or 'drop', got {incomplete_batches!r}")
     if batch_size < 1:
         raise CurriculumError(f"curriculum: batch_size must be >= 1, got {batch_size}")
     if total_steps is not None and epochs is not None:
@@ -395,8 +368,6 @@ def build_curriculum(
     homogeneous_batches: bool = True,
     use_mined: bool = False,
     instruction_template: str | None = DEFAULT_TEMPLATE,
-    incomplete_batches: str = "train",
-    balance: str = "examples",
 ) -> CurriculumRows:
     """Build the training rows in training order (see the module docstring for the rules).
 
@@ -408,7 +379,7 @@ def build_curriculum(
     kind, levels, needed = parse_schedule(schedule)
     if kind == "stock":
         raise CurriculumError("curriculum: schedule 'stock' plans no batches; build it with negsynth.data.stock.stock_curriculum")
-    epochs = _check_options(kind, len(levels), batch_size, total_steps, epochs, incomplete_batches, instruction_template)
+    epochs = _check_options(kind, len(levels), batch_size, total_steps, epochs, instruction_template)
     stats: dict[str, Any] = Counter()
     pool = _usable_examples(examples, needed, use_mined, instruction_template, stats)
     stats["examples_in"] = len(pool) + stats["skipped_few_negatives"]
@@ -420,21 +391,14 @@ def build_curriculum(
             "check the input stage or use schedule fixed:K"
         )
     # the level generator is seeded apart from the stream, so `random` draws the same examples as the others
-    if balance == "queries":
-        groups = _query_groups(pool)
-        stream, passes_of = _query_stream(groups, np.random.default_rng(seed)), len(groups)  # a pass: one row per query
-    elif balance == "examples":
-        stream, passes_of = _stream(len(pool), np.random.default_rng(seed)), len(pool)
-    else:
-        raise CurriculumError(f"curriculum: balance must be 'examples' or 'queries', got {balance!r}")
+    stream = _stream(len(pool), np.random.default_rng(seed))
     drawer = _Drawer(pool, stream, np.random.default_rng([seed, 1]), needed, with_labels, batch_size, homogeneous_batches, stats)
     rows: CurriculumRows = CurriculumRows()
     batch_no = 0
-    for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), passes_of, total_steps, epochs)), start=1):
+    for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), len(pool), total_steps, epochs)), start=1):
         done, left = drawer.phase(p, lvl, target, seg)
         # with total_steps a phase draws until its batches are full: there is nothing short to train
-        train_short = incomplete_batches == "train" and target is None
-        for batch in _close_phase(p, done, left, batch_size=batch_size, train_short=train_short, stats=stats)[:target]:
+        for batch in _close_phase(p, done, left, batch_size=batch_size, train_short=target is None, stats=stats)[:target]:
             for r in batch:
                 r["batch"] = batch_no
             rows.extend(batch)
@@ -451,7 +415,6 @@ def build_curriculum(
             "steps": batch_no,
             "rows": len(rows),
             "homogeneous_batches": homogeneous_batches,
-            **({"balance": balance} if balance != "examples" else {}),
             "use_mined": use_mined,
             "instruction_template": instruction_template,
             "label": with_labels,  # rows carry the teacher's scores (column ``label``)
@@ -459,7 +422,6 @@ def build_curriculum(
             "examples_unused": len(pool) - len(drawer.used),
         }
     )
-    stats["incomplete_batches"] = incomplete_batches
     for k in ("skipped_few_negatives", "dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
         stats.setdefault(k, 0)
     rows.stats = stats

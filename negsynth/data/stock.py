@@ -115,27 +115,20 @@ def stock_curriculum(
     seed: int = 0,
     use_mined: bool = False,
     instruction_template: str | None = DEFAULT_TEMPLATE,
-    balance: str = "examples",
     schedule: str = "stock",
     homogeneous_batches: bool = True,
-    incomplete_batches: str = "train",
 ) -> CurriculumRows:
     """The ``stock`` schedule: :func:`ntuple_rows` (one row per example, its 4 hardest negatives,
     input order) with ``level`` 0, ``phase`` 1 and ``batch`` -1 (not built as batches), once. The
     trainer shuffles and batches them (``NO_DUPLICATES``) and cycles them for ``total_steps`` steps,
     as sentence-transformers' stock recipe trains ``mine_hard_negatives``' rows, so no pass is drawn
     or packed here. Takes :func:`~negsynth.data.curriculum.build_curriculum`'s options; the batch
-    planning ones (``homogeneous_batches``, ``incomplete_batches``) have nothing to plan."""
-    del homogeneous_batches, incomplete_batches  # no batch is planned here
+    planning one (``homogeneous_batches``) has nothing to plan."""
+    del homogeneous_batches  # no batch is planned here
     if schedule != "stock":
         raise CurriculumError(f"curriculum: stock_curriculum builds schedule 'stock', not {schedule!r}; use build_curriculum")
     if total_steps is not None and epochs is not None:
         raise CurriculumError("curriculum: give total_steps or epochs, not both")
-    if balance != "examples":
-        raise CurriculumError(
-            f"curriculum: schedule 'stock' writes each example once and draws no passes, so balance = {balance!r} "
-            "has nothing to balance; use schedule = 'tuple' with it"
-        )
     if epochs is not None and epochs != 1:
         raise CurriculumError(
             f"curriculum: schedule 'stock' writes the rows once and the trainer cycles them; set train.max_steps "

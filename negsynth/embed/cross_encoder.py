@@ -1,22 +1,62 @@
-"""A cross-encoder as a teacher: one relevance score per (query, text), from any
-sentence-transformers ``CrossEncoder`` a user names (a hub name such as
-``cross-encoder/ms-marco-MiniLM-L6-v2``, or a folder), on the GPU when there is one.
+"""A cross-encoder as a teacher (``corpus.teacher`` / ``regenerate.teacher = "cross-encoder"``):
+one relevance score per (query, text), from any sentence-transformers ``CrossEncoder`` a user
+names in ``teacher_model`` (a hub name such as ``cross-encoder/ms-marco-MiniLM-L6-v2``, or a
+folder), on the GPU when there is one.
 
-It answers the same call as the query-likelihood teachers (:meth:`scores`), so ``corpus`` and
-``regenerate`` rank a document among its mined negatives, filter, veto and distil with it the
-same way; scores are cached per model, query and text (a rerun or a resumed run computes none
-twice)."""
+``corpus`` ranks a document among its mined negatives with it (:func:`teacher_fields`: a filter
+and distillation labels); ``regenerate`` drops the mined candidates it scores at or above the
+labelled positive (:func:`relabel_fields`, RLHN). Scores are cached per model, query and text in
+``RUN_DIR/cache/cross_encoder.sqlite`` (:class:`ScoreCache`: a rerun or a resumed run computes
+none twice)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from negsynth.embed.base import resolve_device
-from negsynth.embed.likelihood import ScoreCache
 from negsynth.errors import UserError
+
+
+class ScoreCache:
+    """Scores by key in one SQLite file, written as they are computed (safe to kill at any point)."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
+        with self._lock, self._db:
+            self._db.execute("CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, value REAL NOT NULL)")
+
+    def get(self, keys: Sequence[str]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with self._lock:
+            for k in keys:
+                row = self._db.execute("SELECT value FROM scores WHERE key = ?", (k,)).fetchone()
+                if row is not None:
+                    out[k] = float(row[0])
+        return out
+
+    def put(self, items: dict[str, float]) -> None:
+        with self._lock, self._db:
+            self._db.executemany("INSERT OR REPLACE INTO scores VALUES (?, ?)", list(items.items()))
+
+    def through(self, keys: Sequence[str], compute) -> list[float]:
+        """The scores of ``keys``, in order: the cached ones read, the rest from ``compute(indices)``
+        (their scores, in that order) and written."""
+        known = self.get(keys)
+        todo = [i for i, k in enumerate(keys) if k not in known]
+        if todo:
+            new = {keys[i]: x for i, x in zip(todo, compute(todo), strict=True)}
+            self.put(new)
+            known.update(new)
+        return [known[k] for k in keys]
 
 
 def _not_a_cross_encoder(setting: str, model: str, e: Exception) -> UserError:
@@ -73,3 +113,47 @@ class CrossEncoderScorer:
             return self._predict(query, documents)
         keys = [self._key(query, d) for d in documents]
         return self.cache.through(keys, lambda todo: self._predict(query, [documents[i] for i in todo]))
+
+
+def check_teacher_model(stage: str, section: Any) -> None:
+    """``<stage>.teacher = "cross-encoder"``: its model must resolve before any LLM request is paid."""
+    if section.teacher == "cross-encoder":
+        check_cross_encoder(section.teacher_model, f"{stage}.teacher_model")
+
+
+def teacher_scorer(stage: str, section: Any, run_dir: Path, info=None) -> CrossEncoderScorer:
+    """The scorer of ``<stage>.teacher``: the user's cross-encoder (``teacher_model``), its scores
+    cached in ``RUN_DIR/cache/cross_encoder.sqlite``."""
+    if info is not None:
+        info(f"loading the cross-encoder teacher {section.teacher_model} ...")
+    return CrossEncoderScorer(section.teacher_model, cache=run_dir / "cache" / "cross_encoder.sqlite", setting=f"{stage}.teacher_model")
+
+
+def teacher_fields(scorer, query: str, document: str, negatives: list[str]) -> dict[str, Any]:
+    """The teacher's view of one example: the document's rank among itself and its negatives, the
+    scores, and the label ``[document, negative_1..]`` for distillation."""
+    scores = [round(x, 6) for x in scorer.scores(query, [document, *negatives])]
+    return {
+        "teacher_rank": 1 + sum(x > scores[0] for x in scores[1:]),
+        "teacher_pos_score": scores[0],
+        "teacher_scores": scores[1:],
+        "teacher_label": scores,
+    }
+
+
+def relabel_fields(scorer, query: str, positive: str, candidates: list[str], k: int) -> tuple[list[int], dict[str, Any]]:
+    """A labelled pair's teacher (``regenerate.teacher``): the positive and every mined candidate
+    scored by ``scorer``; a candidate scored at or above the positive is a false negative (RLHN) and
+    left out. Returns the indices of the first ``k`` candidates kept and the example's teacher
+    fields (the positive's rank among all candidates, the kept ones' scores, the label
+    ``[positive, kept_1..k]``, how many were left out)."""
+    scores = [round(x, 6) for x in scorer.scores(query, [positive, *candidates])]
+    pos, cand = scores[0], scores[1:]
+    kept = [i for i, x in enumerate(cand) if x < pos][:k]
+    return kept, {
+        "teacher_rank": 1 + sum(x >= pos for x in cand),
+        "teacher_pos_score": pos,
+        "teacher_scores": [cand[i] for i in kept],
+        "teacher_label": [pos, *(cand[i] for i in kept)],
+        "teacher_false_negatives": sum(x >= pos for x in cand),
+    }

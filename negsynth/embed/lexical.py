@@ -1,4 +1,5 @@
-"""A lexical (BM25) index over a corpus and its fusion with dense scores: a teacher that needs no label.
+"""A lexical (BM25) index over a corpus and its fusion with dense scores, for hybrid candidates
+(``corpus.candidates = "hybrid"``: negatives BM25 finds that the embedder alone ranks low).
 
 BM25 ranks above a small dense model on many technical domains, and the two fused by reciprocal
 rank fusion (RRF, Cormack et al. 2009: ``sum 1 / (k + rank)``, ``k = 60``, nothing to tune) rank
@@ -6,14 +7,8 @@ well above either. :func:`rrf` fuses one query's dense and lexical scores over a
 :class:`LexicalIndex` is ``bm25s`` (English stop words, no stemming) over texts read once, its
 index saved to a folder and loaded on the next run.
 
-RRF's scores are ranks in disguise: they order candidates but carry no scale a student could
-learn from. :func:`minmax_sum` is the teacher's *score* for distillation: each query's dense and
-lexical scores min-max normalised over the same texts and summed, in ``[0, 2]`` (the stronger of
-the two fusions on the domains measured; RRF stays the ranking and the filter).
-
     index = LexicalIndex.build(texts, cache="runs/x/corpus/_index/bm25")
     fused = rrf(dense_scores, index.scores("a query"))
-    label = minmax_sum(dense_scores, index.scores("a query"))
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ def _bm25s():
     try:
         import bm25s
     except ImportError:
-        raise UserError("the hybrid teacher needs bm25s: pip install 'negsynth[embed]' (or pip install bm25s)") from None
+        raise UserError("corpus.candidates = 'hybrid' needs bm25s: pip install 'negsynth[embed]' (or pip install bm25s)") from None
     return bm25s
 
 
@@ -93,31 +88,3 @@ def rrf(dense, lexical, k: int = RRF_K) -> Any:
     lexical = np.asarray(lexical)
     fused = 1.0 / (k + ranks(dense))
     return fused + np.where(lexical > 0, 1.0 / (k + ranks(lexical)), 0.0)
-
-
-def rrf_over(*score_lists, k: int = 60) -> list[float]:
-    """Reciprocal rank fusion of several scorings of the same candidates: ``sum 1 / (k + rank)``
-    per candidate, rank 1 the best of each list (ties share the better rank). The fusion of the
-    lists' orders, not of their scales, so scores of any range combine."""
-    n = len(score_lists[0])
-    if any(len(s) != n for s in score_lists):
-        raise ValueError("rrf_over: every list must score the same candidates")
-    fused = [0.0] * n
-    for scores in score_lists:
-        for i, x in enumerate(scores):
-            fused[i] += 1.0 / (k + 1 + sum(y > x for y in scores))
-    return fused
-
-
-def minmax_sum(dense, lexical) -> Any:
-    """One query's dense and lexical scores over the same texts, each min-max normalised over
-    those texts (the query's whole candidate pool) and summed: in ``[0, 2]``, 2 for a text that
-    tops both lists. A list with one value throughout (no query term anywhere) adds 0 to every text."""
-    import numpy as np
-
-    def norm(x):
-        x = np.asarray(x, dtype=np.float64)
-        lo, hi = float(x.min()), float(x.max())
-        return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-
-    return norm(dense) + norm(lexical)

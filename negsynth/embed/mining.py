@@ -447,7 +447,6 @@ class CorpusIndex:
         max_score: float | None = None,
         range_max: int | None = None,
         lexical: Any = None,
-        screen: Sequence[str] = (),
         order: str = "dense",
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
@@ -458,24 +457,14 @@ class CorpusIndex:
         whose own document ranks far down finds fewer than ``k`` there and gets fewer negatives);
         None searches the whole corpus.
 
-        ``lexical``: the query's lexical (BM25) scores over the same texts, for the hybrid teacher:
-        the dense and lexical rankings fused by RRF (:func:`negsynth.embed.lexical.rrf`). The result
-        adds ``teacher_rank`` (the document's rank in the fused list), ``teacher_pos_score`` and
-        ``teacher_scores`` (the RRF scores of the document and the negatives: ranks, no scale),
-        ``teacher_label`` (the teacher's score on a usable scale for distillation,
-        ``[document, negative_1..]``: the min-max normalised sum of the dense and lexical scores
-        over the whole corpus, :func:`negsynth.embed.lexical.minmax_sum`, in ``[0, 2]``), and a
-        candidate the fused list ranks at or above the document is never a negative (the
-        teacher's false negative).
+        ``lexical``: the query's lexical (BM25) scores over the same texts: the dense and lexical
+        rankings fused by RRF (:func:`negsynth.embed.lexical.rrf`), and a candidate the fused list
+        ranks at or above the document is never a negative.
 
         ``order``: which ranking the negatives are taken from, hardest first: ``dense`` (the
         embedder's) or ``hybrid`` (the fused dense + lexical ranking; needs ``lexical``): candidates
         BM25 finds that the embedder alone would rank further down. Either way a candidate must
-        pass the embedder's positive-aware margin and rank below the document in the fused list.
-
-        ``screen``: texts from elsewhere (an LLM's negatives) put through the same positive-aware
-        rule; the result adds ``screen_scores`` (their similarity to the query) and ``screen_kept``
-        (whether each is below the limit and differs from the positive and the query)."""
+        pass the embedder's positive-aware margin and rank below the document in the fused list."""
         import numpy as np
 
         q = self.model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)[0]
@@ -491,18 +480,10 @@ class CorpusIndex:
         if order not in ("dense", "hybrid") or (order == "hybrid" and fused is None):
             raise ValueError(f"order={order!r}: 'dense', or 'hybrid' with lexical scores")
         banned = {text_key(self.texts[positive]), text_key(query)}
-        negs, scores, picked = self._nearest_below(
+        negs, scores = self._nearest_below(
             sims, positive, k, limit, banned, rank=rank, range_max=range_max, fused=fused, by_fused=order == "hybrid"
         )
-        out: dict[str, Any] = {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
-        if fused is not None:
-            out.update(_teacher_fields(sims, lexical, fused, positive, picked))
-        if screen:
-            vecs = self.model.encode(list(screen), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-            s_scores = [float(x) for x in vecs.astype(np.float32) @ q]
-            out["screen_scores"] = [round(x, 6) for x in s_scores]
-            out["screen_kept"] = [x <= limit and text_key(t) not in banned for t, x in zip(screen, s_scores, strict=True)]
-        return out
+        return {"rank": rank, "pos_score": round(pos, 6), "negatives": negs, "scores": scores}
 
     def _nearest_below(
         self,
@@ -516,19 +497,18 @@ class CorpusIndex:
         range_max: int | None,
         fused,
         by_fused: bool = False,
-    ) -> tuple[list[str], list[float], list[int]]:
+    ) -> tuple[list[str], list[float]]:
         """Up to ``k`` distinct texts nearest the query (``sims``: their scores) at or below
         ``limit``, hardest first: never the positive, a copy of it or of the query, nor (``fused``:
-        the teacher's scores) one the teacher ranks at or above the positive. Returns their texts,
-        scores and indices. Only the nearest candidates are sorted; the whole corpus only when too
+        the dense + BM25 scores) one the fused list ranks at or above the positive. Returns their
+        texts and scores. Only the nearest candidates are sorted; the whole corpus only when too
         many of them fall under the margin (and never past ``range_max``). ``by_fused``: nearest
-        by the teacher's fused scores instead of ``sims`` (the margin stays on ``sims``)."""
+        by the fused scores instead of ``sims`` (the margin stays on ``sims``)."""
         import numpy as np
 
         pos_fused = float(fused[positive]) if fused is not None else None
         negs: list[str] = []
         scores: list[float] = []
-        picked: list[int] = []
         key = fused if by_fused else sims
         key_rank = 1 + int(np.count_nonzero(fused > pos_fused)) if by_fused else rank
         m = min(len(sims), 64 + 16 * k + key_rank)  # the candidates needed, unless many fall under the margin
@@ -536,7 +516,7 @@ class CorpusIndex:
             m = min(len(sims), range_max + 1)  # the window, room for the positive: nothing further down is looked at
         while k > 0:
             top = np.argpartition(-key, m - 1)[:m] if m < len(sims) else np.arange(len(sims))
-            negs, scores, picked = [], [], []
+            negs, scores = [], []
             for i in top[np.lexsort((top, -key[top]))]:  # by score, ties by index: deterministic
                 s = float(sims[i])
                 if i == positive or s > limit or (fused is not None and fused[i] >= pos_fused):
@@ -546,13 +526,12 @@ class CorpusIndex:
                     continue
                 negs.append(text)
                 scores.append(round(s, 6))
-                picked.append(int(i))
                 if len(negs) >= k:
                     break
             if len(negs) >= k or m >= len(sims) or range_max is not None:
                 break
             m = len(sims)
-        return negs, scores, picked
+        return negs, scores
 
 
 def _score_limit(pos: float, relative_margin: float | None, absolute_margin: float | None, max_score: float | None) -> float:
@@ -568,21 +547,3 @@ def _score_limit(pos: float, relative_margin: float | None, absolute_margin: flo
     if max_score is not None:
         limit = min(limit, max_score)
     return limit
-
-
-def _teacher_fields(sims, lexical, fused, positive: int, picked: list[int]) -> dict[str, Any]:
-    """The hybrid teacher's view of a search (:meth:`CorpusIndex.search`): the document's rank and
-    RRF score in the fused list, the negatives' RRF scores, and ``teacher_label``, the min-max
-    normalised dense + lexical scores of ``[document, negative_1..]``."""
-    import numpy as np
-
-    from negsynth.embed.lexical import minmax_sum
-
-    pos_fused = float(fused[positive])
-    summed = minmax_sum(sims, lexical)
-    return {
-        "teacher_rank": 1 + int(np.count_nonzero(fused > pos_fused)),
-        "teacher_pos_score": round(pos_fused, 6),
-        "teacher_scores": [round(float(fused[i]), 6) for i in picked],
-        "teacher_label": [round(float(summed[i]), 6) for i in (positive, *picked)],
-    }

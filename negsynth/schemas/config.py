@@ -269,14 +269,13 @@ class RegenerateConfig(Section):
     # strategy "graded", else the 4 hardest; level 1 = hardest)
     negatives: Literal["llm", "mined"] = "llm"
     mining: MiningConfig = MiningConfig()
-    # a teacher over labelled pairs with mined negatives: "llm-likelihood" scores the positive and
-    # every mined candidate by the LLM's query likelihood (corpus.teacher's); a candidate it scores
-    # at or above the positive is a false negative and is dropped (RLHN's relabelling), the next
-    # candidate takes its place (mine > 4 leaves room); the scores of the positive and the 4 kept
-    # are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
-    teacher: Literal["none", "llm-likelihood", "cross-encoder"] = "none"
-    likelihood: Literal["embedded", "llm"] = "embedded"  # as corpus.likelihood
-    teacher_model: str = ""  # teacher = "cross-encoder": its name or folder, as corpus.teacher_model
+    # a teacher over labelled pairs with mined negatives: "cross-encoder" (the sentence-transformers
+    # CrossEncoder teacher_model names, as corpus.teacher_model) scores the positive and every mined
+    # candidate; a candidate it scores at or above the positive is a false negative and is dropped
+    # (RLHN's relabelling), the next candidate takes its place (mine > 4 leaves room); the scores of
+    # the positive and the 4 kept are the example's teacher_label (train.loss = "distill-kl" / "margin-mse")
+    teacher: Literal["none", "cross-encoder"] = "none"
+    teacher_model: str = ""
     instructions: dict[str, str | list[str]] = Field(default_factory=dict)  # source name -> instruction(s), overrides the table
     default_instruction: str = "Given a query, retrieve relevant documents that answer the query"
     dedup: bool = True  # the same normalised (query, positive) only once across all inputs
@@ -344,15 +343,12 @@ class CorpusConfig(Section):
     """``corpus``: the LLM writes queries grounded in a user's documents (no labels needed).
 
     One request per sampled document asks for ``queries_per_doc`` queries of one style drawn per
-    request from ``styles`` (seeded), and with ``negatives = "llm"`` / ``"mixed"`` also 4
-    negatives graded hardest -> easiest written for this document. The document is the positive.
-    ``negatives``: ``mined`` (the 4 hardest positive-aware candidates of the same corpus for each
-    query, ``regenerate.mining``'s margin), ``llm`` (the LLM's 4), ``mixed`` (the 2 hardest mined and
-    the LLM's 2 hardest of those that pass the same positive-aware margin; a slot whose LLM negative
-    fails it takes the next mined one). Filters, each counted in ``stats.json``: the validators (meta phrasing,
+    request from ``styles`` (seeded). The document is the positive; its negatives are the 4 hardest
+    positive-aware candidates of the same corpus for each query (``mining``: ``regenerate.mining``'s
+    margin). Filters, each counted in ``stats.json``: the validators (meta phrasing,
     a copy of the document, empty, off-language, length), ``round_trip_k`` (keep a query only if
     the base embedder ranks its own document within the top k of the corpus; 0 = off), ``teacher``
-    / ``teacher_k`` (the same with the hybrid BM25 + embedder ranking, which also vetoes negatives). Near-duplicate
+    / ``teacher_k`` (the document's rank among itself and its mined negatives by a cross-encoder). Near-duplicate
     queries and evaluation-set overlap are ``score``'s cleaning (on by default), as for every stage.
     """
 
@@ -361,30 +357,15 @@ class CorpusConfig(Section):
     seed: int = 0
     queries_per_doc: int = Field(1, ge=1, le=20)
     styles: list[str] = Field(default_factory=lambda: list(QUERY_STYLES))
-    negatives: Literal["mined", "llm", "mixed"] = "mined"
     doc_tokens: int = Field(320, ge=16)  # documents are cut to this many tokens in the prompt
     round_trip_k: int = Field(0, ge=0)  # keep a query only if its document ranks <= k (0 = off)
-    # a teacher that needs no label: "hybrid" = BM25 (bm25s) and the embedder fused by reciprocal rank
-    # fusion over the whole corpus. A query is kept only if the teacher ranks its document within
-    # teacher_k (0: kept whatever the rank), and a mined candidate the teacher ranks at or above the
-    # document is never a negative; the teacher's ranks and scores go into each example's meta
-    # "llm-likelihood": the embedded LLM's query likelihood log p(query | document) (UPR), read
-    # in-process from the same GGUF, over the document and its mined negatives only: teacher_k is
-    # then the document's rank among those (1 = the teacher prefers it to every negative), and
-    # the scores (mean log-probability per query token) are the distillation labels; no veto.
-    # "hybrid+llm-likelihood": both, their orders of the document and its mined negatives fused by
-    # reciprocal rank (teacher_k: the document's fused rank among those five); the hybrid teacher's
-    # veto of negatives holds, the labels are the LLM's
-    # "cross-encoder": a sentence-transformers CrossEncoder the user names in teacher_model (a hub
-    # name or a folder; GPU when present) scores the document and its mined negatives, as
-    # "llm-likelihood" does with the LLM (teacher_k, labels; no veto)
-    teacher: Literal["none", "hybrid", "llm-likelihood", "hybrid+llm-likelihood", "cross-encoder"] = "none"
+    # a teacher that needs no label: "cross-encoder", a sentence-transformers CrossEncoder the user
+    # names in teacher_model (a hub name or a folder; GPU when present), scores the document and its
+    # mined negatives: a query is kept only if it ranks its document within teacher_k among those
+    # (1 = above every negative; 0: kept whatever the rank), and the scores are the distillation labels
+    teacher: Literal["none", "cross-encoder"] = "none"
     teacher_k: int = Field(10, ge=0)
     teacher_model: str = ""
-    # which model the llm-likelihood teacher asks: "embedded" (the embedded SmolLM2 GGUF through
-    # transformers, in-process) or "llm" (the run's [llm] endpoint: /completions with echoed prompt
-    # log-probs, as vLLM and llama-cpp-python's server give them; llama-server gives none)
-    likelihood: Literal["embedded", "llm"] = "embedded"
     # where mined negatives are drawn from, hardest first: "dense" (the embedder's ranking) or
     # "hybrid" (BM25 and the embedder fused by RRF: candidates the embedder alone ranks low);
     # either way a candidate passes the embedder's positive-aware margin and ranks below the
@@ -392,15 +373,12 @@ class CorpusConfig(Section):
     candidates: Literal["dense", "hybrid"] = "dense"
     # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
-    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed); or
-    # a mix, "llm+title" / "llm+sentence": the LLM's queries_per_doc queries and one more taken from
-    # the document (its title, or one sentence), each its own example (the LLM's requests as with "llm")
-    queries: Literal["llm", "title", "sentence", "llm+title", "llm+sentence"] = "llm"
+    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
+    queries: Literal["llm", "title", "sentence"] = "llm"
     mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
-    max_doc_chars: int | None = 1500  # schema maxLength per LLM-written negative
     # a document longer than chunk_tokens proxy tokens (\w+ runs and other non-space characters)
     # is split into passages overlapping by chunk_overlap, each its own positive (0: never split);
     # 224: a passage fits the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
@@ -412,13 +390,7 @@ class CorpusConfig(Section):
     def _chunks(self) -> CorpusConfig:
         if self.queries == "title" and self.queries_per_doc != 1:
             raise ValueError(f'queries = "title" gives one query per document: set queries_per_doc = 1 (it is {self.queries_per_doc})')
-        if "+" in self.queries and self.negatives != "mined":  # a query taken from the text has no LLM negatives
-            raise ValueError(f'queries = "{self.queries}" adds queries no LLM wrote negatives for: set negatives = "mined"')
-        if self.teacher in ("llm-likelihood", "hybrid+llm-likelihood", "cross-encoder") and self.negatives != "mined":
-            raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
         _check_teacher_model(self.teacher, self.teacher_model)
-        if self.candidates == "hybrid" and self.negatives == "llm":
-            raise ValueError('candidates = "hybrid" picks mined negatives: set negatives = "mined" or "mixed" (it is "llm")')
         if 0 < self.chunk_tokens < 16:
             raise ValueError(f"chunk_tokens = {self.chunk_tokens}: must be 0 (no splitting) or at least 16")
         if self.chunk_tokens and self.chunk_overlap * 2 > self.chunk_tokens:
@@ -464,14 +436,6 @@ class CurriculumConfig(Section):
     # anchors get instruction_template when "on"; "auto" = exactly when evaluation formats queries the
     # same way (evaluate.instruct_queries), so training and evaluation see the same text (spec §1.9)
     instructions: Literal["auto", "on", "off"] = "auto"
-    # a phase's rows that fill no whole batch of distinct texts when its examples run out: "train"
-    # them as short batches (as sentence-transformers' NO_DUPLICATES sampler does), or "drop" them
-    # (the rule before; it lost 35 of 163 rows on a 200-document corpus)
-    incomplete_batches: Literal["train", "drop"] = "train"
-    # what a pass over the data is: "examples" (each (query, positive) example once), or "queries"
-    # (each query once, giving its positives in turn): where a query has many positives it then
-    # weighs in training as in nDCG@10, once, instead of once per positive
-    balance: Literal["examples", "queries"] = "examples"
 
     @field_validator("schedule")
     @classmethod

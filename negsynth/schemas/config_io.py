@@ -68,12 +68,50 @@ def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(m, "model_fields", {}).keys())
 
 
+#: options taken out of the package, each measured here to tie or trail (their figures: docs/corpus.md,
+#: "Options removed, and their figures"): run-file key -> (the values removed, or None for the key
+#: itself; what to use instead), so a run file that still names one is told so in one line
+REMOVED: dict[str, tuple[tuple[str, ...] | None, str]] = {
+    "corpus.teacher": (("hybrid", "llm-likelihood", "hybrid+llm-likelihood"), 'use "cross-encoder" (with corpus.teacher_model) or "none"'),
+    "corpus.likelihood": (
+        None,
+        'it chose the llm-likelihood teacher\'s model; delete it (the teacher is corpus.teacher = "cross-encoder")',
+    ),
+    "corpus.negatives": (None, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
+    "corpus.max_doc_chars": (None, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
+    "corpus.queries": (("llm+title", "llm+sentence"), 'use "llm" (or "title" / "sentence" alone, the no-LLM floor)'),
+    "curriculum.incomplete_batches": (
+        None,
+        'a phase\'s leftover rows always train as short batches (the old default, "train"); delete the key',
+    ),
+    "curriculum.balance": (None, 'a pass is every example once (the old default, "examples"); delete the key'),
+    "regenerate.teacher": (("llm-likelihood",), 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
+    "regenerate.likelihood": (
+        None,
+        'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
+    ),
+}
+
+
+def _removed(err: dict, loc: tuple[str, ...]) -> str | None:
+    """``key was removed ...; fix`` when the error is a removed option's (:data:`REMOVED`), else None."""
+    values, fix = REMOVED.get(".".join(loc), ((), ""))
+    if values is None and err["type"] == "extra_forbidden":
+        return f"{loc[-1]} was removed (measured no gain: docs/corpus.md); {fix}"
+    if values and isinstance(err.get("input"), str) and err["input"] in values:
+        return f"{loc[-1]} = {err['input']!r} was removed (measured no gain: docs/corpus.md); {fix}"
+    return None
+
+
 def explain(e: ValidationError, source: str) -> str:
     err = e.errors()[0]
     loc = tuple(str(x) for x in err["loc"])
     section = f"[{'.'.join(loc[:-1])}] " if len(loc) > 1 else ""
     key = loc[-1] if loc else "?"
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    removed = _removed(err, loc)
+    if removed:
+        return f"{source}: {section}{removed}{more}"
     if err["type"] == "extra_forbidden":
         allowed = _allowed(run_config_class(), loc)
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""

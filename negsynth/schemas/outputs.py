@@ -50,10 +50,9 @@ class NegativesOut(_Out):
 
 
 class QueriesOut(_Out):
-    """The corpus stage's answer: queries for one document, and optionally its 4 graded negatives."""
+    """The corpus stage's answer: queries for one document."""
 
     queries: list[str]
-    hard_negative_documents: list[str] | None = None
 
 
 # (model, query key, positive key, negatives key) per task type
@@ -113,12 +112,7 @@ def negatives_schema(max_doc: int | None) -> dict[str, Any]:
     }
 
 
-def queries_schema(
-    n: int, *, max_query: int | None, min_query: int = 8, negatives: bool = False, max_doc: int | None = None
-) -> dict[str, Any]:
-    """``{"queries": [n strings]}`` (+ ``"hard_negative_documents": [4]`` when ``negatives``)."""
+def queries_schema(n: int, *, max_query: int | None, min_query: int = 8) -> dict[str, Any]:
+    """``{"queries": [n strings]}``."""
     props: dict[str, Any] = {"queries": {"type": "array", "items": _string(max_query, min_query), "minItems": n, "maxItems": n}}
-    if negatives:
-        d = _string(max_doc, 20)
-        props["hard_negative_documents"] = {"type": "array", "items": d, "minItems": NUM_NEGATIVES, "maxItems": NUM_NEGATIVES}
     return {"type": "object", "properties": props, "required": list(props)}

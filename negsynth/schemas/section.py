@@ -1,8 +1,11 @@
 """The base of every run-file table (:class:`Section`): unknown keys refused, assignments
-validated, and the fields added after run dirs existed kept out of config hashes while they hold
-their defaults (:data:`ADDED_FIELDS`), so an older run dir still resumes."""
+validated, the fields added after run dirs existed kept out of config hashes while they hold
+their defaults (:data:`ADDED_FIELDS`), and the fields removed since kept in them at the defaults
+they had (:data:`REMOVED_FIELDS`), so an older run dir still resumes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,20 +33,24 @@ class Section(BaseModel):
 
     def __repr_args__(self):
         # a field added after run dirs were made (``added_field``) is left out while it holds its
-        # default: config hashes (over the sections' dumps and reprs) stay what older run dirs recorded
+        # default, a removed one put back at its old default in its old place: config hashes (over
+        # the sections' dumps and reprs) stay what older run dirs recorded
+        removed = REMOVED_FIELDS.get(type(self).__name__, {})
         for name, value in super().__repr_args__():
-            if name in ADDED_FIELDS.get(type(self).__name__, ()) and value == type(self).model_fields[name].get_default(
+            if name not in ADDED_FIELDS.get(type(self).__name__, ()) or value != type(self).model_fields[name].get_default(
                 call_default_factory=True
             ):
-                continue
-            yield name, value
+                yield name, value
+            yield from ((gone, old) for gone, (after, old) in removed.items() if after == name)
 
     def hash_dump(self) -> dict:
-        """``model_dump(mode="json")`` less the added fields at their defaults (see ``__repr_args__``)."""
+        """``model_dump(mode="json")`` less the added fields at their defaults, with the removed ones
+        at their old defaults (see ``__repr_args__``)."""
         out = self.model_dump(mode="json")
         for name in ADDED_FIELDS.get(type(self).__name__, ()):
             if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
                 out.pop(name, None)
+        out.update({gone: old for gone, (_, old) in REMOVED_FIELDS.get(type(self).__name__, {}).items()})
         for name, value in self:
             if isinstance(value, Section):
                 out[name] = value.hash_dump()
@@ -55,11 +62,19 @@ class Section(BaseModel):
 #: section class -> fields added after run dirs existed: at their defaults they stay out of config
 #: hashes, so an older run dir resumes; set, they change the hash as every setting does
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {
-    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "likelihood", "teacher_model"),
-    "RegenerateConfig": ("teacher", "likelihood", "teacher_model"),
-    "CurriculumConfig": ("balance",),
+    "CorpusConfig": ("teacher", "teacher_k", "queries", "candidates", "teacher_model"),
+    "RegenerateConfig": ("teacher", "teacher_model"),
     # not a Section: the train stage's fingerprint drops these itself (added_at_default)
     "TrainConfig": ("loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"),
+}
+
+
+#: section class -> fields removed after run dirs existed: ``{field: (the field it followed, its
+#: old default)}``. Every run dir made before held them at those defaults (any other value is
+#: refused now: ``config_io.REMOVED``), so config hashes read them there as they always did
+REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
+    "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
+    "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
 }
 
 

@@ -6,7 +6,7 @@ In:  ``[corpus] inputs`` — corpus specs (a folder of .txt / .md / .html / .pdf
      ``chunk_tokens`` split into passages (each passage is a document below);
      ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
 Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
-     (query = the LLM's, positive = the document, 4 negatives), read by ``score`` like every
+     (query = the LLM's, positive = the document, 4 mined negatives), read by ``score`` like every
      other stage's; ``rejects/`` with each reason; ``stats.json``.
 
 How it works (GPL / Promptagator / MGH, one request per document):
@@ -16,22 +16,16 @@ How it works (GPL / Promptagator / MGH, one request per document):
    documents are held; mining and the round trip still search the whole corpus).
 2. Per sampled document one request asks for ``queries_per_doc`` queries in one style drawn with
    the seed (``styles``: question, claim, keywords), the document cut to ``doc_tokens`` tokens
-   of the embedder's tokenizer; with ``negatives = "llm"`` / ``"mixed"`` the same answer also
-   carries 4 negatives graded hardest -> easiest, written for this document (MGH). A worked
-   example of the same style comes first (``few_shot``). The answer is validated (schema; per
+   of the embedder's tokenizer. A worked example of the same style comes first (``few_shot``). The answer is validated (schema; per
    query: meta phrasing, a copied run of the document, empty, length, script; a query equal to
    the worked example's) and re-asked with the reason while no query passes; each query is a
    work item, so an invalid one is a reject with its reason, never dropped silently.
-3. With the embedder (``negatives`` mined or mixed, or ``round_trip_k > 0``) the corpus is
-   embedded once, read a batch at a time (cached in ``corpus/_index``: the vectors, and the texts
-   on disk, where a mined negative's text is read back from) and each query alone is searched: its own
-   document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and its hardest
-   positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`).
-4. ``negatives``: ``mined`` — the 4 hardest mined; ``llm`` — the LLM's 4; ``mixed`` — the 2
-   hardest mined and the LLM's 2 hardest of those that pass the same positive-aware rule as the
-   mined ones (a weak model's "negatives" often paraphrase the query: each one that fails is
-   replaced by the next mined one, so no example is lost to its LLM half). ``score`` then measures, orders and cleans them
-   (false negatives, near-duplicate queries, evaluation-set overlap) like any other examples.
+3. The corpus is embedded once, read a batch at a time (cached in ``corpus/_index``: the vectors,
+   and the texts on disk, where a mined negative's text is read back from) and each query alone is
+   searched: its own document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and
+   its 4 hardest positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`). ``score``
+   then measures, orders and cleans them (false negatives, near-duplicate queries, evaluation-set
+   overlap) like any other examples.
 
 Requests are cached and resumable like every LLM stage (the items of one document share one
 answer: a resumed run pays for none of them twice).
@@ -46,6 +40,7 @@ from typing import Any
 
 from negsynth import pipeline
 from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
+from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, teacher_scorer
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
@@ -59,27 +54,12 @@ from negsynth.stages.corpus_queries import (
     build_messages,
     cut_tokens,
     extracted_queries,
-    extraction,
-    is_llm_item,
     llm_writes,
     make_validator,
-    queries_per_document,
 )
 from negsynth.stages.corpus_report import report, run_stats
-from negsynth.stages.corpus_teacher import (
-    check_likelihood_source,
-    check_teacher_model,
-    ensemble_fields,
-    likelihood_fields,
-    pair_scorer,
-    scores_texts,
-    uses_likelihood,
-)
 
 NAME = "corpus"
-
-#: ``negatives = "mixed"``: how many of the 4 slots the LLM's negatives may fill (the rest are mined)
-MIXED_LLM_SLOTS = 2
 
 
 # -- planning -------------------------------------------------------------------------------
@@ -132,8 +112,6 @@ def _stat(path: str) -> list:
 def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
     """Refuse, before any request, a corpus too small to mine NUM_NEGATIVES negatives from, saying
     what left it so small (rows with no text, repeated ids): never a failure blamed on the model."""
-    if cfg.negatives == "llm":
-        return
     for c in corpora:
         if c.count > NUM_NEGATIVES:
             continue
@@ -145,7 +123,7 @@ def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
         why = f" of {c.rows} rows ({'; '.join(gone)})" if gone else ""
         raise UserError(
             f"{c.path}: {c.count} document{'s' if c.count != 1 else ''}{why}; mining {NUM_NEGATIVES} negatives per query needs at least "
-            f"{NUM_NEGATIVES + 1} documents in each corpus: add documents, fix the ids (--ids row), or have the LLM write the negatives (--negatives llm)"
+            f"{NUM_NEGATIVES + 1} documents in each corpus: add documents, or fix the ids (--ids row)"
         )
 
 
@@ -171,9 +149,9 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
         for pos, d in c.documents_at(wanted):
             c.positions[d.id] = pos
             style = style_for(cfg, c.name, d.id)
-            for j in range(queries_per_document(cfg)):
+            for j in range(cfg.queries_per_doc):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
-                if not is_llm_item(cfg, j):  # the no-LLM queries read the title (LLM payloads stay as they were)
+                if not llm_writes(cfg):  # the no-LLM queries read the title (LLM payloads stay as they were)
                     payload["title"] = d.title
                 items.append(WorkItem(len(items), short_id("cq", c.name, d.id, j), payload))
     return items
@@ -191,20 +169,8 @@ def config_digest(ctx: StageContext) -> str:
         parts["inputs_read"] = specs
     if any(c.chunked for c in load_corpora(ctx)):
         parts["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
-    if needs_index(cfg):
-        parts["embedder"] = ctx.cfg.embedder
-    if cfg.negatives == "mixed":  # the LLM's negatives are screened by the mining rule (older runs were not)
-        parts["mixed"] = "screened"
+    parts["embedder"] = ctx.cfg.embedder
     return config_hash(parts)
-
-
-def needs_index(cfg: CorpusConfig) -> bool:
-    return cfg.negatives != "llm" or cfg.round_trip_k > 0 or cfg.teacher != "none"
-
-
-def needs_lexical(cfg: CorpusConfig) -> bool:
-    """BM25 over the corpus: for the hybrid teacher, or for hybrid candidates."""
-    return cfg.teacher in ("hybrid", "hybrid+llm-likelihood") or (cfg.candidates == "hybrid" and cfg.negatives != "llm")
 
 
 # -- one item -------------------------------------------------------------------------------
@@ -221,7 +187,7 @@ class Work:
         self._tokenizer: Any = False
         self._indexes: dict[int, Any] = {}
         self._lexical: dict[int, Any] = {}
-        self._likelihood: Any = None
+        self._teacher: Any = None
         self._prepared = False
         self._pool: Any = None
 
@@ -244,12 +210,11 @@ class Work:
         if self._prepared:
             return
         self._prepared = True
-        if needs_index(self.cfg):
-            for ci, positions in enumerate(self.positions):
-                if positions:
-                    self.index(ci)
-                    if needs_lexical(self.cfg):
-                        self.lexical(ci)
+        for ci, positions in enumerate(self.positions):
+            if positions:
+                self.index(ci)
+                if self.cfg.candidates == "hybrid":
+                    self.lexical(ci)
         self.tokenizer()
 
     def model(self):
@@ -264,7 +229,7 @@ class Work:
         if self._tokenizer is False:
             try:
                 # the model's own; --executor ray's stand-in holds none: the same one, loaded here
-                own = getattr(self.model(), "tokenizer", None) if needs_index(self.cfg) else None
+                own = getattr(self.model(), "tokenizer", None)
                 self._tokenizer = own if own is not None else _tokenizer_of(self.ctx)
             except Exception:  # no embedder installed: cut by words
                 self._tokenizer = None
@@ -289,7 +254,7 @@ class Work:
         return self._indexes[ci]
 
     def lexical(self, ci: int):
-        """The teacher's BM25 index of corpus ``ci`` (built once, saved beside the dense index)."""
+        """The BM25 index of corpus ``ci`` for hybrid candidates (built once, saved beside the dense index)."""
         if ci not in self._lexical:
             from negsynth.embed.lexical import LexicalIndex
 
@@ -301,23 +266,19 @@ class Work:
             )
         return self._lexical[ci]
 
-    def likelihood(self):
-        """The teacher that scores texts one by one: the LLM's query likelihood (the embedded model
-        in-process, or the run's [llm] endpoint: ``corpus.likelihood``) or the user's cross-encoder
+    def teacher(self):
+        """The teacher that scores the document and its negatives: the user's cross-encoder
         (``corpus.teacher_model``); made once."""
-        if self._likelihood is None:
-            self._likelihood = pair_scorer(
-                NAME, self.cfg, self.ctx.cfg.llm, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}")
-            )
-        return self._likelihood
+        if self._teacher is None:
+            self._teacher = teacher_scorer(NAME, self.cfg, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}"))
+        return self._teacher
 
     def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
         ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
-        llm = is_llm_item(self.cfg, p["query_index"])
-        key = (p["corpus_index"], p["doc_id"], llm)
+        key = (p["corpus_index"], p["doc_id"])
         fut = self._answers.get(key)
-        if fut is None and not llm:
+        if fut is None and not llm_writes(self.cfg):
             fut = self._answers[key] = asyncio.get_running_loop().create_future()
             fut.set_result(extracted_queries(p, self.cfg))
         if fut is not None and fut.done() and _failed_in_transit(fut):
@@ -335,8 +296,6 @@ class Work:
                 self.cfg.queries_per_doc,
                 max_query=self.cfg.max_query_chars,
                 min_query=self.cfg.min_query_chars,
-                negatives=self.cfg.negatives != "mined",
-                max_doc=self.cfg.max_doc_chars,
             ),
             name="queries",
             sample_index=0,
@@ -361,8 +320,8 @@ def _tokenizer_of(ctx: StageContext):
 
 async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
     p, cfg = it.payload, work.cfg
-    llm = is_llm_item(cfg, p["query_index"])
-    j = p["query_index"] if llm or not llm_writes(cfg) else 0  # its place in its answer (a mix's text query: 0)
+    llm = llm_writes(cfg)
+    j = p["query_index"]  # its place in its answer
     work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
     res = await asyncio.shield(work.answer(client, p))
     # the document's answer is paid once: counted on its first item (queries from its text: none)
@@ -383,34 +342,20 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
 
     if res.value is None:
         return reject(res.reason or "unknown", res.detail)
-    queries, verdicts, llm_negs = res.value
+    queries, verdicts = res.value
     if verdicts[j] is not None:
         return reject(*verdicts[j], query=queries[j])
     query = queries[j]
-    query_model = work.ctx.cfg.llm.model if llm else f"extract:{extraction(cfg)}"
+    query_model = work.ctx.cfg.llm.model if llm else f"extract:{cfg.queries}"
     meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
     if res.reasons:
         meta["failed_attempts"] = res.reasons
-    mined: dict[str, Any] | None = None
-    llm_ok: list[str] = []
-    if needs_index(cfg):
-        mined, llm_ok, rejected = await search_and_judge(work, p, query, llm_negs, meta)
-        if rejected is not None:
-            return reject(rejected[0], rejected[1], **rejected[2])
-    if mined is not None:
-        # a mined negative is a document of the corpus: copied as long as the prompt shows a
-        # document (doc_tokens), not whole (one huge document would be copied into every example)
-        negatives = mined["negatives"]
-        mined["negatives"] = await work.off_loop(lambda: [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in negatives])
-    if cfg.negatives == "mined":
-        negs, model = mined["negatives"], f"mined:{work.ctx.cfg.embedder.model}:corpus"
-    elif cfg.negatives == "llm":
-        negs, model = llm_negs, work.ctx.cfg.llm.model
-    else:
-        negs, sources = mix_negatives(mined["negatives"], llm_ok)
-        model = work.ctx.cfg.llm.model
-        meta["negative_sources"] = sources
-        meta["llm_negative_scores"] = mined["screen_scores"]
+    mined, rejected = await search_and_judge(work, p, query, meta)
+    if rejected is not None:
+        return reject(rejected[0], rejected[1], **rejected[2])
+    # a mined negative is a document of the corpus: copied as long as the prompt shows a document
+    # (doc_tokens), not whole (one huge document would be copied into every example)
+    negs = await work.off_loop(lambda: [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in mined["negatives"]])
     ex = Example(
         id=it.id,
         task=STYLES[p["style"]][3],
@@ -418,11 +363,10 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
         attributes={"style": p["style"], "query_index": p["query_index"]},
         query=query,
         positive=p["document"],
-        negatives=list(negs),
-        model=model,
+        negatives=negs,
+        model=f"mined:{work.ctx.cfg.embedder.model}:corpus",
         source=SYNTHETIC_SOURCE,
         source_id=f"{p['corpus']}:{p['doc_id']}:{j}",
-        mined_negatives=list(mined["negatives"]) if mined and cfg.negatives == "mixed" else [],
         meta=meta,
         **({"usage": usage} if usage else {}),
     )
@@ -430,14 +374,14 @@ async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
 
 
 async def search_and_judge(
-    work: Work, p: dict[str, Any], query: str, llm_negs: list[str], meta: dict[str, Any]
-) -> tuple[dict[str, Any], list[str], tuple[str, str, dict[str, Any]] | None]:
+    work: Work, p: dict[str, Any], query: str, meta: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[str, str, dict[str, Any]] | None]:
     """The query's search of its corpus: its document's rank (the round trip), its mined negatives,
-    the teacher's view, each filter that is set, and the count check. Returns the search, the LLM's
-    negatives that pass the mining rule (``mixed``) and None, or a rejection ``(reason, detail,
-    extra input fields)`` instead of None; fills ``meta`` with the ranks and scores."""
+    the teacher's view, each filter that is set, and the count check. Returns the search and None,
+    or a rejection ``(reason, detail, extra input fields)`` instead of None; fills ``meta`` with the
+    ranks and scores."""
     cfg, m = work.cfg, work.cfg.mining
-    k = NUM_NEGATIVES if cfg.negatives in ("mined", "mixed") else 0
+    k = NUM_NEGATIVES
     ci, pos = p["corpus_index"], work.positions[p["corpus_index"]][p["doc_id"]]
     mined = await work.off_loop(
         lambda: work.index(ci).search(
@@ -448,65 +392,41 @@ async def search_and_judge(
             absolute_margin=m.absolute_margin,
             max_score=m.max_score,
             range_max=m.range_max,
-            lexical=work.lexical(ci).scores(query) if needs_lexical(cfg) else None,
-            screen=llm_negs if cfg.negatives == "mixed" else (),
+            lexical=work.lexical(ci).scores(query) if cfg.candidates == "hybrid" else None,
             order=cfg.candidates,
         )
     )
-    llm_ok: list[str] = []
-    if cfg.negatives == "mixed":  # the LLM's negatives that pass the mining rule fill the LLM's slots
-        llm_ok = [n for n, ok in zip(llm_negs, mined["screen_kept"], strict=True) if ok and n not in mined["negatives"]]
-        k = NUM_NEGATIVES - min(len(llm_ok), MIXED_LLM_SLOTS)
     # the round trip (the embedder's rank of the document) and the teacher's: each kept in the
     # meta, each a filter when its k is set
     ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
-    if scores_texts(cfg.teacher) and len(mined["negatives"]) >= k:
-        view = await work.off_loop(likelihood_fields, work.likelihood(), query, p["document"], mined["negatives"])
-        mined.update(ensemble_fields(mined, view) if cfg.teacher == "hybrid+llm-likelihood" else view)
-    if cfg.teacher != "none" and "teacher_rank" in mined:
+    if cfg.teacher != "none" and len(mined["negatives"]) >= k:
+        mined.update(await work.off_loop(teacher_fields, work.teacher(), query, p["document"], mined["negatives"]))
+    if "teacher_rank" in mined:
         ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
     for reason, key, rank, limit, who in ranks:
         meta[key] = rank
         if limit and rank > limit:
             setting = "round_trip_k" if reason == "round_trip" else "teacher_k"
-            among = "among itself and its mined negatives" if scores_texts(cfg.teacher) and key == "teacher_rank" else "in the corpus"
+            among = "among itself and its mined negatives" if key == "teacher_rank" else "in the corpus"
             return (
                 mined,
-                llm_ok,
                 (reason, f"{who} ranks its own document {rank} {among}, below {setting}={limit}", {"query": query, key: rank}),
             )
     if len(mined["negatives"]) < k:
         detail = f"{len(mined['negatives'])} of {k} negatives survived mining (corpus too small, or the margin removed the rest)"
-        return mined, llm_ok, ("too_few_mined", detail, {"query": query})
+        return mined, ("too_few_mined", detail, {"query": query})
     meta["mined_scores"] = mined["scores"]
     meta["mined_pos_score"] = mined["pos_score"]
     if cfg.teacher != "none":
         meta["teacher_pos_score"] = mined["teacher_pos_score"]
         meta["teacher_scores"] = mined["teacher_scores"]
-        if cfg.negatives == "mined":  # every negative a corpus text the teacher scored (mixed: the LLM's are not)
-            meta["teacher_label"] = mined["teacher_label"]
-    return mined, llm_ok, None
-
-
-def mix_negatives(mined: list[str], llm_ok: list[str]) -> tuple[list[str], list[str]]:
-    """The ``mixed`` negatives, hardest first: slots mined, LLM, mined, LLM; an LLM slot whose
-    negative failed the positive-aware rule takes the next mined one instead, so an example is
-    never lost to its LLM half. Returns the negatives and where each came from."""
-    m, l_ = iter(mined), iter(llm_ok[:MIXED_LLM_SLOTS])
-    negs: list[str] = []
-    sources: list[str] = []
-    for slot in ("mined", "llm", "mined", "llm"):
-        text = next(l_, None) if slot == "llm" else None
-        src = "llm" if text is not None else "mined"
-        text = text if text is not None else next(m)
-        negs.append(text)
-        sources.append(src)
-    return negs, sources
+        meta["teacher_label"] = mined["teacher_label"]
+    return mined, None
 
 
 # -- the stage ------------------------------------------------------------------------------
 class Corpus(pipeline.LLMStage):
-    """Queries the LLM writes for a user's documents (or taken from them), with mined or written negatives."""
+    """Queries the LLM writes for a user's documents (or taken from them), with mined negatives."""
 
     name = NAME
     summary = "queries written for a user's documents, with negatives"
@@ -515,21 +435,10 @@ class Corpus(pipeline.LLMStage):
     examples = True
     shardable = False  # a document's queries share one LLM answer: one process, its encoding on Ray workers
     llm_when = staticmethod(lambda cfg: llm_writes(cfg.corpus))
-    embeds_when = staticmethod(lambda cfg: needs_index(cfg.corpus))
+    embeds_when = staticmethod(lambda cfg: True)  # its index: mined negatives and the round trip
 
     def check(self) -> None:
-        if uses_likelihood(self.cfg.teacher):
-            check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
         check_teacher_model(NAME, self.cfg)
-        qpd = queries_per_document(self.cfg)
-        if self.ctx.world_size > 1 and self.ctx.cfg.pipeline.shard_size % qpd:
-            # a document's queries share one answer: split across two workers, it would be paid twice
-            what = f"corpus.queries_per_doc={self.cfg.queries_per_doc}" + (
-                " + 1 (corpus.queries = a mix)" if qpd != self.cfg.queries_per_doc else ""
-            )
-            raise UserError(
-                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of {what} when workers split the run"
-            )
 
     def plan(self) -> list[WorkItem]:
         self.corpora = load_corpora(self.ctx)

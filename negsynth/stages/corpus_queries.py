@@ -1,7 +1,6 @@
 """Where the corpus stage's queries come from: the prompt that asks the LLM for a document's
 queries (its styles, the document cut to the prompt's length, the worked example), the validation
-of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``, alone or
-in a mix with the LLM's) shaped as
+of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``) shaped as
 an answer of the same kind, so that :mod:`negsynth.stages.corpus` treats every source alike."""
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from negsynth.llm.client import LLMResult, ValidationFailure
 from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut
-from negsynth.schemas.records import NUM_NEGATIVES
 from negsynth.stages.common import schema_failure
-from negsynth.validators import check_meta, check_nonempty, check_query
+from negsynth.validators import check_query
 
 #: per style: (one, many, the rule shown to the model, the retrieval instruction of its examples)
 STYLES: dict[str, tuple[str, str, str, str]] = {
@@ -58,49 +56,36 @@ def cut_tokens(text: str, tokenizer, n: int, mark: str = " ...") -> str:
     return text[: offs[n - 1][1]].rstrip() + mark
 
 
-def render_prompt(document: str, style: str, n: int, negatives: bool) -> str:
+def render_prompt(document: str, style: str, n: int) -> str:
+    """The prompt of one document. The template's ``negatives_rule`` slot (and the worked example's
+    negatives) stay as the prompt files had them when corpus could ask for written negatives: those
+    files' bytes are part of the stage's hash, so older run dirs resume."""
     one, many, rule, _ = STYLES[style]
     count = one if n == 1 else many.format(n=n)
-    shape = '{"queries": [%s]%s}' % (", ".join(['"..."'] * n), ', "hard_negative_documents": [4 strings]' if negatives else "")  # noqa: UP031 - the prompt's bytes (and its cached answers) stay as they were
-    neg_rule = (
-        " Also write 4 hard-negative documents: similar to this document in topic, length and style, but NOT answering the queries, "
-        "sorted from most similar (item 1: the same subject and entities, a different finding) to least similar (item 4: the same field, another subject)."
-        if negatives
-        else ""
-    )
-    return render("corpus", document=document, count=count, style_rule=rule, negatives_rule=neg_rule, shape=shape)
+    shape = '{"queries": [' + ", ".join(['"..."'] * n) + "]}"
+    return render("corpus", document=document, count=count, style_rule=rule, negatives_rule="", shape=shape)
 
 
-def example_answer(style: str, n: int, negatives: bool) -> dict[str, Any]:
-    ex = load_example("corpus")
-    qs = list(ex[style])
-    out: dict[str, Any] = {"queries": [qs[i % len(qs)] for i in range(n)]}
-    if negatives:
-        out["hard_negative_documents"] = ex["hard_negative_documents"]
-    return out
+def example_answer(style: str, n: int) -> dict[str, Any]:
+    qs = list(load_example("corpus")[style])
+    return {"queries": [qs[i % len(qs)] for i in range(n)]}
 
 
 def build_messages(p: dict[str, Any], cfg: CorpusConfig, doc_text: str) -> list[dict[str, str]]:
-    llm_negs = cfg.negatives != "mined"
     msgs = [{"role": "system", "content": load_template("system").strip()}]
     if cfg.few_shot:
         ex = load_example("corpus")
-        msgs.append({"role": "user", "content": render_prompt(ex["document"], p["style"], cfg.queries_per_doc, llm_negs)})
-        msgs.append(
-            {"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc, llm_negs), ensure_ascii=False)}
-        )
-    msgs.append({"role": "user", "content": render_prompt(doc_text, p["style"], cfg.queries_per_doc, llm_negs)})
+        msgs.append({"role": "user", "content": render_prompt(ex["document"], p["style"], cfg.queries_per_doc)})
+        msgs.append({"role": "assistant", "content": json.dumps(example_answer(p["style"], cfg.queries_per_doc), ensure_ascii=False)})
+    msgs.append({"role": "user", "content": render_prompt(doc_text, p["style"], cfg.queries_per_doc)})
     return msgs
 
 
 # -- validation -----------------------------------------------------------------------------
 def make_validator(document: str, cfg: CorpusConfig):
-    """``validate(obj) -> (queries, verdicts, negatives)``; raises (a re-ask) while no query passes
-    or the LLM's negatives fail."""
+    """``validate(obj) -> (queries, verdicts)``; raises (a re-ask) while no query passes."""
     ex = load_example("corpus")
     shown = {text_key(q) for s in STYLES for q in ex[s]}
-    shown_negs = {text_key(n) for n in ex["hard_negative_documents"]}
-    llm_negs = cfg.negatives != "mined"
 
     def validate(obj: Any):
         try:
@@ -109,24 +94,6 @@ def make_validator(document: str, cfg: CorpusConfig):
             raise schema_failure(e) from None
         if len(out.queries) != cfg.queries_per_doc:
             raise ValidationFailure("wrong_query_count", f"'queries' must hold exactly {cfg.queries_per_doc} items, got {len(out.queries)}")
-        negs: list[str] = []
-        if llm_negs:
-            negs = [n.strip() for n in out.hard_negative_documents or [] if isinstance(n, str)]
-            if len(negs) != NUM_NEGATIVES:
-                raise ValidationFailure(
-                    "wrong_negative_count", f"'hard_negative_documents' must hold exactly {NUM_NEGATIVES} items, got {len(negs)}"
-                )
-            if cfg.few_shot and any(text_key(n) in shown_negs for n in negs):
-                raise ValidationFailure("copied_example", "you copied the worked example's negatives; write new ones for this document")
-            fields = {f"hard_negative_documents {i + 1}": n for i, n in enumerate(negs)}
-            for v in (check_nonempty(fields), check_meta(fields)):
-                if not v.keep:
-                    raise ValidationFailure(v.reason, v.detail)
-            keys = [text_key(n) for n in negs]
-            if text_key(document) in keys:
-                raise ValidationFailure("negative_equals_positive", f"negative {keys.index(text_key(document)) + 1} repeats the document")
-            if len(set(keys)) < len(keys):
-                raise ValidationFailure("duplicate_negatives", "two negatives are the same; make all 4 different")
         verdicts: list[tuple[str, str] | None] = []
         seen: set[str] = set()
         for q in out.queries:
@@ -138,14 +105,12 @@ def make_validator(document: str, cfg: CorpusConfig):
                 )
             if v.keep and key in seen:
                 v = v._replace(keep=False, reason="duplicate_query", detail="two queries are the same; make them different")
-            if v.keep and llm_negs and key in {text_key(n) for n in negs}:
-                v = v._replace(keep=False, reason="negative_equals_query", detail="a negative repeats a query")
             seen.add(key)
             verdicts.append(None if v.keep else (v.reason, v.detail))
         if all(v is not None for v in verdicts):
             reason, detail = verdicts[0]
             raise ValidationFailure(reason, detail)
-        return [q.strip() for q in out.queries], verdicts, negs
+        return [q.strip() for q in out.queries], verdicts
 
     return validate
 
@@ -155,24 +120,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def llm_writes(cfg: CorpusConfig) -> bool:
-    """Whether the LLM writes queries under ``corpus.queries`` ("llm" or a mix with it)."""
-    return cfg.queries.startswith("llm")
-
-
-def extraction(cfg: CorpusConfig) -> str | None:
-    """The no-LLM query source of ``corpus.queries`` ("title", "sentence"; a mix's second part), or None."""
-    kind = cfg.queries.removeprefix("llm").removeprefix("+")
-    return kind or None
-
-
-def queries_per_document(cfg: CorpusConfig) -> int:
-    """Items per sampled document: the LLM's (or the text's) ``queries_per_doc``, + 1 in a mix."""
-    return cfg.queries_per_doc + (1 if llm_writes(cfg) and extraction(cfg) else 0)
-
-
-def is_llm_item(cfg: CorpusConfig, j: int) -> bool:
-    """Whether query ``j`` of a document is the LLM's (in a mix the last one is taken from the text)."""
-    return llm_writes(cfg) and j < cfg.queries_per_doc
+    """Whether the LLM writes the queries (``corpus.queries = "llm"``), or they are taken from the text."""
+    return cfg.queries == "llm"
 
 
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
@@ -180,16 +129,15 @@ def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
     stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
     the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
     body (the text after the title), drawn with the stage seed, each within the query length
-    bounds (a query index with no sentence left is rejected ``too_few_sentences``); in a mix with
-    the LLM (``llm+title``, ``llm+sentence``) one such query. The document stays the positive,
-    whole. No validator runs: a copied sentence is what these queries are."""
-    n = 1 if llm_writes(cfg) else cfg.queries_per_doc
+    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
+    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
+    n = cfg.queries_per_doc
     doc = p["document"]
-    if extraction(cfg) == "title":
+    if cfg.queries == "title":
         title = " ".join(str(p.get("title") or "").split())
         if not title or text_key(title) == text_key(doc):
             return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
-        return LLMResult(([title[: cfg.max_query_chars]], [None], []), None)
+        return LLMResult(([title[: cfg.max_query_chars]], [None]), None)
     # the body: the text after a title that heads it ("Moon tides The moon's ..."), told from a text
     # that merely opens with its title's word ("Vaccines expose ...") by the capital after it
     title = str(p.get("title") or "").strip()
@@ -209,4 +157,4 @@ def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
         "too_few_sentences",
         f"the document has {len(picked)} sentence(s) within the query length bounds, fewer than queries_per_doc={n}",
     )
-    return LLMResult((picked + [""] * (n - len(picked)), [None] * len(picked) + [missing] * (n - len(picked)), []), None)
+    return LLMResult((picked + [""] * (n - len(picked)), [None] * len(picked) + [missing] * (n - len(picked))), None)

@@ -12,7 +12,6 @@ from negsynth import pipeline
 from negsynth.data.corpus import CorpusData
 from negsynth.data.shards import iter_jsonl, list_shards
 from negsynth.pipeline import StageContext, Summary
-from negsynth.stages.corpus_queries import queries_per_document
 
 #: rank buckets of the round-trip histogram in stats.json
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
@@ -22,7 +21,6 @@ def describe(folder: Path) -> dict[str, Any]:
     """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
     (kept examples, plus the rank of each query the round trip rejected)."""
     styles: Counter = Counter()
-    sources: Counter = Counter()
     lengths: list[int] = []
     ranks: list[int] = []
     labels: list[list[float]] = []
@@ -31,7 +29,6 @@ def describe(folder: Path) -> dict[str, Any]:
             if r.get("meta", {}).get("teacher_label"):
                 labels.append(r["meta"]["teacher_label"])
             styles[r.get("attributes", {}).get("style", "?")] += 1
-            sources.update(r.get("meta", {}).get("negative_sources", ()))
             lengths.append(len(r["query"].split()))
             if "round_trip_rank" in r.get("meta", {}):
                 ranks.append(r["meta"]["round_trip_rank"])
@@ -42,8 +39,6 @@ def describe(folder: Path) -> dict[str, Any]:
             if rank is not None:
                 ranks.append(rank)
     out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
-    if sources:  # mixed: how many slots the LLM's negatives kept, and how many went to mined ones
-        out["negative_sources"] = dict(sorted(sources.items()))
     if lengths:
         s = sorted(lengths)
         out["query_words"] = {
@@ -64,7 +59,7 @@ def describe(folder: Path) -> dict[str, Any]:
             "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
             "ranks": hist,
         }
-    if labels:  # the teacher's scores (hybrid: min-max BM25 + cosine sum, [0, 2]; llm-likelihood: mean log p): positive, each negative band
+    if labels:  # the teacher's scores (the cross-encoder's): positive, each negative band
         mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
         bands = max(len(lab) for lab in labels) - 1
         out["teacher_scores"] = {
@@ -79,13 +74,11 @@ def report(stats: dict) -> list[Summary]:
     rows = pipeline.summary_rows(stats)
     docs = stats.get("documents") or {}
     rows.insert(0, ("documents sampled / in corpus", f"{docs.get('sampled', '?')} / {docs.get('in_corpus', '?')}"))
-    rows.insert(1, ("queries per document, negatives", f"{stats.get('queries_per_doc')}, {stats.get('negatives')}"))
+    rows.insert(1, ("queries per document", str(stats.get("queries_per_doc"))))
     if docs.get("split_into_passages"):
         rows.insert(1, ("long documents split into passages", str(docs["split_into_passages"])))
     if stats.get("query_styles"):
         rows.append(("query styles", ", ".join(f"{k} {v}" for k, v in stats["query_styles"].items())))
-    if stats.get("negative_sources"):
-        rows.append(("negatives by source", ", ".join(f"{k} {v}" for k, v in stats["negative_sources"].items())))
     if stats.get("query_words"):
         w = stats["query_words"]
         rows.append(("query words (p10 / median / p90)", f"{w['p10']} / {w['median']} / {w['p90']}"))
@@ -105,7 +98,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     docs = {
         "in_corpus": sum(c.count for c in corpora),
-        "sampled": n_items // queries_per_document(ctx.cfg.corpus),
+        "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
         "empty_skipped": sum(c.empty_skipped for c in corpora),
         "duplicate_ids": sum(c.duplicate_ids for c in corpora),
     }
@@ -116,7 +109,6 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
         "corpora": {c.name: corpus_stats(c) for c in corpora},
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
-        "negatives": ctx.cfg.corpus.negatives,
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
         **describe(ctx.stage_dir("corpus")),
     }

@@ -92,8 +92,6 @@ def run(ctx: StageContext) -> dict:
             "homogeneous_batches": cc.homogeneous_batches,
             "use_mined": cc.negatives == "mined",
             "instruction_template": anchor_template(ctx.cfg),
-            "incomplete_batches": cc.incomplete_batches,
-            "balance": cc.balance,
         }
         try:
             rows = (stock_curriculum if schedule == "stock" else build_curriculum)(examples, batch_size=batch_size, **options)

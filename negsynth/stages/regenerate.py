@@ -46,6 +46,7 @@ from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
 from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
 from negsynth.data.text import text_key
+from negsynth.embed.cross_encoder import check_teacher_model, relabel_fields, teacher_scorer
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient, ValidationFailure
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
@@ -54,7 +55,6 @@ from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConf
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
-from negsynth.stages.corpus_teacher import check_likelihood_source, check_teacher_model, pair_scorer, relabel_fields
 from negsynth.validators import check_distinct, check_example, check_lengths, check_nonempty
 
 NAME = "regenerate"
@@ -338,7 +338,7 @@ def pair_example(it: WorkItem, negatives: list[str], model: str, meta: dict[str,
 async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str, teacher: Any = None) -> Outcome:
     """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``).
     ``teacher``: an async ``(query, positive, candidates) -> (kept indices, teacher fields)``
-    (:func:`~negsynth.stages.corpus_teacher.relabel_fields`): the candidates it finds at or above
+    (:func:`~negsynth.embed.cross_encoder.relabel_fields`): the candidates it finds at or above
     the positive are left out and the next ones take their place."""
     p = it.payload
     mined = p.get("mined") or {"negatives": [], "scores": [], "pos_score": None}
@@ -422,8 +422,6 @@ class Regenerate(pipeline.LLMStage):
         return 0
 
     def check(self) -> None:
-        if self.cfg.teacher == "llm-likelihood":
-            check_likelihood_source(NAME, self.cfg.likelihood, self.ctx.cfg.llm.base_url)
         check_teacher_model(NAME, self.cfg)
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
@@ -441,7 +439,7 @@ class Regenerate(pipeline.LLMStage):
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-regenerate")
             info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
             self._teacher = await asyncio.get_running_loop().run_in_executor(
-                self._pool, pair_scorer, NAME, self.cfg, self.ctx.cfg.llm, self.ctx.run_dir, info
+                self._pool, teacher_scorer, NAME, self.cfg, self.ctx.run_dir, info
             )
         kept, fields = await asyncio.get_running_loop().run_in_executor(
             self._pool, relabel_fields, self._teacher, query, positive, candidates, NUM_NEGATIVES
@@ -473,7 +471,7 @@ class Regenerate(pipeline.LLMStage):
         if self.mining is not None:
             extra["mining"] = {"k": mine_k(self.cfg), "strategy": self.cfg.mining.strategy, "negatives": self.cfg.negatives, **self.mining}
         if self.cfg.teacher != "none":
-            extra["teacher"] = {"kind": self.cfg.teacher, "likelihood": self.cfg.likelihood, **self.taught}
+            extra["teacher"] = {"kind": self.cfg.teacher, **self.taught}
         return extra
 
     def config_digest(self) -> str:
@@ -487,8 +485,7 @@ class Regenerate(pipeline.LLMStage):
             parts["embedder"] = self.ctx.cfg.embedder
         if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
             del parts["prompts"]
-            if not (cfg.teacher != "none" and cfg.likelihood == "llm"):  # unless the teacher asks the endpoint
-                del parts["llm"]
+            del parts["llm"]
         return config_hash(parts)
 
     def fingerprint_extra(self) -> dict[str, Any]:

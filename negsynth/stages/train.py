@@ -71,7 +71,7 @@ def run(ctx: StageContext) -> dict:
 
         raise UserError(
             f"train.loss = {tc.loss!r} learns from a teacher's scores, and {data_dir} has none: make the examples with "
-            f'{TEACHER_SETTING} (corpus.negatives = "mined"), rerun `negsynth corpus` and `negsynth curriculum`, or set train.loss = "mnrl"'
+            f'{TEACHER_SETTING}, rerun `negsynth corpus` and `negsynth curriculum`, or set train.loss = "mnrl"'
         )
     from negsynth.train import train
     from negsynth.train.distributed import announce

@@ -162,8 +162,8 @@ def make_distill_loss(
       ``distill_weight`` x the KL term, one forward pass (:class:`WeightedSumLoss`).
 
     The student's score is the cosine, as for InfoNCE (the library's default is the dot product,
-    the same for a model that normalises, like MiniLM); the teacher's scores come as written (the
-    hybrid teacher's are in ``[0, 2]``)."""
+    the same for a model that normalises, like MiniLM); the teacher's scores come as written (a
+    cross-encoder's logits)."""
     from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
     from sentence_transformers.util import pairwise_cos_sim
 

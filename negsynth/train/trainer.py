@@ -290,7 +290,7 @@ def resolve_mini_batch_size(config: TrainConfig, per_device: int, device_type: s
 
 
 #: the setting that writes teacher scores, named where a distillation loss finds none
-TEACHER_SETTING = 'corpus.teacher = "hybrid", "llm-likelihood", "hybrid+llm-likelihood" or "cross-encoder"'
+TEACHER_SETTING = 'corpus.teacher = "cross-encoder" (corpus.teacher_model = a CrossEncoder name or folder)'
 
 
 def check_teacher_labels(ds, loss: str, negatives: int) -> None:
@@ -299,7 +299,7 @@ def check_teacher_labels(ds, loss: str, negatives: int) -> None:
     if "label" not in ds.column_names:
         raise ValueError(
             f"train.loss = {loss!r} learns from a teacher's scores, and the curriculum has none: "
-            f"make the examples with {TEACHER_SETTING} (corpus.negatives = \"mined\") and rebuild the curriculum, or use train.loss = 'mnrl'"
+            f"make the examples with {TEACHER_SETTING} and rebuild the curriculum, or use train.loss = 'mnrl'"
         )
     if negatives < 1:
         raise ValueError(f"train.loss = {loss!r} needs rows with negatives (anchor, positive, negative_1..K); the dataset has none")

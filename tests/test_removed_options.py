@@ -1,0 +1,123 @@
+"""Options removed from the package (measured to tie or trail; their figures stay in docs/): a run
+file or ``--set`` that still names one is refused in one line that says what to use instead, and
+the config hashes of the sections they left are what run dirs made before recorded, so those run
+dirs resume with no request paid again."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from negsynth.cli import app
+from negsynth.schemas.config import CorpusConfig, CurriculumConfig, RegenerateConfig
+from negsynth.schemas.config_io import config_hash
+
+# (section, key, value as TOML, what the line names as removed, what it says to use instead)
+REMOVED = [
+    ("corpus", "teacher", '"hybrid"', "teacher = 'hybrid'", 'use "cross-encoder" (with corpus.teacher_model) or "none"'),
+    ("corpus", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder"'),
+    ("corpus", "teacher", '"hybrid+llm-likelihood"', "teacher = 'hybrid+llm-likelihood'", 'use "cross-encoder"'),
+    ("corpus", "likelihood", '"embedded"', "likelihood", 'the teacher is corpus.teacher = "cross-encoder"'),
+    ("corpus", "negatives", '"mined"', "negatives", "corpus always mines its negatives"),
+    ("corpus", "negatives", '"mixed"', "negatives", "corpus always mines its negatives"),
+    ("corpus", "max_doc_chars", "400", "max_doc_chars", "which corpus no longer asks for; delete the key"),
+    ("corpus", "queries", '"llm+title"', "queries = 'llm+title'", 'use "llm" (or "title" / "sentence" alone'),
+    ("corpus", "queries", '"llm+sentence"', "queries = 'llm+sentence'", 'use "llm"'),
+    ("curriculum", "incomplete_batches", '"drop"', "incomplete_batches", "always train as short batches"),
+    ("curriculum", "balance", '"queries"', "balance", "a pass is every example once"),
+    ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
+    ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
+]
+
+
+@pytest.mark.parametrize("section, key, value, named, instead", REMOVED, ids=[f"{s}.{k}={v}" for s, k, v, *_ in REMOVED])
+@pytest.mark.parametrize("where", ["file", "set"])
+def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, section, key, value, named, instead, where):
+    if where == "file":
+        f = tmp_path / "run.toml"
+        f.write_text(f"[{section}]\n{key} = {value}\n")
+        args = ["config", "-c", str(f)]
+    else:
+        args = ["config", "--set", f"{section}.{key}={value}"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    line = r.output.strip()
+    assert "\n" not in line, line
+    assert f"[{section}] {named} was removed (measured no gain: docs/corpus.md); " in line and instead in line, line
+
+
+# (section, its hash as a value, its hash inside a stage's parts dict, which reads its repr): the
+# figures of the code before the options left
+PINNED = [
+    (CorpusConfig(), "5466fa1404086ff1", "21df7691f2b47936"),
+    (
+        CorpusConfig(
+            teacher="cross-encoder",
+            teacher_model="m",
+            teacher_k=3,
+            queries="sentence",
+            queries_per_doc=2,
+            candidates="hybrid",
+            round_trip_k=5,
+        ),
+        "d5e65820b1398393",
+        "47d3ed8e23fa22b7",
+    ),
+    (RegenerateConfig(), "d25c71042daa8066", "80cdbaeefd0c6e77"),
+    (RegenerateConfig(negatives="mined", mine=20, teacher="cross-encoder", teacher_model="m"), "0ff5b20f93879ee4", "7e907706a2fc25ce"),
+    (CurriculumConfig(), "305f0e5b36bc429a", "54cea7ac60d4ddc0"),
+    (CurriculumConfig(schedule="tuple", epochs=2, instructions="off"), "fda436c5860bd4a1", "691e1969071040f5"),
+]
+
+
+@pytest.mark.parametrize(
+    "section, as_value, in_parts", PINNED, ids=["corpus", "corpus-set", "regenerate", "regenerate-set", "curriculum", "curriculum-set"]
+)
+def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):
+    assert config_hash(section) == as_value
+    assert config_hash({"x": section}) == in_parts
+
+
+def test_the_whole_run_config_hashes_as_before():
+    import negsynth.stages  # noqa: F401 - registers the stage sections
+    from negsynth.schemas.config_io import load_config
+
+    cfg = load_config()
+    assert config_hash(cfg) == "aaf728cb2ea2bac3" and config_hash({"x": cfg}) == "5b51bfbfadb0aeee"
+
+
+@pytest.mark.parametrize(
+    "corpus, pinned",
+    [
+        ({}, "891884e32fa1bfac"),
+        ({"teacher": "cross-encoder", "teacher_model": "m", "candidates": "hybrid"}, "042c8612bd78160a"),
+        ({"queries": "sentence", "queries_per_doc": 2}, "49265787a83b25a2"),
+    ],
+    ids=["defaults", "cross-encoder-hybrid", "sentence"],
+)
+def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, monkeypatch, corpus, pinned):
+    """The whole digest of a corpus run (section, LLM, prompts, documents, embedder)."""
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.corpus import config_digest
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    for i in range(6):
+        (tmp_path / "docs" / f"{i}.md").write_text(f"# Note {i}\n\nThe note number {i} is about tides and moons.\n")
+    cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": "docs"}], **corpus}})
+    assert config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run")) == pinned
+
+
+@pytest.mark.parametrize(
+    "regenerate, pinned",
+    [({}, "bf31e68f6eec1198"), ({"negatives": "mined", "mine": 20, "teacher": "cross-encoder", "teacher_model": "m"}, "e2012a89f2639a14")],
+    ids=["llm", "mined-cross-encoder"],
+)
+def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, regenerate, pinned):
+    from negsynth.pipeline.context import StageContext
+    from negsynth.schemas.config import RunConfig
+    from negsynth.stages.regenerate import Regenerate
+
+    cfg = RunConfig.model_validate({"regenerate": regenerate})
+    assert Regenerate(StageContext(cfg=cfg, run_dir=tmp_path / "run")).config_digest() == pinned
