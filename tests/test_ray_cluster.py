@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,7 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd
             write_generate(sd, shards)
             ctx = make_ctx(sd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
             ctx.cfg.embedder.batch_size = 1  # parts of 8 texts: several parts for the two workers
-            ctx.embedder = FakeEmbedder(cos)
+            ctx = replace(ctx, embedder=FakeEmbedder(cos))
             score = get("score")
             stats[name] = run_stage(score, ctx) if name == "one" else run_stage(score, ctx, executor=RayExecutor(2, cluster.address))
             d = sd / "score"
@@ -256,8 +257,7 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
         write_generate(d, shards)
         ctx = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         ctx.cfg.embedder.batch_size = 1
-        ctx.embedder = emb
-        return ctx
+        return replace(ctx, embedder=emb)
 
     run_stage(get("score"), score_in(tmp_path / "one", FakeEmbedder(cos)))
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)  # negsynth uses this connection

@@ -99,14 +99,14 @@ def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, mo
     """The whole digest of a corpus run (section, LLM, prompts, documents, embedder)."""
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.corpus import config_digest
+    from negsynth.stages.corpus import STAGE
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs").mkdir()
     for i in range(6):
         (tmp_path / "docs" / f"{i}.md").write_text(f"# Note {i}\n\nThe note number {i} is about tides and moons.\n")
     cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": "docs"}], **corpus}})
-    assert config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run")) == pinned
+    assert STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"] == pinned
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, mo
 def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, regenerate, pinned):
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.regenerate import Regenerate
+    from negsynth.stages.regenerate import STAGE
 
     cfg = RunConfig.model_validate({"regenerate": regenerate})
-    assert Regenerate(StageContext(cfg=cfg, run_dir=tmp_path / "run")).config_digest() == pinned
+    assert STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"] == pinned

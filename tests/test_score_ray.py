@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by
         write_generate(rd, shards)
         ctx = make_ctx(rd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         ctx.cfg.embedder.batch_size = 1  # parts of 8 texts: several parts for two workers
-        ctx.embedder = FakeEmbedder(cos)
+        ctx = replace(ctx, embedder=FakeEmbedder(cos))
         stats[name] = run_stage(SCORE, ctx) if name == "one" else run_stage(SCORE, ctx, executor=RayExecutor(2))
         out[name] = outputs(rd)
     assert seen and seen[0] >= 2  # the block went to the workers in several parts
@@ -94,7 +95,7 @@ def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, fake_by_va
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     write_generate(tmp_path, [[example()]])
     ctx = make_ctx(tmp_path)
-    ctx.embedder = FakeEmbedder(HAND)
+    ctx = replace(ctx, embedder=FakeEmbedder(HAND))
     with pytest.raises(UserError, match=r"--workers 3: the Ray cluster has 2 CPU\(s\) .*use --workers 2"):
         run_stage(SCORE, ctx, executor=RayExecutor(3))  # the third actor would wait for a CPU forever
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
@@ -171,8 +172,7 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     def ctx_for(d, emb):
         c = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         c.cfg.embedder.batch_size = 1
-        c.embedder = emb
-        return c
+        return replace(c, embedder=emb)
 
     run_stage(SCORE, ctx_for(ref, FakeEmbedder(cos)))
     emb = StuckOnRestart(cos) if stuck else SlowFake(cos)

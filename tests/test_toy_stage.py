@@ -49,19 +49,17 @@ class Toy(pipeline.LLMStage):
     def schema(self, item):
         return {"type": "object", "properties": {"fact": {"type": "string"}}, "required": ["fact"]}
 
-    def validator(self, item):
-        def check(obj):
-            fact = obj.get("fact") if isinstance(obj, dict) else None
-            if not isinstance(fact, str) or item.payload["topic"] not in fact:
-                raise ValidationFailure("off_topic", f"the fact must name {item.payload['topic']}")
-            return fact
-        return check
+    def parse(self, item, answer):
+        fact = answer.get("fact") if isinstance(answer, dict) else None
+        if not isinstance(fact, str) or item.payload["topic"] not in fact:
+            raise ValidationFailure("off_topic", f"the fact must name {item.payload['topic']}")
+        return fact
 
     def record(self, item, value, result):
         return {"id": item.id, "topic": item.payload["topic"], "fact": value, "usage": result.usage.model_dump()}
 
 
-STAGE = Toy.declare()
+STAGE = Toy()
 '''
 
 

@@ -64,7 +64,7 @@ def _execute(name: str, opts: Options, ctx) -> dict:
 
     stage = get(name)
     executor = executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD)
-    executor.check(stage)
+    executor.check(stage, ctx.cfg)
     return run_stage(stage, ctx, executor=executor)
 
 
@@ -326,8 +326,10 @@ def evaluate(
         ctx.cfg.evaluate.model = model
     if baseline is not None:
         ctx.cfg.evaluate.baseline = baseline
-    ctx.require_data = True
-    _emit_llm(_execute("evaluate", opts, ctx), opts.json_out)
+    stats = _execute("evaluate", opts, ctx)
+    if stats.get("skipped"):  # no evaluation data: the line says where to get some
+        raise UserError(stats["reason"])
+    _emit_llm(stats, opts.json_out)
 
 
 #: the commands :func:`method_commands` made, by stage name
@@ -339,6 +341,7 @@ def method_commands(commands: list) -> list:
     NAME`` runs the stage with the shared options (an LLM stage's workers, mode and budgets; a stage
     that splits, the executor's), as the method's own commands do; a command made for a stage no
     longer in ``METHOD`` goes. A stage that needs options of its own declares its command here."""
+    from negsynth.pipeline import LLMStage
     from negsynth.stages import METHOD
 
     names = {s.name for s in METHOD}
@@ -354,7 +357,7 @@ def method_commands(commands: list) -> list:
 
         command.__name__ = stage.name
         command.__doc__ = f"Stage {stage.name}: {stage.summary} -> RUN_DIR/{stage.name}/."
-        stage_command(stage.name, llm=stage.llm is not False, ray=stage.shardable)(command)
+        stage_command(stage.name, llm=isinstance(stage, LLMStage), ray=stage.shardable)(command)
         _GENERIC[stage.name] = commands[-1]
     return commands
 

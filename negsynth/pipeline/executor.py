@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from negsynth.data.shards import atomic_write_json
@@ -27,6 +28,7 @@ from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
 from negsynth.pipeline.lock import hold
+from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.stage import (
@@ -34,7 +36,7 @@ from negsynth.pipeline.stage import (
     check_inputs,
     check_manifest_entry,
     check_writable,
-    manifest_entry,
+    entry_of,
     record_finished,
     unfinished,
     up_to_date,
@@ -42,11 +44,10 @@ from negsynth.pipeline.stage import (
 from negsynth.schemas.config import RunConfig
 
 
-def split_stages(method: Sequence[Stage]) -> tuple[str, ...]:
-    """The stages ``--executor ray`` splits: those whose work splits into ranks
-    (``Stage.shardable``), then those whose embedding it spreads over workers (``Stage.embeds``;
-    the stage itself runs in one process), each once, in the method's order."""
-    return tuple(dict.fromkeys([s.name for s in method if s.shardable] + [s.name for s in method if s.embeds]))
+def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
+    """The stages ``--executor ray`` spreads over its workers under ``cfg``: those that split into
+    ranks (``shardable``, calling the LLM), and those whose heavy work is embedding, in order."""
+    return tuple(s.name for s in method if (s.shardable and s.uses_llm(cfg)) or s.embeds(cfg))
 
 
 class LocalExecutor:
@@ -54,7 +55,7 @@ class LocalExecutor:
 
     name = "local"
 
-    def check(self, stage: Stage) -> None:
+    def check(self, stage: Stage, cfg: RunConfig) -> None:
         """Every stage runs locally."""
 
     def world_size(self, stage: Stage, cfg: RunConfig) -> int:
@@ -66,8 +67,9 @@ class LocalExecutor:
         return True
 
     @contextmanager
-    def around(self, stage: Stage, ctx: StageContext) -> Iterator[dict]:
-        yield {}
+    def around(self, stage: Stage, ctx: StageContext) -> Iterator[tuple[StageContext, dict]]:
+        """The context the stage runs with, and what to add to its stats."""
+        yield ctx, {}
 
     def run(self, stage: Stage, ctx: StageContext) -> dict:
         return stage.run(ctx)
@@ -83,9 +85,9 @@ class RayExecutor(LocalExecutor):
         self.address = address
         self.method = method  # the method's stages, to name those that split in a refusal
 
-    def check(self, stage: Stage) -> None:
-        if not (stage.shardable or stage.embeds):
-            split = split_stages(self.method)
+    def check(self, stage: Stage, cfg: RunConfig) -> None:
+        if stage.name not in split_stages([stage], cfg):
+            split = split_stages(self.method, cfg)
             hint = f" (it splits: {', '.join(split)})" if split else ""
             raise UserError(f"--executor ray: {stage.name} does not split into Ray workers; run it without --executor{hint}")
 
@@ -99,13 +101,13 @@ class RayExecutor(LocalExecutor):
         return stage is not None and self.world_size(stage, cfg) == 1
 
     @contextmanager
-    def around(self, stage: Stage, ctx: StageContext) -> Iterator[dict]:
+    def around(self, stage: Stage, ctx: StageContext) -> Iterator[tuple[StageContext, dict]]:
         """A stage's encoding on the Ray workers (score, mining, corpus's index) and, on a cluster
         of several nodes, one embedded fleet per node."""
         from negsynth.pipeline.ray_executor import around
 
-        with around(stage, ctx, workers=self.workers, address=self.address) as extra:
-            yield extra
+        with around(stage, ctx, workers=self.workers, address=self.address) as done:
+            yield done
 
     def run(self, stage: Stage, ctx: StageContext) -> dict:
         """A stage that splits as ``workers`` ranks, its stats summed; any other here."""
@@ -138,38 +140,34 @@ def run_stage(
     from another config are refused unless ``--overwrite`` (the one manifest check of the run);
     the embedded LLM server runs around a stage that calls the LLM (``start_llm``: a server the
     run shares, started on first use); the stats of its ranks are written atomically to
-    ``RUN_DIR/<stage>/stats.json``; a stage that finished is recorded in the manifest with its
-    outputs' sizes and hashes; its summary is printed; its stats are returned.
+    ``RUN_DIR/<stage>/stats.json`` (an ``--overwrite`` still pending: beside its new outputs); a
+    stage that finished is recorded in the manifest with its outputs' sizes and hashes; its
+    summary is printed; its stats are returned.
 
     The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`): a second process on
     it stops with one line, nothing sent."""
     executor = executor or LocalExecutor()
     with hold(ctx.run_dir, warn=ctx.reporter.warn):
-        ctx.rank, ctx.world_size = 0, executor.world_size(stage, ctx.cfg)
-        try:
-            check_inputs(stage, ctx)
-            entry = manifest_entry(stage, ctx)
-            stats = up_to_date(stage, ctx, entry)
-            if stats is None:
-                check_writable(ctx.run_dir / stage.name)
-                if entry is not None:
-                    check_manifest_entry(stage, ctx, entry)
-                in_process = executor.in_process(stage, ctx.cfg)
-                with executor.around(stage, ctx) as extra, stage_endpoint(stage, ctx, start_llm, in_process=in_process) as url:
-                    if url:
-                        ctx.base_url = url
-                    stats = executor.run(stage, ctx)
-                stats = {**stats, **extra}
-                write_stats(stage, ctx, stats)
-                record_finished(stage, ctx, entry, stats)
-            print_report(stage, ctx, stats)
-            return stats
-        finally:
-            ctx.made_from = None  # this stage's: a later stage on the same context computes its own
+        ctx = replace(ctx, rank=0, world_size=executor.world_size(stage, ctx.cfg))
+        check_inputs(stage, ctx)
+        entry = entry_of(stage.made_from(ctx))
+        stats, ctx = up_to_date(stage, ctx, entry)
+        if stats is None:
+            check_writable(ctx.run_dir / stage.name)
+            if entry is not None:
+                check_manifest_entry(stage, ctx, entry)
+            with executor.around(stage, ctx) as (ctx, extra), stage_endpoint(stage, ctx, start_llm, executor) as ctx:
+                stats = executor.run(stage, ctx)
+            stats = {**stats, **extra}
+            write_stats(stage, ctx, stats)
+            record_finished(stage, ctx, entry, stats)
+        print_report(stage, ctx, stats)
+        return stats
 
 
 def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    path = ctx.stage_dir(stage.name) / "stats.json"
+    folder = staging_dir(ctx.run_dir, stage.name) if stats.get("overwrite_pending") else ctx.run_dir / stage.name
+    path = folder / "stats.json"
     try:
         atomic_write_json(path, stats)
     except OSError as e:
@@ -184,18 +182,15 @@ def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
 
 
 @contextmanager
-def stage_endpoint(
-    stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None, *, in_process: bool = True
-) -> Iterator[str | None]:
-    """Where a stage's requests go: ``ctx.base_url`` when the caller already has an endpoint, else
-    the run's shared embedded server (``start_llm``, started on first use, set as ``ctx.base_url``),
-    else an embedded server for the block, whose URL is yielded (None otherwise). ``in_process``:
-    the requests are sent from this process (False: Ray's ranks send them)."""
-    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
+def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None, executor: LocalExecutor) -> Iterator[StageContext]:
+    """``ctx`` with where a stage's requests go: the endpoint the caller already has, else the
+    run's shared embedded server (``start_llm``, started on first use), else an embedded server
+    for the block (``llm.base_url = "embedded"``), else the configured URL as it is."""
+    needed = stage.uses_llm(ctx.cfg) and ctx.base_url is None
     if needed and start_llm is not None:
-        ctx.base_url, needed = start_llm(), False
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=in_process) as url:
-        yield url
+        ctx, needed = replace(ctx, base_url=start_llm()), False
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=executor.in_process(stage, ctx.cfg)) as url:
+        yield replace(ctx, base_url=url) if url else ctx
 
 
 def run_stages(
@@ -218,7 +213,7 @@ def run_stages(
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     executor = executor or LocalExecutor()
-    llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
+    llm_idx = [i for i, s in enumerate(stages) if s.uses_llm(cfg)]
     budget = budget or Budget()
     out: dict[str, dict] = {}
     with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
@@ -234,6 +229,8 @@ def run_stages(
             ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
             reporter.info(f"[bold]== {stage.name}[/]")
             out[stage.name] = st = run_stage(stage, ctx, executor=executor, start_llm=start_llm)
+            if st.get("skipped"):  # evaluate with no data to read: the line says where to get some
+                reporter.warn(st.get("reason", f"{stage.name} skipped"))
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
                 budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
             if unfinished(st):

@@ -32,6 +32,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -433,39 +434,47 @@ class RaySentenceModel:
         return self._encode("query", inputs, **kw)
 
 
-@contextlib.contextmanager
-def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
-    """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
-    :class:`RayEmbedder` over ``workers`` actors, and one that mines through
-    ``ctx.mining_model_factory`` a :class:`RaySentenceModel` over ``workers`` actors holding the
-    model mining loads (either started only when the stage asks; stopped on exit).
-    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
-    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
-    if ctx.cfg.embedder.devices is not None:
-        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
-    given, made = ctx.embedder, []
+class RayEmbedding:
+    """``ctx.embedding`` under ``--executor ray``: makes a stage's ``[embedder]`` (a
+    :class:`RayEmbedder`) and the model mining loads (a :class:`RaySentenceModel`), each over
+    ``workers`` actors started when the stage asks (:meth:`StageContext.load_embedder
+    <negsynth.pipeline.context.StageContext.load_embedder>`), stopped by :meth:`close`. An embedder
+    the caller already held (``given``) is copied to the actors instead of loading ``[embedder]``."""
 
-    def factory(embedder_cfg):
-        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
-        made.append(emb)
-        ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+    def __init__(self, reporter, *, workers: int, address: str | None, given: Any = None):
+        self.reporter, self.workers, self.address, self.given = reporter, workers, address, given
+        self.made: list[RayEmbedder] = []
+
+    def embedder(self, embedder_cfg) -> RayEmbedder:
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=self.given)
+        self.made.append(emb)
+        self.reporter.info(f"embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
-    def mining_factory(embedder_cfg):
+    def mining_model(self, embedder_cfg) -> RaySentenceModel:
         from negsynth.embed.mining import check_mining_embedder
 
         check_mining_embedder(embedder_cfg)  # before any actor starts
-        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, raw=True)
-        made.append(emb)
-        ctx.reporter.info(f"mining: embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, raw=True)
+        self.made.append(emb)
+        self.reporter.info(f"mining: embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return RaySentenceModel(emb, emb.info)
 
-    ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = None, factory, mining_factory
-    try:
-        yield ctx
-    finally:
-        ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = given, None, None
-        for emb in made:
+    def close(self, nodes: list | None = None) -> None:
+        for emb in self.made:
             if nodes is not None:  # where each actor last answered (a restarted one: its new node)
                 nodes.extend(emb.nodes)
             emb.close()
+
+
+@contextlib.contextmanager
+def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
+    """``ctx`` with its embedding on ``workers`` Ray actors (:class:`RayEmbedding`) for the block;
+    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
+    if ctx.cfg.embedder.devices is not None:
+        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
+    embedding = RayEmbedding(ctx.reporter, workers=workers, address=address, given=ctx.embedder)
+    try:
+        yield replace(ctx, embedder=None, embedding=embedding)
+    finally:
+        embedding.close(nodes)

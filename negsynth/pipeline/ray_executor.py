@@ -50,6 +50,7 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -151,29 +152,29 @@ def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
     (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
     LLM ranks (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
     ``negatives = "mined"``, whose one heavy part is the mining)."""
-    return stage.embeds_with(cfg) and not splits(stage, cfg)
+    return stage.embeds(cfg) and not splits(stage, cfg)
 
 
 def splits(stage: Stage, cfg: RunConfig) -> bool:
     """Whether ``--executor ray`` runs ``stage`` as ranks: it splits and calls the LLM under ``cfg``."""
-    return stage.shardable and stage.needs_llm(cfg)
+    return stage.shardable and stage.uses_llm(cfg)
 
 
 @contextlib.contextmanager
-def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[dict]:
+def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[tuple[StageContext, dict]]:
     """What a stage runs inside under ``--executor ray``: its embedding on ``workers`` Ray actors
     when it embeds in the driver (:func:`ray_embedding`), one embedded fleet per node on a cluster
-    of several (:func:`cluster_endpoint`); yields what to add to its stats."""
+    of several (:func:`cluster_endpoint`); yields the context it runs with and what to add to its
+    stats."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     with contextlib.ExitStack() as stack:
         extra: dict[str, Any] = {}
         if embeds_in_driver(stage, ctx.cfg):
             nodes: list[str] = []  # filled when the actors stop: where each last answered
-            stack.enter_context(ray_embedding(ctx, workers=workers, address=address, nodes=nodes))
+            ctx = stack.enter_context(ray_embedding(ctx, workers=workers, address=address, nodes=nodes))
             extra = {"executor": "ray", "workers": workers, "ray_nodes": nodes}
-        stack.enter_context(cluster_endpoint(stage, ctx, address))
-        yield extra
+        yield stack.enter_context(cluster_endpoint(stage, ctx, address)), extra
 
 
 def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | None, max_retries: int = 3) -> dict:
@@ -183,11 +184,10 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
         return stage.run(ctx)
     ray = connect(address)
     embedded: list[str] = []
-    if stage.prepare is not None:  # once here, before the ranks: the mining, the --overwrite staging
-        with (
-            ray_embedding(ctx, workers=workers, address=address, nodes=embedded) if stage.embeds_with(ctx.cfg) else contextlib.nullcontext()
-        ):
-            stage.prepare(ctx)
+    # once here, before the ranks: the mining (its embedding on the workers), the --overwrite staging
+    near = ray_embedding(ctx, workers=workers, address=address, nodes=embedded) if stage.embeds(ctx.cfg) else contextlib.nullcontext(ctx)
+    with near as here:
+        stage.prepare(here)
     task = ray.remote(max_retries=max_retries)(_rank)
     ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
@@ -308,19 +308,15 @@ def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
 
 
 @contextlib.contextmanager
-def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[str | None]:
-    """On a Ray cluster of several nodes, the embedded LLM as one fleet per node
-    (:func:`negsynth.pipeline.ray_fleets.node_fleets`), set as ``ctx.base_url`` for the block and
-    yielded; else None and nothing changes (one node: the driver's fleet, as in one process). A new
-    local Ray node (no ``--address`` / ``$RAY_ADDRESS``) is one node: nothing is asked of Ray."""
+def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[StageContext]:
+    """On a Ray cluster of several nodes, ``ctx`` with the embedded LLM as one fleet per node
+    (:func:`negsynth.pipeline.ray_fleets.node_fleets`) for the block; else ``ctx`` as it is (one
+    node: the driver's fleet, as in one process). A new local Ray node (no ``--address`` /
+    ``$RAY_ADDRESS``) is one node: nothing is asked of Ray."""
     from negsynth.pipeline import ray_fleets
 
     if not ray_fleets.wanted(stage, ctx) or ray_address(address) == "local":
-        yield None
+        yield ctx
         return
     with ray_fleets.node_fleets(stage, ctx, connect(address)) as url:
-        before, ctx.base_url = ctx.base_url, url or ctx.base_url
-        try:
-            yield url
-        finally:
-            ctx.base_url = before
+        yield replace(ctx, base_url=url) if url else ctx

@@ -56,7 +56,7 @@ def alive_nodes(ray) -> list[str]:
 
 def wanted(stage, ctx) -> bool:
     """Whether the stage needs the embedded LLM and nothing has given it an endpoint yet."""
-    return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.needs_llm(ctx.cfg)
+    return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.uses_llm(ctx.cfg)
 
 
 @contextlib.contextmanager

@@ -223,6 +223,7 @@ class ShardedRunner:
         self,
         ctx: StageContext,
         stage: str,
+        folder: Path,
         *,
         concurrency: int,
         budget_check: Callable[[], str | None] | None = None,
@@ -232,7 +233,7 @@ class ShardedRunner:
     ):
         self.ctx = ctx
         self.stage = stage
-        self.dir = ctx.stage_dir(stage)
+        self.dir = folder
         self.concurrency = max(1, concurrency)
         self.budget_check = budget_check or (lambda: None)
         #: ``await again(index)`` for an item that failed at the transport level: True (after a
@@ -297,9 +298,7 @@ class ShardedRunner:
         mine = self._mine(n_items)
         return not all(self._final(s).exists() for s in mine)
 
-    async def run(
-        self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None
-    ) -> RunReport:
+    async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]]) -> RunReport:
         """Every item of this worker's shards through ``process``, ``concurrency`` at a time:
         finished shards are counted, not redone, and a partial shard resumes where it stopped."""
         t0 = time.monotonic()
@@ -316,7 +315,7 @@ class ShardedRunner:
             run.queue.put_nowait(it)
         run.n_workers = min(self.concurrency, max(1, len(run.todo)))
         run.left = len(run.todo)
-        with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
+        with self.ctx.reporter.progress(self.stage, total_items) as bar:
             bar.update(advance=run.done_items, valid=run.rep.valid, rejected=run.rep.rejected)
             try:
                 if run.todo:
@@ -458,7 +457,7 @@ class ShardedRunner:
             return None
         if self.verdict is not None:
             return self.verdict(rep, held) if held else None
-        return failure_message(self.stage, rep, self.ctx)
+        return failure_message(self.stage, rep, self.ctx, self.dir)
 
     def _shard_stats(self, s: int) -> dict:
         p = self.dir / "_shards" / f"{s:05d}.json"
@@ -477,7 +476,7 @@ class ShardedRunner:
         return list_shards(self.dir)
 
 
-def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None:
+def failure_message(stage: str, rep: RunReport, ctx: StageContext, folder: Path) -> str | None:
     """One line when a stage produced nothing usable: the counts and the likely cause."""
     cfg = ctx.cfg.llm
     url = ctx.base_url or cfg.base_url
@@ -494,11 +493,11 @@ def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None
     elif not any(rep.usage.get(k) for k in ("attempts", "requests", "cached")):  # no LLM involved (mined negatives)
         top = rep.reasons.most_common(1)[0][0] if rep.reasons else ""
         first = f"{top}: {rep.details[top]}; " if rep.details.get(top) else ""
-        hint = f"no LLM request was made; {first}every reject with its reason is in {ctx.stage_dir(stage)}/rejects/"
+        hint = f"no LLM request was made; {first}every reject with its reason is in {folder}/rejects/"
     else:
         hint = (
             f"the model {cfg.model!r} at {url} answers but never validly; check llm.model (a chat/instruct "
-            f"model?) and llm.structured_output, and read {ctx.stage_dir(stage)}/rejects/"
+            f"model?) and llm.structured_output, and read {folder}/rejects/"
         )
     if rep.valid == 0:
         return f"{stage}: 0 valid outputs of {rep.items} items ({what}): {hint}"

@@ -1,11 +1,12 @@
 """The MGH method, stage by stage, in the order ``negsynth run`` runs them.
 
-Each stage module implements only its own loop, ``run(ctx) -> stats``, its ``fingerprint(ctx)``
-and its summary, ``report(stats)`` (an LLM stage also its ``estimate(ctx, tally)``, the requests
-``negsynth estimate`` counts), and declares them in one ``STAGE = Stage(...)``
-(:class:`negsynth.pipeline.stage.Stage`); what every stage shares (input checks, reusing
-finished work, the embedded LLM server, writing ``stats.json``, printing the summary) is the contract in
-:mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
+Each stage module subclasses :class:`negsynth.pipeline.Stage` (an LLM stage
+:class:`negsynth.pipeline.LLMStage`) and ends with ``STAGE = MyStage()``: its loop (``run``),
+what its outputs are made from (``made_from``), its summary (``report``) and, for an LLM stage,
+its items and requests (``plan``, ``messages``, ``schema``, ``parse``, ``record``). What every
+stage shares (input checks, reusing finished work, the embedded LLM server, writing
+``stats.json``, printing the summary) is :func:`negsynth.pipeline.run_stage`. A newcomer reads
+the method here, top to bottom:
 
 ==============  ==========================================================  ========  ========
 stage           makes                                                       LLM       relaunch
@@ -99,11 +100,4 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-def splitting() -> tuple[str, ...]:
-    """The stages ``--executor ray`` splits (:func:`negsynth.pipeline.executor.split_stages` of :data:`METHOD`)."""
-    from negsynth.pipeline import split_stages
-
-    return split_stages(METHOD)
-
-
-__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage", "splitting"]
+__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]

@@ -44,7 +44,7 @@ inputs is refused unless ``--overwrite`` (manifest config hash).
 """
 
 from negsynth.stages.score.measure import FLAGS, NAME, PAPER_TABLE4, apply_policy, fn_threshold, kendall_tau_claimed, measure
-from negsynth.stages.score.stage import STAGE, fingerprint, run
+from negsynth.stages.score.stage import STAGE, run
 from negsynth.stages.score.stats import report, summarize
 
 __all__ = [
@@ -58,6 +58,5 @@ __all__ = [
     "measure",
     "run",
     "summarize",
-    "fingerprint",
     "report",
 ]
