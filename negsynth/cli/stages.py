@@ -332,6 +332,15 @@ def evaluate(
     _emit_llm(stats, opts.json_out)
 
 
+def _generic(name: str):
+    """The command of a stage with none of its own: the stage, with the shared options only."""
+
+    def command(opts: Options) -> None:
+        _run(name, opts)
+
+    return command
+
+
 #: the commands :func:`method_commands` made, by stage name
 _GENERIC: dict[str, object] = {}
 
@@ -351,10 +360,7 @@ def method_commands(commands: list) -> list:
     for stage in METHOD:
         if stage.name in have:
             continue
-
-        def command(opts: Options, _name: str = stage.name) -> None:
-            _run(_name, opts)
-
+        command = _generic(stage.name)
         command.__name__ = stage.name
         command.__doc__ = f"Stage {stage.name}: {stage.summary} -> RUN_DIR/{stage.name}/."
         stage_command(stage.name, llm=isinstance(stage, LLMStage), ray=stage.shardable)(command)

@@ -155,7 +155,9 @@ class ScoreConfig(Section):
     """
 
     policy: Literal["annotate", "reorder", "filter", "measured"] = "measured"
-    inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate", "corpus"])  # absent stages are skipped
+    # the stages whose examples to score: "auto" = every stage of the method that makes examples (in
+    # its order; absent ones skipped), else a list of stage names
+    inputs: Literal["auto"] | list[str] = "auto"
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
@@ -191,7 +193,9 @@ class ScoreConfig(Section):
 
     @field_validator("inputs")
     @classmethod
-    def _inputs(cls, v: list[str]) -> list[str]:
+    def _inputs(cls, v: Literal["auto"] | list[str]) -> Literal["auto"] | list[str]:
+        if v == "auto":
+            return v
         if not v:
             raise ValueError('needs at least one input stage, e.g. ["generate"]')
         if "score" in v:

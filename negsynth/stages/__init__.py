@@ -51,6 +51,12 @@ METHOD: tuple[Stage, ...] = (
 )
 
 
+def example_stages() -> list[str]:
+    """The stages of :data:`METHOD` (read when called) whose records are examples and which make
+    them (``score`` reads them), in order."""
+    return [s.name for s in METHOD if s.examples and s.name != "score"]
+
+
 def get(name: str) -> Stage:
     """The stage called ``name`` (of :data:`METHOD`, read when called); one line listing the
     stages when there is none."""
@@ -100,4 +106,4 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage"]
+__all__ = ["METHOD", "Stage", "arun_pipeline", "example_stages", "get", "run_pipeline", "run_stage"]

@@ -21,8 +21,13 @@ from negsynth.schemas.records import Example, first_problem
 
 
 def input_stages(cfg) -> tuple[str, ...]:
-    """The stages whose examples score reads (``score.inputs``), in order."""
-    return tuple(cfg.score.inputs)
+    """The stages whose examples score reads, in order: ``score.inputs``, where ``"auto"`` is every
+    stage of the method that makes examples (:func:`negsynth.stages.example_stages`)."""
+    if cfg.score.inputs != "auto":
+        return tuple(cfg.score.inputs)
+    from negsynth.stages import example_stages  # the method, read when called (it lists this stage)
+
+    return tuple(example_stages())
 
 
 def input_shards(ctx: StageContext) -> list[tuple[str, Path]]:
@@ -73,10 +78,9 @@ def judge_fields_unhashed(cfg) -> set[str]:
 
 def scores_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
     """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
+    settings = ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)})
     parts: dict[str, Any] = {
-        "score": ctx.cfg.score.model_dump(
-            mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}
-        ),
+        "score": {**settings, "inputs": list(input_stages(ctx.cfg))},  # "auto" as the stages it names
         "embedder": embedder_fingerprint(ctx.cfg.embedder),
         "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
     }
