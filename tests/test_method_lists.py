@@ -61,10 +61,11 @@ def test_every_stage_has_its_command_in_the_method_order():
 
 def test_every_stage_section_is_a_section_of_the_run_file():
     """A stage's ``config`` class validates its ``[name]`` table: RunConfig's own field, or the
-    section the stage registered when declared (``run_config_class``)."""
+    section the method brings (``run_config_class(sections())``)."""
     from negsynth.schemas.config import RunConfig, run_config_class
+    from negsynth.stages import sections
 
-    fields = run_config_class().model_fields
+    fields = run_config_class(sections()).model_fields
     for s in METHOD:
         if s.config is not None and s.name in RunConfig.model_fields:
             assert fields[s.name].annotation is s.config, s.name

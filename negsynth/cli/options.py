@@ -181,8 +181,9 @@ class Options:
         from negsynth.pipeline.context import Budget, StageContext
         from negsynth.pipeline.progress import Reporter
         from negsynth.schemas.config_io import load_config
+        from negsynth.stages import sections
 
-        cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []))
+        cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []), sections())
         _check_run_dir(self.run_dir)
         return StageContext(
             cfg=cfg,

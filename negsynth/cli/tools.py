@@ -66,12 +66,13 @@ def estimate(
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
     from negsynth.schemas.config_io import load_config
+    from negsynth.stages import sections
 
     if run_file is not None and config is not None and run_file != config:
         raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
-    cfg = load_config(run_file or config, list(set_ or []))
+    cfg = load_config(run_file or config, list(set_ or []), sections())
     if inputs:
         from negsynth.schemas.config import CorpusSpec
 
@@ -125,11 +126,12 @@ def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt
     --config FILE's keys layered over them and then --set; each key the file or --set gave is
     marked with a comment (`# FILE`, `(= default)` when it repeats the built-in value)."""
     from negsynth.schemas.config_io import load_config, marked_toml
+    from negsynth.stages import sections
 
     if json_out:
-        typer.echo(json.dumps(load_config(config, set_ or []).model_dump(mode="json", exclude_none=True), indent=2))
+        typer.echo(json.dumps(load_config(config, set_ or [], sections()).model_dump(mode="json", exclude_none=True), indent=2))
         return
-    typer.echo(marked_toml(config, set_ or []), nl=False)
+    typer.echo(marked_toml(config, set_ or [], sections()), nl=False)
 
 
 def _show_inspect(report: dict) -> None:

@@ -117,7 +117,7 @@ class BudgetLedger:
 
 def _rank(
     stage: Stage,
-    cfg_json: dict,
+    cfg: tuple[dict, tuple],
     run_dir: str,
     rank: int,
     world_size: int,
@@ -129,11 +129,11 @@ def _rank(
     rate_ledger: Any = None,
 ) -> dict:
     """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (the Stage object travels with
-    the task). With ``ledger`` (a :class:`BudgetLedger` actor) its requests count against the
+    the task; ``cfg``: the run config's JSON and the sections of stages RunConfig does not list). With ``ledger`` (a :class:`BudgetLedger` actor) its requests count against the
     invocation's one budget; with ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger`
     actor) against one RPM / TPM."""
     ctx = StageContext(
-        cfg=run_config_class().model_validate(cfg_json),
+        cfg=run_config_class(cfg[1]).model_validate(cfg[0]),
         run_dir=Path(run_dir),
         overwrite=overwrite,
         rank=rank,
@@ -191,11 +191,12 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
     task = ray.remote(max_retries=max_retries)(_rank)
     ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
+    sections = tuple((n, f.annotation) for n, f in type(ctx.cfg).model_fields.items() if n not in RunConfig.model_fields)
     ledger, rates = _start_ledgers(ray, ctx)
     limits = (ctx.budget.max_requests, ctx.budget.max_tokens, ctx.budget.max_cost)
     run_dir = str(ctx.run_dir.resolve())
     refs = [
-        task.remote(stage, cfg_json, run_dir, k, workers, ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates)
+        task.remote(stage, (cfg_json, sections), run_dir, k, workers, ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates)
         for k in range(workers)
     ]
     try:

@@ -42,7 +42,7 @@ from negsynth.pipeline.manifest import (
 )
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
-from negsynth.schemas.config import RunConfig, register_section
+from negsynth.schemas.config import RunConfig
 
 Relaunch = Literal["resume", "rebuild", "always"]
 
@@ -61,7 +61,8 @@ class Stage:
     ``[name]`` section of the run file), so a reader follows ``negsynth NAME`` into its module.
 
     It declares its ``name``, ``summary`` and ``config`` (the class of its section, ``cfg.<name>``)
-    and answers, from the run config, which stages it reads (:meth:`inputs`), whether it calls
+    (a stage :data:`~negsynth.stages.METHOD` adds brings its section to the run file with it:
+    :func:`negsynth.stages.sections`) and answers, from the run config, which stages it reads (:meth:`inputs`), whether it calls
     the LLM (:meth:`uses_llm`) and whether its heavy work is embedding with ``[embedder]``
     (:meth:`embeds`). It supplies its loop (:meth:`run`: ctx -> stats; heavy imports inside it),
     what its outputs are made from (:meth:`made_from`: what the manifest records and a relaunch
@@ -87,10 +88,6 @@ class Stage:
     examples: ClassVar[bool] = False
     shardable: ClassVar[bool] = False
     staged: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        if self.config is not None:  # a stage RunConfig does not list gets its [name] section of the run file
-            register_section(self.name, self.config)
 
     def section(self, cfg: RunConfig) -> Any:
         """Its section of the run file (``cfg.<name>``); the section's defaults where the run file

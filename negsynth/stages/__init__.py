@@ -51,6 +51,12 @@ METHOD: tuple[Stage, ...] = (
 )
 
 
+def sections() -> tuple[tuple[str, type], ...]:
+    """The run-file sections the method's stages declare (``Stage.config``, :data:`METHOD` read
+    when called): what ``load_config`` validates ``[name]`` with where RunConfig lists none."""
+    return tuple((s.name, s.config) for s in METHOD if s.config is not None)
+
+
 def example_stages() -> list[str]:
     """The stages of :data:`METHOD` (read when called) whose records are examples and which make
     them (``score`` reads them), in order."""
@@ -106,4 +112,4 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-__all__ = ["METHOD", "Stage", "arun_pipeline", "example_stages", "get", "run_pipeline", "run_stage"]
+__all__ = ["METHOD", "Stage", "arun_pipeline", "example_stages", "get", "run_pipeline", "run_stage", "sections"]
