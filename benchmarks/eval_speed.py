@@ -1,129 +1,159 @@
-"""Evaluation speed and score of the encoder backends side by side (torch / ONNX / OpenVINO).
+"""Evaluation speed: the encoder backends side by side (same scores?), and what the results cache saves.
 
-Each backend's embedder is loaded once (its ONNX export, cached after the first run, is timed
-apart), then the evaluation runs ``--reps`` times per backend, interleaved (rep k of every backend,
-in a rotated order, before rep k+1) so a load spike on a shared CPU hits them alike. Reported per
-backend: median / min seconds, the speed-up over torch, the main score (nDCG@10 for retrieval) and
-its difference from torch, and the 1-minute load average before each rep (os.getloadavg).
+**Backend arms** ``BACKEND[@DEVICE[:DTYPE]]`` (``torch``, ``onnx``, ``onnx-int8``, ``openvino``,
+``torch@cuda``, ``torch@cuda:float32``; device cpu unless named): all-MiniLM-L6-v2 evaluated through
+``negsynth.evaluate_model`` with ``evaluate.backend`` / ``dtype`` and ``embedder.device`` set, in this
+process (``--threads`` torch threads). Reported per arm: the evaluation's own seconds (the report's,
+the model's load and an ONNX export left out), the speed-up over the first arm, each task's main
+score and its difference from the first arm's. A backend may replace torch as the default only
+when its scores equal torch's to the 4th decimal.
 
-    python benchmarks/eval_speed.py                                   # SciFact quick (100 q x 1,000 docs)
-    python benchmarks/eval_speed.py --suite full --reps 3 --out eval_speed.json   # 300 q x 5,183 docs
-    python benchmarks/eval_speed.py --backends torch,onnx --tasks SciFact,STSBenchmark
-    python benchmarks/eval_speed.py --queries 40 --docs 200           # a smaller SciFact cut (loaded machine)
+**Cache arms** ``no-cache`` / ``cache``: what the results cache saves a user, ``negsynth evaluate``
+of a newly trained model (MiniLM with every weight moved by seeded noise, ``--noise``) against its
+base, as whole commands: ``--no-cache`` (both models scored), and with ``NEGSYNTH_EVAL_CACHE_DIR`` a
+fresh copy of a folder where an earlier run stored the base's results (as after a new training).
+Reported: the command's wall time and whether both arms' reports hold the same scores.
 
-A backend may replace torch as the default only when its score equals torch's to the 4th decimal.
+Every arm runs ``--repeats`` times, order rotated (a load spike hits them alike); medians::
+
+    python benchmarks/eval_speed.py --arms torch,onnx,onnx-int8,openvino              # SciFact, quick suite
+    python benchmarks/eval_speed.py --arms torch,openvino --suite full --tasks SciFact,STSBenchmark,TRECClustering
+    python benchmarks/eval_speed.py --arms torch,torch@cuda,torch@cuda:float32 --suite full   # on a GPU
+    python benchmarks/eval_speed.py --arms no-cache,cache --tasks STSBenchmark,SICK-R,STS12,SciFact,MRPC,SICK-E,TREC,TRECClustering
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+
+import harness
+
+CACHE_ARMS = ("no-cache", "cache")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument(
-        "--backends",
-        default="torch,onnx,onnx-int8,openvino",
-        help="arms, the first the reference: BACKEND[@DEVICE[:DTYPE]] (device cpu unless named; e.g. torch,torch@cuda,torch@cuda:float32)",
-    )
-    ap.add_argument("--suite", default="quick", choices=["quick", "full"])
-    ap.add_argument("--tasks", default="SciFact")
-    ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--queries", type=int, default=None, help="retrieval: queries kept (quick suite's cut, overrides its cap)")
-    ap.add_argument("--docs", type=int, default=None, help="retrieval: corpus kept (judged documents of the kept queries + random others)")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2, help="torch / runtime threads")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--out", default=None, help="write the JSON results here")
-    args = ap.parse_args()
+def backend_arm(arm: str, a) -> dict:
+    """One evaluation of MiniLM with ``arm``'s backend, device and dtype."""
+    import negsynth
 
+    backend, _, where = arm.partition("@")
+    device, dtype = where or "cpu", "auto"  # auto: float32 on a CPU, bf16 / fp16 on a GPU
+    if ":" in device and not device.rsplit(":", 1)[1].isdigit():  # cuda:float32, cuda:1:float32
+        device, dtype = device.rsplit(":", 1)
+    sets = [f"evaluate.backend={backend}", f"evaluate.dtype={dtype}", f"embedder.device={device}", f"evaluate.batch_size={a.batch_size}"]
+    rep = negsynth.evaluate_model("default", a.tasks, suite=a.suite, overrides=sets, data_dir=a.data_dir)
+    if not rep["tasks"]:
+        sys.exit("eval_speed: no evaluation data: " + "; ".join(rep["notes"]))
+    return {"seconds": rep["seconds"], "cpu_seconds": rep["cpu_seconds"], "scores": {t: r["main_score"] for t, r in rep["tasks"].items()}}
+
+
+def perturbed_model(dest: Path, noise: float) -> str:
+    """MiniLM with every weight moved by seeded noise: a new model by content, as a training makes."""
     import torch
 
-    torch.set_num_threads(args.threads)
-    from negsynth.embed.st import SentenceTransformerEmbedder
-    from negsynth.evaluate import evaluate
+    m = harness.base_model("cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise)
+    m.save(str(dest))
+    return str(dest)
 
-    backends = args.backends.split(",")
-    tasks = args.tasks.split(",")
-    if args.queries or args.docs:  # a smaller cut through the quick suite's own subsampling (same seed)
-        from negsynth.evaluate.suite import TASKS_BY_NAME
 
-        args.suite = "quick"
-        for t in tasks:
-            spec = TASKS_BY_NAME[t]
-            object.__setattr__(
-                spec,
-                "quick",
-                {**spec.quick, **({"queries": args.queries} if args.queries else {}), **({"corpus": args.docs} if args.docs else {})},
-            )
-    embs, setup = {}, {}
-    for b in backends:
-        t0 = time.perf_counter()
-        backend, _, where = b.partition("@")  # an arm: BACKEND[@DEVICE[:DTYPE]], e.g. torch@cuda or torch@cuda:float32
-        device, dtype = where or "cpu", "auto"
-        if ":" in device and not device.rsplit(":", 1)[1].isdigit():  # cuda:float32, cuda:1:float32
-            device, dtype = device.rsplit(":", 1)
-        embs[b] = SentenceTransformerEmbedder.load("default", device=device, dtype=dtype, batch_size=args.batch_size, backend=backend)
-        embs[b].encode(["warm-up text"])
-        setup[b] = time.perf_counter() - t0
-        print(f"{b}: loaded (+ export if first run) in {setup[b]:.1f}s", flush=True)
+def cache_arm(arm: str, rep: int, a, tmp: Path) -> dict:
+    """``negsynth evaluate --model TRAINED --baseline BASE`` as a whole command, with or without the stored base results."""
+    env = dict(os.environ)
+    run_dir, cmd = tmp / f"run-{arm}-{rep}", ["--no-cache"]
+    if arm == "cache":
+        shutil.copytree(tmp / "warm", tmp / f"cache-{rep}")
+        env["NEGSYNTH_EVAL_CACHE_DIR"], cmd = str(tmp / f"cache-{rep}"), []
+    t0 = time.perf_counter()
+    evaluate(a, run_dir, a.trained, a.base, *cmd, env=env)
+    wall = time.perf_counter() - t0
+    reps = {n: json.loads((run_dir / "evaluate" / n).read_text()) for n in ("baseline.json", "report.json")}
+    return {"seconds": wall, "scores": {f"{n[:-5]}:{t}": r["main_score"] for n, rep_ in reps.items() for t, r in rep_["tasks"].items()}}
 
-    runs: dict[str, list[dict]] = {b: [] for b in backends}
-    for rep in range(args.reps):
-        order = backends[rep % len(backends) :] + backends[: rep % len(backends)]
-        for b in order:
-            load = os.getloadavg()[0]
-            rep_ = evaluate(embs[b], suite=args.suite, data_dir=args.data_dir, tasks=tasks, progress=False, announce=True)
-            if not rep_["tasks"]:
-                raise SystemExit("no evaluation data: " + "; ".join(rep_["notes"]))
-            row = {
-                "seconds": rep_["seconds"],
-                "cpu_seconds": rep_["cpu_seconds"],
-                "load1": round(load, 2),
-                "scores": {t: r["main_score"] for t, r in rep_["tasks"].items()},
-                "ndcg@10": {t: r["metrics"].get("ndcg@10") for t, r in rep_["tasks"].items()},
-            }
-            runs[b].append(row)
-            print(
-                f"rep {rep + 1} {b}: {row['seconds']:.1f}s (load {load:.1f}) "
-                + " ".join(f"{t}={100 * s:.4f}" for t, s in row["scores"].items()),
-                flush=True,
-            )
 
-    ref = runs[backends[0]][0]["scores"]
-    t_ref = statistics.median(r["seconds"] for r in runs[backends[0]])
-    summary = {}
-    cut = f" ({args.queries or '-'} queries x {args.docs or '-'} docs)" if args.queries or args.docs else ""
-    print(
-        f"\n{args.suite}{cut} {','.join(tasks)}; {args.reps} reps, interleaved; threads {args.threads}; load1 range "
-        f"{min(r['load1'] for v in runs.values() for r in v):.1f}-{max(r['load1'] for v in runs.values() for r in v):.1f}"
-    )
-    w = max(10, *(len(b) for b in backends))
-    print(f"{'backend':<{w}} {'median s':>9} {'min s':>7} {'speed-up':>8}  scores (delta vs {backends[0]})")
-    for b in backends:
-        med = statistics.median(r["seconds"] for r in runs[b])
-        scores = runs[b][0]["scores"]
-        deltas = {t: scores[t] - ref[t] for t in scores}
-        summary[b] = {
-            "median_s": med,
-            "min_s": min(r["seconds"] for r in runs[b]),
-            "speedup": t_ref / med,
-            "scores": scores,
-            "delta": deltas,
-            "same_to_4_decimals": all(round(scores[t], 4) == round(ref[t], 4) for t in scores),
-            "setup_s": setup[b],
-        }
-        print(
-            f"{b:<{w}} {med:>9.1f} {summary[b]['min_s']:>7.1f} {t_ref / med:>7.2f}x  "
-            + " ".join(f"{t} {100 * s:.4f} ({100 * deltas[t]:+.4f})" for t, s in scores.items())
+def evaluate(a, run_dir: Path, model: str, baseline: str, *extra: str, env: dict) -> None:
+    """``negsynth evaluate`` of ``model`` against ``baseline`` into ``run_dir``, quietly."""
+    args = [
+        "evaluate",
+        "-d",
+        str(run_dir),
+        "--model",
+        model,
+        "--baseline",
+        baseline,
+        "--suite",
+        a.suite,
+        "--tasks",
+        ",".join(a.tasks),
+        "--quiet",
+    ]
+    args += ["--data-dir", str(a.data_dir)] if a.data_dir else []
+    subprocess.run(harness.negsynth_cli(*args, *extra), check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def report(runs: dict[str, list[dict]], what: str) -> dict:
+    names = list(runs)
+    ref, t_ref = runs[names[0]][0]["scores"], harness.median(runs[names[0]], "seconds")
+    rows, summary = [], {}
+    for arm, rs in runs.items():
+        med, scores = harness.median(rs, "seconds"), rs[0]["scores"]
+        same = all(round(r["scores"][t], 4) == round(ref[t], 4) for r in rs for t in ref)
+        summary[arm] = {"median_s": med, "speedup": t_ref / med, "scores": scores, "same_to_4_decimals": same}
+        cells = " ".join(f"{t} {100 * s:.4f} ({100 * (s - ref[t]):+.4f})" for t, s in scores.items())
+        rows.append(
+            [arm, " / ".join(f"{r['seconds']:.1f}" for r in rs), f"{med:.1f}", f"{t_ref / med:.2f}x", "yes" if same else "NO", cells]
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "runs": runs, "summary": summary, "torch_threads": torch.get_num_threads()}, f, indent=1)
+    print(f"\n{what}\n")
+    print(harness.table(["arm", "s (reps)", "median s", "speed-up", f"same scores as {names[0]}", f"scores (Δ vs {names[0]})"], rows))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__)
+    ap.add_argument(
+        "--arms", default="torch,onnx,onnx-int8,openvino", help="BACKEND[@DEVICE[:DTYPE]] or no-cache / cache; the first the reference"
+    )
+    ap.add_argument("--suite", default="quick", choices=["quick", "full"])
+    ap.add_argument("--tasks", type=lambda v: [t for t in v.split(",") if t], default="SciFact")
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="backend arms: torch / runtime threads")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--noise", type=float, default=1e-3, help="cache arms: the std of the noise that makes the 'trained' model")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    start, out = harness.machine(), {}
+    if backends := [x for x in arms if x not in CACHE_ARMS]:
+        import torch
+
+        torch.set_num_threads(a.threads)
+        runs = harness.interleaved(backends, a.repeats, lambda arm, rep: backend_arm(arm, a))
+        out["backends"] = report(
+            runs, f"{a.suite} {','.join(a.tasks)}; {a.repeats} reps interleaved; {torch.get_num_threads()} torch threads"
+        )
+    if cached := [x for x in arms if x in CACHE_ARMS]:
+        import negsynth
+
+        with tempfile.TemporaryDirectory() as td:
+            tmp = Path(td)
+            a.base, a.trained = negsynth.model_path("default"), perturbed_model(tmp / "trained", a.noise)
+            evaluate(
+                a, tmp / "run-warm", a.base, "", env={**os.environ, "NEGSYNTH_EVAL_CACHE_DIR": str(tmp / "warm")}
+            )  # stores the base's results
+            runs = harness.interleaved(cached, a.repeats, lambda arm, rep: cache_arm(arm, rep, a, tmp))
+        out["cache"] = report(runs, f"negsynth evaluate of a new model against its base, {a.suite} {','.join(a.tasks)}; whole commands")
+    print(f"\nload at start {start['load']}, at end {harness.machine()['load']}; {start['cpus']} CPUs")
+    harness.write_record(a.json, a, start, **out)
 
 
 if __name__ == "__main__":

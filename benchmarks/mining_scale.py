@@ -1,246 +1,223 @@
-"""Mining search at corpus scale: FAISS vs exact torch top-k, on precomputed synthetic embeddings.
+"""Mining at scale: the search over corpora of 10k-1M documents (FAISS vs exact), and ``regenerate``'s
+mining on Ray workers against one process.
 
-What negsynth's mining does after encoding (``sentence_transformers.util.mine_hard_negatives``):
-score every query against the whole corpus and keep the ``k`` best per query. Two ways:
+**Search arms** (what mining does after encoding, as ``sentence_transformers.util.mine_hard_negatives``:
+every query scored against the whole corpus, the ``k`` best kept), on synthetic unit vectors
+(dimension 384, as MiniLM; each query a corpus row plus noise), every (size, arm, repetition) a
+fresh process so its peak memory is its own (``peak MB``: the peak RSS past the built vectors):
 
-* ``exact``   — the library's ``use_faiss=False`` path: torch matmul of a chunk of queries against
-  the corpus + ``torch.topk`` (chunks bounded to ~256 MB of scores, see ``--chunk-mb``);
-* ``faiss``   — the library's ``use_faiss=True`` path: ``faiss.IndexFlatIP`` (exact inner product,
-  BLAS + a heap), index build included;
-* ``ivf``     — an approximate ``IndexIVFFlat`` (nlist = 4·√N, nprobe = ``--nprobe``), k-means
-  training included: not what the library builds; opt-in (``--methods exact,faiss,ivf``) to show
-  the recall/time trade-off (structureless random vectors are its worst case).
+``exact``  the library's ``use_faiss=False`` path: torch matmul of a chunk of queries against the
+           corpus + ``torch.topk`` (chunks of ~``--chunk-mb`` of scores)
+``faiss``  the library's ``use_faiss=True`` path: ``faiss.IndexFlatIP`` (exact inner product)
+``ivf``    an approximate ``IndexIVFFlat`` (nlist 4 sqrt(N), ``--nprobe``), k-means included: not what
+           the library builds (structureless random vectors are its worst case); recall@k reported
 
-No model: corpus vectors are random normal rows normalised to unit length (dimension 384, as
-MiniLM); each query is a corpus row plus noise, so every query has a near "positive". Every
-(size, method, repetition) runs in a fresh subprocess, so its peak memory is its own: ``peak MB``
-is the process's peak RSS (VmHWM) minus its RSS once the embeddings were built, i.e. what the
-search itself adds. Recall@k: share of the exact top-k found by the method (first repetition).
+**Mining arms**, ``negsynth regenerate`` with mined negatives (``regenerate.negatives = "mined"``: the
+corpus and queries embedded, every query searched) on the first ``--docs`` SciFact abstracts and the
+claims (train and test) whose abstract is among them, as a user runs it: ``local`` (one process) and
+``rayN`` (``--executor ray --workers N``; the workers inherit this process's CPU affinity). Reported:
+the whole command's seconds (the models' load included: the stage records no mining time of its
+own), documents per second, and whether every arm wrote the same negatives.
 
-    python benchmarks/mining_scale.py                      # 10k and 100k docs, 3 reps, ~2-4 min on one core
-    python benchmarks/mining_scale.py --large              # + 1M docs (~1.5 GB of vectors; several minutes)
-    python benchmarks/mining_scale.py --sizes 20000 --reps 1 --methods exact,faiss,ivf --json out.json
+Every arm runs ``--repeats`` times, order rotated; medians, with the machine's load::
+
+    python benchmarks/mining_scale.py                                        # exact vs faiss at 10k and 100k documents
+    python benchmarks/mining_scale.py --sizes 10000,100000,1000000 --json out.json
+    taskset -c 0,1 python benchmarks/mining_scale.py --arms local,ray1,ray2,ray4 --docs 500
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
-import statistics
-import subprocess
+import re
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-METHODS = ("exact", "faiss", "ivf")
+import harness
+
+SEARCH = ("exact", "faiss", "ivf")
 
 
 def _rss_mb(field: str) -> float:
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+        return next((int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")), float("nan"))
 
 
-def make_data(n_docs: int, n_queries: int, dim: int, seed: int = 0):
-    """Unit-norm float32 corpus [n_docs, dim] (built in chunks: no full-size temporaries) and
-    queries = corpus rows + noise, renormalised."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    corpus = np.empty((n_docs, dim), dtype=np.float32)
-    step = 65536
-    for i in range(0, n_docs, step):
-        block = rng.standard_normal((min(step, n_docs - i), dim), dtype=np.float32)
-        block /= np.linalg.norm(block, axis=1, keepdims=True)
-        corpus[i : i + len(block)] = block
-    rows = rng.choice(n_docs, size=n_queries, replace=False)
-    queries = corpus[rows] + 0.5 * rng.standard_normal((n_queries, dim), dtype=np.float32) / np.sqrt(dim)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    return corpus, queries.astype(np.float32)
-
-
-def search_exact(corpus, queries, k: int, chunk_mb: int):
+def search(a) -> None:
+    """The child: one search of ``a.method`` over ``a.size`` vectors; prints a JSON line, saves the top-k."""
     import numpy as np
     import torch
 
-    c = torch.from_numpy(corpus)
-    q = torch.from_numpy(queries)
-    chunk = max(1, (chunk_mb << 20) // (4 * len(corpus)))
-    idx = []
-    for i in range(0, len(q), chunk):
-        scores = q[i : i + chunk] @ c.T
-        idx.append(torch.topk(scores, k=k, dim=1).indices)
-        del scores
-    return torch.cat(idx).numpy().astype(np.int64)
-
-
-def search_faiss(corpus, queries, k: int):
-    import faiss
-
-    index = faiss.IndexFlatIP(corpus.shape[1])
-    index.add(corpus)
-    return index.search(queries, k)[1]
-
-
-def search_ivf(corpus, queries, k: int, nprobe: int):
-    import faiss
-    import numpy as np
-
-    n, d = corpus.shape
-    nlist = max(1, int(4 * np.sqrt(n)))
-    quant = faiss.IndexFlatIP(d)
-    index = faiss.IndexIVFFlat(quant, d, nlist, faiss.METRIC_INNER_PRODUCT)
-    train = corpus[np.random.default_rng(1).choice(n, size=min(n, 40 * nlist), replace=False)]
-    index.train(train)
-    index.add(corpus)
-    index.nprobe = nprobe
-    return index.search(queries, k)[1]
-
-
-def child(args) -> None:
-    """One measurement in this process: prints a JSON line, saves the top-k indices if asked."""
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(args.threads)
-    try:
+    torch.set_num_threads(a.threads)
+    rng = np.random.default_rng(0)
+    corpus = np.empty((a.size, a.dim), dtype=np.float32)
+    for i in range(0, a.size, 65536):  # in blocks: no full-size temporaries
+        block = rng.standard_normal((min(65536, a.size - i), a.dim), dtype=np.float32)
+        corpus[i : i + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    queries = corpus[rng.choice(a.size, size=a.queries, replace=False)] + 0.5 * rng.standard_normal(
+        (a.queries, a.dim), dtype=np.float32
+    ) / np.sqrt(a.dim)
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    base, t0 = _rss_mb("VmRSS"), time.perf_counter()
+    if a.method == "exact":
+        c, chunk = torch.from_numpy(corpus), max(1, (a.chunk_mb << 20) // (4 * a.size))
+        idx = torch.cat(
+            [torch.topk(torch.from_numpy(queries[i : i + chunk]) @ c.T, k=a.k, dim=1).indices for i in range(0, a.queries, chunk)]
+        ).numpy()
+    else:
         import faiss
 
-        faiss.omp_set_num_threads(args.threads)
-    except ImportError:
-        if args.method != "exact":
-            raise
-    corpus, queries = make_data(args.size, args.queries, args.dim)
-    base = _rss_mb("VmRSS")
-    t0 = time.perf_counter()
-    if args.method == "exact":
-        idx = search_exact(corpus, queries, args.k, args.chunk_mb)
-    elif args.method == "faiss":
-        idx = search_faiss(corpus, queries, args.k)
-    else:
-        idx = search_ivf(corpus, queries, args.k, args.nprobe)
-    secs = time.perf_counter() - t0
-    peak = _rss_mb("VmHWM") - base
-    if args.save:
-        np.save(args.save, idx)
-    print(json.dumps({"size": args.size, "method": args.method, "seconds": secs, "peak_mb": peak, "data_mb": corpus.nbytes / 2**20}))
+        faiss.omp_set_num_threads(a.threads)
+        index = faiss.IndexFlatIP(a.dim)
+        if a.method == "ivf":
+            nlist = max(1, int(4 * np.sqrt(a.size)))
+            index = faiss.IndexIVFFlat(index, a.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.train(corpus[np.random.default_rng(1).choice(a.size, size=min(a.size, 40 * nlist), replace=False)])
+            index.nprobe = a.nprobe
+        index.add(corpus)
+        idx = index.search(queries, a.k)[1]
+    secs, peak = time.perf_counter() - t0, _rss_mb("VmHWM") - base
+    np.save(a.save, idx.astype(np.int64))
+    print(json.dumps({"seconds": secs, "peak_mb": peak, "data_mb": corpus.nbytes / 2**20}))
 
 
-def recall_at_k(found, exact) -> float:
-    return sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(found, exact)) / exact.size
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="10000,100000", help="corpus sizes, comma-separated")
-    ap.add_argument("--large", action="store_true", help="add the 1,000,000-document corpus")
-    ap.add_argument("--queries", type=int, default=1000)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--k", type=int, default=100, help="candidates kept per query (mining keeps range_max + positives)")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument(
-        "--methods",
-        default="exact,faiss",
-        help="exact, faiss, ivf (ivf: approximate, opt-in; near-useless recall on structureless random vectors)",
-    )
-    ap.add_argument("--threads", type=int, default=1, help="torch and faiss threads (same for both)")
-    ap.add_argument("--chunk-mb", type=int, default=256, help="exact search: score matrix per query chunk")
-    ap.add_argument("--nprobe", type=int, default=16)
-    ap.add_argument("--json", type=Path, default=None)
-    # internal: one measurement
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--method", help=argparse.SUPPRESS)
-    ap.add_argument("--save", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        return child(args)
-
+def search_table(a, arms: list[str], tmp: Path) -> list[dict]:
     import numpy as np
 
-    sizes = [int(s) for s in args.sizes.split(",") if s] + ([1_000_000] if args.large else [])
-    methods = [m for m in args.methods.split(",") if m]
-    if "exact" not in methods:
-        methods.insert(0, "exact")  # the reference for recall and the ratios
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            row = {"size": size}
-            for method in methods:
-                runs = []
-                for rep in range(args.reps):
-                    save = str(Path(tmp) / f"{size}-{method}.npy") if rep == 0 else None
-                    cmd = [
-                        sys.executable,
-                        __file__,
-                        "--child",
-                        "--size",
-                        str(size),
-                        "--method",
-                        method,
-                        "--queries",
-                        str(args.queries),
-                        "--dim",
-                        str(args.dim),
-                        "--k",
-                        str(args.k),
-                        "--threads",
-                        str(args.threads),
-                        "--chunk-mb",
-                        str(args.chunk_mb),
-                        "--nprobe",
-                        str(args.nprobe),
-                    ] + (["--save", save] if save else [])
-                    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                    if out.returncode:
-                        raise SystemExit(
-                            f"{method} at {size}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
-                        )
-                    runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                row[method] = {
-                    "seconds_median": statistics.median(r["seconds"] for r in runs),
-                    "seconds": [round(r["seconds"], 3) for r in runs],
-                    "peak_mb_median": statistics.median(r["peak_mb"] for r in runs),
-                }
-                row["data_mb"] = runs[0]["data_mb"]
-                exact = np.load(Path(tmp) / f"{size}-exact.npy")
-                row[method]["recall_at_k"] = recall_at_k(np.load(Path(tmp) / f"{size}-{method}.npy"), exact)
-                print(
-                    f"  {size:>9,} docs  {method:<5}  {row[method]['seconds_median']:8.2f} s  peak +{row[method]['peak_mb_median']:7.0f} MB  recall@{args.k} {row[method]['recall_at_k']:.4f}",
-                    file=sys.stderr,
-                )
-            results.append(row)
+    rows, out = [], []
+    for size in a.sizes:
 
-    print(
-        f"\n{args.queries} queries, dim {args.dim}, k {args.k}, {args.threads} thread(s), median of {args.reps}; load average {os.getloadavg()[0]:.1f}\n"
-    )
-    head = "| docs | vectors | " + " | ".join(f"{m} s" for m in methods) + " | " + " | ".join(f"{m}/exact time" for m in methods[1:])
-    head += " | " + " | ".join(f"{m} peak MB" for m in methods) + " | " + " | ".join(f"{m} recall@{args.k}" for m in methods[1:]) + " |"
-    print(head)
-    print("|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|")
-    for r in results:
-        cells = [f"{r['size']:,}", f"{r['data_mb']:.0f} MB"]
-        cells += [f"{r[m]['seconds_median']:.2f}" for m in methods]
-        cells += [f"{r[m]['seconds_median'] / r['exact']['seconds_median']:.2f}" for m in methods[1:]]
-        cells += [f"{r[m]['peak_mb_median']:.0f}" for m in methods]
-        cells += [f"{r[m]['recall_at_k']:.4f}" for m in methods[1:]]
-        print("| " + " | ".join(cells) + " |")
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "args": {k: v for k, v in vars(args).items() if k not in ("child", "size", "method", "save", "json")},
-                    "load_average": os.getloadavg(),
-                    "results": results,
-                },
-                indent=1,
+        def run(arm: str, rep: int, size=size) -> dict:
+            child = [sys.executable, __file__, "--child", arm, "--size", str(size), "--save", str(tmp / f"{size}-{arm}.npy")]
+            opts = [
+                "--queries",
+                a.queries,
+                "--dim",
+                a.dim,
+                "--k",
+                a.k,
+                "--threads",
+                a.threads,
+                "--chunk-mb",
+                a.chunk_mb,
+                "--nprobe",
+                a.nprobe,
+            ]
+            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+            return json.loads(harness.measured_run([*child, *map(str, opts)], env=env)["stdout"].strip().splitlines()[-1])
+
+        runs = harness.interleaved(["exact", *[m for m in arms if m != "exact"]], a.repeats, run)
+        exact = np.load(tmp / f"{size}-exact.npy")
+        for arm, rs in runs.items():
+            found = np.load(tmp / f"{size}-{arm}.npy")
+            recall = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(found, exact)) / exact.size
+            med = {k: harness.median(rs, k) for k in ("seconds", "peak_mb")}
+            out.append({"size": size, "arm": arm, **med, "recall": recall, "runs": rs})
+            ratio = med["seconds"] / harness.median(runs["exact"], "seconds")
+            rows.append(
+                [
+                    f"{size:,}",
+                    f"{rs[0]['data_mb']:.0f} MB",
+                    arm,
+                    f"{med['seconds']:.2f}",
+                    f"{ratio:.2f}",
+                    f"{med['peak_mb']:.0f}",
+                    f"{recall:.4f}",
+                ]
             )
+    print(f"\n{a.queries} queries, dim {a.dim}, k {a.k}, {a.threads} thread(s), medians of {a.repeats}\n")
+    print(harness.table(["docs", "vectors", "arm", "s", "time vs exact", "peak MB", f"recall@{a.k}"], rows))
+    return out
+
+
+def scifact_subset(folder: Path, n_docs: int, dest: Path) -> int:
+    """The first ``n_docs`` abstracts and the claims (train and test) citing one of them, as a BEIR
+    folder with one ``train`` split; returns the number of pairs."""
+    docs = harness.read_jsonl(folder / "corpus.jsonl")[:n_docs]
+    ids = {str(d["_id"]) for d in docs}
+    queries, rows = {}, []
+    for split in (folder, folder / "train"):
+        q, _, rs = harness.read_beir(folder / "corpus.jsonl", split / "queries.jsonl", split / "qrels.tsv")
+        rows += [(qid, did) for qid, did, g in rs if g > 0 and did in ids and qid in q and (qid, did) not in rows]
+        queries |= {qid: q[qid] for qid, _ in rows if qid in q}
+    harness.write_jsonl(dest / "corpus.jsonl", docs)
+    harness.write_jsonl(dest / "train" / "queries.jsonl", ({"_id": k, "text": v} for k, v in queries.items()))
+    (dest / "train" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in rows))
+    return len(rows)
+
+
+def mining_table(a, arms: list[str], tmp: Path) -> dict:
+    pairs = scifact_subset(harness.data_dir(a.data_dir) / "scifact", a.docs, tmp / "subset")
+    sets = ["regenerate.negatives=mined", f'regenerate.inputs=[{{path={json.dumps(str(tmp / "subset"))}, split="train"}}]']
+
+    def run(arm: str, rep: int) -> dict:
+        rd = tmp / f"mine-{arm}-{rep}"
+        ray = ["--executor", "ray", "--workers", arm[3:]] if arm.startswith("ray") else []
+        r = harness.measured_run(
+            harness.negsynth_cli("regenerate", "-d", str(rd), *ray, *(x for s in sets for x in ("--set", s)), "--quiet", "--json")
         )
+        st = json.loads(r.pop("stdout"))
+        shards = b"".join(f.read_bytes() for f in sorted((rd / "regenerate").glob("shard-*.jsonl")))
+        shutil.rmtree(rd, ignore_errors=True)
+        return r | {"pairs": st["pairs"], "docs_s": a.docs / r["wall_s"], "digest": hashlib.sha256(shards).hexdigest()[:16]}
+
+    runs = harness.interleaved(arms, a.repeats, run)
+    ref = harness.median(runs[arms[0]], "wall_s")
+    same = {arm: {r["digest"] for r in rs} == {runs[arms[0]][0]["digest"]} for arm, rs in runs.items()}
+    rows = [
+        [
+            arm,
+            f"{harness.median(rs, 'wall_s'):.1f}",
+            f"{harness.median(rs, 'docs_s'):.1f}",
+            f"{ref / harness.median(rs, 'wall_s'):.2f}",
+            f"{harness.median(rs, 'peak_rss_mb'):.0f}",
+            same[arm],
+        ]
+        for arm, rs in runs.items()
+    ]
+    print(f"\nregenerate's mining: {a.docs} SciFact abstracts, {pairs} (claim, abstract) pairs, MiniLM on CPU; medians of {a.repeats}\n")
+    print(harness.table(["arm", "command s", "docs/s", f"vs {arms[0]}", "peak MB", f"same negatives as {arms[0]}"], rows))
+    return {"docs": a.docs, "pairs": pairs, "runs": runs, "same_negatives": same}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--arms", default="exact,faiss", help="search: exact, faiss, ivf; mining: local, rayN (comma-separated)")
+    ap.add_argument("--sizes", type=harness.int_list, default="10000,100000", help="search: corpus sizes")
+    ap.add_argument("--queries", type=int, default=1000, help="search: queries")
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--k", type=int, default=100, help="search: candidates kept per query (mining keeps range_max + positives)")
+    ap.add_argument("--threads", type=int, default=1, help="search: torch and faiss threads")
+    ap.add_argument("--chunk-mb", type=int, default=256, help="search, exact: the score matrix per chunk of queries")
+    ap.add_argument("--nprobe", type=int, default=16)
+    ap.add_argument("--docs", type=int, default=2000, help="mining: the first N SciFact abstracts")
+    ap.add_argument("--data-dir", type=Path, default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--child", choices=SEARCH, dest="method", help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--save", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.method:
+        return search(a)
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    if bad := [x for x in arms if x not in SEARCH and x != "local" and not re.fullmatch(r"ray\d+", x)]:
+        sys.exit(f"mining_scale: unknown arm(s) {bad}; use exact, faiss, ivf, local, rayN")
+    start = harness.machine()
+    with tempfile.TemporaryDirectory() as td:
+        found = {}
+        if s := [x for x in arms if x in SEARCH]:
+            found["search"] = search_table(a, s, Path(td))
+        if m := [x for x in arms if x not in SEARCH]:
+            found["mining"] = mining_table(a, m, Path(td))
+    print(f"\nload at start {start['load']}, at end {harness.machine()['load']}; {start['cpus']} CPUs")
+    harness.write_record(a.json, a, start, **found)
 
 
 if __name__ == "__main__":

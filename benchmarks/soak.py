@@ -20,7 +20,7 @@ not split (``corpus.chunk_tokens = 0``), so the stage's items are the documents.
 
 Checks (each a verdict in ``results.json``; the script exits 1 when one fails):
 
-* ``accounted``: every document has exactly one valid record (an ``Example``) or one reject with
+* ``accounted``: every document has exactly one valid record (an example) or one reject with
   a reason in the final shards, no id twice, none missing, no ``.partial`` left, ``stats.json``
   complete with ``items`` = documents and nothing pending;
 * ``resent_within_in_flight``: per kill, the bodies the next processes sent again that
@@ -48,22 +48,17 @@ Checks (each a verdict in ``results.json``; the script exits 1 when one fails):
   ``verify``: ``negsynth corpus ... --verify`` on the finished run dir exits 0 and sends no
   request; ``requests_matched_documents``: the server found every request's document.
 
-``--negatives mined`` (the stage's default) loads the real embedder (MiniLM, offline) and mines
-each query's negatives; ``--negatives llm`` needs no embedder (the tokenizer cuts the prompt):
-the same LLM path, resume and cache at a fraction of the CPU. Machine load (``os.getloadavg``)
-is recorded at the start and the end, with the date; ``ledger.jsonl`` (every request) and
-``rss.jsonl`` (every sample) go beside ``results.json``.
+The stage runs with its defaults: the real embedder (MiniLM, offline) mines each query's
+negatives. Machine load (``os.getloadavg``) is recorded at the start and the end, with the date;
+``ledger.jsonl`` (every request) and ``rss.jsonl`` (every sample) go beside ``results.json``::
 
-    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-    nice -n 19 python3 benchmarks/soak.py --docs 10000 --negatives llm --out /tmp/soak-10k-llm
-    nice -n 19 python3 benchmarks/soak.py --docs 2000 --out /tmp/soak-2k-mined
+    nice -n 19 python3 benchmarks/soak.py --docs 2000 --out /tmp/soak-2k
     python3 benchmarks/soak.py --docs 300 --outage-s 5 --out /tmp/soak-300          # while developing
-    python3 benchmarks/soak.py --docs 60 --kill-at 0.3 --outage-at 0.6 --outage-s 3 --negatives llm --out /tmp/soak-tiny
+    python3 benchmarks/soak.py --docs 60 --kill-at 0.3 --outage-at 0.6 --outage-s 3 --out /tmp/soak-tiny
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -79,9 +74,10 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's negsynth, as the child processes run it (PYTHONPATH)
-SCIFACT = Path("/work/shared/data/scifact/corpus.jsonl")
+import harness
+
+ROOT = harness.ROOT
+SCIFACT = Path(os.environ.get("NEGSYNTH_DATA_DIR") or ROOT.parent / "shared" / "data") / "scifact" / "corpus.jsonl"
 
 #: the fault mix, as shares of ``--fault-rate`` (sum 1)
 FAULTS = {"http500": 6, "http429": 5, "hang": 3, "malformed_json": 6, "reset": 5}
@@ -160,27 +156,15 @@ def _n_queries(req: dict) -> int:
         return 1
 
 
-def _wants_negatives(req: dict) -> bool:
-    try:
-        return "hard_negative_documents" in req["response_format"]["schema"]["properties"]
-    except (KeyError, TypeError):
-        return '"hard_negative_documents"' in (req.get("messages") or [{}])[-1].get("content", "")
-
-
 def valid_content(req: dict, doc: str) -> str:
-    """A valid answer about ``doc``: queries built from its words, 4 unrelated negatives if asked."""
+    """A valid answer about ``doc``: queries built from its words."""
     words = [w.lower() for w in re.findall(r"[A-Za-z]{4,}", doc)] or ["topic", "study", "finding"]
     h = int(hashlib.blake2b(doc.encode(), digest_size=8).hexdigest(), 16)
     qs = []
     for j in range(_n_queries(req)):
         a, b = words[(h + j) % len(words)], words[(h // 7 + 3 * j + 1) % len(words)]
         qs.append(f"what is known about {a} and {b} in question {j + 1}?")
-    out: dict = {"queries": qs}
-    if _wants_negatives(req):
-        out["hard_negative_documents"] = [
-            f"A note number {i} about sharpening garden tools and storing them for the winter." for i in range(4)
-        ]
-    return json.dumps(out)
+    return json.dumps({"queries": qs})
 
 
 class SoakServer:
@@ -339,8 +323,6 @@ def rss_kb(pid: int) -> int | None:
 # -- the checks (pure: the test feeds them broken inputs) -----------------------------------
 def check_accounting(doc_ids: list[str], got: Counter, rows: list[tuple[str, dict]], stats: dict, partials: int) -> dict:
     """Every document once, as a valid record or a reject with a reason."""
-    from negsynth.schemas.records import Example
-
     want = Counter(doc_ids)
     missing = [d for d in want if got[d] == 0]
     dup = {d: c for d, c in got.items() if c > 1}
@@ -348,11 +330,9 @@ def check_accounting(doc_ids: list[str], got: Counter, rows: list[tuple[str, dic
     invalid = 0
     no_reason = 0
     for kind, r in rows:
-        if kind == "ok":
-            try:
-                Example.model_validate(r)
-            except Exception:  # noqa: BLE001 - any validation error is an invalid record
-                invalid += 1
+        if kind == "ok":  # an example: an id, a query, its document, its mined negatives
+            texts = [r.get("query"), r.get("positive"), *(r.get("negatives") or [None])]
+            invalid += not (isinstance(r.get("id"), str) and all(isinstance(t, str) and t.strip() for t in texts))
         elif not r.get("reason"):
             no_reason += 1
     stats_ok = bool(stats.get("complete")) and stats.get("items") == len(doc_ids) and not stats.get("pending")
@@ -459,7 +439,7 @@ def check_rss(samples: list[tuple[float, int, int, int, int]], docs: int, tolera
 
 # -- the soak -------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.parser(__doc__)
     ap.add_argument("--docs", type=int, default=10_000)
     ap.add_argument("--source", choices=["auto", "scifact", "synthetic"], default="auto")
     ap.add_argument("--scifact", type=Path, default=SCIFACT)
@@ -467,7 +447,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-at", type=float, nargs="*", default=[0.15, 0.35, 0.55], help="fractions of the documents done")
     ap.add_argument("--outage-at", type=float, default=0.75, help="fraction done when the server goes away (negative: no outage)")
     ap.add_argument("--outage-s", type=float, default=60.0)
-    ap.add_argument("--negatives", choices=["mined", "llm", "mixed"], default="mined")
     ap.add_argument("--concurrency", type=int, default=16, help="llm.max_concurrency")
     ap.add_argument("--timeout", type=float, default=5.0, help="llm.timeout (a hang lasts this + 1 s)")
     ap.add_argument("--latency", type=float, default=0.05, help="seconds before each answer")
@@ -495,11 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     doc_ids = [d["_id"] for d in docs]
     shard_size = a.shard_size or min(1000, max(10, a.docs // 20))
 
-    from negsynth.data.corpus import read_corpus
-    from negsynth.schemas.config import CorpusSpec
-
     # the documents as the stage reads them (its title rule, its whitespace): what a prompt shows
-    texts = [(d.id, d.text) for d in read_corpus(CorpusSpec(path=str(corpus)), 0, 0).documents()]
+    texts = list(harness.documents(corpus).items())
     srv = SoakServer(texts, fault_rate=a.fault_rate, seed=a.seed, latency=a.latency, hang_s=a.timeout + 1)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     kill_at = sorted(a.kill_at)
@@ -514,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = a.out / "run.toml"
         llm = {"base_url": srv.fake.base_url, "model": "fake", "timeout": a.timeout, "connect_timeout": 2, "max_concurrency": a.concurrency}
         llm |= {"backoff_initial": 0.5, "backoff_max": 10.0}
-        corpus_cfg = {"inputs": [{"path": str(corpus)}], "chunk_tokens": 0, "negatives": a.negatives}
+        corpus_cfg = {"inputs": [{"path": str(corpus)}], "chunk_tokens": 0}
         cfg.write_text(tomli_w.dumps({"llm": llm, "pipeline": {"shard_size": shard_size}, "corpus": corpus_cfg}))
         cmd = [sys.executable, "-m", "negsynth", "corpus", "-c", str(cfg), "-d", str(rd), "-q", "--json"]
         proc_i = 0

@@ -1,137 +1,151 @@
-"""Training-step time of mean vs ATA vs latent pooling on identical batches, and sampler overhead.
+"""Training cost per setting, side by side: peak memory, seconds per step and the loss of a few steps.
 
-One "step" = tokenize + forward of (anchor, positive, negative) + InfoNCE (MNRL, τ=0.02) + backward
-+ AdamW step: the work the SentenceTransformerTrainer does per micro-batch, without its logging.
-Poolings are timed round-robin (step k of mean, ata, latent, then step k+1 ...) so a load spike on
-the shared CPU hits all of them alike; we report the median.
+Each arm runs in its own child process (a process's peak memory only grows, so arms cannot share
+one): ``negsynth.train.train`` for ``--steps`` optimizer steps at ``--batch-size`` rows x (anchor,
+positive, ``--negatives`` hard negatives), every text cut to ``--max-length`` tokens, on SciFact-like
+rows (claims' titles as anchors, abstracts as positives and negatives; synthetic text without the
+data). An arm is settings joined by ``+``:
 
-    python benchmarks/train_step.py                    # MiniLM + SmolLM2 (LoRA, bidirectional=all)
-    python benchmarks/train_step.py --models minilm --steps 10 --batch-size 16
+``base``       the model's defaults (SDPA attention, plain MNRL)
+``eager``      eager attention
+``gc``         gradient checkpointing
+``cachedN``    GradCache (``mini_batch_size = N``: the same loss, N rows' activations at a time)
+``mean``, ``ata``, ``latent``   the pooling (ATA: MGH's attention-weighted pooling; latent: NV-Embed's)
 
-Goal (MGH: 32.45 h with ATA vs 32.40 h without): ATA <= 1.05 x mean.
+``--model smollm2`` trains the bundled SmolLM2-135M with LoRA and every layer bidirectional (the
+decoder recipe). Reported per arm, medians over ``--repeats`` (arms interleaved, order rotated): the
+child's peak resident memory, the trainer's seconds per step, the ratio to the first arm, and the
+largest difference of a step's loss from the first arm's (GradCache's differs by dropout noise: it draws the masks in another order)::
+
+    python benchmarks/train_step.py --arms base,gc,cached8,gc+cached8 --steps 3        # the memory settings
+    python benchmarks/train_step.py --arms mean,ata,latent --steps 6 --batch-size 8 --max-length 64 --negatives 1
+    python benchmarks/train_step.py --arms mean,ata,latent --model smollm2 --steps 6 --batch-size 8 --max-length 64 --negatives 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import harness
 
 
-def make_batches(n_batches: int, batch_size: int, seed: int = 0):
-    import random
+def settings(arm: str) -> dict:
+    """An arm's ``TrainConfig`` keys; an unknown part stops the run in one line."""
+    cfg: dict = {}
+    for part in arm.split("+"):
+        if part == "eager":
+            cfg["attn_implementation"] = "eager"
+        elif part == "gc":
+            cfg["gradient_checkpointing"] = True
+        elif part.startswith("cached") and part[6:].isdigit():
+            cfg["mini_batch_size"] = int(part[6:])
+        elif part in ("mean", "ata", "latent"):
+            cfg["pooling"] = part
+        elif part != "base":
+            sys.exit(f"train_step: unknown setting {part!r}; use base, eager, gc, cachedN, mean, ata, latent (joined by +)")
+    return cfg
 
-    rnd = random.Random(seed)
-    vocab = "the of river ancient model learns query passage retrieval negative hard curriculum token anchor attention layer weight mountain city data".split()
 
-    def text(k):
-        return " ".join(rnd.choice(vocab) for _ in range(k))
+def make_rows(n: int, negatives: int, data: Path | None) -> dict[str, list[str]]:
+    """``n`` rows of SciFact titles and abstracts (synthetic ~200-word texts where the data is missing)."""
+    need, docs = n * (2 + negatives), []
+    corpus = data / "scifact" / "corpus.jsonl" if data else None
+    if corpus and corpus.is_file():
+        docs = [(d.get("title", ""), d.get("text", "")) for d in harness.read_jsonl(corpus)[:need]]
+    if len(docs) < need:
+        rnd = random.Random(0)
+        vocab = "the of cell protein gene expression patients study cancer risk treatment increased mice levels response human".split()
+        docs = [(" ".join(rnd.choices(vocab, k=10)), " ".join(rnd.choices(vocab, k=200))) for _ in range(need)]
+    rows: dict[str, list[str]] = {"anchor": [d[0] for d in docs[:n]], "positive": [d[1] for d in docs[:n]]}
+    for k in range(negatives):
+        rows[f"negative_{k + 1}"] = [docs[n + i * negatives + k][1] for i in range(n)]
+    return rows
 
-    return [
-        (
-            [f"Instruct: Retrieve relevant passages\nQuery: {text(12)}" for _ in range(batch_size)],
-            [text(40) for _ in range(batch_size)],
-            [text(40) for _ in range(batch_size)],
+
+def child(a) -> None:
+    """One arm in this process: ``RESULT {json}`` on stdout."""
+    import torch
+
+    from negsynth.train import TrainConfig, train
+
+    torch.set_num_threads(a.threads)
+    decoder = {"lora": {"enabled": True}, "bidirectional": "all"} if a.model == "smollm2" else {}
+    rows = make_rows(a.batch_size * a.steps, a.negatives, a.data_dir)
+    with tempfile.TemporaryDirectory() as out, harness.PeakRSS() as mem:
+        cfg = TrainConfig(
+            model=a.model,
+            batch_size=a.batch_size,
+            grad_accum=1,
+            max_steps=a.steps,
+            max_length=a.max_length,
+            output_dir=out,
+            save_steps=10_000,
+            logging_steps=1,
+            warmup_ratio=0.0,
+            seed=0,
+            **decoder,
+            **settings(a.child),
         )
-        for _ in range(n_batches)
+        log = json.loads((Path(train(rows, cfg)) / "train_log.json").read_text())
+    end = next(e for e in log["log_history"] if "train_runtime" in e)
+    losses = [e["loss"] for e in log["log_history"] if "loss" in e]
+    print(
+        "RESULT "
+        + json.dumps(
+            {"peak_rss_mib": mem.peak_mib, "step_s": end["train_runtime"] / a.steps, "losses": losses, "loss_class": log["loss"]["class"]}
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--arms", default="base,gc,cached8,gc+cached8", help="the first is the reference")
+    ap.add_argument("--model", default="minilm", help="minilm (the bundled all-MiniLM-L6-v2) or smollm2 (LoRA, bidirectional)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--negatives", type=int, default=4)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data-dir", type=Path, default=None, help="the shared data (SciFact's abstracts)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return child(a)
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    for arm in arms:
+        settings(arm)
+    data = a.data_dir or os.environ.get("NEGSYNTH_DATA_DIR") or harness.ROOT.parent / "shared" / "data"
+    opts = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(a).items()
+        if k in ("model", "steps", "batch_size", "negatives", "max_length", "threads")
     ]
+    start = harness.machine()
 
+    def run(arm: str, rep: int) -> dict:
+        r = harness.measured_run([sys.executable, __file__, "--child", arm, f"--data-dir={data}", *opts])
+        return json.loads(next(x for x in r["stdout"].splitlines() if x.startswith("RESULT "))[7:])
 
-def time_model(model_name: str, poolings: list[str], batches, extra: dict, max_length: int) -> dict[str, list[float]]:
-    import torch
-
-    from negsynth.train.config import TrainConfig
-    from negsynth.train.loss import make_loss
-    from negsynth.train.trainer import build_model
-
-    setups = {}
-    for p in poolings:
-        torch.manual_seed(0)
-        cfg = TrainConfig(model=model_name, pooling=p, max_length=max_length, latent_num=512, **extra)
-        m = build_model(cfg, device="cpu")
-        m.train()
-        loss = make_loss(m, cfg.temperature)
-        opt = torch.optim.AdamW([q for q in m.parameters() if q.requires_grad], lr=1e-5)
-        setups[p] = (m, loss, opt)
-    times: dict[str, list[float]] = {p: [] for p in poolings}
-    for bi, (a, pos, neg) in enumerate(batches):
-        for p, (m, loss, opt) in setups.items():
-            t0 = time.perf_counter()
-            feats = [m.preprocess(x) for x in (a, pos, neg)]
-            value = loss(feats, None)
-            value.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
-            if bi > 0:  # first batch = warm-up
-                times[p].append(dt)
-    return times
-
-
-def sampler_overhead(n_rows: int, batch_size: int) -> dict[str, float]:
-    import torch
-    from torch.utils.data import BatchSampler, RandomSampler
-
-    from negsynth.train.sampler import OrderedBatchSampler, check_batches
-
-    data = range(n_rows)
-    out = {}
-    t0 = time.perf_counter()
-    n = sum(1 for _ in OrderedBatchSampler(data, batch_size=batch_size, drop_last=False))
-    out["ordered_iter_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    n2 = sum(1 for _ in BatchSampler(RandomSampler(data, generator=torch.Generator().manual_seed(0)), batch_size, False))
-    out["st_default_random_iter_s"] = time.perf_counter() - t0
-    assert n == n2
-    cols = {c: [f"{c} text {i}" for i in range(n_rows)] for c in ("anchor", "positive", "negative")}
-    cols["phase"] = [i * 4 // n_rows for i in range(n_rows)]
-    t0 = time.perf_counter()
-    check_batches(cols, batch_size)
-    out["check_batches_s"] = time.perf_counter() - t0
-    out["rows"], out["batches"] = n_rows, n
-    return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="minilm,smollm2")
-    ap.add_argument("--steps", type=int, default=6, help="timed steps per pooling (plus one warm-up)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--out", default=None, help="write the JSON results here")
-    args = ap.parse_args()
-    import torch
-
-    torch.set_num_threads(2)
-    batches = make_batches(args.steps + 1, args.batch_size)
-    results: dict = {
-        "batch_size": args.batch_size,
-        "max_length": args.max_length,
-        "steps": args.steps,
-        "torch_threads": torch.get_num_threads(),
-    }
-    for name in args.models.split(","):
-        extra = {"lora": {"enabled": True}, "bidirectional": "all"} if name == "smollm2" else {}
-        times = time_model(name, ["mean", "ata", "latent"], batches, extra, args.max_length)
-        med = {p: statistics.median(v) for p, v in times.items()}
-        results[name] = {
-            "setup": extra or "full fine-tune",
-            "median_step_s": med,
-            "ata_over_mean": med["ata"] / med["mean"],
-            "latent_over_mean": med["latent"] / med["mean"],
-        }
-        print(
-            f"{name}: "
-            + ", ".join(f"{p} {t:.3f}s" for p, t in med.items())
-            + f"  ATA/mean {med['ata'] / med['mean']:.3f}  latent/mean {med['latent'] / med['mean']:.3f}",
-            flush=True,
-        )
-    results["sampler"] = sampler_overhead(1_000_000, 64)
-    print("sampler:", json.dumps(results["sampler"]))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    runs = harness.interleaved(arms, a.repeats, run)
+    first = runs[arms[0]][0]["losses"]
+    rows = []
+    for arm, rs in runs.items():
+        diff = max(abs(x - y) for r in rs for x, y in zip(r["losses"], first))
+        step = harness.median(rs, "step_s")
+        ratio = step / harness.median(runs[arms[0]], "step_s")
+        rows.append([arm, rs[0]["loss_class"], max(r["peak_rss_mib"] for r in rs), f"{step:.2f}", f"{ratio:.2f}x", f"{diff:.2e}"])
+    print(f"\n{a.model}, batch {a.batch_size} x (2 + {a.negatives}) texts x {a.max_length} tokens, {a.steps} steps, {a.threads} threads\n")
+    print(harness.table(["arm", "loss", "peak MiB", "s per step", f"vs {arms[0]}", f"max |loss - {arms[0]}|"], rows))
+    print(f"\nload at start {start['load']}, at end {harness.machine()['load']}")
+    harness.write_record(a.json, a, start, runs=runs)
 
 
 if __name__ == "__main__":

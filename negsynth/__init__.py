@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 # the package root sits in the top layer with the API (tests/test_layers.py), so no module of the
 # package imports it; negsynth.api is imported on first use only, to keep ``import negsynth`` cheap
-__all__ = ["load_config", "run", "sample_corpus", "training_data"]
+__all__ = ["evaluate_model", "load_config", "model_path", "run", "sample_corpus", "training_data"]
 
 
 def __getattr__(name: str) -> Any:

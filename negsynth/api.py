@@ -13,6 +13,11 @@
     ``SentenceTransformerTrainer(train_dataset=...)``.
 ``negsynth.sample_corpus()``
     The 50-document sample corpus shipped in the package (a JSONL path).
+``negsynth.evaluate_model(model="default", tasks=None, *, suite=None, config=None, overrides=None, ...)``
+    A model's evaluation report, scored as ``negsynth evaluate --model MODEL --no-cache`` scores it,
+    returned instead of written (with per-query nDCG@10 for a paired comparison, if asked).
+``negsynth.model_path(name="default")``
+    The folder a model alias resolves to (``default``: the bundled all-MiniLM-L6-v2).
 
 This module sits above the stages (it runs them); ``negsynth/__init__.py`` resolves the names
 here on first use, so ``import negsynth`` itself stays cheap.
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
 
     from negsynth.schemas.config import RunConfig
 
-__all__ = ["load_config", "run", "sample_corpus", "training_data"]
+__all__ = ["evaluate_model", "load_config", "model_path", "run", "sample_corpus", "training_data"]
 
 #: the stages :func:`training_data` runs: documents -> queries + mined negatives -> checked -> rows
 DATA_STAGES = ["corpus", "score", "curriculum"]
@@ -143,3 +148,58 @@ def training_data(
     except CurriculumError as e:
         raise UserError(str(e)) from None
     return ds.select_columns(text_columns(ds.column_names))
+
+
+def evaluate_model(
+    model: str | Path = "default",
+    tasks: Sequence[Any] | None = None,
+    *,
+    suite: str | None = None,
+    config: RunConfig | str | Path | None = None,
+    overrides: Sequence[str] | None = None,
+    data_dir: str | Path | None = None,
+    per_query: bool = False,
+) -> dict[str, Any]:
+    """The evaluation report of ``model`` (a folder, an alias or a hub name) as ``negsynth evaluate
+    --model MODEL --no-cache`` scores it, returned instead of written: the ``[embedder]`` and
+    ``[evaluate]`` settings (backend, dtype, batch size, engine, suite, tasks, data dir) come from
+    ``config`` and ``overrides``; ``suite``, ``tasks`` and ``data_dir`` given here win. ``tasks``:
+    task or category names, or :func:`negsynth.evaluate.retrieval_task` specs (a BEIR folder of your
+    own). ``per_query``: each retrieval task also carries ``per_query`` (query id -> nDCG@10), what
+    :func:`negsynth.evaluate.paired_test` compares two models on. No data reachable: one line on
+    stderr and a report with no tasks."""
+    from negsynth.embed import embedder_for
+    from negsynth.evaluate import evaluate
+
+    cfg = _config(config, overrides)
+    ec = cfg.evaluate
+    emb = embedder_for(
+        str(model),
+        batch_size=ec.batch_size,
+        instruct_queries=ec.instruct_queries,
+        device=cfg.embedder.device,
+        embedder=cfg.embedder,
+        what="evaluate_model: model",
+        backend=ec.backend,
+        dtype=ec.dtype,
+    )
+    return evaluate(
+        emb,
+        suite=suite or ec.suite,
+        data_dir=data_dir or ec.data_dir,
+        tasks=list(tasks) if tasks is not None else ec.tasks,
+        progress=False,
+        seed=ec.seed,
+        engine=ec.engine,
+        per_query=per_query,
+    )
+
+
+def model_path(name: str = "default") -> str:
+    """The folder ``name`` resolves to where ``train.model`` or ``embedder.model`` names it: an alias
+    (``default`` / ``minilm``: the bundled all-MiniLM-L6-v2; ``smollm2``: the bundled SmolLM2-135M-Instruct)
+    to its installed folder, a folder or a hub name as it is. A missing bundled model is one
+    :class:`~negsynth.errors.UserError` naming the package to install."""
+    from negsynth.embed.models import resolve_model
+
+    return resolve_model(name, what="model_path: name").path

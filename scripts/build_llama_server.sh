@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own `llama-server` for the embedded LLM (serve.engine = "auto").
+# Build llama.cpp's own `llama-server`, the embedded LLM.
 #
 # Source: the llama.cpp that llama-cpp-python's sdist vendors (vendor/llama.cpp), pinned by version
 # (LLAMA_CPP_PYTHON_VERSION, default below) so every machine serves the same llama.cpp; only the sdist

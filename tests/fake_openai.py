@@ -87,6 +87,7 @@ class FakeOpenAI:
         # /v1/completions (the legacy endpoint): completions(request) -> response body; None: 404
         self.completions: Callable[[dict], dict] | None = None
         self.completion_requests: list[dict] = []
+        self.models_redirect: str | None = None  # GET /models answers a 307 to this Location instead
         self.down = False  # go_down(): refuse new connections, reset the open ones; come_back() undoes it
         self.dropped = 0  # requests reset because the server was down
         # connections accepted and not yet closed, and when one last opened or closed (quiesce())
@@ -144,6 +145,8 @@ class FakeOpenAI:
                     if b is None:
                         return self._send(404, {"error": {"message": "no such batch"}})
                     return self._send(200, outer._poll_batch(b))
+                if self.path.rstrip("/").endswith("/models") and outer.models_redirect:
+                    return self._send(307, {"moved": True}, {"Location": outer.models_redirect})
                 if self.path.rstrip("/").endswith("/models"):
                     return self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in outer.models]})
                 self._send(404, {"error": {"message": "not found"}})

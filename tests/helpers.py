@@ -227,10 +227,15 @@ def write_beir(root: Path, qrels: str = "a\td1\nb\td2\nc\td1\n") -> Path:
 
 
 def load_benchmark(name: str):
-    """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call."""
+    """Import ``benchmarks/<name>.py`` (not a package) as a module, freshly each call (with
+    ``benchmarks/`` on ``sys.path``, as when the script runs, for its ``import harness``)."""
     import importlib.util
+    import sys
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    folder = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    script = Path(folder) / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

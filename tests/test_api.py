@@ -1,4 +1,4 @@
-"""The package API (``negsynth.load_config`` / ``run`` / ``training_data`` / ``sample_corpus``):
+"""The package API (``negsynth.load_config`` / ``run`` / ``training_data`` / ``sample_corpus`` / ``evaluate_model``):
 bad input is one line before any stage runs; the sample corpus ships with the package."""
 
 from __future__ import annotations
@@ -45,3 +45,21 @@ def test_run_takes_a_config_object_with_overrides_on_top(tmp_path, monkeypatch):
     assert negsynth.run(cfg, tmp_path, stages=["train"], overrides=["train.epochs=2"]) == {}
     assert seen["cfg"].train.lr == 1e-4 and seen["cfg"].train.epochs == 2 and seen["stages"] == ["train"]
     assert cfg.train.epochs == 1  # the caller's config is left as it was
+
+
+def test_evaluate_model_scores_a_model_as_the_evaluate_command_with_per_query_figures(tmp_path, minilm):
+    """``negsynth.evaluate_model``: a BEIR folder of one's own as a retrieval task, each query's
+    nDCG@10 kept (what a paired test needs), the aliases resolved by ``model_path``."""
+    from helpers import write_beir
+
+    from negsynth.evaluate import retrieval_task
+
+    assert negsynth.model_path("default") == minilm and negsynth.model_path("some/hub-name") == "some/hub-name"
+    task = retrieval_task("tiny", write_beir(tmp_path / "tiny", qrels="a\td1\nb\td2\nc\td3\n"))
+    rep = negsynth.evaluate_model("default", [task], suite="full", overrides=["embedder.device=cpu"], per_query=True)
+    per_query = rep["tasks"]["tiny"]["per_query"]
+    assert sorted(per_query) == ["a", "b", "c"] and rep["tasks"]["tiny"]["main_score"] == pytest.approx(sum(per_query.values()) / 3)
+    assert min(per_query.values()) > 0.5  # each query finds its own document near the top
+    with pytest.raises(UserError, match="no such folder") as e:
+        negsynth.evaluate_model(str(tmp_path / "no" / "model"), [task])
+    assert "\n" not in str(e.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -246,3 +247,60 @@ def test_bad_input(tmp_path, finished, server, name, prepare, needles):
 
 def test_at_least_twenty_cases():
     assert len(CASES) >= 20
+
+
+# -- export --out ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def curriculum_run(tmp_path):
+    """A run dir with a curriculum (export's dataset part needs nothing more)."""
+    from test_export import scored
+
+    from negsynth.data.curriculum import build_curriculum, save_curriculum
+    from negsynth.data.shards import write_jsonl
+
+    d = tmp_path / "run"
+    exs = [scored(i) for i in range(17)]
+    write_jsonl(d / "score" / "shard-00000.jsonl", exs)
+    rows = build_curriculum(exs, batch_size=4, seed=0)
+    save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
+    return d
+
+
+def test_export_out_that_is_a_file_names_out(tmp_path, curriculum_run):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = runner.invoke(app, ["export", "-d", str(curriculum_run), "--out", str(f), "--only", "dataset"])
+    assert r.exit_code == 2, r.output
+    line = _one_line(r)
+    assert line.startswith("error: --out") and "not a folder" in line and "--run-dir" not in line
+    f2 = tmp_path / "sub"
+    f2.write_text("x")  # a file where a parent folder is expected
+    r = runner.invoke(app, ["export", "-d", str(curriculum_run), "--out", str(f2 / "out"), "--only", "dataset"])
+    assert r.exit_code == 2 and _one_line(r).startswith("error: --out") and "--run-dir" not in r.stderr
+
+
+def test_export_unwritable_out_names_out(tmp_path, curriculum_run):
+    if os.geteuid() == 0:  # root ignores permissions: /proc refuses even root a new folder
+        outs = [Path("/proc/negsynth-export")] if Path("/proc/self").is_dir() else []
+    else:
+        outs = [tmp_path / "locked", tmp_path / "locked" / "new"]
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    try:
+        for out in outs:
+            r = runner.invoke(app, ["export", "-d", str(curriculum_run), "--out", str(out), "--only", "dataset"])
+            assert r.exit_code == 2, r.output
+            line = _one_line(r)
+            assert line.startswith("error: --out") and ("writable" in line or "cannot create" in line) and "--run-dir" not in line
+    finally:
+        os.chmod(locked, 0o755)
+    r = runner.invoke(app, ["export", "-d", str(curriculum_run), "--out", str(tmp_path / "ok"), "--only", "dataset"])
+    assert r.exit_code == 0, r.output
+
+
+def _one_line(r) -> str:
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    return r.stderr

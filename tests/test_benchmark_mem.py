@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from _mem import PeakRSS  # noqa: E402
+from harness import PeakRSS  # noqa: E402
 
 
 def test_peak_rss_sees_an_allocation():

@@ -15,7 +15,7 @@ import pytest
 from negsynth.llm import server
 from negsynth.schemas.config import ServeConfig
 
-# a stand-in for llama_cpp.server: binds host:port (exits 1 when taken), answers /v1/models with "child"
+# a stand-in for llama-server: binds host:port (exits 1 when taken), answers /v1/models with "child"
 CHILD = r"""
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
@@ -51,6 +51,7 @@ def foreign():
 
 
 def _stand_in(monkeypatch):
+    monkeypatch.setattr(server, "find_llama_server", lambda server_path=None: Path(sys.executable))
     monkeypatch.setattr(server, "server_command", lambda cfg, alias, port, **kw: [sys.executable, "-c", CHILD, cfg.host, str(port)])
 
 

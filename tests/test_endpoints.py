@@ -487,7 +487,7 @@ def test_a_fleet_that_stays_down_stops_after_the_wait(tmp_path, brainstormed):
 
 def test_a_fleet_whose_chat_hangs_names_the_hanging_endpoints(tmp_path, brainstormed):
     """Both endpoints answer GET /models, neither answers a chat request within llm.timeout: the
-    stage stops after llm.outage_wait naming them, not as an outage of servers that are down."""
+    stage stops at the wait's first probe naming them, not as an outage of servers that are down."""
     rd = tmp_path / "run"
     shutil.copytree(brainstormed, rd)
     hang = lambda req, n: Reply(content="{}", delay=20)  # noqa: E731
@@ -499,5 +499,5 @@ def test_a_fleet_whose_chat_hangs_names_the_hanging_endpoints(tmp_path, brainsto
         r = gen(cfg, rd)
     assert r.exit_code == 4, r.output
     last = [x for x in r.stderr.splitlines() if x.strip()][-1]
-    assert "but no chat request within llm.timeout=1 s: the server hangs" in last, r.stderr
+    assert "took chat requests and answered none within llm.timeout=1 s: the server hangs" in last, r.stderr
     assert f"llm.endpoints[0] ({a.base_url})" in last and f"llm.endpoints[1] ({b.base_url})" in last

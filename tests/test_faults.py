@@ -34,11 +34,11 @@ def timeout_for(name: str) -> float:
     return SHORT if "hang" in name else 5.0
 
 
-def write_config(tmp: Path, base_url: str, transport: str = "http1", timeout: float = 5.0) -> Path:
+def write_config(tmp: Path, base_url: str, timeout: float = 5.0) -> Path:
     return write_run_config(
         tmp,
         base_url,
-        llm={"transport": transport, "timeout": timeout, "connect_timeout": 2, "max_retries": MAX_RETRIES, "max_attempts": MAX_ATTEMPTS},
+        llm={"timeout": timeout, "connect_timeout": 2, "max_retries": MAX_RETRIES, "max_attempts": MAX_ATTEMPTS},
         brainstorm={"max_requests_per_type": 2},
         generate={"examples": EXAMPLES},
     )
@@ -106,13 +106,11 @@ def with_negs(fn):
     return bad
 
 
-def run_generate(
-    tmp: Path, brainstormed: Path, responder, transport: str = "http1", timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()
-):
+def run_generate(tmp: Path, brainstormed: Path, responder, timeout: float = 5.0, *, exit_code: int = 0, sets: tuple = ()):
     rd = tmp / "run"
     shutil.copytree(brainstormed, rd)
     with FakeOpenAI(responder) as srv:
-        cfg = write_config(tmp, srv.base_url, transport, timeout)
+        cfg = write_config(tmp, srv.base_url, timeout)
         args = [a for kv in sets for a in ("--set", kv)]
         r = runner.invoke(app, ["generate", "-c", str(cfg), "-d", str(rd), "--json", "-q", *args], catch_exceptions=False)
         assert r.exit_code == exit_code, r.output
@@ -158,18 +156,6 @@ def test_transient_transport_fault_is_retried_invisibly(tmp_path, brainstormed, 
     assert len(reqs) == 2 * EXAMPLES  # bounded: one fault + one success per item
     assert not any(m["content"].startswith(REASK) for q in reqs for m in q["messages"])  # never shown to the model
     assert all(r["usage"]["attempts"] == 1 for r in recs)
-
-
-@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
-@pytest.mark.parametrize("name", ["429_retry_after", "503", "hang_past_timeout", "reset_mid_response", "empty_choices"])
-def test_other_transports_classify_the_same_faults(tmp_path, brainstormed, name, transport):
-    """llm.transport = "httpx" (the openai SDK) and "aiohttp" (the lean path's stand-in behind a
-    proxy) instead of the default http1 pool."""
-    fault, kind = TRANSPORT[name]
-    rd, stats, reqs = run_generate(tmp_path, brainstormed, first_time(fault), transport=transport, timeout=timeout_for(name))
-    recs, _ = accounted(rd, stats)
-    assert len(recs) == EXAMPLES and stats["this_run"]["transport_retries"] == {kind: EXAMPLES}
-    assert len(reqs) == 2 * EXAMPLES
 
 
 @pytest.mark.parametrize("name", ["503", "reset_mid_response", "429_no_retry_after"])

@@ -59,7 +59,7 @@ def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
 
 
 def test_the_count_is_measured_only_when_needed(monkeypatch):
-    monkeypatch.setattr(F, "busy_cores", lambda cpus: (_ for _ in ()).throw(AssertionError("measured")))
+    monkeypatch.setattr(F, "free_cores", lambda **kw: (_ for _ in ()).throw(AssertionError("measured")))
     assert F.fleet_shape(ServeConfig(servers=2, n_threads=1)) == (2, 1)
 
 
@@ -154,10 +154,10 @@ def test_a_server_that_dies_is_started_again_on_its_port(stand_in, tmp_path, mon
         assert repeat_guard(url) is not None
 
 
-def test_the_python_engine_is_one_server(monkeypatch):
+def test_without_a_llama_server_the_fleet_names_the_build_script(monkeypatch):
     monkeypatch.setattr(server, "find_llama_server", lambda server_path=None: None)
-    fleet = F.EmbeddedFleet(ServeConfig(servers=4), "m")
-    assert len(fleet) == 1 and fleet.engine == "llama-cpp-python"
+    with pytest.raises(server.UserError, match=r"bash scripts/build_llama_server\.sh"):
+        F.EmbeddedFleet(ServeConfig(servers=4), "m")
 
 
 def test_a_server_that_cannot_start_stops_the_others(stand_in, tmp_path, monkeypatch):

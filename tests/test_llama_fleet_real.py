@@ -44,7 +44,7 @@ def _answers(servers: int, order: list[int], tmp_path, *, pin: bool = False) -> 
     from negsynth.llm.client import LLMClient
     from negsynth.llm.fleet import EmbeddedFleet, fleet_llm_config
 
-    cfg = ServeConfig(engine="llama-server", port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=180, servers=servers)
+    cfg = ServeConfig(port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=180, servers=servers)
     msgs = _requests()
     with EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / f"fleet{servers}-{pin}", pin=pin) as fleet:
         assert len(fleet) == servers and fleet.threads == 1 and fleet.prompt_mode == ("pinned" if pin else "off")

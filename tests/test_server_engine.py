@@ -1,5 +1,5 @@
-"""The embedded server's engine choice (llama-server / llama-cpp-python), its command line, its
-thread and slot choice, and a stand-in llama-server started through EmbeddedServer."""
+"""The embedded llama-server: finding the binary, its command line, its thread and slot choice, and
+a stand-in llama-server started through EmbeddedServer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import sys
-import types
 from pathlib import Path
 
 import httpx
@@ -99,18 +98,15 @@ def test_one_slot_unless_serve_parallel_asks_for_more():
     assert server.choose_slots(12, 2) == 12
 
 
-# -- engine choice -------------------------------------------------------------------------------
-def test_auto_takes_llama_server_when_found(fake_binary):
-    assert server.resolve_engine(ServeConfig(server_path=str(fake_binary))) == ("llama-server", fake_binary)
+# -- the binary ----------------------------------------------------------------------------------
+def test_the_built_binary_is_used(fake_binary):
+    assert server.llama_server_binary(ServeConfig(server_path=str(fake_binary))) == fake_binary
 
 
-def test_auto_falls_back_to_the_python_server_without_a_binary(no_llama_server):
-    assert server.resolve_engine(ServeConfig()) == ("llama-cpp-python", None)
-
-
-def test_engine_llama_server_without_a_binary_fails_in_one_line(no_llama_server):
-    with pytest.raises(UserError, match="build_llama_server.sh"):
-        server.resolve_engine(ServeConfig(engine="llama-server"))
+def test_no_binary_is_one_line_naming_the_build_script(no_llama_server):
+    with pytest.raises(UserError, match=r"bash scripts/build_llama_server\.sh") as e:
+        server.llama_server_binary(ServeConfig())
+    assert "\n" not in str(e.value)
 
 
 def test_a_wrong_server_path_is_an_error_not_a_silent_fallback(tmp_path):
@@ -118,11 +114,7 @@ def test_a_wrong_server_path_is_an_error_not_a_silent_fallback(tmp_path):
     not_exec.write_text("")
     for p in (tmp_path / "missing", not_exec):
         with pytest.raises(UserError, match="serve.server_path"):
-            server.resolve_engine(ServeConfig(server_path=str(p)))
-
-
-def test_engine_llama_cpp_python_ignores_a_built_binary(fake_binary):
-    assert server.resolve_engine(ServeConfig(engine="llama-cpp-python", server_path=str(fake_binary))) == ("llama-cpp-python", None)
+            server.llama_server_binary(ServeConfig(server_path=str(p)))
 
 
 def test_the_binary_is_found_beside_the_interpreter(tmp_path, monkeypatch):
@@ -131,11 +123,10 @@ def test_the_binary_is_found_beside_the_interpreter(tmp_path, monkeypatch):
     assert server.find_llama_server() == tmp_path / "llama-server"
 
 
-def test_config_rejects_an_unknown_engine_and_bad_counts():
-    for bad in ({"engine": "vllm"}, {"parallel": 0}, {"n_threads": -1}):
+def test_config_rejects_bad_counts():
+    for bad in ({"parallel": 0}, {"n_threads": -1}):
         with pytest.raises(ValidationError):
             ServeConfig(**bad)
-    assert RunConfig().serve.engine == "auto"
 
 
 # -- command lines -------------------------------------------------------------------------------
@@ -149,7 +140,7 @@ def test_llama_server_command(gguf, fake_binary):
     assert _opt(cmd, "--ctx-size") == str(4096 * 3)  # llama-server splits the context across its slots
     assert _opt(cmd, "--threads") == _opt(cmd, "--threads-batch") == "2"
     assert _opt(cmd, "--poll") == "0"  # idle threads sleep: no spinning on a shared core
-    assert _opt(cmd, "--repeat-penalty") == "1.1"  # llama-cpp-python's server default: both engines sample alike
+    assert _opt(cmd, "--repeat-penalty") == "1.1"  # the penalty every answer so far was sampled with
     # no slot folder (a server other processes talk to): "pinned" means off, every prompt evaluated
     # whole, so an answer does not depend on what the server served before (docs/llm_server.md)
     assert cfg.prompt_cache == "pinned"
@@ -168,36 +159,18 @@ def test_llama_server_command_takes_serve_n_threads(gguf, fake_binary):
     assert _opt(server.server_command(cfg, "m", 1), "--threads") == "5"
 
 
-def test_python_server_command_is_unchanged(gguf, monkeypatch, no_llama_server):
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
-    cmd = server.server_command(ServeConfig(model_path=str(gguf), n_ctx=2048), "m", 9002, slots=4)
-    assert cmd[:3] == [sys.executable, "-m", "llama_cpp.server"]
-    assert _opt(cmd, "--n_ctx") == "2048" and _opt(cmd, "--model_alias") == "m" and "--n_threads" not in cmd
-    cmd = server.server_command(ServeConfig(model_path=str(gguf), engine="llama-cpp-python", n_threads=2), "m", 9002)
-    assert _opt(cmd, "--n_threads") == "2"
-
-
-def test_serve_extra_args_end_either_command_line(gguf, fake_binary, monkeypatch):
+def test_serve_extra_args_end_the_command_line(gguf, fake_binary):
     """``serve.extra_args`` reach the server as given, after negsynth's own flags (so one of them
     can be overridden: llama-server takes the last value of a repeated flag)."""
     extra = ["--spec-type", "ngram-simple", "--threads", "1"]
     cmd = server.server_command(ServeConfig(model_path=str(gguf), server_path=str(fake_binary), extra_args=extra), "m", 1, threads=2)
     assert cmd[-4:] == extra and _opt(cmd, "--threads") == "2"
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
-    cfg = ServeConfig(model_path=str(gguf), engine="llama-cpp-python", extra_args=["--n_batch", "256"])
-    assert server.server_command(cfg, "m", 1)[-2:] == ["--n_batch", "256"]
     assert ServeConfig().extra_args == []
 
 
 def test_a_missing_model_is_a_user_error(tmp_path, fake_binary):
     with pytest.raises(UserError, match="serve.model_path"):
         server.server_command(ServeConfig(model_path=str(tmp_path / "none.gguf"), server_path=str(fake_binary)), "m", 1)
-
-
-def test_the_python_engine_has_one_slot(no_llama_server):
-    es = server.EmbeddedServer(ServeConfig(parallel=4), "m", slots=2)
-    assert es.engine == "llama-cpp-python" and es.slots == 1
-    assert "llama-cpp-python" in es.describe() and "build_llama_server.sh" in es.describe()
 
 
 # -- a stand-in llama-server through EmbeddedServer --------------------------------------------
@@ -208,7 +181,7 @@ def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
     binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
     cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30, parallel=2)
     es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=4, log_path=tmp_path / "logs" / "llama-server.log")
-    assert es.engine == "llama-server" and es.slots == 2 and es.threads >= 1
+    assert es.binary == binary and es.slots == 2 and es.threads >= 1
     with es:
         assert httpx.get(es.base_url + "/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
         argv = json.loads(argv_file.read_text())
@@ -352,12 +325,10 @@ def test_a_resume_on_another_llama_server_build_is_told_so(tmp_path, gguf, monke
     assert start(second) == []
 
 
-def test_the_python_server_keeps_no_thread_record(tmp_path, gguf, no_llama_server, monkeypatch):
-    from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
+def test_a_record_of_the_python_server_of_earlier_versions_carries_nothing(tmp_path):
+    """A run dir begun on llama-cpp-python's server (an engine since removed) resumes on llama-server
+    as a new run dir would: its thread count and prompt mode were not llama-server's."""
+    from negsynth.pipeline.embedded import SERVER_RECORD, kept_prompt_mode, kept_threads
 
-    monkeypatch.setattr(server.EmbeddedServer, "start", lambda self: "http://127.0.0.1:1/v1")
-    monkeypatch.setattr(server.EmbeddedServer, "stop", lambda self: None)
-    cfg = RunConfig.model_validate({"llm": {"base_url": "embedded"}, "serve": {"model_path": str(gguf)}})
-    with llm_endpoint(cfg, tmp_path, _Quiet()):
-        pass
-    assert not (tmp_path / SERVER_RECORD).exists()
+    (tmp_path / SERVER_RECORD).write_text(json.dumps({"engine": "llama-cpp-python", "threads": 4, "servers": 1}))
+    assert kept_threads(tmp_path) is None and kept_prompt_mode(tmp_path) is None

@@ -16,9 +16,9 @@ soak = load_benchmark("soak")
 @pytest.mark.slow
 def test_a_tiny_soak_passes_its_own_checks(tmp_path):
     """60 documents, a quarter of the requests faulty, one SIGKILL and a 3 s outage: exit 0 and
-    every verdict true (the LLM's negatives: no embedder to load, so it stays small)."""
+    every verdict true."""
     out = tmp_path / "soak"
-    argv = ["--docs", "60", "--kill-at", "0.3", "--outage-at", "0.6", "--outage-s", "3", "--negatives", "llm", "--sample-s", "0.1"]
+    argv = ["--docs", "60", "--kill-at", "0.3", "--outage-at", "0.6", "--outage-s", "3", "--sample-s", "0.1"]
     rc = soak.main([*argv, "--out", str(out), "--timeout", "3", "--run-timeout", "300"])
     res = json.loads((out / "results.json").read_text())
     assert rc == 0, res["checks"]

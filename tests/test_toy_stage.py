@@ -25,7 +25,7 @@ from negsynth.cli import app
 TOY_MODULE = '''
 """A toy stage: one example (query, positive, 4 negatives) per planned topic."""
 from negsynth import pipeline
-from negsynth.llm.client import ValidationFailure
+from negsynth.llm.errors import ValidationFailure
 from negsynth.pipeline import WorkItem
 from negsynth.schemas.records import Example
 from negsynth.schemas.section import Section

@@ -1,6 +1,6 @@
 """negsynth's trainer against sentence-transformers' stock recipe on the same rows.
 
-The recipe benchmarks compare negsynth's path with the stock recipe (``benchmarks/_stock.py``:
+The recipe benchmarks compare negsynth's path with the stock recipe (``benchmarks/harness.py``:
 ``SentenceTransformerTrainer`` + ``MultipleNegativesRankingLoss``, ``NO_DUPLICATES``, 10 % warmup).
 Every tenth of a point between the two must be attributable to a named setting, so: with the stock
 recipe's sampler (``batch_sampler = "shuffled"``) and one forward pass per batch
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-STOCK = Path(__file__).resolve().parents[1] / "benchmarks" / "_stock.py"
+STOCK = Path(__file__).resolve().parents[1] / "benchmarks" / "harness.py"
 PROBE = ["a query about topic 3", "a document discussing topic 5 in detail", "unrelated text on subject 2"]
 
 

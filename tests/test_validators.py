@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from negsynth.data.text import text_key
-from negsynth.llm.client import ValidationFailure
+from negsynth.llm.errors import ValidationFailure
 from negsynth.schemas.config import GenerateConfig
 from negsynth.stages.generate import make_validator
 from negsynth.validators import REASONS, check_example, check_task

@@ -2,9 +2,8 @@
 writes (with ``sort_keys`` when asked), through orjson where that gives the same bytes.
 
 The LLM stages serialise every request body (hashed for the request cache: a changed byte would
-make a resumed run pay again), every cached answer and every record line; with the stdlib
-encoder that was ~15 % of the client's CPU per request, orjson does it ~7x faster
-(``benchmarks/llm_throughput.py``). The two differ on a few inputs: floats such as ``1e-05``
+make a resumed run pay again), every cached answer and every record line; orjson does it ~7x
+faster than the stdlib encoder. The two differ on a few inputs: floats such as ``1e-05``
 (orjson writes ``0.00001``), NaN/infinity, integers beyond 64 bits, non-string keys, lone
 surrogates, other types. :func:`dumps` checks the value first (a walk, ~1 µs per 10 nodes) and
 hands anything outside the shared ground to the stdlib, so the bytes never depend on which

@@ -2,15 +2,17 @@
 
 Public API::
 
-    from negsynth.evaluate import evaluate, render_table, compare, print_report
+    from negsynth.evaluate import evaluate, render_table, compare, print_report, paired_test
     report = evaluate(embedder, suite="quick")          # dict, see runner.py for the schema
     print_report(report, baseline=old_report)           # rich table with deltas
+    paired_test(a, b)   # two models' per-query scores: mean difference, bootstrap CI, sign-flip p
 
 ``negsynth evaluate --help`` runs it from the shell (MiniLM by default).
 """
 
 from negsynth.data.readers import EvalDataError
 from negsynth.evaluate.runner import compare, evaluate, load_report, print_report, render_table, write_report
+from negsynth.evaluate.stats import align, paired_test
 from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, retrieval_task, select_tasks
 
 __all__ = [
@@ -18,9 +20,11 @@ __all__ = [
     "EvalDataError",
     "TaskSpec",
     "UnknownTask",
+    "align",
     "compare",
     "evaluate",
     "load_report",
+    "paired_test",
     "print_report",
     "render_table",
     "retrieval_task",

@@ -1,15 +1,8 @@
 """OpenAI-protocol LLM access: client, request cache, JSON extraction. Knows nothing of MGH."""
 
 from negsynth.llm.cache import RequestCache, request_key
-from negsynth.llm.client import (
-    BudgetStop,
-    LLMClient,
-    LLMFatalError,
-    LLMResult,
-    TransportError,
-    ValidationFailure,
-    resolve_api_key,
-)
+from negsynth.llm.client import LLMClient, LLMResult, resolve_api_key
+from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError, ValidationFailure
 from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.llm.session import CacheOpenError, open_client, rate_limiter
 

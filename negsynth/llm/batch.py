@@ -34,7 +34,7 @@ from typing import Any
 import openai
 
 from negsynth.data.shards import atomic_write_json, atomic_write_text, dumps_line
-from negsynth.llm.client import BudgetStop, LLMFatalError, TransportError
+from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError
 
 log = logging.getLogger(__name__)
 

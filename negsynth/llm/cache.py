@@ -19,7 +19,6 @@ import hashlib
 import json
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,49 +62,16 @@ class RequestCache:
         except sqlite3.Error:
             self._db.close()
             raise
-        self._filter = _KeyFilter()
-        self._seen_rowid = 0  # keys up to this rowid are in the filter
-        self._data_version = None
-        self._synced_at = 0.0
-        self._sync_filter()
         self._pending: dict[str, str] = {}  # key -> value, written at the end of this loop iteration
         self._error: Exception | None = None  # a failed deferred commit, raised by the next put
         #: seconds the first pending answer waits for others to share its commit (0: the end of this
         #: loop iteration); only for callers whose finished items are durable without the cache
         self.commit_window = commit_window
 
-    #: how often (seconds) a lookup re-reads which keys other processes (workers sharing the file) added
-    SYNC_EVERY = 0.5
-
-    def _sync_filter(self) -> None:
-        """Add the keys committed since the last sync (by anyone) to the filter. Rowids only grow:
-        an insert (or a replace) gets max(rowid) + 1."""
-        if self._filter.full():
-            self._filter = _KeyFilter(2 * self._filter.bits)
-            self._seen_rowid = 0
-        for rowid, key in self._db.execute("SELECT rowid, key FROM responses WHERE rowid > ?", (self._seen_rowid,)):
-            self._filter.add(key)
-            self._seen_rowid = max(self._seen_rowid, rowid)
-        self._data_version = self._db.execute("PRAGMA data_version").fetchone()[0]
-        self._synced_at = time.monotonic()
-
-    def _maybe_absent(self, key: str) -> bool:
-        """True when ``key`` is certainly not in the table (as of the last sync): no SELECT needed.
-        A miss lookup was ~10–40 µs of CPU, the largest part of the cache's cost per request."""
-        if self._filter.full():
-            self._sync_filter()  # grows and rebuilds it
-        elif time.monotonic() - self._synced_at > self.SYNC_EVERY:
-            self._synced_at = time.monotonic()
-            if self._db.execute("PRAGMA data_version").fetchone()[0] != self._data_version:  # another connection committed
-                self._sync_filter()
-        return not self._filter.may_hold(key)
-
     def get(self, key: str) -> dict | None:
         with self._lock:
             blob = self._pending.get(key)
             if blob is None:
-                if self._maybe_absent(key):
-                    return None
                 row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
                 blob = row[0] if row else None
         return jsonfast.loads(blob) if blob is not None else None
@@ -122,7 +88,6 @@ class RequestCache:
         with self._lock:
             if loop is None:
                 self._db.execute("INSERT OR REPLACE INTO responses (key, value) VALUES (?, ?)", (key, blob))
-                self._filter.add(key)
                 return
             first = not self._pending
             self._pending[key] = blob
@@ -152,8 +117,6 @@ class RequestCache:
                 self._pending = dict(rows) | self._pending
                 raise
             self._db.execute("COMMIT")
-            for k, _ in rows:
-                self._filter.add(k)
 
     def __len__(self) -> int:
         self.flush()
@@ -168,41 +131,3 @@ class RequestCache:
             except sqlite3.Error:
                 pass  # another process holds it (n workers share the cache): they checkpoint later
             self._db.close()
-
-
-class _KeyFilter:
-    """A Bloom filter over cache keys (four bit positions from the key's own SHA-256 digits): a
-    "no" is certain, a "maybe" (~0.2 % of absent keys while under a tenth full) goes to SQLite.
-    1 MiB holds ~800k keys before :meth:`full` asks for a twice bigger one."""
-
-    def __init__(self, bits: int = 1 << 23):
-        self.bits = bits
-        self._mask = bits - 1
-        self._arr = bytearray(bits >> 3)
-        self.count = 0
-
-    def _positions(self, key: str) -> tuple[int, int, int, int]:
-        try:
-            h = int(key[:32], 16) if len(key) >= 32 else None
-        except ValueError:
-            h = None
-        if h is None:  # not a request_key(): hash it
-            h = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:16], "big")
-        m = self._mask
-        return h & m, (h >> 32) & m, (h >> 64) & m, (h >> 96) & m
-
-    def add(self, key: str) -> None:
-        a = self._arr
-        for p in self._positions(key):
-            a[p >> 3] |= 1 << (p & 7)
-        self.count += 1
-
-    def may_hold(self, key: str) -> bool:
-        a = self._arr
-        for p in self._positions(key):
-            if not a[p >> 3] & (1 << (p & 7)):
-                return False
-        return True
-
-    def full(self) -> bool:
-        return self.count * 10 > self.bits

@@ -1,7 +1,10 @@
 """An async client for any OpenAI-compatible chat-completions endpoint.
 
 It knows nothing of MGH: it sends the messages it is given and returns parsed, validated
-objects. Two retry layers, kept apart:
+objects. Every request goes through the openai SDK (``AsyncOpenAI`` on its aiohttp HTTP client:
+proxies from ``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``), as a
+plain ``POST /chat/completions`` whose JSON the client reads itself (the SDK's request and
+response models cost ~1 ms of CPU per request and add nothing here). Two retry layers, kept apart:
 
 * **transport** (a plain retry loop): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
   resets and empty ``choices`` are retried with jittered exponential backoff. They are never
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,26 +30,26 @@ from typing import Any, Generic, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
+from negsynth.data import jsonfast
+from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache, request_key_and_body
 from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.errors import (
-    FATAL_KINDS,
     BadResponse,
     BudgetStop,
     EmptyResponse,
-    HTTPFault,
     LLMFatalError,
     OutageStop,
     TransportError,
     ValidationFailure,
-    aiohttp_errors,
+    causes,
     never_sent,
-    non_ascii_note,
-    openai,
-    openai_loaded,
-    outage_message,
+    redirect_message,
+    refused,
     retry_after_seconds,
     shorten,
+    status_code,
+    tls_failure,
     tls_message,
     transport_kind,
 )
@@ -55,38 +59,11 @@ from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.llm.prefix_pin import prefix_pin
 from negsynth.llm.repeats import repeat_guard
 from negsynth.llm.stats import ClientStats
-from negsynth.llm.wire import Wire, proxy_for, redirect_target
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
 
-#: the client's public names as they were before it was split: the stages, the pipeline, the
-#: benchmarks and the tests import them from here; each lives in the module of its responsibility
-#: (errors, stats, wire, outage) and is re-exported
-__all__ = [
-    "FATAL_KINDS",
-    "BadResponse",
-    "BudgetStop",
-    "ClientStats",
-    "EmptyResponse",
-    "HTTPFault",
-    "LLMClient",
-    "LLMFatalError",
-    "LLMResult",
-    "OutageStop",
-    "TransportError",
-    "ValidationFailure",
-    "non_ascii_note",
-    "outage_message",
-    "proxy_for",
-    "redirect_target",
-    "resolve_api_key",
-    "response_format_for",
-    "tls_message",
-    "transport_kind",
-]
-
 log = logging.getLogger(__name__)
-for _name in ("openai", "httpx", "httpcore", "aiohttp"):
+for _name in ("openai", "httpx", "httpx2", "httpcore", "aiohttp"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 T = TypeVar("T")
@@ -120,7 +97,22 @@ def response_format_for(mode: str, schema: dict | None, name: str) -> dict | Non
     return {"type": "json_object", "schema": schema}  # llama.cpp / vLLM accept a schema here
 
 
-class LLMClient(OutageWatch, Wire):
+def read_completion(raw: bytes) -> tuple[str | None, str | None, int, int]:
+    """``(text, finish_reason, prompt_tokens, completion_tokens)`` of a chat completion's JSON body."""
+    try:
+        obj = jsonfast.loads(raw)
+        choices = obj.get("choices")
+    except (ValueError, AttributeError):
+        raise BadResponse(f"the server answered 200 with a body that is not a chat completion ({len(raw)} bytes)") from None
+    if not choices:
+        raise EmptyResponse("the server answered with no choices")
+    ch = choices[0]
+    u = obj.get("usage") or {}
+    msg = ch.get("message") or {}
+    return msg.get("content"), ch.get("finish_reason"), u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0
+
+
+class LLMClient(OutageWatch):
     """Bounded-concurrency chat client with caching, transport retries and validation re-asks.
 
     Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
@@ -128,11 +120,9 @@ class LLMClient(OutageWatch, Wire):
     works with is passed here (:func:`negsynth.llm.open_client` builds one from the config); the
     one part plugged in later is a transport that needs the client itself (:meth:`plugged`).
 
-    Its parts by responsibility: this class sends one request (budget, retries, cache) and asks
-    until an answer validates; the HTTP transport is :class:`~negsynth.llm.wire.Wire`'s, the
-    failures in a row and the waits for a server that went away
-    :class:`~negsynth.llm.outage.OutageWatch`'s, both mixed in (one object: the pipeline reads
-    the outage on the client, the endpoint router opens and checks its per-URL clients).
+    This class sends one request (budget, retries, cache) and asks until an answer validates; the
+    failures in a row and the waits for a server that went away are
+    :class:`~negsynth.llm.outage.OutageWatch`'s, mixed in (the pipeline reads the outage on the client).
     """
 
     def __init__(
@@ -169,12 +159,12 @@ class LLMClient(OutageWatch, Wire):
         self.transport = transport
         self._sem = asyncio.Semaphore(cfg.total_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
+        self._sdk: Any = None  # the openai SDK client, made on first use
         #: llm.endpoints: several servers, one picked per attempt (None: ``base_url`` alone)
         self.router: EndpointSet | None = None
         if cfg.endpoints:
             self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
             self.base_url = self.router.describe()
-        self._init_wire()
         #: the embedded llama-server's exact-repeat guard, or its prompt-prefix pin (None for every other server)
         self._pin = prefix_pin(base_url)
         self._repeats = repeat_guard(base_url) if self._pin is None else None
@@ -190,17 +180,48 @@ class LLMClient(OutageWatch, Wire):
         return text
 
     def _endpoint_client(self, url: str, key: str, concurrency: int) -> LLMClient:
-        """The single-URL client whose transport carries one endpoint's requests."""
+        """The single-URL client whose SDK carries one endpoint's requests."""
         cfg = self.cfg.model_copy(update={"base_url": url, "max_concurrency": concurrency, "endpoints": []})
         return LLMClient(cfg, base_url=url, api_key=key)
 
+    @property
+    def sdk(self) -> Any:
+        """The ``openai.AsyncOpenAI`` client of this URL (chat here, files and batches in :mod:`negsynth.llm.batch`).
+
+        No SDK retries (the client's own are above it) and no redirects followed (one is a line
+        naming the URL to set instead); a connection gets ``llm.connect_timeout``, a request
+        ``llm.timeout`` as a whole (:meth:`_send`)."""
+        if self._sdk is None:
+            import openai
+
+            timeout = openai.Timeout(None, connect=self.cfg.connect_timeout)
+            try:
+                http = openai.DefaultAioHttpClient(timeout=timeout, follow_redirects=False)
+            except OSError as e:  # the TLS trust store the environment names cannot be read
+                where = ", ".join(f"{v}={os.environ[v]}" for v in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(v))
+                raise LLMFatalError(
+                    f"cannot load the TLS certificates ({where or 'the system store'}): {e.strerror or e}; fix or unset SSL_CERT_FILE / SSL_CERT_DIR"
+                ) from None
+            self._sdk = openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=timeout, http_client=http)
+        return self._sdk
+
     async def __aenter__(self) -> LLMClient:
-        await self._open_wire()
+        if self.router is not None:  # each endpoint's own client carries its requests
+            await self.router.open()
+        else:
+            self.sdk  # noqa: B018 - opened now, so that an outage can be waited out
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._stop_probing()
-        await self._close_wire()
+        await self._stop_waiting()
+        if self.router is not None:
+            await self.router.close()
+        if self._sdk is not None:
+            await self._sdk.close()
+            self._sdk = None
+
+    def _opened(self) -> bool:
+        return self._sdk is not None or (self.router is not None and self.router.opened)
 
     @asynccontextmanager
     async def plugged(self, transport: Any) -> AsyncIterator[Any]:
@@ -213,6 +234,36 @@ class LLMClient(OutageWatch, Wire):
             yield transport
         finally:
             await transport.aclose()
+
+    async def preflight(self, timeout: float = 10.0) -> None:
+        """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key
+        (``GET /models``; a server without it, 404/405, is found out by the first request)."""
+        if self.router is not None:
+            return await self.router.preflight(timeout)
+        url = self.base_url
+        try:
+            async with asyncio.timeout(timeout):
+                await self.sdk.get("/models", cast_to=bytes, options={"timeout": timeout})
+        except Exception as e:
+            code = status_code(e)
+            if code is None:
+                raise UserError(self._unreachable(e, timeout)) from None
+            if 300 <= code < 400:
+                raise UserError(redirect_message(url, url + "/models", code, e.response.headers.get("location"))) from None
+            if code in (401, 403):
+                raise UserError(f"llm.base_url={url} refused the API key (HTTP {code}); check llm.api_key_env") from None
+
+    def _unreachable(self, e: BaseException, timeout: float) -> str:
+        url = self.base_url
+        tls = tls_failure(e)
+        if tls:
+            return tls_message(url, tls)
+        if refused(e):
+            return f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
+        if transport_kind(e) == "timeout":
+            return f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server"
+        root = list(causes(e))[-1]
+        return f"cannot reach llm.base_url={url}: {shorten(root, 120) or type(root).__name__}; start the server or fix llm.base_url"
 
     # -- one request -------------------------------------------------------------------------
     def payload(self, messages: list[dict], *, response_format: dict | None, temperature: float | None, sample_index: int) -> dict:
@@ -245,10 +296,7 @@ class LLMClient(OutageWatch, Wire):
                 self.stats.cache_hits += 1
                 hit.pop("stage", None)  # who asked first: the cache's record, not part of the answer
                 return {**hit, "cached": True}
-        while self._back is not None:  # the server is down: wait with everyone for it to come back
-            await self._back.wait()
-        if self.outage is not None:
-            raise OutageStop(self.outage, self.outage_fatal)
+        trial = await self._held()  # while the server is waited for: held, or sent alone as the wait's probe
         sent = self._sent
         try:
             if self.transport is not None:
@@ -258,11 +306,13 @@ class LLMClient(OutageWatch, Wire):
             async with self._sem:
                 self._sent += 1
                 sent = self._sent
-                result = await self._send_with_retries(payload, body)
+                result = await self._send_with_retries(payload, body, retries=0 if trial is not None else self.cfg.max_retries)
+            self._note_answer(sent, trial)
         except TransportError as e:
-            self._note_failure(e, sent)
+            self._note_failure(e, sent, trial)
             raise
-        self._note_answer(sent)
+        finally:
+            self._trial_done(trial)
         if key is not None:
             self.cache_answer(key, result)
         return {**result, "cached": False}
@@ -287,19 +337,19 @@ class LLMClient(OutageWatch, Wire):
             self.limiter.on_rate_limited(retry_after_seconds(e))
         log.debug("transport fault %s (attempt %d), retrying", kind, attempt)
 
-    async def _send_with_retries(self, payload: dict, body: bytes | None = None) -> dict:
+    async def _send_with_retries(self, payload: dict, body: bytes | None, retries: int) -> dict:
         # The happy path is one plain call; only after a transport fault does tenacity take over
         # (its per-call machinery cost ~5 % of the client's CPU when wrapped around every request).
         try:
             try:
                 return await self._send(payload, body)
             except Exception as first:
-                if transport_kind(first) is None or self.cfg.max_retries == 0:
+                if transport_kind(first) is None or retries == 0:
                     raise
                 self._note_retry(first, 1)
                 await asyncio.sleep(self.backoff(first, 1))
             retrying = AsyncRetrying(
-                stop=stop_after_attempt(self.cfg.max_retries),
+                stop=stop_after_attempt(retries),
                 wait=lambda st: self.backoff(st.outcome.exception(), st.attempt_number + 1),
                 retry=retry_if_exception(lambda e: transport_kind(e) is not None),
                 before_sleep=lambda st: self._note_retry(st.outcome.exception(), st.attempt_number + 1),
@@ -308,52 +358,50 @@ class LLMClient(OutageWatch, Wire):
             async for attempt in retrying:
                 with attempt:
                     return await self._send(payload, body)
-        except HTTPFault as e:
-            if e.status_code in (401, 403):
-                raise LLMFatalError(
-                    f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env{non_ascii_note(self._api_key)}"
-                ) from None
-            if e.status_code == 404:
-                raise LLMFatalError(
-                    f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(shorten(e))})"
-                ) from None
-            kind = transport_kind(e)
-            if kind is None:
-                raise TransportError("bad_request", self._redact(shorten(e))) from None
-            self.stats.transport_failures[kind] += 1
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(shorten(e))}") from None
-        except (TimeoutError, ConnectionError, BadResponse, EmptyResponse, *aiohttp_errors()) as e:
-            kind = transport_kind(e) or "connection"
-            self.stats.transport_failures[kind] += 1
-            detail = shorten(e) or type(e).__name__
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(detail)}") from None
+        except (BudgetStop, LLMFatalError):
+            raise
         except Exception as e:
-            # the SDK's errors (httpx transport, files/batches); not named in an except clause, so
-            # an exception passing through (a cancellation) never imports openai on its way
-            if not openai_loaded():
-                raise
-            self._raise_sdk_error(e)
+            self._raise_failure(e, retries)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _raise_sdk_error(self, e: Exception) -> None:
-        """One of openai's exceptions as a fatal error or a transport failure; anything else as it is."""
-        if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError)):
-            raise LLMFatalError(f"{self.base_url} refused the API key ({e.status_code}); check llm.api_key_env") from None
-        if isinstance(e, openai.NotFoundError):
+    def _raise_failure(self, e: Exception, retries: int) -> None:
+        """A request that failed for good, as the one error that says why: a setting to fix
+        (:class:`LLMFatalError`, or an :class:`OutageStop` every request would meet) or a
+        :class:`TransportError` (the item is a reject, or waits for the server)."""
+        code = status_code(e)
+        if code is not None and 300 <= code < 400:  # a redirect: every request would meet it
+            self.outage, self.outage_fatal = (
+                redirect_message(self.base_url, str(e.request.url), code, e.response.headers.get("location")),
+                True,
+            )
+            raise OutageStop(self.outage, True) from None
+        if code in (401, 403):
+            raise LLMFatalError(f"{self.base_url} refused the API key ({code}); check llm.api_key_env") from None
+        if code == 404:
             raise LLMFatalError(
                 f"{self.base_url} answered 404 for model {self.cfg.model!r}; check llm.model and llm.base_url ({self._redact(shorten(e))})"
             ) from None
-        if isinstance(e, openai.APIStatusError):
-            kind = transport_kind(e)
-            if kind is None:
-                raise TransportError("bad_request", f"HTTP {e.status_code}: {self._redact(shorten(e))}") from None
-            self.stats.transport_failures[kind] += 1
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(shorten(e))}") from None
-        if isinstance(e, openai.APIConnectionError):
-            kind = transport_kind(e) or "connection"
-            self.stats.transport_failures[kind] += 1
-            raise TransportError("transport_" + kind, f"gave up after {self.cfg.max_retries} retries: {self._redact(shorten(e))}") from None
-        raise e
+        kind = transport_kind(e)
+        if kind is None:
+            if code is None:
+                raise e
+            raise TransportError("bad_request", f"HTTP {code}: {self._redact(shorten(e))}") from None
+        self.stats.transport_failures[kind] += 1
+        detail = tls_failure(e) or (shorten(e) or type(e).__name__)
+        if kind == "connection" and refused(e):
+            detail = f"connection refused ({detail})"
+        raise TransportError("transport_" + kind, f"gave up after {retries} retries: {self._redact(detail)}") from None
+
+    async def _post(self, payload: dict, body: bytes | None) -> bytes:
+        """``POST /chat/completions`` through the SDK; the answer's raw JSON. ``body``: the payload
+        already serialised (see ``request_key_and_body``); ``extra_body`` keys are merged into the
+        top level, as the SDK's typed methods do."""
+        extra = payload.get("extra_body")
+        if extra is not None or body is None:
+            merged = {k: v for k, v in payload.items() if k != "extra_body"}
+            merged.update(extra or {})
+            body = jsonfast.dumps(merged)
+        return await self.sdk.post("/chat/completions", cast_to=bytes, content=body)
 
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
         lim = self.limiter
@@ -361,14 +409,12 @@ class LLMClient(OutageWatch, Wire):
         if lim is not None:
             reserved = await lim.acquire(payload)
         ok = False
-        ep = None  # with llm.endpoints: the endpoint this attempt goes to, and its transport
+        ep = None  # with llm.endpoints: the endpoint this attempt goes to, and its client
         via = self
         try:
             if self.router is not None:
                 ep = await self.router.acquire()
                 via = ep.client
-            lean = via._pool is not None or via._session is not None
-            assert lean or via._client is not None, "use LLMClient inside 'async with'"
             # the gate and the count happen with no await between them, so concurrent senders
             # can never overshoot --max-requests
             if self.outage is not None:
@@ -393,15 +439,14 @@ class LLMClient(OutageWatch, Wire):
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
-                    if via._pin is not None and lean:
+                    if via._pin is not None:
                         # a pinned embedded llama-server: its slot set to the request's prefix
                         # first, nothing else sent to it until the answer (negsynth.llm.prefix_pin)
                         async with via._pin.hold(payload["messages"]) as cache_prompt:
-                            text, finish, pt, ct = await via._post_chat(_with_cache_prompt(payload, cache_prompt))
-                    elif lean:
-                        text, finish, pt, ct = await via._post_chat(payload, body)
+                            raw = await via._post(_with_cache_prompt(payload, cache_prompt), None)
                     else:
-                        resp = await via._client.chat.completions.create(**payload)
+                        raw = await via._post(payload, body)
+                text, finish, pt, ct = read_completion(raw)
             except Exception as e:
                 if never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
@@ -410,15 +455,6 @@ class LLMClient(OutageWatch, Wire):
                 if ep is not None:
                     self.router.failed(ep, transport_kind(e), never_sent(e))
                 raise
-            if not lean:
-                if not resp.choices:
-                    raise EmptyResponse("the server answered with no choices")
-                ch = resp.choices[0]
-                u = resp.usage
-                pt = (u.prompt_tokens or 0) if u else 0
-                ct = (u.completion_tokens or 0) if u else 0
-                text = ch.message.content if ch.message is not None else None
-                finish = ch.finish_reason
             self.stats.prompt_tokens += pt
             self.stats.completion_tokens += ct
             if self.ledger is not None:
@@ -454,15 +490,16 @@ class LLMClient(OutageWatch, Wire):
         the ``reask`` prompt template). A transport failure after all retries yields a result
         with reason ``transport_*``.
         """
-        if self.transport is not None:
-            self.transport.begin()
-            try:
-                return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
-            finally:
-                self.transport.end()
-        return await self._structured(messages, validate, schema, name, sample_index, temperature, reask_template)
+        batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
+        if batch is not None:
+            batch.begin()
+        try:
+            return await self._ask(messages, validate, schema, name, sample_index, temperature, reask_template)
+        finally:
+            if batch is not None:
+                batch.end()
 
-    async def _structured(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
+    async def _ask(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
         rf = response_format_for(self.cfg.structured_output, schema, name)
         msgs = list(messages)
         pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt

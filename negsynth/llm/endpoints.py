@@ -26,9 +26,9 @@ What does not change with several endpoints:
 * when every endpoint is out, a request still goes to the one whose probe is due soonest, so a
   fleet that is down as a whole is met as one server that is down: after
   ``llm.max_consecutive_failures`` failed requests in a row the client holds every request and
-  waits the outage out (``llm.outage_wait``), probing every endpoint at once with backoff
-  (:meth:`EndpointSet.probe_all`); the first that answers is back in and the stage resumes by
-  itself. Past ``llm.outage_wait`` (or with it 0) the stage stops (exit 4), as before.
+  waits the outage out (``llm.outage_wait``, :mod:`negsynth.llm.outage`): after each pause one
+  held request goes, to the endpoint due soonest, and the endpoints' own probes keep running; the
+  first answer resumes the stage. Past ``llm.outage_wait`` (or with it 0) the stage stops (exit 4).
 
 Keys: an endpoint's own ``api_key_env`` / ``api_key_file``, else ``llm.api_key_env`` /
 ``llm.api_key_file``. They are never logged or written; stats and logs name an endpoint by
@@ -167,16 +167,6 @@ class EndpointSet:
             if why:
                 self._take_out(e, why)
 
-    async def probe_all(self, timeout: float) -> bool:
-        """One probe of every endpoint at once, while the client waits out an outage of the whole
-        fleet: each one that answers is back in (one request at a time until one is answered).
-        True when any answered."""
-        whys = await asyncio.gather(*(self._health(e, timeout) for e in self.endpoints))
-        for e, why in zip(self.endpoints, whys):
-            if why is None and e.out:
-                self._back_in(e, "its health check answered", trial=True)
-        return any(why is None for why in whys)
-
     def _take_out(self, e: Endpoint, why: str) -> None:
         now = time.monotonic()
         if e.out:
@@ -268,8 +258,8 @@ class EndpointSet:
         self._changed.set()
 
     def hanging(self) -> str | None:
-        """The endpoints last taken out for a timeout (named when their health check answers but
-        their chat requests do not), or None."""
+        """The endpoints last taken out for a timeout (named when a request was taken and never
+        answered), or None."""
         return ", ".join(e.label for e in self.endpoints if e.why == "timeout") or None
 
     def as_dict(self) -> dict[str, dict[str, int]]:

@@ -1,50 +1,24 @@
 """What can go wrong talking to an LLM server: the exceptions the client raises, which faults are
 worth a retry (:func:`transport_kind`), and the one-line messages that name a likely cause.
 
-None of this holds state: the client (:mod:`negsynth.llm.client`, which re-exports these names),
-its transport (:mod:`negsynth.llm.wire`) and its outage bookkeeping (:mod:`negsynth.llm.outage`)
-all classify and word a fault the same way from here.
+None of this holds state: the client (:mod:`negsynth.llm.client`) and its outage bookkeeping
+(:mod:`negsynth.llm.outage`) classify and word a fault the same way from here. The openai SDK's
+own exceptions are recognised without importing it (it costs ~1 s of CPU at start): an exception
+can only be one of them once the client has imported it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
+import ssl
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from negsynth.errors import NegsynthError
-from negsynth.llm.http1 import ConnectFailed, ProtocolFault
-from negsynth.llm.keys import char_name
 from negsynth.schemas.config import LLMConfig
-
-
-class _OpenAIOnUse:
-    """The ``openai`` module, imported on first use: the lean aiohttp chat path never needs it,
-    and importing it costs ~0.9 s of CPU at every start (files/batches and the httpx transport
-    import it when they run). An exception can only be an openai one once openai is imported,
-    so :func:`openai_loaded` guards the checks that classify exceptions."""
-
-    def __getattr__(self, name: str) -> Any:
-        import openai as module
-
-        return getattr(module, name)
-
-
-openai = _OpenAIOnUse()
-
-
-def openai_loaded() -> bool:
-    """Whether openai is imported (else no exception can be one of its own)."""
-    return "openai" in sys.modules
-
-
-def aiohttp_errors() -> tuple[type[BaseException], ...]:
-    """aiohttp's base error once aiohttp is imported (only the proxy path imports it: ~0.3 s at start)."""
-    mod = sys.modules.get("aiohttp")
-    return (mod.ClientError,) if mod is not None else ()
 
 
 class LLMFatalError(NegsynthError, RuntimeError):
@@ -62,6 +36,15 @@ class TransportError(NegsynthError, RuntimeError):
 
 class EmptyResponse(NegsynthError, RuntimeError):
     """The server answered 200 with no choices."""
+
+
+class BadResponse(NegsynthError, RuntimeError):
+    """A 200 whose body is not a chat completion (cut off, not JSON): retried like a reset."""
+
+
+class NotSent(NegsynthError, ConnectionError):
+    """Something before the request failed (setting the embedded server's slot): nothing was sent,
+    so it counts as no request; retried as a connection fault."""
 
 
 class BudgetStop(NegsynthError, RuntimeError):
@@ -92,72 +75,74 @@ class ValidationFailure(NegsynthError, ValueError):
         self.detail = detail
 
 
-class HTTPFault(NegsynthError):
-    """A non-200 answer on the lean path (the SDK path raises openai.APIStatusError)."""
-
-    def __init__(self, status_code: int, headers: Any, message: str):
-        super().__init__(f"HTTP {status_code}: {message}")
-        self.status_code = status_code
-        self.headers = headers
-        self.message = message
+def _openai() -> Any:
+    return sys.modules.get("openai")
 
 
-class BadResponse(NegsynthError, RuntimeError):
-    """A 200 whose body is not a chat completion (cut off, not JSON): retried like a reset."""
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from, outermost first (the SDK wraps the socket's error twice)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        yield e
+        seen += 1
+        e = e.__cause__ or e.__context__
+
+
+def status_code(exc: BaseException) -> int | None:
+    """The HTTP status of an answer the SDK raised for (``openai.APIStatusError``), else None."""
+    oa = _openai()
+    return exc.status_code if oa is not None and isinstance(exc, oa.APIStatusError) else None
 
 
 def transport_kind(exc: BaseException) -> str | None:
     """Classify a retryable transport fault, or None when the exception is not one."""
-    if isinstance(exc, HTTPFault):
-        code = exc.status_code
+    code = status_code(exc)
+    if code is not None:
         if code == 429:
             return "rate_limited"
-        if code in (408, 409, 425) or code >= 500:
-            return f"http_{code}"
-        return None
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return f"http_{code}" if code in (408, 409, 425) or code >= 500 else None
+    if isinstance(exc, TimeoutError):  # the client's own deadline (llm.timeout)
         return "timeout"
-    if isinstance(exc, (BadResponse, ProtocolFault)):
+    if isinstance(exc, BadResponse):
         return "bad_response"
-    if isinstance(exc, (ConnectionError, *aiohttp_errors())):
-        return "connection"
     if isinstance(exc, EmptyResponse):
         return "empty_choices"
-    if not openai_loaded():
-        return None
-    if isinstance(exc, openai.RateLimitError):
-        return "rate_limited"
-    if isinstance(exc, openai.APITimeoutError):
-        # the aiohttp transport maps every aiohttp.ClientConnectionError (a reset, a closed
-        # socket) to httpx.ConnectTimeout: look at the original cause to tell them apart
-        return "connection" if _caused_by_disconnect(exc) else "timeout"
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, ConnectionError):
         return "connection"
-    if isinstance(exc, openai.APIStatusError):
-        code = exc.status_code
-        if code in (408, 409, 425, 429) or code >= 500:
-            return f"http_{code}"
+    oa = _openai()
+    if oa is not None and isinstance(exc, oa.APIConnectionError):
+        # the SDK's aiohttp transport reports a reset or a refused connection as a connect timeout:
+        # what happened is the socket's error at the end of the chain. A server that took the
+        # request and never answered is a timeout; one that cannot be reached is a connection fault
+        for c in causes(exc):
+            if isinstance(c, TimeoutError) and type(c).__name__ != "ConnectionTimeoutError":
+                return "timeout"
+        return "connection"
     return None
 
 
-def _caused_by_disconnect(exc: BaseException) -> bool:
-    e: BaseException | None = exc.__cause__ or exc.__context__
-    for _ in range(6):
-        if e is None:
-            return False
-        if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
-            return False
-        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ in (
-            "ServerDisconnectedError",
-            "ClientOSError",
-            "ClientPayloadError",
-        ):
+def never_sent(exc: BaseException) -> bool:
+    """Nothing reached the server (the connection was refused or never made): not a request."""
+    for c in causes(exc):
+        if isinstance(c, (NotSent, ConnectionRefusedError)) or type(c).__name__ == "ClientConnectorError":
             return True
-        mod = type(e).__module__ or ""
-        if mod.startswith("aiohttp") and "Timeout" not in type(e).__name__:
-            return True
-        e = e.__cause__ or e.__context__
     return False
+
+
+def tls_failure(exc: BaseException) -> str | None:
+    """``TLS handshake with HOST:PORT failed: why`` when a TLS handshake failed on the way, else None."""
+    for c in causes(exc):
+        if isinstance(c, ssl.SSLError):
+            inner = getattr(c, "certificate_error", None) or getattr(c, "os_error", None) or c  # aiohttp's wrapper
+            why = getattr(inner, "verify_message", None) or getattr(inner, "reason", None) or str(inner)
+            host, port = getattr(c, "host", None), getattr(c, "port", None)
+            return f"TLS handshake with {host}:{port} failed: {why}" if host else f"TLS handshake failed: {why}"
+    return None
+
+
+def refused(exc: BaseException) -> bool:
+    return any(isinstance(c, ConnectionRefusedError) for c in causes(exc))
 
 
 def retry_after_seconds(exc: BaseException) -> float | None:
@@ -188,45 +173,19 @@ def retry_after_seconds(exc: BaseException) -> float | None:
             return None
 
 
-def never_sent(e: BaseException) -> bool:
-    """The connection was refused (nothing reached the server): the request does not count."""
-    if isinstance(e, ConnectFailed):
-        return True
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None and isinstance(e, aiohttp.ClientConnectorError):
-        return True
-    if openai_loaded() and isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
-        c = e.__cause__ or e.__context__
-        for _ in range(4):
-            if c is None:
-                break
-            if isinstance(c, ConnectionRefusedError) or type(c).__name__ in ("ConnectError", "ClientConnectorError"):
-                return True
-            c = c.__cause__ or c.__context__
-    return False
-
-
 #: when most failed requests in a row failed like this, the server answers but something is
 #: misconfigured (URL, model, request parameters): fix it, then rerun (the items are retried)
 FATAL_KINDS = ("bad_request", "transport_bad_response", "transport_empty_choices")
 
 
-def non_ascii_note(key: str) -> str:
-    """For a refused key: its first non-ASCII character, named (never the key), or ''."""
-    for i, c in enumerate(key):
-        if ord(c) > 127:
-            return f"; the key has the non-ASCII character {char_name(c)} at position {i + 1}, which API keys never have"
-    return ""
-
-
 def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: str, *, hanging: str | None = None) -> str:
     """One line: why the stage stopped after ``n`` failed requests in a row, and the likely cause.
-    ``hanging``: the server(s) whose ``GET /models`` answers while no chat request does."""
+    ``hanging``: the server(s) that took the requests and answered none in time."""
     top = kinds.most_common(1)[0][0] if kinds else "transport"
     what = ", ".join(f"{k} {v}" for k, v in kinds.most_common())
     if hanging and "timeout" in top:
         hint = (
-            f"{hanging} answers GET /models but no chat request within llm.timeout={cfg.timeout:g} s: the server hangs; "
+            f"{hanging} took chat requests and answered none within llm.timeout={cfg.timeout:g} s: the server hangs; "
             f"restart it (or raise llm.timeout if llm.model={cfg.model!r} is that slow)"
         )
     elif "connection" in top and "TLS handshake" in last:
@@ -256,6 +215,25 @@ def tls_message(url: str, detail: str) -> str:
         f"llm.base_url={url}: TLS failed ({detail[:200]}); the server's certificate is not trusted or not for this host: "
         "point SSL_CERT_FILE at its CA certificate, or fix llm.base_url (http:// for a plain server)"
     )
+
+
+def redirect_message(base_url: str, url: str, status: int, location: str | None) -> str:
+    """One line for a redirect answered to ``url``: no request follows one (a 301/302/303 would turn
+    the POST into a GET, and the API key is never sent to another host): the line names the
+    ``llm.base_url`` to set instead."""
+    from urllib.parse import urljoin, urlsplit
+
+    if not location:
+        return f"llm.base_url={base_url} answered a {status} redirect without a Location; fix llm.base_url"
+    new = urljoin(url, location)
+    for tail in ("/chat/completions", "/models"):
+        if new.endswith(tail):
+            new = new[: -len(tail)]
+    new = new[:200]
+    a, b = urlsplit(url), urlsplit(new)
+    if (a.scheme, a.hostname, a.port) != (b.scheme, b.hostname, b.port):
+        return f"llm.base_url={base_url} redirects ({status}) to another host, {new}; the API key is not sent there: set llm.base_url = {new!r} if you trust it"
+    return f"llm.base_url={base_url} redirects ({status}) to {new}; set llm.base_url = {new!r}"
 
 
 def shorten(e: BaseException, n: int = 200) -> str:

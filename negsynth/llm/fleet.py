@@ -17,21 +17,20 @@ and K servers on K cores answer ~K requests at once (docs/llm_server.md).
 
 A server that exits while the fleet is up is started again on its own port (the router's probe
 then takes it back in), at most :attr:`EmbeddedFleet.RESTARTS` times; after that it stays out
-and the others carry its share. The Python engine (``llama-cpp-python``) is always one server.
+and the others carry its share.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from negsynth.errors import UserError
-from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, busy_cores, resolve_engine
+from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, free_cores, llama_server_binary
 from negsynth.schemas.config import EndpointConfig, LLMConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -57,28 +56,6 @@ def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
     per = max(1, math.ceil(cfg.max_concurrency / len(urls)))
     eps = [EndpointConfig(base_url=u, max_concurrency=per) for u in urls]
     return cfg.model_copy(update={"base_url": urls[0], "endpoints": eps})
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
-    """The cores this process may use (``os.sched_getaffinity``) that are not busy now
-    (:func:`~negsynth.llm.server.busy_cores`, measured over one second unless ``load`` is given),
-    rounded; at least 1."""
-    if cpus is None:
-        cpus = _usable_cpus()
-    if load is None:
-        try:
-            mine = set(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            mine = set(range(cpus))
-        load = busy_cores(mine)
-    return max(1, min(cpus, cpus - int(load + 0.5)))
 
 
 #: MiB of available memory asked per automatic server: each measured ~229 MiB resident at
@@ -151,11 +128,8 @@ class EmbeddedFleet:
         pin: bool = False,
     ):
         self.cfg = cfg
-        self.engine, self.binary = resolve_engine(cfg)
-        if self.engine == "llama-server":
-            n, t = fleet_shape(cfg if servers is None else cfg.model_copy(update={"servers": servers}), threads=threads)
-        else:
-            n, t = 1, threads or cfg.n_threads  # the Python server: one, its own thread default
+        self.binary = llama_server_binary(cfg)
+        n, t = fleet_shape(cfg if servers is None else cfg.model_copy(update={"servers": servers}), threads=threads)
         self.threads = t
         names = ["llama-server.log"] if n == 1 else [f"llama-server-{i}.log" for i in range(n)]
         self.servers = [
@@ -170,7 +144,7 @@ class EmbeddedFleet:
             )
             for i, name in enumerate(names)
         ]
-        self.slots = self.servers[0].slots if self.engine == "llama-server" else 1
+        self.slots = self.servers[0].slots
         self.restarts = [0] * n
         self._stopping = threading.Event()
         self._lock = threading.Lock()

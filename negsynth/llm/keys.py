@@ -34,9 +34,9 @@ def read_key(env: str | None, file: str | None, where: str, error: type[Exceptio
 
 def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> str:
     """An HTTP header cannot hold a line break or control character, and no key holds an invisible
-    one (a pasted zero-width space, a no-break space, a byte-order mark): say which, at start-up,
-    instead of a traceback or a 401 later. Visible non-ASCII characters are sent as UTF-8 on
-    every transport, as aiohttp sends them (keys it accepts keep working)."""
+    one (a pasted zero-width space, a no-break space, a byte-order mark) or any other non-ASCII
+    character (a look-alike letter pasted from a document; the SDK's HTTP client cannot send
+    one): say which and where, at start-up, instead of a traceback or a 401 later."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise error(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
     bad = invisible_char(key)
@@ -46,6 +46,12 @@ def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> st
             f"the API key in {where} contains the invisible character {char_name(c)} at position {i + 1} "
             "(a copy-paste accident?); remove it (the key is never shown here)"
         )
+    for i, c in enumerate(key):
+        if ord(c) > 127:
+            raise error(
+                f"the API key in {where} has the non-ASCII character {char_name(c)} at position {i + 1}, which API keys never have "
+                "(a look-alike letter pasted?); fix it (the key is never shown here)"
+            )
     return key
 
 

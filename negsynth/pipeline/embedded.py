@@ -14,6 +14,8 @@ from pathlib import Path
 
 #: the run dir's record of its first embedded servers (engine, threads per server, servers)
 SERVER_RECORD = "embedded-server.json"
+#: the engine a record names (run dirs of earlier versions may name another, whose counts do not carry over)
+ENGINE = "llama-server"
 
 
 def server_record(run_dir: Path) -> dict:
@@ -25,7 +27,7 @@ def server_record(run_dir: Path) -> dict:
     return rec if isinstance(rec, dict) else {}
 
 
-def kept_threads(run_dir: Path, engine: str) -> int | None:
+def kept_threads(run_dir: Path) -> int | None:
     """The threads per server of the run dir's first llama-server(s), or None (no record, another engine).
 
     llama.cpp's answers depend on its thread count (1 and 2 threads give different text for the
@@ -35,7 +37,7 @@ def kept_threads(run_dir: Path, engine: str) -> int | None:
     whose count followed the load) keeps that count per server, so that a resumed or extended run
     writes what an uninterrupted one would have. ``serve.n_threads`` still overrides it."""
     rec = server_record(run_dir)
-    t = rec.get("threads") if rec.get("engine") == engine else None
+    t = rec.get("threads") if rec.get("engine") == ENGINE else None
     return t if isinstance(t, int) and t > 0 else None
 
 
@@ -58,26 +60,26 @@ def other_build(run_dir: Path, build: str | None) -> str | None:
     return first if isinstance(first, str) and build and first != build else None
 
 
-def kept_prompt_mode(run_dir: Path, engine: str) -> str | None:
+def kept_prompt_mode(run_dir: Path) -> str | None:
     """How the run dir's first llama-server(s) treated a prompt's shared prefix ("pinned", "on" or
     "off"; a record from before the pin: "off"), or None (no record, another engine). An answer
     computed from a pinned prefix is not the answer computed on the whole prompt, so a run dir
     keeps its first mode: a resumed or extended run writes what an uninterrupted one would have."""
     rec = server_record(run_dir)
-    if rec.get("engine") != engine:
+    if rec.get("engine") != ENGINE:
         return None
     mode = rec.get("prompt", "off")
     return mode if mode in ("pinned", "on", "off") else "off"
 
 
-def prompt_mode(cfg, run_dir: Path, engine: str, in_process: bool) -> tuple[str, str]:
+def prompt_mode(cfg, run_dir: Path, in_process: bool) -> tuple[str, str]:
     """``(serve.prompt_cache to start the servers with, a note when it is not the configured one)``.
 
     A run dir begun with every prompt evaluated whole (before the pin, or under Ray) stays so under
     the default; ``serve.prompt_cache = "off"`` is honoured on a pinned run dir, with a note. Under
     Ray (``in_process`` False) a pin cannot hold: the prompt is evaluated whole."""
     want = cfg.serve.prompt_cache
-    kept = kept_prompt_mode(run_dir, engine)
+    kept = kept_prompt_mode(run_dir)
     notes = []
     if kept == "off" and want == "pinned":
         want = "off"
@@ -107,11 +109,9 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
         return
     from negsynth.data.shards import atomic_write_json
     from negsynth.llm.fleet import EmbeddedFleet
-    from negsynth.llm.server import resolve_engine
 
-    engine = resolve_engine(cfg.serve)[0]
-    kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir, engine)
-    mode, mode_why = prompt_mode(cfg, run_dir, engine, in_process) if engine == "llama-server" else (cfg.serve.prompt_cache, "")
+    kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir)
+    mode, mode_why = prompt_mode(cfg, run_dir, in_process)
     serve = cfg.serve if mode == cfg.serve.prompt_cache else cfg.serve.model_copy(update={"prompt_cache": mode})
     fleet = EmbeddedFleet(serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", slots=cfg.llm.max_concurrency, threads=kept, pin=in_process)
     whys = (
@@ -122,7 +122,7 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
     whys += [mode_why] if mode_why else []
     why = f" ({'; '.join(whys)})" if whys else ""
     reporter.info(f"starting the embedded LLM ({cfg.llm.model}): {fleet.describe()}{why} ...")
-    build = build_id(fleet.binary) if fleet.engine == "llama-server" else None
+    build = build_id(fleet.binary)
     first = other_build(run_dir, build)
     if first:
         reporter.warn(
@@ -131,8 +131,8 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
             "(a build for other CPU instructions writes other text)"
         )
     with fleet:
-        if fleet.engine == "llama-server" and not (Path(run_dir) / SERVER_RECORD).exists():
-            record = {"engine": fleet.engine, "threads": fleet.threads, "servers": len(fleet), "prompt": fleet.prompt_mode}
+        if not (Path(run_dir) / SERVER_RECORD).exists():
+            record = {"engine": ENGINE, "threads": fleet.threads, "servers": len(fleet), "prompt": fleet.prompt_mode}
             atomic_write_json(Path(run_dir) / SERVER_RECORD, {**record, "build": build} if build else record)
         rss = [r for r in fleet.rss_mib() if r is not None]
         mem = f" ({max(rss):.0f} MiB resident per server at start)" if rss and len(fleet) > 1 else ""

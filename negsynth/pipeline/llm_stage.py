@@ -30,8 +30,10 @@ from typing import Any, ClassVar
 from negsynth.aio import run_sync
 from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.llm.client import ClientStats, LLMClient, LLMFatalError, LLMResult
+from negsynth.llm.client import LLMClient, LLMResult
+from negsynth.llm.errors import LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
+from negsynth.llm.stats import ClientStats
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_outputs, begin_staging, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
@@ -187,7 +189,7 @@ def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None
     reason that is a setting to fix (the server answers, but not with chat completions): the
     stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending.
     ``fixed`` valid records need no request (brainstorm's fixed STS task): they do not count."""
-    from negsynth.llm.client import FATAL_KINDS, outage_message
+    from negsynth.llm.errors import FATAL_KINDS, outage_message
 
     if client is None or rep.failed or rep.outage or not rep.pending or rep.valid > fixed or rep.rejected:
         return

@@ -75,17 +75,12 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from negsynth.llm.fleet import join_urls
-    from negsynth.llm.server import resolve_engine
-    from negsynth.pipeline.embedded import kept_threads
+    from negsynth.llm.server import llama_server_binary
+    from negsynth.pipeline.embedded import ENGINE, kept_threads
 
     cfg = ctx.cfg
-    engine = resolve_engine(cfg.serve)[0]
-    if engine != "llama-server":
-        raise UserError(
-            f"--executor ray on {len(nodes)} nodes starts llama.cpp's llama-server on every node; serve.engine resolves to {engine!r} "
-            "here (build it: bash scripts/build_llama_server.sh), or point llm.base_url at a served endpoint"
-        )
-    threads = None if cfg.serve.n_threads is not None else kept_threads(ctx.run_dir, engine)
+    llama_server_binary(cfg.serve)  # none built here: one line naming the build script, before any node starts
+    threads = None if cfg.serve.n_threads is not None else kept_threads(ctx.run_dir)
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeFleet)
     fleets = [
         actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
@@ -108,7 +103,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
 
         record = Path(ctx.run_dir) / SERVER_RECORD
         if not record.exists():
-            atomic_write_json(record, {"engine": engine, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
+            atomic_write_json(record, {"engine": ENGINE, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
         yield join_urls(urls)
     finally:
         for f in fleets:

@@ -37,7 +37,7 @@ from negsynth.data.shards import (
 )
 from negsynth.errors import UserError
 from negsynth.faults import crash_point
-from negsynth.llm.client import BudgetStop, OutageStop
+from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
 
 #: failures that are not the model's: never final. An item that ends with one stays *pending*:

@@ -68,38 +68,54 @@ def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(m, "model_fields", {}).keys())
 
 
-#: options taken out of the package, each measured here to tie or trail (their figures: docs/corpus.md,
-#: "Options removed, and their figures"): run-file key -> (the values removed, or None for the key
-#: itself; what to use instead), so a run file that still names one is told so in one line
-REMOVED: dict[str, tuple[tuple[str, ...] | None, str]] = {
-    "corpus.teacher": (("hybrid", "llm-likelihood", "hybrid+llm-likelihood"), 'use "cross-encoder" (with corpus.teacher_model) or "none"'),
+#: why most options left: each was measured here to tie or trail (their figures: docs/corpus.md,
+#: "Options removed, and their figures")
+MEASURED = "measured no gain: docs/corpus.md"
+
+#: options taken out of the package: run-file key -> (the values removed, or None for the key itself;
+#: why they left; what to use instead), so a run file that still names one is told so in one line
+REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
+    "corpus.teacher": (
+        ("hybrid", "llm-likelihood", "hybrid+llm-likelihood"),
+        MEASURED,
+        'use "cross-encoder" (with corpus.teacher_model) or "none"',
+    ),
     "corpus.likelihood": (
         None,
+        MEASURED,
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is corpus.teacher = "cross-encoder")',
     ),
-    "corpus.negatives": (None, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
-    "corpus.max_doc_chars": (None, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
-    "corpus.queries": (("llm+title", "llm+sentence"), 'use "llm" (or "title" / "sentence" alone, the no-LLM floor)'),
+    "corpus.negatives": (None, MEASURED, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
+    "corpus.max_doc_chars": (None, MEASURED, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
+    "corpus.queries": (("llm+title", "llm+sentence"), MEASURED, 'use "llm" (or "title" / "sentence" alone, the no-LLM floor)'),
     "curriculum.incomplete_batches": (
         None,
+        MEASURED,
         'a phase\'s leftover rows always train as short batches (the old default, "train"); delete the key',
     ),
-    "curriculum.balance": (None, 'a pass is every example once (the old default, "examples"); delete the key'),
-    "regenerate.teacher": (("llm-likelihood",), 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
+    "curriculum.balance": (None, MEASURED, 'a pass is every example once (the old default, "examples"); delete the key'),
+    "regenerate.teacher": (("llm-likelihood",), MEASURED, 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
     "regenerate.likelihood": (
         None,
+        MEASURED,
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
+    ),
+    "llm.transport": (None, "every request goes through the openai SDK", "delete the key"),
+    "serve.engine": (
+        None,
+        "the embedded LLM is llama.cpp's llama-server only",
+        "delete the key (build it: bash scripts/build_llama_server.sh)",
     ),
 }
 
 
 def _removed(err: dict, loc: tuple[str, ...]) -> str | None:
-    """``key was removed ...; fix`` when the error is a removed option's (:data:`REMOVED`), else None."""
-    values, fix = REMOVED.get(".".join(loc), ((), ""))
+    """``key was removed (why); fix`` when the error is a removed option's (:data:`REMOVED`), else None."""
+    values, why, fix = REMOVED.get(".".join(loc), ((), "", ""))
     if values is None and err["type"] == "extra_forbidden":
-        return f"{loc[-1]} was removed (measured no gain: docs/corpus.md); {fix}"
+        return f"{loc[-1]} was removed ({why}); {fix}"
     if values and isinstance(err.get("input"), str) and err["input"] in values:
-        return f"{loc[-1]} = {err['input']!r} was removed (measured no gain: docs/corpus.md); {fix}"
+        return f"{loc[-1]} = {err['input']!r} was removed ({why}); {fix}"
     return None
 
 

@@ -68,7 +68,6 @@ class LLMConfig(Section):
     backoff_max: float = Field(60.0, ge=0)
     rpm: int | None = Field(None, ge=1)  # client-side requests per minute
     tpm: int | None = Field(None, ge=1)  # client-side tokens per minute
-    transport: Literal["http1", "aiohttp", "httpx"] = "http1"
     cache: bool = True
     extra_body: dict = Field(default_factory=dict)
     price: PriceConfig = PriceConfig()
@@ -165,9 +164,6 @@ class ServeConfig(Section):
     # multi-threaded server of before, whose answers change with the count it gets)
     n_threads: int | None = Field(None, ge=0)
     startup_timeout: float = Field(180.0, gt=0)
-    # "auto": llama.cpp's own llama-server when built (scripts/build_llama_server.sh), else
-    # llama-cpp-python's Python server (one request at a time)
-    engine: Literal["auto", "llama-server", "llama-cpp-python"] = "auto"
     server_path: str | None = None  # a llama-server binary; default: beside the Python interpreter, then PATH
     # llama-server slots decoded together (continuous batching; 1.3-1.8x the throughput at 2-8 slots,
     # but an answer then depends on which requests share its batch, so runs stop repeating bit for
@@ -183,7 +179,7 @@ class ServeConfig(Section):
     prompt_cache: Literal["off", "pinned", "on"] = "pinned"
     # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
     # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
-    # requests: docs/llm_server.md); the engine refuses a flag it does not know when it starts
+    # requests: docs/llm_server.md); llama-server refuses a flag it does not know when it starts
     extra_args: list[str] = Field(default_factory=list)
 
     @field_validator("prompt_cache", mode="before")

@@ -75,6 +75,8 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
 REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
     "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
+    "LLMConfig": {"transport": ("tpm", "http1")},
+    "ServeConfig": {"engine": ("startup_timeout", "auto")},
 }
 
 

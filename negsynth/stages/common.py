@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
-from negsynth.llm.client import ValidationFailure
+from negsynth.llm.errors import ValidationFailure
 from negsynth.schemas.records import first_problem
 
 

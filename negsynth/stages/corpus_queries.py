@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from negsynth.data.text import text_key
-from negsynth.llm.client import LLMResult, ValidationFailure
+from negsynth.llm.client import LLMResult
+from negsynth.llm.errors import ValidationFailure
 from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import QueriesOut

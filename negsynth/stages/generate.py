@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from negsynth import pipeline
 from negsynth.data.text import text_key
 from negsynth.errors import UserError
-from negsynth.llm.client import ValidationFailure
+from negsynth.llm.errors import ValidationFailure
 from negsynth.pipeline import StageContext, Tally, WorkItem
 from negsynth.prompts import load_example, load_examples, load_template, render
 from negsynth.schemas.config import GenerateConfig

@@ -46,7 +46,8 @@ from negsynth.data.sources import SourceData, SourceKind, load_source, source_ke
 from negsynth.data.text import text_key
 from negsynth.embed.cross_encoder import check_teacher_model, relabel_fields, teacher_scorer
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, ValidationFailure
+from negsynth.llm.client import LLMClient
+from negsynth.llm.errors import ValidationFailure
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import MiningConfig, RegenerateConfig, SourceSpec

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
-from negsynth.llm.client import BudgetStop, OutageStop, ValidationFailure
+from negsynth.llm.errors import BudgetStop, OutageStop, ValidationFailure
 from negsynth.pipeline import LLMTask, StageContext, Tally, budget_gate, cost_usd, llm_session
 from negsynth.prompts import load_examples, render
 from negsynth.stages.common import schema_failure

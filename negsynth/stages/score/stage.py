@@ -24,7 +24,7 @@ from negsynth.data.clean import (
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
-from negsynth.llm.client import BudgetStop, OutageStop
+from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext, Summary, Tally
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
