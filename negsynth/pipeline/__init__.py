@@ -8,7 +8,7 @@ from the modules directly (``tests/test_layers.py``).
 """
 
 from negsynth.pipeline.context import Budget, StageContext
-from negsynth.pipeline.executor import Executor, LocalExecutor, RayExecutor, executor_for, run_stage, run_stages
+from negsynth.pipeline.executor import LocalExecutor, RayExecutor, executor_for, run_stage, run_stages
 from negsynth.pipeline.llm_stage import (
     LLMStage,
     LLMTask,
@@ -29,7 +29,6 @@ from negsynth.schemas.config_io import config_hash
 
 __all__ = [
     "Budget",
-    "Executor",
     "LLMStage",
     "LLMTask",
     "LocalExecutor",

@@ -116,9 +116,6 @@ class RayExecutor(LocalExecutor):
         return run_ranks(stage, ctx, workers=self.workers, address=self.address)
 
 
-Executor = LocalExecutor
-
-
 def executor_for(kind: str, *, workers: int = 1, address: str | None = None, method: Sequence[Stage] = ()) -> LocalExecutor:
     """The executor ``--executor`` names: ``local`` or ``ray`` (``--workers``, ``--ray-address``;
     ``method``: the stages, for the refusal of one that does not split)."""

@@ -86,14 +86,25 @@ def begin_outputs(stage_dir: Path, entry: dict[str, Any]) -> None:
     atomic_write_json(p, entry)
 
 
-def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool) -> None:
-    """Refuse a relaunch that changes what made existing outputs. Reads only; writes nothing."""
+def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, begin: bool = False) -> None:
+    """Refuse a relaunch that changes what made existing outputs (one line); with ``overwrite``
+    and ``begin`` discard them. ``begin``: note in the stage folder what the new outputs are made
+    from (the manifest records it once the stage finished); without it nothing is written (the
+    LLM stages begin their outputs once their checks passed: :func:`begin_outputs`,
+    :func:`begin_staging`)."""
     run_dir = Path(run_dir)
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
     old = made_from(run_dir, stage)
     if old and stage_has_outputs(stage_dir) and not overwrite:
         _refuse_changed(stage_dir, old, entry)
+    if not begin:
+        return
+    if overwrite and stage_dir.exists():
+        shutil.rmtree(stage_dir)
+        forget_stage(run_dir, stage)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    begin_outputs(stage_dir, entry)
 
 
 def output_files(stage_dir: Path) -> list[Path]:
@@ -266,19 +277,3 @@ def _refuse_changed(stage_dir: Path, old: dict[str, Any], entry: dict[str, Any])
                 f"{stage_dir}: outputs were made with {what} ({key} {old.get(key)} != {entry.get(key)}); "
                 f"rerun with --overwrite to discard them, or use a new --run-dir"
             )
-
-
-def check_and_record(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool) -> None:
-    """Refuse a relaunch that changes what made existing outputs; note in the stage folder what
-    the new ones are made from (the manifest records it once the stage finished). (The LLM stages
-    use :func:`check_manifest`, :func:`begin_staging` and :func:`swap_in`.)"""
-    run_dir = Path(run_dir)
-    stage_dir = run_dir / stage
-    old = made_from(run_dir, stage)
-    if old and stage_has_outputs(stage_dir) and not overwrite:
-        _refuse_changed(stage_dir, old, entry)
-    if overwrite and stage_dir.exists():
-        shutil.rmtree(stage_dir)
-        forget_stage(run_dir, stage)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    begin_outputs(stage_dir, entry)

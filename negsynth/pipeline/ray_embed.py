@@ -1,27 +1,14 @@
-"""``--executor ray``'s embedding workers: a stage's encoding spread over Ray actors, each holding
-one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer`` mining loads
-(:class:`RaySentenceModel`), given to a stage for as long as :func:`ray_embedding` is open. The
-executor itself (which stages run this way, the shard workers) is
-:mod:`negsynth.pipeline.ray_executor`.
+"""``--executor ray``'s embedding workers (docs/scale.md §2–3): a stage's encoding spread over
+Ray actors, each holding one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer``
+mining loads (:class:`RaySentenceModel`), for as long as :func:`ray_embedding` is open.
 
-**Embedding workers.** The stage runs in the driver as in one process (reads, dedup in input
-order, decontamination, the policy, writing: everything that decides what is kept); only its
-embedder is replaced by :class:`RayEmbedder`, a proxy over ``workers`` Ray actors, each holding
-one embedder (loaded there from ``[embedder]``, on the GPU Ray gives it when the cluster has
-GPUs, by the embedder's own ``device`` resolution; or a copy of the one a Python caller passed
-in ``ctx.embedder``). The stage hands its calls over as parts (contiguous chunks of its
-length-sorted texts, :func:`negsynth.embed.base.encode_parts`); each part goes whole to the next
-free actor and the vectors come back in order, so every batch holds the texts it holds in one
-process and the floats differ at most by float rounding (another thread count in the actors).
-The actors start only when the stage has texts to embed, and stop when it ends.
-
-A lost actor (its process or its node died) does not stop the stage: Ray restarts it
-(``max_restarts``, on any node with a free CPU, loading its embedder again) and the driver gives
-the part it held to the next free actor (a part is a pure function of its texts, so redoing it
-gives the same vectors). The restarted actor takes parts again once it answers. The stage stops
-with one line only when a part failed :data:`PART_TRIES` times, when every actor is gone for good
-(its restarts used up), or when no actor is left and none comes back within
-:data:`RESTART_WAIT` seconds (a restart no node has a CPU for waits forever otherwise).
+Everything that decides what is kept stays in the driver; the stage hands its calls over as
+parts (contiguous runs of its length-sorted texts, :func:`negsynth.embed.base.encode_parts`), each
+goes whole to the next free actor and the vectors come back in order, so every batch holds the
+texts it holds in one process. A lost actor's part goes to another (a part is a pure function of
+its texts) while Ray restarts it; the stage stops with one line only when a part failed
+:data:`PART_TRIES` times, every actor is gone for good, or none comes back within
+:data:`RESTART_WAIT` seconds.
 """
 
 from __future__ import annotations

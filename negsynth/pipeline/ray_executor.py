@@ -1,46 +1,16 @@
-"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``).
+"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``; the
+guarantees and measurements: docs/scale.md §2–4).
 
-Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage` and its config
-(:func:`embeds_in_driver`): a stage that splits (``shardable``) and calls the LLM runs as
-``workers`` ranks; a stage whose heavy work is embedding (``embeds``: score; regenerate with mined
-negatives; corpus with its index) runs in the driver and its encoding is spread over Ray actors
-(:func:`ray_embedding`: score's embedder as a :class:`RayEmbedder`, mining's ``SentenceTransformer``
-as a :class:`RaySentenceModel`). A splitting stage's ``prepare`` (regenerate's mining with
-``--mine``, the staging folder of an ``--overwrite``) runs once in the driver, its embedding on
-the actors, before the ranks start; they read what it made.
-
-**Ranks.** Rank k of n is one Ray task running the stage's own loop, ``stage.run(ctx)`` with
-``ctx.rank = k`` and ``ctx.world_size = n``, the path a local run takes as rank 0 of 1: it writes
-the shards ``s`` with ``s % n == k``. When all are done the driver sums their stats. So the union
-of the shards equals a one-process run byte for byte, a task that dies is retried by Ray
-(``max_retries``) and resumes from its ``.partial`` shards and the request cache, and nothing new
-decides what is written. The driver holds the run dir for as long as its ranks run; they take no
-lock of their own. The stats say where each rank ran (``ray_nodes``: the Ray node id of each
-rank's last try; for score, where each embedding actor last answered).
-
-- The run dir must be on a filesystem every Ray node sees (one node: any local folder).
-- Limits stay global: each of the n ranks gets ``1/n`` of ``llm.max_concurrency`` (rounded up;
-  its connections are its own); ``llm.rpm`` / ``llm.tpm`` are one pair of buckets for every rank,
-  in a :class:`~negsynth.llm.ratelimit.RateLedger` actor (no static split: a rank alone on the
-  queue gets the whole rate; a 429 any rank gets empties them for all).
-- Budgets (``--max-requests`` / ``--max-tokens`` / ``--max-cost``) are one budget for the whole
-  invocation, not split: a :class:`BudgetLedger` actor holds the counts, every rank's client
-  counts a request on it before sending (so together they never overshoot ``--max-requests``) and
-  adds each answer's tokens. Once a limit is reached no rank sends a new request; the requests in
-  flight finish, finished work is written and the stage stops with ``stopped_by`` (exit 3), as in
-  one process. A rank Ray retries keeps what its first try counted (a request may then be counted
-  but unanswered: the budget can end early, never late).
-- ``llm.endpoints`` travels with the config: every rank spreads its requests over the same
-  servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead one
-  out on its own.
-- ``llm.base_url = "embedded"`` starts one fleet of servers (:mod:`negsynth.llm.fleet`) in the
-  driver on one node, and one on **every node** of a cluster of several
-  (:mod:`negsynth.pipeline.ray_fleets`); every rank spreads its requests over all of them.
-- The API key is read by each rank from its own environment (``llm.api_key_env``, and each
-  endpoint's ``api_key_env``), never shipped in the task's arguments.
-
-**Embedding workers** (the stages that run here, their encoding on Ray actors) are
-:mod:`negsynth.pipeline.ray_embed`; getting Ray itself is :mod:`negsynth.pipeline.ray_connect`.
+A stage that splits and calls the LLM runs as ``workers`` ranks (:func:`run_ranks`): rank k is a
+Ray task running ``stage.run(ctx)`` with ``ctx.rank = k``, the path a local run takes as rank 0 of
+1, so the union of the shards equals a one-process run byte for byte and a task Ray retries
+resumes from its ``.partial`` shards and the request cache. The driver holds the run dir, sums
+the ranks' stats and swaps an ``--overwrite`` in. Limits stay global: each rank gets ``1/n`` of
+the LLM concurrency (and of each endpoint's), one :class:`BudgetLedger` actor holds the budget
+and one :class:`~negsynth.llm.ratelimit.RateLedger` the RPM / TPM. A stage whose heavy work is
+embedding runs in the driver with that embedding on Ray actors (:func:`around`,
+:mod:`negsynth.pipeline.ray_embed`); on a cluster of several nodes the embedded LLM is one fleet
+per node (:mod:`negsynth.pipeline.ray_fleets`).
 """
 
 from __future__ import annotations

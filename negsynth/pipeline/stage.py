@@ -32,7 +32,6 @@ from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import (
-    check_and_record,
     check_manifest,
     damaged_outputs,
     describe_outputs,
@@ -230,14 +229,12 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any])
     """Refuse (one line) outputs made from another config unless ``--overwrite``; note in the stage
     folder what the outputs are made from, except for a ``staged`` stage, which notes it when it
     starts writing (the manifest records the entry once the stage finished: :func:`record_finished`)."""
-    overwrite = ctx.overwrite and not stage.keeps_on_change(ctx.cfg)
-    if stage.staged:
-        check_manifest(ctx.run_dir, stage.name, entry, overwrite=overwrite)
-    else:
-        try:  # the stage folder is written here, first: a read-only one is met before any work
-            check_and_record(ctx.run_dir, stage.name, entry, overwrite=overwrite)
-        except OSError as e:
-            raise storage_error(e, ctx.run_dir / stage.name) from None
+    try:  # the stage folder is written here, first: a read-only one is met before any work
+        check_manifest(
+            ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=not stage.staged
+        )
+    except OSError as e:
+        raise storage_error(e, ctx.run_dir / stage.name) from None
 
 
 def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:

@@ -27,15 +27,11 @@ evaluate        the report on real benchmarks, beside the base model        no  
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from negsynth.errors import UserError
-from negsynth.pipeline import Budget, Reporter, Stage, run_stage, run_stages
+from negsynth.pipeline import Budget, LocalExecutor, Reporter, Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
-
-if TYPE_CHECKING:
-    from negsynth.pipeline import Executor
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module and a
 #: line here (an LLM stage: also its prompt files); its run-file section and command come with it
@@ -81,7 +77,7 @@ def run_pipeline(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
-    executor: Executor | None = None,
+    executor: LocalExecutor | None = None,
     verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.

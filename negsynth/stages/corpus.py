@@ -1,34 +1,17 @@
-"""Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed.
+"""Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed
+(docs/corpus.md).
 
-In:  ``[corpus] inputs`` — corpus specs (a folder of .txt / .md / .html / .pdf / table files, a
-     BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV / TSV with text, title and id columns,
-     a saved HF dataset; see :mod:`negsynth.data.corpus`), documents longer than
-     ``chunk_tokens`` split into passages (each passage is a document below);
-     ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
-Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
-     (query = the LLM's, positive = the document, 4 mined negatives), read by ``score`` like every
-     other stage's; ``rejects/`` with each reason; ``stats.json``.
+In: ``[corpus] inputs`` (folders of documents, table files, BEIR, HF datasets; long documents
+split into passages, :mod:`negsynth.data.corpus`), ``[llm]``, ``[embedder]``. Out:
+``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records (the
+LLM's query, the document as positive, 4 mined negatives) that ``score`` reads like any other
+stage's; ``rejects/`` with each reason; ``stats.json``.
 
-How it works (GPL / Promptagator / MGH, one request per document):
-
-1. Every input is read in bounded batches (:mod:`negsynth.data.corpus`): once to count its
-   documents, once more up to the last of the seeded sample ``max_docs`` takes (only the sampled
-   documents are held; mining and the round trip still search the whole corpus).
-2. Per sampled document one request asks for ``queries_per_doc`` queries in one style drawn with
-   the seed (``styles``: question, claim, keywords), the document cut to ``doc_tokens`` tokens
-   of the embedder's tokenizer. A worked example of the same style comes first (``few_shot``). The answer is validated (schema; per
-   query: meta phrasing, a copied run of the document, empty, length, script; a query equal to
-   the worked example's) and re-asked with the reason while no query passes; each query is a
-   work item, so an invalid one is a reject with its reason, never dropped silently.
-3. The corpus is embedded once, read a batch at a time (cached in ``corpus/_index``: the vectors,
-   and the texts on disk, where a mined negative's text is read back from) and each query alone is
-   searched: its own document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and
-   its 4 hardest positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`). ``score``
-   then measures, orders and cleans them (false negatives, near-duplicate queries, evaluation-set
-   overlap) like any other examples.
-
-Requests are cached and resumable like every LLM stage (the items of one document share one
-answer: a resumed run pays for none of them twice).
+Per sampled document one request asks for ``queries_per_doc`` queries in a seeded style, the
+document cut to ``doc_tokens`` tokens; each query is one item, and the items of a document share
+its one answer (a resumed run pays for none twice). The corpus is embedded once (cached in
+``corpus/_index``) and each query searched alone: its document's rank (the round trip) and its
+hardest positive-aware negatives; an optional cross-encoder teacher ranks the document among them.
 """
 
 from __future__ import annotations
