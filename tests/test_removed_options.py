@@ -95,10 +95,13 @@ def test_the_sections_hash_as_before_the_options_left(section, as_value, in_part
 
 
 def test_the_whole_run_config_hashes_as_before():
-    import negsynth.stages  # noqa: F401 - registers the stage sections
+    """Every section as before; ``score.inputs`` now defaults to ``"auto"``, which score hashes as
+    the list of stages it names (the old default), so with that list the whole config is the old one."""
     from negsynth.schemas.config_io import load_config
 
     cfg = load_config()
+    assert config_hash(cfg) == "84cbe8f54b6d1f4e" and config_hash({"x": cfg}) == "31efbb6705e270f0"
+    cfg.score.inputs = ["generate", "regenerate", "corpus"]
     assert config_hash(cfg) == "aaf728cb2ea2bac3" and config_hash({"x": cfg}) == "5b51bfbfadb0aeee"
 
 
