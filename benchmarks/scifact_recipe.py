@@ -31,8 +31,6 @@ ns-pipeline-wide       ``regenerate.mining.range_max = 340`` instead of the libr
 ns-pipeline-noeasy     ``score.easy_margin = 0.1``: queries the base model already solves dropped
 ns-pipeline-gc8        ``train.mini_batch_size = 8`` (GradCache: the same loss in 8-row chunks)
 ns-pipeline-b12        12 rows a batch (fewer than the stock sampler leaves on multi-positive queries)
-ns-pipeline-graded     multi-granularity mined negatives (``regenerate.mining.strategy = "graded"``:
-                       one per rank band), curriculum 4 -> 1 (``schedule = "curriculum"``)
 ns-pipeline-llm        LLM-graded negatives (``regenerate.negatives = "llm"``, the ``--llm-*`` options:
                        the embedded SmolLM2-135M by default) for ``--llm-pairs`` fit pairs, curriculum
                        4 -> 1: the method itself; hours of LLM time on a CPU
@@ -94,7 +92,6 @@ PIPELINE_ARMS = {
     "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
-    "ns-pipeline-graded": '[regenerate.mining]\nstrategy = "graded"\n[curriculum]\nschedule = "curriculum"\n',
     LLM_ARM: '[regenerate]\nnegatives = "llm"\nmax_doc_chars = 400\nprompt_positive_chars = 1200\n[curriculum]\nschedule = "curriculum"\n',
 }
 ALL_ARMS = ("base", STOCK_ARM, DEFAULT_ARM, "st-inbatch", "st-mined-1", *[a for a in PIPELINE_ARMS if a != DEFAULT_ARM])

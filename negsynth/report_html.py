@@ -1,15 +1,10 @@
 """``negsynth inspect RUN_DIR --html OUT.html``: the inspect report as one self-contained page.
 
-Everything is inline (CSS, JS, the data as JSON, the plots as base64 PNG from
-:func:`negsynth.inspect.write_plots`): no network, no server, open it from disk or mail it.
-
-The page holds the per-stage summary tables, the task-type mix, the per-level score table,
-reject reasons, the plots, and a sample browser. The browser filters by task type, level, flag
-(false_negative / too_easy / non_monotonic, at the chosen level when one is set, as in
-``negsynth inspect --flag --level``) and reject reason; the filters live in the URL fragment
-(``OUT.html#task_type=sts&flag=false_negative&level=1``, ``#reason=copied_example``), so a view
-can be bookmarked or shared. It shows each example's query, positive and negatives with their
-cosines and flags; rejected items show their reason, detail and what input they had.
+Everything is inline (CSS, JS, the data as JSON, the plots as base64 PNG): no network, open it from
+disk or mail it. It holds the stage tables, the task-type mix, the per-level score table, reject
+reasons, the plots and a sample browser filtered by task type, level, flag and reject reason; the
+filters live in the URL fragment (``OUT.html#task_type=sts&flag=false_negative&level=1``), so a
+view can be bookmarked or shared.
 """
 
 from __future__ import annotations

@@ -549,6 +549,7 @@ def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
     for name, (_, old) in REMOVED_FIELDS["CorpusConfig"].items():
         before[name] = old
         assert f"{name}={old!r}" in str(cfg)
+    before["mining"].update({name: old for name, (_, old) in REMOVED_FIELDS["MiningConfig"].items()})  # its own removed fields
     assert config_hash(cfg) == config_hash(before)
     assert config_hash(CorpusConfig(candidates="hybrid")) != config_hash(cfg)
     assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})

@@ -231,14 +231,14 @@ def test_tuple_rows_carry_every_negative_hardest_first_without_duplicates():
 
 
 def test_tuple_rows_save_reload_and_train_columns(tmp_path):
-    from negsynth.train.trainer import negative_columns
+    from negsynth.data.stock import text_columns
 
     rows = build_curriculum(make_examples(40), schedule="tuple", batch_size=4, seed=0, homogeneous_batches=False)
     out = save_curriculum(rows, tmp_path / "cur")
     ds = load_curriculum(out)
     assert ds.column_names[:6] == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"]
     assert ds.to_list() == [{k: r[k] for k in ds.column_names} for r in rows]
-    assert negative_columns(ds.column_names) == ["negative_1", "negative_2", "negative_3", "negative_4"]
+    assert text_columns(ds.column_names) == ["anchor", "positive", "negative_1", "negative_2", "negative_3", "negative_4"]
     import json
 
     assert json.loads((out / "card.json").read_text())["per_level"] == {"0": len(rows)}

@@ -171,7 +171,7 @@ def test_auto_backend_falls_back_to_torch(monkeypatch, tmp_path):
 def test_onnx_backend_refuses_negsynth_modules():
     from negsynth.embed.backends import _text_transformer
     from negsynth.errors import UserError
-    from negsynth.train.config import TrainConfig
+    from negsynth.schemas.train import TrainConfig
     from negsynth.train.trainer import build_model
 
     pytest.importorskip("datasets")

@@ -58,7 +58,7 @@ def write_beir(root: Path, n: int = 150) -> Path:
     return root
 
 
-MINED = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
+MINED = '[regenerate]\nnegatives = "mined"\n'
 
 
 def config(tmp: Path, body: str = MINED, batch_size: int = 8) -> Path:
@@ -135,7 +135,7 @@ def test_the_stand_in_gives_the_vectors_and_negatives_of_the_model(st_model, tmp
     """Sorted as the model sorts, cut into its batches, dealt as runs of whole batches and put back
     in input order: the same vectors as one ``encode_document`` call, bit for bit, and the same
     mined negatives and corpus index."""
-    from negsynth.embed.mining import CorpusIndex, mine_graded, mine_negatives
+    from negsynth.embed.mining import CorpusIndex, mine_negatives
 
     rng = random.Random(1)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 50))) for _ in range(101)]
@@ -149,11 +149,7 @@ def test_the_stand_in_gives_the_vectors_and_negatives_of_the_model(st_model, tmp
     assert np.array_equal(proxy.encode(texts[3], batch_size=8, normalize_embeddings=True), alone)  # one text: one vector
     queries = {q: t for q, t, _ in QUERIES}
     known = {q: [texts[i]] for i, (q, _, _) in enumerate(QUERIES)}
-    for mine in (
-        lambda m: mine_negatives(m, queries, known, texts, 6, batch_size=8),
-        lambda m: mine_graded(m, queries, known, texts, batch_size=8),
-    ):
-        assert mine(proxy) == mine(st_model)
+    assert mine_negatives(proxy, queries, known, texts, 6, batch_size=8) == mine_negatives(st_model, queries, known, texts, 6, batch_size=8)
     one = CorpusIndex(st_model, texts, batch_size=8)
     streamed = streamed_index(proxy, texts, tmp_path, chunk=10, batch_size=8)
     assert np.array_equal(np.asarray(streamed.emb), one.emb)
@@ -237,7 +233,7 @@ def test_mined_regenerate_under_ray_mines_through_the_workers_and_writes_the_sam
 # ---------------------------------------------------------------------------- on a Ray node
 @pytest.mark.slow
 def test_minilm_mining_on_two_ray_workers_equals_one_process(tmp_path, ray_node, minilm):
-    """``negsynth regenerate --executor ray --workers 2`` with mined (graded) negatives: MiniLM
+    """``negsynth regenerate --executor ray --workers 2`` with mined negatives: MiniLM
     loaded by name in each worker, the corpus and queries encoded there in parts, the search here;
     the shards, rejects and mining cache equal the one-process run's (floats within 1e-5; small batches:
     many parts, both workers busy)."""

@@ -61,5 +61,5 @@ def test_every_stage_resolves_through_it():
     # the miner (regenerate's, corpus's and the Ray workers'): one loader
     assert "load_mining_model" in inspect.getsource(StageContext.load_mining_model)
     assert "load_sentence_transformer" in inspect.getsource(mining.load_mining_model)
-    assert "resolve_model" in inspect.getsource(trainer.resolve_model_path)
+    assert "resolve_model" in inspect.getsource(trainer.build_model)
     assert evaluate.embedder_for.__module__ == "negsynth.embed" and "resolve_model" in inspect.getsource(evaluate.embedder_for)

@@ -11,7 +11,7 @@ pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 
 from negsynth.data.text import text_key  # noqa: E402
-from negsynth.train.config import TrainConfig  # noqa: E402
+from negsynth.schemas.train import TrainConfig  # noqa: E402
 from negsynth.train.sampler import CurriculumBatchSampler, plan_batches  # noqa: E402
 
 
@@ -185,18 +185,10 @@ def test_curriculum_anchor_follows_evaluation_format():
 # ----------------------------------------------------------------------------- mining
 
 
-def test_graded_mining_one_negative_per_band(minilm):
+def test_mining_is_positive_aware_and_hardest_first(minilm):
     from sentence_transformers import SentenceTransformer
 
-    from negsynth.embed.mining import mine_graded, pick_from_bands
-
-    # pure band logic: a 20-candidate list and bands of 1-2 / 3-5 / 6-10 / 11-20
-    cands = [f"c{i}" for i in range(20)]
-    got = pick_from_bands(cands, [1 - i / 20 for i in range(20)], [(1, 2), (3, 5), (6, 10), (11, 20)], "s")
-    assert [1 <= got["ranks"][0] <= 2, 3 <= got["ranks"][1] <= 5, 6 <= got["ranks"][2] <= 10, 11 <= got["ranks"][3] <= 20] == [True] * 4
-    assert got == pick_from_bands(cands, [1 - i / 20 for i in range(20)], [(1, 2), (3, 5), (6, 10), (11, 20)], "s")  # seeded
-    short = pick_from_bands(cands[:4], [0.9, 0.8, 0.7, 0.6], [(1, 2), (3, 5), (6, 10), (11, 20)], "s")
-    assert len(short["negatives"]) == 2  # bands past the end are left out
+    from negsynth.embed.mining import mine_negatives
 
     model = SentenceTransformer(minilm, device="cpu")
     topic = [
@@ -213,14 +205,7 @@ def test_graded_mining_one_negative_per_band(minilm):
     ]
     positive = "The heart pumps blood around the body through arteries and veins."
     corpus = topic + [positive + " "]  # a near-copy of the positive must never come back as a negative
-    found = mine_graded(
-        model,
-        {"q": "How does the heart move blood?"},
-        {"q": [positive]},
-        corpus,
-        bands=[(1, 1), (2, 2), (3, 5), (6, 10)],
-        relative_margin=0.05,
-    )
+    found = mine_negatives(model, {"q": "How does the heart move blood?"}, {"q": [positive]}, corpus, 4, relative_margin=0.05)
     f = found["q"]
     assert len(f["negatives"]) == 4
     assert f["scores"] == sorted(f["scores"], reverse=True)  # level 1 hardest ... level 4 easiest

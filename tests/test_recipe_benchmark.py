@@ -63,8 +63,7 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert (reordered.train.max_steps, reordered.train.batch_sampler, reordered.train.mini_batch_size) == (28, "shuffled", None)
     old = cfgs["ns-pipeline-tuple"]  # the default before: tuple builder, 4 x the positives in the window
     assert old.curriculum.schedule == "tuple" and old.regenerate.mining.range_max == 44 and old.train == base.train
-    graded, llm = cfgs["ns-pipeline-graded"], cfgs["ns-pipeline-llm"]
-    assert graded.regenerate.mining.strategy == "graded" and graded.curriculum.schedule == "curriculum"
+    llm = cfgs["ns-pipeline-llm"]
     assert llm.regenerate.negatives == "llm" and llm.curriculum.schedule == "curriculum" and llm.llm.base_url == "embedded"
     assert llm.regenerate.inputs[0].limit == 128 and base.regenerate.inputs[0].limit is None  # the LLM grades a sample of the pairs
     for arm, cfg in cfgs.items():
@@ -80,7 +79,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-b12": {"train"},
                 "ns-pipeline-reordered": {"curriculum", "train"},
                 "ns-pipeline-tuple": {"regenerate", "curriculum"},
-                "ns-pipeline-graded": {"regenerate", "curriculum"},
                 "ns-pipeline-llm": {"regenerate", "curriculum", "llm"},
             }[arm]
         ), (arm, changed)

@@ -381,15 +381,15 @@ def test_score_accepts_regenerated_records(tmp_path):
     assert all(x["score"] is not None and len(x["score"]["cos_neg"]) == 4 for x in scored)
 
 
-def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
-    """``regenerate.negatives = "mined"``: a user with no LLM still gets graded, verified examples —
-    one negative per rank band, positive-aware, through the same shards, stats and score."""
+def test_mined_negatives_need_no_llm_and_give_verified_examples(tmp_path):
+    """``regenerate.negatives = "mined"``: a user with no LLM still gets verified examples — the 4
+    hardest positive-aware negatives, hardest first, through the same shards, stats and score."""
     from negsynth.schemas.config import RunConfig
     from negsynth.stages import get
 
     root = tmp_path / "beir"
     docs = _beir_topics(root)
-    body = '[regenerate]\nnegatives = "mined"\n[regenerate.mining]\nstrategy = "graded"\nbands = [[1, 2], [3, 5], [6, 10], [11, 20]]\n'
+    body = '[regenerate]\nnegatives = "mined"\n'
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: no request may be made
     assert not get("regenerate").uses_llm(RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
     assert get("regenerate").uses_llm(RunConfig()) and not get("score").uses_llm(RunConfig())
@@ -403,14 +403,12 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
         pos = x["positive"]
         assert x["model"].startswith("mined:") and len(x["negatives"]) == 4 and len(set(x["negatives"])) == 4
         assert pos not in x["negatives"] and set(x["negatives"]) <= set(text.values())
-        ranks = x["meta"]["mined_ranks"]
-        assert 1 <= ranks[0] <= 2 and 3 <= ranks[1] <= 5 and 6 <= ranks[2] <= 10 and 11 <= ranks[3] <= 20, ranks
         s = x["meta"]["mined_scores"]
         assert s == sorted(s, reverse=True) and s[0] <= 0.95 * x["meta"]["mined_pos_score"] + 1e-6
     # a rerun is a no-op, still without a server
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["valid"] == 3
-    # all negatives mined: the curriculum's "auto" schedule makes n-tuple rows (every negative used)
+    # the 4 hardest mined: the curriculum's "auto" schedule writes the stock recipe's rows, once
     assert invoke("score", "-c", cfg, "-d", tmp_path / "run", "-q").exit_code == 0
     r = invoke(
         "curriculum",
@@ -426,25 +424,22 @@ def test_mined_negatives_need_no_llm_and_give_graded_examples(tmp_path):
     )
     assert r.exit_code == 0, r.output
     cur = json.loads(r.stdout)
-    # 3 examples in batches of 2: one full batch and the leftover row as a short one (every row trains)
-    assert cur["schedule"] == "tuple" and cur["schedule_setting"] == "auto" and cur["rows"] == 3 and cur["short_batches"] == 1
+    assert cur["schedule"] == "stock" and cur["schedule_setting"] == "auto" and cur["rows"] == 3
 
 
-def test_each_mining_strategy_binds_its_own_options_by_name():
-    """``regenerate.mining`` options pass to the strategy's function under their own names: each
-    is a parameter of that function and a field of the config, and the bound call carries its value."""
+def test_the_mining_options_bind_by_name():
+    """``regenerate.mining`` options pass to ``mine_negatives`` under their own names: each is a
+    parameter of that function and a field of the config, and the bound call carries its value."""
     import inspect
 
-    from negsynth.embed.mining import mine_graded, mine_negatives
+    from negsynth.embed.mining import mine_negatives
     from negsynth.schemas.config import MiningConfig
-    from negsynth.stages.regenerate import STRATEGY_OPTIONS, miner
+    from negsynth.stages.regenerate import MINING_OPTIONS, miner
 
-    for strategy, fn in (("top", mine_negatives), ("graded", mine_graded)):
-        assert STRATEGY_OPTIONS[strategy] <= set(inspect.signature(fn).parameters) & set(MiningConfig.model_fields)
-        opts = MiningConfig(strategy=strategy, relative_margin=0.2, range_max=50)
-        bound = miner(opts, 3, batch_size=8)
-        assert bound.func is fn and bound.keywords["relative_margin"] == 0.2 and bound.keywords["range_max"] == 50
-    assert miner(MiningConfig(), 3).keywords["k"] == 3 and miner(MiningConfig(strategy="graded"), 3).keywords["bands"][0] == (1, 3)
+    assert MINING_OPTIONS <= set(inspect.signature(mine_negatives).parameters) & set(MiningConfig.model_fields)
+    bound = miner(MiningConfig(relative_margin=0.2, range_max=50), 3, batch_size=8)
+    assert bound.func is mine_negatives and bound.keywords["relative_margin"] == 0.2 and bound.keywords["range_max"] == 50
+    assert bound.keywords["k"] == 3
 
 
 def _beir_topics(root: Path) -> dict[str, str]:
@@ -520,13 +515,7 @@ def test_the_teacher_drops_the_false_negatives_it_finds_and_labels_the_rest(tmp_
 
 @pytest.mark.parametrize(
     ("body", "message"),
-    [
-        ('teacher = "cross-encoder"\nteacher_model = "m"', 'set negatives = "mined"'),
-        (
-            'negatives = "mined"\nteacher = "cross-encoder"\nteacher_model = "m"\n[regenerate.mining]\nstrategy = "graded"',
-            'set mining.strategy = "top"',
-        ),
-    ],
+    [('teacher = "cross-encoder"\nteacher_model = "m"', 'set negatives = "mined"')],
 )
 def test_a_teacher_regenerate_cannot_apply_is_refused_in_one_line(tmp_path, body, message):
     _beir_topics(tmp_path / "beir")

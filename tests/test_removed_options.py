@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.schemas.config import CorpusConfig, CurriculumConfig, RegenerateConfig
+from negsynth.schemas.config import CorpusConfig, CurriculumConfig, MiningConfig, RegenerateConfig
 from negsynth.schemas.config_io import config_hash
 
 # (section, key, value as TOML, what the line names as removed, what it says to use instead)
@@ -27,6 +27,13 @@ REMOVED = [
     ("curriculum", "balance", '"queries"', "balance", "a pass is every example once"),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
+    ("regenerate.mining", "strategy", '"graded"', "strategy", 'the old default, "top"'),
+    ("regenerate.mining", "bands", "[[1, 2], [3, 5]]", "bands", "delete the key"),
+    ("corpus.mining", "seed", "3", "seed", "delete the key"),
+    ("train", "hardness_mode", '"hard_negatives"', "hardness_mode", "InfoNCE weighs every negative alike"),
+    ("train", "hardness_strength", "5.0", "hardness_strength", "delete the key"),
+    ("train", "no_duplicates", "false", "no_duplicates", "every batch keeps each text once"),
+    ("train", "check_batches", "false", "check_batches", "nothing to check"),
 ]
 
 
@@ -43,7 +50,10 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     assert r.exit_code != 0 and "Traceback" not in r.output
     line = r.output.strip()
     assert "\n" not in line, line
-    assert f"[{section}] {named} was removed (measured no gain: docs/corpus.md); " in line and instead in line, line
+    doc = {"train": "docs/train.md", "regenerate.mining": "docs/recipe.md", "corpus.mining": "docs/recipe.md"}.get(
+        section, "docs/corpus.md"
+    )
+    assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line
 
 
 @pytest.mark.parametrize(
@@ -82,12 +92,16 @@ PINNED = [
     (RegenerateConfig(), "d25c71042daa8066", "80cdbaeefd0c6e77"),
     (RegenerateConfig(negatives="mined", mine=20, teacher="cross-encoder", teacher_model="m"), "0ff5b20f93879ee4", "7e907706a2fc25ce"),
     (CurriculumConfig(), "305f0e5b36bc429a", "54cea7ac60d4ddc0"),
+    (MiningConfig(), "8323e35b406b3cdc", "5aebbf3fddf3db0b"),
+    (RegenerateConfig(negatives="mined", mining={"relative_margin": 0.1, "range_max": 50}), "a049bfec23163511", "f5572fb0c441e89f"),
     (CurriculumConfig(schedule="tuple", epochs=2, instructions="off"), "fda436c5860bd4a1", "691e1969071040f5"),
 ]
 
 
 @pytest.mark.parametrize(
-    "section, as_value, in_parts", PINNED, ids=["corpus", "corpus-set", "regenerate", "regenerate-set", "curriculum", "curriculum-set"]
+    "section, as_value, in_parts",
+    PINNED,
+    ids=["corpus", "corpus-set", "regenerate", "regenerate-set", "curriculum", "mining", "regenerate-mining-set", "curriculum-set"],
 )
 def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):
     assert config_hash(section) == as_value
@@ -140,3 +154,22 @@ def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path
 
     cfg = RunConfig.model_validate({"regenerate": regenerate})
     assert STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"] == pinned
+
+
+@pytest.mark.parametrize(
+    "train, settings, as_repr",
+    [
+        ({}, "ec2a8e477e53a433", "6d3d52d04b246b74"),
+        ({"batch_size": 8, "loss": "margin-mse", "pooling": "ata"}, "805d3803667af17e", "d30974e444e29e02"),
+    ],
+    ids=["defaults", "set"],
+)
+def test_the_train_settings_hash_as_before_the_options_left(train, settings, as_repr):
+    """What the train stage's fingerprint hashes (its settings) and the section's repr, as before
+    hardness weighting, no_duplicates and check_batches left ``[train]``."""
+    from negsynth.schemas.config import added_at_default
+    from negsynth.schemas.train import TrainConfig
+
+    tc = TrainConfig(**train)
+    assert config_hash(added_at_default(tc, tc.model_dump(exclude={"resume", "output_dir", "device"}))) == settings
+    assert config_hash({"x": tc}) == as_repr

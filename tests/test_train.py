@@ -15,9 +15,9 @@ pytest.importorskip("datasets")
 
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel  # noqa: E402
 
+from negsynth.schemas.train import TrainConfig  # noqa: E402
 from negsynth.train.bidirectional import make_bidirectional, parse_mode  # noqa: E402
-from negsynth.train.config import TrainConfig  # noqa: E402
-from negsynth.train.loss import info_nce, make_loss  # noqa: E402
+from negsynth.train.loss import make_loss  # noqa: E402
 from negsynth.train.pooling import (  # noqa: E402
     _AttentionInputCapture,
     ata_weights,
@@ -25,7 +25,6 @@ from negsynth.train.pooling import (  # noqa: E402
     last_token_index,
     recompute_attention_probs,
 )
-from negsynth.train.sampler import OrderedBatchSampler, check_batches  # noqa: E402
 
 
 def tiny_llama(impl="sdpa", layers=3, seed=0):
@@ -171,23 +170,11 @@ def test_parse_mode_errors_name_the_fix():
 # ----------------------------------------------------------------------------- sampler and loss
 
 
-def test_ordered_sampler_yields_dataset_order():
-    data = list(range(23))
-    s = OrderedBatchSampler(data, batch_size=5, drop_last=False, generator=torch.Generator().manual_seed(1), seed=3)
-    batches = list(s)
-    assert batches[0] == [0, 1, 2, 3, 4] and batches[-1] == [20, 21, 22]
-    assert [i for b in batches for i in b] == data and len(s) == 5
-    s.set_epoch(1)
-    assert list(s) == batches  # no reshuffle across epochs
-    assert len(OrderedBatchSampler(data, batch_size=5, drop_last=True)) == 4
-
-
-def test_check_batches_flags_mixed_phases_and_duplicates():
-    cols = {"anchor": ["a", "b", "c", "d"], "positive": ["p", "q", "r", "s"], "negative": ["n", "a", "x", "y"], "phase": [0, 0, 0, 1]}
-    probs = check_batches(cols, 2)
-    assert any("duplicate" in p and "batch 0" in p for p in probs)
-    assert any("mixes phases" in p and "batch 1" in p for p in probs)
-    assert check_batches({**cols, "negative": ["n", "m", "x", "y"], "phase": [0, 0, 1, 1]}, 2) == []
+def info_nce(q, d_pos, d_neg=None, temperature=0.02):
+    """The spec's InfoNCE (SEED_SPEC §1.6) on embeddings ``[B, d]``: in-batch and hard negatives, no query-query terms."""
+    docs = d_pos if d_neg is None else torch.cat([d_pos, d_neg], 0)
+    scores = torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(docs, dim=-1).T / temperature
+    return torch.nn.functional.cross_entropy(scores, torch.arange(q.shape[0]))
 
 
 def test_mnrl_equals_info_nce():
@@ -254,8 +241,6 @@ def _dataset(n=16, seed=0):
 
 
 def _dataset_loss(model, ds, temperature):
-    from negsynth.train.loss import info_nce
-
     with torch.no_grad():
         e = [model.encode(ds[c], convert_to_tensor=True, batch_size=64) for c in ("anchor", "positive", "negative")]
     return info_nce(*e, temperature=temperature).item()
@@ -465,7 +450,7 @@ def test_installed_transformers_accepts_the_installed_peft():
 
 def test_add_lora_turns_transformers_peft_refusal_into_one_line():
     from negsynth.errors import UserError
-    from negsynth.train.config import LoraSettings
+    from negsynth.schemas.train import LoraSettings
     from negsynth.train.lora import add_lora
 
     class Backbone(torch.nn.Module):
@@ -878,6 +863,7 @@ def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import ADDED_FIELDS, RunConfig
     from negsynth.schemas.config_io import config_hash
+    from negsynth.schemas.section import REMOVED_FIELDS
     from negsynth.stages.train import STAGE
 
     added = ADDED_FIELDS["TrainConfig"]
@@ -890,6 +876,7 @@ def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
 
     # what the fingerprint was before the settings existed
     old = TrainConfig().model_dump(exclude={"resume", "output_dir", "device", "batch_sampler", *added})
+    old.update({gone: value for gone, (_, value) in REMOVED_FIELDS["TrainConfig"].items()})  # removed since, at their old defaults
     assert fp() == config_hash({"train": old, "data": None})
     assert fp(loss="mnrl", distill_weight=1.0) == fp()
     assert len({fp(), fp(loss="distill-kl"), fp(loss="mnrl+distill-kl"), fp(loss="mnrl+distill-kl", distill_weight=0.5)}) == 4

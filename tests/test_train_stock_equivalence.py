@@ -154,10 +154,10 @@ def test_rows_not_built_as_batches_under_the_order_keeping_sampler_are_named_in_
     ds = Dataset.from_dict({"anchor": ["a", "b"], "positive": ["p", "q"], "phase": [1, 1], "batch": [-1, -1]})
     with caplog.at_level(logging.WARNING, logger="negsynth.train.trainer"):
         texts = ds.select_columns(["anchor", "positive"])
-        _batch_sampler(TrainConfig(), ds, texts, ds["phase"], ["anchor", "positive"], 2)
+        _batch_sampler(TrainConfig(), ds, texts, ds["phase"], 2)
         assert "set batch_sampler = 'shuffled'" in caplog.text
         caplog.clear()
-        _batch_sampler(TrainConfig(batch_sampler="shuffled"), ds, texts, ds["phase"], ["anchor", "positive"], 2)
+        _batch_sampler(TrainConfig(batch_sampler="shuffled"), ds, texts, ds["phase"], 2)
         planned = ds.remove_columns("batch").add_column("batch", [0, 0])
-        _batch_sampler(TrainConfig(), planned, texts, planned["phase"], ["anchor", "positive"], 2)
+        _batch_sampler(TrainConfig(), planned, texts, planned["phase"], 2)
         assert caplog.text == ""

@@ -1,35 +1,20 @@
 """Data cleaning for ``score``: near-duplicate examples and overlap with evaluation sets.
 
-Two checks, both on the texts as written (no E5 instruction), with unit vectors from the
-``score`` embedder:
+Both compare the texts as written, by :func:`~negsynth.data.text.text_key` equality or by the
+cosine of the ``score`` embedder's unit vectors (``>= threshold``):
 
-* **Near-duplicates across examples** (:class:`Deduplicator`). Example identity is the pair
-  (query, positive): two examples are duplicates when their queries match AND their positives
-  match, where two texts match when they are equal after :func:`~negsynth.data.text.text_key`
-  (NFKC, casefold, whitespace collapsed) or their cosine is ``>= threshold``. Requiring both
-  keeps examples that legitimately share one side — one query with two relevant documents, or
-  one label as the positive of many classification inputs. Negatives are not part of the
-  identity: the same (query, positive) with other negatives teaches the same positive pair
-  twice. The first example in input order is kept; a later one is dropped and names it.
+* **Near-duplicates** (:class:`Deduplicator`): two examples are duplicates when their queries
+  match AND their positives match (one query with two relevant documents is kept); the first in
+  input order stays. The kept vectors are float16; with a ``spill_dir`` all but the last
+  :data:`SPILL_ROWS` go to a file read back in chunks, so memory stays flat. Each new example is
+  screened against every kept one: O(N^2 * dim), fine to ~1M examples.
+* **Decontamination** (:class:`Decontaminator`): an example whose query, positive or any negative
+  matches a text ``negsynth evaluate`` scores (:func:`load_eval_texts`) is dropped.
 
-  Bound: the kept examples' query and positive vectors are float16, ``2 * 2 * dim`` bytes per
-  kept example (1.5 KB at 384 dims, 1.5 GB for 1M kept examples). With a ``spill_dir`` (the
-  score stage gives one) only the last :data:`SPILL_ROWS` of them stay in memory; the rest are
-  appended to a file there and read back chunk by chunk for each block's screen, so memory stays
-  flat whatever the run's size (a 16-byte exact key and the id per kept example stay in memory).
-  Each new example is screened against every kept query (float32 matrix products in chunks of
-  :data:`SCREEN_CELLS` cells), so the work grows as O(N^2 * dim): fine to ~1M examples on a GPU
-  box's CPU, hours beyond.
-
-* **Decontamination** (:class:`Decontaminator`). An example whose query, positive or any
-  negative matches an evaluation text (normalised-equal, or cosine ``>= threshold``) is dropped.
-  The evaluation texts are those ``negsynth evaluate`` scores (:func:`load_eval_texts`).
-
-Determinism: every vector is rounded to float16 before any comparison (the stored form, so a
-resumed run that reloads vectors from disk compares exactly what the first run compared), the
-float32 products only *screen* candidates (``>= threshold - SCREEN_MARGIN``), and every decision
-is taken on a float64 dot product of the two float16 vectors rounded to 6 decimals — the result
-does not depend on how BLAS blocked the product, i.e. on block sizes or on where a run resumed.
+Determinism: vectors are rounded to float16 (their stored form) before any comparison, float32
+products only *screen* candidates (``>= threshold - SCREEN_MARGIN``), and each decision is a
+float64 dot product rounded to 6 decimals, so it does not depend on block sizes or on where a run
+resumed.
 """
 
 from __future__ import annotations

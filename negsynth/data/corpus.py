@@ -1,48 +1,23 @@
-"""Readers of a user's documents: a corpus with no queries.
+"""Readers of a user's documents (a corpus with no queries), for the ``corpus`` stage.
 
-The ``corpus`` stage turns documents into training examples; this module reads one
-:class:`~negsynth.schemas.config.CorpusSpec` as :class:`Document` s, whatever the storage:
+One :class:`~negsynth.schemas.config.CorpusSpec` becomes :class:`Document` s, whatever the storage:
+a BEIR folder's ``corpus.jsonl`` or a saved HF dataset; a JSONL / CSV / TSV (``.gz`` too) or
+parquet file, one document per record (text, title and id columns named or guessed); a ``.txt`` /
+``.md`` / ``.rst`` / ``.html`` / ``.pdf`` file, one document (title: its first heading or
+``<title>``, else the file name); or a folder of any of these (recursive, sorted, ``glob`` picks a
+subset; ids are paths, ``path:id`` for a table's records). A document's text is ``title + " " +
+text``, as BEIR retrieval reads it.
 
-* a BEIR folder (its ``corpus.jsonl``: ``_id``, ``title``, ``text``), or a saved HF dataset;
-* a JSONL / CSV / TSV file (each may be ``.gz``-compressed) or a parquet file, with named text,
-  title and id columns: each record is a document;
-* a ``.txt`` / ``.md`` / ``.rst`` / ``.html`` / ``.pdf`` file: the file is one document, its id
-  the file name; the title is the first Markdown / reStructuredText heading (or a front-matter
-  ``title:``), an HTML page's ``<title>``, else the file name. HTML is read with BeautifulSoup (``pip install
-  'negsynth[html]'``), PDF with pypdf (``pip install 'negsynth[pdf]'``);
-* a folder of any of these files (recursive, sorted by path; ``glob`` picks a subset): each
-  document file a document whose id is its path in the folder (``notes/a.md``), each record of a
-  table file a document whose id is ``path:id`` (``path:row`` without an id column).
+``ids``: ``column`` (a repeated id is an error), ``first`` (later repeats left out), ``row`` or
+``hash`` (identical texts kept once). A document longer than ``chunk_tokens`` proxy tokens
+(``\\w+|[^\\w\\s]``, no model tokenizer) is split into overlapping passages ``<id>#chunk<N>``, each
+headed by the title (:func:`~negsynth.data.documents.split_document`).
 
-A document's text is ``title + " " + text`` (as BEIR retrieval reads it), so the positive the
-model is trained on is the document it will be asked to find.
-
-**Ids** (``ids``): ``column`` (the default) takes the id column (else the row); an id that repeats
-is an error, naming the count and the first repeats. ``first`` keeps the first document of each
-id and leaves the later ones out (counted as ``duplicate_ids``); ``row`` numbers the rows (a
-folder's files keep their paths); ``hash`` takes a hash of the text, so identical documents are
-kept once.
-
-**Chunks.** A document longer than ``chunk_tokens`` tokens is split into passages of at most
-that many tokens overlapping by about ``chunk_overlap`` (:func:`split_document`): each passage is
-a document of its own, id ``<document id>#chunk<N>`` (1-based), its title heading every passage.
-Tokens are counted with a cheap proxy, not a model's tokenizer: each run of letters and digits,
-and each other non-space character, is a token (``\\w+|[^\\w\\s]``), so the passages do not depend on
-which embedder is installed. A document within the limit stays one document with its own id.
-
-**Bounded memory.** A corpus is never held whole: it is read in batches (those of
-:mod:`negsynth.data.tables`' batched reader, about 8 MiB of text or 65,536 parquet rows; a
-folder's document files 64 at a time), once by :func:`read_corpus` to count the documents (what
-is kept: the rows that are not documents, and while that read lasts the ids, for the duplicate
-check), and again by whoever wants documents: :meth:`CorpusData.documents_at` (a sample: the input
-is read up to its last document) or :meth:`CorpusData.batches` (every document, a batch at a
-time). A ``.json`` array and a saved HF dataset are read whole, as before. A text file with NUL
-bytes in its first 64 KiB, a PDF / ZIP / image given as a table, or a "parquet" file without its
-magic, is refused in one line before any parse.
-
-Reading goes through the same polars / ``datasets`` readers as :mod:`negsynth.data.sources`;
-an unreadable file, a missing column, repeated ids or a corpus with no document raises
-:class:`~negsynth.errors.UserError` naming the file and the fix.
+Memory stays bounded: :func:`read_corpus` streams the input once to count the documents (keeping
+the skipped rows and, while it reads, the ids), and :meth:`CorpusData.batches` /
+:meth:`CorpusData.documents_at` read it again when documents are wanted. A binary file given as
+text, a missing column, repeated ids or an empty corpus is one :class:`~negsynth.errors.UserError`
+naming the file and the fix.
 """
 
 from __future__ import annotations

@@ -1,73 +1,32 @@
-"""Turn scored examples into the training dataset, in TRAINING ORDER (spec §1.7).
+"""Turn scored examples into the training rows, in TRAINING ORDER (SEED_SPEC §1.7; docs/curriculum.md).
 
-Each :class:`~negsynth.schemas.records.Example` has 4 negatives ordered hardest -> easiest
-(``negatives[0]`` = level 1, ``negatives[3]`` = level 4). The curriculum feeds them "from
-coarse to fine": level 4 for the first 25% of the steps, then 3, 2, 1.
+Each :class:`~negsynth.schemas.records.Example` holds 4 negatives, hardest first (``negatives[0]``
+= level 1). The ``curriculum`` schedule feeds them coarse to fine: level 4 for the first quarter
+of the steps, then 3, 2, 1. How rows are drawn:
 
-How examples are assigned (the spec's §1.7 reading, "each example visited once (≈1 epoch)"):
+1. A seeded *stream* of example indices (one fresh permutation per pass) is cut into one segment
+   per phase, so the phases get disjoint groups; a row is (query, positive, the negative of its
+   phase's level).
+2. A phase's rows are packed into batches in stream order; phases never mix, and with
+   ``homogeneous_batches`` a batch holds one ``task_type`` (LLM2Vec / E5).
+3. No text occurs twice in a batch (:func:`~negsynth.data.text.text_key`): a colliding row moves
+   to a later batch of its phase; a row repeating its own text is dropped
+   (``stats["dropped_self_duplicate"]``).
+4. A phase's leftover rows are packed again, across task types, into short batches after its full
+   ones (as ``NO_DUPLICATES`` keeps a last batch); never padded.
 
-1. A *stream* of example indices is built from seeded permutations of the pool (one fresh
-   permutation per pass). With ``epochs=1`` (the default) every example appears once.
-2. The stream is cut into consecutive phase segments, so the 4 phases get **disjoint** random
-   groups of examples; a row uses the example's negative at its phase's level. Each row is
-   thus (query, positive, ONE negative) — the other 3 negatives of that example are unused.
-3. Rows of a phase are packed into batches in stream order (= shuffled by ``seed``). Phases
-   never mix in a batch. With ``homogeneous_batches`` every batch holds one ``task_type``
-   (LLM2Vec / E5 style: in-batch negatives come from the same kind of task).
-4. No text occurs twice in a batch: the query, positive and negative of every row must be
-   distinct from all texts of the other rows (compared after NFKC + casefold + whitespace
-   collapse). A row that collides is *moved to a later batch of the same phase* (it opens or
-   joins another open batch). A row whose own three texts collide (e.g. negative == positive)
-   can never be placed and is dropped, counted in ``stats["dropped_self_duplicate"]``.
-5. A phase's rows left in incomplete batches when its examples run out are **trained as short
-   batches**: they are packed again in the order
-   they were drawn, across task types (homogeneity gives way here: a row trained beside other
-   tasks beats a row never trained), each into the earliest batch that holds none of its texts,
-   and emitted after the phase's full batches (counted in ``stats["short_batches"]`` /
-   ``stats["rows_in_short_batches"]``). This is what sentence-transformers' ``NO_DUPLICATES``
-   sampler does with a last batch (``drop_last=False``); before, the leftovers were dropped, which
-   on a small or filtered pool lost a fifth of it (163 → 128 rows on a 200-document corpus) and
-   trained a worse model at every seed measured (docs/corpus.md). Never padded — padding would
-   repeat an example and so create a duplicate text in a batch. With ``total_steps`` a phase draws
-   until its batches are full, so nothing is left to train (``stats["dropped_incomplete"]``
-   counts what a phase drew beyond its steps).
+Length: ``total_steps`` gives each phase its share of steps (the last takes the remainder),
+drawing further passes as needed; ``epochs`` (default 1) makes the stream ``round(epochs * N)``
+long. Other schedules: ``reverse`` (1 -> 4), ``random`` (one phase, a seeded level per row),
+``fixed:K``, ``tuple`` / ``tuple:K`` (one phase, each row the K hardest negatives as
+``negative_1..K``, ``level = 0``), and ``stock`` (:func:`negsynth.data.stock.stock_curriculum`:
+the ``tuple`` rows in input order, no batches planned, for the trainer's shuffled sampler).
 
-Length: with ``total_steps`` each phase takes exactly its share of steps (``total_steps // 4``
-for the first three phases, the remainder for the last, as in the §1.7 pseudo-code), drawing
-from the stream (another seeded pass starts when the pool is exhausted, so examples repeat
-only if ``total_steps * batch_size`` exceeds the pool). With ``epochs`` (default 1) the stream
-is ``round(epochs * N)`` long and split into 4 equal segments; the step count follows from it.
-
-Schedules: ``curriculum`` (4 -> 3 -> 2 -> 1), ``reverse`` (1 -> 2 -> 3 -> 4), ``random`` (one
-phase; each row's level drawn uniformly from 1-4 by ``seed``; phase = 1 throughout),
-``fixed:K`` (one phase, level K), and ``tuple`` / ``tuple:K`` (one phase, no order: each row
-carries the example's K hardest negatives, K = 4 by default, as ``negative_1 .. negative_K``
-hardest first, ``level = 0``: every negative is used, as in sentence-transformers' n-tuple
-recipe; on SciFact this beat the graded curriculum, see ``benchmarks/scifact_recipe.py``), and
-``stock`` (built by :func:`negsynth.data.stock.stock_curriculum`): the n-tuple rows of ``tuple``
-**in input order, once, with no batches planned** (``batch`` = -1): the trainer's shuffled sampler (sentence-transformers' ``NO_DUPLICATES``) makes
-the batches and its ``max_steps`` cycles the rows, as the stock recipe trains
-``mine_hard_negatives``' output; ``total_steps`` is then the trainer's step count, not a row count.
-
-Negatives are taken as given: if the scorer's ``filter`` policy removed false negatives the
-example may hold fewer than 4. Examples with fewer negatives than a schedule needs (4 for
-curriculum / reverse / random, K for ``fixed:K``) are skipped and counted
-(``stats["skipped_few_negatives"]``). ``use_mined=True`` uses ``Example.mined_negatives``
-(retriever-mined, assumed ordered hardest first) in place of the LLM negatives — the
-mined-negative baseline — with the same level logic.
-
-The result is a list of row dicts (a :class:`CurriculumRows`, which also carries ``stats``)::
-
-    {"anchor", "positive", "negative", "level", "phase", "batch", "task_type", "example_id", "source"}
-
-Teacher scores: when every usable example carries a teacher's scores (``meta["teacher_label"]``,
-written by ``corpus.teacher = "hybrid"``, see :func:`teacher_label`), each row adds ``label``: the
-floats ``[positive, negative_1 .. negative_K]`` (or ``[positive, negative]`` for graded rows), in
-the order of the row's text columns — sentence-transformers' layout for ``MarginMSELoss`` and
-``DistillKLDivLoss``. Otherwise no row has one (``stats["teacher_labels"]`` counts the examples
-that had them).
-
-The trainer must NOT shuffle it: consume it in order, ``batch_size`` rows per batch.
+Examples with fewer negatives than the schedule needs are skipped
+(``stats["skipped_few_negatives"]``); ``use_mined`` takes ``mined_negatives`` instead. When every
+usable example carries a teacher's scores (:func:`teacher_label`), rows add ``label``
+(``[positive, negative_1..K]``, the layout of ``MarginMSELoss`` / ``DistillKLDivLoss``). The result
+is a :class:`CurriculumRows` (a list of row dicts with ``stats``), to be trained in order.
 """
 
 from __future__ import annotations

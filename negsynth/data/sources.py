@@ -1,41 +1,18 @@
-"""Readers of (query, positive[, instruction][, existing negatives]) pairs from public datasets.
+"""Readers of (query, positive[, instruction][, negatives]) pairs from public datasets, for ``regenerate``.
 
-``regenerate`` asks the LLM for fresh graded negatives for pairs that already exist. This
-module turns one *source spec* (:class:`negsynth.schemas.config.SourceSpec`) into a list of
-:class:`Pair` objects, whatever the storage:
+One :class:`~negsynth.schemas.config.SourceSpec` becomes :class:`Pair` s. ``format``: ``beir`` (a
+folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels.tsv``, or ``qrels/<split>.tsv``, or
+``<split>/`` with the corpus one level up: one pair per qrel with score > 0), ``hf`` (a
+``save_to_disk`` folder or, online, a hub name), ``jsonl`` (``.json``: an array), ``parquet``,
+``csv`` / ``tsv`` (``.gz`` too), or ``auto`` from the path. Table columns are mapped by
+``columns = {query, positive, instruction, negatives, id}`` or guessed from common names
+(:data:`COLUMN_GUESSES`); ``filter = {label = "entailment"}`` keeps matching rows (an NLI file
+becomes premise -> entailed hypothesis pairs).
 
-========  ===============================================================================
-format    what ``path`` is
-========  ===============================================================================
-beir      a folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels.tsv`` (or
-          ``qrels/<split>.tsv``, or ``<split>/queries.jsonl`` + ``<split>/qrels.tsv`` with
-          the corpus one level up). One pair per qrel with score > 0, so a query with three
-          relevant documents yields three pairs. Document text = ``title + " " + text``.
-hf        a ``datasets.save_to_disk`` folder (``split`` picks one of a DatasetDict), or a
-          hub name such as ``sentence-transformers/natural-questions`` when online.
-jsonl     one JSON object per line (``.jsonl``/``.ndjson``, gzipped as ``.jsonl.gz``; ``.json``
-          = a JSON array).
-parquet   a parquet file.
-csv, tsv  a delimited text file with a header row (TSV: no quoting, tabs separate fields);
-          ``.csv.gz`` / ``.tsv.gz`` are decompressed as they are read.
-========  ===============================================================================
-
-``auto`` (the default) picks the format from the path. For every format except ``beir`` the
-columns are mapped by ``columns = {query = "...", positive = "...", instruction = "...",
-negatives = "...", id = "..."}``; unmapped roles are looked up under common names (``query``,
-``anchor``, ``question``, ``premise``, ``text1``, ``sentence1`` / ``positive``, ``document``,
-``answer``, ``hypothesis``, ``text2``, ...). ``filter = {label = "entailment"}`` keeps only the
-rows whose column equals the value (or one of a list of values), which turns an NLI file
-into (premise, entailed hypothesis) pairs.
-
-Negatives already in the source are kept as ``Pair.negatives`` (they end up in the record's
-``meta.source_negatives``) but never shown to the LLM. A missing column or an empty cell
-raises :class:`~negsynth.errors.UserError` naming the file, the row and the fix.
-
-Reading is done with polars (``csv``/``tsv``/``jsonl``/``parquet``) and ``datasets`` (``hf``);
-there is no hand-written parsing of delimited text. A file whose first bytes say it is something
-else (a PDF, a ZIP archive such as a .docx, gzip without ``.gz``, an image) is refused in one line
-naming what it is and what to do (:data:`~negsynth.data.tables.MAGIC`).
+A source's own negatives are kept (``meta.source_negatives``) but never shown to the LLM. Reading
+is polars and ``datasets``; a ``limit`` on a large file reads it in bounded batches
+(:func:`read_tabular_stream`). A missing column, an empty cell or a binary file is one
+:class:`~negsynth.errors.UserError` naming the file, the row and the fix.
 """
 
 from __future__ import annotations
@@ -279,37 +256,16 @@ def _invalid_row(where: str, row: int, line_offset: int, cols: dict[str, str], b
 
 
 def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
-    """Read a jsonl / parquet / csv / tsv / hf source into pairs (see the module docstring)."""
-    where = spec.path
-    df, line_offset = read_frame(spec.path, fmt, spec.split)
-    # filtering would renumber rows: keep the original 0-based row number for error messages
-    import polars as pl
-
-    df = df.with_row_index("__row__")
-    cols = _resolve_columns([c for c in df.columns if c != "__row__"], dict(spec.columns), where)
-    df = _apply_filter(df, dict(spec.filter), where)
-    if df.height == 0:
-        raise UserError(f"{where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)")
-    pairs: list[Pair] = []
-    skipped = 0
-    keep = ["__row__"] + sorted(set(cols.values()))
-    for rec in df.select([pl.col(c) for c in keep]).iter_rows(named=True):
-        row = int(rec["__row__"])
-        q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
-        bad = "query" if q is None else "positive" if pos is None else None
-        if bad:
-            if spec.skip_invalid:
-                skipped += 1
-                continue
-            raise _invalid_row(where, row, line_offset, cols, bad)
-        pairs.append(_row_pair(rec, cols, name, split, row, q, pos))
+    """Read a jsonl / parquet / csv / tsv / hf source into pairs, the whole table at once."""
+    table = _Table(spec, fmt, name, split, whole=True)
+    _, pairs, skipped = table.scan(keep=None)
     by_q: dict[str, list[str]] = {}
     for p in pairs:
-        by_q.setdefault(p.query_key, [])
-        if p.positive not in by_q[p.query_key]:
-            by_q[p.query_key].append(p.positive)
+        known = by_q.setdefault(p.query_key, [])
+        if p.positive not in known:
+            known.append(p.positive)
     corpus = list(dict.fromkeys(p.positive for p in pairs))
-    return SourceData(name, split, pairs, corpus, by_q, len(pairs), cols, skipped)
+    return SourceData(name, split, pairs, corpus, by_q, len(pairs), dict(table.cols), skipped)
 
 
 # -- BEIR -----------------------------------------------------------------------------------
@@ -441,14 +397,16 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
     """:func:`read_tabular` with ``spec.limit`` in bounded memory: the file is read in batches,
     once to find the valid rows (the ``limit`` of them ``select`` would pick: the same pairs) and
     once more up to the last picked row; with ``seed < 0`` (the first pairs) reading stops there.
-    Only the picked pairs are kept; the mining corpus is read again only when mining asks for it."""
+    The mining corpus is read again only when mining asks for it."""
     p = Path(spec.path)
     if not p.is_file():
         raise UserError(f"{p}: file not found; check --input")
     sniff(p, fmt)
-    table = _StreamedTable(spec, p, fmt, name, split)
-    valid, first, skipped = table.scan()
-    pairs = first if spec.seed < 0 else table.read_rows(_picked_rows(valid, spec.limit, spec.seed))
+    table = _Table(spec, fmt, name, split)
+    first = spec.seed < 0
+    valid, pairs, skipped = table.scan(keep=spec.limit if first else 0)
+    if not first:
+        pairs = table.read_rows(_picked_rows(valid, spec.limit, spec.seed))
     # total_rows: the valid pairs of the file (with seed < 0, those read before the limit was met)
     return SourceData(name, split, pairs, None, None, len(valid), dict(table.cols), skipped, mining_loader=table.mining)
 
@@ -460,15 +418,22 @@ def _picked_rows(valid: list[int], limit: int, seed: int) -> list[int]:
     return sorted(valid[i] for i in random.Random(f"{seed}:select").sample(range(len(valid)), limit))
 
 
-class _StreamedTable:
-    """One table file of pairs read in batches (:func:`read_tabular_stream`), as often as needed:
-    the columns are resolved from its first batch, the filter applied to each."""
+class _Table:
+    """One table file of pairs, read as often as needed: in batches (``whole``: at once, any
+    format), its columns resolved from the first, the filter applied to each."""
 
-    def __init__(self, spec, p: Path, fmt: str, name: str, split: str):
-        self.spec, self.p, self.fmt, self.name, self.split = spec, p, fmt, name, split
+    def __init__(self, spec, fmt: str, name: str, split: str, whole: bool = False):
+        self.spec, self.fmt, self.name, self.split, self.whole = spec, fmt, name, split, whole
         self.where = spec.path
         self.line_offset = {"csv": 2, "tsv": 2, "jsonl": 1}.get(fmt, 0)
         self.cols: dict[str, str] | None = None  # role -> column, from the first batch
+
+    def frames(self) -> Iterator[Any]:
+        if self.whole:
+            df, self.line_offset = read_frame(self.spec.path, self.fmt, self.spec.split)
+            yield df
+        else:
+            yield from iter_frames(Path(self.spec.path), self.fmt)
 
     def batches(self) -> Iterator[Any]:
         """Per batch of the file: its rows kept by the filter, with ``__row__`` (the file row) and
@@ -476,7 +441,7 @@ class _StreamedTable:
         import polars as pl
 
         offset = 0
-        for df in iter_frames(self.p, self.fmt):
+        for df in self.frames():
             height = df.height
             df = df.with_row_index("__row__", offset=offset)
             offset += height
@@ -496,15 +461,15 @@ class _StreamedTable:
         q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
         return _row_pair(rec, cols, self.name, self.split, row, q, pos)
 
-    def scan(self) -> tuple[list[int], list[Pair], int]:
-        """The first pass: the file rows of the valid pairs, in order, and the rows skipped as
-        invalid (an invalid row is an error unless ``skip_invalid``). With ``seed < 0`` it stops at
-        the first ``limit`` valid pairs and returns them too (no second pass needed)."""
+    def scan(self, keep: int | None) -> tuple[list[int], list[Pair], int]:
+        """The file rows of the valid pairs, in order, the pairs built (``keep``: all of them with
+        None, none with 0, else the first ``keep``, and reading stops there) and the rows skipped
+        as invalid (an invalid row is an error unless ``skip_invalid``)."""
         import polars as pl
 
-        spec, limit = self.spec, self.spec.limit
-        valid: list[int] = []  # file rows of the valid pairs, in order
-        first: list[Pair] = []
+        spec = self.spec
+        valid: list[int] = []
+        pairs: list[Pair] = []
         skipped = seen = 0
         for df in self.batches():
             seen += df.height
@@ -517,21 +482,20 @@ class _StreamedTable:
                     raise _invalid_row(self.where, int(rec["__row__"]), self.line_offset, cols, bad_role)
                 skipped += bad.height
             good = df.filter(pl.col("__ok__"))
-            if spec.seed < 0:
-                for rec in good.head(limit - len(first)).iter_rows(named=True):
-                    first.append(self.pair(int(rec["__row__"]), rec))
-                    valid.append(int(rec["__row__"]))
-                if len(first) >= limit:
-                    break  # the first `limit` pairs: the rest of the file is never read
-            else:
-                valid.extend(good["__row__"].to_list())
+            if keep:
+                good = good.head(keep - len(pairs))
+            if keep != 0:
+                pairs += [self.pair(int(rec["__row__"]), rec) for rec in good.iter_rows(named=True)]
+            valid.extend(good["__row__"].to_list())
+            if keep and len(pairs) >= keep:
+                break  # the first `keep` pairs: the rest of the file is never read
         if seen == 0:
             if spec.filter:
                 raise UserError(
                     f"{self.where}: no rows left after filter {dict(spec.filter)}; check the filter values (e.g. --filter label=entailment)"
                 )
             raise UserError(f"{self.where}: holds no rows; check --input")
-        return valid, first, skipped
+        return valid, pairs, skipped
 
     def read_rows(self, wanted: list[int]) -> list[Pair]:
         """The second pass: the pairs of the ``wanted`` file rows (sorted), reading no further

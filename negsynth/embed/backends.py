@@ -1,26 +1,16 @@
-"""Inference backends for a sentence-transformers encoder: torch, ONNX Runtime, OpenVINO.
+"""Inference backends for a sentence-transformers encoder on CPU: ONNX Runtime and OpenVINO.
 
-``backend = "auto"`` (evaluate's default) is ``"openvino"``, else ``"onnx"`` (whichever runtime is
-installed) for a plain encoder on CPU, else ``"torch"``. ``backend = "torch"`` leaves the model as loaded (SDPA attention, sentence-transformers' default).
-The other backends swap only the transformer backbone of ``model[0]`` for an exported ONNX graph;
-tokenisation, the length-sorted batching of ``SentenceTransformer.encode``, pooling and
-normalisation stay sentence-transformers' own, so the vectors differ from torch's by float
-rounding only (``benchmarks/eval_speed.py`` checks the nDCG@10):
+Only the transformer backbone of ``model[0]`` is swapped for an exported ONNX graph; tokenisation,
+sentence-transformers' length-sorted batching, pooling and normalisation stay the library's, so
+the vectors differ from torch's by float rounding (``onnx``, ``openvino``), or by more for the
+faster ``onnx-int8`` (int8 weights) and ``openvino-bf16`` (bfloat16, on CPUs with AVX512_BF16 or
+AMX); figures in docs/benchmarks.md. ``auto``: OpenVINO, else ONNX Runtime, for a plain encoder on
+CPU, else torch.
 
-* ``"onnx"``: ONNX Runtime (CPU), full graph optimisation.
-* ``"onnx-int8"``: the same graph with dynamically quantised int8 weights (faster, scores move).
-* ``"openvino"``: OpenVINO runtime reading the same ONNX file, fp32 inference.
-* ``"openvino-bf16"``: the same with bfloat16 inference, on CPUs with bf16 instructions
-  (AVX512_BF16 or AMX; else a one-line error): faster, scores move (docs/benchmarks.md).
-
-Why not ``SentenceTransformer(path, backend="onnx")``: sentence-transformers' own backends go
-through optimum-onnx / optimum-intel, which pin transformers below 4.58 / 5.6 and fail to import
-with the transformers this package runs on. The export here is ``torch.onnx.export`` of the
-loaded backbone, cached under ``$NEGSYNTH_CACHE_DIR/onnx`` (default ``~/.cache/negsynth/onnx``) by the model's
-weights and the torch/transformers versions, so each model is exported once (~2 s for MiniLM).
-
-Only encoders whose first module is a plain ``Transformer`` with text input are supported
-(MiniLM and the models negsynth trains from it); anything else raises :class:`UserError`.
+sentence-transformers' own ``backend="onnx"`` goes through optimum, which pins transformers below
+what this package runs on, so the backbone is exported here (``torch.onnx.export``), once per
+weights and library versions, under ``$NEGSYNTH_CACHE_DIR/onnx``. Only plain text encoders
+(MiniLM and models trained from it) are supported; anything else is a one-line error.
 """
 
 from __future__ import annotations

@@ -1,47 +1,29 @@
-"""Zero-shot sentence embeddings from a decoder-only LLM (issue 7; SEED_SPEC §3, §4, §6).
+"""Zero-shot sentence embeddings from a decoder-only LLM (SEED_SPEC §3, §4, §6).
 
-A causal LM only lets token *i* see tokens ``<= i``, so plain pooling of its hidden states is
-weak. The methods here work around that without any training:
+A causal LM lets token *i* see only tokens ``<= i``, so plain pooling of its states is weak. The
+methods here work around that without training:
 
 ``mean`` / ``last``
-    Classical pooling over the text tokens (mean of the final hidden states, or the last one).
+    Pooling of the final hidden states over the text tokens.
 ``prompteol``
-    PromptEOL: ``This sentence: "{text}" means in one word:"`` and take the hidden state of the
-    final prompt token (the model is asked to squeeze the sentence into its next token).
-    Templates by name in :data:`PROMPTEOL_TEMPLATES` (``prompteol_template``).
+    ``This sentence: "{text}" means in one word:"``, pooled at the final prompt token
+    (:data:`PROMPTEOL_TEMPLATES`).
 ``echo``
-    Echo embeddings: the text is written twice and only the *second* copy plus EOS is pooled
-    (mean or last), because every token of the second copy has already "seen" the whole
-    sentence. Default: the echo paper's templates (:data:`ECHO_TEMPLATES` ``"echo"``), query
-    ``Instruct:{instruction},\nQuery:{text}\nQuery again:{text}`` (the instruction line is dropped
-    without an instruction) and document ``Document:{text}\nDocument again:{text}``, + EOS;
-    ``echo_template="rewrite"`` gives EmbedFilter's ``Rewrite the following paragraph: {text}. The
-    rewritten paragraph: {text}``. :meth:`DecoderEmbedder.encode_queries` / ``encode_documents``
-    pick the template; plain ``encode`` uses the query template (symmetric use).
+    The text twice; only the *second* copy plus EOS is pooled, since each of its tokens has seen
+    the whole text. Default: the echo paper's query / document templates (:data:`ECHO_TEMPLATES`).
 ``reba``
-    ReBA: the text repeated ``k`` times, plus *backward attention*: all layers'/heads' attention
-    matrices are fused by symmetrise-and-max (Algorithm 1, :func:`fuse_attentions`) and the last
-    layer's token states are re-weighted by that fused matrix (see :func:`reba_weights`).
+    The text repeated ``k`` times plus backward attention: all layers' and heads' attention fused
+    by symmetrise-and-max (:func:`fuse_attentions`), the last layer's states re-weighted by it
+    (:func:`reba_weights`).
 ``embedfilter``
-    EmbedFilter: an echo (mean) or PromptEOL (last) embedding projected onto the middle band of
-    right singular vectors of the unembedding matrix ``W_U = U Σ Vᵀ`` (``k = d/τ`` centred
-    rows of ``Vᵀ``; rows ``128 .. 128+k`` for Mistral, ``filter_start``), which also reduces the
-    dimension ``d -> d/τ``. The SVD is cached on disk. Its PromptEOL base defaults to the seed's
-    ``Summarize the sentence: "{text}" in one word:"`` and keeps the first and last 256 tokens of
-    a text longer than 512 (``truncation="head_tail"``).
+    An echo (mean) or PromptEOL (last) embedding projected onto the middle band of right
+    singular vectors of the unembedding matrix (:mod:`negsynth.embed.embedfilter`).
 
-Tokenisation. Every method builds one string from a template (``{text}`` slots) and tokenises it
-in one go with character offsets; a token belongs to a slot when its character span overlaps the
-slot. So the pooled positions are exact for any fast tokenizer (BPE merges such as ``."`` at a
-slot border count as part of the slot). Special tokens the tokenizer adds natively (a BOS for
-Llama/Mistral; nothing for SmolLM2/GPT-2) are added in front; echo appends EOS and pools it.
-Each copy of the text is truncated to ``max_length`` tokens (512 when not set): the first ones
-(``head``), or the first and last halves (``head_tail``, EmbedFilter's PromptEOL default).
-
-Batching. Sequences are sorted by length, padded on ``padding_side`` (left or right) with an
-attention mask and explicit ``position_ids`` (so left padding gives the same RoPE positions as no
-padding), and pooled in float64 (float32 on MPS). Left, right and no padding give the same
-embeddings up to float rounding.
+A template is tokenised in one go with character offsets; a token belongs to a ``{text}`` slot
+when its span overlaps the slot, so the pooled positions are exact for any fast tokenizer. Each
+copy of the text is cut to ``max_length`` tokens (``head``, or ``head_tail`` for EmbedFilter's
+PromptEOL). Batches are padded on ``padding_side`` with explicit ``position_ids`` and pooled in
+float64: left, right and no padding agree up to float rounding.
 """
 
 from __future__ import annotations
@@ -64,6 +46,11 @@ log = logging.getLogger(__name__)
 METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 
 DEFAULT_MAX_LENGTH = 512
+#: the ``[embedder]`` fields :class:`DecoderEmbedder` takes under the same names
+CONFIG_FIELDS = (
+    "method pooling repeat reba_variant filter_ratio base max_length batch_size padding_side prompteol_template echo_template "
+    "echo_doc_template truncation filter_start query_template instruct_queries"
+).split()
 
 
 def _special_prefix(tokenizer) -> list[int]:
@@ -90,36 +77,21 @@ class Tokenized:
 
 
 class DecoderEmbedder(Embedder):
-    """Zero-shot embeddings from a decoder LLM; see the module docstring for the methods.
+    """Zero-shot embeddings from a decoder LLM; the methods are in the module docstring.
 
-    Construct from a config (``DecoderEmbedder.from_config(EmbedderConfig(kind="decoder",
-    method="echo"))``, which loads the model with :func:`negsynth.embed.hf.load_decoder`) or pass
-    any transformers decoder (bare ``AutoModel`` or ``AutoModelForCausalLM``) and its **fast**
-    tokenizer directly (tests use a tiny random Llama)::
+    Build it from a config (:meth:`from_config`) or around any transformers decoder and its fast
+    tokenizer::
 
         emb = DecoderEmbedder(model, tok, method="reba", pooling="mean", repeat=2)
         vecs = emb.encode(["a sentence", "another one"])  # [2, emb.dim] float32, L2-normalised
 
-    Arguments: ``method`` in ``mean, last, prompteol, echo, reba, embedfilter``; ``pooling``
-    (``mean``/``last``) for mean/last/echo/reba and for embedfilter with ``base="echo"``
-    (PromptEOL always pools the last token); ``repeat`` = ReBA's k; ``reba_variant`` = ``paper``
-    or ``code`` (only changes ``last``; see :func:`reba_weights`); ``filter_ratio`` = EmbedFilter's
-    τ; ``base`` = what EmbedFilter filters (``echo`` or ``prompteol``); ``max_length`` = token cap
-    per copy of the text; ``padding_side`` (default: the tokenizer's); ``model_name`` for
-    :attr:`name` and the SVD cache key. ``echo_template`` / ``echo_doc_template`` (a name in
-    :data:`ECHO_TEMPLATES` or literal text with two ``{text}`` slots; default ``"echo"``, the paper's
-    pair), ``prompteol_template`` (a name in :data:`PROMPTEOL_TEMPLATES` or literal text; ``"auto"``
-    = ``prompteol`` for PromptEOL, ``summarize`` / ``mistral`` under EmbedFilter), ``truncation``
-    (``auto`` = ``head_tail`` for EmbedFilter on PromptEOL, else ``head``) and ``filter_start``
-    (``auto`` = 128 for ``model_type == "mistral"``, else centred; ``"centred"`` or an int). A
-    non-default template shows in :attr:`name` as ``[name]`` or ``[custom]``.
+    The arguments are :class:`~negsynth.schemas.config.EmbedderConfig`'s fields of the same names;
+    ``model_name`` names the model in :attr:`name` and the SVD cache. A non-default template shows
+    in :attr:`name` as ``[name]`` or ``[custom]``.
 
-    ReBA variant implemented: Algorithm 1 exactly (symmetrise, max over all layers and heads,
-    pads zeroed first); mean = paper eq. 5 (= the code up to scale, so cosine-identical); last =
-    the paper's e_n (row of the last token of the *first* copy, keys k >= n) by default, the
-    code's final-token row with ``reba_variant="code"``. Copies are joined with one space (the
-    code concatenates raw strings, which lets BPE merge across the copy border), and the last
-    layer's states are used (as in the code's evaluation).
+    ReBA follows Algorithm 1 (symmetrise, max over layers and heads, pads zeroed first); ``mean``
+    is paper eq. 5; ``last`` is the paper's e_n (the last token of the first copy) or, with
+    ``reba_variant="code"``, the code's final-token row. Copies are joined with one space.
     """
 
     def __init__(
@@ -196,11 +168,7 @@ class DecoderEmbedder(Embedder):
 
     @classmethod
     def from_config(cls, cfg) -> DecoderEmbedder:
-        """Load ``cfg.model`` with :func:`negsynth.embed.hf.load_decoder` and wrap it.
-
-        ``method="reba"`` loads with eager attention (the only method that needs attention
-        probabilities); ``method="embedfilter"`` loads the LM head (unembedding matrix).
-        """
+        """Load ``cfg.model`` (eager attention for ReBA, the LM head for EmbedFilter) and wrap it."""
         from negsynth.embed.hf import load_decoder
 
         model, tok = load_decoder(
@@ -210,27 +178,7 @@ class DecoderEmbedder(Embedder):
             causal_lm=cfg.method == "embedfilter",
             attn_implementation="eager" if cfg.method == "reba" else None,
         )
-        return cls(
-            model,
-            tok,
-            method=cfg.method,
-            pooling=cfg.pooling,
-            repeat=cfg.repeat,
-            reba_variant=getattr(cfg, "reba_variant", "paper"),
-            filter_ratio=cfg.filter_ratio,
-            base=cfg.base,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
-            padding_side=getattr(cfg, "padding_side", None),
-            model_name=cfg.model,
-            prompteol_template=getattr(cfg, "prompteol_template", "auto"),
-            echo_template=getattr(cfg, "echo_template", "echo"),
-            echo_doc_template=getattr(cfg, "echo_doc_template", None),
-            truncation=getattr(cfg, "truncation", "auto"),
-            filter_start=getattr(cfg, "filter_start", "auto"),
-            query_template=cfg.query_template,
-            instruct_queries=cfg.instruct_queries,
-        )
+        return cls(model, tok, model_name=cfg.model, **{k: getattr(cfg, k) for k in CONFIG_FIELDS})
 
     # ---------------------------------------------------------------- description
 
@@ -368,60 +316,35 @@ class DecoderEmbedder(Embedder):
 
     # ---------------------------------------------------------------- encoding
 
-    def embed_batch(self, batch: dict, poolings: Sequence[str] | None = None):
-        """Run the model on one collated batch -> ``[B, d]`` (``[B, k]`` for EmbedFilter), float64.
-
-        With ``poolings`` (e.g. ``("mean", "last")``) the one forward pass is pooled several ways
-        and a dict ``pooling -> [B, d]`` is returned (for ReBA, ``"last:code"`` / ``"last:paper"``
-        pick the variant). Used by ablations/benchmarks to share the expensive forward pass.
-        """
+    def embed_batch(self, batch: dict):
+        """Run the model on one collated batch -> ``[B, d]`` (``[B, k]`` for EmbedFilter), float64."""
         import torch
 
-        kind, default_pooling = self._effective()
-        need_attn = kind == "reba"
+        kind, pooling = self._effective()
         dev = self.device
-        out_d = {}
+        mask = batch["attention_mask"].to(dev)
         with torch.inference_mode():
-            kw = dict(
+            out = self.backbone(
                 input_ids=batch["input_ids"].to(dev),
-                attention_mask=batch["attention_mask"].to(dev),
+                attention_mask=mask,
                 position_ids=batch["position_ids"].to(dev),
                 use_cache=False,
+                **({"output_attentions": True} if kind == "reba" else {}),
             )
-            if need_attn:
-                kw["output_attentions"] = True
-            out = self.backbone(**kw)
             # zero the pad positions (a fully masked pad row can come out as NaN with some kernels)
-            hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~kw["attention_mask"].bool()[..., None], 0.0)
-            fused = fuse_attentions(out.attentions, kw["attention_mask"]).to(self.pool_dtype) if need_attn else None
-            del out
-            for p in poolings or (default_pooling,):
-                if need_attn:
-                    pooling, _, variant = p.partition(":")
-                    w = reba_weights(fused, batch["first"].to(dev), kw["attention_mask"], pooling, variant or self.reba_variant)
-                    emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
-                else:
-                    emb = pool(hidden, batch["pool"].to(dev), p)
-                out_d[p] = self.project(emb.cpu().numpy().astype(np.float64))
-        return out_d if poolings else out_d[default_pooling]
+            hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~mask.bool()[..., None], 0.0)
+            if kind == "reba":
+                fused = fuse_attentions(out.attentions, mask).to(self.pool_dtype)
+                w = reba_weights(fused, batch["first"].to(dev), mask, pooling, self.reba_variant)
+                emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
+            else:
+                emb = pool(hidden, batch["pool"].to(dev), pooling)
+        return self.project(emb.cpu().numpy().astype(np.float64))
 
     def project(self, emb: np.ndarray) -> np.ndarray:
         """EmbedFilter's ``e -> e · V[l:r]ᵀ`` on pooled vectors ``[N, d] -> [N, d/τ]`` (identity for
         the other methods). Linear, so filtering the pooled vector equals pooling filtered tokens."""
         return emb @ self._basis if self._basis is not None else emb
-
-    def encode_raw(self, texts: Sequence[str], poolings: Sequence[str], *, batch_size: int | None = None) -> dict[str, np.ndarray]:
-        """One forward pass per batch, pooled each way in ``poolings`` -> ``{pooling: [N, dim]}``
-        float64, **not** L2-normalised (see :meth:`embed_batch`)."""
-        bs = batch_size or self.batch_size
-        items = [self.tokenize(t) for t in texts]
-        order = sorted(range(len(items)), key=lambda i: -len(items[i].ids))
-        res = {p: np.zeros((len(items), self.dim), dtype=np.float64) for p in poolings}
-        for b0 in range(0, len(order), bs):
-            idx = order[b0 : b0 + bs]
-            for p, v in self.embed_batch(self.collate([items[i] for i in idx]), poolings).items():
-                res[p][idx] = v
-        return res
 
     def _roles_apply(self) -> bool:
         """True when queries and documents get different inputs (echo with a role template)."""
@@ -470,103 +393,6 @@ class DecoderEmbedder(Embedder):
             if show_progress:
                 log.info("%s: %d/%d texts", self.name, min(b0 + bs, len(order)), len(order))
         return out
-
-
-class SharedPass:
-    """One forward pass of ``embedder`` per distinct text, pooled every way in ``poolings`` and
-    served as one :class:`Embedder` per pooling (:meth:`view`), so comparing poolings (or
-    EmbedFilter on top of its base) costs one pass instead of one per row::
-
-        shared = SharedPass(DecoderEmbedder(model, tok, method="echo"), ("mean", "last"), cache="echo.npz")
-        report = evaluate(shared.view("mean"), suite="full", tasks="STS")
-
-    A view embeds exactly as ``embedder.encode`` / ``encode_queries`` without an instruction would
-    with that pooling (the symmetric, query-side input: what STS uses). Vectors are kept per text
-    (raw, not normalised); with ``cache`` they are also written to that ``.npz`` file (atomically,
-    after every pass over new texts) and read back at start, so a killed run resumes without
-    embedding a text twice. The file records the embedder's name, ``max_length`` and the
-    poolings; a file written for anything else is refused rather than mixed in.
-    """
-
-    def __init__(self, embedder: DecoderEmbedder, poolings: Sequence[str], cache: str | Path | None = None):
-        self.embedder = embedder
-        self.poolings = tuple(poolings)
-        self.cache = Path(cache) if cache is not None else None
-        self.key = f"{embedder.name}|max_length={embedder.max_length}|poolings={','.join(self.poolings)}"
-        self.index: dict[str, int] = {}
-        self._vecs: dict[str, np.ndarray] = {}
-        #: texts embedded by this process and the seconds their forward passes took
-        self.encoded, self.seconds = 0, 0.0
-        if self.cache is not None and self.cache.exists():
-            with np.load(self.cache, allow_pickle=False) as z:
-                if str(z["key"]) != self.key:
-                    raise ValueError(f"{self.cache}: written for {z['key']}, not {self.key}; remove it or pass another cache path")
-                blob, ends = z["texts_utf8"].tobytes(), z["text_ends"].tolist()
-                self.index = {blob[a:b].decode("utf-8"): i for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends))}
-                for p in self.poolings:
-                    self._vecs[p] = z[f"pool:{p}"]
-
-    def vectors(self, texts: Sequence[str], pooling: str) -> np.ndarray:
-        """Raw pooled vectors ``[len(texts), d]`` (float64), embedding only texts not seen before."""
-        import time
-
-        new = [t for t in dict.fromkeys(texts) if t not in self.index]
-        if new:
-            t0 = time.perf_counter()
-            raw = self.embedder.encode_raw(new, self.poolings)
-            self.seconds += time.perf_counter() - t0
-            self.encoded += len(new)
-            for t in new:
-                self.index[t] = len(self.index)
-            for p in self.poolings:
-                self._vecs[p] = np.concatenate([self._vecs[p], raw[p]]) if p in self._vecs else raw[p]
-            self._save()
-        rows = [self.index[t] for t in texts]
-        return self._vecs[pooling][rows]
-
-    def _save(self) -> None:
-        if self.cache is None:
-            return
-        import os
-
-        self.cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache.with_name(self.cache.name + ".tmp.npz")
-        encoded = [
-            t.encode("utf-8") for t in self.index
-        ]  # one byte blob + offsets: a fixed-width str array would pad every text to the longest
-        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        ends = np.cumsum([len(b) for b in encoded], dtype=np.int64)
-        np.savez(tmp, key=np.array(self.key), texts_utf8=blob, text_ends=ends, **{f"pool:{p}": v for p, v in self._vecs.items()})
-        os.replace(tmp, self.cache)
-
-    def view(self, pooling: str, projector: DecoderEmbedder | None = None, name: str | None = None) -> Embedder:
-        """An :class:`Embedder` serving ``pooling`` from this pass; with ``projector`` (an
-        EmbedFilter embedder on this pass's base) its :meth:`DecoderEmbedder.project` is applied
-        to the pooled vectors, as that embedder would itself."""
-        if pooling not in self.poolings:
-            raise ValueError(f"pooling {pooling!r} is not computed by this pass ({', '.join(self.poolings)})")
-        return _PassView(self, pooling, projector, name or f"{self.embedder.name}|{pooling}")
-
-
-class _PassView(Embedder):
-    def __init__(self, shared: SharedPass, pooling: str, projector, name: str):
-        self.shared, self.pooling, self.projector, self.name = shared, pooling, projector, name
-        self.batch_size = shared.embedder.batch_size
-
-    @property
-    def dim(self) -> int:
-        return (self.projector or self.shared.embedder).dim
-
-    def _encode(self, texts: list[str], *, batch_size: int | None, show_progress: bool) -> np.ndarray:
-        v = self.shared.vectors(texts, self.pooling)
-        return self.projector.project(v) if self.projector is not None else v
-
-    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
-        if self.shared.embedder._roles_apply():
-            raise NotImplementedError(
-                "a shared pass serves the query-side (symmetric) input; documents of this method use another template"
-            )
-        return super().encode_documents(texts, **kw)
 
 
 def _short_name(model: str) -> str:

@@ -9,17 +9,11 @@ from collections.abc import Sequence
 
 
 def fuse_attentions(attentions: Sequence, attention_mask) -> torch.Tensor:  # noqa: F821
-    """ReBA Algorithm 1: fuse all layers' and heads' attention matrices into one.
+    """ReBA Algorithm 1: ``A_new = max over layers and heads of (A + Aᵀ) / 2``, ``[B, L, L]`` float32.
 
-    In: ``attentions``, one ``[B, H, L, L]`` tensor per layer (row = query, column = key;
-    softmax probabilities, lower-triangular for a causal model); ``attention_mask`` ``[B, L]``
-    (1 = real token, 0 = pad). Out: ``[B, L, L]`` float32,
-    ``A_new = max over layers p, heads q of (A^{p,q} + A^{p,q}ᵀ) / 2``, symmetric, with every row
-    and column of a pad position set to 0 *before* the max (the probabilities are >= 0, so a
-    zeroed entry never wins; the result on the real tokens is what an unpadded run gives).
-    The seed writes the max as ``(A+B)/2 + |A-B|/2`` starting from ``A_new = 0``; that is the
-    same thing because all entries are non-negative.
-    """
+    ``attentions``: one ``[B, H, L, L]`` probability tensor per layer (row = query); pad rows and
+    columns are zeroed before the max, so the result on the real tokens is an unpadded run's (the
+    seed's ``(A+B)/2 + |A-B|/2`` from 0 is the same max, the entries being non-negative)."""
     import torch
 
     if not attentions or any(a is None for a in attentions):

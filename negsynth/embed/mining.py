@@ -1,50 +1,29 @@
-"""Hard-negative mining over a corpus, on sentence-transformers' ``mine_hard_negatives``.
+"""Hard-negative mining over a corpus, positive-aware as ``mine_hard_negatives`` is (every known
+positive of a query excluded; candidates within ``relative_margin`` of the positive's score dropped
+as likely false negatives, NV-Retriever's TopK-PercPos):
 
-Two shapes of the same search (positive-aware: every known positive of a query is excluded and
-candidates within ``relative_margin`` of the positive's score are dropped as likely false
-negatives, NV-Retriever's TopK-PercPos):
+* :func:`mine_negatives` — the ``k`` hardest survivors per query, through the library itself;
+* :class:`CorpusIndex` — the same rule for one query at a time over a corpus embedded once (the
+  corpus stage), streamed from disk when it is too large to hold.
 
-* :func:`mine_negatives` — the ``k`` hardest surviving candidates per query (the stock recipe);
-* :func:`mine_graded` — **multi-granularity**: one negative per similarity band. The surviving
-  candidates are ranked by similarity and cut into rank bands (default ``[1, 3], [4, 10],
-  [11, 30], [31, 100]``); level 1 (hardest) comes from the first band, level 4 (easiest) from the
-  last. Within a band the candidate is drawn with a per-query seed, so runs are reproducible.
-  A user with no LLM, or a weak one, still gets four graded, verified negatives per pair, in the
-  same ``hardest -> easiest`` layout as the LLM's negatives, so the curriculum reads both.
-
-Both take a loaded ``SentenceTransformer``; queries and positives are keyed by the caller's ids.
-
-**Corpus scale.** ``use_faiss=None`` (the default) searches with FAISS (the library's
-``use_faiss=True``: an exact inner-product ``IndexFlatIP``, sharded over all GPUs when
-``faiss-gpu`` is installed) once the corpus holds ``faiss_threshold`` texts or more (default
-100,000), and with the library's chunked torch matmul + top-k below it. Without ``faiss``
-installed (``pip install negsynth[scale]``) it logs one line and searches exactly with torch.
-``use_faiss=True``/``False`` forces either. Timings and memory: docs/scale.md.
-
-    from sentence_transformers import SentenceTransformer
-    found = mine_graded(SentenceTransformer(path), {"q1": "a claim"}, {"q1": ["its abstract"]}, corpus)
-    found["q1"]["negatives"]   # 4 texts, hardest first; found["q1"]["scores"], ["ranks"]
+``use_faiss=None`` searches with FAISS (the library's exact ``IndexFlatIP``) from
+``faiss_threshold`` texts (100,000), with torch below it or when faiss is not installed
+(docs/scale.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from negsynth.data.text import text_key
-from negsynth.schemas.config import check_bands
 
 log = logging.getLogger(__name__)
 
 #: corpus size (texts) from which ``use_faiss=None`` searches with FAISS
 FAISS_THRESHOLD = 100_000
-
-#: default rank bands (1-based, inclusive) for levels 1..4 of :func:`mine_graded`
-DEFAULT_BANDS: tuple[tuple[int, int], ...] = ((1, 3), (4, 10), (11, 30), (31, 100))
 
 
 def load_mining_model(cfg):
@@ -101,16 +80,12 @@ def mine_negatives(
     use_faiss: bool | None = None,
     faiss_threshold: int | None = FAISS_THRESHOLD,
 ) -> dict[str, dict[str, Any]]:
-    """Up to ``k`` negatives per query key, hardest first, from ``mine_hard_negatives``.
+    """Up to ``k`` negatives per query key, hardest first: ``{key: {"negatives", "scores", "pos_score"}}``.
 
-    Every positive the source knows for a query is given to the library, which never returns a
-    positive of the same query and measures the margin against the *hardest* (least similar)
-    positive. A candidate equal to the query or a positive after normalisation is dropped too
-    (near-identical copies in a corpus). Returns ``{key: {"negatives", "scores", "pos_score"}}``;
-    a query may get fewer than ``k`` when the corpus has too few candidates under the margin.
-    ``cache_folder`` keeps the library's query/corpus embeddings (keyed by their texts).
-    ``use_faiss`` / ``faiss_threshold``: see :func:`resolve_use_faiss` (FAISS from 100k texts).
-    """
+    Every known positive of a query goes to the library, which measures the margin against the
+    least similar one; a candidate equal to the query or a positive after
+    :func:`~negsynth.data.text.text_key` is dropped too. ``cache_folder`` keeps the library's
+    embeddings."""
     import datasets
     from sentence_transformers.util import mine_hard_negatives
 
@@ -182,71 +157,6 @@ def _gather_triplets(triplets, queries: dict[str, str], known_positives: dict[st
     for f in found.values():
         if f["pos_score"] is not None:
             f["pos_score"] = round(float(f["pos_score"]), 6)
-
-
-def pick_from_bands(candidates: list[str], scores: list[float], bands, seed: str) -> dict[str, list]:
-    """One candidate per rank band (candidates sorted hardest first). A band past the end of the
-    list is left out, so a query with few candidates gets fewer levels."""
-    rng = random.Random(int(hashlib.sha256(seed.encode()).hexdigest()[:16], 16))
-    negs, scs, ranks = [], [], []
-    for a, b in bands:
-        lo, hi = a - 1, min(b, len(candidates))
-        if lo >= hi:
-            break
-        i = rng.randrange(lo, hi)
-        negs.append(candidates[i])
-        scs.append(scores[i])
-        ranks.append(i + 1)
-    return {"negatives": negs, "scores": scs, "ranks": ranks}
-
-
-def mine_graded(
-    model,
-    queries: dict[str, str],
-    known_positives: dict[str, list[str]],
-    corpus: list[str],
-    *,
-    bands=DEFAULT_BANDS,
-    relative_margin: float | None = 0.05,
-    range_max: int | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    cache_folder: str | Path | None = None,
-    use_faiss: bool | None = None,
-    faiss_threshold: int | None = FAISS_THRESHOLD,
-) -> dict[str, dict[str, Any]]:
-    """Multi-granularity negatives: one per rank band of the positive-aware candidate list.
-
-    Returns ``{key: {"negatives", "scores", "ranks", "pos_score"}}`` with the negatives ordered
-    level 1 (hardest band) -> level ``len(bands)`` (easiest band); ``ranks`` are 1-based ranks
-    among the surviving candidates.
-
-    ``range_max``: how many top candidates the margin filter looks at (default: the last band's
-    end + 4 per known positive + 20). When the positive itself ranks low, the filter removes most
-    of them and the easy bands stay empty for that query: on SciFact train (all-MiniLM-L6-v2,
-    128 tokens) every band is filled for 648 of 809 queries at range_max 124, 764 at 324, 783 at 600.
-    """
-    bands = check_bands(bands)
-    depth = bands[-1][1]
-    pool = mine_negatives(
-        model,
-        queries,
-        known_positives,
-        corpus,
-        depth,
-        relative_margin=relative_margin,
-        range_max=range_max or depth + 4 * max((len(v) for v in known_positives.values()), default=1) + 20,
-        batch_size=batch_size,
-        cache_folder=cache_folder,
-        use_faiss=use_faiss,
-        faiss_threshold=faiss_threshold,
-    )
-    out: dict[str, dict[str, Any]] = {}
-    for key, f in pool.items():
-        picked = pick_from_bands(f["negatives"], f["scores"], bands, f"{seed}:{key}")
-        picked["pos_score"] = f["pos_score"]
-        out[key] = picked
-    return out
 
 
 class TextStore:
@@ -332,14 +242,10 @@ STORE_WINDOW = 64
 
 
 def encode_store(model, texts: TextStore, out: Any, *, batch_size: int = 64) -> None:
-    """Embed every text of ``texts`` into ``out`` (``len(texts)`` rows), holding one batch of texts
-    at a time. The batches are the ones ``model.encode`` would make of the whole list (longest
-    first, by characters, in the order the installed sentence-transformers sorts them), so each
-    text is embedded beside the same others and the vectors are those of one ``encode`` call.
-
-    A model with ``encode_batches`` (:class:`~negsynth.pipeline.ray_executor.RaySentenceModel`)
-    gets :data:`STORE_WINDOW` batches at a time, which it spreads over its workers (each batch
-    still one ``encode`` call of the same texts)."""
+    """Embed every text of ``texts`` into ``out``, one batch of texts held at a time. The batches
+    are those ``model.encode`` makes of the whole list (:func:`encode_order`), so the vectors are
+    those of one ``encode`` call. A model with ``encode_batches`` (the Ray workers' proxy) gets
+    :data:`STORE_WINDOW` batches at a time to spread over its workers."""
     import numpy as np
 
     n = len(texts)
@@ -374,19 +280,12 @@ def _dimension(model, texts: TextStore) -> int:
 
 
 class CorpusIndex:
-    """A corpus embedded once, searched one query at a time: the round-trip rank of a query's own
-    document and its positive-aware hard negatives (the corpus stage).
-
-    The negatives follow ``mine_hard_negatives``' rule (TopK-PercPos: a candidate is kept only if
-    ``sim(q, c) <= sim(q, pos) - relative_margin * |sim(q, pos)|``, and below ``max_score``; the
-    positive and texts equal to it or to the query after normalisation are never returned), applied
-    to one query over the cached corpus embeddings. Each query is encoded alone, so its result does
-    not depend on which other queries run beside it or on where a killed run resumed.
-
-    ``cache`` (a ``.npy`` path) keeps the corpus embeddings: a rerun does not re-embed.
-    :meth:`from_batches` builds the index of a corpus streamed a batch at a time: only the vectors
-    are in memory (memory-mapped), a candidate's text is read back from disk when it is needed.
-    """
+    """A corpus embedded once, searched one query at a time (the corpus stage): the rank of a
+    query's own document and its positive-aware hard negatives, by ``mine_hard_negatives``' rule.
+    Each query is encoded alone, so its result depends neither on the queries beside it nor on
+    where a killed run resumed. ``cache`` (a ``.npy``) keeps the corpus vectors for a rerun;
+    :meth:`from_batches` streams a corpus too large to hold (vectors memory-mapped, texts read
+    back from disk when needed)."""
 
     def __init__(self, model, texts: Sequence[str], *, batch_size: int = 64, cache: str | Path | None = None, emb: Any = None):
         import numpy as np
@@ -450,21 +349,13 @@ class CorpusIndex:
         order: str = "dense",
     ) -> dict[str, Any]:
         """``{"rank", "pos_score", "negatives", "scores"}`` for ``query`` whose own document is
-        ``texts[positive]``: ``rank`` is 1 + the number of documents scored above it.
+        ``texts[positive]`` (``rank``: 1 + the documents scored above it).
 
-        ``range_max``: negatives come only from the ``range_max + 1`` nearest documents, the
-        positive left out (``mine_hard_negatives``' candidate window for one positive: a query
-        whose own document ranks far down finds fewer than ``k`` there and gets fewer negatives);
-        None searches the whole corpus.
-
-        ``lexical``: the query's lexical (BM25) scores over the same texts: the dense and lexical
-        rankings fused by RRF (:func:`negsynth.embed.lexical.rrf`), and a candidate the fused list
-        ranks at or above the document is never a negative.
-
-        ``order``: which ranking the negatives are taken from, hardest first: ``dense`` (the
-        embedder's) or ``hybrid`` (the fused dense + lexical ranking; needs ``lexical``): candidates
-        BM25 finds that the embedder alone would rank further down. Either way a candidate must
-        pass the embedder's positive-aware margin and rank below the document in the fused list."""
+        ``range_max``: negatives only from the ``range_max + 1`` nearest documents (the library's
+        window); None: the whole corpus. ``lexical``: the query's BM25 scores over the same texts,
+        fused with the dense ones by RRF; a candidate the fused list ranks at or above the document
+        is never a negative. ``order``: the ranking negatives are taken from, ``dense`` or
+        ``hybrid`` (the fused one); either way a negative passes the dense positive-aware margin."""
         import numpy as np
 
         q = self.model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(np.float32)[0]
@@ -498,12 +389,9 @@ class CorpusIndex:
         fused,
         by_fused: bool = False,
     ) -> tuple[list[str], list[float]]:
-        """Up to ``k`` distinct texts nearest the query (``sims``: their scores) at or below
-        ``limit``, hardest first: never the positive, a copy of it or of the query, nor (``fused``:
-        the dense + BM25 scores) one the fused list ranks at or above the positive. Returns their
-        texts and scores. Only the nearest candidates are sorted; the whole corpus only when too
-        many of them fall under the margin (and never past ``range_max``). ``by_fused``: nearest
-        by the fused scores instead of ``sims`` (the margin stays on ``sims``)."""
+        """Up to ``k`` distinct texts nearest the query (by ``sims``, or by ``fused`` with
+        ``by_fused``) at or below ``limit``, hardest first, and their scores. Only the nearest
+        candidates are sorted; the whole corpus only when too many fall under the margin."""
         import numpy as np
 
         pos_fused = float(fused[positive]) if fused is not None else None

@@ -1,15 +1,8 @@
-"""One place that turns a model name into a model.
-
-A name is an alias (``default``/``minilm`` = the bundled all-MiniLM-L6-v2, ``smollm2`` = the
-bundled SmolLM2-135M decoder; the one table is :data:`MODEL_ALIASES`), a local folder (a sentence-transformers folder — negsynth-trained
-ones included — or a transformers folder), or, online, a Hugging Face hub name. Score, regenerate's
-mining, train and evaluate all resolve names here:
-
-* :func:`resolve_model` — name -> :class:`ModelRef` (local path, kind);
-* :func:`load_sentence_transformer` — a raw ``SentenceTransformer`` (mining, benchmarks);
-* :func:`hub_id` — the hub id a name stands for (model cards);
-
-and :func:`negsynth.embed.embedder_for` turns the result into an embedder (evaluate, score).
+"""One place that turns a model name into a model: an alias (``default``/``minilm`` = the bundled
+all-MiniLM-L6-v2, ``smollm2`` = the bundled SmolLM2-135M decoder; :data:`MODEL_ALIASES`), a local
+folder (sentence-transformers or transformers), or, online, a hub name. Score, mining, train and
+evaluate resolve names with :func:`resolve_model`; :func:`negsynth.embed.embedder_for` makes the
+embedder.
 """
 
 from __future__ import annotations

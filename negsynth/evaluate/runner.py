@@ -144,23 +144,6 @@ def _summarise(tasks: dict[str, dict]) -> tuple[dict, float | None, dict]:
     return cats, (float(np.mean(mteb)) if mteb else None), extra
 
 
-def empty_report(suite: str, reason: str, embedder_name: str = "") -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "embedder": embedder_name,
-        "suite": suite,
-        "data_dir": None,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": 0.0,
-        "tasks": {},
-        "categories": {},
-        "average": None,
-        "extra": {},
-        "skipped": {},
-        "notes": [reason],
-    }
-
-
 def evaluate(
     embedder,
     suite: str = "quick",
@@ -175,31 +158,22 @@ def evaluate(
     per_query: bool = False,
     results_cache: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) on the suite.
+    """Evaluate ``embedder`` (any :class:`~negsynth.embed.base.Embedder`) and return the report.
 
-    ``suite``: ``"quick"`` (subsampled, CPU demo) or ``"full"``. ``tasks``: names or category
-    names (``["STS", "SciFact"]`` or ``"STS,SciFact"``) instead of the suite's defaults.
-    ``data_dir``: the benchmark folder (default :func:`negsynth.resources.default_data_dir`).
-    When no data is reachable this prints ONE line and returns an empty report (``tasks = {}``,
-    the reason in ``notes``). A set missing from the data dir is listed under ``skipped``; a
-    malformed file raises :class:`~negsynth.data.readers.EvalDataError`. ``out``: write the
-    JSON report there atomically. ``progress``: one line per task on stderr (``False``: none);
-    or a progress-bar factory, ``progress(description, total, status="")`` yielding a bar with
-    ``update(advance=0, status=...)`` and ``print(line)`` (the evaluate stage passes
-    :meth:`negsynth.pipeline.progress.Reporter.progress`): the bar counts tasks and names the
-    running one, the lines go above it.
+    ``suite``: ``"quick"`` (subsampled, a CPU demo) or ``"full"``. ``tasks``: names, category names
+    (``"STS,SciFact"``) or :class:`TaskSpec` s (:func:`~negsynth.evaluate.suite.retrieval_task`)
+    instead of the suite's defaults. ``data_dir``: the benchmark folder (default
+    :func:`negsynth.resources.default_data_dir`); with none reachable, one line and an empty report.
+    A set missing from it is ``skipped``; a malformed file raises
+    :class:`~negsynth.data.readers.EvalDataError`. ``out``: the JSON report, written atomically.
+    ``progress``: one line per task on stderr, ``False``, or a bar factory
+    ``progress(description, total, status="")`` (the stage's
+    :meth:`~negsynth.pipeline.progress.Reporter.progress`).
 
-    ``engine = "mteb"`` scores the MTEB tasks through the mteb library
-    (:mod:`negsynth.evaluate.mteb_engine`: local files where present, else mteb's hub copies, and
-    MTEB task names negsynth does not list); the other sets keep negsynth's evaluator.
-
-    ``tasks`` may hold :class:`TaskSpec` objects too, e.g. a BEIR folder given by path
-    (:func:`~negsynth.evaluate.suite.retrieval_task`). ``per_query``: retrieval tasks also carry
-    ``"per_query": {query id: nDCG@10}`` (for :func:`negsynth.evaluate.stats.paired_test`).
-
-    ``results_cache``: a folder (e.g. :func:`negsynth.evaluate.cache.default_folder`) where each
-    task scored for an embedder with an :meth:`~negsynth.embed.base.Embedder.identity` is kept and
-    looked up first (:mod:`negsynth.evaluate.cache`); a task taken from it carries ``"cached": true``.
+    ``engine = "mteb"``: the MTEB tasks through the mteb library (:mod:`negsynth.evaluate.mteb_engine`).
+    ``per_query``: retrieval tasks add ``{query id: nDCG@10}`` (for
+    :func:`negsynth.evaluate.stats.paired_test`). ``results_cache``: a folder where each task scored
+    for an embedder with an ``identity()`` is kept and looked up first (:mod:`negsynth.evaluate.cache`).
     """
     hub_names: list[str] = []
     if engine == "mteb":
@@ -283,7 +257,20 @@ def _no_data_report(suite: str, data_dir: str | Path | None, name: str, *, annou
     )
     if announce:
         print(reason, file=sys.stderr)
-    rep = empty_report(suite, reason, name)
+    rep = {
+        "schema": SCHEMA,
+        "embedder": name,
+        "suite": suite,
+        "data_dir": None,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": 0.0,
+        "tasks": {},
+        "categories": {},
+        "average": None,
+        "extra": {},
+        "skipped": {},
+        "notes": [reason],
+    }
     if out is not None:
         write_report(rep, out)
     return rep

@@ -1,35 +1,15 @@
-"""The built-in evaluation suite: every set in the shared benchmark folder, one row each.
+"""The built-in evaluation suite: every set in the shared benchmark folder, one :class:`TaskSpec` each
+(where it lives, its columns, its MTEB category and the E5-style instruction its queries get).
 
-A :class:`TaskSpec` says where a set lives (relative to the data dir), which columns hold
-what, which MTEB category it belongs to and which E5-style instruction its queries get.
+Categories and main scores: STS (Spearman of cosine vs gold), Retr (nDCG@10, exact dense search
+over a BEIR corpus), Pair (AP of cosine), Class (logistic-regression accuracy), Clust (k-means
+V-measure), and Triplet (cos(a, p) > cos(a, n); not an MTEB category, kept out of the averages).
+Queries get ``Instruct: {instruction}\nQuery: {text}`` when the embedder's ``instruct_queries`` is
+on; in symmetric tasks every input is a query, retrieval documents never get one. Instructions are
+E5 / LLM2Vec's where they have one for the set, else ours (``instruction_source="ours"``).
 
-Categories (MTEB names, spec §1.10) and their main metric:
-
-======== ========================================== =====================
-category what is measured                           main score
-======== ========================================== =====================
-STS      Spearman of cosine vs. gold similarity     ``spearman``
-Retr     exact dense search over a BEIR corpus      ``ndcg@10``
-Pair     AP of cosine for binary pair labels        ``ap``
-Class    logistic regression on embeddings          ``accuracy``
-Clust    k-means (k = #labels) on embeddings        ``v_measure``
-Triplet  cos(a, p) > cos(a, n) on NLI triples       ``accuracy``
-======== ========================================== =====================
-
-``Triplet`` is not an MTEB category: it is reported (it measures exactly what hard negatives
-train) but kept out of the MTEB-style averages.
-
-Instructions (spec §1.9): queries get ``Instruct: {instruction}\\nQuery: {text}`` when the
-embedder's ``instruct_queries`` is on; retrieval documents never get one; in symmetric tasks
-(STS, Pair, Class, Clust, Triplet) every input is a query. All STS tasks use
-``STS_INSTRUCTION``. Where E5 / LLM2Vec (Table 8) has an instruction for the set it is used
-verbatim (SciFact, TwitterSemEval2015, SNLI-style NLI); the others are our wording in the same
-style and marked ``instruction_source="ours"``.
-
-Suites: ``full`` = every task with ``default=True`` on all rows; ``quick`` = the same tasks
-subsampled deterministically (seed 0) to the ``quick`` caps below so a CPU demo with MiniLM
-runs in about a minute. Quick numbers are NOT comparable with full numbers (a retrieval corpus
-cut to 1,000 documents is easier) — compare quick with quick only.
+Suites: ``full`` runs every default task on all rows; ``quick`` subsamples them (seed 0) to the
+``quick`` caps, a CPU demo of about a minute whose figures compare only with other quick ones.
 """
 
 from __future__ import annotations

@@ -84,8 +84,6 @@ def _print_stage_notes(name: str, s: dict[str, Any], console) -> None:
         if ts:  # the teacher's scores on its own scale (corpus.teacher): what a distillation loss learns from
             negs = ", ".join(_f(x) for x in ts["negatives"])
             parts.append(f"teacher score positive {_f(ts['positive'])}, negatives {negs} (mean of {ts['examples']})")
-        if q.get("negative_sources"):  # mixed: the LLM's negatives that passed the mining margin vs mined fill-ins
-            parts.append("negatives " + ", ".join(f"{k} {v}" for k, v in q["negative_sources"].items()))
         console.print(f"{name} queries: " + "; ".join(parts))
 
 

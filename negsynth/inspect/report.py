@@ -186,7 +186,7 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
             if name == "corpus":  # the queries the LLM wrote: styles, lengths, round-trip ranks
-                keys = ("query_styles", "query_words", "round_trip", "negative_sources", "teacher_scores")
+                keys = ("query_styles", "query_words", "round_trip", "teacher_scores")
                 out["queries"] = {k: stats[0][k] for k in keys if stats[0].get(k)}
     return out
 

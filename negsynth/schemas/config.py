@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 
 from negsynth.schemas.llm_config import EndpointConfig, LLMConfig, PriceConfig, ServeConfig  # noqa: F401 - the sections' one import path
 from negsynth.schemas.records import BRAINSTORM_TYPES, TASK_TYPES
-from negsynth.schemas.section import ADDED_FIELDS, Section, added_at_default, check_bands  # noqa: F401
+from negsynth.schemas.section import ADDED_FIELDS, Section, added_at_default  # noqa: F401
 from negsynth.schemas.train import TrainConfig
 
 
@@ -251,16 +251,6 @@ class MiningConfig(Section):
     range_min: int = Field(0, ge=0)  # skip this many top candidates
     range_max: int | None = Field(None, ge=1)  # consider this many candidates (None: library default)
     sampling: Literal["top", "random"] = "top"
-    # "top": the K hardest candidates; "graded": multi-granularity, one negative per rank band
-    # (level 1 = hardest band ... level 4 = easiest), see negsynth.embed.mining.mine_graded
-    strategy: Literal["top", "graded"] = "top"
-    bands: list[tuple[int, int]] = Field(default_factory=lambda: [(1, 3), (4, 10), (11, 30), (31, 100)])
-    seed: int = 0  # draws within a band
-
-    @field_validator("bands")
-    @classmethod
-    def _bands(cls, v):
-        return check_bands(v)
 
 
 class RegenerateConfig(Section):
@@ -269,8 +259,7 @@ class RegenerateConfig(Section):
     inputs: list[SourceSpec] = Field(default_factory=list)
     mine: int = Field(0, ge=0)  # K mined negatives per pair beside the generated ones (0 = off)
     # where an example's 4 graded negatives come from: "llm" (the LLM writes them) or "mined"
-    # (no LLM at all: the corpus is mined, one negative per rank band of mining.bands with
-    # strategy "graded", else the 4 hardest; level 1 = hardest)
+    # (no LLM at all: the corpus is mined for the 4 hardest, level 1 = hardest)
     negatives: Literal["llm", "mined"] = "llm"
     mining: MiningConfig = MiningConfig()
     # a teacher over labelled pairs with mined negatives: "cross-encoder" (the sentence-transformers
@@ -293,10 +282,6 @@ class RegenerateConfig(Section):
     def _teacher(self) -> RegenerateConfig:
         if self.teacher != "none" and self.negatives != "mined":
             raise ValueError(f'teacher = "{self.teacher}" scores mined negatives: set negatives = "mined"')
-        if self.teacher != "none" and self.mining.strategy != "top":
-            raise ValueError(
-                f'teacher = "{self.teacher}" replaces the negatives it drops with the next mined ones: set mining.strategy = "top"'
-            )
         _check_teacher_model(self.teacher, self.teacher_model)
         return self
 
@@ -379,7 +364,7 @@ class CorpusConfig(Section):
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
     # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
     queries: Literal["llm", "title", "sentence"] = "llm"
-    mining: MiningConfig = MiningConfig()  # the positive-aware margin (strategy "top")
+    mining: MiningConfig = MiningConfig()  # the positive-aware margin
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)

@@ -71,6 +71,8 @@ def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
 #: why most options left: each was measured here to tie or trail (their figures: docs/corpus.md,
 #: "Options removed, and their figures")
 MEASURED = "measured no gain: docs/corpus.md"
+TRAIN_MEASURED = "measured no gain: docs/train.md"
+MINING_MEASURED = "measured no gain: docs/recipe.md"
 
 #: options taken out of the package: run-file key -> (the values removed, or None for the key itself;
 #: why they left; what to use instead), so a run file that still names one is told so in one line
@@ -105,6 +107,20 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         None,
         "the embedded LLM is llama.cpp's llama-server only",
         "delete the key (build it: bash scripts/build_llama_server.sh)",
+    ),
+    "regenerate.mining.strategy": (None, MINING_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
+    "regenerate.mining.bands": (None, MINING_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
+    "regenerate.mining.seed": (None, MINING_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
+    "corpus.mining.strategy": (None, MINING_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
+    "corpus.mining.bands": (None, MINING_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
+    "corpus.mining.seed": (None, MINING_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
+    "train.hardness_mode": (None, TRAIN_MEASURED, "InfoNCE weighs every negative alike (the old default, off); delete the key"),
+    "train.hardness_strength": (None, TRAIN_MEASURED, "it set the strength of the removed hardness weighting; delete the key"),
+    "train.no_duplicates": (None, TRAIN_MEASURED, "every batch keeps each text once (the old default, true); delete the key"),
+    "train.check_batches": (
+        None,
+        TRAIN_MEASURED,
+        "the order-keeping sampler never puts a text twice in a batch, so there is nothing to check; delete the key",
     ),
 }
 

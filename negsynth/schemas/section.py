@@ -10,19 +10,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 
-def check_bands(bands) -> list[tuple[int, int]]:
-    """Validate rank bands: 1-based, inclusive, increasing and non-overlapping."""
-    out = [(int(a), int(b)) for a, b in bands]
-    prev = 0
-    for a, b in out:
-        if not (1 <= a <= b) or a <= prev:
-            raise ValueError(
-                f"bands={list(bands)}: each band is [first, last] with 1 <= first <= last, in increasing, non-overlapping order"
-            )
-        prev = b
-    return out
-
-
 class Section(BaseModel):
     """A table of the run file: unknown keys refused, assignments validated. A field that holds a
     table of its own defaults to that table's defaults (``price: PriceConfig = PriceConfig()``:
@@ -77,12 +64,26 @@ REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
     "LLMConfig": {"transport": ("tpm", "http1")},
     "ServeConfig": {"engine": ("startup_timeout", "auto")},
+    "MiningConfig": {
+        "strategy": ("sampling", "top"),
+        "bands": ("sampling", [(1, 3), (4, 10), (11, 30), (31, 100)]),
+        "seed": ("sampling", 0),
+    },
+    # not a Section: added_at_default and TrainConfig.__repr_args__ put these back
+    "TrainConfig": {
+        "hardness_mode": ("max_grad_norm", None),
+        "hardness_strength": ("max_grad_norm", 0.0),
+        "check_batches": ("resume", True),
+        "no_duplicates": ("resume", True),
+    },
 }
 
 
 def added_at_default(model, dump: dict) -> dict:
-    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their default."""
+    """``dump`` (of ``model``) less the fields of ``ADDED_FIELDS`` that ``model`` holds at their
+    default, with those of ``REMOVED_FIELDS`` at their old defaults."""
     for name in ADDED_FIELDS.get(type(model).__name__, ()):
         if getattr(model, name) == type(model).model_fields[name].get_default(call_default_factory=True):
             dump.pop(name, None)
+    dump.update({gone: old for gone, (_, old) in REMOVED_FIELDS.get(type(model).__name__, {}).items()})
     return dump

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from negsynth.prompts.embedding import BELLM_TEMPLATE
+from negsynth.schemas.section import REMOVED_FIELDS
 
 TEXT_COLUMNS = ["anchor", "positive", "negative"]
 ENCODER_TEMPERATURE = 0.05  # sentence-transformers models: MNRL scale 20
@@ -75,9 +76,6 @@ class TrainConfig(BaseModel):
     warmup_steps: int = Field(0, ge=0)
     warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0)  # linear warmup over this share of the steps (ignored when warmup_steps > 0)
     max_grad_norm: float | None = Field(1.0, gt=0)  # gradient clipping; None = off
-    # sentence-transformers' MNRL hardness weighting of negative logits (None = off)
-    hardness_mode: Literal["in_batch_negatives", "hard_negatives", "all_negatives"] | None = None
-    hardness_strength: float = Field(0.0, ge=0.0)
     # loss = infonce_weight x InfoNCE + angle_weight x AnglE (sentence-transformers' AnglELoss at
     # angle_scale on (anchor, positive) = 1 and (anchor, negative) = 0 pairs); AnglE's trainer, as BeLLM uses it
     infonce_weight: float = Field(1.0, gt=0.0)
@@ -124,12 +122,18 @@ class TrainConfig(BaseModel):
     # train(): True = the latest whole (sealed) checkpoint in output_dir; str = a checkpoint folder.
     # `negsynth train` resumes an interrupted run of the same config by default (--overwrite: afresh)
     resume: bool | str = False
-    check_batches: bool = True  # verify phase purity / no duplicate texts per batch, warn on problems
-    no_duplicates: bool = True  # the batch sampler keeps every text once per batch (rows move later, order kept)
     # "ordered": negsynth's sampler keeps the rows' (curriculum) order; "shuffled": sentence-transformers'
     # own NO_DUPLICATES sampler, the stock recipe's (rows reshuffled with the seed each pass, no text
     # twice in a batch, a short batch where rows collide), for rows with no order to keep (one phase)
     batch_sampler: Literal["ordered", "shuffled"] = "ordered"
+
+    def __repr_args__(self):
+        # the fields removed since run dirs were made, at their old defaults in their old places:
+        # config hashes over the run config's repr stay what those run dirs recorded (section.py)
+        removed = REMOVED_FIELDS["TrainConfig"]
+        for name, value in super().__repr_args__():
+            yield name, value
+            yield from ((gone, old) for gone, (after, old) in removed.items() if after == name)
 
     @model_validator(mode="after")
     def _recipe(self):

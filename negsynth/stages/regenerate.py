@@ -162,24 +162,17 @@ def mine_k(cfg: RegenerateConfig) -> int:
 
 
 # -- mining ---------------------------------------------------------------------------------
-#: the ``regenerate.mining`` options each strategy's function takes, under the same names
-STRATEGY_OPTIONS = {
-    "top": {"relative_margin", "absolute_margin", "max_score", "range_min", "range_max", "sampling"},
-    "graded": {"bands", "relative_margin", "range_max", "seed"},
-}
+#: the ``regenerate.mining`` options :func:`~negsynth.embed.mining.mine_negatives` takes, under the same names
+MINING_OPTIONS = {"relative_margin", "absolute_margin", "max_score", "range_min", "range_max", "sampling"}
 
 
 def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str, dict[str, Any]]]:
     """``regenerate.mining`` applied: :func:`~negsynth.embed.mining.mine_negatives` (the ``k``
-    hardest negatives, ``strategy = "top"``) or :func:`~negsynth.embed.mining.mine_graded` (one per
-    rank band, ``"graded"``) with the options bound, to call as ``(model, queries, known_positives,
+    hardest negatives) with the options bound, to call as ``(model, queries, known_positives,
     corpus)``; ``encoding``: ``batch_size``, ``cache_folder``."""
-    from negsynth.embed.mining import mine_graded, mine_negatives
+    from negsynth.embed.mining import mine_negatives
 
-    options = opts.model_dump(include=STRATEGY_OPTIONS[opts.strategy])
-    if opts.strategy == "graded":
-        return partial(mine_graded, **options, **encoding)
-    return partial(mine_negatives, k=k, **options, **encoding)
+    return partial(mine_negatives, k=k, **opts.model_dump(include=MINING_OPTIONS), **encoding)
 
 
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
@@ -221,11 +214,8 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         for it in mine_items:
             f = found.get(it.payload["query_key"]) or {"negatives": [], "scores": [], "pos_score": None}
             # a negative of a multi-positive query must not be this pair's positive either
-            ranks = f.get("ranks") or [None] * len(f["negatives"])
-            negs = [(n, s, r) for n, s, r in zip(f["negatives"], f["scores"], ranks) if text_key(n) != text_key(it.payload["positive"])]
-            it.payload["mined"] = {"negatives": [n for n, _, _ in negs], "scores": [s for _, s, _ in negs], "pos_score": f["pos_score"]}
-            if f.get("ranks"):  # graded mining: the 1-based rank of each negative among the candidates
-                it.payload["mined"]["ranks"] = [r for _, _, r in negs]
+            negs = [(n, s) for n, s in zip(f["negatives"], f["scores"]) if text_key(n) != text_key(it.payload["positive"])]
+            it.payload["mined"] = {"negatives": [n for n, _ in negs], "scores": [s for _, s in negs], "pos_score": f["pos_score"]}
             short += len(negs) < k
         label = data.name if data.name not in stats else f"{data.name}#{si}"
         stats[label] = {"pairs": len(mine_items), "fewer_than_k": short, "corpus": len(data.corpus)}
@@ -347,8 +337,6 @@ async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: 
     meta = pair_meta(p)
     meta["mined_scores"] = [mined["scores"][i] for i in picked]
     meta["mined_pos_score"] = mined["pos_score"]
-    if mined.get("ranks"):
-        meta["mined_ranks"] = [mined["ranks"][i] for i in picked]
     meta.update(fields)
     return pair_example(it, [mined["negatives"][i] for i in picked], model, meta)
 
@@ -427,7 +415,7 @@ class Regenerate(pipeline.LLMStage):
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
             teacher = self.teach if self.cfg.teacher != "none" else None
-            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:{self.cfg.mining.strategy}", teacher)
+            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:top", teacher)
         return await super().process(client, item)
 
     async def teach(self, query: str, positive: str, candidates: list[str]) -> tuple[list[int], dict[str, Any]]:
@@ -461,7 +449,7 @@ class Regenerate(pipeline.LLMStage):
             "skipped_pairs": sum(sum(v["skipped"].values()) for v in per_source.values()),
         }
         if self.mining is not None:
-            extra["mining"] = {"k": mine_k(self.cfg), "strategy": self.cfg.mining.strategy, "negatives": self.cfg.negatives, **self.mining}
+            extra["mining"] = {"k": mine_k(self.cfg), "strategy": "top", "negatives": self.cfg.negatives, **self.mining}
         if self.cfg.teacher != "none":
             extra["teacher"] = {"kind": self.cfg.teacher, **self.taught}
         return extra

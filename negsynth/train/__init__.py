@@ -14,15 +14,13 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "TrainConfig": "negsynth.train.config",
-    "LoraSettings": "negsynth.train.config",
+    "TrainConfig": "negsynth.schemas.train",
+    "LoraSettings": "negsynth.schemas.train",
     "train": "negsynth.train.trainer",
     "make_trainer": "negsynth.train.trainer",
     "build_model": "negsynth.train.trainer",
     "load_model": "negsynth.train.trainer",
-    "OrderedBatchSampler": "negsynth.train.sampler",
     "for_stock_trainer": "negsynth.train.sampler",
-    "check_batches": "negsynth.train.sampler",
     "EmbeddingPooling": "negsynth.train.pooling",
     "LatentAttentionPooling": "negsynth.train.pooling",
     "make_pooling": "negsynth.train.pooling",
@@ -32,7 +30,6 @@ _EXPORTS = {
     "BidirectionalAttention": "negsynth.train.bidirectional",
     "add_lora": "negsynth.train.lora",
     "make_loss": "negsynth.train.loss",
-    "info_nce": "negsynth.train.loss",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,31 +1,13 @@
 """Bidirectional attention for decoder LLMs: all layers (LLM2Vec) or only the last K (BeLLM).
 
-``mode``: ``"none"`` | ``"all"`` | ``"last:K"`` (K >= 1).
-
-How it works in transformers 5.x: ``LlamaModel.forward`` builds ONE mask centrally
-(``masking_utils.create_causal_mask``) and hands the same tensor to every decoder layer; for SDPA
-with no padding it even returns ``None`` and relies on each attention module's ``is_causal``
-attribute. So a per-layer switch needs two things, both installed here with hooks (no source
-patching, no subclassing of the model, works with any attention implementation that accepts a
-4-D / ``None`` mask — eager and SDPA; flash-attention reads ``is_causal`` and a 2-D mask):
-
-1. ``self_attn.is_causal = False`` in the chosen layers (SDPA/flash ``is_causal`` path).
-2. A forward pre-hook on the backbone remembers the 2-D padding mask of the current call, and a
-   forward pre-hook on each chosen decoder layer replaces its ``attention_mask`` kwarg by
-   ``masking_utils.create_bidirectional_mask(config, hidden_states, padding_mask)`` — the library's
-   own builder, so the mask has the dtype/format the configured attention implementation expects.
-   The padding mask is KEPT (BeLLM's billm code drops it; SEED_SPEC §5 says keep it): pad keys are
-   hidden from every query.
-
-Example::
-
-    from negsynth.train.bidirectional import make_bidirectional
-    handle = make_bidirectional(llama_model, "last:1")   # BeLLM
-    ...
-    handle.remove()                                        # back to causal
-
-Inside a SentenceTransformer use :class:`BidirectionalAttention` (an identity module placed after
-the Transformer) so the setting is saved with the model and re-applied on reload.
+``mode``: ``"none"`` | ``"all"`` | ``"last:K"``. transformers builds one causal mask for every
+layer (or none, leaving SDPA to each module's ``is_causal``), so a per-layer switch needs two hooks,
+no patching: the chosen layers get ``self_attn.is_causal = False``, and a pre-hook on each replaces
+its ``attention_mask`` with ``masking_utils.create_bidirectional_mask`` of the call's padding mask
+(remembered by a pre-hook on the backbone). The padding mask is kept (SEED_SPEC §5): pad keys stay
+hidden. In a SentenceTransformer use :class:`BidirectionalAttention`, an identity module after the
+Transformer that saves the mode and re-applies it on reload; :func:`make_bidirectional` does it on a
+bare model (``handle.remove()`` restores causal attention).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """LoRA adapters for the embedding backbone via peft (SEED_SPEC §1.8: r 16, α 32, dropout 0.05).
 
-Uses sentence-transformers' ``model.add_adapter`` (transformers' ``PeftAdapterMixin``), which injects
-LoRA layers in place: the backbone class, the ATA hook on the final attention module and the
-bidirectional hooks on the decoder layers all stay valid. Only LoRA weights (and trainable pooling
-such as the latent array) get gradients. Saving writes ``adapter_model.safetensors`` +
-``adapter_config.json``; ``SentenceTransformer(path)`` reloads base model + adapter.
-
-Example::
-
-    from negsynth.train.lora import add_lora
-    from negsynth.train.config import LoraSettings
-    add_lora(st_model, LoraSettings(enabled=True), is_decoder=True)
+sentence-transformers' ``model.add_adapter`` injects the LoRA layers in place, so the ATA and
+bidirectional hooks stay valid; only the adapter (and trainable pooling) get gradients, and
+``SentenceTransformer(path)`` reloads base model + adapter.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ log = logging.getLogger(__name__)
 
 def resolve_targets(backbone, targets, is_decoder: bool) -> list[str]:
     """``auto`` -> Llama q,k,v,o,gate,up,down or BERT query,key,value,dense; keep names present in the model."""
-    from negsynth.train.config import BERT_LORA_TARGETS, LLAMA_LORA_TARGETS
+    from negsynth.schemas.train import BERT_LORA_TARGETS, LLAMA_LORA_TARGETS
 
     wanted = (LLAMA_LORA_TARGETS if is_decoder else BERT_LORA_TARGETS) if targets == "auto" else list(targets)
     names = {n.rsplit(".", 1)[-1] for n, _ in backbone.named_modules()}

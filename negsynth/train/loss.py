@@ -6,8 +6,7 @@ For a batch of B triplets ``(q_i, d_i+, d_i-)`` and cosine similarity s::
 
 This is exactly ``MultipleNegativesRankingLoss(model, scale=1/τ)`` with its default
 ``directions=("query_to_doc",)`` fed ``(anchor, positive, negative)`` columns: the score matrix is
-``cos(q, [D+; D-]) * scale`` and the label of row i is i. We reuse MNRL directly (:func:`make_loss`)
-and keep a tensor version (:func:`info_nce`) so the equivalence is tested, not assumed.
+``cos(q, [D+; D-]) * scale`` and the label of row i is i (tests/test_train.py checks it).
 
 Temperature default τ = 0.02 (scale 50): the seed text literally says "set to 1", but with cosine
 logits in [-1, 1] τ = 1 gives almost no gradient signal; LLM2Vec (``loss_scale=50``), which MGH says it
@@ -17,26 +16,14 @@ follows, and E5 use τ = 0.02. Pass ``temperature=1.0`` for the literal-seed abl
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 DEFAULT_TEMPERATURE = 0.02
-
-
-def info_nce(
-    q: torch.Tensor, d_pos: torch.Tensor, d_neg: torch.Tensor | None = None, temperature: float = DEFAULT_TEMPERATURE
-) -> torch.Tensor:
-    """Reference InfoNCE on embeddings ``[B, d]`` (no query–query negatives)."""
-    docs = d_pos if d_neg is None else torch.cat([d_pos, d_neg], 0)
-    scores = F.normalize(q, dim=-1) @ F.normalize(docs, dim=-1).T / temperature
-    return F.cross_entropy(scores, torch.arange(q.shape[0], device=q.device))
 
 
 def make_loss(
     model,
     temperature: float = DEFAULT_TEMPERATURE,
     *,
-    hardness_mode: str | None = None,
-    hardness_strength: float = 0.0,
     gather_across_devices: bool = False,
     mini_batch_size: int | None = None,
 ):
@@ -46,7 +33,6 @@ def make_loss(
     the batch in chunks of that many rows: the same loss value and gradients, with the activation
     memory of one chunk instead of the whole batch (docs/benchmarks.md, training memory).
 
-    ``hardness_mode`` / ``hardness_strength``: the library's hardness weighting of negative logits.
     ``gather_across_devices``: under DDP, every rank scores its queries against all ranks' documents
     (a no-op in a single process).
     """
@@ -56,12 +42,11 @@ def make_loss(
         )
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
-    kw = {"hardness_mode": hardness_mode, "hardness_strength": hardness_strength} if hardness_mode else {}
     if mini_batch_size:
         return CachedMultipleNegativesRankingLoss(
-            model, scale=1.0 / temperature, mini_batch_size=mini_batch_size, gather_across_devices=gather_across_devices, **kw
+            model, scale=1.0 / temperature, mini_batch_size=mini_batch_size, gather_across_devices=gather_across_devices
         )
-    return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices, **kw)
+    return MultipleNegativesRankingLoss(model, scale=1.0 / temperature, gather_across_devices=gather_across_devices)
 
 
 def make_angle_infonce_loss(
@@ -144,8 +129,6 @@ def make_distill_loss(
     distill_weight: float = 1.0,
     distill_temperature: float | None = None,
     distill_teacher_temperature: float | None = None,
-    hardness_mode: str | None = None,
-    hardness_strength: float = 0.0,
     gather_across_devices: bool = False,
 ):
     """The loss of ``train.loss`` = ``kind`` (one of :data:`DISTILL_LOSSES`), from
@@ -177,7 +160,5 @@ def make_distill_loss(
     kl = DistillKLDivLoss(model, similarity_fct=pairwise_cos_sim, **kl_kw)
     if kind == "distill-kl":
         return kl
-    mnrl = make_loss(
-        model, temperature, hardness_mode=hardness_mode, hardness_strength=hardness_strength, gather_across_devices=gather_across_devices
-    )
+    mnrl = make_loss(model, temperature, gather_across_devices=gather_across_devices)
     return WeightedSumLoss(model, {"mnrl": (1.0, mnrl), "distill_kl": (distill_weight, kl)})

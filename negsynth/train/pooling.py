@@ -1,53 +1,23 @@
-"""Pooling modules for embedding training: mean, last-token, ATA and NV-Embed latent attention.
+"""Pooling modules for embedding training: ATA and NV-Embed latent attention (mean, cls and last
+are sentence-transformers' own ``Pooling``).
 
-All modules are sentence-transformers ``Module`` subclasses, so they are saved with the model
-(``modules.json`` records their import path) and ``SentenceTransformer(path)`` reloads them.
+They are sentence-transformers ``Module`` s, so ``modules.json`` records them and
+``SentenceTransformer(path, trust_remote_code=True)`` reloads them. They read ``token_embeddings``
+``[B, n, d]`` and ``attention_mask`` ``[B, n]`` (left or right padding) and write
+``sentence_embedding`` ``[B, d]``.
 
-Inputs (the ``features`` dict produced by the ``Transformer`` module before us):
+**ATA** (anchor-token-aware pooling, SEED_SPEC §2.2-2.3): token j's score is the attention it
+*receives* from every real query position i in the final layer, averaged over heads,
+``s_j = mean_h Σ_i A^h_{i,j}``; ``w = s / Σ_P s`` over the pooled set P and ``e = Σ_j w_j h_j``.
+``ata_pool = "embed_mask"`` (LLM2Vec's ``embed_mask``) leaves an E5 prefix ``Instruct: …\nQuery: ``
+and the leading special tokens out of P (they still attend); ``"all"`` pools every real token.
 
-- ``token_embeddings``  ``[B, n, d]`` final hidden states (after the final norm: HF ``last_hidden_state``)
-- ``attention_mask``    ``[B, n]`` 1 for real tokens, 0 for padding (left or right padding both work)
-
-Output: ``features["sentence_embedding"]`` ``[B, d]``.
-
-Example::
-
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Transformer
-    from negsynth.train.pooling import EmbeddingPooling
-
-    tr = Transformer("path/to/minilm")
-    model = SentenceTransformer(modules=[tr, EmbeddingPooling(tr.get_embedding_dimension(), mode="ata")])
-    emb = model.encode(["a query", "a document"])
-
-ATA (anchor-token-aware pooling, SEED_SPEC §2.2–2.3)
-----------------------------------------------------
-For token j the anchor score is the attention it *receives* from every valid query position i in the
-FINAL layer, averaged over heads: ``s_j = (1/H) Σ_h Σ_{i valid} A^h_{i,j}``; then ``w = s / Σ_P s`` over
-the pooled set P and ``e = Σ_j w_j h_j``. Pad rows are excluded from the sum over i (they still hold
-valid distributions over the real keys) and pad keys get zero weight.
-
-Pooled set P (``ata_pool``). ``"embed_mask"`` (default, SEED_SPEC §2.3, LLM2Vec's ``embed_mask``): for
-an input with an E5 instruction prefix ``Instruct: {instruction}\nQuery: {text}``, the leading special
-tokens (BOS/CLS) and the prefix up to and including the ``Query:`` marker are left out of P; they
-still count as attention *queries* i. The prefix is found in the token ids: the ids of ``Instruct:``
-and ``Query:`` are read once from the tokenizer (:func:`instruction_markers`), and in a row holding
-``Instruct:`` P starts after the first ``Query:`` that follows it (:func:`instruction_pool_mask`). Inputs without the prefix (documents) pool all real tokens.
-``"all"``: every real token (the behaviour before this option; models saved without the key load
-with it, so their embeddings do not change).
-
-How we obtain ``A`` without eager attention: SDPA / flash kernels never materialise the probabilities,
-so :class:`EmbeddingPooling` registers a forward *pre-hook* on the backbone's final self-attention
-module (``layers[-1].self_attn`` for Llama-family decoders, ``encoder.layer[-1].attention.self`` for
-BERT-family encoders). The hook stores that module's input hidden states (and, for RoPE models, the
-``position_embeddings`` (cos, sin) the layer received). The pooling then recomputes
-``q = q_proj(h)``, ``k = k_proj(h)`` through the module's own projections (so LoRA adapters are
-included), applies RoPE with the model's own ``apply_rotary_pos_emb`` and GQA ``repeat_kv``, and forms
-``softmax(q k^T * scaling + mask)`` in float32 with the padding mask (and the causal mask if that layer
-is still causal, see ``attn.is_causal``, which :mod:`negsynth.train.bidirectional` switches off).
-Only the last layer is recomputed: one extra ``[B,H,n,n]`` matmul, no extra parameters. Gradients
-flow through the weights unless ``ata_detach=True``. The recomputation is checked against eager
-``output_attentions=True`` in ``tests/test_train.py`` for both a Llama and a BERT model.
+SDPA and flash kernels never materialise ``A``, so a forward pre-hook on the backbone's final
+self-attention keeps that layer's input (and RoPE's cos/sin), and the pooling recomputes
+``softmax(q kᵀ · scaling + mask)`` through the layer's own projections (LoRA included), RoPE and
+GQA, in float32, causal only where the layer still is (:mod:`negsynth.train.bidirectional`). One
+extra ``[B, H, n, n]`` product, no parameters; ``tests/test_train.py`` checks it against eager
+``output_attentions``.
 """
 
 from __future__ import annotations

@@ -1,40 +1,19 @@
-"""Batch samplers for contrastive training that keep the dataset's order.
+"""The batch sampler that keeps a curriculum's order and never puts a text twice in a batch.
 
-MultipleNegativesRankingLoss treats every other text of a batch as a negative, so a text that
-appears twice in a batch (the same positive for two queries, a negative that is another row's
-positive) is a *false* in-batch negative. sentence-transformers' ``NoDuplicatesBatchSampler``
-avoids that but shuffles, which would erase a curriculum; its default sampler keeps neither.
+MultipleNegativesRankingLoss treats every other text of a batch as a negative, so a text twice in
+a batch (the same positive for two queries) is a *false* in-batch negative. sentence-transformers'
+``NoDuplicatesBatchSampler`` avoids that but shuffles, which would erase a curriculum.
+:class:`CurriculumBatchSampler` keeps both guarantees for any dataset: rows are taken in order, each
+into the earliest open batch that holds none of its texts (:func:`negsynth.data.text.text_key`),
+batches never mix segments (the ``batch`` or ``phase`` column, :func:`batch_segments`), and a row
+repeating its own text is skipped. On a curriculum from :func:`negsynth.data.curriculum.build_curriculum`
+the batches are exactly ``[0..B), [B..2B), ...``.
 
-:class:`CurriculumBatchSampler` guarantees both, for any dataset:
-
-* rows are consumed in dataset order; a row is put in the earliest open batch that holds none of
-  its texts (texts compared by :func:`negsynth.data.text.text_key`), so a colliding row
-  moves a little later instead of being dropped;
-* batches never mix curriculum phases (``phases``: one value per row; consecutive equal values
-  form a phase): a phase's last, incomplete batches are emitted as they are (``drop_last=False``)
-  or dropped (``drop_last=True``);
-* a row whose own texts repeat (negative == positive) can never be placed and is skipped
-  (counted in :attr:`skipped_rows`).
-
-On a curriculum built by :func:`negsynth.data.curriculum.build_curriculum` (already free of
-duplicates, phase-pure, whole batches) the batches are exactly ``[0..B), [B..2B), ...``.
-
-**Data-parallel training** (``torchrun`` / ``accelerate launch``, world size W): the trainer gives
-each rank ``batch_size`` = the per-device batch b/W. The sampler plans the *global* batches of
-b = batch_size·W rows exactly as in one process (:func:`plan_batches`), cuts each into W equal,
-consecutive slices and yields the slices one after another. accelerate wraps it in
-``BatchSamplerShard(split_batches=False)``, which deals batch i to rank i % W, so rank r trains on
-slice r of every global batch: all ranks are in the same phase at the same step, no text repeats
-in a global batch, and the union of the slices is the single-process batch. ``batch_size`` is
-set to ``None`` then, so that the shard also yields a phase's short last batch (it skips a group
-whose last batch is shorter than ``batch_size`` otherwise). The loss gathers embeddings across
-ranks (all_gather needs equal shapes): a global batch whose size is not a multiple of W loses its
-last ``len % W`` rows (counted in ``counts["dropped_uneven"]``); a curriculum of whole batches of
-b rows, b a multiple of W, loses none.
-It is a ``DefaultBatchSampler`` subclass; :func:`curriculum_batch_sampler` binds the phases and
-returns the callable that ``SentenceTransformerTrainingArguments(batch_sampler=...)`` accepts::
-
-    args = SentenceTransformerTrainingArguments(..., batch_sampler=curriculum_batch_sampler(ds["phase"]))
+Under data parallelism (world size W) it plans the *global* batches of ``batch_size * W`` rows as
+one process would and yields each one's W consecutive slices; accelerate deals slice r to rank r,
+so every rank is in the same phase at every step and the union of the slices is the one-process
+batch (docs/scale.md). :func:`curriculum_batch_sampler` gives what
+``SentenceTransformerTrainingArguments(batch_sampler=...)`` takes.
 """
 
 from __future__ import annotations
@@ -213,61 +192,6 @@ def curriculum_batch_sampler(phases: Sequence[Any] | None = None):
     """The ``batch_sampler`` argument for ``SentenceTransformerTrainingArguments``, with ``phases``
     (one per row, or None) bound: works with the stock ``SentenceTransformerTrainer`` too."""
     return functools.partial(CurriculumBatchSampler, phases=list(phases) if phases is not None else None)
-
-
-class OrderedBatchSampler(DefaultBatchSampler):
-    """Consecutive batches ``[0..B), [B..2B), ...`` in dataset order, with no duplicate check.
-
-    Kept for callers that want the raw order; the trainer uses :class:`CurriculumBatchSampler`.
-    """
-
-    def __init__(self, dataset, batch_size: int, drop_last: bool = False, valid_label_columns=None, generator=None, seed: int = 0):
-        self.dataset_len = len(dataset)
-        super().__init__(
-            range(self.dataset_len),
-            batch_size=batch_size,
-            drop_last=drop_last,
-            valid_label_columns=valid_label_columns,
-            generator=generator,
-            seed=seed,
-        )
-
-    def __iter__(self):
-        n, b = self.dataset_len, self.batch_size
-        stop = n - n % b if self.drop_last else n
-        for start in range(0, stop, b):
-            yield list(range(start, min(start + b, n)))
-
-    def __len__(self) -> int:
-        n, b = self.dataset_len, self.batch_size
-        return n // b if self.drop_last else -(-n // b)
-
-
-def check_batches(columns: dict[str, list[Any]], batch_size: int, max_report: int = 5) -> list[str]:
-    """Problems in consecutive batches: mixed ``phase`` values, the same text twice (false negatives).
-
-    One pass over the python lists, O(rows). Returns human-readable problem strings (empty = fine).
-    """
-    problems: list[str] = []
-    n = len(next(iter(columns.values())))
-    phases = columns.get("phase")
-    texts = [columns[c] for c in columns if c not in ("phase", "level") and c not in LABEL_COLUMNS]
-    for bi, start in enumerate(range(0, n, batch_size)):
-        end = min(start + batch_size, n)
-        if phases is not None and len(set(phases[start:end])) > 1:
-            problems.append(f"batch {bi} (rows {start}-{end - 1}) mixes phases {sorted(set(phases[start:end]))}")
-        seen: set[str] = set()
-        dup = 0
-        for col in texts:
-            for t in col[start:end]:
-                dup += t in seen
-                seen.add(t)
-        if dup:
-            problems.append(f"batch {bi} (rows {start}-{end - 1}) holds {dup} duplicate text(s): false in-batch negatives")
-        if len(problems) >= max_report:
-            problems.append("... (more not checked)")
-            break
-    return problems
 
 
 def _as_dataset(data):

@@ -1,23 +1,19 @@
-"""Train an embedding model on the ordered MGH curriculum with the sentence-transformers trainer.
+"""Train an embedding model on the curriculum with the sentence-transformers trainer.
 
-Input: a ``datasets.Dataset`` (or a parquet path) already in training order with columns
-``anchor, positive, negative, level, phase, task_type, example_id`` (one hard negative per row, the
-one of that row's curriculum level). Output: a SentenceTransformer folder (``output_dir/final``).
+Input: a ``datasets.Dataset`` (or a parquet path) in training order, columns ``anchor, positive``
+and ``negative`` or ``negative_1..K`` (+ ``phase``, ``level``, ``batch``, ``label``). Output: a
+SentenceTransformer folder (``output_dir/final``).
 
-Why the stock trainer is enough: :class:`SentenceTransformerTrainer` brings checkpoints, resume,
-logging, gradient accumulation, warmup + linear schedule and mixed precision. The one thing it would
-break is the curriculum: its default batch sampler is ``BatchSampler(RandomSampler(...))``. We pass
-:class:`OrderedBatchSampler` *as a class* in ``SentenceTransformerTrainingArguments.batch_sampler``;
-``BaseTrainer.get_batch_sampler`` instantiates ``DefaultBatchSampler`` subclasses itself, so no trainer
-subclass is needed. On resume the HF trainer skips the already-consumed batches of the epoch, which
-with an order-preserving sampler lands exactly on the next curriculum batch.
+The stock :class:`SentenceTransformerTrainer` brings checkpoints, resume, logging, accumulation,
+warmup and mixed precision; the curriculum's order survives because the batch sampler is passed
+as a class in ``SentenceTransformerTrainingArguments.batch_sampler``
+(:func:`~negsynth.train.sampler.curriculum_batch_sampler`), so no trainer subclass is needed. On
+resume the trainer skips the consumed batches, which lands on the next curriculum batch.
 
 Example::
 
     from negsynth.train import TrainConfig, train
-    out = train("curriculum.parquet", TrainConfig(model="default", pooling="ata", batch_size=64,
-                                                   grad_accum=8, lr=2e-5, output_dir="runs/mgh"))
-    SentenceTransformer(out).encode(["Instruct: ...\\nQuery: ..."])
+    out = train("curriculum.parquet", TrainConfig(pooling="ata", batch_size=64, output_dir="runs/mgh"))
 """
 
 from __future__ import annotations
@@ -28,25 +24,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from negsynth.data.stock import text_columns
 from negsynth.embed.base import quiet_loading
+from negsynth.schemas.train import TrainConfig
 from negsynth.train.callbacks import curriculum_log_callback, progress_callback
 from negsynth.train.checkpoints import checkpoint_step, checkpoints, drop_checkpoint, last_checkpoint, seal_callback
-from negsynth.train.config import TrainConfig
 from negsynth.train.distributed import is_main_process, per_device_batch_size
-from negsynth.train.sampler import OrderedBatchSampler, batch_segments, check_batches, curriculum_batch_sampler
+from negsynth.train.sampler import batch_segments, curriculum_batch_sampler, data_parallel_world
 
 log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- model building
-
-
-def resolve_model_path(model: str) -> tuple[str, bool]:
-    """(local folder, is_decoder) for ``default``/``minilm``, ``smollm2`` or a local folder
-    (see :func:`negsynth.embed.models.resolve_model`; no hub downloads when training)."""
-    from negsynth.embed.models import resolve_model
-
-    ref = resolve_model(model, allow_hub=False, what="train.model")
-    return ref.path, ref.is_decoder
 
 
 @quiet_loading()
@@ -61,9 +49,11 @@ def build_model(config: TrainConfig, device: str | None = None):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Transformer
 
+    from negsynth.embed.models import resolve_model
     from negsynth.train.bidirectional import BidirectionalAttention
 
-    path, is_decoder = resolve_model_path(config.model)
+    ref = resolve_model(config.model, allow_hub=False, what="train.model")
+    path, is_decoder = ref.path, ref.is_decoder
     if config.bidirectional != "none" and not is_decoder:
         raise ValueError(
             f"bidirectional={config.bidirectional!r} needs a decoder model; {config.model!r} is an encoder (set bidirectional='none')"
@@ -180,14 +170,6 @@ def is_decoder_model(model) -> bool:
     )
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def resolve_temperature(config: TrainConfig, is_decoder: bool) -> float:
     """``train.temperature``, or the family default: 0.05 for encoders (sentence-transformers models were
     pretrained at MNRL scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral)."""
@@ -196,13 +178,6 @@ def resolve_temperature(config: TrainConfig, is_decoder: bool) -> float:
     if config.temperature is not None:
         return config.temperature
     return DECODER_TEMPERATURE if is_decoder else ENCODER_TEMPERATURE
-
-
-def negative_columns(column_names) -> list[str]:
-    """``negative`` or ``negative_1..negative_n`` (n-tuple rows, hardest first), in column order."""
-    import re
-
-    return [c for c in column_names if c == "negative" or re.fullmatch(r"negative_\d+", c)]
 
 
 @quiet_loading()
@@ -250,16 +225,13 @@ def _load_dataset(dataset):
 
 
 def train_device(config: TrainConfig) -> str:
-    """``train.device`` resolved: "auto" -> "cuda" when torch sees a GPU, else "mps" where Apple's
-    is there, else "cpu" (the device the HF trainer itself would pick)."""
-    import torch
+    """``train.device`` resolved as :func:`~negsynth.embed.base.resolve_device` does ("auto": a CUDA
+    GPU, else Apple's mps, else the CPU); a GPU torch does not see is refused."""
+    from negsynth.embed.base import resolve_device
 
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if config.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    if (config.device == "cuda" and not torch.cuda.is_available()) or (config.device == "mps" and not mps):
+    if config.device in ("cuda", "mps") and resolve_device("auto") != config.device:
         raise ValueError(f"train.device = {config.device!r} but torch sees no such device; use 'auto' or 'cpu'")
-    return config.device
+    return resolve_device(config.device)
 
 
 def _precision(config: TrainConfig, device: str) -> dict[str, bool]:
@@ -323,14 +295,14 @@ def _training_dataset(ds, config: TrainConfig, text_cols: list[str], distill: bo
     return train_ds, fmt
 
 
-def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, text_cols: list[str], per_device: int):
+def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, per_device: int):
     """``(batch_sampler, batch_starts)``: what ``SentenceTransformerTrainingArguments.batch_sampler``
-    gets, and the first row of each planned batch (None unless the sampler keeps the order and
-    plans them here: the log callback reads each step's phase there).
+    gets, and the first row of each planned batch (None when the sampler shuffles; the log callback
+    reads each step's phase there).
 
     ``shuffled``: sentence-transformers' ``NO_DUPLICATES`` (refused on a phased curriculum, which it
-    would mix); ``no_duplicates``: the curriculum sampler, its batches planned once now so that the
-    rows it moves or skips are logged; otherwise consecutive batches, checked when ``check_batches``."""
+    would mix); ``ordered``: the curriculum sampler, its batches planned once now so that the rows
+    it moves or skips are logged."""
     if config.batch_sampler == "shuffled":
         if phases is not None and len(set(phases)) > 1:
             raise ValueError(
@@ -345,29 +317,19 @@ def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, text_
             "the rows were not built as batches (batch = -1: a 'stock' curriculum): the order-keeping sampler trains them "
             "in dataset order, unshuffled; set batch_sampler = 'shuffled' to train them as sentence-transformers' stock recipe does"
         )
-    if config.no_duplicates:
-        sampler = curriculum_batch_sampler(batch_segments(ds))
-        planned = sampler(train_ds, batch_size=per_device, drop_last=False)
-        batch_starts = [b[0] for b in planned.global_batches if b]
-        if planned.counts["moved"] or planned.skipped_rows:
-            log.info(
-                "batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)",
-                planned.counts["moved"],
-                planned.skipped_rows,
-            )
-        return sampler, batch_starts
-    if config.check_batches:
-        cols = {c: ds[c] for c in text_cols}
-        if phases is not None:
-            cols["phase"] = phases
-        for p in check_batches(cols, config.batch_size):
-            log.warning("curriculum batches: %s", p)
-    return OrderedBatchSampler, None
+    sampler = curriculum_batch_sampler(batch_segments(ds))
+    planned = sampler(train_ds, batch_size=per_device, drop_last=False)
+    if planned.counts["moved"] or planned.skipped_rows:
+        log.info(
+            "batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)",
+            planned.counts["moved"],
+            planned.skipped_rows,
+        )
+    return sampler, [b[0] for b in planned.global_batches if b]
 
 
 #: the settings of ``[train]`` each loss factory takes under its own name
-_HARDNESS_KEYS = ("hardness_mode", "hardness_strength")
-_DISTILL_KEYS = ("distill_weight", "distill_temperature", "distill_teacher_temperature", *_HARDNESS_KEYS)
+_DISTILL_KEYS = ("distill_weight", "distill_temperature", "distill_teacher_temperature")
 _ANGLE_KEYS = ("infonce_weight", "angle_weight", "angle_scale")
 
 
@@ -383,7 +345,7 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     from negsynth.train.loss import make_loss
 
     temperature = resolve_temperature(config, is_decoder_model(model))
-    gather = config.gather_across_devices and _world_size() > 1
+    gather = config.gather_across_devices and data_parallel_world()[0] > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
     if distill:
         from negsynth.train.loss import make_distill_loss
@@ -394,22 +356,16 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
             )
         if mini_batch:
             raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
-        if config.hardness_mode and config.loss != "mnrl+distill-kl":
-            raise ValueError(f"hardness_mode weights InfoNCE's negatives; train.loss = {config.loss!r} has none, set hardness_mode = None")
         return make_distill_loss(model, config.loss, temperature=temperature, gather_across_devices=gather, **_pick(config, *_DISTILL_KEYS))
     if config.angle_weight > 0 or config.infonce_weight != 1.0:
         from negsynth.train.loss import make_angle_infonce_loss
 
-        if config.hardness_mode:
-            raise ValueError(
-                "hardness_mode works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or hardness_mode = None"
-            )
         if mini_batch:
             raise ValueError(
                 "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
             )
         return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **_pick(config, *_ANGLE_KEYS))
-    return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch, **_pick(config, *_HARDNESS_KEYS))
+    return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch)
 
 
 def _training_arguments(config: TrainConfig, model, per_device: int, sampler):
@@ -462,13 +418,13 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         )
     phases = ds["phase"] if "phase" in ds.column_names else None
     levels = ds["level"] if "level" in ds.column_names else None
-    text_cols = ["anchor", "positive", *negative_columns(ds.column_names)]
+    text_cols = text_columns(ds.column_names)
     distill = config.loss in DISTILL_LOSSES
     if distill:
         check_teacher_labels(ds, config.loss, len(text_cols) - 2)
     train_ds, fmt = _training_dataset(ds, config, text_cols, distill)
     per_device = per_device_batch_size(config.batch_size)  # batch_size is global under torchrun (docs/scale.md)
-    sampler, batch_starts = _batch_sampler(config, ds, train_ds, phases, text_cols, per_device)
+    sampler, batch_starts = _batch_sampler(config, ds, train_ds, phases, per_device)
     model = model if model is not None else build_model(config)
     model.negsynth_text_format = fmt
     loss = _training_loss(config, model, per_device, distill)
