@@ -57,7 +57,9 @@ def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | No
         for o in overrides:
             apply_override(data, o)
         return type(config).model_validate(data)  # the class it was: with any stage sections it had
-    return load_config(config, list(overrides or []))
+    from negsynth.stages import sections
+
+    return load_config(config, list(overrides or []), sections())
 
 
 def run(

@@ -2,7 +2,7 @@
 
 For every stage of the run that calls the LLM (brainstorm, generate, regenerate with LLM
 negatives, corpus, score with ``score.judge_model = "llm"``) it runs the estimator the stage
-declares (``Stage.estimate``, in the stage's own module, filling a
+supplies (``Stage.estimate``, in the stage's own module, filling a
 :class:`~negsynth.pipeline.tally.Tally`), which plans the stage's work items the way the stage
 does and renders their actual prompts; then it reports:
 
@@ -44,12 +44,6 @@ def method():
     from negsynth.stages import METHOD
 
     return METHOD
-
-
-def llm_stage_names() -> tuple[str, ...]:
-    """The stages that call the LLM (always, or with some settings), in the method's order: each
-    declares its estimator (``Stage.estimate``), which this module runs."""
-    return tuple(s.name for s in method() if s.llm)
 
 
 def _stage_finished(run_dir: Path, stage: str) -> bool:
@@ -171,13 +165,13 @@ def estimate(
 
 
 def _stages_to_estimate(cfg, stages: list[str] | None) -> list[str]:
-    """``stages`` (``--stages``), else the LLM stages of ``pipeline.stages``; one line naming a
-    stage that does not call the LLM."""
-    llm_stages = llm_stage_names()
+    """``stages`` (``--stages``), else the stages of ``pipeline.stages`` that call the LLM under
+    ``cfg``; one line naming a stage that does not."""
+    llm_stages = [s.name for s in method() if s.uses_llm(cfg)]
     names = stages or [s for s in cfg.pipeline.stages if s in llm_stages]
     bad = [s for s in names if s not in llm_stages]
     if bad:
-        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM; choose from {', '.join(llm_stages)}")
+        raise UserError(f"--stages {','.join(bad)}: not a stage that calls the LLM with this config; choose from {', '.join(llm_stages)}")
     return names
 
 

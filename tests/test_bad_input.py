@@ -131,12 +131,6 @@ CASES: list[Case] = [
     ("negative --max-cost", lambda t, rd, c: gen(c, rd, "--max-cost", "-0.5"), ("--max-cost -0.5", ">= 0")),
     ("negative --max-tokens", lambda t, rd, c: gen(c, rd, "--max-tokens", "-10"), ("--max-tokens -10",)),
     (
-        "--shard-index out of range",
-        lambda t, rd, c: gen(c, rd, "--shard-index", "2", "--num-shards", "2"),
-        ("--shard-index 2", "[0, --num-shards 2)"),
-    ),
-    ("--num-shards 0", lambda t, rd, c: gen(c, rd, "--num-shards", "0"), ("--num-shards",)),
-    (
         "unknown stage in run",
         lambda t, rd, c: ["run", "-c", str(c), "-d", str(rd), "-q", "--stages", "brainstorm,bogus"],
         ("unknown stage 'bogus'",),
@@ -199,11 +193,6 @@ CASES: list[Case] = [
         "corrupted line inside a .partial",
         lambda t, rd, c: unfinish(rd, 1, b"{oops\n") or gen(c, rd),
         ("shard-00001.jsonl.partial:1", "not valid JSON"),
-    ),
-    (
-        "merge of a stage never run",
-        lambda t, rd, c: ["merge", "-d", str(rd), "--stage", "regenerate"],
-        ("regenerate", "run `negsynth regenerate` first"),
     ),
     # -- corpus inputs -------------------------------------------------------------------------
     (

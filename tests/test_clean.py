@@ -67,10 +67,7 @@ def run(run_dir, shards, emb, *, overwrite=False, **score_kw) -> dict:
         write_jsonl(run_dir / "generate" / f"shard-{k:05d}.jsonl", rows)
     cfg = RunConfig()
     cfg.score = ScoreConfig(**{"policy": "annotate", **score_kw})  # the cleaning alone, no policy rejects
-    ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
-    ctx.overwrite = overwrite
-    ctx.embedder = emb
-    return run_stage(SCORE, ctx)
+    return run_stage(SCORE, StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True), overwrite=overwrite, embedder=emb))
 
 
 def kept_ids(run_dir) -> list[str]:

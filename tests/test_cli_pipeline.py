@@ -127,8 +127,7 @@ def test_a_finished_stage_is_reused_by_the_contract_not_rerun(tmp_path, monkeypa
     """run_stage decides "up to date" for every stage: a rerun of finished brainstorm/generate
     sends no request and never enters the stage's loop, still prints its summary, and leaves its
     stats.json (written by run_stage) as it was; a changed config is still refused."""
-    import negsynth.pipeline
-    import negsynth.pipeline.llm_task
+    from negsynth.pipeline import LLMStage
 
     with FakeOpenAI(always_valid) as srv:
         cfg = write_config(tmp_path, srv.base_url)
@@ -139,8 +138,7 @@ def test_a_finished_stage_is_reused_by_the_contract_not_rerun(tmp_path, monkeypa
         n_req = len(srv.requests)
         # the one loop every LLM stage runs its items through, where brainstorm and generate find it
         loop = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the loop ran"))  # noqa: E731
-        monkeypatch.setattr(negsynth.pipeline, "run_item_stage", loop)
-        monkeypatch.setattr(negsynth.pipeline.llm_task, "run_item_stage", loop)
+        monkeypatch.setattr(LLMStage, "run", loop)
         r = invoke("run", "-c", str(cfg), "-d", str(rd), "--stages", "brainstorm,generate")
         assert r.exit_code == 0, r.output
         assert "brainstorm: up to date" in r.stderr and "generate: up to date" in r.stderr
@@ -240,34 +238,27 @@ def test_every_stage_command_takes_the_shared_options():
     shared = {"--config", "--run-dir", "--set", "--quiet", "--json", "--verbose"}
     for stage in METHOD:
         assert shared <= opts[stage.name], stage.name
-        llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--num-shards", "--shard-index", "--mode"}
+        llm_flags = {"--max-requests", "--max-tokens", "--max-cost", "--mode", "--executor", "--workers"}
         assert (llm_flags <= opts[stage.name]) == (stage.name in ("brainstorm", "generate", "regenerate", "corpus")), stage.name
-    assert {"--max-requests", "--overwrite"} <= opts["run"] and "--num-shards" not in opts["run"]
+    assert {"--max-requests", "--overwrite", "--executor"} <= opts["run"] and "--mode" not in opts["run"]
     assert "--overwrite" not in opts["evaluate"]
     default = RunConfig().pipeline.stages
     assert [s.name for s in METHOD if s.name in default] == default
 
 
 def test_every_stage_is_declared_by_its_own_module():
-    """A stage is a typed object: its module's ``STAGE`` names its run, fingerprint and report
-    directly (no strings resolved at run time): functions of its module, or methods of its own
-    ``LLMStage`` subclass there (the base class supplies them once); its config class is the run
-    file's section of the same name."""
+    """A stage is a typed object: its module's ``STAGE`` is an instance of a class of that module
+    (no strings resolved at run time), and its config class is the run file's section of the same
+    name."""
     import importlib
 
     from negsynth.schemas.config import RunConfig
     from negsynth.stages import METHOD
 
-    def home(fn) -> str:
-        owner = getattr(fn, "__self__", None)  # a classmethod bound to the stage's class
-        return owner.__module__ if isinstance(owner, type) else fn.__module__
-
     for stage in METHOD:
         mod = importlib.import_module(f"negsynth.stages.{stage.name}")
-        assert mod.STAGE is stage
+        assert mod.STAGE is stage and type(stage).__module__.startswith(mod.__name__), stage.name
         assert RunConfig.model_fields[stage.name].annotation is stage.config, stage.name
-        for fn in (stage.run, stage.fingerprint, stage.report):
-            assert fn is None or (callable(fn) and home(fn).startswith(mod.__name__)), (stage.name, fn)
 
 
 def test_run_stops_after_a_budget_stop_with_exit_3(tmp_path):

@@ -40,7 +40,7 @@ def test_inspect_takes_the_run_dir_as_d_like_every_command_and_its_path_still(tm
     assert r.exit_code == 2 and "pass one" in r.output
 
 
-@pytest.mark.parametrize("cmd", ["export", "estimate", "merge", "evaluate", "train", "run", "score", "curriculum", "inspect"])
+@pytest.mark.parametrize("cmd", ["export", "estimate", "evaluate", "train", "run", "score", "curriculum", "inspect"])
 def test_every_command_that_reads_a_run_dir_takes_d(cmd):
     r = runner.invoke(app, [cmd, "--help"], terminal_width=200)
     assert r.exit_code == 0 and "--run-dir" in r.output and "-d" in r.output, r.output

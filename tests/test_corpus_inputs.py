@@ -378,7 +378,7 @@ def test_the_config_hash_moves_only_where_passages_change_what_is_read(tmp_path)
     a split document: they do. Hidden files of a folder (.git) are no input."""
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.corpus import config_digest
+    from negsynth.stages.corpus import STAGE
 
     folder = tmp_path / "docs"
     folder.mkdir()
@@ -387,7 +387,7 @@ def test_the_config_hash_moves_only_where_passages_change_what_is_read(tmp_path)
 
     def digest(**corpus) -> str:
         cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": str(folder)}], **corpus}})
-        return config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run"))
+        return STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"]
 
     short = digest()
     assert digest(chunk_tokens=0) == short == digest(chunk_tokens=64, chunk_overlap=8)

@@ -137,29 +137,51 @@ def test_rpm_caps_the_rate_and_a_non_llm_stage_is_one_line(tmp_path):
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--stages train" in r.stderr
 
 
-def test_an_llm_stage_without_an_estimator_is_refused_when_declared():
-    """A stage that calls the LLM (always, or with some settings) and declares no estimator would be
-    estimated at 0 requests / $0: it is refused when its ``Stage`` is built."""
+def toy_stage(estimate=None):
+    """A stage that calls the LLM, with ``estimate`` as its estimator (None: it has none)."""
     from negsynth.pipeline import Stage
 
-    for llm in (True, lambda cfg: True):
-        with pytest.raises(TypeError, match="'toy' calls the LLM .* declares no estimate"):
-            Stage("toy", "a toy LLM stage", lambda ctx: {}, llm=llm)
-    Stage("toy", "a toy stage without the LLM", lambda ctx: {})  # no LLM: no estimator needed
+    class Toy(Stage):
+        name = "toy"
+        summary = "a toy LLM stage"
+
+        def uses_llm(self, cfg):
+            return True
+
+    if estimate is not None:
+        Toy.estimate = lambda self, ctx, tally: estimate(ctx, tally)
+    return Toy()
 
 
-def test_every_llm_stage_declares_its_estimator():
+def test_an_llm_stage_without_an_estimator_is_refused_not_counted_at_zero(tmp_path, monkeypatch):
+    """A stage that calls the LLM and counts no requests would be estimated at 0 requests / $0:
+    estimate stops naming it instead."""
+    import negsynth.stages
+    from negsynth.estimate import estimate
+    from negsynth.pipeline import StageContext
+    from negsynth.schemas.config_io import load_config
+
+    monkeypatch.setattr(negsynth.stages, "METHOD", (*negsynth.stages.METHOD, toy_stage()))
+    cfg = load_config(write_run_config(tmp_path, "http://127.0.0.1:9/v1"))
+    with pytest.raises(NotImplementedError, match="'toy' calls the LLM but counts no requests"):
+        estimate(StageContext(cfg=cfg, run_dir=tmp_path / "run"), ["toy"], rps=1)
+
+
+def test_every_llm_stage_counts_its_requests():
+    from negsynth.pipeline import Stage
+    from negsynth.schemas.config import RunConfig
     from negsynth.stages import METHOD
 
-    assert [s.name for s in METHOD if s.llm and s.estimate is not None] == [s.name for s in METHOD if s.llm]
+    every = RunConfig.model_validate({"score": {"judge_model": "llm"}})  # each stage that may call the LLM does
+    assert all(type(s).estimate is not Stage.estimate for s in METHOD if s.uses_llm(every))
 
 
 def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypatch):
     """``negsynth estimate`` knows a stage added to ``METHOD`` with no edit of estimate.py: it runs
     the stage's own estimator, which may read what an earlier stage's estimator planned."""
     import negsynth.stages
-    from negsynth.estimate import estimate, llm_stage_names
-    from negsynth.pipeline import Stage, StageContext
+    from negsynth.estimate import estimate
+    from negsynth.pipeline import StageContext
     from negsynth.schemas.config_io import load_config
 
     msgs = [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 40}, {"role": "user", "content": "z" * 40}]
@@ -170,9 +192,7 @@ def test_a_new_llm_stage_is_estimated_through_its_declaration(tmp_path, monkeypa
         tally.request(msgs, n=3)
         tally.note("three requests")
 
-    toy = Stage("toy", "a toy LLM stage", lambda ctx: {}, llm=True, estimate=toy_estimate)
-    monkeypatch.setattr(negsynth.stages, "METHOD", (*negsynth.stages.METHOD, toy))
-    assert llm_stage_names()[-1] == "toy"
+    monkeypatch.setattr(negsynth.stages, "METHOD", (*negsynth.stages.METHOD, toy_stage(toy_estimate)))
     cfg = load_config(write_run_config(tmp_path, "http://127.0.0.1:9/v1", generate={"examples": 4}, llm={"max_attempts": 2}))
     out = estimate(StageContext(cfg=cfg, run_dir=tmp_path / "run"), ["generate", "toy"], rps=1)
     t = out["stages"]["toy"]

@@ -56,6 +56,11 @@ def report(score: float) -> dict:
     }
 
 
+def made_by(stage: str) -> list[dict]:
+    """score's ``stats.json["inputs"]``: its one shard was scored from ``stage``'s first."""
+    return [{"stage": stage, "shard": "shard-00000.jsonl", "out": "shard-00000.jsonl"}]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     from negsynth.train import train
@@ -66,7 +71,15 @@ def run_dir(tmp_path_factory):
     write_jsonl(d / "score" / "shard-00000.jsonl", exs)
     atomic_write_json(
         d / "score" / "stats.json",
-        {"embedder": "fake", "policy": "annotate", "fn_ratio": 0.95, "too_easy_floor": 0.1, "kept": 16, "rejected": 0},
+        {
+            "embedder": "fake",
+            "policy": "annotate",
+            "fn_ratio": 0.95,
+            "too_easy_floor": 0.1,
+            "kept": 16,
+            "rejected": 0,
+            "inputs": made_by("generate"),
+        },
     )
     rows = build_curriculum(exs[:15] + [scored(16)], batch_size=4, seed=0)
     save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
@@ -218,7 +231,8 @@ def corpus_export(run_dir, tmp_path_factory):
     d = tmp / "run"
     exs = [corpus_record(i, 40) for i in range(40)]
     write_jsonl(d / "score" / "shard-00000.jsonl", exs)
-    atomic_write_json(d / "score" / "stats.json", {"embedder": "st:all-MiniLM-L6-v2", "policy": "measured", "kept": 40, "rejected": 0})
+    stats = {"embedder": "st:all-MiniLM-L6-v2", "policy": "measured", "kept": 40, "rejected": 0, "inputs": made_by("corpus")}
+    atomic_write_json(d / "score" / "stats.json", stats)
     rows = build_curriculum(exs, schedule="tuple", batch_size=2, seed=0, homogeneous_batches=False)
     save_curriculum(rows, d / "curriculum", stats=dict(rows.stats))
     shutil.copytree(run_dir / "train" / "final", d / "train" / "final")

@@ -85,8 +85,8 @@ def test_the_stage_sends_to_every_server_of_the_fleet(tmp_path):
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.llm_stage import llm_config, stage_concurrency
 
-    ctx = StageContext(cfg=RunConfig.model_validate({"llm": {"max_concurrency": 2}}), run_dir=tmp_path)
-    ctx.base_url = "http://127.0.0.1:1/v1 http://127.0.0.1:2/v1 http://127.0.0.1:3/v1"
+    urls = "http://127.0.0.1:1/v1 http://127.0.0.1:2/v1 http://127.0.0.1:3/v1"
+    ctx = StageContext(cfg=RunConfig.model_validate({"llm": {"max_concurrency": 2}}), run_dir=tmp_path, base_url=urls)
     assert len(llm_config(ctx).endpoints) == 3 and stage_concurrency(ctx, 10) == 3
     assert ctx.cfg.llm.endpoints == []  # the run's config (and its hashes) are not touched
 

@@ -10,7 +10,7 @@ import typer.main
 
 from negsynth.cli import app
 from negsynth.schemas.config import PipelineConfig
-from negsynth.stages import METHOD, splitting
+from negsynth.stages import METHOD
 
 NAMES = [s.name for s in METHOD]
 CLI = Path(__file__).resolve().parent.parent / "negsynth" / "cli"
@@ -61,10 +61,11 @@ def test_every_stage_has_its_command_in_the_method_order():
 
 def test_every_stage_section_is_a_section_of_the_run_file():
     """A stage's ``config`` class validates its ``[name]`` table: RunConfig's own field, or the
-    section the stage registered when declared (``run_config_class``)."""
+    section the method brings (``run_config_class(sections())``)."""
     from negsynth.schemas.config import RunConfig, run_config_class
+    from negsynth.stages import sections
 
-    fields = run_config_class().model_fields
+    fields = run_config_class(sections()).model_fields
     for s in METHOD:
         if s.config is not None and s.name in RunConfig.model_fields:
             assert fields[s.name].annotation is s.config, s.name
@@ -79,14 +80,15 @@ def test_inspect_order_and_example_stages_follow_the_method():
     assert list(example_stages()) == [s.name for s in reversed(METHOD) if s.examples]
 
 
-def test_shardable_and_llm_stages_follow_the_method():
-    from negsynth.estimate import llm_stage_names
+def test_which_stages_call_the_llm_and_split_is_read_from_each_stage_under_the_config():
+    from negsynth.pipeline.executor import split_stages
+    from negsynth.schemas.config import RunConfig
 
-    # the shard-worker stages first, then those whose embedding alone goes to Ray workers, each in
-    # the method's order and once (regenerate is both)
-    shard = [s.name for s in METHOD if s.shardable]
-    assert splitting() == tuple(dict.fromkeys(shard + [s.name for s in METHOD if s.embeds]))
-    assert list(llm_stage_names()) == [s.name for s in METHOD if s.llm]
+    cfg = RunConfig()
+    assert [s.name for s in METHOD if s.uses_llm(cfg)] == ["brainstorm", "generate", "regenerate", "corpus"]
+    judged = RunConfig.model_validate({"score": {"judge_model": "llm"}, "regenerate": {"negatives": "mined"}})
+    assert [s.name for s in METHOD if s.uses_llm(judged)] == ["brainstorm", "generate", "corpus", "score"]
+    assert split_stages(METHOD, cfg) == ("generate", "regenerate", "corpus", "score")
 
 
 def test_default_pipeline_is_the_method_in_order():

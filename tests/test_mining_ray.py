@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -164,8 +165,8 @@ def test_which_stages_embed_in_the_driver():
     assert embeds_in_driver(get("score"), RunConfig())
     assert embeds_in_driver(get("regenerate"), mined) and not embeds_in_driver(get("regenerate"), RunConfig())
     llm_mine = RunConfig.model_validate({"regenerate": {"mine": 4}})  # mines first (prepare), then shard workers
-    assert not embeds_in_driver(get("regenerate"), llm_mine) and get("regenerate").embeds_with(llm_mine)
-    assert get("regenerate").prepare is not None and not get("regenerate").embeds_with(RunConfig())
+    assert not embeds_in_driver(get("regenerate"), llm_mine) and get("regenerate").embeds(llm_mine)
+    assert not get("regenerate").embeds(RunConfig())
     assert embeds_in_driver(get("corpus"), RunConfig()) and embeds_in_driver(
         get("corpus"), RunConfig.model_validate({"corpus": {"round_trip_k": 3}})
     )
@@ -180,23 +181,23 @@ def local_ray_embedding(monkeypatch, st_model):
 
     made: list[RaySentenceModel] = []
 
-    @contextlib.contextmanager
-    def fake(ctx, *, workers, address=None, nodes=None):
-        def factory(cfg):
-            made.append(stand_in(st_model, workers))
+    class StandIns:
+        def __init__(self, workers):
+            self.workers = workers
+
+        def mining_model(self, cfg):
+            made.append(stand_in(st_model, self.workers))
             return made[-1]
 
-        ctx.mining_model_factory = factory
-        try:
-            yield ctx
-        finally:
-            ctx.mining_model_factory = None
+    @contextlib.contextmanager
+    def fake(ctx, *, workers, address=None, nodes=None):
+        yield replace(ctx, embedding=StandIns(workers))
 
     def no_shard_workers(*a, **k):
         raise AssertionError("mined regenerate must not start shard workers")
 
     monkeypatch.setattr(ray_executor, "ray_embedding", fake)
-    monkeypatch.setattr(ray_executor, "_worker", no_shard_workers)
+    monkeypatch.setattr(ray_executor, "_rank", no_shard_workers)
     monkeypatch.setattr(ray_executor, "import_ray", no_shard_workers)
     monkeypatch.setattr(ray_executor, "connect", no_shard_workers)
     return made

@@ -53,12 +53,13 @@ def test_every_stage_resolves_through_it():
     import inspect
 
     from negsynth.embed import mining, st
-    from negsynth.stages import evaluate, regenerate
+    from negsynth.pipeline import StageContext
+    from negsynth.stages import evaluate
     from negsynth.train import trainer
 
     assert "resolve_model" in inspect.getsource(st.SentenceTransformerEmbedder.load)
     # the miner (regenerate's, corpus's and the Ray workers'): one loader
-    assert "load_mining_model" in inspect.getsource(regenerate.load_st_model)
+    assert "load_mining_model" in inspect.getsource(StageContext.load_mining_model)
     assert "load_sentence_transformer" in inspect.getsource(mining.load_mining_model)
     assert "resolve_model" in inspect.getsource(trainer.build_model)
     assert evaluate.embedder_for.__module__ == "negsynth.embed" and "resolve_model" in inspect.getsource(evaluate.embedder_for)

@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,7 @@ def slow(req, n):
 def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd, reference, monkeypatch):  # noqa: F811
     import test_score
 
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     ref_files, _, _ = reference
     both = {cluster.node_ids["head"], cluster.node_ids["b"]}
@@ -184,9 +185,9 @@ def test_generate_and_score_on_two_nodes_equal_one_process(tmp_path, cluster, rd
             write_generate(sd, shards)
             ctx = make_ctx(sd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
             ctx.cfg.embedder.batch_size = 1  # parts of 8 texts: several parts for the two workers
-            ctx.embedder = FakeEmbedder(cos)
+            ctx = replace(ctx, embedder=FakeEmbedder(cos))
             score = get("score")
-            stats[name] = run_stage(score, ctx) if name == "one" else run_on_ray(score, ctx, workers=2, address=cluster.address)
+            stats[name] = run_stage(score, ctx) if name == "one" else run_stage(score, ctx, executor=RayExecutor(2, cluster.address))
             d = sd / "score"
             files = [*d.glob("shard-*.jsonl"), *(d / "rejects").glob("*.jsonl"), *(d / "_shards").glob("*")]
             out[name] = {str(p.relative_to(d)): p.read_bytes() for p in sorted(files)}
@@ -207,7 +208,7 @@ def test_a_node_killed_mid_generate_is_retried_on_the_other(tmp_path, cluster, r
         killed_at = None
         deadline = time.monotonic() + 120
         while killed_at is None and t.is_alive() and time.monotonic() < deadline:
-            on_b = [pid for pid in cluster.pids("b")[1:] if "ray::_worker" in _cmdline(pid)]
+            on_b = [pid for pid in cluster.pids("b")[1:] if "ray::_rank" in _cmdline(pid)]
             if on_b and len(srv.requests) >= 6:  # node b's worker is sending
                 killed_at = len(srv.requests)
                 cluster.kill("b")
@@ -237,7 +238,7 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
     import test_score_ray
     from test_score_ray import SlowFake
 
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     head, b = cluster.node_ids["head"], cluster.node_ids["b"]
@@ -256,8 +257,7 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
         write_generate(d, shards)
         ctx = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         ctx.cfg.embedder.batch_size = 1
-        ctx.embedder = emb
-        return ctx
+        return replace(ctx, embedder=emb)
 
     run_stage(get("score"), score_in(tmp_path / "one", FakeEmbedder(cos)))
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)  # negsynth uses this connection
@@ -274,7 +274,7 @@ def test_a_node_killed_mid_score_is_survived(tmp_path, cluster, spare, monkeypat
 
     def score_on_ray():
         try:
-            out["stats"] = run_on_ray(get("score"), ctx, workers=2, address=cluster.address)
+            out["stats"] = run_stage(get("score"), ctx, executor=RayExecutor(2, cluster.address))
         except Exception as e:  # noqa: BLE001 - shown by the assertion below
             out["error"] = e
 

@@ -391,8 +391,8 @@ def test_mined_negatives_need_no_llm_and_give_verified_examples(tmp_path):
     docs = _beir_topics(root)
     body = '[regenerate]\nnegatives = "mined"\n'
     cfg = config(tmp_path, "http://127.0.0.1:9/v1", body)  # nothing listens there: no request may be made
-    assert not get("regenerate").needs_llm(RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
-    assert get("regenerate").needs_llm(RunConfig()) and not get("score").needs_llm(RunConfig())
+    assert not get("regenerate").uses_llm(RunConfig.model_validate({"regenerate": {"negatives": "mined"}}))
+    assert get("regenerate").uses_llm(RunConfig()) and not get("score").uses_llm(RunConfig())
     r = invoke("regenerate", "-c", cfg, "-d", tmp_path / "run", "-i", root, "--json")
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)

@@ -109,10 +109,13 @@ def test_the_sections_hash_as_before_the_options_left(section, as_value, in_part
 
 
 def test_the_whole_run_config_hashes_as_before():
-    import negsynth.stages  # noqa: F401 - registers the stage sections
+    """Every section as before; ``score.inputs`` now defaults to ``"auto"``, which score hashes as
+    the list of stages it names (the old default), so with that list the whole config is the old one."""
     from negsynth.schemas.config_io import load_config
 
     cfg = load_config()
+    assert config_hash(cfg) == "84cbe8f54b6d1f4e" and config_hash({"x": cfg}) == "31efbb6705e270f0"
+    cfg.score.inputs = ["generate", "regenerate", "corpus"]
     assert config_hash(cfg) == "aaf728cb2ea2bac3" and config_hash({"x": cfg}) == "5b51bfbfadb0aeee"
 
 
@@ -129,14 +132,14 @@ def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, mo
     """The whole digest of a corpus run (section, LLM, prompts, documents, embedder)."""
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.corpus import config_digest
+    from negsynth.stages.corpus import STAGE
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs").mkdir()
     for i in range(6):
         (tmp_path / "docs" / f"{i}.md").write_text(f"# Note {i}\n\nThe note number {i} is about tides and moons.\n")
     cfg = RunConfig.model_validate({"corpus": {"inputs": [{"path": "docs"}], **corpus}})
-    assert config_digest(StageContext(cfg=cfg, run_dir=tmp_path / "run")) == pinned
+    assert STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"] == pinned
 
 
 @pytest.mark.parametrize(
@@ -147,10 +150,10 @@ def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, mo
 def test_the_regenerate_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, regenerate, pinned):
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.regenerate import Regenerate
+    from negsynth.stages.regenerate import STAGE
 
     cfg = RunConfig.model_validate({"regenerate": regenerate})
-    assert Regenerate(StageContext(cfg=cfg, run_dir=tmp_path / "run")).config_digest() == pinned
+    assert STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"] == pinned
 
 
 @pytest.mark.parametrize(

@@ -63,10 +63,9 @@ def test_run_on_ray_equals_a_local_run_and_a_rerun_reuses_everything(tmp_path, r
         assert r.exit_code == 0, r.output
         ray_bodies = request_bodies(srv.requests)
         out = json.loads(r.stdout)
-        # generate ran as 2 Ray tasks under the driver's run-dir lock, merged
+        # generate ran as 2 Ray ranks under the driver's run-dir lock, their stats summed
         gen = out["generate"]
         assert gen["executor"] == "ray" and gen["workers"] == 2 and gen["num_shards"] == 2 and len(gen["ray_nodes"]) == 2
-        assert all((rd / "generate" / f"stats.{k:05d}-of-00002.json").is_file() for k in (0, 1))
         assert "executor" not in out["brainstorm"]  # a stage that does not split runs in the driver
         assert data_files(rd) == data_files(tmp_path / "local")  # byte for byte
         assert ray_bodies == local_bodies  # and exactly the requests a local run sends

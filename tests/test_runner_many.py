@@ -38,7 +38,7 @@ def _single(i: int) -> Outcome:
 
 
 def _run(ctx, items, process, **kw):
-    return asyncio.run(ShardedRunner(ctx, "st", concurrency=2, **kw).run(items, process))
+    return asyncio.run(ShardedRunner(ctx, "st", ctx.run_dir / "st", concurrency=2, **kw).run(items, process))
 
 
 def test_an_item_with_several_rows_is_one_line_and_flattens_in_item_order(tmp_path):
@@ -50,7 +50,7 @@ def test_an_item_with_several_rows_is_one_line_and_flattens_in_item_order(tmp_pa
         return _single(it.index) if it.index == 2 else _many(it.index)
 
     rep = _run(ctx, _items(4), process)
-    d = ctx.stage_dir("st")
+    d = ctx.run_dir / "st"
     assert rep.shards_done == 1 and not (d / "shard-00000.jsonl.partial").exists()
     assert [r["id"] for r in iter_jsonl(d / "shard-00000.jsonl")] == ["r0-0", "r0-1", "r1-0", "r1-1", "s2", "r3-0", "r3-1"]
     assert [r["id"] for r in iter_jsonl(d / "rejects" / "shard-00000.jsonl")] == ["x0", "x1", "x3"]
@@ -70,9 +70,11 @@ def test_a_budget_stop_leaves_one_line_per_finished_item_and_a_rerun_does_the_re
         return _many(it.index)
 
     rep = asyncio.run(
-        ShardedRunner(ctx, "st", concurrency=1, budget_check=lambda: "max_requests=2" if len(done) >= 2 else None).run(_items(4), process)
+        ShardedRunner(ctx, "st", ctx.run_dir / "st", concurrency=1, budget_check=lambda: "max_requests=2" if len(done) >= 2 else None).run(
+            _items(4), process
+        )
     )
-    part = ctx.stage_dir("st") / "shard-00000.jsonl.partial"
+    part = ctx.run_dir / "st" / "shard-00000.jsonl.partial"
     lines = part.read_text().splitlines()
     assert rep.stopped_by == "max_requests=2" and len(lines) == 2  # one line per item, all of its rows in it
     assert [json.loads(x)["k"] for x in lines] == [MANY, MANY] and len(json.loads(lines[0])["r"]["ok"]) == 2
@@ -89,7 +91,7 @@ def test_a_kill_in_the_middle_of_an_items_line_redoes_that_item(tmp_path):
 
     ref = tmp_path / "ref"
     _run(_ctx(ref), _items(3), process)
-    d = ctx.stage_dir("st")
+    d = ctx.run_dir / "st"
     d.mkdir(parents=True)
     line = lambda i: json.dumps({"i": i, "k": MANY, "r": _many(i).entry()[1]})  # noqa: E731
     (d / "shard-00000.jsonl.partial").write_text(line(0) + "\n" + line(1)[:40])  # killed while writing item 1
@@ -115,7 +117,7 @@ def test_an_item_with_a_transport_failure_stays_pending_and_a_rerun_retries_it(t
         return _many(it.index, pending=it.index in fail)
 
     rep = _run(ctx, _items(3), process)
-    d = ctx.stage_dir("st")
+    d = ctx.run_dir / "st"
     # the pending item counts its transport failure only: none of its rows is valid or rejected
     assert rep.pending == 1 and dict(rep.pending_reasons) == {"transport_timeout": 1}
     assert (rep.items, rep.valid, rep.rejected, rep.shards_done) == (6, 4, 2, 0)
@@ -141,7 +143,7 @@ def test_a_one_shard_stage_waits_for_its_verdict(tmp_path):
         return "st: no"
 
     rep = _run(ctx, _items(5), process, one_shard=True, verdict=no)
-    d = ctx.stage_dir("st")
+    d = ctx.run_dir / "st"
     assert rep.failed == "st: no" and rep.shards_total == 1 and rep.shards_done == 0
     assert [r["id"] for k, r in verdicts[0] if k == "rej"] == [f"x{i}" for i in range(5)]
     assert not (d / "shard-00000.jsonl").exists() and (d / "shard-00000.jsonl.partial").exists()

@@ -1,17 +1,15 @@
-"""Scale-out (--shard-index/--num-shards + merge) and budgets (--max-requests/-tokens/-cost)."""
+"""Scale-out (--executor ray: ranks) and budgets (--max-requests/-tokens/-cost)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, always_valid, sts_reasked_once
 from helpers import (
     brainstormed_once,
-    generate_command,
     generate_files,
     own_processes,
     reference_run,
@@ -64,58 +62,38 @@ def ray_gen(ray, cfg: Path, rd: Path, *extra: str):
 
 
 # -- scale-out ----------------------------------------------------------------------------------
-def test_n_workers_in_parallel_union_equals_single_worker_run(tmp_path, rd, reference):
+def test_a_run_resumed_by_another_world_size_and_an_overwrite_on_ray_give_the_same_bytes(tmp_path, rd, reference):
+    """A stage stopped in one process is finished by 3 Ray ranks (every shard is the same whichever
+    rank writes it: no request paid twice), and an --overwrite by 2 ranks builds beside the old
+    outputs, from the cache, and swaps them in."""
+    ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
     ref_files, ref_stats, ref_bodies = reference
-    n = 3
     with FakeOpenAI(sts_reasked_once) as srv:
         cfg = write_config(tmp_path, srv.base_url)
-        # worker 2 alone first: merge must name what is missing and who owns it
-        assert gen(cfg, rd, "--shard-index", "2", "--num-shards", str(n)).exit_code == 0
-        r = runner.invoke(app, ["merge", "-d", str(rd)])
-        assert r.exit_code == 2 and "shards are not finished" in r.stderr
-        assert "--shard-index 0, --shard-index 1 --num-shards 3" in r.stderr and r.stderr.count("\n") == 1
-        # a relaunch with another worker count is refused
-        r = gen(cfg, rd, "--shard-index", "0", "--num-shards", "2")
-        assert r.exit_code == 2 and "--num-shards" in r.stderr
-        # workers 0 and 1 run at the same time, as separate processes on the same run dir
-        procs = [
-            subprocess.Popen(
-                generate_command(cfg, rd, "--shard-index", str(k), "--num-shards", str(n)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=dict(os.environ),
-            )
-            for k in (0, 1)
-        ]
-        for p in procs:
-            _, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-        bodies = request_bodies(srv.requests)
-    # each worker wrote only its own shards (s % n == k) and its own stats file
-    for k in range(n):
-        st = json.loads((rd / "generate" / f"stats.{k:05d}-of-{n:05d}.json").read_text())
-        assert st["shard_index"] == k and st["complete"] and st["shards_total"] == 2
-    assert not (rd / "generate" / "stats.json").exists()
-    assert generate_files(rd) == ref_files  # the union is byte-identical to one worker's run
-    assert bodies == ref_bodies  # and together they sent exactly the requests one worker sends
-
-    r = runner.invoke(app, ["merge", "-d", str(rd), "--json"])
-    assert r.exit_code == 0, r.stderr
-    merged = json.loads(r.stdout)
-    for k in ("items", "valid", "rejected", "rejects_by_reason", "tokens", "attempts", "shards_total"):
-        assert merged[k] == ref_stats[k], k
-    assert merged["complete"] and merged["num_shards"] == n and len(merged["merged_from"]) == n
-    assert merged["this_run"]["requests"] == ref_stats["this_run"]["requests"]
-    assert json.loads((rd / "generate" / "stats.json").read_text())["valid"] == ref_stats["valid"]
+        assert gen(cfg, rd, "--max-requests", "5").exit_code == EXIT_BUDGET
+        start_local_ray()
+        try:
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "3", "--json")
+            assert r.exit_code == 0, r.output
+            assert request_bodies(srv.requests) == ref_bodies and generate_files(rd) == ref_files
+            n = len(srv.requests)
+            r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--overwrite", "--json")
+        finally:
+            ray.shutdown()
+    assert r.exit_code == 0, r.output
+    assert len(srv.requests) == n and generate_files(rd) == ref_files  # redone from the cache
+    st = json.loads(r.stdout)
+    assert st["complete"] and st["num_shards"] == 2 and st["valid"] == ref_stats["valid"] and "overwrite_pending" not in st
+    assert not (rd / ".generate.overwrite").exists()
+    assert json.loads((rd / "manifest.json").read_text())["stages"]["generate"]["num_shards"] == 2
     rows = list(read_stage(rd / "generate"))
     assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]
 
 
 def test_ray_executor_union_equals_single_worker_run(tmp_path, rd, reference):
-    """--executor ray: the same shard workers as Ray tasks on a local cluster, merged by the
-    driver; byte-identical data and exactly one worker's requests; concurrency split among the
-    workers, rpm / tpm one pair of buckets they share."""
+    """--executor ray: the ranks as Ray tasks on a local cluster, their stats summed by the
+    driver; byte-identical data and exactly one process's requests; concurrency split among the
+    ranks, rpm / tpm one pair of buckets they share."""
     ray = pytest.importorskip("ray", reason="ray not installed (pip install 'negsynth[ray]')")
     from negsynth.pipeline.ray_executor import worker_config
     from negsynth.schemas.config_io import load_config
@@ -128,10 +106,9 @@ def test_ray_executor_union_equals_single_worker_run(tmp_path, rd, reference):
         assert r.exit_code == 0, r.output
         bodies = request_bodies(srv.requests)
     assert generate_files(rd) == ref_files and bodies == ref_bodies
-    for k in range(3):
-        lim = json.loads((rd / "generate" / f"stats.{k:05d}-of-00003.json").read_text())["this_run"]["rate_limiter"]
-        assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared: no 1/n split
     merged = json.loads(r.stdout)
+    lim = merged["this_run"]["rate_limiter"]
+    assert lim["shared"] is True and (lim["rpm"], lim["tpm"]) == (6000, 10000000)  # the whole rate, shared: no 1/n split
     assert merged["executor"] == "ray" and merged["num_shards"] == 3 and merged["valid"] == ref_stats["valid"] and merged["complete"]
     split = worker_config(load_config(cfg, ["llm.rpm=100", "llm.tpm=7"]), 3).llm
     # concurrency is split (each worker's connections are its own); rpm / tpm stay whole: the
@@ -159,10 +136,8 @@ def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, rd, referen
             assert st["stopped_by"] == "max_requests=7" and st["executor"] == "ray"
             assert st["budget"]["used"]["requests"] == 7 and st["budget"]["scope"].startswith("this invocation, shared")
             assert "stopped by budget max_requests=7" in r.stderr and "rerun" in r.stderr
-            workers = [json.loads((rd / "generate" / f"stats.{k:05d}-of-00002.json").read_text()) for k in (0, 1)]
-            assert sum(w["this_run"]["requests"] for w in workers) == 7  # no static split: their counts add up to it
-            assert any(w["stopped_by"] == "max_requests=7" for w in workers)
-            assert 0 < st["items"] < EXAMPLES and st["items"] == sum(w["items"] for w in workers)
+            assert st["this_run"]["requests"] == 7  # no static split: the ranks' counts add up to it
+            assert 0 < st["items"] < EXAMPLES
             r = gen(cfg, rd, "--executor", "ray", "--workers", "2", "--json")
         finally:
             ray.shutdown()
@@ -171,7 +146,12 @@ def test_ray_workers_share_one_budget_and_a_rerun_finishes(tmp_path, rd, referen
     assert bodies == ref_bodies  # over both runs each request was sent once: none paid twice
     assert generate_files(rd) == ref_files
     final = json.loads(r.stdout)
-    assert final["complete"] and final["stopped_by"] is None and final["valid"] == ref_stats["valid"] and "budget" not in final
+    assert (
+        final["complete"]
+        and final["stopped_by"] is None
+        and final["valid"] == ref_stats["valid"]
+        and final["budget"]["max_requests"] is None
+    )
     rows = list(read_stage(rd / "generate"))
     assert len({r["id"] for r in rows}) == len(rows) == ref_stats["valid"]  # every item once: no duplicate id
 
@@ -224,7 +204,7 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, rd, referenc
             deadline = time.monotonic() + 60
             while killed is None and time.monotonic() < deadline:
                 if len(srv.requests) >= 4:  # both workers are sending
-                    pids = own_processes("ray::_worker")
+                    pids = own_processes("ray::_rank")
                     if pids:
                         killed = int(pids[0])
                         os.kill(killed, signal.SIGKILL)
@@ -236,20 +216,7 @@ def test_ray_worker_killed_mid_run_is_retried_and_resumes(tmp_path, rd, referenc
     r = out["r"]
     assert r.exit_code == 0, r.output
     assert generate_files(rd) == ref_files  # the retried task resumed and finished its shards
-    assert json.loads((rd / "generate" / "stats.json").read_text())["complete"]  # merged by the driver
-
-
-def test_worker_overwrite_removes_only_its_own_shards(tmp_path, rd):
-    with FakeOpenAI(always_valid) as srv:
-        cfg = write_config(tmp_path, srv.base_url)
-        for k in (0, 1):
-            assert gen(cfg, rd, "--shard-index", str(k), "--num-shards", "2").exit_code == 0
-        other = {p.name: p.read_bytes() for p in (rd / "generate").glob("shard-*.jsonl") if int(p.name[6:11]) % 2 == 1}
-        n0 = len(srv.requests)
-        assert gen(cfg, rd, "--shard-index", "0", "--num-shards", "2", "--overwrite").exit_code == 0
-        assert len(srv.requests) == n0  # worker 0 redid its shards from the cache
-    assert {p.name: p.read_bytes() for p in (rd / "generate").glob("shard-*.jsonl") if int(p.name[6:11]) % 2 == 1} == other
-    assert runner.invoke(app, ["merge", "-d", str(rd)]).exit_code == 0
+    assert json.loads((rd / "generate" / "stats.json").read_text())["complete"]  # summed by the driver
 
 
 # -- budgets ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,8 +29,7 @@ SCORE = get("score")
 
 def with_embedder(ctx: StageContext, embedder, judge=None) -> StageContext:
     """``ctx`` holding a fake embedder (and judge) instead of loading the configured ones."""
-    ctx.embedder, ctx.judge = embedder, judge
-    return ctx
+    return replace(ctx, embedder=embedder, judge=judge)
 
 
 def run_score(ctx: StageContext, embedder, judge=None) -> dict:
@@ -310,9 +310,7 @@ def test_rerun_skips_resumes_and_refuses_changed_config(tmp_path):
     assert resumed["shards_scored_this_run"] == 1 and resumed["examples"] == 2
     with pytest.raises(UserError, match="--overwrite"):
         run_score(make_ctx(tmp_path, fn_ratio=0.9), emb)
-    ctx = make_ctx(tmp_path, fn_ratio=0.9)
-    ctx.overwrite = True
-    assert run_score(ctx, emb)["fn_ratio"] == 0.9
+    assert run_score(replace(make_ctx(tmp_path, fn_ratio=0.9), overwrite=True), emb)["fn_ratio"] == 0.9
 
 
 def test_stats_per_task_type_and_json_shape(tmp_path):
@@ -419,12 +417,12 @@ def test_judge_off_keeps_records_and_hash_as_before(tmp_path):
     stats = run_score(ctx, FakeEmbedder(HAND))
     (rec,) = list(read_stage(tmp_path / "score"))
     assert "judge" not in rec["score"] and stats["judge"] is None
-    from negsynth.stages.score.inputs import config_digest, input_shards
+    from negsynth.stages.score.inputs import input_shards, scores_hash
 
     shards = input_shards(ctx)
     on = make_ctx(tmp_path, judge_model="some-ce")
-    assert config_digest(ctx, shards) == config_digest(make_ctx(tmp_path, judge_ratio=0.5), shards)  # unused judge settings do not count
-    assert config_digest(ctx, shards) != config_digest(on, shards)
+    assert scores_hash(ctx, shards) == scores_hash(make_ctx(tmp_path, judge_ratio=0.5), shards)  # unused judge settings do not count
+    assert scores_hash(ctx, shards) != scores_hash(on, shards)
 
 
 def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
@@ -487,20 +485,19 @@ def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counte
         # a rerun over the same outputs asks nothing new: every answer comes from the cache
         again = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
         again.cfg.llm.base_url, again.cfg.llm.max_attempts = srv.base_url, 2
-        again.overwrite = True
-        stats2 = run_score(again, FakeEmbedder(HAND))
+        stats2 = run_score(replace(again, overwrite=True), FakeEmbedder(HAND))
         assert len(seen) == 5 and stats2["judge"] == stats["judge"] and stats2["throughput"]["judge_llm_cache_hits"] == 5
     from negsynth.inspect import inspect_path
 
     assert inspect_path(tmp_path)["stages"]["score"]["judge"]["false_negatives"] == 2  # inspect shows it too
     assert "[3] n3" in judge_messages("q", "p", ["n1", "n2", "n3"])[0]["content"]
     # the judge's LLM settings are part of the hash only while it is on
-    from negsynth.stages.score.inputs import config_digest, input_shards
+    from negsynth.stages.score.inputs import input_shards, scores_hash
 
     shards = input_shards(ctx)
     other = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
     other.cfg.llm.model = "another-model"
-    assert config_digest(ctx, shards) != config_digest(other, shards)
+    assert scores_hash(ctx, shards) != scores_hash(other, shards)
 
 
 def test_llm_judge_honours_the_budget_stops_cleanly_and_a_rerun_pays_nothing_twice(tmp_path, monkeypatch):

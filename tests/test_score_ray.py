@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,8 @@ def fake_by_value(ray_node):
 def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by_value, monkeypatch):
     """The fake embedder a Python caller passes travels to both workers; the parts are dealt to
     them whole and re-assembled in order: every output file equals the one-process run's."""
-    from negsynth.pipeline.ray_executor import RayEmbedder, run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
+    from negsynth.pipeline.ray_executor import RayEmbedder
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     cos = {**HAND, "m1": 0.89, "m2": 0.88, "e1": 0.7, "e2": 0.6, "e3": 0.4, "e4": 0.3}
@@ -67,8 +69,8 @@ def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by
         write_generate(rd, shards)
         ctx = make_ctx(rd, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         ctx.cfg.embedder.batch_size = 1  # parts of 8 texts: several parts for two workers
-        ctx.embedder = FakeEmbedder(cos)
-        stats[name] = run_stage(SCORE, ctx) if name == "one" else run_on_ray(SCORE, ctx, workers=2)
+        ctx = replace(ctx, embedder=FakeEmbedder(cos))
+        stats[name] = run_stage(SCORE, ctx) if name == "one" else run_stage(SCORE, ctx, executor=RayExecutor(2))
         out[name] = outputs(rd)
     assert seen and seen[0] >= 2  # the block went to the workers in several parts
     assert out["ray"] == out["one"]
@@ -88,14 +90,14 @@ def test_ray_refuses_embedder_devices_in_one_line(tmp_path):
 
 def test_more_workers_than_the_cluster_has_cpus_is_one_line(tmp_path, fake_by_value, monkeypatch):
     from negsynth.errors import UserError
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     write_generate(tmp_path, [[example()]])
     ctx = make_ctx(tmp_path)
-    ctx.embedder = FakeEmbedder(HAND)
+    ctx = replace(ctx, embedder=FakeEmbedder(HAND))
     with pytest.raises(UserError, match=r"--workers 3: the Ray cluster has 2 CPU\(s\) .*use --workers 2"):
-        run_on_ray(SCORE, ctx, workers=3)  # the third actor would wait for a CPU forever
+        run_stage(SCORE, ctx, executor=RayExecutor(3))  # the third actor would wait for a CPU forever
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
 
 
@@ -157,7 +159,7 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     import sys
     import threading
 
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     cos = {**HAND, "m1": 0.89, "m2": 0.88}
@@ -170,8 +172,7 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     def ctx_for(d, emb):
         c = make_ctx(d, policy="filter", min_negatives=3, filter_flags=["false_negative"])
         c.cfg.embedder.batch_size = 1
-        c.embedder = emb
-        return c
+        return replace(c, embedder=emb)
 
     run_stage(SCORE, ctx_for(ref, FakeEmbedder(cos)))
     emb = StuckOnRestart(cos) if stuck else SlowFake(cos)
@@ -183,7 +184,7 @@ def _slow_run(tmp_path, monkeypatch, *, once: bool, stuck: bool = False):
     t.start()
     try:
         with by_value(sys.modules[__name__]):  # SlowFake travels by value too
-            got = run_on_ray(SCORE, ctx_for(rd, emb), workers=2)
+            got = run_stage(SCORE, ctx_for(rd, emb), executor=RayExecutor(2))
     except Exception as e:  # noqa: BLE001 - the caller checks what it is
         got = e
     finally:
@@ -209,7 +210,7 @@ def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes
     with one line (nothing of the block written), and the same call again gives the one-process bytes."""
     from negsynth.errors import UserError
     from negsynth.pipeline import ray_embed
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     monkeypatch.setattr(ray_embed, "MAX_RESTARTS", 0)
     ref, rd, ctx_again, killed, got = _slow_run(tmp_path, monkeypatch, once=False)
@@ -221,7 +222,7 @@ def test_workers_killed_past_their_restarts_stop_in_one_line_and_a_rerun_resumes
     )
     assert not (rd / "score" / "shard-00000.jsonl").exists()  # one block: nothing of it was written
     monkeypatch.setattr(ray_embed, "MAX_RESTARTS", 3)
-    run_on_ray(SCORE, ctx_again(), workers=2)
+    run_stage(SCORE, ctx_again(), executor=RayExecutor(2))
     assert outputs(rd) == outputs(ref)
 
 
@@ -247,7 +248,7 @@ def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_
     """``__init__`` raising is not a death Ray restarts: the stage stops at once with the worker's line."""
     from negsynth.errors import UserError
     from negsynth.pipeline import ray_embed
-    from negsynth.pipeline.ray_executor import run_on_ray
+    from negsynth.pipeline.executor import RayExecutor
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     # unlimited restarts: were an actor whose __init__ raised restarted, this would never end
@@ -257,7 +258,7 @@ def test_a_worker_whose_embedder_cannot_load_is_one_line_not_a_restart_loop(tmp_
     ctx = make_ctx(tmp_path)
     ctx.cfg.embedder.model = str(tmp_path / "no-such-model")
     with pytest.raises(UserError, match=r"^--executor ray: the embedding workers could not start \(") as e:
-        run_on_ray(SCORE, ctx, workers=2)
+        run_stage(SCORE, ctx, executor=RayExecutor(2))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "score" / "shard-00000.jsonl").exists()
 

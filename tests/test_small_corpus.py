@@ -125,6 +125,6 @@ def test_the_shuffled_sampler_keeps_the_configured_batch_when_the_curriculum_pac
     (tmp_path / "curriculum").mkdir()
     (tmp_path / "curriculum" / "card.json").write_text(json.dumps({"build": {"batch_size": 25, "batch_size_wanted": 32}}))
     said: list[str] = []
-    ctx = SimpleNamespace(stage_dir=lambda name: tmp_path / name, reporter=SimpleNamespace(info=said.append))
+    ctx = SimpleNamespace(run_dir=tmp_path, reporter=SimpleNamespace(info=said.append))
     assert _curriculum_batch(ctx, TrainConfig(batch_size=32)).batch_size == 25 and len(said) == 1
     assert _curriculum_batch(ctx, TrainConfig(batch_size=32, batch_sampler="shuffled")).batch_size == 32 and len(said) == 1

@@ -683,12 +683,12 @@ def test_where_training_runs_is_not_part_of_what_the_model_is_made_from(tmp_path
     existed keeps its model), while a setting that shapes the model changes it."""
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
-    from negsynth.stages.train import fingerprint
+    from negsynth.stages.train import STAGE
 
     def fp(**train) -> str:
         cfg = RunConfig()
         cfg.train = cfg.train.model_copy(update=train)
-        return fingerprint(StageContext(cfg=cfg, run_dir=tmp_path))
+        return STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path))
 
     assert fp() == fp(device="cpu") == fp(device="cuda")
     assert fp(lr=1e-4) != fp()
@@ -864,7 +864,7 @@ def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
     from negsynth.schemas.config import ADDED_FIELDS, RunConfig
     from negsynth.schemas.config_io import config_hash
     from negsynth.schemas.section import REMOVED_FIELDS
-    from negsynth.stages.train import fingerprint
+    from negsynth.stages.train import STAGE
 
     added = ADDED_FIELDS["TrainConfig"]
     assert set(added) == {"loss", "distill_weight", "distill_temperature", "distill_teacher_temperature"}
@@ -872,7 +872,7 @@ def test_the_loss_settings_at_their_defaults_leave_older_hashes_alone(tmp_path):
     def fp(**train) -> str:
         cfg = RunConfig()
         cfg.train = cfg.train.model_copy(update=train)
-        return fingerprint(StageContext(cfg=cfg, run_dir=tmp_path))
+        return STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path))
 
     # what the fingerprint was before the settings existed
     old = TrainConfig().model_dump(exclude={"resume", "output_dir", "device", "batch_sampler", *added})

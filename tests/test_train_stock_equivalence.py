@@ -130,7 +130,7 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
     save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
     ds = load_curriculum(tmp_path / "curriculum")
     assert ds.select_columns(stock_rows.column_names).to_dict() == stock_rows.to_dict()
-    ctx = SimpleNamespace(stage_dir=lambda name: tmp_path / name)
+    ctx = SimpleNamespace(run_dir=tmp_path)
     shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_length": 48, "seed": 3, "save_steps": 10**6}
     tc = _stock_schedule(ctx, TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **shared))
     assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)

@@ -34,7 +34,7 @@ from negsynth.cli.stages import (
     score,
     train,
 )
-from negsynth.cli.tools import estimate, export, inspect_cmd, merge, serve, show_config
+from negsynth.cli.tools import estimate, export, inspect_cmd, serve, show_config
 
 __all__ = [
     "DOCUMENT_COLUMNS",
@@ -57,7 +57,6 @@ __all__ = [
     "guarded",
     "inspect_cmd",
     "main",
-    "merge",
     "refuse_under_launcher",
     "regenerate",
     "report_command",

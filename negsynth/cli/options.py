@@ -102,8 +102,6 @@ OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="discard this st
 VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="hash every finished output against the manifest (not only sizes); a damaged shard is made again")
 ]
-ShardIdxOpt = Annotated[int, typer.Option("--shard-index", help="this worker's index when n machines split one run")]
-NumShardsOpt = Annotated[int, typer.Option("--num-shards", help="number of workers splitting the run")]
 MaxReqOpt = Annotated[int | None, typer.Option("--max-requests", help="stop after this many LLM requests (this invocation; exit code 3)")]
 MaxTokOpt = Annotated[int | None, typer.Option("--max-tokens", help="stop after this many tokens in + out (this invocation; exit code 3)")]
 MaxCostOpt = Annotated[
@@ -121,7 +119,7 @@ WorkersOpt = Annotated[
     int,
     typer.Option(
         "--workers",
-        help="with --executor ray: shard workers (the global LLM limits are split among them), or embedding workers (one embedder each)",
+        help="with --executor ray: ranks of a stage that splits (the global LLM limits are split among them), or embedding workers (one embedder each)",
     ),
 ]
 RayAddressOpt = Annotated[
@@ -170,8 +168,6 @@ class Options:
     verify: VerifyOpt = False
     verbose: VerboseOpt = 0
     # LLM stages only
-    shard_index: ShardIdxOpt = 0
-    num_shards: NumShardsOpt = 1
     max_requests: MaxReqOpt = None
     max_tokens: MaxTokOpt = None
     max_cost: MaxCostOpt = None
@@ -185,16 +181,15 @@ class Options:
         from negsynth.pipeline.context import Budget, StageContext
         from negsynth.pipeline.progress import Reporter
         from negsynth.schemas.config_io import load_config
+        from negsynth.stages import sections
 
-        cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []))
+        cfg = load_config(self.config, list(extra_sets or []) + list(self.set_ or []), sections())
         _check_run_dir(self.run_dir)
         return StageContext(
             cfg=cfg,
             run_dir=self.run_dir,
             overwrite=self.overwrite,
             verify=self.verify,
-            shard_index=self.shard_index,
-            num_shards=self.num_shards,
             budget=Budget(self.max_requests, self.max_tokens, self.max_cost),
             reporter=Reporter(quiet=self.quiet, json_mode=self.json_out),
             mode=self.mode,
@@ -203,7 +198,7 @@ class Options:
 
 #: the shared options of the commands that call the LLM: workers, mode, budgets
 _RAY = ("executor", "workers", "ray_address")
-_SHARDS = ("shard_index", "num_shards", "mode", *_RAY)
+_SHARDS = ("mode", *_RAY)
 _BUDGETS = ("max_requests", "max_tokens", "max_cost")
 _BASIC = tuple(f.name for f in fields(Options) if f.name not in _SHARDS + _BUDGETS)
 

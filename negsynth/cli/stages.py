@@ -57,12 +57,15 @@ def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
 
 def _execute(name: str, opts: Options, ctx) -> dict:
     """The stage on the executor ``--executor`` chose (:mod:`negsynth.pipeline.executor`): in this
-    process, or on Ray (shard workers; score, mined regenerate and corpus with its index: here with
-    their embedding on Ray workers)."""
-    from negsynth.pipeline.executor import executor_for
+    process, or on Ray (ranks; score, mined regenerate and corpus with its index: here with their
+    embedding on Ray workers)."""
+    from negsynth.pipeline.executor import executor_for, run_stage
     from negsynth.stages import METHOD, get
 
-    return executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD).run_one(get(name), ctx)
+    stage = get(name)
+    executor = executor_for(opts.executor, workers=opts.workers, address=opts.ray_address, method=METHOD)
+    executor.check(stage, ctx.cfg)
+    return run_stage(stage, ctx, executor=executor)
 
 
 # ============================================================================ the method's stages
@@ -323,8 +326,19 @@ def evaluate(
         ctx.cfg.evaluate.model = model
     if baseline is not None:
         ctx.cfg.evaluate.baseline = baseline
-    ctx.require_data = True
-    _emit_llm(_execute("evaluate", opts, ctx), opts.json_out)
+    stats = _execute("evaluate", opts, ctx)
+    if stats.get("skipped"):  # no evaluation data: the line says where to get some
+        raise UserError(stats["reason"])
+    _emit_llm(stats, opts.json_out)
+
+
+def _generic(name: str):
+    """The command of a stage with none of its own: the stage, with the shared options only."""
+
+    def command(opts: Options) -> None:
+        _run(name, opts)
+
+    return command
 
 
 #: the commands :func:`method_commands` made, by stage name
@@ -336,6 +350,7 @@ def method_commands(commands: list) -> list:
     NAME`` runs the stage with the shared options (an LLM stage's workers, mode and budgets; a stage
     that splits, the executor's), as the method's own commands do; a command made for a stage no
     longer in ``METHOD`` goes. A stage that needs options of its own declares its command here."""
+    from negsynth.pipeline import LLMStage
     from negsynth.stages import METHOD
 
     names = {s.name for s in METHOD}
@@ -345,13 +360,10 @@ def method_commands(commands: list) -> list:
     for stage in METHOD:
         if stage.name in have:
             continue
-
-        def command(opts: Options, _name: str = stage.name) -> None:
-            _run(_name, opts)
-
+        command = _generic(stage.name)
         command.__name__ = stage.name
         command.__doc__ = f"Stage {stage.name}: {stage.summary} -> RUN_DIR/{stage.name}/."
-        stage_command(stage.name, llm=stage.llm is not False, ray=stage.shardable)(command)
+        stage_command(stage.name, llm=isinstance(stage, LLMStage), ray=stage.shardable)(command)
         _GENERIC[stage.name] = commands[-1]
     return commands
 
@@ -384,7 +396,7 @@ def run(
     """Run every stage of pipeline.stages from one TOML file (starts/stops the embedded LLM).
 
     With --executor ray the pipeline runs on Ray: each LLM stage that splits (generate,
-    regenerate) runs as --workers shard workers, merged here, and the embedding of score, of
+    regenerate) runs as --workers ranks, their stats summed here, and the embedding of score, of
     regenerate's mining with mined negatives and of corpus's index on --workers Ray workers (the
     stage itself here); the other stages run in this process. One embedded LLM server and one
     budget serve the whole run, and finished stages are reused without starting workers."""

@@ -1,5 +1,5 @@
-"""The commands around the stages: ``estimate`` before a run, ``merge`` after split workers,
-``serve`` (the embedded LLM alone), ``config``, ``inspect`` and ``export``."""
+"""The commands around the stages: ``estimate`` before a run, ``serve`` (the embedded LLM
+alone), ``config``, ``inspect`` and ``export``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from negsynth.cli.guard import guarded
-from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, emit, report_command, setup_logging
+from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, report_command, setup_logging
 from negsynth.cli.overrides import toml_value
 from negsynth.errors import UserError
 
@@ -66,12 +66,13 @@ def estimate(
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
     from negsynth.schemas.config_io import load_config
+    from negsynth.stages import sections
 
     if run_file is not None and config is not None and run_file != config:
         raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
-    cfg = load_config(run_file or config, list(set_ or []))
+    cfg = load_config(run_file or config, list(set_ or []), sections())
     if inputs:
         from negsynth.schemas.config import CorpusSpec
 
@@ -84,26 +85,6 @@ def estimate(
 
 
 # ============================================================================ around the stages
-
-
-@app.command()
-@guarded
-def merge(
-    run_dir: RunDirOpt = Path("runs/default"),
-    stage: Annotated[str, typer.Option("--stage", help="the stage whose --num-shards workers to merge")] = "generate",
-    json_out: JsonOpt = False,
-) -> None:
-    """After n workers (--shard-index 0..n-1 --num-shards n): check every shard is done, write one stats.json."""
-    from negsynth.pipeline.llm_stage import merge_stage
-
-    stats = merge_stage(run_dir, stage)
-    if json_out:
-        emit(stats, True)
-    else:
-        typer.echo(
-            f"{stage}: {stats['shards_total']} shards from {stats['num_shards']} worker(s), {stats['valid']} valid, {stats['rejected']} rejected -> {run_dir / stage / 'stats.json'}",
-            err=True,
-        )
 
 
 @app.command()
@@ -145,11 +126,12 @@ def show_config(config: ConfigOpt = None, set_: SetOpt = None, json_out: JsonOpt
     --config FILE's keys layered over them and then --set; each key the file or --set gave is
     marked with a comment (`# FILE`, `(= default)` when it repeats the built-in value)."""
     from negsynth.schemas.config_io import load_config, marked_toml
+    from negsynth.stages import sections
 
     if json_out:
-        typer.echo(json.dumps(load_config(config, set_ or []).model_dump(mode="json", exclude_none=True), indent=2))
+        typer.echo(json.dumps(load_config(config, set_ or [], sections()).model_dump(mode="json", exclude_none=True), indent=2))
         return
-    typer.echo(marked_toml(config, set_ or []), nl=False)
+    typer.echo(marked_toml(config, set_ or [], sections()), nl=False)
 
 
 def _show_inspect(report: dict) -> None:

@@ -49,11 +49,26 @@ def yaml_front(meta: dict) -> str:
 
 
 def examples_stage(run_dir: Path) -> Path | None:
-    """The folder of the run's latest Example records: score's, else generate's, regenerate's or corpus's."""
-    for st in ("score", "generate", "regenerate", "corpus"):
+    """The folder of the run's latest Example records: score's, else those of the first stage of
+    the method that makes examples and has some."""
+    from negsynth.stages import example_stages
+
+    for st in ("score", *example_stages()):
         if any((run_dir / st).glob("shard-*.jsonl")):
             return run_dir / st
     return None
+
+
+def records_by_stage(folder: Path) -> Iterator[tuple[str, dict]]:
+    """Each Example record of a stage folder with the stage that made it: the folder's own, or, for
+    score's, the input stage its shard was scored from (``score/stats.json["inputs"]``)."""
+    from negsynth.data.shards import iter_jsonl, list_shards
+
+    made_by = {i["out"]: i["stage"] for i in (read_json(folder / "stats.json") or {}).get("inputs", [])} if folder.name == "score" else {}
+    for p in list_shards(folder):
+        stage = made_by.get(p.name, folder.name)
+        for r in iter_jsonl(p):
+            yield stage, r
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from negsynth.export.common import examples_stage, read_json
+from negsynth.export.common import examples_stage, read_json, records_by_stage
 
 
 def generators(run_dir: Path) -> dict[str, int]:
@@ -21,32 +21,28 @@ def generators(run_dir: Path) -> dict[str, int]:
 
 
 def provenance(run_dir: Path) -> dict[str, Any]:
-    """What made the examples, read from the records and the stages' stats: the stage (``corpus``:
-    queries written for a user's documents, the document the positive; ``regenerate``: a
-    dataset's (query, positive) pairs; ``generate``: everything written by the LLM), where the
-    negatives came from (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and
-    scored, and the corpora or source datasets."""
-    from negsynth.data.shards import read_stage
-
+    """What made the examples, read from the records and the stages' stats: the stage that made
+    each (``corpus``: queries written for a user's documents, the document the positive;
+    ``regenerate``: a dataset's (query, positive) pairs; ``generate``: everything written by the
+    LLM; any other stage of the method that makes examples), where the negatives came from
+    (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and scored, and the
+    corpora or source datasets."""
     folder = examples_stage(run_dir)
     origins: Counter = Counter()
     negatives: Counter = Counter()
     llms: Counter = Counter()
     sources: Counter = Counter()
     miners: Counter = Counter()
-    for r in read_stage(folder) if folder is not None else ():
+    for stage, r in records_by_stage(folder) if folder is not None else ():
         meta = r.get("meta") or {}
         model = str(r.get("model") or "")
         mined = model.startswith("mined:")
-        if "query_model" in meta:  # the corpus stage: the LLM wrote the query for a document
-            origins["corpus"] += 1
+        origins[stage] += 1
+        if "query_model" in meta:  # the LLM wrote the query for a document (corpus)
             llms[meta["query_model"]] += 1
             sources[str(meta.get("corpus") or "?")] += 1
-        elif r.get("source") not in (None, "", "synthetic"):
-            origins["regenerate"] += 1
+        elif r.get("source") not in (None, "", "synthetic"):  # a dataset's pair (regenerate)
             sources[str(r["source"])] += 1
-        else:
-            origins["generate"] += 1
         kind = "mixed" if meta.get("negative_sources") else "mined" if mined else "llm"
         negatives[kind] += 1
         if mined:
@@ -87,8 +83,10 @@ def describe_provenance(prov: dict[str, Any]) -> str:
             )
         elif origin == "regenerate":
             parts.append(f"The (query, positive) pairs come from existing datasets ({srcs}); {negs}.")
-        else:
+        elif origin == "generate":
             parts.append(f"An LLM ({llm}) wrote each query and its positive (MGH synthesis); {negs}.")
+        else:
+            parts.append(f"The stage `{origin}` made its examples; {negs}.")
     if prov.get("score_embedder"):
         parts.append(f"A local embedder (`{prov['score_embedder']}`) measured every example and flagged false negatives.")
     return " ".join(parts)

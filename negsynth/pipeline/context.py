@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,7 +54,7 @@ class Budget:
 
 @dataclass
 class SharedBudget(Budget):
-    """One budget for several processes (the shard workers of ``--executor ray``): the counts live
+    """One budget for several processes (the ranks of ``--executor ray``): the counts live
     in one Ray actor (``ledger``, a :class:`~negsynth.pipeline.ray_executor.BudgetLedger`), not in
     this process's client.
 
@@ -87,65 +86,58 @@ class SharedBudget(Budget):
         self.ledger.add.remote(prompt_tokens, completion_tokens)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageContext:
+    """What a stage runs with, beyond its config: where, for whom, with what budget. Immutable:
+    the runner makes a changed copy (``dataclasses.replace``) where a stage's run differs (its
+    rank, the endpoint it was given, a rebuild)."""
+
     cfg: RunConfig
     run_dir: Path
-    overwrite: bool = False
-    shard_index: int = 0
-    num_shards: int = 1
+    reporter: Reporter = field(default_factory=Reporter)
     budget: Budget = field(default_factory=Budget)
+    overwrite: bool = False
+    #: check every finished output's hash against the manifest before reusing it, not only its
+    #: size (``--verify``; a file whose mtime moved is hashed anyway)
+    verify: bool = False
+    mode: str = "online"  # or "batch" (OpenAI Batch API)
+    base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
+    #: this worker's rank and how many split the stage (the executor's: Ray's ranks; locally 0 of 1)
+    rank: int = 0
+    world_size: int = 1
     #: RPM / TPM buckets shared with other processes (``--executor ray``: a
     #: :class:`~negsynth.llm.ratelimit.RateLedger` actor), or None: this process keeps its own
     rate_ledger: Any = None
-    reporter: Reporter = field(default_factory=Reporter)
-    mode: str = "online"  # or "batch" (OpenAI Batch API)
-    # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
-    batch_poll_s: float | None = field(
-        default_factory=lambda: float(os.environ["NEGSYNTH_BATCH_POLL_S"]) if os.environ.get("NEGSYNTH_BATCH_POLL_S") else None
-    )
-    base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
-    #: stage -> the folder its outputs are written to instead of RUN_DIR/<stage> (an --overwrite
-    #: builds the new outputs beside the old ones and swaps them in when the stage finishes)
-    outputs: dict[str, Path] = field(default_factory=dict)
-    #: what the stage's outputs are made from: its ``fingerprint(ctx)``, computed once by
-    #: ``run_stage`` before the loop (an LLM stage's manifest entry is made from it)
-    made_from: str | dict[str, Any] | None = None
     #: objects a Python caller already holds, used instead of loading what the config names
     #: (score: an :class:`~negsynth.embed.base.Embedder` for ``[embedder]``, a false-negative
     #: judge for ``score.judge_model``; tests pass fakes)
     embedder: Any = None
     judge: Any = None
-    #: how a stage that needs ``[embedder]`` (and holds none in ``embedder``) makes it:
-    #: ``EmbedderConfig -> Embedder``; None = loaded in this process. ``--executor ray`` sets a
-    #: proxy whose encoding runs on Ray workers (:func:`negsynth.pipeline.ray_executor.ray_embedding`)
-    embedder_factory: Any = None
-    #: how a stage that mines with ``[embedder]`` (regenerate's mining, corpus's index) makes the
-    #: sentence-transformers model it mines with: ``EmbedderConfig -> model``; None = loaded in this
-    #: process. ``--executor ray`` sets a proxy whose encoding runs on Ray workers
-    #: (:class:`negsynth.pipeline.ray_executor.RaySentenceModel`)
-    mining_model_factory: Any = None
-    #: no data to read is an error (exit 2) instead of a skipped stage (the ``evaluate`` command;
-    #: ``negsynth run`` ends its pipeline with one line instead)
-    require_data: bool = False
-    #: check every finished output's hash against the manifest before reusing it, not only its
-    #: size (``--verify``; a file whose mtime moved is hashed anyway)
-    verify: bool = False
+    #: ``--executor ray``'s embedding workers (:class:`~negsynth.pipeline.ray_embed.RayEmbedding`),
+    #: which make ``[embedder]`` and the model mining loads whose encoding runs on them; None: here
+    embedding: Any = None
 
     def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
         if self.mode not in ("online", "batch"):
             from negsynth.errors import UserError
 
             raise UserError(f"--mode {self.mode!r}: choose 'online' (live requests) or 'batch' (OpenAI Batch API)")
-        if self.num_shards < 1:
-            from negsynth.errors import UserError
 
-            raise UserError(f"--num-shards {self.num_shards}: must be >= 1 (the number of workers splitting the run)")
-        if not (0 <= self.shard_index < self.num_shards):
-            from negsynth.errors import UserError
+    def load_embedder(self) -> Any:
+        """The ``[embedder]`` a stage embeds with: the one the caller holds, Ray's, or loaded here."""
+        if self.embedder is not None:
+            return self.embedder
+        if self.embedding is not None:
+            return self.embedding.embedder(self.cfg.embedder)
+        from negsynth.embed import load_embedder
 
-            raise UserError(f"--shard-index {self.shard_index} must be in [0, --num-shards {self.num_shards})")
+        return load_embedder(self.cfg.embedder)
 
-    def stage_dir(self, stage: str) -> Path:
-        return self.outputs.get(stage) or self.run_dir / stage
+    def load_mining_model(self) -> Any:
+        """The ``SentenceTransformer`` a stage mines with (``[embedder]``): Ray's, or loaded here."""
+        if self.embedding is not None:
+            return self.embedding.mining_model(self.cfg.embedder)
+        from negsynth.embed.mining import load_mining_model
+
+        return load_mining_model(self.cfg.embedder)

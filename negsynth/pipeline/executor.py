@@ -1,99 +1,119 @@
 """Where stages run: one executor object, chosen once (``--executor local | ray``) and handed to
-the pipeline; the stages do not know which runs them.
+:func:`~negsynth.pipeline.stage.run_stage`; the stages do not know which runs them.
 
-``LocalExecutor`` runs every stage in this process. ``RayExecutor`` runs a stage that splits into
-shard workers (``Stage.shardable``, calling the LLM) as ``workers`` Ray tasks merged here, and a
-stage whose heavy work is embedding (``Stage.embeds``) here with that embedding on ``workers`` Ray
-actors (:mod:`negsynth.pipeline.ray_executor`); every other stage of a pipeline runs here.
+As in datatrove, an executor hands each worker its rank and the world size, and every worker
+takes the same path: the stage's own loop, ``stage.run(ctx)`` with ``ctx.rank`` and
+``ctx.world_size``, writing the shards ``s`` with ``s % world_size == rank``.
+:class:`LocalExecutor` runs every stage in this process, rank 0 of 1. :class:`RayExecutor` runs a
+stage that splits (``Stage.shardable``, calling the LLM) as ``workers`` Ray tasks, one rank each,
+whose stats the driver sums; a stage whose heavy work is embedding (``Stage.embeds``) runs here
+with that embedding on ``workers`` Ray actors (:mod:`negsynth.pipeline.ray_executor`); every other
+stage runs here.
 
-Each executor answers three questions the runner asks: ``check(stage)`` (can this stage run on
-me alone? one line when not), ``run_one(stage, ctx)`` (one stage's command) and, inside a pipeline
-(:func:`negsynth.pipeline.stage.run_stages`), ``around(stage, ctx)`` and ``run(stage, ctx,
-start_llm)``.
+``run_stage`` asks an executor: ``world_size(stage, cfg)`` (the split a stage's outputs record),
+``in_process(stage, cfg)`` (whether every request to an embedded server comes from this
+process), ``around(stage, ctx)`` (what the stage runs inside, yielding what to add to its stats)
+and ``run(stage, ctx)`` (its ranks); a stage's command also asks ``check(stage)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from pathlib import Path
 
+from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
-from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.stage import Stage, run_stage
+from negsynth.pipeline.context import Budget, StageContext
+from negsynth.pipeline.embedded import llm_endpoint
+from negsynth.pipeline.lock import hold
+from negsynth.pipeline.manifest import staging_dir
+from negsynth.pipeline.progress import Reporter
+from negsynth.pipeline.runner import storage_error
+from negsynth.pipeline.stage import (
+    Stage,
+    check_inputs,
+    check_manifest_entry,
+    check_writable,
+    entry_of,
+    record_finished,
+    unfinished,
+    up_to_date,
+)
+from negsynth.schemas.config import RunConfig
 
 
-def split_stages(method: Sequence[Stage]) -> tuple[str, ...]:
-    """The stages ``--executor ray`` splits: those whose work splits into shard workers
-    (``Stage.shardable``), then those whose embedding it spreads over workers (``Stage.embeds``;
-    the stage itself runs in one process), each once, in the method's order."""
-    return tuple(dict.fromkeys([s.name for s in method if s.shardable] + [s.name for s in method if s.embeds]))
+def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
+    """The stages ``--executor ray`` spreads over its workers under ``cfg``: those that split into
+    ranks (``shardable``, calling the LLM), and those whose heavy work is embedding, in order."""
+    return tuple(s.name for s in method if (s.shardable and s.uses_llm(cfg)) or s.embeds(cfg))
 
 
 class LocalExecutor:
-    """Every stage in this process."""
+    """Every stage in this process: rank 0 of 1."""
 
     name = "local"
-    #: whether the embedded LLM's only clients are in this process (its prompt prefix may be
-    #: pinned, :mod:`negsynth.llm.prefix_pin`); Ray's workers are other processes
-    llm_in_process = True
 
-    def check(self, stage: Stage) -> None:
+    def check(self, stage: Stage, cfg: RunConfig) -> None:
         """Every stage runs locally."""
 
-    def run_one(self, stage: Stage, ctx: StageContext) -> dict:
-        return run_stage(stage, ctx)
+    def world_size(self, stage: Stage, cfg: RunConfig) -> int:
+        return 1
 
-    def around(self, stage: Stage, ctx: StageContext) -> AbstractContextManager[dict]:
-        return nullcontext({})
+    def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
+        """Whether every request to the embedded LLM comes from this process (its prompt prefix
+        may then be pinned, :mod:`negsynth.llm.prefix_pin`); Ray's ranks are other processes."""
+        return True
 
-    def run(self, stage: Stage, ctx: StageContext, start_llm: Callable[[], str | None] | None = None) -> dict:
-        return run_stage(stage, ctx, start_llm=start_llm)
+    @contextmanager
+    def around(self, stage: Stage, ctx: StageContext) -> Iterator[tuple[StageContext, dict]]:
+        """The context the stage runs with, and what to add to its stats."""
+        yield ctx, {}
+
+    def run(self, stage: Stage, ctx: StageContext) -> dict:
+        return stage.run(ctx)
 
 
 class RayExecutor(LocalExecutor):
-    """Shard workers and embedding on ``workers`` Ray workers (``address``: a cluster to join)."""
+    """Ranks and embedding on ``workers`` Ray workers (``address``: a cluster to join)."""
 
     name = "ray"
-    llm_in_process = False
 
     def __init__(self, workers: int, address: str | None = None, *, method: Sequence[Stage] = ()):
         self.workers = workers
         self.address = address
         self.method = method  # the method's stages, to name those that split in a refusal
 
-    def check(self, stage: Stage) -> None:
-        if not (stage.shardable or stage.embeds):
-            split = split_stages(self.method)
+    def check(self, stage: Stage, cfg: RunConfig) -> None:
+        if stage.name not in split_stages([stage], cfg):
+            split = split_stages(self.method, cfg)
             hint = f" (it splits: {', '.join(split)})" if split else ""
             raise UserError(f"--executor ray: {stage.name} does not split into Ray workers; run it without --executor{hint}")
 
-    def run_one(self, stage: Stage, ctx: StageContext) -> dict:
-        from negsynth.pipeline.ray_executor import run_on_ray
+    def world_size(self, stage: Stage, cfg: RunConfig) -> int:
+        from negsynth.pipeline.ray_executor import splits
 
-        self.check(stage)
-        return run_on_ray(stage, ctx, workers=self.workers, address=self.address)
+        return self.workers if splits(stage, cfg) else 1
+
+    def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
+        """Without a stage (the server a whole pipeline shares): no; else whether it runs here."""
+        return stage is not None and self.world_size(stage, cfg) == 1
 
     @contextmanager
-    def around(self, stage: Stage, ctx: StageContext) -> Iterator[dict]:
-        """A stage's encoding on the Ray workers (score, mining, corpus's index); every other stage as it is."""
-        from negsynth.pipeline.ray_executor import embeds_in_driver, ray_embedding
+    def around(self, stage: Stage, ctx: StageContext) -> Iterator[tuple[StageContext, dict]]:
+        """A stage's encoding on the Ray workers (score, mining, corpus's index) and, on a cluster
+        of several nodes, one embedded fleet per node."""
+        from negsynth.pipeline.ray_executor import around
 
-        if not embeds_in_driver(stage, ctx.cfg):
-            yield {}
-            return
-        with ray_embedding(ctx, workers=self.workers, address=self.address):
-            yield {"executor": "ray", "workers": self.workers}
+        with around(stage, ctx, workers=self.workers, address=self.address) as done:
+            yield done
 
-    def run(self, stage: Stage, ctx: StageContext, start_llm: Callable[[], str | None] | None = None) -> dict:
-        """A shardable LLM stage as shard workers, with the run's one embedded server; the others here."""
-        from negsynth.pipeline.ray_executor import embeds_in_driver, run_on_ray
+    def run(self, stage: Stage, ctx: StageContext) -> dict:
+        """A stage that splits as ``workers`` ranks, its stats summed; any other here."""
+        from negsynth.pipeline.ray_executor import run_ranks
 
-        if stage.shardable and not embeds_in_driver(stage, ctx.cfg):
-            return run_on_ray(stage, ctx, workers=self.workers, address=self.address, start_llm=start_llm)
-        return run_stage(stage, ctx, start_llm=start_llm)
-
-
-Executor = LocalExecutor
+        return run_ranks(stage, ctx, workers=self.workers, address=self.address)
 
 
 def executor_for(kind: str, *, workers: int = 1, address: str | None = None, method: Sequence[Stage] = ()) -> LocalExecutor:
@@ -104,3 +124,119 @@ def executor_for(kind: str, *, workers: int = 1, address: str | None = None, met
     if kind == "ray":
         return RayExecutor(workers, address, method=method)
     raise UserError(f"--executor {kind!r}: choose local or ray")
+
+
+# ---------------------------------------------------------------------------- running a stage
+def run_stage(
+    stage: Stage, ctx: StageContext, *, executor: LocalExecutor | None = None, start_llm: Callable[[], str] | None = None
+) -> dict:
+    """Run one stage on ``executor`` (default: this process), in this order: its inputs are
+    checked before anything is paid for; finished work made from the same config and inputs is
+    reused (:func:`~negsynth.pipeline.stage.up_to_date`), once its outputs are checked against
+    the manifest; a stage folder that cannot be written is refused before any work; outputs made
+    from another config are refused unless ``--overwrite`` (the one manifest check of the run);
+    the embedded LLM server runs around a stage that calls the LLM (``start_llm``: a server the
+    run shares, started on first use); the stats of its ranks are written atomically to
+    ``RUN_DIR/<stage>/stats.json`` (an ``--overwrite`` still pending: beside its new outputs); a
+    stage that finished is recorded in the manifest with its outputs' sizes and hashes; its
+    summary is printed; its stats are returned.
+
+    The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`): a second process on
+    it stops with one line, nothing sent."""
+    executor = executor or LocalExecutor()
+    with hold(ctx.run_dir, warn=ctx.reporter.warn):
+        ctx = replace(ctx, rank=0, world_size=executor.world_size(stage, ctx.cfg))
+        check_inputs(stage, ctx)
+        entry = entry_of(stage.made_from(ctx))
+        stats, ctx = up_to_date(stage, ctx, entry)
+        if stats is None:
+            check_writable(ctx.run_dir / stage.name)
+            if entry is not None:
+                check_manifest_entry(stage, ctx, entry)
+            with executor.around(stage, ctx) as (ctx, extra), stage_endpoint(stage, ctx, start_llm, executor) as ctx:
+                stats = executor.run(stage, ctx)
+            stats = {**stats, **extra}
+            write_stats(stage, ctx, stats)
+            record_finished(stage, ctx, entry, stats)
+        print_report(stage, ctx, stats)
+        return stats
+
+
+def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
+    folder = staging_dir(ctx.run_dir, stage.name) if stats.get("overwrite_pending") else ctx.run_dir / stage.name
+    path = folder / "stats.json"
+    try:
+        atomic_write_json(path, stats)
+    except OSError as e:
+        raise storage_error(e, path) from None
+
+
+def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
+    if stage.report is None or stats.get("skipped"):
+        return
+    for t in stage.report(stats):
+        ctx.reporter.table(t.title, t.rows, t.header)
+
+
+@contextmanager
+def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None, executor: LocalExecutor) -> Iterator[StageContext]:
+    """``ctx`` with where a stage's requests go: the endpoint the caller already has, else the
+    run's shared embedded server (``start_llm``, started on first use), else an embedded server
+    for the block (``llm.base_url = "embedded"``), else the configured URL as it is."""
+    needed = stage.uses_llm(ctx.cfg) and ctx.base_url is None
+    if needed and start_llm is not None:
+        ctx, needed = replace(ctx, base_url=start_llm()), False
+    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=executor.in_process(stage, ctx.cfg)) as url:
+        yield replace(ctx, base_url=url) if url else ctx
+
+
+def run_stages(
+    stages: Sequence[Stage],
+    cfg: RunConfig,
+    run_dir: str | Path,
+    *,
+    reporter: Reporter | None = None,
+    overwrite: bool = False,
+    budget: Budget | None = None,
+    executor: LocalExecutor | None = None,
+    verify: bool = False,
+) -> dict[str, dict]:
+    """Run ``stages`` in order with :func:`run_stage` on ``executor``; returns each stage's stats.
+
+    One embedded server serves every LLM stage of the run (started when the first one has work,
+    stopped after the last so scoring and training get its cores). One budget covers the run: each
+    stage gets what the earlier ones left. A stage that stops early ends the run: later stages
+    would train and evaluate on partial (or no) data."""
+    run_dir = Path(run_dir)
+    reporter = reporter or Reporter()
+    executor = executor or LocalExecutor()
+    llm_idx = [i for i, s in enumerate(stages) if s.uses_llm(cfg)]
+    budget = budget or Budget()
+    out: dict[str, dict] = {}
+    with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
+        base_url: str | None = None
+
+        def start_llm() -> str:  # on first use: a run whose LLM stages are all up to date starts none
+            nonlocal base_url
+            if base_url is None:
+                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter, in_process=executor.in_process()))
+            return base_url
+
+        for i, stage in enumerate(stages):
+            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
+            reporter.info(f"[bold]== {stage.name}[/]")
+            out[stage.name] = st = run_stage(stage, ctx, executor=executor, start_llm=start_llm)
+            if st.get("skipped"):  # evaluate with no data to read: the line says where to get some
+                reporter.warn(st.get("reason", f"{stage.name} skipped"))
+            if isinstance(st.get("this_run"), dict) and not st.get("reused"):
+                budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
+            if unfinished(st):
+                if st.get("stopped_by"):
+                    reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")
+                else:
+                    reporter.warn(f"{stage.name} did not finish; later stages not run")
+                break
+            if llm_idx and i == llm_idx[-1]:
+                stack.close()  # the LLM is no longer needed: free its cores for scoring and training
+                base_url = None
+    return out

@@ -1,41 +1,51 @@
-"""The one shape of an LLM stage, and its plumbing: endpoint, client, cache, budgets, stats.
+"""The LLM stages' one shape (:class:`LLMStage`) and its plumbing: endpoint, client, cache, budgets, stats.
 
-Every LLM stage (brainstorm, generate, regenerate, corpus) supplies only what it knows, to
-:func:`run_item_stage`: the items it plans, ``process(client, item) -> Outcome`` and its extra
-stats. An item may give one record or reject (an example) or several (brainstorm: one task type,
-asked in rounds until enough distinct tasks are in hand, gives its tasks and rejects at once); a
-stage whose outputs are all or nothing (brainstorm) keeps them in one shard and judges them with
-its own verdict. The rest is done here, once, the same for all of them: the manifest entry from
-the fingerprint ``run_stage`` computed (and checked against the manifest, before the loop), the
-LLM session (key, endpoint and cache checked before anything is written, then the entry noted
-or the ``--overwrite`` staging begun), the resumable shards (:class:`ShardedRunner`), the
-concurrency, budgets and outage handling, the stats and the swap of an ``--overwrite``.
+An LLM stage supplies what it knows — its work items (``plan``), each request's ``messages``,
+``schema`` and ``parse`` (the answer's value, or a ``ValidationFailure`` the client re-asks with),
+and the ``record`` a valid answer becomes — and :class:`LLMStage` does the rest, once, the same
+for all of them: what its outputs are made from (its section, the LLM settings, its prompt files,
+its inputs' shards), the LLM session (key, endpoint and cache checked before anything is written,
+then the stage folder begun, or the ``--overwrite`` staging folder), the resumable shards
+(:class:`~negsynth.pipeline.runner.ShardedRunner`: each item's outcome, the concurrency, the
+budget, outages), the stats and the swap of an ``--overwrite``, and the requests ``negsynth
+estimate`` counts. An item may give one record or reject (an example) or several (brainstorm: a
+task type asked in rounds); a stage whose outputs are all or nothing (brainstorm, ``one_shard``)
+keeps them in one shard and judges them with its own ``verdict``. Every request of every stage
+is asked one way, :meth:`LLMTask.ask`; a request asked inside another stage (score's LLM judge)
+is an :class:`LLMTask` alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import hashlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from negsynth.aio import run_sync
-from negsynth.data.shards import atomic_write_json
+from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient
+from negsynth.llm.client import LLMClient, LLMResult
 from negsynth.llm.errors import LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
 from negsynth.llm.stats import ClientStats
-from negsynth.pipeline.context import SharedBudget, StageContext
+from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_outputs, begin_staging, swap_in
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
-from negsynth.pipeline.stage import Stage
-from negsynth.prompts import templates_fingerprint
+from negsynth.pipeline.stage import Stage, Summary, entry_of
+from negsynth.pipeline.tally import Tally
+from negsynth.prompts import reask_template, templates_fingerprint
 from negsynth.schemas.config import LLMConfig
+from negsynth.schemas.config_io import config_hash
+from negsynth.schemas.records import Reject
 
 
+# ---------------------------------------------------------------------------- what outputs are made from
 def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
     """The LLM settings that shape outputs (part of a stage's config hash); no key, no URL."""
     return cfg.model_dump(
@@ -44,17 +54,28 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
     )
 
 
-def llm_stage_parts(ctx: StageContext, name: str, prompts: str, section: Any = None) -> dict[str, Any]:
-    """What every LLM stage's config hash holds: its own section of the run file (``section``, by
-    default ``cfg.<name>``), the LLM settings and its prompt templates (those starting with
-    ``prompts``, and the shared system and re-ask ones)."""
-    return {
-        name: getattr(ctx.cfg, name) if section is None else section,
-        "llm": llm_fingerprint(ctx.cfg.llm),
-        "prompts": templates_fingerprint(prompts, "system", "reask"),
-    }
+def llm_parts(ctx: StageContext, name: str, prompts: str, section: Any) -> dict[str, Any]:
+    """What an LLM stage's config hash holds: its own section of the run file, the LLM settings and
+    its prompt templates (those starting with ``prompts``, and the shared system and re-ask ones)."""
+    return {name: section, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint(prompts, "system", "reask")}
 
 
+def inputs_fingerprint(run_dir: Path, stage: str) -> str:
+    """Names and sizes of a stage's finished shards: changes when its outputs change."""
+    h = hashlib.sha256()
+    for p in list_shards(Path(run_dir) / stage):
+        h.update(p.name.encode())
+        h.update(str(p.stat().st_size).encode())
+    return h.hexdigest()[:16]
+
+
+def item_entry(ctx: StageContext, digest: str, **extra: Any) -> dict[str, Any]:
+    """The manifest entry of an item stage: the hash of what its outputs are made from, the shard
+    size and the number of ranks they were cut by, then the stage's ``extra`` keys."""
+    return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.world_size, **extra}
+
+
+# ---------------------------------------------------------------------------- the session
 def cost_usd(cfg: LLMConfig, prompt_tokens: int, completion_tokens: int) -> float:
     return (prompt_tokens * cfg.price.input_per_mtok + completion_tokens * cfg.price.output_per_mtok) / 1e6
 
@@ -82,48 +103,6 @@ def stage_concurrency(ctx: StageContext, n_items: int) -> int:
     return max(1, n_items) if ctx.mode == "batch" else llm_config(ctx).total_concurrency
 
 
-def prepare_outputs(ctx: StageContext, stage: str, entry: dict[str, Any]) -> None:
-    """Called once every check passed (inputs, key, endpoint, cache), before the first write.
-
-    A plain run notes in ``RUN_DIR/<stage>`` what its outputs are made from and writes there (the
-    manifest records the entry once the stage finished); an ``--overwrite`` writes into a staging
-    folder beside it, swapped in by :func:`finish_stage`.
-    """
-    d = ctx.run_dir / stage
-    if ctx.overwrite:
-        try:
-            ctx.outputs[stage] = begin_staging(ctx.run_dir, stage, entry, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
-        except OSError as e:
-            raise storage_error(e, ctx.run_dir) from None
-        return
-    for sub in (d, d / "rejects", d / "_shards"):
-        if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
-            raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        begin_outputs(d, entry)
-    except OSError as e:
-        raise storage_error(e, d) from None
-
-
-def finish_stage(
-    ctx: StageContext, stage: str, entry: dict[str, Any], rep: RunReport, client: LLMClient | None, extra: dict | None = None
-) -> dict:
-    """The stage's stats (``run_stage`` writes them); an --overwrite that finished swaps its
-    outputs in (else the old ones stay)."""
-    stats = llm_stats(ctx, stage, rep, client, extra)
-    staged = ctx.outputs.get(stage)
-    if staged is not None and ctx.overwrite and rep.finished:
-        try:
-            swap_in(ctx.run_dir, stage, entry, staged, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
-        except OSError as e:
-            raise storage_error(e, ctx.run_dir / stage) from None
-        del ctx.outputs[stage]
-    elif staged is not None:
-        stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / stage} are kept; the new ones wait in {staged}"
-    return stats
-
-
 def cache_error(e: CacheOpenError) -> UserError:
     """The one line for a request cache that would not open: unreadable, or the disk refused."""
     if isinstance(e.cause, OSError):
@@ -137,22 +116,22 @@ def cache_error(e: CacheOpenError) -> UserError:
 async def llm_session(
     ctx: StageContext,
     *,
-    check: bool = True,
-    stage: str | None = None,
-    entry: dict[str, Any] | None = None,
+    stage: str,
+    folder: Callable[[], Path] | None = None,
+    begin: Callable[[], None] | None = None,
     gate: Callable[[ClientStats], str | None] | None = None,
     commit_window: float = 0.0,
+    check: bool = True,
 ):
     """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget
-    gate (``gate``, else :func:`budget_gate`), built whole by :func:`~negsynth.llm.open_client`.
+    gate (``gate``, else :func:`budget_gate` of the run's budget), built whole by
+    :func:`~negsynth.llm.open_client`.
 
-    Every check that can fail (key, endpoint, cache) runs before anything is written; then, with
-    ``entry``, :func:`prepare_outputs` notes the entry in the stage folder or starts the --overwrite
-    staging (the manifest records it once the stage finished).
-    With ``ctx.mode == "batch"`` its requests go through the OpenAI Batch API
-    (:class:`~negsynth.llm.batch.BatchTransport`, state in ``RUN_DIR/<stage>/_batch``); otherwise
-    the cache's answers may share commits over ``commit_window`` seconds.
-    """
+    Every check that can fail (key, endpoint, cache) runs before anything is written; then
+    ``begin()`` begins the stage's outputs. With ``ctx.mode == "batch"`` its requests go through the
+    OpenAI Batch API (:class:`~negsynth.llm.batch.BatchTransport`, state in ``_batch`` of the
+    stage's ``folder()``, known once its outputs began); otherwise the cache's answers may share
+    commits over ``commit_window`` seconds."""
     url = endpoint(ctx)
     cfg = llm_config(ctx)
     if ctx.mode == "batch" and not cfg.cache:
@@ -160,6 +139,17 @@ async def llm_session(
     if ctx.mode == "batch" and cfg.endpoints:
         raise UserError("--mode batch sends through one Batch API: set llm.base_url instead of llm.endpoints, or drop --mode batch")
     cache_path = ctx.run_dir / "cache" / "llm.sqlite" if cfg.cache else None
+
+    def batch(client: LLMClient) -> Any:
+        from negsynth.llm.batch import BatchTransport
+
+        state_dir = (folder() if folder else ctx.run_dir / stage) / "_batch"
+        if ctx.world_size > 1:  # each rank keeps its own batch jobs
+            state_dir = state_dir / f"worker-{ctx.rank:05d}-of-{ctx.world_size:05d}"
+        # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
+        poll = float(os.environ.get("NEGSYNTH_BATCH_POLL_S") or ctx.cfg.llm.batch_poll_s)
+        return BatchTransport(client, state_dir, poll_s=poll, completion_window=ctx.cfg.llm.batch_completion_window)
+
     try:
         # key, cache and endpoint checked in the llm layer, before anything of the stage is written
         async with open_client(
@@ -168,12 +158,12 @@ async def llm_session(
             cache_path=cache_path,
             commit_window=0.0 if ctx.mode == "batch" else commit_window,
             rate_ledger=ctx.rate_ledger,
-            gate=gate or budget_gate(ctx),
-            ledger=ctx.budget if isinstance(ctx.budget, SharedBudget) else None,  # --executor ray: one budget for every worker
+            gate=gate or budget_gate(ctx.cfg.llm, ctx.budget),
+            ledger=ctx.budget if isinstance(ctx.budget, SharedBudget) else None,  # --executor ray: one budget for every rank
             on_wait=ctx.reporter.waiting,
             check=check,
-            prepare=(lambda: prepare_outputs(ctx, stage, entry)) if entry is not None and stage is not None else None,
-            transport=batch_transport(ctx, stage) if ctx.mode == "batch" else None,
+            prepare=begin,
+            transport=batch if ctx.mode == "batch" else None,
             stage=stage,
         ) as client:
             yield client
@@ -183,137 +173,17 @@ async def llm_session(
         raise cache_error(e) from None
 
 
-def batch_transport(ctx: StageContext, stage: str | None) -> Callable[[LLMClient], Any]:
-    """``--mode batch``: the Batch API transport of a stage's client, its state in ``<stage>/_batch``
-    (built once the session's checks passed and the stage's outputs begun: the staging folder of
-    an --overwrite is known then)."""
-
-    def make(client: LLMClient) -> Any:
-        from negsynth.llm.batch import BatchTransport
-
-        state_dir = ctx.stage_dir(stage or "llm") / "_batch"
-        if ctx.num_shards > 1:  # each worker keeps its own batch jobs
-            state_dir = state_dir / f"worker-{ctx.shard_index:05d}-of-{ctx.num_shards:05d}"
-        return BatchTransport(
-            client,
-            state_dir,
-            poll_s=ctx.batch_poll_s if ctx.batch_poll_s is not None else ctx.cfg.llm.batch_poll_s,
-            completion_window=ctx.cfg.llm.batch_completion_window,
-        )
-
-    return make
-
-
-def budget_gate(ctx: StageContext) -> Callable[[ClientStats], str | None]:
-    """The run's budget, checked on a client's counters (what this session sent)."""
-    cfg = ctx.cfg.llm
+def budget_gate(cfg: LLMConfig, budget: Budget) -> Callable[[ClientStats], str | None]:
+    """``budget``, checked on a client's counters (what its session sent)."""
 
     def check(st: ClientStats) -> str | None:
         tokens = st.prompt_tokens + st.completion_tokens
-        return ctx.budget.exceeded(st.requests, tokens, cost_usd(cfg, st.prompt_tokens, st.completion_tokens))
+        return budget.exceeded(st.requests, tokens, cost_usd(cfg, st.prompt_tokens, st.completion_tokens))
 
     return check
 
 
-def item_stage_fingerprint(ctx: StageContext, digest: str, **extra: Any) -> dict[str, Any]:
-    """The fingerprint of an item stage (the manifest entry :func:`stage_entry` makes of it): the
-    hash of what its outputs are made from, the shard size and worker count they were cut by (a
-    relaunch that changes any of the three is refused), then the stage's ``extra`` keys."""
-    return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.num_shards, **extra}
-
-
-def stage_entry(ctx: StageContext, stage: Stage, n_items: int | None = None) -> dict[str, Any]:
-    """The manifest entry an LLM stage records: its fingerprint (computed once, by ``run_stage``;
-    here only when the stage's ``run`` is called on its own) and, for an item stage, the number of
-    items."""
-    fp = ctx.made_from if ctx.made_from is not None else stage.fingerprint(ctx)
-    entry = dict(fp) if isinstance(fp, dict) else {"config_hash": fp, "shard_size": None, "num_shards": 1}
-    if n_items is not None:
-        entry["items"] = n_items
-    return entry
-
-
-Process = Callable[[LLMClient | None, WorkItem], Awaitable[Outcome]]
-#: a stage's own verdict on all of its rows once every item is done: None, or why it failed
-Verdict = Callable[[RunReport, list[tuple[str, dict]]], "str | None"]
-
-
-def run_item_stage(
-    ctx: StageContext,
-    stage: Stage,
-    items: list[WorkItem],
-    process: Process,
-    *,
-    llm: bool = True,
-    extra: Callable[[], dict] | dict | None = None,
-    one_shard: bool = False,
-    verdict: Verdict | None = None,
-    fixed: int = 0,
-) -> dict:
-    """Run an item stage: ``process(client, item) -> Outcome`` over ``items`` into the stage's
-    resumable shards (:func:`run_items`), then its stats with ``extra`` (a dict, or a function
-    called once the items are done); returns the stats (``run_stage`` writes them). With ``llm``
-    False the items need no LLM (mined negatives): the same shards, resume and stats, no session.
-
-    A stage whose outputs are all or nothing (brainstorm) passes ``one_shard`` (every item in one
-    shard, not split into workers), its ``verdict`` (see :class:`ShardedRunner`; the shard is
-    finished only when it passes) and ``fixed``, how many of its valid records need no request
-    (brainstorm's fixed STS task: they do not hide that every request failed alike)."""
-    entry = stage_entry(ctx, stage, len(items))
-    rep, client = run_items(ctx, stage.name, items, process, entry=entry, llm=llm, one_shard=one_shard, verdict=verdict, fixed=fixed)
-    return finish_stage(ctx, stage.name, entry, rep, client, extra() if callable(extra) else extra)
-
-
-def run_items(
-    ctx: StageContext,
-    stage: str,
-    items: list[WorkItem],
-    process: Process,
-    *,
-    entry: dict[str, Any],
-    llm: bool = True,
-    one_shard: bool = False,
-    verdict: Verdict | None = None,
-    fixed: int = 0,
-) -> tuple[RunReport, LLMClient | None]:
-    """Run ``process(client, item) -> Outcome`` over ``items`` into the stage's resumable shards,
-    with the stage's LLM session, concurrency and budget; returns the report and the client.
-
-    The manifest was checked by ``run_stage`` (nothing is written before every check passed). A
-    relaunch of a finished stage needs no server, key or cache: it only re-reads the shards'
-    stats."""
-
-    def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
-        return ShardedRunner(ctx, stage, concurrency=concurrency, one_shard=one_shard, verdict=verdict, **kw)
-
-    async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
-        raise AssertionError(it)
-
-    async def main() -> tuple[RunReport, LLMClient | None]:
-        if not ctx.overwrite and not runner().has_work(len(items)):
-            return await runner().run(items, finished, description=stage), None
-        if not llm:  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
-            prepare_outputs(ctx, stage, entry)
-            return await runner().run(items, lambda it: process(None, it), description=stage), None
-        # the runner writes an item to its partial shard as soon as its last answer is in (a
-        # re-ask flushes first): answers may share the cache's commits over 50 ms, not one loop pass
-        gate = budget_gate(ctx)
-        async with llm_session(ctx, stage=stage, entry=entry, gate=gate, commit_window=0.05) as client:
-            run = runner(stage_concurrency(ctx, len(items)), budget_check=lambda: gate(client.stats), again=client.again)
-            rep = await run.run(items, lambda it: process(client, it), description=stage)
-            if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
-                # the breaker tripped while the last items were already in flight: every item was
-                # tried, but this is still an outage (the same message as a stop mid-run)
-                if client.outage_fatal:
-                    rep.failed = f"{stage}: {client.outage}"
-                else:
-                    rep.outage = client.outage
-            all_failed_the_same_way(stage, rep, client, fixed=fixed)
-            return rep, client
-
-    return run_sync(main())
-
-
+# ---------------------------------------------------------------------------- stats
 def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None, *, fixed: int = 0) -> None:
     """Every item of a stage too small to trip ``llm.max_consecutive_failures`` failed for one
     reason that is a setting to fix (the server answers, but not with chat completions): the
@@ -361,7 +231,7 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
     stats = report_stats(stage, rep)
     u = rep.usage
     stats["estimated_cost_usd"] = round(cost_usd(cfg, u.get("prompt_tokens", 0), u.get("completion_tokens", 0)), 6)
-    stats.update(model=cfg.model, shard_index=ctx.shard_index, num_shards=ctx.num_shards)
+    stats.update(model=cfg.model, shard_index=ctx.rank, num_shards=ctx.world_size)
     if client is None:  # a relaunch of a finished stage sent nothing
         stats["this_run"] = {**ClientStats().as_dict(), "cost_usd": 0.0}
     else:
@@ -415,72 +285,238 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def merge_stage(run_dir: Path, stage: str) -> dict:
-    """Combine the work of ``--num-shards n`` workers into one ``RUN_DIR/<stage>/stats.json``.
+# ---------------------------------------------------------------------------- the shape
+class LLMTask:
+    """One JSON answer asked of the LLM per item: what a request is (:meth:`messages`,
+    :meth:`schema`, :meth:`parse`, the answer's name, a temperature) and :meth:`ask`, the one call
+    that asks it (re-asked with the parse's reason until valid or out of attempts; cached, retried
+    and budgeted by the client it is given)."""
 
-    Every worker writes its shards into the same stage folder (so ``read_stage`` already sees the
-    union) and its own ``stats.KKKKK-of-NNNNN.json``. This checks that every shard the manifest
-    planned is finished, sums the per-shard stats and the workers' request counters, and writes
-    ``stats.json``. Raises :class:`UserError` naming the missing shards and their workers.
-    """
-    import json
+    #: the answer's name in the client's messages and re-asks ("example", "queries", ...)
+    output_name: ClassVar[str] = "output"
+    #: the sampling temperature of its requests (None: ``llm.temperature``)
+    temperature: ClassVar[float | None] = None
 
-    from negsynth.pipeline.manifest import describe_outputs, made_from, record_manifest
+    def messages(self, item: Any) -> list[dict[str, str]]:
+        raise NotImplementedError
 
-    run_dir = Path(run_dir)
-    d = run_dir / stage
-    entry = made_from(run_dir, stage)
-    if not entry or not d.is_dir():
-        raise UserError(f"{d}: no {stage} outputs recorded in {run_dir / 'manifest.json'}; run `negsynth {stage}` first")
-    n_items, size, n = entry.get("items"), entry.get("shard_size"), entry.get("num_shards") or 1
-    if n_items is None or not size:
-        total = len(list(d.glob("shard-*.jsonl")))
-    else:
-        total = (n_items + size - 1) // size
-    missing = [s for s in range(total) if not (d / f"shard-{s:05d}.jsonl").exists()]
-    if missing:
-        workers = sorted({s % n for s in missing})
-        shown = ", ".join(f"{s:05d}" for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
-        raise UserError(
-            f"{d}: {len(missing)} of {total} shards are not finished ({shown}); rerun "
-            + ", ".join(f"--shard-index {k}" for k in workers)
-            + f" --num-shards {n} (the same command resumes), then merge again"
+    def schema(self, item: Any) -> dict[str, Any] | None:
+        return None
+
+    def parse(self, item: Any, answer: Any) -> Any:
+        """The value of a parsed JSON answer, or raise ``ValidationFailure(reason, detail)``."""
+        raise NotImplementedError
+
+    def sample_index(self, item: Any) -> int:
+        """Which sample of the same request this item is (part of the request's cache key)."""
+        return 0
+
+    async def ask(self, client: LLMClient, item: Any) -> LLMResult:
+        """The item's answer: its value, or why every attempt failed (``reason``, ``detail``, ``raw``)."""
+        return await client.structured(
+            self.messages(item),
+            validate=lambda answer: self.parse(item, answer),
+            schema=self.schema(item),
+            name=self.output_name,
+            sample_index=self.sample_index(item),
+            temperature=self.temperature,
+            reask_template=reask_template(),
         )
-    rep = RunReport(stage=stage, shards_total=total, shards_done=total)
-    for s in range(total):
-        p = d / "_shards" / f"{s:05d}.json"
+
+
+class LLMStage(Stage, LLMTask):
+    """A stage whose items are answered by the LLM. Subclass, set ``name``, ``summary``,
+    ``config`` and ``prompts`` (its prompt files' prefix: part of what its outputs are made from),
+    and supply :meth:`plan`, :meth:`messages`, :meth:`schema`, :meth:`parse` and :meth:`record`;
+    ``STAGE = MyStage()``. Its methods run on a copy bound to the run (:meth:`bind`): ``self.ctx``,
+    ``self.cfg`` (its section of the run file), ``self.out`` (the folder its outputs go to)."""
+
+    prompts: ClassVar[str]
+    staged = True
+    shardable = True
+    #: every item in one shard, finished only when :meth:`verdict` passes (all or nothing: brainstorm)
+    one_shard: ClassVar[bool] = False
+
+    ctx: StageContext
+    cfg: Any
+    out: Path
+    pool: Any
+
+    def bind(self, ctx: StageContext) -> LLMStage:
+        job = copy.copy(self)
+        job.ctx, job.cfg, job.out, job.pool = ctx, self.section(ctx.cfg), ctx.run_dir / self.name, None
+        return job
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the run's one worker thread (made on first use): CPU work on the event
+        loop (an embedder's search, a tokenizer's cut, a teacher's scores) holds the answers that
+        arrive meanwhile unread, on a busy machine past ``llm.timeout``, and they are then sent (paid)
+        again. One thread: a fast tokenizer must not be used by two threads at once."""
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"negsynth-{self.name}")
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def uses_llm(self, cfg: Any) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ what a stage supplies
+    def check(self) -> None:
+        """Refuse, with a one-line ``UserError``, a config this stage cannot run (before any work)."""
+
+    def plan(self) -> list[WorkItem]:
+        """Its work items (the same config and inputs give the same items)."""
+        raise NotImplementedError
+
+    def before(self, items: list[WorkItem]) -> None:
+        """Work on the planned items before any of them is processed (regenerate's mining)."""
+
+    def record(self, item: WorkItem, value: Any, result: LLMResult) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reject(self, item: WorkItem, result: LLMResult) -> dict[str, Any]:
+        """The reject kept for an item whose answers all failed: its reason, detail and raw answer."""
+        rej = Reject(
+            id=item.id,
+            stage=self.name,
+            reason=result.reason or "unknown",
+            detail=result.detail,
+            raw=result.raw,
+            input=item.payload,
+            usage=result.usage,
+        )
+        return rej.model_dump(mode="json")
+
+    def sample_index(self, item: WorkItem) -> int:
+        return int(item.payload.get("k", 0))
+
+    async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
+        """The item's record, or its reject (a stage whose items are not one answer each overrides it)."""
+        res = await self.ask(client, item)
+        if res.value is None:
+            return Outcome(reject=self.reject(item, res))
+        return Outcome(record=self.record(item, res.value, res))
+
+    def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
+        """A ``one_shard`` stage's judgment of all its rows once every item is done: None, or why it failed."""
+        return None
+
+    def fixed(self) -> int:
+        """How many of its valid records need no request (they do not hide that every request failed alike)."""
+        return 0
+
+    def extra_stats(self) -> dict[str, Any] | None:
+        """Stage-specific keys of ``stats.json`` (called once every item is done)."""
+        return None
+
+    def estimate_items(self, tally: Tally) -> list[WorkItem]:
+        """The items ``negsynth estimate`` counts: the plan (override where the inputs do not exist
+        yet and stand-ins are counted; say so with ``tally.note``)."""
+        return self.plan()
+
+    def made_from(self, ctx: StageContext) -> str | dict[str, Any]:
+        """Its section, the LLM settings, its prompt files and its inputs' finished shards (hashed),
+        with the shard layout."""
+        parts = llm_parts(ctx, self.name, self.prompts, self.section(ctx.cfg))
+        ins = [inputs_fingerprint(ctx.run_dir, s) for s in self.inputs(ctx.cfg)]
+        if ins:
+            parts["inputs"] = ins[0] if len(ins) == 1 else ins
+        return item_entry(ctx, config_hash(parts))
+
+    def report(self, stats: dict) -> list[Summary]:
+        return [Summary(self.name, summary_rows(stats))]
+
+    # ------------------------------------------------------------------ what the base does
+    def run(self, ctx: StageContext) -> dict:
+        job = self.bind(ctx)
+        job.check()
+        items = job.plan()
+        job.before(items)
+        rep, client = run_sync(job.run_items(items, {**entry_of(self.made_from(ctx)), "items": len(items)}))
+        stats = llm_stats(ctx, self.name, rep, client, job.extra_stats())
+        if job.out != ctx.run_dir / self.name and ctx.world_size == 1:  # an --overwrite (ranks leave it to the driver)
+            if rep.finished:
+                try:
+                    swap_in(ctx.run_dir, self.name, job.out)
+                except OSError as e:
+                    raise storage_error(e, ctx.run_dir / self.name) from None
+            else:
+                stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / self.name} are kept; the new ones wait in {job.out}"
+        return stats
+
+    async def run_items(self, items: list[WorkItem], entry: dict[str, Any]) -> tuple[RunReport, LLMClient | None]:
+        """Every item of this rank's shards through :meth:`process`, with the LLM session,
+        concurrency and budget; the report and the client. A relaunch of a finished stage needs no
+        server, key or cache: it only re-reads the shards' stats."""
+        ctx = self.ctx
+
+        def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
+            verdict = self.verdict if self.one_shard else None
+            return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, one_shard=self.one_shard, verdict=verdict, **kw)
+
+        async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
+            raise AssertionError(it)
+
+        if not ctx.overwrite and not runner().has_work(len(items)):
+            return await runner().run(items, finished), None
+        if not self.uses_llm(ctx.cfg):  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
+            self.begin(entry)
+            return await runner().run(items, lambda it: self.process(None, it)), None
+        # the runner writes an item to its partial shard as soon as its last answer is in (a
+        # re-ask flushes first): answers may share the cache's commits over 50 ms, not one loop pass
+        gate = budget_gate(ctx.cfg.llm, ctx.budget)
+        async with llm_session(
+            ctx, stage=self.name, folder=lambda: self.out, begin=lambda: self.begin(entry), gate=gate, commit_window=0.05
+        ) as client:
+            run = runner(stage_concurrency(ctx, len(items)), budget_check=lambda: gate(client.stats), again=client.again)
+            rep = await run.run(items, lambda it: self.process(client, it))
+            if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
+                # the breaker tripped while the last items were already in flight: every item was
+                # tried, but this is still an outage (the same message as a stop mid-run)
+                if client.outage_fatal:
+                    rep.failed = f"{self.name}: {client.outage}"
+                else:
+                    rep.outage = client.outage
+            all_failed_the_same_way(self.name, rep, client, fixed=self.fixed())
+            return rep, client
+
+    def begin(self, entry: dict[str, Any]) -> None:
+        """Once every check passed (inputs, key, endpoint, cache), before the first write: a plain
+        run notes in ``RUN_DIR/<stage>`` what its outputs are made from and writes there (the
+        manifest records the entry once the stage finished); an ``--overwrite`` writes into a
+        staging folder beside it, swapped in when the stage finishes."""
+        ctx, d = self.ctx, self.ctx.run_dir / self.name
+        if ctx.overwrite:
+            try:
+                self.out = begin_staging(ctx.run_dir, self.name, entry)
+            except OSError as e:
+                raise storage_error(e, ctx.run_dir) from None
+            return
+        for sub in (d, d / "rejects", d / "_shards"):
+            if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
+                raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
         try:
-            rep.add_shard(json.loads(p.read_text(encoding="utf-8")))
-        except (FileNotFoundError, json.JSONDecodeError):
-            raise UserError(f"{p}: per-shard stats missing or corrupt; rerun the worker --shard-index {s % n} --num-shards {n}") from None
-    workers: dict[str, Any] = {}
-    this_run: dict[str, Any] = {}
-    costs: list[Any] = []
-    wall = 0.0
-    for p in sorted(d.glob("stats.*-of-*.json")) + ([d / "stats.json"] if n == 1 and (d / "stats.json").exists() else []):
-        try:
-            w = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            raise UserError(f"{p}: not valid JSON; rerun that worker") from None
-        workers[p.name] = {
-            k: w.get(k) for k in ("shard_index", "num_shards", "items", "valid", "rejected", "complete", "stopped_by", "wall_time_s")
-        }
-        wall = max(wall, float(w.get("wall_time_s") or 0.0))
-        costs.append(w.get("estimated_cost_usd"))  # each worker's: the cost of its own shards
-        for k, v in (w.get("this_run") or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                this_run[k] = this_run.get(k, 0) + v
-            elif isinstance(v, dict) and k != "rate_limiter":
-                acc = this_run.setdefault(k, {})
-                for kk, vv in v.items():
-                    acc[kk] = acc.get(kk, 0) + vv
-    rep.wall_time_s = wall
-    stats = report_stats(stage, rep)
-    if costs and all(isinstance(c, (int, float)) for c in costs):
-        stats["estimated_cost_usd"] = round(sum(costs), 6)
-    stats.update(num_shards=n, merged_from=workers, this_run=this_run)
-    atomic_write_json(d / "stats.json", stats)
-    if rep.finished and all(w.get("complete") and not w.get("stopped_by") for w in workers.values()):
-        made = {k: v for k, v in entry.items() if k not in ("updated", "outputs")}
-        record_manifest(run_dir, stage, made, outputs=describe_outputs(d))
-    return stats
+            d.mkdir(parents=True, exist_ok=True)
+            begin_outputs(d, entry)
+        except OSError as e:
+            raise storage_error(e, d) from None
+
+    def prepare(self, ctx: StageContext) -> None:
+        """``--executor ray``: once in the driver, before the ranks start, the plan and
+        :meth:`before` (what it made, they read from the stage's folder) and, under
+        ``--overwrite``, the staging folder they all write to."""
+        job = self.bind(ctx)
+        items = job.plan()
+        job.before(items)
+        if ctx.overwrite:
+            begin_staging(ctx.run_dir, self.name, {**entry_of(self.made_from(ctx)), "items": len(items)})
+
+    def estimate(self, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
+        """One request per item, with the messages the run sends; the items' payloads (what a
+        later stage's estimator may read)."""
+        job = self.bind(ctx)
+        items = job.estimate_items(tally)
+        for it in items:
+            tally.request(job.messages(it))
+        return [it.payload for it in items]

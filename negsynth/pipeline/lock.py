@@ -7,14 +7,8 @@ the file holds the holder's PID, host, command and start time, and is removed wh
 lets go. A second command stops before it reads or sends anything, with one line naming the
 holder (exit 2). A file left behind by a killed holder is taken over with a line saying so.
 
-Workers of a split run (``--shard-index k --num-shards n``, Ray's tasks) share the run dir on
-purpose: each locks ``RUN_DIR/.negsynth.<stage>.<k>-of-<n>.lock`` instead, so two workers of
-the same shard exclude each other and the others run side by side. A worker also refuses to
-start while a whole-run-dir command holds the run dir, and that command refuses to start while
-a worker holds its shard. One exception: the workers a whole-run-dir command launches itself
-(``negsynth run --executor ray``). The run-dir lock file names a random token of its holder's;
-the command passes it to its workers (``hold(..., under=token)``), and a worker whose token is
-the holder's runs under it. Any other process has no such token and is refused as before.
+The Ray executor's workers run under the process that launched them, which holds the run dir
+for as long as they run: they take no lock of their own.
 
 Re-entrant within a process (``negsynth run`` holds the run dir and each of its stages asks again).
 """
@@ -25,7 +19,6 @@ import contextlib
 import errno
 import json
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -44,23 +37,18 @@ LOCK_NAME = ".negsynth.lock"
 #: how long a lock that looks held is retried before refusing (a holder may be letting go)
 RETRY_S = 0.3
 
-_held: dict[str, list] = {}  # lock path -> [fd, count, token]: what this process holds
+_held: dict[str, list] = {}  # lock path -> [fd, count]: what this process holds
 _mutex = threading.Lock()
 
 
-def lock_path(run_dir: Path, stage: str | None = None, shard: tuple[int, int] | None = None) -> Path:
-    """``RUN_DIR/.negsynth.lock``, or a worker's ``RUN_DIR/.negsynth.<stage>.<k>-of-<n>.lock``."""
-    if shard is None:
-        return Path(run_dir) / LOCK_NAME
-    k, n = shard
-    return Path(run_dir) / f".negsynth.{stage}.{k:05d}-of-{n:05d}.lock"
+def lock_path(run_dir: Path) -> Path:
+    return Path(run_dir) / LOCK_NAME
 
 
-def _me(token: str | None = None) -> dict:
+def _me() -> dict:
     prog = os.path.basename(sys.argv[0] or "python") if sys.argv else "python"
     argv = ["negsynth" if prog == "__main__.py" else prog] + sys.argv[1:2]
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(argv), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    return {**info, "token": token} if token else info
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(argv), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _read_holder(path: Path) -> dict | None:
@@ -131,21 +119,18 @@ def _try_flock(path: Path, mode: int) -> int | None:
         return fd
 
 
-def _write_info(fd: int, token: str | None) -> None:
-    data = (json.dumps(_me(token)) + "\n").encode()
+def _write_info(fd: int) -> None:
+    data = (json.dumps(_me()) + "\n").encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
 
 
-def _refuse(run_dir: Path, path: Path, info: dict | None, what: str = "") -> UserError:
-    return UserError(
-        f"{run_dir}: in use by {describe(info)}{what}; wait for it to finish or stop it, or use another --run-dir (lock: {path})"
-    )
+def _refuse(run_dir: Path, path: Path, info: dict | None) -> UserError:
+    return UserError(f"{run_dir}: in use by {describe(info)}; wait for it to finish or stop it, or use another --run-dir (lock: {path})")
 
 
-def _acquire(run_dir: Path, path: Path, warn: Callable[[str], None], token: str | None = None) -> int | None:
-    """Take ``path`` exclusively -> its fd (None where flock is unavailable: PID-file rules);
-    ``token`` is written into the file with the holder's PID."""
+def _acquire(run_dir: Path, path: Path, warn: Callable[[str], None]) -> int | None:
+    """Take ``path`` exclusively -> its fd (None where flock is unavailable: PID-file rules)."""
     try:
         fd = _try_flock(path, fcntl.LOCK_EX) if fcntl is not None else None
         if fcntl is not None and fd is None:
@@ -163,9 +148,9 @@ def _acquire(run_dir: Path, path: Path, warn: Callable[[str], None], token: str 
             if _alive(int(old["pid"])):
                 raise _refuse(run_dir, path, old)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(json.dumps(_me(token)) + "\n")
+            f.write(json.dumps(_me()) + "\n")
     else:
-        _write_info(fd, token)
+        _write_info(fd)
     if old and old.get("pid") != os.getpid():
         gone = "no longer running" if old.get("host") == socket.gethostname() and not _alive(int(old["pid"])) else "not holding it"
         warn(f"took over the lock {path} left by {describe(old)}: {gone}")
@@ -182,68 +167,18 @@ def _release(path: Path, fd: int | None) -> None:
         os.close(fd)
 
 
-def _probe_main(run_dir: Path, under: str | None = None) -> None:
-    """A worker: refuse while a whole-run-dir command holds the run dir (a shared probe, let go at
-    once), unless that command launched it: the holder's lock file names the token ``under``."""
-    path = lock_path(run_dir)
-    if fcntl is None or not path.exists():
-        return
-    try:
-        fd = _try_flock(path, fcntl.LOCK_SH)
-    except (_NoFlock, FileNotFoundError):
-        return
-    if fd is None:
-        holder = _read_holder(path)
-        if under and holder and holder.get("token") == under:
-            return  # the holder launched this worker and passed it its token
-        raise _refuse(run_dir, path, holder)
-    os.close(fd)  # the file stays: it is not ours to remove
-
-
-def _probe_workers(run_dir: Path) -> None:
-    """A whole-run-dir command: refuse while a worker of a split run holds its shard; remove
-    worker lock files their killed holders left."""
-    if fcntl is None:
-        return
-    for path in sorted(Path(run_dir).glob(".negsynth.*-of-*.lock")):
-        try:
-            fd = _try_flock(path, fcntl.LOCK_EX)
-        except (_NoFlock, FileNotFoundError):
-            continue
-        if fd is None:
-            raise _refuse(run_dir, path, _read_holder(path), " (a worker of a split run)")
-        _release(path, fd)
-
-
-def token(run_dir: str | Path) -> str | None:
-    """The token of the run-dir lock this process holds on ``run_dir`` (None when it holds none):
-    what it passes to the workers it launches (``hold(..., under=token)``)."""
-    with _mutex:
-        mine = _held.get(str(lock_path(Path(run_dir)).resolve()))
-    return mine[2] if mine is not None else None
-
-
 @contextlib.contextmanager
-def hold(
-    run_dir: str | Path,
-    *,
-    stage: str | None = None,
-    shard: tuple[int, int] | None = None,
-    warn: Callable[[str], None] | None = None,
-    under: str | None = None,
-) -> Iterator[Path]:
-    """Hold the run dir (``shard=None``) or one worker's (stage, shard) while the block runs.
+def hold(run_dir: str | Path, *, warn: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Hold the run dir while the block runs.
 
     Raises :class:`UserError` (one line naming the holder, exit 2) when another process holds
-    it. ``warn`` gets the line saying a lock left by a dead process was taken over. ``under``
-    (a worker): the :func:`token` of the process holding the run dir that launched it; the
-    worker then runs while that process holds the run dir.
+    it. ``warn`` gets the line saying a lock left by a dead process was taken over.
     """
     run_dir = Path(run_dir)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = lock_path(run_dir, stage, shard)
+    path = lock_path(run_dir)
     key = str(path.resolve())
     with _mutex:
         mine = _held.get(key)
@@ -256,18 +191,9 @@ def hold(
             with _mutex:
                 mine[1] -= 1
         return
-    tok = secrets.token_hex(16) if shard is None else None  # what its own workers get (token())
-    fd = _acquire(run_dir, path, warn, tok)
-    try:
-        if shard is None:
-            _probe_workers(run_dir)
-        else:
-            _probe_main(run_dir, under)
-    except BaseException:
-        _release(path, fd)
-        raise
+    fd = _acquire(run_dir, path, warn)
     with _mutex:
-        _held[key] = [fd, 1, tok]
+        _held[key] = [fd, 1]
     try:
         yield path
     finally:

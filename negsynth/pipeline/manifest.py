@@ -52,21 +52,6 @@ def stage_has_outputs(stage_dir: Path) -> bool:
     return stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*"))
 
 
-def _remove_worker_outputs(stage_dir: Path, shard_index: int, num_shards: int, keep: set[Path] | None = None) -> None:
-    """--overwrite for worker k of n: remove only the shards this worker owns (s % n == k)."""
-    for p in (
-        list(stage_dir.glob("shard-*.jsonl*"))
-        + list((stage_dir / "rejects").glob("shard-*.jsonl*"))
-        + list((stage_dir / "_shards").glob("*.json"))
-    ):
-        digits = "".join(ch for ch in p.name.split(".")[0] if ch.isdigit())
-        if digits and int(digits) % num_shards == shard_index and (keep is None or p not in keep):
-            p.unlink()
-    stats = stage_dir / f"stats.{shard_index:05d}-of-{num_shards:05d}.json"
-    if stats.exists():
-        stats.unlink()
-
-
 #: in a stage folder: the entry its outputs are being made from, written before the first of them
 #: (the manifest records the entry only once the stage finished)
 MADE_FROM = "_entry.json"
@@ -101,14 +86,25 @@ def begin_outputs(stage_dir: Path, entry: dict[str, Any]) -> None:
     atomic_write_json(p, entry)
 
 
-def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool) -> None:
-    """Refuse a relaunch that changes what made existing outputs. Reads only; writes nothing."""
+def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, begin: bool = False) -> None:
+    """Refuse a relaunch that changes what made existing outputs (one line); with ``overwrite``
+    and ``begin`` discard them. ``begin``: note in the stage folder what the new outputs are made
+    from (the manifest records it once the stage finished); without it nothing is written (the
+    LLM stages begin their outputs once their checks passed: :func:`begin_outputs`,
+    :func:`begin_staging`)."""
     run_dir = Path(run_dir)
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
     old = made_from(run_dir, stage)
     if old and stage_has_outputs(stage_dir) and not overwrite:
         _refuse_changed(stage_dir, old, entry)
+    if not begin:
+        return
+    if overwrite and stage_dir.exists():
+        shutil.rmtree(stage_dir)
+        forget_stage(run_dir, stage)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    begin_outputs(stage_dir, entry)
 
 
 def output_files(stage_dir: Path) -> list[Path]:
@@ -204,7 +200,7 @@ def forget_stage(run_dir: Path, stage: str) -> None:
 
 
 # -- --overwrite without losing the old outputs ----------------------------------------------
-# The new outputs are built in RUN_DIR/.<stage>.overwrite[-KKKKK-of-NNNNN] and swapped in only
+# The new outputs are built in RUN_DIR/.<stage>.overwrite and swapped in only
 # when the stage finishes; a failed, stopped or killed overwrite leaves the old outputs (and
 # their manifest entry) as they were. Rerunning the same --overwrite resumes the staging folder.
 
@@ -213,9 +209,8 @@ def forget_stage(run_dir: Path, stage: str) -> None:
 KEEP_ON_SWAP = ("_mined",)
 
 
-def staging_dir(run_dir: Path, stage: str, shard_index: int = 0, num_shards: int = 1) -> Path:
-    suffix = f"-{shard_index:05d}-of-{num_shards:05d}" if num_shards > 1 else ""
-    return Path(run_dir) / f".{stage}.overwrite{suffix}"
+def staging_dir(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / f".{stage}.overwrite"
 
 
 def _trash_dir(run_dir: Path, stage: str) -> Path:
@@ -233,9 +228,10 @@ def recover_swap(run_dir: Path, stage: str) -> None:
         os.rename(trash, stage_dir)  # killed between the two renames: the old outputs are back
 
 
-def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any], *, shard_index: int = 0, num_shards: int = 1) -> Path:
-    """The folder an --overwrite writes to; a staging folder of the same job is resumed."""
-    d = staging_dir(run_dir, stage, shard_index, num_shards)
+def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any]) -> Path:
+    """The folder an --overwrite writes to; a staging folder of the same job is resumed (the Ray
+    executor begins it in the driver, before its workers resume it)."""
+    d = staging_dir(run_dir, stage)
     marker = d / "_overwrite.json"
     try:
         same = json.loads(marker.read_text(encoding="utf-8")) == entry
@@ -250,72 +246,34 @@ def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any], *, shard_ind
     return d
 
 
-def swap_in(run_dir: Path, stage: str, entry: dict[str, Any], staged: Path, *, shard_index: int = 0, num_shards: int = 1) -> None:
+def swap_in(run_dir: Path, stage: str, staged: Path) -> None:
     """The overwrite finished: its outputs replace the old ones (whose manifest entry goes; the
     stage's finish records the new one)."""
     run_dir = Path(run_dir)
     stage_dir = run_dir / stage
-    old = made_from(run_dir, stage)
     (staged / "_overwrite.json").unlink(missing_ok=True)
-    if num_shards > 1 and old and old.get("num_shards") == num_shards and stage_dir.exists():
-        # one worker of n: replace only the files this worker owns (s % n == k)
-        moved = set()
-        for p in sorted(staged.rglob("*")):
-            if p.is_file() and not p.relative_to(staged).parts[0] == "_batch":
-                dest = stage_dir / p.relative_to(staged)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(p, dest)
-                moved.add(dest)
-        _remove_worker_outputs(stage_dir, shard_index, num_shards, keep=moved)
-        shutil.rmtree(staged, ignore_errors=True)
-    else:
-        trash = _trash_dir(run_dir, stage)
-        if trash.exists():
-            shutil.rmtree(trash)
-        for keep in KEEP_ON_SWAP:  # caches beside the outputs survive an overwrite
-            if (stage_dir / keep).is_dir() and not (staged / keep).exists():
-                os.rename(stage_dir / keep, staged / keep)
-        if stage_dir.exists():
-            os.rename(stage_dir, trash)
-        os.rename(staged, stage_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    if num_shards == 1:
-        forget_stage(run_dir, stage)
+    trash = _trash_dir(run_dir, stage)
+    if trash.exists():
+        shutil.rmtree(trash)
+    for keep in KEEP_ON_SWAP:  # caches beside the outputs survive an overwrite
+        if (stage_dir / keep).is_dir() and not (staged / keep).exists():
+            os.rename(stage_dir / keep, staged / keep)
+    if stage_dir.exists():
+        os.rename(stage_dir, trash)
+    os.rename(staged, stage_dir)
+    shutil.rmtree(trash, ignore_errors=True)
+    forget_stage(run_dir, stage)
 
 
 def _refuse_changed(stage_dir: Path, old: dict[str, Any], entry: dict[str, Any]) -> None:
+    """The number of workers that made the outputs (``num_shards``) is no reason: every shard is
+    the same whichever worker wrote it, so a relaunch with another ``--workers`` resumes."""
     for key, what in (
         ("config_hash", "a different config (or prompts, or inputs)"),
         ("shard_size", "a different pipeline.shard_size"),
-        ("num_shards", "a different --num-shards"),
     ):
         if old.get(key) != entry.get(key):
             raise UserError(
                 f"{stage_dir}: outputs were made with {what} ({key} {old.get(key)} != {entry.get(key)}); "
                 f"rerun with --overwrite to discard them, or use a new --run-dir"
             )
-
-
-def check_and_record(
-    run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, shard_index: int = 0, num_shards: int = 1
-) -> None:
-    """Refuse a relaunch that changes what made existing outputs; note in the stage folder what
-    the new ones are made from (the manifest records it once the stage finished).
-
-    Workers ``0..n-1`` of one ``--num-shards n`` split share the entry (same config hash, shard
-    size and n); a relaunch with another n is refused, because shard ownership would change.
-    (The LLM stages use :func:`check_manifest`, :func:`begin_staging` and :func:`swap_in`.)
-    """
-    run_dir = Path(run_dir)
-    stage_dir = run_dir / stage
-    old = made_from(run_dir, stage)
-    if old and stage_has_outputs(stage_dir) and not overwrite:
-        _refuse_changed(stage_dir, old, entry)
-    if overwrite and stage_dir.exists():
-        if num_shards > 1 and old and old.get("num_shards") == num_shards:
-            _remove_worker_outputs(stage_dir, shard_index, num_shards)  # leave the other workers' shards alone
-        else:
-            shutil.rmtree(stage_dir)
-            forget_stage(run_dir, stage)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    begin_outputs(stage_dir, entry)

@@ -1,27 +1,14 @@
-"""``--executor ray``'s embedding workers: a stage's encoding spread over Ray actors, each holding
-one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer`` mining loads
-(:class:`RaySentenceModel`), given to a stage for as long as :func:`ray_embedding` is open. The
-executor itself (which stages run this way, the shard workers) is
-:mod:`negsynth.pipeline.ray_executor`.
+"""``--executor ray``'s embedding workers (docs/scale.md §2–3): a stage's encoding spread over
+Ray actors, each holding one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer``
+mining loads (:class:`RaySentenceModel`), for as long as :func:`ray_embedding` is open.
 
-**Embedding workers.** The stage runs in the driver as in one process (reads, dedup in input
-order, decontamination, the policy, writing: everything that decides what is kept); only its
-embedder is replaced by :class:`RayEmbedder`, a proxy over ``workers`` Ray actors, each holding
-one embedder (loaded there from ``[embedder]``, on the GPU Ray gives it when the cluster has
-GPUs, by the embedder's own ``device`` resolution; or a copy of the one a Python caller passed
-in ``ctx.embedder``). The stage hands its calls over as parts (contiguous chunks of its
-length-sorted texts, :func:`negsynth.embed.base.encode_parts`); each part goes whole to the next
-free actor and the vectors come back in order, so every batch holds the texts it holds in one
-process and the floats differ at most by float rounding (another thread count in the actors).
-The actors start only when the stage has texts to embed, and stop when it ends.
-
-A lost actor (its process or its node died) does not stop the stage: Ray restarts it
-(``max_restarts``, on any node with a free CPU, loading its embedder again) and the driver gives
-the part it held to the next free actor (a part is a pure function of its texts, so redoing it
-gives the same vectors). The restarted actor takes parts again once it answers. The stage stops
-with one line only when a part failed :data:`PART_TRIES` times, when every actor is gone for good
-(its restarts used up), or when no actor is left and none comes back within
-:data:`RESTART_WAIT` seconds (a restart no node has a CPU for waits forever otherwise).
+Everything that decides what is kept stays in the driver; the stage hands its calls over as
+parts (contiguous runs of its length-sorted texts, :func:`negsynth.embed.base.encode_parts`), each
+goes whole to the next free actor and the vectors come back in order, so every batch holds the
+texts it holds in one process. A lost actor's part goes to another (a part is a pure function of
+its texts) while Ray restarts it; the stage stops with one line only when a part failed
+:data:`PART_TRIES` times, every actor is gone for good, or none comes back within
+:data:`RESTART_WAIT` seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -433,39 +421,47 @@ class RaySentenceModel:
         return self._encode("query", inputs, **kw)
 
 
-@contextlib.contextmanager
-def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
-    """While open, a stage that loads ``[embedder]`` through ``ctx.embedder_factory`` gets a
-    :class:`RayEmbedder` over ``workers`` actors, and one that mines through
-    ``ctx.mining_model_factory`` a :class:`RaySentenceModel` over ``workers`` actors holding the
-    model mining loads (either started only when the stage asks; stopped on exit).
-    An embedder the caller already put in ``ctx.embedder`` is copied to the actors instead.
-    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
-    if ctx.cfg.embedder.devices is not None:
-        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
-    given, made = ctx.embedder, []
+class RayEmbedding:
+    """``ctx.embedding`` under ``--executor ray``: makes a stage's ``[embedder]`` (a
+    :class:`RayEmbedder`) and the model mining loads (a :class:`RaySentenceModel`), each over
+    ``workers`` actors started when the stage asks (:meth:`StageContext.load_embedder
+    <negsynth.pipeline.context.StageContext.load_embedder>`), stopped by :meth:`close`. An embedder
+    the caller already held (``given``) is copied to the actors instead of loading ``[embedder]``."""
 
-    def factory(embedder_cfg):
-        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, embedder=given)
-        made.append(emb)
-        ctx.reporter.info(f"embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+    def __init__(self, reporter, *, workers: int, address: str | None, given: Any = None):
+        self.reporter, self.workers, self.address, self.given = reporter, workers, address, given
+        self.made: list[RayEmbedder] = []
+
+    def embedder(self, embedder_cfg) -> RayEmbedder:
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=self.given)
+        self.made.append(emb)
+        self.reporter.info(f"embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
-    def mining_factory(embedder_cfg):
+    def mining_model(self, embedder_cfg) -> RaySentenceModel:
         from negsynth.embed.mining import check_mining_embedder
 
         check_mining_embedder(embedder_cfg)  # before any actor starts
-        emb = RayEmbedder.start(embedder_cfg, workers=workers, address=address, raw=True)
-        made.append(emb)
-        ctx.reporter.info(f"mining: embedding on {workers} Ray worker(s) ({', '.join(emb.devices)})")
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, raw=True)
+        self.made.append(emb)
+        self.reporter.info(f"mining: embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return RaySentenceModel(emb, emb.info)
 
-    ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = None, factory, mining_factory
-    try:
-        yield ctx
-    finally:
-        ctx.embedder, ctx.embedder_factory, ctx.mining_model_factory = given, None, None
-        for emb in made:
+    def close(self, nodes: list | None = None) -> None:
+        for emb in self.made:
             if nodes is not None:  # where each actor last answered (a restarted one: its new node)
                 nodes.extend(emb.nodes)
             emb.close()
+
+
+@contextlib.contextmanager
+def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
+    """``ctx`` with its embedding on ``workers`` Ray actors (:class:`RayEmbedding`) for the block;
+    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
+    if ctx.cfg.embedder.devices is not None:
+        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
+    embedding = RayEmbedding(ctx.reporter, workers=workers, address=address, given=ctx.embedder)
+    try:
+        yield replace(ctx, embedder=None, embedding=embedding)
+    finally:
+        embedding.close(nodes)

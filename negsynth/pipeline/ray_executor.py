@@ -1,60 +1,32 @@
-"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``).
+"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``; the
+guarantees and measurements: docs/scale.md §2–4).
 
-Two ways, chosen by the :class:`~negsynth.pipeline.stage.Stage` and its config
-(:func:`embeds_in_driver`): an LLM stage (``shardable``) runs as shard workers; a stage whose
-heavy work is embedding (``embeds``: score; regenerate with mined negatives; corpus with its
-index) runs in the driver and its encoding is spread over Ray actors (:func:`ray_embedding`:
-score's embedder as a :class:`RayEmbedder`, mining's ``SentenceTransformer`` as a
-:class:`RaySentenceModel`). A shard stage that mines first (regenerate with ``--mine``) mines
-once in the driver that way (``Stage.prepare``), then its shard workers read the result.
-
-**Shard workers.** The same deterministic split as ``--shard-index k --num-shards n`` on n machines, scheduled by
-Ray instead of by hand: worker k is one Ray task running :func:`~negsynth.pipeline.stage.run_stage`
-with ``shard_index = k``; when all are done the driver merges their stats (``negsynth merge``).
-So the union of the shards equals a one-process run byte for byte, a task that dies is retried
-by Ray (``max_retries``) and resumes from its ``.partial`` shards and the request cache, and
-nothing new decides what is written. The stats say where each worker ran (``ray_nodes``: the
-Ray node id of each worker's last try; for score, where each embedding actor last answered).
-
-- The run dir must be on a filesystem every Ray node sees (one node: any local folder).
-- Limits stay global: each of the n workers gets ``1/n`` of ``llm.max_concurrency`` (rounded
-  up; its connections are its own); ``llm.rpm`` / ``llm.tpm`` are one pair of buckets for every
-  worker, in a :class:`~negsynth.llm.ratelimit.RateLedger` actor (no static split: a worker alone
-  on the queue gets the whole rate; a 429 any worker gets empties them for all).
-- Budgets (``--max-requests`` / ``--max-tokens`` / ``--max-cost``) are one budget for the whole
-  invocation, not split: a :class:`BudgetLedger` actor holds the counts, every worker's client
-  counts a request on it before sending (so together they never overshoot ``--max-requests``) and
-  adds each answer's tokens. Once a limit is reached no worker sends a new request; the requests
-  in flight finish, finished work is written and the stage stops with ``stopped_by`` (exit 3), as
-  in one process. A worker Ray retries keeps what its first try counted (a request may then be
-  counted but unanswered: the budget can end early, never late).
-- ``llm.endpoints`` travels with the config: every worker spreads its requests over the same
-  servers, with ``1/n`` of each endpoint's ``max_concurrency`` (rounded up), and takes a dead
-  one out on its own.
-- ``llm.base_url = "embedded"`` starts one fleet of servers (:mod:`negsynth.llm.fleet`) in the
-  driver on one node, and one on **every node** of a cluster of several
-  (:mod:`negsynth.pipeline.ray_fleets`); every worker spreads its requests over all of them.
-- The API key is read by each worker from its own environment (``llm.api_key_env``, and each
-  endpoint's ``api_key_env``), never shipped in the task's arguments.
-
-**Embedding workers** (the stages that run here, their encoding on Ray actors) are
-:mod:`negsynth.pipeline.ray_embed`; getting Ray itself is :mod:`negsynth.pipeline.ray_connect`.
+A stage that splits and calls the LLM runs as ``workers`` ranks (:func:`run_ranks`): rank k is a
+Ray task running ``stage.run(ctx)`` with ``ctx.rank = k``, the path a local run takes as rank 0 of
+1, so the union of the shards equals a one-process run byte for byte and a task Ray retries
+resumes from its ``.partial`` shards and the request cache. The driver holds the run dir, sums
+the ranks' stats and swaps an ``--overwrite`` in. Limits stay global: each rank gets ``1/n`` of
+the LLM concurrency (and of each endpoint's), one :class:`BudgetLedger` actor holds the budget
+and one :class:`~negsynth.llm.ratelimit.RateLedger` the RPM / TPM. A stage whose heavy work is
+embedding runs in the driver with that embedding on Ray actors (:func:`around`,
+:mod:`negsynth.pipeline.ray_embed`); on a cluster of several nodes the embedded LLM is one fleet
+per node (:mod:`negsynth.pipeline.ray_fleets`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-from negsynth.pipeline.llm_stage import merge_stage
-from negsynth.pipeline.lock import token as lock_token
+from negsynth.pipeline.manifest import staging_dir, swap_in
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.ray_connect import connect, import_ray
 from negsynth.pipeline.ray_connect import ray_address as ray_address
@@ -62,24 +34,16 @@ from negsynth.pipeline.ray_embed import RayEmbedder as RayEmbedder
 from negsynth.pipeline.ray_embed import RaySentenceModel as RaySentenceModel
 from negsynth.pipeline.ray_embed import encode_batches_part as encode_batches_part
 from negsynth.pipeline.ray_embed import ray_embedding
-from negsynth.pipeline.stage import (
-    Stage,
-    check_inputs,
-    manifest_entry,
-    print_report,
-    run_stage,
-    stage_endpoint,
-    unfinished,
-    up_to_date,
-)
+from negsynth.pipeline.runner import storage_error
+from negsynth.pipeline.stage import Stage, finished_stats
 from negsynth.schemas.config import RunConfig, run_config_class
 
 
 def worker_config(cfg: RunConfig, n: int) -> RunConfig:
-    """``cfg`` with the global LLM limits divided among ``n`` workers."""
+    """``cfg`` with the global LLM limits divided among ``n`` ranks."""
     llm = cfg.llm
     update: dict[str, Any] = {"max_concurrency": max(1, math.ceil(llm.max_concurrency / n))}
-    if llm.endpoints:  # every worker sends to every endpoint: each gets 1/n of each one's slots
+    if llm.endpoints:  # every rank sends to every endpoint: each gets 1/n of each one's slots
         update["endpoints"] = [
             e.model_copy(update={"max_concurrency": max(1, math.ceil(llm.endpoint_concurrency(e) / n))}) for e in llm.endpoints
         ]
@@ -87,9 +51,9 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
 
 
 class BudgetLedger:
-    """The counts of one invocation's budget, shared by its Ray workers (a Ray actor: it runs its
+    """The counts of one invocation's budget, shared by its Ray ranks (a Ray actor: it runs its
     calls one at a time, so :meth:`reserve`'s check and count can never interleave with another
-    worker's)."""
+    rank's)."""
 
     def __init__(self, budget: Budget, input_per_mtok: float, output_per_mtok: float):
         self.budget = budget
@@ -121,185 +85,165 @@ class BudgetLedger:
         }
 
 
-def _worker(
+def _rank(
     stage: Stage,
-    cfg_json: dict,
+    cfg: tuple[dict, tuple],
     run_dir: str,
-    k: int,
-    n: int,
+    rank: int,
+    world_size: int,
     base_url: str | None,
     overwrite: bool,
     mode: str,
     limits: tuple[int | None, int | None, float | None] = (None, None, None),
     ledger: Any = None,
     rate_ledger: Any = None,
-    under: str | None = None,
 ) -> dict:
-    """One Ray task: shard worker ``k`` of ``n`` of ``stage`` (the Stage object travels with the
-    task, so this layer needs no registry of the method's stages). With ``ledger`` (a
-    :class:`BudgetLedger` actor) its requests count against the invocation's one budget; with
-    ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger` actor) against one RPM / TPM.
-    ``under``: the lock token of the driver when it holds the run dir (``negsynth run``), so the
-    worker runs under it instead of refusing (:func:`negsynth.pipeline.lock.hold`)."""
-    cfg = run_config_class().model_validate(cfg_json)
+    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (the Stage object travels with
+    the task; ``cfg``: the run config's JSON and the sections of stages RunConfig does not list). With ``ledger`` (a :class:`BudgetLedger` actor) its requests count against the
+    invocation's one budget; with ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger`
+    actor) against one RPM / TPM."""
     ctx = StageContext(
-        cfg=cfg,
+        cfg=run_config_class(cfg[1]).model_validate(cfg[0]),
         run_dir=Path(run_dir),
         overwrite=overwrite,
-        shard_index=k,
-        num_shards=n,
+        rank=rank,
+        world_size=world_size,
         budget=SharedBudget(*limits, ledger=ledger) if ledger is not None else Budget(),
         reporter=Reporter(quiet=True),
         mode=mode,
         base_url=base_url,
         rate_ledger=rate_ledger,
     )
-    return {**run_stage(stage, ctx, under=under), "ray_node": import_ray().get_runtime_context().get_node_id()}
+    return {**stage.run(ctx), "ray_node": import_ray().get_runtime_context().get_node_id()}
 
 
 def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
     """Whether ``--executor ray`` runs ``stage`` in this process with its embedding on Ray workers
     (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
-    LLM shard workers (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
+    LLM ranks (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
     ``negatives = "mined"``, whose one heavy part is the mining)."""
-    return stage.embeds_with(cfg) and not (stage.shardable and stage.needs_llm(cfg))
+    return stage.embeds(cfg) and not splits(stage, cfg)
 
 
-# ---------------------------------------------------------------------------- shard workers
-def _split_up_to_date(stage: Stage, ctx: StageContext, workers: int) -> dict | None:
-    """The stage's recorded stats when it is finished from the same config and inputs, split
-    among ``workers`` shard workers as this run would split it or made in one process (the
-    same bytes either way), else None: then workers are launched."""
-    for n in dict.fromkeys((workers, 1)):
-        probe = dataclasses.replace(ctx, shard_index=0, num_shards=n)  # the fingerprint the workers compute
-        stats = up_to_date(stage, ctx, manifest_entry(stage, probe))
-        if stats is not None:
-            return stats
-    return None
+def splits(stage: Stage, cfg: RunConfig) -> bool:
+    """Whether ``--executor ray`` runs ``stage`` as ranks: it splits and calls the LLM under ``cfg``."""
+    return stage.shardable and stage.uses_llm(cfg)
 
 
-def run_on_ray(
-    stage: Stage,
-    ctx: StageContext,
-    *,
-    workers: int,
-    address: str | None = None,
-    max_retries: int = 3,
-    start_llm: Callable[[], str | None] | None = None,
-) -> dict:
-    """Run ``stage`` on ``workers`` Ray workers; returns its stats (merged, for shard workers).
-
-    A ``shardable`` stage runs as ``workers`` Ray tasks, merged by the driver (a stage already
-    up to date is reused: no worker starts, nothing is sent); an ``embeds`` stage runs here with
-    its embedding on ``workers`` actors (:func:`ray_embedding`). The stage's summary is printed
-    as in one process.
-
-    The workers use ``ctx.base_url`` when the driver already has an endpoint, else
-    ``start_llm()`` (``negsynth run``: the run's one embedded server, started on first use), else
-    an embedded server started here for the stage. When this process holds the run dir
-    (``negsynth run``), its lock token goes to the workers, so they run under it."""
+@contextlib.contextmanager
+def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[tuple[StageContext, dict]]:
+    """What a stage runs inside under ``--executor ray``: its embedding on ``workers`` Ray actors
+    when it embeds in the driver (:func:`ray_embedding`), one embedded fleet per node on a cluster
+    of several (:func:`cluster_endpoint`); yields the context it runs with and what to add to its
+    stats."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
-    if embeds_in_driver(stage, ctx.cfg):
-        return _run_embedding_in_driver(stage, ctx, workers=workers, address=address)
-    if not stage.shardable:
-        raise UserError(f"--executor ray: {stage.name} neither splits into shard workers nor embeds; run it without --executor")
-    _refuse_manual_split(ctx)
-    ray = import_ray()
-    check_inputs(stage, ctx)
-    reused = _split_up_to_date(stage, ctx, workers)
-    if reused is not None:
-        print_report(stage, ctx, reused)
-        return reused
-    embedded = _prepare_on_ray(stage, ctx, workers=workers, address=address)
-    parts, used = _run_shard_workers(
-        ray, stage, ctx, workers=workers, address=ray_address(address), max_retries=max_retries, start_llm=start_llm
-    )
-    return _merge_shard_workers(stage, ctx, parts, workers=workers, extra={**_budget_stats(ctx.budget, used), **_embedded(embedded)})
+    with contextlib.ExitStack() as stack:
+        extra: dict[str, Any] = {}
+        if embeds_in_driver(stage, ctx.cfg):
+            nodes: list[str] = []  # filled when the actors stop: where each last answered
+            ctx = stack.enter_context(ray_embedding(ctx, workers=workers, address=address, nodes=nodes))
+            extra = {"executor": "ray", "workers": workers, "ray_nodes": nodes}
+        yield stack.enter_context(cluster_endpoint(stage, ctx, address)), extra
 
 
-def _refuse_manual_split(ctx: StageContext) -> None:
-    """``--shard-index`` / ``--num-shards`` split by hand; Ray splits the work itself."""
-    if ctx.num_shards != 1:
-        raise UserError("--executor ray splits the work itself: drop --shard-index/--num-shards (use --workers)")
-
-
-def _run_embedding_in_driver(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> dict:
-    """The stage here, as in one process, with its embedding on ``workers`` Ray actors
-    (:func:`ray_embedding`); the stats say where each actor last answered (``ray_nodes``)."""
-    _refuse_manual_split(ctx)
-    nodes: list[str] = []
-    with ray_embedding(ctx, workers=workers, address=address, nodes=nodes), cluster_endpoint(stage, ctx, address):
-        stats = run_stage(stage, ctx)
-    return {**stats, "executor": "ray", "workers": workers, "ray_nodes": nodes}
-
-
-def _prepare_on_ray(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> list[str]:
-    """Run the stage's ``prepare`` (regenerate's mining) once here, its embedding on Ray workers,
-    before the shard workers start; returns where each embedding worker last answered."""
+def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | None, max_retries: int = 3) -> dict:
+    """The stage as ``workers`` Ray ranks (when it splits under the config; else its loop here),
+    then their stats summed: the stage's stats. An ``--overwrite`` that finished is swapped in here."""
+    if not splits(stage, ctx.cfg):
+        return stage.run(ctx)
+    ray = connect(address)
     embedded: list[str] = []
-    if stage.prepare is not None and stage.embeds_with(ctx.cfg) and not ctx.overwrite:
-        # once here, its embedding on Ray workers; the shard workers read the result from the
-        # stage's cache (an --overwrite builds beside the old outputs: each worker does it then)
-        with ray_embedding(ctx, workers=workers, address=address, nodes=embedded):
-            stage.prepare(ctx)
-    return embedded
-
-
-def _limits(b: Budget) -> tuple[int | None, int | None, float | None]:
-    """The invocation's ``--max-*`` budget, as each shard worker gets it."""
-    return (b.max_requests, b.max_tokens, b.max_cost)
-
-
-def _run_shard_workers(
-    ray, stage: Stage, ctx: StageContext, *, workers: int, address: str, max_retries: int, start_llm: Callable[[], str | None] | None
-) -> tuple[list[dict], dict[str, Any] | None]:
-    """The ``workers`` shard workers as Ray tasks, with the LLM endpoint they share and the
-    actors holding the one budget and rate limit; returns each worker's stats and the budget
-    used (None without a ``--max-*``)."""
+    # once here, before the ranks: the mining (its embedding on the workers), the --overwrite staging
+    near = ray_embedding(ctx, workers=workers, address=address, nodes=embedded) if stage.embeds(ctx.cfg) else contextlib.nullcontext(ctx)
+    with near as here:
+        stage.prepare(here)
+    task = ray.remote(max_retries=max_retries)(_rank)
+    ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
     cfg_json = worker_config(ctx.cfg, workers).model_dump(mode="json")
-    under = lock_token(ctx.run_dir)  # None unless this process holds the run dir
-    with (
-        cluster_endpoint(stage, ctx, address) as fleets,
-        stage_endpoint(stage, ctx, None if fleets else start_llm, in_process=False) as url,
-    ):
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        task = ray.remote(max_retries=max_retries)(_worker)
-        ctx.reporter.info(f"{stage.name}: {workers} Ray task(s) on {ray.cluster_resources().get('CPU', 0):.0f} CPU(s)")
-        ledger, rates = _start_ledgers(ray, ctx)
-        run_dir, limits = str(ctx.run_dir.resolve()), _limits(ctx.budget)
-        refs = [
-            task.remote(stage, cfg_json, run_dir, k, workers, url or ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates, under)
-            for k in range(workers)
-        ]
-        try:
-            return _wait_for_workers(ray, refs, ledger, stage, max_retries=max_retries)
-        finally:
-            for actor in (ledger, rates):
-                if actor is not None:
-                    ray.kill(actor)
+    sections = tuple((n, f.annotation) for n, f in type(ctx.cfg).model_fields.items() if n not in RunConfig.model_fields)
+    ledger, rates = _start_ledgers(ray, ctx)
+    limits = (ctx.budget.max_requests, ctx.budget.max_tokens, ctx.budget.max_cost)
+    run_dir = str(ctx.run_dir.resolve())
+    refs = [
+        task.remote(stage, (cfg_json, sections), run_dir, k, workers, ctx.base_url, ctx.overwrite, ctx.mode, limits, ledger, rates)
+        for k in range(workers)
+    ]
+    try:
+        parts, used = _wait_for_ranks(ray, refs, ledger, stage, max_retries=max_retries)
+    finally:
+        for actor in (ledger, rates):
+            if actor is not None:
+                ray.kill(actor)
+    stats = {**merge(parts), "executor": "ray", "workers": workers, **_budget_stats(ctx.budget, used)}
+    if embedded:
+        stats["embedding_nodes"] = embedded
+    staged = staging_dir(ctx.run_dir, stage.name)
+    if ctx.overwrite and staged.is_dir():
+        if not finished_stats(stats):
+            stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / stage.name} are kept; the new ones wait in {staged}"
+        else:
+            try:
+                swap_in(ctx.run_dir, stage.name, staged)
+            except OSError as e:
+                raise storage_error(e, ctx.run_dir / stage.name) from None
+    return stats
+
+
+def merge(parts: list[dict]) -> dict:
+    """One stats dict from the ranks': counts, tokens and requests summed, the first reason any
+    rank stopped, and what each shares (the model, the stage's own stats of its plan) as rank 0
+    has it."""
+    out = dict(parts[0])
+    for k in ("items", "valid", "rejected", "shards_done", "shards_total", "pending", "attempts"):
+        out[k] = sum(int(p.get(k) or 0) for p in parts)
+    for k in ("rejects_by_reason", "pending_by_reason", "tokens"):
+        total = sum((Counter(p.get(k) or {}) for p in parts), Counter())
+        out[k] = dict(total.most_common()) if k != "tokens" else {"prompt": total["prompt"], "completion": total["completion"]}
+    for k in ("stopped_by", "outage", "failed"):
+        out[k] = next((p[k] for p in parts if p.get(k)), None)
+    out["complete"] = all(p.get("complete") for p in parts)
+    out["wall_time_s"] = max(float(p.get("wall_time_s") or 0.0) for p in parts)
+    if all(isinstance(p.get("estimated_cost_usd"), (int, float)) for p in parts):
+        out["estimated_cost_usd"] = round(sum(p["estimated_cost_usd"] for p in parts), 6)
+    this_run: dict[str, Any] = {}
+    for p in parts:
+        for k, v in (p.get("this_run") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                this_run[k] = this_run.get(k, 0) + v
+            elif isinstance(v, dict) and k != "rate_limiter":
+                acc = this_run.setdefault(k, {})
+                for kk, vv in v.items():
+                    acc[kk] = acc.get(kk, 0) + vv
+            elif k == "rate_limiter":
+                this_run[k] = v
+    out["this_run"] = this_run
+    out.update(num_shards=len(parts), ray_nodes=[p.get("ray_node") for p in parts])
+    for k in ("ray_node", "shard_index", "overwrite_pending"):  # each rank's own; the driver says whether an overwrite waits
+        out.pop(k, None)
+    return out
 
 
 def _start_ledgers(ray, ctx: StageContext) -> tuple[Any, Any]:
-    """The actors every shard worker shares (no CPU of their own): a :class:`BudgetLedger` when a
-    ``--max-*`` is set (one budget for every worker) and a
+    """The actors every rank shares (no CPU of their own): a :class:`BudgetLedger` when a
+    ``--max-*`` is set (one budget for every rank) and a
     :class:`~negsynth.llm.ratelimit.RateLedger` when ``llm.rpm`` / ``llm.tpm`` is (one RPM / TPM
-    for every worker); None for either when it is not."""
+    for every rank); None for either when it is not."""
     ledger = rates = None
-    if any(v is not None for v in _limits(ctx.budget)):  # one budget for every worker (no CPU of its own)
+    b = ctx.budget
+    if any(v is not None for v in (b.max_requests, b.max_tokens, b.max_cost)):
         price = ctx.cfg.llm.price
-        ledger = ray.remote(num_cpus=0)(BudgetLedger).remote(ctx.budget, price.input_per_mtok, price.output_per_mtok)
-    if ctx.cfg.llm.rpm is not None or ctx.cfg.llm.tpm is not None:  # one RPM / TPM for every worker
+        ledger = ray.remote(num_cpus=0)(BudgetLedger).remote(b, price.input_per_mtok, price.output_per_mtok)
+    if ctx.cfg.llm.rpm is not None or ctx.cfg.llm.tpm is not None:
         from negsynth.llm.ratelimit import RateLedger
 
         rates = ray.remote(num_cpus=0)(RateLedger).remote(ctx.cfg.llm.rpm, ctx.cfg.llm.tpm)
     return ledger, rates
 
 
-def _wait_for_workers(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: int) -> tuple[list[dict], dict[str, Any] | None]:
-    """Each worker's stats and the budget used, once all are done; a worker's negsynth error is
-    raised as itself, and a worker Ray gave up on (or a lost cluster) as one line."""
+def _wait_for_ranks(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: int) -> tuple[list[dict], dict[str, Any] | None]:
+    """Each rank's stats and the budget used, once all are done; a rank's negsynth error is
+    raised as itself, and a rank Ray gave up on (or a lost cluster) as one line."""
     try:
         # Ray's driver prints its own notes (a task failed and is retried, a node died) on
         # stdout: while waiting, they go to stderr, so --json's stdout stays one document
@@ -311,7 +255,7 @@ def _wait_for_workers(ray, refs: list, ledger: Any, stage: Stage, *, max_retries
         if isinstance(cause, NegsynthError):
             raise cause from None
         raise
-    except ray.exceptions.RayError as e:  # a worker died more often than Ray retries it, or the cluster went away
+    except ray.exceptions.RayError as e:  # a rank died more often than Ray retries it, or the cluster went away
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
             f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
@@ -320,7 +264,7 @@ def _wait_for_workers(ray, refs: list, ledger: Any, stage: Stage, *, max_retries
 
 
 def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
-    """``budget`` in the stats: the one budget every worker shared and what they used of it."""
+    """``budget`` in the stats: the one budget every rank shared and what they used of it."""
     if used is None:
         return {}
     return {
@@ -334,43 +278,16 @@ def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
     }
 
 
-def _merge_shard_workers(stage: Stage, ctx: StageContext, parts: list[dict], *, workers: int, extra: dict) -> dict:
-    """The stage's stats from its workers': merged (and its summary printed) when every worker
-    finished, else the stats of the one that says most about why the stage stopped; with how it
-    ran, where each worker ran (``ray_nodes``) and ``extra`` (the shared budget, the embedding
-    nodes)."""
-    nodes = [p.pop("ray_node", None) for p in parts]  # where each worker (its last try) ran
-    # a failure or an outage says more than a budget stop (and exits with its own code)
-    bad = next((p for p in parts if unfinished(p) and not p.get("stopped_by")), None) or next((p for p in parts if unfinished(p)), None)
-    if bad is not None:
-        if bad.get("stopped_by"):  # every worker's items done and written, not only this one's
-            bad = {**bad, **{k: sum(int(p.get(k) or 0) for p in parts) for k in ("items", "valid", "rejected")}}
-        return {**bad, "executor": "ray", "workers": workers, "ray_nodes": nodes, **extra}
-    merged = merge_stage(ctx.run_dir, stage.name)
-    print_report(stage, ctx, merged)
-    return {**merged, "executor": "ray", "workers": workers, "ray_nodes": nodes, **extra}
-
-
 @contextlib.contextmanager
-def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[str | None]:
-    """On a Ray cluster of several nodes, the embedded LLM as one fleet per node
-    (:func:`negsynth.pipeline.ray_fleets.node_fleets`), set as ``ctx.base_url`` for the block and
-    yielded; else None and nothing changes (one node: the driver's fleet, as in one process). A new
-    local Ray node (no ``--address`` / ``$RAY_ADDRESS``) is one node: nothing is asked of Ray, and
-    a stage already finished starts no server."""
+def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[StageContext]:
+    """On a Ray cluster of several nodes, ``ctx`` with the embedded LLM as one fleet per node
+    (:func:`negsynth.pipeline.ray_fleets.node_fleets`) for the block; else ``ctx`` as it is (one
+    node: the driver's fleet, as in one process). A new local Ray node (no ``--address`` /
+    ``$RAY_ADDRESS``) is one node: nothing is asked of Ray."""
     from negsynth.pipeline import ray_fleets
 
-    if not ray_fleets.wanted(stage, ctx) or ray_address(address) == "local" or up_to_date(stage, ctx, manifest_entry(stage, ctx)):
-        yield None
+    if not ray_fleets.wanted(stage, ctx) or ray_address(address) == "local":
+        yield ctx
         return
     with ray_fleets.node_fleets(stage, ctx, connect(address)) as url:
-        before, ctx.base_url = ctx.base_url, url or ctx.base_url
-        try:
-            yield url
-        finally:
-            ctx.base_url = before
-
-
-def _embedded(nodes: list[str]) -> dict:
-    """``embedding_nodes``: where each embedding worker of the stage's ``prepare`` last answered."""
-    return {"embedding_nodes": nodes} if nodes else {}
+        yield replace(ctx, base_url=url) if url else ctx

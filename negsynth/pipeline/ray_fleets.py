@@ -1,20 +1,8 @@
-"""The embedded LLM on a multi-node Ray cluster: one fleet per node, every node's servers for every worker.
-
-On one machine the Ray executor starts the embedded fleet in the driver, as a local run does
-(:func:`negsynth.pipeline.embedded.llm_endpoint`). On a cluster of several nodes that would put
-every LLM request on the driver's cores, so :func:`node_fleets` starts one
-:class:`~negsynth.llm.fleet.EmbeddedFleet` on **each** alive node instead (a :class:`NodeFleet`
-actor pinned to the node, no CPU of its own reserved: the servers use the node's free cores, as
-``serve.servers = "auto"`` counts them there), and yields all their URLs as one endpoint string:
-every worker's client spreads its requests over every node's servers (``llm.endpoints``, most
-free capacity first; a server that stops answering is taken out and probed back, a node that
-dies takes its servers with it and the others carry the work).
-
-The servers listen on the address the node joined the cluster with (its ``NodeManagerAddress``),
-so every node reaches them; each logs to ``RUN_DIR/logs/node-<id>/`` (the run dir is on a filesystem every
-node sees, as for any Ray run). Every server has one thread and one slot with its prompt cache
-off (:mod:`negsynth.llm.fleet`), so an answer does not depend on the node or server that
-computed it: the stage's data equal a one-process run's, byte for byte.
+"""The embedded LLM on a multi-node Ray cluster (docs/scale.md §4): one
+:class:`~negsynth.llm.fleet.EmbeddedFleet` per alive node (a :class:`NodeFleet` actor pinned to it,
+listening on the address the node joined with, logging to ``RUN_DIR/logs/node-<id>/``), all their
+URLs given to every rank as ``llm.endpoints``. Every server has one thread and one slot with its
+prompt cache off, so an answer does not depend on the node that computed it.
 """
 
 from __future__ import annotations
@@ -56,7 +44,7 @@ def alive_nodes(ray) -> list[str]:
 
 def wanted(stage, ctx) -> bool:
     """Whether the stage needs the embedded LLM and nothing has given it an endpoint yet."""
-    return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.needs_llm(ctx.cfg)
+    return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.uses_llm(ctx.cfg)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Run a list of work items through an async function into deterministic, resumable shards.
 
-Item ``i`` belongs to shard ``i // shard_size``; with ``--num-shards n --shard-index k`` this
-process handles the shards ``s`` with ``s % n == k``, so n machines split one run. While a shard
+Item ``i`` belongs to shard ``i // shard_size``; rank ``k`` of ``n`` (``ctx.rank``,
+``ctx.world_size``: the executor's) handles the shards ``s`` with ``s % n == k``, so n workers
+split one run. While a shard
 is in progress each finished item is appended to ``shard-XXXXX.jsonl.partial``; when all its
 items are done the shard is written sorted by item index (temp file + rename) and the partial
 removed. A rerun skips finished shards and the items found in partial files, so a killed run
@@ -182,9 +183,9 @@ class RunReport:
         self.usage.update(st.get("usage", {}))
 
 
-def shard_assignment(n_items: int, shard_size: int, num_shards: int, shard_index: int) -> list[int]:
+def shard_assignment(n_items: int, shard_size: int, world_size: int, rank: int) -> list[int]:
     total = (n_items + shard_size - 1) // shard_size
-    return [s for s in range(total) if s % num_shards == shard_index]
+    return [s for s in range(total) if s % world_size == rank]
 
 
 @dataclass
@@ -222,6 +223,7 @@ class ShardedRunner:
         self,
         ctx: StageContext,
         stage: str,
+        folder: Path,
         *,
         concurrency: int,
         budget_check: Callable[[], str | None] | None = None,
@@ -231,7 +233,7 @@ class ShardedRunner:
     ):
         self.ctx = ctx
         self.stage = stage
-        self.dir = ctx.stage_dir(stage)
+        self.dir = folder
         self.concurrency = max(1, concurrency)
         self.budget_check = budget_check or (lambda: None)
         #: ``await again(index)`` for an item that failed at the transport level: True (after a
@@ -249,7 +251,7 @@ class ShardedRunner:
         if self.one_shard:
             self.shard_size = max(1, n_items)
             return shard_assignment(n_items, self.shard_size, 1, 0)
-        return shard_assignment(n_items, self.shard_size, self.ctx.num_shards, self.ctx.shard_index)
+        return shard_assignment(n_items, self.shard_size, self.ctx.world_size, self.ctx.rank)
 
     def _partial(self, s: int) -> Path:
         return self.dir / (shard_name(s) + ".partial")
@@ -296,9 +298,7 @@ class ShardedRunner:
         mine = self._mine(n_items)
         return not all(self._final(s).exists() for s in mine)
 
-    async def run(
-        self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]], *, description: str | None = None
-    ) -> RunReport:
+    async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]]) -> RunReport:
         """Every item of this worker's shards through ``process``, ``concurrency`` at a time:
         finished shards are counted, not redone, and a partial shard resumes where it stopped."""
         t0 = time.monotonic()
@@ -315,7 +315,7 @@ class ShardedRunner:
             run.queue.put_nowait(it)
         run.n_workers = min(self.concurrency, max(1, len(run.todo)))
         run.left = len(run.todo)
-        with self.ctx.reporter.progress(description or self.stage, total_items) as bar:
+        with self.ctx.reporter.progress(self.stage, total_items) as bar:
             bar.update(advance=run.done_items, valid=run.rep.valid, rejected=run.rep.rejected)
             try:
                 if run.todo:
@@ -457,7 +457,7 @@ class ShardedRunner:
             return None
         if self.verdict is not None:
             return self.verdict(rep, held) if held else None
-        return failure_message(self.stage, rep, self.ctx)
+        return failure_message(self.stage, rep, self.ctx, self.dir)
 
     def _shard_stats(self, s: int) -> dict:
         p = self.dir / "_shards" / f"{s:05d}.json"
@@ -476,7 +476,7 @@ class ShardedRunner:
         return list_shards(self.dir)
 
 
-def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None:
+def failure_message(stage: str, rep: RunReport, ctx: StageContext, folder: Path) -> str | None:
     """One line when a stage produced nothing usable: the counts and the likely cause."""
     cfg = ctx.cfg.llm
     url = ctx.base_url or cfg.base_url
@@ -493,11 +493,11 @@ def failure_message(stage: str, rep: RunReport, ctx: StageContext) -> str | None
     elif not any(rep.usage.get(k) for k in ("attempts", "requests", "cached")):  # no LLM involved (mined negatives)
         top = rep.reasons.most_common(1)[0][0] if rep.reasons else ""
         first = f"{top}: {rep.details[top]}; " if rep.details.get(top) else ""
-        hint = f"no LLM request was made; {first}every reject with its reason is in {ctx.stage_dir(stage)}/rejects/"
+        hint = f"no LLM request was made; {first}every reject with its reason is in {folder}/rejects/"
     else:
         hint = (
             f"the model {cfg.model!r} at {url} answers but never validly; check llm.model (a chat/instruct "
-            f"model?) and llm.structured_output, and read {ctx.stage_dir(stage)}/rejects/"
+            f"model?) and llm.structured_output, and read {folder}/rejects/"
         )
     if rep.valid == 0:
         return f"{stage}: 0 valid outputs of {rep.items} items ({what}): {hint}"

@@ -1,19 +1,11 @@
-"""The stage contract: what every stage declares, and the one function that runs a stage.
-
-A stage module implements only its own loop (``run(ctx) -> stats``). What is the same for every
-stage lives here, in :func:`run_stage`, in this order: its inputs are checked before anything is
-paid for; finished work made from the same config and inputs is reused (:func:`up_to_date`),
-once its outputs are checked against the manifest (:func:`repair_outputs`: a damaged one is made
-again); a stage folder that cannot be written is refused before any work; outputs made from
-another config are refused unless ``--overwrite`` and the stage folder notes what the new ones are
-made from (:func:`check_manifest_entry`: the one manifest check of a stage run; its fingerprint is
-computed once and kept in ``ctx.made_from``); the embedded LLM server runs around the stages that
-call the LLM (and only those); the stats the loop returns are written atomically to
-``RUN_DIR/<stage>/stats.json``; a stage that finished is recorded in the manifest with its
-outputs' sizes and hashes (:func:`record_finished`; one that failed or stopped early is not); the
-stage's summary table is printed from the stats.
-The LLM stages' loops share one shape on top of this, :mod:`negsynth.pipeline.llm_stage`. ``negsynth run`` is a loop over :func:`run_stage`. The method's stages, in
-order, are declared in :mod:`negsynth.stages`.
+"""The stage contract (:class:`Stage`), and the checks :func:`~negsynth.pipeline.executor.run_stage`
+makes around a stage's own loop: its inputs (:func:`check_inputs`), whether finished work made
+from the same config and inputs can be reused (:func:`up_to_date`, once its outputs are checked
+against the manifest: :func:`repair_outputs`), the manifest before the loop
+(:func:`check_manifest_entry`) and after it (:func:`record_finished`: a stage that finished is
+recorded with its outputs' sizes and hashes). An LLM stage is a :class:`Stage` too
+(:class:`~negsynth.pipeline.llm_stage.LLMStage`). The method's stages, in order, are
+:data:`negsynth.stages.METHOD`.
 
 Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 
@@ -32,19 +24,14 @@ Relaunch policies (what rerunning a finished stage does), one per kind of stage:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
-from negsynth.data.shards import atomic_write_json, list_shards
+from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.pipeline.context import Budget, StageContext
-from negsynth.pipeline.embedded import llm_endpoint
-from negsynth.pipeline.lock import hold
+from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.manifest import (
-    check_and_record,
     check_manifest,
     damaged_outputs,
     describe_outputs,
@@ -52,10 +39,9 @@ from negsynth.pipeline.manifest import (
     read_manifest,
     record_manifest,
 )
-from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
-from negsynth.schemas.config import RunConfig, register_section
+from negsynth.schemas.config import RunConfig
 
 Relaunch = Literal["resume", "rebuild", "always"]
 
@@ -68,79 +54,88 @@ class Summary(NamedTuple):
     header: tuple[str, ...] = ("", "")
 
 
-@dataclass(frozen=True)
 class Stage:
-    """One stage of a pipeline, as the runner sees it: each stage module declares its own
-    ``STAGE = Stage(...)`` next to the functions it names, so a reader (and a type checker) can
-    follow a stage from the CLI to its code.
+    """One stage of the method. A stage module subclasses it and ends with ``STAGE = MyStage()``
+    (one line of :data:`negsynth.stages.METHOD` then runs it, gives it its command and its
+    ``[name]`` section of the run file), so a reader follows ``negsynth NAME`` into its module.
 
-    ``run`` is its loop (ctx -> stats; heavy imports stay inside it, so torch is loaded only by
-    the stages that need it). ``config`` is the class of its section of the run file
-    (``cfg.<name>``). ``inputs`` names the stages whose finished outputs it reads (a function of
-    the config where that is configurable); with ``any_input`` one of them suffices. ``llm`` says
-    whether it calls the LLM (a function of the config where that depends on it); a stage that
-    may call it declares ``estimate`` (ctx, :class:`~negsynth.pipeline.tally.Tally` -> what later
-    stages' estimators may read), the requests ``negsynth estimate`` counts for it; one without is
-    refused when it is built, so no LLM stage is estimated at zero requests. ``fingerprint``
-    (ctx -> the hash of its config and inputs, or the fields of its manifest entry) and
-    ``done_files`` (the files in its folder that make it finished) let :func:`run_stage` reuse
-    finished work and check (and record) the run manifest before the loop. A ``staged`` stage (the
-    LLM stages) records its entry itself once its endpoint, key and cache checks passed, or when
-    an ``--overwrite`` built beside the old outputs is swapped in. ``keep_on_change`` (a function
-    of the config) makes a ``rebuild`` stage refuse a changed config instead (train with
-    ``train.resume``). ``report`` (stats -> the :class:`Summary` tables) is its summary, printed
-    after it ran (or was reused). ``shardable``: its work splits into shard workers
-    (``--executor ray``). ``embeds`` (a function of the config where that depends on it): its
-    heavy work is embedding with ``[embedder]``, which it loads through ``ctx.embedder_factory``
-    (or, to mine, ``ctx.mining_model_factory``) when one is set (``--executor ray`` spreads the
-    encoding over Ray workers; the stage itself runs in one process). ``examples``: its shards
-    hold example records (query, positive, negatives), the ones ``inspect`` and ``export`` read.
-    ``prepare``: work a ``shardable`` stage that ``embeds`` does once in the driver before its
-    shard workers start (``--executor ray``: its embedding on the Ray workers), whose results the
-    workers then read from the stage's cache instead of each computing it (regenerate's mining).
+    It declares its ``name``, ``summary`` and ``config`` (the class of its section, ``cfg.<name>``)
+    (a stage :data:`~negsynth.stages.METHOD` adds brings its section to the run file with it:
+    :func:`negsynth.stages.sections`) and answers, from the run config, which stages it reads (:meth:`inputs`), whether it calls
+    the LLM (:meth:`uses_llm`) and whether its heavy work is embedding with ``[embedder]``
+    (:meth:`embeds`). It supplies its loop (:meth:`run`: ctx -> stats; heavy imports inside it),
+    what its outputs are made from (:meth:`made_from`: what the manifest records and a relaunch
+    compares) and its summary (:meth:`report`). A stage that may call the LLM also counts the
+    requests ``negsynth estimate`` prints (:meth:`estimate`).
+
+    ``relaunch`` is what rerunning a finished stage does: ``resume`` (LLM and scoring stages:
+    reused as it is; unfinished work continued, no request paid twice; a changed config refused,
+    ``--overwrite`` starts afresh beside the old outputs), ``rebuild`` (derived data: reused when
+    config and inputs are unchanged, rebuilt without asking when either changed) or ``always``
+    (reports: recomputed every time). ``done_files`` are the files in its folder that make it
+    finished; ``examples``: its shards hold example records (query, positive, negatives), the
+    ones ``score``, ``inspect`` and ``export`` read; ``shardable``: ``--executor ray`` splits it
+    into ranks; ``staged``: it notes what its outputs are made from when it starts writing, not
+    before its checks (the LLM stages).
     """
 
-    name: str
-    summary: str
-    run: Callable[[StageContext], dict]
-    config: type | None = None
-    fingerprint: Callable[[StageContext], str | dict[str, Any]] | None = None
-    report: Callable[[dict], list[Summary]] | None = None
-    inputs: tuple[str, ...] | Callable[[RunConfig], Sequence[str]] = ()
-    any_input: bool = False
-    llm: bool | Callable[[RunConfig], bool] = False
-    relaunch: Relaunch = "resume"
-    done_files: tuple[str, ...] = ("stats.json",)
-    staged: bool = False
-    keep_on_change: Callable[[RunConfig], bool] | None = None
-    shardable: bool = False
-    embeds: bool | Callable[[RunConfig], bool] = False
-    examples: bool = False
-    prepare: Callable[[StageContext], None] | None = None
-    estimate: Callable[[StageContext, Tally], Any] | None = None
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    config: ClassVar[type | None] = None
+    relaunch: ClassVar[Relaunch] = "resume"
+    done_files: ClassVar[tuple[str, ...]] = ("stats.json",)
+    examples: ClassVar[bool] = False
+    shardable: ClassVar[bool] = False
+    staged: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        if self.llm and self.estimate is None:  # True, or a function of the config
-            raise TypeError(
-                f"stage {self.name!r} calls the LLM (llm={self.llm!r}) but declares no estimate: "
-                "pass Stage(estimate=fn), fn(ctx, tally) counting its requests (negsynth.pipeline.tally)"
-            )
-        if self.config is not None:  # a stage RunConfig does not list gets its [name] section of the run file
-            register_section(self.name, self.config)
+    def section(self, cfg: RunConfig) -> Any:
+        """Its section of the run file (``cfg.<name>``); the section's defaults where the run file
+        has none (a stage added without one)."""
+        own = getattr(cfg, self.name, None)
+        return self.config() if own is None and self.config is not None else own
 
-    def input_stages(self, cfg: RunConfig) -> tuple[str, ...]:
-        return tuple(self.inputs(cfg) if callable(self.inputs) else self.inputs)
+    def inputs(self, cfg: RunConfig) -> tuple[str, ...]:
+        """The stages whose finished outputs it reads (one of them suffices)."""
+        return ()
 
-    def needs_llm(self, cfg: RunConfig) -> bool:
-        return bool(self.llm(cfg) if callable(self.llm) else self.llm)
+    def uses_llm(self, cfg: RunConfig) -> bool:
+        return False
 
-    def embeds_with(self, cfg: RunConfig) -> bool:
-        """Whether its heavy work under ``cfg`` is embedding with ``[embedder]`` (``embeds``)."""
-        return bool(self.embeds(cfg) if callable(self.embeds) else self.embeds)
+    def embeds(self, cfg: RunConfig) -> bool:
+        """Whether its heavy work under ``cfg`` is embedding with ``[embedder]``
+        (``--executor ray`` spreads that over its workers)."""
+        return False
+
+    def keeps_on_change(self, cfg: RunConfig) -> bool:
+        """A ``rebuild`` stage that refuses a changed config instead (train with ``train.resume``)."""
+        return False
+
+    def made_from(self, ctx: StageContext) -> str | dict[str, Any] | None:
+        """What its outputs are made from: the hash of its config and inputs, or the fields of its
+        manifest entry (``config_hash`` among them); None: nothing to compare (``always``)."""
+        return None
+
+    def run(self, ctx: StageContext) -> dict:
+        raise NotImplementedError
+
+    def prepare(self, ctx: StageContext) -> None:
+        """A ``shardable`` stage's work done once in the driver before its ranks start
+        (``--executor ray``), whose results the ranks read instead of each computing them."""
+
+    def report(self, stats: dict) -> list[Summary]:
+        return []
+
+    def estimate(self, ctx: StageContext, tally: Tally) -> Any:
+        """The requests ``negsynth estimate`` counts for it (:class:`~negsynth.pipeline.tally.Tally`);
+        what later stages' estimators may read. Only a stage that may call the LLM has one."""
+        raise NotImplementedError(f"stage {self.name!r} calls the LLM but counts no requests: define {type(self).__name__}.estimate")
 
 
-#: what runs one stage of :func:`run_stages`: (stage, ctx, start_llm) -> its stats
-Runner = Callable[["Stage", StageContext, Callable[[], "str | None"]], dict]
+def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest entry of what :meth:`Stage.made_from` says (a hash: over one process's shards)."""
+    if made is None:
+        return None
+    return {"shard_size": None, "num_shards": 1, **(made if isinstance(made, dict) else {"config_hash": made})}
 
 
 def has_outputs(folder: Path) -> bool:
@@ -150,55 +145,44 @@ def has_outputs(folder: Path) -> bool:
 
 
 def check_inputs(stage: Stage, ctx: StageContext) -> None:
-    """One line naming the missing input and the command that makes it, before any work is paid for."""
-    names = stage.input_stages(ctx.cfg)
+    """One line naming the missing input and the command that makes it, before any work is paid
+    for (a stage reading several needs one of them)."""
+    names = stage.inputs(ctx.cfg)
     missing = [n for n in names if not has_outputs(ctx.run_dir / n)]
-    if not names or not missing or (stage.any_input and len(missing) < len(names)):
+    if len(missing) < len(names) or not names:
         return
     where = " or ".join(str(ctx.run_dir / n) for n in missing)
     raise UserError(f"{stage.name}: no finished outputs in {where}; run `negsynth {missing[0]}` first")
 
 
-def stats_path(ctx: StageContext, name: str) -> Path:
-    """Where a stage's stats go: ``stats.json``; worker k of n writes ``stats.k-of-n.json``
-    (``negsynth merge`` combines them)."""
-    file = "stats.json" if ctx.num_shards == 1 else f"stats.{ctx.shard_index:05d}-of-{ctx.num_shards:05d}.json"
-    return ctx.stage_dir(name) / file
-
-
-def manifest_entry(stage: Stage, ctx: StageContext) -> dict[str, Any] | None:
-    """What the stage's outputs are made from, as the manifest records it: its fingerprint (a hash,
-    or a dict of fields) over a one-process shard layout. The fingerprint is computed here, once
-    per run, and kept in ``ctx.made_from`` for the stage's loop."""
-    ctx.made_from = fp = None if stage.fingerprint is None else stage.fingerprint(ctx)
-    if fp is None:
-        return None
-    return {"shard_size": None, "num_shards": 1, **(fp if isinstance(fp, dict) else {"config_hash": fp})}
-
-
-def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) -> dict | None:
+def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) -> tuple[dict | None, StageContext]:
     """The stage's recorded stats when its outputs are finished and were made from the same config
-    and inputs (``entry`` = the manifest's), else None.
-
-    Otherwise a ``rebuild`` stage is marked for rebuilding (``ctx.overwrite``) without asking
-    (unless ``keep_on_change``); a ``resume`` stage runs, continuing unfinished work or refusing a
-    changed config."""
-    if stage.relaunch == "always" or entry is None or ctx.overwrite or ctx.num_shards != 1:
-        return None
-    out = ctx.stage_dir(stage.name)
+    and inputs (``entry``), else None; and the context to run it with otherwise: a ``rebuild``
+    stage whose config or inputs changed (or whose outputs are damaged) is rebuilt without asking
+    (``overwrite``), unless it keeps them on a change; a ``resume`` stage runs, continuing
+    unfinished work or refusing a changed config."""
+    if stage.relaunch == "always" or entry is None or ctx.overwrite:
+        return None, ctx
+    out = ctx.run_dir / stage.name
     if not any((out / f).exists() for f in stage.done_files):
-        return None
+        return None, ctx
     stats = _read_stats(out / "stats.json")
     recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
-    if stats is not None and _finished_as_recorded(out, stage, stats) and all(recorded.get(k) == v for k, v in entry.items()):
+    if stats is not None and _finished_as_recorded(out, stage, stats) and same_entry(recorded, entry):
         if not repair_outputs(stage, ctx, recorded.get("outputs")):
             ctx.reporter.info(f"{stage.name}: up to date in {out} (same config and inputs); --overwrite redoes it")
-            return {**stats, "reused": True}
-        return None
-    if stage.relaunch == "rebuild" and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg)):
+            return {**stats, "reused": True}, ctx
+        return None, replace(ctx, overwrite=stage.relaunch == "rebuild")
+    if stage.relaunch == "rebuild" and not stage.keeps_on_change(ctx.cfg):
         ctx.reporter.info(f"{stage.name}: config or inputs changed since {out} was made: rebuilding it")
-        ctx.overwrite = True
-    return None
+        return None, replace(ctx, overwrite=True)
+    return None, ctx
+
+
+def same_entry(recorded: dict[str, Any], entry: dict[str, Any]) -> bool:
+    """Whether outputs recorded with ``recorded`` are made from ``entry``; the number of workers
+    that wrote them (``num_shards``) aside: every shard is the same whichever worker wrote it."""
+    return all(recorded.get(k) == v for k, v in entry.items() if k != "num_shards")
 
 
 def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | None) -> bool:
@@ -207,7 +191,7 @@ def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | N
     when an mtime moved). A damaged shard is removed so that the stage makes it again: an LLM
     stage from its request cache (nothing paid twice), another by recomputing it (a ``rebuild``
     stage rebuilds whole). True when something was damaged (the stage then runs)."""
-    out = ctx.stage_dir(stage.name)
+    out = ctx.run_dir / stage.name
     bad = damaged_outputs(out, recorded, full=ctx.verify)
     if not bad:
         return False
@@ -221,8 +205,6 @@ def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | N
                 p.unlink(missing_ok=True)
             except OSError as e:
                 raise storage_error(e, p) from None
-    if stage.relaunch == "rebuild":
-        ctx.overwrite = True
     return True
 
 
@@ -247,24 +229,22 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any])
     """Refuse (one line) outputs made from another config unless ``--overwrite``; note in the stage
     folder what the outputs are made from, except for a ``staged`` stage, which notes it when it
     starts writing (the manifest records the entry once the stage finished: :func:`record_finished`)."""
-    overwrite = ctx.overwrite and not (stage.keep_on_change and stage.keep_on_change(ctx.cfg))
-    if stage.staged:
-        check_manifest(ctx.run_dir, stage.name, entry, overwrite=overwrite)
-    else:
-        try:  # the stage folder is written here, first: a read-only one is met before any work
-            check_and_record(ctx.run_dir, stage.name, entry, overwrite=overwrite)
-        except OSError as e:
-            raise storage_error(e, ctx.run_dir / stage.name) from None
+    try:  # the stage folder is written here, first: a read-only one is met before any work
+        check_manifest(
+            ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=not stage.staged
+        )
+    except OSError as e:
+        raise storage_error(e, ctx.run_dir / stage.name) from None
 
 
 def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:
     """A stage that finished: the manifest records its entry and its outputs' sizes and hashes (a
     stage that failed or stopped early records nothing)."""
-    if entry is None or ctx.num_shards != 1 or stats.get("reused") or not finished_stats(stats):
+    if entry is None or stats.get("reused") or not finished_stats(stats):
         return
-    out = ctx.stage_dir(stage.name)
+    out = ctx.run_dir / stage.name
     own = own_record(out)  # the entry the stage began its outputs with (an item stage adds its item count)
-    if own is not None and all(own.get(k) == v for k, v in entry.items()):
+    if own is not None and same_entry(own, entry):
         entry = own
     try:
         record_manifest(ctx.run_dir, stage.name, entry, outputs=describe_outputs(out))
@@ -292,71 +272,6 @@ def _read_stats(path: Path) -> dict | None:
         return None  # missing or torn: the stage runs and writes it again
 
 
-def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    path = stats_path(ctx, stage.name)
-    try:
-        atomic_write_json(path, stats)
-    except OSError as e:
-        raise storage_error(e, path) from None
-
-
-def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    if stage.report is None or stats.get("skipped"):
-        return
-    for t in stage.report(stats):
-        ctx.reporter.table(t.title, t.rows, t.header)
-
-
-def run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None, under: str | None = None) -> dict:
-    """Run one stage: check its inputs, reuse it when it is up to date, start the embedded server
-    if it calls the LLM and no endpoint is up yet (``start_llm``: a shared one, started on first
-    use), run its loop, write its stats atomically, print its summary and return its stats.
-
-    The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`; a worker of a split
-    run holds its own (stage, shard)): a second process on it stops with one line, nothing sent.
-    ``under``: this is a worker launched by the process holding the run dir, whose lock token
-    this is (``negsynth run --executor ray``); it holds its (stage, shard) and runs beside it."""
-    shard = (ctx.shard_index, ctx.num_shards) if ctx.num_shards > 1 or under else None
-    with hold(ctx.run_dir, stage=stage.name, shard=shard, warn=ctx.reporter.warn, under=under):
-        try:
-            return _run_stage(stage, ctx, start_llm=start_llm)
-        finally:
-            ctx.made_from = None  # this stage's: a later stage on the same context computes its own
-
-
-def _run_stage(stage: Stage, ctx: StageContext, *, start_llm: Callable[[], str | None] | None = None) -> dict:
-    check_inputs(stage, ctx)
-    entry = manifest_entry(stage, ctx)
-    stats = up_to_date(stage, ctx, entry)
-    if stats is None:
-        check_writable(ctx.run_dir / stage.name)
-        if entry is not None and (ctx.num_shards == 1 or stage.staged):  # the one manifest check of the run
-            check_manifest_entry(stage, ctx, entry)
-        with stage_endpoint(stage, ctx, start_llm) as url:
-            if url:
-                ctx.base_url = url
-            stats = stage.run(ctx)
-        write_stats(stage, ctx, stats)
-        record_finished(stage, ctx, entry, stats)
-    print_report(stage, ctx, stats)
-    return stats
-
-
-@contextmanager
-def stage_endpoint(
-    stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None = None, *, in_process: bool = True
-) -> Iterator[str | None]:
-    """Where a stage's requests go: ``ctx.base_url`` when the caller already has an endpoint, else
-    the run's shared embedded server (``start_llm``, started on first use, set as ``ctx.base_url``),
-    else an embedded server for the block, whose URL is yielded (None otherwise). ``in_process``:
-    the requests are sent from this process (False: Ray's workers send them)."""
-    needed = stage.needs_llm(ctx.cfg) and ctx.base_url is None
-    if needed and start_llm is not None:
-        ctx.base_url, needed = start_llm(), False
-    with llm_endpoint(ctx.cfg, ctx.run_dir, ctx.reporter, needed=needed, in_process=in_process) as url:
-        yield url
-
-
 def unfinished(stats: dict) -> bool:
     """Whether a stage's stats say it stopped early (budget, outage, pending items, failure)."""
     return bool(stats.get("failed") or stats.get("outage") or stats.get("stopped_by") or stats.get("pending"))
@@ -368,67 +283,3 @@ def finished_stats(stats: dict) -> bool:
     :attr:`RunReport.finished <negsynth.pipeline.runner.RunReport.finished>` is the same rule on
     the report the stats are made from."""
     return bool(stats.get("complete", True)) and not unfinished(stats)
-
-
-def run_stages(
-    stages: Sequence[Stage],
-    cfg: RunConfig,
-    run_dir: str | Path,
-    *,
-    reporter: Reporter | None = None,
-    overwrite: bool = False,
-    budget: Budget | None = None,
-    around: Callable[[Stage, StageContext], AbstractContextManager[dict]] | None = None,
-    runner: Runner | None = None,
-    verify: bool = False,
-    llm_in_process: bool = True,
-) -> dict[str, dict]:
-    """Run ``stages`` in order with :func:`run_stage` (or ``runner``); returns each stage's stats.
-
-    One embedded server serves every LLM stage of the run (started when the first one has work,
-    stopped after the last so scoring and training get its cores). A stage that stops early ends the
-    run: later stages would train and evaluate on partial (or no) data.
-
-    ``around(stage, ctx)``: a context manager each stage runs inside, yielding what to add to its
-    stats (``negsynth run --executor ray``: score's encoding on Ray workers, see
-    :func:`negsynth.stages.run_pipeline`); the caller above this layer supplies it.
-
-    ``runner(stage, ctx, start_llm)``: what runs one stage instead of :func:`run_stage` (``negsynth
-    run --executor ray``: a shardable stage as shard workers on Ray). It gets the run's shared
-    ``start_llm`` (the one embedded server, started on first use) and returns the stage's stats;
-    their ``this_run`` is counted against the run's one budget as a local stage's is.
-
-    ``llm_in_process``: every request to the embedded server is sent from this process (False
-    under Ray, whose workers send them: the server's prompt prefix is then not pinned)."""
-    run_dir = Path(run_dir)
-    reporter = reporter or Reporter()
-    llm_idx = [i for i, s in enumerate(stages) if s.needs_llm(cfg)]
-    budget = budget or Budget()
-    out: dict[str, dict] = {}
-    with hold(run_dir, warn=reporter.warn), ExitStack() as stack:
-        base_url: str | None = None
-
-        def start_llm() -> str | None:  # on first use: a run whose LLM stages are all up to date starts none
-            nonlocal base_url
-            if base_url is None:
-                base_url = stack.enter_context(llm_endpoint(cfg, run_dir, reporter, in_process=llm_in_process))
-            return base_url
-
-        for i, stage in enumerate(stages):
-            ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
-            reporter.info(f"[bold]== {stage.name}[/]")
-            with around(stage, ctx) if around else nullcontext({}) as extra:
-                st = runner(stage, ctx, start_llm) if runner else run_stage(stage, ctx, start_llm=start_llm)
-            out[stage.name] = st = {**st, **extra} if extra else st
-            if isinstance(st.get("this_run"), dict) and not st.get("reused"):
-                budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
-            if unfinished(st):
-                if st.get("stopped_by"):
-                    reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")
-                else:
-                    reporter.warn(f"{stage.name} did not finish; later stages not run")
-                break
-            if llm_idx and i == llm_idx[-1]:
-                stack.close()  # the LLM is no longer needed: free its cores for scoring and training
-                base_url = None
-    return out

@@ -155,7 +155,9 @@ class ScoreConfig(Section):
     """
 
     policy: Literal["annotate", "reorder", "filter", "measured"] = "measured"
-    inputs: list[str] = Field(default_factory=lambda: ["generate", "regenerate", "corpus"])  # absent stages are skipped
+    # the stages whose examples to score: "auto" = every stage of the method that makes examples (in
+    # its order; absent ones skipped), else a list of stage names
+    inputs: Literal["auto"] | list[str] = "auto"
     fn_ratio: float = Field(0.95, gt=0.0, le=1.0)
     too_easy_floor: float | None = Field(0.1, ge=-1.0, le=1.0)  # None: never too easy
     filter_flags: list[Literal["false_negative", "too_easy"]] = Field(default_factory=lambda: ["false_negative", "too_easy"])
@@ -191,7 +193,9 @@ class ScoreConfig(Section):
 
     @field_validator("inputs")
     @classmethod
-    def _inputs(cls, v: list[str]) -> list[str]:
+    def _inputs(cls, v: Literal["auto"] | list[str]) -> Literal["auto"] | list[str]:
+        if v == "auto":
+            return v
         if not v:
             raise ValueError('needs at least one input stage, e.g. ["generate"]')
         if "score" in v:
@@ -484,22 +488,13 @@ class RunConfig(Section):
         return self
 
 
-#: the run-file sections of stages that :class:`RunConfig` does not list: a stage added as a module
-#: registers its section class under its name when it is declared (``Stage(config=...)``), and
-#: :func:`run_config_class` validates ``[name]`` with it as RunConfig validates its own sections
-STAGE_SECTIONS: dict[str, type[BaseModel]] = {}
-
-
-def register_section(name: str, section: type[BaseModel]) -> None:
-    """``[name]`` of the run file is validated with ``section`` (RunConfig's own sections stay)."""
-    if name not in RunConfig.model_fields:
-        STAGE_SECTIONS[name] = section
-
-
-def run_config_class() -> type[RunConfig]:
-    """RunConfig with a section per registered stage (:data:`STAGE_SECTIONS`); RunConfig itself
-    while none is registered, so the method's own run files validate and hash as they always did."""
-    return _with_sections(tuple(sorted(STAGE_SECTIONS.items(), key=lambda kv: kv[0]))) if STAGE_SECTIONS else RunConfig
+def run_config_class(sections: tuple[tuple[str, type[BaseModel]], ...] = ()) -> type[RunConfig]:
+    """RunConfig with ``[name]`` of the run file validated by each ``(name, section class)`` of
+    ``sections`` that it does not list (a stage added to the method brings its own: the caller
+    above the stages passes ``negsynth.stages.sections()``); RunConfig itself without any, so the
+    method's own run files validate and hash as they always did."""
+    extra = tuple(sorted((n, c) for n, c in sections if n not in RunConfig.model_fields))
+    return _with_sections(extra) if extra else RunConfig
 
 
 @functools.cache

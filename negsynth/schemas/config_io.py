@@ -135,7 +135,7 @@ def _removed(err: dict, loc: tuple[str, ...]) -> str | None:
     return None
 
 
-def explain(e: ValidationError, source: str) -> str:
+def explain(e: ValidationError, source: str, cls: type[BaseModel] = RunConfig) -> str:
     err = e.errors()[0]
     loc = tuple(str(x) for x in err["loc"])
     section = f"[{'.'.join(loc[:-1])}] " if len(loc) > 1 else ""
@@ -145,7 +145,7 @@ def explain(e: ValidationError, source: str) -> str:
     if removed:
         return f"{source}: {section}{removed}{more}"
     if err["type"] == "extra_forbidden":
-        allowed = _allowed(run_config_class(), loc)
+        allowed = _allowed(cls, loc)
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
         return f"{source}: {section}unknown key {key!r}{hint}{more}"
     msg = err["msg"].removeprefix("Value error, ")
@@ -203,14 +203,16 @@ def config_layers(path: str | Path | None = None, overrides: list[str] | None = 
     return defaults, user, source
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, sections: tuple = ()) -> RunConfig:
     """The run config: the built-in run file (what ``negsynth config`` prints), ``path``'s keys over
-    it, then ``overrides`` (``["train.lr=1e-5", ...]``, as ``--set``), validated."""
+    it, then ``overrides`` (``["train.lr=1e-5", ...]``, as ``--set``), validated; ``sections``: the
+    ``(name, section class)`` of stages RunConfig does not list (``negsynth.stages.sections()``)."""
     defaults, user, source = config_layers(path, overrides)
+    cls = run_config_class(sections)
     try:
-        return run_config_class().model_validate(layer(_recipe_yields(defaults, user), user))
+        return cls.model_validate(layer(_recipe_yields(defaults, user), user))
     except ValidationError as e:
-        raise UserError(explain(e, source)) from None
+        raise UserError(explain(e, source, cls)) from None
 
 
 def changed_keys(user: dict, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -245,7 +247,7 @@ def _at(data: Any, path: tuple[str, ...]) -> Any:
 _MISSING = object()
 
 
-def marked_toml(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
+def marked_toml(path: str | Path | None = None, overrides: list[str] | None = None, sections: tuple = ()) -> str:
     """``negsynth config [-c FILE] [--set ...]``: the effective config as TOML, every key the file
     or a ``--set`` gave marked with a comment (``# FILE`` or ``# --set``; ``(= default)`` added when
     it repeats the built-in value), so a reader sees what the file changed and what it inherits."""
@@ -253,7 +255,7 @@ def marked_toml(path: str | Path | None = None, overrides: list[str] | None = No
 
     import tomli_w
 
-    cfg = load_config(path, overrides).model_dump(mode="json", exclude_none=True)
+    cfg = load_config(path, overrides, sections).model_dump(mode="json", exclude_none=True)
     text = tomli_w.dumps(cfg)
     if path is None and not overrides:
         return text

@@ -1,11 +1,12 @@
 """The MGH method, stage by stage, in the order ``negsynth run`` runs them.
 
-Each stage module implements only its own loop, ``run(ctx) -> stats``, its ``fingerprint(ctx)``
-and its summary, ``report(stats)`` (an LLM stage also its ``estimate(ctx, tally)``, the requests
-``negsynth estimate`` counts), and declares them in one ``STAGE = Stage(...)``
-(:class:`negsynth.pipeline.stage.Stage`); what every stage shares (input checks, reusing
-finished work, the embedded LLM server, writing ``stats.json``, printing the summary) is the contract in
-:mod:`negsynth.pipeline.stage`. A newcomer reads the method here, top to bottom:
+Each stage module subclasses :class:`negsynth.pipeline.Stage` (an LLM stage
+:class:`negsynth.pipeline.LLMStage`) and ends with ``STAGE = MyStage()``: its loop (``run``),
+what its outputs are made from (``made_from``), its summary (``report``) and, for an LLM stage,
+its items and requests (``plan``, ``messages``, ``schema``, ``parse``, ``record``). What every
+stage shares (input checks, reusing finished work, the embedded LLM server, writing
+``stats.json``, printing the summary) is :func:`negsynth.pipeline.run_stage`. A newcomer reads
+the method here, top to bottom:
 
 ==============  ==========================================================  ========  ========
 stage           makes                                                       LLM       relaunch
@@ -26,15 +27,11 @@ evaluate        the report on real benchmarks, beside the base model        no  
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from negsynth.errors import UserError
-from negsynth.pipeline import Budget, Reporter, Stage, run_stage, run_stages
+from negsynth.pipeline import Budget, LocalExecutor, Reporter, Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
-
-if TYPE_CHECKING:
-    from negsynth.pipeline import Executor
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module and a
 #: line here (an LLM stage: also its prompt files); its run-file section and command come with it
@@ -48,6 +45,18 @@ METHOD: tuple[Stage, ...] = (
     train.STAGE,
     evaluate.STAGE,
 )
+
+
+def sections() -> tuple[tuple[str, type], ...]:
+    """The run-file sections the method's stages declare (``Stage.config``, :data:`METHOD` read
+    when called): what ``load_config`` validates ``[name]`` with where RunConfig lists none."""
+    return tuple((s.name, s.config) for s in METHOD if s.config is not None)
+
+
+def example_stages() -> list[str]:
+    """The stages of :data:`METHOD` (read when called) whose records are examples and which make
+    them (``score`` reads them), in order."""
+    return [s.name for s in METHOD if s.examples and s.name != "score"]
 
 
 def get(name: str) -> Stage:
@@ -68,42 +77,24 @@ def run_pipeline(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     budget: Budget | None = None,
-    executor: Executor | None = None,
-    ray_workers: int | None = None,
-    ray_address: str | None = None,
+    executor: LocalExecutor | None = None,
     verify: bool = False,
 ) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
 
     ``executor`` (:mod:`negsynth.pipeline.executor`, chosen once: ``negsynth run --executor``)
     decides where each stage runs; by default this process. ``RayExecutor(workers)`` runs the
-    whole pipeline on Ray: each stage that splits into shard workers (``Stage.shardable``) as that
-    many Ray tasks, merged here, with the run's one embedded server, one budget and the run dir
-    this process holds; a stage whose heavy work is embedding (score; regenerate with ``negatives =
-    "mined"``; corpus with its index) here with that encoding on that many Ray workers; every other
-    stage in this process. (``ray_workers`` / ``ray_address`` are the older spelling of
-    ``executor=RayExecutor(ray_workers, ray_address)``.)
+    whole pipeline on Ray: each stage that splits (``Stage.shardable``) as that many ranks, Ray
+    tasks whose stats are summed here, with the run's one embedded server, one budget and the run
+    dir this process holds; a stage whose heavy work is embedding (score; regenerate with
+    ``negatives = "mined"``; corpus with its index) here with that encoding on that many Ray
+    workers; every other stage in this process.
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
-    from negsynth.pipeline import LocalExecutor, RayExecutor
-
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    if executor is None:
-        executor = RayExecutor(ray_workers, ray_address) if ray_workers else LocalExecutor()
-    return run_stages(
-        chosen,
-        cfg,
-        run_dir,
-        reporter=reporter,
-        overwrite=overwrite,
-        budget=budget,
-        around=executor.around,
-        runner=executor.run,
-        verify=verify,
-        llm_in_process=executor.llm_in_process,
-    )
+    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, executor=executor, verify=verify)
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
@@ -117,11 +108,4 @@ async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[s
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)
 
 
-def splitting() -> tuple[str, ...]:
-    """The stages ``--executor ray`` splits (:func:`negsynth.pipeline.executor.split_stages` of :data:`METHOD`)."""
-    from negsynth.pipeline import split_stages
-
-    return split_stages(METHOD)
-
-
-__all__ = ["METHOD", "Stage", "arun_pipeline", "get", "run_pipeline", "run_stage", "splitting"]
+__all__ = ["METHOD", "Stage", "arun_pipeline", "example_stages", "get", "run_pipeline", "run_stage", "sections"]

@@ -9,9 +9,10 @@ Out: ``RUN_DIR/brainstorm/shard-00000.jsonl`` — :class:`~negsynth.schemas.reco
 Per type it asks for lists of ``tasks_per_request`` tasks, in rounds, until ``tasks_per_type``
 distinct tasks are in hand or ``max_requests_per_type`` lists were asked. Each list request has
 its own sample index, so the request cache makes a rerun free and identical. A type is one item
-of the shared LLM-stage shape (:func:`~negsynth.pipeline.llm_stage.run_item_stage`): the
+of the shared LLM-stage shape (:class:`~negsynth.pipeline.LLMStage`): the
 runner keeps the finished types of a killed or stopped run, and retries a type whose list
-request failed at the transport level.
+request failed at the transport level. Every list request is asked through the stage's own
+``messages`` / ``schema`` / ``parse`` (:meth:`~negsynth.pipeline.LLMTask.ask`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from negsynth.data.shards import iter_jsonl
 from negsynth.data.text import text_key
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, RunReport, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.prompts import load_example, load_template, reask_template, render
+from negsynth.prompts import load_example, load_template, render
 from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task
@@ -52,14 +53,6 @@ def build_messages(task_type: str, n: int, *, few_shot: bool = True) -> list[dic
     return msgs
 
 
-def _validate_list(obj: Any) -> list[str]:
-    try:
-        out = TaskListOut.model_validate(obj)
-    except ValidationError as e:
-        raise schema_failure(e) from None
-    return out.tasks
-
-
 @dataclass
 class TypeOutcome:
     """What one task type gave: its distinct tasks (in the order found), its rejects (failed list
@@ -70,82 +63,6 @@ class TypeOutcome:
     usage: Counter = field(default_factory=Counter)
 
 
-async def brainstorm_type(ctx: StageContext, client: LLMClient, tt: str) -> TypeOutcome:
-    """Ask for lists of tasks of type ``tt``, in rounds, until ``tasks_per_type`` distinct ones are
-    in hand or ``max_requests_per_type`` lists were asked; the answers of a round decide the next."""
-    bc = ctx.cfg.brainstorm
-    out = TypeOutcome()
-    example = {text_key(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
-    seen: set[str] = set()
-    asked = 0
-    while len(out.tasks) < bc.tasks_per_type and asked < bc.max_requests_per_type:
-        if asked and client.cache is not None:
-            client.cache.flush()  # the answers this round depends on are on disk before it leaves
-        need = bc.tasks_per_type - len(out.tasks)
-        batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
-        idx = list(range(asked, asked + batch))
-        asked += batch
-        msgs = build_messages(tt, bc.tasks_per_request)
-        results = await asyncio.gather(
-            *(
-                client.structured(
-                    msgs,
-                    validate=_validate_list,
-                    schema=task_list_schema(bc.tasks_per_request, max_chars=bc.max_task_chars),
-                    name="task_list",
-                    sample_index=i,
-                    temperature=bc.temperature,
-                    reask_template=reask_template(),
-                )
-                for i in idx
-            ),
-            return_exceptions=True,  # a budget stop lets the requests in flight finish (and be cached)
-        )
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        out.usage["list_requests"] += len(idx)
-        for i, res in zip(idx, results, strict=True):
-            out.usage.update(res.usage.model_dump())
-            if res.value is None:
-                out.rejects.append(
-                    Reject(
-                        id=short_id("req", tt, i),
-                        stage=NAME,
-                        reason=res.reason or "unknown",
-                        detail=res.detail,
-                        raw=res.raw,
-                        input={"task_type": tt, "sample_index": i},
-                        usage=res.usage,
-                    )
-                )
-                continue
-            for pos, text in enumerate(res.value):
-                tid = short_id("task", tt, i, pos)
-                v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
-                norm = text_key(text) if isinstance(text, str) else ""
-                reason, detail = v.reason, v.detail
-                if v.keep and norm in example:
-                    reason, detail = "copied_example", "the task repeats the worked example"
-                elif v.keep and norm in seen:
-                    reason, detail = "duplicate_task", "the task repeats an earlier one"
-                if reason:
-                    out.rejects.append(
-                        Reject(
-                            id=tid,
-                            stage=NAME,
-                            reason=reason,
-                            detail=detail,
-                            raw=str(text),
-                            input={"task_type": tt, "sample_index": i, "position": pos},
-                        )
-                    )
-                    continue
-                seen.add(norm)
-                out.tasks.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=ctx.cfg.llm.model))
-    return out
-
-
 class Brainstorm(pipeline.LLMStage):
     """Embedding tasks per task type, asked in rounds; the fixed STS task last. All or nothing: one
     shard, finished only when the list requests as a whole did not fail."""
@@ -154,9 +71,15 @@ class Brainstorm(pipeline.LLMStage):
     summary = "embedding tasks per task type"
     config = BrainstormConfig
     prompts = "brainstorm_"
+    output_name = "task_list"
     shardable = False
     one_shard = True
     done_files = ("stats.json", "shard-00000.jsonl")
+
+    def bind(self, ctx: StageContext) -> Brainstorm:
+        job = super().bind(ctx)
+        job.temperature = job.cfg.temperature
+        return job
 
     def sts(self) -> bool:
         """Whether generate makes STS examples (its fixed task is then brainstorm's last item)."""
@@ -170,16 +93,90 @@ class Brainstorm(pipeline.LLMStage):
             items.append(WorkItem(index=len(types), id="sts-fixed", payload={"fixed": "sts"}))
         return items
 
+    # one list request: its task type and sample index ``k``
+    def messages(self, item: WorkItem) -> list[dict[str, str]]:
+        return build_messages(item.payload["task_type"], self.cfg.tasks_per_request)
+
+    def schema(self, item: WorkItem) -> dict[str, Any]:
+        return task_list_schema(self.cfg.tasks_per_request, max_chars=self.cfg.max_task_chars)
+
+    def parse(self, item: WorkItem, answer: Any) -> list[str]:
+        try:
+            return TaskListOut.model_validate(answer).tasks
+        except ValidationError as e:
+            raise schema_failure(e) from None
+
     async def process(self, client: LLMClient | None, it: WorkItem) -> Outcome:
         """One task type's tasks (by id) and rejects (by id) as one outcome; the fixed STS task needs no request."""
         if it.payload.get("fixed") == "sts":
             return Outcome(record=Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed").model_dump(mode="json"))
-        out = await brainstorm_type(self.ctx, client, it.payload["task_type"])
+        out = await self.rounds(client, it.payload["task_type"])
         return Outcome(
             records=[t.model_dump(mode="json") for t in sorted(out.tasks, key=lambda t: t.id)],
             rejects=[r.model_dump(mode="json") for r in sorted(out.rejects, key=lambda r: r.id)],
             usage=dict(out.usage),
         )
+
+    async def rounds(self, client: LLMClient, tt: str) -> TypeOutcome:
+        """Ask for lists of tasks of type ``tt``, in rounds, until ``tasks_per_type`` distinct ones
+        are in hand or ``max_requests_per_type`` lists were asked; the answers of a round decide the next."""
+        bc = self.cfg
+        out = TypeOutcome()
+        example = {text_key(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
+        seen: set[str] = set()
+        asked = 0
+        while len(out.tasks) < bc.tasks_per_type and asked < bc.max_requests_per_type:
+            if asked and client.cache is not None:
+                client.cache.flush()  # the answers this round depends on are on disk before it leaves
+            need = bc.tasks_per_type - len(out.tasks)
+            batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
+            idx = list(range(asked, asked + batch))
+            asked += batch
+            # a budget stop lets the requests in flight finish (and be cached)
+            results = await asyncio.gather(
+                *(self.ask(client, WorkItem(i, f"{tt}-{i}", {"task_type": tt, "k": i})) for i in idx), return_exceptions=True
+            )
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            out.usage["list_requests"] += len(idx)
+            for i, res in zip(idx, results, strict=True):
+                out.usage.update(res.usage.model_dump())
+                if res.value is None:
+                    input_ = {"task_type": tt, "sample_index": i}
+                    out.rejects.append(
+                        Reject(
+                            id=short_id("req", tt, i),
+                            stage=NAME,
+                            reason=res.reason or "unknown",
+                            detail=res.detail,
+                            raw=res.raw,
+                            input=input_,
+                            usage=res.usage,
+                        )
+                    )
+                    continue
+                for pos, text in enumerate(res.value):
+                    self.take(out, tt, i, pos, text, example, seen)
+        return out
+
+    def take(self, out: TypeOutcome, tt: str, i: int, pos: int, text: Any, example: set[str], seen: set[str]) -> None:
+        """Task ``pos`` of list ``i``: kept, or a reject with its reason (invalid, a copy of the worked example, a repeat)."""
+        bc = self.cfg
+        tid = short_id("task", tt, i, pos)
+        v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
+        norm = text_key(text) if isinstance(text, str) else ""
+        reason, detail = v.reason, v.detail
+        if v.keep and norm in example:
+            reason, detail = "copied_example", "the task repeats the worked example"
+        elif v.keep and norm in seen:
+            reason, detail = "duplicate_task", "the task repeats an earlier one"
+        if reason:
+            input_ = {"task_type": tt, "sample_index": i, "position": pos}
+            out.rejects.append(Reject(id=tid, stage=NAME, reason=reason, detail=detail, raw=str(text), input=input_))
+            return
+        seen.add(norm)
+        out.tasks.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=self.ctx.cfg.llm.model))
 
     def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
         """One line when no list request gave a usable task, or too many were refused: brainstorm is
@@ -191,24 +188,23 @@ class Brainstorm(pipeline.LLMStage):
         verdict.reasons = Counter(r["reason"] for r in rejects if "position" not in (r.get("input") or {}))
         for r in rejects:
             verdict.details.setdefault(r["reason"], str(r.get("detail") or "")[:160])
-        return pipeline.failure_message(NAME, verdict, self.ctx) if verdict.items else None
+        return pipeline.failure_message(NAME, verdict, self.ctx, self.out) if verdict.items else None
 
     def fixed(self) -> int:
         return int(self.sts())
 
     def extra_stats(self) -> dict:
-        shard = self.ctx.stage_dir(NAME) / "shard-00000.jsonl"  # a staging folder beside the old outputs under --overwrite
+        shard = self.out / "shard-00000.jsonl"  # a staging folder beside the old outputs under --overwrite
         if not shard.exists():
             return {}
         return {"tasks_per_type": dict(Counter(t["task_type"] for t in iter_jsonl(shard)))}
 
-    @classmethod
-    def fingerprint(cls, ctx: StageContext) -> str:
+    def made_from(self, ctx: StageContext) -> str:
         """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
-        return config_hash({**pipeline.llm_stage_parts(ctx, "brainstorm", "brainstorm_"), "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
+        parts = pipeline.llm_parts(ctx, NAME, "brainstorm_", ctx.cfg.brainstorm)
+        return config_hash({**parts, "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
 
-    @classmethod
-    def estimate(cls, ctx: StageContext, tally: Tally) -> None:
+    def estimate(self, ctx: StageContext, tally: Tally) -> None:
         """``negsynth estimate``: one list request per ``tasks_per_request`` tasks wanted, per task type."""
         bc = ctx.cfg.brainstorm
         for tt in bc.task_types:
@@ -216,12 +212,11 @@ class Brainstorm(pipeline.LLMStage):
             tally.request(build_messages(tt, bc.tasks_per_request), n=n)
         tally.note("one list request per tasks_per_request tasks wanted (the first round; more only if lists come back short)")
 
-    @classmethod
-    def report(cls, stats: dict) -> list[Summary]:
+    def report(self, stats: dict) -> list[Summary]:
         rows = pipeline.summary_rows(stats)
         if stats.get("tasks_per_type"):
             rows.insert(1, ("tasks per type", ", ".join(f"{k}={v}" for k, v in stats["tasks_per_type"].items())))
         return [Summary("brainstorm", rows)]
 
 
-STAGE = Brainstorm.declare()
+STAGE = Brainstorm()

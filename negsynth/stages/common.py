@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.llm.errors import ValidationFailure
-from negsynth.pipeline import inputs_fingerprint  # noqa: F401 - the stages' name for it
 from negsynth.schemas.records import first_problem
 
 

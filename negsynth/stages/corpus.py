@@ -1,34 +1,17 @@
-"""Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed.
+"""Stage "corpus": the LLM writes queries grounded in a user's documents — no labels needed
+(docs/corpus.md).
 
-In:  ``[corpus] inputs`` — corpus specs (a folder of .txt / .md / .html / .pdf / table files, a
-     BEIR folder's ``corpus.jsonl``, JSONL / parquet / CSV / TSV with text, title and id columns,
-     a saved HF dataset; see :mod:`negsynth.data.corpus`), documents longer than
-     ``chunk_tokens`` split into passages (each passage is a document below);
-     ``[llm]``; ``[embedder]`` for mined negatives and the round-trip filter.
-Out: ``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
-     (query = the LLM's, positive = the document, 4 mined negatives), read by ``score`` like every
-     other stage's; ``rejects/`` with each reason; ``stats.json``.
+In: ``[corpus] inputs`` (folders of documents, table files, BEIR, HF datasets; long documents
+split into passages, :mod:`negsynth.data.corpus`), ``[llm]``, ``[embedder]``. Out:
+``RUN_DIR/corpus/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records (the
+LLM's query, the document as positive, 4 mined negatives) that ``score`` reads like any other
+stage's; ``rejects/`` with each reason; ``stats.json``.
 
-How it works (GPL / Promptagator / MGH, one request per document):
-
-1. Every input is read in bounded batches (:mod:`negsynth.data.corpus`): once to count its
-   documents, once more up to the last of the seeded sample ``max_docs`` takes (only the sampled
-   documents are held; mining and the round trip still search the whole corpus).
-2. Per sampled document one request asks for ``queries_per_doc`` queries in one style drawn with
-   the seed (``styles``: question, claim, keywords), the document cut to ``doc_tokens`` tokens
-   of the embedder's tokenizer. A worked example of the same style comes first (``few_shot``). The answer is validated (schema; per
-   query: meta phrasing, a copied run of the document, empty, length, script; a query equal to
-   the worked example's) and re-asked with the reason while no query passes; each query is a
-   work item, so an invalid one is a reject with its reason, never dropped silently.
-3. The corpus is embedded once, read a batch at a time (cached in ``corpus/_index``: the vectors,
-   and the texts on disk, where a mined negative's text is read back from) and each query alone is
-   searched: its own document's rank (the round trip; ``round_trip_k`` keeps only ranks <= k) and
-   its 4 hardest positive-aware negatives (:class:`~negsynth.embed.mining.CorpusIndex`). ``score``
-   then measures, orders and cleans them (false negatives, near-duplicate queries, evaluation-set
-   overlap) like any other examples.
-
-Requests are cached and resumable like every LLM stage (the items of one document share one
-answer: a resumed run pays for none of them twice).
+Per sampled document one request asks for ``queries_per_doc`` queries in a seeded style, the
+document cut to ``doc_tokens`` tokens; each query is one item, and the items of a document share
+its one answer (a resumed run pays for none twice). The corpus is embedded once (cached in
+``corpus/_index``) and each query searched alone: its document's rank (the round trip) and its
+hardest positive-aware negatives; an optional cross-encoder teacher ranks the document among them.
 """
 
 from __future__ import annotations
@@ -44,7 +27,6 @@ from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, te
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.prompts import reask_template
 from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
@@ -157,152 +139,7 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
     return items
 
 
-def config_digest(ctx: StageContext) -> str:
-    """The hash of the settings, LLM, prompts and documents the examples are made from."""
-    cfg = ctx.cfg.corpus
-    parts = {**pipeline.llm_stage_parts(ctx, NAME, "corpus"), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
-    # settings added after run dirs existed count only where they change what is read, so an older
-    # run dir's hash (and its resume) stays as it was: how ids are made where they differ from the
-    # column's, a glob, and the chunk sizes where a document is split
-    specs = [{k: v for k, v in (("glob", s.glob), ("ids", s.ids)) if v is not None and v not in ("column", "first")} for s in cfg.inputs]
-    if any(specs):
-        parts["inputs_read"] = specs
-    if any(c.chunked for c in load_corpora(ctx)):
-        parts["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
-    parts["embedder"] = ctx.cfg.embedder
-    return config_hash(parts)
-
-
 # -- one item -------------------------------------------------------------------------------
-class Work:
-    """What the items of one run share: the documents, the tokenizer, the index, the answers."""
-
-    def __init__(self, ctx: StageContext, corpora: list[CorpusData]):
-        self.ctx = ctx
-        self.cfg = ctx.cfg.corpus
-        self.corpora = corpora
-        self.positions = [c.positions for c in corpora]  # the sampled documents' index rows
-        self._answers: dict[tuple[int, str, bool], asyncio.Future] = {}
-        self._model = None
-        self._tokenizer: Any = False
-        self._indexes: dict[int, Any] = {}
-        self._lexical: dict[int, Any] = {}
-        self._teacher: Any = None
-        self._prepared = False
-        self._pool: Any = None
-
-    async def off_loop(self, fn, *args: Any) -> Any:
-        """``fn(*args)`` on the stage's one worker thread: the embedder and the tokenizer (a query's
-        search, a document's cut) are CPU work, and on the event loop they held the answers that
-        arrived meanwhile unread: on a busy machine past llm.timeout, then sent (paid) again. One
-        thread: a fast tokenizer must not be used by two threads at once."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-corpus")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
-    def prepare(self) -> None:
-        """Load the embedder and build (or load) the index of every corpus with a sampled document
-        before the first request. The build holds the event loop (for as long as the corpus takes
-        to embed): with requests in flight, their answers waited unread, timed out and were paid
-        again, and a kill meanwhile lost the ones not yet committed to the cache."""
-        if self._prepared:
-            return
-        self._prepared = True
-        for ci, positions in enumerate(self.positions):
-            if positions:
-                self.index(ci)
-                if self.cfg.candidates == "hybrid":
-                    self.lexical(ci)
-        self.tokenizer()
-
-    def model(self):
-        if self._model is None:
-            from negsynth.embed.mining import load_mining_model
-
-            self.ctx.reporter.info(f"corpus: loading the embedder ({self.ctx.cfg.embedder.model}) ...")
-            self._model = (self.ctx.mining_model_factory or load_mining_model)(self.ctx.cfg.embedder)
-        return self._model
-
-    def tokenizer(self):
-        if self._tokenizer is False:
-            try:
-                # the model's own; --executor ray's stand-in holds none: the same one, loaded here
-                own = getattr(self.model(), "tokenizer", None)
-                self._tokenizer = own if own is not None else _tokenizer_of(self.ctx)
-            except Exception:  # no embedder installed: cut by words
-                self._tokenizer = None
-        return self._tokenizer
-
-    def index(self, ci: int):
-        if ci not in self._indexes:
-            from negsynth.embed.mining import CorpusIndex
-
-            c = self.corpora[ci]
-            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": c.count})
-            folder = self.ctx.stage_dir(NAME) / "_index"
-            self.ctx.reporter.info(f"corpus: embedding {c.count} documents of {c.name} (cached) ...")
-            self._indexes[ci] = CorpusIndex.from_batches(
-                self.model(),
-                lambda: ([d.text for d in docs] for _, docs in c.batches()),
-                c.count,
-                batch_size=self.ctx.cfg.embedder.batch_size,
-                cache=folder / f"{ci:03d}-{key}.npy",
-                store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
-            )
-        return self._indexes[ci]
-
-    def lexical(self, ci: int):
-        """The BM25 index of corpus ``ci`` for hybrid candidates (built once, saved beside the dense index)."""
-        if ci not in self._lexical:
-            from negsynth.embed.lexical import LexicalIndex
-
-            c = self.corpora[ci]
-            key = config_hash({"input": path_fingerprint(c.path), "docs": c.count, "columns": c.columns})
-            self.ctx.reporter.info(f"corpus: BM25 index of {c.count} documents of {c.name} (cached) ...")
-            self._lexical[ci] = LexicalIndex.build(
-                (d.text for _, docs in c.batches() for d in docs), cache=self.ctx.stage_dir(NAME) / "_index" / f"{ci:03d}-{key}.bm25"
-            )
-        return self._lexical[ci]
-
-    def teacher(self):
-        """The teacher that scores the document and its negatives: the user's cross-encoder
-        (``corpus.teacher_model``); made once."""
-        if self._teacher is None:
-            self._teacher = teacher_scorer(NAME, self.cfg, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}"))
-        return self._teacher
-
-    def answer(self, client: LLMClient, p: dict[str, Any]) -> asyncio.Future:
-        """The one LLM answer of a document, shared by its items (requested once); with
-        ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
-        key = (p["corpus_index"], p["doc_id"])
-        fut = self._answers.get(key)
-        if fut is None and not llm_writes(self.cfg):
-            fut = self._answers[key] = asyncio.get_running_loop().create_future()
-            fut.set_result(extracted_queries(p, self.cfg))
-        if fut is not None and fut.done() and _failed_in_transit(fut):
-            fut = None  # its request failed at the transport level: an item sent again asks again
-        if fut is None:
-            fut = self._answers[key] = asyncio.ensure_future(self._ask(client, p))
-        return fut
-
-    async def _ask(self, client: LLMClient, p: dict[str, Any]):
-        doc_text = await self.off_loop(cut_tokens, p["document"], self.tokenizer(), self.cfg.doc_tokens)
-        return await client.structured(
-            build_messages(p, self.cfg, doc_text),
-            validate=make_validator(p["document"], self.cfg),
-            schema=queries_schema(
-                self.cfg.queries_per_doc,
-                max_query=self.cfg.max_query_chars,
-                min_query=self.cfg.min_query_chars,
-            ),
-            name="queries",
-            sample_index=0,
-            reask_template=reask_template(),
-        )
-
-
 def _failed_in_transit(fut: asyncio.Future) -> bool:
     """A document's answer that is a transport failure (the server, not the model)."""
     if fut.cancelled() or fut.exception() is not None:
@@ -318,73 +155,18 @@ def _tokenizer_of(ctx: StageContext):
     return AutoTokenizer.from_pretrained(resolve_model(ctx.cfg.embedder.model).path)
 
 
-async def process_item(client: LLMClient, it: WorkItem, work: Work) -> Outcome:
-    p, cfg = it.payload, work.cfg
-    llm = llm_writes(cfg)
-    j = p["query_index"]  # its place in its answer
-    work.prepare()  # before this item's request, and so before any: nothing is in flight while it runs
-    res = await asyncio.shield(work.answer(client, p))
-    # the document's answer is paid once: counted on its first item (queries from its text: none)
-    usage = res.usage if j == 0 and llm else None
-    inp = {k: v for k, v in p.items() if k not in ("document", "title")}
-
-    def reject(reason: str, detail: str, **extra: Any) -> Outcome:
-        rej = Reject(
-            id=it.id,
-            stage=NAME,
-            reason=reason,
-            detail=detail,
-            raw=res.raw if j == 0 else None,
-            input={**inp, **extra},
-            **({"usage": usage} if usage else {}),
-        )
-        return Outcome(reject=rej.model_dump(mode="json"))
-
-    if res.value is None:
-        return reject(res.reason or "unknown", res.detail)
-    queries, verdicts = res.value
-    if verdicts[j] is not None:
-        return reject(*verdicts[j], query=queries[j])
-    query = queries[j]
-    query_model = work.ctx.cfg.llm.model if llm else f"extract:{cfg.queries}"
-    meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
-    if res.reasons:
-        meta["failed_attempts"] = res.reasons
-    mined, rejected = await search_and_judge(work, p, query, meta)
-    if rejected is not None:
-        return reject(rejected[0], rejected[1], **rejected[2])
-    # a mined negative is a document of the corpus: copied as long as the prompt shows a document
-    # (doc_tokens), not whole (one huge document would be copied into every example)
-    negs = await work.off_loop(lambda: [cut_tokens(t, work.tokenizer(), cfg.doc_tokens, mark="") for t in mined["negatives"]])
-    ex = Example(
-        id=it.id,
-        task=STYLES[p["style"]][3],
-        task_type="short-long",
-        attributes={"style": p["style"], "query_index": p["query_index"]},
-        query=query,
-        positive=p["document"],
-        negatives=negs,
-        model=f"mined:{work.ctx.cfg.embedder.model}:corpus",
-        source=SYNTHETIC_SOURCE,
-        source_id=f"{p['corpus']}:{p['doc_id']}:{j}",
-        meta=meta,
-        **({"usage": usage} if usage else {}),
-    )
-    return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
-
-
 async def search_and_judge(
-    work: Work, p: dict[str, Any], query: str, meta: dict[str, Any]
+    job: Corpus, p: dict[str, Any], query: str, meta: dict[str, Any]
 ) -> tuple[dict[str, Any], tuple[str, str, dict[str, Any]] | None]:
     """The query's search of its corpus: its document's rank (the round trip), its mined negatives,
     the teacher's view, each filter that is set, and the count check. Returns the search and None,
     or a rejection ``(reason, detail, extra input fields)`` instead of None; fills ``meta`` with the
     ranks and scores."""
-    cfg, m = work.cfg, work.cfg.mining
+    cfg, m = job.cfg, job.cfg.mining
     k = NUM_NEGATIVES
-    ci, pos = p["corpus_index"], work.positions[p["corpus_index"]][p["doc_id"]]
-    mined = await work.off_loop(
-        lambda: work.index(ci).search(
+    ci, pos = p["corpus_index"], job.positions[p["corpus_index"]][p["doc_id"]]
+    mined = await job.off_loop(
+        lambda: job.index(ci).search(
             query,
             pos,
             k,
@@ -392,7 +174,7 @@ async def search_and_judge(
             absolute_margin=m.absolute_margin,
             max_score=m.max_score,
             range_max=m.range_max,
-            lexical=work.lexical(ci).scores(query) if cfg.candidates == "hybrid" else None,
+            lexical=job.lexical(ci).scores(query) if cfg.candidates == "hybrid" else None,
             order=cfg.candidates,
         )
     )
@@ -400,7 +182,7 @@ async def search_and_judge(
     # meta, each a filter when its k is set
     ranks = [("round_trip", "round_trip_rank", mined["rank"], cfg.round_trip_k, "the embedder")]
     if cfg.teacher != "none" and len(mined["negatives"]) >= k:
-        mined.update(await work.off_loop(teacher_fields, work.teacher(), query, p["document"], mined["negatives"]))
+        mined.update(await job.off_loop(teacher_fields, job.teacher(), query, p["document"], mined["negatives"]))
     if "teacher_rank" in mined:
         ranks.append(("teacher_rank", "teacher_rank", mined["teacher_rank"], cfg.teacher_k, f"the {cfg.teacher} teacher"))
     for reason, key, rank, limit, who in ranks:
@@ -426,44 +208,215 @@ async def search_and_judge(
 
 # -- the stage ------------------------------------------------------------------------------
 class Corpus(pipeline.LLMStage):
-    """Queries the LLM writes for a user's documents (or taken from them), with mined negatives."""
+    """Queries the LLM writes for a user's documents (or taken from them), with mined negatives.
+
+    An item is one query of a document; the document's one request (its ``messages``,
+    ``schema`` and ``parse``) is asked once, when its first item needs it, and its answer is
+    shared by the document's items (:meth:`answer`). The embedder, the tokenizer and the indexes
+    of one run are the bound stage's (:meth:`prepare_index`)."""
 
     name = NAME
     summary = "queries written for a user's documents, with negatives"
     config = CorpusConfig
     prompts = "corpus"
+    output_name = "queries"
     examples = True
     shardable = False  # a document's queries share one LLM answer: one process, its encoding on Ray workers
-    llm_when = staticmethod(lambda cfg: llm_writes(cfg.corpus))
-    embeds_when = staticmethod(lambda cfg: True)  # its index: mined negatives and the round trip
+
+    def uses_llm(self, cfg: Any) -> bool:
+        return llm_writes(cfg.corpus)
+
+    def embeds(self, cfg: Any) -> bool:
+        return True  # its index: mined negatives and the round trip
+
+    def made_from(self, ctx: StageContext) -> dict[str, Any]:
+        """The settings, LLM, prompts and documents the examples are made from (its inputs are
+        documents read in place, not a stage's shards)."""
+        cfg = ctx.cfg.corpus
+        parts = {**pipeline.llm_parts(ctx, NAME, "corpus", cfg), "inputs": [path_fingerprint(s.path) for s in cfg.inputs]}
+        # settings added after run dirs existed count only where they change what is read, so an older
+        # run dir's hash (and its resume) stays as it was: how ids are made where they differ from the
+        # column's, a glob, and the chunk sizes where a document is split
+        specs = [
+            {k: v for k, v in (("glob", s.glob), ("ids", s.ids)) if v is not None and v not in ("column", "first")} for s in cfg.inputs
+        ]
+        if any(specs):
+            parts["inputs_read"] = specs
+        if any(c.chunked for c in load_corpora(ctx)):
+            parts["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
+        parts["embedder"] = ctx.cfg.embedder
+        return pipeline.item_entry(ctx, config_hash(parts))
 
     def check(self) -> None:
         check_teacher_model(NAME, self.cfg)
-        if self.ctx.num_shards > 1 and self.ctx.cfg.pipeline.shard_size % self.cfg.queries_per_doc:
-            # a document's queries share one answer: split across two workers, it would be paid twice
-            raise UserError(
-                f"corpus: pipeline.shard_size={self.ctx.cfg.pipeline.shard_size} must be a multiple of "
-                f"corpus.queries_per_doc={self.cfg.queries_per_doc} when workers split the run"
-            )
 
     def plan(self) -> list[WorkItem]:
         self.corpora = load_corpora(self.ctx)
         self.items = plan_items(self.ctx, self.corpora)
-        self.work = Work(self.ctx, self.corpora)
+        self.positions = [c.positions for c in self.corpora]  # the sampled documents' index rows
+        self.answers: dict[tuple[int, str], asyncio.Future] = {}
+        self.model, self.tokens, self.indexes, self.lexicals, self.teacher_model = None, False, {}, {}, None
+        self.prepared = False
         return self.items
 
-    async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
+    # the document's one request
+    def messages(self, item: WorkItem) -> list[dict[str, str]]:
+        return build_messages(item.payload, self.cfg, item.payload["doc_text"])
+
+    def schema(self, item: WorkItem) -> dict[str, Any]:
+        return queries_schema(self.cfg.queries_per_doc, max_query=self.cfg.max_query_chars, min_query=self.cfg.min_query_chars)
+
+    def parse(self, item: WorkItem, answer: Any) -> Any:
+        return make_validator(item.payload["document"], self.cfg)(answer)
+
+    def answer(self, client: LLMClient, it: WorkItem) -> asyncio.Future:
+        """The one LLM answer of a document, shared by its items (requested once); with
+        ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
+        p = it.payload
+        key = (p["corpus_index"], p["doc_id"])
+        fut = self.answers.get(key)
+        if fut is None and not llm_writes(self.cfg):
+            fut = self.answers[key] = asyncio.get_running_loop().create_future()
+            fut.set_result(extracted_queries(p, self.cfg))
+        if fut is not None and fut.done() and _failed_in_transit(fut):
+            fut = None  # its request failed at the transport level: an item sent again asks again
+        if fut is None:
+            fut = self.answers[key] = asyncio.ensure_future(self.ask_document(client, it))
+        return fut
+
+    async def ask_document(self, client: LLMClient, it: WorkItem):
+        doc_text = await self.off_loop(cut_tokens, it.payload["document"], self.tokenizer(), self.cfg.doc_tokens)
+        return await self.ask(client, WorkItem(it.index, it.id, {**it.payload, "doc_text": doc_text}))
+
+    async def process(self, client: LLMClient | None, it: WorkItem) -> Outcome:
         """Its own flow: one answer per document shared by its queries, then search and judging."""
-        return await process_item(client, item, self.work)
+        p, cfg = it.payload, self.cfg
+        llm = llm_writes(cfg)
+        j = p["query_index"]  # its place in its answer
+        self.prepare_index()  # before this item's request, and so before any: nothing is in flight while it runs
+        res = await asyncio.shield(self.answer(client, it))
+        # the document's answer is paid once: counted on its first item (queries from its text: none)
+        usage = res.usage if j == 0 and llm else None
+        inp = {k: v for k, v in p.items() if k not in ("document", "title")}
+
+        def reject(reason: str, detail: str, **extra: Any) -> Outcome:
+            rej = Reject(
+                id=it.id,
+                stage=NAME,
+                reason=reason,
+                detail=detail,
+                raw=res.raw if j == 0 else None,
+                input={**inp, **extra},
+                **({"usage": usage} if usage else {}),
+            )
+            return Outcome(reject=rej.model_dump(mode="json"))
+
+        if res.value is None:
+            return reject(res.reason or "unknown", res.detail)
+        queries, verdicts = res.value
+        if verdicts[j] is not None:
+            return reject(*verdicts[j], query=queries[j])
+        query = queries[j]
+        query_model = self.ctx.cfg.llm.model if llm else f"extract:{cfg.queries}"
+        meta: dict[str, Any] = {"corpus": p["corpus"], "doc_id": p["doc_id"], "query_model": query_model}
+        if res.reasons:
+            meta["failed_attempts"] = res.reasons
+        mined, rejected = await search_and_judge(self, p, query, meta)
+        if rejected is not None:
+            return reject(rejected[0], rejected[1], **rejected[2])
+        # a mined negative is a document of the corpus: copied as long as the prompt shows a document
+        # (doc_tokens), not whole (one huge document would be copied into every example)
+        negs = await self.off_loop(lambda: [cut_tokens(t, self.tokenizer(), cfg.doc_tokens, mark="") for t in mined["negatives"]])
+        ex = Example(
+            id=it.id,
+            task=STYLES[p["style"]][3],
+            task_type="short-long",
+            attributes={"style": p["style"], "query_index": p["query_index"]},
+            query=query,
+            positive=p["document"],
+            negatives=negs,
+            model=f"mined:{self.ctx.cfg.embedder.model}:corpus",
+            source=SYNTHETIC_SOURCE,
+            source_id=f"{p['corpus']}:{p['doc_id']}:{j}",
+            meta=meta,
+            **({"usage": usage} if usage else {}),
+        )
+        return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
+
+    # the run's embedder, tokenizer and indexes
+    def prepare_index(self) -> None:
+        """Load the embedder and build (or load) the index of every corpus with a sampled document
+        before the first request. The build holds the event loop (for as long as the corpus takes
+        to embed): with requests in flight, their answers waited unread, timed out and were paid
+        again, and a kill meanwhile lost the ones not yet committed to the cache."""
+        if self.prepared:
+            return
+        self.prepared = True
+        for ci, positions in enumerate(self.positions):
+            if positions:
+                self.index(ci)
+                if self.cfg.candidates == "hybrid":
+                    self.lexical(ci)
+        self.tokenizer()
+
+    def mining_model(self):
+        if self.model is None:
+            self.ctx.reporter.info(f"corpus: loading the embedder ({self.ctx.cfg.embedder.model}) ...")
+            self.model = self.ctx.load_mining_model()
+        return self.model
+
+    def tokenizer(self):
+        if self.tokens is False:
+            try:
+                # the model's own; --executor ray's stand-in holds none: the same one, loaded here
+                own = getattr(self.mining_model(), "tokenizer", None)
+                self.tokens = own if own is not None else _tokenizer_of(self.ctx)
+            except Exception:  # no embedder installed: cut by words
+                self.tokens = None
+        return self.tokens
+
+    def index(self, ci: int):
+        if ci not in self.indexes:
+            from negsynth.embed.mining import CorpusIndex
+
+            c = self.corpora[ci]
+            key = config_hash({"embedder": self.ctx.cfg.embedder, "input": path_fingerprint(c.path), "docs": c.count})
+            folder = self.out / "_index"
+            self.ctx.reporter.info(f"corpus: embedding {c.count} documents of {c.name} (cached) ...")
+            self.indexes[ci] = CorpusIndex.from_batches(
+                self.mining_model(),
+                lambda: ([d.text for d in docs] for _, docs in c.batches()),
+                c.count,
+                batch_size=self.ctx.cfg.embedder.batch_size,
+                cache=folder / f"{ci:03d}-{key}.npy",
+                store=folder / f"{ci:03d}-{key}-{config_hash(c.columns)[:8]}.texts",
+            )
+        return self.indexes[ci]
+
+    def lexical(self, ci: int):
+        """The BM25 index of corpus ``ci`` for hybrid candidates (built once, saved beside the dense index)."""
+        if ci not in self.lexicals:
+            from negsynth.embed.lexical import LexicalIndex
+
+            c = self.corpora[ci]
+            key = config_hash({"input": path_fingerprint(c.path), "docs": c.count, "columns": c.columns})
+            self.ctx.reporter.info(f"corpus: BM25 index of {c.count} documents of {c.name} (cached) ...")
+            self.lexicals[ci] = LexicalIndex.build(
+                (d.text for _, docs in c.batches() for d in docs), cache=self.out / "_index" / f"{ci:03d}-{key}.bm25"
+            )
+        return self.lexicals[ci]
+
+    def teacher(self):
+        """The teacher that scores the document and its negatives: the user's cross-encoder
+        (``corpus.teacher_model``); made once."""
+        if self.teacher_model is None:
+            self.teacher_model = teacher_scorer(NAME, self.cfg, self.ctx.run_dir, lambda m: self.ctx.reporter.info(f"corpus: {m}"))
+        return self.teacher_model
 
     def extra_stats(self) -> dict[str, Any]:
-        return run_stats(self.ctx, self.corpora, len(self.items))
+        return run_stats(self.ctx, self.corpora, len(self.items), self.out)
 
-    def config_digest(self) -> str:  # its inputs are documents read in place, not a stage's shards
-        return config_digest(self.ctx)
-
-    @classmethod
-    def estimate(cls, ctx: StageContext, tally: Tally) -> None:
+    def estimate(self, ctx: StageContext, tally: Tally) -> None:
         """``negsynth estimate``: one request per sampled document (its queries share the answer)."""
         cfg = ctx.cfg.corpus
         if not cfg.inputs:
@@ -481,9 +434,8 @@ class Corpus(pipeline.LLMStage):
                 tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
         tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
 
-    @classmethod
-    def report(cls, stats: dict) -> list[Summary]:
+    def report(self, stats: dict) -> list[Summary]:
         return report(stats)
 
 
-STAGE = Corpus.declare()
+STAGE = Corpus()

@@ -94,7 +94,7 @@ def report(stats: dict) -> list[Summary]:
     return [Summary("corpus", rows)]
 
 
-def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dict[str, Any]:
+def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int, folder: Path) -> dict[str, Any]:
     """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
     docs = {
         "in_corpus": sum(c.count for c in corpora),
@@ -110,7 +110,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int) -> dic
         "queries_per_doc": ctx.cfg.corpus.queries_per_doc,
         **({"queries": ctx.cfg.corpus.queries} if ctx.cfg.corpus.queries != "llm" else {}),
         "round_trip_k": ctx.cfg.corpus.round_trip_k,
-        **describe(ctx.stage_dir("corpus")),
+        **describe(folder),
     }
 
 

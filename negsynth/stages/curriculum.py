@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 
 from negsynth.errors import UserError
-from negsynth.pipeline import Stage, StageContext, Summary, config_hash
+from negsynth.pipeline import Stage, StageContext, Summary, config_hash, inputs_fingerprint
 from negsynth.schemas.config import CurriculumConfig
-from negsynth.stages.common import inputs_fingerprint, read_stage_records
+from negsynth.stages.common import read_stage_records
 
 NAME = "curriculum"
 
@@ -51,22 +51,8 @@ def resolve_schedule(cc, examples: list[dict]) -> str:
     return "tuple" if mined else "curriculum"
 
 
-def fingerprint(ctx: StageContext) -> str:
-    """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
-    cc = ctx.cfg.curriculum
-    batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    return config_hash(
-        {
-            "curriculum": cc,
-            "batch_size": batch_size,
-            "anchor": anchor_template(ctx.cfg),
-            "inputs": inputs_fingerprint(ctx.run_dir, cc.input),
-        }
-    )
-
-
 def run(ctx: StageContext) -> dict:
-    """Build the dataset (derived data: ``run_stage`` reuses it while :func:`fingerprint` is unchanged)."""
+    """Build the dataset (derived data: ``run_stage`` reuses it while what it is made from is unchanged)."""
     from negsynth.data.curriculum import (
         BatchFillError,
         CurriculumError,
@@ -79,7 +65,7 @@ def run(ctx: StageContext) -> dict:
 
     cc = ctx.cfg.curriculum
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
-    out = ctx.stage_dir(NAME)
+    out = ctx.run_dir / NAME
     t0 = time.monotonic()
     examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
     try:
@@ -172,13 +158,35 @@ def report(stats: dict) -> list[Summary]:
     ]
 
 
-STAGE = Stage(
-    NAME,
-    "training rows, easiest level first",
-    run,
-    config=CurriculumConfig,
-    fingerprint=fingerprint,
-    report=report,
-    inputs=lambda cfg: (cfg.curriculum.input,),
-    relaunch="rebuild",
-)
+class Curriculum(Stage):
+    """Training rows in training order: see the module's docstring."""
+
+    name = NAME
+    summary = "training rows, easiest level first"
+    config = CurriculumConfig
+    relaunch = "rebuild"
+
+    def inputs(self, cfg) -> tuple[str, ...]:
+        return (cfg.curriculum.input,)
+
+    def made_from(self, ctx: StageContext) -> str:
+        """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
+        cc = ctx.cfg.curriculum
+        batch_size = cc.batch_size or ctx.cfg.train.batch_size
+        return config_hash(
+            {
+                "curriculum": cc,
+                "batch_size": batch_size,
+                "anchor": anchor_template(ctx.cfg),
+                "inputs": inputs_fingerprint(ctx.run_dir, cc.input),
+            }
+        )
+
+    def run(self, ctx: StageContext) -> dict:
+        return run(ctx)
+
+    def report(self, stats: dict) -> list[Summary]:
+        return report(stats)
+
+
+STAGE = Curriculum()

@@ -257,13 +257,16 @@ class Generate(pipeline.LLMStage):
     summary = "examples with 4 graded negatives"
     config = GenerateConfig
     prompts = "generate_"
-    inputs = ("brainstorm",)
     output_name = "example"
     examples = True
 
-    def __init__(self, ctx: StageContext):
-        super().__init__(ctx)
-        self.per_type = PerType(self.cfg)
+    def bind(self, ctx: StageContext) -> Generate:
+        job = super().bind(ctx)
+        job.per_type = PerType(job.cfg)
+        return job
+
+    def inputs(self, cfg: Any) -> tuple[str, ...]:
+        return ("brainstorm",)
 
     def check(self) -> None:
         if self.cfg.examples == 0:
@@ -281,11 +284,11 @@ class Generate(pipeline.LLMStage):
         p = item.payload
         return build_messages(p["task_type"], p["task"], p["attributes"], few_shot=self.cfg.few_shot, shot=p.get("shot", 0))
 
-    def validator(self, item: WorkItem) -> Any:
-        return self.per_type(item.payload["task_type"])[0]
-
     def schema(self, item: WorkItem) -> dict[str, Any]:
         return self.per_type(item.payload["task_type"])[1]
+
+    def parse(self, item: WorkItem, answer: Any) -> Any:
+        return self.per_type(item.payload["task_type"])[0](answer)
 
     def record(self, item: WorkItem, value: Any, result: Any) -> dict[str, Any]:
         p = item.payload
@@ -305,8 +308,8 @@ class Generate(pipeline.LLMStage):
         )
         return ex.model_dump(mode="json", exclude={"score"})
 
-    def fingerprint_extra(self) -> dict[str, Any]:
-        return {"seed": self.cfg.seed}
+    def made_from(self, ctx: StageContext) -> dict[str, Any]:
+        return {**super().made_from(ctx), "seed": self.section(ctx.cfg).seed}
 
     def extra_stats(self) -> dict[str, Any]:
         return {"planned_per_type": allocate(self.cfg)}
@@ -322,4 +325,4 @@ class Generate(pipeline.LLMStage):
         return plan_items(self.ctx, tasks)
 
 
-STAGE = Generate.declare()
+STAGE = Generate()

@@ -27,13 +27,11 @@ How it works (MGH spec §1.5):
    and positive, meta talk); failures are re-asked and finally rejected with their reason.
 
 The LLM plumbing (request cache, resume from partial shards, budgets, retries, stats) is the
-shared one from :mod:`negsynth.pipeline`: the same :class:`ShardedRunner`, ``llm_session`` and
-``budget_gate`` as ``generate``.
+shared one, :class:`negsynth.pipeline.LLMStage`, as for ``generate``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -52,7 +50,7 @@ from negsynth.llm.client import LLMClient
 from negsynth.llm.errors import ValidationFailure
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
 from negsynth.prompts import load_example, load_template, render
-from negsynth.schemas.config import EmbedderConfig, MiningConfig, RegenerateConfig, SourceSpec
+from negsynth.schemas.config import MiningConfig, RegenerateConfig, SourceSpec
 from negsynth.schemas.outputs import NegativesOut, negatives_schema
 from negsynth.schemas.records import NUM_NEGATIVES, Example, Reject
 from negsynth.stages.common import path_fingerprint, schema_failure, short_id
@@ -164,14 +162,6 @@ def mine_k(cfg: RegenerateConfig) -> int:
 
 
 # -- mining ---------------------------------------------------------------------------------
-def load_st_model(cfg: EmbedderConfig):
-    """A SentenceTransformer for mining (``[embedder]``; ``default`` = the bundled all-MiniLM-L6-v2):
-    :func:`negsynth.embed.mining.load_mining_model`."""
-    from negsynth.embed.mining import load_mining_model
-
-    return load_mining_model(cfg)
-
-
 #: the ``regenerate.mining`` options :func:`~negsynth.embed.mining.mine_negatives` takes, under the same names
 MINING_OPTIONS = {"relative_margin", "absolute_margin", "max_score", "range_min", "range_max", "sampling"}
 
@@ -189,7 +179,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
     """Fill ``payload["mined"]`` for every item (cached per source in ``regenerate/_mined/``)."""
     cfg = ctx.cfg.regenerate
     k = mine_k(cfg)
-    cache_dir = ctx.stage_dir(NAME) / "_mined"
+    cache_dir = ctx.run_dir / NAME / "_mined"
     model = None
     stats: dict[str, Any] = {}
     for si, (spec, data) in enumerate(sources):
@@ -214,7 +204,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
         else:
             if model is None:
                 ctx.reporter.info(f"mining {k} negatives per pair with the embedder ({ctx.cfg.embedder.model}) ...")
-                model = (ctx.mining_model_factory or load_st_model)(ctx.cfg.embedder)
+                model = ctx.load_mining_model()
             known = {q: data.positives_by_query.get(q, []) for q in queries}
             emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
             mine = miner(cfg.mining, k, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
@@ -360,21 +350,32 @@ class Regenerate(pipeline.LLMStage):
     prompts = "regenerate"
     output_name = "negatives"
     examples = True
-    llm_when = staticmethod(lambda cfg: cfg.regenerate.negatives != "mined")
-    # mining: with mined negatives (no LLM) --executor ray runs it in one process with the mining's
-    # encoding on the Ray workers; with the LLM it mines first (prepare, the same way), then runs
-    # as shard workers that read the mined negatives from regenerate/_mined/
-    embeds_when = staticmethod(lambda cfg: mine_k(cfg.regenerate) > 0)
 
-    def __init__(self, ctx: StageContext):
-        super().__init__(ctx)
-        self.sources: list[tuple[SourceSpec, SourceData]] = []
-        self.per_source: dict[str, Any] = {}
-        self.mining: dict[str, Any] | None = None
-        self.n_items = 0
-        self._teacher: Any = None
-        self._pool: Any = None
-        self.taught = {"pairs": 0, "false_negatives": 0}  # this run's teacher: pairs scored, candidates left out
+    def uses_llm(self, cfg: Any) -> bool:
+        return cfg.regenerate.negatives != "mined"
+
+    def embeds(self, cfg: Any) -> bool:
+        """Its mining: with mined negatives (no LLM) ``--executor ray`` runs it in one process with the
+        mining's encoding on the Ray workers; with the LLM it mines first (``prepare``, the same way),
+        then runs as ranks that read the mined negatives from ``regenerate/_mined/``."""
+        return mine_k(cfg.regenerate) > 0
+
+    def made_from(self, ctx: StageContext) -> dict[str, Any]:
+        """The settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
+        cfg = ctx.cfg.regenerate
+        parts = {
+            **pipeline.llm_parts(ctx, NAME, "regenerate", cfg),
+            "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
+        }
+        if cfg.mine or cfg.negatives == "mined":
+            parts["embedder"] = ctx.cfg.embedder
+        if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
+            del parts["prompts"]
+            del parts["llm"]
+        return pipeline.item_entry(ctx, config_hash(parts), mine=cfg.mine)
+
+    def check(self) -> None:
+        check_teacher_model(NAME, self.cfg)
 
     def plan(self) -> list[WorkItem]:
         self.sources = load_inputs(self.ctx)
@@ -390,11 +391,12 @@ class Regenerate(pipeline.LLMStage):
                 )
                 + ")"
             )
-        self.n_items = len(items)
+        self.n_items, self.mining, self.scorer = len(items), None, None
+        self.taught = {"pairs": 0, "false_negatives": 0}  # this run's teacher: pairs scored, candidates left out
         return items
 
     def before(self, items: list[WorkItem]) -> None:
-        """The mining of every pair (once: a relaunch or a shard worker reads it from ``_mined/``)."""
+        """The mining of every pair (once: a relaunch or a rank reads it from ``_mined/``)."""
         if mine_k(self.cfg):
             self.mining = mine_for_items(self.ctx, items, self.sources)
 
@@ -404,14 +406,11 @@ class Regenerate(pipeline.LLMStage):
     def schema(self, item: WorkItem) -> dict[str, Any]:
         return negatives_schema(self.cfg.max_doc_chars)
 
-    def validator(self, item: WorkItem) -> Any:
-        return make_validator(item.payload, self.cfg)
+    def parse(self, item: WorkItem, answer: Any) -> list[str]:
+        return make_validator(item.payload, self.cfg)(answer)
 
     def sample_index(self, item: WorkItem) -> int:
         return 0
-
-    def check(self) -> None:
-        check_teacher_model(NAME, self.cfg)
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
@@ -420,19 +419,11 @@ class Regenerate(pipeline.LLMStage):
         return await super().process(client, item)
 
     async def teach(self, query: str, positive: str, candidates: list[str]) -> tuple[list[int], dict[str, Any]]:
-        """``regenerate.teacher``: the scorer (made once) on one worker thread, off the event loop
-        (a fast tokenizer must not be used by two threads at once)."""
-        if self._teacher is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="negsynth-regenerate")
+        """``regenerate.teacher``: the scorer (made once) on the run's worker thread, off the event loop."""
+        if self.scorer is None:
             info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
-            self._teacher = await asyncio.get_running_loop().run_in_executor(
-                self._pool, teacher_scorer, NAME, self.cfg, self.ctx.run_dir, info
-            )
-        kept, fields = await asyncio.get_running_loop().run_in_executor(
-            self._pool, relabel_fields, self._teacher, query, positive, candidates, NUM_NEGATIVES
-        )
+            self.scorer = await self.off_loop(teacher_scorer, NAME, self.cfg, self.ctx.run_dir, info)
+        kept, fields = await self.off_loop(relabel_fields, self.scorer, query, positive, candidates, NUM_NEGATIVES)
         self.taught["pairs"] += 1
         self.taught["false_negatives"] += fields["teacher_false_negatives"]
         return kept, fields
@@ -463,40 +454,19 @@ class Regenerate(pipeline.LLMStage):
             extra["teacher"] = {"kind": self.cfg.teacher, **self.taught}
         return extra
 
-    def config_digest(self) -> str:
-        """The hash of the settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
-        cfg = self.cfg
-        parts = {
-            **pipeline.llm_stage_parts(self.ctx, NAME, "regenerate"),
-            "inputs": [path_fingerprint(s.path) + ([path_fingerprint(s.corpus)] if s.corpus else []) for s in cfg.inputs],
-        }
-        if cfg.mine or cfg.negatives == "mined":
-            parts["embedder"] = self.ctx.cfg.embedder
-        if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
-            del parts["prompts"]
-            del parts["llm"]
-        return config_hash(parts)
-
-    def fingerprint_extra(self) -> dict[str, Any]:
-        return {"mine": self.cfg.mine}
-
     def estimate_items(self, tally: Tally) -> list[WorkItem]:
-        """One request per input pair left after dedup and checks; none with mined negatives."""
-        if self.cfg.negatives == "mined":
-            tally.note("regenerate.negatives = 'mined': no LLM request")
-            return []
+        """One request per input pair left after dedup and checks."""
         if not self.cfg.inputs:
             raise tally.no_inputs()
         items, _ = plan_items(self.ctx, load_inputs(self.ctx))
         tally.note("one request per input pair left after dedup and checks")
         return items
 
-    @classmethod
-    def report(cls, stats: dict) -> list[Summary]:
+    def report(self, stats: dict) -> list[Summary]:
         rows = pipeline.summary_rows(stats)
         rows.insert(0, ("pairs (after dedup)", str(stats.get("pairs", stats["items"]))))
         rows.insert(1, ("duplicates dropped", str(stats.get("duplicates", 0))))
         return [Summary("regenerate", rows)]
 
 
-STAGE = Regenerate.declare()
+STAGE = Regenerate()

@@ -11,7 +11,7 @@ continues from its latest whole checkpoint (one every ``train.save_steps`` steps
 written) when the config and the curriculum are those it was made from (``train/_made_from.json``):
 the same steps on the same batches as an uninterrupted run. ``--overwrite`` starts afresh, and so
 does a changed config or curriculum. ``train.resume = true`` (or a checkpoint folder) resumes even
-then and makes a changed config an error instead of a retrain (``keep_on_change``).
+then and makes a changed config an error instead of a retrain (``keeps_on_change``).
 """
 
 from __future__ import annotations
@@ -28,29 +28,13 @@ from negsynth.schemas.train import TrainConfig
 NAME = "train"
 
 
-def fingerprint(ctx: StageContext) -> str:
-    """The hash of what the model is trained from: the train settings and the curriculum's card.
-    Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
-    run dir made before that setting existed keeps its trained model (so does one made before
-    ``batch_sampler``, while it holds its default)."""
-    from negsynth.schemas.config import added_at_default
-
-    card = ctx.stage_dir("curriculum") / "card.json"
-    tc = ctx.cfg.train
-    # the settings added later (the loss) count only where they differ from their defaults
-    settings = added_at_default(tc, tc.model_dump(exclude={"resume", "output_dir", "device"}))
-    if tc.batch_sampler == "ordered":  # the one sampler before the setting existed: older models are kept
-        settings.pop("batch_sampler")
-    return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
-
-
 def run(ctx: StageContext) -> dict:
-    """Train (derived data: ``run_stage`` reuses the model while :func:`fingerprint` is unchanged;
-    with ``train.resume`` a changed config is refused instead of retrained: ``keep_on_change``)."""
+    """Train (derived data: ``run_stage`` reuses the model while what it is made from is unchanged;
+    with ``train.resume`` a changed config is refused instead of retrained: ``keeps_on_change``)."""
     from negsynth.data.curriculum import CurriculumError, load_curriculum
 
-    out = ctx.stage_dir(NAME)
-    data_dir = ctx.stage_dir("curriculum")
+    out = ctx.run_dir / NAME
+    data_dir = ctx.run_dir / "curriculum"
     tc = ctx.cfg.train.model_copy(update={"output_dir": str(out)})
     final = out / "final"
     if not (data_dir / "dataset").is_dir():
@@ -119,7 +103,7 @@ def run(ctx: StageContext) -> dict:
 def _curriculum_build(ctx: StageContext) -> dict:
     """The curriculum's build statistics (its card), or {} when there is no card."""
     try:
-        return json.loads((ctx.stage_dir("curriculum") / "card.json").read_text(encoding="utf-8")).get("build") or {}
+        return json.loads((ctx.run_dir / "curriculum" / "card.json").read_text(encoding="utf-8")).get("build") or {}
     except (OSError, ValueError):
         return {}
 
@@ -176,8 +160,8 @@ def _resume_point(ctx: StageContext, tc):
 
     if tc.resume is not False:  # asked for explicitly: the trainer takes it as given
         return tc
-    out = ctx.stage_dir(NAME)
-    made_from = {"config_hash": fingerprint(ctx)}
+    out = ctx.run_dir / NAME
+    made_from = {"config_hash": STAGE.made_from(ctx)}
     marker = out / "_made_from.json"
     try:
         same = json.loads(marker.read_text(encoding="utf-8")) == made_from
@@ -232,15 +216,41 @@ def report(stats: dict) -> list[Summary]:
     ]
 
 
-STAGE = Stage(
-    NAME,
-    "the fine-tuned embedder",
-    run,
-    config=TrainConfig,
-    fingerprint=fingerprint,
-    report=report,
-    inputs=("curriculum",),
-    relaunch="rebuild",
-    done_files=("stats.json", "final"),
-    keep_on_change=lambda cfg: cfg.train.resume,
-)
+class Train(Stage):
+    """The fine-tuned embedder: see the module's docstring."""
+
+    name = NAME
+    summary = "the fine-tuned embedder"
+    config = TrainConfig
+    relaunch = "rebuild"
+    done_files = ("stats.json", "final")
+
+    def inputs(self, cfg) -> tuple[str, ...]:
+        return ("curriculum",)
+
+    def keeps_on_change(self, cfg) -> bool:
+        return bool(cfg.train.resume)
+
+    def made_from(self, ctx: StageContext) -> str:
+        """The hash of what the model is trained from: the train settings and the curriculum's card.
+        Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
+        run dir made before that setting existed keeps its trained model (so does one made before
+        ``batch_sampler``, while it holds its default)."""
+        from negsynth.schemas.config import added_at_default
+
+        card = ctx.run_dir / "curriculum" / "card.json"
+        tc = ctx.cfg.train
+        # the settings added later (the loss) count only where they differ from their defaults
+        settings = added_at_default(tc, tc.model_dump(exclude={"resume", "output_dir", "device"}))
+        if tc.batch_sampler == "ordered":  # the one sampler before the setting existed: older models are kept
+            settings.pop("batch_sampler")
+        return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
+
+    def run(self, ctx: StageContext) -> dict:
+        return run(ctx)
+
+    def report(self, stats: dict) -> list[Summary]:
+        return report(stats)
+
+
+STAGE = Train()

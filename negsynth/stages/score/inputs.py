@@ -1,4 +1,4 @@
-"""The stage's inputs: finished shards, their examples, the fingerprint, the decontamination texts."""
+"""The stage's inputs: finished shards, their examples, the hash of what the scores are made from, the decontamination texts."""
 
 from __future__ import annotations
 
@@ -16,22 +16,31 @@ from negsynth.data.readers import EvalDataError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError
 from negsynth.evaluate.suite import TASKS
-from negsynth.pipeline import StageContext, config_hash
+from negsynth.pipeline import StageContext, config_hash, inputs_fingerprint
 from negsynth.schemas.records import Example, first_problem
-from negsynth.stages.common import inputs_fingerprint
+
+
+def input_stages(cfg) -> tuple[str, ...]:
+    """The stages whose examples score reads, in order: ``score.inputs``, where ``"auto"`` is every
+    stage of the method that makes examples (:func:`negsynth.stages.example_stages`)."""
+    if cfg.score.inputs != "auto":
+        return tuple(cfg.score.inputs)
+    from negsynth.stages import example_stages  # the method, read when called (it lists this stage)
+
+    return tuple(example_stages())
 
 
 def input_shards(ctx: StageContext) -> list[tuple[str, Path]]:
     """(stage, shard path) of every finished input shard, in output order; one-line error if none."""
     out: list[tuple[str, Path]] = []
-    for st in ctx.cfg.score.inputs:
+    for st in input_stages(ctx.cfg):
         folder = ctx.run_dir / st
         shards = list_shards(folder)
         out += [(st, p) for p in shards]
         if folder.is_dir() and any(folder.glob("shard-*.jsonl.partial")):
             ctx.reporter.warn(f"{folder} has unfinished shards (.partial); score covers its finished shards only")
     if not out:
-        where = " or ".join(str(ctx.run_dir / s) for s in ctx.cfg.score.inputs)
+        where = " or ".join(str(ctx.run_dir / s) for s in input_stages(ctx.cfg))
         raise UserError(f"no finished shards in {where}; run `negsynth generate` first (or set score.inputs)")
     return out
 
@@ -67,12 +76,11 @@ def judge_fields_unhashed(cfg) -> set[str]:
     return {"judge_model", "judge_ratio", "judge_batch_size"} if cfg.judge_model is None else {"judge_batch_size"}
 
 
-def config_digest(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
+def scores_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
     """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
+    settings = ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)})
     parts: dict[str, Any] = {
-        "score": ctx.cfg.score.model_dump(
-            mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}
-        ),
+        "score": {**settings, "inputs": list(input_stages(ctx.cfg))},  # "auto" as the stages it names
         "embedder": embedder_fingerprint(ctx.cfg.embedder),
         "inputs": {st: inputs_fingerprint(ctx.run_dir, st) for st in dict.fromkeys(s for s, _ in shards)},
     }

@@ -31,9 +31,10 @@ from pydantic import BaseModel, StrictBool, ValidationError
 
 from negsynth.aio import run_sync
 from negsynth.llm.errors import BudgetStop, OutageStop, ValidationFailure
-from negsynth.pipeline import LLMTask, StageContext, Tally, cost_usd, llm_session
+from negsynth.pipeline import LLMTask, StageContext, Tally, budget_gate, cost_usd, llm_session
 from negsynth.prompts import load_examples, render
 from negsynth.stages.common import schema_failure
+from negsynth.stages.score.inputs import input_stages
 
 NAME = "llm"
 
@@ -83,8 +84,8 @@ class JudgeTask(LLMTask):
     def schema(self, item: dict) -> dict[str, Any]:
         return judge_schema(len(item["negatives"]))
 
-    def validator(self, item: dict):
-        return make_validator(len(item["negatives"]))
+    def parse(self, item: dict, answer: Any) -> list[bool]:
+        return make_validator(len(item["negatives"]))(answer)
 
 
 class LLMJudge:
@@ -105,7 +106,10 @@ class LLMJudge:
         return run_sync(self._run(list(examples)))
 
     async def _run(self, examples: list[dict]):
-        async with llm_session(self.ctx, stage="score", gate=self._budget_gate()) as client:
+        # the budget's check on this block's session, counting what earlier blocks sent
+        cfg, (pt, ct) = self.ctx.cfg.llm, self.tokens
+        spent = {"requests": self.requests, "prompt_tokens": pt, "completion_tokens": ct, "cost_usd": cost_usd(cfg, pt, ct)}
+        async with llm_session(self.ctx, stage="score", gate=budget_gate(cfg, self.ctx.budget.after(spent))) as client:
             with self.ctx.reporter.progress("score: LLM judge", len(examples)) as bar:
                 done = Counter()
 
@@ -131,17 +135,6 @@ class LLMJudge:
             negs.append(None if verdict is None else [1.0 if v else 0.0 for v in verdict])
         return pos, negs
 
-    def _budget_gate(self):
-        """The budget check of this block's session (on its client's counters), counting what earlier blocks sent."""
-        budget, cfg = self.ctx.budget, self.ctx.cfg.llm
-        r0, (p0, c0) = self.requests, self.tokens
-
-        def check(st) -> str | None:
-            pt, ct = p0 + st.prompt_tokens, c0 + st.completion_tokens
-            return budget.exceeded(r0 + st.requests, pt + ct, cost_usd(cfg, pt, ct))
-
-        return check
-
     async def _one(self, client, ex: dict) -> list[bool] | None:
         if not ex["negatives"]:
             return []
@@ -162,7 +155,7 @@ def estimate(ctx: StageContext, tally: Tally) -> None:
     plan = "generate" in ctx.cfg.pipeline.stages and not list((ctx.run_dir / "generate").glob("shard-*.jsonl"))
     generated = tally.planned("generate", plan=plan)
     examples: list[dict] = []
-    for stage in ("generate", "regenerate", "corpus"):
+    for stage in input_stages(ctx.cfg):
         for p in sorted((ctx.run_dir / stage).glob("shard-*.jsonl")):
             with open(p, encoding="utf-8") as f:
                 examples += [json.loads(x) for x in f if x.strip()]

@@ -25,11 +25,11 @@ from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_na
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
 from negsynth.llm.errors import BudgetStop, OutageStop
-from negsynth.pipeline import Stage, StageContext
+from negsynth.pipeline import Stage, StageContext, Summary, Tally
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
 from negsynth.stages.score.embedding import embed_block, embedding_progress
-from negsynth.stages.score.inputs import config_digest, embedder_fingerprint, input_shards, load_decontam_texts, read_examples
+from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, input_stages, load_decontam_texts, read_examples, scores_hash
 from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
 from negsynth.stages.score.shard import ShardOutcome
@@ -37,7 +37,7 @@ from negsynth.stages.score.stats import report, summarize
 
 
 def _sidecar_path(ctx: StageContext, k: int) -> Path:
-    return ctx.stage_dir(NAME) / "_shards" / f"{k:05d}.json"
+    return ctx.run_dir / NAME / "_shards" / f"{k:05d}.json"
 
 
 def _load_sidecar(ctx: StageContext, k: int) -> dict:
@@ -51,10 +51,9 @@ def _load_sidecar(ctx: StageContext, k: int) -> dict:
 def run(ctx: StageContext) -> dict:
     """Score every input example; return the stats (``run_stage`` writes ``score/stats.json``).
 
-    ``ctx.embedder``: an :class:`~negsynth.embed.base.Embedder` to use instead of loading
-    ``[embedder]`` (tests pass a fake; Python users can pass one they already hold).
-    ``ctx.embedder_factory``: how to make the ``[embedder]`` otherwise (``--executor ray``: a proxy
-    whose encoding runs on Ray workers; everything else stays in this process, in input order).
+    ``ctx.load_embedder()``: the ``[embedder]`` (one a caller holds in ``ctx.embedder``; under
+    ``--executor ray`` a proxy whose encoding runs on Ray workers, everything else staying in this
+    process, in input order).
     ``ctx.judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name``
     and ``score_examples``) instead of loading ``score.judge_model``.
     """
@@ -62,8 +61,8 @@ def run(ctx: StageContext) -> dict:
     cfg = ctx.cfg.score
     shards = input_shards(ctx)
     ev = load_decontam_texts(ctx)
-    h = config_digest(ctx, shards, ev.fingerprint() if ev.texts else None)
-    out_dir = ctx.stage_dir(NAME)
+    h = scores_hash(ctx, shards, ev.fingerprint() if ev.texts else None)
+    out_dir = ctx.run_dir / NAME
     todo = [k for k in range(len(shards)) if not (out_dir / shard_name(k)).exists()]
     if todo and cfg.dedup:
         # a shard's duplicates depend on every earlier shard: redo everything from the first missing one
@@ -78,10 +77,8 @@ def run(ctx: StageContext) -> dict:
     with ExitStack() as devices:
         if todo:
             if emb is None:
-                from negsynth.embed import load_embedder
-
                 ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
-                emb = (ctx.embedder_factory or load_embedder)(ctx.cfg.embedder)
+                emb = ctx.load_embedder()
             if judge is None and cfg.judge_model == "llm":
                 from negsynth.stages.score.llm_judge import LLMJudge
 
@@ -102,14 +99,6 @@ def run(ctx: StageContext) -> dict:
                 # judgements of the unfinished block are in the request cache for the rerun
                 stopped_by = e.reason
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
-
-
-def fingerprint(ctx: StageContext) -> dict:
-    """The hash of the settings, input shards and evaluation texts the scores are made from, and
-    the number of input shards (the manifest's entry)."""
-    ev = load_decontam_texts(ctx)
-    shards = input_shards(ctx)
-    return {"config_hash": config_digest(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
 
 
 def on_devices(emb, devices):
@@ -179,7 +168,7 @@ def _finish(
     cfg = ctx.cfg.score
     done = range(len(shards))
     if stopped_by is not None:
-        done = [k for k in done if (ctx.stage_dir(NAME) / shard_name(k)).exists()]
+        done = [k for k in done if (ctx.run_dir / NAME / shard_name(k)).exists()]
     sidecars = [_load_sidecar(ctx, k) for k in done]
     stats: dict[str, Any] = {
         "stage": NAME,
@@ -260,7 +249,7 @@ def _throughput(c: Counter, emb) -> dict:
 
 
 def _kept_path(ctx: StageContext, k: int) -> Path:
-    return ctx.stage_dir(NAME) / "_shards" / f"{k:05d}.kept.npy"
+    return ctx.run_dir / NAME / "_shards" / f"{k:05d}.kept.npy"
 
 
 class _Cleaner:
@@ -272,7 +261,7 @@ class _Cleaner:
         self.dedup: Deduplicator | None = None
         if cfg.dedup:
             # kept vectors beyond the first 64k go to a file there, removed when the stage ends
-            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim, spill_dir=ctx.stage_dir(NAME) / "_dedup")
+            self.dedup = Deduplicator(cfg.dedup_threshold, emb.dim, spill_dir=ctx.run_dir / NAME / "_dedup")
             for k in range(first):
                 p = _kept_path(ctx, k)
                 try:
@@ -417,7 +406,7 @@ def _write_shard(
     """Write output shard ``k`` and its companions: the sidecar, the kept examples' dedup state
     (``kept.npy``, what a resumed run rebuilds the dedup from) and the rejects; the output shard
     last, because its presence marks the shard done."""
-    out_dir = ctx.stage_dir(NAME)
+    out_dir = ctx.run_dir / NAME
     atomic_write_text(_sidecar_path(ctx, k), json.dumps(sidecar, separators=(",", ":")) + "\n")
     if cleaner.dedup is not None:
         uv = cleaner.dedup.uses_vectors
@@ -481,17 +470,38 @@ def _score_block(
     this_run["total_s"] += time.perf_counter() - t0
 
 
-STAGE = Stage(
-    NAME,
-    "measured difficulty and filters",
-    run,
-    config=ScoreConfig,
-    fingerprint=fingerprint,
-    report=report,
-    inputs=lambda cfg: cfg.score.inputs,
-    any_input=True,
-    llm=lambda cfg: cfg.score.judge_model == "llm",
-    estimate=estimate,
-    embeds=True,
-    examples=True,
-)
+class Score(Stage):
+    """Measured difficulty and filters: see the package's docstring."""
+
+    name = NAME
+    summary = "measured difficulty and filters"
+    config = ScoreConfig
+    examples = True
+
+    def inputs(self, cfg) -> tuple[str, ...]:
+        return input_stages(cfg)
+
+    def uses_llm(self, cfg) -> bool:
+        return cfg.score.judge_model == "llm"
+
+    def embeds(self, cfg) -> bool:
+        return True
+
+    def made_from(self, ctx: StageContext) -> dict:
+        """The hash of the settings, input shards and evaluation texts the scores are made from, and
+        the number of input shards."""
+        ev = load_decontam_texts(ctx)
+        shards = input_shards(ctx)
+        return {"config_hash": scores_hash(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
+
+    def run(self, ctx: StageContext) -> dict:
+        return run(ctx)
+
+    def report(self, stats: dict) -> list[Summary]:
+        return report(stats)
+
+    def estimate(self, ctx: StageContext, tally: Tally) -> None:
+        estimate(ctx, tally)
+
+
+STAGE = Score()
