@@ -381,6 +381,9 @@ def build_curriculum(
             "examples_unused": len(pool) - len(drawer.used),
         }
     )
+    # short batches are always trained now; the card still says so, as cards made when it was an
+    # option did, so a card (and train's fingerprint over it) stays byte for byte what they recorded
+    stats["incomplete_batches"] = "train"
     for k in ("skipped_few_negatives", "dropped_self_duplicate", "dropped_incomplete", "moved_to_later_batch", "short_batches"):
         stats.setdefault(k, 0)
     rows.stats = stats

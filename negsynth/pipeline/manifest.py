@@ -30,7 +30,7 @@ def versions() -> dict[str, str]:
     """The installed versions of negsynth (its package metadata: the root sits above this layer),
     Python and the libraries that shape the outputs."""
     out = {"python": platform.python_version()}
-    for pkg in ("negsynth", "openai", "pydantic", "polars", "torch", "sentence-transformers", "transformers", "llama-cpp-python"):
+    for pkg in ("negsynth", "openai", "pydantic", "polars", "torch", "sentence-transformers", "transformers"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
