@@ -167,7 +167,3 @@ class _Bar:
 def _clock(seconds: float | None) -> str:
     s = int(seconds or 0)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def is_tty() -> bool:
-    return sys.stderr.isatty()

@@ -31,7 +31,6 @@ from negsynth.data.shards import (
     PartialWriter,
     atomic_write_json,
     iter_jsonl,
-    list_shards,
     shard_name,
     write_jsonl,
 )
@@ -471,9 +470,6 @@ class ShardedRunner:
             # a shard brainstorm finished before it ran on this runner counted only its rows
             st["reasons"] = dict(Counter(r["reason"] for r in iter_jsonl(rejects)))
         return st
-
-    def finished_shards(self) -> list[Path]:
-        return list_shards(self.dir)
 
 
 def failure_message(stage: str, rep: RunReport, ctx: StageContext, folder: Path) -> str | None:
