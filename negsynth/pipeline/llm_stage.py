@@ -121,7 +121,6 @@ async def llm_session(
     begin: Callable[[], None] | None = None,
     gate: Callable[[ClientStats], str | None] | None = None,
     commit_window: float = 0.0,
-    check: bool = True,
 ):
     """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget
     gate (``gate``, else :func:`budget_gate` of the run's budget), built whole by
@@ -161,7 +160,6 @@ async def llm_session(
             gate=gate or budget_gate(ctx.cfg.llm, ctx.budget),
             ledger=ctx.budget if isinstance(ctx.budget, SharedBudget) else None,  # --executor ray: one budget for every rank
             on_wait=ctx.reporter.waiting,
-            check=check,
             prepare=begin,
             transport=batch if ctx.mode == "batch" else None,
             stage=stage,
