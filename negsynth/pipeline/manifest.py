@@ -165,9 +165,7 @@ def damaged_outputs(stage_dir: Path, recorded: dict[str, Any] | None, *, full: b
     return bad
 
 
-def record_manifest(
-    run_dir: Path, stage: str, entry: dict[str, Any], *, force: bool = False, outputs: dict[str, Any] | None = None
-) -> None:
+def record_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, outputs: dict[str, Any] | None = None) -> None:
     """Record the entry of a stage that finished, with its ``outputs`` (:func:`describe_outputs`);
     a relaunch of the same job that changed nothing leaves the manifest untouched."""
     run_dir = Path(run_dir)
@@ -179,7 +177,7 @@ def record_manifest(
         and old.get("outputs") == outputs
         and man.get("versions") == versions()
     )
-    if same and not force:
+    if same:
         return
     new = {**entry, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if outputs is not None:
