@@ -5,20 +5,8 @@ against the manifest: :func:`repair_outputs`), the manifest before the loop
 (:func:`check_manifest_entry`) and after it (:func:`record_finished`: a stage that finished is
 recorded with its outputs' sizes and hashes). An LLM stage is a :class:`Stage` too
 (:class:`~negsynth.pipeline.llm_stage.LLMStage`). The method's stages, in order, are
-:data:`negsynth.stages.METHOD`.
-
-Relaunch policies (what rerunning a finished stage does), one per kind of stage:
-
-``resume``
-    LLM and scoring stages. A finished stage is reused as it is; finished shards are kept and a
-    rerun continues where the last run stopped, so no request is paid for twice; a changed
-    config is refused with one line (``--overwrite`` starts afresh, building the new outputs
-    beside the old ones).
-``rebuild``
-    Derived data (curriculum, train). Reused when its config and inputs are unchanged;
-    rebuilt, without asking, when either changed, because the old result is stale.
-``always``
-    Reports (evaluate). Cheap next to what they read, so they are recomputed every time.
+:data:`negsynth.stages.METHOD`; what rerunning a finished stage does is its
+:attr:`Stage.relaunch`.
 """
 
 from __future__ import annotations
