@@ -1,11 +1,9 @@
 """What an LLM stage's estimator fills in: the requests it would send, counted before any is sent.
 
-Every stage that calls the LLM declares ``Stage(estimate=fn)`` (a :class:`~negsynth.pipeline.stage.Stage`
-with ``llm`` and no ``estimate`` is refused when it is built). ``fn(ctx, tally)`` plans the
-stage's items the way its ``run`` does, renders each request's messages and passes them to
-:meth:`Tally.request`; ``negsynth estimate`` (:mod:`negsynth.estimate`) turns the counts into
-wall time and USD. What ``fn`` returns is kept for later stages of the same estimate
-(:meth:`Tally.planned`: score's stand-ins are generate's planned items).
+A stage that calls the LLM defines :meth:`Stage.estimate(ctx, tally) <negsynth.pipeline.stage.Stage.estimate>`:
+it plans its items as its ``run`` does and passes each request's messages to :meth:`Tally.request`;
+``negsynth estimate`` (:mod:`negsynth.estimate`) turns the counts into wall time and USD. What it
+returns is kept for later stages of the same estimate (:meth:`Tally.planned`).
 """
 
 from __future__ import annotations
