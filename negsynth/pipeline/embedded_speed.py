@@ -5,8 +5,7 @@ A fixed ``--latency`` guess cannot know a 2-core laptop from a 16-core server, n
 completion tokens at another. :func:`measure_embedded` starts the embedded servers exactly as a
 run would (same count, threads and slots), sends every server at once one request with a long
 prompt and a one-token answer, one with a short prompt and a long answer and a tiny one (after a
-warm-up),
-and returns seconds per prompt token and per completion token *as the estimate counts them*
+warm-up), and returns seconds per prompt token and per completion token *as the estimate counts them*
 (characters / 4, or tiktoken), so the estimate's own token counts convert to seconds without a
 tokenizer of the model. Nothing is paid; it takes the servers' start plus a few seconds.
 """
@@ -15,8 +14,8 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,23 +70,9 @@ def _ask(url: str, prompt: str, max_tokens: int, n: int) -> tuple[float, str]:
 
 
 def _all_at_once(urls: list[str], prompt: str, max_tokens: int, n: int) -> list[tuple[float, str]]:
-    out: list = [None] * len(urls)
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            out[i] = _ask(urls[i], prompt, max_tokens, n * 100 + i)
-        except BaseException as e:  # surfaced below, in the caller's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(urls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    """One request to every server at once; the first failure is raised here."""
+    with ThreadPoolExecutor(len(urls)) as pool:
+        return list(pool.map(lambda i: _ask(urls[i], prompt, max_tokens, n * 100 + i), range(len(urls))))
 
 
 def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
