@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 from negsynth.cli import app
 from negsynth.data.shards import read_stage
 from negsynth.pipeline import ray_executor
-from negsynth.pipeline.ray_executor import RaySentenceModel, embeds_in_driver, encode_batches_part
+from negsynth.pipeline.ray_embed import RaySentenceModel, encode_batches_part
+from negsynth.pipeline.ray_executor import embeds_in_driver
 from negsynth.schemas.config import RunConfig
 from negsynth.stages import get
 

@@ -46,7 +46,7 @@ def test_fake_embedder_on_two_ray_workers_gives_the_same_bytes(tmp_path, fake_by
     """The fake embedder a Python caller passes travels to both workers; the parts are dealt to
     them whole and re-assembled in order: every output file equals the one-process run's."""
     from negsynth.pipeline.executor import RayExecutor
-    from negsynth.pipeline.ray_executor import RayEmbedder
+    from negsynth.pipeline.ray_embed import RayEmbedder
 
     monkeypatch.setenv("NEGSYNTH_DATA_DIR", str(tmp_path / "no-eval-data"))
     cos = {**HAND, "m1": 0.89, "m2": 0.88, "e1": 0.7, "e2": 0.6, "e3": 0.4, "e4": 0.3}
@@ -350,7 +350,7 @@ def test_minilm_score_and_run_on_two_ray_workers_equal_one_process(tmp_path, ray
 def test_without_an_address_ray_starts_a_node_of_its_own(monkeypatch):
     """--ray-address, else $RAY_ADDRESS, else "local": Ray's own default (None) would join the
     cluster started last on this machine, e.g. another job's."""
-    from negsynth.pipeline.ray_executor import ray_address
+    from negsynth.pipeline.ray_connect import ray_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert ray_address(None) == "local"

@@ -28,11 +28,7 @@ from negsynth.errors import NegsynthError, UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import staging_dir, swap_in
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.ray_connect import connect, import_ray
-from negsynth.pipeline.ray_connect import ray_address as ray_address
-from negsynth.pipeline.ray_embed import RayEmbedder as RayEmbedder
-from negsynth.pipeline.ray_embed import RaySentenceModel as RaySentenceModel
-from negsynth.pipeline.ray_embed import encode_batches_part as encode_batches_part
+from negsynth.pipeline.ray_connect import connect, import_ray, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.stage import Stage, finished_stats
