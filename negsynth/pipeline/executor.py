@@ -9,11 +9,6 @@ stage that splits (``Stage.shardable``, calling the LLM) as ``workers`` Ray task
 whose stats the driver sums; a stage whose heavy work is embedding (``Stage.embeds``) runs here
 with that embedding on ``workers`` Ray actors (:mod:`negsynth.pipeline.ray_executor`); every other
 stage runs here.
-
-``run_stage`` asks an executor: ``world_size(stage, cfg)`` (the split a stage's outputs record),
-``in_process(stage, cfg)`` (whether every request to an embedded server comes from this
-process), ``around(stage, ctx)`` (what the stage runs inside, yielding what to add to its stats)
-and ``run(stage, ctx)`` (its ranks); a stage's command also asks ``check(stage)``.
 """
 
 from __future__ import annotations
