@@ -24,11 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from negsynth.errors import NegsynthError, UserError
+from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import staging_dir, swap_in
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.ray_connect import connect, import_ray, ray_address
+from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.stage import Stage, finished_stats
@@ -247,10 +247,7 @@ def _wait_for_ranks(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: 
             parts = ray.get(refs)
         used = ray.get(ledger.used.remote()) if ledger is not None else None
     except ray.exceptions.RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, NegsynthError):
-            raise cause from None
-        raise
+        raise_cause(e)
     except ray.exceptions.RayError as e:  # a rank died more often than Ray retries it, or the cluster went away
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
