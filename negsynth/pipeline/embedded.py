@@ -1,8 +1,6 @@
-"""The embedded LLM server around the stages that call the LLM (``llm.base_url = "embedded"``).
-
-Below the stage contract (:mod:`negsynth.pipeline.stage` starts it around an LLM stage, one
-server for a whole ``negsynth run``) and the Ray executor; the LLM stages' own plumbing is
-:mod:`negsynth.pipeline.llm_stage`.
+"""The embedded LLM server around the stages that call the LLM (``llm.base_url = "embedded"``):
+:func:`~negsynth.pipeline.executor.run_stage` starts it around an LLM stage, one server for a whole
+``negsynth run``.
 """
 
 from __future__ import annotations
