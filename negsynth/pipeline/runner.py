@@ -258,18 +258,11 @@ class ShardedRunner:
     def _final(self, s: int) -> Path:
         return self.dir / shard_name(s)
 
-    def _finalize(self, s: int, rows: dict[int, tuple[str, dict]]) -> dict:
-        try:
-            return self._finalize_shard(s, rows)
-        except OSError as e:
-            raise storage_error(e, self._final(s)) from None
-
-    def _finalize_shard(self, s: int, rows: dict[int, tuple[str, dict]]) -> dict:
+    def _finalize(self, s: int, rows: dict[int, tuple[str, dict]]) -> None:
         ordered = [rows[i] for i in sorted(rows)]
         flat = [kr for kind, r in ordered for kr in rows_of(kind, r)]
         records = [r for kind, r in flat if kind == "ok"]
         rejects = [r for kind, r in flat if kind == "rej"]
-        write_jsonl(self.dir / "rejects" / shard_name(s), rejects)
         reasons = Counter(r["reason"] for r in rejects)
         usage: Counter = Counter()
         for _, r in ordered:  # an item's usage: its row's, or a MANY item's own
@@ -282,15 +275,15 @@ class ShardedRunner:
             "reasons": dict(reasons),
             "usage": dict(usage),
         }
-        atomic_write_json(self.dir / "_shards" / f"{s:05d}.json", stats)
-        crash_point("before_final")
-        write_jsonl(self._final(s), records)  # its presence marks the shard done: written last
-        crash_point("after_final")
         try:
-            os.unlink(self._partial(s))
-        except FileNotFoundError:
-            pass
-        return stats
+            write_jsonl(self.dir / "rejects" / shard_name(s), rejects)
+            atomic_write_json(self.dir / "_shards" / f"{s:05d}.json", stats)
+            crash_point("before_final")
+            write_jsonl(self._final(s), records)  # its presence marks the shard done: written last
+            crash_point("after_final")
+            self._partial(s).unlink(missing_ok=True)
+        except OSError as e:
+            raise storage_error(e, self._final(s)) from None
 
     def has_work(self, n_items: int) -> bool:
         """Whether a shard this worker owns is unfinished (a relaunch of a finished stage has none)."""
