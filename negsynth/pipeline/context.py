@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from negsynth.errors import UserError
 from negsynth.pipeline.progress import Reporter
 from negsynth.schemas.config import RunConfig
 
@@ -28,8 +29,6 @@ class Budget:
     def __post_init__(self) -> None:
         for flag, v in (("--max-requests", self.max_requests), ("--max-tokens", self.max_tokens), ("--max-cost", self.max_cost)):
             if v is not None and v < 0:
-                from negsynth.errors import UserError
-
                 raise UserError(f"{flag} {v}: a budget must be >= 0 (omit the flag for no limit)")
 
     def exceeded(self, requests: int, tokens: int, cost: float) -> str | None:
@@ -120,8 +119,6 @@ class StageContext:
     def __post_init__(self) -> None:
         object.__setattr__(self, "run_dir", Path(self.run_dir))
         if self.mode not in ("online", "batch"):
-            from negsynth.errors import UserError
-
             raise UserError(f"--mode {self.mode!r}: choose 'online' (live requests) or 'batch' (OpenAI Batch API)")
 
     def load_embedder(self) -> Any:
