@@ -256,15 +256,9 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
 
 
 def summary_rows(stats: dict) -> list[tuple[str, str]]:
-    rows = [
-        ("valid", str(stats["valid"])),
-        ("rejected", str(stats["rejected"])),
-    ]
-    for reason, n in stats["rejects_by_reason"].items():
-        rows.append((f"  rejected: {reason}", str(n)))
-    rows += [
-        ("tokens in / out", f"{stats['tokens']['prompt']} / {stats['tokens']['completion']}"),
-    ]
+    rows = [("valid", str(stats["valid"])), ("rejected", str(stats["rejected"]))]
+    rows += [(f"  rejected: {reason}", str(n)) for reason, n in stats["rejects_by_reason"].items()]
+    rows.append(("tokens in / out", f"{stats['tokens']['prompt']} / {stats['tokens']['completion']}"))
     if "estimated_cost_usd" in stats:  # stats merged from workers that did not all record it have none
         rows.append(("estimated cost", f"${stats['estimated_cost_usd']:.4f}"))
     tr = None if stats.get("reused") else stats.get("this_run")  # a reused stage sent nothing
@@ -275,8 +269,7 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
             rows.append(("transport retries", ", ".join(f"{k}={v}" for k, v in tr["transport_retries"].items())))
     if stats.get("pending"):
         rows.append(("pending (transport failures, retried by a rerun)", str(stats["pending"])))
-        for reason, n in stats.get("pending_by_reason", {}).items():
-            rows.append((f"  pending: {reason}", str(n)))
+        rows += [(f"  pending: {reason}", str(n)) for reason, n in stats.get("pending_by_reason", {}).items()]
     rows.append(("wall time", f"{stats['wall_time_s']:.1f} s"))
     if stats.get("stopped_by"):
         rows.append(("stopped by budget", stats["stopped_by"]))
