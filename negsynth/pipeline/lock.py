@@ -53,14 +53,8 @@ def _me() -> dict:
 
 def _read_holder(path: Path) -> dict | None:
     try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    if not text:
-        return None
-    try:
-        info = json.loads(text)
-    except ValueError:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, empty or half-written: no holder to name
         return None
     return info if isinstance(info, dict) and "pid" in info else None
 
