@@ -77,13 +77,8 @@ def made_from(run_dir: Path, stage: str) -> dict[str, Any] | None:
 
 def begin_outputs(stage_dir: Path, entry: dict[str, Any]) -> None:
     """Record in the stage folder what its outputs are made from, before the first is written."""
-    p = Path(stage_dir) / MADE_FROM
-    try:
-        if json.loads(p.read_text(encoding="utf-8")) == entry:
-            return
-    except (OSError, ValueError):
-        pass
-    atomic_write_json(p, entry)
+    if own_record(stage_dir) != entry:
+        atomic_write_json(Path(stage_dir) / MADE_FROM, entry)
 
 
 def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, begin: bool = False) -> None:
