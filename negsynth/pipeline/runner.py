@@ -85,7 +85,6 @@ class Outcome:
 
     record: dict | None = None
     reject: dict | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     records: list[dict] | None = None
     rejects: list[dict] | None = None
     usage: dict[str, int] | None = None
