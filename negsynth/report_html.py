@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import tempfile
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,8 @@ def _rejects(path: Path, stages: dict, limit: int) -> list[dict]:
         folder = (run_dir / name) if run_dir else (path if path.is_dir() else None)
         if folder is None:
             continue
-        n = 0
-        for f in sorted((folder / "rejects").glob("shard-*.jsonl")):
-            for rec in iter_jsonl(f, tolerate_truncated_tail=True):
-                out.append(_reject_item(rec, name))
-                n += 1
-                if n >= limit:
-                    break
-            if n >= limit:
-                break
+        recs = (rec for f in sorted((folder / "rejects").glob("shard-*.jsonl")) for rec in iter_jsonl(f, tolerate_truncated_tail=True))
+        out += [_reject_item(rec, name) for rec in islice(recs, limit)]
     return out
 
 
