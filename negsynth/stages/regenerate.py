@@ -84,11 +84,7 @@ def load_inputs(ctx: StageContext) -> list[tuple[SourceSpec, SourceData]]:
     cfg = ctx.cfg.regenerate
     if not cfg.inputs:
         raise UserError('regenerate has no inputs: pass --input PATH, or add [[regenerate.inputs]] path = "..." to the run file')
-    out = []
-    for spec in cfg.inputs:
-        data = load_source(spec)
-        out.append((spec, data))
-    return out
+    return [(spec, load_source(spec)) for spec in cfg.inputs]
 
 
 def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) -> tuple[list[WorkItem], dict[str, Any]]:
