@@ -130,9 +130,7 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
                     st["duplicates"] += 1
                     continue
                 seen[key] = p.source_id
-                instruction = p.instruction or kind.instructions[p.row % len(kind.instructions)]
-                if spec.instruction:
-                    instruction = spec.instruction
+                instruction = spec.instruction or p.instruction or kind.instructions[p.row % len(kind.instructions)]
                 payload = {
                     "source": data.name,
                     "source_id": p.source_id,
