@@ -31,14 +31,7 @@ from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, short_id
-from negsynth.stages.corpus_queries import (
-    STYLES,
-    build_messages,
-    cut_tokens,
-    extracted_queries,
-    llm_writes,
-    make_validator,
-)
+from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, llm_writes, make_validator
 from negsynth.stages.corpus_report import report, run_stats
 
 NAME = "corpus"

@@ -11,16 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.clean import (
-    Decontaminator,
-    Deduplicator,
-    EvalTexts,
-    eval_vectors,
-    exact_key,
-    pack_kept,
-    quantize,
-    unpack_kept,
-)
+from negsynth.data.clean import Decontaminator, Deduplicator, EvalTexts, eval_vectors, exact_key, pack_kept, quantize, unpack_kept
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
