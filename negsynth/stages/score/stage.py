@@ -19,7 +19,7 @@ from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext, Summary, Tally
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
-from negsynth.stages.score.embedding import embed_block, embedding_progress
+from negsynth.stages.score.embedding import embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, input_stages, load_decontam_texts, read_examples, scores_hash
 from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
@@ -274,7 +274,7 @@ class _Cleaner:
                     ctx.run_dir / "cache",
                     embedder_fingerprint(ctx.cfg.embedder),
                     batch_size=batch_size,
-                    progress=lambda label, total: embedding_progress(ctx.reporter, label, total),
+                    progress=lambda label, total: ctx.reporter.progress(label, total, status="texts"),
                     encode_parts=lambda parts: encode_parts(emb, parts, batch_size=batch_size),
                 )
             self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)
