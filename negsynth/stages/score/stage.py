@@ -24,7 +24,7 @@ from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, inp
 from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
 from negsynth.stages.score.shard import ShardOutcome
-from negsynth.stages.score.stats import report, summarize
+from negsynth.stages.score.stats import level_stats, negatives_frame, report
 
 
 def _sidecar_path(ctx: StageContext, k: int) -> Path:
@@ -167,7 +167,7 @@ def _finish(
         "policy": cfg.policy,
         "fn_ratio": cfg.fn_ratio,
         "too_easy_floor": cfg.too_easy_floor,
-        **summarize(sidecars, cfg),
+        **level_stats(negatives_frame(sidecars)),  # every scored example, before any policy
         "input_examples": sum(s.get("examples", len(s["cos_pos"])) for s in sidecars),
         "clean": clean_stats(ctx, sidecars, ev),
         "kept": sum(s["kept"] for s in sidecars),

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from negsynth.pipeline import Summary
-from negsynth.schemas.config import ScoreConfig
 from negsynth.stages.score.measure import PAPER_TABLE4
 
 
@@ -133,11 +132,6 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
         "by_task_type": by_tt,
         "false_negative_rate_by_task_type": {tt: v["false_negative_rate"] for tt, v in by_tt.items()},
     }
-
-
-def summarize(sidecars: list[dict], cfg: ScoreConfig) -> dict[str, Any]:
-    """:func:`level_stats` over every scored example (before any policy)."""
-    return level_stats(negatives_frame(sidecars))
 
 
 def table_rows(stats: dict, by: str = "level") -> list[tuple]:
