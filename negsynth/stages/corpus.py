@@ -193,9 +193,7 @@ async def search_and_judge(
     meta["mined_scores"] = mined["scores"]
     meta["mined_pos_score"] = mined["pos_score"]
     if cfg.teacher != "none":
-        meta["teacher_pos_score"] = mined["teacher_pos_score"]
-        meta["teacher_scores"] = mined["teacher_scores"]
-        meta["teacher_label"] = mined["teacher_label"]
+        meta.update({k: mined[k] for k in ("teacher_pos_score", "teacher_scores", "teacher_label")})
     return mined, None
 
 
