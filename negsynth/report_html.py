@@ -109,14 +109,6 @@ def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _f(x, nd: int = 3) -> str:
-    return "" if x is None else f"{x:.{nd}f}"
-
-
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f}%"
-
-
 def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -> str:
     """The page for an :func:`negsynth.inspect.inspect_path` report plus browser items and plots."""
     st = report["stages"]
@@ -146,7 +138,7 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         )
     sc = report.get("score")
     if sc:
-        from negsynth.stages.score.stats import TABLE_HEADER, table_rows
+        from negsynth.stages.score.stats import TABLE_HEADER, fmt_num, fmt_pct, table_rows
 
         mined = sc.get("negatives") == "mined"  # rank bands of a retriever: no LLM order to check
         rows = table_rows(sc, "rank band" if mined else "level")  # the terminal's table, the same columns
@@ -155,12 +147,12 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         order = (
             ""
             if mined
-            else f"monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
+            else f"monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{fmt_num(sc.get('kendall_tau_mean'), 3)}</b> · "
         )
         parts.append(
             f"<p>{order}"
-            f"false-negative rate: <b>{_pct(sc.get('false_negative_rate'))}</b> ("
-            + ", ".join(f"{html.escape(k)} {_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
+            f"false-negative rate: <b>{fmt_pct(sc.get('false_negative_rate'))}</b> ("
+            + ", ".join(f"{html.escape(k)} {fmt_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
             + ")</p>"
         )
     rej = [[n, r, c] for n, s in st.items() for r, c in (s.get("rejects_by_reason") or {}).items()]
