@@ -375,15 +375,9 @@ class Regenerate(pipeline.LLMStage):
         self.sources = load_inputs(self.ctx)
         items, self.per_source = plan_items(self.ctx, self.sources)
         if not items:
+            left = {k: {f: v[f] for f in ("selected", "duplicates", "skipped")} for k, v in self.per_source.items()}
             raise UserError(
-                "regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: "
-                + json.dumps(
-                    {
-                        k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]}
-                        for k, v in self.per_source.items()
-                    }
-                )
-                + ")"
+                f"regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: {json.dumps(left)})"
             )
         self.n_items, self.mining, self.scorer = len(items), None, None
         self.taught = {"pairs": 0, "false_negatives": 0}  # this run's teacher: pairs scored, candidates left out
