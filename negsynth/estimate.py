@@ -90,20 +90,9 @@ def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------- the run
-#: the figures of each stage that the total adds up
-TOTAL_KEYS = (
-    "requests",
-    "requests_max",
-    "prompt_tokens",
-    "prompt_tokens_max",
-    "completion_tokens",
-    "completion_tokens_max",
-    "prefix_tokens",
-    "prefix_tokens_max",
-    "wall_s",
-    "wall_s_max",
-    "cost_usd",
-    "cost_usd_max",
+#: the figures of each stage that the total adds up, each expected and with every re-ask used
+TOTAL_KEYS = tuple(
+    k + sfx for k in ("requests", "prompt_tokens", "completion_tokens", "prefix_tokens", "wall_s", "cost_usd") for sfx in ("", "_max")
 )
 
 

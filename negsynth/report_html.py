@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import tempfile
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,8 @@ def _rejects(path: Path, stages: dict, limit: int) -> list[dict]:
         folder = (run_dir / name) if run_dir else (path if path.is_dir() else None)
         if folder is None:
             continue
-        n = 0
-        for f in sorted((folder / "rejects").glob("shard-*.jsonl")):
-            for rec in iter_jsonl(f, tolerate_truncated_tail=True):
-                out.append(_reject_item(rec, name))
-                n += 1
-                if n >= limit:
-                    break
-            if n >= limit:
-                break
+        recs = (rec for f in sorted((folder / "rejects").glob("shard-*.jsonl")) for rec in iter_jsonl(f, tolerate_truncated_tail=True))
+        out += [_reject_item(rec, name) for rec in islice(recs, limit)]
     return out
 
 
@@ -113,14 +107,6 @@ def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
     h = "".join(f"<th>{html.escape(str(x))}</th>" for x in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _f(x, nd: int = 3) -> str:
-    return "" if x is None else f"{x:.{nd}f}"
-
-
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f}%"
 
 
 def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -> str:
@@ -152,7 +138,7 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         )
     sc = report.get("score")
     if sc:
-        from negsynth.stages.score.stats import TABLE_HEADER, table_rows
+        from negsynth.stages.score.stats import TABLE_HEADER, fmt_num, fmt_pct, table_rows
 
         mined = sc.get("negatives") == "mined"  # rank bands of a retriever: no LLM order to check
         rows = table_rows(sc, "rank band" if mined else "level")  # the terminal's table, the same columns
@@ -161,12 +147,12 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         order = (
             ""
             if mined
-            else f"monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{_f(sc.get('kendall_tau_mean'))}</b> · "
+            else f"monotonic examples: <b>{sc.get('monotonic_pct')}%</b> · mean Kendall τ: <b>{fmt_num(sc.get('kendall_tau_mean'), 3)}</b> · "
         )
         parts.append(
             f"<p>{order}"
-            f"false-negative rate: <b>{_pct(sc.get('false_negative_rate'))}</b> ("
-            + ", ".join(f"{html.escape(k)} {_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
+            f"false-negative rate: <b>{fmt_pct(sc.get('false_negative_rate'))}</b> ("
+            + ", ".join(f"{html.escape(k)} {fmt_pct(v)}" for k, v in sc.get("false_negative_rate_by_task_type", {}).items())
             + ")</p>"
         )
     rej = [[n, r, c] for n, s in st.items() for r, c in (s.get("rejects_by_reason") or {}).items()]

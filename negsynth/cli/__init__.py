@@ -11,62 +11,19 @@ The package, by responsibility: :mod:`~negsynth.cli.options` (the app, the share
 the decorators that declare a command), :mod:`~negsynth.cli.overrides` (options as ``--set``
 overrides of the config), :mod:`~negsynth.cli.guard` (exit codes, errors and signals as one
 line), :mod:`~negsynth.cli.stages` (the stage commands and ``run``) and
-:mod:`~negsynth.cli.tools` (``estimate``, ``merge``, ``serve``, ``config``, ``inspect``,
-``export``). Importing it registers every command on :data:`app`, in that order.
+:mod:`~negsynth.cli.tools` (``estimate``, ``serve``, ``config``, ``inspect``,
+``export``). Importing it registers every command on :data:`app`, in that order; it exports
+the app, the exit codes and the entry point.
 """
 
 from __future__ import annotations
 
+from negsynth.cli import stages, tools  # noqa: F401  (importing them registers their commands on app)
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_ENV, EXIT_PENDING, guarded, run_app
-from negsynth.cli.options import Options, app, column_options, report_command, stage_command
+from negsynth.cli.options import app
 from negsynth.cli.overrides import config_sets, embedder_overrides
-from negsynth.cli.stages import (
-    DOCUMENT_COLUMNS,
-    PAIR_COLUMNS,
-    brainstorm,
-    corpus,
-    curriculum,
-    evaluate,
-    generate,
-    refuse_under_launcher,
-    regenerate,
-    run,
-    score,
-    train,
-)
-from negsynth.cli.tools import estimate, export, inspect_cmd, serve, show_config
 
-__all__ = [
-    "DOCUMENT_COLUMNS",
-    "EXIT_BUDGET",
-    "EXIT_ENV",
-    "EXIT_PENDING",
-    "PAIR_COLUMNS",
-    "Options",
-    "app",
-    "brainstorm",
-    "column_options",
-    "config_sets",
-    "corpus",
-    "curriculum",
-    "embedder_overrides",
-    "estimate",
-    "evaluate",
-    "export",
-    "generate",
-    "guarded",
-    "inspect_cmd",
-    "main",
-    "refuse_under_launcher",
-    "regenerate",
-    "report_command",
-    "run",
-    "score",
-    "serve",
-    "show_config",
-    "stage_command",
-    "train",
-]
+__all__ = ["EXIT_BUDGET", "EXIT_ENV", "EXIT_PENDING", "app", "config_sets", "embedder_overrides", "guarded", "main"]
 
 
 def main() -> None:

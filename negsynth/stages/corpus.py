@@ -31,14 +31,7 @@ from negsynth.schemas.config import CorpusConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, short_id
-from negsynth.stages.corpus_queries import (
-    STYLES,
-    build_messages,
-    cut_tokens,
-    extracted_queries,
-    llm_writes,
-    make_validator,
-)
+from negsynth.stages.corpus_queries import STYLES, build_messages, cut_tokens, extracted_queries, llm_writes, make_validator
 from negsynth.stages.corpus_report import report, run_stats
 
 NAME = "corpus"
@@ -200,9 +193,7 @@ async def search_and_judge(
     meta["mined_scores"] = mined["scores"]
     meta["mined_pos_score"] = mined["pos_score"]
     if cfg.teacher != "none":
-        meta["teacher_pos_score"] = mined["teacher_pos_score"]
-        meta["teacher_scores"] = mined["teacher_scores"]
-        meta["teacher_label"] = mined["teacher_label"]
+        meta.update({k: mined[k] for k in ("teacher_pos_score", "teacher_scores", "teacher_label")})
     return mined, None
 
 

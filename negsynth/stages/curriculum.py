@@ -16,6 +16,7 @@ The rules (phases, disjoint groups, no duplicate text per batch) are in
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from negsynth.errors import UserError
 from negsynth.pipeline import Stage, StageContext, Summary, config_hash, inputs_fingerprint
@@ -107,10 +108,7 @@ def run(ctx: StageContext) -> dict:
         save_curriculum(rows, out, stats=dict(rows.stats))
     except CurriculumError as e:
         raise UserError(str(e)) from None
-    phases: dict[str, int] = {}
-    for r in rows:
-        phases[str(r["phase"])] = phases.get(str(r["phase"]), 0) + 1
-    stats = {
+    return {
         "stage": NAME,
         "examples": len(examples),
         "rows": len(rows),
@@ -121,12 +119,11 @@ def run(ctx: StageContext) -> dict:
         "batch_size_wanted": rows.stats.get("batch_size_wanted"),
         "schedule": schedule,
         "schedule_setting": cc.schedule,
-        "rows_per_phase": phases,
-        "builder": {k: v for k, v in dict(rows.stats).items()},
+        "rows_per_phase": dict(Counter(str(r["phase"]) for r in rows)),
+        "builder": dict(rows.stats),
         "output": str(out),
         "wall_time_s": round(time.monotonic() - t0, 3),
     }
-    return stats
 
 
 def report(stats: dict) -> list[Summary]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -218,22 +218,9 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
     return items
 
 
-class PerType:
-    """Validator and output schema of each task type, built once per run instead of per item."""
-
-    def __init__(self, cfg: GenerateConfig):
-        self.cfg = cfg
-        self._made: dict[str, tuple[Any, dict[str, Any]]] = {}
-
-    def __call__(self, task_type: str) -> tuple[Any, dict[str, Any]]:
-        made = self._made.get(task_type)
-        if made is None:
-            cfg = self.cfg
-            made = self._made[task_type] = (
-                make_validator(task_type, cfg),
-                output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars),
-            )
-        return made
+def type_parts(cfg: GenerateConfig, task_type: str) -> tuple[Any, dict[str, Any]]:
+    """The validator and output schema of a task type (``Generate.bind`` caches them per run)."""
+    return make_validator(task_type, cfg), output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars)
 
 
 def worked_example_tasks(cfg: GenerateConfig) -> dict[str, list[Task]]:
@@ -262,7 +249,7 @@ class Generate(pipeline.LLMStage):
 
     def bind(self, ctx: StageContext) -> Generate:
         job = super().bind(ctx)
-        job.per_type = PerType(job.cfg)
+        job.per_type = cache(partial(type_parts, job.cfg))  # built once per task type, not per item
         return job
 
     def inputs(self, cfg: Any) -> tuple[str, ...]:

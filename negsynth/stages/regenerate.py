@@ -84,11 +84,7 @@ def load_inputs(ctx: StageContext) -> list[tuple[SourceSpec, SourceData]]:
     cfg = ctx.cfg.regenerate
     if not cfg.inputs:
         raise UserError('regenerate has no inputs: pass --input PATH, or add [[regenerate.inputs]] path = "..." to the run file')
-    out = []
-    for spec in cfg.inputs:
-        data = load_source(spec)
-        out.append((spec, data))
-    return out
+    return [(spec, load_source(spec)) for spec in cfg.inputs]
 
 
 def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) -> tuple[list[WorkItem], dict[str, Any]]:
@@ -134,9 +130,7 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
                     st["duplicates"] += 1
                     continue
                 seen[key] = p.source_id
-                instruction = p.instruction or kind.instructions[p.row % len(kind.instructions)]
-                if spec.instruction:
-                    instruction = spec.instruction
+                instruction = spec.instruction or p.instruction or kind.instructions[p.row % len(kind.instructions)]
                 payload = {
                     "source": data.name,
                     "source_id": p.source_id,
@@ -381,15 +375,9 @@ class Regenerate(pipeline.LLMStage):
         self.sources = load_inputs(self.ctx)
         items, self.per_source = plan_items(self.ctx, self.sources)
         if not items:
+            left = {k: {f: v[f] for f in ("selected", "duplicates", "skipped")} for k, v in self.per_source.items()}
             raise UserError(
-                "regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: "
-                + json.dumps(
-                    {
-                        k: {"selected": v["selected"], "duplicates": v["duplicates"], "skipped": v["skipped"]}
-                        for k, v in self.per_source.items()
-                    }
-                )
-                + ")"
+                f"regenerate: no pair left to regenerate after dedup and source checks; see the inputs (stats: {json.dumps(left)})"
             )
         self.n_items, self.mining, self.scorer = len(items), None, None
         self.taught = {"pairs": 0, "false_negatives": 0}  # this run's teacher: pairs scored, candidates left out

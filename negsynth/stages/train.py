@@ -81,7 +81,7 @@ def run(ctx: StageContext) -> dict:
     saved = json.loads((final / "train_log.json").read_text(encoding="utf-8"))
     log = saved.get("log_history", [])
     losses = [e["loss"] for e in log if "loss" in e]
-    stats = {
+    return {
         "stage": NAME,
         "model": path,
         "rows": len(ds),
@@ -97,7 +97,6 @@ def run(ctx: StageContext) -> dict:
         # GradCache's rows per chunk when the loss embedded the batch in chunks (train.mini_batch_size), else None
         "gradcache_rows": (saved.get("loss") or {}).get("mini_batch_size"),
     }
-    return stats
 
 
 def _curriculum_build(ctx: StageContext) -> dict:

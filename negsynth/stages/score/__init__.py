@@ -10,12 +10,12 @@ and its cleaning drops near-duplicates and evaluation-set overlap.
 In: the finished shards of every stage that makes examples (``score.inputs``). Out:
 ``RUN_DIR/score/shard-XXXXX.jsonl``, one per input shard, in order (the mapping is in
 ``stats.json["inputs"]``), ``rejects/``, ``_shards/`` (per-shard measurements, from which a resumed
-run rebuilds its stats) and ``stats.json`` (:func:`summarize`).
+run rebuilds its stats) and ``stats.json`` (:func:`~negsynth.stages.score.stats.level_stats`).
 """
 
 from negsynth.stages.score.measure import FLAGS, NAME, PAPER_TABLE4, apply_policy, fn_threshold, kendall_tau_claimed, measure
 from negsynth.stages.score.stage import STAGE, run
-from negsynth.stages.score.stats import report, summarize
+from negsynth.stages.score.stats import report
 
 __all__ = [
     "FLAGS",
@@ -27,6 +27,5 @@ __all__ = [
     "kendall_tau_claimed",
     "measure",
     "run",
-    "summarize",
     "report",
 ]

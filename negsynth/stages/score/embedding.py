@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ def embed_block(
     # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
     doc_index: dict[Any, int] = {}
     q_index: dict[Any, int] = doc_index if shared else {}
-    q_instructions: list[str | None] = []  # the instruction of each pool row that is a query (non-shared), in row order
+    instructions: list[str | None] = []  # per pool row: a query's instruction (non-shared pools), else None
     pool_texts: list[str] = []
     is_query: list[bool] = []
 
@@ -40,8 +39,7 @@ def embed_block(
             j = idx[key] = len(pool_texts)
             pool_texts.append(text)
             is_query.append(query and not shared)
-            if query and not shared:
-                q_instructions.append(instr)
+            instructions.append(instr if query and not shared else None)
         return j
 
     qi = np.empty(len(examples), dtype=np.int64)
@@ -60,9 +58,9 @@ def embed_block(
 
     dim = embedder.dim
     vecs = np.zeros((len(pool_texts), dim), dtype=np.float32)
-    calls = _encode_calls(pool_texts, is_query, q_instructions, shared, chunk=max(1, 8 * batch_size))
+    calls = _encode_calls(pool_texts, is_query, instructions, shared, chunk=max(1, 8 * batch_size))
     t0 = time.perf_counter()
-    with embedding_progress(reporter, label, len(pool_texts)) as bar:
+    with reporter.progress(label, len(pool_texts), status="texts") as bar:
         for (rows, _), v in zip(calls, encode_parts(embedder, [c for _, c in calls], batch_size=batch_size), strict=True):
             vecs[rows] = v
             bar.update(advance=len(rows))
@@ -77,17 +75,12 @@ def embed_block(
 
 
 def _encode_calls(
-    pool_texts: list[str], is_query: list[bool], q_instructions: list[str | None], shared: bool, *, chunk: int
+    pool_texts: list[str], is_query: list[bool], instructions: list[str | None], shared: bool, *, chunk: int
 ) -> list[tuple[list[int], tuple]]:
     """The embedder calls for the pool, in order, each with the pool rows it fills: the rows
     sorted longest first and cut into chunks of ``chunk``; per chunk one ``encode`` call (queries
-    share the documents' pool) or its queries (with their instructions, ``q_instructions`` in the
-    order of the query rows) then its documents."""
-    instr_of = {}
-    if not shared:
-        # pool row -> instruction, for the query rows
-        qrows = [j for j, q in enumerate(is_query) if q]
-        instr_of = {j: q_instructions[n] for n, j in enumerate(qrows)}
+    share the documents' pool) or its queries (with their ``instructions``, one per pool row) then
+    its documents."""
     order = sorted(range(len(pool_texts)), key=lambda j: -len(pool_texts[j]))
     calls: list[tuple[list[int], tuple]] = []
     for c0 in range(0, len(order), chunk):
@@ -98,28 +91,7 @@ def _encode_calls(
         qrows = [j for j in rows if is_query[j]]
         drows = [j for j in rows if not is_query[j]]
         if qrows:
-            calls.append((qrows, ("queries", [pool_texts[j] for j in qrows], [instr_of[j] for j in qrows])))
+            calls.append((qrows, ("queries", [pool_texts[j] for j in qrows], [instructions[j] for j in qrows])))
         if drows:
             calls.append((drows, ("documents", [pool_texts[j] for j in drows], None)))
     return calls
-
-
-@contextmanager
-def embedding_progress(reporter, label: str, total: int):
-    """A texts-embedded progress bar: the reporter's own bar (silent with --quiet / --json, plain
-    lines in Jupyter and on a console that is no terminal)."""
-    if reporter.quiet or total == 0:
-        yield _NoBar()
-        return
-    with reporter.progress(label, total, status="texts") as bar:
-
-        class Bar:
-            def update(self, advance: int = 0) -> None:
-                bar.update(advance=advance)
-
-        yield Bar()
-
-
-class _NoBar:
-    def update(self, advance: int = 0) -> None:
-        pass

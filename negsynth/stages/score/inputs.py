@@ -7,11 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from negsynth.data.clean import (
-    EvalSetError,
-    EvalTexts,
-    load_eval_texts,
-)
+from negsynth.data.clean import EvalSetError, EvalTexts, load_eval_texts
 from negsynth.data.readers import EvalDataError
 from negsynth.data.shards import ShardError, iter_jsonl, list_shards
 from negsynth.errors import UserError

@@ -44,31 +44,10 @@ def judge_messages(query: str, positive: str, negatives: Sequence[str]) -> list[
     return [{"role": "user", "content": render("judge", query=query, positive=positive, candidates=cands, n=len(negatives))}]
 
 
-def judge_schema(n: int) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"answers_query": {"type": "array", "items": {"type": "boolean"}, "minItems": n, "maxItems": n}},
-        "required": ["answers_query"],
-    }
-
-
 class Judgement(BaseModel):
     """The judge's answer: one verdict per candidate, in order."""
 
     answers_query: list[StrictBool]
-
-
-def make_validator(n: int):
-    def validate(obj: Any) -> list[bool]:
-        try:
-            verdicts = Judgement.model_validate(obj).answers_query
-        except ValidationError as e:
-            raise schema_failure(e) from None
-        if len(verdicts) != n:
-            raise ValidationFailure("wrong_count", f'"answers_query" must hold exactly {n} values, one per candidate; got {len(verdicts)}')
-        return verdicts
-
-    return validate
 
 
 class JudgeTask(LLMTask):
@@ -82,10 +61,22 @@ class JudgeTask(LLMTask):
         return judge_messages(item["query"], item["positive"], item["negatives"])
 
     def schema(self, item: dict) -> dict[str, Any]:
-        return judge_schema(len(item["negatives"]))
+        n = len(item["negatives"])
+        return {
+            "type": "object",
+            "properties": {"answers_query": {"type": "array", "items": {"type": "boolean"}, "minItems": n, "maxItems": n}},
+            "required": ["answers_query"],
+        }
 
     def parse(self, item: dict, answer: Any) -> list[bool]:
-        return make_validator(len(item["negatives"]))(answer)
+        try:
+            verdicts = Judgement.model_validate(answer).answers_query
+        except ValidationError as e:
+            raise schema_failure(e) from None
+        n = len(item["negatives"])
+        if len(verdicts) != n:
+            raise ValidationFailure("wrong_count", f'"answers_query" must hold exactly {n} values, one per candidate; got {len(verdicts)}')
+        return verdicts
 
 
 class LLMJudge:

@@ -11,16 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.clean import (
-    Decontaminator,
-    Deduplicator,
-    EvalTexts,
-    eval_vectors,
-    exact_key,
-    pack_kept,
-    quantize,
-    unpack_kept,
-)
+from negsynth.data.clean import Decontaminator, Deduplicator, EvalTexts, eval_vectors, exact_key, pack_kept, quantize, unpack_kept
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
@@ -28,12 +19,12 @@ from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext, Summary, Tally
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE
-from negsynth.stages.score.embedding import embed_block, embedding_progress
+from negsynth.stages.score.embedding import embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, input_stages, load_decontam_texts, read_examples, scores_hash
 from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
 from negsynth.stages.score.shard import ShardOutcome
-from negsynth.stages.score.stats import report, summarize
+from negsynth.stages.score.stats import level_stats, negatives_frame, report
 
 
 def _sidecar_path(ctx: StageContext, k: int) -> Path:
@@ -176,7 +167,7 @@ def _finish(
         "policy": cfg.policy,
         "fn_ratio": cfg.fn_ratio,
         "too_easy_floor": cfg.too_easy_floor,
-        **summarize(sidecars, cfg),
+        **level_stats(negatives_frame(sidecars)),  # every scored example, before any policy
         "input_examples": sum(s.get("examples", len(s["cos_pos"])) for s in sidecars),
         "clean": clean_stats(ctx, sidecars, ev),
         "kept": sum(s["kept"] for s in sidecars),
@@ -283,7 +274,7 @@ class _Cleaner:
                     ctx.run_dir / "cache",
                     embedder_fingerprint(ctx.cfg.embedder),
                     batch_size=batch_size,
-                    progress=lambda label, total: embedding_progress(ctx.reporter, label, total),
+                    progress=lambda label, total: ctx.reporter.progress(label, total, status="texts"),
                     encode_parts=lambda parts: encode_parts(emb, parts, batch_size=batch_size),
                 )
             self.decontam = Decontaminator(ev, cfg.decontam_threshold, vecs)

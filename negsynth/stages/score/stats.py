@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from negsynth.pipeline import Summary
-from negsynth.schemas.config import ScoreConfig
 from negsynth.stages.score.measure import PAPER_TABLE4
 
 
@@ -135,26 +134,21 @@ def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
     }
 
 
-def summarize(sidecars: list[dict], cfg: ScoreConfig) -> dict[str, Any]:
-    """:func:`level_stats` over every scored example (before any policy)."""
-    return level_stats(negatives_frame(sidecars))
-
-
 def table_rows(stats: dict, by: str = "level") -> list[tuple]:
     """The per-level table: positive first, then levels 1..4 (``by``: "level" or "rank band") against MGH Table 4."""
     pos = stats["cos_pos"]
-    rows: list[tuple] = [("positive", stats["examples"], _f(pos["mean"]), _f(pos["median"]), "", "", "", "")]
+    rows: list[tuple] = [("positive", stats["examples"], fmt_num(pos["mean"]), fmt_num(pos["median"]), "", "", "", "")]
     for lv in stats["levels"]:
         rows.append(
             (
                 f"{'band' if by == 'rank band' else 'level'} {lv['level']}",
                 lv["n"],
-                _f(lv["mean"]),
-                _f(lv["median"]),
-                _f(lv["gap_to_pos"]),
-                _pct(lv["false_negative_rate"]),
-                _pct(lv["too_easy_rate"]),
-                _f(lv["paper_mean"], 3),
+                fmt_num(lv["mean"]),
+                fmt_num(lv["median"]),
+                fmt_num(lv["gap_to_pos"]),
+                fmt_pct(lv["false_negative_rate"]),
+                fmt_pct(lv["too_easy_rate"]),
+                fmt_num(lv["paper_mean"], 3),
             )
         )
     return rows
@@ -163,11 +157,11 @@ def table_rows(stats: dict, by: str = "level") -> list[tuple]:
 TABLE_HEADER = ("cos(q, ·)", "n", "mean", "median", "pos-mean", "false neg", "too easy", "MGH T4")
 
 
-def _f(x, nd: int = 4) -> str:
+def fmt_num(x, nd: int = 4) -> str:
     return "" if x is None else f"{x:.{nd}f}"
 
 
-def _pct(x) -> str:
+def fmt_pct(x) -> str:
     return "" if x is None else f"{100 * x:.1f}%"
 
 
@@ -181,8 +175,8 @@ def report(stats: dict) -> list[Summary]:
     else:
         rows += [
             ("levels decreasing (MGH claim)", "yes" if stats["levels_decreasing"] else "no"),
-            ("monotonic examples", f"{_f(stats['monotonic_pct'], 1)}%"),
-            ("mean Kendall tau", _f(stats["kendall_tau_mean"], 3)),
+            ("monotonic examples", f"{fmt_num(stats['monotonic_pct'], 1)}%"),
+            ("mean Kendall tau", fmt_num(stats["kendall_tau_mean"], 3)),
         ]
     rows.append(("policy", stats["policy"]))
     for reason, k in stats["rejects_by_reason"].items():
