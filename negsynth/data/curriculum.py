@@ -43,7 +43,6 @@ from negsynth.data.curriculum_io import COLUMNS, CurriculumError, composition, l
 from negsynth.data.text import text_key
 
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
-SCHEDULES = ("curriculum", "reverse", "random", "fixed:K", "tuple", "tuple:K")
 
 
 class BatchFillError(CurriculumError):
