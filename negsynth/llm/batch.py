@@ -109,16 +109,7 @@ class BatchTransport:
     async def submit(self, key: str, payload: dict) -> dict:
         if self._fatal is not None:
             raise self._fatal
-        gate = self.client.gate
-        if gate is not None:
-            why = gate(self.client.stats)
-            if why is not None:
-                raise BudgetStop(why)
-        if self.client.ledger is not None:  # a budget shared with other processes (--executor ray)
-            why = await self.client.ledger.reserve()
-            if why is not None:
-                raise BudgetStop(why)
-        self.client.stats.requests += 1
+        await self.client.count_request()
         fut = asyncio.get_running_loop().create_future()
         self.pending[key] = payload
         self.futures.setdefault(key, []).append(fut)

@@ -403,6 +403,22 @@ class LLMClient(OutageWatch):
             body = jsonfast.dumps(merged)
         return await self.sdk.post("/chat/completions", cast_to=bytes, content=body)
 
+    async def count_request(self) -> None:
+        """Count one request about to be sent, or raise :class:`BudgetStop` when a budget says no.
+
+        The stages' gate and the count happen with no await between them, so concurrent senders
+        of this process can never overshoot --max-requests; a budget shared with other processes
+        (``ledger``) checks and counts in one call of its own."""
+        if self.gate is not None:
+            why = self.gate(self.stats)
+            if why is not None:
+                raise BudgetStop(why)
+        if self.ledger is not None:
+            why = await self.ledger.reserve()
+            if why is not None:
+                raise BudgetStop(why)
+        self.stats.requests += 1
+
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
         lim = self.limiter
         reserved = 0
@@ -415,20 +431,9 @@ class LLMClient(OutageWatch):
             if self.router is not None:
                 ep = await self.router.acquire()
                 via = ep.client
-            # the gate and the count happen with no await between them, so concurrent senders
-            # can never overshoot --max-requests
             if self.outage is not None:
                 raise OutageStop(self.outage, self.outage_fatal)
-            if self.gate is not None:
-                why = self.gate(self.stats)
-                if why is not None:
-                    raise BudgetStop(why)
-            if self.ledger is not None:
-                # shared with other processes: the check and the count are one call on the ledger
-                why = await self.ledger.reserve()
-                if why is not None:
-                    raise BudgetStop(why)
-            self.stats.requests += 1
+            await self.count_request()
             if ep is not None:
                 ep.requests += 1
             if via._repeats is not None and via._repeats.repeat(payload["messages"]):
