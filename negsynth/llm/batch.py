@@ -34,6 +34,7 @@ from typing import Any
 import openai
 
 from negsynth.data.shards import atomic_write_json, atomic_write_text, dumps_line
+from negsynth.llm.client import answer_of
 from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError
 
 log = logging.getLogger(__name__)
@@ -52,21 +53,9 @@ def parse_result_line(row: dict) -> tuple[str, dict | None, str | None]:
         why = f"http_{code}" if code and code != 200 else (err or {}).get("code") or "error"
         return cid, None, str(why)
     body = resp.get("body") or {}
-    choices = body.get("choices") or []
-    if not choices:
+    if not body.get("choices"):
         return cid, None, "empty_choices"
-    ch = choices[0]
-    u = body.get("usage") or {}
-    msg = ch.get("message") or {}
-    return (
-        cid,
-        {
-            "text": msg.get("content"),
-            "finish_reason": ch.get("finish_reason"),
-            "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0],
-        },
-        None,
-    )
+    return cid, answer_of(body), None
 
 
 class BatchTransport:

@@ -97,8 +97,21 @@ def response_format_for(mode: str, schema: dict | None, name: str) -> dict | Non
     return {"type": "json_object", "schema": schema}  # llama.cpp / vLLM accept a schema here
 
 
-def read_completion(raw: bytes) -> tuple[str | None, str | None, int, int]:
-    """``(text, finish_reason, prompt_tokens, completion_tokens)`` of a chat completion's JSON body."""
+def answer_of(completion: dict) -> dict:
+    """``{"text", "finish_reason", "usage": [prompt_tokens, completion_tokens]}`` of a chat
+    completion that has choices: what the client returns and caches."""
+    ch = completion["choices"][0]
+    u = completion.get("usage") or {}
+    msg = ch.get("message") or {}
+    return {
+        "text": msg.get("content"),
+        "finish_reason": ch.get("finish_reason"),
+        "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0],
+    }
+
+
+def read_completion(raw: bytes) -> dict:
+    """The :func:`answer_of` a chat completion's JSON body."""
     try:
         obj = jsonfast.loads(raw)
         choices = obj.get("choices")
@@ -106,10 +119,7 @@ def read_completion(raw: bytes) -> tuple[str | None, str | None, int, int]:
         raise BadResponse(f"the server answered 200 with a body that is not a chat completion ({len(raw)} bytes)") from None
     if not choices:
         raise EmptyResponse("the server answered with no choices")
-    ch = choices[0]
-    u = obj.get("usage") or {}
-    msg = ch.get("message") or {}
-    return msg.get("content"), ch.get("finish_reason"), u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0
+    return answer_of(obj)
 
 
 class LLMClient(OutageWatch):
@@ -451,7 +461,7 @@ class LLMClient(OutageWatch):
                             raw = await via._post(_with_cache_prompt(payload, cache_prompt), None)
                     else:
                         raw = await via._post(payload, body)
-                text, finish, pt, ct = read_completion(raw)
+                answer = read_completion(raw)
             except Exception as e:
                 if never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
@@ -460,6 +470,7 @@ class LLMClient(OutageWatch):
                 if ep is not None:
                     self.router.failed(ep, transport_kind(e), never_sent(e))
                 raise
+            pt, ct = answer["usage"]
             self.stats.prompt_tokens += pt
             self.stats.completion_tokens += ct
             if self.ledger is not None:
@@ -469,7 +480,7 @@ class LLMClient(OutageWatch):
             ok = True
             if ep is not None:
                 self.router.answered(ep)
-            return {"text": text, "finish_reason": finish, "usage": [pt, ct]}
+            return answer
         finally:
             if ep is not None:
                 self.router.release(ep)
