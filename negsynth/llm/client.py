@@ -22,8 +22,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Generic, TypeVar
@@ -128,7 +127,7 @@ class LLMClient(OutageWatch):
     Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
     ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``. Everything it
     works with is passed here (:func:`negsynth.llm.open_client` builds one from the config); the
-    one part plugged in later is a transport that needs the client itself (:meth:`plugged`).
+    one part set later is a transport built from the client itself (``transport``, the Batch API).
 
     This class sends one request (budget, retries, cache) and asks until an answer validates; the
     failures in a row and the waits for a server that went away are
@@ -232,18 +231,6 @@ class LLMClient(OutageWatch):
 
     def _opened(self) -> bool:
         return self._sdk is not None or (self.router is not None and self.router.opened)
-
-    @asynccontextmanager
-    async def plugged(self, transport: Any) -> AsyncIterator[Any]:
-        """Send through ``transport`` (``await transport.submit(key, payload)``, the Batch API)
-        inside the block, closing it (``await transport.aclose()``) at its end. For a transport
-        built from this client, once its endpoint was checked (:func:`negsynth.llm.open_client`'s
-        ``transport``); it stays readable (``client.transport``, its counts) after the block."""
-        self.transport = transport
-        try:
-            yield transport
-        finally:
-            await transport.aclose()
 
     async def preflight(self, timeout: float = 10.0) -> None:
         """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key
