@@ -299,8 +299,6 @@ class EmbeddedServer:
     def start(self) -> str:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
-        if self.log_path:
-            Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         import atexit
 
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
