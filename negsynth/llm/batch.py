@@ -131,21 +131,18 @@ class BatchTransport:
             todo = {k: p for k, p in self.pending.items() if k in self.futures}
             if todo:
                 await self._run_batch(todo)
-        except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
-            # a refused key or an endpoint without the Batch API: no retry can fix it
-            fatal = LLMFatalError(
-                f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches"
-            )
-            self._fatal = fatal
-            for k in list(self.futures):
-                self._resolve(k, exc=fatal)
-        except (LLMFatalError, BudgetStop) as e:
-            self._fatal = e
-            for k in list(self.futures):
-                self._resolve(k, exc=e)
-        except Exception as e:  # an API error on files/batches: fail the waiting items as transport rejects
-            log.warning("batch round failed: %s", e)
-            err = TransportError("transport_batch_api", f"{type(e).__name__}: {str(e)[:200]}")
+        except Exception as e:
+            err: BaseException = e
+            if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)):
+                # a refused key or an endpoint without the Batch API: no retry can fix it
+                err = LLMFatalError(
+                    f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches"
+                )
+            if isinstance(err, (LLMFatalError, BudgetStop)):
+                self._fatal = err
+            else:  # an API error on files/batches: fail the waiting items as transport rejects
+                log.warning("batch round failed: %s", e)
+                err = TransportError("transport_batch_api", f"{type(e).__name__}: {str(e)[:200]}")
             for k in list(self.futures):
                 self._resolve(k, exc=err)
         finally:
