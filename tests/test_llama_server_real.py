@@ -32,7 +32,9 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     cfg = ServeConfig(port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120, parallel=2)
-    es = EmbeddedServer(cfg, "smollm2-135m-instruct", slots=2, log_path=tmp_path_factory.mktemp("srv") / "llama-server.log")
+    es = EmbeddedServer(
+        cfg.model_copy(update={"parallel": 2}), "smollm2-135m-instruct", log_path=tmp_path_factory.mktemp("srv") / "llama-server.log"
+    )
     with es:
         yield es
 
@@ -82,7 +84,7 @@ def test_an_exact_repeat_through_the_client_gets_a_fresh_servers_answer(tmp_path
 
     def fresh_answers(seeds):
         cfg = ServeConfig(port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120)
-        with EmbeddedServer(cfg, "smollm2-135m-instruct", slots=1, log_path=tmp_path / "fresh.log") as es:
+        with EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=tmp_path / "fresh.log") as es:
             assert repeat_guard(es.base_url) is not None
 
             async def go():

@@ -92,10 +92,10 @@ def test_threads_fall_back_to_the_load_average_without_proc_stat(monkeypatch):
     assert server.choose_threads() == 3
 
 
-def test_one_slot_unless_serve_parallel_asks_for_more():
-    assert server.choose_slots(None, 2) == 1  # answers decoded together depend on their batch-mates
-    assert server.choose_slots(None, 16) == 1
-    assert server.choose_slots(12, 2) == 12
+def test_one_slot_unless_serve_parallel_asks_for_more(fake_binary):
+    cfg = ServeConfig(server_path=str(fake_binary))
+    assert server.EmbeddedServer(cfg, "m", threads=1).slots == 1  # answers decoded together depend on their batch-mates
+    assert server.EmbeddedServer(cfg.model_copy(update={"parallel": 12}), "m", threads=1).slots == 12
 
 
 # -- the binary ----------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def test_embedded_server_starts_and_stops_llama_server(tmp_path, gguf):
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
     cfg = ServeConfig(model_path=str(gguf), server_path=str(binary), port=server._free_port("127.0.0.1"), startup_timeout=30, parallel=2)
-    es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", slots=4, log_path=tmp_path / "logs" / "llama-server.log")
+    es = server.EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=tmp_path / "logs" / "llama-server.log")
     assert es.binary == binary and es.slots == 2 and es.threads >= 1
     with es:
         assert httpx.get(es.base_url + "/models").json()["data"][0]["id"] == "smollm2-135m-instruct"

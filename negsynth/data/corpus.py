@@ -28,12 +28,10 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
 from negsynth.errors import UserError
-
-T = TypeVar("T")
 
 #: names tried, in order, for a role whose column is not given in ``columns``
 COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
@@ -498,8 +496,3 @@ def sample_indices(total: int, max_docs: int | None, seed: int) -> Sequence[int]
     if max_docs is None or max_docs >= total:
         return range(total)
     return sorted(random.Random(f"{seed}:corpus").sample(range(total), max_docs))
-
-
-def sample_documents(docs: list[T], max_docs: int | None, seed: int) -> list[T]:
-    """At most ``max_docs`` documents (or anything standing for them): a seeded random sample kept in corpus order."""
-    return [docs[i] for i in sample_indices(len(docs), max_docs, seed)]

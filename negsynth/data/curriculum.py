@@ -39,11 +39,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from negsynth.data.curriculum_io import COLUMNS, CurriculumError, composition, load_curriculum, row_columns, save_curriculum  # noqa: F401 - where callers import them
+from negsynth.data.curriculum_io import CurriculumError, load_curriculum, save_curriculum  # noqa: F401 - where callers import them
 from negsynth.data.text import text_key
 
 DEFAULT_TEMPLATE = "Instruct: {instruction}\nQuery: {query}"
-SCHEDULES = ("curriculum", "reverse", "random", "fixed:K", "tuple", "tuple:K")
 
 
 class BatchFillError(CurriculumError):

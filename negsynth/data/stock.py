@@ -23,8 +23,6 @@ from collections.abc import Iterable, Sequence
 from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, teacher_label, to_example
 from negsynth.data.text import text_key
 
-NTUPLE_META = ("task_type", "example_id", "source")
-
 
 def text_columns(column_names: Sequence[str]) -> list[str]:
     """``anchor, positive`` + ``negative`` or ``negative_1..n`` (in column order): what the loss embeds."""

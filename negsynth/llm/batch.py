@@ -34,6 +34,7 @@ from typing import Any
 import openai
 
 from negsynth.data.shards import atomic_write_json, atomic_write_text, dumps_line
+from negsynth.llm.client import answer_of
 from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError
 
 log = logging.getLogger(__name__)
@@ -52,21 +53,9 @@ def parse_result_line(row: dict) -> tuple[str, dict | None, str | None]:
         why = f"http_{code}" if code and code != 200 else (err or {}).get("code") or "error"
         return cid, None, str(why)
     body = resp.get("body") or {}
-    choices = body.get("choices") or []
-    if not choices:
+    if not body.get("choices"):
         return cid, None, "empty_choices"
-    ch = choices[0]
-    u = body.get("usage") or {}
-    msg = ch.get("message") or {}
-    return (
-        cid,
-        {
-            "text": msg.get("content"),
-            "finish_reason": ch.get("finish_reason"),
-            "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0],
-        },
-        None,
-    )
+    return cid, answer_of(body), None
 
 
 class BatchTransport:
@@ -109,16 +98,7 @@ class BatchTransport:
     async def submit(self, key: str, payload: dict) -> dict:
         if self._fatal is not None:
             raise self._fatal
-        gate = self.client.gate
-        if gate is not None:
-            why = gate(self.client.stats)
-            if why is not None:
-                raise BudgetStop(why)
-        if self.client.ledger is not None:  # a budget shared with other processes (--executor ray)
-            why = await self.client.ledger.reserve()
-            if why is not None:
-                raise BudgetStop(why)
-        self.client.stats.requests += 1
+        await self.client.count_request()
         fut = asyncio.get_running_loop().create_future()
         self.pending[key] = payload
         self.futures.setdefault(key, []).append(fut)
@@ -151,21 +131,18 @@ class BatchTransport:
             todo = {k: p for k, p in self.pending.items() if k in self.futures}
             if todo:
                 await self._run_batch(todo)
-        except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
-            # a refused key or an endpoint without the Batch API: no retry can fix it
-            fatal = LLMFatalError(
-                f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches"
-            )
-            self._fatal = fatal
-            for k in list(self.futures):
-                self._resolve(k, exc=fatal)
-        except (LLMFatalError, BudgetStop) as e:
-            self._fatal = e
-            for k in list(self.futures):
-                self._resolve(k, exc=e)
-        except Exception as e:  # an API error on files/batches: fail the waiting items as transport rejects
-            log.warning("batch round failed: %s", e)
-            err = TransportError("transport_batch_api", f"{type(e).__name__}: {str(e)[:200]}")
+        except Exception as e:
+            err: BaseException = e
+            if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)):
+                # a refused key or an endpoint without the Batch API: no retry can fix it
+                err = LLMFatalError(
+                    f"{self.client.base_url} refused the Batch API request (HTTP {e.status_code}); check llm.api_key_env and that the endpoint offers /files and /batches"
+                )
+            if isinstance(err, (LLMFatalError, BudgetStop)):
+                self._fatal = err
+            else:  # an API error on files/batches: fail the waiting items as transport rejects
+                log.warning("batch round failed: %s", e)
+                err = TransportError("transport_batch_api", f"{type(e).__name__}: {str(e)[:200]}")
             for k in list(self.futures):
                 self._resolve(k, exc=err)
         finally:

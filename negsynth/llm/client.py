@@ -6,7 +6,7 @@ proxies from ``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CER
 plain ``POST /chat/completions`` whose JSON the client reads itself (the SDK's request and
 response models cost ~1 ms of CPU per request and add nothing here). Two retry layers, kept apart:
 
-* **transport** (a plain retry loop): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
+* **transport** (tenacity): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
   resets and empty ``choices`` are retried with jittered exponential backoff. They are never
   shown to the model.
 * **validation re-ask**: an answer that fails to parse or validate is sent back with the error
@@ -22,8 +22,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Generic, TypeVar
@@ -97,8 +96,21 @@ def response_format_for(mode: str, schema: dict | None, name: str) -> dict | Non
     return {"type": "json_object", "schema": schema}  # llama.cpp / vLLM accept a schema here
 
 
-def read_completion(raw: bytes) -> tuple[str | None, str | None, int, int]:
-    """``(text, finish_reason, prompt_tokens, completion_tokens)`` of a chat completion's JSON body."""
+def answer_of(completion: dict) -> dict:
+    """``{"text", "finish_reason", "usage": [prompt_tokens, completion_tokens]}`` of a chat
+    completion that has choices: what the client returns and caches."""
+    ch = completion["choices"][0]
+    u = completion.get("usage") or {}
+    msg = ch.get("message") or {}
+    return {
+        "text": msg.get("content"),
+        "finish_reason": ch.get("finish_reason"),
+        "usage": [u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0],
+    }
+
+
+def read_completion(raw: bytes) -> dict:
+    """The :func:`answer_of` a chat completion's JSON body."""
     try:
         obj = jsonfast.loads(raw)
         choices = obj.get("choices")
@@ -106,10 +118,7 @@ def read_completion(raw: bytes) -> tuple[str | None, str | None, int, int]:
         raise BadResponse(f"the server answered 200 with a body that is not a chat completion ({len(raw)} bytes)") from None
     if not choices:
         raise EmptyResponse("the server answered with no choices")
-    ch = choices[0]
-    u = obj.get("usage") or {}
-    msg = ch.get("message") or {}
-    return msg.get("content"), ch.get("finish_reason"), u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0
+    return answer_of(obj)
 
 
 class LLMClient(OutageWatch):
@@ -118,7 +127,7 @@ class LLMClient(OutageWatch):
     Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
     ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``. Everything it
     works with is passed here (:func:`negsynth.llm.open_client` builds one from the config); the
-    one part plugged in later is a transport that needs the client itself (:meth:`plugged`).
+    one part set later is a transport built from the client itself (``transport``, the Batch API).
 
     This class sends one request (budget, retries, cache) and asks until an answer validates; the
     failures in a row and the waits for a server that went away are
@@ -223,18 +232,6 @@ class LLMClient(OutageWatch):
     def _opened(self) -> bool:
         return self._sdk is not None or (self.router is not None and self.router.opened)
 
-    @asynccontextmanager
-    async def plugged(self, transport: Any) -> AsyncIterator[Any]:
-        """Send through ``transport`` (``await transport.submit(key, payload)``, the Batch API)
-        inside the block, closing it (``await transport.aclose()``) at its end. For a transport
-        built from this client, once its endpoint was checked (:func:`negsynth.llm.open_client`'s
-        ``transport``); it stays readable (``client.transport``, its counts) after the block."""
-        self.transport = transport
-        try:
-            yield transport
-        finally:
-            await transport.aclose()
-
     async def preflight(self, timeout: float = 10.0) -> None:
         """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key
         (``GET /models``; a server without it, 404/405, is found out by the first request)."""
@@ -338,21 +335,12 @@ class LLMClient(OutageWatch):
         log.debug("transport fault %s (attempt %d), retrying", kind, attempt)
 
     async def _send_with_retries(self, payload: dict, body: bytes | None, retries: int) -> dict:
-        # The happy path is one plain call; only after a transport fault does tenacity take over
-        # (its per-call machinery cost ~5 % of the client's CPU when wrapped around every request).
         try:
-            try:
-                return await self._send(payload, body)
-            except Exception as first:
-                if transport_kind(first) is None or retries == 0:
-                    raise
-                self._note_retry(first, 1)
-                await asyncio.sleep(self.backoff(first, 1))
             retrying = AsyncRetrying(
-                stop=stop_after_attempt(retries),
-                wait=lambda st: self.backoff(st.outcome.exception(), st.attempt_number + 1),
+                stop=stop_after_attempt(retries + 1),
+                wait=lambda st: self.backoff(st.outcome.exception(), st.attempt_number),
                 retry=retry_if_exception(lambda e: transport_kind(e) is not None),
-                before_sleep=lambda st: self._note_retry(st.outcome.exception(), st.attempt_number + 1),
+                before_sleep=lambda st: self._note_retry(st.outcome.exception(), st.attempt_number),
                 reraise=True,
             )
             async for attempt in retrying:
@@ -403,6 +391,22 @@ class LLMClient(OutageWatch):
             body = jsonfast.dumps(merged)
         return await self.sdk.post("/chat/completions", cast_to=bytes, content=body)
 
+    async def count_request(self) -> None:
+        """Count one request about to be sent, or raise :class:`BudgetStop` when a budget says no.
+
+        The stages' gate and the count happen with no await between them, so concurrent senders
+        of this process can never overshoot --max-requests; a budget shared with other processes
+        (``ledger``) checks and counts in one call of its own."""
+        if self.gate is not None:
+            why = self.gate(self.stats)
+            if why is not None:
+                raise BudgetStop(why)
+        if self.ledger is not None:
+            why = await self.ledger.reserve()
+            if why is not None:
+                raise BudgetStop(why)
+        self.stats.requests += 1
+
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
         lim = self.limiter
         reserved = 0
@@ -415,20 +419,9 @@ class LLMClient(OutageWatch):
             if self.router is not None:
                 ep = await self.router.acquire()
                 via = ep.client
-            # the gate and the count happen with no await between them, so concurrent senders
-            # can never overshoot --max-requests
             if self.outage is not None:
                 raise OutageStop(self.outage, self.outage_fatal)
-            if self.gate is not None:
-                why = self.gate(self.stats)
-                if why is not None:
-                    raise BudgetStop(why)
-            if self.ledger is not None:
-                # shared with other processes: the check and the count are one call on the ledger
-                why = await self.ledger.reserve()
-                if why is not None:
-                    raise BudgetStop(why)
-            self.stats.requests += 1
+            await self.count_request()
             if ep is not None:
                 ep.requests += 1
             if via._repeats is not None and via._repeats.repeat(payload["messages"]):
@@ -446,7 +439,7 @@ class LLMClient(OutageWatch):
                             raw = await via._post(_with_cache_prompt(payload, cache_prompt), None)
                     else:
                         raw = await via._post(payload, body)
-                text, finish, pt, ct = read_completion(raw)
+                answer = read_completion(raw)
             except Exception as e:
                 if never_sent(e):
                     self.stats.requests -= 1  # a refused connection sent nothing: not a request
@@ -455,6 +448,7 @@ class LLMClient(OutageWatch):
                 if ep is not None:
                     self.router.failed(ep, transport_kind(e), never_sent(e))
                 raise
+            pt, ct = answer["usage"]
             self.stats.prompt_tokens += pt
             self.stats.completion_tokens += ct
             if self.ledger is not None:
@@ -464,7 +458,7 @@ class LLMClient(OutageWatch):
             ok = True
             if ep is not None:
                 self.router.answered(ep)
-            return {"text": text, "finish_reason": finish, "usage": [pt, ct]}
+            return answer
         finally:
             if ep is not None:
                 self.router.release(ep)

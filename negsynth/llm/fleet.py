@@ -104,8 +104,8 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
 class EmbeddedFleet:
     """Context manager: start the fleet, yield it (``url``: its servers' URLs as one string), stop it.
 
-    ``slots``: the run's ``llm.max_concurrency`` (each server gets one slot unless
-    ``serve.parallel`` asks for more); ``servers`` / ``threads``: counts the caller fixed, else
+    ``slots``: not read (each server gets ``serve.parallel`` slots, 1 by default: see
+    :class:`~negsynth.llm.server.EmbeddedServer`); ``servers`` / ``threads``: counts the caller fixed, else
     :func:`fleet_shape` chooses them. ``log_dir``: each server's output goes to
     ``llama-server.log`` there (one server) or ``llama-server-<i>.log`` (several). ``pin``: this
     process is the servers' only client, so ``serve.prompt_cache = "pinned"`` may pin each one's
@@ -137,7 +137,6 @@ class EmbeddedFleet:
                 cfg,
                 model_alias,
                 log_path=Path(log_dir) / name if log_dir else None,
-                slots=slots,
                 threads=t,
                 port=min(65535, cfg.port + i),
                 pin=pin,

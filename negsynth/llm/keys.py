@@ -39,28 +39,17 @@ def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> st
     one): say which and where, at start-up, instead of a traceback or a 401 later."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise error(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
-    bad = invisible_char(key)
-    if bad is not None:
-        i, c = bad
-        raise error(
-            f"the API key in {where} contains the invisible character {char_name(c)} at position {i + 1} "
-            "(a copy-paste accident?); remove it (the key is never shown here)"
-        )
     for i, c in enumerate(key):
-        if ord(c) > 127:
+        if ord(c) <= 127:
+            continue
+        name = f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}"
+        if c.isspace() or unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Cc", "Co", "Cn"):
             raise error(
-                f"the API key in {where} has the non-ASCII character {char_name(c)} at position {i + 1}, which API keys never have "
-                "(a look-alike letter pasted?); fix it (the key is never shown here)"
+                f"the API key in {where} contains the invisible character {name} at position {i + 1} "
+                "(a copy-paste accident?); remove it (the key is never shown here)"
             )
+        raise error(
+            f"the API key in {where} has the non-ASCII character {name} at position {i + 1}, which API keys never have "
+            "(a look-alike letter pasted?); fix it (the key is never shown here)"
+        )
     return key
-
-
-def invisible_char(key: str) -> tuple[int, str] | None:
-    for i, c in enumerate(key):
-        if ord(c) > 127 and (c.isspace() or unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Cc", "Co", "Cn")):
-            return i, c
-    return None
-
-
-def char_name(c: str) -> str:
-    return f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}"

@@ -37,7 +37,35 @@ def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
     return n // 4 + 8
 
 
-class RateLimiter:
+class _Buckets:
+    """RPM / TPM token buckets, refilled continuously (``rpm / 60`` requests and ``tpm / 60`` tokens
+    per second, holding at most ``burst_s`` seconds of refill), full at the start."""
+
+    def __init__(self, rpm: int | None, tpm: int | None, burst_s: float, clock: Callable[[], float]):
+        self.rpm, self.tpm, self.clock = rpm, tpm, clock
+        self._r_cap = max(1.0, (rpm or 0) / 60.0 * burst_s)
+        self._t_cap = max(1.0, (tpm or 0) / 60.0 * burst_s)
+        self._r, self._t = self._r_cap, self._t_cap
+        self._last = clock()
+
+    def _refill(self, now: float) -> None:
+        dt = now - self._last
+        if dt > 0:
+            if self.rpm:
+                self._r = min(self._r_cap, self._r + dt * self.rpm / 60.0)
+            if self.tpm:
+                self._t = min(self._t_cap, self._t + dt * self.tpm / 60.0)
+            self._last = now
+
+    def _empty(self) -> None:
+        """The server answered 429: whatever the buckets hold, it says we are over."""
+        if self.rpm:
+            self._r = min(self._r, 0.0)
+        if self.tpm:
+            self._t = min(self._t, 0.0)
+
+
+class RateLimiter(_Buckets):
     def __init__(
         self,
         rpm: int | None = None,
@@ -50,14 +78,8 @@ class RateLimiter:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ):
-        self.rpm, self.tpm = rpm, tpm
-        self.clock, self.sleep = clock, sleep
-        now = clock()
-        self._r_cap = max(1.0, (rpm or 0) / 60.0 * burst_s)
-        self._t_cap = max(1.0, (tpm or 0) / 60.0 * burst_s)
-        self._r = self._r_cap  # buckets start full
-        self._t = self._t_cap
-        self._last = now
+        super().__init__(rpm, tpm, burst_s, clock)
+        self.sleep = sleep
         self.max_tokens = max_tokens
         self._completion_mean: float | None = None
         self._completions = 0
@@ -79,15 +101,6 @@ class RateLimiter:
         mt = payload.get("max_tokens") or self.max_tokens
         completion = mt if self._completion_mean is None else min(mt, self._completion_mean * 1.2)
         return int(estimate_prompt_tokens(payload) + completion)
-
-    def _refill(self, now: float) -> None:
-        dt = now - self._last
-        if dt > 0:
-            if self.rpm:
-                self._r = min(self._r_cap, self._r + dt * self.rpm / 60.0)
-            if self.tpm:
-                self._t = min(self._t_cap, self._t + dt * self.tpm / 60.0)
-            self._last = now
 
     def _wait_needed(self, now: float, tokens: int) -> float:
         """Seconds to wait before a request of ``tokens`` may go (0 = now)."""
@@ -151,10 +164,7 @@ class RateLimiter:
             base = self.window if self.window != float("inf") else max(1.0, float(self.inflight))
             self.window = max(1.0, base / 2.0)
             self.window_cuts += 1
-        if self.tpm:  # the server says we are over: assume the bucket is empty
-            self._t = min(self._t, 0.0)
-        if self.rpm:
-            self._r = min(self._r, 0.0)
+        self._empty()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -167,35 +177,21 @@ class RateLimiter:
         }
 
 
-class RateLedger:
+class RateLedger(_Buckets):
     """RPM / TPM buckets shared by several processes (the shard workers of ``--executor ray`` hold
     one as a Ray actor): :meth:`take` reserves a request's tokens at once and says how long the
     caller must wait before sending, so the reservations of every process together keep to the
     rates, with no static split between them (a worker alone on the queue gets the whole rate).
 
-    The buckets are the ones :class:`RateLimiter` keeps (``rpm / 60`` requests and ``tpm / 60``
-    tokens per second, ``burst_s`` seconds of refill, full at the start); a reservation may take
-    a bucket below zero and the wait is the time until the refill covers it."""
+    A reservation may take a bucket below zero; the wait is the time until the refill covers it."""
 
     def __init__(self, rpm: int | None, tpm: int | None, *, burst_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        self.rpm, self.tpm, self.clock = rpm, tpm, clock
-        self._r_cap = max(1.0, (rpm or 0) / 60.0 * burst_s)
-        self._t_cap = max(1.0, (tpm or 0) / 60.0 * burst_s)
-        self._r, self._t = self._r_cap, self._t_cap
-        self._last = clock()
+        super().__init__(rpm, tpm, burst_s, clock)
         self.taken = 0
-
-    def _refill(self) -> None:
-        now = self.clock()
-        dt, self._last = now - self._last, now
-        if dt > 0 and self.rpm:
-            self._r = min(self._r_cap, self._r + dt * self.rpm / 60.0)
-        if dt > 0 and self.tpm:
-            self._t = min(self._t_cap, self._t + dt * self.tpm / 60.0)
 
     def take(self, tokens: int = 0) -> float:
         """Reserve one request of ``tokens`` (estimated); the seconds to wait before sending it."""
-        self._refill()
+        self._refill(self.clock())
         self.taken += 1
         wait = 0.0
         if self.rpm:
@@ -209,16 +205,13 @@ class RateLedger:
     def correct(self, delta_tokens: int) -> None:
         """The real usage of an answered request minus what it reserved."""
         if self.tpm:
-            self._refill()
+            self._refill(self.clock())
             self._t -= delta_tokens
 
     def drain(self) -> None:
         """A process got a 429: the server says every process is over, so the buckets are empty."""
-        self._refill()
-        if self.rpm:
-            self._r = min(self._r, 0.0)
-        if self.tpm:
-            self._t = min(self._t, 0.0)
+        self._refill(self.clock())
+        self._empty()
 
 
 class SharedRateLimiter(RateLimiter):

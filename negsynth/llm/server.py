@@ -1,10 +1,10 @@
 """The embedded OpenAI-compatible server: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1.
 
-``EmbeddedServer(serve_cfg, model_alias, slots=n)`` starts the server, waits until its
+``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its
 ``/v1/models`` answers and stops it on exit. The binary is built by
 ``scripts/build_llama_server.sh`` (native CPU flags, ggml's thread pool) and installed beside the
 Python interpreter (``sysconfig`` "scripts" dir; ``serve.server_path`` names another binary). It
-starts with ``n`` slots decoded together (continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
+starts with ``serve.parallel`` slots decoded together (1 by default; continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
 slots because llama-server splits it across them), the prompt cache off (an answer on a cached
 prefix is not the answer on the whole prompt) or its prefix pinned (``serve.prompt_cache =
 "pinned"`` and a client in this process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle
@@ -146,19 +146,6 @@ def choose_threads(n_threads: int | None = None, *, cpus: int | None = None, loa
     return n_threads or free_cores(cpus=cpus, load=load)
 
 
-def choose_slots(parallel: int | None, max_concurrency: int) -> int:
-    """llama-server slots: ``serve.parallel`` when set, else 1.
-
-    One slot by default because answers decoded together are not the answers decoded alone:
-    on the demo's requests, 3 repetitions gave the same text for 16 of 16 requests with one
-    slot but 13 / 8 / 7 of 16 with 2 / 4 / 8 slots (which requests share a batch depends on
-    timing; docs/llm_server.md). A pipeline's data must repeat run to run and a killed run
-    must resume to the same bytes, so more slots (1.3-1.8x the throughput) are an explicit
-    ``serve.parallel``. ``max_concurrency`` is kept for the signature's callers: requests
-    beyond the slots wait in llama-server's queue."""
-    return parallel or 1
-
-
 def _executable(p: Path) -> bool:
     return p.is_file() and os.access(p, os.X_OK)
 
@@ -260,8 +247,12 @@ def server_command(
 class EmbeddedServer:
     """Context manager: start the llama.cpp server, yield its base URL, stop it.
 
-    ``slots``: requests the run sends at once (``llm.max_concurrency``); llama-server decodes
-    one at a time unless ``serve.parallel`` asks for more (see :func:`choose_slots`). The binary is
+    llama-server decodes one request at a time unless ``serve.parallel`` asks for more: answers
+    decoded together are not the answers decoded alone (on the demo's requests, 3 repetitions gave
+    the same text for 16 of 16 requests with one slot but 13 / 8 / 7 of 16 with 2 / 4 / 8 slots;
+    docs/llm_server.md), and a run's data must repeat run to run, so more slots (1.3-1.8x the
+    throughput) are an explicit ``serve.parallel``; requests beyond the slots wait in
+    llama-server's queue. The binary is
     found and the threads chosen here (a missing binary fails now, before anything starts)."""
 
     def __init__(
@@ -270,7 +261,6 @@ class EmbeddedServer:
         model_alias: str,
         *,
         log_path: Path | None = None,
-        slots: int = 1,
         threads: int | None = None,
         port: int | None = None,
         pin: bool = False,
@@ -281,7 +271,7 @@ class EmbeddedServer:
         self.proc: subprocess.Popen | None = None
         self.port = port or cfg.port
         self.binary = llama_server_binary(cfg)
-        self.slots = choose_slots(cfg.parallel, slots)
+        self.slots = cfg.parallel or 1
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = threads or choose_threads(cfg.n_threads)
         #: the prompt prefix pinned (negsynth.llm.prefix_pin): asked by ``pin`` (the caller's
@@ -309,8 +299,6 @@ class EmbeddedServer:
     def start(self) -> str:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
-        if self.log_path:
-            Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         import atexit
 
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server

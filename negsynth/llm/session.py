@@ -87,8 +87,12 @@ async def open_client(
             if transport is None:
                 yield client
             else:
-                async with client.plugged(transport(client)):
+                # built from the checked client; it stays readable (``client.transport``, its counts) after the block
+                client.transport = transport(client)
+                try:
                     yield client
+                finally:
+                    await client.transport.aclose()
     finally:
         if cache is not None:
             cache.close()

@@ -25,16 +25,5 @@ class ClientStats:
     requeued: int = 0  # items whose retries ran out, sent again (an outage ridden out)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "reasks": self.reasks,
-            "failed_attempts": dict(self.failed_attempts),
-            "transport_retries": dict(self.transport_retries),
-            "transport_failures": dict(self.transport_failures),
-            "outage_waits": self.outage_waits,
-            "outage_wait_s": round(self.outage_wait_s, 3),
-            "requeued": self.requeued,
-        }
+        d = {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self).items()}
+        return {**d, "outage_wait_s": round(self.outage_wait_s, 3)}

@@ -483,10 +483,6 @@ class RunConfig(Section):
     regenerate: RegenerateConfig = RegenerateConfig()
     corpus: CorpusConfig = CorpusConfig()
 
-    @model_validator(mode="after")
-    def _check(self) -> RunConfig:
-        return self
-
 
 def run_config_class(sections: tuple[tuple[str, type[BaseModel]], ...] = ()) -> type[RunConfig]:
     """RunConfig with ``[name]`` of the run file validated by each ``(name, section class)`` of

@@ -33,11 +33,7 @@ class Section(BaseModel):
     def hash_dump(self) -> dict:
         """``model_dump(mode="json")`` less the added fields at their defaults, with the removed ones
         at their old defaults (see ``__repr_args__``)."""
-        out = self.model_dump(mode="json")
-        for name in ADDED_FIELDS.get(type(self).__name__, ()):
-            if getattr(self, name) == type(self).model_fields[name].get_default(call_default_factory=True):
-                out.pop(name, None)
-        out.update({gone: old for gone, (_, old) in REMOVED_FIELDS.get(type(self).__name__, {}).items()})
+        out = added_at_default(self, self.model_dump(mode="json"))
         for name, value in self:
             if isinstance(value, Section):
                 out[name] = value.hash_dump()

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from negsynth.prompts.embedding import BELLM_TEMPLATE
 from negsynth.schemas.section import REMOVED_FIELDS
 
-TEXT_COLUMNS = ["anchor", "positive", "negative"]
 ENCODER_TEMPERATURE = 0.05  # sentence-transformers models: MNRL scale 20
 DECODER_TEMPERATURE = 0.02  # LLM2Vec loss_scale 50, E5-Mistral
 #: the one table of model aliases: alias -> (kind, the Hugging Face hub id of the bundled model it
