@@ -111,7 +111,7 @@ def stand_in(tmp_path) -> tuple[ServeConfig, Path]:
 
 def test_the_fleet_starts_its_servers_together_and_stops_them_together(stand_in, tmp_path):
     cfg, out = stand_in
-    fleet = F.EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / "logs", slots=16)
+    fleet = F.EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / "logs")
     assert len(fleet) == 3 and fleet.threads == 1 and fleet.slots == 1
     with fleet:
         urls = fleet.urls

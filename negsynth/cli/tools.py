@@ -109,7 +109,7 @@ def serve(
         cfg.serve.port = port
     if model_path:
         cfg.serve.model_path = str(model_path)
-    fleet = EmbeddedFleet(cfg.serve, cfg.llm.model, slots=cfg.llm.max_concurrency)
+    fleet = EmbeddedFleet(cfg.serve, cfg.llm.model)
     fleet.start()
     if len(fleet) == 1:
         use = f"--set llm.base_url={fleet.urls[0]}"

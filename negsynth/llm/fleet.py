@@ -104,8 +104,8 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
 class EmbeddedFleet:
     """Context manager: start the fleet, yield it (``url``: its servers' URLs as one string), stop it.
 
-    ``slots``: not read (each server gets ``serve.parallel`` slots, 1 by default: see
-    :class:`~negsynth.llm.server.EmbeddedServer`); ``servers`` / ``threads``: counts the caller fixed, else
+    Each server gets ``serve.parallel`` slots, 1 by default (see
+    :class:`~negsynth.llm.server.EmbeddedServer`). ``servers`` / ``threads``: counts the caller fixed, else
     :func:`fleet_shape` chooses them. ``log_dir``: each server's output goes to
     ``llama-server.log`` there (one server) or ``llama-server-<i>.log`` (several). ``pin``: this
     process is the servers' only client, so ``serve.prompt_cache = "pinned"`` may pin each one's
@@ -122,7 +122,6 @@ class EmbeddedFleet:
         model_alias: str,
         *,
         log_dir: Path | None = None,
-        slots: int = 1,
         servers: int | None = None,
         threads: int | None = None,
         pin: bool = False,

@@ -111,7 +111,7 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
     kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir)
     mode, mode_why = prompt_mode(cfg, run_dir, in_process)
     serve = cfg.serve if mode == cfg.serve.prompt_cache else cfg.serve.model_copy(update={"prompt_cache": mode})
-    fleet = EmbeddedFleet(serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", slots=cfg.llm.max_concurrency, threads=kept, pin=in_process)
+    fleet = EmbeddedFleet(serve, cfg.llm.model, log_dir=Path(run_dir) / "logs", threads=kept, pin=in_process)
     whys = (
         [f"{kept} threads per server: this run dir's first count, whose answers differ from other counts; serve.n_threads changes it"]
         if kept and kept != 1

@@ -17,7 +17,7 @@ from negsynth.errors import UserError
 class NodeFleet:
     """A Ray actor holding one node's :class:`~negsynth.llm.fleet.EmbeddedFleet`."""
 
-    def __init__(self, serve: dict, model: str, log_dir: str, slots: int, threads: int | None):
+    def __init__(self, serve: dict, model: str, log_dir: str, threads: int | None):
         import ray
 
         from negsynth.llm.fleet import EmbeddedFleet
@@ -27,7 +27,7 @@ class NodeFleet:
         # the address the node joined the cluster with (what the other nodes reach it by)
         host = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == self.node), None) or ray.util.get_node_ip_address()
         cfg = ServeConfig.model_validate({**serve, "host": host})
-        self.fleet = EmbeddedFleet(cfg, model, log_dir=Path(log_dir) / f"node-{self.node[:8]}", slots=slots, threads=threads)
+        self.fleet = EmbeddedFleet(cfg, model, log_dir=Path(log_dir) / f"node-{self.node[:8]}", threads=threads)
 
     def start(self) -> dict:
         self.fleet.start()
@@ -72,7 +72,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeFleet)
     fleets = [
         actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-            cfg.serve.model_dump(mode="json"), cfg.llm.model, str(Path(ctx.run_dir).resolve() / "logs"), cfg.llm.max_concurrency, threads
+            cfg.serve.model_dump(mode="json"), cfg.llm.model, str(Path(ctx.run_dir).resolve() / "logs"), threads
         )
         for node in nodes
     ]
