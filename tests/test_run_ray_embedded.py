@@ -8,6 +8,7 @@ the local run is asked for whole prompts too. Real model, real server, a local R
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def test_run_on_ray_with_the_embedded_server_equals_a_local_run(tmp_path, ray_no
     assert local.exit_code == 0, local.output
     on_ray = runner.invoke(app, ["run", "-d", str(tmp_path / "ray"), "--executor", "ray", "--workers", "2", "--quiet", *args])
     assert on_ray.exit_code == 0, on_ray.output
-    assert (tmp_path / "ray" / "generate" / "stats.00001-of-00002.json").is_file()  # generate did run as 2 Ray workers
+    stats = json.loads((tmp_path / "ray" / "generate" / "stats.json").read_text())
+    assert (stats["executor"], stats["workers"]) == ("ray", 2)  # generate did run as 2 Ray ranks
     mine, theirs = _data(tmp_path / "ray"), _data(tmp_path / "local")
     assert any(k.startswith("generate/shard-") for k in mine) and mine == theirs
     assert '"prompt": "off"' in (tmp_path / "ray" / "embedded-server.json").read_text()
