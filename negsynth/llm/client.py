@@ -6,7 +6,7 @@ proxies from ``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CER
 plain ``POST /chat/completions`` whose JSON the client reads itself (the SDK's request and
 response models cost ~1 ms of CPU per request and add nothing here). Two retry layers, kept apart:
 
-* **transport** (tenacity): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
+* **transport** (a plain retry loop): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
   resets and empty ``choices`` are retried with jittered exponential backoff. They are never
   shown to the model.
 * **validation re-ask**: an answer that fails to parse or validate is sent back with the error
@@ -335,12 +335,21 @@ class LLMClient(OutageWatch):
         log.debug("transport fault %s (attempt %d), retrying", kind, attempt)
 
     async def _send_with_retries(self, payload: dict, body: bytes | None, retries: int) -> dict:
+        # The happy path is one plain call; only after a transport fault does tenacity take over
+        # (its per-call machinery cost ~5 % of the client's CPU when wrapped around every request).
         try:
+            try:
+                return await self._send(payload, body)
+            except Exception as first:
+                if transport_kind(first) is None or retries == 0:
+                    raise
+                self._note_retry(first, 1)
+                await asyncio.sleep(self.backoff(first, 1))
             retrying = AsyncRetrying(
-                stop=stop_after_attempt(retries + 1),
-                wait=lambda st: self.backoff(st.outcome.exception(), st.attempt_number),
+                stop=stop_after_attempt(retries),
+                wait=lambda st: self.backoff(st.outcome.exception(), st.attempt_number + 1),
                 retry=retry_if_exception(lambda e: transport_kind(e) is not None),
-                before_sleep=lambda st: self._note_retry(st.outcome.exception(), st.attempt_number),
+                before_sleep=lambda st: self._note_retry(st.outcome.exception(), st.attempt_number + 1),
                 reraise=True,
             )
             async for attempt in retrying:
