@@ -95,3 +95,11 @@ def test_a_small_corpus_skips_the_stage_with_its_reason(tmp_path):
     assert r.exit_code == 0, r.output
     stats = json.loads((tmp_path / "run" / "heldout" / "stats.json").read_text())
     assert stats["skipped"] and stats["reason"].startswith("12 documents: too few to set aside a held-out set")
+
+
+def test_estimate_counts_the_held_out_requests_beside_the_training_ones(tmp_path):
+    folder = write_big_corpus(tmp_path, 40)
+    r = invoke("estimate", "-d", tmp_path / "r", "-i", folder, "--set", "heldout.min_queries=3", "--set", "heldout.share=0.2", "--json")
+    assert r.exit_code == 0, r.output
+    est = json.loads(r.stdout)["stages"]
+    assert est["heldout"]["requests"] == 8 and est["corpus"]["requests"] == 40 - 8  # the training sample less the held-out documents

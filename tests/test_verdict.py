@@ -6,6 +6,7 @@ document was trained on; the exported model card carries its line."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -114,6 +115,17 @@ def test_evaluate_gives_the_verdict_after_corpus_and_heldout(tmp_path, minilm):
     r = invoke("evaluate", "-c", cfg, "-d", tmp_path / "run", "--model", minilm, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout[r.stdout.index("{") :])["verdict"]["line"] == v["line"]
+    # inspect, its HTML page and the exported model card say it too
+    r = invoke("inspect", "-d", tmp_path / "run")
+    assert r.exit_code == 0 and v["line"] in r.output.replace("\n", "") and "8 of 40 documents held out" in r.output
+    from negsynth.export.model import export_model
+    from negsynth.report_html import write_html
+
+    assert v["line"] in write_html(tmp_path / "run", tmp_path / "page.html").read_text()
+    shutil.copytree(minilm, tmp_path / "run" / "train" / "final")  # a trained model stands in
+    assert export_model(tmp_path / "run", tmp_path / "out")["verdict"] == v["line"]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"**{v['line']}**" in card and "| ndcg@10 |" in card
 
 
 def test_no_verdict_where_a_held_out_document_was_trained_on(tmp_path, minilm):

@@ -157,7 +157,7 @@ def held_out_ranks(ctx: StageContext, load, model: str, baseline: str | None) ->
     if leaked:
         return None, (
             f"{leaked} of {len(queries)} held-out documents are positives of training examples in {ctx.run_dir / 'corpus'} "
-            "(made before held-out sets existed, or with another [heldout]); rerun corpus and the stages after it with --overwrite"
+            "(made before held-out sets existed, or with other heldout settings); rerun corpus and the stages after it with --overwrite"
         )
     corpora, relevant = held_out_corpus(stats["heldout"], queries)
     if isinstance(corpora, str):
@@ -246,7 +246,8 @@ def report(stats: dict) -> list[Summary]:
         if notes:
             out.append(Summary("notes", [(n,) for n in notes], ("",)))
     if stats.get("verdict"):
-        out.append(Summary("did it help? (your own documents, held out)", [(stats["verdict"]["line"],)], ("",)))
+        line = stats["verdict"]["line"].replace("[", "\\[")  # printed as it is ("negsynth[eval]" is no markup)
+        out.append(Summary("did it help? (your own documents, held out)", [(line,)], ("",)))
     return out
 
 
