@@ -54,24 +54,10 @@ def run(ctx: StageContext) -> dict:
         baseline = ctx.cfg.train.model if Path(model).resolve() != Path(ctx.cfg.train.model).resolve() else None
     quiet = ctx.reporter.quiet
 
-    def load(m: str):
-        try:
-            return embedder_for(
-                m,
-                batch_size=ec.batch_size,
-                instruct_queries=ec.instruct_queries,
-                embedder=emb_cfg,
-                what="evaluate --model (or --baseline)",
-                backend=ec.backend,
-                dtype=ec.dtype,
-            )
-        except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
-            raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
-
     def one(m: str, dest: Path) -> dict:
         if Path(m).suffix == ".json" and Path(m).is_file():
             return load_report(m)  # a saved report as baseline
-        emb = load(m)
+        emb = load_embedder(ctx, m)
         try:
             rep = evaluate(
                 emb,
@@ -91,21 +77,14 @@ def run(ctx: StageContext) -> dict:
         write_report(rep, dest)
         return rep
 
-    def no_data(rep: dict) -> str:
-        skipped = rep.get("skipped") or {}
-        if skipped:  # a data folder without the suite's sets
-            name, why = next(iter(skipped.items()))
-            return f"no evaluation set could be read ({len(skipped)} skipped; {name}: {why})"
-        return "; ".join(rep.get("notes", [])) or "no evaluation data"
-
-    own, no_verdict = held_out_ranks(ctx, load, model, baseline)
+    own, no_verdict = held_out_ranks(ctx, model, baseline)
     base_rep = one(baseline, out / "baseline.json") if baseline else None
     rep = None
     if base_rep is not None and not base_rep.get("tasks") and not base_rep.get("skipped"):
-        missing = no_data(base_rep)
+        missing = _no_data(base_rep)
     else:
         rep = one(model, out / "report.json")
-        missing = None if rep.get("tasks") else no_data(rep)
+        missing = None if rep.get("tasks") else _no_data(rep)
     summary: dict = {"stage": NAME, "model": model, "baseline": baseline}
     if missing is None:
         summary.update(
@@ -127,7 +106,33 @@ def run(ctx: StageContext) -> dict:
     return summary
 
 
-def held_out_ranks(ctx: StageContext, load, model: str, baseline: str | None) -> tuple[dict | None, str | None]:
+def load_embedder(ctx: StageContext, m: str):
+    """Model ``m`` as the evaluation encodes with it (``[evaluate]``'s backend, precision, batch size)."""
+    ec = ctx.cfg.evaluate
+    try:
+        return embedder_for(
+            m,
+            batch_size=ec.batch_size,
+            instruct_queries=ec.instruct_queries,
+            embedder=ctx.cfg.embedder,
+            what="evaluate --model (or --baseline)",
+            backend=ec.backend,
+            dtype=ec.dtype,
+        )
+    except ValueError as e:  # the embedder refused its settings (method, pooling, ...)
+        raise UserError(f"evaluate: model {m!r}: {e}; fix [embedder] or pass --model (or --baseline) another model") from None
+
+
+def _no_data(rep: dict) -> str:
+    """Why a report has no tasks: the sets a data folder lacks, or the notes (no data folder)."""
+    skipped = rep.get("skipped") or {}
+    if skipped:
+        name, why = next(iter(skipped.items()))
+        return f"no evaluation set could be read ({len(skipped)} skipped; {name}: {why})"
+    return "; ".join(rep.get("notes", [])) or "no evaluation data"
+
+
+def held_out_ranks(ctx: StageContext, model: str, baseline: str | None) -> tuple[dict | None, str | None]:
     """The held-out queries' comparison of ``model`` with ``baseline``
     (:func:`~negsynth.evaluate.own_corpus.own_corpus`), or why there is none; ``(None, None)``
     where no held-out stage ran."""
@@ -172,7 +177,7 @@ def held_out_ranks(ctx: StageContext, load, model: str, baseline: str | None) ->
         return ([d.text for d in docs] for c in corpora for _, docs in c.batches())
 
     def ranks(m: str, cache: Path | None):
-        emb = load(m)
+        emb = load_embedder(ctx, m)
         ctx.reporter.info(f"evaluate: {len(texts)} held-out queries over {count} documents with {m} ...")
         docs = corpus_vectors(emb, batches, count, key, cache)
         return ranks_of(emb.encode_queries(texts, instructions), np.asarray(docs), relevant)

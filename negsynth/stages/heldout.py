@@ -57,7 +57,6 @@ def plan_items(ctx: StageContext) -> tuple[list[WorkItem], dict[str, Any]]:
     return items, {
         "documents": total,
         "held_out": len(held),
-        "indices": config_hash(held),
         "reason": reason,
         # what evaluate searches: the corpus the set was drawn from, read as the corpus stage reads it
         "inputs": [s.model_dump(mode="json") for s in cc.inputs],
@@ -88,7 +87,7 @@ class Heldout(pipeline.LLMStage):
         parts["corpus"] = {
             k: getattr(cfg, k) for k in ("few_shot", "doc_tokens", "min_query_chars", "max_query_chars", "chunk_tokens", "chunk_overlap")
         }
-        parts["held_out"] = plan_items(ctx)[1]["indices"]
+        parts["held_out"] = heldout_indices(ctx.cfg, sum(c.count for c in load_corpora(ctx)))[0]
         parts["tokenizer"] = ctx.cfg.embedder.model  # the prompt's document is cut with its tokens
         return pipeline.item_entry(ctx, config_hash(parts))
 
@@ -99,10 +98,10 @@ class Heldout(pipeline.LLMStage):
         return self.items
 
     def run(self, ctx: StageContext) -> dict:
-        job = self.bind(ctx)
-        items = job.plan()
-        if not items:  # too few documents, or off: the one line says which
-            return {"stage": NAME, "skipped": True, "reason": job.held["reason"], "items": 0, "heldout": job.held}
+        total = sum(c.count for c in load_corpora(ctx))
+        held, reason = heldout_indices(ctx.cfg, total)
+        if not held:  # too few documents, or off: the one line says which
+            return {"stage": NAME, "skipped": True, "reason": reason, "items": 0, "heldout": {"documents": total, "held_out": 0}}
         return super().run(ctx)
 
     def messages(self, item: WorkItem) -> list[dict[str, str]]:
