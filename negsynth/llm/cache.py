@@ -1,15 +1,11 @@
 """A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
 
 Keyed by a SHA-256 of everything that shapes a request (model, messages, response format,
-sampling parameters, extra body, sample index). Stored in SQLite (WAL). Inside an event loop
-the answers that arrive in one loop iteration share one transaction, committed at the end of that
-iteration; a caller about to send a request that depends on a pending answer (a re-ask) calls
-:meth:`RequestCache.flush` first, so a process killed at any point keeps every answer an item
-could need again. A caller that writes each finished item somewhere durable at once (the stages'
-partial shards) may widen the sharing to :attr:`RequestCache.commit_window` seconds: a commit
-costs ~0.1–0.2 ms of CPU, and one per loop iteration was then the largest cost of an LLM stage
-per request; a kill loses at most that window's answers of items already written. Outside an
-event loop each ``put`` commits at once. The API key is never part of the key or the value.
+sampling parameters, extra body, sample index); SQLite in WAL mode. Inside an event loop the
+answers of one loop iteration share one commit at its end (or, with ``commit_window``, of that many
+seconds: for callers whose finished items are durable elsewhere); a caller about to send a request
+that depends on a pending answer (a re-ask) calls :meth:`RequestCache.flush` first. Outside a
+loop each ``put`` commits at once. The API key is never part of the key or the value.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ class RequestCache:
             raise
         self._pending: dict[str, str] = {}  # key -> value, written at the end of this loop iteration
         self._error: Exception | None = None  # a failed deferred commit, raised by the next put
-        #: seconds the first pending answer waits for others to share its commit (0: the end of this
-        #: loop iteration); only for callers whose finished items are durable without the cache
+        #: seconds the first pending answer waits for others to share its commit (0: this loop iteration)
         self.commit_window = commit_window
 
     def get(self, key: str) -> dict | None:
