@@ -41,7 +41,7 @@ def _opt(cmd: list[str], flag: str) -> str:
     ],
 )
 def test_the_fleet_has_one_single_threaded_server_per_free_core(cpus, load, serve, want, monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: None)
+    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
     assert F.fleet_shape(ServeConfig(**serve), cpus=cpus, load=load) == want
 
 
@@ -54,7 +54,7 @@ def test_automatic_servers_leave_memory_free(monkeypatch):
 
 
 def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: None)
+    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
     assert F.fleet_shape(ServeConfig(), threads=2, cpus=4, load=0.0) == (2, 2)
 
 

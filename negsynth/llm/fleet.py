@@ -19,6 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 from negsynth.errors import UserError
 from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, free_cores, llama_server_binary
 from negsynth.schemas.config import EndpointConfig, LLMConfig, ServeConfig
@@ -51,15 +53,8 @@ def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
 SERVER_MIB = 256
 
 
-def available_mib() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in MiB (None where unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def available_mib() -> int:
+    return psutil.virtual_memory().available // 2**20
 
 
 def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | None = None, load: float | None = None) -> tuple[int, int]:
@@ -79,9 +74,7 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
     if cfg.servers != "auto":
         return cfg.servers, t
     n = cores() // t
-    mem = available_mib()
-    if mem is not None:
-        n = min(n, mem // SERVER_MIB)
+    n = min(n, available_mib() // SERVER_MIB)
     return max(1, n), t
 
 

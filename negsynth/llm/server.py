@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from negsynth.errors import UserError
 from negsynth.llm import prefix_pin
@@ -44,33 +45,12 @@ def _free_port(host: str) -> int:
 
 
 def listens_on(pid: int, port: int) -> bool | None:
-    """Whether process ``pid`` listens on TCP ``port`` (Linux's ``/proc``; None where it cannot tell)."""
-    inodes = set()
-    seen_table = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        seen_table = True
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
-                inodes.add(f[9])
-    if not seen_table:
-        return None
+    """Whether process ``pid`` listens on TCP ``port`` (None where the system cannot tell)."""
     try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.Error, OSError):
         return None
-    for fd in fds:
-        try:
-            link = fd.readlink().name
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            return True
-    return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 #: the repeat penalty (over the last 64 tokens) every answer is sampled with; llama-server's own
@@ -80,34 +60,11 @@ REPEAT_PENALTY = 1.1
 CACHE_RAM_MIB = 256
 
 
-def _cpu_times(stat: str, cpus: set[int]) -> tuple[int, int]:
-    """(all ticks, idle + iowait ticks) summed over the ``cpuN`` lines of ``/proc/stat`` in ``cpus``."""
-    total = idle = 0
-    for line in stat.splitlines():
-        name, *vals = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
-            continue
-        ticks = [int(v) for v in vals[:8]]  # user .. steal; guest time is already in user
-        total += sum(ticks)
-        idle += ticks[3] + ticks[4]
-    return total, idle
-
-
 def busy_cores(cpus: set[int], window: float = 1.0) -> float:
-    """How many of ``cpus`` are busy now: their non-idle share of ``/proc/stat``'s ticks over
-    ``window`` seconds (the load average, used where ``/proc/stat`` is missing, trails by a minute)."""
-    try:
-        t0, i0 = _cpu_times(Path("/proc/stat").read_text(), cpus)
-        time.sleep(window)
-        t1, i1 = _cpu_times(Path("/proc/stat").read_text(), cpus)
-    except (OSError, ValueError, IndexError):
-        t0 = t1 = 0
-    if t1 > t0:
-        return len(cpus) * (1.0 - (i1 - i0) / (t1 - t0))
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
+    """How many of ``cpus`` are busy now, measured over ``window`` seconds (not the load average:
+    it trails by a minute, so right after a compile an idle machine would read busy)."""
+    per = psutil.cpu_percent(interval=window, percpu=True)
+    return sum(per[c] for c in cpus if c < len(per)) / 100.0
 
 
 def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
@@ -337,16 +294,11 @@ class EmbeddedServer:
         )
 
     def rss_mib(self) -> float | None:
-        """The server process's resident memory in MiB (``/proc/PID/status``; None where unknown)."""
-        if self.proc is None:
-            return None
+        """The server process's resident memory in MiB (None where unknown)."""
         try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
+            return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        except (AttributeError, psutil.Error):
+            return None
 
     def stop(self) -> None:
         prefix_pin.unregister(self.base_url)
