@@ -63,7 +63,6 @@ class BatchTransport:
         self._fatal: BaseException | None = None
         self.stats: Counter = Counter()
 
-    # -- state on disk -----------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
         if self.state_path.exists():
             try:
@@ -75,7 +74,6 @@ class BatchTransport:
     def _save(self) -> None:
         atomic_write_json(self.state_path, self.state)
 
-    # -- the client side ---------------------------------------------------------------------
     def begin(self) -> None:
         self.outstanding += 1
 
@@ -106,7 +104,6 @@ class BatchTransport:
             if not fut.done():
                 fut.set_exception(exc) if exc is not None else fut.set_result(value)
 
-    # -- one round -----------------------------------------------------------------------------
     async def _round(self) -> None:
         # let every item task that is about to park its request do so: one round, not many
         await asyncio.sleep(0)

@@ -46,7 +46,7 @@ from negsynth.llm.errors import (
     unreachable_message,
 )
 from negsynth.llm.outage import OutageWatch
-from negsynth.llm.parsing import ParseError, extract_json
+from negsynth.llm.parsing import extract_json
 from negsynth.llm.prefix_pin import guard
 from negsynth.llm.ratelimit import RateLimiter, rate_limiter
 from negsynth.schemas.config import LLMConfig
@@ -250,7 +250,6 @@ class LLMClient(OutageWatch):
             if code in (401, 403):
                 raise UserError(f"llm.base_url={url} refused the API key (HTTP {code}); check llm.api_key_env") from None
 
-    # -- one request -------------------------------------------------------------------------
     def payload(self, messages: list[dict], *, response_format: dict | None, temperature: float | None, sample_index: int) -> dict:
         cfg = self.cfg
         p: dict[str, Any] = {
@@ -447,7 +446,6 @@ class LLMClient(OutageWatch):
                 self.router.release(ep)
             lim.release(ok=ok)
 
-    # -- structured output with re-asks ----------------------------------------------------
     async def structured(
         self,
         messages: list[dict],
@@ -460,7 +458,7 @@ class LLMClient(OutageWatch):
         reask_template: str = "Your answer was rejected: ${detail}\nReturn a corrected JSON object only.",
     ) -> LLMResult[T]:
         """Ask until ``validate(parsed_json)`` returns a value or attempts run out. ``validate``
-        raises :class:`ValidationFailure` (or :class:`ParseError`) to reject; the next attempt
+        raises :class:`ValidationFailure` to reject; the next attempt
         appends ``reask_template`` with ``${detail}`` filled in. A transport failure after all
         retries yields a result with reason ``transport_*``."""
         batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
@@ -498,7 +496,7 @@ class LLMClient(OutageWatch):
                     )
                 value = validate(extract_json(raw))
                 return LLMResult(value, raw, None, "", Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
-            except (ValidationFailure, ParseError) as e:
+            except ValidationFailure as e:  # a ParseError too
                 reason, detail = e.reason, e.detail
                 reasons.append(reason)
                 self.stats.failed_attempts[reason] += 1

@@ -135,7 +135,6 @@ class EndpointSet:
     def describe(self) -> str:
         return ", ".join(public_url(e.url) for e in self.endpoints)
 
-    # -- lifetime ------------------------------------------------------------------------------
     async def open(self) -> None:
         for e in self.endpoints:
             await e.client.__aenter__()
@@ -153,7 +152,6 @@ class EndpointSet:
         for e in self.endpoints:
             await e.client.__aexit__(None, None, None)
 
-    # -- health --------------------------------------------------------------------------------
     async def _health(self, e: Endpoint, timeout: float) -> str | None:
         """None when ``GET /models`` answers, else a short reason."""
         try:
@@ -225,7 +223,6 @@ class EndpointSet:
                 wait = e.retry_at - now if wait is None else min(wait, e.retry_at - now)
         return wait
 
-    # -- one attempt ---------------------------------------------------------------------------
     def _pick(self) -> Endpoint | None:
         eps = self.endpoints
         free = [e for e in eps if not e.out and e.in_flight < (1 if e.trial else e.concurrency)]

@@ -21,13 +21,21 @@ class LLMFatalError(NegsynthError, RuntimeError):
     """A fault no retry can fix (bad key, unknown model, unreachable server): stop the stage."""
 
 
-class TransportError(NegsynthError, RuntimeError):
-    """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
+class Failure(NegsynthError):
+    """A failure with a short ``reason`` code and a one-line ``detail``."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+class ValidationFailure(Failure, ValueError):
+    """Raised by a validate callback to reject an answer; ``detail`` is shown to the model."""
+
+
+class TransportError(Failure, RuntimeError):
+    """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
 
 
 class EmptyResponse(NegsynthError, RuntimeError):
@@ -57,15 +65,6 @@ class OutageStop(BudgetStop):
     def __init__(self, reason: str, fatal: bool = False):
         super().__init__(reason)
         self.fatal = fatal
-
-
-class ValidationFailure(NegsynthError, ValueError):
-    """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def _openai() -> Any:

@@ -138,12 +138,10 @@ class EmbeddedFleet:
         if len(self.servers) == 1:
             return self.servers[0].describe()
         n, t, s = len(self.servers), self.threads, self.slots
-        note = PROMPT_NOTE[self.prompt_mode]
-        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{note}"
+        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{PROMPT_NOTE[self.prompt_mode]}"
 
     @property
     def prompt_mode(self) -> str:
-        """The servers' prompt mode (:attr:`EmbeddedServer.prompt_mode`; the same for all)."""
         return self.servers[0].prompt_mode
 
     def rss_mib(self) -> list[float | None]:
@@ -175,13 +173,12 @@ class EmbeddedFleet:
                     return
                 if proc is None or proc.poll() is None or self.restarts[i] > self.RESTARTS:
                     continue
-                if self.restarts[i] == self.RESTARTS:
-                    self.restarts[i] += 1
+                self.restarts[i] += 1
+                if self.restarts[i] > self.RESTARTS:
                     log.warning(
                         "embedded server %s exited again (code %s); left out, the others serve its share", srv.base_url, proc.returncode
                     )
                     continue
-                self.restarts[i] += 1
                 log.warning(
                     "embedded server %s exited (code %s); starting it again (%d of %d)",
                     srv.base_url,

@@ -131,7 +131,6 @@ class OutageWatch:
         where = ((self.router.hanging() if self.router is not None else None) or self.base_url) if hanging else None
         return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=where)
 
-    # -- riding out an outage ---------------------------------------------------------------
     def _can_wait(self) -> bool:
         """``llm.outage_wait`` set, not in batch mode, and the client open (a probe is a request)."""
         return self.cfg.outage_wait > 0 and self.transport is None and self._opened()

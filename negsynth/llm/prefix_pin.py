@@ -1,19 +1,11 @@
 """How a client in this process keeps the embedded llama-server's answers a fresh server's.
 
-llama-server's prompt cache evaluates only the part of a prompt its slot does not hold yet, and
-that rounds differently from evaluating the whole prompt: with the plain cache an answer depends
-on what the slot served last (docs/llm_server.md, "Determinism"). Each server this process starts
-registers one guard by its URL (:func:`register`); the client asks :func:`guard` for the URL it
-talks to and sends each request inside ``guard.hold(messages)``:
-
-* :class:`RepeatGuard` (prompt cache off): an exact repeat of a prompt sent before goes with
-  ``cache_prompt: false``, evaluated whole as the first time;
-* :class:`PrefixPin` (``serve.prompt_cache = "pinned"``): before each request the slot is set to
-  the request's prefix (:func:`prefix_length`; saved once per prefix on an empty slot, restored
-  before every request) and the request goes with ``cache_prompt: true``. The answer is then a
-  function of the request alone, in any order and on any server of a fleet, and the shared prefix
-  is evaluated once per server. Restore and request must reach the slot with nothing in between,
-  so only clients in the process that started the server may pin (a lock per event loop).
+An answer on a cached prompt prefix rounds differently from one on the whole prompt
+(docs/llm_server.md, "Determinism"). Each server this process starts registers a guard by its URL;
+the client sends each request inside ``guard(url).hold(messages)``: a :class:`RepeatGuard` (prompt
+cache off) sends an exact repeat with ``cache_prompt: false``; a :class:`PrefixPin` ("pinned") sets
+the slot to the request's prefix (saved once, restored before every request, nothing in between)
+so that the answer is a function of the request alone, on any server of a fleet, in any order.
 """
 
 from __future__ import annotations
@@ -33,15 +25,12 @@ _SENTINEL = "\u2063negsynth-prefix-end\u2063"
 
 
 class PinFailed(NotSent):
-    """Setting the slot to the prefix failed: the request itself was not sent (a transport fault
-    of kind ``connection``: retried, and in a fleet the server is taken out and probed back)."""
+    """Setting the slot to the prefix failed: the request was not sent (retried as a connection fault)."""
 
 
 def prefix_length(messages: list[dict]) -> int:
-    """How many leading messages form the request's pinned prefix: up to and including the
-    first assistant message when one comes before the last message (the stage's worked example:
-    a re-ask's earlier answer and correction then stay outside the shared prefix), else every
-    message but the last (a system prompt before the item); 0 for a single message."""
+    """How many leading messages form the pinned prefix: up to the first assistant message before
+    the last (the worked example; a re-ask's history stays outside), else all but the last."""
     for i, m in enumerate(messages[:-1]):
         if m.get("role") == "assistant":
             return i + 1
@@ -79,9 +68,8 @@ class PrefixPin:
 
     @contextlib.asynccontextmanager
     async def hold(self, messages: list[dict]) -> AsyncIterator[bool]:
-        """Within the block the slot holds exactly ``messages``' prefix and nothing else is sent
-        to this server by this process; yields the ``cache_prompt`` the request must carry (False:
-        no prefix, the prompt is evaluated whole)."""
+        """Within the block the slot holds exactly ``messages``' prefix and nothing else is sent to
+        this server; yields the ``cache_prompt`` the request must carry (False: no prefix)."""
         loop = asyncio.get_running_loop()
         lock = self._locks.get(loop) or self._locks.setdefault(loop, asyncio.Lock())
         k = prefix_length(messages)
@@ -136,14 +124,12 @@ _GUARDS: dict[str, RepeatGuard | PrefixPin] = {}
 
 
 def guard(base_url: str) -> RepeatGuard | PrefixPin | None:
-    """The guard of the embedded llama-server at ``base_url``, or None (any other server: nothing
-    is added to its requests)."""
+    """The guard of the embedded llama-server at ``base_url``, or None (any other server)."""
     return _GUARDS.get(base_url)
 
 
 def register(base_url: str, slot_dir: str | Path | None = None) -> RepeatGuard | PrefixPin:
-    """A new guard for the server just started (or restarted) at ``base_url``: a :class:`PrefixPin`
-    saving into ``slot_dir``, or a :class:`RepeatGuard` without one."""
+    """A fresh guard for the server just (re)started at ``base_url``: a :class:`PrefixPin` saving into ``slot_dir``, else a :class:`RepeatGuard`."""
     _GUARDS[base_url] = g = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
     return g
 

@@ -1,20 +1,10 @@
-"""Client-side rate limits (RPM, TPM) and adaptive slow-down on 429 bursts.
+"""Client-side rate limits (RPM, TPM) and adaptive slow-down on 429 bursts (docs/reliability.md).
 
-:class:`RateLimiter` is the ``limiter`` of :class:`~negsynth.llm.client.LLMClient`:
-
-* **RPM / TPM**: token buckets (:class:`RateLedger`) refilled continuously, holding at most
-  ``burst_s`` seconds of refill. Before a request is sent :meth:`RateLimiter.acquire` reserves an
-  *estimate* of its tokens (prompt characters / 4 plus the expected completion: the running mean
-  of real completions, ``max_tokens`` until one is seen) and waits until the buckets cover it;
-  :meth:`RateLimiter.record_tokens` corrects them with the real usage. With ``--executor ray`` the
-  buckets are one Ray actor shared by every worker, so the workers together keep to the rates
-  with no static split between them.
-* **Adaptive slow-down (AIMD)**: a 429 halves the window of requests allowed in flight (once per
-  cool-down, so one burst counts once), empties the buckets and starts a cool-down every sender
-  waits out (``Retry-After`` when given). Each success widens the window by ``1 / window``, up to
-  ``max_concurrency``. The window and cool-down are each process's own.
-
-Everything takes ``clock`` / ``sleep`` so tests can run it on a fake clock.
+RPM / TPM are token buckets (:class:`RateLedger`, one Ray actor shared by every worker under
+``--executor ray``): a request reserves an estimate of its tokens, waits until the refill covers
+it, and the real usage corrects the bucket. A 429 halves the window of requests in flight (once per
+cool-down), empties the buckets and starts a cool-down every sender waits out; each success widens
+the window by ``1 / window``. ``clock`` / ``sleep`` let tests run it on a fake clock.
 """
 
 from __future__ import annotations
@@ -42,9 +32,7 @@ def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
 
 
 class RateLedger:
-    """RPM / TPM buckets, full at the start (``rpm / 60`` requests and ``tpm / 60`` tokens refilled
-    per second). :meth:`take` reserves a request at once, which may take a bucket below zero, and
-    says how long the caller must wait before sending it: the time until the refill covers it."""
+    """RPM / TPM buckets, full at the start, holding ``burst_s`` seconds of refill."""
 
     def __init__(self, rpm: int | None, tpm: int | None, *, burst_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.rpm, self.tpm, self.clock = rpm, tpm, clock
@@ -64,7 +52,7 @@ class RateLedger:
             self._last = now
 
     def take(self, tokens: int = 0) -> float:
-        """Reserve one request of ``tokens`` (estimated); the seconds to wait before sending it."""
+        """Reserve one request of ``tokens`` (a bucket may go below zero); the seconds to wait before sending it."""
         self._refill()
         wait = 0.0
         if self.rpm:
@@ -91,9 +79,8 @@ class RateLedger:
 
 
 class RateLimiter:
-    """RPM / TPM and the AIMD window of one process. ``ledger``: a Ray actor handle of a
-    :class:`RateLedger` shared with other processes (its methods called as ``.remote()``); without
-    one the buckets are this process's own."""
+    """RPM / TPM and the AIMD window of one process; ``ledger``: the Ray actor handle of a shared
+    :class:`RateLedger` (without one the buckets are this process's own)."""
 
     def __init__(
         self,
@@ -132,8 +119,7 @@ class RateLimiter:
         completion = mt if self._completion_mean is None else min(mt, self._completion_mean * 1.2)
         return int(estimate_prompt_tokens(payload) + completion)
 
-    def _call(self, method: str, *args: Any) -> Any:
-        """A method of the buckets: this process's, or the shared ledger's (an awaitable then)."""
+    def _call(self, method: str, *args: Any) -> Any:  # an awaitable for the shared ledger
         return getattr(self.buckets, method)(*args) if self.ledger is None else getattr(self.ledger, method).remote(*args)
 
     async def acquire(self, payload: dict[str, Any]) -> int:
@@ -196,7 +182,6 @@ class RateLimiter:
 
 
 def rate_limiter(cfg: LLMConfig, ledger: Any = None) -> RateLimiter:
-    """The client's limiter for ``cfg``: RPM / TPM when configured, the adaptive slow-down always;
-    with a ``ledger`` (``--executor ray``), one RPM / TPM shared by every worker."""
+    """The client's limiter for ``cfg``; ``ledger``: one RPM / TPM shared by every worker."""
     kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
     return RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, ledger=ledger, **kw)

@@ -68,9 +68,8 @@ def busy_cores(cpus: set[int], window: float = 1.0) -> float:
 
 
 def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
-    """The CPUs this process may run on (``cpus`` of them when given) minus the busy ones (``load``;
-    measured by :func:`busy_cores` when not given), at least 1: llama.cpp waits for its slowest
-    thread, so a thread on a core another process keeps busy stalls the others."""
+    """The CPUs this process may run on (or ``cpus``) minus the busy ones (or ``load``), at least 1:
+    llama.cpp waits for its slowest thread, so a thread on a busy core stalls the others."""
     try:
         mine = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -130,7 +129,6 @@ def _model_path(cfg: ServeConfig) -> Path:
     return model
 
 
-#: what :meth:`EmbeddedServer.describe` adds for each prompt mode
 PROMPT_NOTE = {"pinned": ", prompt prefix pinned", "on": ", prompt cache on (answers depend on the order)", "off": ""}
 
 
@@ -159,13 +157,10 @@ def server_command(
         "--threads-batch": str(t),
         "--poll": "0",
         "--repeat-penalty": str(REPEAT_PENALTY),
-        # no host-side prompt cache unless the plain cache is asked for: a pinned slot must
-        # hold only what the client restored into it
+        # a pinned slot must hold only what the client restored into it
         "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache == "on" else 0),
     }
-    # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
-    # does not depend on what this server (or which server of a fleet) served before; pinned,
-    # every request starts from its own restored prefix, which gives the same guarantee
+    # off: every prompt evaluated whole, as on a fresh server; pinned: from its own restored prefix
     if cfg.prompt_cache == "on":
         cache = []
     elif slot_dir is not None and cfg.prompt_cache == "pinned":
@@ -206,20 +201,18 @@ class EmbeddedServer:
         self.slot_dir: str | None = None
 
     def describe(self) -> str:
-        """One line for the user: which binary, how many slots and threads."""
         t = self.threads
         return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}{PROMPT_NOTE[self.prompt_mode]}"
 
     @property
     def prompt_mode(self) -> str:
-        """How the server treats a prompt's shared prefix: "pinned", "on" (the plain cache) or "off"."""
         return "pinned" if self.pinned else "on" if self.cfg.prompt_cache == "on" else "off"
 
     @property
     def base_url(self) -> str:
         return f"http://{self.cfg.host}:{self.port}/v1"
 
-    #: how often start() moves to another port when a server it did not start answers on its port
+    #: how often start() moves to another port when a server not its own answers there
     PORT_RETRIES = 3
 
     def start(self) -> str:
@@ -235,8 +228,7 @@ class EmbeddedServer:
                 self.registered()
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
-            # another process took the port between the check and our server's bind (two runs
-            # starting together): ours cannot bind there, so move to a port that is free now
+            # another process took the port between the check and our bind (two runs starting together)
             self.stop()
             self.port = _free_port(self.cfg.host)
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")

@@ -36,12 +36,11 @@ async def open_client(
     transport: Callable[[LLMClient], Any] | None = None,
     **parts: Any,
 ) -> AsyncIterator[LLMClient]:
-    """An :class:`LLMClient` for ``cfg`` at ``base_url``, built so that what can fail fails before
-    anything is written: the API key (:class:`LLMFatalError`), then the request cache at
-    ``cache_path`` (:class:`CacheOpenError`), then, with ``check``, the endpoint's preflight; then
-    ``prepare()`` (the caller's first write) and ``transport(client)`` (e.g. the Batch API's),
-    closed on the way out as the cache is. ``rate_ledger``: one RPM / TPM shared by several
-    processes; ``parts``: the client's ``gate``, ``ledger``, ``on_wait`` and ``stage``.
+    """An :class:`LLMClient` for ``cfg`` at ``base_url``; what can fail fails before anything is
+    written: the key (:class:`LLMFatalError`), the cache (:class:`CacheOpenError`), with ``check``
+    the preflight. Then ``prepare()`` (the caller's first write) and ``transport(client)`` (the Batch
+    API's), closed on the way out. ``rate_ledger``: one RPM / TPM shared by several processes;
+    ``parts``: the client's ``gate``, ``ledger``, ``on_wait`` and ``stage``.
 
         async with open_client(cfg.llm, base_url="http://127.0.0.1:8000/v1", cache_path=Path("llm.sqlite")) as client:
             res = await client.structured(messages, validate=Example.model_validate)
