@@ -5,7 +5,7 @@ As in datatrove, an executor hands each worker its rank and the world size, and 
 takes the same path: the stage's own loop, ``stage.run(ctx)`` with ``ctx.rank`` and
 ``ctx.world_size``, writing the shards ``s`` with ``s % world_size == rank``.
 :class:`LocalExecutor` runs every stage in this process, rank 0 of 1. :class:`RayExecutor` runs a
-stage that splits (``Stage.shardable``, calling the LLM) as ``workers`` Ray tasks, one rank each,
+stage that splits (``Stage.split``, calling the LLM) as ``workers`` Ray tasks, one rank each,
 whose stats the driver sums; a stage whose heavy work is embedding (``Stage.embeds``) runs here
 with that embedding on ``workers`` Ray actors (:mod:`negsynth.pipeline.ray_executor`); every other
 stage runs here.
@@ -22,6 +22,7 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
+from negsynth.pipeline.llm_stage import LLMStage
 from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
@@ -33,6 +34,7 @@ from negsynth.pipeline.stage import (
     check_writable,
     entry_of,
     record_finished,
+    splits,
     unfinished,
     up_to_date,
 )
@@ -41,8 +43,8 @@ from negsynth.schemas.config import RunConfig
 
 def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
     """The stages ``--executor ray`` spreads over its workers under ``cfg``: those that split into
-    ranks (``shardable``, calling the LLM), and those whose heavy work is embedding, in order."""
-    return tuple(s.name for s in method if (s.shardable and s.uses_llm(cfg)) or s.embeds(cfg))
+    ranks, and those whose heavy work is embedding, in order."""
+    return tuple(s.name for s in method if splits(s, cfg) or s.embeds(cfg))
 
 
 class LocalExecutor:
@@ -87,8 +89,6 @@ class RayExecutor(LocalExecutor):
             raise UserError(f"--executor ray: {stage.name} does not split into Ray workers; run it without --executor{hint}")
 
     def world_size(self, stage: Stage, cfg: RunConfig) -> int:
-        from negsynth.pipeline.ray_executor import splits
-
         return self.workers if splits(stage, cfg) else 1
 
     def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
@@ -147,7 +147,7 @@ def run_stage(
         if stats is None:
             check_writable(ctx.run_dir / stage.name)
             if entry is not None:
-                check_manifest_entry(stage, ctx, entry)
+                check_manifest_entry(stage, ctx, entry, begin=not isinstance(stage, LLMStage))
             with executor.around(stage, ctx) as (ctx, extra), stage_endpoint(stage, ctx, start_llm, executor) as ctx:
                 stats = executor.run(stage, ctx)
             stats = {**stats, **extra}

@@ -9,8 +9,8 @@ then the stage folder begun, or the ``--overwrite`` staging folder), the resumab
 (:class:`~negsynth.pipeline.runner.ShardedRunner`: each item's outcome, the concurrency, the
 budget, outages), the stats and the swap of an ``--overwrite``, and the requests ``negsynth
 estimate`` counts. An item may give one record or reject (an example) or several (brainstorm: a
-task type asked in rounds); a stage whose outputs are all or nothing (brainstorm, ``one_shard``)
-keeps them in one shard and judges them with its own ``verdict``. Every request of every stage
+task type asked in rounds); a stage whose outputs are all or nothing (brainstorm, ``split =
+"whole"``) keeps them in one shard and judges them with its own ``verdict``. Every request of every stage
 is asked one way, :meth:`LLMTask.ask`; a request asked inside another stage (score's LLM judge)
 is an :class:`LLMTask` alone.
 """
@@ -323,10 +323,7 @@ class LLMStage(Stage, LLMTask):
     ``self.cfg`` (its section of the run file), ``self.out`` (the folder its outputs go to)."""
 
     prompts: ClassVar[str]
-    staged = True
-    shardable = True
-    #: every item in one shard, finished only when :meth:`verdict` passes (all or nothing: brainstorm)
-    one_shard: ClassVar[bool] = False
+    split = "ranks"
 
     ctx: StageContext
     cfg: Any
@@ -390,7 +387,7 @@ class LLMStage(Stage, LLMTask):
         return Outcome(record=self.record(item, res.value, res))
 
     def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
-        """A ``one_shard`` stage's judgment of all its rows once every item is done: None, or why it failed."""
+        """A ``whole`` stage's judgment of all its rows once every item is done: None, or why it failed."""
         return None
 
     def fixed(self) -> int:
@@ -443,8 +440,8 @@ class LLMStage(Stage, LLMTask):
         ctx = self.ctx
 
         def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
-            verdict = self.verdict if self.one_shard else None
-            return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, one_shard=self.one_shard, verdict=verdict, **kw)
+            verdict = self.verdict if self.split == "whole" else None
+            return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, verdict=verdict, **kw)
 
         async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
             raise AssertionError(it)

@@ -31,7 +31,7 @@ from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
 from negsynth.pipeline.runner import storage_error
-from negsynth.pipeline.stage import Stage, finished_stats
+from negsynth.pipeline.stage import Stage, finished_stats, splits
 from negsynth.schemas.config import RunConfig, run_config_class
 
 
@@ -116,14 +116,9 @@ def _rank(
 def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
     """Whether ``--executor ray`` runs ``stage`` in this process with its embedding on Ray workers
     (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
-    LLM ranks (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
-    ``negatives = "mined"``, whose one heavy part is the mining)."""
+    LLM ranks (:func:`~negsynth.pipeline.stage.splits`: regenerate with ``negatives = "mined"``
+    calls no LLM, its one heavy part is the mining)."""
     return stage.embeds(cfg) and not splits(stage, cfg)
-
-
-def splits(stage: Stage, cfg: RunConfig) -> bool:
-    """Whether ``--executor ray`` runs ``stage`` as ranks: it splits and calls the LLM under ``cfg``."""
-    return stage.shardable and stage.uses_llm(cfg)
 
 
 @contextlib.contextmanager

@@ -30,8 +30,14 @@ from negsynth.pipeline.manifest import (
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
 from negsynth.schemas.config import RunConfig
+from negsynth.schemas.records import Record
 
 Relaunch = Literal["resume", "rebuild", "always"]
+#: how a stage's work is cut: ``ranks``: shards of ``pipeline.shard_size`` items that the ranks of
+#: ``--executor ray`` share (when it calls the LLM); ``process``: in one process (its embedding may
+#: still go to Ray workers); ``whole``: its items in one shard, finished only when the stage's
+#: verdict on all of them passes (all or nothing)
+Split = Literal["ranks", "process", "whole"]
 
 
 class Summary(NamedTuple):
@@ -61,10 +67,9 @@ class Stage:
     ``--overwrite`` starts afresh beside the old outputs), ``rebuild`` (derived data: reused when
     config and inputs are unchanged, rebuilt without asking when either changed) or ``always``
     (reports: recomputed every time). ``done_files`` are the files in its folder that make it
-    finished; ``examples``: its shards hold example records (query, positive, negatives), the
-    ones ``score``, ``inspect`` and ``export`` read; ``shardable``: ``--executor ray`` splits it
-    into ranks; ``staged``: it notes what its outputs are made from when it starts writing, not
-    before its checks (the LLM stages).
+    finished; ``records``: the record its shards hold (:class:`~negsynth.schemas.records.Example`:
+    the ones ``score``, ``inspect`` and ``export`` read); ``split``: how its work is cut
+    (:data:`Split`).
     """
 
     name: ClassVar[str]
@@ -72,9 +77,8 @@ class Stage:
     config: ClassVar[type | None] = None
     relaunch: ClassVar[Relaunch] = "resume"
     done_files: ClassVar[tuple[str, ...]] = ("stats.json",)
-    examples: ClassVar[bool] = False
-    shardable: ClassVar[bool] = False
-    staged: ClassVar[bool] = False
+    records: ClassVar[type[Record] | None] = None
+    split: ClassVar[Split] = "process"
 
     def section(self, cfg: RunConfig) -> Any:
         """Its section of the run file (``cfg.<name>``); the section's defaults where the run file
@@ -107,7 +111,7 @@ class Stage:
         raise NotImplementedError
 
     def prepare(self, ctx: StageContext) -> None:
-        """A ``shardable`` stage's work done once in the driver before its ranks start
+        """A stage that splits into ranks: its work done once in the driver before its ranks start
         (``--executor ray``), whose results the ranks read instead of each computing them."""
 
     def report(self, stats: dict) -> list[Summary]:
@@ -117,6 +121,11 @@ class Stage:
         """The requests ``negsynth estimate`` counts for it (:class:`~negsynth.pipeline.tally.Tally`);
         what later stages' estimators may read. Only a stage that may call the LLM has one."""
         raise NotImplementedError(f"stage {self.name!r} calls the LLM but counts no requests: define {type(self).__name__}.estimate")
+
+
+def splits(stage: Stage, cfg: RunConfig) -> bool:
+    """Whether ``--executor ray`` runs ``stage`` as ranks: its work is cut into ranks and it calls the LLM under ``cfg``."""
+    return stage.split == "ranks" and stage.uses_llm(cfg)
 
 
 def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -213,14 +222,13 @@ def check_writable(stage_dir: Path) -> None:
             raise storage_error(OSError(e.errno, e.strerror), d) from None  # the folder, not the probe
 
 
-def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any]) -> None:
-    """Refuse (one line) outputs made from another config unless ``--overwrite``; note in the stage
-    folder what the outputs are made from, except for a ``staged`` stage, which notes it when it
-    starts writing (the manifest records the entry once the stage finished: :func:`record_finished`)."""
+def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any], *, begin: bool) -> None:
+    """Refuse (one line) outputs made from another config unless ``--overwrite``; with ``begin``
+    note in the stage folder what the outputs are made from (an LLM stage notes it itself once its
+    key, endpoint and cache are checked; the manifest records the entry once the stage finished:
+    :func:`record_finished`)."""
     try:  # the stage folder is written here, first: a read-only one is met before any work
-        check_manifest(
-            ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=not stage.staged
-        )
+        check_manifest(ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=begin)
     except OSError as e:
         raise storage_error(e, ctx.run_dir / stage.name) from None
 

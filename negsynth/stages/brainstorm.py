@@ -72,8 +72,8 @@ class Brainstorm(pipeline.LLMStage):
     config = BrainstormConfig
     prompts = "brainstorm_"
     output_name = "task_list"
-    shardable = False
-    one_shard = True
+    records = Task
+    split = "whole"
     done_files = ("stats.json", "shard-00000.jsonl")
 
     def bind(self, ctx: StageContext) -> Brainstorm:
