@@ -26,12 +26,11 @@ from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-from negsynth.pipeline.manifest import staging_dir, swap_in
+from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
-from negsynth.pipeline.runner import storage_error
-from negsynth.pipeline.stage import Stage, finished_stats, splits
+from negsynth.pipeline.stage import Stage, finish_overwrite, splits
 from negsynth.schemas.config import RunConfig, run_config_class
 
 
@@ -171,13 +170,7 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
         stats["embedding_nodes"] = embedded
     staged = staging_dir(ctx.run_dir, stage.name)
     if ctx.overwrite and staged.is_dir():
-        if not finished_stats(stats):
-            stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / stage.name} are kept; the new ones wait in {staged}"
-        else:
-            try:
-                swap_in(ctx.run_dir, stage.name, staged)
-            except OSError as e:
-                raise storage_error(e, ctx.run_dir / stage.name) from None
+        finish_overwrite(ctx, stage.name, staged, stats)
     return stats
 
 
@@ -255,15 +248,7 @@ def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
     """``budget`` in the stats: the one budget every rank shared and what they used of it."""
     if used is None:
         return {}
-    return {
-        "budget": {
-            "max_requests": b.max_requests,
-            "max_tokens": b.max_tokens,
-            "max_cost": b.max_cost,
-            "scope": SharedBudget.scope,
-            "used": used,
-        }
-    }
+    return {"budget": {**b.limits(), "scope": SharedBudget.scope, "used": used}}
 
 
 @contextlib.contextmanager
