@@ -1,16 +1,11 @@
-"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``; the
-guarantees and measurements: docs/scale.md §2–4).
-
-A stage that splits and calls the LLM runs as ``workers`` ranks (:func:`run_ranks`): rank k is a
-Ray task running ``stage.run(ctx)`` with ``ctx.rank = k``, the path a local run takes as rank 0 of
-1, so the union of the shards equals a one-process run byte for byte and a task Ray retries
-resumes from its ``.partial`` shards and the request cache. The driver holds the run dir, sums
-the ranks' stats and swaps an ``--overwrite`` in. Limits stay global: each rank gets ``1/n`` of
-the LLM concurrency (and of each endpoint's), one :class:`BudgetLedger` actor holds the budget
-and one :class:`~negsynth.llm.ratelimit.RateLedger` the RPM / TPM. A stage whose heavy work is
-embedding runs in the driver with that embedding on Ray actors (:func:`around`,
-:mod:`negsynth.pipeline.ray_embed`); on a cluster of several nodes the embedded LLM is one fleet
-per node (:mod:`negsynth.pipeline.ray_fleets`).
+"""``--executor ray`` (``pip install 'negsynth[ray]'``; docs/scale.md §2–4): a stage that splits
+runs as ``workers`` ranks (:func:`run_ranks`), each a Ray task running ``stage.run(ctx)`` with
+``ctx.rank = k``, the path a local run takes as rank 0 of 1, so the shards are the same and a task
+Ray retries resumes. The driver holds the run dir, sums the ranks' stats and swaps an
+``--overwrite`` in; each rank gets ``1/n`` of the LLM concurrency, and one actor each holds the
+budget (:class:`BudgetLedger`) and the RPM / TPM. A stage whose heavy work is embedding runs in the
+driver with that embedding on Ray actors (:mod:`negsynth.pipeline.ray_embed`); on a cluster of
+several nodes the embedded LLM is one fleet per node (:mod:`negsynth.pipeline.ray_fleets`).
 """
 
 from __future__ import annotations
@@ -93,10 +88,9 @@ def _rank(
     ledger: Any = None,
     rate_ledger: Any = None,
 ) -> dict:
-    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (the Stage object travels with
-    the task; ``cfg``: the run config's JSON and the sections of stages RunConfig does not list). With ``ledger`` (a :class:`BudgetLedger` actor) its requests count against the
-    invocation's one budget; with ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger`
-    actor) against one RPM / TPM."""
+    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (``cfg``: the run config's JSON
+    and the sections of stages RunConfig does not list); ``ledger`` and ``rate_ledger``: the actors
+    holding the invocation's one budget and one RPM / TPM."""
     ctx = StageContext(
         cfg=run_config_class(cfg[1]).model_validate(cfg[0]),
         run_dir=Path(run_dir),
