@@ -45,8 +45,6 @@ def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
 class LocalExecutor:
     """Every stage in this process: rank 0 of 1."""
 
-    name = "local"
-
     def check(self, stage: Stage, cfg: RunConfig) -> None:
         """Every stage runs locally."""
 
@@ -69,8 +67,6 @@ class LocalExecutor:
 
 class RayExecutor(LocalExecutor):
     """Ranks and embedding on ``workers`` Ray workers (``address``: a cluster to join)."""
-
-    name = "ray"
 
     def __init__(self, workers: int, address: str | None = None, *, method: Sequence[Stage] = ()):
         self.workers = workers

@@ -74,7 +74,6 @@ class Brainstorm(pipeline.LLMStage):
     output_name = "task_list"
     records = Task
     split = "whole"
-    done_files = ("stats.json", "shard-00000.jsonl")
 
     def bind(self, ctx: StageContext) -> Brainstorm:
         job = super().bind(ctx)
