@@ -404,7 +404,7 @@ class LLMStage(Stage, LLMTask):
         return [Summary(self.name, summary_rows(stats))]
 
     # ------------------------------------------------------------------ what the base does
-    def planned(self, ctx: StageContext) -> tuple[LLMStage, list[WorkItem], dict[str, Any]]:
+    def plan_run(self, ctx: StageContext) -> tuple[LLMStage, list[WorkItem], dict[str, Any]]:
         """A copy bound to the run, its items (after :meth:`before`) and what they are made from."""
         job = self.bind(ctx)
         job.check()
@@ -413,7 +413,7 @@ class LLMStage(Stage, LLMTask):
         return job, items, {**entry_of(self.made_from(ctx)), "items": len(items)}
 
     def run(self, ctx: StageContext) -> dict:
-        job, items, entry = self.planned(ctx)
+        job, items, entry = self.plan_run(ctx)
         rep, client = run_sync(job.run_items(items, entry))
         stats = llm_stats(ctx, self.name, rep, client, job.extra_stats())
         if job.out != ctx.run_dir / self.name and ctx.world_size == 1:  # an --overwrite (ranks leave it to the driver)
@@ -481,7 +481,7 @@ class LLMStage(Stage, LLMTask):
         """``--executor ray``: once in the driver, before the ranks start, the plan and
         :meth:`before` (what it made, they read from the stage's folder) and, under
         ``--overwrite``, the staging folder they all write to."""
-        _, _, entry = self.planned(ctx)
+        _, _, entry = self.plan_run(ctx)
         if ctx.overwrite:
             begin_staging(ctx.run_dir, self.name, entry)
 
