@@ -72,7 +72,8 @@ class Heldout(pipeline.LLMStage):
     config = HeldoutConfig
     prompts = "corpus"
     output_name = "queries"
-    shardable = False  # a hundred requests or so: one process
+    records = HeldoutQuery  # no examples: score does not read them
+    split = "process"  # a hundred requests or so: one process
 
     def uses_llm(self, cfg: Any) -> bool:
         return heldout_config(cfg).queries > 0
