@@ -86,9 +86,6 @@ class EmbedderConfig(Section):
     kind: Literal["sentence-transformers", "decoder"] = "sentence-transformers"
     model: str = "default"
     device: str = "auto"  # auto -> cuda, mps, cpu
-    # score on several devices (sentence-transformers models): a list such as ["cuda:0", "cuda:1"],
-    # or n = the first n GPUs (n CPU worker processes without a GPU); None = one device
-    devices: list[str] | int | None = None
     # auto: float32 for a sentence-transformers encoder on every device (score compares cosines a few
     # thousandths apart; bf16 moved 37 of 163 examples across the false-negative line on an H200),
     # bf16/fp16 on a GPU for a decoder embedder (its size), float32 on CPU
