@@ -206,8 +206,7 @@ class SentenceTransformerEmbedder(Embedder):
 
     @property
     def dim(self) -> int:
-        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        return int(get())
+        return int(self.model.get_embedding_dimension())
 
     @property
     def device(self) -> str:
