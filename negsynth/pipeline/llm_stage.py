@@ -16,10 +16,9 @@ from typing import Any, ClassVar
 from negsynth.aio import run_sync
 from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, LLMResult
+from negsynth.llm.client import ClientStats, LLMClient, LLMResult
 from negsynth.llm.errors import LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
-from negsynth.llm.stats import ClientStats
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_outputs, begin_staging
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error

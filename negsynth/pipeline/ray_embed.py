@@ -424,8 +424,6 @@ class RayEmbedding:
 def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
     """``ctx`` with its embedding on ``workers`` Ray actors for the block; ``nodes`` gets each
     actor's Ray node id."""
-    if ctx.cfg.embedder.devices is not None:
-        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
     embedding = RayEmbedding(ctx.reporter, workers=workers, address=address, given=ctx.embedder)
     try:
         yield replace(ctx, embedder=None, embedding=embedding)
