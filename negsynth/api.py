@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from negsynth.errors import UserError
 from negsynth.resources import sample_corpus
-from negsynth.schemas.config_io import load_config
 
 if TYPE_CHECKING:
     import datasets
@@ -45,7 +44,9 @@ __all__ = ["evaluate_model", "load_config", "model_path", "run", "sample_corpus"
 DATA_STAGES = ["corpus", "score", "curriculum"]
 
 
-def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | None) -> RunConfig:
+def load_config(config: RunConfig | str | Path | None = None, overrides: Sequence[str] | None = None) -> RunConfig:
+    """The run config: the built-in defaults, ``config``'s keys over them (a TOML path; a
+    :class:`RunConfig` is returned as it is), then ``overrides``; every stage's section known."""
     from negsynth.schemas.config import RunConfig
 
     if isinstance(config, RunConfig):
@@ -57,9 +58,10 @@ def _config(config: RunConfig | str | Path | None, overrides: Sequence[str] | No
         for o in overrides:
             apply_override(data, o)
         return type(config).model_validate(data)  # the class it was: with any stage sections it had
+    from negsynth.schemas.config_io import load_config as read
     from negsynth.stages import sections
 
-    return load_config(config, list(overrides or []), sections())
+    return read(config, list(overrides or []), sections())
 
 
 def run(
@@ -78,7 +80,7 @@ def run(
     from negsynth.pipeline.progress import Reporter
     from negsynth.stages import run_pipeline
 
-    cfg = _config(config, overrides)
+    cfg = load_config(config, overrides)
     return run_pipeline(cfg, run_dir, stages=list(stages) if stages else None, reporter=Reporter(quiet=quiet), overwrite=overwrite)
 
 
@@ -136,7 +138,7 @@ def training_data(
     sets = [f"corpus.inputs=[{{path={json.dumps(str(path))}}}]"]
     if max_docs is not None:
         sets.append(f"corpus.max_docs={int(max_docs)}")
-    cfg = _config(config, [*(overrides or []), *sets])
+    cfg = load_config(config, [*(overrides or []), *sets])
     stats = run(cfg, run_dir, stages=DATA_STAGES, overwrite=overwrite, quiet=quiet)
     from negsynth.pipeline.stage import finished_stats
 
@@ -171,7 +173,7 @@ def evaluate_model(
     from negsynth.embed import embedder_for
     from negsynth.evaluate import evaluate
 
-    cfg = _config(config, overrides)
+    cfg = load_config(config, overrides)
     ec = cfg.evaluate
     emb = embedder_for(
         str(model),

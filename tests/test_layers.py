@@ -171,15 +171,15 @@ def test_the_package_api_is_lazy_and_each_name_has_one_home():
 
     import negsynth
     from negsynth import api
-    from negsynth.schemas import config_io
-
     probe = "import sys, negsynth; print(sorted(m for m in sys.modules if m.startswith('negsynth.')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert sorted(negsynth.__all__) == sorted(api.__all__)
     for name in negsynth.__all__:
         assert getattr(negsynth, name) is getattr(api, name)
-    assert negsynth.load_config is config_io.load_config
+    # the public load_config knows every stage's section (a stage's own table, as [heldout])
+    cfg = negsynth.load_config(None, ["heldout.queries=7"])
+    assert cfg.heldout.queries == 7
     try:
         negsynth.no_such_name  # noqa: B018
     except AttributeError as e:
