@@ -113,6 +113,14 @@ def library_negatives(ctx: StageContext, examples: list[dict]) -> tuple[list[dic
                 left_out.add(i)
             else:  # score measured the corpus stage's negatives, not these
                 out[i] = {**examples[i], "negatives": negs, "score": None}
+    if len(left_out) == len(examples):
+        from negsynth.data.curriculum import CurriculumError
+
+        raise CurriculumError(
+            f"curriculum: mine_hard_negatives kept none of the {len(examples)} queries (each needs 4 negatives under the margin "
+            "within the library's candidate window); set curriculum.schedule = \"tuple\" to train the corpus stage's own "
+            "negatives (searched over the whole corpus), or add documents"
+        )
     return [e for i, e in enumerate(out) if i not in left_out], len(left_out)
 
 
@@ -141,14 +149,7 @@ def run(ctx: StageContext) -> dict:
         schedule = resolve_schedule(cc, examples, ctx.cfg.corpus.candidates)
         too_few_mined = None
         if remines(ctx.cfg, examples):
-            n_in = len(examples)
             examples, too_few_mined = library_negatives(ctx, examples)
-            if not examples:
-                raise CurriculumError(
-                    f"curriculum: mine_hard_negatives kept none of the {n_in} queries (each needs 4 negatives under the margin "
-                    "within the library's candidate window); set curriculum.schedule = \"tuple\" to train the corpus stage's own "
-                    "negatives (searched over the whole corpus), or add documents"
-                )
         options = {
             "schedule": schedule,
             "total_steps": cc.total_steps,
