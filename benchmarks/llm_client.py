@@ -114,7 +114,7 @@ async def run_arm(arm: str, url: str, n: int, concurrency: int, warm: int, cache
         return (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
     if arm == "client":
-        from negsynth.llm.session import open_client
+        from negsynth.llm import open_client
         from negsynth.schemas.config import LLMConfig
 
         cfg = LLMConfig(base_url=url, model="fake", max_concurrency=concurrency, timeout=60, max_tokens=600)

@@ -18,7 +18,7 @@ from helpers import STAND_IN_LLAMA_SERVER
 
 from negsynth.llm import fleet as F
 from negsynth.llm import server
-from negsynth.llm.repeats import repeat_guard
+from negsynth.llm.prefix_pin import RepeatGuard, guard
 from negsynth.schemas.config import LLMConfig, RunConfig, ServeConfig
 
 
@@ -41,7 +41,7 @@ def _opt(cmd: list[str], flag: str) -> str:
     ],
 )
 def test_the_fleet_has_one_single_threaded_server_per_free_core(cpus, load, serve, want, monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: None)
+    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
     assert F.fleet_shape(ServeConfig(**serve), cpus=cpus, load=load) == want
 
 
@@ -54,7 +54,7 @@ def test_automatic_servers_leave_memory_free(monkeypatch):
 
 
 def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: None)
+    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
     assert F.fleet_shape(ServeConfig(), threads=2, cpus=4, load=0.0) == (2, 2)
 
 
@@ -118,7 +118,7 @@ def test_the_fleet_starts_its_servers_together_and_stops_them_together(stand_in,
         assert len(set(urls)) == 3 and fleet.url.split() == urls
         for u in urls:
             assert httpx.get(u + "/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
-            assert repeat_guard(u) is not None  # each server its own exact-repeat guard
+            assert isinstance(guard(u), RepeatGuard)  # each server its own exact-repeat guard
         argvs = [json.loads(p.read_text()) for p in sorted(out.glob("argv-*.json"))]
         assert len(argvs) == 3
         for argv in argvs:
@@ -128,7 +128,7 @@ def test_the_fleet_starts_its_servers_together_and_stops_them_together(stand_in,
         procs = [s.proc for s in fleet.servers]
         assert "3 llama-servers" in fleet.describe() and "1 thread each" in fleet.describe()
     assert all(p.poll() is not None for p in procs)
-    assert all(repeat_guard(u) is None for u in urls)
+    assert all(guard(u) is None for u in urls)
 
 
 def test_a_server_that_dies_is_started_again_on_its_port(stand_in, tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def test_a_server_that_dies_is_started_again_on_its_port(stand_in, tmp_path, mon
         else:
             pytest.fail("the dead server was not started again")
         assert dead.base_url == url and fleet.servers[0].proc.poll() is None
-        assert repeat_guard(url) is not None
+        assert isinstance(guard(url), RepeatGuard)
 
 
 def test_without_a_llama_server_the_fleet_names_the_build_script(monkeypatch):

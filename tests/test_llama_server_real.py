@@ -74,7 +74,7 @@ def test_an_exact_repeat_through_the_client_gets_a_fresh_servers_answer(tmp_path
     import asyncio
 
     from negsynth.llm.client import LLMClient
-    from negsynth.llm.repeats import repeat_guard
+    from negsynth.llm.prefix_pin import RepeatGuard, guard
     from negsynth.schemas.config import LLMConfig
 
     prompt = [
@@ -85,7 +85,7 @@ def test_an_exact_repeat_through_the_client_gets_a_fresh_servers_answer(tmp_path
     def fresh_answers(seeds):
         cfg = ServeConfig(port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=120)
         with EmbeddedServer(cfg, "smollm2-135m-instruct", log_path=tmp_path / "fresh.log") as es:
-            assert repeat_guard(es.base_url) is not None
+            assert isinstance(guard(es.base_url), RepeatGuard)
 
             async def go():
                 llm = LLMConfig(base_url=es.base_url, model="smollm2-135m-instruct", temperature=0.9, max_tokens=120, seed=0, cache=False)
@@ -98,4 +98,4 @@ def test_an_exact_repeat_through_the_client_gets_a_fresh_servers_answer(tmp_path
     a, b, a2 = fresh_answers([0, 1, 0])  # the 2nd and 3rd requests repeat the 1st prompt on the one slot
     assert fresh_answers([1]) == [b]  # as a fresh server answers seed 1
     assert a2 == a
-    assert repeat_guard(f"http://127.0.0.1:{_free_port('127.0.0.1')}/v1") is None  # another server: nothing added
+    assert guard(f"http://127.0.0.1:{_free_port('127.0.0.1')}/v1") is None  # another server: nothing added

@@ -266,7 +266,7 @@ def test_an_answer_sent_before_the_outage_began_does_not_hide_it():
 def test_an_exact_repeat_to_the_embedded_llama_server_is_evaluated_whole(tmp_path):
     """Only a prompt sent before, and only to a registered llama-server, goes with
     ``cache_prompt: false``; the request cache's keys do not change (a rerun is served from it)."""
-    from negsynth.llm import repeats
+    from negsynth.llm import prefix_pin
 
     def ask(url, seeds, cache):
         async def go():
@@ -282,15 +282,15 @@ def test_an_exact_repeat_to_the_embedded_llama_server_is_evaluated_whole(tmp_pat
         cache = RequestCache(tmp_path / "c.sqlite")
         assert ask(srv.base_url, [0, 1], None) == [False, False]
         assert ["cache_prompt" in r for r in srv.requests] == [False, False]  # not registered: nothing added
-        repeats.register(srv.base_url)
+        prefix_pin.register(srv.base_url)
         try:
             assert ask(srv.base_url, [0, 1, 0], cache) == [False, False, True]  # the 3rd: the cache's answer
             assert [r.get("cache_prompt") for r in srv.requests[2:]] == [None, False]  # the 2nd send repeats the 1st's prompt
-            repeats.register(srv.base_url)  # a restarted server holds no prompt yet
+            prefix_pin.register(srv.base_url)  # a restarted server holds no prompt yet
             assert ask(srv.base_url, [0, 1, 2], cache) == [True, True, False]
             assert srv.requests[-1].get("cache_prompt") is None
         finally:
-            repeats.unregister(srv.base_url)
+            prefix_pin.unregister(srv.base_url)
 
 
 def test_an_item_is_sent_again_while_the_failures_can_be_an_outage():

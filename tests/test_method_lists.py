@@ -10,6 +10,7 @@ import typer.main
 
 from negsynth.cli import app
 from negsynth.schemas.config import PipelineConfig
+from negsynth.schemas.records import Example
 from negsynth.stages import METHOD
 
 NAMES = [s.name for s in METHOD]
@@ -77,7 +78,7 @@ def test_inspect_order_and_example_stages_follow_the_method():
     from negsynth.inspect import example_stages, stage_order
 
     assert list(stage_order()) == NAMES
-    assert list(example_stages()) == [s.name for s in reversed(METHOD) if s.examples]
+    assert list(example_stages()) == [s.name for s in reversed(METHOD) if s.records is Example]
 
 
 def test_which_stages_call_the_llm_and_split_is_read_from_each_stage_under_the_config():

@@ -66,7 +66,7 @@ def test_tpm_reserves_an_estimate_and_corrects_with_real_usage():
         assert r == est
         # the real answer was much smaller: the difference is given back
         lim.record_tokens(actual=50, reserved=r, completion=10)
-        return lim._t
+        return lim.buckets._t
 
     left = run(go())
     assert left == pytest.approx(1000 - 50)
@@ -215,12 +215,12 @@ def test_rate_ledger_paces_reservations_and_corrects_tokens():
 def test_two_processes_share_one_rate_instead_of_a_static_split():
     """Two limiters on one ledger together keep to 60 rpm; a process alone gets the whole rate
     (a static split would give each 30 rpm)."""
-    from negsynth.llm.ratelimit import RateLedger, SharedRateLimiter
+    from negsynth.llm.ratelimit import RateLedger
 
     clk = FakeClock()
     handle = _Remote(RateLedger(rpm=60, tpm=None, burst_s=2.0, clock=clk))
-    a = SharedRateLimiter(handle, rpm=60, clock=clk, sleep=clk.sleep)
-    b = SharedRateLimiter(handle, rpm=60, clock=clk, sleep=clk.sleep)
+    a = RateLimiter(rpm=60, ledger=handle, clock=clk, sleep=clk.sleep)
+    b = RateLimiter(rpm=60, ledger=handle, clock=clk, sleep=clk.sleep)
 
     async def go(lims, n):
         sent = []

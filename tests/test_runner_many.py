@@ -129,8 +129,8 @@ def test_an_item_with_a_transport_failure_stays_pending_and_a_rerun_retries_it(t
     assert seen == [1] and rep.shards_done == 1 and rep.pending == 0 and rep.valid == 6
 
 
-def test_a_one_shard_stage_waits_for_its_verdict(tmp_path):
-    ctx = _ctx(tmp_path, shard_size=2)  # one_shard: every item in shard 0 whatever the shard size
+def test_an_all_or_nothing_stage_waits_for_its_verdict(tmp_path):
+    ctx = _ctx(tmp_path, shard_size=2)  # a verdict: every item in shard 0 whatever the shard size
     seen: list[int] = []
     verdicts: list[list] = []
 
@@ -142,13 +142,13 @@ def test_a_one_shard_stage_waits_for_its_verdict(tmp_path):
         verdicts.append(rows)
         return "st: no"
 
-    rep = _run(ctx, _items(5), process, one_shard=True, verdict=no)
+    rep = _run(ctx, _items(5), process, verdict=no)
     d = ctx.run_dir / "st"
     assert rep.failed == "st: no" and rep.shards_total == 1 and rep.shards_done == 0
     assert [r["id"] for k, r in verdicts[0] if k == "rej"] == [f"x{i}" for i in range(5)]
     assert not (d / "shard-00000.jsonl").exists() and (d / "shard-00000.jsonl.partial").exists()
     seen.clear()
-    rep = _run(ctx, _items(5), process, one_shard=True, verdict=lambda rep, rows: None)
+    rep = _run(ctx, _items(5), process, verdict=lambda rep, rows: None)
     assert seen == [] and rep.failed is None and rep.shards_done == 1  # the rerun judged the kept items again
     assert len(list(iter_jsonl(d / "shard-00000.jsonl"))) == 10
 

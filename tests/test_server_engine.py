@@ -61,35 +61,16 @@ def test_serve_n_threads_overrides_the_choice():
     assert server.choose_threads(0, cpus=4, load=0.0) == 4  # 0 = choose
 
 
-def _stat(*per_cpu: tuple[int, int]) -> str:
-    """A /proc/stat text whose cpuN line has ``busy`` user ticks and ``idle`` idle ticks."""
-    lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]
-    lines += [f"cpu{n} {busy} 0 0 {idle} 0 0 0 0 0 0" for n, (busy, idle) in enumerate(per_cpu)]
-    return "\n".join([*lines, "intr 1 2 3", "ctxt 5"]) + "\n"
-
-
 def test_threads_read_what_is_busy_now_not_the_trailing_load_average(monkeypatch):
     # over the sampled second cpu0 was busy throughout, cpu1 idle, cpu2 half busy; cpu3 is outside
-    # this process's affinity, so its ticks do not count
-    snaps = iter([_stat((0, 0), (0, 0), (0, 0), (0, 0)), _stat((100, 0), (0, 100), (50, 50), (100, 0))])
+    # this process's affinity, so it does not count
+    monkeypatch.setattr(server.psutil, "cpu_percent", lambda interval, percpu: [100.0, 0.0, 50.0, 100.0])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    monkeypatch.setattr(server.Path, "read_text", lambda self, *a, **k: next(snaps))
-    monkeypatch.setattr(server.time, "sleep", lambda s: None)
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 0.0, 0.0))
     assert server.busy_cores({0, 1, 2}) == pytest.approx(1.5)
-    snaps = iter([_stat((0, 0), (0, 0)), _stat((10, 90), (0, 100))])
+    monkeypatch.setattr(server.psutil, "cpu_percent", lambda interval, percpu: [10.0, 0.0])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert server.choose_threads() == 2  # 0.1 busy: both cores are free although the load average reads 3
-
-
-def test_threads_fall_back_to_the_load_average_without_proc_stat(monkeypatch):
-    def missing(self, *a, **k):
-        raise FileNotFoundError(self)
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    monkeypatch.setattr(server.Path, "read_text", missing)
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
-    assert server.choose_threads() == 3
 
 
 def test_one_slot_unless_serve_parallel_asks_for_more(fake_binary):

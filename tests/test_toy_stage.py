@@ -41,7 +41,7 @@ class Toy(pipeline.LLMStage):
     config = ToyConfig
     prompts = "toy_"
     output_name = "example"
-    examples = True
+    records = Example
 
     def plan(self):
         return [WorkItem(i, f"toy-{i}", {"topic": t}) for i, t in enumerate(self.cfg.topics)]

@@ -363,7 +363,7 @@ def method_commands(commands: list) -> list:
         command = _generic(stage.name)
         command.__name__ = stage.name
         command.__doc__ = f"Stage {stage.name}: {stage.summary} -> RUN_DIR/{stage.name}/."
-        stage_command(stage.name, llm=isinstance(stage, LLMStage), ray=stage.shardable)(command)
+        stage_command(stage.name, llm=isinstance(stage, LLMStage), ray=stage.split == "ranks")(command)
         _GENERIC[stage.name] = commands[-1]
     return commands
 

@@ -196,10 +196,11 @@ def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: 
     """``--with-shards``: each stage's Example records (``generate``, ``regenerate``, ``score``) as
     one more configuration, appended to ``configs``; returns records per stage (``counts`` too)."""
     from negsynth.data.shards import read_stage
+    from negsynth.schemas.records import Example
     from negsynth.stages import METHOD
 
     shard_counts = {}
-    for st in (s.name for s in METHOD if s.examples):
+    for st in (s.name for s in METHOD if s.records is Example):
         if not any((run_dir / st).glob("shard-*.jsonl")):
             continue
         recs = [_flat_record(r) for r in read_stage(run_dir / st)]

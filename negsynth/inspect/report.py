@@ -13,6 +13,7 @@ from typing import Any
 import negsynth.stages
 from negsynth.data.shards import ShardError, iter_jsonl, repair_hint
 from negsynth.errors import UserError
+from negsynth.schemas.records import Example
 
 
 def stage_order() -> tuple[str, ...]:
@@ -23,7 +24,7 @@ def stage_order() -> tuple[str, ...]:
 def example_stages() -> tuple[str, ...]:
     """The stages whose records are Examples, the latest in the method first (``score`` is
     preferred for samples and scores)."""
-    return tuple(reversed([s.name for s in negsynth.stages.METHOD if s.examples]))
+    return tuple(reversed([s.name for s in negsynth.stages.METHOD if s.records is Example]))
 
 
 FLAGS = ("false_negative", "too_easy", "non_monotonic")

@@ -4,7 +4,7 @@ from negsynth.llm.cache import RequestCache, request_key
 from negsynth.llm.client import LLMClient, LLMResult, resolve_api_key
 from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError, ValidationFailure
 from negsynth.llm.parsing import ParseError, extract_json
-from negsynth.llm.session import CacheOpenError, open_client, rate_limiter
+from negsynth.llm.session import CacheOpenError, open_client
 
 __all__ = [
     "BudgetStop",
@@ -18,7 +18,6 @@ __all__ = [
     "ValidationFailure",
     "extract_json",
     "open_client",
-    "rate_limiter",
     "request_key",
     "resolve_api_key",
 ]

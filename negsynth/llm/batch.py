@@ -1,24 +1,12 @@
 """OpenAI Batch API transport: the same stage, validators, cache and shard writer, half the price.
 
 :class:`BatchTransport` plugs into :class:`~negsynth.llm.client.LLMClient` (``open_client(transport=...)``):
-instead of sending a request, ``chat()`` parks it here. When every item in progress is waiting
-(the stage has nothing left to do but wait for answers), the parked requests become one *round*:
-
-1. written as a batch JSONL (``custom_id`` = the request's cache key) to
-   ``RUN_DIR/<stage>/_batch/round-NNNN.jsonl``;
-2. uploaded (``POST /v1/files``, purpose ``batch``), then a batch is created
-   (``POST /v1/batches``) and polled (``GET /v1/batches/{id}``) until it ends;
-3. its output and error files are downloaded; every answer is stored in the request cache and
-   handed back to ``chat()``, so the stage validates it with the same validators. Invalid answers
-   are re-asked by the stage as usual: the re-asks are parked and form the next round.
-4. Requests that failed (error file, non-200, or missing from an expired/failed batch) are
-   resubmitted in the next round, up to ``llm.max_retries`` times, then become rejects
-   ``transport_batch_<why>``.
-
-The job state is kept in ``_batch/state.json`` and updated after each step (uploaded, created,
-collected). A process killed between submit and download finds the open batch there on the
-next run and polls it again instead of resubmitting; the answers it already collected are in
-the cache. Because answers go through the same cache, a later online run reuses them.
+``chat()`` parks each request here, and when every item in progress is waiting the parked requests
+become one round: ``RUN_DIR/<stage>/_batch/round-NNNN.jsonl`` (``custom_id`` = the cache key),
+uploaded, run as a batch, polled, collected into the request cache and handed back to ``chat()``.
+Re-asks and failed lines (up to ``llm.max_retries`` times) form the next round. ``_batch/state.json``
+records each step, so a process killed after submitting polls the open batch again instead of
+resubmitting (docs/reliability.md, "OpenAI Batch API").
 """
 
 from __future__ import annotations
@@ -75,7 +63,6 @@ class BatchTransport:
         self._fatal: BaseException | None = None
         self.stats: Counter = Counter()
 
-    # -- state on disk -----------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
         if self.state_path.exists():
             try:
@@ -87,7 +74,6 @@ class BatchTransport:
     def _save(self) -> None:
         atomic_write_json(self.state_path, self.state)
 
-    # -- the client side ---------------------------------------------------------------------
     def begin(self) -> None:
         self.outstanding += 1
 
@@ -118,7 +104,6 @@ class BatchTransport:
             if not fut.done():
                 fut.set_exception(exc) if exc is not None else fut.set_result(value)
 
-    # -- one round -----------------------------------------------------------------------------
     async def _round(self) -> None:
         # let every item task that is about to park its request do so: one round, not many
         await asyncio.sleep(0)

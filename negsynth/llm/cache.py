@@ -1,15 +1,9 @@
 """A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
 
-Keyed by a SHA-256 of everything that shapes a request (model, messages, response format,
-sampling parameters, extra body, sample index). Stored in SQLite (WAL). Inside an event loop
-the answers that arrive in one loop iteration share one transaction, committed at the end of that
-iteration; a caller about to send a request that depends on a pending answer (a re-ask) calls
-:meth:`RequestCache.flush` first, so a process killed at any point keeps every answer an item
-could need again. A caller that writes each finished item somewhere durable at once (the stages'
-partial shards) may widen the sharing to :attr:`RequestCache.commit_window` seconds: a commit
-costs ~0.1–0.2 ms of CPU, and one per loop iteration was then the largest cost of an LLM stage
-per request; a kill loses at most that window's answers of items already written. Outside an
-event loop each ``put`` commits at once. The API key is never part of the key or the value.
+Keyed by a SHA-256 of everything that shapes a request (model, messages, response format, sampling,
+extra body, sample index); SQLite in WAL mode. In an event loop the answers of one iteration (or of
+``commit_window`` seconds) share one commit; a re-ask calls :meth:`RequestCache.flush` first. The
+API key is never part of the key or the value.
 """
 
 from __future__ import annotations
@@ -32,12 +26,8 @@ def request_key(payload: dict[str, Any]) -> str:
 
 
 def request_key_and_body(payload: dict[str, Any], sample_index: int) -> tuple[str, bytes]:
-    """``request_key({"p": payload, "n": sample_index})`` and the request body, from one JSON dump.
-
-    The sorted dump of ``{"n": .., "p": payload}`` is ``{"n":N,"p":<payload, sorted>}``: the body
-    sent to the server is that inner slice (key order does not matter to a JSON server), so the
-    payload is serialised once per request instead of twice.
-    """
+    """``request_key({"p": payload, "n": sample_index})`` and the request body, from one JSON dump:
+    the sorted dump is ``{"n":N,"p":<payload, sorted>}`` and the body its inner slice."""
     blob = jsonfast.dumps({"n": sample_index, "p": payload}, sort_keys=True)  # the same bytes as json.dumps
     head = len(b'{"n":%d,"p":' % sample_index)
     return hashlib.sha256(blob).hexdigest(), blob[head:-1]
@@ -64,8 +54,7 @@ class RequestCache:
             raise
         self._pending: dict[str, str] = {}  # key -> value, written at the end of this loop iteration
         self._error: Exception | None = None  # a failed deferred commit, raised by the next put
-        #: seconds the first pending answer waits for others to share its commit (0: the end of this
-        #: loop iteration); only for callers whose finished items are durable without the cache
+        #: seconds the first pending answer waits for others to share its commit (0: this loop iteration)
         self.commit_window = commit_window
 
     def get(self, key: str) -> dict | None:

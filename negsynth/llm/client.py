@@ -1,19 +1,12 @@
-"""An async client for any OpenAI-compatible chat-completions endpoint.
+"""An async client for any OpenAI-compatible chat-completions endpoint; it knows nothing of MGH.
 
-It knows nothing of MGH: it sends the messages it is given and returns parsed, validated
-objects. Every request goes through the openai SDK (``AsyncOpenAI`` on its aiohttp HTTP client:
-proxies from ``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``), as a
-plain ``POST /chat/completions`` whose JSON the client reads itself (the SDK's request and
-response models cost ~1 ms of CPU per request and add nothing here). Two retry layers, kept apart:
-
-* **transport** (a plain retry loop): 429 (honouring ``Retry-After``), 408/409/5xx, timeouts, connection
-  resets and empty ``choices`` are retried with jittered exponential backoff. They are never
-  shown to the model.
-* **validation re-ask**: an answer that fails to parse or validate is sent back with the error
-  so the model can correct it, up to ``llm.max_attempts`` attempts.
-
-Every answered request is stored in a :class:`~negsynth.llm.cache.RequestCache` before it is
-used, keyed by everything that shapes it, so a rerun or resumed run pays for nothing twice.
+Every request goes through the openai SDK (``AsyncOpenAI`` on aiohttp: proxies from
+``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``) as a plain
+``POST /chat/completions`` whose JSON the client reads itself. Two retry layers, kept apart:
+transport faults (429 with ``Retry-After``, 408/409/5xx, timeouts, resets, empty ``choices``)
+are retried with jittered exponential backoff and never shown to the model; an answer that fails
+to parse or validate is sent back with the error, up to ``llm.max_attempts`` attempts. Every
+answer is stored in the :class:`~negsynth.llm.cache.RequestCache` before it is used.
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ import asyncio
 import logging
 import os
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from string import Template
@@ -32,7 +26,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from negsynth.data import jsonfast
 from negsynth.errors import UserError
 from negsynth.llm.cache import RequestCache, request_key_and_body
-from negsynth.llm.endpoints import EndpointSet
+from negsynth.llm.endpoints import EndpointSet, read_key
 from negsynth.llm.errors import (
     BadResponse,
     BudgetStop,
@@ -41,7 +35,6 @@ from negsynth.llm.errors import (
     OutageStop,
     TransportError,
     ValidationFailure,
-    causes,
     never_sent,
     redirect_message,
     refused,
@@ -49,15 +42,13 @@ from negsynth.llm.errors import (
     shorten,
     status_code,
     tls_failure,
-    tls_message,
     transport_kind,
+    unreachable_message,
 )
-from negsynth.llm.keys import read_key
 from negsynth.llm.outage import OutageWatch
-from negsynth.llm.parsing import ParseError, extract_json
-from negsynth.llm.prefix_pin import prefix_pin
-from negsynth.llm.repeats import repeat_guard
-from negsynth.llm.stats import ClientStats
+from negsynth.llm.parsing import extract_json
+from negsynth.llm.prefix_pin import guard
+from negsynth.llm.ratelimit import RateLimiter, rate_limiter
 from negsynth.schemas.config import LLMConfig
 from negsynth.schemas.records import Usage
 
@@ -66,6 +57,28 @@ for _name in ("openai", "httpx", "httpx2", "httpcore", "aiohttp"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 T = TypeVar("T")
+
+
+@dataclass
+class ClientStats:
+    """What a client sent, what the cache answered, what failed and how, the outages it waited
+    out; the budget gate reads them before each request, each stage's stats.json records them."""
+
+    requests: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasks: int = 0
+    failed_attempts: Counter = field(default_factory=Counter)  # validation reason -> attempts
+    transport_retries: Counter = field(default_factory=Counter)
+    transport_failures: Counter = field(default_factory=Counter)
+    outage_waits: int = 0  # outages waited out (the server came back within llm.outage_wait)
+    outage_wait_s: float = 0.0  # seconds spent waiting for the server
+    requeued: int = 0  # items whose retries ran out, sent again (an outage ridden out)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self).items()}
+        return {**d, "outage_wait_s": round(self.outage_wait_s, 3)}
 
 
 @dataclass
@@ -124,14 +137,10 @@ def read_completion(raw: bytes) -> dict:
 class LLMClient(OutageWatch):
     """Bounded-concurrency chat client with caching, transport retries and validation re-asks.
 
-    Use as ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then
-    ``await llm.structured(messages, schema=..., validate=fn, sample_index=i)``. Everything it
-    works with is passed here (:func:`negsynth.llm.open_client` builds one from the config); the
-    one part set later is a transport built from the client itself (``transport``, the Batch API).
-
-    This class sends one request (budget, retries, cache) and asks until an answer validates; the
-    failures in a row and the waits for a server that went away are
-    :class:`~negsynth.llm.outage.OutageWatch`'s, mixed in (the pipeline reads the outage on the client).
+    ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then ``await
+    llm.structured(messages, schema=..., validate=fn, sample_index=i)``; :func:`open_client` builds
+    one from the config. The failures in a row and the waits for a server that went away are
+    :class:`~negsynth.llm.outage.OutageWatch`'s, mixed in.
     """
 
     def __init__(
@@ -141,7 +150,7 @@ class LLMClient(OutageWatch):
         base_url: str,
         api_key: str | None = None,
         cache: RequestCache | None = None,
-        limiter: Any | None = None,
+        limiter: RateLimiter | None = None,
         gate: Callable[[ClientStats], str | None] | None = None,
         ledger: Any | None = None,
         on_wait: Callable[[str, bool], None] | None = None,
@@ -149,20 +158,16 @@ class LLMClient(OutageWatch):
         stage: str | None = None,
     ):
         self.cfg = cfg
-        #: who asks (the pipeline: the stage's name), recorded with each answer this client caches
-        #: (``"stage"`` in the cached value, never part of its key), so that a reader of the cache
-        #: (``negsynth estimate``) knows which stage an answer belongs to
+        #: who asks (the stage's name), recorded with each answer cached (never part of its key)
         self.stage = stage
         self.base_url = base_url
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
-        self.limiter = limiter
-        #: called with the client's counters before every request that would be sent (not cache
-        #: hits): a reason stops it (the stages' budget)
+        self.limiter = limiter or rate_limiter(cfg)
+        #: called with the counters before every request that would be sent: a reason stops it (a budget)
         self.gate = gate
-        #: a budget shared with other processes (``--executor ray``), or None: ``await
-        #: ledger.reserve()`` counts a request before it is sent (a reason stops it instead),
-        #: ``ledger.unreserve()`` gives back one never sent, ``ledger.add(pt, ct)`` adds an answer's tokens
+        #: a budget shared with other processes (``--executor ray``): ``await ledger.reserve()``
+        #: counts a request (a reason stops it), ``unreserve()`` gives one back, ``add(pt, ct)`` tokens
         self.ledger = ledger
         #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
         self.transport = transport
@@ -174,9 +179,8 @@ class LLMClient(OutageWatch):
         if cfg.endpoints:
             self.router = EndpointSet(cfg, self._api_key, self._endpoint_client)
             self.base_url = self.router.describe()
-        #: the embedded llama-server's exact-repeat guard, or its prompt-prefix pin (None for every other server)
-        self._pin = prefix_pin(base_url)
-        self._repeats = repeat_guard(base_url) if self._pin is None else None
+        #: the embedded llama-server's exact-repeat guard or prompt-prefix pin (None for every other server)
+        self._guard = guard(base_url)
         self._init_watch()
         #: told (one line) when a wait for the server begins and ends; the stage shows it
         self.on_wait = on_wait
@@ -195,11 +199,8 @@ class LLMClient(OutageWatch):
 
     @property
     def sdk(self) -> Any:
-        """The ``openai.AsyncOpenAI`` client of this URL (chat here, files and batches in :mod:`negsynth.llm.batch`).
-
-        No SDK retries (the client's own are above it) and no redirects followed (one is a line
-        naming the URL to set instead); a connection gets ``llm.connect_timeout``, a request
-        ``llm.timeout`` as a whole (:meth:`_send`)."""
+        """The ``openai.AsyncOpenAI`` client of this URL: no retries of its own (the client's are
+        above it), no redirect followed (one is a line naming the URL to set), ``llm.connect_timeout``."""
         if self._sdk is None:
             import openai
 
@@ -233,8 +234,7 @@ class LLMClient(OutageWatch):
         return self._sdk is not None or (self.router is not None and self.router.opened)
 
     async def preflight(self, timeout: float = 10.0) -> None:
-        """Fail in the first seconds, in one line, when the endpoint is unreachable or refuses the key
-        (``GET /models``; a server without it, 404/405, is found out by the first request)."""
+        """One line in the first seconds when the endpoint is unreachable or refuses the key (``GET /models``)."""
         if self.router is not None:
             return await self.router.preflight(timeout)
         url = self.base_url
@@ -244,25 +244,12 @@ class LLMClient(OutageWatch):
         except Exception as e:
             code = status_code(e)
             if code is None:
-                raise UserError(self._unreachable(e, timeout)) from None
+                raise UserError(unreachable_message(url, e, timeout)) from None
             if 300 <= code < 400:
                 raise UserError(redirect_message(url, url + "/models", code, e.response.headers.get("location"))) from None
             if code in (401, 403):
                 raise UserError(f"llm.base_url={url} refused the API key (HTTP {code}); check llm.api_key_env") from None
 
-    def _unreachable(self, e: BaseException, timeout: float) -> str:
-        url = self.base_url
-        tls = tls_failure(e)
-        if tls:
-            return tls_message(url, tls)
-        if refused(e):
-            return f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
-        if transport_kind(e) == "timeout":
-            return f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server"
-        root = list(causes(e))[-1]
-        return f"cannot reach llm.base_url={url}: {shorten(root, 120) or type(root).__name__}; start the server or fix llm.base_url"
-
-    # -- one request -------------------------------------------------------------------------
     def payload(self, messages: list[dict], *, response_format: dict | None, temperature: float | None, sample_index: int) -> dict:
         cfg = self.cfg
         p: dict[str, Any] = {
@@ -319,9 +306,8 @@ class LLMClient(OutageWatch):
         self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
-        """Seconds before retry ``attempt`` (1 = the first retry): ``Retry-After`` when the server
-        gave one (capped by ``backoff_max``), else full-jitter exponential
-        ``uniform(0, min(backoff_max, backoff_initial * 2 ** (attempt - 1)))``."""
+        """Seconds before retry ``attempt`` (1 = the first): ``Retry-After`` (capped by ``backoff_max``),
+        else full-jitter exponential ``uniform(0, min(backoff_max, backoff_initial * 2 ** (attempt - 1)))``."""
         ra = retry_after_seconds(exc)
         if ra is not None:
             return min(ra, self.cfg.backoff_max)
@@ -330,13 +316,12 @@ class LLMClient(OutageWatch):
     def _note_retry(self, e: BaseException, attempt: int) -> None:
         kind = transport_kind(e) or "other"
         self.stats.transport_retries[kind] += 1
-        if self.limiter is not None and kind == "rate_limited":
+        if kind == "rate_limited":
             self.limiter.on_rate_limited(retry_after_seconds(e))
         log.debug("transport fault %s (attempt %d), retrying", kind, attempt)
 
     async def _send_with_retries(self, payload: dict, body: bytes | None, retries: int) -> dict:
-        # The happy path is one plain call; only after a transport fault does tenacity take over
-        # (its per-call machinery cost ~5 % of the client's CPU when wrapped around every request).
+        # one plain call; tenacity only after a transport fault (around every call it cost ~5 % of the CPU)
         try:
             try:
                 return await self._send(payload, body)
@@ -363,8 +348,7 @@ class LLMClient(OutageWatch):
 
     def _raise_failure(self, e: Exception, retries: int) -> None:
         """A request that failed for good, as the one error that says why: a setting to fix
-        (:class:`LLMFatalError`, or an :class:`OutageStop` every request would meet) or a
-        :class:`TransportError` (the item is a reject, or waits for the server)."""
+        (:class:`LLMFatalError`, :class:`OutageStop`) or a :class:`TransportError` (the item's)."""
         code = status_code(e)
         if code is not None and 300 <= code < 400:  # a redirect: every request would meet it
             self.outage, self.outage_fatal = (
@@ -390,9 +374,8 @@ class LLMClient(OutageWatch):
         raise TransportError("transport_" + kind, f"gave up after {retries} retries: {self._redact(detail)}") from None
 
     async def _post(self, payload: dict, body: bytes | None) -> bytes:
-        """``POST /chat/completions`` through the SDK; the answer's raw JSON. ``body``: the payload
-        already serialised (see ``request_key_and_body``); ``extra_body`` keys are merged into the
-        top level, as the SDK's typed methods do."""
+        """``POST /chat/completions``; the answer's raw JSON. ``body``: the payload already serialised
+        (``request_key_and_body``); ``extra_body`` keys go to the top level, as the SDK's typed methods do."""
         extra = payload.get("extra_body")
         if extra is not None or body is None:
             merged = {k: v for k, v in payload.items() if k != "extra_body"}
@@ -401,11 +384,8 @@ class LLMClient(OutageWatch):
         return await self.sdk.post("/chat/completions", cast_to=bytes, content=body)
 
     async def count_request(self) -> None:
-        """Count one request about to be sent, or raise :class:`BudgetStop` when a budget says no.
-
-        The stages' gate and the count happen with no await between them, so concurrent senders
-        of this process can never overshoot --max-requests; a budget shared with other processes
-        (``ledger``) checks and counts in one call of its own."""
+        """Count one request about to be sent, or raise :class:`BudgetStop` when a budget says no (the
+        gate and the count with no await between them: concurrent senders never overshoot)."""
         if self.gate is not None:
             why = self.gate(self.stats)
             if why is not None:
@@ -418,9 +398,7 @@ class LLMClient(OutageWatch):
 
     async def _send(self, payload: dict, body: bytes | None = None) -> dict:
         lim = self.limiter
-        reserved = 0
-        if lim is not None:
-            reserved = await lim.acquire(payload)
+        reserved = await lim.acquire(payload)
         ok = False
         ep = None  # with llm.endpoints: the endpoint this attempt goes to, and its client
         via = self
@@ -433,21 +411,17 @@ class LLMClient(OutageWatch):
             await self.count_request()
             if ep is not None:
                 ep.requests += 1
-            if via._repeats is not None and via._repeats.repeat(payload["messages"]):
-                # an exact repeat on the embedded llama-server: evaluated whole, so that its answer
-                # is a fresh server's (RepeatGuard); the request cache's key was made before this
-                payload, body = _with_cache_prompt(payload, False), None
             try:
                 # llm.timeout is a deadline for the whole request (a server that trickles its
                 # answer byte by byte cannot hold it open): past it, a transport "timeout"
                 async with asyncio.timeout(self.cfg.timeout):
-                    if via._pin is not None:
-                        # a pinned embedded llama-server: its slot set to the request's prefix
-                        # first, nothing else sent to it until the answer (negsynth.llm.prefix_pin)
-                        async with via._pin.hold(payload["messages"]) as cache_prompt:
-                            raw = await via._post(_with_cache_prompt(payload, cache_prompt), None)
-                    else:
+                    if via._guard is None:
                         raw = await via._post(payload, body)
+                    else:  # an embedded llama-server: its answer a fresh server's (negsynth.llm.prefix_pin)
+                        async with via._guard.hold(payload["messages"]) as cache_prompt:
+                            if cache_prompt is not None:
+                                payload, body = _with_cache_prompt(payload, cache_prompt), None
+                            raw = await via._post(payload, body)
                 answer = read_completion(raw)
             except Exception as e:
                 if never_sent(e):
@@ -462,8 +436,7 @@ class LLMClient(OutageWatch):
             self.stats.completion_tokens += ct
             if self.ledger is not None:
                 self.ledger.add(pt, ct)
-            if lim is not None:
-                lim.record_tokens(pt + ct, reserved, ct)
+            lim.record_tokens(pt + ct, reserved, ct)
             ok = True
             if ep is not None:
                 self.router.answered(ep)
@@ -471,10 +444,8 @@ class LLMClient(OutageWatch):
         finally:
             if ep is not None:
                 self.router.release(ep)
-            if lim is not None:
-                lim.release(ok=ok)
+            lim.release(ok=ok)
 
-    # -- structured output with re-asks ----------------------------------------------------
     async def structured(
         self,
         messages: list[dict],
@@ -486,13 +457,10 @@ class LLMClient(OutageWatch):
         temperature: float | None = None,
         reask_template: str = "Your answer was rejected: ${detail}\nReturn a corrected JSON object only.",
     ) -> LLMResult[T]:
-        """Ask until ``validate(parsed_json)`` returns a value or attempts run out.
-
-        ``validate`` raises :class:`ValidationFailure` (or :class:`ParseError`) to reject; the
-        next attempt appends ``reask_template`` with ``${detail}`` filled in (the stages pass
-        the ``reask`` prompt template). A transport failure after all retries yields a result
-        with reason ``transport_*``.
-        """
+        """Ask until ``validate(parsed_json)`` returns a value or attempts run out. ``validate``
+        raises :class:`ValidationFailure` to reject; the next attempt
+        appends ``reask_template`` with ``${detail}`` filled in. A transport failure after all
+        retries yields a result with reason ``transport_*``."""
         batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
         if batch is not None:
             batch.begin()
@@ -528,7 +496,7 @@ class LLMClient(OutageWatch):
                     )
                 value = validate(extract_json(raw))
                 return LLMResult(value, raw, None, "", Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
-            except (ValidationFailure, ParseError) as e:
+            except ValidationFailure as e:  # a ParseError too
                 reason, detail = e.reason, e.detail
                 reasons.append(reason)
                 self.stats.failed_attempts[reason] += 1

@@ -1,54 +1,70 @@
-"""Several servers of one model behind one client (``llm.endpoints``).
+"""Several servers of one model behind one client (``llm.endpoints``), and the API keys they use.
 
-A team that generates on its own GPUs runs several vLLM or llama.cpp servers of the same model.
-With ``llm.endpoints`` the client sends each request, attempt by attempt, to the endpoint with
-the most free capacity: the fewest requests in flight relative to its ``max_concurrency``
-(ties: the larger endpoint, then the first listed). No endpoint is ever sent more than its own
-``max_concurrency`` at once; the client as a whole keeps their sum in flight.
-
-An endpoint is **taken out** when its health check fails at start (``GET /models`` refused or
-unanswered) or when a request to it meets a transport fault: a refused or reset connection, a
-timeout, a 5xx, a 200 that is not a chat completion. Nothing more is sent to it until a probe
-(``GET /models``) answers; the first probe comes ``llm.backoff_initial`` seconds after it went
-out, each failed probe doubles the wait up to ``llm.backoff_max``. Back in by a probe, it gets
-one request at a time until one is answered, and only a real answer resets its wait (so an
-endpoint whose health check passes but whose chat requests fail costs one attempt per probe,
-ever more rarely). A 429 does not take an endpoint out: the rate limiter slows down.
-
-What does not change with several endpoints:
-
-* the request cache key is the request (model, messages, sampling, sample index), never the
-  endpoint: a rerun is served from the cache whichever server answered, so every endpoint must
-  serve the same ``llm.model``;
-* each transport attempt goes to one endpoint; a retry after a fault goes to the endpoint then
-  best placed (so the requests a dying server drops are answered by the others, once); the
-  request count, budgets and the outage breaker are the client's, across endpoints;
-* when every endpoint is out, a request still goes to the one whose probe is due soonest, so a
-  fleet that is down as a whole is met as one server that is down: after
-  ``llm.max_consecutive_failures`` failed requests in a row the client holds every request and
-  waits the outage out (``llm.outage_wait``, :mod:`negsynth.llm.outage`): after each pause one
-  held request goes, to the endpoint due soonest, and the endpoints' own probes keep running; the
-  first answer resumes the stage. Past ``llm.outage_wait`` (or with it 0) the stage stops (exit 4).
-
-Keys: an endpoint's own ``api_key_env`` / ``api_key_file``, else ``llm.api_key_env`` /
-``llm.api_key_file``. They are never logged or written; stats and logs name an endpoint by
-its URL without any ``user:password@`` part.
+Each attempt goes to the endpoint with the most free capacity (fewest in flight relative to its
+``max_concurrency``; ties: the larger, then the first listed). A transport fault takes an endpoint
+out; ``GET /models`` probes it back with doubling backoff, and it then gets one request at a time
+until one is answered. With every endpoint out, a request goes to the one due soonest, so a fleet
+down as a whole is met as one server that is down (the client's outage wait). The cache key never
+names the endpoint. Behaviour as users see it: docs/configuration.md, "Several LLM servers".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from negsynth.errors import UserError
-from negsynth.llm.keys import read_key
 
 log = logging.getLogger(__name__)
+
+
+def read_key(env: str | None, file: str | None, where: str, error: type[Exception] = UserError) -> str | None:
+    """The key from ``{where}.api_key_env`` or ``{where}.api_key_file`` (None when neither is set);
+    anything wrong with it raises ``error`` with one line naming the setting and the fix."""
+    if env:
+        v = os.environ.get(env, "").strip()
+        if not v:
+            raise error(f"environment variable {env} ({where}.api_key_env) is not set; export it or change {where}.api_key_env")
+        return one_line_key(v, f"environment variable {env} ({where}.api_key_env)", error)
+    if file:
+        try:
+            v = open(os.path.expanduser(file), encoding="utf-8").read().strip()
+        except OSError as e:
+            raise error(f"cannot read {where}.api_key_file {file}: {e.strerror}; fix the path") from None
+        except UnicodeDecodeError:
+            raise error(f"{where}.api_key_file {file} is not UTF-8 text; it must hold the key on one line") from None
+        if not v:
+            raise error(f"{where}.api_key_file {file} is empty; put the key in it")
+        return one_line_key(v, f"{where}.api_key_file {file}", error)
+    return None
+
+
+def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> str:
+    """``key``, or ``error`` naming a control, invisible or other non-ASCII character in it (a pasted
+    zero-width space, a look-alike letter) at start-up, instead of a traceback or a 401 later."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise error(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
+    for i, c in enumerate(key):
+        if ord(c) <= 127:
+            continue
+        name = f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}"
+        if c.isspace() or unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp", "Cc", "Co", "Cn"):
+            raise error(
+                f"the API key in {where} contains the invisible character {name} at position {i + 1} "
+                "(a copy-paste accident?); remove it (the key is never shown here)"
+            )
+        raise error(
+            f"the API key in {where} has the non-ASCII character {name} at position {i + 1}, which API keys never have "
+            "(a look-alike letter pasted?); fix it (the key is never shown here)"
+        )
+    return key
 
 
 def public_url(url: str) -> str:
@@ -98,10 +114,7 @@ class Endpoint:
 
 class EndpointSet:
     """The endpoints of one client: picks one per attempt, takes faulty ones out, probes them back.
-
-    ``make_client(url, key, max_concurrency)`` builds the single-URL client whose transport an
-    endpoint's requests use (an :class:`~negsynth.llm.client.LLMClient` without endpoints).
-    """
+    ``make_client(url, key, max_concurrency)``: the single-URL client that carries an endpoint's requests."""
 
     def __init__(self, cfg: Any, default_key: str, make_client: Callable[[str, str, int], Any]):
         self.endpoints: list[Endpoint] = []
@@ -122,7 +135,6 @@ class EndpointSet:
     def describe(self) -> str:
         return ", ".join(public_url(e.url) for e in self.endpoints)
 
-    # -- lifetime ------------------------------------------------------------------------------
     async def open(self) -> None:
         for e in self.endpoints:
             await e.client.__aenter__()
@@ -140,7 +152,6 @@ class EndpointSet:
         for e in self.endpoints:
             await e.client.__aexit__(None, None, None)
 
-    # -- health --------------------------------------------------------------------------------
     async def _health(self, e: Endpoint, timeout: float) -> str | None:
         """None when ``GET /models`` answers, else a short reason."""
         try:
@@ -154,8 +165,7 @@ class EndpointSet:
         return None
 
     async def preflight(self, timeout: float) -> None:
-        """Check every endpoint at once: a refused key stops the run (a setting to fix), an
-        unreachable endpoint is taken out (and probed later), all unreachable stops the run."""
+        """Check every endpoint at once: a refused key or none answering stops the run, one unreachable is taken out."""
         whys = await asyncio.gather(*(self._health(e, timeout) for e in self.endpoints))
         for e, why in zip(self.endpoints, whys):
             if why == "refused the API key":
@@ -213,7 +223,6 @@ class EndpointSet:
                 wait = e.retry_at - now if wait is None else min(wait, e.retry_at - now)
         return wait
 
-    # -- one attempt ---------------------------------------------------------------------------
     def _pick(self) -> Endpoint | None:
         eps = self.endpoints
         free = [e for e in eps if not e.out and e.in_flight < (1 if e.trial else e.concurrency)]
@@ -258,8 +267,7 @@ class EndpointSet:
         self._changed.set()
 
     def hanging(self) -> str | None:
-        """The endpoints last taken out for a timeout (named when a request was taken and never
-        answered), or None."""
+        """The endpoints last taken out for a timeout, or None."""
         return ", ".join(e.label for e in self.endpoints if e.why == "timeout") or None
 
     def as_dict(self) -> dict[str, dict[str, int]]:

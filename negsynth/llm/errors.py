@@ -1,10 +1,6 @@
 """What can go wrong talking to an LLM server: the exceptions the client raises, which faults are
-worth a retry (:func:`transport_kind`), and the one-line messages that name a likely cause.
-
-None of this holds state: the client (:mod:`negsynth.llm.client`) and its outage bookkeeping
-(:mod:`negsynth.llm.outage`) classify and word a fault the same way from here. The openai SDK's
-own exceptions are recognised without importing it (it costs ~1 s of CPU at start): an exception
-can only be one of them once the client has imported it.
+worth a retry (:func:`transport_kind`), and the one-line messages that name a likely cause. The
+SDK's exceptions are recognised without importing it (~1 s of CPU): only once the client has.
 """
 
 from __future__ import annotations
@@ -25,13 +21,21 @@ class LLMFatalError(NegsynthError, RuntimeError):
     """A fault no retry can fix (bad key, unknown model, unreachable server): stop the stage."""
 
 
-class TransportError(NegsynthError, RuntimeError):
-    """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
+class Failure(NegsynthError):
+    """A failure with a short ``reason`` code and a one-line ``detail``."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+class ValidationFailure(Failure, ValueError):
+    """Raised by a validate callback to reject an answer; ``detail`` is shown to the model."""
+
+
+class TransportError(Failure, RuntimeError):
+    """Transport retries exhausted for one request; the item becomes a reject, the stage goes on."""
 
 
 class EmptyResponse(NegsynthError, RuntimeError):
@@ -43,8 +47,7 @@ class BadResponse(NegsynthError, RuntimeError):
 
 
 class NotSent(NegsynthError, ConnectionError):
-    """Something before the request failed (setting the embedded server's slot): nothing was sent,
-    so it counts as no request; retried as a connection fault."""
+    """Something before the request failed: nothing was sent (no request); retried as a connection fault."""
 
 
 class BudgetStop(NegsynthError, RuntimeError):
@@ -56,23 +59,12 @@ class BudgetStop(NegsynthError, RuntimeError):
 
 
 class OutageStop(BudgetStop):
-    """Too many requests in a row failed at the transport/HTTP level: the server is down or is the
-    wrong one. No new request is sent; the unfinished items stay pending (a rerun does them).
-    ``fatal``: the server answers but refuses or garbles every request, a setting to fix (exit 2)
-    rather than an outage to wait out."""
+    """Too many requests in a row failed: no new request is sent, the unfinished items stay pending.
+    ``fatal``: the server answers but refuses or garbles every request, a setting to fix (exit 2)."""
 
     def __init__(self, reason: str, fatal: bool = False):
         super().__init__(reason)
         self.fatal = fatal
-
-
-class ValidationFailure(NegsynthError, ValueError):
-    """Raised by a validate callback: ``reason`` is a short code, ``detail`` is shown to the model."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def _openai() -> Any:
@@ -173,8 +165,7 @@ def retry_after_seconds(exc: BaseException) -> float | None:
             return None
 
 
-#: when most failed requests in a row failed like this, the server answers but something is
-#: misconfigured (URL, model, request parameters): fix it, then rerun (the items are retried)
+#: failures that say the server answers but something is misconfigured (URL, model, parameters)
 FATAL_KINDS = ("bad_request", "transport_bad_response", "transport_empty_choices")
 
 
@@ -209,6 +200,19 @@ def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: 
     return f"{n} requests in a row failed ({what}): {hint}; the unfinished items are kept as pending, rerun the same command to resume"
 
 
+def unreachable_message(url: str, e: BaseException, timeout: float) -> str:
+    """One line for an endpoint that did not answer its health check (``GET /models``)."""
+    tls = tls_failure(e)
+    if tls:
+        return tls_message(url, tls)
+    if refused(e):
+        return f"cannot reach llm.base_url={url}: connection refused; start the server (negsynth serve) or fix llm.base_url"
+    if transport_kind(e) == "timeout":
+        return f"llm.base_url={url} did not answer within {timeout:.0f} s; check the URL or the server"
+    root = list(causes(e))[-1]
+    return f"cannot reach llm.base_url={url}: {shorten(root, 120) or type(root).__name__}; start the server or fix llm.base_url"
+
+
 def tls_message(url: str, detail: str) -> str:
     """One line for a failed TLS handshake with ``url``: what failed and the two usual fixes."""
     return (
@@ -218,9 +222,8 @@ def tls_message(url: str, detail: str) -> str:
 
 
 def redirect_message(base_url: str, url: str, status: int, location: str | None) -> str:
-    """One line for a redirect answered to ``url``: no request follows one (a 301/302/303 would turn
-    the POST into a GET, and the API key is never sent to another host): the line names the
-    ``llm.base_url`` to set instead."""
+    """One line for a redirect answered to ``url`` (never followed: a 301/302/303 would turn the POST
+    into a GET, and the key is never sent to another host), naming the ``llm.base_url`` to set."""
     from urllib.parse import urljoin, urlsplit
 
     if not location:

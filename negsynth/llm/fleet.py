@@ -1,23 +1,13 @@
 """The embedded LLM as a fleet: one single-threaded, single-slot llama-server per core.
 
 ``EmbeddedFleet(serve_cfg, model_alias)`` starts ``serve.servers`` llama-servers side by side
-(``"auto"``: one per core free when they start, at least 1), each with ``serve.n_threads``
-threads (default 1) and one slot, waits until every one answers, and stops them together.
-Requests are spread over them by the client's endpoint router (:mod:`negsynth.llm.endpoints`,
-most free capacity first, a server that stops answering taken out and probed back): the stage
-gets the fleet as one string, its servers' URLs separated by spaces (:func:`join_urls`), which
-:func:`fleet_llm_config` turns into ``llm.endpoints`` where the client is opened.
-
-Why single-threaded servers and not one server with every core: llama.cpp waits for its slowest
-thread at every layer, so for a 135M model a second thread buys far less than a second core, and
-a thread on a core another process holds stalls the others; and llama.cpp's answers change with
-its thread count, so a server whose count follows the machine would write other data on a quiet
-and a busy machine. One thread per server computes every answer the same way wherever it runs,
-and K servers on K cores answer ~K requests at once (docs/llm_server.md).
-
-A server that exits while the fleet is up is started again on its own port (the router's probe
-then takes it back in), at most :attr:`EmbeddedFleet.RESTARTS` times; after that it stays out
-and the others carry its share.
+(``"auto"``: one per core free), each with ``serve.n_threads`` threads (default 1) and one slot,
+and stops them together. The stage gets their URLs as one string (:func:`join_urls`), which
+:func:`fleet_llm_config` turns into ``llm.endpoints``: the client's router spreads the requests.
+One thread per server computes every answer the same way on a quiet or a busy machine (llama.cpp's
+answers change with its thread count), and K servers on K cores answer ~K requests at once
+(docs/llm_server.md). A server that exits is started again on its own port, at most
+:attr:`EmbeddedFleet.RESTARTS` times; then the others carry its share.
 """
 
 from __future__ import annotations
@@ -28,6 +18,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import psutil
 
 from negsynth.errors import UserError
 from negsynth.llm.server import PROMPT_NOTE, EmbeddedServer, free_cores, llama_server_binary
@@ -46,10 +38,8 @@ def split_urls(url: str) -> list[str]:
 
 
 def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
-    """``cfg`` with the fleet ``url`` (:func:`join_urls`) as its ``llm.endpoints``, or ``cfg``
-    unchanged when ``url`` is one server. Each server gets ``llm.max_concurrency`` / servers
-    requests at once (rounded up, at least 1), so the fleet keeps at least as many in flight as
-    one server did, and every server at least one."""
+    """``cfg`` with the fleet ``url`` (:func:`join_urls`) as its ``llm.endpoints`` (each server
+    ``ceil(llm.max_concurrency / servers)`` in flight), or ``cfg`` when ``url`` is one server."""
     urls = split_urls(url or "")
     if len(urls) < 2:
         return cfg
@@ -58,31 +48,20 @@ def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
     return cfg.model_copy(update={"base_url": urls[0], "endpoints": eps})
 
 
-#: MiB of available memory asked per automatic server: each measured ~229 MiB resident at
-#: ``serve.n_ctx`` 4096 with SmolLM2-135M (124 MiB its own: KV cache and buffers; the rest the
-#: model file's pages, shared by every server), so the fleet takes at most about half of it
+#: MiB of available memory asked per automatic server (each measured ~229 MiB resident with
+#: SmolLM2-135M at ``serve.n_ctx`` 4096, half of it model pages shared by every server)
 SERVER_MIB = 256
 
 
-def available_mib() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in MiB (None where unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def available_mib() -> int:
+    return psutil.virtual_memory().available // 2**20
 
 
 def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | None = None, load: float | None = None) -> tuple[int, int]:
-    """``(servers, threads per server)`` for ``serve.servers`` / ``serve.n_threads``.
-
-    Threads: ``threads`` (a run dir's first count, see :mod:`negsynth.pipeline.embedded`), else
-    ``serve.n_threads``, else 1; ``n_threads = 0``: the cores free. Servers: ``serve.servers``,
-    else the cores free divided by the threads, and no more than one per :data:`SERVER_MIB` of
-    available memory, at least 1. The cores free are measured (one second) only when something
-    needs them."""
+    """``(servers, threads per server)``. Threads: ``threads`` (a run dir's first count), else
+    ``serve.n_threads``, else 1; 0: the cores free. Servers: ``serve.servers``, else the cores free
+    divided by the threads, at most one per :data:`SERVER_MIB` available, at least 1. The cores
+    free are measured (one second) only when needed."""
     free: int | None = None
 
     def cores() -> int:
@@ -95,21 +74,16 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
     if cfg.servers != "auto":
         return cfg.servers, t
     n = cores() // t
-    mem = available_mib()
-    if mem is not None:
-        n = min(n, mem // SERVER_MIB)
+    n = min(n, available_mib() // SERVER_MIB)
     return max(1, n), t
 
 
 class EmbeddedFleet:
     """Context manager: start the fleet, yield it (``url``: its servers' URLs as one string), stop it.
 
-    Each server gets ``serve.parallel`` slots, 1 by default (see
-    :class:`~negsynth.llm.server.EmbeddedServer`). ``servers`` / ``threads``: counts the caller fixed, else
-    :func:`fleet_shape` chooses them. ``log_dir``: each server's output goes to
-    ``llama-server.log`` there (one server) or ``llama-server-<i>.log`` (several). ``pin``: this
-    process is the servers' only client, so ``serve.prompt_cache = "pinned"`` may pin each one's
-    prompt prefix (:mod:`negsynth.llm.prefix_pin`); without it "pinned" means off."""
+    ``servers`` / ``threads``: counts the caller fixed, else :func:`fleet_shape` chooses. ``log_dir``:
+    each server's output goes to ``llama-server.log`` (one server) or ``llama-server-<i>.log``.
+    ``pin``: this process is the servers' only client, so "pinned" may pin (else it means off)."""
 
     #: how often one server is started again after it exited
     RESTARTS = 3
@@ -164,12 +138,10 @@ class EmbeddedFleet:
         if len(self.servers) == 1:
             return self.servers[0].describe()
         n, t, s = len(self.servers), self.threads, self.slots
-        note = PROMPT_NOTE[self.prompt_mode]
-        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{note}"
+        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{PROMPT_NOTE[self.prompt_mode]}"
 
     @property
     def prompt_mode(self) -> str:
-        """The servers' prompt mode (:attr:`EmbeddedServer.prompt_mode`; the same for all)."""
         return self.servers[0].prompt_mode
 
     def rss_mib(self) -> list[float | None]:
@@ -179,7 +151,7 @@ class EmbeddedFleet:
     def start(self) -> str:
         """Start every server at once and wait until each answers; the first failure stops them all."""
         self._stopping.clear()
-        if len(self.servers) == 1:
+        if len(self.servers) == 1:  # in this thread: a Ctrl-C stops the start at once
             self.servers[0].start()
         else:
             with ThreadPoolExecutor(len(self.servers)) as pool:
@@ -201,13 +173,12 @@ class EmbeddedFleet:
                     return
                 if proc is None or proc.poll() is None or self.restarts[i] > self.RESTARTS:
                     continue
-                if self.restarts[i] == self.RESTARTS:
-                    self.restarts[i] += 1
+                self.restarts[i] += 1
+                if self.restarts[i] > self.RESTARTS:
                     log.warning(
                         "embedded server %s exited again (code %s); left out, the others serve its share", srv.base_url, proc.returncode
                     )
                     continue
-                self.restarts[i] += 1
                 log.warning(
                     "embedded server %s exited (code %s); starting it again (%d of %d)",
                     srv.base_url,
@@ -231,12 +202,8 @@ class EmbeddedFleet:
 
     def stop(self) -> None:
         self._stopping.set()
-        with self._lock:
-            if len(self.servers) == 1:
-                self.servers[0].stop()
-            else:
-                with ThreadPoolExecutor(len(self.servers)) as pool:
-                    list(pool.map(lambda s: s.stop(), self.servers))
+        with self._lock, ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(lambda s: s.stop(), self.servers))
         if self._watch is not None and self._watch is not threading.current_thread():
             self._watch.join(timeout=self.cfg.startup_timeout)
             self._watch = None

@@ -1,17 +1,12 @@
 """The outage bookkeeping of :class:`~negsynth.llm.client.LLMClient`: failures in a row, the
-breaker, and riding out a server that went away.
+breaker, and riding out a server that went away (docs/reliability.md, "What is guaranteed").
 
-A request whose transport retries ran out counts as one failure in a row; an answer resets the
-count unless that request was sent before the run of failures began (an answer the server wrote
-just before it went away says nothing about it now). At ``llm.max_consecutive_failures`` the
-client either stops (``outage``: the stage ends, the unfinished items stay pending) or, with
-``llm.outage_wait``, holds every request and waits for the server with backoff. The probe is the
-request path itself: after each pause one held request goes alone, with no retries, and its
-outcome decides. Answered (even wrongly): every request goes again. Refused, reset, 5xx, 429: the wait goes on, until
-``llm.outage_wait`` has passed since the failures began. Taken and not answered within
-``llm.timeout``: the server is up and hangs, which no wait cures, so the stage stops at once,
-naming it. :meth:`OutageWatch.again` decides whether an item whose retries ran out goes back in
-the queue.
+A request whose transport retries ran out is one failure in a row; an answer resets the count
+unless it was sent before the run of failures began. At ``llm.max_consecutive_failures`` the
+client stops (``outage``) or, with ``llm.outage_wait``, holds every request and waits: after each
+pause one held request goes alone, with no retries, as the probe. Answered: every request goes
+again. Refused, reset, 5xx, 429: the wait goes on until ``llm.outage_wait`` has passed. Taken and
+not answered within ``llm.timeout``: the server hangs, which no wait cures, so the stage stops.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from typing import Any
 
 from negsynth.llm.endpoints import EndpointSet
 from negsynth.llm.errors import FATAL_KINDS, OutageStop, TransportError, outage_message
-from negsynth.llm.stats import ClientStats
 from negsynth.schemas.config import LLMConfig
 
 #: the client's log: a wait's notices keep the logger name they always had
@@ -34,16 +28,12 @@ log = logging.getLogger("negsynth.llm.client")
 
 
 class OutageWatch:
-    """Failures in a row and the waits for the server, mixed into the client (the stages and the
-    pipeline read ``outage``, ``outage_fatal``, ``last_failure`` and call :meth:`again` on it).
-
-    The client sets ``cfg``, ``stats``, ``base_url``, ``router``, ``transport`` and ``on_wait``,
-    calls :meth:`_init_watch` from its constructor; around each request it sends, :meth:`_held`
-    first, then :meth:`_note_failure` or :meth:`_note_answer`, then :meth:`_trial_done`; and
-    :meth:`_stop_waiting` when it closes. ``_opened()`` tells whether it can send at all."""
+    """Failures in a row and the waits for the server, mixed into the client (the pipeline reads
+    ``outage``, ``outage_fatal``, ``last_failure`` and calls :meth:`again`). Around each request the
+    client calls :meth:`_held`, then :meth:`_note_failure` or :meth:`_note_answer`, then :meth:`_trial_done`."""
 
     cfg: LLMConfig
-    stats: ClientStats
+    stats: Any  # ClientStats
     base_url: str
     router: EndpointSet | None
     transport: Any | None
@@ -55,9 +45,7 @@ class OutageWatch:
     SPORADIC_RETRIES = 2
 
     def _init_watch(self) -> None:
-        #: requests in a row whose retries ran out at the transport/HTTP level; an answer resets it,
-        #: unless that request was sent before the first failure of the run (an answer the server
-        #: wrote just before it went away says nothing about it now)
+        #: requests in a row whose retries ran out (an answer to one sent before the run began does not reset it)
         self.consecutive_failures = 0
         self._sent = 0  # requests sent so far, in order (the send order decides "before")
         self._streak_from = 0  # send number of the first failed request of the current run
@@ -73,8 +61,7 @@ class OutageWatch:
         self._trial_open = False
         self._trial: asyncio.Future | None = None
         self._wait_task: asyncio.Task | None = None
-        #: when the current run of failures began (the first request of it that failed for good):
-        #: past ``llm.outage_wait`` from there with no answer, the stage stops as an outage
+        #: when the current run of failures began: past ``llm.outage_wait`` from there, an outage
         self._outage_since: float | None = None
         self.answers = 0  # requests answered so far (an item's failures between two answers are an outage's)
         #: item -> (answers when it last failed, times it failed while others were answered, times sent again)
@@ -144,15 +131,12 @@ class OutageWatch:
         where = ((self.router.hanging() if self.router is not None else None) or self.base_url) if hanging else None
         return outage_message(self.base_url, self.cfg, self.consecutive_failures, self.failure_kinds, self.last_failure, hanging=where)
 
-    # -- riding out an outage ---------------------------------------------------------------
     def _can_wait(self) -> bool:
-        """Whether an outage may be waited out: ``llm.outage_wait`` is set, not in batch mode (no
-        Batch API transport), and the client is open (a probe is a request)."""
+        """``llm.outage_wait`` set, not in batch mode, and the client open (a probe is a request)."""
         return self.cfg.outage_wait > 0 and self.transport is None and self._opened()
 
     def _start_wait(self, message: str) -> None:
-        """Hold every request and probe the server with backoff until it answers (then resume),
-        hangs (then stop) or ``llm.outage_wait`` has passed since the outage began (then stop)."""
+        """Hold every request and probe the server until it answers, hangs or ``llm.outage_wait`` passed."""
         now = time.monotonic()
         if self._outage_since is None:
             self._outage_since = now
@@ -210,16 +194,11 @@ class OutageWatch:
             self.on_wait(line, waiting)
 
     async def again(self, item: Any) -> bool:
-        """An item whose requests failed at the transport level (its own retries ran out): True
-        when it should go back in the queue, after a pause (this waits it), False to leave it
-        pending (a rerun does it).
-
-        Sent again while the failures can be an outage: until the endpoints have been failing
-        continuously for ``llm.outage_wait`` (then the client stops as an outage, exit 4); an
-        outage long enough to trip ``llm.max_consecutive_failures`` holds every request while the
-        server is probed (the requests held are the probes). An item that keeps failing while
-        other requests are answered is sent again :attr:`SPORADIC_RETRIES` times. False at once
-        with ``llm.outage_wait = 0``, in batch mode, or when the server answers wrongly (a setting to fix)."""
+        """An item whose own transport retries ran out: True when it should go back in the queue,
+        after a pause (waited here), False to leave it pending (a rerun does it). Sent again while
+        the failures can be an outage (until they are ``llm.outage_wait`` old); one that keeps
+        failing while others are answered, :attr:`SPORADIC_RETRIES` times. False at once with
+        ``llm.outage_wait = 0``, in batch mode, or when the server answers wrongly (a setting to fix)."""
         if self.outage is not None or not self._can_wait():
             return False
         if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:

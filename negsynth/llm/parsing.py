@@ -6,16 +6,13 @@ import json
 import re
 
 from negsynth.data import jsonfast
-from negsynth.errors import NegsynthError
+from negsynth.llm.errors import ValidationFailure
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
 
 
-class ParseError(NegsynthError, ValueError):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+class ParseError(ValidationFailure):
+    """The answer holds no JSON value (``empty_output``, ``invalid_json``)."""
 
 
 def extract_json(text: str | None) -> object:

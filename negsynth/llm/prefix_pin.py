@@ -1,30 +1,11 @@
-"""A pinned prompt prefix on the embedded llama-server (``serve.prompt_cache = "pinned"``).
+"""How a client in this process keeps the embedded llama-server's answers a fresh server's.
 
-llama-server's prompt cache evaluates only the part of a prompt that its slot does not already
-hold, and an answer computed that way is not bit for bit the answer computed on the whole prompt:
-where the evaluation starts changes the rounding. With the plain cache the starting point is
-the longest prefix shared with *whatever the slot served last*, so the answer depends on the
-order of requests and on which server of a fleet got them (docs/llm_server.md).
-
-A pin makes the starting point a function of the request alone. A request's **prefix** is its
-leading messages (:func:`prefix_length`: the system prompt and the worked example every request of
-a stage shares). Before each request the server's one slot is set to exactly that prefix: the
-first time a prefix is seen it is evaluated alone on an empty slot and saved to a file
-(``/slots/0?action=save``, llama-server's ``--slot-save-path``); every request restores its
-prefix's file (``action=restore``, ~7 MB for SmolLM2's ~300-token system prompt, a few ms) and
-is sent with ``cache_prompt: true``, so the server evaluates the rest from the prefix's end. The
-same request then gets the same answer on any server of the fleet, in any order, on any machine
-with the same build, while the shared prefix is evaluated once per server instead of once per
-request.
-
-The restore and the request must reach the slot with nothing in between, so a pin serves
-clients in the process that started the server (the stage's own client: :class:`PrefixPin` holds
-a lock per event loop around the pair); servers that other processes talk to (``negsynth
-serve``, Ray workers) run with the prompt cache off instead.
-
-Its own module so that the chat client can consult it without importing the server's machinery:
-:mod:`negsynth.llm.server` registers a pin per pinned server it starts, :mod:`negsynth.llm.client`
-asks :func:`prefix_pin` for the URL it talks to.
+An answer on a cached prompt prefix rounds differently from one on the whole prompt
+(docs/llm_server.md, "Determinism"). Each server this process starts registers a guard by its URL;
+the client sends each request inside ``guard(url).hold(messages)``: a :class:`RepeatGuard` (prompt
+cache off) sends an exact repeat with ``cache_prompt: false``; a :class:`PrefixPin` ("pinned") sets
+the slot to the request's prefix (saved once, restored before every request, nothing in between)
+so that the answer is a function of the request alone, on any server of a fleet, in any order.
 """
 
 from __future__ import annotations
@@ -44,27 +25,39 @@ _SENTINEL = "\u2063negsynth-prefix-end\u2063"
 
 
 class PinFailed(NotSent):
-    """Setting the slot to the prefix failed: the request itself was not sent (a transport fault
-    of kind ``connection``: retried, and in a fleet the server is taken out and probed back)."""
+    """Setting the slot to the prefix failed: the request was not sent (retried as a connection fault)."""
 
 
 def prefix_length(messages: list[dict]) -> int:
-    """How many leading messages form the request's pinned prefix: up to and including the
-    first assistant message when one comes before the last message (the stage's worked example:
-    a re-ask's earlier answer and correction then stay outside the shared prefix), else every
-    message but the last (a system prompt before the item); 0 for a single message."""
+    """How many leading messages form the pinned prefix: up to the first assistant message before
+    the last (the worked example; a re-ask's history stays outside), else all but the last."""
     for i, m in enumerate(messages[:-1]):
         if m.get("role") == "assistant":
             return i + 1
     return max(0, len(messages) - 1)
 
 
-class PrefixPin:
-    """One pinned llama-server: its root URL (without ``/v1``) and the folder it saves slots in.
+def _digest(obj) -> bytes:
+    return hashlib.blake2b(jsonfast.dumps(obj), digest_size=16).digest()
 
-    :meth:`hold` sets the slot to a request's prefix and keeps the server to that request until
-    the block ends; the prefixes saved so far are remembered (a restarted server registers a new
-    pin and saves them again)."""
+
+class RepeatGuard:
+    """The prompts one running llama-server (prompt cache off) has been sent."""
+
+    def __init__(self) -> None:
+        self._seen: set[bytes] = set()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, messages: list[dict]) -> AsyncIterator[bool | None]:
+        """Yields False for a prompt sent before (send it with ``cache_prompt: false``), else None."""
+        d = _digest(messages)
+        repeat = d in self._seen
+        self._seen.add(d)
+        yield False if repeat else None
+
+
+class PrefixPin:
+    """One pinned llama-server: its root URL (without ``/v1``) and the folder it saves slots in."""
 
     def __init__(self, base_url: str, slot_dir: str | Path) -> None:
         self.root = base_url.rstrip("/").removesuffix("/v1")
@@ -73,20 +66,14 @@ class PrefixPin:
         # one lock per event loop (an asyncio lock belongs to the loop it first waited in)
         self._locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            self._locks[loop] = lock = asyncio.Lock()
-        return lock
-
     @contextlib.asynccontextmanager
     async def hold(self, messages: list[dict]) -> AsyncIterator[bool]:
-        """Within the block the slot holds exactly ``messages``' prefix and nothing else is sent
-        to this server by this process; yields the ``cache_prompt`` the request must carry (False:
-        no prefix, the prompt is evaluated whole)."""
+        """Within the block the slot holds exactly ``messages``' prefix and nothing else is sent to
+        this server; yields the ``cache_prompt`` the request must carry (False: no prefix)."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop) or self._locks.setdefault(loop, asyncio.Lock())
         k = prefix_length(messages)
-        async with self._lock():
+        async with lock:
             if k == 0:
                 yield False
                 return
@@ -97,27 +84,22 @@ class PrefixPin:
             yield True
 
     async def _restore(self, http, prefix: list[dict], next_role: str) -> None:
-        digest = hashlib.blake2b(jsonfast.dumps([prefix, next_role]), digest_size=16).hexdigest()
+        digest = _digest([prefix, next_role]).hex()
         name = self._saved.get(digest)
         if name is not None and await self._call(http, "restore", name, missing_ok=True):
             return
         name = f"prefix-{digest}.bin"
-        text = await self._render(http, prefix, next_role)
-        # evaluated alone, on an empty slot: the saved state is a function of the prefix only
-        await self._call(http, "erase")
-        await self._post(http, "/completion", {"prompt": text, "n_predict": 0, "cache_prompt": True})
-        await self._call(http, "save", name)
-        self._saved[digest] = name
-        await self._call(http, "restore", name)
-
-    async def _render(self, http, prefix: list[dict], next_role: str) -> str:
-        """The prefix as the server's chat template writes it, up to where the next message's
-        text begins (its role header included, so the rest of the prompt starts with the text)."""
+        # the prefix as the chat template writes it, up to where the next message's text begins
         out = await self._post(http, "/apply-template", {"messages": [*prefix, {"role": next_role, "content": _SENTINEL}]})
         prompt = out.get("prompt") if isinstance(out, dict) else None
         if not isinstance(prompt, str) or _SENTINEL not in prompt:
             raise PinFailed(f'{self.root}/apply-template did not render the prompt prefix; set serve.prompt_cache = "off"')
-        return prompt.split(_SENTINEL, 1)[0]
+        # evaluated alone, on an empty slot: the saved state is a function of the prefix only
+        await self._call(http, "erase")
+        await self._post(http, "/completion", {"prompt": prompt.split(_SENTINEL, 1)[0], "n_predict": 0, "cache_prompt": True})
+        await self._call(http, "save", name)
+        self._saved[digest] = name
+        await self._call(http, "restore", name)
 
     async def _call(self, http, action: str, filename: str | None = None, *, missing_ok: bool = False) -> bool:
         body = {"filename": filename} if filename else {}
@@ -137,20 +119,20 @@ class PrefixPin:
         return r.json()
 
 
-#: base URL -> the pin of each pinned llama-server started by this process
-_PINS: dict[str, PrefixPin] = {}
+#: base URL -> the guard of each llama-server started by this process
+_GUARDS: dict[str, RepeatGuard | PrefixPin] = {}
 
 
-def prefix_pin(base_url: str) -> PrefixPin | None:
-    """The :class:`PrefixPin` of the pinned embedded llama-server at ``base_url``, or None."""
-    return _PINS.get(base_url)
+def guard(base_url: str) -> RepeatGuard | PrefixPin | None:
+    """The guard of the embedded llama-server at ``base_url``, or None (any other server)."""
+    return _GUARDS.get(base_url)
 
 
-def register(base_url: str, slot_dir: str | Path) -> PrefixPin:
-    """A new pin for the server just started at ``base_url`` (replacing any earlier one)."""
-    _PINS[base_url] = pin = PrefixPin(base_url, slot_dir)
-    return pin
+def register(base_url: str, slot_dir: str | Path | None = None) -> RepeatGuard | PrefixPin:
+    """A fresh guard for the server just (re)started at ``base_url``: a :class:`PrefixPin` saving into ``slot_dir``, else a :class:`RepeatGuard`."""
+    _GUARDS[base_url] = g = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
+    return g
 
 
 def unregister(base_url: str) -> None:
-    _PINS.pop(base_url, None)
+    _GUARDS.pop(base_url, None)

@@ -1,18 +1,10 @@
-"""Client-side rate limits (RPM, TPM) and adaptive slow-down on 429 bursts.
+"""Client-side rate limits (RPM, TPM) and adaptive slow-down on 429 bursts (docs/reliability.md).
 
-:class:`RateLimiter` is the ``limiter`` hook of :class:`~negsynth.llm.client.LLMClient`:
-
-* **RPM / TPM** are token buckets refilled continuously (``rpm / 60`` requests and ``tpm / 60``
-  tokens per second, holding at most ``burst_s`` seconds of refill). Before a request is sent,
-  :meth:`acquire` reserves an *estimate* of its tokens (prompt characters / 4 plus the expected
-  completion: the running mean of real completions, ``max_tokens`` until one is seen); when the
-  answer arrives :meth:`record_tokens` corrects the bucket with the real usage.
-* **Adaptive slow-down (AIMD)**: a 429 halves the window of requests allowed in flight (at most
-  once per cool-down, so one burst of 429s counts once) and starts a shared cool-down that every
-  sender waits out (``Retry-After`` when the server gave one). Each success widens the window
-  again by ``1 / window`` (about +1 per round trip), up to ``max_concurrency``.
-
-Everything takes ``clock`` / ``sleep`` so tests can run it on a fake clock.
+RPM / TPM are token buckets (:class:`RateLedger`, one Ray actor shared by every worker under
+``--executor ray``): a request reserves an estimate of its tokens, waits until the refill covers
+it, and the real usage corrects the bucket. A 429 halves the window of requests in flight (once per
+cool-down), empties the buckets and starts a cool-down every sender waits out; each success widens
+the window by ``1 / window``. ``clock`` / ``sleep`` let tests run it on a fake clock.
 """
 
 from __future__ import annotations
@@ -21,6 +13,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from negsynth.schemas.config import LLMConfig
 
 
 def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
@@ -37,18 +31,18 @@ def estimate_prompt_tokens(payload: dict[str, Any]) -> int:
     return n // 4 + 8
 
 
-class _Buckets:
-    """RPM / TPM token buckets, refilled continuously (``rpm / 60`` requests and ``tpm / 60`` tokens
-    per second, holding at most ``burst_s`` seconds of refill), full at the start."""
+class RateLedger:
+    """RPM / TPM buckets, full at the start, holding ``burst_s`` seconds of refill."""
 
-    def __init__(self, rpm: int | None, tpm: int | None, burst_s: float, clock: Callable[[], float]):
+    def __init__(self, rpm: int | None, tpm: int | None, *, burst_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.rpm, self.tpm, self.clock = rpm, tpm, clock
         self._r_cap = max(1.0, (rpm or 0) / 60.0 * burst_s)
         self._t_cap = max(1.0, (tpm or 0) / 60.0 * burst_s)
         self._r, self._t = self._r_cap, self._t_cap
         self._last = clock()
 
-    def _refill(self, now: float) -> None:
+    def _refill(self) -> None:
+        now = self.clock()
         dt = now - self._last
         if dt > 0:
             if self.rpm:
@@ -57,20 +51,43 @@ class _Buckets:
                 self._t = min(self._t_cap, self._t + dt * self.tpm / 60.0)
             self._last = now
 
-    def _empty(self) -> None:
-        """The server answered 429: whatever the buckets hold, it says we are over."""
+    def take(self, tokens: int = 0) -> float:
+        """Reserve one request of ``tokens`` (a bucket may go below zero); the seconds to wait before sending it."""
+        self._refill()
+        wait = 0.0
+        if self.rpm:
+            self._r -= 1.0
+            wait = max(wait, -self._r * 60.0 / self.rpm)
+        if self.tpm:
+            self._t -= min(float(tokens), self._t_cap)  # a request bigger than the bucket goes when it is full
+            wait = max(wait, -self._t * 60.0 / self.tpm)
+        return max(0.0, wait)
+
+    def correct(self, delta_tokens: int) -> None:
+        """The real usage of an answered request minus what it reserved."""
+        if self.tpm:
+            self._refill()
+            self._t -= delta_tokens
+
+    def drain(self) -> None:
+        """A 429: the server says we are over, whatever the buckets hold."""
+        self._refill()
         if self.rpm:
             self._r = min(self._r, 0.0)
         if self.tpm:
             self._t = min(self._t, 0.0)
 
 
-class RateLimiter(_Buckets):
+class RateLimiter:
+    """RPM / TPM and the AIMD window of one process; ``ledger``: the Ray actor handle of a shared
+    :class:`RateLedger` (without one the buckets are this process's own)."""
+
     def __init__(
         self,
         rpm: int | None = None,
         tpm: int | None = None,
         *,
+        ledger: Any = None,
         max_concurrency: int | None = None,
         max_tokens: int = 1024,
         burst_s: float = 10.0,
@@ -78,12 +95,13 @@ class RateLimiter(_Buckets):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ):
-        super().__init__(rpm, tpm, burst_s, clock)
-        self.sleep = sleep
+        self.rpm, self.tpm = rpm, tpm
+        self.ledger = ledger
+        self.buckets = RateLedger(rpm, tpm, burst_s=burst_s, clock=clock) if ledger is None else None
+        self.clock, self.sleep = clock, sleep
         self.max_tokens = max_tokens
         self._completion_mean: float | None = None
         self._completions = 0
-        # AIMD window on requests in flight
         self.max_window = float(max_concurrency) if max_concurrency else float("inf")
         self.window = self.max_window
         self.inflight = 0
@@ -96,45 +114,36 @@ class RateLimiter(_Buckets):
         self.rate_limited = 0
         self.window_cuts = 0
 
-    # -- the estimate ------------------------------------------------------------------------
     def estimate(self, payload: dict[str, Any]) -> int:
         mt = payload.get("max_tokens") or self.max_tokens
         completion = mt if self._completion_mean is None else min(mt, self._completion_mean * 1.2)
         return int(estimate_prompt_tokens(payload) + completion)
 
-    def _wait_needed(self, now: float, tokens: int) -> float:
-        """Seconds to wait before a request of ``tokens`` may go (0 = now)."""
-        w = max(0.0, self._cool_until - now)
-        if self.rpm and self._r < 1.0:
-            w = max(w, (1.0 - self._r) * 60.0 / self.rpm)
-        if self.tpm:
-            need = min(float(tokens), self._t_cap)  # a request bigger than the bucket goes when it is full
-            if self._t < need:
-                w = max(w, (need - self._t) * 60.0 / self.tpm)
-        return w
+    def _call(self, method: str, *args: Any) -> Any:  # an awaitable for the shared ledger
+        return getattr(self.buckets, method)(*args) if self.ledger is None else getattr(self.ledger, method).remote(*args)
 
     async def acquire(self, payload: dict[str, Any]) -> int:
         """Wait until the request may be sent; returns the tokens reserved for it."""
         tokens = self.estimate(payload) if self.tpm else 0
         while True:
+            t0 = self.clock()
             if self.inflight >= self.window:
                 self._changed.clear()
-                t0 = self.clock()
                 await self._changed.wait()
                 self.waited_s += self.clock() - t0
                 continue
-            now = self.clock()
-            self._refill(now)
-            w = self._wait_needed(now, tokens)
+            w = self._cool_until - t0
             if w <= 0:
                 break
             self.waited_s += w
             await self.sleep(w)
-        if self.rpm:
-            self._r -= 1.0
-        if self.tpm:
-            self._t -= tokens
         self.inflight += 1
+        if self.rpm or self.tpm:
+            wait = self._call("take", tokens)
+            wait = wait if self.ledger is None else await wait
+            if wait > 0:
+                self.waited_s += wait
+                await self.sleep(wait)
         return tokens
 
     def release(self, *, ok: bool = True) -> None:
@@ -151,7 +160,7 @@ class RateLimiter(_Buckets):
             m = self._completion_mean
             self._completion_mean = float(completion) if m is None else m + (completion - m) / min(self._completions, 50)
         if self.tpm:
-            self._t -= actual - reserved
+            self._call("correct", actual - reserved)
 
     def on_rate_limited(self, retry_after: float | None = None) -> None:
         """A 429: shared cool-down for every sender, and halve the in-flight window once per burst."""
@@ -164,88 +173,15 @@ class RateLimiter(_Buckets):
             base = self.window if self.window != float("inf") else max(1.0, float(self.inflight))
             self.window = max(1.0, base / 2.0)
             self.window_cuts += 1
-        self._empty()
+        self._call("drain")
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "rpm": self.rpm,
-            "tpm": self.tpm,
-            "waited_s": round(self.waited_s, 3),
-            "rate_limited": self.rate_limited,
-            "window_cuts": self.window_cuts,
-            "window": None if self.window == float("inf") else round(self.window, 2),
-        }
+        window = None if self.window == float("inf") else round(self.window, 2)
+        d = {"rpm": self.rpm, "tpm": self.tpm, "waited_s": round(self.waited_s, 3), "rate_limited": self.rate_limited}
+        return {**d, "window_cuts": self.window_cuts, "window": window, **({"shared": True} if self.ledger is not None else {})}
 
 
-class RateLedger(_Buckets):
-    """RPM / TPM buckets shared by several processes (the shard workers of ``--executor ray`` hold
-    one as a Ray actor): :meth:`take` reserves a request's tokens at once and says how long the
-    caller must wait before sending, so the reservations of every process together keep to the
-    rates, with no static split between them (a worker alone on the queue gets the whole rate).
-
-    A reservation may take a bucket below zero; the wait is the time until the refill covers it."""
-
-    def __init__(self, rpm: int | None, tpm: int | None, *, burst_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        super().__init__(rpm, tpm, burst_s, clock)
-        self.taken = 0
-
-    def take(self, tokens: int = 0) -> float:
-        """Reserve one request of ``tokens`` (estimated); the seconds to wait before sending it."""
-        self._refill(self.clock())
-        self.taken += 1
-        wait = 0.0
-        if self.rpm:
-            self._r -= 1.0
-            wait = max(wait, -self._r * 60.0 / self.rpm)
-        if self.tpm:
-            self._t -= min(float(tokens), self._t_cap)  # a request bigger than the bucket goes when it is full
-            wait = max(wait, -self._t * 60.0 / self.tpm)
-        return max(0.0, wait)
-
-    def correct(self, delta_tokens: int) -> None:
-        """The real usage of an answered request minus what it reserved."""
-        if self.tpm:
-            self._refill(self.clock())
-            self._t -= delta_tokens
-
-    def drain(self) -> None:
-        """A process got a 429: the server says every process is over, so the buckets are empty."""
-        self._refill(self.clock())
-        self._empty()
-
-
-class SharedRateLimiter(RateLimiter):
-    """A :class:`RateLimiter` whose RPM / TPM buckets live in a :class:`RateLedger` shared with
-    other processes (``ledger``: a Ray actor handle; its methods are called as ``.remote()``).
-    The in-flight window and the 429 cool-down stay this process's own, as each process has its
-    own connections; a 429 also empties the shared buckets."""
-
-    def __init__(self, ledger: Any, rpm: int | None = None, tpm: int | None = None, **kw: Any):
-        super().__init__(None, None, **kw)
-        self.ledger = ledger
-        self.shared_rpm, self.shared_tpm = rpm, tpm
-
-    def estimate(self, payload: dict[str, Any]) -> int:
-        return super().estimate(payload) if self.shared_tpm else 0
-
-    async def acquire(self, payload: dict[str, Any]) -> int:
-        await super().acquire(payload)  # the window and the cool-down of this process
-        tokens = self.estimate(payload)
-        if self.shared_rpm or self.shared_tpm:
-            wait = await self.ledger.take.remote(tokens)
-            if wait > 0:
-                self.waited_s += wait
-                await self.sleep(wait)
-        return tokens
-
-    def record_tokens(self, actual: int, reserved: int = 0, completion: int | None = None) -> None:
-        super().record_tokens(actual, reserved, completion)
-        if self.shared_tpm:
-            self.ledger.correct.remote(actual - reserved)
-
-    def on_rate_limited(self, retry_after: float | None = None) -> None:
-        super().on_rate_limited(retry_after)
-        self.ledger.drain.remote()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**super().as_dict(), "rpm": self.shared_rpm, "tpm": self.shared_tpm, "shared": True}
+def rate_limiter(cfg: LLMConfig, ledger: Any = None) -> RateLimiter:
+    """The client's limiter for ``cfg``; ``ledger``: one RPM / TPM shared by every worker."""
+    kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
+    return RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, ledger=ledger, **kw)

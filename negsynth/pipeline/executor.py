@@ -1,14 +1,9 @@
-"""Where stages run: one executor object, chosen once (``--executor local | ray``) and handed to
-:func:`~negsynth.pipeline.stage.run_stage`; the stages do not know which runs them.
-
-As in datatrove, an executor hands each worker its rank and the world size, and every worker
-takes the same path: the stage's own loop, ``stage.run(ctx)`` with ``ctx.rank`` and
-``ctx.world_size``, writing the shards ``s`` with ``s % world_size == rank``.
-:class:`LocalExecutor` runs every stage in this process, rank 0 of 1. :class:`RayExecutor` runs a
-stage that splits (``Stage.shardable``, calling the LLM) as ``workers`` Ray tasks, one rank each,
-whose stats the driver sums; a stage whose heavy work is embedding (``Stage.embeds``) runs here
-with that embedding on ``workers`` Ray actors (:mod:`negsynth.pipeline.ray_executor`); every other
-stage runs here.
+"""Where stages run: one executor, chosen once (``--executor local | ray``) and handed to
+:func:`run_stage`; the stages do not know which runs them. As in datatrove, each worker gets its
+rank and the world size and takes the same path, ``stage.run(ctx)``, writing the shards ``s``
+with ``s % world_size == rank``: :class:`LocalExecutor` is rank 0 of 1, :class:`RayExecutor`
+runs a stage that splits as ``workers`` Ray tasks and a stage that embeds here with its encoding
+on Ray actors (:mod:`negsynth.pipeline.ray_executor`).
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.embedded import llm_endpoint
+from negsynth.pipeline.llm_stage import LLMStage
 from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
@@ -33,6 +29,7 @@ from negsynth.pipeline.stage import (
     check_writable,
     entry_of,
     record_finished,
+    splits,
     unfinished,
     up_to_date,
 )
@@ -41,14 +38,12 @@ from negsynth.schemas.config import RunConfig
 
 def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
     """The stages ``--executor ray`` spreads over its workers under ``cfg``: those that split into
-    ranks (``shardable``, calling the LLM), and those whose heavy work is embedding, in order."""
-    return tuple(s.name for s in method if (s.shardable and s.uses_llm(cfg)) or s.embeds(cfg))
+    ranks, and those whose heavy work is embedding, in order."""
+    return tuple(s.name for s in method if splits(s, cfg) or s.embeds(cfg))
 
 
 class LocalExecutor:
     """Every stage in this process: rank 0 of 1."""
-
-    name = "local"
 
     def check(self, stage: Stage, cfg: RunConfig) -> None:
         """Every stage runs locally."""
@@ -73,8 +68,6 @@ class LocalExecutor:
 class RayExecutor(LocalExecutor):
     """Ranks and embedding on ``workers`` Ray workers (``address``: a cluster to join)."""
 
-    name = "ray"
-
     def __init__(self, workers: int, address: str | None = None, *, method: Sequence[Stage] = ()):
         self.workers = workers
         self.address = address
@@ -87,8 +80,6 @@ class RayExecutor(LocalExecutor):
             raise UserError(f"--executor ray: {stage.name} does not split into Ray workers; run it without --executor{hint}")
 
     def world_size(self, stage: Stage, cfg: RunConfig) -> int:
-        from negsynth.pipeline.ray_executor import splits
-
         return self.workers if splits(stage, cfg) else 1
 
     def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
@@ -125,19 +116,13 @@ def executor_for(kind: str, *, workers: int = 1, address: str | None = None, met
 def run_stage(
     stage: Stage, ctx: StageContext, *, executor: LocalExecutor | None = None, start_llm: Callable[[], str] | None = None
 ) -> dict:
-    """Run one stage on ``executor`` (default: this process), in this order: its inputs are
-    checked before anything is paid for; finished work made from the same config and inputs is
-    reused (:func:`~negsynth.pipeline.stage.up_to_date`), once its outputs are checked against
-    the manifest; a stage folder that cannot be written is refused before any work; outputs made
-    from another config are refused unless ``--overwrite`` (the one manifest check of the run);
-    the embedded LLM server runs around a stage that calls the LLM (``start_llm``: a server the
-    run shares, started on first use); the stats of its ranks are written atomically to
-    ``RUN_DIR/<stage>/stats.json`` (an ``--overwrite`` still pending: beside its new outputs); a
-    stage that finished is recorded in the manifest with its outputs' sizes and hashes; its
-    summary is printed; its stats are returned.
-
-    The run dir is held for the whole stage (:mod:`negsynth.pipeline.lock`): a second process on
-    it stops with one line, nothing sent."""
+    """Run one stage on ``executor`` (default: this process) while holding the run dir
+    (:mod:`negsynth.pipeline.lock`): its inputs checked before anything is paid for; finished work
+    made from the same config and inputs reused (:func:`~negsynth.pipeline.stage.up_to_date`);
+    outputs made from another config refused unless ``--overwrite``; the embedded LLM server
+    around a stage that calls the LLM (``start_llm``: a server the run shares, started on first
+    use); its stats written atomically to ``RUN_DIR/<stage>/stats.json``, the manifest recording
+    a stage that finished, its summary printed; its stats returned."""
     executor = executor or LocalExecutor()
     with hold(ctx.run_dir, warn=ctx.reporter.warn):
         ctx = replace(ctx, rank=0, world_size=executor.world_size(stage, ctx.cfg))
@@ -147,7 +132,7 @@ def run_stage(
         if stats is None:
             check_writable(ctx.run_dir / stage.name)
             if entry is not None:
-                check_manifest_entry(stage, ctx, entry)
+                check_manifest_entry(stage, ctx, entry, begin=not isinstance(stage, LLMStage))
             with executor.around(stage, ctx) as (ctx, extra), stage_endpoint(stage, ctx, start_llm, executor) as ctx:
                 stats = executor.run(stage, ctx)
             stats = {**stats, **extra}
@@ -167,7 +152,7 @@ def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
 
 
 def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
-    if stage.report is None or stats.get("skipped"):
+    if stats.get("skipped"):
         return
     for t in stage.report(stats):
         ctx.reporter.table(t.title, t.rows, t.header)

@@ -1,19 +1,7 @@
-"""The LLM stages' one shape (:class:`LLMStage`) and its plumbing: endpoint, client, cache, budgets, stats.
-
-An LLM stage supplies what it knows — its work items (``plan``), each request's ``messages``,
-``schema`` and ``parse`` (the answer's value, or a ``ValidationFailure`` the client re-asks with),
-and the ``record`` a valid answer becomes — and :class:`LLMStage` does the rest, once, the same
-for all of them: what its outputs are made from (its section, the LLM settings, its prompt files,
-its inputs' shards), the LLM session (key, endpoint and cache checked before anything is written,
-then the stage folder begun, or the ``--overwrite`` staging folder), the resumable shards
-(:class:`~negsynth.pipeline.runner.ShardedRunner`: each item's outcome, the concurrency, the
-budget, outages), the stats and the swap of an ``--overwrite``, and the requests ``negsynth
-estimate`` counts. An item may give one record or reject (an example) or several (brainstorm: a
-task type asked in rounds); a stage whose outputs are all or nothing (brainstorm, ``one_shard``)
-keeps them in one shard and judges them with its own ``verdict``. Every request of every stage
-is asked one way, :meth:`LLMTask.ask`; a request asked inside another stage (score's LLM judge)
-is an :class:`LLMTask` alone.
-"""
+"""The LLM stages' one shape (:class:`LLMStage`, a request alone: :class:`LLMTask`) and its
+plumbing: what its outputs are made from, the LLM session (endpoint, client, cache, budget), its
+stats. A stage supplies its items and each request's messages, schema and parse; the base runs
+them through the resumable shards (:class:`~negsynth.pipeline.runner.ShardedRunner`)."""
 
 from __future__ import annotations
 
@@ -30,14 +18,13 @@ from typing import Any, ClassVar
 from negsynth.aio import run_sync
 from negsynth.data.shards import list_shards
 from negsynth.errors import UserError
-from negsynth.llm.client import LLMClient, LLMResult
+from negsynth.llm.client import ClientStats, LLMClient, LLMResult
 from negsynth.llm.errors import LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
-from negsynth.llm.stats import ClientStats
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-from negsynth.pipeline.manifest import begin_outputs, begin_staging, swap_in
+from negsynth.pipeline.manifest import begin_outputs, begin_staging
 from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
-from negsynth.pipeline.stage import Stage, Summary, entry_of
+from negsynth.pipeline.stage import Stage, Summary, entry_of, finish_overwrite
 from negsynth.pipeline.tally import Tally
 from negsynth.prompts import reask_template, templates_fingerprint
 from negsynth.schemas.config import LLMConfig
@@ -243,7 +230,7 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
             stats["this_run"].update(client.router.as_dict())
     stats["mode"] = ctx.mode
     b = ctx.budget
-    stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
+    stats["budget"] = b.limits()
     if b.spent_requests or b.spent_tokens:  # negsynth run: what its earlier stages took from the same budget
         stats["budget"]["spent_by_earlier_stages"] = {
             "requests": b.spent_requests,
@@ -323,10 +310,7 @@ class LLMStage(Stage, LLMTask):
     ``self.cfg`` (its section of the run file), ``self.out`` (the folder its outputs go to)."""
 
     prompts: ClassVar[str]
-    staged = True
-    shardable = True
-    #: every item in one shard, finished only when :meth:`verdict` passes (all or nothing: brainstorm)
-    one_shard: ClassVar[bool] = False
+    split = "ranks"
 
     ctx: StageContext
     cfg: Any
@@ -390,7 +374,7 @@ class LLMStage(Stage, LLMTask):
         return Outcome(record=self.record(item, res.value, res))
 
     def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
-        """A ``one_shard`` stage's judgment of all its rows once every item is done: None, or why it failed."""
+        """A ``whole`` stage's judgment of all its rows once every item is done: None, or why it failed."""
         return None
 
     def fixed(self) -> int:
@@ -419,21 +403,20 @@ class LLMStage(Stage, LLMTask):
         return [Summary(self.name, summary_rows(stats))]
 
     # ------------------------------------------------------------------ what the base does
-    def run(self, ctx: StageContext) -> dict:
+    def plan_run(self, ctx: StageContext) -> tuple[LLMStage, list[WorkItem], dict[str, Any]]:
+        """A copy bound to the run, its items (after :meth:`before`) and what they are made from."""
         job = self.bind(ctx)
         job.check()
         items = job.plan()
         job.before(items)
-        rep, client = run_sync(job.run_items(items, {**entry_of(self.made_from(ctx)), "items": len(items)}))
+        return job, items, {**entry_of(self.made_from(ctx)), "items": len(items)}
+
+    def run(self, ctx: StageContext) -> dict:
+        job, items, entry = self.plan_run(ctx)
+        rep, client = run_sync(job.run_items(items, entry))
         stats = llm_stats(ctx, self.name, rep, client, job.extra_stats())
         if job.out != ctx.run_dir / self.name and ctx.world_size == 1:  # an --overwrite (ranks leave it to the driver)
-            if rep.finished:
-                try:
-                    swap_in(ctx.run_dir, self.name, job.out)
-                except OSError as e:
-                    raise storage_error(e, ctx.run_dir / self.name) from None
-            else:
-                stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / self.name} are kept; the new ones wait in {job.out}"
+            finish_overwrite(ctx, self.name, job.out, stats)
         return stats
 
     async def run_items(self, items: list[WorkItem], entry: dict[str, Any]) -> tuple[RunReport, LLMClient | None]:
@@ -443,8 +426,8 @@ class LLMStage(Stage, LLMTask):
         ctx = self.ctx
 
         def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
-            verdict = self.verdict if self.one_shard else None
-            return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, one_shard=self.one_shard, verdict=verdict, **kw)
+            verdict = self.verdict if self.split == "whole" else None
+            return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, verdict=verdict, **kw)
 
         async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
             raise AssertionError(it)
@@ -497,11 +480,9 @@ class LLMStage(Stage, LLMTask):
         """``--executor ray``: once in the driver, before the ranks start, the plan and
         :meth:`before` (what it made, they read from the stage's folder) and, under
         ``--overwrite``, the staging folder they all write to."""
-        job = self.bind(ctx)
-        items = job.plan()
-        job.before(items)
+        _, _, entry = self.plan_run(ctx)
         if ctx.overwrite:
-            begin_staging(ctx.run_dir, self.name, {**entry_of(self.made_from(ctx)), "items": len(items)})
+            begin_staging(ctx.run_dir, self.name, entry)
 
     def estimate(self, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
         """One request per item, with the messages the run sends; the items' payloads (what a

@@ -1,16 +1,11 @@
-"""``--executor ray``: a stage's work on Ray workers (``pip install 'negsynth[ray]'``; the
-guarantees and measurements: docs/scale.md §2–4).
-
-A stage that splits and calls the LLM runs as ``workers`` ranks (:func:`run_ranks`): rank k is a
-Ray task running ``stage.run(ctx)`` with ``ctx.rank = k``, the path a local run takes as rank 0 of
-1, so the union of the shards equals a one-process run byte for byte and a task Ray retries
-resumes from its ``.partial`` shards and the request cache. The driver holds the run dir, sums
-the ranks' stats and swaps an ``--overwrite`` in. Limits stay global: each rank gets ``1/n`` of
-the LLM concurrency (and of each endpoint's), one :class:`BudgetLedger` actor holds the budget
-and one :class:`~negsynth.llm.ratelimit.RateLedger` the RPM / TPM. A stage whose heavy work is
-embedding runs in the driver with that embedding on Ray actors (:func:`around`,
-:mod:`negsynth.pipeline.ray_embed`); on a cluster of several nodes the embedded LLM is one fleet
-per node (:mod:`negsynth.pipeline.ray_fleets`).
+"""``--executor ray`` (``pip install 'negsynth[ray]'``; docs/scale.md §2–4): a stage that splits
+runs as ``workers`` ranks (:func:`run_ranks`), each a Ray task running ``stage.run(ctx)`` with
+``ctx.rank = k``, the path a local run takes as rank 0 of 1, so the shards are the same and a task
+Ray retries resumes. The driver holds the run dir, sums the ranks' stats and swaps an
+``--overwrite`` in; each rank gets ``1/n`` of the LLM concurrency, and one actor each holds the
+budget (:class:`BudgetLedger`) and the RPM / TPM. A stage whose heavy work is embedding runs in the
+driver with that embedding on Ray actors (:mod:`negsynth.pipeline.ray_embed`); on a cluster of
+several nodes the embedded LLM is one fleet per node (:mod:`negsynth.pipeline.ray_fleets`).
 """
 
 from __future__ import annotations
@@ -26,12 +21,11 @@ from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
-from negsynth.pipeline.manifest import staging_dir, swap_in
+from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
-from negsynth.pipeline.runner import storage_error
-from negsynth.pipeline.stage import Stage, finished_stats
+from negsynth.pipeline.stage import Stage, finish_overwrite, splits
 from negsynth.schemas.config import RunConfig, run_config_class
 
 
@@ -94,10 +88,9 @@ def _rank(
     ledger: Any = None,
     rate_ledger: Any = None,
 ) -> dict:
-    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (the Stage object travels with
-    the task; ``cfg``: the run config's JSON and the sections of stages RunConfig does not list). With ``ledger`` (a :class:`BudgetLedger` actor) its requests count against the
-    invocation's one budget; with ``rate_ledger`` (a :class:`~negsynth.llm.ratelimit.RateLedger`
-    actor) against one RPM / TPM."""
+    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (``cfg``: the run config's JSON
+    and the sections of stages RunConfig does not list); ``ledger`` and ``rate_ledger``: the actors
+    holding the invocation's one budget and one RPM / TPM."""
     ctx = StageContext(
         cfg=run_config_class(cfg[1]).model_validate(cfg[0]),
         run_dir=Path(run_dir),
@@ -116,14 +109,9 @@ def _rank(
 def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
     """Whether ``--executor ray`` runs ``stage`` in this process with its embedding on Ray workers
     (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
-    LLM ranks (it is not ``shardable``, or calls no LLM under ``cfg``: regenerate with
-    ``negatives = "mined"``, whose one heavy part is the mining)."""
+    LLM ranks (:func:`~negsynth.pipeline.stage.splits`: regenerate with ``negatives = "mined"``
+    calls no LLM, its one heavy part is the mining)."""
     return stage.embeds(cfg) and not splits(stage, cfg)
-
-
-def splits(stage: Stage, cfg: RunConfig) -> bool:
-    """Whether ``--executor ray`` runs ``stage`` as ranks: it splits and calls the LLM under ``cfg``."""
-    return stage.shardable and stage.uses_llm(cfg)
 
 
 @contextlib.contextmanager
@@ -176,13 +164,7 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
         stats["embedding_nodes"] = embedded
     staged = staging_dir(ctx.run_dir, stage.name)
     if ctx.overwrite and staged.is_dir():
-        if not finished_stats(stats):
-            stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / stage.name} are kept; the new ones wait in {staged}"
-        else:
-            try:
-                swap_in(ctx.run_dir, stage.name, staged)
-            except OSError as e:
-                raise storage_error(e, ctx.run_dir / stage.name) from None
+        finish_overwrite(ctx, stage.name, staged, stats)
     return stats
 
 
@@ -260,15 +242,7 @@ def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
     """``budget`` in the stats: the one budget every rank shared and what they used of it."""
     if used is None:
         return {}
-    return {
-        "budget": {
-            "max_requests": b.max_requests,
-            "max_tokens": b.max_tokens,
-            "max_cost": b.max_cost,
-            "scope": SharedBudget.scope,
-            "used": used,
-        }
-    }
+    return {"budget": {**b.limits(), "scope": SharedBudget.scope, "used": used}}
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ resumes without repeating work; the LLM request cache covers the requests of unf
 An item usually gives one record or one reject. One that gives several (brainstorm: one task
 type's tasks and rejects, from rounds of list requests) is one line of the partial file all the
 same, so a kill never leaves half an item; its shard lists its records, then its rejects, in item
-order. A stage whose outputs are all or nothing (``one_shard``, with its own ``verdict``) keeps
-its one shard unfinished until the verdict on all of its items passed.
+order. A stage whose outputs are all or nothing gives its own ``verdict``: its items are one
+shard, unfinished until the verdict on all of them passed.
 """
 
 from __future__ import annotations
@@ -226,7 +226,6 @@ class ShardedRunner:
         concurrency: int,
         budget_check: Callable[[], str | None] | None = None,
         again: Callable[[int], Awaitable[bool]] | None = None,
-        one_shard: bool = False,
         verdict: Callable[[RunReport, list[tuple[str, dict]]], str | None] | None = None,
     ):
         self.ctx = ctx
@@ -238,15 +237,13 @@ class ShardedRunner:
         #: pause) to put it back in the queue (an outage being ridden out), False to leave it pending
         self.again = again
         self.shard_size = ctx.cfg.pipeline.shard_size
-        #: all items in one shard, whoever runs the stage (brainstorm): no split into workers
-        self.one_shard = one_shard
         #: the stage's own verdict on all of its rows (in item order) once every item is done,
-        #: instead of :func:`failure_message`: None, or why it failed. Its shards wait for it
-        #: (finished only when it passes), so a failed stage leaves no finished shard.
+        #: instead of :func:`failure_message`: None, or why it failed. Its items are one shard,
+        #: whoever runs it, finished only when the verdict passes (all or nothing: brainstorm).
         self.verdict = verdict
 
     def _mine(self, n_items: int) -> list[int]:
-        if self.one_shard:
+        if self.verdict is not None:
             self.shard_size = max(1, n_items)
             return shard_assignment(n_items, self.shard_size, 1, 0)
         return shard_assignment(n_items, self.shard_size, self.ctx.world_size, self.ctx.rank)

@@ -1,13 +1,6 @@
-"""The stage contract (:class:`Stage`), and the checks :func:`~negsynth.pipeline.executor.run_stage`
-makes around a stage's own loop: its inputs (:func:`check_inputs`), whether finished work made
-from the same config and inputs can be reused (:func:`up_to_date`, once its outputs are checked
-against the manifest: :func:`repair_outputs`), the manifest before the loop
-(:func:`check_manifest_entry`) and after it (:func:`record_finished`: a stage that finished is
-recorded with its outputs' sizes and hashes). An LLM stage is a :class:`Stage` too
-(:class:`~negsynth.pipeline.llm_stage.LLMStage`). The method's stages, in order, are
-:data:`negsynth.stages.METHOD`; what rerunning a finished stage does is its
-:attr:`Stage.relaunch`.
-"""
+"""The stage contract (:class:`Stage`) and the checks :func:`~negsynth.pipeline.executor.run_stage`
+makes around a stage's loop: its inputs, whether finished work can be reused (its outputs checked
+against the manifest), the manifest before the loop and after it."""
 
 from __future__ import annotations
 
@@ -26,12 +19,19 @@ from negsynth.pipeline.manifest import (
     own_record,
     read_manifest,
     record_manifest,
+    swap_in,
 )
 from negsynth.pipeline.runner import storage_error
 from negsynth.pipeline.tally import Tally
 from negsynth.schemas.config import RunConfig
+from negsynth.schemas.records import Record
 
 Relaunch = Literal["resume", "rebuild", "always"]
+#: how a stage's work is cut: ``ranks``: shards of ``pipeline.shard_size`` items that the ranks of
+#: ``--executor ray`` share (when it calls the LLM); ``process``: in one process (its embedding may
+#: still go to Ray workers); ``whole``: its items in one shard, finished only when the stage's
+#: verdict on all of them passes (all or nothing)
+Split = Literal["ranks", "process", "whole"]
 
 
 class Summary(NamedTuple):
@@ -43,28 +43,20 @@ class Summary(NamedTuple):
 
 
 class Stage:
-    """One stage of the method. A stage module subclasses it and ends with ``STAGE = MyStage()``
-    (one line of :data:`negsynth.stages.METHOD` then runs it, gives it its command and its
-    ``[name]`` section of the run file), so a reader follows ``negsynth NAME`` into its module.
+    """One stage of the method: a module subclasses it and ends with ``STAGE = MyStage()``; one line
+    of :data:`negsynth.stages.METHOD` gives it its command and its ``[name]`` section of the run
+    file (``config``, the class of ``cfg.<name>``).
 
-    It declares its ``name``, ``summary`` and ``config`` (the class of its section, ``cfg.<name>``)
-    (a stage :data:`~negsynth.stages.METHOD` adds brings its section to the run file with it:
-    :func:`negsynth.stages.sections`) and answers, from the run config, which stages it reads (:meth:`inputs`), whether it calls
-    the LLM (:meth:`uses_llm`) and whether its heavy work is embedding with ``[embedder]``
-    (:meth:`embeds`). It supplies its loop (:meth:`run`: ctx -> stats; heavy imports inside it),
-    what its outputs are made from (:meth:`made_from`: what the manifest records and a relaunch
-    compares) and its summary (:meth:`report`). A stage that may call the LLM also counts the
+    It answers from the run config which stages it reads (:meth:`inputs`), whether it calls the LLM
+    (:meth:`uses_llm`) and whether its heavy work is embedding (:meth:`embeds`), and supplies its
+    loop (:meth:`run`: ctx -> stats; heavy imports inside it), what its outputs are made from
+    (:meth:`made_from`) and its summary (:meth:`report`); one that may call the LLM counts the
     requests ``negsynth estimate`` prints (:meth:`estimate`).
 
-    ``relaunch`` is what rerunning a finished stage does: ``resume`` (LLM and scoring stages:
-    reused as it is; unfinished work continued, no request paid twice; a changed config refused,
-    ``--overwrite`` starts afresh beside the old outputs), ``rebuild`` (derived data: reused when
-    config and inputs are unchanged, rebuilt without asking when either changed) or ``always``
-    (reports: recomputed every time). ``done_files`` are the files in its folder that make it
-    finished; ``examples``: its shards hold example records (query, positive, negatives), the
-    ones ``score``, ``inspect`` and ``export`` read; ``shardable``: ``--executor ray`` splits it
-    into ranks; ``staged``: it notes what its outputs are made from when it starts writing, not
-    before its checks (the LLM stages).
+    ``relaunch``: what rerunning a finished stage does (docs/architecture.md, "Rerunning a stage");
+    ``done_files``: the files in its folder that make it finished; ``records``: the record its
+    shards hold (:class:`~negsynth.schemas.records.Example`: what ``score``, ``inspect`` and
+    ``export`` read); ``split``: how its work is cut (:data:`Split`).
     """
 
     name: ClassVar[str]
@@ -72,9 +64,8 @@ class Stage:
     config: ClassVar[type | None] = None
     relaunch: ClassVar[Relaunch] = "resume"
     done_files: ClassVar[tuple[str, ...]] = ("stats.json",)
-    examples: ClassVar[bool] = False
-    shardable: ClassVar[bool] = False
-    staged: ClassVar[bool] = False
+    records: ClassVar[type[Record] | None] = None
+    split: ClassVar[Split] = "process"
 
     def section(self, cfg: RunConfig) -> Any:
         """Its section of the run file (``cfg.<name>``); the section's defaults where the run file
@@ -107,7 +98,7 @@ class Stage:
         raise NotImplementedError
 
     def prepare(self, ctx: StageContext) -> None:
-        """A ``shardable`` stage's work done once in the driver before its ranks start
+        """A stage that splits into ranks: its work done once in the driver before its ranks start
         (``--executor ray``), whose results the ranks read instead of each computing them."""
 
     def report(self, stats: dict) -> list[Summary]:
@@ -117,6 +108,11 @@ class Stage:
         """The requests ``negsynth estimate`` counts for it (:class:`~negsynth.pipeline.tally.Tally`);
         what later stages' estimators may read. Only a stage that may call the LLM has one."""
         raise NotImplementedError(f"stage {self.name!r} calls the LLM but counts no requests: define {type(self).__name__}.estimate")
+
+
+def splits(stage: Stage, cfg: RunConfig) -> bool:
+    """Whether ``--executor ray`` runs ``stage`` as ranks: its work is cut into ranks and it calls the LLM under ``cfg``."""
+    return stage.split == "ranks" and stage.uses_llm(cfg)
 
 
 def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -213,14 +209,13 @@ def check_writable(stage_dir: Path) -> None:
             raise storage_error(OSError(e.errno, e.strerror), d) from None  # the folder, not the probe
 
 
-def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any]) -> None:
-    """Refuse (one line) outputs made from another config unless ``--overwrite``; note in the stage
-    folder what the outputs are made from, except for a ``staged`` stage, which notes it when it
-    starts writing (the manifest records the entry once the stage finished: :func:`record_finished`)."""
+def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any], *, begin: bool) -> None:
+    """Refuse (one line) outputs made from another config unless ``--overwrite``; with ``begin``
+    note in the stage folder what the outputs are made from (an LLM stage notes it itself once its
+    key, endpoint and cache are checked; the manifest records the entry once the stage finished:
+    :func:`record_finished`)."""
     try:  # the stage folder is written here, first: a read-only one is met before any work
-        check_manifest(
-            ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=not stage.staged
-        )
+        check_manifest(ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=begin)
     except OSError as e:
         raise storage_error(e, ctx.run_dir / stage.name) from None
 
@@ -238,6 +233,18 @@ def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | Non
         record_manifest(ctx.run_dir, stage.name, entry, outputs=describe_outputs(out))
     except OSError as e:
         raise storage_error(e, ctx.run_dir / "manifest.json") from None
+
+
+def finish_overwrite(ctx: StageContext, name: str, staged: Path, stats: dict) -> None:
+    """An ``--overwrite`` whose stage finished: its new outputs (in ``staged``) replace the old
+    ones; one that did not: they wait there, and its ``stats`` say so."""
+    if not finished_stats(stats):
+        stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / name} are kept; the new ones wait in {staged}"
+        return
+    try:
+        swap_in(ctx.run_dir, name, staged)
+    except OSError as e:
+        raise storage_error(e, ctx.run_dir / name) from None
 
 
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:

@@ -27,10 +27,12 @@ evaluate        the report on real benchmarks, beside the base model        no  
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from negsynth.errors import UserError
-from negsynth.pipeline import Budget, LocalExecutor, Reporter, Stage, run_stage, run_stages
+from negsynth.pipeline import Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
+from negsynth.schemas.records import Example
 from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module and a
@@ -56,7 +58,7 @@ def sections() -> tuple[tuple[str, type], ...]:
 def example_stages() -> list[str]:
     """The stages of :data:`METHOD` (read when called) whose records are examples and which make
     them (``score`` reads them), in order."""
-    return [s.name for s in METHOD if s.examples and s.name != "score"]
+    return [s.name for s in METHOD if s.records is Example and s.name != "score"]
 
 
 def get(name: str) -> Stage:
@@ -69,22 +71,14 @@ def get(name: str) -> Stage:
         raise UserError(f"unknown stage {name!r}; choose from {', '.join(by_name)}") from None
 
 
-def run_pipeline(
-    cfg: RunConfig,
-    run_dir: str | Path,
-    *,
-    stages: list[str] | None = None,
-    reporter: Reporter | None = None,
-    overwrite: bool = False,
-    budget: Budget | None = None,
-    executor: LocalExecutor | None = None,
-    verify: bool = False,
-) -> dict[str, dict]:
-    """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats.
+def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, stages: list[str] | None = None, **options: Any) -> dict[str, dict]:
+    """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats. The
+    ``options`` are :func:`~negsynth.pipeline.run_stages`'s: ``reporter``, ``overwrite``, ``budget``
+    (one for the whole run), ``executor``, ``verify``.
 
     ``executor`` (:mod:`negsynth.pipeline.executor`, chosen once: ``negsynth run --executor``)
     decides where each stage runs; by default this process. ``RayExecutor(workers)`` runs the
-    whole pipeline on Ray: each stage that splits (``Stage.shardable``) as that many ranks, Ray
+    whole pipeline on Ray: each stage that splits (``Stage.split``) as that many ranks, Ray
     tasks whose stats are summed here, with the run's one embedded server, one budget and the run
     dir this process holds; a stage whose heavy work is embedding (score; regenerate with
     ``negatives = "mined"``; corpus with its index) here with that encoding on that many Ray
@@ -94,7 +88,7 @@ def run_pipeline(
     >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
     """
     chosen = [get(n) for n in (stages or cfg.pipeline.stages)]  # fail on an unknown name before any work
-    return run_stages(chosen, cfg, run_dir, reporter=reporter, overwrite=overwrite, budget=budget, executor=executor, verify=verify)
+    return run_stages(chosen, cfg, run_dir, **options)
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:

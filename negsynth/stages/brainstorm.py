@@ -72,9 +72,8 @@ class Brainstorm(pipeline.LLMStage):
     config = BrainstormConfig
     prompts = "brainstorm_"
     output_name = "task_list"
-    shardable = False
-    one_shard = True
-    done_files = ("stats.json", "shard-00000.jsonl")
+    records = Task
+    split = "whole"
 
     def bind(self, ctx: StageContext) -> Brainstorm:
         job = super().bind(ctx)

@@ -211,8 +211,8 @@ class Corpus(pipeline.LLMStage):
     config = CorpusConfig
     prompts = "corpus"
     output_name = "queries"
-    examples = True
-    shardable = False  # a document's queries share one LLM answer: one process, its encoding on Ray workers
+    records = Example
+    split = "process"  # a document's queries share one LLM answer: one process, its encoding on Ray workers
 
     def uses_llm(self, cfg: Any) -> bool:
         return llm_writes(cfg.corpus)

@@ -245,7 +245,7 @@ class Generate(pipeline.LLMStage):
     config = GenerateConfig
     prompts = "generate_"
     output_name = "example"
-    examples = True
+    records = Example
 
     def bind(self, ctx: StageContext) -> Generate:
         job = super().bind(ctx)

@@ -343,7 +343,7 @@ class Regenerate(pipeline.LLMStage):
     config = RegenerateConfig
     prompts = "regenerate"
     output_name = "negatives"
-    examples = True
+    records = Example
 
     def uses_llm(self, cfg: Any) -> bool:
         return cfg.regenerate.negatives != "mined"

@@ -18,7 +18,7 @@ from negsynth.errors import UserError
 from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext, Summary, Tally
 from negsynth.schemas.config import ScoreConfig
-from negsynth.schemas.records import SYNTHETIC_SOURCE
+from negsynth.schemas.records import SYNTHETIC_SOURCE, Example
 from negsynth.stages.score.embedding import embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, input_stages, load_decontam_texts, read_examples, scores_hash
 from negsynth.stages.score.llm_judge import estimate
@@ -467,7 +467,7 @@ class Score(Stage):
     name = NAME
     summary = "measured difficulty and filters"
     config = ScoreConfig
-    examples = True
+    records = Example
 
     def inputs(self, cfg) -> tuple[str, ...]:
         return input_stages(cfg)
