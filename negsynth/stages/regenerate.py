@@ -42,7 +42,8 @@ from pydantic import ValidationError
 
 from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
-from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
+from negsynth.data.source_kinds import SourceKind, source_key, source_kind
+from negsynth.data.sources import SourceData, load_source
 from negsynth.data.text import text_key
 from negsynth.embed.cross_encoder import check_teacher_model, relabel_fields, teacher_scorer
 from negsynth.errors import UserError
