@@ -9,36 +9,44 @@ label of the dataset used. Every arm runs negsynth's own stages from one run fil
 arm                 what it is
 ==================  =========================================================================
 base                the untouched all-MiniLM-L6-v2
-mined               the default: 1 query per document, 4 mined positive-aware negatives from the
-                    same corpus
-mined-rt            the same + the round-trip filter (``round_trip_k = 10``: keep a query only if
+mined               the default: 1 query per document; the curriculum mines the corpus stage's
+                    valid records again with ``mine_hard_negatives`` (4, relative margin 0.05, its own
+                    candidate window) and train trains those rows the stock way (``NO_DUPLICATES``,
+                    MNRL, one pass): sentence-transformers' stock recipe, by construction
+st-stock            the same recipe outside negsynth (``harness.mine_stock`` + ``train_stock_recipe``) on
+                    **the same records**, in their order, mined by the base model at its own length as
+                    negsynth's ``[embedder]`` mines: the check that ``mined`` is it (same rows and
+                    model; the table is refused where the rows differ)
+own                 negsynth's own path (``curriculum.schedule = "tuple"``): the corpus stage's negatives,
+                    searched over the whole corpus (no query dropped), ``score``'s cleaning, the tuple
+                    curriculum and negsynth's order-keeping sampler; the default until 2026-12
+mined-rt            the default + the round-trip filter (``round_trip_k = 10``: keep a query only if
                     the base model ranks its own document in the top 10); ``-rt1`` (Promptagator's
                     strict filter), ``-rt100`` (drops only queries that do not describe their document)
-mined-q3            3 queries per document (one request); ``-e2`` / ``mined-q3-e2``: two passes over
-                    the kept examples (no new LLM call)
-mined-gc8           GradCache (``train.mini_batch_size = 8``): the memory check
-st-stock            sentence-transformers' stock recipe on **the same examples**: the ``mined`` arm's
-                    valid ``corpus`` records, ``mine_hard_negatives`` (4, relative margin 0.05, its own
-                    candidate window, ``top``), ``MultipleNegativesRankingLoss``, ``NO_DUPLICATES``, one
-                    pass; batch, lr, length, warmup and seed as every arm
-mined-win41         the stock candidate window (``corpus.mining.range_max = 41``)
-mined-nofilter      ``score.policy = "annotate"``, the cleaning off: every valid record trains
-mined-plain         plain MNRL (``train.mini_batch_size`` off)
-mined-shuffled      the stock recipe's sampler (``train.batch_sampler = "shuffled"``)
+mined-q3            3 queries per document (one request)
+mined-e2            ``own`` + two passes over the kept examples (no new LLM call); ``mined-q3-e2`` with
+                    3 queries per document
+mined-gc8           ``own`` + GradCache (``train.mini_batch_size = 8``): the memory check
+mined-win41         ``own`` + the stock candidate window (``corpus.mining.range_max = 41``)
+mined-nofilter      ``own`` + ``score.policy = "annotate"``, the cleaning off: every valid record trains
+mined-plain         ``own`` + plain MNRL (``train.mini_batch_size`` off)
+mined-shuffled      ``own`` + the stock recipe's sampler (``train.batch_sampler = "shuffled"``)
 mined-hybridcand    hybrid candidates (``corpus.candidates = "hybrid"``): the 4 hardest of the fused
-                    BM25 + dense ranking that pass the embedder's margin; ``title-hybridcand`` the same
-                    on ``title-mined``'s queries
+                    BM25 + dense ranking that pass the embedder's margin (``auto`` trains them as ``own``
+                    does: the stock recipe has no such negatives); ``title-hybridcand`` the same on
+                    ``title-mined``'s queries
 mined-ce-mse        a cross-encoder teacher (``--teacher-model``: a hub name or a folder): GPL's recipe,
                     MarginMSE on its scores; ``-kl`` listwise KL; ``-k1`` keeps a query only when the
-                    teacher prefers its document to its 4 mined negatives
+                    teacher prefers its document to its 4 mined negatives (``auto``: the ``own`` path)
 title-mined         the no-LLM floor: the document's title as its query (``corpus.queries = "title"``);
                     ``sentence-mined`` a sentence of its body
 ==================  =========================================================================
 
-``st-stock`` and ``mined`` must start from one list of examples: the ids the stock recipe reads are
+``st-stock``, ``mined`` and ``own`` start from one list of examples: the ids the stock recipe reads are
 the ``corpus`` stage's valid records that ``score`` reads (count and hash, in ``results.json``), and a
-table where they differ is refused, as is one whose arms were evaluated at different token lengths.
-Each table row is also tested against ``st-stock`` per query (``--resamples``).
+table where they differ is refused, as is one where ``mined`` trained other rows than ``st-stock`` or
+whose arms were evaluated at different token lengths. Each table row is also tested against
+``st-stock`` per query (``--resamples``).
 
 Datasets (``--datasets``): ``scifact`` (5,183 abstracts; reported on the full SciFact test split;
 settings chosen on ``SciFact-dev``, SciFact's train claims against the same corpus) and ``cranfield``
@@ -74,21 +82,30 @@ def _kl(teacher_temperature: float) -> dict:
 
 
 CE = {"teacher": "cross-encoder"}
+#: negsynth's own path, the default before the stock recipe: the corpus stage's own negatives, tuple rows, its sampler
+OWN = {"curriculum": {"schedule": "tuple"}}
+
+
+def _own(**spec) -> dict:
+    return harness.layered(OWN, spec)
+
+
 ARMS: dict[str, dict | None] = {
     "base": None,
     "mined": {},
+    "st-stock": {"stock": True},
+    "own": OWN,
     "mined-rt": {"round_trip_k": 10},
     "mined-rt1": {"round_trip_k": 1},
     "mined-rt100": {"round_trip_k": 100},
     "mined-q3": {"queries_per_doc": 3},
-    "mined-e2": {"curriculum": {"epochs": 2}},
-    "mined-q3-e2": {"queries_per_doc": 3, "curriculum": {"epochs": 2}},
-    "mined-gc8": {"train": {"mini_batch_size": 8}},
-    "st-stock": {"stock": True},
-    "mined-win41": {"mining": {"range_max": 41}},
-    "mined-nofilter": {"score": {"policy": "annotate", "dedup": False}},
-    "mined-plain": {"train": {"mini_batch_size": "off"}},
-    "mined-shuffled": {"train": {"batch_sampler": "shuffled"}},
+    "mined-e2": _own(curriculum={"epochs": 2}),
+    "mined-q3-e2": _own(queries_per_doc=3, curriculum={"epochs": 2}),
+    "mined-gc8": _own(train={"mini_batch_size": 8}),
+    "mined-win41": _own(mining={"range_max": 41}),
+    "mined-nofilter": _own(score={"policy": "annotate", "dedup": False}),
+    "mined-plain": _own(train={"mini_batch_size": "off"}),
+    "mined-shuffled": _own(train={"batch_sampler": "shuffled"}),
     "title-mined": {"queries": "title"},
     "sentence-mined": {"queries": "sentence"},
     "mined-hybridcand": {"candidates": "hybrid"},
@@ -151,6 +168,7 @@ def model_length(path: str | None) -> int:
 
 def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     """negsynth's stages on the corpus (the LLM's answers shared through the dataset's cache)."""
+    from negsynth.data.curriculum import load_curriculum
     from negsynth.errors import UserError
 
     if ARMS[arm].get("stock"):
@@ -168,6 +186,7 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         print(f"corpus_recipe: {dataset} {arm} seed {seed}: no model ({no_model})", file=sys.stderr)
         stats = {k: json.loads(p.read_text()) for k in ("corpus", "score", "curriculum") if (p := run_dir / k / "stats.json").is_file()}
     c, s, cur, tr = (stats.get(k, {}) for k in ("corpus", "score", "curriculum", "train"))
+    trained = run_dir / "curriculum" / "dataset"
     keep = ("items", "valid", "rejected", "rejects_by_reason", "tokens", "wall_time_s", "round_trip", "query_styles", "query_words")
     return {
         **({"model_dir": str(model)} if no_model is None else {"no_model": no_model}),
@@ -179,26 +198,33 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         "loss": [tr.get("loss_first"), tr.get("loss_last")],
         "pipeline_s": round(time.monotonic() - t0, 1),
         "same_input": input_digest(run_dir),
+        **({"same_rows": rows_digest(load_curriculum(trained.parent))} if trained.is_dir() and no_model is None else {}),
     }
+
+
+def rows_digest(ds) -> dict:
+    """The training rows (their text columns, in order): count and hash."""
+    cols = harness.text_columns(ds.column_names)
+    rows = ["\x1f".join(r[c] for c in cols) for r in ds.select_columns(cols)]
+    return {"rows": len(rows), "rows_sha256": hashlib.sha256("\x1e".join(rows).encode()).hexdigest()[:16]}
 
 
 def train_stock(dataset: str, seed: int, args) -> dict:
     """sentence-transformers' stock recipe on negsynth's own examples: the default arm's valid
-    ``corpus`` records (its corpus stage run first when it has not been: the LLM's answers come from
-    the dataset's shared cache), mined with ``mine_hard_negatives`` over the same documents at the
-    training length, trained with MNRL and ``NO_DUPLICATES`` for one pass."""
+    ``corpus`` records in their order (its corpus stage run first when it has not been: the LLM's
+    answers come from the dataset's shared cache), mined with ``mine_hard_negatives`` over the same
+    documents by the base model at its own length (as negsynth's ``[embedder]`` mines), trained with
+    MNRL and ``NO_DUPLICATES`` for one pass at the training length: what the default arm trains."""
     from datasets import Dataset
 
     t0 = time.monotonic()
     src_run, cfg = prepare_run(dataset, DEFAULT_ARM, 0, args)
     if not (src_run / "corpus" / "stats.json").is_file():
         harness.run_stages(cfg, src_run, ["corpus"])
-    recs = sorted(harness.records(src_run / "corpus"), key=lambda r: r["id"])
-    model = harness.base_model("cpu", args.max_length)  # mining sees what training sees
+    recs = harness.records(src_run / "corpus")
+    model = harness.base_model("cpu")
     ds = Dataset.from_dict({"anchor": [r["query"] for r in recs], "positive": [r["positive"] for r in recs]})
     ds = harness.mine_stock(ds, model, list(harness.documents(Path(args.data_dir) / DATASETS[dataset][0] / "corpus.jsonl").values()), 4)
-    # the trainer saves the model at the length it is handed: back to the base model's, as every arm is evaluated
-    model.max_seq_length = model_length(None)
     out = args.out / dataset / STOCK_ARM / f"seed{seed}" / "model"
     shutil.rmtree(out, ignore_errors=True)
     t = harness.train_stock_recipe(
@@ -214,6 +240,7 @@ def train_stock(dataset: str, seed: int, args) -> dict:
         "loss": [losses[0], losses[-1]] if losses else [None, None],
         "pipeline_s": round(time.monotonic() - t0, 1),
         "same_input": input_digest(src_run),
+        "same_rows": rows_digest(ds),
     }
 
 
@@ -246,18 +273,17 @@ def run_one(dataset: str, arm: str, seed: int, args, tasks: list[str], prior: di
 
 
 def check_same_input(results: list[dict], dataset: str) -> None:
-    """The stock recipe and negsynth's default must start from the same examples (count and ids)."""
-    seen = {(r["arm"], r["seed"]): r.get("same_input") for r in results if r["dataset"] == dataset and r.get("same_input")}
-    stock = [v for (a, _), v in seen.items() if a == STOCK_ARM]
-    mine = [v for (a, _), v in seen.items() if a == DEFAULT_ARM]
-    if stock and mine:
-        if any(v != mine[0] for v in stock + mine):
-            raise SystemExit(
-                f"corpus_recipe: {dataset}: {STOCK_ARM} and {DEFAULT_ARM} did not start from the same examples: {stock} vs {mine}"
-            )
-        print(
-            f"\nsame input ({dataset}): {STOCK_ARM} and {DEFAULT_ARM} read the same {mine[0]['examples']} examples (ids {mine[0]['ids_sha256']})"
-        )
+    """The stock recipe and negsynth's arms must start from the same examples (count and ids), and
+    the default must train the stock recipe's rows (count and hash, in order)."""
+    mine = [r for r in results if r["dataset"] == dataset]
+    for key, arms in (("same_input", (DEFAULT_ARM, "own")), ("same_rows", (DEFAULT_ARM,))):
+        stock = [r[key] for r in mine if r["arm"] == STOCK_ARM and r.get(key)]
+        ours = [(r["arm"], r[key]) for r in mine if r["arm"] in arms and r.get(key)]
+        if not stock or not ours:
+            continue
+        if any(v != stock[0] for v in stock + [v for _, v in ours]):
+            raise SystemExit(f"corpus_recipe: {dataset}: {STOCK_ARM} and {', '.join(arms)} differ in {key}: {stock} vs {ours}")
+        print(f"\n{key.replace('_', ' ')} ({dataset}): {STOCK_ARM} and {', '.join(sorted({a for a, _ in ours}))}: {stock[0]}")
 
 
 def eval_length(r: dict):

@@ -120,10 +120,13 @@ def training_data(
     HF dataset) or texts / ``{"text", "title", "id"}`` dicts (written to ``RUN_DIR/documents.jsonl``).
 
     Returns a ``datasets.Dataset`` with the text columns only — ``anchor, positive,
-    negative_1..4`` (mined negatives) or ``anchor, positive, negative`` (a graded curriculum) — in
-    training order (do not shuffle), so ``SentenceTransformerTrainer(model, args,
-    train_dataset=ds, loss=MultipleNegativesRankingLoss(model))`` takes it as it is. The rows'
-    metadata (phase, level, source) stays in ``RUN_DIR/curriculum``."""
+    negative_1..4`` (mined negatives) or ``anchor, positive, negative`` (a graded curriculum) —
+    that ``SentenceTransformerTrainer(model, args, train_dataset=ds,
+    loss=MultipleNegativesRankingLoss(model))`` takes as it is. By default these are the stock
+    recipe's rows (the corpus stage's queries mined again with ``mine_hard_negatives``): train them
+    as it does, ``batch_sampler=BatchSamplers.NO_DUPLICATES``; a planned curriculum
+    (``curriculum.schedule = "tuple"`` or ``"curriculum"``) is in training order (do not shuffle).
+    The rows' metadata (phase, level, source) stays in ``RUN_DIR/curriculum``."""
     from negsynth.data.curriculum import CurriculumError, load_curriculum
     from negsynth.data.stock import text_columns
 

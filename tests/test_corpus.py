@@ -262,7 +262,7 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
         r = invoke("run", "-c", cfg, "-d", tmp_path / "run", "--json")
         assert r.exit_code == 0, r.output
     cur = json.loads((tmp_path / "run" / "curriculum" / "stats.json").read_text())
-    assert cur["rows"] > 0 and cur["schedule"] == "tuple"  # mined negatives: the n-tuple rows
+    assert cur["rows"] > 0 and cur["schedule"] == "stock"  # the stock recipe's rows, mined again by mine_hard_negatives
 
 
 def test_bad_options_are_one_line(tmp_path):

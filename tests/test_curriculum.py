@@ -374,17 +374,22 @@ def test_the_stock_schedule_writes_each_example_once_in_input_order_with_every_n
         build_curriculum(ex, schedule="stock", batch_size=4, instruction_template=None)
 
 
-def test_auto_takes_the_stock_schedule_for_labelled_pairs_with_mined_negatives_only():
-    """``auto``: labelled pairs whose 4 hardest negatives regenerate mined -> ``stock``; the corpus stage's
-    mined negatives -> ``tuple`` (its own measured path); LLM-written negatives -> ``curriculum``."""
+def test_auto_takes_the_stock_schedule_for_labelled_pairs_and_the_corpus_stages_queries():
+    """``auto``: labelled pairs whose 4 hardest negatives regenerate mined, and the corpus stage's
+    queries (mined again the library's way) -> ``stock``; corpus negatives the stock recipe cannot
+    remake (hybrid candidates, a teacher's scores) and graded mining -> ``tuple``; LLM-written
+    negatives -> ``curriculum``."""
     from negsynth.schemas.config import CurriculumConfig
     from negsynth.stages.curriculum import resolve_schedule
 
     cc = CurriculumConfig()
     labelled = [{"model": "mined:default:top"}] * 3
-    corpus = [{"model": "mined:default:corpus"}] * 3
+    corpus = [{"model": "mined:default:corpus", "meta": {"corpus": "docs"}}] * 3
+    taught = [{"model": "mined:default:corpus", "meta": {"corpus": "docs", "teacher_label": [1.0, 0.5, 0.4, 0.3, 0.2]}}]
     assert resolve_schedule(cc, labelled) == "stock"
-    assert resolve_schedule(cc, corpus) == "tuple" and resolve_schedule(cc, labelled + corpus) == "tuple"
+    assert resolve_schedule(cc, corpus) == "stock" and resolve_schedule(cc, labelled + corpus) == "stock"
+    assert resolve_schedule(cc, corpus, "hybrid") == "tuple" and resolve_schedule(cc, corpus + taught) == "tuple"
+    assert resolve_schedule(CurriculumConfig(schedule="tuple"), corpus) == "tuple"  # negsynth's own path
     assert resolve_schedule(cc, [{"model": "smollm2"}]) == "curriculum"
     assert resolve_schedule(cc, [{"model": "mined:default:graded"}] * 2) == "tuple"  # one per rank band: not the stock rows
     assert resolve_schedule(CurriculumConfig(schedule="tuple"), labelled) == "tuple"

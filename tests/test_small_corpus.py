@@ -1,6 +1,8 @@
-"""Small corpora just work: when no batch of the configured size can be filled with distinct
-texts (no text twice in a batch, and a mined negative is another example's document), the
-curriculum takes the largest batch size that fills, says so in one line, and train follows it."""
+"""Small corpora just work. negsynth's own path (``curriculum.schedule = "tuple"``): when no batch
+of the configured size can be filled with distinct texts (no text twice in a batch, and a mined
+negative is another example's document), the curriculum takes the largest batch size that fills,
+says so in one line, and train follows it. The default (the stock recipe's rows) plans no batches:
+the stock sampler leaves a batch short rather than repeat a text, at the configured size."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def test_largest_fitting_batch_is_the_largest_that_fills_and_keeps_texts_distinc
 def test_the_curriculum_stage_falls_back_in_one_line_and_train_follows(tmp_path, monkeypatch):
     rd = tmp_path / "run"
     write_jsonl(rd / "score" / "shard-00000.jsonl", corpus_like(44))
-    r = runner.invoke(app, ["curriculum", "-d", str(rd), "--set", "curriculum.batch_size=8", "-q"])
+    r = runner.invoke(app, ["curriculum", "-d", str(rd), "--set", "curriculum.batch_size=8", "--schedule", "tuple", "-q"])
     assert r.exit_code == 0, r.output
     warned = [line for line in r.output.splitlines() if "cannot fill a batch of 8" in line]
     assert len(warned) == 1 and "no text may appear twice" in warned[0]
@@ -78,7 +80,8 @@ def test_the_curriculum_stage_falls_back_in_one_line_and_train_follows(tmp_path,
 @pytest.mark.slow  # corpus, score and 2 steps of MiniLM: ~90 s on 2 loaded cores
 def test_examples_corpus_toml_runs_on_the_50_sample_documents(tmp_path, minilm):
     """examples/corpus.toml as shipped (batch 32) on the package's sample corpus, the LLM a fake
-    server, train capped at 2 steps, no evaluate (the shared benchmark data is not the point)."""
+    server, train capped at 2 steps, no evaluate (the shared benchmark data is not the point): the
+    stock recipe's rows, batched by the stock sampler at the configured 32 (short where texts repeat)."""
     import negsynth
 
     rd = tmp_path / "run"
@@ -106,8 +109,8 @@ def test_examples_corpus_toml_runs_on_the_50_sample_documents(tmp_path, minilm):
         )
     assert r.exit_code == 0, r.output
     cur = json.loads((rd / "curriculum" / "stats.json").read_text())
-    assert cur["batch_size_wanted"] == 32 and 2 <= cur["batch_size"] < 32
-    assert sum("cannot fill a batch of 32" in line for line in r.output.splitlines()) == 1
+    assert cur["schedule"] == "stock" and cur["batch_size"] == 32 and cur["batch_size_wanted"] is None
+    assert not any("cannot fill a batch" in line for line in r.output.splitlines())
     train = json.loads((rd / "train" / "stats.json").read_text())
     assert train["steps"] == 2 and (rd / "train" / "final" / "modules.json").is_file()
 

@@ -11,6 +11,7 @@ and the settings negsynth adds (its order-keeping sampler, GradCache chunks) mus
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -20,12 +21,18 @@ STOCK = Path(__file__).resolve().parents[1] / "benchmarks" / "harness.py"
 PROBE = ["a query about topic 3", "a document discussing topic 5 in detail", "unrelated text on subject 2"]
 
 
+def _harness():
+    """``benchmarks/harness.py``: the stock recipe as the benchmarks run it (loaded once)."""
+    if "_negsynth_bench_stock" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_negsynth_bench_stock", STOCK)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["_negsynth_bench_stock"]
+
+
 def _stock_recipe():
-    spec = importlib.util.spec_from_file_location("_negsynth_bench_stock", STOCK)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod.train_stock_recipe
+    return _harness().train_stock_recipe
 
 
 def _rows():
@@ -161,3 +168,76 @@ def test_rows_not_built_as_batches_under_the_order_keeping_sampler_are_named_in_
         planned = ds.remove_columns("batch").add_column("batch", [0, 0])
         _batch_sampler(TrainConfig(), planned, texts, planned["phase"], 2)
         assert caplog.text == ""
+
+
+def _words_corpus(folder: Path, n: int = 90) -> Path:
+    """``n`` documents over a dozen words, each titled by three of them (the query ``corpus.queries
+    = "title"`` takes, no LLM): enough shared words that some titles' documents rank outside the
+    library's candidate window (41 for 4 negatives) and their queries find no 4 negatives there."""
+    import json
+    import random
+
+    words = ["river", "copper", "violin", "orbit", "wheat", "glacier", "enzyme", "harbor", "falcon", "basalt", "lantern", "quartz"]
+    rng = random.Random(5)
+    titles = rng.sample([f"{a} {b} {c}" for a in words for b in words for c in words if len({a, b, c}) == 3], n)
+    docs = [{"_id": f"d{i}", "title": t, "text": " ".join(rng.choices(words, k=rng.randrange(6, 14)))} for i, t in enumerate(titles)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return folder
+
+
+def test_the_no_label_default_is_the_stock_recipe_fed_the_corpus_stages_queries(minilm, tmp_path):
+    """negsynth's default without labels, by construction: ``corpus`` -> ``score`` -> ``curriculum``
+    at their defaults train the rows sentence-transformers' stock recipe makes of the corpus stage's
+    valid records (``mine_hard_negatives``: 4 negatives, relative margin 0.05, its own candidate
+    window, as ``benchmarks/harness.py`` calls it), in their order, and the train stage's settings
+    give the stock trainer's model, bit for bit. The corpus stage keeps queries the library's window
+    leaves without 4 negatives (it searches the whole corpus, for ``curriculum.schedule = "tuple"``):
+    the default leaves them out, as the stock recipe does."""
+    from types import SimpleNamespace
+
+    import tomli_w
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+
+    import negsynth
+    from negsynth.data.curriculum import load_curriculum
+    from negsynth.stages.train import _stock_schedule
+    from negsynth.train import TrainConfig, make_trainer
+
+    folder = _words_corpus(tmp_path / "docs")
+    shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_length": 48, "seed": 3, "save_steps": 10**6}
+    run_file = {
+        "embedder": {"model": minilm, "device": "cpu"},
+        "corpus": {"inputs": [{"path": str(folder)}], "queries": "title"},
+        "score": {"inputs": ["corpus"], "decontam_sets": []},
+        "curriculum": {"total_steps": 4},
+        "train": {"model": minilm, **shared},
+    }
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(run_file))
+    run = tmp_path / "run"
+    negsynth.run(tmp_path / "run.toml", run, stages=["corpus", "score", "curriculum"], quiet=True)
+
+    harness = _harness()
+    records = harness.records(run / "corpus")  # the corpus stage's valid records, in order
+    miner = SentenceTransformer(minilm, device="cpu")  # [embedder]: the model at its own length
+    pairs = Dataset.from_dict({"anchor": [r["query"] for r in records], "positive": [r["positive"] for r in records]})
+    stock_rows = harness.mine_stock(pairs, miner, list(harness.documents(folder / "corpus.jsonl").values()), 4)
+    assert 0 < len(stock_rows) < len(records)  # the window left some queries out, or the test shows nothing
+
+    ds = load_curriculum(run / "curriculum")
+    assert ds.select_columns(stock_rows.column_names).to_dict() == stock_rows.to_dict()
+    card = json.loads((run / "curriculum" / "card.json").read_text())["build"]
+    assert card["schedule"] == "stock" and card["dropped_too_few_mined"] == len(records) - len(stock_rows)
+
+    stock = SentenceTransformer(minilm, device="cpu")
+    harness.train_stock_recipe(stock, stock_rows, tmp_path / "stock", batch_size=8, lr=5e-5, seed=3, max_length=48, steps=4)
+    want = stock.encode(PROBE, convert_to_tensor=True)
+    tc = _stock_schedule(SimpleNamespace(run_dir=run), TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **shared))
+    assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)
+    trainer, model = make_trainer(ds, tc, model=SentenceTransformer(minilm, device="cpu"))
+    trainer.train()
+    model.max_seq_length = 256
+    mine = model.encode(PROBE, convert_to_tensor=True)
+    assert torch.equal(mine, want), (mine - want).abs().max().item()

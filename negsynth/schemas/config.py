@@ -435,8 +435,10 @@ class CurriculumConfig(Section):
     trainer shuffles, batches and cycles them as sentence-transformers' stock recipe does), or
     ``auto`` (the default): ``stock`` when every example is a labelled pair with its 4 hardest mined
     negatives (``regenerate.negatives = "mined"``, strategy ``top``: negsynth then trains the stock recipe's rows the stock way,
-    chosen on SciFact-dev and Cranfield-dev), ``tuple`` for other mined negatives (the corpus stage's,
-    or ``negatives = "mined"``), else ``curriculum`` (LLM-graded negatives, the method).
+    chosen on SciFact-dev and Cranfield-dev) or the corpus stage's query (its pair mined again with
+    ``mine_hard_negatives``), ``tuple`` for other mined negatives (hybrid candidates, a teacher's,
+    or ``negatives = "mined"``; on the corpus stage's: negsynth's own path), else ``curriculum``
+    (LLM-graded negatives, the method).
     ``batch_size`` defaults to ``train.batch_size``: the builder keeps every text unique inside
     each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).

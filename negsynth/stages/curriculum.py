@@ -8,7 +8,8 @@ Columns: ``anchor`` (instruction-formatted query), ``positive``, ``negative`` (t
 negative at the row's level; ``negative_1..4``, hardest first, with a ``tuple`` schedule), ``level``
 (1 = hardest … 4 = easiest; 0 = every level), ``phase``, ``batch``, ``task_type``, ``example_id``,
 ``source``. Rows are in training order: never shuffle them. ``schedule = "auto"`` (the default)
-is resolved by :func:`resolve_schedule`.
+is resolved by :func:`resolve_schedule`; under ``stock`` the corpus stage's examples are mined
+again the stock recipe's way (:func:`library_negatives`).
 The rules (phases, disjoint groups, no duplicate text per batch) are in
 :mod:`negsynth.data.curriculum`.
 """
@@ -21,7 +22,7 @@ from collections import Counter
 from negsynth.errors import UserError
 from negsynth.pipeline import Stage, StageContext, Summary, config_hash, inputs_fingerprint
 from negsynth.schemas.config import CurriculumConfig
-from negsynth.stages.common import read_stage_records
+from negsynth.stages.common import path_fingerprint, read_stage_records
 
 NAME = "curriculum"
 
@@ -34,22 +35,97 @@ def anchor_template(cfg) -> str | None:
     return cc.instruction_template if on else None
 
 
-def resolve_schedule(cc, examples: list[dict]) -> str:
-    """``curriculum.schedule``, with ``auto`` resolved: ``tuple`` (every row carries its 4 hardest
-    negatives) when all negatives were mined — ``curriculum.negatives = "mined"`` or every example
-    made by the corpus stage's mining (``model`` = ``mined:…:corpus``) — since on SciFact mined
-    negatives trained better that way than as a graded curriculum (benchmarks/scifact_recipe.py);
-    ``stock`` when every example is a labelled pair with the 4 hardest mined negatives
-    (``regenerate.negatives = "mined"``, ``mining.strategy = "top"``): the stock recipe's own rows and training, which led negsynth's tuple path on
-    SciFact-dev and Cranfield-dev (docs/recipe.md); else ``curriculum``, the method's order for
-    LLM-graded negatives."""
+def corpus_made(example: dict) -> bool:
+    """Made by the corpus stage: its query written for (or taken from) a document, its negatives
+    mined from the document's corpus (``model`` = ``mined:…:corpus``)."""
+    m = str(example.get("model") or "")
+    return m.startswith("mined:") and m.endswith(":corpus")
+
+
+def _stock_rows(example: dict, candidates: str) -> bool:
+    """Whether the stock recipe's rows can be made of ``example``: a labelled pair with its 4
+    hardest mined negatives (``mined:…:top``), or the corpus stage's (query, document) pair, mined
+    again by :func:`library_negatives` — unless its negatives came from hybrid candidates or carry
+    a teacher's scores (``corpus.candidates``, ``corpus.teacher``: the stock recipe has neither)."""
+    m = str(example.get("model") or "")
+    if m.startswith("mined:") and m.endswith(":top"):
+        return True
+    return corpus_made(example) and candidates == "dense" and "teacher_label" not in (example.get("meta") or {})
+
+
+def resolve_schedule(cc, examples: list[dict], candidates: str = "dense") -> str:
+    """``curriculum.schedule``, with ``auto`` resolved: ``stock`` when the stock recipe's rows can
+    be made of every example (:func:`_stock_rows`: labelled pairs with the 4 hardest mined negatives,
+    ``regenerate.negatives = "mined"``, and the corpus stage's queries): the stock recipe's rows and
+    training, which led negsynth's tuple path on SciFact-dev and Cranfield-dev with labels
+    (docs/recipe.md) and tied or led it without (Cranfield, a held-out domain: docs/corpus.md);
+    ``tuple`` (every row carries its 4 hardest negatives) for other mined negatives
+    (``curriculum.negatives = "mined"``, hybrid candidates, a teacher's); else ``curriculum``, the
+    method's order for LLM-graded negatives. ``candidates``: ``corpus.candidates``."""
     if cc.schedule != "auto":
         return cc.schedule
     models = [str(e.get("model") or "") for e in examples]
-    if cc.negatives != "mined" and models and all(m.startswith("mined:") and m.endswith(":top") for m in models):
-        return "stock"  # labelled pairs with the hardest mined negatives: the stock recipe's rows, trained its way
+    if cc.negatives != "mined" and models and all(_stock_rows(e, candidates) for e in examples):
+        return "stock"  # the stock recipe's rows, trained its way
     mined = cc.negatives == "mined" or (bool(models) and all(m.startswith("mined:") for m in models))
     return "tuple" if mined else "curriculum"
+
+
+def remines(cfg, examples: list[dict]) -> bool:
+    """Whether the curriculum mines ``examples`` again (a ``stock`` schedule over the corpus stage's)."""
+    return resolve_schedule(cfg.curriculum, examples, cfg.corpus.candidates) == "stock" and any(map(corpus_made, examples))
+
+
+def library_negatives(ctx: StageContext, examples: list[dict]) -> tuple[list[dict], int]:
+    """The examples with the corpus stage's mined again as the stock recipe mines them, and the
+    count left out: sentence-transformers' ``mine_hard_negatives`` (through
+    :func:`~negsynth.embed.mining.mine_negatives`, as ``regenerate`` mines labelled pairs) over
+    each query's own corpus, read again from ``corpus.inputs``, with ``[embedder]`` and
+    ``corpus.mining`` (4 negatives, the relative margin 0.05, the library's candidate window). A
+    query left with fewer than 4 is left out, as the library leaves its row out (the corpus stage
+    searched the whole corpus and kept it); other examples pass as they are."""
+    from collections import defaultdict
+
+    from negsynth.schemas.records import NUM_NEGATIVES
+    from negsynth.stages.corpus import load_corpora
+    from negsynth.stages.regenerate import miner
+
+    todo: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(examples):
+        if corpus_made(e):
+            todo[str((e.get("meta") or {}).get("corpus"))].append(i)
+    corpora = {c.name: c for c in load_corpora(ctx)}
+    if missing := sorted(set(todo) - set(corpora)):
+        raise UserError(
+            f"curriculum: the corpus stage's examples come from corpus {missing[0]!r}, which corpus.inputs no longer reads; "
+            'rerun `negsynth corpus`, or set curriculum.schedule = "tuple" to train its own negatives'
+        )
+    mine = miner(ctx.cfg.corpus.mining, NUM_NEGATIVES, batch_size=ctx.cfg.embedder.batch_size)
+    model = ctx.load_mining_model()
+    out, left_out = list(examples), set()
+    for name, idx in todo.items():
+        texts = [d.text for _, docs in corpora[name].batches() for d in docs]
+        ctx.reporter.info(f"curriculum: mining {len(idx)} queries over the {len(texts)} documents of {name} (mine_hard_negatives) ...")
+        found = mine(model, {str(i): examples[i]["query"] for i in idx}, {str(i): [examples[i]["positive"]] for i in idx}, texts)
+        for i in idx:
+            negs = found[str(i)]["negatives"]
+            if len(negs) < NUM_NEGATIVES:
+                left_out.add(i)
+            else:  # score measured the corpus stage's negatives, not these
+                out[i] = {**examples[i], "negatives": negs, "score": None}
+    if len(left_out) == len(examples):
+        from negsynth.data.curriculum import CurriculumError
+
+        raise CurriculumError(
+            f"curriculum: mine_hard_negatives kept none of the {len(examples)} queries (each needs 4 negatives under the margin "
+            "within the library's candidate window); set curriculum.schedule = \"tuple\" to train the corpus stage's own "
+            "negatives (searched over the whole corpus), or add documents"
+        )
+    return [e for i, e in enumerate(out) if i not in left_out], len(left_out)
+
+
+def _hint(cc) -> str:
+    return f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"
 
 
 def run(ctx: StageContext) -> dict:
@@ -68,9 +144,12 @@ def run(ctx: StageContext) -> dict:
     batch_size = cc.batch_size or ctx.cfg.train.batch_size
     out = ctx.run_dir / NAME
     t0 = time.monotonic()
-    examples = list(read_stage_records(ctx.run_dir, cc.input, hint=f"run `negsynth {cc.input}` first (curriculum.input = {cc.input!r})"))
+    examples = list(read_stage_records(ctx.run_dir, cc.input, hint=_hint(cc)))
     try:
-        schedule = resolve_schedule(cc, examples)
+        schedule = resolve_schedule(cc, examples, ctx.cfg.corpus.candidates)
+        too_few_mined = None
+        if remines(ctx.cfg, examples):
+            examples, too_few_mined = library_negatives(ctx, examples)
         options = {
             "schedule": schedule,
             "total_steps": cc.total_steps,
@@ -105,6 +184,8 @@ def run(ctx: StageContext) -> dict:
                     else "for curriculum and train (more examples keep the size asked for)"
                 )
             )
+        if too_few_mined is not None:  # the queries the library's window left without 4 negatives
+            rows.stats["dropped_too_few_mined"] = too_few_mined
         save_curriculum(rows, out, stats=dict(rows.stats))
     except CurriculumError as e:
         raise UserError(str(e)) from None
@@ -170,14 +251,21 @@ class Curriculum(Stage):
         """The hash of what the dataset is made from: settings, batch size, anchor format, input shards."""
         cc = ctx.cfg.curriculum
         batch_size = cc.batch_size or ctx.cfg.train.batch_size
-        return config_hash(
-            {
-                "curriculum": cc,
-                "batch_size": batch_size,
-                "anchor": anchor_template(ctx.cfg),
-                "inputs": inputs_fingerprint(ctx.run_dir, cc.input),
+        parts = {
+            "curriculum": cc,
+            "batch_size": batch_size,
+            "anchor": anchor_template(ctx.cfg),
+            "inputs": inputs_fingerprint(ctx.run_dir, cc.input),
+        }
+        if cc.schedule in ("auto", "stock") and remines(ctx.cfg, list(read_stage_records(ctx.run_dir, cc.input, hint=_hint(cc)))):
+            # mined again here: the embedder, the margin and the documents mined over
+            cfg = ctx.cfg
+            parts["mined"] = {
+                "embedder": cfg.embedder,
+                "corpus": cfg.corpus,
+                "files": [path_fingerprint(s.path) for s in cfg.corpus.inputs],
             }
-        )
+        return config_hash(parts)
 
     def run(self, ctx: StageContext) -> dict:
         return run(ctx)
