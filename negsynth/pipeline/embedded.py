@@ -96,9 +96,9 @@ def prompt_mode(cfg, run_dir: Path, in_process: bool) -> tuple[str, str]:
 @contextmanager
 def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_process: bool = True) -> Iterator[str | None]:
     """The one place ``llm.base_url = "embedded"`` becomes servers: start the bundled llama.cpp
-    server fleet (:class:`~negsynth.llm.fleet.EmbeddedFleet`) for the duration of the block and
+    server fleet (:class:`~negsynth.llm.server.EmbeddedFleet`) for the duration of the block and
     yield its URL (several servers: their URLs joined by spaces, which
-    :func:`~negsynth.llm.fleet.fleet_llm_config` turns into ``llm.endpoints``); any other base
+    :func:`~negsynth.llm.server.fleet_llm_config` turns into ``llm.endpoints``); any other base
     URL, or ``needed`` False, yields None (the configured URL is used as it is). ``in_process``:
     every request will come from this process, so the servers' prompt prefix may be pinned
     (:mod:`negsynth.llm.prefix_pin`); else it is evaluated whole."""
@@ -106,7 +106,7 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
         yield None
         return
     from negsynth.data.shards import atomic_write_json
-    from negsynth.llm.fleet import EmbeddedFleet
+    from negsynth.llm.server import EmbeddedFleet
 
     kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir)
     mode, mode_why = prompt_mode(cfg, run_dir, in_process)

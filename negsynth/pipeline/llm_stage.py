@@ -78,8 +78,8 @@ def endpoint(ctx: StageContext) -> str:
 
 def llm_config(ctx: StageContext) -> LLMConfig:
     """``[llm]`` as the stage's client uses it: with the embedded fleet's servers as its
-    ``endpoints`` when the run started several (:func:`~negsynth.llm.fleet.fleet_llm_config`)."""
-    from negsynth.llm.fleet import fleet_llm_config
+    ``endpoints`` when the run started several (:func:`~negsynth.llm.server.fleet_llm_config`)."""
+    from negsynth.llm.server import fleet_llm_config
 
     return fleet_llm_config(ctx.cfg.llm, ctx.base_url)
 

@@ -1,5 +1,5 @@
 """The embedded LLM on a multi-node Ray cluster (docs/scale.md §4): one
-:class:`~negsynth.llm.fleet.EmbeddedFleet` per alive node (a :class:`NodeFleet` actor pinned to it,
+:class:`~negsynth.llm.server.EmbeddedFleet` per alive node (a :class:`NodeFleet` actor pinned to it,
 listening on the address the node joined with, logging to ``RUN_DIR/logs/node-<id>/``), all their
 URLs given to every rank as ``llm.endpoints``. Every server has one thread and one slot with its
 prompt cache off, so an answer does not depend on the node that computed it.
@@ -15,12 +15,12 @@ from negsynth.errors import UserError
 
 
 class NodeFleet:
-    """A Ray actor holding one node's :class:`~negsynth.llm.fleet.EmbeddedFleet`."""
+    """A Ray actor holding one node's :class:`~negsynth.llm.server.EmbeddedFleet`."""
 
     def __init__(self, serve: dict, model: str, log_dir: str, threads: int | None):
         import ray
 
-        from negsynth.llm.fleet import EmbeddedFleet
+        from negsynth.llm.server import EmbeddedFleet
         from negsynth.schemas.config import ServeConfig
 
         self.node = ray.get_runtime_context().get_node_id()
@@ -50,9 +50,9 @@ def wanted(stage, ctx) -> bool:
 @contextlib.contextmanager
 def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[str | None]:
     """One embedded fleet per alive node of the connected cluster for the block; yields their
-    URLs joined by spaces (:func:`negsynth.llm.fleet.join_urls`), or None when the stage needs no
-    embedded LLM or the cluster has one node (the driver's own fleet serves it then, as before).
-    ``nodes``: the node ids to use (default: every alive node with CPUs)."""
+    URLs joined by spaces, or None when the stage needs no embedded LLM or the cluster has one
+    node (the driver's own fleet serves it then). ``nodes``: the node ids to use (default: every
+    alive node with CPUs)."""
     if not wanted(stage, ctx):
         yield None
         return
@@ -62,7 +62,6 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
         return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from negsynth.llm.fleet import join_urls
     from negsynth.llm.server import llama_server_binary
     from negsynth.pipeline.embedded import ENGINE, kept_threads
 
@@ -92,7 +91,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
         record = Path(ctx.run_dir) / SERVER_RECORD
         if not record.exists():
             atomic_write_json(record, {"engine": ENGINE, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
-        yield join_urls(urls)
+        yield " ".join(urls)
     finally:
         for f in fleets:
             with contextlib.suppress(Exception):
