@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from negsynth.errors import UserError
+from negsynth.llm.errors import refused, status_code, transport_kind
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,6 @@ def public_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
-def takes_out(kind: str | None) -> bool:
-    """Whether a transport fault of ``kind`` (see ``errors.transport_kind``) says the endpoint is unwell."""
-    return kind in ("connection", "timeout", "bad_response") or (kind or "").startswith("http_5")
 
 
 def endpoint_key(cfg: Any, i: int, default_key: str) -> tuple[str, str]:
@@ -153,16 +149,20 @@ class EndpointSet:
             await e.client.__aexit__(None, None, None)
 
     async def _health(self, e: Endpoint, timeout: float) -> str | None:
-        """None when ``GET /models`` answers, else a short reason."""
+        """None when ``GET /models`` answers (a redirect or a refused key is no answer), else a short reason."""
         try:
-            await e.client.preflight(timeout=timeout)
-        except UserError as err:
-            msg = str(err)
-            for reason in ("refused the API key", "connection refused"):  # said as the client says it
-                if reason in msg:
-                    return reason
-            return f"no answer within {timeout:g} s" if "did not answer" in msg else "unreachable"
-        return None
+            async with asyncio.timeout(timeout):
+                await e.client.sdk.get("/models", cast_to=bytes, options={"timeout": timeout})
+            return None
+        except Exception as err:
+            code = status_code(err)
+            if code in (401, 403):
+                return "refused the API key"
+            if code is not None and not 300 <= code < 400:
+                return None
+            if refused(err):
+                return "connection refused"
+            return f"no answer within {timeout:g} s" if transport_kind(err) == "timeout" else "unreachable"
 
     async def preflight(self, timeout: float) -> None:
         """Check every endpoint at once: a refused key or none answering stops the run, one unreachable is taken out."""
@@ -250,11 +250,11 @@ class EndpointSet:
                 pass
 
     def failed(self, e: Endpoint, kind: str | None, never_sent: bool) -> None:
-        """The attempt on ``e`` raised; a transport fault of the kinds :func:`takes_out` names takes it out."""
+        """The attempt on ``e`` raised; a transport fault that says the endpoint is unwell takes it out."""
         if never_sent:
             e.requests -= 1
-        if takes_out(kind):
-            self._take_out(e, kind or "transport")
+        if kind in ("connection", "timeout", "bad_response") or (kind or "").startswith("http_5"):
+            self._take_out(e, kind)
 
     def answered(self, e: Endpoint) -> None:
         e.backoff = 0.0
