@@ -112,7 +112,6 @@ BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth sourc
 
 
 def llama_server_binary(cfg: ServeConfig) -> Path:
-    """:func:`find_llama_server`, or a one-line error naming the build script."""
     binary = find_llama_server(cfg.server_path)
     if binary is not None:
         return binary
@@ -177,11 +176,8 @@ def server_command(
 
 
 class EmbeddedServer:
-    """Context manager: start the llama.cpp server, yield it, stop it.
-
-    One slot unless ``serve.parallel`` asks for more: answers decoded together are not the answers
-    decoded alone, so more slots trade the run's repeatability for throughput (docs/llm_server.md).
-    The binary is found and the threads chosen here (a missing binary fails now)."""
+    """Context manager: start one llama.cpp server, yield it, stop it. One slot unless
+    ``serve.parallel`` asks for more (answers decoded together are not the answers decoded alone)."""
 
     def __init__(
         self,
@@ -200,7 +196,6 @@ class EmbeddedServer:
         self.port = port or cfg.port
         self.binary = llama_server_binary(cfg)
         self.slots = cfg.parallel or 1
-        # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = threads or choose_threads(cfg.n_threads)
         #: the prompt prefix pinned: ``pin`` (this process is the only client), "pinned", one slot
         self.pinned = pin and cfg.prompt_cache == "pinned" and self.slots == 1
@@ -240,11 +235,10 @@ class EmbeddedServer:
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
 
     def registered(self) -> None:
-        """Give the server just started (or started again) a fresh guard (:mod:`negsynth.llm.prefix_pin`)."""
+        """A fresh guard for the server just (re)started (:mod:`negsynth.llm.prefix_pin`)."""
         prefix_pin.register(self.base_url, self.slot_dir if self.pinned else None)
 
     def spawn(self) -> None:
-        """Start the server process on ``self.port`` (without waiting for it)."""
         if self.pinned and self.slot_dir is None:
             import tempfile
 
@@ -292,7 +286,7 @@ class EmbeddedServer:
         )
 
     def rss_mib(self) -> float | None:
-        """The server process's resident memory in MiB (None where unknown)."""
+        """Resident memory in MiB (None where unknown)."""
         try:
             return psutil.Process(self.proc.pid).memory_info().rss / 2**20
         except (AttributeError, psutil.Error):
@@ -345,30 +339,23 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
     ``serve.n_threads``, else 1; 0: the cores free. Servers: ``serve.servers``, else the cores free
     divided by the threads, at most one per :data:`SERVER_MIB` available, at least 1. The cores
     free are measured (one second) only when needed."""
-    free: int | None = None
-
-    def cores() -> int:
-        nonlocal free
-        if free is None:
-            free = free_cores(cpus=cpus, load=load)
-        return free
-
-    t = threads or (cfg.n_threads if cfg.n_threads is not None else 1) or cores()
+    t = threads or (cfg.n_threads if cfg.n_threads is not None else 1)
+    if t and cfg.servers != "auto":
+        return cfg.servers, t
+    free = free_cores(cpus=cpus, load=load)
+    t = t or free
     if cfg.servers != "auto":
         return cfg.servers, t
-    n = cores() // t
-    n = min(n, available_mib() // SERVER_MIB)
-    return max(1, n), t
+    return max(1, min(free // t, available_mib() // SERVER_MIB)), t
 
 
 class EmbeddedFleet:
-    """Context manager: start the fleet, yield it (``url``: its servers' URLs as one string), stop it.
+    """Context manager: start the servers, yield the fleet, stop them. ``threads``: a count the
+    caller fixed, else :func:`fleet_shape` chooses. ``log_dir``: each server's output goes to
+    ``llama-server.log`` (one server) or ``llama-server-<i>.log``. ``pin``: this process is the
+    servers' only client, so "pinned" may pin (else it means off)."""
 
-    ``servers`` / ``threads``: counts the caller fixed, else :func:`fleet_shape` chooses. ``log_dir``:
-    each server's output goes to ``llama-server.log`` (one server) or ``llama-server-<i>.log``.
-    ``pin``: this process is the servers' only client, so "pinned" may pin (else it means off)."""
-
-    #: how often one server is started again after it exited
+    #: how often one server is started again after it exited (then the others carry its share)
     RESTARTS = 3
     #: seconds between the watchdog's looks at the servers
     WATCH_S = 1.0
@@ -379,13 +366,12 @@ class EmbeddedFleet:
         model_alias: str,
         *,
         log_dir: Path | None = None,
-        servers: int | None = None,
         threads: int | None = None,
         pin: bool = False,
     ):
         self.cfg = cfg
         self.binary = llama_server_binary(cfg)
-        n, t = fleet_shape(cfg if servers is None else cfg.model_copy(update={"servers": servers}), threads=threads)
+        n, t = fleet_shape(cfg, threads=threads)
         self.threads = t
         names = ["llama-server.log"] if n == 1 else [f"llama-server-{i}.log" for i in range(n)]
         self.servers = [
@@ -414,7 +400,7 @@ class EmbeddedFleet:
 
     @property
     def url(self) -> str:
-        """What the stages are given: one URL, or several joined by spaces (:func:`fleet_llm_config`)."""
+        """What the stages are given (:func:`fleet_llm_config`)."""
         return " ".join(self.urls)
 
     def describe(self) -> str:
@@ -428,7 +414,6 @@ class EmbeddedFleet:
         return self.servers[0].prompt_mode
 
     def rss_mib(self) -> list[float | None]:
-        """Each server's resident memory in MiB (None where unknown)."""
         return [s.rss_mib() for s in self.servers]
 
     def start(self) -> str:
@@ -448,7 +433,6 @@ class EmbeddedFleet:
         return self.url
 
     def _watchdog(self) -> None:
-        """Start a server that exited again on its own port (at most :attr:`RESTARTS` times)."""
         while not self._stopping.wait(self.WATCH_S):
             for i, srv in enumerate(self.servers):
                 proc = srv.proc
@@ -501,7 +485,6 @@ class EmbeddedFleet:
     def wait(self) -> int:
         """Block until every server has exited for good (``negsynth serve``); Ctrl-C stops them."""
         try:
-            # a server is done for good once it exited and its restarts are used up
             while any(r <= self.RESTARTS for r in self.restarts):
                 time.sleep(0.5)
         except KeyboardInterrupt:
