@@ -61,8 +61,7 @@ T = TypeVar("T")
 
 @dataclass
 class ClientStats:
-    """What a client sent, what the cache answered, what failed and how, the outages it waited
-    out; the budget gate reads them before each request, each stage's stats.json records them."""
+    """A client's counters: the budget gate reads them before each request, stats.json records them."""
 
     requests: int = 0
     cache_hits: int = 0
@@ -89,11 +88,6 @@ class LLMResult(Generic[T]):
     detail: str = ""
     usage: Usage = field(default_factory=Usage)
     reasons: list[str] = field(default_factory=list)  # reason of each failed attempt
-
-
-def _with_cache_prompt(payload: dict, on: bool) -> dict:
-    """``payload`` with llama-server's ``cache_prompt`` set (sent, never part of the cache key)."""
-    return {**payload, "extra_body": {**(payload.get("extra_body") or {}), "cache_prompt": on}}
 
 
 def resolve_api_key(cfg: LLMConfig) -> str:
@@ -123,7 +117,6 @@ def answer_of(completion: dict) -> dict:
 
 
 def read_completion(raw: bytes) -> dict:
-    """The :func:`answer_of` a chat completion's JSON body."""
     try:
         obj = jsonfast.loads(raw)
         choices = obj.get("choices")
@@ -139,9 +132,7 @@ class LLMClient(OutageWatch):
 
     ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then ``await
     llm.structured(messages, schema=..., validate=fn, sample_index=i)``; :func:`open_client` builds
-    one from the config. The failures in a row and the waits for a server that went away are
-    :class:`~negsynth.llm.outage.OutageWatch`'s, mixed in.
-    """
+    one from the config. The outage bookkeeping is :class:`~negsynth.llm.outage.OutageWatch`'s."""
 
     def __init__(
         self,
@@ -193,7 +184,6 @@ class LLMClient(OutageWatch):
         return text
 
     def _endpoint_client(self, url: str, key: str, concurrency: int) -> LLMClient:
-        """The single-URL client whose SDK carries one endpoint's requests."""
         cfg = self.cfg.model_copy(update={"base_url": url, "max_concurrency": concurrency, "endpoints": []})
         return LLMClient(cfg, base_url=url, api_key=key)
 
@@ -302,7 +292,6 @@ class LLMClient(OutageWatch):
         return {**result, "cached": False}
 
     def cache_answer(self, key: str, result: dict) -> None:
-        """Keep an answer in the request cache, with the :attr:`stage` that asked for it."""
         self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
@@ -374,8 +363,8 @@ class LLMClient(OutageWatch):
         raise TransportError("transport_" + kind, f"gave up after {retries} retries: {self._redact(detail)}") from None
 
     async def _post(self, payload: dict, body: bytes | None) -> bytes:
-        """``POST /chat/completions``; the answer's raw JSON. ``body``: the payload already serialised
-        (``request_key_and_body``); ``extra_body`` keys go to the top level, as the SDK's typed methods do."""
+        """The raw answer to ``payload`` (or ``body``, its serialised form); ``extra_body`` keys go to
+        the top level, as the SDK's typed methods do."""
         extra = payload.get("extra_body")
         if extra is not None or body is None:
             merged = {k: v for k, v in payload.items() if k != "extra_body"}
@@ -419,8 +408,9 @@ class LLMClient(OutageWatch):
                         raw = await via._post(payload, body)
                     else:  # an embedded llama-server: its answer a fresh server's (negsynth.llm.prefix_pin)
                         async with via._guard.hold(payload["messages"]) as cache_prompt:
-                            if cache_prompt is not None:
-                                payload, body = _with_cache_prompt(payload, cache_prompt), None
+                            if cache_prompt is not None:  # sent, never part of the cache key
+                                extra = {**(payload.get("extra_body") or {}), "cache_prompt": cache_prompt}
+                                payload, body = {**payload, "extra_body": extra}, None
                             raw = await via._post(payload, body)
                 answer = read_completion(raw)
             except Exception as e:
@@ -458,52 +448,50 @@ class LLMClient(OutageWatch):
         reask_template: str = "Your answer was rejected: ${detail}\nReturn a corrected JSON object only.",
     ) -> LLMResult[T]:
         """Ask until ``validate(parsed_json)`` returns a value or attempts run out. ``validate``
-        raises :class:`ValidationFailure` to reject; the next attempt
-        appends ``reask_template`` with ``${detail}`` filled in. A transport failure after all
-        retries yields a result with reason ``transport_*``."""
+        raises :class:`ValidationFailure` to reject; the next attempt appends ``reask_template``
+        with ``${detail}`` filled in. A transport failure after all retries yields a result with
+        reason ``transport_*``."""
         batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
         if batch is not None:
             batch.begin()
         try:
-            return await self._ask(messages, validate, schema, name, sample_index, temperature, reask_template)
+            rf = response_format_for(self.cfg.structured_output, schema, name)
+            msgs = list(messages)
+            pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt
+            reasons: list[str] = []
+            raw: str | None = None
+            reason, detail = None, ""
+            for attempt in range(self.cfg.max_attempts):
+                if attempt and self.cache is not None:
+                    self.cache.flush()  # the answer being re-asked is on disk before the re-ask leaves
+                payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
+                try:
+                    out = await self.chat(payload, sample_index=sample_index)
+                except TransportError as e:
+                    usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts + 1)
+                    return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
+                pt, ct = out["usage"]
+                pt_sum, ct_sum, attempts = pt_sum + pt, ct_sum + ct, attempts + 1
+                raw = out["text"]
+                try:
+                    if out["finish_reason"] == "length":
+                        raise ValidationFailure(
+                            "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
+                        )
+                    value = validate(extract_json(raw))
+                    usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts)
+                    return LLMResult(value, raw, None, "", usage, reasons)
+                except ValidationFailure as e:  # a ParseError too
+                    reason, detail = e.reason, e.detail
+                    reasons.append(reason)
+                    self.stats.failed_attempts[reason] += 1
+                if attempt + 1 < self.cfg.max_attempts:
+                    self.stats.reasks += 1
+                    msgs = msgs + [
+                        {"role": "assistant", "content": raw or ""},
+                        {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
+                    ]
+            return LLMResult(None, raw, reason, detail, Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
         finally:
             if batch is not None:
                 batch.end()
-
-    async def _ask(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
-        rf = response_format_for(self.cfg.structured_output, schema, name)
-        msgs = list(messages)
-        pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt
-        reasons: list[str] = []
-        raw: str | None = None
-        reason, detail = None, ""
-        for attempt in range(self.cfg.max_attempts):
-            if attempt and self.cache is not None:
-                self.cache.flush()  # the answer being re-asked is on disk before the re-ask leaves
-            payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
-            try:
-                out = await self.chat(payload, sample_index=sample_index)
-            except TransportError as e:
-                usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts + 1)
-                return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
-            pt, ct = out["usage"]
-            pt_sum, ct_sum, attempts = pt_sum + pt, ct_sum + ct, attempts + 1
-            raw = out["text"]
-            try:
-                if out["finish_reason"] == "length":
-                    raise ValidationFailure(
-                        "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
-                    )
-                value = validate(extract_json(raw))
-                return LLMResult(value, raw, None, "", Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
-            except ValidationFailure as e:  # a ParseError too
-                reason, detail = e.reason, e.detail
-                reasons.append(reason)
-                self.stats.failed_attempts[reason] += 1
-            if attempt + 1 < self.cfg.max_attempts:
-                self.stats.reasks += 1
-                msgs = msgs + [
-                    {"role": "assistant", "content": raw or ""},
-                    {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
-                ]
-        return LLMResult(None, raw, reason, detail, Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
