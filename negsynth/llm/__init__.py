@@ -1,6 +1,6 @@
 """OpenAI-protocol LLM access: client, request cache, JSON extraction. Knows nothing of MGH."""
 
-from negsynth.llm.cache import RequestCache, request_key
+from negsynth.llm.cache import RequestCache
 from negsynth.llm.client import LLMClient, LLMResult, resolve_api_key
 from negsynth.llm.errors import BudgetStop, LLMFatalError, TransportError, ValidationFailure
 from negsynth.llm.parsing import ParseError, extract_json
@@ -18,6 +18,5 @@ __all__ = [
     "ValidationFailure",
     "extract_json",
     "open_client",
-    "request_key",
     "resolve_api_key",
 ]
