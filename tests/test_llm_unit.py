@@ -7,8 +7,10 @@ import json
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from negsynth.llm import LLMClient, ParseError, RequestCache, ValidationFailure, extract_json
-from negsynth.llm.cache import request_key_and_body
+from negsynth.llm.cache import RequestCache, request_key_and_body
+from negsynth.llm.client import LLMClient
+from negsynth.llm.errors import ValidationFailure
+from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 
 
@@ -106,7 +108,7 @@ def test_reask_shows_error_and_sums_usage(tmp_path):
 
 
 def test_fatal_auth_error(tmp_path):
-    from negsynth.llm import LLMFatalError
+    from negsynth.llm.errors import LLMFatalError
 
     async def go(url):
         async with LLMClient(_cfg(url), base_url=url, api_key="wrong") as llm:

@@ -1,9 +1,8 @@
 """A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
 
-Keyed by a SHA-256 of everything that shapes a request (model, messages, response format, sampling,
-extra body, sample index); SQLite in WAL mode. In an event loop the answers of one iteration (or of
-``commit_window`` seconds) share one commit; a re-ask calls :meth:`RequestCache.flush` first. The
-API key is never part of the key or the value.
+Keyed by a SHA-256 of the whole request body and the sample index (never the API key); SQLite in
+WAL mode. In an event loop the answers of one iteration (or of ``commit_window`` seconds) share
+one commit.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """An async client for any OpenAI-compatible chat-completions endpoint; it knows nothing of MGH.
 
-Every request goes through the openai SDK (``AsyncOpenAI`` on aiohttp: proxies from
-``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``) as a plain
-``POST /chat/completions`` whose JSON the client reads itself. Two retry layers, kept apart:
-transport faults (429 with ``Retry-After``, 408/409/5xx, timeouts, resets, empty ``choices``)
-are retried with jittered exponential backoff and never shown to the model; an answer that fails
-to parse or validate is sent back with the error, up to ``llm.max_attempts`` attempts. Every
-answer is stored in the :class:`~negsynth.llm.cache.RequestCache` before it is used.
+Every request is a plain ``POST /chat/completions`` through the openai SDK on aiohttp (proxies
+from ``HTTP(S)_PROXY``, TLS from the system and ``SSL_CERT_FILE``). Two retry layers, kept apart:
+transport faults (429, 408/409/5xx, timeouts, resets, empty ``choices``) are retried with jittered
+backoff and never shown to the model; an answer that fails to parse or validate is sent back with
+the error, up to ``llm.max_attempts``. Every answer is in the request cache before it is used.
 """
 
 from __future__ import annotations
@@ -155,10 +153,9 @@ class LLMClient(OutageWatch):
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
         self.limiter = limiter or rate_limiter(cfg)
-        #: called with the counters before every request that would be sent: a reason stops it (a budget)
+        #: a budget: called with the counters before every request; a reason stops it
         self.gate = gate
-        #: a budget shared with other processes (``--executor ray``): ``await ledger.reserve()``
-        #: counts a request (a reason stops it), ``unreserve()`` gives one back, ``add(pt, ct)`` tokens
+        #: a budget shared by processes: ``await reserve()`` (a reason stops it), ``unreserve()``, ``add(pt, ct)``
         self.ledger = ledger
         #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
         self.transport = transport

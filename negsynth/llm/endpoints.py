@@ -1,11 +1,9 @@
 """Several servers of one model behind one client (``llm.endpoints``), and the API keys they use.
 
-Each attempt goes to the endpoint with the most free capacity (fewest in flight relative to its
-``max_concurrency``; ties: the larger, then the first listed). A transport fault takes an endpoint
-out; ``GET /models`` probes it back with doubling backoff, and it then gets one request at a time
-until one is answered. With every endpoint out, a request goes to the one due soonest, so a fleet
-down as a whole is met as one server that is down (the client's outage wait). The cache key never
-names the endpoint. Behaviour as users see it: docs/configuration.md, "Several LLM servers".
+Each attempt goes to the endpoint with the most free capacity; a transport fault takes one out
+until ``GET /models`` answers again; with every endpoint out, the one due soonest is tried, so a
+fleet down as a whole is one server down (the client's outage wait). The cache key never names
+the endpoint. Behaviour as users see it: docs/configuration.md, "Several LLM servers".
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ def read_key(env: str | None, file: str | None, where: str, error: type[Exceptio
 
 def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> str:
     """``key``, or ``error`` naming a control, invisible or other non-ASCII character in it (a pasted
-    zero-width space, a look-alike letter) at start-up, instead of a traceback or a 401 later."""
+    zero-width space, a look-alike letter), instead of a 401 later."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise error(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
     for i, c in enumerate(key):
@@ -109,8 +107,7 @@ class Endpoint:
 
 
 class EndpointSet:
-    """The endpoints of one client: picks one per attempt, takes faulty ones out, probes them back.
-    ``make_client(url, key, max_concurrency)``: the single-URL client that carries an endpoint's requests."""
+    """``make_client(url, key, max_concurrency)``: the single-URL client that carries an endpoint's requests."""
 
     def __init__(self, cfg: Any, default_key: str, make_client: Callable[[str, str, int], Any]):
         self.endpoints: list[Endpoint] = []
@@ -208,7 +205,7 @@ class EndpointSet:
             self._changed.set()
 
     def _start_due_probes(self) -> float | None:
-        """Start the probes that are due; the seconds until the next one is (None: none pending)."""
+        """Start the probes that are due; the seconds until the next one (None: none pending)."""
         now = time.monotonic()
         wait = None
         for e in self.endpoints:
@@ -267,7 +264,7 @@ class EndpointSet:
         self._changed.set()
 
     def hanging(self) -> str | None:
-        """The endpoints last taken out for a timeout, or None."""
+        """The endpoints last taken out for a timeout."""
         return ", ".join(e.label for e in self.endpoints if e.why == "timeout") or None
 
     def as_dict(self) -> dict[str, dict[str, int]]:

@@ -111,7 +111,7 @@ async def llm_session(
 ):
     """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget
     gate (``gate``, else :func:`budget_gate` of the run's budget), built whole by
-    :func:`~negsynth.llm.open_client`.
+    :func:`~negsynth.llm.session.open_client`.
 
     Every check that can fail (key, endpoint, cache) runs before anything is written; then
     ``begin()`` begins the stage's outputs. With ``ctx.mode == "batch"`` its requests go through the
