@@ -143,7 +143,6 @@ class LLMClient(OutageWatch):
         gate: Callable[[ClientStats], str | None] | None = None,
         ledger: Any | None = None,
         on_wait: Callable[[str, bool], None] | None = None,
-        transport: Any | None = None,
         stage: str | None = None,
     ):
         self.cfg = cfg
@@ -157,8 +156,8 @@ class LLMClient(OutageWatch):
         self.gate = gate
         #: a budget shared by processes: ``await reserve()`` (a reason stops it), ``unreserve()``, ``add(pt, ct)``
         self.ledger = ledger
-        #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
-        self.transport = transport
+        #: batch mode (set by ``open_client``): ``await transport.submit(key, payload)`` answers instead of a live request
+        self.transport: Any | None = None
         self._sem = asyncio.Semaphore(cfg.total_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._sdk: Any = None  # the openai SDK client, made on first use
@@ -292,8 +291,7 @@ class LLMClient(OutageWatch):
         self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
-        """Seconds before retry ``attempt`` (1 = the first): ``Retry-After`` (capped by ``backoff_max``),
-        else full-jitter exponential ``uniform(0, min(backoff_max, backoff_initial * 2 ** (attempt - 1)))``."""
+        """Seconds before retry ``attempt`` (1 = the first): ``Retry-After``, else full-jitter exponential."""
         ra = retry_after_seconds(exc)
         if ra is not None:
             return min(ra, self.cfg.backoff_max)

@@ -73,11 +73,11 @@ def _openai() -> Any:
 
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and what it was raised from, outermost first (the SDK wraps the socket's error twice)."""
-    seen = 0
     e: BaseException | None = exc
-    while e is not None and seen < 8:
+    for _ in range(8):
+        if e is None:
+            return
         yield e
-        seen += 1
         e = e.__cause__ or e.__context__
 
 

