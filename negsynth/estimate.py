@@ -1,30 +1,11 @@
 """What a run will cost before a request is sent: ``negsynth estimate``.
 
-For every stage of the run that calls the LLM (brainstorm, generate, regenerate with LLM
-negatives, corpus, score with ``score.judge_model = "llm"``) it runs the estimator the stage
-supplies (``Stage.estimate``, in the stage's own module, filling a
-:class:`~negsynth.pipeline.tally.Tally`), which plans the stage's work items the way the stage
-does and renders their actual prompts; then it reports:
-
-* **requests**: one per item (brainstorm: one per list asked in the first round; corpus: one per
-  sampled document, its ``queries_per_doc`` queries share the answer), and ``requests_max`` with
-  every validation re-ask the configured ``llm.max_attempts`` allows;
-* **prompt tokens** of those prompts, counted with ``tiktoken`` for OpenAI models when it is
-  installed, else estimated as characters / 4 (the ``tokenizer`` field says which);
-* **completion tokens**: expected = the size of the stage's worked-example answer (the shape the
-  model is shown), or the mean answer already in the run's cache for that stage when there is
-  one; max = ``llm.max_tokens`` per request;
-* **wall time** at ``--rps`` requests per second, or ``llm.max_concurrency`` requests every
-  ``--latency`` seconds, capped by ``llm.rpm`` / ``llm.tpm``; for the embedded LLM with neither
-  flag, from its speed measured on this machine (:mod:`negsynth.pipeline.embedded_speed`: seconds per
-  prompt and per completion token, the servers a run would start);
-* **USD** from ``--price-in`` / ``--price-out`` ($ per 1M tokens) or ``llm.price``.
-
-Where a stage's inputs do not exist yet (generate before brainstorm, score before generate), it
-plans with stand-ins (brainstorm's worked-example tasks, generate's planned items with its worked
-example's texts) and says so in ``basis``. A stage whose ``stats.json`` says it is complete costs
-nothing (a rerun reuses it); a stage interrupted mid-way is estimated whole (its answered requests
-come from the cache: the estimate is an upper bound).
+Each stage that calls the LLM counts the requests its run would send with their actual prompts
+(:meth:`Stage.estimate <negsynth.pipeline.stage.Stage.estimate>`, stand-ins where its inputs do not
+exist yet); this module turns them into requests, tokens (tiktoken, else characters / 4), wall time
+(``--rps``, ``--latency``, ``llm.rpm`` / ``llm.tpm``, or the embedded LLM timed here) and USD,
+expected and with every re-ask used. A finished stage costs nothing; an interrupted one is
+estimated whole (an upper bound).
 """
 
 from __future__ import annotations
@@ -59,10 +40,8 @@ def _stage_finished(run_dir: Path, stage: str) -> bool:
 
 
 def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
-    """Per stage, the mean completion tokens of its answers in the run's request cache (the first
-    5,000 answers), for the stages that have some. Each answer names the stage that asked for it
-    (``"stage"``, recorded by the stage's client); an answer cached before answers were so
-    recorded names none and is not counted."""
+    """Per stage, the mean completion tokens of its answers among the first 5,000 in the run's
+    request cache (an answer that names no ``"stage"`` is not counted)."""
     import sqlite3
     from collections import defaultdict
 
@@ -154,8 +133,7 @@ def estimate(
 
 
 def _stages_to_estimate(cfg, stages: list[str] | None) -> list[str]:
-    """``stages`` (``--stages``), else the stages of ``pipeline.stages`` that call the LLM under
-    ``cfg``; one line naming a stage that does not."""
+    """``stages`` (``--stages``), else the stages of ``pipeline.stages`` that call the LLM."""
     llm_stages = [s.name for s in method() if s.uses_llm(cfg)]
     names = stages or [s for s in cfg.pipeline.stages if s in llm_stages]
     bad = [s for s in names if s not in llm_stages]
@@ -165,10 +143,8 @@ def _stages_to_estimate(cfg, stages: list[str] | None) -> list[str]:
 
 
 def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached: dict[str, int]) -> list[StageEstimate]:
-    """Requests and tokens of each stage in ``names``, from its own estimator; a finished stage
-    costs nothing, and the run's cached answers (``cached``: mean completion tokens per stage)
-    replace the worked example's size. An estimator may ask for another stage's plan (generate
-    plans from brainstorm's tasks): that stage is planned aside, its counts not added."""
+    """Requests and tokens of each stage in ``names``, from its own estimator (``cached``: mean
+    completion tokens per stage). Another stage's plan an estimator asks for is counted aside."""
     from negsynth.prompts import reask_template
 
     cfg = ctx.cfg
@@ -201,8 +177,7 @@ def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached:
 
 
 def _time_and_price(est: StageEstimate, *, rate: float, tpm: int | None, speed, pin: float, pout: float) -> None:
-    """Set ``est``'s wall time and USD, expected and max: at ``rate`` requests per second (capped by
-    ``llm.tpm`` at the stage's tokens per request) or the embedded LLM's measured ``speed``."""
+    """Set ``est``'s wall time and USD, expected and max, at ``rate`` (capped by ``tpm``) or ``speed``."""
     for suffix, req, pt, ct, pre in (
         ("", est.requests, est.prompt_tokens, est.completion_tokens, est.prefix_tokens),
         ("_max", est.requests_max, est.prompt_tokens_max, est.completion_tokens_max, est.prefix_tokens_max),

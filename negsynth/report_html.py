@@ -130,6 +130,8 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
     parts = [
         f"<h2>Stages</h2>{_table(['stage', 'shards', 'records', 'rejected', 'pending', 'tokens in / out', 'cost (USD)', 'wall time'], stage_rows)}"
     ]
+    if report.get("verdict"):
+        parts.append(f"<h2>Did it help? Your own documents, held out</h2><p><b>{html.escape(report['verdict']['line'])}</b></p>")
     tts = sorted({t for m in report["task_types"].values() for t in m})
     if tts:
         parts.append(

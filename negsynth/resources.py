@@ -37,10 +37,8 @@ def minilm_path() -> Path:
 
 
 def sample_corpus() -> Path:
-    """The small sample corpus shipped inside the package: 50 short documents on varied topics
-    (cooking, science, history, software, ...), one JSON object a line with ``id``, ``title`` and
-    ``text``; written for negsynth and under its licence. For the notebook, the tests and a first
-    run: ``negsynth corpus --input "$(python -c 'import negsynth; print(negsynth.sample_corpus())')"``."""
+    """The sample corpus shipped inside the package: 50 short documents on varied topics, one JSON
+    object a line with ``id``, ``title`` and ``text``; written for negsynth and under its licence."""
     from importlib import resources
 
     return Path(str(resources.files("negsynth").joinpath("samples", "documents.jsonl")))

@@ -107,11 +107,13 @@ def test_estimate_without_inputs_names_the_ways_estimate_takes_them(tmp_path, st
             ["estimate", "-d", str(tmp_path / "r"), "--stages", "corpus", "--latency", "5", "--set", f'corpus.inputs=[{{path="{docs}"}}]'],
         )
         assert r.exit_code == 0, r.output
-        # --input, as `negsynth corpus -i` takes it: the corpus stage is what is estimated
+        # --input, as `negsynth corpus -i` takes it: the corpus stage is what is estimated, and its held-out set
+        # (none of 8 documents, and the estimate says why)
         by_flag = runner.invoke(app, ["estimate", "-d", str(tmp_path / "r"), "-i", str(docs), "--latency", "5", "--json"])
         assert by_flag.exit_code == 0, by_flag.output
-        assert list(json.loads(by_flag.stdout)["stages"]) == ["corpus"]
-        assert json.loads(by_flag.stdout)["stages"]["corpus"]["requests"] == 8
+        est = json.loads(by_flag.stdout)["stages"]
+        assert list(est) == ["corpus", "heldout"] and est["corpus"]["requests"] == 8 and est["heldout"]["requests"] == 0
+        assert any("too few to set aside a held-out set" in b for b in est["heldout"]["basis"])
 
 
 def test_inspect_calls_mined_levels_rank_bands_and_claims_no_llm_order(tmp_path):

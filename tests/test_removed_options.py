@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.schemas.config import CorpusConfig, CurriculumConfig, MiningConfig, RegenerateConfig
+from negsynth.schemas.config import CorpusConfig, CurriculumConfig, EmbedderConfig, MiningConfig, RegenerateConfig
 from negsynth.schemas.config_io import config_hash
 
 # (section, key, value as TOML, what the line names as removed, what it says to use instead)
@@ -61,6 +61,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     [
         ("llm", "transport", '"http1"', "every request goes through the openai SDK"),
         ("serve", "engine", '"llama-cpp-python"', "the embedded LLM is llama.cpp's llama-server only"),
+        ("embedder", "devices", "2", "--executor ray --workers N spreads the embedding over devices"),
     ],
 )
 def test_a_removed_transport_or_engine_is_one_line_that_says_why(tmp_path, section, key, value, why):
@@ -95,13 +96,26 @@ PINNED = [
     (MiningConfig(), "8323e35b406b3cdc", "5aebbf3fddf3db0b"),
     (RegenerateConfig(negatives="mined", mining={"relative_margin": 0.1, "range_max": 50}), "a049bfec23163511", "f5572fb0c441e89f"),
     (CurriculumConfig(schedule="tuple", epochs=2, instructions="off"), "fda436c5860bd4a1", "691e1969071040f5"),
+    (EmbedderConfig(), "0cbb13c00d59742b", "83f4711d562968bc"),
+    (EmbedderConfig(kind="decoder", model="m", method="echo"), "700ee96340985f60", "d29cca92c46021fc"),
 ]
 
 
 @pytest.mark.parametrize(
     "section, as_value, in_parts",
     PINNED,
-    ids=["corpus", "corpus-set", "regenerate", "regenerate-set", "curriculum", "mining", "regenerate-mining-set", "curriculum-set"],
+    ids=[
+        "corpus",
+        "corpus-set",
+        "regenerate",
+        "regenerate-set",
+        "curriculum",
+        "mining",
+        "regenerate-mining-set",
+        "curriculum-set",
+        "embedder",
+        "embedder-set",
+    ],
 )
 def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):
     assert config_hash(section) == as_value

@@ -363,16 +363,6 @@ def test_easiness_filter_rejects_examples_the_embedder_already_solves(tmp_path):
     assert len(list(read_stage(tmp_path / "b" / "score"))) == 2
 
 
-def test_several_devices_need_a_sentence_transformers_model(tmp_path):
-    write_generate(tmp_path, [[example()]])
-    ctx = make_ctx(tmp_path)
-    ctx.cfg.embedder.devices = 2
-    from negsynth.errors import UserError
-
-    with pytest.raises(UserError, match=r"embedder.devices = 2: .*sentence-transformers"):
-        run_score(ctx, FakeEmbedder(HAND))
-
-
 # ---------------------------------------------------------------- false-negative judge
 
 

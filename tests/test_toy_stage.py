@@ -190,4 +190,6 @@ def test_a_stage_gone_from_method_takes_its_command_and_section_with_it():
 
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
     assert "toy" not in names and {"brainstorm", "score", "run"} <= names
-    assert run_config_class(sections()) is RunConfig  # the method's own run files validate and hash as before
+    # the method's own sections only: RunConfig's and those its stages bring (none of toy's)
+    assert set(run_config_class(sections()).model_fields) == set(RunConfig.model_fields) | {s for s, _ in sections()}
+    assert "toy" not in run_config_class(sections()).model_fields

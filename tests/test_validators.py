@@ -7,7 +7,7 @@ from negsynth.data.text import text_key
 from negsynth.llm.errors import ValidationFailure
 from negsynth.schemas.config import GenerateConfig
 from negsynth.stages.generate import make_validator
-from negsynth.validators import REASONS, check_example, check_task
+from negsynth.validators import REASONS, check_example, check_text
 
 Q = "how do vaccines train the immune system"
 P = "Vaccines expose the immune system to a harmless piece of a germ so it learns to recognise it."
@@ -58,11 +58,11 @@ def test_text_key():
 
 
 def test_task_checks():
-    assert check_task("Retrieve news about sports events for a query.", min_chars=15, max_chars=300).keep
-    assert check_task("", min_chars=15, max_chars=300).reason == "empty_text"
-    assert check_task("N/A", min_chars=1, max_chars=300).reason == "placeholder_text"
-    assert check_task("short", min_chars=15, max_chars=300).reason == "too_short"
-    assert check_task("x" * 301, min_chars=15, max_chars=300).reason == "too_long"
+    assert check_text("task", "Retrieve news about sports events for a query.", min_chars=15, max_chars=300).keep
+    assert check_text("task", "", min_chars=15, max_chars=300).reason == "empty_text"
+    assert check_text("task", "N/A", min_chars=1, max_chars=300).reason == "placeholder_text"
+    assert check_text("task", "short", min_chars=15, max_chars=300).reason == "too_short"
+    assert check_text("task", "x" * 301, min_chars=15, max_chars=300).reason == "too_long"
 
 
 def test_generate_validator_maps_keys_and_reports_schema_errors():

@@ -422,4 +422,7 @@ def run(
     if stopped is not None:
         _emit_llm({**stopped, "stages": out}, opts.json_out)
     ctx.reporter.info(f"[bold green]done[/]: outputs in {opts.run_dir}/")
+    verdict = (out.get("evaluate") or {}).get("verdict")
+    if verdict:  # did it help? the run's last line (its held-out documents)
+        ctx.reporter.info(verdict["line"].replace("[", "\\["))
     emit(out, opts.json_out)

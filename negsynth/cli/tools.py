@@ -80,7 +80,11 @@ def estimate(
     elif glob:
         raise UserError("estimate: --glob describes an --input folder; pass --input PATH too")
     ctx = StageContext(cfg=cfg, run_dir=run_dir, reporter=Reporter(quiet=True))
-    names = [x.strip() for x in stages.split(",") if x.strip()] if stages else (["corpus"] if inputs else None)
+    names = (
+        [x.strip() for x in stages.split(",") if x.strip()]
+        if stages
+        else (["corpus", *(["heldout"] if cfg.heldout.queries else [])] if inputs else None)
+    )
     return run_estimate(ctx, names, rps=rps, latency_s=latency, price_in=price_in, price_out=price_out)
 
 

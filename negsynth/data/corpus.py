@@ -61,8 +61,6 @@ TABLE_SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-#: how ids are made (see the module docstring)
-ID_MODES = ("column", "first", "row", "hash")
 #: a folder's document files read per batch
 _FILES_PER_BATCH = 64
 
@@ -114,7 +112,7 @@ class CorpusData:
     mapping: dict[str, str] = field(default_factory=dict)  # the spec's columns
     skipped_rows: frozenset[int] = frozenset()  # rows that are not documents (no text, or a repeated id)
     positions: dict[str, int] = field(default_factory=dict)
-    ids: str = "column"  # how ids are made (ID_MODES)
+    ids: str = "column"  # how ids are made: column, first, row or hash (module docstring)
     chunk_tokens: int = 0  # documents longer than this many proxy tokens are split (0: never)
     chunk_overlap: int = 0
     rows: int = 0  # rows read (documents before chunking, with the skipped ones)

@@ -24,13 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# re-exported (``X as X``): regenerate, the docs and users name them here
-from negsynth.data.source_kinds import INSTRUCTION_TABLE as INSTRUCTION_TABLE
-from negsynth.data.source_kinds import SourceKind as SourceKind
-from negsynth.data.source_kinds import source_key as source_key
-from negsynth.data.source_kinds import source_kind as source_kind
-from negsynth.data.tables import FORMATS as FORMATS
-from negsynth.data.tables import MAGIC as MAGIC
 from negsynth.data.tables import iter_frames, read_frame, sniff, streamable
 from negsynth.errors import UserError
 

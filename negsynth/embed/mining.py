@@ -270,15 +270,6 @@ def encode_store(model, texts: TextStore, out: Any, *, batch_size: int = 64) -> 
         out[rows] = np.asarray(vecs, dtype=np.float32)
 
 
-def _dimension(model, texts: TextStore) -> int:
-    """The length of ``model``'s vectors (the method's name changed in sentence-transformers 6)."""
-    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
-        dim = getattr(model, name, lambda: None)()
-        if dim:
-            return int(dim)
-    return int(model.encode([texts[0]], convert_to_numpy=True, show_progress_bar=False).shape[-1]) if len(texts) else 0
-
-
 class CorpusIndex:
     """A corpus embedded once, searched one query at a time (the corpus stage): the rank of a
     query's own document and its positive-aware hard negatives, by ``mine_hard_negatives``' rule.
@@ -328,7 +319,7 @@ class CorpusIndex:
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp.npy")
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, _dimension(model, texts)))
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, model.get_embedding_dimension()))
             encode_store(model, texts, out, batch_size=batch_size)
             out.flush()
             del out

@@ -9,9 +9,8 @@ bundled all-MiniLM-L6-v2 (:func:`negsynth.resources.minilm_path`), loaded with n
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +86,6 @@ class SentenceTransformerEmbedder(Embedder):
         self.instruct_queries = instruct_queries
         #: forward rows actually computed (unique texts), over this object's life
         self.texts_encoded = 0
-        #: sentence-transformers multi-process pool, set while :func:`multi_device` is open
-        self.pool = None
         #: the inference backend of the encoder (:mod:`negsynth.embed.backends`), set by :meth:`load`
         self.backend = "torch"
         #: the local folder the model was loaded from (set by :meth:`load`): its files are the model's identity
@@ -209,8 +206,7 @@ class SentenceTransformerEmbedder(Embedder):
 
     @property
     def dim(self) -> int:
-        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        return int(get())
+        return int(self.model.get_embedding_dimension())
 
     @property
     def device(self) -> str:
@@ -227,47 +223,6 @@ class SentenceTransformerEmbedder(Embedder):
             show_progress_bar=show_progress,
             convert_to_numpy=True,
             normalize_embeddings=True,
-            **({"pool": self.pool} if self.pool is not None else {}),
         )
         vecs = np.asarray(vecs, dtype=np.float32)
         return vecs if len(unique) == len(texts) else vecs[inverse]
-
-
-@contextlib.contextmanager
-def multi_device(
-    embedder: SentenceTransformerEmbedder, devices: Sequence[str] | int | None = None
-) -> Iterator[SentenceTransformerEmbedder]:
-    """Spread ``embedder.encode`` over one worker process per device while the block is open.
-
-    ``devices``: a list such as ``["cuda:0", "cuda:1"]``, an int n (the first n GPUs, or n CPU
-    workers without a GPU), or None (every visible GPU; on a machine without one, nothing changes).
-    A single device leaves the embedder as it is. Uses sentence-transformers'
-    ``start_multi_process_pool``: each chunk of unique texts is embedded by one worker and the
-    vectors come back in input order, so results equal one process up to float rounding of the
-    different batch padding. The model is moved back to its device when the block closes::
-
-        with multi_device(embedder, 8):
-            vecs = embedder.encode(texts)
-    """
-    import torch
-
-    if devices is None:
-        devices = torch.cuda.device_count()
-    if isinstance(devices, int):
-        n = devices
-        devices = [f"cuda:{i}" for i in range(n)] if torch.cuda.is_available() else ["cpu"] * n
-        if torch.cuda.is_available() and n > torch.cuda.device_count():
-            raise UserError(f"multi_device: {n} devices asked, {torch.cuda.device_count()} GPU(s) visible")
-    devices = list(devices)
-    if len(devices) <= 1 or embedder.pool is not None:
-        yield embedder
-        return
-    home = embedder.model.device
-    embedder.pool = embedder.model.start_multi_process_pool(devices)
-    log.info("encoding on %d worker processes: %s", len(devices), ", ".join(devices))
-    try:
-        yield embedder
-    finally:
-        pool, embedder.pool = embedder.pool, None
-        embedder.model.stop_multi_process_pool(pool)
-        embedder.model.to(home)

@@ -53,6 +53,28 @@ def _eval_table(report: dict | None, baseline: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _verdict_lines(v: dict | None) -> list[str]:
+    """The verdict on the team's own documents (``RUN_DIR/evaluate/verdict.json``): its line and,
+    where there is one, base and tuned model per metric."""
+    if not v:
+        return []
+    lines = [
+        "On the training corpus's own documents, held out (never trained on), one query each written by the LLM:",
+        "",
+        f"**{v['line']}**",
+        "",
+    ]
+    own = v.get("own_corpus")
+    if own:
+        lines += ["| metric | base | this model | Δ (95 % CI) |", "|---|---:|---:|---:|"]
+        for name, m in own["metrics"].items():
+            lines.append(
+                f"| {name} | {m['base']:.2f} | {m['tuned']:.2f} | {m['mean_diff']:+.2f} ({m['ci_low']:+.2f} … {m['ci_high']:+.2f}) |"
+            )
+        lines += ["", f"Rule: {v['rule']}.", ""]
+    return lines
+
+
 @dataclass(frozen=True)
 class _TrainedModel:
     """What the model card says about a run's trained model, read once from the run dir."""
@@ -66,6 +88,7 @@ class _TrainedModel:
     card: dict  # the curriculum's card
     report: dict | None
     baseline: dict | None
+    verdict: dict | None  # the verdict on the held-out documents of the training corpus
     prov: dict[str, Any]
     prompts: dict[str, str]
     tuple_rows: bool | None  # trained on n-tuple rows (no curriculum order); None: schedule unreadable
@@ -106,6 +129,7 @@ def export_model(run_dir: str | Path, out_dir: str | Path, *, license: str = "un
         "model": str(out_dir),
         "base_model": model.base,
         "evaluation": bool(model.report and model.report.get("tasks")),
+        "verdict": (model.verdict or {}).get("line"),
         "needs_negsynth": bool(model.custom),
         "prompts": model.prompts,
     }
@@ -144,6 +168,7 @@ def _read_trained_model(run_dir: Path, final: Path, dataset_repo: str | None) ->
         card=card,
         report=report,
         baseline=baseline,
+        verdict=read_json(run_dir / "evaluate" / "verdict.json"),
         prov=prov,
         prompts=prompts,
         tuple_rows=tuple_rows,
@@ -170,6 +195,7 @@ def _model_card_lines(m: _TrainedModel) -> list[str]:
         "",
         "## Evaluation",
         "",
+        *_verdict_lines(m.verdict),
         *_eval_table(m.report, m.baseline),
     ]
     if m.custom:

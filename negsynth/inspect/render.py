@@ -9,6 +9,10 @@ from typing import Any
 def render(report: dict[str, Any], console) -> None:
     """Print the report as rich tables (and panels for samples)."""
     console.print(_stages_table(report))
+    if report.get("verdict"):  # did it help? (the held-out documents; "[heldout]" in a reason is no markup)
+        from rich.markup import escape
+
+        console.print(f"[bold]{escape(report['verdict']['line'])}[/]", highlight=False)
     for name, s in report["stages"].items():
         _print_stage_notes(name, s, console)
     reasons = [(n, r, c) for n, s in report["stages"].items() for r, c in (s.get("rejects_by_reason") or {}).items()]
@@ -68,6 +72,10 @@ def _print_stage_notes(name: str, s: dict[str, Any], console) -> None:
             f"({j['only_by_judge']} the cosine rule let through){nj}"
         )
 
+    h = s.get("held_out")
+    if h:
+        told = f"{h['held_out']} of {h['documents']} documents held out (never trained on)" if h["held_out"] else h.get("reason")
+        console.print(f"{name}: {told}", markup=False)
     q = s.get("queries")
     if q:
         parts = []

@@ -186,6 +186,13 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
                 out["judge"] = stats[0]["judge"]  # what the false-negative judge flagged
             if name == "score" and stats[0].get("clean"):
                 out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
+            if name == "heldout":  # how many documents were set aside, or why none were
+                held = stats[0].get("heldout") or {}
+                out["held_out"] = {
+                    "documents": held.get("documents"),
+                    "held_out": held.get("held_out", 0),
+                    "reason": stats[0].get("reason"),
+                }
             if name == "corpus":  # the queries the LLM wrote: styles, lengths, round-trip ranks
                 keys = ("query_styles", "query_words", "round_trip", "teacher_scores")
                 out["queries"] = {k: stats[0][k] for k in keys if stats[0].get(k)}
@@ -285,6 +292,18 @@ def pick_samples(frame, n: int, seed: int) -> list[dict]:
 # ---------------------------------------------------------------------------- the report
 
 
+def read_verdict(folder: Path) -> dict[str, Any] | None:
+    """The verdict on the held-out documents in an evaluate folder (``verdict.json``), less its
+    per-query rows; None where there is none."""
+    try:
+        v = json.loads((Path(folder) / "verdict.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(v.get("own_corpus"), dict):
+        v["own_corpus"] = {k: x for k, x in v["own_corpus"].items() if k != "per_query"}
+    return v
+
+
 def example_stage(stages: dict[str, list[Path]]) -> str | None:
     """The stage whose records the scores, samples and plots come from: the latest Example stage
     with shards, else the first stage that has any."""
@@ -316,6 +335,9 @@ def inspect_path(
         s = stage_summary(name, files, folder)
         report["task_types"][name] = s.pop("task_types")
         report["stages"][name] = s
+    verdict = read_verdict(run_dir / "evaluate" if run_dir else path)
+    if verdict:
+        report["verdict"] = verdict
     ex_stage = example_stage(stages)
     report["selection"] = {"stage": ex_stage, "task_type": task_type, "flag": flag, "level": level}
     files = stages.get(ex_stage, []) if ex_stage else []

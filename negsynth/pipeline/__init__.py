@@ -1,11 +1,5 @@
-"""The pipeline's one surface: what the stages (and a caller running them from Python) use of it.
-
-``from negsynth.pipeline import Stage, LLMStage, StageContext, WorkItem, ...``: the stage contract
-(``stage``), the LLM stages' shape and plumbing (``llm_stage``, ``runner``), the context and
-budgets (``context``), what an estimator fills in (``tally``), where stages run (``executor``)
-and the run file's hash (``config_hash``, from ``schemas.config_io``). The stages import nothing
-from the modules directly (``tests/test_layers.py``).
-"""
+"""The pipeline's one surface: what the stages (and a Python caller) use of it; the stages import
+nothing from its modules directly (``tests/test_layers.py``)."""
 
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.executor import LocalExecutor, RayExecutor, executor_for, run_stage, run_stages

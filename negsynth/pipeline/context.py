@@ -1,4 +1,4 @@
-"""What a stage needs to run, independent of the CLI: config, run dir, options, reporter."""
+"""What a stage runs with: config, run dir, options, reporter, budget."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ class Budget:
     max_requests: int | None = None
     max_tokens: int | None = None
     max_cost: float | None = None
-    #: whose requests count (the stats say it)
     scope: ClassVar[str] = "this invocation"
-    #: what earlier stages of the same invocation spent (``negsynth run``): the limits cover the
-    #: whole run, not each stage afresh
+    #: what earlier stages of the same ``negsynth run`` spent: the limits cover the whole run
     spent_requests: int = 0
     spent_tokens: int = 0
     spent_cost: float = 0.0
@@ -57,15 +55,10 @@ class Budget:
 
 @dataclass
 class SharedBudget(Budget):
-    """One budget for several processes (the ranks of ``--executor ray``): the counts live
-    in one Ray actor (``ledger``, a :class:`~negsynth.pipeline.ray_executor.BudgetLedger`), not in
-    this process's client.
-
-    The client asks the ledger before each request it sends (:meth:`reserve`: one check-and-count
-    on the actor, which runs its calls one at a time, so all workers together never overshoot
-    ``--max-requests``), hands back a request that was never sent (:meth:`unreserve`) and adds
-    each answer's tokens (:meth:`add`). :meth:`exceeded` is the last verdict the ledger gave: once
-    a limit is reached this worker sends nothing new, like a one-process run."""
+    """One budget for the ranks of ``--executor ray``: the counts live in one Ray actor
+    (``ledger``, a :class:`~negsynth.pipeline.ray_executor.BudgetLedger`) that runs its calls one
+    at a time, so the ranks together never overshoot a limit. :meth:`exceeded` is the ledger's
+    last verdict."""
 
     scope: ClassVar[str] = "this invocation, shared by every Ray worker"
     ledger: Any = None
@@ -84,40 +77,32 @@ class SharedBudget(Budget):
         self.ledger.unreserve.remote()
 
     def add(self, prompt_tokens: int, completion_tokens: int) -> None:
-        # calls from one process run on the actor in the order they were made: this worker's next
-        # reserve already sees these tokens
+        # one process's calls run on the actor in order: this worker's next reserve sees these tokens
         self.ledger.add.remote(prompt_tokens, completion_tokens)
 
 
 @dataclass(frozen=True)
 class StageContext:
-    """What a stage runs with, beyond its config: where, for whom, with what budget. Immutable:
-    the runner makes a changed copy (``dataclasses.replace``) where a stage's run differs (its
-    rank, the endpoint it was given, a rebuild)."""
+    """What a stage runs with. Immutable: the runner makes a changed copy (``dataclasses.replace``)."""
 
     cfg: RunConfig
     run_dir: Path
     reporter: Reporter = field(default_factory=Reporter)
     budget: Budget = field(default_factory=Budget)
     overwrite: bool = False
-    #: check every finished output's hash against the manifest before reusing it, not only its
-    #: size (``--verify``; a file whose mtime moved is hashed anyway)
+    #: ``--verify``: hash every finished output before reusing it, not only its size
     verify: bool = False
     mode: str = "online"  # or "batch" (OpenAI Batch API)
     base_url: str | None = None  # resolved endpoint (the embedded server's URL when base_url = "embedded")
-    #: this worker's rank and how many split the stage (the executor's: Ray's ranks; locally 0 of 1)
+    #: this worker's rank and how many split the stage (locally 0 of 1)
     rank: int = 0
     world_size: int = 1
-    #: RPM / TPM buckets shared with other processes (``--executor ray``: a
-    #: :class:`~negsynth.llm.ratelimit.RateLedger` actor), or None: this process keeps its own
+    #: RPM / TPM shared by Ray's ranks (a :class:`~negsynth.llm.ratelimit.RateLedger` actor), or None
     rate_ledger: Any = None
-    #: objects a Python caller already holds, used instead of loading what the config names
-    #: (score: an :class:`~negsynth.embed.base.Embedder` for ``[embedder]``, a false-negative
-    #: judge for ``score.judge_model``; tests pass fakes)
+    #: a caller's own ``[embedder]`` and ``score.judge_model``, used instead of loading them
     embedder: Any = None
     judge: Any = None
-    #: ``--executor ray``'s embedding workers (:class:`~negsynth.pipeline.ray_embed.RayEmbedding`),
-    #: which make ``[embedder]`` and the model mining loads whose encoding runs on them; None: here
+    #: ``--executor ray``'s embedding workers (:class:`~negsynth.pipeline.ray_embed.RayEmbedding`); None: here
     embedding: Any = None
 
     def __post_init__(self) -> None:

@@ -1,7 +1,5 @@
-"""The embedded LLM server around the stages that call the LLM (``llm.base_url = "embedded"``):
-:func:`~negsynth.pipeline.executor.run_stage` starts it around an LLM stage, one server for a whole
-``negsynth run``.
-"""
+"""The embedded LLM servers around the stages that call the LLM (``llm.base_url = "embedded"``),
+and the run dir's record of them, so that a resumed run answers as its first servers did."""
 
 from __future__ import annotations
 
@@ -10,9 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-#: the run dir's record of its first embedded servers (engine, threads per server, servers)
+#: the run dir's record of its first embedded servers (engine, threads per server, servers, prompt mode, build)
 SERVER_RECORD = "embedded-server.json"
-#: the engine a record names (run dirs of earlier versions may name another, whose counts do not carry over)
 ENGINE = "llama-server"
 
 
@@ -26,23 +23,16 @@ def server_record(run_dir: Path) -> dict:
 
 
 def kept_threads(run_dir: Path) -> int | None:
-    """The threads per server of the run dir's first llama-server(s), or None (no record, another engine).
-
-    llama.cpp's answers depend on its thread count (1 and 2 threads give different text for the
-    same request and seed). Every server has 1 thread unless ``serve.n_threads`` says otherwise,
-    so a run dir begun with the default resumes with the default; one begun with another count
-    (``serve.n_threads``, or a run dir of the single multi-threaded server of earlier versions,
-    whose count followed the load) keeps that count per server, so that a resumed or extended run
-    writes what an uninterrupted one would have. ``serve.n_threads`` still overrides it."""
+    """The threads per server of the run dir's first llama-server(s), or None (no record, another
+    engine): llama.cpp's answers depend on its thread count, so a resumed run keeps it."""
     rec = server_record(run_dir)
     t = rec.get("threads") if rec.get("engine") == ENGINE else None
     return t if isinstance(t, int) and t > 0 else None
 
 
 def build_id(binary: Path | None) -> str | None:
-    """A short identity of a llama-server build (the SHA-256 of its file, 16 hex digits): builds for
-    other CPU instructions (AVX2 against AVX-512) write other text for the same request (6 of 16
-    answers equal, docs/llm_server.md), so a run dir records which build answered first."""
+    """A llama-server build's identity (16 hex digits of its SHA-256): builds for other CPU
+    instructions write other text for the same request (docs/llm_server.md)."""
     import hashlib
 
     try:
@@ -60,9 +50,8 @@ def other_build(run_dir: Path, build: str | None) -> str | None:
 
 def kept_prompt_mode(run_dir: Path) -> str | None:
     """How the run dir's first llama-server(s) treated a prompt's shared prefix ("pinned", "on" or
-    "off"; a record from before the pin: "off"), or None (no record, another engine). An answer
-    computed from a pinned prefix is not the answer computed on the whole prompt, so a run dir
-    keeps its first mode: a resumed or extended run writes what an uninterrupted one would have."""
+    "off"), or None (no record, another engine): a pinned prefix gives other answers, so a run dir
+    keeps its first mode."""
     rec = server_record(run_dir)
     if rec.get("engine") != ENGINE:
         return None
@@ -71,11 +60,8 @@ def kept_prompt_mode(run_dir: Path) -> str | None:
 
 
 def prompt_mode(cfg, run_dir: Path, in_process: bool) -> tuple[str, str]:
-    """``(serve.prompt_cache to start the servers with, a note when it is not the configured one)``.
-
-    A run dir begun with every prompt evaluated whole (before the pin, or under Ray) stays so under
-    the default; ``serve.prompt_cache = "off"`` is honoured on a pinned run dir, with a note. Under
-    Ray (``in_process`` False) a pin cannot hold: the prompt is evaluated whole."""
+    """``(serve.prompt_cache to start the servers with, a note when it is not the configured one)``;
+    under Ray (``in_process`` False) a pin cannot hold."""
     want = cfg.serve.prompt_cache
     kept = kept_prompt_mode(run_dir)
     notes = []
@@ -95,13 +81,10 @@ def prompt_mode(cfg, run_dir: Path, in_process: bool) -> tuple[str, str]:
 
 @contextmanager
 def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_process: bool = True) -> Iterator[str | None]:
-    """The one place ``llm.base_url = "embedded"`` becomes servers: start the bundled llama.cpp
-    server fleet (:class:`~negsynth.llm.server.EmbeddedFleet`) for the duration of the block and
-    yield its URL (several servers: their URLs joined by spaces, which
-    :func:`~negsynth.llm.server.fleet_llm_config` turns into ``llm.endpoints``); any other base
-    URL, or ``needed`` False, yields None (the configured URL is used as it is). ``in_process``:
-    every request will come from this process, so the servers' prompt prefix may be pinned
-    (:mod:`negsynth.llm.prefix_pin`); else it is evaluated whole."""
+    """The one place ``llm.base_url = "embedded"`` becomes servers: the llama.cpp fleet
+    (:class:`~negsynth.llm.server.EmbeddedFleet`) for the block, yielding its URLs joined by spaces;
+    any other base URL, or ``needed`` False, yields None. ``in_process``: every request comes from
+    this process, so the prompt prefix may be pinned (:mod:`negsynth.llm.prefix_pin`)."""
     if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return

@@ -1,13 +1,6 @@
-"""How fast the embedded LLM is on this machine, for ``negsynth estimate``'s wall time.
-
-A fixed ``--latency`` guess cannot know a 2-core laptop from a 16-core server, nor a prompt of
-600 tokens from one of 60: the embedded model's time is its prompt tokens at one rate and its
-completion tokens at another. :func:`measure_embedded` starts the embedded servers exactly as a
-run would (same count, threads and slots), sends every server at once one request with a long
-prompt and a one-token answer, one with a short prompt and a long answer and a tiny one (after a
-warm-up), and returns seconds per prompt token and per completion token *as the estimate counts them*
-(characters / 4, or tiktoken), so the estimate's own token counts convert to seconds without a
-tokenizer of the model. Nothing is paid; it takes the servers' start plus a few seconds.
+"""How fast the embedded LLM is on this machine, for ``negsynth estimate``'s wall time: seconds per
+prompt and per completion token *as the estimate counts them*, measured on the servers a run would
+start (:func:`measure_embedded`).
 """
 
 from __future__ import annotations
@@ -34,16 +27,14 @@ _ANSWER_TOKENS = 64
 
 @dataclass
 class EmbeddedSpeed:
-    """Seconds per prompt and per completion token (as ``counter`` counts them), seconds per request
-    beyond both, how many requests the servers take at once, and how they were measured."""
+    """Seconds per prompt and per completion token, seconds per request beyond both, requests at once."""
 
     prompt_s_per_token: float
     completion_s_per_token: float
     request_overhead_s: float
     parallel: int
     basis: str
-    #: the servers pin each request's shared prefix (negsynth.llm.prefix_pin): its tokens are
-    #: restored, not evaluated (each prefix's one evaluation per server is not counted)
+    #: the servers pin each request's shared prefix: its tokens are restored, not evaluated
     pinned: bool = False
 
     def seconds(self, requests: int, prompt_tokens: int, completion_tokens: int, prefix_tokens: int = 0) -> float:
@@ -76,8 +67,9 @@ def _all_at_once(urls: list[str], prompt: str, max_tokens: int, n: int) -> list[
 
 
 def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
-    """Start the embedded LLM as ``negsynth run`` would for ``run_dir`` and time it (see the module
-    docstring); ``count(text) -> tokens`` is the estimate's own token counter."""
+    """Start the embedded LLM as ``negsynth run`` would for ``run_dir`` and time a tiny request, a
+    long prompt and a long answer on every server at once; ``count(text) -> tokens``: the
+    estimate's token counter."""
     import shutil
 
     from negsynth.llm.prefix_pin import PrefixPin, guard

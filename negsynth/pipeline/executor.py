@@ -1,9 +1,6 @@
-"""Where stages run: one executor, chosen once (``--executor local | ray``) and handed to
-:func:`run_stage`; the stages do not know which runs them. As in datatrove, each worker gets its
-rank and the world size and takes the same path, ``stage.run(ctx)``, writing the shards ``s``
-with ``s % world_size == rank``: :class:`LocalExecutor` is rank 0 of 1, :class:`RayExecutor`
-runs a stage that splits as ``workers`` Ray tasks and a stage that embeds here with its encoding
-on Ray actors (:mod:`negsynth.pipeline.ray_executor`).
+"""Where stages run (``--executor local | ray``), and :func:`run_stage` / :func:`run_stages`. Each
+worker gets its rank and the world size and runs ``stage.run(ctx)``: :class:`LocalExecutor` is rank
+0 of 1, :class:`RayExecutor` runs ``workers`` ranks (:mod:`negsynth.pipeline.ray_executor`).
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ from negsynth.schemas.config import RunConfig
 
 
 def split_stages(method: Sequence[Stage], cfg: RunConfig) -> tuple[str, ...]:
-    """The stages ``--executor ray`` spreads over its workers under ``cfg``: those that split into
-    ranks, and those whose heavy work is embedding, in order."""
+    """The stages ``--executor ray`` spreads over its workers: those that split or embed."""
     return tuple(s.name for s in method if splits(s, cfg) or s.embeds(cfg))
 
 
@@ -46,14 +42,13 @@ class LocalExecutor:
     """Every stage in this process: rank 0 of 1."""
 
     def check(self, stage: Stage, cfg: RunConfig) -> None:
-        """Every stage runs locally."""
+        pass
 
     def world_size(self, stage: Stage, cfg: RunConfig) -> int:
         return 1
 
     def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
-        """Whether every request to the embedded LLM comes from this process (its prompt prefix
-        may then be pinned, :mod:`negsynth.llm.prefix_pin`); Ray's ranks are other processes."""
+        """Whether every request to the embedded LLM comes from this process (its prefix may be pinned)."""
         return True
 
     @contextmanager
@@ -71,7 +66,7 @@ class RayExecutor(LocalExecutor):
     def __init__(self, workers: int, address: str | None = None, *, method: Sequence[Stage] = ()):
         self.workers = workers
         self.address = address
-        self.method = method  # the method's stages, to name those that split in a refusal
+        self.method = method
 
     def check(self, stage: Stage, cfg: RunConfig) -> None:
         if stage.name not in split_stages([stage], cfg):
@@ -83,13 +78,12 @@ class RayExecutor(LocalExecutor):
         return self.workers if splits(stage, cfg) else 1
 
     def in_process(self, stage: Stage | None = None, cfg: RunConfig | None = None) -> bool:
-        """Without a stage (the server a whole pipeline shares): no; else whether it runs here."""
+        """Without a stage (the server a whole run shares): no."""
         return stage is not None and self.world_size(stage, cfg) == 1
 
     @contextmanager
     def around(self, stage: Stage, ctx: StageContext) -> Iterator[tuple[StageContext, dict]]:
-        """A stage's encoding on the Ray workers (score, mining, corpus's index) and, on a cluster
-        of several nodes, one embedded fleet per node."""
+        """A stage's encoding on the Ray workers and, on a cluster, one embedded fleet per node."""
         from negsynth.pipeline.ray_executor import around
 
         with around(stage, ctx, workers=self.workers, address=self.address) as done:
@@ -103,8 +97,7 @@ class RayExecutor(LocalExecutor):
 
 
 def executor_for(kind: str, *, workers: int = 1, address: str | None = None, method: Sequence[Stage] = ()) -> LocalExecutor:
-    """The executor ``--executor`` names: ``local`` or ``ray`` (``--workers``, ``--ray-address``;
-    ``method``: the stages, for the refusal of one that does not split)."""
+    """The executor ``--executor`` names (``method``: the stages, named when one does not split)."""
     if kind == "local":
         return LocalExecutor()
     if kind == "ray":
@@ -116,13 +109,10 @@ def executor_for(kind: str, *, workers: int = 1, address: str | None = None, met
 def run_stage(
     stage: Stage, ctx: StageContext, *, executor: LocalExecutor | None = None, start_llm: Callable[[], str] | None = None
 ) -> dict:
-    """Run one stage on ``executor`` (default: this process) while holding the run dir
-    (:mod:`negsynth.pipeline.lock`): its inputs checked before anything is paid for; finished work
-    made from the same config and inputs reused (:func:`~negsynth.pipeline.stage.up_to_date`);
-    outputs made from another config refused unless ``--overwrite``; the embedded LLM server
-    around a stage that calls the LLM (``start_llm``: a server the run shares, started on first
-    use); its stats written atomically to ``RUN_DIR/<stage>/stats.json``, the manifest recording
-    a stage that finished, its summary printed; its stats returned."""
+    """Run one stage on ``executor`` while holding the run dir: inputs checked first, finished work
+    of the same config and inputs reused, outputs of another config refused unless ``--overwrite``,
+    the embedded LLM around it (``start_llm``: the run's shared server), its stats written to
+    ``RUN_DIR/<stage>/stats.json`` and returned, the manifest updated, its summary printed."""
     executor = executor or LocalExecutor()
     with hold(ctx.run_dir, warn=ctx.reporter.warn):
         ctx = replace(ctx, rank=0, world_size=executor.world_size(stage, ctx.cfg))
@@ -160,9 +150,8 @@ def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:
 
 @contextmanager
 def stage_endpoint(stage: Stage, ctx: StageContext, start_llm: Callable[[], str] | None, executor: LocalExecutor) -> Iterator[StageContext]:
-    """``ctx`` with where a stage's requests go: the endpoint the caller already has, else the
-    run's shared embedded server (``start_llm``, started on first use), else an embedded server
-    for the block (``llm.base_url = "embedded"``), else the configured URL as it is."""
+    """``ctx`` with where a stage's requests go: the caller's endpoint, the run's shared embedded
+    server (``start_llm``), an embedded server for the block, or the configured URL."""
     needed = stage.uses_llm(ctx.cfg) and ctx.base_url is None
     if needed and start_llm is not None:
         ctx, needed = replace(ctx, base_url=start_llm()), False
@@ -181,12 +170,8 @@ def run_stages(
     executor: LocalExecutor | None = None,
     verify: bool = False,
 ) -> dict[str, dict]:
-    """Run ``stages`` in order with :func:`run_stage` on ``executor``; returns each stage's stats.
-
-    One embedded server serves every LLM stage of the run (started when the first one has work,
-    stopped after the last so scoring and training get its cores). One budget covers the run: each
-    stage gets what the earlier ones left. A stage that stops early ends the run: later stages
-    would train and evaluate on partial (or no) data."""
+    """Run ``stages`` in order with :func:`run_stage`; each stage's stats. One embedded server and
+    one budget serve the whole run; a stage that stops early ends it."""
     run_dir = Path(run_dir)
     reporter = reporter or Reporter()
     executor = executor or LocalExecutor()
@@ -209,7 +194,7 @@ def run_stages(
             if st.get("skipped"):  # evaluate with no data to read: the line says where to get some
                 reporter.warn(st.get("reason", f"{stage.name} skipped"))
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
-                budget = budget.after(st["this_run"])  # one budget for the whole run: later stages get what is left
+                budget = budget.after(st["this_run"])
             if unfinished(st):
                 if st.get("stopped_by"):
                     reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")

@@ -1,7 +1,5 @@
-"""The LLM stages' one shape (:class:`LLMStage`, a request alone: :class:`LLMTask`) and its
-plumbing: what its outputs are made from, the LLM session (endpoint, client, cache, budget), its
-stats. A stage supplies its items and each request's messages, schema and parse; the base runs
-them through the resumable shards (:class:`~negsynth.pipeline.runner.ShardedRunner`)."""
+"""The LLM stages' one shape (:class:`LLMStage`; a request alone: :class:`LLMTask`) and its
+plumbing: what its outputs are made from, the LLM session, its stats."""
 
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ def llm_fingerprint(cfg: LLMConfig) -> dict[str, Any]:
 
 
 def llm_parts(ctx: StageContext, name: str, prompts: str, section: Any) -> dict[str, Any]:
-    """What an LLM stage's config hash holds: its own section of the run file, the LLM settings and
-    its prompt templates (those starting with ``prompts``, and the shared system and re-ask ones)."""
+    """What an LLM stage's config hash holds: its section, the LLM settings and its prompt files
+    (those starting with ``prompts``, and the shared system and re-ask ones)."""
     return {name: section, "llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint(prompts, "system", "reask")}
 
 
@@ -57,8 +55,7 @@ def inputs_fingerprint(run_dir: Path, stage: str) -> str:
 
 
 def item_entry(ctx: StageContext, digest: str, **extra: Any) -> dict[str, Any]:
-    """The manifest entry of an item stage: the hash of what its outputs are made from, the shard
-    size and the number of ranks they were cut by, then the stage's ``extra`` keys."""
+    """The manifest entry of an item stage: its hash, shard size and ranks, then ``extra``."""
     return {"config_hash": digest, "shard_size": ctx.cfg.pipeline.shard_size, "num_shards": ctx.world_size, **extra}
 
 
@@ -77,16 +74,14 @@ def endpoint(ctx: StageContext) -> str:
 
 
 def llm_config(ctx: StageContext) -> LLMConfig:
-    """``[llm]`` as the stage's client uses it: with the embedded fleet's servers as its
-    ``endpoints`` when the run started several (:func:`~negsynth.llm.server.fleet_llm_config`)."""
+    """``[llm]`` as the client uses it: the embedded fleet's servers as its ``endpoints``."""
     from negsynth.llm.server import fleet_llm_config
 
     return fleet_llm_config(ctx.cfg.llm, ctx.base_url)
 
 
 def stage_concurrency(ctx: StageContext, n_items: int) -> int:
-    """Items in flight: ``llm.max_concurrency`` online (with ``llm.endpoints`` or the embedded
-    fleet, their concurrencies summed); every item in batch mode (a batch holds them all)."""
+    """Items in flight: the endpoints' concurrency online; every item in batch mode."""
     return max(1, n_items) if ctx.mode == "batch" else llm_config(ctx).total_concurrency
 
 
@@ -109,15 +104,10 @@ async def llm_session(
     gate: Callable[[ClientStats], str | None] | None = None,
     commit_window: float = 0.0,
 ):
-    """Yield a ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget
-    gate (``gate``, else :func:`budget_gate` of the run's budget), built whole by
-    :func:`~negsynth.llm.session.open_client`.
-
-    Every check that can fail (key, endpoint, cache) runs before anything is written; then
-    ``begin()`` begins the stage's outputs. With ``ctx.mode == "batch"`` its requests go through the
-    OpenAI Batch API (:class:`~negsynth.llm.batch.BatchTransport`, state in ``_batch`` of the
-    stage's ``folder()``, known once its outputs began); otherwise the cache's answers may share
-    commits over ``commit_window`` seconds."""
+    """A ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget ``gate``.
+    Key, endpoint and cache are checked before ``begin()`` begins the stage's outputs. In batch
+    mode requests go through the Batch API (state in ``folder()/_batch``); otherwise cached answers
+    may share commits over ``commit_window`` seconds."""
     url = endpoint(ctx)
     cfg = llm_config(ctx)
     if ctx.mode == "batch" and not cfg.cache:
@@ -132,12 +122,11 @@ async def llm_session(
         state_dir = (folder() if folder else ctx.run_dir / stage) / "_batch"
         if ctx.world_size > 1:  # each rank keeps its own batch jobs
             state_dir = state_dir / f"worker-{ctx.rank:05d}-of-{ctx.world_size:05d}"
-        # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s (tests poll a fake server every 10 ms)
+        # $NEGSYNTH_BATCH_POLL_S overrides llm.batch_poll_s
         poll = float(os.environ.get("NEGSYNTH_BATCH_POLL_S") or ctx.cfg.llm.batch_poll_s)
         return BatchTransport(client, state_dir, poll_s=poll, completion_window=ctx.cfg.llm.batch_completion_window)
 
     try:
-        # key, cache and endpoint checked in the llm layer, before anything of the stage is written
         async with open_client(
             cfg,
             base_url=url,
@@ -170,10 +159,9 @@ def budget_gate(cfg: LLMConfig, budget: Budget) -> Callable[[ClientStats], str |
 
 # ---------------------------------------------------------------------------- stats
 def all_failed_the_same_way(stage: str, rep: RunReport, client: LLMClient | None, *, fixed: int = 0) -> None:
-    """Every item of a stage too small to trip ``llm.max_consecutive_failures`` failed for one
-    reason that is a setting to fix (the server answers, but not with chat completions): the
-    stage fails naming it (exit 2), as a larger one does, instead of leaving the items pending.
-    ``fixed`` valid records need no request (brainstorm's fixed STS task): they do not count."""
+    """Fail the stage (not leave its items pending) when every item failed for one reason that is a
+    setting to fix, as ``llm.max_consecutive_failures`` does for a larger stage; ``fixed``: valid
+    records that needed no request."""
     from negsynth.llm.errors import FATAL_KINDS, outage_message
 
     if client is None or rep.failed or rep.outage or not rep.pending or rep.valid > fixed or rep.rejected:
@@ -197,8 +185,6 @@ def report_stats(stage: str, rep: RunReport) -> dict[str, Any]:
         "shards_total": rep.shards_total,
         "complete": rep.complete,
         "stopped_by": rep.stopped_by,
-        # items whose requests failed at the transport level (not the model's fault): not
-        # rejected, their shards stay unfinished, a rerun retries them
         "pending": rep.pending,
         "pending_by_reason": dict(rep.pending_reasons),
         "outage": rep.outage,
@@ -265,12 +251,10 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------------------- the shape
 class LLMTask:
-    """One JSON answer asked of the LLM per item: what a request is (:meth:`messages`,
-    :meth:`schema`, :meth:`parse`, the answer's name, a temperature) and :meth:`ask`, the one call
-    that asks it (re-asked with the parse's reason until valid or out of attempts; cached, retried
-    and budgeted by the client it is given)."""
+    """One JSON answer asked of the LLM per item: :meth:`messages`, :meth:`schema`, :meth:`parse`,
+    and :meth:`ask`, which re-asks with the parse's reason until valid or out of attempts."""
 
-    #: the answer's name in the client's messages and re-asks ("example", "queries", ...)
+    #: the answer's name in the re-asks ("example", "queries", ...)
     output_name: ClassVar[str] = "output"
     #: the sampling temperature of its requests (None: ``llm.temperature``)
     temperature: ClassVar[float | None] = None
@@ -303,11 +287,10 @@ class LLMTask:
 
 
 class LLMStage(Stage, LLMTask):
-    """A stage whose items are answered by the LLM. Subclass, set ``name``, ``summary``,
-    ``config`` and ``prompts`` (its prompt files' prefix: part of what its outputs are made from),
-    and supply :meth:`plan`, :meth:`messages`, :meth:`schema`, :meth:`parse` and :meth:`record`;
-    ``STAGE = MyStage()``. Its methods run on a copy bound to the run (:meth:`bind`): ``self.ctx``,
-    ``self.cfg`` (its section of the run file), ``self.out`` (the folder its outputs go to)."""
+    """A stage whose items are answered by the LLM. Subclass, set ``name``, ``summary``, ``config``
+    and ``prompts`` (its prompt files' prefix), supply :meth:`plan`, :meth:`messages`,
+    :meth:`schema`, :meth:`parse` and :meth:`record`; ``STAGE = MyStage()``. Its methods run on a
+    copy bound to the run (:meth:`bind`): ``self.ctx``, ``self.cfg`` (its section), ``self.out``."""
 
     prompts: ClassVar[str]
     split = "ranks"
@@ -323,10 +306,9 @@ class LLMStage(Stage, LLMTask):
         return job
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the run's one worker thread (made on first use): CPU work on the event
-        loop (an embedder's search, a tokenizer's cut, a teacher's scores) holds the answers that
-        arrive meanwhile unread, on a busy machine past ``llm.timeout``, and they are then sent (paid)
-        again. One thread: a fast tokenizer must not be used by two threads at once."""
+        """``fn(*args)`` on the run's one worker thread: CPU work on the event loop would hold
+        arriving answers unread past ``llm.timeout`` (then paid again). One thread: a fast
+        tokenizer must not be used by two threads at once."""
         if self.pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -338,20 +320,20 @@ class LLMStage(Stage, LLMTask):
 
     # ------------------------------------------------------------------ what a stage supplies
     def check(self) -> None:
-        """Refuse, with a one-line ``UserError``, a config this stage cannot run (before any work)."""
+        """Refuse a config this stage cannot run, with a one-line ``UserError``."""
 
     def plan(self) -> list[WorkItem]:
         """Its work items (the same config and inputs give the same items)."""
         raise NotImplementedError
 
     def before(self, items: list[WorkItem]) -> None:
-        """Work on the planned items before any of them is processed (regenerate's mining)."""
+        """Work on the planned items before any is processed (regenerate's mining)."""
 
     def record(self, item: WorkItem, value: Any, result: LLMResult) -> dict[str, Any]:
         raise NotImplementedError
 
     def reject(self, item: WorkItem, result: LLMResult) -> dict[str, Any]:
-        """The reject kept for an item whose answers all failed: its reason, detail and raw answer."""
+        """The reject of an item whose answers all failed."""
         rej = Reject(
             id=item.id,
             stage=self.name,
@@ -367,7 +349,7 @@ class LLMStage(Stage, LLMTask):
         return int(item.payload.get("k", 0))
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
-        """The item's record, or its reject (a stage whose items are not one answer each overrides it)."""
+        """The item's record, or its reject."""
         res = await self.ask(client, item)
         if res.value is None:
             return Outcome(reject=self.reject(item, res))
@@ -378,7 +360,7 @@ class LLMStage(Stage, LLMTask):
         return None
 
     def fixed(self) -> int:
-        """How many of its valid records need no request (they do not hide that every request failed alike)."""
+        """How many of its valid records need no request."""
         return 0
 
     def extra_stats(self) -> dict[str, Any] | None:
@@ -386,13 +368,11 @@ class LLMStage(Stage, LLMTask):
         return None
 
     def estimate_items(self, tally: Tally) -> list[WorkItem]:
-        """The items ``negsynth estimate`` counts: the plan (override where the inputs do not exist
-        yet and stand-ins are counted; say so with ``tally.note``)."""
+        """The items ``negsynth estimate`` counts (stand-ins where the inputs do not exist yet)."""
         return self.plan()
 
     def made_from(self, ctx: StageContext) -> str | dict[str, Any]:
-        """Its section, the LLM settings, its prompt files and its inputs' finished shards (hashed),
-        with the shard layout."""
+        """Its section, the LLM settings, its prompt files and its inputs' shards, with the shard layout."""
         parts = llm_parts(ctx, self.name, self.prompts, self.section(ctx.cfg))
         ins = [inputs_fingerprint(ctx.run_dir, s) for s in self.inputs(ctx.cfg)]
         if ins:
@@ -420,9 +400,8 @@ class LLMStage(Stage, LLMTask):
         return stats
 
     async def run_items(self, items: list[WorkItem], entry: dict[str, Any]) -> tuple[RunReport, LLMClient | None]:
-        """Every item of this rank's shards through :meth:`process`, with the LLM session,
-        concurrency and budget; the report and the client. A relaunch of a finished stage needs no
-        server, key or cache: it only re-reads the shards' stats."""
+        """Every item of this rank's shards through :meth:`process`; the report and the client
+        (None when no session was opened: a finished stage needs no server, key or cache)."""
         ctx = self.ctx
 
         def runner(concurrency: int = 1, **kw: Any) -> ShardedRunner:
@@ -437,17 +416,15 @@ class LLMStage(Stage, LLMTask):
         if not self.uses_llm(ctx.cfg):  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
             self.begin(entry)
             return await runner().run(items, lambda it: self.process(None, it)), None
-        # the runner writes an item to its partial shard as soon as its last answer is in (a
-        # re-ask flushes first): answers may share the cache's commits over 50 ms, not one loop pass
         gate = budget_gate(ctx.cfg.llm, ctx.budget)
+        # answers may share the cache's commits over 50 ms (a re-ask flushes first)
         async with llm_session(
             ctx, stage=self.name, folder=lambda: self.out, begin=lambda: self.begin(entry), gate=gate, commit_window=0.05
         ) as client:
             run = runner(stage_concurrency(ctx, len(items)), budget_check=lambda: gate(client.stats), again=client.again)
             rep = await run.run(items, lambda it: self.process(client, it))
             if client.outage is not None and rep.pending and not (rep.outage or rep.failed):
-                # the breaker tripped while the last items were already in flight: every item was
-                # tried, but this is still an outage (the same message as a stop mid-run)
+                # the breaker tripped on the last items in flight: still an outage
                 if client.outage_fatal:
                     rep.failed = f"{self.name}: {client.outage}"
                 else:
@@ -456,10 +433,8 @@ class LLMStage(Stage, LLMTask):
             return rep, client
 
     def begin(self, entry: dict[str, Any]) -> None:
-        """Once every check passed (inputs, key, endpoint, cache), before the first write: a plain
-        run notes in ``RUN_DIR/<stage>`` what its outputs are made from and writes there (the
-        manifest records the entry once the stage finished); an ``--overwrite`` writes into a
-        staging folder beside it, swapped in when the stage finishes."""
+        """Once every check passed, before the first write: note in ``RUN_DIR/<stage>`` what its
+        outputs are made from; an ``--overwrite`` writes to a staging folder, swapped in at the end."""
         ctx, d = self.ctx, self.ctx.run_dir / self.name
         if ctx.overwrite:
             try:
@@ -477,16 +452,14 @@ class LLMStage(Stage, LLMTask):
             raise storage_error(e, d) from None
 
     def prepare(self, ctx: StageContext) -> None:
-        """``--executor ray``: once in the driver, before the ranks start, the plan and
-        :meth:`before` (what it made, they read from the stage's folder) and, under
-        ``--overwrite``, the staging folder they all write to."""
+        """``--executor ray``: the plan, :meth:`before` and the ``--overwrite`` staging folder, once
+        in the driver before the ranks start."""
         _, _, entry = self.plan_run(ctx)
         if ctx.overwrite:
             begin_staging(ctx.run_dir, self.name, entry)
 
     def estimate(self, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
-        """One request per item, with the messages the run sends; the items' payloads (what a
-        later stage's estimator may read)."""
+        """One request per item, with the messages the run sends; returns the items' payloads."""
         job = self.bind(ctx)
         items = job.estimate_items(tally)
         for it in items:

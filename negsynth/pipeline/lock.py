@@ -1,16 +1,7 @@
-"""One process per run dir: a lock file that names its holder.
-
-Two processes writing one run dir interleave shards, manifests and checkpoints silently, so a
-stage (and ``negsynth run``) holds ``RUN_DIR/.negsynth.lock`` while it runs. The lock is a
-``fcntl.flock`` on that file, so the kernel releases it when the holder dies, however it dies;
-the file holds the holder's PID, host, command and start time, and is removed when the holder
-lets go. A second command stops before it reads or sends anything, with one line naming the
-holder (exit 2). A file left behind by a killed holder is taken over with a line saying so.
-
-The Ray executor's workers run under the process that launched them, which holds the run dir
-for as long as they run: they take no lock of their own.
-
-Re-entrant within a process (``negsynth run`` holds the run dir and each of its stages asks again).
+"""One process per run dir: ``RUN_DIR/.negsynth.lock``, a ``fcntl.flock`` (released by the kernel
+however the holder dies) on a file naming its holder. A second command stops with one line naming
+the holder (exit 2); a file left by a dead holder is taken over with a warning. Re-entrant within a
+process; Ray's workers run under the driver's lock.
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ except ImportError:  # Windows: no flock; the PID check below still names a live
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".negsynth.lock"
-#: how long a lock that looks held is retried before refusing (a holder may be letting go)
+#: how long a held lock is retried before refusing (a holder may be letting go)
 RETRY_S = 0.3
 
 _held: dict[str, list] = {}  # lock path -> [fd, count]: what this process holds
@@ -163,11 +154,8 @@ def _release(path: Path, fd: int | None) -> None:
 
 @contextlib.contextmanager
 def hold(run_dir: str | Path, *, warn: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Hold the run dir while the block runs.
-
-    Raises :class:`UserError` (one line naming the holder, exit 2) when another process holds
-    it. ``warn`` gets the line saying a lock left by a dead process was taken over.
-    """
+    """Hold the run dir while the block runs; :class:`UserError` when another process holds it.
+    ``warn`` gets the line saying a lock left by a dead process was taken over."""
     run_dir = Path(run_dir)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     created = not run_dir.exists()

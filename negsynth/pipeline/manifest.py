@@ -1,13 +1,7 @@
-"""The run manifest (``RUN_DIR/manifest.json``): what made each stage's finished outputs.
-
-It stores per stage the config hash, seed, shard layout and package versions, never a secret,
-and the size, hash and mtime of each output shard (``outputs``), so that a relaunch can check
-the outputs are still the ones the stage wrote (:func:`damaged_outputs`). A stage's entry is
-recorded only when the stage finished: while it runs (or after it failed), what its outputs are
-being made from is in ``RUN_DIR/<stage>/_entry.json`` (:data:`MADE_FROM`).
-
-A relaunch whose config or shard layout differs from what made existing outputs is refused
-(use ``--overwrite`` or a new run dir), because mixing them would corrupt the dataset silently.
+"""The run manifest (``RUN_DIR/manifest.json``): per finished stage, what its outputs are made from
+(config hash, shard layout, versions; never a secret) and each output's size, hash and mtime. While
+a stage runs, its entry is in ``RUN_DIR/<stage>/_entry.json``. A relaunch that would mix outputs of
+another config is refused.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ from negsynth.errors import UserError
 
 
 def versions() -> dict[str, str]:
-    """The installed versions of negsynth (its package metadata: the root sits above this layer),
-    Python and the libraries that shape the outputs."""
+    """The installed versions of negsynth, Python and the libraries that shape the outputs."""
     out = {"python": platform.python_version()}
     for pkg in ("negsynth", "openai", "pydantic", "polars", "torch", "sentence-transformers", "transformers"):
         try:
@@ -53,7 +46,6 @@ def stage_has_outputs(stage_dir: Path) -> bool:
 
 
 #: in a stage folder: the entry its outputs are being made from, written before the first of them
-#: (the manifest records the entry only once the stage finished)
 MADE_FROM = "_entry.json"
 #: manifest entry fields that are not part of what the outputs are made from
 _NOT_MADE_FROM = ("updated", "outputs")
@@ -69,8 +61,7 @@ def own_record(stage_dir: Path) -> dict[str, Any] | None:
 
 
 def made_from(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    """What the outputs in ``RUN_DIR/<stage>`` are made from: the stage folder's own record of it
-    (written when it started), else the manifest's entry (a run dir made before there was one)."""
+    """What the outputs in ``RUN_DIR/<stage>`` are made from: the stage folder's record, else the manifest's."""
     run_dir = Path(run_dir)
     return own_record(run_dir / stage) or read_manifest(run_dir).get("stages", {}).get(stage)
 
@@ -82,11 +73,8 @@ def begin_outputs(stage_dir: Path, entry: dict[str, Any]) -> None:
 
 
 def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrite: bool, begin: bool = False) -> None:
-    """Refuse a relaunch that changes what made existing outputs (one line); with ``overwrite``
-    and ``begin`` discard them. ``begin``: note in the stage folder what the new outputs are made
-    from (the manifest records it once the stage finished); without it nothing is written (the
-    LLM stages begin their outputs once their checks passed: :func:`begin_outputs`,
-    :func:`begin_staging`)."""
+    """Refuse a relaunch that changes what made existing outputs (one line). ``begin``: discard them
+    under ``overwrite`` and note what the new outputs are made from; without it nothing is written."""
     run_dir = Path(run_dir)
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
@@ -103,8 +91,7 @@ def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrit
 
 
 def output_files(stage_dir: Path) -> list[Path]:
-    """The files of a stage folder a later stage reads: its finished shards and their rejects, and
-    a table beside them (curriculum's ``train.parquet``)."""
+    """The files of a stage folder a later stage reads: shards, their rejects, and parquet tables."""
     stage_dir = Path(stage_dir)
     return (
         sorted(stage_dir.glob("shard-*.jsonl"))
@@ -128,11 +115,8 @@ def describe_outputs(stage_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def damaged_outputs(stage_dir: Path, recorded: dict[str, Any] | None, *, full: bool = False) -> dict[str, str]:
-    """The output files that are no longer what the finished stage wrote: path -> why.
-
-    Cheap by default: every file's size (and that it is there); its hash only when its mtime moved
-    since (or with ``full``). Without a record (a run dir made before outputs were recorded) only
-    ``full`` checks anything: that every line of every shard parses."""
+    """The output files that are no longer what the finished stage wrote: path -> why. Sizes; a hash
+    only when the mtime moved (or ``full``). Without a record only ``full`` checks: that shards parse."""
     stage_dir = Path(stage_dir)
     bad: dict[str, str] = {}
     if not isinstance(recorded, dict):
@@ -161,8 +145,7 @@ def damaged_outputs(stage_dir: Path, recorded: dict[str, Any] | None, *, full: b
 
 
 def record_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, outputs: dict[str, Any] | None = None) -> None:
-    """Record the entry of a stage that finished, with its ``outputs`` (:func:`describe_outputs`);
-    a relaunch of the same job that changed nothing leaves the manifest untouched."""
+    """Record the entry of a stage that finished, with its ``outputs``; unchanged: untouched."""
     run_dir = Path(run_dir)
     man = read_manifest(run_dir)
     old = man.get("stages", {}).get(stage)
@@ -184,7 +167,7 @@ def record_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, outputs
 
 
 def forget_stage(run_dir: Path, stage: str) -> None:
-    """Drop a stage's entry (its outputs were discarded): the manifest records only finished outputs."""
+    """Drop a stage's entry (its outputs were discarded)."""
     run_dir = Path(run_dir)
     man = read_manifest(run_dir)
     if stage in man.get("stages", {}):
@@ -192,10 +175,7 @@ def forget_stage(run_dir: Path, stage: str) -> None:
         atomic_write_json(run_dir / "manifest.json", man)
 
 
-# -- --overwrite without losing the old outputs ----------------------------------------------
-# The new outputs are built in RUN_DIR/.<stage>.overwrite and swapped in only
-# when the stage finishes; a failed, stopped or killed overwrite leaves the old outputs (and
-# their manifest entry) as they were. Rerunning the same --overwrite resumes the staging folder.
+# -- --overwrite builds in RUN_DIR/.<stage>.overwrite, swapped in only when the stage finishes ----
 
 
 #: folders of a stage that are caches, not outputs: moved into the new outputs by a swap
@@ -222,8 +202,7 @@ def recover_swap(run_dir: Path, stage: str) -> None:
 
 
 def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any]) -> Path:
-    """The folder an --overwrite writes to; a staging folder of the same job is resumed (the Ray
-    executor begins it in the driver, before its workers resume it)."""
+    """The folder an --overwrite writes to; a staging folder of the same job is resumed."""
     d = staging_dir(run_dir, stage)
     marker = d / "_overwrite.json"
     try:
@@ -240,8 +219,7 @@ def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any]) -> Path:
 
 
 def swap_in(run_dir: Path, stage: str, staged: Path) -> None:
-    """The overwrite finished: its outputs replace the old ones (whose manifest entry goes; the
-    stage's finish records the new one)."""
+    """The overwrite finished: its outputs replace the old ones, whose manifest entry goes."""
     run_dir = Path(run_dir)
     stage_dir = run_dir / stage
     (staged / "_overwrite.json").unlink(missing_ok=True)
@@ -259,8 +237,7 @@ def swap_in(run_dir: Path, stage: str, staged: Path) -> None:
 
 
 def _refuse_changed(stage_dir: Path, old: dict[str, Any], entry: dict[str, Any]) -> None:
-    """The number of workers that made the outputs (``num_shards``) is no reason: every shard is
-    the same whichever worker wrote it, so a relaunch with another ``--workers`` resumes."""
+    """The number of workers (``num_shards``) is no reason: a shard is the same whoever wrote it."""
     for key, what in (
         ("config_hash", "a different config (or prompts, or inputs)"),
         ("shard_size", "a different pipeline.shard_size"),

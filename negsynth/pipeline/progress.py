@@ -11,8 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-#: the width of tables written to a file or a pipe (no terminal to ask; rich would take 80 and
-#: cut the columns of a wide table); $COLUMNS still wins, as rich reads it
+#: the width of tables written to a file or a pipe (rich would take 80); $COLUMNS still wins
 PIPE_WIDTH = 200
 
 
@@ -42,12 +41,11 @@ class Reporter:
             self.console.print(msg)
 
     def warn(self, msg: str) -> None:
-        # warnings are shown even with --quiet (on stderr), never in --json stdout
+        # shown even with --quiet (on stderr), never in --json stdout
         self.console.print(f"[yellow]warning:[/] {msg}")
 
     def waiting(self, line: str, waiting: bool) -> None:
-        """The LLM server went away (``waiting``) or came back: a line on stderr (also with
-        --quiet, never in --json stdout) and the bar's label says so while it lasts."""
+        """The LLM server went away (``waiting``) or came back: a line on stderr, and the bar says so."""
         self.console.print(f"[yellow]{'waiting' if waiting else 'resumed'}:[/] {line}")
         bar = getattr(self, "_bar", None)
         if bar is not None:
@@ -55,13 +53,10 @@ class Reporter:
 
     @contextmanager
     def progress(self, description: str, total: int | None, *, status: str | None = None, completed: int = 0):
-        """A bar on stderr: done/total, rate, elapsed and ETA, and either the valid/rejected counts
-        (``bar.update(advance=1, valid=v, rejected=r)``) or, given ``status``, a free text the
-        caller updates (``bar.update(advance=1, status="loss 0.4123")``). ``completed``: work
-        already done before this bar (a resumed run), kept out of the rate. ``bar.print(line)``
-        prints above the bar. Silent with --quiet / --json. On a console that is no terminal (a
-        log file, CI) rich draws the bar once, at the end; a plain line every
-        :attr:`line_every_s` seconds shows the progress meanwhile."""
+        """A bar on stderr: done/total, rate, elapsed, ETA, and the valid/rejected counts
+        (``bar.update(advance=1, valid=v, rejected=r)``) or, given ``status``, a free text
+        (``bar.update(advance=1, status="loss 0.4123")``). ``completed``: work done before it.
+        Silent with --quiet / --json; on no terminal, a plain line every :attr:`line_every_s` s."""
         if self.quiet or total == 0:
             yield _NullBar()
             return
@@ -70,10 +65,8 @@ class Reporter:
             if status is not None
             else TextColumn("[green]{task.fields[valid]} valid[/] [red]{task.fields[rejected]} rejected[/]")
         )
-        # in Jupyter (ipykernel) no live display and no stderr redirect: rich's live bar swaps
-        # sys.stderr for a proxy that prints through the console, and the console writes to
-        # sys.stderr, so a library's own bar (the trainer saving a model) recursed without end;
-        # there the bar is plain lines, as on a console that is no terminal
+        # in Jupyter no live display and no stderr redirect: rich's proxy for sys.stderr prints
+        # through a console that writes to sys.stderr, and a library's own bar recursed without end
         jupyter = self.console.is_jupyter
         prog = Progress(
             TextColumn("[bold]{task.description}"),

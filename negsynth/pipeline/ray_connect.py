@@ -1,7 +1,5 @@
-"""Ray itself, for the Ray executor (:mod:`negsynth.pipeline.ray_executor`) and its embedding
-workers (:mod:`negsynth.pipeline.ray_embed`): imported with the install hint when it is missing,
-connected to the cluster ``--ray-address`` names (never to whichever one a machine started last),
-and a worker's negsynth error raised in the driver as itself (one line, its exit code)."""
+"""Ray itself: imported with the install hint, connected to the cluster ``--ray-address`` names, and
+a worker's negsynth error raised in the driver as itself."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def connect(address: str | None):
 
 
 def ray_address(address: str | None) -> str:
-    """``address``, else ``$RAY_ADDRESS``, else ``"local"``: a new local node. (Ray's own default,
-    None, would join whichever cluster was started last on this machine — another user's or another
-    job's — which ``--ray-address`` does not promise.)"""
+    """``address``, else ``$RAY_ADDRESS``, else ``"local"``: a new local node (Ray's default would join
+    whichever cluster this machine started last)."""
     return address or os.environ.get("RAY_ADDRESS") or "local"
 
 

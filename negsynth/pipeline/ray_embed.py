@@ -1,14 +1,7 @@
-"""``--executor ray``'s embedding workers (docs/scale.md §2–3): a stage's encoding spread over
-Ray actors, each holding one embedder (:class:`RayEmbedder`) or the ``SentenceTransformer``
-mining loads (:class:`RaySentenceModel`), for as long as :func:`ray_embedding` is open.
-
-Everything that decides what is kept stays in the driver; the stage hands its calls over as
-parts (contiguous runs of its length-sorted texts, :func:`negsynth.embed.base.encode_parts`), each
-goes whole to the next free actor and the vectors come back in order, so every batch holds the
-texts it holds in one process. A lost actor's part goes to another (a part is a pure function of
-its texts) while Ray restarts it; the stage stops with one line only when a part failed
-:data:`PART_TRIES` times, every actor is gone for good, or none comes back within
-:data:`RESTART_WAIT` seconds.
+"""``--executor ray``'s embedding workers (docs/scale.md §2–3): Ray actors holding one embedder
+(:class:`RayEmbedder`) or the model mining loads (:class:`RaySentenceModel`). The driver deals out
+parts (contiguous runs of length-sorted texts), each whole to the next free actor, so every batch
+holds what it holds in one process; a lost actor's part goes to another.
 """
 
 from __future__ import annotations
@@ -29,21 +22,17 @@ from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
 from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_get
 
-#: how often Ray restarts one embedding actor that died (a process or node lost); an actor whose
-#: embedder cannot load is not restarted (Ray restarts only an actor that died, not one whose
-#: ``__init__`` raised)
+#: how often Ray restarts one embedding actor that died
 MAX_RESTARTS = 3
-#: how many times one part is given to an actor before the stage stops (a part that kills every
-#: actor it goes to must not use up every restart)
+#: how many times one part is given to an actor before the stage stops
 PART_TRIES = 4
 #: how long (s) the stage waits for a restarted actor when no actor is left
 RESTART_WAIT = 300.0
 
 
 class _EmbedWorker:
-    """A Ray actor holding one embedder: loaded from the ``[embedder]`` config, or the one given.
-    ``raw``: a raw ``SentenceTransformer`` loaded as mining loads it
-    (:func:`negsynth.embed.mining.load_mining_model`), for :class:`RaySentenceModel`."""
+    """A Ray actor holding one embedder (``[embedder]``, or the one given); ``raw``: the
+    ``SentenceTransformer`` mining loads, for :class:`RaySentenceModel`."""
 
     def __init__(self, embedder_cfg: dict, embedder: Any = None, raw: bool = False):
         self.raw = raw
@@ -75,7 +64,6 @@ class _EmbedWorker:
                 "instruct_queries": False,
                 "shares_query_pool": False,
                 "node": node,
-                # whether its encode interleaves long and short inputs (the batches it makes)
                 "flatten": bool(callable(getattr(e, "_can_flatten_inputs", None)) and e._can_flatten_inputs()),
                 "base_model": getattr(card, "base_model", None),
                 "similarity_fn_name": getattr(e, "similarity_fn_name", None) or "cosine",
@@ -96,16 +84,13 @@ class _EmbedWorker:
         return encode_part(self.embedder, part, batch_size=batch_size)
 
 
-#: what a :class:`RaySentenceModel` part asks of a ``SentenceTransformer`` (normalised vectors;
-#: ``+raw``: as they come)
+#: what a :class:`RaySentenceModel` part asks of a ``SentenceTransformer`` (``+raw``: not normalised)
 _ST_CALLS = {"encode": "encode", "document": "encode_document", "query": "encode_query"}
 
 
 def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
-    """The vectors of one :class:`RaySentenceModel` part: its texts are whole batches of
-    ``batch_size`` (the last one may be shorter), each embedded by its own call of the model's
-    ``encode`` / ``encode_document`` / ``encode_query`` (so each batch holds the texts the model's
-    one call over every text puts in it)."""
+    """The vectors of one :class:`RaySentenceModel` part: whole batches of ``batch_size``, each
+    embedded by its own call of the model."""
     how, texts, _ = part
     kind, _, plain = how.partition("+")
     fn = getattr(model, _ST_CALLS[kind])
@@ -126,11 +111,8 @@ def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
 
 
 class RayEmbedder(Embedder):
-    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors (one embedder
-    each). It answers ``name``, ``dim``, the query formatting and :func:`shares_query_pool` for the
-    embedder it stands for, so a stage uses it as that embedder; :meth:`encode_parts` spreads a
-    stage's parts over the actors (each part whole), and ``encode`` / ``encode_queries`` /
-    ``encode_documents`` cut one call into contiguous pieces, one per actor, re-joined in order."""
+    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors, answering for the
+    embedder it stands for; ``encode*`` cut one call into one contiguous piece per actor."""
 
     def __init__(self, ray, actors: list, info: dict):
         self._ray, self.actors = ray, actors
@@ -141,14 +123,12 @@ class RayEmbedder(Embedder):
         self.shares_query_pool = info["shares_query_pool"]
         self.devices = [info["device"], *info.get("other_devices", [])]
         self.nodes = info.get("nodes", [])  # the Ray node id of each actor (where it last answered)
-        self._shipped = None  # the embedder a caller passed, in Ray's object store (start sets it)
+        self._shipped = None  # a caller's embedder in Ray's object store: a restarted actor loads it again
 
     @classmethod
     def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None, raw: bool = False) -> RayEmbedder:
-        """``workers`` actors, each loading ``embedder_cfg`` (or holding a copy of ``embedder``;
-        ``raw``: the raw ``SentenceTransformer`` mining loads, for :class:`RaySentenceModel`);
-        each asks Ray for one CPU and, when the cluster has GPUs, a GPU (a share of one when
-        there are fewer GPUs than workers)."""
+        """``workers`` actors, each loading ``embedder_cfg`` (or a copy of ``embedder``), each with
+        one CPU and a share of the cluster's GPUs."""
         if workers < 1:
             raise UserError(f"--workers {workers}: must be >= 1")
         ray = connect(address)
@@ -175,7 +155,7 @@ class RayEmbedder(Embedder):
             raise
         emb = cls(ray, actors, {**infos[0], "other_devices": [i["device"] for i in infos[1:]], "nodes": [i["node"] for i in infos]})
         emb.info = infos[0]
-        emb._shipped = shipped  # held while the actors live: a restarted actor loads it again
+        emb._shipped = shipped
         return emb
 
     @property
@@ -184,7 +164,7 @@ class RayEmbedder(Embedder):
 
     @property
     def device(self) -> str:
-        """``ray:`` and each worker's device, e.g. ``ray:cpu,cpu`` (what score's stats record)."""
+        """``ray:`` and each worker's device, e.g. ``ray:cpu,cpu``."""
         return "ray:" + ",".join(self.devices)
 
     def close(self) -> None:
@@ -193,9 +173,9 @@ class RayEmbedder(Embedder):
         self.actors, self._shipped = [], None
 
     def encode_parts(self, parts: Sequence[Part], *, batch_size: int) -> Iterator[np.ndarray]:
-        """Each part to the next free actor; the vectors yielded in the parts' order. A part
-        whose actor is lost goes to the next free actor; the lost one (restarted by Ray) takes
-        parts again once it answers."""
+        """Each part to the next free actor (a lost actor's to another); the vectors in order. The
+        stage stops after :data:`PART_TRIES` tries of a part, or when no actor comes back within
+        :data:`RESTART_WAIT` s."""
         ray = self._ray
         try:
             yield from self._deal(list(parts), batch_size)
@@ -304,26 +284,15 @@ def _similarity_function():
     return SimilarityFunction
 
 
-#: parts per worker a :class:`RaySentenceModel` call is cut into (several: a free worker takes
-#: the next one, so a slow or lost worker holds back one small part, not a whole share)
+#: parts per worker a :class:`RaySentenceModel` call is cut into: a slow worker holds back one small part
 PARTS_PER_WORKER = 4
 
 
 class RaySentenceModel:
-    """A stand-in for the ``SentenceTransformer`` mining uses (``mine_hard_negatives`` in
-    :func:`negsynth.embed.mining.mine_negatives`, :class:`~negsynth.embed.mining.CorpusIndex`),
-    whose encoding runs on the Ray actors of ``dealer`` (a :class:`RayEmbedder` started with
-    ``raw=True``: each actor holds the model mining loads).
-
-    ``encode`` / ``encode_document`` / ``encode_query`` sort the texts as the model's own
-    ``encode`` sorts them (:func:`~negsynth.embed.mining.encode_order`, longest first), cut them
-    into its batches and hand runs of whole batches to the actors (each batch one call there, of
-    the same texts as in one process), then put the vectors back in input order. The search stays
-    here: ``similarity`` / ``similarity_pairwise`` are the model's own functions (by its
-    ``similarity_fn_name``), on the CPU (``device``). What else ``mine_hard_negatives`` reads
-    (``model_card_data.base_model`` for its embedding cache, ``get_embedding_dimension`` for
-    FAISS) is the model's. A prompt other than the model's own (``prompt`` / ``prompt_name``) is
-    refused, as is a multi-process ``pool``."""
+    """A stand-in for the ``SentenceTransformer`` mining uses, whose encoding runs on the actors of
+    ``dealer`` (a :class:`RayEmbedder` started with ``raw=True``). ``encode*`` sort and batch the
+    texts as the model's own ``encode`` does and deal runs of whole batches to the actors; the
+    similarity search stays here, on the CPU. ``prompt``, ``prompt_name`` and ``pool`` are refused."""
 
     def __init__(self, dealer: Any, info: dict):
         from types import SimpleNamespace
@@ -366,8 +335,7 @@ class RaySentenceModel:
     def encode_batches(
         self, batches: Sequence[list[str]], *, kind: str = "encode", batch_size: int, normalize: bool = True
     ) -> Iterator[np.ndarray]:
-        """The vectors of ``batches`` (each at most ``batch_size`` texts, embedded by one call),
-        in order: runs of whole batches dealt to the actors."""
+        """The vectors of ``batches``, in order: runs of whole batches dealt to the actors."""
         if not batches:
             return
         per = max(1, math.ceil(len(batches) / (PARTS_PER_WORKER * max(1, len(self.dealer.actors)))))
@@ -422,11 +390,9 @@ class RaySentenceModel:
 
 
 class RayEmbedding:
-    """``ctx.embedding`` under ``--executor ray``: makes a stage's ``[embedder]`` (a
-    :class:`RayEmbedder`) and the model mining loads (a :class:`RaySentenceModel`), each over
-    ``workers`` actors started when the stage asks (:meth:`StageContext.load_embedder
-    <negsynth.pipeline.context.StageContext.load_embedder>`), stopped by :meth:`close`. An embedder
-    the caller already held (``given``) is copied to the actors instead of loading ``[embedder]``."""
+    """``ctx.embedding`` under ``--executor ray``: a stage's ``[embedder]`` (:class:`RayEmbedder`)
+    and mining model (:class:`RaySentenceModel`) on ``workers`` actors each, started when asked,
+    stopped by :meth:`close`; ``given``: a caller's embedder, copied to the actors."""
 
     def __init__(self, reporter, *, workers: int, address: str | None, given: Any = None):
         self.reporter, self.workers, self.address, self.given = reporter, workers, address, given
@@ -456,10 +422,8 @@ class RayEmbedding:
 
 @contextlib.contextmanager
 def ray_embedding(ctx: StageContext, *, workers: int, address: str | None = None, nodes: list | None = None) -> Iterator[StageContext]:
-    """``ctx`` with its embedding on ``workers`` Ray actors (:class:`RayEmbedding`) for the block;
-    ``nodes``: a list that gets the Ray node id of each actor started (where it last answered)."""
-    if ctx.cfg.embedder.devices is not None:
-        raise UserError("--executor ray spreads the embedding over its workers: remove embedder.devices (or run without --executor ray)")
+    """``ctx`` with its embedding on ``workers`` Ray actors for the block; ``nodes`` gets each
+    actor's Ray node id."""
     embedding = RayEmbedding(ctx.reporter, workers=workers, address=address, given=ctx.embedder)
     try:
         yield replace(ctx, embedder=None, embedding=embedding)

@@ -1,11 +1,7 @@
-"""``--executor ray`` (``pip install 'negsynth[ray]'``; docs/scale.md §2–4): a stage that splits
-runs as ``workers`` ranks (:func:`run_ranks`), each a Ray task running ``stage.run(ctx)`` with
-``ctx.rank = k``, the path a local run takes as rank 0 of 1, so the shards are the same and a task
-Ray retries resumes. The driver holds the run dir, sums the ranks' stats and swaps an
-``--overwrite`` in; each rank gets ``1/n`` of the LLM concurrency, and one actor each holds the
-budget (:class:`BudgetLedger`) and the RPM / TPM. A stage whose heavy work is embedding runs in the
-driver with that embedding on Ray actors (:mod:`negsynth.pipeline.ray_embed`); on a cluster of
-several nodes the embedded LLM is one fleet per node (:mod:`negsynth.pipeline.ray_fleets`).
+"""``--executor ray`` (``pip install 'negsynth[ray]'``; docs/scale.md §2–4): a stage that splits runs
+as ``workers`` Ray tasks, each ``stage.run(ctx)`` with its rank, sharing one budget and one RPM /
+TPM (actors); the driver sums their stats. A stage that embeds runs in the driver with its encoding
+on Ray actors (:mod:`negsynth.pipeline.ray_embed`).
 """
 
 from __future__ import annotations
@@ -41,9 +37,7 @@ def worker_config(cfg: RunConfig, n: int) -> RunConfig:
 
 
 class BudgetLedger:
-    """The counts of one invocation's budget, shared by its Ray ranks (a Ray actor: it runs its
-    calls one at a time, so :meth:`reserve`'s check and count can never interleave with another
-    rank's)."""
+    """The counts of one invocation's budget, shared by its ranks (an actor: its calls never interleave)."""
 
     def __init__(self, budget: Budget, input_per_mtok: float, output_per_mtok: float):
         self.budget = budget
@@ -88,9 +82,8 @@ def _rank(
     ledger: Any = None,
     rate_ledger: Any = None,
 ) -> dict:
-    """One Ray task: rank ``rank`` of ``world_size`` of ``stage`` (``cfg``: the run config's JSON
-    and the sections of stages RunConfig does not list); ``ledger`` and ``rate_ledger``: the actors
-    holding the invocation's one budget and one RPM / TPM."""
+    """One Ray task: rank ``rank`` of ``stage`` (``cfg``: the run config's JSON and the sections of
+    stages RunConfig does not list)."""
     ctx = StageContext(
         cfg=run_config_class(cfg[1]).model_validate(cfg[0]),
         run_dir=Path(run_dir),
@@ -107,19 +100,14 @@ def _rank(
 
 
 def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
-    """Whether ``--executor ray`` runs ``stage`` in this process with its embedding on Ray workers
-    (:func:`ray_embedding`): it embeds under ``cfg`` (``Stage.embeds``) and does not split into
-    LLM ranks (:func:`~negsynth.pipeline.stage.splits`: regenerate with ``negatives = "mined"``
-    calls no LLM, its one heavy part is the mining)."""
+    """Whether ``--executor ray`` runs ``stage`` here with its embedding on Ray workers."""
     return stage.embeds(cfg) and not splits(stage, cfg)
 
 
 @contextlib.contextmanager
 def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[tuple[StageContext, dict]]:
-    """What a stage runs inside under ``--executor ray``: its embedding on ``workers`` Ray actors
-    when it embeds in the driver (:func:`ray_embedding`), one embedded fleet per node on a cluster
-    of several (:func:`cluster_endpoint`); yields the context it runs with and what to add to its
-    stats."""
+    """What a stage runs inside under ``--executor ray`` (its embedding on Ray actors, one embedded
+    fleet per node); yields its context and what to add to its stats."""
     if workers < 1:
         raise UserError(f"--workers {workers}: must be >= 1")
     with contextlib.ExitStack() as stack:
@@ -132,8 +120,8 @@ def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None
 
 
 def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | None, max_retries: int = 3) -> dict:
-    """The stage as ``workers`` Ray ranks (when it splits under the config; else its loop here),
-    then their stats summed: the stage's stats. An ``--overwrite`` that finished is swapped in here."""
+    """The stage as ``workers`` Ray ranks (when it splits; else here), their stats summed; a finished
+    ``--overwrite`` swapped in."""
     if not splits(stage, ctx.cfg):
         return stage.run(ctx)
     ray = connect(address)
@@ -169,9 +157,8 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
 
 
 def merge(parts: list[dict]) -> dict:
-    """One stats dict from the ranks': counts, tokens and requests summed, the first reason any
-    rank stopped, and what each shares (the model, the stage's own stats of its plan) as rank 0
-    has it."""
+    """One stats dict from the ranks': counts summed, the first reason any rank stopped, the rest as
+    rank 0 has it."""
     out = dict(parts[0])
     for k in ("items", "valid", "rejected", "shards_done", "shards_total", "pending", "attempts"):
         out[k] = sum(int(p.get(k) or 0) for p in parts)
@@ -203,10 +190,8 @@ def merge(parts: list[dict]) -> dict:
 
 
 def _start_ledgers(ray, ctx: StageContext) -> tuple[Any, Any]:
-    """The actors every rank shares (no CPU of their own): a :class:`BudgetLedger` when a
-    ``--max-*`` is set (one budget for every rank) and a
-    :class:`~negsynth.llm.ratelimit.RateLedger` when ``llm.rpm`` / ``llm.tpm`` is (one RPM / TPM
-    for every rank); None for either when it is not."""
+    """The actors every rank shares: a :class:`BudgetLedger` when a ``--max-*`` is set, a
+    :class:`~negsynth.llm.ratelimit.RateLedger` when ``llm.rpm`` / ``llm.tpm`` is; else None."""
     ledger = rates = None
     b = ctx.budget
     if any(v is not None for v in (b.max_requests, b.max_tokens, b.max_cost)):
@@ -220,11 +205,9 @@ def _start_ledgers(ray, ctx: StageContext) -> tuple[Any, Any]:
 
 
 def _wait_for_ranks(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: int) -> tuple[list[dict], dict[str, Any] | None]:
-    """Each rank's stats and the budget used, once all are done; a rank's negsynth error is
-    raised as itself, and a rank Ray gave up on (or a lost cluster) as one line."""
+    """Each rank's stats and the budget used; a rank's error as itself, a lost rank as one line."""
     try:
-        # Ray's driver prints its own notes (a task failed and is retried, a node died) on
-        # stdout: while waiting, they go to stderr, so --json's stdout stays one document
+        # Ray's driver prints its notes on stdout: to stderr, so --json's stdout stays one document
         with contextlib.redirect_stdout(sys.stderr):
             parts = ray.get(refs)
         used = ray.get(ledger.used.remote()) if ledger is not None else None
@@ -247,10 +230,8 @@ def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
 
 @contextlib.contextmanager
 def cluster_endpoint(stage: Stage, ctx: StageContext, address: str | None) -> Iterator[StageContext]:
-    """On a Ray cluster of several nodes, ``ctx`` with the embedded LLM as one fleet per node
-    (:func:`negsynth.pipeline.ray_fleets.node_fleets`) for the block; else ``ctx`` as it is (one
-    node: the driver's fleet, as in one process). A new local Ray node (no ``--address`` /
-    ``$RAY_ADDRESS``) is one node: nothing is asked of Ray."""
+    """On a Ray cluster of several nodes, ``ctx`` with the embedded LLM as one fleet per node; else
+    ``ctx`` (a new local node asks nothing of Ray)."""
     from negsynth.pipeline import ray_fleets
 
     if not ray_fleets.wanted(stage, ctx) or ray_address(address) == "local":

@@ -1,8 +1,5 @@
 """The embedded LLM on a multi-node Ray cluster (docs/scale.md §4): one
-:class:`~negsynth.llm.server.EmbeddedFleet` per alive node (a :class:`NodeFleet` actor pinned to it,
-listening on the address the node joined with, logging to ``RUN_DIR/logs/node-<id>/``), all their
-URLs given to every rank as ``llm.endpoints``. Every server has one thread and one slot with its
-prompt cache off, so an answer does not depend on the node that computed it.
+:class:`~negsynth.llm.server.EmbeddedFleet` per alive node, all their URLs given to every rank.
 """
 
 from __future__ import annotations
@@ -43,16 +40,14 @@ def alive_nodes(ray) -> list[str]:
 
 
 def wanted(stage, ctx) -> bool:
-    """Whether the stage needs the embedded LLM and nothing has given it an endpoint yet."""
+    """Whether the stage needs the embedded LLM and has no endpoint yet."""
     return ctx.cfg.llm.base_url == "embedded" and ctx.base_url is None and stage.uses_llm(ctx.cfg)
 
 
 @contextlib.contextmanager
 def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[str | None]:
-    """One embedded fleet per alive node of the connected cluster for the block; yields their
-    URLs joined by spaces, or None when the stage needs no embedded LLM or the cluster has one
-    node (the driver's own fleet serves it then). ``nodes``: the node ids to use (default: every
-    alive node with CPUs)."""
+    """One embedded fleet per node (``nodes``, default every alive one with CPUs) for the block;
+    yields their URLs joined by spaces, or None (no embedded LLM wanted, or a single node)."""
     if not wanted(stage, ctx):
         yield None
         return

@@ -1,18 +1,9 @@
-"""Run a list of work items through an async function into deterministic, resumable shards.
+"""Run work items through an async function into deterministic, resumable shards.
 
-Item ``i`` belongs to shard ``i // shard_size``; rank ``k`` of ``n`` (``ctx.rank``,
-``ctx.world_size``: the executor's) handles the shards ``s`` with ``s % n == k``, so n workers
-split one run. While a shard
-is in progress each finished item is appended to ``shard-XXXXX.jsonl.partial``; when all its
-items are done the shard is written sorted by item index (temp file + rename) and the partial
-removed. A rerun skips finished shards and the items found in partial files, so a killed run
-resumes without repeating work; the LLM request cache covers the requests of unfinished items.
-
-An item usually gives one record or one reject. One that gives several (brainstorm: one task
-type's tasks and rejects, from rounds of list requests) is one line of the partial file all the
-same, so a kill never leaves half an item; its shard lists its records, then its rejects, in item
-order. A stage whose outputs are all or nothing gives its own ``verdict``: its items are one
-shard, unfinished until the verdict on all of them passed.
+Item ``i`` belongs to shard ``i // shard_size``; rank ``k`` of ``n`` handles the shards ``s`` with
+``s % n == k``. Each finished item is appended to ``shard-XXXXX.jsonl.partial`` (one line, even for
+an item that gives several rows); a shard whose items are all done is written sorted by item index
+and the partial removed. A rerun skips finished shards and the items in partial files.
 """
 
 from __future__ import annotations
@@ -39,13 +30,11 @@ from negsynth.faults import crash_point
 from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline.context import StageContext
 
-#: failures that are not the model's: never final. An item that ends with one stays *pending*:
-#: its shard is not finished, and a rerun retries it
+#: failures that are not the model's: the item stays *pending*, its shard unfinished, a rerun retries it
 PENDING = ("transport_",)
-#: an HTTP-level refusal (4xx): final only when the stage as a whole succeeds (a shard holding one
-#: is finished at the end of the run, unless the failure rate says the requests are wrong)
+#: an HTTP-level refusal (4xx): final only when the stage as a whole succeeds
 HTTP_LEVEL = ("bad_request",)
-#: reject reasons of an unfinished shard that a rerun retries (outages, not model failures)
+#: reject reasons of an unfinished shard that a rerun retries
 RETRY_ON_RESUME = PENDING + HTTP_LEVEL
 
 
@@ -76,12 +65,8 @@ MANY = "many"
 
 @dataclass
 class Outcome:
-    """What one item gave: exactly one of ``record`` / ``reject`` (a row's ``usage`` is what its
-    requests cost), or, for an item that gives several rows, ``records`` and ``rejects`` with
-    ``usage``, what all of the item's requests cost (its rows' own ``usage`` is not summed).
-
-    An item holding a reject that failed at the transport level (:data:`PENDING`) is pending as
-    a whole: only those rejects are counted (as pending), and a rerun does the item again."""
+    """What one item gave: one ``record`` or ``reject``, or several ``records`` and ``rejects`` with
+    ``usage``, what all its requests cost. An item holding a :data:`PENDING` reject is pending whole."""
 
     record: dict | None = None
     reject: dict | None = None
@@ -124,7 +109,6 @@ class RunReport:
     usage: Counter = field(default_factory=Counter)  # prompt/completion tokens, requests, cached, attempts
     stopped_by: str | None = None
     wall_time_s: float = 0.0
-    #: items whose last request failed at the transport level: not rejected, retried by a rerun
     pending: int = 0
     pending_reasons: Counter = field(default_factory=Counter)
     outage: str | None = None  # why too many requests in a row failed (the stage stopped)
@@ -138,13 +122,11 @@ class RunReport:
 
     @property
     def finished(self) -> bool:
-        """Complete and not stopped early: no budget stop, outage or pending item. The same rule as
-        :func:`negsynth.pipeline.stage.finished_stats` on the stats this report becomes."""
+        """Complete and not stopped early (:func:`negsynth.pipeline.stage.finished_stats`'s rule)."""
         return self.complete and not (self.outage or self.stopped_by or self.pending)
 
     def count(self, kind: str, row: dict) -> None:
-        """Count one item: its row, or the rows of a ``MANY`` item and its usage (a pending one:
-        its transport failures only)."""
+        """Count one item: its row, or a ``MANY`` item's rows and usage (pending: its transport failures only)."""
         if kind == MANY:
             if failed_with(kind, row, PENDING):
                 for k, r in rows_of(kind, row):
@@ -193,13 +175,10 @@ class _RunState:
     rep: RunReport
     #: each unfinished shard's items so far: item index -> (kind, row)
     state: dict[int, dict[int, tuple[str, dict]]] = field(default_factory=dict)
-    #: each unfinished shard's items not yet recorded
     remaining: dict[int, int] = field(default_factory=dict)
-    #: the open partial file of each shard in progress
     writers: dict[int, PartialWriter] = field(default_factory=dict)
     #: all items done, but holding an HTTP-level refusal (or waiting for the stage's verdict): decided at the end
     deferred: set[int] = field(default_factory=set)
-    #: the items to do, in order
     todo: list[WorkItem] = field(default_factory=list)
     done_items: int = 0  # for the progress bar: items, not rows
     #: why the workers stopped early: a budget (``why``), an outage (``outage``; ``fatal``: the stage failed)
@@ -209,7 +188,6 @@ class _RunState:
     left: int = 0  # items not yet recorded: the workers end when none is left
 
     def wake_all(self) -> None:
-        """End every worker waiting for an item."""
         for _ in range(self.n_workers):
             self.queue.put_nowait(None)
 
@@ -233,13 +211,11 @@ class ShardedRunner:
         self.dir = folder
         self.concurrency = max(1, concurrency)
         self.budget_check = budget_check or (lambda: None)
-        #: ``await again(index)`` for an item that failed at the transport level: True (after a
-        #: pause) to put it back in the queue (an outage being ridden out), False to leave it pending
+        #: ``await again(index)`` for an item that failed at the transport level: True to queue it again
         self.again = again
         self.shard_size = ctx.cfg.pipeline.shard_size
-        #: the stage's own verdict on all of its rows (in item order) once every item is done,
-        #: instead of :func:`failure_message`: None, or why it failed. Its items are one shard,
-        #: whoever runs it, finished only when the verdict passes (all or nothing: brainstorm).
+        #: the stage's own verdict on all its rows instead of :func:`failure_message`: its items are
+        #: one shard, finished only when the verdict passes
         self.verdict = verdict
 
     def _mine(self, n_items: int) -> list[int]:
@@ -282,13 +258,12 @@ class ShardedRunner:
             raise storage_error(e, self._final(s)) from None
 
     def has_work(self, n_items: int) -> bool:
-        """Whether a shard this worker owns is unfinished (a relaunch of a finished stage has none)."""
+        """Whether a shard this worker owns is unfinished."""
         mine = self._mine(n_items)
         return not all(self._final(s).exists() for s in mine)
 
     async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]]) -> RunReport:
-        """Every item of this worker's shards through ``process``, ``concurrency`` at a time:
-        finished shards are counted, not redone, and a partial shard resumes where it stopped."""
+        """Every item of this worker's shards through ``process``, ``concurrency`` at a time."""
         t0 = time.monotonic()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -316,9 +291,7 @@ class ShardedRunner:
         return run.rep
 
     def _resume_shard(self, run: _RunState, items: Sequence[WorkItem], s: int) -> None:
-        """Take up shard ``s`` where an earlier run left it: a finished shard is counted from its
-        stats; an unfinished one keeps the items its partial file holds (not those that failed at
-        the server) and queues the rest."""
+        """Take up shard ``s`` where an earlier run left it: count a finished one, queue what a partial lacks."""
         rep = run.rep
         lo, hi = s * self.shard_size, min(len(items), (s + 1) * self.shard_size)
         if self._final(s).exists():
@@ -339,8 +312,7 @@ class ShardedRunner:
             self._shard_done(run, s)
 
     def _read_partial(self, s: int, lo: int, hi: int) -> dict[int, tuple[str, dict]]:
-        """The items of shard ``s`` (indices ``lo`` to ``hi``) its partial file holds, but for those
-        that failed at the server (:data:`RETRY_ON_RESUME`): a rerun does them again."""
+        """The items of shard ``s`` its partial file holds, but those a rerun retries (:data:`RETRY_ON_RESUME`)."""
         done: dict[int, tuple[str, dict]] = {}
         if not self._partial(s).exists():
             return done
@@ -348,18 +320,17 @@ class ShardedRunner:
             if not (lo <= row.get("i", -1) < hi):
                 continue
             if failed_with(row["k"], row["r"], RETRY_ON_RESUME):
-                done.pop(row["i"], None)  # the server failed, not the model: try it again
+                done.pop(row["i"], None)
                 continue
             done[row["i"]] = (row["k"], row["r"])
         return done
 
     def _shard_done(self, run: _RunState, s: int) -> None:
-        """Every item of shard ``s`` is recorded: write it, or leave it unfinished (an item pending
-        after a transport failure) or deferred to the end of the run (an HTTP-level refusal, or the
-        stage's verdict)."""
+        """Every item of shard ``s`` is recorded: write it, leave it unfinished (a pending item) or
+        defer it to the end of the run (an HTTP-level refusal, or the stage's verdict)."""
         rows = run.state[s]
         if any(failed_with(k, r, PENDING) for k, r in rows.values()):
-            return  # items pending after a transport failure: the shard stays unfinished
+            return
         if self.verdict is not None or any(failed_with(k, r, HTTP_LEVEL) for k, r in rows.values()):
             run.deferred.add(s)
             return
@@ -368,7 +339,7 @@ class ShardedRunner:
 
     async def _work(self, run: _RunState, process: Callable[[WorkItem], Awaitable[Outcome]], bar: Any) -> None:
         """One worker: items from the queue through ``process`` until none is left, or a budget or
-        an outage stops every worker (the item in hand stays unfinished: a rerun does it)."""
+        an outage stops every worker (the item in hand stays unfinished)."""
         stop = run.stop
         while True:
             if stop["why"] is None and stop["outage"] is None:
@@ -381,12 +352,12 @@ class ShardedRunner:
                 return
             try:
                 out = await process(it)
-            except OutageStop as e:  # the server is gone (or wrong): the item stays unfinished
+            except OutageStop as e:
                 stop["outage"] = e.reason
                 stop["fatal"] = e.fatal
                 run.wake_all()
                 return
-            except BudgetStop as e:  # the item stays unfinished: a rerun does it
+            except BudgetStop as e:
                 stop["why"] = e.reason
                 run.wake_all()
                 return
@@ -400,8 +371,7 @@ class ShardedRunner:
                 run.wake_all()
 
     def _record(self, run: _RunState, it: WorkItem, out: Outcome, bar: Any) -> None:
-        """Append one item's outcome to its shard's partial file and count it; the shard's last
-        item closes the file and finishes the shard."""
+        """Append one item's outcome to its shard's partial file and count it; the last finishes the shard."""
         s = it.index // self.shard_size
         kind, row = out.entry()  # one line, whatever the item gave: a kill never leaves half of it
         try:
@@ -421,8 +391,8 @@ class ShardedRunner:
             self._shard_done(run, s)
 
     def _conclude(self, run: _RunState) -> None:
-        """After the workers: how the run ended (an outage, a failure, a budget stop), and, when
-        nothing stopped it, the verdict on the deferred shards, which are written if it passes."""
+        """After the workers: how the run ended, and, when nothing stopped it, the verdict on the
+        deferred shards, written if it passes."""
         rep, stop, state = run.rep, run.stop, run.state
         if stop.get("fatal"):
             rep.failed = f"{self.stage}: {stop['outage']}"
@@ -438,9 +408,8 @@ class ShardedRunner:
         rep.stopped_by = stop["why"] if rep.shards_done < rep.shards_total and stop["outage"] is None else None
 
     def _verdict(self, rep: RunReport, held: list[tuple[str, dict]]) -> str | None:
-        """None, or why the stage failed as a whole: no valid output, or too many HTTP-level
-        refusals; or the stage's own verdict on the rows of the shards waiting for it (none
-        waiting: the shards were finished, so it passed, when they were written)."""
+        """None, or why the stage failed as a whole: no valid output, too many HTTP-level refusals,
+        or the stage's own verdict on the held rows (none held: it passed when they were written)."""
         if rep.pending or rep.items == 0:
             return None
         if self.verdict is not None:

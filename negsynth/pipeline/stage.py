@@ -1,6 +1,5 @@
 """The stage contract (:class:`Stage`) and the checks :func:`~negsynth.pipeline.executor.run_stage`
-makes around a stage's loop: its inputs, whether finished work can be reused (its outputs checked
-against the manifest), the manifest before the loop and after it."""
+makes around it: inputs, reuse of finished work, the manifest before and after."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ from negsynth.schemas.config import RunConfig
 from negsynth.schemas.records import Record
 
 Relaunch = Literal["resume", "rebuild", "always"]
-#: how a stage's work is cut: ``ranks``: shards of ``pipeline.shard_size`` items that the ranks of
-#: ``--executor ray`` share (when it calls the LLM); ``process``: in one process (its embedding may
-#: still go to Ray workers); ``whole``: its items in one shard, finished only when the stage's
-#: verdict on all of them passes (all or nothing)
+#: how a stage's work is cut: ``ranks``: shards the ranks of ``--executor ray`` share (when it calls
+#: the LLM); ``process``: in one process; ``whole``: one shard, finished only when the stage's verdict passes
 Split = Literal["ranks", "process", "whole"]
 
 
@@ -44,19 +41,12 @@ class Summary(NamedTuple):
 
 class Stage:
     """One stage of the method: a module subclasses it and ends with ``STAGE = MyStage()``; one line
-    of :data:`negsynth.stages.METHOD` gives it its command and its ``[name]`` section of the run
-    file (``config``, the class of ``cfg.<name>``).
+    of :data:`negsynth.stages.METHOD` gives it its command and its ``[name]`` section (``config``).
+    It supplies :meth:`run` (ctx -> stats; heavy imports inside), :meth:`made_from` and
+    :meth:`report`, and one that may call the LLM :meth:`estimate`.
 
-    It answers from the run config which stages it reads (:meth:`inputs`), whether it calls the LLM
-    (:meth:`uses_llm`) and whether its heavy work is embedding (:meth:`embeds`), and supplies its
-    loop (:meth:`run`: ctx -> stats; heavy imports inside it), what its outputs are made from
-    (:meth:`made_from`) and its summary (:meth:`report`); one that may call the LLM counts the
-    requests ``negsynth estimate`` prints (:meth:`estimate`).
-
-    ``relaunch``: what rerunning a finished stage does (docs/architecture.md, "Rerunning a stage");
-    ``done_files``: the files in its folder that make it finished; ``records``: the record its
-    shards hold (:class:`~negsynth.schemas.records.Example`: what ``score``, ``inspect`` and
-    ``export`` read); ``split``: how its work is cut (:data:`Split`).
+    ``relaunch``: what rerunning a finished stage does (docs/architecture.md); ``done_files``: the
+    files that make it finished; ``records``: the record its shards hold; ``split``: :data:`Split`.
     """
 
     name: ClassVar[str]
@@ -68,8 +58,7 @@ class Stage:
     split: ClassVar[Split] = "process"
 
     def section(self, cfg: RunConfig) -> Any:
-        """Its section of the run file (``cfg.<name>``); the section's defaults where the run file
-        has none (a stage added without one)."""
+        """Its section of the run file (``cfg.<name>``), or the section's defaults."""
         own = getattr(cfg, self.name, None)
         return self.config() if own is None and self.config is not None else own
 
@@ -81,8 +70,7 @@ class Stage:
         return False
 
     def embeds(self, cfg: RunConfig) -> bool:
-        """Whether its heavy work under ``cfg`` is embedding with ``[embedder]``
-        (``--executor ray`` spreads that over its workers)."""
+        """Whether its heavy work under ``cfg`` is embedding (``--executor ray`` spreads it)."""
         return False
 
     def keeps_on_change(self, cfg: RunConfig) -> bool:
@@ -90,28 +78,25 @@ class Stage:
         return False
 
     def made_from(self, ctx: StageContext) -> str | dict[str, Any] | None:
-        """What its outputs are made from: the hash of its config and inputs, or the fields of its
-        manifest entry (``config_hash`` among them); None: nothing to compare (``always``)."""
+        """What its outputs are made from: a hash, or manifest entry fields with ``config_hash``; None: nothing to compare."""
         return None
 
     def run(self, ctx: StageContext) -> dict:
         raise NotImplementedError
 
     def prepare(self, ctx: StageContext) -> None:
-        """A stage that splits into ranks: its work done once in the driver before its ranks start
-        (``--executor ray``), whose results the ranks read instead of each computing them."""
+        """``--executor ray``: work done once in the driver before the ranks start."""
 
     def report(self, stats: dict) -> list[Summary]:
         return []
 
     def estimate(self, ctx: StageContext, tally: Tally) -> Any:
-        """The requests ``negsynth estimate`` counts for it (:class:`~negsynth.pipeline.tally.Tally`);
-        what later stages' estimators may read. Only a stage that may call the LLM has one."""
+        """Count its requests for ``negsynth estimate``; returns what later stages' estimators may read."""
         raise NotImplementedError(f"stage {self.name!r} calls the LLM but counts no requests: define {type(self).__name__}.estimate")
 
 
 def splits(stage: Stage, cfg: RunConfig) -> bool:
-    """Whether ``--executor ray`` runs ``stage`` as ranks: its work is cut into ranks and it calls the LLM under ``cfg``."""
+    """Whether ``--executor ray`` runs ``stage`` as ranks."""
     return stage.split == "ranks" and stage.uses_llm(cfg)
 
 
@@ -123,14 +108,12 @@ def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def has_outputs(folder: Path) -> bool:
-    """Whether a stage folder holds outputs a later stage can read (a finished shard, or a stage's
-    closing stats.json). Not whether the stage is done: that is :func:`finished_stats`."""
+    """Whether a stage folder holds outputs a later stage can read (not whether it is done)."""
     return bool(list_shards(folder)) or (folder / "stats.json").is_file()
 
 
 def check_inputs(stage: Stage, ctx: StageContext) -> None:
-    """One line naming the missing input and the command that makes it, before any work is paid
-    for (a stage reading several needs one of them)."""
+    """One line naming the missing input and the command that makes it (one of several suffices)."""
     names = stage.inputs(ctx.cfg)
     missing = [n for n in names if not has_outputs(ctx.run_dir / n)]
     if len(missing) < len(names) or not names:
@@ -140,11 +123,8 @@ def check_inputs(stage: Stage, ctx: StageContext) -> None:
 
 
 def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) -> tuple[dict | None, StageContext]:
-    """The stage's recorded stats when its outputs are finished and were made from the same config
-    and inputs (``entry``), else None; and the context to run it with otherwise: a ``rebuild``
-    stage whose config or inputs changed (or whose outputs are damaged) is rebuilt without asking
-    (``overwrite``), unless it keeps them on a change; a ``resume`` stage runs, continuing
-    unfinished work or refusing a changed config."""
+    """The stage's recorded stats when its finished outputs were made from ``entry``, else None; and
+    the context to run it with (a changed or damaged ``rebuild`` stage: with ``overwrite``)."""
     if stage.relaunch == "always" or entry is None or ctx.overwrite:
         return None, ctx
     out = ctx.run_dir / stage.name
@@ -164,17 +144,13 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
 
 
 def same_entry(recorded: dict[str, Any], entry: dict[str, Any]) -> bool:
-    """Whether outputs recorded with ``recorded`` are made from ``entry``; the number of workers
-    that wrote them (``num_shards``) aside: every shard is the same whichever worker wrote it."""
+    """Whether outputs recorded with ``recorded`` are made from ``entry`` (``num_shards`` aside)."""
     return all(recorded.get(k) == v for k, v in entry.items() if k != "num_shards")
 
 
 def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | None) -> bool:
-    """Check a finished stage's outputs against what the manifest recorded when it finished
-    (:func:`~negsynth.pipeline.manifest.damaged_outputs`: sizes, and hashes with ``--verify`` or
-    when an mtime moved). A damaged shard is removed so that the stage makes it again: an LLM
-    stage from its request cache (nothing paid twice), another by recomputing it (a ``rebuild``
-    stage rebuilds whole). True when something was damaged (the stage then runs)."""
+    """Remove the finished outputs that are not what the manifest recorded, so the stage makes them
+    again (an LLM stage from its cache); True when something was damaged."""
     out = ctx.run_dir / stage.name
     bad = damaged_outputs(out, recorded, full=ctx.verify)
     if not bad:
@@ -193,8 +169,7 @@ def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | N
 
 
 def check_writable(stage_dir: Path) -> None:
-    """A stage folder (or one of its subfolders) this process cannot write is one line before any
-    work (embedding, mining, requests), not after it: a file is made and removed in each."""
+    """One line before any work when this process cannot write the stage folder or a subfolder."""
     import os
     import tempfile
 
@@ -210,10 +185,8 @@ def check_writable(stage_dir: Path) -> None:
 
 
 def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any], *, begin: bool) -> None:
-    """Refuse (one line) outputs made from another config unless ``--overwrite``; with ``begin``
-    note in the stage folder what the outputs are made from (an LLM stage notes it itself once its
-    key, endpoint and cache are checked; the manifest records the entry once the stage finished:
-    :func:`record_finished`)."""
+    """Refuse outputs made from another config unless ``--overwrite``; ``begin``: note what the
+    outputs are made from (an LLM stage does it itself once its checks passed)."""
     try:  # the stage folder is written here, first: a read-only one is met before any work
         check_manifest(ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=begin)
     except OSError as e:
@@ -221,8 +194,7 @@ def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any],
 
 
 def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:
-    """A stage that finished: the manifest records its entry and its outputs' sizes and hashes (a
-    stage that failed or stopped early records nothing)."""
+    """A stage that finished: the manifest records its entry and its outputs' sizes and hashes."""
     if entry is None or stats.get("reused") or not finished_stats(stats):
         return
     out = ctx.run_dir / stage.name
@@ -236,8 +208,7 @@ def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | Non
 
 
 def finish_overwrite(ctx: StageContext, name: str, staged: Path, stats: dict) -> None:
-    """An ``--overwrite`` whose stage finished: its new outputs (in ``staged``) replace the old
-    ones; one that did not: they wait there, and its ``stats`` say so."""
+    """Swap a finished ``--overwrite``'s outputs (in ``staged``) in; an unfinished one's ``stats`` say where they wait."""
     if not finished_stats(stats):
         stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / name} are kept; the new ones wait in {staged}"
         return
@@ -248,8 +219,7 @@ def finish_overwrite(ctx: StageContext, name: str, staged: Path, stats: dict) ->
 
 
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
-    """Its done files are there, its stats say complete, and its shards are the ones they count
-    (none turned back into a ``.partial`` or lost since)."""
+    """Its done files are there, its stats say complete, and its shards are the ones they count."""
     if not all((out / f).exists() for f in stage.done_files) or not finished_stats(stats):
         return False
     if any(out.glob("shard-*.partial")):
@@ -273,8 +243,6 @@ def unfinished(stats: dict) -> bool:
 
 
 def finished_stats(stats: dict) -> bool:
-    """The one rule for "this stage is done", read from its stats: complete (every shard written, a
-    stage without shards has no ``complete`` key) and not stopped early (:func:`unfinished`).
-    :attr:`RunReport.finished <negsynth.pipeline.runner.RunReport.finished>` is the same rule on
-    the report the stats are made from."""
+    """The one rule for "this stage is done": complete (no ``complete`` key: no shards) and not
+    stopped early (:func:`unfinished`)."""
     return bool(stats.get("complete", True)) and not unfinished(stats)

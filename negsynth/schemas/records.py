@@ -108,6 +108,19 @@ class Example(Record):
     score: ExampleScore | None = None
 
 
+class HeldoutQuery(Record):
+    """A query the ``heldout`` stage wrote for a held-out document, for evaluation only: searched
+    over the whole corpus, its document the one relevant answer."""
+
+    id: str
+    query: str
+    corpus: str  # the input's name
+    doc_id: str  # the document (passage) it was written from
+    style: str
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+
+
 class Reject(Record):
     """An item that did not yield a valid record, kept with its reason and the raw LLM output."""
 

@@ -15,10 +15,12 @@ brainstorm      embedding tasks per task type                               yes 
 generate        per task: query, positive, 4 negatives hardest -> easiest   yes       resume
 regenerate      the same graded negatives for existing (query, positive)    yes [1]   resume
 corpus          queries written for a user's documents (no labels) + negs   yes       resume
+heldout         held-out documents' queries, for evaluation only            yes       resume
 score           measured difficulty, the order checked, false negatives     no        resume
 curriculum      training rows in curriculum order (easiest level first)     no        rebuild
 train           the fine-tuned embedder (InfoNCE, in-batch + hard negs)     no        rebuild
-evaluate        the report on real benchmarks, beside the base model        no        always
+evaluate        the report on real benchmarks, beside the base model, and   no        always
+                the verdict on the held-out documents
 ==============  ==========================================================  ========  ========
 
 [1] not with ``regenerate.negatives = "mined"`` (mined negatives only).
@@ -33,7 +35,7 @@ from negsynth.errors import UserError
 from negsynth.pipeline import Stage, run_stage, run_stages
 from negsynth.schemas.config import RunConfig
 from negsynth.schemas.records import Example
-from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, regenerate, score, train
+from negsynth.stages import brainstorm, corpus, curriculum, evaluate, generate, heldout, regenerate, score, train
 
 #: the method, in order: each stage module declares its ``STAGE``; adding a stage is a module and a
 #: line here (an LLM stage: also its prompt files); its run-file section and command come with it
@@ -42,6 +44,7 @@ METHOD: tuple[Stage, ...] = (
     generate.STAGE,
     regenerate.STAGE,
     corpus.STAGE,
+    heldout.STAGE,
     score.STAGE,
     curriculum.STAGE,
     train.STAGE,

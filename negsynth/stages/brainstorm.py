@@ -1,18 +1,11 @@
 """Stage 1 — brainstorm: the LLM invents embedding tasks per task type.
 
-In:  config ``[brainstorm]`` (types, how many tasks per type), ``[llm]``.
-Out: ``RUN_DIR/brainstorm/shard-00000.jsonl`` — :class:`~negsynth.schemas.records.Task` records
-     (deduplicated on normalised text; types in config order, by id within a type), plus the
-     fixed STS task last; rejects (invalid, duplicate or copied-from-the-example tasks, failed
-     requests) in ``rejects/`` with reason and raw output, per type (by id within a type).
+In:  ``[brainstorm]``, ``[llm]``.
+Out: ``RUN_DIR/brainstorm/shard-00000.jsonl`` — deduplicated :class:`~negsynth.schemas.records.Task`
+     records (types in config order, by id within a type), the fixed STS task last; ``rejects/``.
 
-Per type it asks for lists of ``tasks_per_request`` tasks, in rounds, until ``tasks_per_type``
-distinct tasks are in hand or ``max_requests_per_type`` lists were asked. Each list request has
-its own sample index, so the request cache makes a rerun free and identical. A type is one item
-of the shared LLM-stage shape (:class:`~negsynth.pipeline.LLMStage`): the
-runner keeps the finished types of a killed or stopped run, and retries a type whose list
-request failed at the transport level. Every list request is asked through the stage's own
-``messages`` / ``schema`` / ``parse`` (:meth:`~negsynth.pipeline.LLMTask.ask`).
+A type is one item: lists of ``tasks_per_request`` tasks are asked in rounds until ``tasks_per_type``
+distinct tasks are in hand or ``max_requests_per_type`` lists were asked.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from negsynth.schemas.config import BrainstormConfig
 from negsynth.schemas.outputs import TaskListOut, task_list_schema
 from negsynth.schemas.records import STS_TASK, Reject, Task
 from negsynth.stages.common import schema_failure, short_id
-from negsynth.validators import check_task
+from negsynth.validators import check_text
 
 NAME = "brainstorm"
 
@@ -55,8 +48,7 @@ def build_messages(task_type: str, n: int, *, few_shot: bool = True) -> list[dic
 
 @dataclass
 class TypeOutcome:
-    """What one task type gave: its distinct tasks (in the order found), its rejects (failed list
-    requests and refused tasks) and the usage of its list requests (``list_requests`` included)."""
+    """What one task type gave: its distinct tasks, its rejects and its list requests' usage."""
 
     tasks: list[Task] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
@@ -64,8 +56,7 @@ class TypeOutcome:
 
 
 class Brainstorm(pipeline.LLMStage):
-    """Embedding tasks per task type, asked in rounds; the fixed STS task last. All or nothing: one
-    shard, finished only when the list requests as a whole did not fail."""
+    """Embedding tasks per task type; the fixed STS task last. All or nothing: one shard."""
 
     name = NAME
     summary = "embedding tasks per task type"
@@ -85,14 +76,12 @@ class Brainstorm(pipeline.LLMStage):
         return self.ctx.cfg.generate.ratio.get("sts", 0) > 0
 
     def plan(self) -> list[WorkItem]:
-        """One item per task type, in config order, then the fixed STS task when generate makes STS examples."""
         types = list(self.cfg.task_types)
         items = [WorkItem(index=i, id=tt, payload={"task_type": tt}) for i, tt in enumerate(types)]
         if self.sts():
             items.append(WorkItem(index=len(types), id="sts-fixed", payload={"fixed": "sts"}))
         return items
 
-    # one list request: its task type and sample index ``k``
     def messages(self, item: WorkItem) -> list[dict[str, str]]:
         return build_messages(item.payload["task_type"], self.cfg.tasks_per_request)
 
@@ -106,7 +95,7 @@ class Brainstorm(pipeline.LLMStage):
             raise schema_failure(e) from None
 
     async def process(self, client: LLMClient | None, it: WorkItem) -> Outcome:
-        """One task type's tasks (by id) and rejects (by id) as one outcome; the fixed STS task needs no request."""
+        """One task type's tasks and rejects as one outcome; the fixed STS task needs no request."""
         if it.payload.get("fixed") == "sts":
             return Outcome(record=Task(id="task-sts-fixed", task_type="sts", task=STS_TASK, model="fixed").model_dump(mode="json"))
         out = await self.rounds(client, it.payload["task_type"])
@@ -117,8 +106,7 @@ class Brainstorm(pipeline.LLMStage):
         )
 
     async def rounds(self, client: LLMClient, tt: str) -> TypeOutcome:
-        """Ask for lists of tasks of type ``tt``, in rounds, until ``tasks_per_type`` distinct ones
-        are in hand or ``max_requests_per_type`` lists were asked; the answers of a round decide the next."""
+        """Ask for lists of tasks of type ``tt`` in rounds; the answers of a round decide the next."""
         bc = self.cfg
         out = TypeOutcome()
         example = {text_key(x) for x in load_example(f"brainstorm_{tt}")["output"]["tasks"]}
@@ -131,7 +119,7 @@ class Brainstorm(pipeline.LLMStage):
             batch = min(max(1, math.ceil(need / bc.tasks_per_request)), bc.max_requests_per_type - asked)
             idx = list(range(asked, asked + batch))
             asked += batch
-            # a budget stop lets the requests in flight finish (and be cached)
+            # a budget stop lets the requests in flight finish (and be cached) before it is raised
             results = await asyncio.gather(
                 *(self.ask(client, WorkItem(i, f"{tt}-{i}", {"task_type": tt, "k": i})) for i in idx), return_exceptions=True
             )
@@ -163,7 +151,7 @@ class Brainstorm(pipeline.LLMStage):
         """Task ``pos`` of list ``i``: kept, or a reject with its reason (invalid, a copy of the worked example, a repeat)."""
         bc = self.cfg
         tid = short_id("task", tt, i, pos)
-        v = check_task(text if isinstance(text, str) else "", min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
+        v = check_text("task", text, min_chars=bc.min_task_chars, max_chars=bc.max_task_chars)
         norm = text_key(text) if isinstance(text, str) else ""
         reason, detail = v.reason, v.detail
         if v.keep and norm in example:
@@ -178,8 +166,8 @@ class Brainstorm(pipeline.LLMStage):
         out.tasks.append(Task(id=tid, task_type=tt, task=" ".join(text.split()), model=self.ctx.cfg.llm.model))
 
     def verdict(self, rep: RunReport, rows: list[tuple[str, dict]]) -> str | None:
-        """One line when no list request gave a usable task, or too many were refused: brainstorm is
-        judged by its list requests (``list_requests`` in the items' usage), not by its tasks."""
+        """One line when no list request gave a usable task, or too many were refused: judged by its
+        list requests, not by its tasks."""
         rejects = sorted((r for kind, r in rows if kind == "rej"), key=lambda r: r["id"])
         verdict = RunReport(stage=NAME)
         verdict.items = int(rep.usage.get("list_requests", 0))
@@ -199,12 +187,12 @@ class Brainstorm(pipeline.LLMStage):
         return {"tasks_per_type": dict(Counter(t["task_type"] for t in iter_jsonl(shard)))}
 
     def made_from(self, ctx: StageContext) -> str:
-        """The hash of what the tasks are made from: settings, LLM, prompts, and whether the fixed STS task is added."""
+        """Its settings, LLM and prompts, and whether the fixed STS task is added."""
         parts = pipeline.llm_parts(ctx, NAME, "brainstorm_", ctx.cfg.brainstorm)
         return config_hash({**parts, "sts": ctx.cfg.generate.ratio.get("sts", 0) > 0})
 
     def estimate(self, ctx: StageContext, tally: Tally) -> None:
-        """``negsynth estimate``: one list request per ``tasks_per_request`` tasks wanted, per task type."""
+        """One list request per ``tasks_per_request`` tasks wanted, per task type."""
         bc = ctx.cfg.brainstorm
         for tt in bc.task_types:
             n = min(max(1, math.ceil(bc.tasks_per_type / bc.tasks_per_request)), bc.max_requests_per_type)

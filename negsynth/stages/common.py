@@ -49,9 +49,7 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
 
 
 def path_fingerprint(path: str) -> list:
-    """Names and sizes of an input's files (a changed input changes the stage hash). Hidden files
-    and folders (``.git``, ``.DS_Store``) are left out, as the readers leave them out: a commit in
-    a folder of documents is no new input."""
+    """Names and sizes of an input's files, hidden ones left out as the readers leave them out."""
     p = Path(path)
     if p.is_file():
         return [p.name, p.stat().st_size]

@@ -17,7 +17,9 @@ hardest positive-aware negatives; an optional cross-encoder teacher ranks the do
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, te
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
 from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
-from negsynth.schemas.config import CorpusConfig
+from negsynth.schemas.config import CorpusConfig, HeldoutConfig, RunConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
 from negsynth.stages.common import path_fingerprint, short_id
@@ -107,14 +109,60 @@ def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
     return cfg.styles[random.Random(f"{cfg.seed}:{corpus}:{doc_id}:style").randrange(len(cfg.styles))]
 
 
+def heldout_config(cfg: RunConfig) -> HeldoutConfig:
+    """``[heldout]`` of the run file: the section the ``heldout`` stage brings to it (its defaults
+    in a config made without the method's sections)."""
+    return getattr(cfg, "heldout", None) or HeldoutConfig()
+
+
+def heldout_indices(cfg: RunConfig, total: int) -> tuple[list[int], str | None]:
+    """The held-out documents of a corpus of ``total`` documents (every input's in a row, as the
+    sample counts them), sorted, and why there are none (None: there are some).
+
+    ``min(heldout.queries, floor(heldout.share * sampled))`` of them, ``sampled`` the documents the
+    corpus stage samples (``corpus.max_docs`` of ``total``); none below ``heldout.min_queries``.
+    They are drawn with ``heldout.seed`` over all ``total`` documents, one after another, so a
+    smaller set is the start of a larger one: arms sampling other training documents of the same
+    corpus share their held-out documents (those of the smaller set)."""
+    h = heldout_config(cfg)
+    if h.queries == 0:
+        return [], "heldout.queries = 0: no held-out set, no verdict"
+    sampled = len(sample_indices(total, cfg.corpus.max_docs, cfg.corpus.seed))
+    n = min(h.queries, int(h.share * sampled + 1e-9))
+    if n < h.min_queries:
+        need = math.ceil(h.min_queries / h.share - 1e-9)
+        return [], (
+            f"{sampled} documents: too few to set aside a held-out set (needs {need} for heldout.min_queries = {h.min_queries} "
+            f"at heldout.share = {h.share}); no verdict on your own documents"
+        )
+    rng, picked = random.Random(f"{h.seed}:heldout"), {}
+    while len(picked) < n:
+        picked.setdefault(rng.randrange(total), None)
+    return sorted(picked), None
+
+
+def training_sample(cfg: RunConfig, total: int) -> tuple[Sequence[int], list[int]]:
+    """The corpus stage's sample (``corpus.max_docs`` of ``total``, seeded) less the held-out
+    documents, and the held-out documents it had drawn (their removal is part of what the
+    examples are made from; with none removed the sample is what it always was)."""
+    picked = sample_indices(total, cfg.corpus.max_docs, cfg.corpus.seed)
+    lookup = picked if isinstance(picked, range) else set(picked)
+    removed = [i for i in heldout_indices(cfg, total)[0] if i in lookup]
+    if not removed:
+        return picked, []
+    gone = set(removed)
+    return [i for i in picked if i not in gone], removed
+
+
 def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
     """One item per (sampled document, query index), in corpus then file order. The sample is
-    drawn over the documents of every corpus in a row; each corpus is then read up to its last
-    sampled document, and only those are kept (their index goes to ``CorpusData.positions``)."""
+    drawn over the documents of every corpus in a row, less the held-out documents
+    (:func:`training_sample`); each corpus is then read up to its last sampled document, and only
+    those are kept (their index goes to ``CorpusData.positions``)."""
     import bisect
 
     cfg = ctx.cfg.corpus
-    picked = sample_indices(sum(c.count for c in corpora), cfg.max_docs, cfg.seed)
+    picked = training_sample(ctx.cfg, sum(c.count for c in corpora))[0]
     items: list[WorkItem] = []
     start = 0
     for ci, c in enumerate(corpora):
@@ -233,8 +281,12 @@ class Corpus(pipeline.LLMStage):
         ]
         if any(specs):
             parts["inputs_read"] = specs
-        if any(c.chunked for c in load_corpora(ctx)):
+        corpora = load_corpora(ctx)
+        if any(c.chunked for c in corpora):
             parts["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
+        removed = training_sample(ctx.cfg, sum(c.count for c in corpora))[1]
+        if removed:  # held-out documents left the sample (a sample they miss is what it always was)
+            parts["heldout"] = config_hash(removed)
         parts["embedder"] = ctx.cfg.embedder
         return pipeline.item_entry(ctx, config_hash(parts))
 

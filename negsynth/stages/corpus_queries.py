@@ -1,7 +1,5 @@
-"""Where the corpus stage's queries come from: the prompt that asks the LLM for a document's
-queries (its styles, the document cut to the prompt's length, the worked example), the validation
-of the answer, and the no-LLM query sources (``corpus.queries = "title" | "sentence"``) shaped as
-an answer of the same kind, so that :mod:`negsynth.stages.corpus` treats every source alike."""
+"""The corpus stage's queries: the prompt asking the LLM for a document's queries, the validation
+of its answer, and the no-LLM sources (``corpus.queries = "title" | "sentence"``) shaped as an answer."""
 
 from __future__ import annotations
 
@@ -58,9 +56,8 @@ def cut_tokens(text: str, tokenizer, n: int, mark: str = " ...") -> str:
 
 
 def render_prompt(document: str, style: str, n: int) -> str:
-    """The prompt of one document. The template's ``negatives_rule`` slot (and the worked example's
-    negatives) stay as the prompt files had them when corpus could ask for written negatives: those
-    files' bytes are part of the stage's hash, so older run dirs resume."""
+    """The prompt of one document. ``negatives_rule`` stays empty: the prompt files' bytes are part
+    of the stage's hash, so they keep the slot for older run dirs to resume."""
     one, many, rule, _ = STYLES[style]
     count = one if n == 1 else many.format(n=n)
     shape = '{"queries": [' + ", ".join(['"..."'] * n) + "]}"
@@ -126,12 +123,9 @@ def llm_writes(cfg: CorpusConfig) -> bool:
 
 
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
-    """A document's queries without an LLM (``corpus.queries``), shaped as an LLM answer of the
-    stage: ``title`` — the document's title (rejected ``no_title`` where it has none, or where
-    the title is the whole text); ``sentence`` — ``queries_per_doc`` distinct sentences of its
-    body (the text after the title), drawn with the stage seed, each within the query length
-    bounds (a query index with no sentence left is rejected ``too_few_sentences``). The document
-    stays the positive, whole. No validator runs: a copied sentence is what these queries are."""
+    """A document's queries without an LLM, shaped as the stage's LLM answer: ``title`` — its title;
+    ``sentence`` — ``queries_per_doc`` distinct sentences of its body within the query length
+    bounds, drawn with the stage seed. No validator runs: a copied sentence is what they are."""
     n = cfg.queries_per_doc
     doc = p["document"]
     if cfg.queries == "title":

@@ -1,6 +1,4 @@
-"""What the corpus stage's outputs say: the query styles and lengths, the round-trip rank of every
-query (kept or rejected), the teacher's scores per negative band (:func:`describe`, folded into
-``stats.json``), and the summary table printed at the end (:func:`report`)."""
+"""The corpus stage's stats (:func:`run_stats`) and summary table (:func:`report`)."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ RANK_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 100), (101, None))
 
 
 def describe(folder: Path) -> dict[str, Any]:
-    """Query styles, query lengths (words) and the round-trip rank histogram of the finished shards
-    (kept examples, plus the rank of each query the round trip rejected)."""
+    """Query styles, lengths, the round-trip ranks (kept and rejected queries) and the teacher's scores."""
     styles: Counter = Counter()
     lengths: list[int] = []
     ranks: list[int] = []
@@ -59,7 +56,7 @@ def describe(folder: Path) -> dict[str, Any]:
             "mrr": round(sum(1 / r for r in ranks) / len(ranks), 4),
             "ranks": hist,
         }
-    if labels:  # the teacher's scores (the cross-encoder's): positive, each negative band
+    if labels:
         mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
         bands = max(len(lab) for lab in labels) - 1
         out["teacher_scores"] = {
@@ -95,7 +92,7 @@ def report(stats: dict) -> list[Summary]:
 
 
 def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int, folder: Path) -> dict[str, Any]:
-    """The corpus stage's own stats: its documents and corpora, settings, and what the queries are like."""
+    """The corpus stage's own stats: documents, corpora, settings, and what the queries are like."""
     docs = {
         "in_corpus": sum(c.count for c in corpora),
         "sampled": n_items // ctx.cfg.corpus.queries_per_doc,
@@ -115,7 +112,7 @@ def run_stats(ctx: StageContext, corpora: list[CorpusData], n_items: int, folder
 
 
 def corpus_stats(c: CorpusData) -> dict[str, Any]:
-    """One corpus in stats.json: where it is, its documents (passages) and how they were read."""
+    """One corpus in stats.json: where it is, its documents and how they were read."""
     out: dict[str, Any] = {"path": c.path, "documents": c.count, "columns": c.columns}
     if c.fmt == "folder":
         out["files"] = len(c.parts)

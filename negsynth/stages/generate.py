@@ -1,13 +1,10 @@
 """Stage 2 — generate: one example per work item with 4 negatives ordered hardest -> easiest.
 
-In:  ``RUN_DIR/brainstorm`` tasks; config ``[generate]`` (examples, seed, ratio, ...), ``[llm]``.
-Out: ``RUN_DIR/generate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example`
-     records; ``rejects/`` with reason and raw output; ``stats.json``.
+In:  ``RUN_DIR/brainstorm`` tasks; ``[generate]``, ``[llm]``.
+Out: ``RUN_DIR/generate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records; ``rejects/``.
 
-The ``examples`` budget is split over task types by ``ratio`` (largest remainder, at least
-``min_per_type`` each). Item ``k`` of a type uses the type's tasks in a seed-shuffled cycle and
-samples its E5 attributes (query type/length, clarity, difficulty, words, language) from a
-generator seeded by ``(seed, type, k)``, so the same config always makes the same requests.
+Item ``k`` of a type uses the type's tasks in a seed-shuffled cycle and draws its E5 attributes
+from a generator seeded by ``(seed, type, k)``: the same config makes the same requests.
 """
 
 from __future__ import annotations
@@ -128,8 +125,7 @@ def render_prompt(task_type: str, task: str, attributes: dict[str, Any]) -> str:
 
 
 def build_messages(task_type: str, task: str, attributes: dict[str, Any], *, few_shot: bool = True, shot: int = 0) -> list[dict[str, str]]:
-    """System prompt, an optional worked-example turn of the same type (number ``shot`` of its
-    pool), then the real prompt."""
+    """System prompt, an optional worked-example turn (number ``shot`` of the type's pool), the prompt."""
     msgs = [_system_turn()]
     if few_shot:
         msgs.extend(_worked_turns(task_type, shot))
@@ -144,8 +140,7 @@ def _system_turn() -> dict[str, str]:
 
 @cache
 def _worked_turns(task_type: str, shot: int) -> tuple[dict[str, str], dict[str, str]]:
-    """The worked example's prompt and answer, rendered once per (type, shot) instead of per item
-    (shared, never mutated: the client copies the list before a re-ask appends to it)."""
+    """The worked example's prompt and answer, rendered once per (type, shot) (shared, never mutated)."""
     pool = load_examples(f"generate_{task_type}")
     ex = pool[shot % len(pool)]
     return (
@@ -155,10 +150,8 @@ def _worked_turns(task_type: str, shot: int) -> tuple[dict[str, str], dict[str, 
 
 
 def make_validator(task_type: str, cfg: GenerateConfig):
-    """Return ``validate(obj) -> (query, positive, negatives)`` raising ValidationFailure on any problem.
-
-    With ``few_shot`` on, an answer whose query or positive is any worked example's of the type
-    (not only the one shown) is a copy: rotating the examples must not let a copy of another through."""
+    """``validate(obj) -> (query, positive, negatives)``, raising ValidationFailure. With ``few_shot``
+    a query or positive of any worked example of the type (not only the one shown) is a copy."""
     model, qk, pk, nk = OUTPUTS[task_type]
     pool = load_examples(f"generate_{task_type}")[: 1 if cfg.worked_examples == "fixed" else None]
     copied = {text_key(ex["output"][k]) for ex in pool for k in (qk, pk)}
@@ -198,7 +191,7 @@ def load_tasks(ctx: StageContext) -> dict[str, list[Task]]:
 
 
 def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem]:
-    """The deterministic list of work items: type by type, ``k`` = 0..count-1."""
+    """The work items: type by type, ``k`` = 0..count-1."""
     cfg = ctx.cfg.generate
     items: list[WorkItem] = []
     for tt, n in allocate(cfg).items():
@@ -219,7 +212,7 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
 
 
 def type_parts(cfg: GenerateConfig, task_type: str) -> tuple[Any, dict[str, Any]]:
-    """The validator and output schema of a task type (``Generate.bind`` caches them per run)."""
+    """The validator and output schema of a task type."""
     return make_validator(task_type, cfg), output_schema(task_type, max_query=cfg.max_query_chars, max_doc=cfg.max_doc_chars)
 
 

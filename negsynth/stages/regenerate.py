@@ -1,33 +1,13 @@
-"""Stage "regenerate": 4 graded negatives from the LLM for (query, positive) pairs of public data.
+"""Stage "regenerate": 4 graded negatives for (query, positive) pairs of public data (docs/regenerate.md).
 
-In:  ``[regenerate] inputs`` — source specs (BEIR folder, HF dataset, JSONL/parquet/CSV/TSV; see
-     :mod:`negsynth.data.sources`); ``[llm]``; with ``mine > 0`` also ``[embedder]``.
-Out: ``RUN_DIR/regenerate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example`
-     records (same schema as ``generate``, with ``source``/``source_id`` set, so ``score``,
-     ``inspect`` and ``curriculum`` read both); ``rejects/``; ``stats.json``.
+In:  ``[regenerate] inputs`` (:mod:`negsynth.data.sources`); ``[llm]``; with ``mine > 0`` ``[embedder]``.
+Out: ``RUN_DIR/regenerate/shard-XXXXX.jsonl`` — :class:`~negsynth.schemas.records.Example` records
+     with ``source`` / ``source_id``; ``rejects/``.
 
-How it works (MGH spec §1.5):
-
-1. Every source is read into pairs; ``limit`` takes a seeded sample. Pairs are deduplicated
-   across all inputs on the normalised (query, positive) — the first input wins, duplicates
-   are counted per source. Pairs whose own texts would fail the validators (positive equal
-   to the query, a text over ``max_chars``) are skipped and counted, since no answer could pass.
-2. Each pair gets an instruction: the source spec's ``instruction``, else the row's
-   instruction column, else the per-source table (MGH Table 7, overridable with
-   ``regenerate.instructions``), else ``default_instruction``. Symmetric sources (NLI, Quora)
-   alternate between their two instructions by row and get ``task_type = "sts"``.
-3. With ``mine = K``, K negatives per pair are mined from the source's own corpus with
-   sentence-transformers' ``mine_hard_negatives`` (positive-aware: relative margin 5% by
-   default, every known positive of the query excluded) and stored in ``mined_negatives``.
-   Results are cached in ``regenerate/_mined/`` so a resumed run does not re-embed.
-4. The LLM sees the instruction, query and positive (cut to ``prompt_positive_chars``) and
-   returns ``{"hard_negative_documents": [4 strings]}`` hardest -> easiest, in the positive's
-   language. The answer goes through the same :func:`~negsynth.validators.check_example` as
-   ``generate`` (count, empty, placeholder, length, distinct from each other and from the query
-   and positive, meta talk); failures are re-asked and finally rejected with their reason.
-
-The LLM plumbing (request cache, resume from partial shards, budgets, retries, stats) is the
-shared one, :class:`negsynth.pipeline.LLMStage`, as for ``generate``.
+Pairs are deduplicated across inputs (the first wins); a pair whose own texts no answer could pass
+is skipped. With ``mine = K`` each pair gets K mined negatives (cached in ``regenerate/_mined/``);
+the LLM writes 4 negatives checked as ``generate``'s are, or with ``negatives = "mined"`` the mined
+ones are the example's.
 """
 
 from __future__ import annotations
@@ -42,7 +22,8 @@ from pydantic import ValidationError
 
 from negsynth import pipeline
 from negsynth.data.shards import atomic_write_json
-from negsynth.data.sources import SourceData, SourceKind, load_source, source_key, source_kind
+from negsynth.data.source_kinds import SourceKind, source_key, source_kind
+from negsynth.data.sources import SourceData, load_source
 from negsynth.data.text import text_key
 from negsynth.embed.cross_encoder import check_teacher_model, relabel_fields, teacher_scorer
 from negsynth.errors import UserError
@@ -67,7 +48,7 @@ NOTES = {
 
 # -- planning -------------------------------------------------------------------------------
 def pair_key(query: str, positive: str) -> str:
-    """Dedup key: normalised query and positive (see :func:`negsynth.data.text.text_key`)."""
+    """Dedup key: the normalised query and positive."""
     return text_key(query) + "\x1f" + text_key(positive)
 
 
@@ -88,7 +69,7 @@ def load_inputs(ctx: StageContext) -> list[tuple[SourceSpec, SourceData]]:
 
 
 def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) -> tuple[list[WorkItem], dict[str, Any]]:
-    """Deterministic work items (input order, then row order) and per-source planning stats."""
+    """The work items (input order, then row order) and per-source planning stats."""
     cfg = ctx.cfg.regenerate
     items: list[WorkItem] = []
     seen: dict[str, str] = {}
@@ -161,9 +142,8 @@ MINING_OPTIONS = {"relative_margin", "absolute_margin", "max_score", "range_min"
 
 
 def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str, dict[str, Any]]]:
-    """``regenerate.mining`` applied: :func:`~negsynth.embed.mining.mine_negatives` (the ``k``
-    hardest negatives) with the options bound, to call as ``(model, queries, known_positives,
-    corpus)``; ``encoding``: ``batch_size``, ``cache_folder``."""
+    """:func:`~negsynth.embed.mining.mine_negatives` of the ``k`` hardest with ``regenerate.mining``
+    bound, to call as ``(model, queries, known_positives, corpus)``."""
     from negsynth.embed.mining import mine_negatives
 
     return partial(mine_negatives, k=k, **opts.model_dump(include=MINING_OPTIONS), **encoding)
@@ -312,9 +292,7 @@ def pair_example(it: WorkItem, negatives: list[str], model: str, meta: dict[str,
 
 async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str, teacher: Any = None) -> Outcome:
     """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``).
-    ``teacher``: an async ``(query, positive, candidates) -> (kept indices, teacher fields)``
-    (:func:`~negsynth.embed.cross_encoder.relabel_fields`): the candidates it finds at or above
-    the positive are left out and the next ones take their place."""
+    ``teacher``: async ``(query, positive, candidates) -> (kept indices, teacher fields)``."""
     p = it.payload
     mined = p.get("mined") or {"negatives": [], "scores": [], "pos_score": None}
     picked, fields = list(range(min(NUM_NEGATIVES, len(mined["negatives"])))), {}
@@ -349,13 +327,11 @@ class Regenerate(pipeline.LLMStage):
         return cfg.regenerate.negatives != "mined"
 
     def embeds(self, cfg: Any) -> bool:
-        """Its mining: with mined negatives (no LLM) ``--executor ray`` runs it in one process with the
-        mining's encoding on the Ray workers; with the LLM it mines first (``prepare``, the same way),
-        then runs as ranks that read the mined negatives from ``regenerate/_mined/``."""
+        """Its mining (with the LLM, done in ``prepare``; the ranks read ``regenerate/_mined/``)."""
         return mine_k(cfg.regenerate) > 0
 
     def made_from(self, ctx: StageContext) -> dict[str, Any]:
-        """The settings, inputs (and LLM and prompts, unless the negatives are mined) the examples are made from."""
+        """Its settings and inputs, and the LLM and prompts unless the negatives are mined."""
         cfg = ctx.cfg.regenerate
         parts = {
             **pipeline.llm_parts(ctx, NAME, "regenerate", cfg),
@@ -363,7 +339,7 @@ class Regenerate(pipeline.LLMStage):
         }
         if cfg.mine or cfg.negatives == "mined":
             parts["embedder"] = ctx.cfg.embedder
-        if cfg.negatives == "mined":  # no LLM request is made: its settings do not change the output
+        if cfg.negatives == "mined":
             del parts["prompts"]
             del parts["llm"]
         return pipeline.item_entry(ctx, config_hash(parts), mine=cfg.mine)
@@ -397,9 +373,6 @@ class Regenerate(pipeline.LLMStage):
     def parse(self, item: WorkItem, answer: Any) -> list[str]:
         return make_validator(item.payload, self.cfg)(answer)
 
-    def sample_index(self, item: WorkItem) -> int:
-        return 0
-
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
             teacher = self.teach if self.cfg.teacher != "none" else None
@@ -407,7 +380,7 @@ class Regenerate(pipeline.LLMStage):
         return await super().process(client, item)
 
     async def teach(self, query: str, positive: str, candidates: list[str]) -> tuple[list[int], dict[str, Any]]:
-        """``regenerate.teacher``: the scorer (made once) on the run's worker thread, off the event loop."""
+        """``regenerate.teacher``: the scorer (made once) on the run's worker thread."""
         if self.scorer is None:
             info = lambda m: self.ctx.reporter.info(f"regenerate: {m}")  # noqa: E731
             self.scorer = await self.off_loop(teacher_scorer, NAME, self.cfg, self.ctx.run_dir, info)

@@ -235,9 +235,6 @@ class _Pooling(Module):
     config_file_name = "config.json"
     embedding_dimension: int
 
-    def get_sentence_embedding_dimension(self) -> int:
-        return self.embedding_dimension
-
     def get_embedding_dimension(self) -> int:
         return self.embedding_dimension
 

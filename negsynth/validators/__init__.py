@@ -1,8 +1,5 @@
-"""Checks that return keep/reason. They never call a model.
-
-Each check takes plain values and returns a :class:`Verdict`; :func:`check_example` runs the
-example checks in a fixed order and returns the first failure (or keep). Reason codes are
-stable strings: they are counted in ``stats.json`` and written to rejects shards.
+"""Checks that return a :class:`Verdict` (keep, reason, detail); they never call a model. Reason
+codes are stable strings, counted in ``stats.json`` and written to rejects shards.
 """
 
 from __future__ import annotations
@@ -104,11 +101,8 @@ _META_NEEDS = ("not ", "negative", "relevant", "similar", "as an ai")
 
 
 def check_meta(fields: dict[str, str]) -> Verdict:
-    # one search over all fields (no pattern can span the newline), then find the field: six
-    # searches per example were ~4 % of generate's client CPU. The regex (case-insensitive, a
-    # dozen alternatives tried at every position) is skipped for ASCII text without any word it
-    # needs: most examples; non-ASCII text always goes to the regex (re.I folds some non-ASCII
-    # letters onto ASCII ones, e.g. "ſ" matches "s").
+    # one search over all fields (no pattern spans the newline), skipped for ASCII text without a
+    # word it needs; non-ASCII text always goes to the regex (re.I folds "ſ" onto "s")
     joined = "\n".join(fields.values())
     if joined.isascii():
         low = joined.lower()
@@ -155,14 +149,8 @@ def check_text(name: str, text: str, *, min_chars: int, max_chars: int) -> Verdi
     return KEEP
 
 
-def check_task(task: str, *, min_chars: int, max_chars: int) -> Verdict:
-    """A brainstormed task: non-empty, within bounds, not a placeholder or meta talk."""
-    return check_text("task", task, min_chars=min_chars, max_chars=max_chars)
-
-
 # -- queries written for a document (the corpus stage) ----------------------------------------
-#: a query that talks about the document or labels itself instead of asking: "This document
-#: shows ...", "The study ...", "Query: ...", "Here is a question ..."
+#: a query that talks about the document or labels itself: "This document shows ...", "Query: ..."
 _META_QUERY = re.compile(
     r"^\W*(?:(?:query|question|claim|keywords?|search(?: query)?|answer)\s*\d*\s*[:\-]"
     r"|here (?:is|are)\b|sure\b|(?:this|the|that) (?:document|passage|text|article|abstract|paper)\b"
@@ -198,9 +186,8 @@ def dominant_script(text: str) -> str | None:
 
 
 def check_query(query: str, document: str, *, min_chars: int, max_chars: int, copy_words: int = 12) -> Verdict:
-    """A query written for ``document``: non-empty, within bounds, no placeholder, no meta
-    phrasing about the document, not a copied run of ``copy_words`` words of it (or the whole
-    of it), and in the document's script."""
+    """A query written for ``document``: a valid text, no meta phrasing, no copied run of
+    ``copy_words`` words of it, in its script."""
     v = check_text("the query", query, min_chars=min_chars, max_chars=max_chars)
     if not v.keep:
         return v

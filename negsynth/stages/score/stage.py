@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -65,42 +64,28 @@ def run(ctx: StageContext) -> dict:
     emb, judge = ctx.embedder, ctx.judge
     this_run = Counter()
     stopped_by = None
-    with ExitStack() as devices:
-        if todo:
-            if emb is None:
-                ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
-                emb = ctx.load_embedder()
-            if judge is None and cfg.judge_model == "llm":
-                from negsynth.stages.score.llm_judge import LLMJudge
+    if todo:
+        if emb is None:
+            ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
+            emb = ctx.load_embedder()
+        if judge is None and cfg.judge_model == "llm":
+            from negsynth.stages.score.llm_judge import LLMJudge
 
-                judge = LLMJudge(ctx)
-            elif judge is None and cfg.judge_model is not None:
-                from negsynth.embed.judge import CrossEncoderJudge
+            judge = LLMJudge(ctx)
+        elif judge is None and cfg.judge_model is not None:
+            from negsynth.embed.judge import CrossEncoderJudge
 
-                ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
-                judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
-            if ctx.cfg.embedder.devices is not None:
-                devices.enter_context(on_devices(emb, ctx.cfg.embedder.devices))
-            try:
-                _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
-            except BudgetStop as e:
-                if isinstance(e, OutageStop):
-                    raise
-                # the LLM judge spent a --max-* budget: the shards written so far are kept, the
-                # judgements of the unfinished block are in the request cache for the rerun
-                stopped_by = e.reason
+            ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
+            judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
+        try:
+            _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
+        except BudgetStop as e:
+            if isinstance(e, OutageStop):
+                raise
+            # the LLM judge spent a --max-* budget: the shards written so far are kept, the
+            # judgements of the unfinished block are in the request cache for the rerun
+            stopped_by = e.reason
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
-
-
-def on_devices(emb, devices):
-    """``embedder.devices``: sentence-transformers' multi-process pool over those devices."""
-    from negsynth.embed.st import SentenceTransformerEmbedder, multi_device
-
-    if not isinstance(emb, SentenceTransformerEmbedder):
-        raise UserError(
-            f"embedder.devices = {devices!r}: several devices work with sentence-transformers models; remove it for {type(emb).__name__}"
-        )
-    return multi_device(emb, devices)
 
 
 def count_rows(path: Path) -> int:
