@@ -5,7 +5,7 @@ The server is another process (a small asyncio HTTP/1.1 server answering every c
 process pinned to the first, so only the client's own work is counted (``getrusage`` of the client
 process around the requests, after a warm-up). Arms:
 
-``client``      negsynth's client as a stage opens it (:func:`negsynth.llm.open_client`: request
+``client``      negsynth's client as a stage opens it (:func:`negsynth.llm.session.open_client`: request
                 cache on disk, rate limiter, transport retries) asking ``structured`` with a
                 schema and a validator: cache key, SQLite write, SDK call, JSON extraction;
 ``sdk``         the openai SDK alone on the same HTTP client (its aiohttp one), ``post`` of the
@@ -114,7 +114,7 @@ async def run_arm(arm: str, url: str, n: int, concurrency: int, warm: int, cache
         return (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
     if arm == "client":
-        from negsynth.llm import open_client
+        from negsynth.llm.session import open_client
         from negsynth.schemas.config import LLMConfig
 
         cfg = LLMConfig(base_url=url, model="fake", max_concurrency=concurrency, timeout=60, max_tokens=600)

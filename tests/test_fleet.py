@@ -1,4 +1,4 @@
-"""The embedded fleet (negsynth.llm.fleet): its shape (servers x threads), its servers started and
+"""The embedded fleet (negsynth.llm.server): its shape (servers x threads), its servers started and
 stopped together (a stand-in llama-server), one that dies started again, and the stage's
 ``[llm]`` with the fleet as its endpoints."""
 
@@ -16,7 +16,6 @@ import httpx
 import pytest
 from helpers import STAND_IN_LLAMA_SERVER
 
-from negsynth.llm import fleet as F
 from negsynth.llm import server
 from negsynth.llm.prefix_pin import RepeatGuard, guard
 from negsynth.schemas.config import LLMConfig, RunConfig, ServeConfig
@@ -41,26 +40,26 @@ def _opt(cmd: list[str], flag: str) -> str:
     ],
 )
 def test_the_fleet_has_one_single_threaded_server_per_free_core(cpus, load, serve, want, monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
-    assert F.fleet_shape(ServeConfig(**serve), cpus=cpus, load=load) == want
+    monkeypatch.setattr(server, "available_mib", lambda: 10**6)  # plenty
+    assert server.fleet_shape(ServeConfig(**serve), cpus=cpus, load=load) == want
 
 
 def test_automatic_servers_leave_memory_free(monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: 3 * F.SERVER_MIB + 10)
-    assert F.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (3, 1)
-    assert F.fleet_shape(ServeConfig(servers=8), cpus=16, load=0.0) == (8, 1)  # a count is the user's
-    monkeypatch.setattr(F, "available_mib", lambda: 10)
-    assert F.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (1, 1)
+    monkeypatch.setattr(server, "available_mib", lambda: 3 * server.SERVER_MIB + 10)
+    assert server.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (3, 1)
+    assert server.fleet_shape(ServeConfig(servers=8), cpus=16, load=0.0) == (8, 1)  # a count is the user's
+    monkeypatch.setattr(server, "available_mib", lambda: 10)
+    assert server.fleet_shape(ServeConfig(), cpus=16, load=0.0) == (1, 1)
 
 
 def test_a_kept_thread_count_sets_threads_not_the_answer_count(monkeypatch):
-    monkeypatch.setattr(F, "available_mib", lambda: 10**6)  # plenty
-    assert F.fleet_shape(ServeConfig(), threads=2, cpus=4, load=0.0) == (2, 2)
+    monkeypatch.setattr(server, "available_mib", lambda: 10**6)  # plenty
+    assert server.fleet_shape(ServeConfig(), threads=2, cpus=4, load=0.0) == (2, 2)
 
 
 def test_the_count_is_measured_only_when_needed(monkeypatch):
-    monkeypatch.setattr(F, "free_cores", lambda **kw: (_ for _ in ()).throw(AssertionError("measured")))
-    assert F.fleet_shape(ServeConfig(servers=2, n_threads=1)) == (2, 1)
+    monkeypatch.setattr(server, "free_cores", lambda **kw: (_ for _ in ()).throw(AssertionError("measured")))
+    assert server.fleet_shape(ServeConfig(servers=2, n_threads=1)) == (2, 1)
 
 
 def test_servers_must_be_auto_or_a_count():
@@ -74,11 +73,11 @@ def test_servers_must_be_auto_or_a_count():
 def test_a_fleet_url_becomes_the_clients_endpoints():
     cfg = LLMConfig(max_concurrency=5)
     urls = ["http://127.0.0.1:8765/v1", "http://127.0.0.1:8766/v1"]
-    got = F.fleet_llm_config(cfg, F.join_urls(urls))
+    got = server.fleet_llm_config(cfg, " ".join(urls))
     assert [e.base_url for e in got.endpoints] == urls and got.base_url == urls[0]
     assert [e.max_concurrency for e in got.endpoints] == [3, 3] and got.total_concurrency == 6
-    assert F.fleet_llm_config(LLMConfig(max_concurrency=1), F.join_urls(urls)).total_concurrency == 2  # every server busy
-    assert F.fleet_llm_config(cfg, urls[0]) is cfg and F.fleet_llm_config(cfg, None) is cfg  # one server: as before
+    assert server.fleet_llm_config(LLMConfig(max_concurrency=1), " ".join(urls)).total_concurrency == 2  # every server busy
+    assert server.fleet_llm_config(cfg, urls[0]) is cfg and server.fleet_llm_config(cfg, None) is cfg  # one server: as before
 
 
 def test_the_stage_sends_to_every_server_of_the_fleet(tmp_path):
@@ -111,7 +110,7 @@ def stand_in(tmp_path) -> tuple[ServeConfig, Path]:
 
 def test_the_fleet_starts_its_servers_together_and_stops_them_together(stand_in, tmp_path):
     cfg, out = stand_in
-    fleet = F.EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / "logs")
+    fleet = server.EmbeddedFleet(cfg, "smollm2-135m-instruct", log_dir=tmp_path / "logs")
     assert len(fleet) == 3 and fleet.threads == 1 and fleet.slots == 1
     with fleet:
         urls = fleet.urls
@@ -133,8 +132,8 @@ def test_the_fleet_starts_its_servers_together_and_stops_them_together(stand_in,
 
 def test_a_server_that_dies_is_started_again_on_its_port(stand_in, tmp_path, monkeypatch):
     cfg, _ = stand_in
-    monkeypatch.setattr(F.EmbeddedFleet, "WATCH_S", 0.05)
-    with F.EmbeddedFleet(cfg.model_copy(update={"servers": 2}), "m", log_dir=tmp_path / "logs") as fleet:
+    monkeypatch.setattr(server.EmbeddedFleet, "WATCH_S", 0.05)
+    with server.EmbeddedFleet(cfg.model_copy(update={"servers": 2}), "m", log_dir=tmp_path / "logs") as fleet:
         dead = fleet.servers[1]
         url, old = dead.base_url, dead.proc
         os.kill(old.pid, signal.SIGKILL)
@@ -157,12 +156,12 @@ def test_a_server_that_dies_is_started_again_on_its_port(stand_in, tmp_path, mon
 def test_without_a_llama_server_the_fleet_names_the_build_script(monkeypatch):
     monkeypatch.setattr(server, "find_llama_server", lambda server_path=None: None)
     with pytest.raises(server.UserError, match=r"bash scripts/build_llama_server\.sh"):
-        F.EmbeddedFleet(ServeConfig(servers=4), "m")
+        server.EmbeddedFleet(ServeConfig(servers=4), "m")
 
 
 def test_a_server_that_cannot_start_stops_the_others(stand_in, tmp_path, monkeypatch):
     cfg, _ = stand_in
-    fleet = F.EmbeddedFleet(cfg.model_copy(update={"servers": 2}), "m", log_dir=tmp_path / "logs")
+    fleet = server.EmbeddedFleet(cfg.model_copy(update={"servers": 2}), "m", log_dir=tmp_path / "logs")
     real_start = server.EmbeddedServer.start
 
     def start(self):

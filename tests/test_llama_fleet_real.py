@@ -1,4 +1,4 @@
-"""Integration: the real llama-server fleet (negsynth.llm.fleet) with SmolLM2-135M: an answer does
+"""Integration: the real llama-server fleet (negsynth.llm.server) with SmolLM2-135M: an answer does
 not depend on the fleet. The same 6 requests through one single-threaded server and through two,
 in the reverse order, give the same text: with every prompt evaluated whole, and with the shared
 prefix pinned (each server's slot set to the request's own prefix before it, whatever it served
@@ -42,7 +42,7 @@ def _requests() -> list[list[dict]]:
 
 def _answers(servers: int, order: list[int], tmp_path, *, pin: bool = False) -> dict[int, str]:
     from negsynth.llm.client import LLMClient
-    from negsynth.llm.fleet import EmbeddedFleet, fleet_llm_config
+    from negsynth.llm.server import EmbeddedFleet, fleet_llm_config
 
     cfg = ServeConfig(port=_free_port("127.0.0.1"), n_ctx=1024, startup_timeout=180, servers=servers)
     msgs = _requests()

@@ -1,4 +1,4 @@
-"""``negsynth.llm.open_client``: a ready client without a run dir or a stage, its checks in order."""
+"""``negsynth.llm.session.open_client``: a ready client without a run dir or a stage, its checks in order."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from fake_openai import FakeOpenAI, Reply
 
 from negsynth.errors import UserError
-from negsynth.llm import CacheOpenError, LLMFatalError, RequestCache, open_client
-from negsynth.llm.cache import request_key_and_body
+from negsynth.llm.cache import RequestCache, request_key_and_body
+from negsynth.llm.errors import LLMFatalError
+from negsynth.llm.session import CacheOpenError, open_client
 from negsynth.schemas.config import LLMConfig
 
 
@@ -65,7 +66,7 @@ def test_the_client_is_built_whole_from_the_factorys_arguments(tmp_path):
     """Gate, ledger, wait notices, commit window and transport are arguments of ``open_client``;
     ``prepare`` runs once the endpoint answered the preflight, before the transport is built from
     the client, which is closed on the way out."""
-    from negsynth.llm import BudgetStop
+    from negsynth.llm.errors import BudgetStop
 
     order: list[str] = []
 

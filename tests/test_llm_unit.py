@@ -1,19 +1,28 @@
 """Cache key, JSON extraction and the client's two retry layers (against the fake server)."""
 
 import asyncio
+import hashlib
 import json
 
 import pytest
 from fake_openai import FakeOpenAI, Reply
 
-from negsynth.llm import LLMClient, ParseError, RequestCache, ValidationFailure, extract_json, request_key
+from negsynth.llm.cache import RequestCache, request_key_and_body
+from negsynth.llm.client import LLMClient
+from negsynth.llm.errors import ValidationFailure
+from negsynth.llm.parsing import ParseError, extract_json
 from negsynth.schemas.config import LLMConfig
 
 
 def test_request_key_covers_every_input():
+    def key(v: dict) -> str:
+        return request_key_and_body(v["p"], v["n"])[0]
+
     base = {"p": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7, "max_tokens": 5}, "n": 0}
-    k = request_key(base)
-    assert k == request_key(json.loads(json.dumps(base)))  # order/identity independent
+    k = key(base)
+    # the key of every cached answer: a SHA-256 of the sorted, compact JSON of {"n", "p"}
+    assert k == hashlib.sha256(json.dumps(base, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+    assert k == key({"n": 0, "p": dict(reversed(list(base["p"].items())))})  # order independent
     variants = [
         {**base, "n": 1},
         {**base, "p": {**base["p"], "model": "m2"}},
@@ -22,7 +31,7 @@ def test_request_key_covers_every_input():
         {**base, "p": {**base["p"], "messages": [{"role": "user", "content": "hi!"}]}},
         {**base, "p": {**base["p"], "response_format": {"type": "json_object"}}},
     ]
-    assert len({request_key(v) for v in variants} | {k}) == len(variants) + 1
+    assert len({key(v) for v in variants} | {k}) == len(variants) + 1
 
 
 def test_cache_persists(tmp_path):
@@ -99,7 +108,7 @@ def test_reask_shows_error_and_sums_usage(tmp_path):
 
 
 def test_fatal_auth_error(tmp_path):
-    from negsynth.llm import LLMFatalError
+    from negsynth.llm.errors import LLMFatalError
 
     async def go(url):
         async with LLMClient(_cfg(url), base_url=url, api_key="wrong") as llm:

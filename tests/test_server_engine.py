@@ -196,7 +196,7 @@ def test_a_run_dir_keeps_the_threads_per_server_of_its_first_servers(tmp_path, g
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
     run_dir = tmp_path / "run"
-    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)  # one server: one argv file
+    monkeypatch.setattr("negsynth.llm.server.free_cores", lambda **kw: 1)  # one server: one argv file
 
     def start(**serve) -> tuple[str, str]:
         cfg = RunConfig.model_validate(
@@ -242,7 +242,7 @@ def test_a_run_dir_keeps_the_prompt_mode_of_its_first_servers_and_ray_evaluates_
 
     argv_file = tmp_path / "argv.json"
     binary = _executable(tmp_path / "llama-server", STAND_IN_LLAMA_SERVER.format(python=sys.executable, argv_path=repr(str(argv_file))))
-    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)
+    monkeypatch.setattr("negsynth.llm.server.free_cores", lambda **kw: 1)
 
     def start(run_dir, *, in_process=True, **serve) -> tuple[list[str], str]:
         serve = {
@@ -289,7 +289,7 @@ def test_a_resume_on_another_llama_server_build_is_told_so(tmp_path, gguf, monke
     first = _executable(tmp_path / "a" / "llama-server", source)
     second = _executable(tmp_path / "b" / "llama-server", source + "# another build\n")
     run_dir = tmp_path / "run"
-    monkeypatch.setattr("negsynth.llm.fleet.free_cores", lambda **kw: 1)
+    monkeypatch.setattr("negsynth.llm.server.free_cores", lambda **kw: 1)
 
     def start(binary) -> list[str]:
         serve = {"model_path": str(gguf), "server_path": str(binary), "startup_timeout": 30, "port": server._free_port("127.0.0.1")}

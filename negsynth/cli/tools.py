@@ -104,7 +104,7 @@ def serve(
 
     One single-threaded server per free core (``serve.servers``, ``serve.n_threads``); with
     several, their URLs are printed as the ``llm.endpoints`` to pass to a run."""
-    from negsynth.llm.fleet import EmbeddedFleet
+    from negsynth.llm.server import EmbeddedFleet
     from negsynth.schemas.config_io import load_config
 
     setup_logging(verbose)

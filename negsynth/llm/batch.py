@@ -1,12 +1,10 @@
 """OpenAI Batch API transport: the same stage, validators, cache and shard writer, half the price.
 
-:class:`BatchTransport` plugs into :class:`~negsynth.llm.client.LLMClient` (``open_client(transport=...)``):
-``chat()`` parks each request here, and when every item in progress is waiting the parked requests
-become one round: ``RUN_DIR/<stage>/_batch/round-NNNN.jsonl`` (``custom_id`` = the cache key),
-uploaded, run as a batch, polled, collected into the request cache and handed back to ``chat()``.
-Re-asks and failed lines (up to ``llm.max_retries`` times) form the next round. ``_batch/state.json``
-records each step, so a process killed after submitting polls the open batch again instead of
-resubmitting (docs/reliability.md, "OpenAI Batch API").
+``chat()`` parks each request here; when every item in progress waits, the parked requests become
+one round (``RUN_DIR/<stage>/_batch/round-NNNN.jsonl``, ``custom_id`` = the cache key), run as a
+batch and collected into the request cache. Re-asks and failed lines form the next round;
+``_batch/state.json`` lets a killed process poll its open batch again instead of resubmitting
+(docs/reliability.md, "OpenAI Batch API").
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """A persistent request cache so a rerun or a resumed run pays for no LLM call twice.
 
-Keyed by a SHA-256 of everything that shapes a request (model, messages, response format, sampling,
-extra body, sample index); SQLite in WAL mode. In an event loop the answers of one iteration (or of
-``commit_window`` seconds) share one commit; a re-ask calls :meth:`RequestCache.flush` first. The
-API key is never part of the key or the value.
+Keyed by a SHA-256 of the whole request body and the sample index (never the API key); SQLite in
+WAL mode. In an event loop the answers of one iteration (or of ``commit_window`` seconds) share
+one commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -19,15 +17,10 @@ from typing import Any
 from negsynth.data import jsonfast
 
 
-def request_key(payload: dict[str, Any]) -> str:
-    """Stable hash of a request payload (dict keys sorted, no whitespace)."""
-    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
 def request_key_and_body(payload: dict[str, Any], sample_index: int) -> tuple[str, bytes]:
-    """``request_key({"p": payload, "n": sample_index})`` and the request body, from one JSON dump:
-    the sorted dump is ``{"n":N,"p":<payload, sorted>}`` and the body its inner slice."""
+    """The cache key, SHA-256 of ``{"n":N,"p":<payload>}`` as sorted compact JSON (the bytes of
+    ``json.dumps(..., sort_keys=True, ensure_ascii=False, separators=(",", ":"))``), and the
+    request body, that dump's inner slice."""
     blob = jsonfast.dumps({"n": sample_index, "p": payload}, sort_keys=True)  # the same bytes as json.dumps
     head = len(b'{"n":%d,"p":' % sample_index)
     return hashlib.sha256(blob).hexdigest(), blob[head:-1]

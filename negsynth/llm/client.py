@@ -1,12 +1,10 @@
 """An async client for any OpenAI-compatible chat-completions endpoint; it knows nothing of MGH.
 
-Every request goes through the openai SDK (``AsyncOpenAI`` on aiohttp: proxies from
-``HTTP(S)_PROXY`` / ``NO_PROXY``, TLS from the system and ``SSL_CERT_FILE``) as a plain
-``POST /chat/completions`` whose JSON the client reads itself. Two retry layers, kept apart:
-transport faults (429 with ``Retry-After``, 408/409/5xx, timeouts, resets, empty ``choices``)
-are retried with jittered exponential backoff and never shown to the model; an answer that fails
-to parse or validate is sent back with the error, up to ``llm.max_attempts`` attempts. Every
-answer is stored in the :class:`~negsynth.llm.cache.RequestCache` before it is used.
+Every request is a plain ``POST /chat/completions`` through the openai SDK on aiohttp (proxies
+from ``HTTP(S)_PROXY``, TLS from the system and ``SSL_CERT_FILE``). Two retry layers, kept apart:
+transport faults (429, 408/409/5xx, timeouts, resets, empty ``choices``) are retried with jittered
+backoff and never shown to the model; an answer that fails to parse or validate is sent back with
+the error, up to ``llm.max_attempts``. Every answer is in the request cache before it is used.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ T = TypeVar("T")
 
 @dataclass
 class ClientStats:
-    """What a client sent, what the cache answered, what failed and how, the outages it waited
-    out; the budget gate reads them before each request, each stage's stats.json records them."""
+    """A client's counters: the budget gate reads them before each request, stats.json records them."""
 
     requests: int = 0
     cache_hits: int = 0
@@ -89,11 +86,6 @@ class LLMResult(Generic[T]):
     detail: str = ""
     usage: Usage = field(default_factory=Usage)
     reasons: list[str] = field(default_factory=list)  # reason of each failed attempt
-
-
-def _with_cache_prompt(payload: dict, on: bool) -> dict:
-    """``payload`` with llama-server's ``cache_prompt`` set (sent, never part of the cache key)."""
-    return {**payload, "extra_body": {**(payload.get("extra_body") or {}), "cache_prompt": on}}
 
 
 def resolve_api_key(cfg: LLMConfig) -> str:
@@ -123,7 +115,6 @@ def answer_of(completion: dict) -> dict:
 
 
 def read_completion(raw: bytes) -> dict:
-    """The :func:`answer_of` a chat completion's JSON body."""
     try:
         obj = jsonfast.loads(raw)
         choices = obj.get("choices")
@@ -139,9 +130,7 @@ class LLMClient(OutageWatch):
 
     ``async with LLMClient(cfg, base_url=..., cache=...) as llm:`` then ``await
     llm.structured(messages, schema=..., validate=fn, sample_index=i)``; :func:`open_client` builds
-    one from the config. The failures in a row and the waits for a server that went away are
-    :class:`~negsynth.llm.outage.OutageWatch`'s, mixed in.
-    """
+    one from the config. The outage bookkeeping is :class:`~negsynth.llm.outage.OutageWatch`'s."""
 
     def __init__(
         self,
@@ -154,7 +143,6 @@ class LLMClient(OutageWatch):
         gate: Callable[[ClientStats], str | None] | None = None,
         ledger: Any | None = None,
         on_wait: Callable[[str, bool], None] | None = None,
-        transport: Any | None = None,
         stage: str | None = None,
     ):
         self.cfg = cfg
@@ -164,13 +152,12 @@ class LLMClient(OutageWatch):
         self.cache = cache if cfg.cache else None
         self.stats = ClientStats()
         self.limiter = limiter or rate_limiter(cfg)
-        #: called with the counters before every request that would be sent: a reason stops it (a budget)
+        #: a budget: called with the counters before every request; a reason stops it
         self.gate = gate
-        #: a budget shared with other processes (``--executor ray``): ``await ledger.reserve()``
-        #: counts a request (a reason stops it), ``unreserve()`` gives one back, ``add(pt, ct)`` tokens
+        #: a budget shared by processes: ``await reserve()`` (a reason stops it), ``unreserve()``, ``add(pt, ct)``
         self.ledger = ledger
-        #: batch mode: ``await transport.submit(key, payload)`` answers instead of a live request
-        self.transport = transport
+        #: batch mode (set by ``open_client``): ``await transport.submit(key, payload)`` answers instead of a live request
+        self.transport: Any | None = None
         self._sem = asyncio.Semaphore(cfg.total_concurrency)
         self._api_key = api_key if api_key is not None else resolve_api_key(cfg)
         self._sdk: Any = None  # the openai SDK client, made on first use
@@ -193,7 +180,6 @@ class LLMClient(OutageWatch):
         return text
 
     def _endpoint_client(self, url: str, key: str, concurrency: int) -> LLMClient:
-        """The single-URL client whose SDK carries one endpoint's requests."""
         cfg = self.cfg.model_copy(update={"base_url": url, "max_concurrency": concurrency, "endpoints": []})
         return LLMClient(cfg, base_url=url, api_key=key)
 
@@ -302,12 +288,10 @@ class LLMClient(OutageWatch):
         return {**result, "cached": False}
 
     def cache_answer(self, key: str, result: dict) -> None:
-        """Keep an answer in the request cache, with the :attr:`stage` that asked for it."""
         self.cache.put(key, result if self.stage is None else {**result, "stage": self.stage})
 
     def backoff(self, exc: BaseException, attempt: int) -> float:
-        """Seconds before retry ``attempt`` (1 = the first): ``Retry-After`` (capped by ``backoff_max``),
-        else full-jitter exponential ``uniform(0, min(backoff_max, backoff_initial * 2 ** (attempt - 1)))``."""
+        """Seconds before retry ``attempt`` (1 = the first): ``Retry-After``, else full-jitter exponential."""
         ra = retry_after_seconds(exc)
         if ra is not None:
             return min(ra, self.cfg.backoff_max)
@@ -374,8 +358,8 @@ class LLMClient(OutageWatch):
         raise TransportError("transport_" + kind, f"gave up after {retries} retries: {self._redact(detail)}") from None
 
     async def _post(self, payload: dict, body: bytes | None) -> bytes:
-        """``POST /chat/completions``; the answer's raw JSON. ``body``: the payload already serialised
-        (``request_key_and_body``); ``extra_body`` keys go to the top level, as the SDK's typed methods do."""
+        """The raw answer to ``payload`` (or ``body``, its serialised form); ``extra_body`` keys go to
+        the top level, as the SDK's typed methods do."""
         extra = payload.get("extra_body")
         if extra is not None or body is None:
             merged = {k: v for k, v in payload.items() if k != "extra_body"}
@@ -419,8 +403,9 @@ class LLMClient(OutageWatch):
                         raw = await via._post(payload, body)
                     else:  # an embedded llama-server: its answer a fresh server's (negsynth.llm.prefix_pin)
                         async with via._guard.hold(payload["messages"]) as cache_prompt:
-                            if cache_prompt is not None:
-                                payload, body = _with_cache_prompt(payload, cache_prompt), None
+                            if cache_prompt is not None:  # sent, never part of the cache key
+                                extra = {**(payload.get("extra_body") or {}), "cache_prompt": cache_prompt}
+                                payload, body = {**payload, "extra_body": extra}, None
                             raw = await via._post(payload, body)
                 answer = read_completion(raw)
             except Exception as e:
@@ -458,52 +443,50 @@ class LLMClient(OutageWatch):
         reask_template: str = "Your answer was rejected: ${detail}\nReturn a corrected JSON object only.",
     ) -> LLMResult[T]:
         """Ask until ``validate(parsed_json)`` returns a value or attempts run out. ``validate``
-        raises :class:`ValidationFailure` to reject; the next attempt
-        appends ``reask_template`` with ``${detail}`` filled in. A transport failure after all
-        retries yields a result with reason ``transport_*``."""
+        raises :class:`ValidationFailure` to reject; the next attempt appends ``reask_template``
+        with ``${detail}`` filled in. A transport failure after all retries yields a result with
+        reason ``transport_*``."""
         batch = self.transport  # told when an item begins and ends: its round goes out once every item waits
         if batch is not None:
             batch.begin()
         try:
-            return await self._ask(messages, validate, schema, name, sample_index, temperature, reask_template)
+            rf = response_format_for(self.cfg.structured_output, schema, name)
+            msgs = list(messages)
+            pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt
+            reasons: list[str] = []
+            raw: str | None = None
+            reason, detail = None, ""
+            for attempt in range(self.cfg.max_attempts):
+                if attempt and self.cache is not None:
+                    self.cache.flush()  # the answer being re-asked is on disk before the re-ask leaves
+                payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
+                try:
+                    out = await self.chat(payload, sample_index=sample_index)
+                except TransportError as e:
+                    usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts + 1)
+                    return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
+                pt, ct = out["usage"]
+                pt_sum, ct_sum, attempts = pt_sum + pt, ct_sum + ct, attempts + 1
+                raw = out["text"]
+                try:
+                    if out["finish_reason"] == "length":
+                        raise ValidationFailure(
+                            "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
+                        )
+                    value = validate(extract_json(raw))
+                    usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts)
+                    return LLMResult(value, raw, None, "", usage, reasons)
+                except ValidationFailure as e:  # a ParseError too
+                    reason, detail = e.reason, e.detail
+                    reasons.append(reason)
+                    self.stats.failed_attempts[reason] += 1
+                if attempt + 1 < self.cfg.max_attempts:
+                    self.stats.reasks += 1
+                    msgs = msgs + [
+                        {"role": "assistant", "content": raw or ""},
+                        {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
+                    ]
+            return LLMResult(None, raw, reason, detail, Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
         finally:
             if batch is not None:
                 batch.end()
-
-    async def _ask(self, messages, validate, schema, name, sample_index, temperature, reask_template) -> LLMResult:
-        rf = response_format_for(self.cfg.structured_output, schema, name)
-        msgs = list(messages)
-        pt_sum = ct_sum = attempts = 0  # one Usage model at the end, not three per attempt
-        reasons: list[str] = []
-        raw: str | None = None
-        reason, detail = None, ""
-        for attempt in range(self.cfg.max_attempts):
-            if attempt and self.cache is not None:
-                self.cache.flush()  # the answer being re-asked is on disk before the re-ask leaves
-            payload = self.payload(msgs, response_format=rf, temperature=temperature, sample_index=sample_index)
-            try:
-                out = await self.chat(payload, sample_index=sample_index)
-            except TransportError as e:
-                usage = Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts + 1)
-                return LLMResult(None, raw, e.reason, e.detail, usage, reasons + [e.reason])
-            pt, ct = out["usage"]
-            pt_sum, ct_sum, attempts = pt_sum + pt, ct_sum + ct, attempts + 1
-            raw = out["text"]
-            try:
-                if out["finish_reason"] == "length":
-                    raise ValidationFailure(
-                        "truncated", "the answer was cut off at the token limit; answer more briefly with complete JSON"
-                    )
-                value = validate(extract_json(raw))
-                return LLMResult(value, raw, None, "", Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)
-            except ValidationFailure as e:  # a ParseError too
-                reason, detail = e.reason, e.detail
-                reasons.append(reason)
-                self.stats.failed_attempts[reason] += 1
-            if attempt + 1 < self.cfg.max_attempts:
-                self.stats.reasks += 1
-                msgs = msgs + [
-                    {"role": "assistant", "content": raw or ""},
-                    {"role": "user", "content": Template(reask_template).safe_substitute(detail=detail)},
-                ]
-        return LLMResult(None, raw, reason, detail, Usage(prompt_tokens=pt_sum, completion_tokens=ct_sum, attempts=attempts), reasons)

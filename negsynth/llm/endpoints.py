@@ -1,11 +1,9 @@
 """Several servers of one model behind one client (``llm.endpoints``), and the API keys they use.
 
-Each attempt goes to the endpoint with the most free capacity (fewest in flight relative to its
-``max_concurrency``; ties: the larger, then the first listed). A transport fault takes an endpoint
-out; ``GET /models`` probes it back with doubling backoff, and it then gets one request at a time
-until one is answered. With every endpoint out, a request goes to the one due soonest, so a fleet
-down as a whole is met as one server that is down (the client's outage wait). The cache key never
-names the endpoint. Behaviour as users see it: docs/configuration.md, "Several LLM servers".
+Each attempt goes to the endpoint with the most free capacity; a transport fault takes one out
+until ``GET /models`` answers again; with every endpoint out, the one due soonest is tried, so a
+fleet down as a whole is one server down (the client's outage wait). The cache key never names
+the endpoint. Behaviour as users see it: docs/configuration.md, "Several LLM servers".
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from negsynth.errors import UserError
+from negsynth.llm.errors import refused, status_code, transport_kind
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def read_key(env: str | None, file: str | None, where: str, error: type[Exceptio
 
 def one_line_key(key: str, where: str, error: type[Exception] = UserError) -> str:
     """``key``, or ``error`` naming a control, invisible or other non-ASCII character in it (a pasted
-    zero-width space, a look-alike letter) at start-up, instead of a traceback or a 401 later."""
+    zero-width space, a look-alike letter), instead of a 401 later."""
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise error(f"the API key in {where} contains a line break or control character; it must be one line (never shown here)")
     for i, c in enumerate(key):
@@ -73,11 +72,6 @@ def public_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
-def takes_out(kind: str | None) -> bool:
-    """Whether a transport fault of ``kind`` (see ``errors.transport_kind``) says the endpoint is unwell."""
-    return kind in ("connection", "timeout", "bad_response") or (kind or "").startswith("http_5")
 
 
 def endpoint_key(cfg: Any, i: int, default_key: str) -> tuple[str, str]:
@@ -113,8 +107,7 @@ class Endpoint:
 
 
 class EndpointSet:
-    """The endpoints of one client: picks one per attempt, takes faulty ones out, probes them back.
-    ``make_client(url, key, max_concurrency)``: the single-URL client that carries an endpoint's requests."""
+    """``make_client(url, key, max_concurrency)``: the single-URL client that carries an endpoint's requests."""
 
     def __init__(self, cfg: Any, default_key: str, make_client: Callable[[str, str, int], Any]):
         self.endpoints: list[Endpoint] = []
@@ -153,16 +146,20 @@ class EndpointSet:
             await e.client.__aexit__(None, None, None)
 
     async def _health(self, e: Endpoint, timeout: float) -> str | None:
-        """None when ``GET /models`` answers, else a short reason."""
+        """None when ``GET /models`` answers (a redirect or a refused key is no answer), else a short reason."""
         try:
-            await e.client.preflight(timeout=timeout)
-        except UserError as err:
-            msg = str(err)
-            for reason in ("refused the API key", "connection refused"):  # said as the client says it
-                if reason in msg:
-                    return reason
-            return f"no answer within {timeout:g} s" if "did not answer" in msg else "unreachable"
-        return None
+            async with asyncio.timeout(timeout):
+                await e.client.sdk.get("/models", cast_to=bytes, options={"timeout": timeout})
+            return None
+        except Exception as err:
+            code = status_code(err)
+            if code in (401, 403):
+                return "refused the API key"
+            if code is not None and not 300 <= code < 400:
+                return None
+            if refused(err):
+                return "connection refused"
+            return f"no answer within {timeout:g} s" if transport_kind(err) == "timeout" else "unreachable"
 
     async def preflight(self, timeout: float) -> None:
         """Check every endpoint at once: a refused key or none answering stops the run, one unreachable is taken out."""
@@ -208,7 +205,7 @@ class EndpointSet:
             self._changed.set()
 
     def _start_due_probes(self) -> float | None:
-        """Start the probes that are due; the seconds until the next one is (None: none pending)."""
+        """Start the probes that are due; the seconds until the next one (None: none pending)."""
         now = time.monotonic()
         wait = None
         for e in self.endpoints:
@@ -250,11 +247,11 @@ class EndpointSet:
                 pass
 
     def failed(self, e: Endpoint, kind: str | None, never_sent: bool) -> None:
-        """The attempt on ``e`` raised; a transport fault of the kinds :func:`takes_out` names takes it out."""
+        """The attempt on ``e`` raised; a transport fault that says the endpoint is unwell takes it out."""
         if never_sent:
             e.requests -= 1
-        if takes_out(kind):
-            self._take_out(e, kind or "transport")
+        if kind in ("connection", "timeout", "bad_response") or (kind or "").startswith("http_5"):
+            self._take_out(e, kind)
 
     def answered(self, e: Endpoint) -> None:
         e.backoff = 0.0
@@ -267,7 +264,7 @@ class EndpointSet:
         self._changed.set()
 
     def hanging(self) -> str | None:
-        """The endpoints last taken out for a timeout, or None."""
+        """The endpoints last taken out for a timeout."""
         return ", ".join(e.label for e in self.endpoints if e.why == "timeout") or None
 
     def as_dict(self) -> dict[str, dict[str, int]]:

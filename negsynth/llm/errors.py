@@ -22,7 +22,7 @@ class LLMFatalError(NegsynthError, RuntimeError):
 
 
 class Failure(NegsynthError):
-    """A failure with a short ``reason`` code and a one-line ``detail``."""
+    """A short ``reason`` code and a one-line ``detail``."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
@@ -47,7 +47,7 @@ class BadResponse(NegsynthError, RuntimeError):
 
 
 class NotSent(NegsynthError, ConnectionError):
-    """Something before the request failed: nothing was sent (no request); retried as a connection fault."""
+    """Something before the request failed, so nothing was sent; retried as a connection fault."""
 
 
 class BudgetStop(NegsynthError, RuntimeError):
@@ -73,11 +73,11 @@ def _openai() -> Any:
 
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and what it was raised from, outermost first (the SDK wraps the socket's error twice)."""
-    seen = 0
     e: BaseException | None = exc
-    while e is not None and seen < 8:
+    for _ in range(8):
+        if e is None:
+            return
         yield e
-        seen += 1
         e = e.__cause__ or e.__context__
 
 
@@ -140,12 +140,9 @@ def refused(exc: BaseException) -> bool:
 def retry_after_seconds(exc: BaseException) -> float | None:
     """The wait a fault's ``Retry-After-Ms`` / ``Retry-After`` header asks for (seconds or an HTTP
     date), or None when it names none."""
-    headers = getattr(exc, "headers", None)
+    headers = getattr(exc, "headers", None) or getattr(getattr(exc, "response", None), "headers", None)
     if headers is None:
-        resp = getattr(exc, "response", None)
-        if resp is None:
-            return None
-        headers = resp.headers
+        return None
     ms = headers.get("retry-after-ms")
     if ms:
         try:
@@ -201,7 +198,7 @@ def outage_message(base_url: str, cfg: LLMConfig, n: int, kinds: Counter, last: 
 
 
 def unreachable_message(url: str, e: BaseException, timeout: float) -> str:
-    """One line for an endpoint that did not answer its health check (``GET /models``)."""
+    """One line for an endpoint that did not answer ``GET /models``."""
     tls = tls_failure(e)
     if tls:
         return tls_message(url, tls)
@@ -214,7 +211,6 @@ def unreachable_message(url: str, e: BaseException, timeout: float) -> str:
 
 
 def tls_message(url: str, detail: str) -> str:
-    """One line for a failed TLS handshake with ``url``: what failed and the two usual fixes."""
     return (
         f"llm.base_url={url}: TLS failed ({detail[:200]}); the server's certificate is not trusted or not for this host: "
         "point SSL_CERT_FILE at its CA certificate, or fix llm.base_url (http:// for a plain server)"

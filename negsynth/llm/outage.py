@@ -1,12 +1,6 @@
 """The outage bookkeeping of :class:`~negsynth.llm.client.LLMClient`: failures in a row, the
-breaker, and riding out a server that went away (docs/reliability.md, "What is guaranteed").
-
-A request whose transport retries ran out is one failure in a row; an answer resets the count
-unless it was sent before the run of failures began. At ``llm.max_consecutive_failures`` the
-client stops (``outage``) or, with ``llm.outage_wait``, holds every request and waits: after each
-pause one held request goes alone, with no retries, as the probe. Answered: every request goes
-again. Refused, reset, 5xx, 429: the wait goes on until ``llm.outage_wait`` has passed. Taken and
-not answered within ``llm.timeout``: the server hangs, which no wait cures, so the stage stops.
+breaker, and riding out a server that went away, with one held request at a time as the probe
+(the rules: docs/reliability.md, "What is guaranteed").
 """
 
 from __future__ import annotations
@@ -40,8 +34,7 @@ class OutageWatch:
     on_wait: Callable[[str, bool], None] | None
     _opened: Callable[[], bool]
 
-    #: times an item is sent again after failing while the server answered other requests
-    #: (a request the server keeps failing, not an outage): then it is left pending
+    #: times an item is sent again after failing while the server answered others; then it is left pending
     SPORADIC_RETRIES = 2
 
     def _init_watch(self) -> None:
@@ -84,7 +77,7 @@ class OutageWatch:
         self._wake = asyncio.Event()
 
     def _trial_done(self, trial: asyncio.Future | None) -> None:
-        """The probe request ended without an answer or a transport failure (a budget, a fatal error)."""
+        """The probe ended with neither an answer nor a transport failure (a budget, a fatal error)."""
         if trial is not None and not trial.done():
             trial.set_result("other")
 
@@ -108,8 +101,7 @@ class OutageWatch:
                 self._start_wait(message)
 
     def _note_answer(self, sent: int, trial: asyncio.Future | None = None) -> None:
-        """Request number ``sent`` was answered: the run of failures is over, unless it was sent
-        before that run began."""
+        """Request number ``sent`` was answered: the run of failures is over, unless it was sent before."""
         self.answers += 1
         if trial is not None and not trial.done():
             trial.set_result(None)
@@ -119,7 +111,6 @@ class OutageWatch:
             self._outage_since = None
 
     async def _stop_waiting(self) -> None:
-        """Cancel a wait for the server still going on (the client is closing)."""
         if self._wait_task is not None and not self._wait_task.done():
             self._wait_task.cancel()
             try:
@@ -194,11 +185,8 @@ class OutageWatch:
             self.on_wait(line, waiting)
 
     async def again(self, item: Any) -> bool:
-        """An item whose own transport retries ran out: True when it should go back in the queue,
-        after a pause (waited here), False to leave it pending (a rerun does it). Sent again while
-        the failures can be an outage (until they are ``llm.outage_wait`` old); one that keeps
-        failing while others are answered, :attr:`SPORADIC_RETRIES` times. False at once with
-        ``llm.outage_wait = 0``, in batch mode, or when the server answers wrongly (a setting to fix)."""
+        """An item whose own transport retries ran out: True (after a pause, waited here) when it
+        should go back in the queue, False to leave it pending (a rerun does it)."""
         if self.outage is not None or not self._can_wait():
             return False
         if self.failure_kinds and self.failure_kinds.most_common(1)[0][0] in FATAL_KINDS:

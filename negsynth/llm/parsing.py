@@ -16,11 +16,8 @@ class ParseError(ValidationFailure):
 
 
 def extract_json(text: str | None) -> object:
-    """Parse the JSON value in ``text``: bare, inside a markdown fence, or after some prose.
-
-    Control characters inside strings are accepted (``strict=False``). Raises :class:`ParseError`
-    with reason ``empty_output`` or ``invalid_json``.
-    """
+    """The JSON value in ``text``: bare, inside a markdown fence, or after some prose (control
+    characters inside strings accepted); else :class:`ParseError` (``empty_output``, ``invalid_json``)."""
     if text is None or not text.strip():
         raise ParseError("empty_output", "the answer was empty")
     s = text.strip()

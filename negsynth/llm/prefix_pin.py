@@ -1,11 +1,10 @@
-"""How a client in this process keeps the embedded llama-server's answers a fresh server's.
+"""How a client in this process keeps the embedded llama-server's answers a fresh server's
+(an answer on a cached prompt prefix rounds differently: docs/llm_server.md, "Determinism").
 
-An answer on a cached prompt prefix rounds differently from one on the whole prompt
-(docs/llm_server.md, "Determinism"). Each server this process starts registers a guard by its URL;
-the client sends each request inside ``guard(url).hold(messages)``: a :class:`RepeatGuard` (prompt
-cache off) sends an exact repeat with ``cache_prompt: false``; a :class:`PrefixPin` ("pinned") sets
-the slot to the request's prefix (saved once, restored before every request, nothing in between)
-so that the answer is a function of the request alone, on any server of a fleet, in any order.
+Each server this process starts registers a guard by its URL; the client sends each request inside
+``guard(url).hold(messages)``: a :class:`RepeatGuard` sends an exact repeat with ``cache_prompt:
+false``; a :class:`PrefixPin` restores the request's saved prefix into the slot before it, so the
+answer is a function of the request alone, on any server of a fleet, in any order.
 """
 
 from __future__ import annotations
@@ -128,10 +127,9 @@ def guard(base_url: str) -> RepeatGuard | PrefixPin | None:
     return _GUARDS.get(base_url)
 
 
-def register(base_url: str, slot_dir: str | Path | None = None) -> RepeatGuard | PrefixPin:
+def register(base_url: str, slot_dir: str | Path | None = None) -> None:
     """A fresh guard for the server just (re)started at ``base_url``: a :class:`PrefixPin` saving into ``slot_dir``, else a :class:`RepeatGuard`."""
-    _GUARDS[base_url] = g = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
-    return g
+    _GUARDS[base_url] = RepeatGuard() if slot_dir is None else PrefixPin(base_url, slot_dir)
 
 
 def unregister(base_url: str) -> None:

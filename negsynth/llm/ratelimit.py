@@ -1,10 +1,9 @@
 """Client-side rate limits (RPM, TPM) and adaptive slow-down on 429 bursts (docs/reliability.md).
 
-RPM / TPM are token buckets (:class:`RateLedger`, one Ray actor shared by every worker under
-``--executor ray``): a request reserves an estimate of its tokens, waits until the refill covers
-it, and the real usage corrects the bucket. A 429 halves the window of requests in flight (once per
-cool-down), empties the buckets and starts a cool-down every sender waits out; each success widens
-the window by ``1 / window``. ``clock`` / ``sleep`` let tests run it on a fake clock.
+RPM / TPM are token buckets (:class:`RateLedger`; under ``--executor ray`` one actor for every
+worker) that a request reserves its estimated tokens from, corrected by its real usage. A 429
+halves the window of requests in flight, empties the buckets and starts a cool-down; each success
+widens the window by ``1 / window``.
 """
 
 from __future__ import annotations

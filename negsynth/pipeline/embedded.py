@@ -82,14 +82,14 @@ def prompt_mode(cfg, run_dir: Path, in_process: bool) -> tuple[str, str]:
 @contextmanager
 def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_process: bool = True) -> Iterator[str | None]:
     """The one place ``llm.base_url = "embedded"`` becomes servers: the llama.cpp fleet
-    (:class:`~negsynth.llm.fleet.EmbeddedFleet`) for the block, yielding its URLs joined by spaces;
+    (:class:`~negsynth.llm.server.EmbeddedFleet`) for the block, yielding its URLs joined by spaces;
     any other base URL, or ``needed`` False, yields None. ``in_process``: every request comes from
     this process, so the prompt prefix may be pinned (:mod:`negsynth.llm.prefix_pin`)."""
     if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return
     from negsynth.data.shards import atomic_write_json
-    from negsynth.llm.fleet import EmbeddedFleet
+    from negsynth.llm.server import EmbeddedFleet
 
     kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir)
     mode, mode_why = prompt_mode(cfg, run_dir, in_process)

@@ -72,7 +72,6 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
     estimate's token counter."""
     import shutil
 
-    from negsynth.llm.fleet import split_urls
     from negsynth.llm.prefix_pin import PrefixPin, guard
     from negsynth.pipeline.embedded import SERVER_RECORD, llm_endpoint
 
@@ -81,7 +80,7 @@ def measure_embedded(cfg, run_dir: Path, reporter, count) -> EmbeddedSpeed:
         if record.is_file():  # a run dir begun with another thread count resumes with it: time that
             shutil.copy(record, Path(tmp) / SERVER_RECORD)
         with llm_endpoint(cfg, Path(tmp), reporter) as url:
-            urls = split_urls(url)
+            urls = url.split()
             pinned = isinstance(guard(urls[0]), PrefixPin)
             _all_at_once(urls, "Say yes.", 1, 0)  # warm-up: weights paged in, first-request costs paid
             tiny = _all_at_once(urls, "Say yes.", 1, 1)

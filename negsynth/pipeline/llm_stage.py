@@ -75,7 +75,7 @@ def endpoint(ctx: StageContext) -> str:
 
 def llm_config(ctx: StageContext) -> LLMConfig:
     """``[llm]`` as the client uses it: the embedded fleet's servers as its ``endpoints``."""
-    from negsynth.llm.fleet import fleet_llm_config
+    from negsynth.llm.server import fleet_llm_config
 
     return fleet_llm_config(ctx.cfg.llm, ctx.base_url)
 

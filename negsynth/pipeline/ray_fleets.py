@@ -1,5 +1,5 @@
 """The embedded LLM on a multi-node Ray cluster (docs/scale.md §4): one
-:class:`~negsynth.llm.fleet.EmbeddedFleet` per alive node, all their URLs given to every rank.
+:class:`~negsynth.llm.server.EmbeddedFleet` per alive node, all their URLs given to every rank.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from negsynth.errors import UserError
 
 
 class NodeFleet:
-    """A Ray actor holding one node's :class:`~negsynth.llm.fleet.EmbeddedFleet`."""
+    """A Ray actor holding one node's :class:`~negsynth.llm.server.EmbeddedFleet`."""
 
     def __init__(self, serve: dict, model: str, log_dir: str, threads: int | None):
         import ray
 
-        from negsynth.llm.fleet import EmbeddedFleet
+        from negsynth.llm.server import EmbeddedFleet
         from negsynth.schemas.config import ServeConfig
 
         self.node = ray.get_runtime_context().get_node_id()
@@ -57,7 +57,6 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
         return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from negsynth.llm.fleet import join_urls
     from negsynth.llm.server import llama_server_binary
     from negsynth.pipeline.embedded import ENGINE, kept_threads
 
@@ -87,7 +86,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
         record = Path(ctx.run_dir) / SERVER_RECORD
         if not record.exists():
             atomic_write_json(record, {"engine": ENGINE, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
-        yield join_urls(urls)
+        yield " ".join(urls)
     finally:
         for f in fleets:
             with contextlib.suppress(Exception):
