@@ -107,6 +107,7 @@ ARMS: dict[str, dict | None] = {
     "mined-plain": _own(train={"mini_batch_size": "off"}),
     "mined-shuffled": _own(train={"batch_sampler": "shuffled"}),
     "title-mined": {"queries": "title"},
+    "title-2k": {"queries": "title", "max_docs": 2000},
     "sentence-mined": {"queries": "sentence"},
     "mined-hybridcand": {"candidates": "hybrid"},
     "title-hybridcand": {"queries": "title", "candidates": "hybrid"},
@@ -122,6 +123,8 @@ DATASETS = {  # dataset -> (data folder, tasks: the reported split first, then t
     "cranfield": ("cranfield", ["Cranfield", "STSBenchmark", "TRECClustering"]),
 }
 KEY = ("dataset", "arm", "seed")
+#: the held-out queries' per-query nDCG@10 under these names in a result's ``per_query``
+OWN_TASK, OWN_BASE = "own-corpus", "own-corpus-base"
 
 
 def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> dict:
@@ -133,9 +136,14 @@ def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> dict:
         corpus["mining"] = arm["mining"]
     passes = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}
     train = {"batch_size": args.batch_size, "grad_accum": 1, "lr": args.lr, "max_length": args.max_length, "seed": seed}
+    # the held-out set (one for every arm of a dataset: drawn over the whole corpus, whatever max_docs)
+    # and the verdict alone: the labelled sets are scored by harness.evaluate, so evaluate reads no data
+    heldout = {"queries": args.heldout, "share": 0.5}
+    verdict_only = {"data_dir": str(args.out / "_no_general_sets"), "cache": True}
     return harness.layered(
         harness.llm_tables(args, max_tokens=400),
         {"pipeline": {"shard_size": 100}, "corpus": corpus, "score": {"inputs": ["corpus"]}, "curriculum": {"seed": seed, **passes}},
+        {"heldout": heldout, "evaluate": verdict_only},
         {"train": train},
         {k: arm[k] for k in ("score", "curriculum", "train") if k in arm},
     )
@@ -178,7 +186,13 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
     model = run_dir.parent / f"seed{seed}" / "model"
     no_model = None
     try:
-        stats = harness.run_stages(cfg, run_dir, ["corpus", "score", "curriculum", "train"])
+        (args.out / "_no_general_sets").mkdir(parents=True, exist_ok=True)
+        stages = (
+            ["corpus", "heldout", "score", "curriculum", "train", "evaluate"]
+            if args.heldout
+            else ["corpus", "score", "curriculum", "train"]
+        )
+        stats = harness.run_stages(cfg, run_dir, stages)
         shutil.rmtree(model, ignore_errors=True)
         shutil.copytree(run_dir / "train" / "final", model)
     except UserError as e:  # e.g. score kept too few examples for one batch: the arm is a result, not a crash
@@ -199,6 +213,21 @@ def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
         "pipeline_s": round(time.monotonic() - t0, 1),
         "same_input": input_digest(run_dir),
         **({"same_rows": rows_digest(load_curriculum(trained.parent))} if trained.is_dir() and no_model is None else {}),
+        **own_corpus(run_dir),
+    }
+
+
+def own_corpus(run_dir: Path) -> dict:
+    """The run's verdict on its held-out queries (``evaluate/verdict.json``): its word and line, and
+    the per-query nDCG@10 (0-1) of the tuned and the base model under ``per_query``."""
+    path = run_dir / "evaluate" / "verdict.json"
+    if not path.is_file():
+        return {}
+    v = json.loads(path.read_text())
+    rows = (v.get("own_corpus") or {}).get("per_query") or []
+    return {
+        "verdict": {"verdict": v["verdict"], "line": v["line"]},
+        "per_query": {OWN_TASK: {q["id"]: q["tuned_ndcg@10"] for q in rows}, OWN_BASE: {q["id"]: q["base_ndcg@10"] for q in rows}},
     }
 
 
@@ -336,6 +365,7 @@ def print_table(results: list[dict], datasets: list[str], args) -> None:
             f"\nPer query against {STOCK_ARM} (nDCG@10 x 100, seeds pooled; 95 % bootstrap CI; two-sided sign-flip p, {args.resamples} resamples)\n"
         )
         print(harness.table(["arm", *retrieval], [p for p in paired if any(c != "-" for c in p[1:])]))
+        print_verdicts(mine, DATASETS[d][1][0], args)
         check_same_input(results, d)
         for r in {r["arm"]: r for r in results if r["dataset"] == d and (r.get("corpus") or {}).get("items")}.values():
             c, tok = r["corpus"], r["corpus"].get("tokens") or {}
@@ -343,6 +373,43 @@ def print_table(results: list[dict], datasets: list[str], args) -> None:
                 f"- {r['arm']}: {c['valid']} valid of {c['items']} queries, rejects {c.get('rejects_by_reason')}, tokens in/out "
                 f"{tok.get('prompt')}/{tok.get('completion')}, LLM wall {c.get('wall_time_s')} s, round trip {(c.get('round_trip') or {}).get('top1')} top-1"
             )
+
+
+def print_verdicts(results: list[dict], task: str, args) -> None:
+    """Is the no-label verdict honest? Per trained arm: the labelled delta over base on ``task`` and
+    the held-out queries' delta over base (each per query, seeds pooled; 95 % bootstrap CI; sign-flip
+    p), the verdict of each seed's run, and whether the rules hold: never *better* where the labelled
+    delta is significantly negative, *worse* there, the same sign whenever both are significant."""
+    from negsynth.evaluate import align, paired_test
+
+    rows = []
+    for arm in dict.fromkeys(r["arm"] for r in results if r.get("verdict")):
+        rs = sorted((r for r in results if r["arm"] == arm and r.get("verdict")), key=lambda r: r["seed"])
+        labelled = harness.paired(results, arm, "base", task, args.resamples)
+        qids, base = align([r["per_query"][OWN_BASE] for r in rs])
+        _, tuned = align([r["per_query"][OWN_TASK] for r in rs], qids)
+        own = paired_test(tuned, base[:1], n_resamples=args.resamples, seed=0)
+        words = [r["verdict"]["verdict"] for r in rs]
+        sig = {k: (t["ci_low"] > 0) - (t["ci_high"] < 0) if t else 0 for k, t in (("labelled", labelled), ("own", own))}
+        ok = []
+        if sig["labelled"] < 0:
+            ok.append("never better: " + ("yes" if "better" not in words else "NO"))
+            ok.append("says worse: " + ("yes" if all(w == "worse" for w in words) else "NO"))
+        if sig["labelled"] and sig["own"]:
+            ok.append("same sign: " + ("yes" if sig["labelled"] == sig["own"] else "NO"))
+        rows.append(
+            [
+                arm,
+                ",".join(str(r["seed"]) for r in rs),
+                harness.paired_cell(labelled),
+                harness.paired_cell(own),
+                "/".join(words),
+                "; ".join(ok) or "-",
+            ]
+        )
+    if rows:
+        print(f"\nThe no-label verdict beside the labelled result ({task}; held-out queries written for documents never trained on)\n")
+        print(harness.table(["arm", "seeds", f"{task} Δ base", "own corpus Δ base", "verdict per seed", "rules"], rows))
 
 
 def build_parser():
@@ -362,6 +429,9 @@ def build_parser():
     ap.add_argument("--fresh", action="store_true", help="redo arms already in results.json")
     ap.add_argument(
         "--tasks", type=lambda v: [t.strip() for t in v.split(",") if t.strip()], default=None, help="evaluate only these tasks"
+    )
+    ap.add_argument(
+        "--heldout", type=int, default=100, help="held-out documents per corpus, one query each, for the no-label verdict (0: none)"
     )
     ap.add_argument("--resamples", type=int, default=10000, help="bootstrap / permutation resamples of the paired per-query tests")
     ap.add_argument("--select", action="store_true", help="evaluate the dev split only (SciFact-dev); a later run adds the test split")
