@@ -39,8 +39,17 @@ mined-ce-mse        a cross-encoder teacher (``--teacher-model``: a hub name or 
                     MarginMSE on its scores; ``-kl`` listwise KL; ``-k1`` keeps a query only when the
                     teacher prefers its document to its 4 mined negatives (``auto``: the ``own`` path)
 title-mined         the no-LLM floor: the document's title as its query (``corpus.queries = "title"``);
-                    ``sentence-mined`` a sentence of its body
+                    ``sentence-mined`` a sentence of its body; ``title-2k`` titles over 2,000 documents
+                    (the known collapse: InfoNCE on queries too easy)
+mined-c224          the default on 224-token passages (``corpus.chunk_tokens = 224``, what ships) where
+                    every other arm reads whole documents (``chunk_tokens = 0``)
 ==================  =========================================================================
+
+Each trained arm's run also writes the held-out set (``--heldout N`` documents, one query each,
+drawn over the whole corpus: the same set for every arm of a dataset) and ``evaluate``'s no-label
+verdict on it; a last table sets it beside the labelled delta over base and checks the verdict's
+rules (never *better* where the labelled delta is significantly negative, *worse* there, the same
+sign whenever both are significant).
 
 ``st-stock``, ``mined`` and ``own`` start from one list of examples: the ids the stock recipe reads are
 the ``corpus`` stage's valid records that ``score`` reads (count and hash, in ``results.json``), and a
@@ -108,6 +117,7 @@ ARMS: dict[str, dict | None] = {
     "mined-shuffled": _own(train={"batch_sampler": "shuffled"}),
     "title-mined": {"queries": "title"},
     "title-2k": {"queries": "title", "max_docs": 2000},
+    "mined-c224": {"chunk_tokens": 224},
     "sentence-mined": {"queries": "sentence"},
     "mined-hybridcand": {"candidates": "hybrid"},
     "title-hybridcand": {"queries": "title", "candidates": "hybrid"},
@@ -171,7 +181,10 @@ def model_length(path: str | None) -> int:
     """The token length a saved model (None: the base model) is evaluated at."""
     import negsynth
 
-    return json.loads((Path(path or negsynth.model_path()) / "sentence_bert_config.json").read_text())["max_seq_length"]
+    folder = Path(path or negsynth.model_path())
+    st = json.loads((folder / "sentence_bert_config.json").read_text())
+    # sentence-transformers 6 saves the length with the tokenizer, not in sentence_bert_config.json
+    return st.get("max_seq_length") or json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"]
 
 
 def train_arm(dataset: str, arm: str, seed: int, args) -> dict:
