@@ -7,7 +7,7 @@ import pytest
 import tomli_w
 from helpers import load_benchmark
 
-from negsynth.schemas.config_io import load_config
+from negsynth import load_config
 
 
 def test_every_pipeline_arm_is_a_valid_run_file(tmp_path):

@@ -171,6 +171,7 @@ def test_the_package_api_is_lazy_and_each_name_has_one_home():
 
     import negsynth
     from negsynth import api
+
     probe = "import sys, negsynth; print(sorted(m for m in sys.modules if m.startswith('negsynth.')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -309,9 +309,9 @@ def test_the_stock_and_default_arms_must_start_from_the_same_examples(capsys):
         {"dataset": "cranfield", "arm": corpus.DEFAULT_ARM, "seed": 0, "same_input": {"examples": 5, "ids_sha256": "x"}},
     ]
     corpus.check_same_input(rows, "cranfield")
-    assert "read the same 5 examples" in capsys.readouterr().out
+    assert "same input (cranfield): st-stock and mined: {'examples': 5" in capsys.readouterr().out
     rows[1]["same_input"] = {"examples": 4, "ids_sha256": "y"}
-    with pytest.raises(SystemExit, match="did not start from the same examples"):
+    with pytest.raises(SystemExit, match="differ in same_input"):
         corpus.check_same_input(rows, "cranfield")
 
 
@@ -332,8 +332,8 @@ def test_the_corpus_stock_arm_reads_the_default_arms_records(tmp_path):
 
 
 def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatch, minilm):
-    """The corpus benchmark's stock arm mines at the training length but hands the trainer (which
-    saves at the length it gets) the base model's; and a table whose arms were evaluated at
+    """The corpus benchmark's stock arm mines as negsynth's default mines, with the base model at its
+    own length, and hands the trainer (which saves at the length it gets) the base model's; and a table whose arms were evaluated at
     different lengths is refused in one line (a stock model once saved at 128 tokens was scored on
     truncated documents beside negsynth's at 256)."""
     import pytest
@@ -375,7 +375,7 @@ def test_every_arm_of_a_table_is_scored_at_one_token_length(tmp_path, monkeypatc
     monkeypatch.setattr(sentence_transformers.util, "mine_hard_negatives", mine)
     monkeypatch.setattr(corpus.harness, "train_stock_recipe", train)
     corpus.train_stock("cranfield", 0, args)
-    assert seen == {"mining": 64, "trainer": 256}
+    assert seen == {"mining": 256, "trainer": 256}
 
     rows = [
         {"dataset": "cranfield", "arm": a, "seed": 0, "scores": {"Cranfield": 0.4}, "eval_max_length": n}
