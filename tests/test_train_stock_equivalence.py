@@ -95,12 +95,29 @@ def test_each_setting_negsynth_adds_changes_the_model(minilm, tmp_path, stock_em
     assert torch.nn.functional.cosine_similarity(mine, stock_embeddings).min() > 0.9  # the same model, trained a little differently
 
 
+def _trained_by_the_train_stage(ds, run_dir: Path, out: Path, minilm, shared: dict):
+    """The probe's embeddings after negsynth's trainer trains ``ds`` with the train stage's settings
+    for a ``stock`` curriculum (its shuffled sampler, one pass per batch, 4 steps here)."""
+    from types import SimpleNamespace
+
+    from sentence_transformers import SentenceTransformer
+
+    from negsynth.stages.train import _stock_schedule
+    from negsynth.train import TrainConfig, make_trainer
+
+    tc = _stock_schedule(SimpleNamespace(run_dir=run_dir), TrainConfig(model=minilm, output_dir=str(out), **shared))
+    assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)
+    trainer, model = make_trainer(ds, tc, model=SentenceTransformer(minilm, device="cpu"))
+    trainer.train()
+    model.max_seq_length = 256
+    return model.encode(PROBE, convert_to_tensor=True)
+
+
 def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe(minilm, tmp_path):
     """negsynth's default for labelled pairs with mined negatives, end to end from the examples: the
     ``stock`` schedule writes the rows in input order and the train stage trains them with the
     stock sampler, one pass per batch and the curriculum's ``total_steps``, with every train
     setting left at its default — the stock recipe's model on ``mine_hard_negatives``' n-tuples, bit for bit."""
-    from types import SimpleNamespace
 
     import torch
     from datasets import Dataset
@@ -108,8 +125,6 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
 
     from negsynth.data.curriculum import load_curriculum, save_curriculum
     from negsynth.data.stock import stock_curriculum
-    from negsynth.stages.train import _stock_schedule
-    from negsynth.train import TrainConfig, make_trainer
 
     src = _rows()
     negs = [[f"unrelated text {i} on subject {(i + k) % 11}, take {k}" for k in range(4)] for i in range(len(src))]
@@ -137,14 +152,8 @@ def test_a_stock_curriculum_through_the_train_stage_settings_is_the_stock_recipe
     save_curriculum(rows, tmp_path / "curriculum", stats=rows.stats)
     ds = load_curriculum(tmp_path / "curriculum")
     assert ds.select_columns(stock_rows.column_names).to_dict() == stock_rows.to_dict()
-    ctx = SimpleNamespace(run_dir=tmp_path)
     shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_length": 48, "seed": 3, "save_steps": 10**6}
-    tc = _stock_schedule(ctx, TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **shared))
-    assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)
-    trainer, model = make_trainer(ds, tc, model=SentenceTransformer(minilm, device="cpu"))
-    trainer.train()
-    model.max_seq_length = 256
-    mine = model.encode(PROBE, convert_to_tensor=True)
+    mine = _trained_by_the_train_stage(ds, tmp_path, tmp_path / "ns", minilm, shared)
     assert torch.equal(mine, want), (mine - want).abs().max().item()
 
 
@@ -194,7 +203,6 @@ def test_the_no_label_default_is_the_stock_recipe_fed_the_corpus_stages_queries(
     give the stock trainer's model, bit for bit. The corpus stage keeps queries the library's window
     leaves without 4 negatives (it searches the whole corpus, for ``curriculum.schedule = "tuple"``):
     the default leaves them out, as the stock recipe does."""
-    from types import SimpleNamespace
 
     import tomli_w
     import torch
@@ -203,8 +211,6 @@ def test_the_no_label_default_is_the_stock_recipe_fed_the_corpus_stages_queries(
 
     import negsynth
     from negsynth.data.curriculum import load_curriculum
-    from negsynth.stages.train import _stock_schedule
-    from negsynth.train import TrainConfig, make_trainer
 
     folder = _words_corpus(tmp_path / "docs")
     shared = {"batch_size": 8, "grad_accum": 1, "lr": 5e-5, "max_length": 48, "seed": 3, "save_steps": 10**6}
@@ -234,10 +240,5 @@ def test_the_no_label_default_is_the_stock_recipe_fed_the_corpus_stages_queries(
     stock = SentenceTransformer(minilm, device="cpu")
     harness.train_stock_recipe(stock, stock_rows, tmp_path / "stock", batch_size=8, lr=5e-5, seed=3, max_length=48, steps=4)
     want = stock.encode(PROBE, convert_to_tensor=True)
-    tc = _stock_schedule(SimpleNamespace(run_dir=run), TrainConfig(model=minilm, output_dir=str(tmp_path / "ns"), **shared))
-    assert (tc.batch_sampler, tc.mini_batch_size, tc.max_steps) == ("shuffled", None, 4)
-    trainer, model = make_trainer(ds, tc, model=SentenceTransformer(minilm, device="cpu"))
-    trainer.train()
-    model.max_seq_length = 256
-    mine = model.encode(PROBE, convert_to_tensor=True)
+    mine = _trained_by_the_train_stage(ds, run, tmp_path / "ns", minilm, shared)
     assert torch.equal(mine, want), (mine - want).abs().max().item()
