@@ -13,7 +13,19 @@ from typing import Annotated
 import typer
 
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_PENDING
-from negsynth.cli.options import BackendOpt, EngineOpt, FormatOpt, NoCacheOpt, Options, app, column_options, emit, stage_command
+from negsynth.cli.options import (
+    BackendOpt,
+    DocumentsOpt,
+    EngineOpt,
+    FormatOpt,
+    GlobOpt,
+    NoCacheOpt,
+    Options,
+    app,
+    column_options,
+    emit,
+    stage_command,
+)
 from negsynth.cli.overrides import config_sets, embedder_overrides, filter_arg
 from negsynth.errors import UserError
 
@@ -174,14 +186,7 @@ DOCUMENT_COLUMNS = {
 @column_options(DOCUMENT_COLUMNS)
 def corpus(
     opts: Options,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--input",
-            "-i",
-            help="a folder of documents (.txt/.md/.html/.pdf/.jsonl(.gz)/.csv(.gz)/.parquet, recursive), one such file, a BEIR folder (its corpus.jsonl) or a saved HF dataset; repeatable",
-        ),
-    ] = None,
+    inputs: DocumentsOpt = None,
     fmt: Annotated[
         str, typer.Option("--format", help="auto | folder | text | html | pdf | jsonl | parquet | csv | tsv | beir | hf")
     ] = "auto",
@@ -189,9 +194,7 @@ def corpus(
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
     ] = None,
-    glob: Annotated[
-        str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md' (default: every corpus file)")
-    ] = None,
+    glob: GlobOpt = None,
     ids: Annotated[
         str | None,
         typer.Option(
