@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,10 +91,6 @@ class SourceData:
     def corpus(self) -> list[str]:
         self._mining()
         return self._corpus  # type: ignore[return-value]
-
-    @corpus.setter
-    def corpus(self, value: list[str]) -> None:
-        self._corpus = value
 
     @property
     def positives_by_query(self) -> dict[str, list[str]]:
@@ -215,28 +211,10 @@ def _as_list(v: Any) -> list[str]:
 
 
 def _text(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, (list, dict)):
+    if v is None or isinstance(v, (list, dict)):
         return None
     s = str(v).strip()
     return s or None
-
-
-def _row_pair(rec: dict, cols: dict[str, str], name: str, split: str, row: int, q: str, pos: str) -> Pair:
-    """The pair of one table row (``row``: 0-based file row) with its query ``q`` and positive ``pos``."""
-    rid = _text(rec[cols["id"]]) if "id" in cols else None
-    return Pair(
-        query=q,
-        positive=pos,
-        source=name,
-        source_id=f"{name}:{split}:{rid if rid is not None else row}",
-        query_key=q,
-        row=row,
-        instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
-        negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
-        meta={"row": row},
-    )
 
 
 def _invalid_row(where: str, row: int, line_offset: int, cols: dict[str, str], bad: str) -> UserError:
@@ -252,13 +230,19 @@ def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
     """Read a jsonl / parquet / csv / tsv / hf source into pairs, the whole table at once."""
     table = _Table(spec, fmt, name, split, whole=True)
     _, pairs, skipped = table.scan(keep=None)
+    return SourceData(name, split, pairs, *_known_positives(pairs), len(pairs), dict(table.cols), skipped)
+
+
+def _known_positives(pairs: Iterable[Pair]) -> tuple[list[str], dict[str, list[str]]]:
+    """The mining corpus (every distinct positive, in order) and each query's known positives."""
+    corpus: dict[str, None] = {}
     by_q: dict[str, list[str]] = {}
     for p in pairs:
+        corpus[p.positive] = None
         known = by_q.setdefault(p.query_key, [])
         if p.positive not in known:
             known.append(p.positive)
-    corpus = list(dict.fromkeys(p.positive for p in pairs))
-    return SourceData(name, split, pairs, corpus, by_q, len(pairs), dict(table.cols), skipped)
+    return list(corpus), by_q
 
 
 # -- BEIR -----------------------------------------------------------------------------------
@@ -450,9 +434,21 @@ class _Table:
             yield df.with_columns((_present(df, cols["query"]) & _present(df, cols["positive"])).alias("__ok__"))
 
     def pair(self, row: int, rec: dict) -> Pair:
+        """The pair of one table row (``row``: 0-based file row)."""
         cols = self.cols
-        q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
-        return _row_pair(rec, cols, self.name, self.split, row, q, pos)
+        q = _text(rec[cols["query"]])
+        rid = _text(rec[cols["id"]]) if "id" in cols else None
+        return Pair(
+            query=q,
+            positive=_text(rec[cols["positive"]]),
+            source=self.name,
+            source_id=f"{self.name}:{self.split}:{rid if rid is not None else row}",
+            query_key=q,
+            row=row,
+            instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
+            negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
+            meta={"row": row},
+        )
 
     def scan(self, keep: int | None) -> tuple[list[int], list[Pair], int]:
         """The file rows of the valid pairs, in order, the pairs built (``keep``: all of them with
@@ -507,15 +503,6 @@ class _Table:
     def mining(self) -> tuple[list[str], dict[str, list[str]]]:
         """The mining corpus (every distinct positive) and each query's known positives, read
         from the whole file again: only when mining asks for them."""
-        corpus: dict[str, None] = {}
-        by_q: dict[str, list[str]] = {}
-        for df in self.batches():
-            for rec in df.iter_rows(named=True):
-                if not rec["__ok__"]:
-                    continue
-                pr = self.pair(int(rec["__row__"]), rec)
-                corpus[pr.positive] = None
-                lst = by_q.setdefault(pr.query_key, [])
-                if pr.positive not in lst:
-                    lst.append(pr.positive)
-        return list(corpus), by_q
+        return _known_positives(
+            self.pair(int(rec["__row__"]), rec) for df in self.batches() for rec in df.iter_rows(named=True) if rec["__ok__"]
+        )
