@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
+from negsynth.data.tables import resolve_columns
 from negsynth.errors import UserError
 
 #: names tried, in order, for a role whose column is not given in ``columns``
@@ -161,7 +162,7 @@ class CorpusData:
             local = 0  # the row in this file
             for df in self._part_frames(part):
                 if cols is None:
-                    cols = _columns(list(df.columns), self.mapping, part.file)
+                    cols = resolve_columns(list(df.columns), self.mapping, COLUMN_GUESSES, ("text",), set(COLUMN_GUESSES), part.file)
                     if not self.columns:
                         self.columns = cols
                 n = df.height
@@ -248,25 +249,6 @@ def _document(i: Any, t: Any, body: Any) -> Document | None:
     # already opens with its title (Cranfield)
     text = f"{title} {body}".strip() if title and not body.lower().startswith(title.lower()) else body
     return Document(str(i), text, title)
-
-
-def _columns(cols: list[str], mapping: dict[str, str], where: str) -> dict[str, str]:
-    lower = {c.lower(): c for c in cols}
-    out: dict[str, str] = {}
-    for role, names in COLUMN_GUESSES.items():
-        if role in mapping:
-            if mapping[role] not in cols:
-                raise UserError(
-                    f"{where}: no column {mapping[role]!r} for {role} (columns: {', '.join(cols)}); fix --{role}-col or columns.{role}"
-                )
-            out[role] = mapping[role]
-            continue
-        found = next((lower[n] for n in names if n in lower), None)
-        if found is not None:
-            out[role] = found
-    if "text" not in out:
-        raise UserError(f'{where}: no text column (columns: {", ".join(cols)}); name it with --text-col or columns = {{text = "..."}}')
-    return out
 
 
 def folder_parts(folder: Path, glob: str | None) -> tuple[list[Part], dict[str, int]]:

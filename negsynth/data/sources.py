@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from negsynth.data.tables import iter_frames, read_frame, sniff, streamable
+from negsynth.data.tables import iter_frames, read_frame, resolve_columns, sniff, streamable
 from negsynth.errors import UserError
 
-ROLES = ("query", "positive", "instruction", "negatives", "id")
 SPLIT_NAMES = {"train", "test", "dev", "validation", "val", "eval"}
 
 #: names tried, in order, for a role whose column is not given explicitly
@@ -38,6 +37,8 @@ COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
     "negatives": ("negatives", "negative", "hard_negatives", "neg"),
     "id": ("id", "_id", "pair_id", "row_id"),
 }
+#: the roles regenerate names with --ROLE-col
+_FLAGS = {"query", "positive", "instruction", "negatives"}
 
 
 @dataclass
@@ -152,32 +153,6 @@ def default_split(path: str, fmt: str, split: str | None) -> str:
 
 
 # -- tabular sources (jsonl / parquet / csv / tsv / hf) ---------------------------------------
-
-
-def _resolve_columns(df_cols: Sequence[str], mapping: dict[str, str], where: str) -> dict[str, str]:
-    """Role -> column: explicit mapping first, then the common names; query and positive are required."""
-    out: dict[str, str] = {}
-    lower = {c.lower(): c for c in df_cols}
-    for role in ROLES:
-        want = mapping.get(role)
-        if want:
-            if want not in df_cols:
-                flag = {"query": "--query-col", "positive": "--positive-col", "instruction": "--instruction-col"}.get(
-                    role, f"columns.{role}"
-                )
-                raise UserError(f"{where}: no column {want!r} for the {role} (columns: {', '.join(df_cols)}); fix {flag}")
-            out[role] = want
-            continue
-        for guess in COLUMN_GUESSES[role]:
-            if guess in lower and lower[guess] not in out.values():
-                out[role] = lower[guess]
-                break
-    for role, flag in (("query", "--query-col"), ("positive", "--positive-col")):
-        if role not in out:
-            raise UserError(
-                f"{where}: no {role} column found (columns: {', '.join(df_cols)}); name it with {flag} COLUMN (or columns.{role} in the source spec)"
-            )
-    return out
 
 
 def _apply_filter(df, flt: dict[str, Any], where: str):
@@ -423,7 +398,8 @@ class _Table:
             df = df.with_row_index("__row__", offset=offset)
             offset += height
             if self.cols is None:
-                self.cols = _resolve_columns([c for c in df.columns if c != "__row__"], dict(self.spec.columns), self.where)
+                names = [c for c in df.columns if c != "__row__"]
+                self.cols = resolve_columns(names, dict(self.spec.columns), COLUMN_GUESSES, ("query", "positive"), _FLAGS, self.where)
             cols = self.cols
             df = _apply_filter(df, dict(self.spec.filter), self.where)
             keep = ["__row__"] + sorted(set(cols.values()))
