@@ -455,7 +455,9 @@ def _corpus_format(path: str) -> str:
     if p.is_dir():
         if (p / "corpus.jsonl").is_file():
             return "beir"
-        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        from negsynth.data.sources import is_hf_folder
+
+        if is_hf_folder(p):
             return "hf"
         return "folder"
     fmt = file_format(p)

@@ -106,7 +106,7 @@ def detect_format(path: str) -> str:
     if p.is_dir():
         if (p / "qrels.tsv").exists() or (p / "qrels").is_dir() or any((p / s / "qrels.tsv").exists() for s in SPLIT_NAMES):
             return "beir"
-        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        if is_hf_folder(p):
             return "hf"
         raise UserError(
             f"{p}: cannot tell the format of this folder (no qrels.tsv for BEIR, no dataset_info.json/dataset_dict.json for a saved HF dataset); pass --format"
@@ -129,6 +129,11 @@ def detect_format(path: str) -> str:
     if "/" in path and not path.startswith(("/", ".", "~")) and path.count("/") == 1:
         return "hf"  # looks like a hub name: owner/dataset
     raise UserError(f"{p}: no such file or folder; check the path (hub datasets are given as owner/name)")
+
+
+def is_hf_folder(p: Path) -> bool:
+    """Whether folder ``p`` is a dataset saved by ``datasets``' ``save_to_disk``."""
+    return any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json"))
 
 
 def default_name(path: str, fmt: str) -> str:
