@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_PENDING
 from negsynth.cli.options import (
@@ -28,6 +29,7 @@ from negsynth.cli.options import (
 )
 from negsynth.cli.overrides import config_sets, embedder_overrides, filter_arg
 from negsynth.errors import UserError
+from negsynth.schemas.records import first_problem
 
 
 def _emit_llm(stats: dict, json_mode: bool) -> None:
@@ -234,10 +236,8 @@ def corpus(
             ccfg.max_docs = max_docs
         if queries_per_doc is not None:
             ccfg.queries_per_doc = queries_per_doc
-    except ValueError as e:  # pydantic's ValidationError: the first error's message, with the field
-        errs = getattr(e, "errors", lambda: [])()
-        msg = f"{'.'.join(str(x) for x in errs[0]['loc'])}: {errs[0]['msg']}" if errs else str(e).splitlines()[0]
-        raise UserError(f"corpus: {msg}; see negsynth corpus --help") from None
+    except ValidationError as e:
+        raise UserError(f"corpus: {': '.join(first_problem(e, 'corpus'))}; see negsynth corpus --help") from None
     _emit_llm(_execute("corpus", opts, ctx), opts.json_out)
 
 
