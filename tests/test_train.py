@@ -333,19 +333,18 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
     assert after < before, (before, after)
 
 
-@pytest.mark.parametrize("ata_pool", ["embed_mask", "all"])
-def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tmp_path, ata_pool):
+def test_ata_leaves_the_instruction_out_and_keeps_it_so_after_a_reload(minilm, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from negsynth.train.trainer import build_model
 
-    m = build_model(TrainConfig(model=minilm, pooling="ata", ata_pool=ata_pool, max_length=32), device="cpu")
-    assert m[1].ata_pool == ata_pool
+    m = build_model(TrainConfig(model=minilm, pooling="ata", max_length=32), device="cpu")
+    assert m[1].ata_pool == "embed_mask"
     m.save(str(tmp_path / "m"))
-    assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool
+    assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == "embed_mask"
 
 
-def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all(tmp_path):
+def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all_and_drops_ata_detach(tmp_path):
     import json
 
     from negsynth.train.pooling import EmbeddingPooling

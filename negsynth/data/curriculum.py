@@ -17,8 +17,7 @@ of the steps, then 3, 2, 1. How rows are drawn:
 
 Length: ``total_steps`` gives each phase its share of steps (the last takes the remainder),
 drawing further passes as needed; ``epochs`` (default 1) makes the stream ``round(epochs * N)``
-long. Other schedules: ``reverse`` (1 -> 4), ``random`` (one phase, a seeded level per row),
-``fixed:K``, ``tuple`` / ``tuple:K`` (one phase, each row the K hardest negatives as
+long. Other schedules: ``tuple`` / ``tuple:K`` (one phase, each row the K hardest negatives as
 ``negative_1..K``, ``level = 0``), and ``stock`` (:func:`negsynth.data.stock.stock_curriculum`:
 the ``tuple`` rows in input order, no batches planned, for the trainer's shuffled sampler).
 
@@ -59,26 +58,18 @@ class CurriculumRows(list):
         self.stats = stats or {}
 
 
-def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
-    """``schedule`` -> (kind, level per phase (None = random per row), negatives needed)."""
+def parse_schedule(schedule: str) -> tuple[str, list[int], int]:
+    """``schedule`` -> (kind, level per phase (0 = every level up to K), negatives needed)."""
     s = schedule.strip().lower()
     if s == "curriculum":
         return "curriculum", [4, 3, 2, 1], 4
-    if s == "reverse":
-        return "reverse", [1, 2, 3, 4], 4
-    if s == "random":
-        return "random", [None], 4
-    m = re.fullmatch(r"fixed:([1-4])", s)
-    if m:
-        k = int(m.group(1))
-        return f"fixed:{k}", [k], k
     if s == "stock":  # one row per example, input order: built by negsynth.data.stock.stock_curriculum
         return "stock", [0], 4
     m = re.fullmatch(r"tuple(?::([1-9][0-9]*))?", s)
     if m:  # level 0 = the row carries every level up to K
         k = int(m.group(1) or 4)
         return ("tuple" if k == 4 else f"tuple:{k}"), [0], k
-    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K")
+    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, tuple, tuple:K, stock")
 
 
 def to_example(obj, i: int):
@@ -227,11 +218,10 @@ def _place(slots: list[tuple[list[_Entry], set[str]]], entry: _Entry, batch_size
 @dataclass
 class _Drawer:
     """What every phase draws from, in one place so the phases share it: the usable examples, the
-    seeded stream over them, the generator of ``random``'s per-row levels, and the counts."""
+    seeded stream over them, and the counts."""
 
     pool: list[_Usable]
     stream: Iterator[int]
-    level_rng: np.random.Generator
     needed: int
     with_labels: bool
     batch_size: int
@@ -266,8 +256,8 @@ class _Drawer:
         }
         return row, keys
 
-    def phase(self, p: int, lvl: int | None, target: int | None, seg: int | None) -> tuple[list[list[dict]], list[_Entry]]:
-        """Draw phase ``p``'s rows (level ``lvl``, None = random per row) until it has ``target``
+    def phase(self, p: int, lvl: int, target: int | None, seg: int | None) -> tuple[list[list[dict]], list[_Entry]]:
+        """Draw phase ``p``'s rows (level ``lvl``) until it has ``target``
         full batches or has drawn its ``seg`` examples -> (full batches in the order they filled,
         the rows left in open batches, in draw order). Refuses a ``target`` the pool cannot fill."""
         open_batches: dict[str, list[tuple[list[_Entry], set[str]]]] = {}
@@ -285,7 +275,7 @@ class _Drawer:
             idx = next(self.stream)
             consumed += 1
             u = self.pool[idx]
-            made = self.row(u, int(self.level_rng.integers(1, 5)) if lvl is None else lvl, p)
+            made = self.row(u, lvl, p)
             if made is None:
                 self.stats["dropped_self_duplicate"] += 1
                 continue
@@ -346,11 +336,10 @@ def build_curriculum(
     if not pool:
         raise CurriculumError(
             f"curriculum: no usable example (need >= {needed} {'mined_negatives' if use_mined else 'negatives'} each); "
-            "check the input stage or use schedule fixed:K"
+            "check the input stage or use schedule tuple:K"
         )
-    # the level generator is seeded apart from the stream, so `random` draws the same examples as the others
     stream = _stream(len(pool), np.random.default_rng(seed))
-    drawer = _Drawer(pool, stream, np.random.default_rng([seed, 1]), needed, with_labels, batch_size, homogeneous_batches, stats)
+    drawer = _Drawer(pool, stream, needed, with_labels, batch_size, homogeneous_batches, stats)
     rows: CurriculumRows = CurriculumRows()
     batch_no = 0
     for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), len(pool), total_steps, epochs)), start=1):

@@ -107,11 +107,7 @@ def _pooling_module(config: TrainConfig, dim: int):
         return Pooling(dim, pooling_mode={"last": "lasttoken"}.get(config.pooling, config.pooling))
     from negsynth.train.pooling import make_pooling
 
-    kw: dict[str, Any] = {}
-    if config.pooling == "latent":
-        kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
-    elif config.pooling == "ata":
-        kw = {"ata_detach": config.ata_detach, "ata_pool": config.ata_pool}
+    kw: dict[str, Any] = {"num_latents": config.latent_num, "num_heads": config.latent_heads} if config.pooling == "latent" else {}
     return make_pooling(config.pooling, dim, **kw)
 
 
