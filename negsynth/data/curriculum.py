@@ -195,24 +195,23 @@ def _phase_lengths(n_phases: int, pool_size: int, total_steps: int | None, epoch
     return [None] * n_phases, seg_sizes
 
 
-def _place(slots: list[tuple[list[_Entry], set[str]]], entry: _Entry, batch_size: int, stats: Counter) -> list[dict] | None:
-    """Put a drawn row into the earliest open batch of its group that holds none of its texts
-    (opening a new one when none does); return that batch's rows once it is full and closed."""
-    keys = entry[2]
-    for k, slot in enumerate(slots):  # noqa: B007 - k is read after the loop
-        if slot[1].isdisjoint(keys):
+def place(open_batches: list[tuple[list, set[str]]], item, keys: set[str], batch_size: int) -> tuple[list | None, bool]:
+    """Put ``item`` into the earliest open batch that holds none of its text ``keys`` (opening a new
+    one when none does) -> (that batch's items once it is full, and closed; else None), and whether
+    it went into a later batch than the earliest open one. The builder and the trainer's sampler
+    (:func:`negsynth.train.sampler.plan_batches`) fill their batches with it."""
+    for k, (members, seen) in enumerate(open_batches):  # noqa: B007 - k is read after the loop
+        if seen.isdisjoint(keys):
             break
     else:
-        k, slot = len(slots), ([], set())
-        slots.append(slot)
-    if k > 0:  # did not fit the earliest open batch: placed in a later one
-        stats["moved_to_later_batch"] += 1
-    slot[0].append(entry)
-    slot[1].update(keys)
-    if len(slot[0]) == batch_size:
-        slots.remove(slot)
-        return [r for _, r, _ in slot[0]]
-    return None
+        k, (members, seen) = len(open_batches), ([], set())
+        open_batches.append((members, seen))
+    members.append(item)
+    seen.update(keys)
+    if len(members) < batch_size:
+        return None, k > 0
+    del open_batches[k]
+    return members, k > 0
 
 
 @dataclass
@@ -281,10 +280,12 @@ class _Drawer:
                 continue
             row, keys = made
             group = u.ex.task_type if self.homogeneous_batches else ""
-            full = _place(open_batches.setdefault(group, []), (consumed, row, keys), self.batch_size, self.stats)
+            full, moved = place(open_batches.setdefault(group, []), (consumed, row, keys), keys, self.batch_size)
+            if moved:
+                self.stats["moved_to_later_batch"] += 1
             self.used.add(idx)
             if full is not None:
-                done.append(full)
+                done.append([r for _, r, _ in full])
         left = sorted((e for slots in open_batches.values() for s in slots for e in s[0]), key=lambda e: e[0])
         return done, left
 
@@ -380,26 +381,17 @@ def build_curriculum(
 
 def _pack(entries: list[_Entry], batch_size: int) -> list[list[dict]]:
     """A phase's leftover rows (``(draw, row, text keys)`` in draw order) packed again, each into
-    the earliest batch that holds none of its texts; full batches close, the rest are emitted in
-    the order they opened. Each keeps its ``batch`` number, which the trainer's sampler follows
-    (:func:`negsynth.train.sampler.plan_batches` with the ``batch`` column as its segments), so it
-    trains exactly these batches."""
-    open_: list[tuple[list[dict], set[str]]] = []
-    out: list[list[dict]] = []
-    for _, row, keys in entries:
-        for k, (members, seen) in enumerate(open_):  # noqa: B007 - k is read after the loop
-            if seen.isdisjoint(keys):
-                break
-        else:
-            k, (members, seen) = len(open_), ([], set())
-            open_.append((members, seen))
-        members.append(row)
-        seen.update(keys)
-        if len(members) == batch_size:
-            out.append(members)
-            del open_[k]
-    out.extend(members for members, _ in open_)
-    return out
+    the earliest batch that holds none of its texts (:func:`place`); full batches close, the rest
+    are emitted in the order they opened. Each keeps its ``batch`` number, which the trainer's
+    sampler follows (:func:`negsynth.train.sampler.plan_batches` with the ``batch`` column as its
+    segments), so it trains exactly these batches."""
+    slots: list[tuple[list[_Entry], set[str]]] = []
+    done: list[list[_Entry]] = []
+    for e in entries:
+        full, _ = place(slots, e, e[2], batch_size)
+        if full is not None:
+            done.append(full)
+    return [[r for _, r, _ in members] for members in done + [m for m, _ in slots]]
 
 
 def largest_fitting_batch(examples: list, batch_size: int, **options) -> tuple[int, CurriculumRows] | None:

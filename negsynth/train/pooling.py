@@ -34,7 +34,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-POOLING_MODES = ("mean", "last", "ata", "latent")
 ATA_POOL_SETS = ("embed_mask", "all")
 #: the E5 query format whose prefix ``embed_mask`` leaves out of ATA's pooled set (SEED_SPEC §1.9, §2.3)
 INSTRUCTION_PROBE = ("Instruct: ", "x", "\nQuery: ", "y")
@@ -387,12 +386,3 @@ class LatentAttentionPooling(_Pooling):
         for k, v in (init_defaults or {}).items():
             config.setdefault(k, v)
         return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=cls(**config), **hub)
-
-
-def make_pooling(mode: str, embedding_dimension: int, **kwargs) -> Module:
-    """``mean`` | ``last`` | ``ata`` -> :class:`EmbeddingPooling`; ``latent`` -> :class:`LatentAttentionPooling`."""
-    if mode == "latent":
-        return LatentAttentionPooling(embedding_dimension, **kwargs)
-    if mode in ("mean", "last", "ata"):
-        return EmbeddingPooling(embedding_dimension, mode=mode, **kwargs)
-    raise ValueError(f"pooling={mode!r}: choose one of {POOLING_MODES}")
