@@ -370,19 +370,7 @@ class LatentAttentionPooling(_Pooling):
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
 
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token=None,
-        cache_folder=None,
-        revision=None,
-        local_files_only: bool = False,
-        init_defaults=None,
-        **kwargs,
-    ):
-        hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
-        config = cls.load_config(model_name_or_path=model_name_or_path, **hub)
-        for k, v in (init_defaults or {}).items():
-            config.setdefault(k, v)
-        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=cls(**config), **hub)
+    def load(cls, model_name_or_path: str, **kwargs):
+        """The base ``load`` (config, ``init_defaults``), then the saved weights."""
+        hub = {k: kwargs[k] for k in ("subfolder", "token", "cache_folder", "revision", "local_files_only") if k in kwargs}
+        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=super().load(model_name_or_path, **kwargs), **hub)

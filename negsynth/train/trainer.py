@@ -331,23 +331,23 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     temperature = resolve_temperature(config, is_decoder_model(model))
     gather = config.gather_across_devices and data_parallel_world()[0] > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
+    angle = config.angle_weight > 0 or config.infonce_weight != 1.0
+    if mini_batch and (distill or angle):
+        raise ValueError(
+            "mini_batch_size (GradCache) works with the InfoNCE loss alone (train.loss = 'mnrl', angle_weight = 0, "
+            "infonce_weight = 1); set mini_batch_size = 'auto' or 'off'"
+        )
     if distill:
         from negsynth.train.loss import make_distill_loss
 
-        if config.angle_weight > 0 or config.infonce_weight != 1.0:
+        if angle:
             raise ValueError(
                 f"train.loss = {config.loss!r} does not take the AnglE + InfoNCE weights; set angle_weight = 0 and infonce_weight = 1"
             )
-        if mini_batch:
-            raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
         return make_distill_loss(model, config.loss, temperature=temperature, gather_across_devices=gather, **_pick(config, *_DISTILL_KEYS))
-    if config.angle_weight > 0 or config.infonce_weight != 1.0:
+    if angle:
         from negsynth.train.loss import make_angle_infonce_loss
 
-        if mini_batch:
-            raise ValueError(
-                "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
-            )
         return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **_pick(config, *_ANGLE_KEYS))
     return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch)
 
@@ -413,7 +413,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         train_dataset=train_ds,
         loss=loss,
         callbacks=[
-            curriculum_log_callback(phases, levels, config.batch_size, config.grad_accum, batch_starts),
+            curriculum_log_callback(phases, levels, config.grad_accum, batch_starts),
             seal_callback(config.save_total_limit),
         ],
     )
