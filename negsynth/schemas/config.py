@@ -433,14 +433,10 @@ class CurriculumConfig(Section):
     """``curriculum``: scored examples -> training rows in training order (spec §1.7).
 
     ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``tuple`` /
-    ``tuple:K`` (every row carries the K = 4 hardest negatives as ``negative_1..K``, no order), ``stock`` (the same rows in input order, once: the
-    trainer shuffles, batches and cycles them as sentence-transformers' stock recipe does), or
-    ``auto`` (the default): ``stock`` when every example is a labelled pair with its 4 hardest mined
-    negatives (``regenerate.negatives = "mined"``, strategy ``top``: negsynth then trains the stock recipe's rows the stock way,
-    chosen on SciFact-dev and Cranfield-dev) or the corpus stage's query (its pair mined again with
-    ``mine_hard_negatives``), ``tuple`` for other mined negatives (hybrid candidates, a teacher's,
-    or ``negatives = "mined"``; on the corpus stage's: negsynth's own path), else ``curriculum``
-    (LLM-graded negatives, the method).
+    ``tuple:K`` (every row carries the K = 4 hardest negatives as ``negative_1..K``, no order),
+    ``stock`` (the same rows in input order, once: the trainer shuffles, batches and cycles them as
+    sentence-transformers' stock recipe does), or ``auto`` (the default), resolved from the examples
+    by :func:`negsynth.stages.curriculum.resolve_schedule` (docs/curriculum.md).
     ``batch_size`` defaults to ``train.batch_size``: the builder keeps every text unique inside
     each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
