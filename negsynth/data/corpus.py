@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
+from negsynth.data.sources import default_name, detect_format, is_hf_folder
 from negsynth.data.tables import resolve_columns
 from negsynth.errors import UserError
 
@@ -284,8 +285,6 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
     """Count the documents of one corpus spec in one streamed read: kept are the column map, the
     count and the rows that are not documents, never the texts. Documents longer than
     ``chunk_tokens`` proxy tokens count as their passages (0: never split)."""
-    from negsynth.data.sources import default_name
-
     fmt, path, file_fmt = _input_format(spec)
     name = spec.name or default_name(spec.path, "beir" if fmt in ("beir", "folder") else file_fmt)
     data = CorpusData(
@@ -318,23 +317,15 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
 def _input_format(spec) -> tuple[str, str, str]:
     """``(format of the input, the file read, format of that file)``: a BEIR folder is read as its
     ``corpus.jsonl``, a folder of files as ``folder``; a glob on anything but a folder is refused."""
-    from negsynth.data.sources import detect_format
-
     fmt = spec.format if spec.format != "auto" else _corpus_format(spec.path)
-    glob = spec.glob
-    path = spec.path
-    if glob and fmt != "folder":
-        raise UserError(f"{spec.path}: glob {glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
-    if fmt == "beir":
-        path = str(Path(spec.path) / "corpus.jsonl")
-        if not Path(path).is_file():
-            raise UserError(f"{spec.path}: a BEIR folder needs corpus.jsonl; fix corpus.inputs path")
-        file_fmt = "jsonl"
-    elif fmt in ("folder", "text", "html", "pdf"):
-        file_fmt = fmt
-    else:
-        file_fmt = fmt if fmt != "auto" else detect_format(path)
-    return fmt, path, file_fmt
+    if spec.glob and fmt != "folder":
+        raise UserError(f"{spec.path}: glob {spec.glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
+    if fmt != "beir":
+        return fmt, spec.path, fmt
+    path = str(Path(spec.path) / "corpus.jsonl")
+    if not Path(path).is_file():
+        raise UserError(f"{spec.path}: a BEIR folder needs corpus.jsonl; fix corpus.inputs path")
+    return fmt, path, "jsonl"
 
 
 def _input_parts(spec, fmt: str, path: str, file_fmt: str) -> tuple[list[Part], dict[str, int]]:
@@ -455,16 +446,12 @@ def _corpus_format(path: str) -> str:
     if p.is_dir():
         if (p / "corpus.jsonl").is_file():
             return "beir"
-        from negsynth.data.sources import is_hf_folder
-
         if is_hf_folder(p):
             return "hf"
         return "folder"
     fmt = file_format(p)
     if fmt in DOCUMENT_SUFFIXES.values():
         return fmt
-    from negsynth.data.sources import detect_format
-
     if p.exists() and fmt is None and p.suffix.lower() not in (".json",):
         raise UserError(
             f"{p}: unknown file type {_kind(p)!r}; the corpus stage reads {_supported()} or a folder of them; {_unsupported_fix(p)}"
