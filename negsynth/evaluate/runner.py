@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.data.readers import EvalDataError, read_beir, read_tsv
 from negsynth.evaluate import cache as stored
-from negsynth.evaluate.encode import encode_texts, pair_labels
+from negsynth.evaluate.encode import encode_texts, pair_labels, sts_pairs
 from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TASKS_BY_NAME, TaskSpec, select_tasks
 
 SCHEMA = "negsynth.evaluate/1"
@@ -61,11 +61,9 @@ def _run_task(
     ins = spec.instruction
 
     if spec.category == "STS":
-        cols = read_tsv(files[0], (c["text1"], c["text2"], c["score"]))
-        gold = parse_floats(files[0], c["score"], cols[c["score"]])
+        t1, t2, gold = sts_pairs(spec, files[0])
         idx = _subsample(len(gold), cap.get("rows"), seed)
-        t1 = [cols[c["text1"]][i] for i in idx]
-        t2 = [cols[c["text2"]][i] for i in idx]
+        t1, t2 = [t1[i] for i in idx], [t2[i] for i in idx]
         e = encode_texts(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
 

@@ -29,14 +29,6 @@ def _flat_record(rec: dict) -> dict:
     return out
 
 
-def _write_parquet(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), str(path))
-
-
 def _score_filters(run_dir: Path) -> dict[str, Any]:
     st = read_json(run_dir / "score" / "stats.json") or {}
     keys = ("embedder", "policy", "fn_ratio", "too_easy_floor", "kept", "rejected", "rejects_by_reason", "negatives_dropped", "reordered")
@@ -45,10 +37,6 @@ def _score_filters(run_dir: Path) -> dict[str, Any]:
     if isinstance(clean, dict):
         out["clean"] = {k: v for k, v in clean.items() if isinstance(v, (int, float, str, bool)) or v is None}
     return out
-
-
-def _md_table(title: str, counts: dict) -> list[str]:
-    return [f"| {title} | rows |", "|---|---:|", *[f"| {k} | {v} |" for k, v in counts.items()], ""]
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -195,6 +183,9 @@ def _write_configs(tmp: Path, tables: dict[str, Any], default: str, counts: dict
 def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: dict[str, int]) -> dict[str, int]:
     """``--with-shards``: each stage's Example records (``generate``, ``regenerate``, ``score``) as
     one more configuration, appended to ``configs``; returns records per stage (``counts`` too)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from negsynth.data.shards import read_stage
     from negsynth.schemas.records import Example
     from negsynth.stages import METHOD
@@ -206,7 +197,8 @@ def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: 
         recs = [_flat_record(r) for r in read_stage(run_dir / st)]
         if not recs:
             continue
-        _write_parquet(recs, tmp / st / PARQUET)
+        (tmp / st).mkdir()
+        pq.write_table(pa.Table.from_pylist(recs), str(tmp / st / PARQUET))
         file = content_named(tmp / st / PARQUET)
         configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{file}"}]})
         shard_counts[st] = len(recs)
@@ -332,5 +324,5 @@ def _dataset_body(meta: dict, card: dict, summary: dict) -> str:
     ]
     for key, title in (("per_phase", "phase"), ("per_level", "level"), ("per_task_type", "task_type"), ("per_source", "source")):
         if card.get(key):
-            lines += _md_table(title, card[key])
+            lines += [f"| {title} | rows |", "|---|---:|", *[f"| {k} | {v} |" for k, v in card[key].items()], ""]
     return "\n".join(lines) + "\n"
