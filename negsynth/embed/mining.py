@@ -100,8 +100,7 @@ def mine_negatives(
     ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
     # ``range_max`` unset: the library's own window under a margin (10 x k candidates + the most
     # positives of one query), so a query keeps k negatives exactly where ``mine_hard_negatives``
-    # alone would keep them (the stock recipe's selection; once 4 x the positives, which kept a few
-    # queries whose positive ranks far down: no better on Cranfield-dev, docs/recipe.md)
+    # alone would keep them (the stock recipe's selection)
     extra = max(len(v) for v in known_positives.values()) if known_positives else 1
     range_max = range_max or range_min + 10 * k + extra
     n_corpus = len(set(corpus) | set(rows_p))

@@ -172,15 +172,10 @@ def evaluate_mteb(
     return results
 
 
-def _size(task) -> int | None:
-    """Pairs (STS) or queries (retrieval) of a locally filled task."""
+def _size(task) -> int:
+    """Pairs (STS, Pair) or queries (retrieval) of a task filled by :func:`local_dataset`."""
     ds = task.dataset
-    if isinstance(ds, dict) and "default" in ds:
-        return len(ds["default"]["test"]["queries"])
-    try:
-        return len(ds["test"])
-    except (KeyError, TypeError):
-        return None
+    return len(ds["default"]["test"]["queries"]) if "default" in ds else len(ds["test"])
 
 
 _TYPE_TO_CATEGORY = {"STS": "STS", "Retrieval": "Retr", "PairClassification": "Pair", "Classification": "Class", "Clustering": "Clust"}

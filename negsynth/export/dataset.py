@@ -88,7 +88,6 @@ def export_dataset(
     with_shards: bool = False,
     ntuple: int | None = None,
     license: str = "unknown",
-    pretty_name: str | None = None,
     repo_id: str | None = None,
 ) -> dict:
     """Write ``out_dir`` as a dataset repo folder (module docstring). Returns a summary dict."""
@@ -113,9 +112,7 @@ def export_dataset(
         summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {}, "default": default}
         configs = _write_configs(tmp, tables, default, summary["configs"])
         shard_counts = _write_stage_configs(run_dir, tmp, configs, summary["configs"]) if with_shards else {}
-        meta = _card_meta(
-            run_dir, card, configs, default, license=license, pretty_name=pretty_name, nt_stats=nt_stats, shard_counts=shard_counts
-        )
+        meta = _card_meta(run_dir, card, configs, default, license=license, nt_stats=nt_stats, shard_counts=shard_counts)
         (tmp / "README.md").write_text(
             yaml_front(meta) + _dataset_body(meta, card, summary).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8"
         )
@@ -213,7 +210,6 @@ def _card_meta(
     default: str,
     *,
     license: str,
-    pretty_name: str | None,
     nt_stats: dict | None,
     shard_counts: dict[str, int],
 ) -> dict[str, Any]:
@@ -229,7 +225,7 @@ def _card_meta(
     return {
         "license": license,
         "language": ["en"],
-        "pretty_name": pretty_name or f"negsynth training data ({run_dir.name})",
+        "pretty_name": f"negsynth training data ({run_dir.name})",
         "size_categories": [_size_category(n_rows)],
         "task_categories": ["sentence-similarity", "feature-extraction"],
         "tags": tags,
