@@ -220,6 +220,17 @@ class TextStore:
         return self._blob[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
 
 
+def save_npy(path: Path, vectors: Any) -> None:
+    """Write ``vectors`` to the ``.npy`` file ``path`` under a temporary name first: a killed
+    write leaves no file a rerun would trust."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, vectors)
+    tmp.replace(path)
+
+
 def encode_order(lengths: Any, model: Any = None) -> Any:
     """The order in which ``SentenceTransformer.encode`` embeds texts of these character
     ``lengths``: longest first (``np.argsort([-len(text) for text in inputs])``, the same sort),
@@ -290,10 +301,7 @@ class CorpusIndex:
                 list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             ).astype(np.float32)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp.npy")
-                np.save(tmp, emb)
-                tmp.replace(path)
+                save_npy(path, emb)
         if emb.shape[0] != len(texts):
             raise ValueError(f"{path}: holds {emb.shape[0]} vectors for {len(texts)} texts; delete it to re-embed")
         self.emb = emb

@@ -232,11 +232,10 @@ def corpus_vectors(
             pass
     vecs = np.concatenate([embedder.encode_documents(b) for b in batches()] or [np.zeros((0, embedder.dim), np.float32)])
     if path is not None:
+        from negsynth.embed.mining import save_npy
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, vecs)
-            tmp.replace(path)
+            save_npy(path, vecs)
         except OSError:
             pass  # a cache that cannot be written is skipped
     return vecs

@@ -50,13 +50,11 @@ def _task_file(data_dir: Path | None, f: str) -> Path | None:
     return data_dir / f if data_dir is not None else None
 
 
-def _run_task(
-    embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None, per_query: bool = False
-) -> tuple[dict, int, bool]:
+def _run_task(embedder, spec: TaskSpec, files: list[Path], quick: bool, seed: int, cache: dict, per_query: bool) -> tuple[dict, int, bool]:
+    """One task's metrics, its size (rows, or queries) and whether the quick suite cut it."""
     from negsynth.evaluate import metrics as M
 
     cap = spec.quick if quick else {}
-    files = [_task_file(data_dir, f) for f in spec.files]
     c = spec.columns
     ins = spec.instruction
 
@@ -307,7 +305,7 @@ class _TaskRun:
                 results[spec.name] = hit
                 return f"{spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)"
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics, n, sub = _run_task(self.embedder, spec, self.data_dir, self.quick, self.seed, self.encoded, self.per_query)
+        metrics, n, sub = _run_task(self.embedder, spec, files, self.quick, self.seed, self.encoded, self.per_query)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         pq = metrics.pop("per_query", None)
         entry = {
