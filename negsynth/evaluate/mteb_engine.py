@@ -115,10 +115,15 @@ class _EmbedderEncoder:
         is_doc = prompt_type is not None and getattr(prompt_type, "value", str(prompt_type)) == "document"
         return encode_texts(self.embedder, texts, spec.instruction if spec is not None else None, query=not is_doc)
 
-    def similarity(self, a, b):  # mteb's retrieval scores with it (pairs: its own cosine, the same)
+    def similarity(self, a, b):  # both: part of mteb's EncoderProtocol, which it checks
         from sentence_transformers.util import cos_sim
 
         return cos_sim(a, b)
+
+    def similarity_pairwise(self, a, b):
+        from sentence_transformers.util import pairwise_cos_sim
+
+        return pairwise_cos_sim(a, b)
 
 
 def mteb_model(embedder):

@@ -10,7 +10,7 @@ from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.export.common import PARQUET, content_named, read_json, staged_folder, yaml_front
-from negsynth.export.provenance import describe_provenance, generators, provenance
+from negsynth.export.provenance import describe_provenance, provenance
 
 
 def _size_category(n: int) -> str:
@@ -216,7 +216,6 @@ def _card_meta(
     """The dataset card's front matter: what the Hub reads (licence, size, tags, configs) and,
     under ``negsynth``, how the data was made (provenance, schedule, composition, score filters)."""
     build = card.get("build", {}) or {}
-    gens = generators(run_dir)
     prov = provenance(run_dir)
     filters = _score_filters(run_dir)
     n_rows = int(card.get("rows") or 0)
@@ -232,7 +231,7 @@ def _card_meta(
         "configs": configs,
         "negsynth": {
             "provenance": prov,
-            "generator_models": gens,
+            "generator_models": prov["generator_models"],
             "schedule": build.get("schedule"),
             "levels_by_phase": build.get("levels"),
             "batch_size": build.get("batch_size"),
