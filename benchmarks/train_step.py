@@ -10,7 +10,7 @@ data). An arm is settings joined by ``+``:
 ``eager``      eager attention
 ``gc``         gradient checkpointing
 ``cachedN``    GradCache (``mini_batch_size = N``: the same loss, N rows' activations at a time)
-``mean``, ``ata``, ``latent``   the pooling (ATA: MGH's attention-weighted pooling; latent: NV-Embed's)
+``mean``, ``ata``   the pooling (ATA: MGH's attention-weighted pooling)
 
 ``--model smollm2`` trains the bundled SmolLM2-135M with LoRA and every layer bidirectional (the
 decoder recipe). Reported per arm, medians over ``--repeats`` (arms interleaved, order rotated): the
@@ -18,8 +18,8 @@ child's peak resident memory, the trainer's seconds per step, the ratio to the f
 largest difference of a step's loss from the first arm's (GradCache's differs by dropout noise: it draws the masks in another order)::
 
     python benchmarks/train_step.py --arms base,gc,cached8,gc+cached8 --steps 3        # the memory settings
-    python benchmarks/train_step.py --arms mean,ata,latent --steps 6 --batch-size 8 --max-length 64 --negatives 1
-    python benchmarks/train_step.py --arms mean,ata,latent --model smollm2 --steps 6 --batch-size 8 --max-length 64 --negatives 1
+    python benchmarks/train_step.py --arms mean,ata --steps 6 --batch-size 8 --max-length 64 --negatives 1
+    python benchmarks/train_step.py --arms mean,ata --model smollm2 --steps 6 --batch-size 8 --max-length 64 --negatives 1
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def settings(arm: str) -> dict:
             cfg["gradient_checkpointing"] = True
         elif part.startswith("cached") and part[6:].isdigit():
             cfg["mini_batch_size"] = int(part[6:])
-        elif part in ("mean", "ata", "latent"):
+        elif part in ("mean", "ata"):
             cfg["pooling"] = part
         elif part != "base":
-            sys.exit(f"train_step: unknown setting {part!r}; use base, eager, gc, cachedN, mean, ata, latent (joined by +)")
+            sys.exit(f"train_step: unknown setting {part!r}; use base, eager, gc, cachedN, mean, ata (joined by +)")
     return cfg
 
 

@@ -38,6 +38,9 @@ REMOVED = [
     ("train", "no_duplicates", "false", "no_duplicates", "every batch keeps each text once"),
     ("train", "check_batches", "false", "check_batches", "nothing to check"),
     ("train", "ata_pool", '"all"', "ata_pool", 'the old default, "embed_mask"'),
+    ("train", "pooling", '"latent"', "pooling = 'latent'", 'use "ata" (or "mean")'),
+    ("train", "latent_num", "16", "latent_num", "delete the key"),
+    ("train", "latent_heads", "4", "latent_heads", "delete the key"),
 ]
 
 
@@ -57,6 +60,9 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     doc = {
         "train": "docs/train.md",
         "train.ata_pool": "docs/zeroshot.md",
+        "train.pooling": "docs/zeroshot.md",
+        "train.latent_num": "docs/zeroshot.md",
+        "train.latent_heads": "docs/zeroshot.md",
         "regenerate.mining": "docs/recipe.md",
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",

@@ -277,17 +277,14 @@ def test_minilm_training_reduces_loss_and_logs_phase(minilm, tmp_path):
     assert [r["level"] for r in hist[:4]] == [4, 3, 2, 1]
 
 
-@pytest.mark.parametrize("pooling", ["mean", "ata", "latent"])
+@pytest.mark.parametrize("pooling", ["mean", "ata"])
 def test_saved_model_reloads_with_its_pooling(minilm, tmp_path, pooling):
     from sentence_transformers import SentenceTransformer
 
     from negsynth.train.trainer import build_model
 
-    cfg = TrainConfig(model=minilm, pooling=pooling, latent_num=16, max_length=32)
+    cfg = TrainConfig(model=minilm, pooling=pooling, max_length=32)
     m = build_model(cfg, device="cpu")
-    if pooling == "latent":  # make the latent weights non-default so a failed load would show
-        with torch.no_grad():
-            m[1].latents.add_(0.5)
     texts = ["a cat sat on the mat", "rivers flow to the sea and further on", "x"]
     e1 = m.encode(texts, convert_to_numpy=True)
     m.save(str(tmp_path / "m"))
@@ -554,10 +551,10 @@ def test_auto_mini_batch_reaches_the_trainer_and_keeps_angle_configs_working(min
     assert not isinstance(trainer.loss, CachedMultipleNegativesRankingLoss)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "ata", "latent"])
+@pytest.mark.parametrize("pooling", ["mean", "ata"])
 def test_auto_gradcache_trains_the_other_poolings(minilm, tmp_path, pooling):
-    """GradCache re-embeds each chunk with gradients: ATA's attention hook and the latent pooler
-    must train under it as under plain MNRL (one step, finite loss, weights moved)."""
+    """GradCache re-embeds each chunk with gradients: ATA's attention hook must train under it as
+    under plain MNRL (one step, finite loss, weights moved)."""
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
     from negsynth.train.trainer import make_trainer
@@ -565,7 +562,6 @@ def test_auto_gradcache_trains_the_other_poolings(minilm, tmp_path, pooling):
     cfg = TrainConfig(
         model=minilm,
         pooling=pooling,
-        latent_num=16,
         batch_size=12,
         max_steps=1,
         max_length=16,

@@ -125,7 +125,7 @@ def _text_transformer(st_model):
         )
     if getattr(first.model.config, "is_decoder", False):
         raise UserError("backend onnx/openvino: decoder models are not supported; use backend 'torch'")
-    # negsynth's own modules (ATA / latent pooling, bidirectional attention) hook into the torch backbone
+    # negsynth's own modules (ATA pooling, bidirectional attention) hook into the torch backbone
     own = [type(m).__name__ for m in list(st_model)[1:] if not type(m).__module__.startswith("sentence_transformers.")]
     if own:
         raise UserError(

@@ -37,7 +37,7 @@ def dedupe(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
 
 def _own_modules(path: str) -> bool:
     """True for a model folder saved by negsynth's trainer: its modules.json names classes of the
-    installed ``negsynth`` package (ATA / latent pooling, bidirectional attention), which
+    installed ``negsynth`` package (ATA pooling, bidirectional attention), which
     sentence-transformers 6 imports only with ``trust_remote_code``. No code is read from the
     folder itself: the classes come from this installed package."""
     mj = Path(path) / "modules.json"

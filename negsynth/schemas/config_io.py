@@ -129,6 +129,9 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         "measured no gain: docs/zeroshot.md",
         'ATA leaves the instruction prefix out (the old default, "embed_mask"); delete the key',
     ),
+    "train.pooling": (("latent",), "measured no gain: docs/zeroshot.md", 'use "ata" (or "mean")'),
+    "train.latent_num": (None, "measured no gain: docs/zeroshot.md", "it sized the removed latent pooling; delete the key"),
+    "train.latent_heads": (None, "measured no gain: docs/zeroshot.md", "it set the removed latent pooling's heads; delete the key"),
     "train.ata_detach": (None, "an ablation never measured to help: ATA's weights always get gradients", "delete the key"),
     "train.check_batches": (
         None,

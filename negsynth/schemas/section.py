@@ -68,8 +68,10 @@ REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     },
     # not a Section: added_at_default and TrainConfig.__repr_args__ put these back
     "TrainConfig": {
-        "ata_detach": ("latent_heads", False),
-        "ata_pool": ("latent_heads", "embed_mask"),
+        "latent_num": ("pooling", 512),
+        "latent_heads": ("pooling", 8),
+        "ata_detach": ("pooling", False),
+        "ata_pool": ("pooling", "embed_mask"),
         "hardness_mode": ("max_grad_norm", None),
         "hardness_strength": ("max_grad_norm", 0.0),
         "check_batches": ("resume", True),

@@ -58,10 +58,8 @@ class TrainConfig(BaseModel):
     text_template: str | None = None
     text_preprocess: Literal["none", "bellm"] = "none"
     # mean / cls / last are saved as sentence-transformers' own Pooling (plain SentenceTransformer(path)
-    # loads them); ata / latent are negsynth modules (load with trust_remote_code=True, see docs/train.md)
-    pooling: Literal["mean", "cls", "last", "ata", "latent"] = "mean"
-    latent_num: int = Field(512, ge=1)  # NV-Embed latent array size r
-    latent_heads: int = Field(8, ge=1)
+    # loads them); ata is negsynth's module (load with trust_remote_code=True, see docs/train.md)
+    pooling: Literal["mean", "cls", "last", "ata"] = "mean"
     # τ; scale = 1/τ. None = per model family: 0.05 for sentence-transformers encoders (pretrained
     # at MNRL's scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral); 1.0 = the literal seed text
     temperature: float | None = Field(None, gt=0)

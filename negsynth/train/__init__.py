@@ -1,4 +1,4 @@
-"""Embedding trainer for the MGH curriculum: pooling (mean/last/ATA/latent), bidirectional decoders,
+"""Embedding trainer for the MGH curriculum: pooling (mean/last/ATA), bidirectional decoders,
 LoRA, InfoNCE with hard negatives, and an order-preserving sentence-transformers trainer.
 
 Imports are lazy: ``import negsynth.train`` does not import torch or transformers; the first access
@@ -22,7 +22,6 @@ _EXPORTS = {
     "load_model": "negsynth.train.trainer",
     "for_stock_trainer": "negsynth.train.sampler",
     "EmbeddingPooling": "negsynth.train.pooling",
-    "LatentAttentionPooling": "negsynth.train.pooling",
     "ata_weights": "negsynth.train.pooling",
     "recompute_attention_probs": "negsynth.train.pooling",
     "make_bidirectional": "negsynth.train.bidirectional",

@@ -1,9 +1,8 @@
-"""Pooling modules for embedding training: ATA and NV-Embed latent attention (mean, cls and last
-are sentence-transformers' own ``Pooling``).
+"""ATA pooling for embedding training (mean, cls and last are sentence-transformers' own ``Pooling``).
 
-They are sentence-transformers ``Module`` s, so ``modules.json`` records them and
-``SentenceTransformer(path, trust_remote_code=True)`` reloads them. They read ``token_embeddings``
-``[B, n, d]`` and ``attention_mask`` ``[B, n]`` (left or right padding) and write
+:class:`EmbeddingPooling` is a sentence-transformers ``Module``, so ``modules.json`` records it and
+``SentenceTransformer(path, trust_remote_code=True)`` reloads it. It reads ``token_embeddings``
+``[B, n, d]`` and ``attention_mask`` ``[B, n]`` (left or right padding) and writes
 ``sentence_embedding`` ``[B, d]``.
 
 **ATA** (anchor-token-aware pooling, SEED_SPEC §2.2-2.3): token j's score is the attention it
@@ -228,21 +227,7 @@ def _backbone_of(model) -> nn.Module:
 # ----------------------------------------------------------------------------- modules
 
 
-class _Pooling(Module):
-    """What both pooling modules share: a vector as wide as the token vectors, and their settings
-    saved as ``config.json`` (their ``config_keys``)."""
-
-    config_file_name = "config.json"
-    embedding_dimension: int
-
-    def get_embedding_dimension(self) -> int:
-        return self.embedding_dimension
-
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        self.save_config(output_path)
-
-
-class EmbeddingPooling(_Pooling):
+class EmbeddingPooling(Module):
     """Parameter-free pooling: ``mode`` in ``mean`` | ``last`` | ``ata``.
 
     - ``mean``: average of the real tokens.
@@ -254,12 +239,13 @@ class EmbeddingPooling(_Pooling):
     :meth:`bind` yourself if you append the module to an already-built model.
     """
 
+    config_file_name = "config.json"
     config_keys = ["embedding_dimension", "mode", "ata_pool"]
 
     def __init__(self, embedding_dimension: int, mode: str = "mean", ata_pool: str = "embed_mask"):
         super().__init__()
         if mode not in ("mean", "last", "ata"):
-            raise ValueError(f"EmbeddingPooling mode={mode!r}: use 'mean', 'last' or 'ata' (or LatentAttentionPooling for 'latent')")
+            raise ValueError(f"EmbeddingPooling mode={mode!r}: use 'mean', 'last' or 'ata'")
         if ata_pool not in ATA_POOL_SETS:
             raise ValueError(f"EmbeddingPooling ata_pool={ata_pool!r}: use one of {ATA_POOL_SETS}")
         self.embedding_dimension = int(embedding_dimension)
@@ -268,6 +254,12 @@ class EmbeddingPooling(_Pooling):
         self._capture: _AttentionInputCapture | None = None
         self._markers: InstructionMarkers | None = None
         self._warned = False
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dimension
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
 
     @classmethod
     def load_config(cls, *args, **kwargs) -> dict[str, Any]:
@@ -321,56 +313,3 @@ class EmbeddingPooling(_Pooling):
             emb = torch.einsum("bn,bnd->bd", w.to(tok.dtype), tok)
         features["sentence_embedding"] = emb
         return features
-
-
-class LatentAttentionPooling(_Pooling):
-    """NV-Embed latent-attention pooling (SEED_SPEC §2.4), trainable.
-
-    ``h = CrossAttn(LN(h), ctx=LN(latents)) + h``; ``h = GEGLU-FF(LN(h)) + h``; masked mean over tokens.
-    ``latents`` is an ``[num_latents, d]`` trainable array used as keys and values (NV-Embed: r = 512,
-    8 heads). ``dim_head`` defaults to ``d // num_heads`` and the FF width to ``ff_mult * d`` so the
-    module stays small on CPU (NV-Embed-v2 uses much wider heads). Adds parameters, unlike ATA.
-    """
-
-    config_keys = ["embedding_dimension", "num_latents", "num_heads", "dim_head", "ff_mult"]
-
-    def __init__(self, embedding_dimension: int, num_latents: int = 512, num_heads: int = 8, dim_head: int | None = None, ff_mult: int = 4):
-        super().__init__()
-        d = int(embedding_dimension)
-        self.embedding_dimension, self.num_latents, self.num_heads = d, int(num_latents), int(num_heads)
-        self.dim_head = int(dim_head or max(1, d // num_heads))
-        self.ff_mult = int(ff_mult)
-        inner = self.num_heads * self.dim_head
-        self.latents = nn.Parameter(torch.randn(self.num_latents, d) * d**-0.5)
-        self.norm_q, self.norm_ctx, self.norm_ff = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.to_q = nn.Linear(d, inner, bias=False)
-        self.to_kv = nn.Linear(d, 2 * inner, bias=False)
-        self.to_out = nn.Linear(inner, d, bias=False)
-        self.ff_in = nn.Linear(d, 2 * self.ff_mult * d)
-        self.ff_out = nn.Linear(self.ff_mult * d, d)
-
-    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
-        h, mask = features["token_embeddings"], features["attention_mask"]
-        dt = h.dtype
-        x = h.to(self.to_q.weight.dtype)
-        B, n, _ = x.shape
-        q = self.to_q(self.norm_q(x)).view(B, n, self.num_heads, self.dim_head).transpose(1, 2)
-        k, v = self.to_kv(self.norm_ctx(self.latents)).chunk(2, dim=-1)
-        k = k.view(self.num_latents, self.num_heads, self.dim_head).transpose(0, 1)  # [H, r, dh]
-        v = v.view(self.num_latents, self.num_heads, self.dim_head).transpose(0, 1)
-        o = torch.nn.functional.scaled_dot_product_attention(q, k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))
-        x = self.to_out(o.transpose(1, 2).reshape(B, n, -1)) + x
-        a, g = self.ff_in(self.norm_ff(x)).chunk(2, dim=-1)
-        x = self.ff_out(a * torch.nn.functional.gelu(g)) + x
-        features["sentence_embedding"] = mean_pool(x, mask).to(dt)
-        return features
-
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        super().save(output_path)
-        self.save_torch_weights(output_path, safe_serialization=safe_serialization)
-
-    @classmethod
-    def load(cls, model_name_or_path: str, **kwargs):
-        """The base ``load`` (config, ``init_defaults``), then the saved weights."""
-        hub = {k: kwargs[k] for k in ("subfolder", "token", "cache_folder", "revision", "local_files_only") if k in kwargs}
-        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=super().load(model_name_or_path, **kwargs), **hub)

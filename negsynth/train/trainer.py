@@ -99,15 +99,13 @@ def build_model(config: TrainConfig, device: str | None = None):
 
 def _pooling_module(config: TrainConfig, dim: int):
     """mean / cls / last -> sentence-transformers' own ``Pooling`` (portable: a plain
-    ``SentenceTransformer(path)`` reloads it); ata / latent -> negsynth's modules."""
+    ``SentenceTransformer(path)`` reloads it); ata -> negsynth's module."""
     if config.pooling in ("mean", "cls", "last"):
         from sentence_transformers.sentence_transformer.modules import Pooling
 
         return Pooling(dim, pooling_mode={"last": "lasttoken"}.get(config.pooling, config.pooling))
-    from negsynth.train.pooling import EmbeddingPooling, LatentAttentionPooling
+    from negsynth.train.pooling import EmbeddingPooling
 
-    if config.pooling == "latent":
-        return LatentAttentionPooling(dim, num_latents=config.latent_num, num_heads=config.latent_heads)
     return EmbeddingPooling(dim, mode="ata")
 
 
