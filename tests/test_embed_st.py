@@ -73,15 +73,12 @@ def test_unknown_or_missing_backend_is_one_line_naming_the_install(monkeypatch):
     from negsynth.errors import UserError
 
     check_backend("torch")
-    with pytest.raises(UserError, match="use one of auto, torch, onnx"):
+    with pytest.raises(UserError, match="use one of auto, torch, openvino, openvino-bf16"):
         check_backend("tensorrt")
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
-    monkeypatch.setitem(sys.modules, "openvino", None)
-    with pytest.raises(UserError, match=r"needs onnxruntime and onnx; run: pip install 'negsynth\[onnx\]'") as e:
-        check_backend("onnx")
-    assert "\n" not in str(e.value)
-    with pytest.raises(UserError, match=r"pip install 'negsynth\[openvino\]'"):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import fails as if not installed
+    with pytest.raises(UserError, match=r"needs openvino and onnx; run: pip install 'negsynth\[openvino\]'") as e:
         check_backend("openvino")
+    assert "\n" not in str(e.value)
 
 
 def test_an_encoders_auto_dtype_is_float32_on_every_device():
@@ -114,12 +111,12 @@ def test_auto_embeds_on_a_gpu_as_the_cpu_and_bf16_stays_close(minilm):
     assert float(((bf16.encode(texts) * want).sum(axis=1)).min()) > 0.99
 
 
-@pytest.mark.parametrize("backend", ["onnx", "openvino"])
-def test_exported_backend_embeds_as_torch(minilm, backend, tmp_path, monkeypatch):
-    """The ONNX backbone under sentence-transformers' own tokenising, pooling and normalising gives
-    torch's vectors up to float rounding (the export is cached under NEGSYNTH_CACHE_DIR)."""
+def test_exported_backend_embeds_as_torch(minilm, tmp_path, monkeypatch):
+    """The ONNX backbone on OpenVINO under sentence-transformers' own tokenising, pooling and
+    normalising gives torch's vectors up to float rounding (the export is cached under NEGSYNTH_CACHE_DIR)."""
+    backend = "openvino"
     pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime" if backend == "onnx" else "openvino")
+    pytest.importorskip("openvino")
     from negsynth.embed.st import SentenceTransformerEmbedder
 
     monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
@@ -160,15 +157,14 @@ def test_auto_backend_falls_back_to_torch(monkeypatch, tmp_path):
         device = "cpu"
 
     monkeypatch.setenv("NEGSYNTH_CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)
     monkeypatch.setitem(sys.modules, "openvino", None)
-    assert use_backend(Fake([object()]), "auto") == "torch"  # neither runtime: torch, no error
+    assert use_backend(Fake([object()]), "auto") == "torch"  # no runtime: torch, no error
     monkeypatch.undo()
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("openvino")
     assert use_backend(Fake([object()]), "auto") == "torch"  # not a sentence-transformers Transformer first
 
 
-def test_onnx_backend_refuses_negsynth_modules():
+def test_openvino_backend_refuses_negsynth_modules():
     from negsynth.embed.backends import _text_transformer
     from negsynth.errors import UserError
     from negsynth.schemas.train import TrainConfig

@@ -41,6 +41,8 @@ REMOVED = [
     ("train", "pooling", '"latent"', "pooling = 'latent'", 'use "ata" (or "mean")'),
     ("train", "latent_num", "16", "latent_num", "delete the key"),
     ("train", "latent_heads", "4", "latent_heads", "delete the key"),
+    ("evaluate", "backend", '"onnx"', "backend = 'onnx'", 'use "openvino" (the same export, faster) or "torch"'),
+    ("embedder", "backend", '"onnx-int8"', "backend = 'onnx-int8'", 'use "openvino"'),
 ]
 
 
@@ -63,6 +65,8 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "train.pooling": "docs/zeroshot.md",
         "train.latent_num": "docs/zeroshot.md",
         "train.latent_heads": "docs/zeroshot.md",
+        "evaluate.backend": "docs/benchmarks.md",
+        "embedder.backend": "docs/benchmarks.md",
         "regenerate.mining": "docs/recipe.md",
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",

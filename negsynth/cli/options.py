@@ -134,7 +134,7 @@ BackendOpt = Annotated[
     str | None,
     typer.Option(
         "--backend",
-        help="torch (default) | auto | onnx | onnx-int8 | openvino | openvino-bf16 (auto: openvino / onnx for encoders on CPU when negsynth[openvino] / negsynth[onnx] is installed, else torch)",
+        help="torch (default) | auto | openvino | openvino-bf16 (auto: openvino for encoders on CPU when negsynth[openvino] is installed, else torch)",
     ),
 ]
 NoCacheOpt = Annotated[

@@ -1,10 +1,10 @@
-"""Inference backends for a sentence-transformers encoder on CPU: ONNX Runtime and OpenVINO.
+"""An inference backend for a sentence-transformers encoder on CPU: OpenVINO.
 
-Only the transformer backbone of ``model[0]`` is swapped for an exported ONNX graph; tokenisation,
-batching, pooling and normalisation stay sentence-transformers', so the vectors differ from torch's
-by float rounding (``onnx``, ``openvino``), or by more for ``onnx-int8`` (int8 weights) and
-``openvino-bf16`` (bfloat16, on CPUs with AVX512_BF16 or AMX). ``auto``: OpenVINO, else ONNX
-Runtime, for a plain encoder on CPU, else torch. The backbone is exported with
+Only the transformer backbone of ``model[0]`` is swapped for an exported ONNX graph that OpenVINO
+runs; tokenisation, batching, pooling and normalisation stay sentence-transformers', so the vectors
+differ from torch's by float rounding (``openvino``), or by more for ``openvino-bf16`` (bfloat16, on
+CPUs with AVX512_BF16 or AMX). ``auto``: OpenVINO for a plain encoder on CPU when it is installed,
+else torch. The backbone is exported with
 ``torch.onnx.export`` (sentence-transformers' own ``backend="onnx"`` needs optimum, which pins an
 older transformers), once per weights and library versions, under ``$NEGSYNTH_CACHE_DIR/onnx``.
 Only plain text encoders (MiniLM and models trained from it) are supported; anything else is a
@@ -23,7 +23,7 @@ from negsynth.errors import UserError
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
+BACKENDS = ("auto", "torch", "openvino", "openvino-bf16")
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -33,13 +33,11 @@ def check_backend(backend: str) -> None:
         raise UserError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend in ("torch", "auto"):
         return
-    mod = "openvino" if backend.startswith("openvino") else "onnxruntime"
     try:
-        __import__(mod)
+        __import__("openvino")
         __import__("onnx")
     except ImportError:
-        extra = backend.split("-")[0]
-        raise UserError(f"backend {backend!r} needs {mod} and onnx; run: pip install 'negsynth[{extra}]'") from None
+        raise UserError(f"backend {backend!r} needs openvino and onnx; run: pip install 'negsynth[openvino]'") from None
 
 
 def _fingerprint(hf_model) -> str:
@@ -57,9 +55,9 @@ def _fingerprint(hf_model) -> str:
     return h.hexdigest()[:16]
 
 
-def export_onnx(st_model, *, quantize: bool = False) -> Path:
-    """The ONNX file of ``st_model[0]``'s backbone (exported once, then cached); int8 weights with
-    ``quantize``. Leaves the torch backbone in eval mode with eager attention."""
+def export_onnx(st_model) -> Path:
+    """The ONNX file of ``st_model[0]``'s backbone (exported once, then cached). Leaves the torch
+    backbone in eval mode with eager attention."""
     import torch
 
     from negsynth.embed.hf import cache_dir
@@ -98,16 +96,7 @@ def export_onnx(st_model, *, quantize: bool = False) -> Path:
             )
         os.replace(tmp, fp32)
         log.info("exported %s to %s", type(hf).__name__, fp32)
-    if not quantize:
-        return fp32
-    q8 = folder / "model_int8.onnx"
-    if not q8.is_file():
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        tmp = folder / f"model_int8.{os.getpid()}.onnx.tmp"
-        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8)
-        os.replace(tmp, q8)
-    return q8
+    return fp32
 
 
 def _text_transformer(st_model):
@@ -121,43 +110,31 @@ def _text_transformer(st_model):
         or cfg.get("method_output_name") not in ("last_hidden_state", ("last_hidden_state",), ["last_hidden_state"])
     ):
         raise UserError(
-            f"backend onnx/openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'"
+            f"backend openvino: the model's first module is {type(first).__name__} ({cfg}); only plain text encoders (e.g. MiniLM) are supported, use backend 'torch'"
         )
     if getattr(first.model.config, "is_decoder", False):
-        raise UserError("backend onnx/openvino: decoder models are not supported; use backend 'torch'")
+        raise UserError("backend openvino: decoder models are not supported; use backend 'torch'")
     # negsynth's own modules (ATA pooling, bidirectional attention) hook into the torch backbone
     own = [type(m).__name__ for m in list(st_model)[1:] if not type(m).__module__.startswith("sentence_transformers.")]
     if own:
-        raise UserError(
-            f"backend onnx/openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'"
-        )
+        raise UserError(f"backend openvino: the model has module(s) {', '.join(own)} that need the torch backbone; use backend 'torch'")
     return first
 
 
 def _runner(path: Path, backend: str, threads: int):
-    """``feed dict -> last hidden state`` on the chosen runtime."""
-    if backend.startswith("openvino"):
-        import openvino as ov
+    """``feed dict -> last hidden state`` on OpenVINO."""
+    import openvino as ov
 
-        core = ov.Core()
-        precision = "f32"
-        if backend == "openvino-bf16":
-            if "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
-                raise UserError(
-                    "backend 'openvino-bf16': this CPU has no bfloat16 instructions (AVX512_BF16 or AMX); use backend 'openvino'"
-                )
-            precision = "bf16"
-        compiled = core.compile_model(
-            core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
-        )
-        return lambda feed: compiled(feed)[0]
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return lambda feed: sess.run(None, feed)[0]
+    core = ov.Core()
+    precision = "f32"
+    if backend == "openvino-bf16":
+        if "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+            raise UserError("backend 'openvino-bf16': this CPU has no bfloat16 instructions (AVX512_BF16 or AMX); use backend 'openvino'")
+        precision = "bf16"
+    compiled = core.compile_model(
+        core.read_model(str(path)), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
+    )
+    return lambda feed: compiled(feed)[0]
 
 
 def _available(backend: str) -> bool:
@@ -170,17 +147,16 @@ def _available(backend: str) -> bool:
 
 def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
     """Swap ``st_model[0]``'s backbone for ``backend`` in place (``"torch"``: no change); returns the
-    backend used. ``"auto"``: OpenVINO, else ONNX Runtime (whichever is installed) for a plain encoder
-    on CPU (the same nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
+    backend used. ``"auto"``: OpenVINO, when it is installed, for a plain encoder on CPU (the same
+    nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
     if backend == "auto":
-        runtime = next((b for b in ("openvino", "onnx") if _available(b)), None)  # OpenVINO: the faster exact one
-        if str(st_model.device) != "cpu" or runtime is None:
+        if str(st_model.device) != "cpu" or not _available("openvino"):
             return "torch"
         try:
             _text_transformer(st_model)
         except UserError:
             return "torch"
-        backend = runtime
+        backend = "openvino"
     check_backend(backend)
     if backend == "torch":
         return backend
@@ -189,7 +165,7 @@ def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
     if str(st_model.device) != "cpu":
         raise UserError(f"backend {backend!r} runs on CPU; the model is on {st_model.device} (use backend 'torch' on a GPU)")
     tr = _text_transformer(st_model)
-    path = export_onnx(st_model, quantize=backend == "onnx-int8")
+    path = export_onnx(st_model)
     run = _runner(path, backend, threads or torch.get_num_threads())
     names = tuple(n for n in _INPUTS if n in st_model.preprocess(["a"]))
     config = tr.model.config

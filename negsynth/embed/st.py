@@ -109,9 +109,9 @@ class SentenceTransformerEmbedder(Embedder):
     ) -> SentenceTransformerEmbedder:
         """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
 
-        ``backend``: ``"torch"`` (SDPA attention), or ``"onnx"`` / ``"onnx-int8"`` / ``"openvino"``
-        on CPU (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``:
-        OpenVINO or ONNX Runtime where it applies and is installed, else torch. The one used is ``.backend``."""
+        ``backend``: ``"torch"`` (SDPA attention), or ``"openvino"`` / ``"openvino-bf16"`` on CPU
+        (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``: OpenVINO
+        where it applies and is installed, else torch. The one used is ``.backend``."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
@@ -181,8 +181,7 @@ class SentenceTransformerEmbedder(Embedder):
         m = self.model
         runtime = {}
         if self.backend != "torch":
-            mod = "openvino" if self.backend.startswith("openvino") else "onnxruntime"
-            runtime[mod] = getattr(__import__(mod), "__version__", "?")
+            runtime["openvino"] = getattr(__import__("openvino"), "__version__", "?")
         return {
             "kind": "sentence-transformers",
             "model": model_digest(self.source),

@@ -94,9 +94,9 @@ class EmbedderConfig(Section):
     max_length: int | None = Field(None, ge=8)
     query_template: str = "Instruct: {instruction}\nQuery: {text}"
     instruct_queries: bool = False  # MiniLM was not trained with instructions; E5-style models want True
-    # sentence-transformers encoders on CPU: "onnx" / "onnx-int8" / "openvino" (pip install 'negsynth[onnx]'
-    # / 'negsynth[openvino]'; docs/benchmarks.md has the speed and score of each)
-    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
+    # sentence-transformers encoders on CPU: "openvino" / "openvino-bf16" (pip install 'negsynth[openvino]';
+    # docs/benchmarks.md has the speed and score of each)
+    backend: Literal["auto", "torch", "openvino", "openvino-bf16"] = "torch"
     # decoder-only options (docs/zeroshot.md)
     method: Literal["mean", "last", "prompteol", "echo", "reba", "embedfilter"] = "mean"
     pooling: Literal["mean", "last"] = "mean"
@@ -476,12 +476,11 @@ class EvaluateConfig(Section):
     seed: int = 0
     engine: Literal["negsynth", "mteb"] = "negsynth"  # "mteb": MTEB tasks scored by the mteb library (negsynth[eval])
     # encoder inference: "torch" (the default until the full SciFact check at 4 decimals is done, so
-    # that installing an extra never changes a reported score); "auto" = OpenVINO (negsynth[openvino]),
-    # else ONNX Runtime (negsynth[onnx]) for a plain encoder on CPU (same nDCG@10 as torch on a 40 x 200
-    # SciFact cut, 1.6x faster), else torch; or "onnx" / "onnx-int8" (int8 weights: faster, scores
-    # drop) / "openvino" / "openvino-bf16" (bfloat16 on CPUs that have it: faster, scores move; see
+    # that installing an extra never changes a reported score); "auto" = OpenVINO (negsynth[openvino])
+    # for a plain encoder on CPU (same nDCG@10 as torch on a 40 x 200 SciFact cut, 1.6x faster), else
+    # torch; or "openvino" / "openvino-bf16" (bfloat16 on CPUs that have it: faster, scores move; see
     # docs/benchmarks.md)
-    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
+    backend: Literal["auto", "torch", "openvino", "openvino-bf16"] = "torch"
     # the weights' precision while evaluating (torch backend): float32 on every device, so that a score
     # does not depend on the machine (on an H100, bf16 moved TREC clustering by 1.6 points for a 1.2x
     # speed-up; docs/benchmarks.md); "auto" = [embedder]'s rule (bf16/fp16 on a GPU, float32 on CPU)

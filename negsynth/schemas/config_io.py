@@ -73,6 +73,7 @@ def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
 MEASURED = "measured no gain: docs/corpus.md"
 TRAIN_MEASURED = "measured no gain: docs/train.md"
 MINING_MEASURED = "measured no gain: docs/recipe.md"
+BACKEND_MEASURED = "measured no gain: docs/benchmarks.md"
 
 #: options taken out of the package: run-file key -> (the values removed, or None for the key itself;
 #: why they left; what to use instead), so a run file that still names one is told so in one line
@@ -129,6 +130,8 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         "measured no gain: docs/zeroshot.md",
         'ATA leaves the instruction prefix out (the old default, "embed_mask"); delete the key',
     ),
+    "embedder.backend": (("onnx", "onnx-int8"), BACKEND_MEASURED, 'use "openvino" (the same export, faster) or "torch"'),
+    "evaluate.backend": (("onnx", "onnx-int8"), BACKEND_MEASURED, 'use "openvino" (the same export, faster) or "torch"'),
     "train.pooling": (("latent",), "measured no gain: docs/zeroshot.md", 'use "ata" (or "mean")'),
     "train.latent_num": (None, "measured no gain: docs/zeroshot.md", "it sized the removed latent pooling; delete the key"),
     "train.latent_heads": (None, "measured no gain: docs/zeroshot.md", "it set the removed latent pooling's heads; delete the key"),
