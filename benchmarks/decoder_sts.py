@@ -12,8 +12,7 @@ zs-prompteol-summarize     PromptEOL with EmbedFilter's "summarize" template, he
 zs-embedfilter2-prompteol  EmbedFilter (tau 2; ``-embedfilter4-``: tau 4) on the summarize PromptEOL
 zs-echo-mean, zs-echo-last echo embeddings (the text twice, the second copy pooled)
 zs-embedfilter2-echo       EmbedFilter (tau 2; ``-embedfilter4-``: tau 4) on echo-mean
-zs-reba2-mean, -last       ReBA-2 (the text repeated, attention re-weighted); ``zs-reba2-last-code``:
-                           the final row instead of the paper's e_n
+zs-reba2-mean, -last       ReBA-2 (the text repeated, attention re-weighted)
 zs-bellm                   BeLLM's prompt (``The representative word for sentence {text} is:"``), last token
 =========================  ========================================================================
 
@@ -66,7 +65,6 @@ ZERO_SHOT = {  # arm -> [embedder] settings
     "zs-embedfilter4-echo": {"method": "embedfilter", "base": "echo", "filter_ratio": 4},
     "zs-reba2-mean": {"method": "reba", "repeat": 2, "pooling": "mean"},
     "zs-reba2-last": {"method": "reba", "repeat": 2, "pooling": "last"},
-    "zs-reba2-last-code": {"method": "reba", "repeat": 2, "pooling": "last", "reba_variant": "code"},
     "zs-bellm": {"method": "prompteol", "prompteol_template": 'The representative word for sentence {text} is:"'},
 }
 TRAINED = {  # arm -> TrainConfig keys

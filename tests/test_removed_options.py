@@ -43,6 +43,7 @@ REMOVED = [
     ("train", "latent_heads", "4", "latent_heads", "delete the key"),
     ("evaluate", "backend", '"onnx"', "backend = 'onnx'", 'use "openvino" (the same export, faster) or "torch"'),
     ("embedder", "backend", '"onnx-int8"', "backend = 'onnx-int8'", 'use "openvino"'),
+    ("embedder", "reba_variant", '"code"', "reba_variant", "ReBA pools the paper's e_n"),
 ]
 
 
@@ -67,6 +68,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "train.latent_heads": "docs/zeroshot.md",
         "evaluate.backend": "docs/benchmarks.md",
         "embedder.backend": "docs/benchmarks.md",
+        "embedder.reba_variant": "docs/zeroshot.md",
         "regenerate.mining": "docs/recipe.md",
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",

@@ -48,7 +48,7 @@ METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 DEFAULT_MAX_LENGTH = 512
 #: the ``[embedder]`` fields :class:`DecoderEmbedder` takes under the same names
 CONFIG_FIELDS = (
-    "method pooling repeat reba_variant filter_ratio base max_length batch_size prompteol_template echo_template "
+    "method pooling repeat filter_ratio base max_length batch_size prompteol_template echo_template "
     "echo_doc_template truncation filter_start query_template instruct_queries"
 ).split()
 
@@ -90,8 +90,8 @@ class DecoderEmbedder(Embedder):
     in :attr:`name` as ``[name]`` or ``[custom]``.
 
     ReBA follows Algorithm 1 (symmetrise, max over layers and heads, pads zeroed first); ``mean``
-    is paper eq. 5; ``last`` is the paper's e_n (the last token of the first copy) or, with
-    ``reba_variant="code"``, the code's final-token row. Copies are joined with one space.
+    is paper eq. 5; ``last`` is the paper's e_n (the last token of the first copy). Copies are
+    joined with one space.
     """
 
     def __init__(
@@ -102,7 +102,6 @@ class DecoderEmbedder(Embedder):
         method: str = "mean",
         pooling: str = "mean",
         repeat: int = 2,
-        reba_variant: str = "paper",
         filter_ratio: int = 2,
         base: str = "echo",
         max_length: int | None = None,
@@ -132,7 +131,7 @@ class DecoderEmbedder(Embedder):
             raise ValueError(f"unknown truncation {truncation!r} (auto, head, head_tail)")
         self.model = model
         self.tokenizer = tokenizer
-        self.method, self.pooling, self.repeat, self.reba_variant = method, pooling, repeat, reba_variant
+        self.method, self.pooling, self.repeat = method, pooling, repeat
         self.filter_ratio, self.base = filter_ratio, base
         self.max_length = max_length or DEFAULT_MAX_LENGTH
         self.batch_size = batch_size
@@ -190,7 +189,7 @@ class DecoderEmbedder(Embedder):
         if m == "echo":
             return f"echo{tag}-{self.pooling}"
         if m == "reba":
-            return f"reba{self.repeat}-{self.pooling}" + ("-code" if self.reba_variant == "code" and self.pooling == "last" else "")
+            return f"reba{self.repeat}-{self.pooling}"
         base = f"echo{tag}-{self.pooling}" if self.base == "echo" else f"prompteol{tag}-last"
         extra = "" if self.truncation == ("head_tail" if self.base == "prompteol" else "head") else f"-{self.truncation}"
         return f"embedfilter-{base}-tau{self.filter_ratio}{extra}"
@@ -332,7 +331,7 @@ class DecoderEmbedder(Embedder):
             hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~mask.bool()[..., None], 0.0)
             if kind == "reba":
                 fused = fuse_attentions(out.attentions, mask).to(self.pool_dtype)
-                w = reba_weights(fused, batch["first"].to(dev), mask, pooling, self.reba_variant)
+                w = reba_weights(fused, batch["first"].to(dev), mask, pooling)
                 emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
             else:
                 emb = pool(hidden, batch["pool"].to(dev), pooling)

@@ -28,7 +28,7 @@ def fuse_attentions(attentions: Sequence, attention_mask) -> torch.Tensor:  # no
     return fused
 
 
-def reba_weights(fused, first_mask, attention_mask, pooling: str, variant: str = "paper"):
+def reba_weights(fused, first_mask, attention_mask, pooling: str):
     """Token weights ``w[b, k]`` so that the ReBA sentence embedding is ``Σ_k w_k v_k / Σ_k w_k``.
 
     In: ``fused`` ``[B, L, L]`` from :func:`fuse_attentions`; ``first_mask`` ``[B, L]`` marks the
@@ -39,10 +39,8 @@ def reba_weights(fused, first_mask, attention_mask, pooling: str, variant: str =
       ``w_k = Σ_{i in first copy, i <= k} A_new[i, k]`` (column sums of the upper triangle over
       the first-copy rows), so each word i gathers the *backward* attention from itself and every
       later token, and the words are averaged.
-    - ``last``, ``variant="paper"`` (eq. 4 for the last word of the first copy, e_n):
-      ``w_k = A_new[n, k]`` for ``k >= n``, where n = last token of the first copy.
-    - ``last``, ``variant="code"`` (``models.py LLM.get_sentence_embedding``):
-      ``w_k = A_new[N, k]`` over all real positions, where N = the final real token.
+    - ``last`` (eq. 4 for the last word of the first copy, e_n): ``w_k = A_new[n, k]`` for
+      ``k >= n``, where n = last token of the first copy.
     Out: ``[B, L]`` float, zero on pads.
     """
     import torch
@@ -55,14 +53,8 @@ def reba_weights(fused, first_mask, attention_mask, pooling: str, variant: str =
         upper = torch.triu(fused)  # keep k >= i
         w = torch.einsum("bi,bik->bk", first, upper)
     elif pooling == "last":
-        if variant == "paper":
-            n = _last_index(first_mask)
-            w = fused[torch.arange(fused.shape[0]), n] * (pos[None, :] >= n[:, None]).to(fused.dtype)
-        elif variant == "code":
-            n = _last_index(attention_mask)
-            w = fused[torch.arange(fused.shape[0]), n]
-        else:
-            raise ValueError(f"unknown ReBA variant {variant!r} (paper, code)")
+        n = _last_index(first_mask)
+        w = fused[torch.arange(fused.shape[0]), n] * (pos[None, :] >= n[:, None]).to(fused.dtype)
     else:
         raise ValueError(f"unknown pooling {pooling!r} (mean, last)")
     return w * am

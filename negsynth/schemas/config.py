@@ -103,7 +103,6 @@ class EmbedderConfig(Section):
     filter_ratio: int = Field(2, ge=1)
     base: Literal["echo", "prompteol"] = "echo"  # what EmbedFilter filters
     repeat: int = Field(2, ge=2)  # ReBA-k
-    reba_variant: Literal["paper", "code"] = "paper"  # ReBA last pooling: paper e_n (first copy) or code (final-token row)
     # templates (negsynth.embed.decoder; docs/zeroshot.md): a name or literal text with {text} slots
     echo_template: str = "echo"  # echo paper's query template (Instruct:…,\nQuery:…\nQuery again:…); "rewrite" = EmbedFilter's
     echo_doc_template: str | None = None  # None: the named pair's document half ("Document:…\nDocument again:…")

@@ -132,6 +132,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
     ),
     "embedder.backend": (("onnx", "onnx-int8"), BACKEND_MEASURED, 'use "openvino" (the same export, faster) or "torch"'),
     "evaluate.backend": (("onnx", "onnx-int8"), BACKEND_MEASURED, 'use "openvino" (the same export, faster) or "torch"'),
+    "embedder.reba_variant": (
+        None,
+        "measured no gain: docs/zeroshot.md",
+        'ReBA pools the paper\'s e_n (the old default, "paper"); delete the key',
+    ),
     "train.pooling": (("latent",), "measured no gain: docs/zeroshot.md", 'use "ata" (or "mean")'),
     "train.latent_num": (None, "measured no gain: docs/zeroshot.md", "it sized the removed latent pooling; delete the key"),
     "train.latent_heads": (None, "measured no gain: docs/zeroshot.md", "it set the removed latent pooling's heads; delete the key"),
