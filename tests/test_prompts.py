@@ -107,7 +107,7 @@ def test_worked_examples_pass_their_own_validators():
             assert e.value.reason == "copied_example"
 
 
-def test_worked_examples_rotate_per_item_and_fixed_shows_the_first(tmp_path):
+def test_worked_examples_rotate_per_item(tmp_path):
     from negsynth.pipeline.context import StageContext
     from negsynth.schemas.config import RunConfig
     from negsynth.schemas.records import Task
@@ -122,14 +122,11 @@ def test_worked_examples_rotate_per_item_and_fixed_shows_the_first(tmp_path):
     rot = shots()
     assert rot == shots() and len(set(rot)) == 4  # deterministic, and every example is used
     assert rot != shots(seed=1)
-    assert set(shots(worked_examples="fixed")) == {None} and set(shots(few_shot=False)) == {None}
+    assert set(shots(few_shot=False)) == {None}
     pool = load_examples("generate_short-long")
     for shot in range(4):
         msgs = generate.build_messages("short-long", "Find recipes.", SL_ATTRS, shot=shot)
         assert json.loads(msgs[2]["content"]) == pool[shot]["output"]
-    # "fixed" keeps the requests of before the pool: the first example, and only it counts as a copy
-    fixed = generate.GenerateConfig(worked_examples="fixed")
-    assert generate.make_validator("short-long", fixed)(pool[1]["output"])[0] == pool[1]["output"]["user_query"]
 
 
 def test_fingerprint_is_stable():

@@ -44,6 +44,7 @@ REMOVED = [
     ("evaluate", "backend", '"onnx"', "backend = 'onnx'", 'use "openvino" (the same export, faster) or "torch"'),
     ("embedder", "backend", '"onnx-int8"', "backend = 'onnx-int8'", 'use "openvino"'),
     ("embedder", "reba_variant", '"code"', "reba_variant", "ReBA pools the paper's e_n"),
+    ("generate", "worked_examples", '"fixed"', "worked_examples", 'the old default, "rotate"'),
 ]
 
 
@@ -69,6 +70,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "evaluate.backend": "docs/benchmarks.md",
         "embedder.backend": "docs/benchmarks.md",
         "embedder.reba_variant": "docs/zeroshot.md",
+        "generate.worked_examples": "docs/demo.md",
         "regenerate.mining": "docs/recipe.md",
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",

@@ -51,10 +51,9 @@ class GenerateConfig(Section):
     min_per_type: int = Field(1, ge=0)  # every type with ratio > 0 gets at least this many
     languages: Literal["e5", "english"] = "english"
     num_words: list[int] = Field(default_factory=lambda: [50, 100, 200, 300, 400, 500])
-    few_shot: bool = True  # show a worked example of the task type (needed by small models)
-    # which one: "rotate" draws it per request (item seed) from the type's pool of 4, so no single
-    # example is there to copy; "fixed" always shows the first (the behaviour before the pool)
-    worked_examples: Literal["rotate", "fixed"] = "rotate"
+    # show a worked example of the task type (needed by small models), drawn per request (item seed)
+    # from the type's pool of 4, so no single example is there to copy
+    few_shot: bool = True
     min_chars: int = Field(2, ge=1)  # per text; labels can be short
     max_chars: int = Field(6000, ge=10)
     # schema length bounds sent to the model (maxLength per string); None = no bound

@@ -137,6 +137,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         "measured no gain: docs/zeroshot.md",
         'ReBA pools the paper\'s e_n (the old default, "paper"); delete the key',
     ),
+    "generate.worked_examples": (
+        None,
+        "measured no gain: docs/demo.md",
+        'the worked example is drawn per request from the pool (the old default, "rotate"); delete the key',
+    ),
     "train.pooling": (("latent",), "measured no gain: docs/zeroshot.md", 'use "ata" (or "mean")'),
     "train.latent_num": (None, "measured no gain: docs/zeroshot.md", "it sized the removed latent pooling; delete the key"),
     "train.latent_heads": (None, "measured no gain: docs/zeroshot.md", "it set the removed latent pooling's heads; delete the key"),

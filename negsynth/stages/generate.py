@@ -153,7 +153,7 @@ def make_validator(task_type: str, cfg: GenerateConfig):
     """``validate(obj) -> (query, positive, negatives)``, raising ValidationFailure. With ``few_shot``
     a query or positive of any worked example of the type (not only the one shown) is a copy."""
     model, qk, pk, nk = OUTPUTS[task_type]
-    pool = load_examples(f"generate_{task_type}")[: 1 if cfg.worked_examples == "fixed" else None]
+    pool = load_examples(f"generate_{task_type}")
     copied = {text_key(ex["output"][k]) for ex in pool for k in (qk, pk)}
 
     def validate(obj: Any) -> tuple[str, str, list[str]]:
@@ -205,7 +205,7 @@ def plan_items(ctx: StageContext, tasks: dict[str, list[Task]]) -> list[WorkItem
             attrs = sample_attributes(tt, random.Random(f"{cfg.seed}:{tt}:{k}"), cfg)
             iid = short_id("ex", cfg.seed, tt, k, task.id)
             payload = {"task_id": task.id, "task": task.task, "task_type": tt, "attributes": attrs, "k": k}
-            if cfg.few_shot and cfg.worked_examples == "rotate":
+            if cfg.few_shot:
                 payload["shot"] = random.Random(f"{cfg.seed}:{tt}:{k}:shot").randrange(len(load_examples(f"generate_{tt}")))
             items.append(WorkItem(len(items), iid, payload))
     return items
