@@ -376,7 +376,7 @@ class FakeJudge:
         self.pairs: list[tuple[str, str]] = []
 
     def score_examples(self, examples):
-        from negsynth.embed.judge import CrossEncoderJudge
+        from negsynth.embed.cross_encoder import CrossEncoderJudge
 
         judge = CrossEncoderJudge(model=None, name=self.name)
         judge.score = lambda pairs: (self.pairs.extend(pairs), np.array([self.scores[t] for _, t in pairs]))[1]
@@ -416,13 +416,13 @@ def test_judge_off_keeps_records_and_hash_as_before(tmp_path):
 
 
 def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
-    from negsynth.embed.judge import CrossEncoderJudge
+    from negsynth.embed.cross_encoder import CrossEncoderJudge
     from negsynth.errors import UserError
     from negsynth.resources import minilm_path
 
     with pytest.raises(UserError, match="is not a cross-encoder .*BertModel.*not at an embedding model"):
         CrossEncoderJudge.load(str(minilm_path()), device="cpu")
-    with pytest.raises(UserError, match="could not load it as a cross-encoder"):
+    with pytest.raises(UserError, match="judge_model = .*: not a sentence-transformers CrossEncoder name or folder"):
         CrossEncoderJudge.load(str(tmp_path / "missing"), device="cpu")
     # a one-label reranker (MiniLM's encoder with a fixed head) loads and scores pairs in [0, 1]
     import torch

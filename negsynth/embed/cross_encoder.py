@@ -1,7 +1,9 @@
-"""A cross-encoder as a teacher (``corpus.teacher`` / ``regenerate.teacher = "cross-encoder"``):
-one relevance score per (query, text), from any sentence-transformers ``CrossEncoder`` a user
-names in ``teacher_model`` (a hub name such as ``cross-encoder/ms-marco-MiniLM-L6-v2``, or a
-folder), on the GPU when there is one.
+"""A sentence-transformers ``CrossEncoder`` reading (query, text) together, named by the user (a hub
+name such as ``cross-encoder/ms-marco-MiniLM-L6-v2``, or a folder; :func:`load_cross_encoder`), on
+the GPU when there is one: a teacher (``corpus.teacher`` / ``regenerate.teacher = "cross-encoder"``,
+:class:`CrossEncoderScorer`) or score's false-negative judge (``score.judge_model``,
+:class:`CrossEncoderJudge`: a second opinion beside the embedder's own cosine, which chose the
+negatives and so is a weak check of itself).
 
 ``corpus`` ranks a document among its mined negatives with it (:func:`teacher_fields`: a filter
 and distillation labels); ``regenerate`` drops the mined candidates it scores at or above the
@@ -19,7 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from negsynth.embed.base import resolve_device
+import numpy as np
+
+from negsynth.embed.base import quiet_loading, resolve_device
 from negsynth.errors import UserError
 
 
@@ -60,8 +64,29 @@ class ScoreCache:
 
 
 def _not_a_cross_encoder(setting: str, model: str, e: Exception) -> UserError:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
     return UserError(f"{setting} = {model!r}: not a sentence-transformers CrossEncoder name or folder ({first})")
+
+
+@quiet_loading()
+def load_cross_encoder(model: str, setting: str, *, device: str = "auto", **kw):
+    """``CrossEncoder(model, **kw)`` on ``device``, or one line naming ``setting``: a model that
+    does not load, or a folder holding an embedding model (CrossEncoder would give it a randomly
+    initialised head: random scores)."""
+    from sentence_transformers import CrossEncoder
+
+    cfg_file = Path(model) / "config.json"
+    if cfg_file.is_file():
+        arch = json.loads(cfg_file.read_text(encoding="utf-8")).get("architectures") or []
+        if not any(a.endswith("ForSequenceClassification") for a in arch):
+            raise UserError(
+                f"{setting} = {model!r} is not a cross-encoder (architectures {arch}); point it at a reranker folder "
+                "(e.g. a saved ms-marco-MiniLM-L6-v2), not at an embedding model"
+            )
+    try:
+        return CrossEncoder(model, device=resolve_device(device), **kw)
+    except (OSError, ValueError) as e:
+        raise _not_a_cross_encoder(setting, model, e) from None
 
 
 def check_cross_encoder(model: str, setting: str) -> None:
@@ -89,12 +114,7 @@ class CrossEncoderScorer:
         max_length: int = 512,
         setting: str = "corpus.teacher_model",
     ):
-        from sentence_transformers import CrossEncoder
-
-        try:
-            self.model = CrossEncoder(model, device=resolve_device(device), max_length=max_length)
-        except (OSError, ValueError) as e:
-            raise _not_a_cross_encoder(setting, model, e) from None
+        self.model = load_cross_encoder(model, setting, device=device, max_length=max_length)
         self.batch_size = batch_size
         self.cache = ScoreCache(cache) if cache else None
         # what a cached score depends on besides its texts: the model and the cut
@@ -157,3 +177,53 @@ def relabel_fields(scorer, query: str, positive: str, candidates: list[str], k: 
         "teacher_label": [pos, *(cand[i] for i in kept)],
         "teacher_false_negatives": sum(x >= pos for x in cand),
     }
+
+
+class CrossEncoderJudge:
+    """score's false-negative judge: ``(query, text)`` pairs scored in [0, 1] by a one-label reranker."""
+
+    def __init__(self, model, name: str, batch_size: int = 32):
+        self.model = model
+        self.name = name
+        self.batch_size = batch_size
+
+    @classmethod
+    def load(cls, model: str, *, device: str = "auto", batch_size: int = 32) -> CrossEncoderJudge:
+        """A local folder or a hub name (offline: the folder must exist or the hub cache hold it)."""
+        ce = load_cross_encoder(model, "score.judge_model", device=device)
+        if ce.num_labels != 1:
+            raise UserError(
+                f"score.judge_model = {model!r} has {ce.num_labels} labels; the judge needs a one-score reranker (num_labels = 1)"
+            )
+        return cls(ce, name=str(model), batch_size=batch_size)
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Relevance in [0, 1] per pair (sigmoid of the reranker's logit), float64."""
+        if not pairs:
+            return np.zeros(0)
+        import torch
+
+        s = self.model.predict(
+            list(pairs), batch_size=self.batch_size, activation_fn=torch.nn.Sigmoid(), show_progress_bar=False, convert_to_numpy=True
+        )
+        return np.asarray(s, dtype=np.float64).reshape(-1)
+
+    def score_examples(self, examples: Sequence[dict]) -> tuple[np.ndarray, list[list[float]]]:
+        """``(score of each positive [N], scores of each example's negatives)``, each distinct pair scored once."""
+        index: dict[tuple[str, str], int] = {}
+        for ex in examples:
+            for t in (ex["positive"], *ex["negatives"]):
+                index.setdefault((ex["query"], t), len(index))
+        s = self.score(list(index))
+        pos = np.array([s[index[(ex["query"], ex["positive"])]] for ex in examples], dtype=np.float64)
+        negs = [[float(s[index[(ex["query"], t)]]) for t in ex["negatives"]] for ex in examples]
+        return pos, negs
+
+
+def judged_false_negatives(pos: float, negs: Sequence[float], ratio: float) -> list[bool]:
+    """A negative is a false negative when the judge scores it at or above ``ratio`` x the positive.
+
+    >>> judged_false_negatives(0.8, [0.9, 0.77, 0.2], 0.95)
+    [True, True, False]
+    """
+    return [n >= ratio * pos for n in negs]

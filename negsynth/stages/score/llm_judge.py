@@ -4,9 +4,9 @@ RLHN (Thakur et al., 2025) relabels hard negatives that an LLM judges relevant t
 reports +0.7 to +1.4 nDCG@10 on BEIR. Here the LLM reads the query, the positive and the
 example's negatives in one request and answers, as validated JSON, which negatives also answer
 the query; those become judged false negatives (the same flag a cross-encoder judge sets). It has
-the interface of :class:`~negsynth.embed.judge.CrossEncoderJudge` (``name``, ``score_examples``):
+the interface of :class:`~negsynth.embed.cross_encoder.CrossEncoderJudge` (``name``, ``score_examples``):
 a negative it says answers the query scores 1.0 against a positive of 1.0, so
-:func:`~negsynth.embed.judge.judged_false_negatives` flags it at any ``judge_ratio``.
+:func:`~negsynth.embed.cross_encoder.judged_false_negatives` flags it at any ``judge_ratio``.
 
 Every request goes through the run's LLM session: the request cache (a rerun of score pays for no
 judgement twice), re-asks of invalid answers, transport retries, the budget. An example whose

@@ -44,7 +44,7 @@ def run(ctx: StageContext) -> dict:
     ``ctx.load_embedder()``: the ``[embedder]`` (one a caller holds in ``ctx.embedder``; under
     ``--executor ray`` a proxy whose encoding runs on Ray workers, everything else staying in this
     process, in input order).
-    ``ctx.judge``: a :class:`~negsynth.embed.judge.CrossEncoderJudge` (or anything with ``name``
+    ``ctx.judge``: a :class:`~negsynth.embed.cross_encoder.CrossEncoderJudge` (or anything with ``name``
     and ``score_examples``) instead of loading ``score.judge_model``.
     """
     t_start = time.perf_counter()
@@ -73,7 +73,7 @@ def run(ctx: StageContext) -> dict:
 
             judge = LLMJudge(ctx)
         elif judge is None and cfg.judge_model is not None:
-            from negsynth.embed.judge import CrossEncoderJudge
+            from negsynth.embed.cross_encoder import CrossEncoderJudge
 
             ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
             judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
@@ -335,7 +335,7 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
     """The cross-encoder's second opinion: score (query, positive) and (query, negative) of every
     example that is not contaminated, and OR its verdict into ``false_negative`` so every policy
     drops what either check calls a false negative."""
-    from negsynth.embed.judge import judged_false_negatives
+    from negsynth.embed.cross_encoder import judged_false_negatives
 
     t0 = time.perf_counter()
     idx = [e for e in range(len(examples)) if contam[e] is None]
