@@ -74,11 +74,21 @@ def test_every_stage_section_is_a_section_of_the_run_file():
             assert fields[s.name].annotation is s.config and fields[s.name].default_factory is s.config, s.name
 
 
-def test_inspect_order_and_example_stages_follow_the_method():
-    from negsynth.inspect import example_stages, stage_order
+def test_inspect_order_and_example_stages_follow_the_method(tmp_path):
+    """inspect and export read the run's latest examples from the same stage: score's, else the
+    last stage of the method that made some."""
+    from negsynth.export.common import examples_stage
+    from negsynth.inspect import stage_order
+    from negsynth.inspect.report import example_stage
 
     assert list(stage_order()) == NAMES
-    assert list(example_stages()) == [s.name for s in reversed(METHOD) if s.records is Example]
+    makers = [s.name for s in METHOD if s.records is Example and s.name != "score"]
+    for present in (makers[:1], makers, [*makers, "score"]):
+        for st in present:
+            (tmp_path / st).mkdir(exist_ok=True)
+            (tmp_path / st / "shard-00000.jsonl").write_text("{}\n")
+        assert examples_stage(tmp_path) == tmp_path / present[-1]
+        assert example_stage({st: [tmp_path / st / "shard-00000.jsonl"] for st in ["brainstorm", *present]}) == present[-1]
 
 
 def test_which_stages_call_the_llm_and_split_is_read_from_each_stage_under_the_config():

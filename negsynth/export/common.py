@@ -49,11 +49,11 @@ def yaml_front(meta: dict) -> str:
 
 
 def examples_stage(run_dir: Path) -> Path | None:
-    """The folder of the run's latest Example records: score's, else those of the first stage of
-    the method that makes examples and has some."""
+    """The folder of the run's latest Example records: those of the last stage of the method whose
+    records are examples (score's) that has some."""
     from negsynth.stages import example_stages
 
-    for st in ("score", *example_stages()):
+    for st in reversed(example_stages()):
         if any((run_dir / st).glob("shard-*.jsonl")):
             return run_dir / st
     return None

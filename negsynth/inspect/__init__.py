@@ -17,6 +17,6 @@ from __future__ import annotations
 
 from negsynth.inspect.plots import write_plots
 from negsynth.inspect.render import render
-from negsynth.inspect.report import example_stages, inspect_path, resolve, stage_order
+from negsynth.inspect.report import inspect_path, resolve, stage_order
 
-__all__ = ["example_stages", "inspect_path", "render", "resolve", "stage_order", "write_plots"]
+__all__ = ["inspect_path", "render", "resolve", "stage_order", "write_plots"]

@@ -13,19 +13,12 @@ from typing import Any
 import negsynth.stages
 from negsynth.data.shards import ShardError, iter_jsonl, repair_hint
 from negsynth.errors import UserError
-from negsynth.schemas.records import Example
 from negsynth.stages.score.stats import level_stats
 
 
 def stage_order() -> tuple[str, ...]:
     """Stage folders in the method's order (others follow alphabetically); ``METHOD`` read when called."""
     return tuple(s.name for s in negsynth.stages.METHOD)
-
-
-def example_stages() -> tuple[str, ...]:
-    """The stages whose records are Examples, the latest in the method first (``score`` is
-    preferred for samples and scores)."""
-    return tuple(reversed([s.name for s in negsynth.stages.METHOD if s.records is Example]))
 
 
 FLAGS = ("false_negative", "too_easy", "non_monotonic")
@@ -294,7 +287,9 @@ def read_verdict(folder: Path) -> dict[str, Any] | None:
 def example_stage(stages: dict[str, list[Path]]) -> str | None:
     """The stage whose records the scores, samples and plots come from: the latest Example stage
     with shards, else the first stage that has any."""
-    return next((s for s in example_stages() if stages.get(s)), None) or next((s for s in stages if stages[s]), None)
+    return next((s for s in reversed(negsynth.stages.example_stages()) if stages.get(s)), None) or next(
+        (s for s in stages if stages[s]), None
+    )
 
 
 def inspect_path(

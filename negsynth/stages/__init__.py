@@ -59,9 +59,9 @@ def sections() -> tuple[tuple[str, type], ...]:
 
 
 def example_stages() -> list[str]:
-    """The stages of :data:`METHOD` (read when called) whose records are examples and which make
-    them (``score`` reads them), in order."""
-    return [s.name for s in METHOD if s.records is Example and s.name != "score"]
+    """The stages of :data:`METHOD` (read when called) whose records are examples, in order: those
+    that make them, then ``score``, which reads them."""
+    return [s.name for s in METHOD if s.records is Example]
 
 
 def get(name: str) -> Stage:

@@ -23,7 +23,7 @@ def input_stages(cfg) -> tuple[str, ...]:
         return tuple(cfg.score.inputs)
     from negsynth.stages import example_stages  # the method, read when called (it lists this stage)
 
-    return tuple(example_stages())
+    return tuple(s for s in example_stages() if s != "score")
 
 
 def input_shards(ctx: StageContext) -> list[tuple[str, Path]]:
