@@ -398,19 +398,18 @@ class RayEmbedding:
         self.reporter, self.workers, self.address, self.given = reporter, workers, address, given
         self.made: list[RayEmbedder] = []
 
-    def embedder(self, embedder_cfg) -> RayEmbedder:
-        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=self.given)
+    def embedder(self, embedder_cfg, *, raw: bool = False) -> RayEmbedder:
+        """The actors of ``embedder_cfg`` (``raw``: the mining model's, for :meth:`mining_model`)."""
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=None if raw else self.given, raw=raw)
         self.made.append(emb)
-        self.reporter.info(f"embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
+        self.reporter.info(f"{'mining: ' if raw else ''}embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
     def mining_model(self, embedder_cfg) -> RaySentenceModel:
         from negsynth.embed.mining import check_mining_embedder
 
         check_mining_embedder(embedder_cfg)  # before any actor starts
-        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, raw=True)
-        self.made.append(emb)
-        self.reporter.info(f"mining: embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
+        emb = self.embedder(embedder_cfg, raw=True)
         return RaySentenceModel(emb, emb.info)
 
     def close(self, nodes: list | None = None) -> None:

@@ -3,7 +3,6 @@ makes around it: inputs, reuse of finished work, the manifest before and after."
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple
@@ -16,6 +15,7 @@ from negsynth.pipeline.manifest import (
     damaged_outputs,
     describe_outputs,
     own_record,
+    read_json,
     read_manifest,
     record_manifest,
     swap_in,
@@ -130,7 +130,7 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
     out = ctx.run_dir / stage.name
     if not any((out / f).exists() for f in stage.done_files):
         return None, ctx
-    stats = _read_stats(out / "stats.json")
+    stats = read_json(out / "stats.json")  # missing or torn: the stage runs and writes it again
     recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
     if stats is not None and _finished_as_recorded(out, stage, stats) and same_entry(recorded, entry):
         if not repair_outputs(stage, ctx, recorded.get("outputs")):
@@ -228,13 +228,6 @@ def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
     if expected is None and isinstance(stats.get("inputs"), list):  # score: one output shard per input shard
         expected = len(stats["inputs"])
     return expected is None or len(list_shards(out)) == expected
-
-
-def _read_stats(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # missing or torn: the stage runs and writes it again
 
 
 def unfinished(stats: dict) -> bool:

@@ -20,7 +20,6 @@ import asyncio
 import math
 import random
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from negsynth import pipeline
@@ -28,7 +27,7 @@ from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, teacher_scorer
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
+from negsynth.pipeline import Outcome, StageContext, Tally, WorkItem, config_hash
 from negsynth.schemas.config import CorpusConfig, HeldoutConfig, RunConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
@@ -50,7 +49,7 @@ def load_corpora(ctx: StageContext) -> list[CorpusData]:
         {
             "inputs": [s.model_dump(mode="json") for s in cfg.inputs],
             "chunks": [cfg.chunk_tokens, cfg.chunk_overlap],
-            "files": [_stat(s.path) for s in cfg.inputs],
+            "files": [path_fingerprint(s.path, mtime=True) for s in cfg.inputs],
         }
     )
     if _LOADED.get("key") != key:
@@ -66,24 +65,6 @@ def load_corpora(ctx: StageContext) -> list[CorpusData]:
 
 #: the last :func:`load_corpora` read: its key and its corpora
 _LOADED: dict[str, Any] = {}
-
-
-def _stat(path: str) -> list:
-    """Names, sizes and modification times of an input's files: a rewritten file is read again."""
-    import os
-
-    p = Path(path)
-    if p.is_file():
-        st = p.stat()
-        return [str(p), st.st_size, st.st_mtime_ns]
-    if p.is_dir():
-        out: list = [str(p)]
-        for root, _, files in sorted(os.walk(p)):
-            for f in sorted(files):
-                st = (Path(root) / f).stat()
-                out.append([f, st.st_size, st.st_mtime_ns])
-        return out
-    return [path]
 
 
 def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
@@ -188,12 +169,16 @@ def _failed_in_transit(fut: asyncio.Future) -> bool:
     return fut.result().value is None and str(fut.result().reason or "").startswith("transport_")
 
 
-def _tokenizer_of(ctx: StageContext):
-    from transformers import AutoTokenizer
+def embedder_tokenizer(cfg: RunConfig):
+    """The ``[embedder]``'s tokenizer, which cuts the prompts' documents; None (cut by words) when none loads."""
+    try:
+        from transformers import AutoTokenizer
 
-    from negsynth.embed.models import resolve_model
+        from negsynth.embed.models import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(ctx.cfg.embedder.model).path)
+        return AutoTokenizer.from_pretrained(resolve_model(cfg.embedder.model).path)
+    except Exception:
+        return None
 
 
 async def search_and_judge(
@@ -410,12 +395,9 @@ class Corpus(pipeline.LLMStage):
 
     def tokenizer(self):
         if self.tokens is False:
-            try:
-                # the model's own; --executor ray's stand-in holds none: the same one, loaded here
-                own = getattr(self.mining_model(), "tokenizer", None)
-                self.tokens = own if own is not None else _tokenizer_of(self.ctx)
-            except Exception:  # no embedder installed: cut by words
-                self.tokens = None
+            # the model's own; --executor ray's stand-in holds none: the same one, loaded here
+            own = getattr(self.mining_model(), "tokenizer", None)
+            self.tokens = own if own is not None else embedder_tokenizer(self.ctx.cfg)
         return self.tokens
 
     def index(self, ci: int):
@@ -477,8 +459,7 @@ class Corpus(pipeline.LLMStage):
                 tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
         tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
 
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    report = staticmethod(report)
 
 
 STAGE = Corpus()

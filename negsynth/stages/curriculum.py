@@ -267,11 +267,8 @@ class Curriculum(Stage):
             }
         return config_hash(parts)
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    run = staticmethod(run)
+    report = staticmethod(report)
 
 
 STAGE = Curriculum()

@@ -15,7 +15,7 @@ from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_na
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
 from negsynth.llm.errors import BudgetStop, OutageStop
-from negsynth.pipeline import Stage, StageContext, Summary, Tally
+from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE, Example
 from negsynth.stages.score.embedding import embed_block
@@ -180,8 +180,7 @@ def _finish(
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if cfg.judge_model == "llm":  # the --max-* budget applies to the LLM judge's requests
-        b = ctx.budget
-        stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
+        stats["budget"] = ctx.budget.limits()
     return stats
 
 
@@ -470,14 +469,9 @@ class Score(Stage):
         shards = input_shards(ctx)
         return {"config_hash": scores_hash(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
-
-    def estimate(self, ctx: StageContext, tally: Tally) -> None:
-        estimate(ctx, tally)
+    run = staticmethod(run)
+    report = staticmethod(report)
+    estimate = staticmethod(estimate)
 
 
 STAGE = Score()
