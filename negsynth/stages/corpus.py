@@ -233,11 +233,8 @@ async def search_and_judge(
 # -- the stage ------------------------------------------------------------------------------
 class Corpus(pipeline.LLMStage):
     """Queries the LLM writes for a user's documents (or taken from them), with mined negatives.
-
-    An item is one query of a document; the document's one request (its ``messages``,
-    ``schema`` and ``parse``) is asked once, when its first item needs it, and its answer is
-    shared by the document's items (:meth:`answer`). The embedder, the tokenizer and the indexes
-    of one run are the bound stage's (:meth:`prepare_index`)."""
+    An item is one query; a document's one request is asked when its first item needs it and its
+    answer shared by the document's items (:meth:`answer`)."""
 
     name = NAME
     summary = "queries written for a user's documents, with negatives"
@@ -374,9 +371,8 @@ class Corpus(pipeline.LLMStage):
     # the run's embedder, tokenizer and indexes
     def prepare_index(self) -> None:
         """Load the embedder and build (or load) the index of every corpus with a sampled document
-        before the first request. The build holds the event loop (for as long as the corpus takes
-        to embed): with requests in flight, their answers waited unread, timed out and were paid
-        again, and a kill meanwhile lost the ones not yet committed to the cache."""
+        before the first request: the build holds the event loop, and answers in flight meanwhile
+        would time out unread and be paid again."""
         if self.prepared:
             return
         self.prepared = True

@@ -225,10 +225,8 @@ class Train(Stage):
         return bool(cfg.train.resume)
 
     def made_from(self, ctx: StageContext) -> str:
-        """The hash of what the model is trained from: the train settings and the curriculum's card.
-        Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
-        run dir made before that setting existed keeps its trained model (so does one made before
-        ``batch_sampler``, while it holds its default)."""
+        """The hash of what the model is trained from: the train settings (not where it trains) and
+        the curriculum's card; settings at their defaults keep an older run dir's hash."""
         from negsynth.schemas.config import added_at_default
 
         card = ctx.run_dir / "curriculum" / "card.json"
