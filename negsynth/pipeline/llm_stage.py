@@ -408,13 +408,10 @@ class LLMStage(Stage, LLMTask):
             verdict = self.verdict if self.split == "whole" else None
             return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, verdict=verdict, **kw)
 
-        async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
-            raise AssertionError(it)
-
-        if not ctx.overwrite and not runner().has_work(len(items)):
-            return await runner().run(items, finished), None
-        if not self.uses_llm(ctx.cfg):  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
-            self.begin(entry)
+        finished = not ctx.overwrite and not runner().has_work(len(items))
+        if finished or not self.uses_llm(ctx.cfg):  # or items that need no LLM (mined negatives): the same shards, no session
+            if not finished:
+                self.begin(entry)
             return await runner().run(items, lambda it: self.process(None, it)), None
         gate = budget_gate(ctx.cfg.llm, ctx.budget)
         # answers may share the cache's commits over 50 ms (a re-ask flushes first)
