@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from negsynth.pipeline.manifest import read_json
+
 #: the run dir's record of its first embedded servers (engine, threads per server, servers, prompt mode, build)
 SERVER_RECORD = "embedded-server.json"
 ENGINE = "llama-server"
@@ -14,8 +16,6 @@ ENGINE = "llama-server"
 
 def server_record(run_dir: Path) -> dict:
     """The run dir's :data:`SERVER_RECORD` ({} when there is none or it cannot be read)."""
-    from negsynth.pipeline.manifest import read_json
-
     rec = read_json(Path(run_dir) / SERVER_RECORD)
     return rec if isinstance(rec, dict) else {}
 
