@@ -24,7 +24,7 @@ LoRA r 32, lr 2e-4), only the attention changed: ``causal`` (``bidirectional = "
 (``"last:1"``), ``all-bidir`` (``"all"``). **Pooling** (MGH's ATA, seed 002): the MGH recipe on a
 decoder (all layers bidirectional, LoRA r 16, InfoNCE at tau 0.02, lr 1e-4), E5's STS instruction on
 every text, only the pooling changed: ``pool-mean``, ``pool-last``, ``pool-ata`` (instruction tokens
-left out: ``embed_mask``), ``pool-ata-all``, ``pool-latent`` (NV-Embed's latent attention).
+left out: ``embed_mask``), ``pool-latent`` (NV-Embed's latent attention).
 
 Training data: the (premise, entailment, contradiction) triples of SNLI 1.0 test (3,247 rows), less
 every row sharing a text with an evaluation set, first ``--rows``. Evaluation (``--eval-tasks``, default
@@ -34,7 +34,7 @@ file made with other settings; ``--fresh`` redoes)::
 
     python benchmarks/decoder_sts.py --out runs/decoder --arms zs-bellm,causal,bellm,all-bidir --rows 1024
     python benchmarks/decoder_sts.py --out runs/zs --arms zs-mean,zs-last,zs-prompteol,zs-echo-mean,zs-reba2-mean --eval-tasks STS
-    python benchmarks/decoder_sts.py --out runs/pool --arms pool-mean,pool-last,pool-ata,pool-ata-all,pool-latent
+    python benchmarks/decoder_sts.py --out runs/pool --arms pool-mean,pool-last,pool-ata,pool-latent
     python benchmarks/decoder_sts.py --model /models/Qwen2.5-1.5B --rows 3000 --batch-size 64 --steps 500 --arms pool-mean,pool-ata --seeds 0,1,2
 """
 
@@ -76,7 +76,6 @@ TRAINED = {  # arm -> TrainConfig keys
     "pool-mean": {**POOL, "pooling": "mean"},
     "pool-last": {**POOL, "pooling": "last"},
     "pool-ata": {**POOL, "pooling": "ata"},
-    "pool-ata-all": {**POOL, "pooling": "ata", "ata_pool": "all"},
     "pool-latent": {**POOL, "pooling": "latent"},
 }
 ARMS = [*ZERO_SHOT, *TRAINED]

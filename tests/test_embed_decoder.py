@@ -115,7 +115,8 @@ def test_truncation_is_per_copy(tiny):
 
 def test_collate_masks_and_positions(tiny):
     for side in ("left", "right"):
-        e = make(tiny, "echo", padding_side=side)
+        e = make(tiny, "echo")
+        e.padding_side = side
         items = [e.tokenize(t) for t in ("cat", "the cat sat")]
         b = e.collate(items)
         n0, n1 = len(items[0].ids), len(items[1].ids)
@@ -234,7 +235,8 @@ def test_left_right_batch_single_agree(tiny, method, pooling):
     model.set_attn_implementation("sdpa" if method != "reba" else "eager")
     outs = []
     for side in ("left", "right"):
-        e = make(tiny, method, pooling=pooling, padding_side=side)
+        e = make(tiny, method, pooling=pooling)
+        e.padding_side = side
         outs.append(e.encode(TEXTS, batch_size=4))
     single = np.stack([e.encode([t])[0] for t in TEXTS])
     assert outs[0].shape == (len(TEXTS), 16)

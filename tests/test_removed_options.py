@@ -25,6 +25,9 @@ REMOVED = [
     ("corpus", "queries", '"llm+sentence"', "queries = 'llm+sentence'", 'use "llm"'),
     ("curriculum", "incomplete_batches", '"drop"', "incomplete_batches", "always train as short batches"),
     ("curriculum", "balance", '"queries"', "balance", "a pass is every example once"),
+    ("curriculum", "schedule", '"reverse"', "schedule = 'reverse'", "choose auto, curriculum, tuple, tuple:K or stock"),
+    ("curriculum", "schedule", '"random"', "schedule = 'random'", "choose auto, curriculum, tuple, tuple:K or stock"),
+    ("curriculum", "schedule", '"fixed:2"', "schedule = 'fixed:2'", "choose auto, curriculum, tuple, tuple:K or stock"),
     ("regenerate", "teacher", '"llm-likelihood"', "teacher = 'llm-likelihood'", 'use "cross-encoder" (with regenerate.teacher_model)'),
     ("regenerate", "likelihood", '"llm"', "likelihood", 'the teacher is regenerate.teacher = "cross-encoder"'),
     ("regenerate.mining", "strategy", '"graded"', "strategy", 'the old default, "top"'),
@@ -34,6 +37,7 @@ REMOVED = [
     ("train", "hardness_strength", "5.0", "hardness_strength", "delete the key"),
     ("train", "no_duplicates", "false", "no_duplicates", "every batch keeps each text once"),
     ("train", "check_batches", "false", "check_batches", "nothing to check"),
+    ("train", "ata_pool", '"all"', "ata_pool", 'the old default, "embed_mask"'),
 ]
 
 
@@ -50,9 +54,14 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
     assert r.exit_code != 0 and "Traceback" not in r.output
     line = r.output.strip()
     assert "\n" not in line, line
-    doc = {"train": "docs/train.md", "regenerate.mining": "docs/recipe.md", "corpus.mining": "docs/recipe.md"}.get(
-        section, "docs/corpus.md"
-    )
+    doc = {
+        "train": "docs/train.md",
+        "train.ata_pool": "docs/zeroshot.md",
+        "regenerate.mining": "docs/recipe.md",
+        "corpus.mining": "docs/recipe.md",
+        "curriculum.schedule": "docs/recipe.md",
+    }
+    doc = doc.get(f"{section}.{key}", doc.get(section, "docs/corpus.md"))
     assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line
 
 
@@ -62,6 +71,8 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         ("llm", "transport", '"http1"', "every request goes through the openai SDK"),
         ("serve", "engine", '"llama-cpp-python"', "the embedded LLM is llama.cpp's llama-server only"),
         ("embedder", "devices", "2", "--executor ray --workers N spreads the embedding over devices"),
+        ("embedder", "padding_side", '"left"', "the decoder embedder's answers are the same on either side"),
+        ("train", "ata_detach", "true", "an ablation never measured to help: ATA's weights always get gradients"),
     ],
 )
 def test_a_removed_transport_or_engine_is_one_line_that_says_why(tmp_path, section, key, value, why):

@@ -253,7 +253,7 @@ def test_ata_embed_mask_weights_and_reload(tmp_path, smol_tok):
     assert (w[1][mask[1].bool()] > 0).all()
     torch.testing.assert_close(w.sum(-1), torch.ones(2))
     e1 = model.encode(texts, convert_to_numpy=True)
-    # the "all" ablation differs on the query, not on the document
+    # pooling every token (as models saved before embed_mask do) differs on the query, not on the document
     e_all = SentenceTransformer(
         modules=[Transformer(path, max_seq_length=64), EmbeddingPooling(tr.get_embedding_dimension(), mode="ata", ata_pool="all")],
         device="cpu",

@@ -80,9 +80,9 @@ def test_score_curriculum_train_evaluate(run_dir_with_examples):
     stamps = {p: p.stat().st_mtime_ns for p in (rd / "curriculum" / "stats.json", rd / "train" / "stats.json")}
     assert runner.invoke(app, ["curriculum", *common, "-q"]).exit_code == 0 and runner.invoke(app, train_args).exit_code == 0
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    r = runner.invoke(app, ["curriculum", *common, "--schedule", "reverse", "--json"])
+    r = runner.invoke(app, ["curriculum", *common, "--schedule", "tuple", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["schedule"] == "reverse" and datasets.load_from_disk(str(rd / "curriculum" / "dataset"))["level"][0] == 1
+    assert json.loads(r.stdout)["schedule"] == "tuple" and datasets.load_from_disk(str(rd / "curriculum" / "dataset"))["level"][0] == 0
     r = runner.invoke(app, train_args)
     assert r.exit_code == 0, r.output
     assert (rd / "train" / "stats.json").stat().st_mtime_ns != stamps[rd / "train" / "stats.json"]
@@ -160,7 +160,7 @@ def test_evaluate_with_a_missing_model_fails_in_one_line(tmp_path):
 
 def test_unknown_schedule_is_refused_before_reading_anything(tmp_path):
     r = runner.invoke(app, ["curriculum", "-d", str(tmp_path / "r"), "--schedule", "backwards"])
-    assert r.exit_code == 2 and "unknown schedule 'backwards'" in r.stderr and "fixed:1" in r.stderr
+    assert r.exit_code == 2 and "unknown schedule 'backwards'" in r.stderr and "tuple:K" in r.stderr
 
 
 def test_tuple_schedule_trains_on_every_negative(run_dir_with_examples):

@@ -333,19 +333,18 @@ def test_smollm2_lora_bidirectional_ata_training_reduces_loss(tmp_path):
     assert after < before, (before, after)
 
 
-@pytest.mark.parametrize("ata_pool", ["embed_mask", "all"])
-def test_train_config_reaches_ata_pooled_set_and_it_survives_a_reload(minilm, tmp_path, ata_pool):
+def test_ata_leaves_the_instruction_out_and_keeps_it_so_after_a_reload(minilm, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from negsynth.train.trainer import build_model
 
-    m = build_model(TrainConfig(model=minilm, pooling="ata", ata_pool=ata_pool, max_length=32), device="cpu")
-    assert m[1].ata_pool == ata_pool
+    m = build_model(TrainConfig(model=minilm, pooling="ata", max_length=32), device="cpu")
+    assert m[1].ata_pool == "embed_mask"
     m.save(str(tmp_path / "m"))
-    assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == ata_pool
+    assert SentenceTransformer(str(tmp_path / "m"), device="cpu", trust_remote_code=True)[1].ata_pool == "embed_mask"
 
 
-def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all(tmp_path):
+def test_a_pooling_config_saved_before_ata_pool_existed_loads_as_all_and_drops_ata_detach(tmp_path):
     import json
 
     from negsynth.train.pooling import EmbeddingPooling
@@ -763,15 +762,15 @@ def test_distillation_losses_are_the_librarys_and_the_mix_is_their_weighted_sum(
     q, p, n1, n2 = (torch.randn(5, 8) for _ in range(4))
     feats = [{"x": t} for t in (q, p, n1, n2)]
     labels = torch.tensor([[1.8, 1.1, 0.3]] * 5)
-    mse = make_distill_loss(fake, "margin-mse")
+    mse = make_distill_loss(fake, "margin-mse", temperature=0.05)
     assert isinstance(mse, MarginMSELoss)
     torch.testing.assert_close(mse(feats, labels), MarginMSELoss(fake, similarity_fct=pairwise_cos_sim)(feats, labels))
-    kl = make_distill_loss(fake, "distill-kl")
+    kl = make_distill_loss(fake, "distill-kl", temperature=0.05)
     assert isinstance(kl, DistillKLDivLoss) and kl.temperature == 1.0  # the library's default temperature
-    assert make_distill_loss(fake, "distill-kl", distill_temperature=0.5).temperature == 0.5
+    assert make_distill_loss(fake, "distill-kl", temperature=0.05, distill_temperature=0.5).temperature == 0.5
     # the student's and the teacher's temperatures apart: at 1.0 the softmax over cosines in
     # [-1, 1] is nearly flat, at the student's own 0.05 it is not
-    split = make_distill_loss(fake, "distill-kl", distill_temperature=0.05, distill_teacher_temperature=0.2)
+    split = make_distill_loss(fake, "distill-kl", temperature=0.05, distill_temperature=0.05, distill_teacher_temperature=0.2)
     assert (split.student_temperature, split.teacher_temperature) == (0.05, 0.2)
     s = torch.stack([pairwise_cos_sim(q, x) for x in (p, n1, n2)], dim=1)
     t = labels / 0.2
@@ -785,7 +784,7 @@ def test_distillation_losses_are_the_librarys_and_the_mix_is_their_weighted_sum(
     disagree = kl([{"x": q}, {"x": -q}, {"x": q + 0.5 * torch.randn(5, 8)}, {"x": q + 0.01}], labels)
     assert agree < disagree
     with pytest.raises(ValueError, match="distillation loss"):
-        make_distill_loss(fake, "mnrl")
+        make_distill_loss(fake, "mnrl", temperature=0.05)
 
 
 @pytest.mark.parametrize("loss", ["margin-mse", "distill-kl", "mnrl+distill-kl"])

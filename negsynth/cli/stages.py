@@ -260,9 +260,7 @@ def score(
 @stage_command()
 def curriculum(
     opts: Options,
-    schedule: Annotated[
-        str | None, typer.Option("--schedule", help="auto | curriculum | reverse | random | fixed:K | tuple | tuple:K | stock")
-    ] = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="auto | curriculum | tuple | tuple:K | stock")] = None,
 ) -> None:
     """Build the training rows in training order (easiest level first; n-tuple rows when all negatives were mined) -> RUN_DIR/curriculum/."""
     _run("curriculum", opts, config_sets("curriculum", schedule=schedule or None))

@@ -17,8 +17,7 @@ of the steps, then 3, 2, 1. How rows are drawn:
 
 Length: ``total_steps`` gives each phase its share of steps (the last takes the remainder),
 drawing further passes as needed; ``epochs`` (default 1) makes the stream ``round(epochs * N)``
-long. Other schedules: ``reverse`` (1 -> 4), ``random`` (one phase, a seeded level per row),
-``fixed:K``, ``tuple`` / ``tuple:K`` (one phase, each row the K hardest negatives as
+long. Other schedules: ``tuple`` / ``tuple:K`` (one phase, each row the K hardest negatives as
 ``negative_1..K``, ``level = 0``), and ``stock`` (:func:`negsynth.data.stock.stock_curriculum`:
 the ``tuple`` rows in input order, no batches planned, for the trainer's shuffled sampler).
 
@@ -59,26 +58,18 @@ class CurriculumRows(list):
         self.stats = stats or {}
 
 
-def parse_schedule(schedule: str) -> tuple[str, list[int | None], int]:
-    """``schedule`` -> (kind, level per phase (None = random per row), negatives needed)."""
+def parse_schedule(schedule: str) -> tuple[str, list[int], int]:
+    """``schedule`` -> (kind, level per phase (0 = every level up to K), negatives needed)."""
     s = schedule.strip().lower()
     if s == "curriculum":
         return "curriculum", [4, 3, 2, 1], 4
-    if s == "reverse":
-        return "reverse", [1, 2, 3, 4], 4
-    if s == "random":
-        return "random", [None], 4
-    m = re.fullmatch(r"fixed:([1-4])", s)
-    if m:
-        k = int(m.group(1))
-        return f"fixed:{k}", [k], k
     if s == "stock":  # one row per example, input order: built by negsynth.data.stock.stock_curriculum
         return "stock", [0], 4
     m = re.fullmatch(r"tuple(?::([1-9][0-9]*))?", s)
     if m:  # level 0 = the row carries every level up to K
         k = int(m.group(1) or 4)
         return ("tuple" if k == 4 else f"tuple:{k}"), [0], k
-    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K")
+    raise CurriculumError(f"curriculum: schedule {schedule!r} is not one of curriculum, tuple, tuple:K, stock")
 
 
 def to_example(obj, i: int):
@@ -204,34 +195,32 @@ def _phase_lengths(n_phases: int, pool_size: int, total_steps: int | None, epoch
     return [None] * n_phases, seg_sizes
 
 
-def _place(slots: list[tuple[list[_Entry], set[str]]], entry: _Entry, batch_size: int, stats: Counter) -> list[dict] | None:
-    """Put a drawn row into the earliest open batch of its group that holds none of its texts
-    (opening a new one when none does); return that batch's rows once it is full and closed."""
-    keys = entry[2]
-    for k, slot in enumerate(slots):  # noqa: B007 - k is read after the loop
-        if slot[1].isdisjoint(keys):
+def place(open_batches: list[tuple[list, set[str]]], item, keys: set[str], batch_size: int) -> tuple[list | None, bool]:
+    """Put ``item`` into the earliest open batch that holds none of its text ``keys`` (opening a new
+    one when none does) -> (that batch's items once it is full, and closed; else None), and whether
+    it went into a later batch than the earliest open one. The builder and the trainer's sampler
+    (:func:`negsynth.train.sampler.plan_batches`) fill their batches with it."""
+    for k, (members, seen) in enumerate(open_batches):  # noqa: B007 - k is read after the loop
+        if seen.isdisjoint(keys):
             break
     else:
-        k, slot = len(slots), ([], set())
-        slots.append(slot)
-    if k > 0:  # did not fit the earliest open batch: placed in a later one
-        stats["moved_to_later_batch"] += 1
-    slot[0].append(entry)
-    slot[1].update(keys)
-    if len(slot[0]) == batch_size:
-        slots.remove(slot)
-        return [r for _, r, _ in slot[0]]
-    return None
+        k, (members, seen) = len(open_batches), ([], set())
+        open_batches.append((members, seen))
+    members.append(item)
+    seen.update(keys)
+    if len(members) < batch_size:
+        return None, k > 0
+    del open_batches[k]
+    return members, k > 0
 
 
 @dataclass
 class _Drawer:
     """What every phase draws from, in one place so the phases share it: the usable examples, the
-    seeded stream over them, the generator of ``random``'s per-row levels, and the counts."""
+    seeded stream over them, and the counts."""
 
     pool: list[_Usable]
     stream: Iterator[int]
-    level_rng: np.random.Generator
     needed: int
     with_labels: bool
     batch_size: int
@@ -266,8 +255,8 @@ class _Drawer:
         }
         return row, keys
 
-    def phase(self, p: int, lvl: int | None, target: int | None, seg: int | None) -> tuple[list[list[dict]], list[_Entry]]:
-        """Draw phase ``p``'s rows (level ``lvl``, None = random per row) until it has ``target``
+    def phase(self, p: int, lvl: int, target: int | None, seg: int | None) -> tuple[list[list[dict]], list[_Entry]]:
+        """Draw phase ``p``'s rows (level ``lvl``) until it has ``target``
         full batches or has drawn its ``seg`` examples -> (full batches in the order they filled,
         the rows left in open batches, in draw order). Refuses a ``target`` the pool cannot fill."""
         open_batches: dict[str, list[tuple[list[_Entry], set[str]]]] = {}
@@ -285,16 +274,18 @@ class _Drawer:
             idx = next(self.stream)
             consumed += 1
             u = self.pool[idx]
-            made = self.row(u, int(self.level_rng.integers(1, 5)) if lvl is None else lvl, p)
+            made = self.row(u, lvl, p)
             if made is None:
                 self.stats["dropped_self_duplicate"] += 1
                 continue
             row, keys = made
             group = u.ex.task_type if self.homogeneous_batches else ""
-            full = _place(open_batches.setdefault(group, []), (consumed, row, keys), self.batch_size, self.stats)
+            full, moved = place(open_batches.setdefault(group, []), (consumed, row, keys), keys, self.batch_size)
+            if moved:
+                self.stats["moved_to_later_batch"] += 1
             self.used.add(idx)
             if full is not None:
-                done.append(full)
+                done.append([r for _, r, _ in full])
         left = sorted((e for slots in open_batches.values() for s in slots for e in s[0]), key=lambda e: e[0])
         return done, left
 
@@ -346,11 +337,10 @@ def build_curriculum(
     if not pool:
         raise CurriculumError(
             f"curriculum: no usable example (need >= {needed} {'mined_negatives' if use_mined else 'negatives'} each); "
-            "check the input stage or use schedule fixed:K"
+            "check the input stage or use schedule tuple:K"
         )
-    # the level generator is seeded apart from the stream, so `random` draws the same examples as the others
     stream = _stream(len(pool), np.random.default_rng(seed))
-    drawer = _Drawer(pool, stream, np.random.default_rng([seed, 1]), needed, with_labels, batch_size, homogeneous_batches, stats)
+    drawer = _Drawer(pool, stream, needed, with_labels, batch_size, homogeneous_batches, stats)
     rows: CurriculumRows = CurriculumRows()
     batch_no = 0
     for p, (lvl, target, seg) in enumerate(zip(levels, *_phase_lengths(len(levels), len(pool), total_steps, epochs)), start=1):
@@ -391,26 +381,17 @@ def build_curriculum(
 
 def _pack(entries: list[_Entry], batch_size: int) -> list[list[dict]]:
     """A phase's leftover rows (``(draw, row, text keys)`` in draw order) packed again, each into
-    the earliest batch that holds none of its texts; full batches close, the rest are emitted in
-    the order they opened. Each keeps its ``batch`` number, which the trainer's sampler follows
-    (:func:`negsynth.train.sampler.plan_batches` with the ``batch`` column as its segments), so it
-    trains exactly these batches."""
-    open_: list[tuple[list[dict], set[str]]] = []
-    out: list[list[dict]] = []
-    for _, row, keys in entries:
-        for k, (members, seen) in enumerate(open_):  # noqa: B007 - k is read after the loop
-            if seen.isdisjoint(keys):
-                break
-        else:
-            k, (members, seen) = len(open_), ([], set())
-            open_.append((members, seen))
-        members.append(row)
-        seen.update(keys)
-        if len(members) == batch_size:
-            out.append(members)
-            del open_[k]
-    out.extend(members for members, _ in open_)
-    return out
+    the earliest batch that holds none of its texts (:func:`place`); full batches close, the rest
+    are emitted in the order they opened. Each keeps its ``batch`` number, which the trainer's
+    sampler follows (:func:`negsynth.train.sampler.plan_batches` with the ``batch`` column as its
+    segments), so it trains exactly these batches."""
+    slots: list[tuple[list[_Entry], set[str]]] = []
+    done: list[list[_Entry]] = []
+    for e in entries:
+        full, _ = place(slots, e, e[2], batch_size)
+        if full is not None:
+            done.append(full)
+    return [[r for _, r, _ in members] for members in done + [m for m, _ in slots]]
 
 
 def largest_fitting_batch(examples: list, batch_size: int, **options) -> tuple[int, CurriculumRows] | None:

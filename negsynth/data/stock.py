@@ -136,7 +136,7 @@ def stock_curriculum(
     if not built:
         raise CurriculumError(
             f"curriculum: no usable example (need >= 4 {'mined_negatives' if use_mined else 'negatives'} each); "
-            "check the input stage or use schedule fixed:K"
+            "check the input stage or use schedule tuple:K"
         )
     # ``batch`` -1: not built as batches (the trainer's shuffled sampler makes them)
     rows = CurriculumRows({**r, "level": 0, "phase": 1, "batch": -1} for r in built)

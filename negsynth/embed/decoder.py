@@ -22,8 +22,8 @@ methods here work around that without training:
 A template is tokenised in one go with character offsets; a token belongs to a ``{text}`` slot
 when its span overlaps the slot, so the pooled positions are exact for any fast tokenizer. Each
 copy of the text is cut to ``max_length`` tokens (``head``, or ``head_tail`` for EmbedFilter's
-PromptEOL). Batches are padded on ``padding_side`` with explicit ``position_ids`` and pooled in
-float64: left, right and no padding agree up to float rounding.
+PromptEOL). Batches are padded on the tokenizer's ``padding_side`` with explicit ``position_ids``
+and pooled in float64: left, right and no padding agree up to float rounding.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ METHODS = ("mean", "last", "prompteol", "echo", "reba", "embedfilter")
 DEFAULT_MAX_LENGTH = 512
 #: the ``[embedder]`` fields :class:`DecoderEmbedder` takes under the same names
 CONFIG_FIELDS = (
-    "method pooling repeat reba_variant filter_ratio base max_length batch_size padding_side prompteol_template echo_template "
+    "method pooling repeat reba_variant filter_ratio base max_length batch_size prompteol_template echo_template "
     "echo_doc_template truncation filter_start query_template instruct_queries"
 ).split()
 
@@ -107,7 +107,6 @@ class DecoderEmbedder(Embedder):
         base: str = "echo",
         max_length: int | None = None,
         batch_size: int = 32,
-        padding_side: str | None = None,
         model_name: str | None = None,
         prompteol_template: str = "auto",
         echo_template: str = "echo",
@@ -137,9 +136,7 @@ class DecoderEmbedder(Embedder):
         self.filter_ratio, self.base = filter_ratio, base
         self.max_length = max_length or DEFAULT_MAX_LENGTH
         self.batch_size = batch_size
-        self.padding_side = padding_side or getattr(tokenizer, "padding_side", "right") or "right"
-        if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be left or right, not {self.padding_side!r}")
+        self.padding_side = "left" if getattr(tokenizer, "padding_side", None) == "left" else "right"
         model_type = getattr(model.config, "model_type", None)
         self.prompteol_template = resolve_prompteol_template(prompteol_template, method, model_type)
         self.echo_template, self.echo_doc_template = resolve_echo_templates(echo_template, echo_doc_template)

@@ -104,7 +104,6 @@ class EmbedderConfig(Section):
     base: Literal["echo", "prompteol"] = "echo"  # what EmbedFilter filters
     repeat: int = Field(2, ge=2)  # ReBA-k
     reba_variant: Literal["paper", "code"] = "paper"  # ReBA last pooling: paper e_n (first copy) or code (final-token row)
-    padding_side: Literal["left", "right"] | None = None  # None: the tokenizer's own
     # templates (negsynth.embed.decoder; docs/zeroshot.md): a name or literal text with {text} slots
     echo_template: str = "echo"  # echo paper's query template (Instruct:…,\nQuery:…\nQuery again:…); "rewrite" = EmbedFilter's
     echo_doc_template: str | None = None  # None: the named pair's document half ("Document:…\nDocument again:…")
@@ -426,19 +425,18 @@ class HeldoutConfig(Section):
         return check_styles(v)
 
 
+#: the ``curriculum.schedule`` values, as the errors name them
+SCHEDULES = "auto, curriculum, tuple, tuple:K or stock"
+
+
 class CurriculumConfig(Section):
     """``curriculum``: scored examples -> training rows in training order (spec §1.7).
 
-    ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``reverse``,
-    ``random``, ``fixed:K``, ``tuple`` / ``tuple:K`` (every row carries the K = 4 hardest
-    negatives as ``negative_1..K``, no order), ``stock`` (the same rows in input order, once: the
-    trainer shuffles, batches and cycles them as sentence-transformers' stock recipe does), or
-    ``auto`` (the default): ``stock`` when every example is a labelled pair with its 4 hardest mined
-    negatives (``regenerate.negatives = "mined"``, strategy ``top``: negsynth then trains the stock recipe's rows the stock way,
-    chosen on SciFact-dev and Cranfield-dev) or the corpus stage's query (its pair mined again with
-    ``mine_hard_negatives``), ``tuple`` for other mined negatives (hybrid candidates, a teacher's,
-    or ``negatives = "mined"``; on the corpus stage's: negsynth's own path), else ``curriculum``
-    (LLM-graded negatives, the method).
+    ``schedule``: ``curriculum`` (level 4 -> 1, easiest first, 25% of steps each), ``tuple`` /
+    ``tuple:K`` (every row carries the K = 4 hardest negatives as ``negative_1..K``, no order),
+    ``stock`` (the same rows in input order, once: the trainer shuffles, batches and cycles them as
+    sentence-transformers' stock recipe does), or ``auto`` (the default), resolved from the examples
+    by :func:`negsynth.stages.curriculum.resolve_schedule` (docs/curriculum.md).
     ``batch_size`` defaults to ``train.batch_size``: the builder keeps every text unique inside
     each batch of that size, so the two must agree.
     ``negatives``: ``llm`` (the graded negatives) or ``mined`` (``regenerate --mine``).
@@ -460,12 +458,8 @@ class CurriculumConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: str) -> str:
-        if (
-            v not in ("auto", "curriculum", "reverse", "random", "tuple", "stock")
-            and v not in ("fixed:1", "fixed:2", "fixed:3", "fixed:4")
-            and not re.fullmatch(r"tuple:[1-9][0-9]*", v)
-        ):
-            raise ValueError(f"unknown schedule {v!r}; choose auto, curriculum, reverse, random, fixed:1..fixed:4, tuple, tuple:K or stock")
+        if v not in ("auto", "curriculum", "tuple", "stock") and not re.fullmatch(r"tuple:[1-9][0-9]*", v):
+            raise ValueError(f"unknown schedule {v!r}; choose {SCHEDULES}")
         return v
 
 

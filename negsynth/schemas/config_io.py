@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from negsynth.errors import UserError
-from negsynth.schemas.config import RunConfig, Section, run_config_class
+from negsynth.schemas.config import SCHEDULES, RunConfig, Section, run_config_class
 
 
 def default_config_text() -> str:
@@ -95,6 +95,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         MEASURED,
         'a phase\'s leftover rows always train as short batches (the old default, "train"); delete the key',
     ),
+    "curriculum.schedule": (
+        ("reverse", "random", "fixed:1", "fixed:2", "fixed:3", "fixed:4"),
+        "measured no gain: docs/recipe.md",
+        f"choose {SCHEDULES}",
+    ),
     "curriculum.balance": (None, MEASURED, 'a pass is every example once (the old default, "examples"); delete the key'),
     "regenerate.teacher": (("llm-likelihood",), MEASURED, 'use "cross-encoder" (with regenerate.teacher_model) or "none"'),
     "regenerate.likelihood": (
@@ -103,6 +108,7 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
     "llm.transport": (None, "every request goes through the openai SDK", "delete the key"),
+    "embedder.padding_side": (None, "the decoder embedder's answers are the same on either side", "delete the key"),
     "embedder.devices": (None, "--executor ray --workers N spreads the embedding over devices", "delete the key"),
     "serve.engine": (
         None,
@@ -118,6 +124,12 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
     "train.hardness_mode": (None, TRAIN_MEASURED, "InfoNCE weighs every negative alike (the old default, off); delete the key"),
     "train.hardness_strength": (None, TRAIN_MEASURED, "it set the strength of the removed hardness weighting; delete the key"),
     "train.no_duplicates": (None, TRAIN_MEASURED, "every batch keeps each text once (the old default, true); delete the key"),
+    "train.ata_pool": (
+        None,
+        "measured no gain: docs/zeroshot.md",
+        'ATA leaves the instruction prefix out (the old default, "embed_mask"); delete the key',
+    ),
+    "train.ata_detach": (None, "an ablation never measured to help: ATA's weights always get gradients", "delete the key"),
     "train.check_batches": (
         None,
         TRAIN_MEASURED,

@@ -59,7 +59,7 @@ REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
     "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
     "LLMConfig": {"transport": ("tpm", "http1")},
-    "EmbedderConfig": {"devices": ("device", None)},
+    "EmbedderConfig": {"devices": ("device", None), "padding_side": ("reba_variant", None)},
     "ServeConfig": {"engine": ("startup_timeout", "auto")},
     "MiningConfig": {
         "strategy": ("sampling", "top"),
@@ -68,6 +68,8 @@ REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     },
     # not a Section: added_at_default and TrainConfig.__repr_args__ put these back
     "TrainConfig": {
+        "ata_detach": ("latent_heads", False),
+        "ata_pool": ("latent_heads", "embed_mask"),
         "hardness_mode": ("max_grad_norm", None),
         "hardness_strength": ("max_grad_norm", 0.0),
         "check_batches": ("resume", True),

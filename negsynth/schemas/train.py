@@ -62,10 +62,6 @@ class TrainConfig(BaseModel):
     pooling: Literal["mean", "cls", "last", "ata", "latent"] = "mean"
     latent_num: int = Field(512, ge=1)  # NV-Embed latent array size r
     latent_heads: int = Field(8, ge=1)
-    ata_detach: bool = False
-    # ATA's pooled tokens: "embed_mask" leaves the instruction prefix out (SEED_SPEC §2.3, LLM2Vec);
-    # "all" pools every token (the ablation)
-    ata_pool: Literal["embed_mask", "all"] = "embed_mask"
     # τ; scale = 1/τ. None = per model family: 0.05 for sentence-transformers encoders (pretrained
     # at MNRL's scale 20), 0.02 for decoders (LLM2Vec / E5-Mistral); 1.0 = the literal seed text
     temperature: float | None = Field(None, gt=0)

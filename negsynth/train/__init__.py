@@ -23,7 +23,6 @@ _EXPORTS = {
     "for_stock_trainer": "negsynth.train.sampler",
     "EmbeddingPooling": "negsynth.train.pooling",
     "LatentAttentionPooling": "negsynth.train.pooling",
-    "make_pooling": "negsynth.train.pooling",
     "ata_weights": "negsynth.train.pooling",
     "recompute_attention_probs": "negsynth.train.pooling",
     "make_bidirectional": "negsynth.train.bidirectional",

@@ -9,7 +9,7 @@ import logging
 log = logging.getLogger("negsynth.train.trainer")
 
 
-def curriculum_log_callback(phases: list | None, levels: list | None, batch_size: int, grad_accum: int, batch_starts: list | None = None):
+def curriculum_log_callback(phases: list | None, levels: list | None, grad_accum: int, batch_starts: list | None):
     """A callback that logs each step with the curriculum phase and level it trained on."""
     from transformers import TrainerCallback
 
@@ -18,18 +18,15 @@ def curriculum_log_callback(phases: list | None, levels: list | None, batch_size
 
         Optimizer step s consumed micro-batches ``[(s-1)·A, s·A)``; the phase is that of the first row of
         the last one (``batch_starts``: each planned batch's first row, short batches included;
-        without it, batches of ``batch_size`` rows are assumed). ``state.log_history[-1]`` is the record the trainer just stored, so the phase lands
-        in ``trainer_state.json`` next to the loss.
+        without it the batches are shuffled, which only a curriculum of one phase and one level
+        allows, so the first row tells). ``state.log_history[-1]`` is the record the trainer just
+        stored, so the phase lands in ``trainer_state.json`` next to the loss.
         """
 
         def on_log(self, args, state, control, logs=None, **kw):
             if not phases or not state.global_step or logs is None or "loss" not in logs:
                 return
-            if batch_starts:
-                row = batch_starts[((state.global_step * grad_accum) - 1) % len(batch_starts)]
-            else:
-                n_batches = -(-len(phases) // batch_size)
-                row = (((state.global_step * grad_accum) - 1) % n_batches) * batch_size
+            row = batch_starts[((state.global_step * grad_accum) - 1) % len(batch_starts)] if batch_starts else 0
             rec = state.log_history[-1] if state.log_history else {}
             rec["phase"] = phases[row]
             if levels:

@@ -6,27 +6,16 @@ For a batch of B triplets ``(q_i, d_i+, d_i-)`` and cosine similarity s::
 
 This is exactly ``MultipleNegativesRankingLoss(model, scale=1/τ)`` with its default
 ``directions=("query_to_doc",)`` fed ``(anchor, positive, negative)`` columns: the score matrix is
-``cos(q, [D+; D-]) * scale`` and the label of row i is i (tests/test_train.py checks it).
-
-Temperature default τ = 0.02 (scale 50): the seed text literally says "set to 1", but with cosine
-logits in [-1, 1] τ = 1 gives almost no gradient signal; LLM2Vec (``loss_scale=50``), which MGH says it
-follows, and E5 use τ = 0.02. Pass ``temperature=1.0`` for the literal-seed ablation.
+``cos(q, [D+; D-]) * scale`` and the label of row i is i (tests/test_train.py checks it). τ per
+model family: ``train.temperature`` (:func:`negsynth.train.trainer.resolve_temperature`).
 """
 
 from __future__ import annotations
 
 import torch
 
-DEFAULT_TEMPERATURE = 0.02
 
-
-def make_loss(
-    model,
-    temperature: float = DEFAULT_TEMPERATURE,
-    *,
-    gather_across_devices: bool = False,
-    mini_batch_size: int | None = None,
-):
+def make_loss(model, temperature: float, *, gather_across_devices: bool = False, mini_batch_size: int | None = None):
     """``MultipleNegativesRankingLoss`` with ``scale = 1/temperature`` (cosine similarity).
 
     ``mini_batch_size``: ``CachedMultipleNegativesRankingLoss`` (GradCache) instead, embedding
@@ -36,10 +25,6 @@ def make_loss(
     ``gather_across_devices``: under DDP, every rank scores its queries against all ranks' documents
     (a no-op in a single process).
     """
-    if not temperature > 0:
-        raise ValueError(
-            f"temperature={temperature}: must be > 0 (0.05 = sentence-transformers encoders, 0.02 = LLM2Vec/E5 decoders, 1.0 = literal seed)"
-        )
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
     if mini_batch_size:
@@ -125,7 +110,7 @@ def make_distill_loss(
     model,
     kind: str,
     *,
-    temperature: float = DEFAULT_TEMPERATURE,
+    temperature: float,
     distill_weight: float = 1.0,
     distill_temperature: float | None = None,
     distill_teacher_temperature: float | None = None,

@@ -10,7 +10,8 @@ They are sentence-transformers ``Module`` s, so ``modules.json`` records them an
 *receives* from every real query position i in the final layer, averaged over heads,
 ``s_j = mean_h Σ_i A^h_{i,j}``; ``w = s / Σ_P s`` over the pooled set P and ``e = Σ_j w_j h_j``.
 ``ata_pool = "embed_mask"`` (LLM2Vec's ``embed_mask``) leaves an E5 prefix ``Instruct: …\nQuery: ``
-and the leading special tokens out of P (they still attend); ``"all"`` pools every real token.
+and the leading special tokens out of P (they still attend); ``"all"`` pools every real token
+(how a model saved before ``embed_mask`` was trained, and loads).
 
 SDPA and flash kernels never materialise ``A``, so a forward pre-hook on the backbone's final
 self-attention keeps that layer's input (and RoPE's cos/sin), and the pooling recomputes
@@ -33,7 +34,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-POOLING_MODES = ("mean", "last", "ata", "latent")
 ATA_POOL_SETS = ("embed_mask", "all")
 #: the E5 query format whose prefix ``embed_mask`` leaves out of ATA's pooled set (SEED_SPEC §1.9, §2.3)
 INSTRUCTION_PROBE = ("Instruct: ", "x", "\nQuery: ", "y")
@@ -249,15 +249,14 @@ class EmbeddingPooling(_Pooling):
     - ``last``: the last real token (decoders; build the tokenizer to append EOS, see trainer).
     - ``ata``: anchor-token-aware weighted mean from the final layer's attention (module docstring).
 
-    ``ata_detach=True`` stops gradients through the ATA weights (ablation; default keeps them).
     For ``ata`` the module must know the backbone: ``on_model_ready`` (called by
     ``SentenceTransformer`` on construction and reload) installs the capture hook; call
     :meth:`bind` yourself if you append the module to an already-built model.
     """
 
-    config_keys = ["embedding_dimension", "mode", "ata_detach", "ata_pool"]
+    config_keys = ["embedding_dimension", "mode", "ata_pool"]
 
-    def __init__(self, embedding_dimension: int, mode: str = "mean", ata_detach: bool = False, ata_pool: str = "embed_mask"):
+    def __init__(self, embedding_dimension: int, mode: str = "mean", ata_pool: str = "embed_mask"):
         super().__init__()
         if mode not in ("mean", "last", "ata"):
             raise ValueError(f"EmbeddingPooling mode={mode!r}: use 'mean', 'last' or 'ata' (or LatentAttentionPooling for 'latent')")
@@ -265,7 +264,6 @@ class EmbeddingPooling(_Pooling):
             raise ValueError(f"EmbeddingPooling ata_pool={ata_pool!r}: use one of {ATA_POOL_SETS}")
         self.embedding_dimension = int(embedding_dimension)
         self.mode = mode
-        self.ata_detach = bool(ata_detach)
         self.ata_pool = ata_pool
         self._capture: _AttentionInputCapture | None = None
         self._markers: InstructionMarkers | None = None
@@ -274,9 +272,11 @@ class EmbeddingPooling(_Pooling):
     @classmethod
     def load_config(cls, *args, **kwargs) -> dict[str, Any]:
         """Like the base ``load_config`` (which the base ``load`` reads); a config saved before
-        ``ata_pool`` existed reads as ``"all"`` (what that model was trained with)."""
+        ``ata_pool`` existed reads as ``"all"`` (what that model was trained with), and the
+        training-only ``ata_detach`` of older configs is dropped (it changed no embedding)."""
         config = super().load_config(*args, **kwargs)
         config.setdefault("ata_pool", "all")
+        config.pop("ata_detach", None)
         return config
 
     def on_model_ready(self, model) -> None:
@@ -317,8 +317,6 @@ class EmbeddingPooling(_Pooling):
                 raise RuntimeError("ATA pooling found no captured final-layer input for this batch (was the backbone run first?)")
             probs = recompute_attention_probs(self._capture.attn, h, mask, pe)
             w = ata_weights(probs, mask, self.pool_mask(features))
-            if self.ata_detach:
-                w = w.detach()
             features["ata_weights"] = w
             emb = torch.einsum("bn,bnd->bd", w.to(tok.dtype), tok)
         features["sentence_embedding"] = emb
@@ -372,28 +370,7 @@ class LatentAttentionPooling(_Pooling):
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
 
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token=None,
-        cache_folder=None,
-        revision=None,
-        local_files_only: bool = False,
-        init_defaults=None,
-        **kwargs,
-    ):
-        hub = dict(subfolder=subfolder, token=token, cache_folder=cache_folder, revision=revision, local_files_only=local_files_only)
-        config = cls.load_config(model_name_or_path=model_name_or_path, **hub)
-        for k, v in (init_defaults or {}).items():
-            config.setdefault(k, v)
-        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=cls(**config), **hub)
-
-
-def make_pooling(mode: str, embedding_dimension: int, **kwargs) -> Module:
-    """``mean`` | ``last`` | ``ata`` -> :class:`EmbeddingPooling`; ``latent`` -> :class:`LatentAttentionPooling`."""
-    if mode == "latent":
-        return LatentAttentionPooling(embedding_dimension, **kwargs)
-    if mode in ("mean", "last", "ata"):
-        return EmbeddingPooling(embedding_dimension, mode=mode, **kwargs)
-    raise ValueError(f"pooling={mode!r}: choose one of {POOLING_MODES}")
+    def load(cls, model_name_or_path: str, **kwargs):
+        """The base ``load`` (config, ``init_defaults``), then the saved weights."""
+        hub = {k: kwargs[k] for k in ("subfolder", "token", "cache_folder", "revision", "local_files_only") if k in kwargs}
+        return cls.load_torch_weights(model_name_or_path=model_name_or_path, model=super().load(model_name_or_path, **kwargs), **hub)

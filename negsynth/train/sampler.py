@@ -26,7 +26,7 @@ from typing import Any
 
 from sentence_transformers.base.sampler import DefaultBatchSampler
 
-from negsynth.data.curriculum import CurriculumError
+from negsynth.data.curriculum import CurriculumError, place
 from negsynth.data.stock import text_columns as loss_columns
 from negsynth.data.text import text_key
 
@@ -51,8 +51,6 @@ def plan_batches(
     in a later batch than the earliest open one), ``skipped_self_duplicate`` and
     ``dropped_incomplete`` (only with ``drop_last``).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = len(rows)
     batches: list[list[int]] = []
     counts = {"moved": 0, "skipped_self_duplicate": 0, "dropped_incomplete": 0}
@@ -71,18 +69,10 @@ def plan_batches(
             if len(kset) < len(keys):
                 counts["skipped_self_duplicate"] += 1
                 continue
-            for k, (members, seen) in enumerate(open_batches):  # noqa: B007 - read after the loop
-                if seen.isdisjoint(kset):
-                    break
-            else:
-                k, (members, seen) = len(open_batches), ([], set())
-                open_batches.append((members, seen))
-            counts["moved"] += k > 0
-            members.append(i)
-            seen.update(kset)
-            if len(members) == batch_size:
-                batches.append(members)
-                del open_batches[k]
+            full, moved = place(open_batches, i, kset, batch_size)
+            counts["moved"] += moved
+            if full is not None:
+                batches.append(full)
         for members, _ in open_batches:  # the phase's leftovers, in order of their first row
             if drop_last:
                 counts["dropped_incomplete"] += len(members)
@@ -109,8 +99,6 @@ def split_global_batches(batches: list[list[int]], num_replicas: int) -> tuple[l
     """Each global batch cut into ``num_replicas`` equal consecutive slices, slices of one batch
     adjacent (``[b0/r0, b0/r1, ..., b1/r0, ...]``). A batch of ``n`` rows loses its last
     ``n % num_replicas`` rows; a batch left with none is dropped. Returns (slices, rows dropped)."""
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     if num_replicas == 1:
         return [list(b) for b in batches], 0
     out: list[list[int]] = []
@@ -160,7 +148,6 @@ class CurriculumBatchSampler(DefaultBatchSampler):
         rows = list(zip(*data)) if data else [()] * len(dataset)
         self.global_batches, self.counts = plan_batches(rows, self.global_batch_size, phases=phases, drop_last=drop_last)
         self.batches, self.counts["dropped_uneven"] = split_global_batches(self.global_batches, self.num_replicas)
-        self.skipped_rows = self.counts["skipped_self_duplicate"]
         if self.num_replicas > 1:
             # accelerate's BatchSamplerShard yields a group of W slices only if its last slice has
             # ``batch_size`` rows, unless batch_size is None (variable-size batches)
@@ -194,39 +181,46 @@ def curriculum_batch_sampler(phases: Sequence[Any] | None = None):
     return functools.partial(CurriculumBatchSampler, phases=list(phases) if phases is not None else None)
 
 
-def _as_dataset(data):
-    """A ``datasets.Dataset`` from a Dataset, a run dir, a curriculum dir, a saved dataset dir or a parquet file."""
+def load_rows(data):
+    """The training rows as a ``datasets.Dataset``, from a Dataset, a dict of columns, a run dir,
+    a curriculum dir, a saved dataset dir or a parquet file; refused in one line without the
+    ``anchor`` and ``positive`` columns every loss reads."""
     import datasets
 
     if isinstance(data, datasets.Dataset):
-        return data
-    if isinstance(data, dict):
-        return datasets.Dataset.from_dict(data)
-    p = Path(data)
-    if p.is_file() and p.suffix == ".parquet":
-        return datasets.Dataset.from_parquet(str(p))
-    for cand in (p / "curriculum" / "dataset", p / "dataset", p):
-        if (cand / "dataset_info.json").is_file():
-            return datasets.load_from_disk(str(cand))
-    raise CurriculumError(
-        f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); run `negsynth curriculum` first or pass a Dataset"
-    )
+        ds = data
+    elif isinstance(data, dict):
+        ds = datasets.Dataset.from_dict(data)
+    else:
+        p = Path(data)
+        found = [c for c in (p / "curriculum" / "dataset", p / "dataset", p) if (c / "dataset_info.json").is_file()]
+        if p.is_file() and p.suffix == ".parquet":
+            ds = datasets.Dataset.from_parquet(str(p))
+        elif found:
+            ds = datasets.load_from_disk(str(found[0]))
+        else:
+            raise CurriculumError(
+                f"{p}: no saved curriculum (looked for {p / 'curriculum' / 'dataset'}, {p / 'dataset'}); "
+                "run `negsynth curriculum` first or pass a Dataset"
+            )
+    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
+    if missing:
+        raise CurriculumError(
+            f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or rows with "
+            "anchor, positive (+ negative or negative_1..K)"
+        )
+    return ds
 
 
 def for_stock_trainer(data) -> tuple[Any, Any]:
     """``(train_dataset, batch_sampler)`` for ``SentenceTransformerTrainer``.
 
-    ``data``: the curriculum as a ``datasets.Dataset`` (or a run dir / curriculum dir / saved
-    dataset dir / parquet file), or n-tuple rows. ``train_dataset`` keeps only the text columns
-    (``anchor, positive, negative`` or ``negative_1..n``) and ``label`` where the rows carry a
+    ``data``: the curriculum, as :func:`load_rows` reads it. ``train_dataset`` keeps only the text
+    columns (``anchor, positive, negative`` or ``negative_1..n``) and ``label`` where the rows carry a
     teacher's scores (for ``MarginMSELoss`` / ``DistillKLDivLoss``; MNRL ignores it); ``batch_sampler`` is
-    :func:`negsynth.train.sampler.curriculum_batch_sampler` bound to the ``batch`` column (else
-    ``phase``; see :func:`batch_segments`): pass it as
-    ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
+    :func:`curriculum_batch_sampler` bound to the ``batch`` column (else ``phase``; see
+    :func:`batch_segments`): pass it as ``SentenceTransformerTrainingArguments(batch_sampler=...)``.
     """
-    ds = _as_dataset(data)
-    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
-    if missing:
-        raise CurriculumError(f"dataset lacks column(s) {missing}; pass the curriculum (RUN_DIR/curriculum/dataset) or ntuple_rows output")
+    ds = load_rows(data)
     keep = loss_columns(ds.column_names) + (["label"] if "label" in ds.column_names else [])
     return ds.select_columns(keep), curriculum_batch_sampler(batch_segments(ds))

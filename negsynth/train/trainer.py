@@ -1,6 +1,6 @@
 """Train an embedding model on the curriculum with the sentence-transformers trainer.
 
-Input: a ``datasets.Dataset`` (or a parquet path) in training order, columns ``anchor, positive``
+Input: rows in training order (:func:`~negsynth.train.sampler.load_rows`), columns ``anchor, positive``
 and ``negative`` or ``negative_1..K`` (+ ``phase``, ``level``, ``batch``, ``label``). Output: a
 SentenceTransformer folder (``output_dir/final``).
 
@@ -22,7 +22,6 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from negsynth.data.stock import text_columns
 from negsynth.embed.base import quiet_loading
@@ -30,7 +29,7 @@ from negsynth.schemas.train import TrainConfig
 from negsynth.train.callbacks import curriculum_log_callback, progress_callback
 from negsynth.train.checkpoints import checkpoint_step, checkpoints, drop_checkpoint, last_checkpoint, seal_callback
 from negsynth.train.distributed import is_main_process, per_device_batch_size
-from negsynth.train.sampler import batch_segments, curriculum_batch_sampler, data_parallel_world
+from negsynth.train.sampler import batch_segments, curriculum_batch_sampler, data_parallel_world, load_rows
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +104,11 @@ def _pooling_module(config: TrainConfig, dim: int):
         from sentence_transformers.sentence_transformer.modules import Pooling
 
         return Pooling(dim, pooling_mode={"last": "lasttoken"}.get(config.pooling, config.pooling))
-    from negsynth.train.pooling import make_pooling
+    from negsynth.train.pooling import EmbeddingPooling, LatentAttentionPooling
 
-    kw: dict[str, Any] = {}
     if config.pooling == "latent":
-        kw = {"num_latents": config.latent_num, "num_heads": config.latent_heads}
-    elif config.pooling == "ata":
-        kw = {"ata_detach": config.ata_detach, "ata_pool": config.ata_pool}
-    return make_pooling(config.pooling, dim, **kw)
+        return LatentAttentionPooling(dim, num_latents=config.latent_num, num_heads=config.latent_heads)
+    return EmbeddingPooling(dim, mode="ata")
 
 
 def _base_max_length(path: str, tr) -> int | None:
@@ -212,18 +208,6 @@ def _append_eos(tok) -> None:
 # ----------------------------------------------------------------------------- callbacks and train()
 
 
-def _load_dataset(dataset):
-    from datasets import Dataset
-
-    if isinstance(dataset, (str, Path)):
-        return Dataset.from_parquet(str(dataset))
-    if isinstance(dataset, Dataset):
-        return dataset
-    if isinstance(dataset, dict):
-        return Dataset.from_dict(dataset)
-    raise TypeError(f"dataset: expected a datasets.Dataset, a dict of columns or a parquet path, got {type(dataset).__name__}")
-
-
 def train_device(config: TrainConfig) -> str:
     """``train.device`` resolved as :func:`~negsynth.embed.base.resolve_device` does ("auto": a CUDA
     GPU, else Apple's mps, else the CPU); a GPU torch does not see is refused."""
@@ -319,11 +303,11 @@ def _batch_sampler(config: TrainConfig, ds, train_ds, phases: list | None, per_d
         )
     sampler = curriculum_batch_sampler(batch_segments(ds))
     planned = sampler(train_ds, batch_size=per_device, drop_last=False)
-    if planned.counts["moved"] or planned.skipped_rows:
+    if planned.counts["moved"] or planned.counts["skipped_self_duplicate"]:
         log.info(
             "batch sampler: %d row(s) moved to a later batch so that no text repeats in a batch, %d skipped (a row repeating its own text)",
             planned.counts["moved"],
-            planned.skipped_rows,
+            planned.counts["skipped_self_duplicate"],
         )
     return sampler, [b[0] for b in planned.global_batches if b]
 
@@ -347,23 +331,23 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     temperature = resolve_temperature(config, is_decoder_model(model))
     gather = config.gather_across_devices and data_parallel_world()[0] > 1
     mini_batch = resolve_mini_batch_size(config, per_device, model.device.type)
+    angle = config.angle_weight > 0 or config.infonce_weight != 1.0
+    if mini_batch and (distill or angle):
+        raise ValueError(
+            "mini_batch_size (GradCache) works with the InfoNCE loss alone (train.loss = 'mnrl', angle_weight = 0, "
+            "infonce_weight = 1); set mini_batch_size = 'auto' or 'off'"
+        )
     if distill:
         from negsynth.train.loss import make_distill_loss
 
-        if config.angle_weight > 0 or config.infonce_weight != 1.0:
+        if angle:
             raise ValueError(
                 f"train.loss = {config.loss!r} does not take the AnglE + InfoNCE weights; set angle_weight = 0 and infonce_weight = 1"
             )
-        if mini_batch:
-            raise ValueError("mini_batch_size (GradCache) works with train.loss = 'mnrl' alone; set mini_batch_size = 'auto' or 'off'")
         return make_distill_loss(model, config.loss, temperature=temperature, gather_across_devices=gather, **_pick(config, *_DISTILL_KEYS))
-    if config.angle_weight > 0 or config.infonce_weight != 1.0:
+    if angle:
         from negsynth.train.loss import make_angle_infonce_loss
 
-        if mini_batch:
-            raise ValueError(
-                "mini_batch_size (GradCache) works with the InfoNCE loss alone; set angle_weight = 0 and infonce_weight = 1, or mini_batch_size = None"
-            )
         return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **_pick(config, *_ANGLE_KEYS))
     return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch)
 
@@ -410,12 +394,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
     from negsynth.train.loss import DISTILL_LOSSES
 
     set_seed(config.seed)
-    ds = _load_dataset(dataset)
-    missing = [c for c in ("anchor", "positive") if c not in ds.column_names]
-    if missing:
-        raise ValueError(
-            f"dataset is missing column(s) {missing}; the trainer needs anchor, positive (+ negative or negative_1..n, optional phase, level)"
-        )
+    ds = load_rows(dataset)
     phases = ds["phase"] if "phase" in ds.column_names else None
     levels = ds["level"] if "level" in ds.column_names else None
     text_cols = text_columns(ds.column_names)
@@ -434,7 +413,7 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
         train_dataset=train_ds,
         loss=loss,
         callbacks=[
-            curriculum_log_callback(phases, levels, config.batch_size, config.grad_accum, batch_starts),
+            curriculum_log_callback(phases, levels, config.grad_accum, batch_starts),
             seal_callback(config.save_total_limit),
         ],
     )
@@ -450,8 +429,8 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
 def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -> str:
     """Train on the ordered curriculum and return the folder of the final SentenceTransformer.
 
-    ``dataset``: a ``datasets.Dataset``, a dict of columns, or a parquet path (rows already in
-    training order). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
+    ``dataset``: the rows in training order, anything :func:`~negsynth.train.sampler.load_rows`
+    reads (a ``datasets.Dataset``, a dict of columns, a parquet path, a run or curriculum dir). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
     saved to ``<output_dir>/final`` (with LoRA: the adapter plus its base-model reference), the
     checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
     ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole

@@ -62,8 +62,9 @@ def read_examples(path: Path) -> list[dict]:
 
 
 def embedder_fingerprint(cfg) -> dict:
-    """The embedder settings that change cosines (devices and batch size do not, beyond float noise)."""
-    return cfg.model_dump(mode="json", exclude={"device", "devices", "batch_size"})
+    """The embedder settings that change cosines (devices and batch size do not, beyond float noise),
+    the removed ones at their old defaults (``Section.hash_dump``)."""
+    return {k: v for k, v in cfg.hash_dump().items() if k not in ("device", "devices", "batch_size")}
 
 
 def judge_fields_unhashed(cfg) -> set[str]:
