@@ -49,10 +49,6 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"{p}: not valid JSON; restore it or start a new --run-dir") from None
 
 
-def stage_has_outputs(stage_dir: Path) -> bool:
-    return stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*"))
-
-
 #: in a stage folder: the entry its outputs are being made from, written before the first of them
 MADE_FROM = "_entry.json"
 #: manifest entry fields that are not part of what the outputs are made from
@@ -84,7 +80,7 @@ def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrit
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
     old = made_from(run_dir, stage)
-    if old and stage_has_outputs(stage_dir) and not overwrite:
+    if old and not overwrite and stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*")):
         _refuse_changed(stage_dir, old, entry)
     if not begin:
         return

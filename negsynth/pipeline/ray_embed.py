@@ -308,10 +308,6 @@ class RaySentenceModel:
 
         return torch.device("cpu")
 
-    @property
-    def devices(self) -> list[str]:
-        return self.dealer.devices
-
     def get_embedding_dimension(self) -> int:
         return int(self.dealer.dim)
 

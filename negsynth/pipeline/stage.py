@@ -107,15 +107,11 @@ def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
     return {"shard_size": None, "num_shards": 1, **(made if isinstance(made, dict) else {"config_hash": made})}
 
 
-def has_outputs(folder: Path) -> bool:
-    """Whether a stage folder holds outputs a later stage can read (not whether it is done)."""
-    return bool(list_shards(folder)) or (folder / "stats.json").is_file()
-
-
 def check_inputs(stage: Stage, ctx: StageContext) -> None:
     """One line naming the missing input and the command that makes it (one of several suffices)."""
     names = stage.inputs(ctx.cfg)
-    missing = [n for n in names if not has_outputs(ctx.run_dir / n)]
+    # outputs a later stage can read (not whether the stage is done): shards, or its stats
+    missing = [n for n in names if not (list_shards(ctx.run_dir / n) or (ctx.run_dir / n / "stats.json").is_file())]
     if len(missing) < len(names) or not names:
         return
     where = " or ".join(str(ctx.run_dir / n) for n in missing)

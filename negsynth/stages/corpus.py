@@ -85,11 +85,6 @@ def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
         )
 
 
-def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
-    """The style of a document's request, drawn with the stage seed (the same on every rerun)."""
-    return cfg.styles[random.Random(f"{cfg.seed}:{corpus}:{doc_id}:style").randrange(len(cfg.styles))]
-
-
 def heldout_config(cfg: RunConfig) -> HeldoutConfig:
     """``[heldout]`` of the run file: the section the ``heldout`` stage brings to it (its defaults
     in a config made without the method's sections)."""
@@ -152,7 +147,7 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
         start += c.count
         for pos, d in c.documents_at(wanted):
             c.positions[d.id] = pos
-            style = style_for(cfg, c.name, d.id)
+            style = cfg.styles[random.Random(f"{cfg.seed}:{c.name}:{d.id}:style").randrange(len(cfg.styles))]  # the same on every rerun
             for j in range(cfg.queries_per_doc):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
                 if not llm_writes(cfg):  # the no-LLM queries read the title (LLM payloads stay as they were)

@@ -88,12 +88,6 @@ def run(ctx: StageContext) -> dict:
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
 
 
-def count_rows(path: Path) -> int:
-    """The number of records in a JSONL shard (its non-blank lines), without parsing them."""
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
 def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
     """The input shards grouped into consecutive blocks of ~``block_examples`` examples, from
     shard 0 whatever is already scored: a block is the unit of embedding (its texts are sorted
@@ -103,7 +97,8 @@ def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
     cur: list[int] = []
     size = 0
     for k, p in enumerate(paths):
-        n = count_rows(p)
+        with open(p, "rb") as f:  # its records: non-blank lines, not parsed
+            n = sum(1 for line in f if line.strip())
         if cur and size + n > block_examples:
             blocks.append(cur)
             cur, size = [], 0
