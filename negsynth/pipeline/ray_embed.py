@@ -111,8 +111,9 @@ def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
 
 
 class RayEmbedder(Embedder):
-    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors, answering for the
-    embedder it stands for; ``encode*`` cut one call into one contiguous piece per actor."""
+    """The score stage's ``[embedder]`` on Ray actors, answering for the embedder it stands for
+    (its name, dimension, query format): it encodes through :meth:`encode_parts` alone, as
+    :func:`~negsynth.embed.base.encode_parts` calls it."""
 
     def __init__(self, ray, actors: list, info: dict):
         self._ray, self.actors = ray, actors
@@ -251,28 +252,8 @@ class RayEmbedder(Embedder):
                 yield done.pop(nxt)
                 nxt += 1
 
-    def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
-        n = min(len(self.actors), len(texts))
-        if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        cuts = np.linspace(0, len(texts), n + 1).astype(int)
-        parts = [(how, texts[a:b], None if instructions is None else instructions[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-        got = list(self.encode_parts(parts, batch_size=batch_size or 64))
-        return np.concatenate(got).astype(np.float32, copy=False)
-
-    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
-        return self._spread("encode", list(texts), None, batch_size)
-
-    def encode_queries(self, texts: Sequence[str], instruction=None, **kw) -> np.ndarray:
-        texts = list(texts)
-        instr = [instruction] * len(texts) if instruction is None or isinstance(instruction, str) else list(instruction)
-        return self._spread("queries", texts, instr, kw.get("batch_size"))
-
-    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
-        return self._spread("documents", list(texts), None, kw.get("batch_size"))
-
-    def _encode(self, texts, *, batch_size, show_progress):  # encode is overridden: never called
-        raise NotImplementedError
+    def _encode(self, texts, *, batch_size, show_progress):
+        raise NotImplementedError("RayEmbedder encodes through encode_parts (negsynth.embed.base.encode_parts)")
 
 
 def _similarity_function():
