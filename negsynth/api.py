@@ -1,23 +1,6 @@
-"""negsynth from Python: the names ``import negsynth`` offers (each has this one import path).
-
-``negsynth.load_config(path=None, overrides=None)``
-    The run config: the built-in defaults (what ``negsynth config`` prints) with ``path``'s keys
-    layered over them, then ``overrides`` (``["train.lr=1e-5"]``, as ``--set``).
-``negsynth.run(config=None, run_dir="runs/default", *, stages=None, overrides=None, ...)``
-    The stages of ``config`` (a :class:`RunConfig`, a TOML path or None for the defaults) into
-    ``run_dir``, as ``negsynth run``; returns each stage's stats. Works in a notebook cell.
-``negsynth.training_data(documents, run_dir, *, config=None, overrides=None, ...)``
-    Documents in, training rows out: the ``corpus``, ``score`` and ``curriculum`` stages on
-    ``documents`` (a path, or texts / ``{"text", "title", "id"}`` dicts) and the rows as a
-    ``datasets.Dataset`` of text columns only, in training order, ready for
-    ``SentenceTransformerTrainer(train_dataset=...)``.
-``negsynth.sample_corpus()``
-    The 50-document sample corpus shipped in the package (a JSONL path).
-``negsynth.evaluate_model(model="default", tasks=None, *, suite=None, config=None, overrides=None, ...)``
-    A model's evaluation report, scored as ``negsynth evaluate --model MODEL --no-cache`` scores it,
-    returned instead of written (with per-query nDCG@10 for a paired comparison, if asked).
-``negsynth.model_path(name="default")``
-    The folder a model alias resolves to (``default``: the bundled all-MiniLM-L6-v2).
+"""negsynth from Python: the names ``import negsynth`` offers (each has this one import path):
+:func:`load_config`, :func:`run`, :func:`training_data`, :func:`sample_corpus`,
+:func:`evaluate_model` and :func:`model_path`.
 
 This module sits above the stages (it runs them); ``negsynth/__init__.py`` resolves the names
 here on first use, so ``import negsynth`` itself stays cheap.

@@ -20,6 +20,8 @@ from typing import Any
 from negsynth.errors import UserError
 
 MAX_TEXT = 2000  # characters kept per text in the page
+#: the page: its style, filters and sample browser, with __TITLE__, __SUMMARY__ and __DATA__ to fill
+PAGE = Path(__file__).with_name("report.html")
 
 
 def _clip(s: Any, n: int = MAX_TEXT) -> str:
@@ -170,7 +172,7 @@ def render_html(report: dict, items: list[dict], plots: list[tuple[str, str]]) -
         )
     data = json.dumps({"items": items}, ensure_ascii=False).replace("<", "\\u003c")  # no tag can end the script block
     title = html.escape(f"negsynth inspect: {report['path']}")
-    return PAGE.replace("__TITLE__", title).replace("__SUMMARY__", "\n".join(parts)).replace("__DATA__", data)
+    return PAGE.read_text(encoding="utf-8").replace("__TITLE__", title).replace("__SUMMARY__", "\n".join(parts)).replace("__DATA__", data)
 
 
 def write_html(path: str | Path, out: str | Path, *, max_examples: int = 500, max_rejects: int = 200, seed: int = 0) -> Path:
@@ -188,110 +190,3 @@ def write_html(path: str | Path, out: str | Path, *, max_examples: int = 500, ma
     except OSError as e:
         raise UserError(f"--html {out}: cannot write it ({e.strerror}); choose a writable path") from None
     return out
-
-
-PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#263238;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
-main{padding:8px 24px 40px;max-width:1200px}
-h2{font-size:16px;margin:24px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;background:#fff;margin:4px 0}th,td{border:1px solid #e0e0e0;padding:3px 8px;text-align:right}
-th{background:#f1f3f4}td:first-child,th:first-child{text-align:left}
-figure{display:inline-block;margin:6px;background:#fff;border:1px solid #e0e0e0;padding:6px}figure img{max-width:520px;display:block}
-figcaption{font-size:12px;color:#666;text-align:center}
-#filters{position:sticky;top:0;background:#fafafa;padding:8px 0;border-bottom:1px solid #ddd;z-index:1}
-#filters label{margin-right:14px}select{font:inherit}
-.ex{background:#fff;border:1px solid #e0e0e0;border-radius:4px;margin:10px 0;padding:8px 12px}
-.ex.reject{border-left:4px solid #c62828}.ex h3{font-size:13px;margin:0 0 4px;font-weight:600}
-.ex .task{color:#555;font-style:italic;margin-bottom:4px}
-.ex table{width:100%}.ex td{text-align:left;vertical-align:top}.ex td.num{text-align:right;white-space:nowrap;width:1%}
-.ex td.lab{white-space:nowrap;width:1%;font-weight:600}.ex tr.hl td{background:#fff8e1}
-.bar{display:inline-block;height:8px;background:#4C72B0;vertical-align:middle;margin-left:4px}
-.badge{display:inline-block;font-size:11px;border-radius:3px;padding:0 5px;margin-left:4px;color:#fff}
-.fn{background:#c62828}.easy{background:#f9a825}.nm{background:#6a1b9a}.rj{background:#c62828}.tt{background:#546e7a}
-pre{white-space:pre-wrap;background:#f5f5f5;padding:6px;margin:4px 0;font-size:12px}
-#count{color:#555;margin-left:8px}
-</style></head><body>
-<header><h1>__TITLE__</h1></header>
-<main>
-__SUMMARY__
-<h2>Examples</h2>
-<div id="filters">
-<label>task type <select id="f-task_type"><option value="">all</option></select></label>
-<label>level <select id="f-level"><option value="">any</option><option>1</option><option>2</option><option>3</option><option>4</option></select></label>
-<label>flag <select id="f-flag"><option value="">any</option><option value="false_negative">false negative</option><option value="too_easy">too easy</option><option value="non_monotonic">not monotonic</option></select></label>
-<label>reject reason <select id="f-reason"><option value="">kept examples</option><option value="*">any reject</option></select></label>
-<span id="count"></span>
-</div>
-<div id="examples"></div>
-</main>
-<script type="application/json" id="data">__DATA__</script>
-<script>
-(function(){
-"use strict";
-var DATA = JSON.parse(document.getElementById("data").textContent), ITEMS = DATA.items, LIMIT = 300;
-var KEYS = ["task_type", "level", "flag", "reason"];
-function esc(s){ return String(s == null ? "" : s).replace(/[&<>"']/g, function(c){ return {"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;","'":"&#39;"}[c]; }); }
-function fmt(x){ return x == null ? "" : Number(x).toFixed(3); }
-function uniq(f){ var s = {}; ITEMS.forEach(function(it){ var v = f(it); if (v != null && v !== "") s[v] = 1; }); return Object.keys(s).sort(); }
-function fill(id, vals){ var el = document.getElementById(id); vals.forEach(function(v){ var o = document.createElement("option"); o.value = v; o.textContent = v; el.appendChild(o); }); }
-fill("f-task_type", uniq(function(it){ return it.task_type; }));
-fill("f-reason", uniq(function(it){ return it.kind === "reject" ? it.reason : null; }));
-function state(){ var s = {}; KEYS.forEach(function(k){ s[k] = document.getElementById("f-" + k).value; }); return s; }
-function fromHash(){
-  var h = (location.hash || "").replace(/^#/, ""), q = new URLSearchParams(h || location.search.replace(/^\?/, ""));
-  KEYS.forEach(function(k){ var el = document.getElementById("f-" + k), v = q.get(k);
-    if (v != null && Array.prototype.some.call(el.options, function(o){ return o.value === v; })) el.value = v; else el.value = ""; });
-}
-function matches(it, s){
-  if (s.reason === "" && it.kind !== "example") return false;
-  if (s.reason === "*" && it.kind !== "reject") return false;
-  if (s.reason !== "" && s.reason !== "*" && !(it.kind === "reject" && it.reason === s.reason)) return false;
-  if (s.task_type && it.task_type !== s.task_type) return false;
-  var lv = s.level ? Number(s.level) : null;
-  if (s.flag === "non_monotonic") return it.scored && it.monotonic === false;
-  if (s.flag === "false_negative" || s.flag === "too_easy"){
-    return it.negs.some(function(n){ return n[s.flag] && (lv == null || n.level === lv); });
-  }
-  return true;
-}
-function card(it, s){
-  var lv = s.level ? Number(s.level) : null, h = [];
-  h.push('<div class="ex' + (it.kind === "reject" ? " reject" : "") + '" data-id="' + esc(it.id) + '" data-kind="' + it.kind + '">');
-  h.push("<h3>" + esc(it.id) + ' <span class="badge tt">' + esc(it.task_type) + "</span>");
-  if (it.kind === "reject") h.push(' <span class="badge rj">' + esc(it.stage) + ": " + esc(it.reason) + "</span>");
-  if (it.scored){ h.push(" τ " + fmt(it.kendall_tau)); if (it.monotonic === false) h.push(' <span class="badge nm">not monotonic</span>'); }
-  h.push("</h3>");
-  if (it.task) h.push('<div class="task">' + esc(it.task) + "</div>");
-  if (it.kind === "reject" && it.detail) h.push("<div>" + esc(it.detail) + "</div>");
-  if (it.query != null){
-    h.push("<table><tr><td class=lab>query</td><td class=num></td><td>" + esc(it.query) + "</td></tr>");
-    h.push("<tr><td class=lab>positive</td><td class=num>" + fmt(it.cos_pos) + bar(it.cos_pos) + "</td><td>" + esc(it.positive) + "</td></tr>");
-    it.negs.forEach(function(n){
-      var fl = (n.false_negative ? ' <span class="badge fn">false neg</span>' : "") + (n.too_easy ? ' <span class="badge easy">too easy</span>' : "");
-      h.push('<tr class="neg' + (lv === n.level ? " hl" : "") + '"><td class=lab>level ' + n.level + fl + "</td><td class=num>" + fmt(n.cos) + bar(n.cos) + "</td><td>" + esc(n.text) + "</td></tr>");
-    });
-    h.push("</table>");
-  }
-  if (it.kind === "reject" && it.raw) h.push("<pre>" + esc(it.raw) + "</pre>");
-  h.push("</div>");
-  return h.join("");
-}
-function bar(c){ return c == null ? "" : '<span class="bar" style="width:' + Math.max(0, Math.round(60 * c)) + 'px"></span>'; }
-function render(){
-  var s = state(), hit = ITEMS.filter(function(it){ return matches(it, s); });
-  document.getElementById("examples").innerHTML = hit.slice(0, LIMIT).map(function(it){ return card(it, s); }).join("");
-  document.getElementById("count").textContent = hit.length + " shown of " + ITEMS.length + " in this page" + (hit.length > LIMIT ? " (first " + LIMIT + " rendered)" : "");
-}
-KEYS.forEach(function(k){ document.getElementById("f-" + k).addEventListener("change", function(){
-  var s = state(), q = new URLSearchParams(); KEYS.forEach(function(k){ if (s[k]) q.set(k, s[k]); });
-  history.replaceState(null, "", "#" + q.toString()); render(); }); });
-window.addEventListener("hashchange", function(){ fromHash(); render(); });
-fromHash(); render();
-})();
-</script>
-</body></html>
-"""

@@ -189,12 +189,12 @@ def test_dedup_spills_kept_vectors_to_disk_with_the_same_decisions(tmp_path, mon
 
     decide, one = _planted_duplicates()
     monkeypatch.setattr(clean, "SPILL_ROWS", 32)
-    monkeypatch.setattr(clean, "SCREEN_CELLS", 64 * 1024)  # screen in chunks of 64 kept rows
+    monkeypatch.setattr(clean, "SCREEN_CELLS", 64 * 1024)  # screen in chunks of 32 kept rows
     for cuts in ([], [7, 11, 100, 250], list(range(1, 300, 3))):
         got, dd = decide(cuts, spill_dir=tmp_path / "_dedup")
         assert got == one
-        assert dd._q._tail_n < 32 and dd._q.on_disk + dd._q._tail_n == 300 - len(one)  # only the tail in memory
-        assert (tmp_path / "_dedup" / "kept-queries.f16").stat().st_size == dd._q.on_disk * 16 * 2
+        assert len(dd._kept.tail) < 32 and dd._kept.on_disk + len(dd._kept.tail) == 300 - len(one)  # only the tail in memory
+        assert (tmp_path / "_dedup" / "kept.f16").stat().st_size == dd._kept.on_disk * 2 * 16 * 2
         dd.close()
         assert not (tmp_path / "_dedup").exists()
 

@@ -184,7 +184,7 @@ def test_missing_field_names_file_row_and_fix(tmp_path):
     assert str(p) in msg and "row 2 (line 3)" in msg and "'positive'" in msg and "--positive-col" in msg
     assert len(load_source(SourceSpec(path=str(p), skip_invalid=True)).pairs) == 2
     # missing column: names the columns present and the option
-    with pytest.raises(UserError, match=r"no column 'answer' for the positive \(columns: query, positive\); fix --positive-col"):
+    with pytest.raises(UserError, match=r"no column 'answer' for positive \(columns: query, positive\); fix --positive-col"):
         load_source(SourceSpec(path=str(p), columns={"positive": "answer"}))
     # jsonl: a missing key on line 2 -> row 2 (line 2)
     j = tmp_path / "bad.jsonl"

@@ -143,6 +143,25 @@ NoCacheOpt = Annotated[
 VerboseOpt = Annotated[int, typer.Option("--verbose", "-v", count=True, help="more logging (-vv for debug)")]
 #: --format of a command that reads an --input (regenerate, corpus)
 FormatOpt = Annotated[str, typer.Option("--format", help="auto | hf | jsonl | parquet | csv | tsv | beir")]
+#: the corpus stage's documents (corpus, estimate)
+DocumentsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--input",
+        "-i",
+        help="a folder of documents (.txt/.md/.html/.pdf/.jsonl(.gz)/.csv(.gz)/.parquet, recursive), one such file, a BEIR folder (its corpus.jsonl) or a saved HF dataset; repeatable",
+    ),
+]
+GlobOpt = Annotated[
+    str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md' (default: every corpus file)")
+]
+
+
+def one_of(command: str, what: str, given: Path | None, flag: str, flagged: Path | None) -> Path | None:
+    """The one of a positional argument and its option that was given; both (and different): one line."""
+    if given is not None and flagged is not None and given != flagged:
+        raise UserError(f"{command}: two {what} ({given} and {flag} {flagged}); pass one")
+    return given if given is not None else flagged
 
 
 def setup_logging(verbose: int) -> None:

@@ -11,11 +11,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_PENDING
-from negsynth.cli.options import BackendOpt, EngineOpt, FormatOpt, NoCacheOpt, Options, app, column_options, emit, stage_command
+from negsynth.cli.options import (
+    BackendOpt,
+    DocumentsOpt,
+    EngineOpt,
+    FormatOpt,
+    GlobOpt,
+    NoCacheOpt,
+    Options,
+    app,
+    column_options,
+    emit,
+    stage_command,
+)
 from negsynth.cli.overrides import config_sets, embedder_overrides, filter_arg
 from negsynth.errors import UserError
+from negsynth.schemas.records import first_problem
 
 
 def _emit_llm(stats: dict, json_mode: bool) -> None:
@@ -174,14 +188,7 @@ DOCUMENT_COLUMNS = {
 @column_options(DOCUMENT_COLUMNS)
 def corpus(
     opts: Options,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--input",
-            "-i",
-            help="a folder of documents (.txt/.md/.html/.pdf/.jsonl(.gz)/.csv(.gz)/.parquet, recursive), one such file, a BEIR folder (its corpus.jsonl) or a saved HF dataset; repeatable",
-        ),
-    ] = None,
+    inputs: DocumentsOpt = None,
     fmt: Annotated[
         str, typer.Option("--format", help="auto | folder | text | html | pdf | jsonl | parquet | csv | tsv | beir | hf")
     ] = "auto",
@@ -189,9 +196,7 @@ def corpus(
     queries_per_doc: Annotated[
         int | None, typer.Option("--queries-per-doc", min=1, help="queries the LLM writes per document (one request)")
     ] = None,
-    glob: Annotated[
-        str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md' (default: every corpus file)")
-    ] = None,
+    glob: GlobOpt = None,
     ids: Annotated[
         str | None,
         typer.Option(
@@ -231,10 +236,8 @@ def corpus(
             ccfg.max_docs = max_docs
         if queries_per_doc is not None:
             ccfg.queries_per_doc = queries_per_doc
-    except ValueError as e:  # pydantic's ValidationError: the first error's message, with the field
-        errs = getattr(e, "errors", lambda: [])()
-        msg = f"{'.'.join(str(x) for x in errs[0]['loc'])}: {errs[0]['msg']}" if errs else str(e).splitlines()[0]
-        raise UserError(f"corpus: {msg}; see negsynth corpus --help") from None
+    except ValidationError as e:
+        raise UserError(f"corpus: {': '.join(first_problem(e, 'corpus'))}; see negsynth corpus --help") from None
     _emit_llm(_execute("corpus", opts, ctx), opts.json_out)
 
 

@@ -11,7 +11,19 @@ from typing import Annotated
 import typer
 
 from negsynth.cli.guard import guarded
-from negsynth.cli.options import ConfigOpt, JsonOpt, RunDirOpt, SetOpt, VerboseOpt, app, report_command, setup_logging
+from negsynth.cli.options import (
+    ConfigOpt,
+    DocumentsOpt,
+    GlobOpt,
+    JsonOpt,
+    RunDirOpt,
+    SetOpt,
+    VerboseOpt,
+    app,
+    one_of,
+    report_command,
+    setup_logging,
+)
 from negsynth.cli.overrides import toml_value
 from negsynth.errors import UserError
 
@@ -38,15 +50,8 @@ def estimate(
             help="requests per second to assume for the wall time (default: llm.max_concurrency every --latency seconds, capped by llm.rpm/tpm)",
         ),
     ] = None,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--input",
-            "-i",
-            help="the corpus stage's documents, as for `negsynth corpus -i` (repeatable; estimates the corpus stage unless --stages)",
-        ),
-    ] = None,
-    glob: Annotated[str | None, typer.Option("--glob", help="a folder --input's files to read, e.g. '**/*.md'")] = None,
+    inputs: DocumentsOpt = None,
+    glob: GlobOpt = None,
     latency: Annotated[
         float | None,
         typer.Option(
@@ -61,18 +66,19 @@ def estimate(
         float | None, typer.Option("--price-out", help="USD per 1M completion tokens (default: llm.price.output_per_mtok)")
     ] = None,
 ) -> dict:
-    """Requests, tokens, wall time and USD of each LLM stage of a run, before any request is sent."""
+    """Requests, tokens, wall time and USD of each LLM stage of a run, before any request is sent.
+
+    With --input the corpus stage's documents are those of `negsynth corpus -i` and the corpus
+    stage is estimated (unless --stages)."""
     from negsynth.estimate import estimate as run_estimate
     from negsynth.pipeline.context import StageContext
     from negsynth.pipeline.progress import Reporter
     from negsynth.schemas.config_io import load_config
     from negsynth.stages import sections
 
-    if run_file is not None and config is not None and run_file != config:
-        raise UserError(f"estimate: two run files ({run_file} and --config {config}); pass one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: exists and is not a directory; pass a directory")
-    cfg = load_config(run_file or config, list(set_ or []), sections())
+    cfg = load_config(one_of("estimate", "run files", run_file, "--config", config), list(set_ or []), sections())
     if inputs:
         from negsynth.schemas.config import CorpusSpec
 
@@ -180,9 +186,7 @@ def inspect_cmd(
     """Summarise a run: counts per stage, task-type mix, rejects, tokens/cost, score statistics per level."""
     from negsynth.inspect import inspect_path, write_plots
 
-    if path is not None and run_dir is not None and path != run_dir:
-        raise UserError(f"inspect: two paths ({path} and --run-dir {run_dir}); pass one")
-    path = path if path is not None else run_dir
+    path = one_of("inspect", "paths", path, "--run-dir", run_dir)
     if path is None:
         raise UserError("inspect: which run? pass -d RUN_DIR (or a stage folder or shard file as PATH)")
 

@@ -19,11 +19,11 @@ resumed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,7 +41,7 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 SCREEN_MARGIN = 1e-4
 #: cells of one screening product (rows x columns), ~256 MB of float32
 SCREEN_CELLS = 1 << 26
-#: kept vectors held in memory before they go to the spill file (48 MB of float16 at 384 dims)
+#: kept examples held in memory before their vectors go to the spill file (96 MB of float16 query + positive at 384 dims)
 SPILL_ROWS = 1 << 16
 
 
@@ -101,83 +101,55 @@ class DupMatch:
         return f"near-duplicate of {self.kept_id} (query cos {self.cos_query:.4f}, positive cos {self.cos_positive:.4f})"
 
 
-class _Rows:
-    """float16 rows ``[n, dim]`` appended in order. With ``spill`` (a file path), every full
-    :data:`SPILL_ROWS` rows are appended to that file and only the tail stays in memory;
-    :meth:`chunks` and :meth:`take` read the file back (``os.pread``: no mapping stays resident)."""
+class _Kept:
+    """float16 rows ``[n, width]`` appended in order. With ``spill`` (a file path) every full
+    :data:`SPILL_ROWS` rows go to that file and only the tail stays in memory; :meth:`chunks`
+    reads the file back piece by piece (no mapping stays resident)."""
 
-    def __init__(self, dim: int, spill: Path | None = None):
-        self.dim = dim
-        self.spill = spill
-        self._fd: int | None = None
+    def __init__(self, width: int, spill: Path | None = None):
+        self.width, self.spill = width, spill
         self.on_disk = 0  # rows in the file
-        self._tail = np.zeros((0, dim), dtype=np.float16)
-        self._tail_n = 0
+        self.tail = np.zeros((0, width), dtype=np.float16)
+        if spill is not None:
+            spill.unlink(missing_ok=True)  # left by a killed run: appends start from nothing
 
     def append(self, rows: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=np.float16)
-        need = self._tail_n + len(rows)
-        if need > len(self._tail):
-            cap = max(need, 2 * len(self._tail), 1024)
-            new = np.zeros((cap, self.dim), dtype=np.float16)
-            new[: self._tail_n] = self._tail[: self._tail_n]
-            self._tail = new
-        self._tail[self._tail_n : need] = rows
-        self._tail_n = need
-        if self.spill is not None and self._tail_n >= SPILL_ROWS:
-            if self._fd is None:
-                self.spill.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.spill, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.pwrite(self._fd, self._tail[: self._tail_n].tobytes(), self.on_disk * self.dim * 2)
-            self.on_disk += self._tail_n
-            self._tail = np.zeros((0, self.dim), dtype=np.float16)
-            self._tail_n = 0
-
-    def _read(self, start: int, n: int) -> np.ndarray:
-        width = self.dim * 2
-        buf = os.pread(self._fd, n * width, start * width)
-        return np.frombuffer(buf, dtype=np.float16).reshape(n, self.dim)
+        self.tail = np.concatenate([self.tail, rows.astype(np.float16)])
+        if self.spill is not None and len(self.tail) >= SPILL_ROWS:
+            self.spill.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.spill, "ab") as f:
+                f.write(self.tail.tobytes())
+            self.on_disk += len(self.tail)
+            self.tail = self.tail[:0]
 
     def chunks(self, rows: int):
-        """``(first row, float16 [<= rows, dim])`` over every row in order."""
-        for c0 in range(0, self.on_disk, rows):
-            yield c0, self._read(c0, min(rows, self.on_disk - c0))
-        tail = self._tail[: self._tail_n]
-        for c0 in range(0, len(tail), rows):
-            yield self.on_disk + c0, tail[c0 : c0 + rows]
-
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """The rows at ``idx`` (any order, repeats allowed)."""
-        idx = np.asarray(idx, dtype=np.int64)
-        out = np.zeros((len(idx), self.dim), dtype=np.float16)
-        mem = idx >= self.on_disk
-        out[mem] = self._tail[idx[mem] - self.on_disk]
-        for k in np.nonzero(~mem)[0]:
-            out[k] = self._read(int(idx[k]), 1)[0]
-        return out
+        """``(first row, float16 [<= rows, width])`` over every row in order."""
+        if self.on_disk:
+            with open(self.spill, "rb") as f:
+                for c0 in range(0, self.on_disk, rows):
+                    n = min(rows, self.on_disk - c0)
+                    yield c0, np.fromfile(f, dtype=np.float16, count=n * self.width).reshape(n, self.width)
+        for c0 in range(0, len(self.tail), rows):
+            yield self.on_disk + c0, self.tail[c0 : c0 + rows]
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self.spill is not None:
             self.spill.unlink(missing_ok=True)
-            try:
-                self.spill.parent.rmdir()  # the other store's file may still be there: then it goes last
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                self.spill.parent.rmdir()
 
 
 class Deduplicator:
-    """The kept examples so far (exact keys, ids, float16 query/positive vectors) and the check.
-    ``spill_dir``: where kept vectors beyond :data:`SPILL_ROWS` go (removed by :meth:`close`)."""
+    """The kept examples so far (exact keys, ids, float16 query and positive vectors side by side)
+    and the check. ``spill_dir``: where kept vectors beyond :data:`SPILL_ROWS` go (removed by
+    :meth:`close`)."""
 
     def __init__(self, threshold: float | None, dim: int, spill_dir: Path | None = None):
         self.threshold = threshold
         self.dim = dim
         self.keys: dict[bytes, int] = {}
         self.ids: list[str] = []
-        self._q = _Rows(dim, spill_dir / "kept-queries.f16" if spill_dir is not None else None)
-        self._p = _Rows(dim, spill_dir / "kept-positives.f16" if spill_dir is not None else None)
+        self._kept = _Kept(2 * dim, spill_dir / "kept.f16" if spill_dir is not None else None)
         self.n = 0
 
     @property
@@ -189,15 +161,13 @@ class Deduplicator:
         for i, key in enumerate(keys):
             self.keys.setdefault(key, self.n + i)
         if self.uses_vectors:
-            self._q.append(q)
-            self._p.append(p)
+            self._kept.append(np.hstack([q, p]))
         self.ids += ids
         self.n += len(ids)
 
     def close(self) -> None:
-        """Remove the spill files (the kept state is gone; the shards' ``kept.npy`` keep it)."""
-        self._q.close()
-        self._p.close()
+        """Remove the spill file (the kept state is gone; the shards' ``kept.npy`` keep it)."""
+        self._kept.close()
 
     def check_block(
         self, ids: list[str], keys: list[bytes], q: np.ndarray | None, p: np.ndarray | None, exact_only: Sequence[bool] | None = None
@@ -216,10 +186,11 @@ class Deduplicator:
         intra: dict[int, list[int]] = {}  # block row -> earlier block rows whose query passed the screen
         thr = self.threshold
         if thr is not None and n:
-            for c0, kept_q in self._q.chunks(max(1, SCREEN_CELLS // 1024)):  # from the spill file, then memory
-                for ii, jj in _screen(q, kept_q, thr, b_offset=c0):
-                    cq = _dot64(q[ii], self._q.take(jj))
-                    cp = _dot64(p[ii], self._p.take(jj))
+            d = self.dim
+            for c0, kept in self._kept.chunks(max(1, SCREEN_CELLS // 2048)):  # from the spill file, then memory
+                for ii, jj in _screen(q, kept[:, :d], thr, b_offset=c0):
+                    cq = _dot64(q[ii], kept[jj - c0, :d])
+                    cp = _dot64(p[ii], kept[jj - c0, d:])
                     ok = (cq >= thr) & (cp >= thr)
                     for i, j, a, b in zip(ii[ok], jj[ok], cq[ok], cp[ok]):
                         i, j = int(i), int(j)

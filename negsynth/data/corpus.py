@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from negsynth.data.documents import Document, n_chunks, need_extra, read_document_file, split_document
+from negsynth.data.sources import default_name, detect_format, is_hf_folder
+from negsynth.data.tables import resolve_columns
 from negsynth.errors import UserError
 
 #: names tried, in order, for a role whose column is not given in ``columns``
@@ -161,7 +163,7 @@ class CorpusData:
             local = 0  # the row in this file
             for df in self._part_frames(part):
                 if cols is None:
-                    cols = _columns(list(df.columns), self.mapping, part.file)
+                    cols = resolve_columns(list(df.columns), self.mapping, COLUMN_GUESSES, ("text",), set(COLUMN_GUESSES), part.file)
                     if not self.columns:
                         self.columns = cols
                 n = df.height
@@ -250,25 +252,6 @@ def _document(i: Any, t: Any, body: Any) -> Document | None:
     return Document(str(i), text, title)
 
 
-def _columns(cols: list[str], mapping: dict[str, str], where: str) -> dict[str, str]:
-    lower = {c.lower(): c for c in cols}
-    out: dict[str, str] = {}
-    for role, names in COLUMN_GUESSES.items():
-        if role in mapping:
-            if mapping[role] not in cols:
-                raise UserError(
-                    f"{where}: no column {mapping[role]!r} for {role} (columns: {', '.join(cols)}); fix --{role}-col or columns.{role}"
-                )
-            out[role] = mapping[role]
-            continue
-        found = next((lower[n] for n in names if n in lower), None)
-        if found is not None:
-            out[role] = found
-    if "text" not in out:
-        raise UserError(f'{where}: no text column (columns: {", ".join(cols)}); name it with --text-col or columns = {{text = "..."}}')
-    return out
-
-
 def folder_parts(folder: Path, glob: str | None) -> tuple[list[Part], dict[str, int]]:
     """The corpus files of a folder (recursive, sorted by path; hidden files and folders left out)
     and the count of the other files by kind. ``glob`` (``**/*.md``) picks the files; one it
@@ -302,8 +285,6 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
     """Count the documents of one corpus spec in one streamed read: kept are the column map, the
     count and the rows that are not documents, never the texts. Documents longer than
     ``chunk_tokens`` proxy tokens count as their passages (0: never split)."""
-    from negsynth.data.sources import default_name
-
     fmt, path, file_fmt = _input_format(spec)
     name = spec.name or default_name(spec.path, "beir" if fmt in ("beir", "folder") else file_fmt)
     data = CorpusData(
@@ -336,23 +317,15 @@ def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusDa
 def _input_format(spec) -> tuple[str, str, str]:
     """``(format of the input, the file read, format of that file)``: a BEIR folder is read as its
     ``corpus.jsonl``, a folder of files as ``folder``; a glob on anything but a folder is refused."""
-    from negsynth.data.sources import detect_format
-
     fmt = spec.format if spec.format != "auto" else _corpus_format(spec.path)
-    glob = spec.glob
-    path = spec.path
-    if glob and fmt != "folder":
-        raise UserError(f"{spec.path}: glob {glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
-    if fmt == "beir":
-        path = str(Path(spec.path) / "corpus.jsonl")
-        if not Path(path).is_file():
-            raise UserError(f"{spec.path}: a BEIR folder needs corpus.jsonl; fix corpus.inputs path")
-        file_fmt = "jsonl"
-    elif fmt in ("folder", "text", "html", "pdf"):
-        file_fmt = fmt
-    else:
-        file_fmt = fmt if fmt != "auto" else detect_format(path)
-    return fmt, path, file_fmt
+    if spec.glob and fmt != "folder":
+        raise UserError(f"{spec.path}: glob {spec.glob!r} picks files of a folder of documents, and this input is {fmt}; drop the glob")
+    if fmt != "beir":
+        return fmt, spec.path, fmt
+    path = str(Path(spec.path) / "corpus.jsonl")
+    if not Path(path).is_file():
+        raise UserError(f"{spec.path}: a BEIR folder needs corpus.jsonl; fix corpus.inputs path")
+    return fmt, path, "jsonl"
 
 
 def _input_parts(spec, fmt: str, path: str, file_fmt: str) -> tuple[list[Part], dict[str, int]]:
@@ -473,14 +446,12 @@ def _corpus_format(path: str) -> str:
     if p.is_dir():
         if (p / "corpus.jsonl").is_file():
             return "beir"
-        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        if is_hf_folder(p):
             return "hf"
         return "folder"
     fmt = file_format(p)
     if fmt in DOCUMENT_SUFFIXES.values():
         return fmt
-    from negsynth.data.sources import detect_format
-
     if p.exists() and fmt is None and p.suffix.lower() not in (".json",):
         raise UserError(
             f"{p}: unknown file type {_kind(p)!r}; the corpus stage reads {_supported()} or a folder of them; {_unsupported_fix(p)}"

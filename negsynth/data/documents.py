@@ -75,10 +75,7 @@ def split_document(d: Document, size: int, overlap: int) -> list[Document]:
     if size <= 0 or len(d.text) <= size or count_tokens(d.text) <= size:  # a token is at least one character
         return [d]
     spans = [m.span() for m in _TOKEN.finditer(d.text)]
-    # the text opens with its title (a corpus row's document, negsynth.data.corpus): the title heads each passage and the rest is split
-    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
-    if head > size // 2:  # a title too long to repeat: split the whole text
-        head = 0
+    head = _title_tokens(d, size)
     body = spans[head:]
     out: list[Document] = []
     for k, (a, b) in enumerate(chunk_spans(len(body), size - head, min(overlap, (size - head) // 2))):
@@ -88,6 +85,14 @@ def split_document(d: Document, size: int, overlap: int) -> list[Document]:
     return out
 
 
+def _title_tokens(d: Document, size: int) -> int:
+    """The tokens of the title that heads each passage: the text opens with its title (a corpus
+    row's document), which is repeated and the rest split; 0 where there is none, or it is too
+    long to repeat (then the whole text is split)."""
+    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
+    return head if head <= size // 2 else 0
+
+
 def n_chunks(d: Document, size: int, overlap: int) -> int:
     """How many passages :func:`split_document` makes of ``d`` (without making them)."""
     if size <= 0 or len(d.text) <= size:
@@ -95,9 +100,7 @@ def n_chunks(d: Document, size: int, overlap: int) -> int:
     n = count_tokens(d.text)
     if n <= size:
         return 1
-    head = count_tokens(d.title) if d.title and d.text.lower().startswith(d.title.lower()) else 0
-    if head > size // 2:
-        head = 0
+    head = _title_tokens(d, size)
     return len(chunk_spans(n - head, size - head, min(overlap, (size - head) // 2)))
 
 

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from negsynth.data.tables import iter_frames, read_frame, sniff, streamable
+from negsynth.data.tables import iter_frames, read_frame, resolve_columns, sniff, streamable
 from negsynth.errors import UserError
 
-ROLES = ("query", "positive", "instruction", "negatives", "id")
 SPLIT_NAMES = {"train", "test", "dev", "validation", "val", "eval"}
 
 #: names tried, in order, for a role whose column is not given explicitly
@@ -38,6 +37,8 @@ COLUMN_GUESSES: dict[str, tuple[str, ...]] = {
     "negatives": ("negatives", "negative", "hard_negatives", "neg"),
     "id": ("id", "_id", "pair_id", "row_id"),
 }
+#: the roles regenerate names with --ROLE-col
+_FLAGS = {"query", "positive", "instruction", "negatives"}
 
 
 @dataclass
@@ -92,10 +93,6 @@ class SourceData:
         self._mining()
         return self._corpus  # type: ignore[return-value]
 
-    @corpus.setter
-    def corpus(self, value: list[str]) -> None:
-        self._corpus = value
-
     @property
     def positives_by_query(self) -> dict[str, list[str]]:
         self._mining()
@@ -109,7 +106,7 @@ def detect_format(path: str) -> str:
     if p.is_dir():
         if (p / "qrels.tsv").exists() or (p / "qrels").is_dir() or any((p / s / "qrels.tsv").exists() for s in SPLIT_NAMES):
             return "beir"
-        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        if is_hf_folder(p):
             return "hf"
         raise UserError(
             f"{p}: cannot tell the format of this folder (no qrels.tsv for BEIR, no dataset_info.json/dataset_dict.json for a saved HF dataset); pass --format"
@@ -134,6 +131,11 @@ def detect_format(path: str) -> str:
     raise UserError(f"{p}: no such file or folder; check the path (hub datasets are given as owner/name)")
 
 
+def is_hf_folder(p: Path) -> bool:
+    """Whether folder ``p`` is a dataset saved by ``datasets``' ``save_to_disk``."""
+    return any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json"))
+
+
 def default_name(path: str, fmt: str) -> str:
     """Source name from the path: the folder or file stem, skipping split-like names (``snli/test.tsv`` -> ``snli``)."""
     p = Path(path)
@@ -156,32 +158,6 @@ def default_split(path: str, fmt: str, split: str | None) -> str:
 
 
 # -- tabular sources (jsonl / parquet / csv / tsv / hf) ---------------------------------------
-
-
-def _resolve_columns(df_cols: Sequence[str], mapping: dict[str, str], where: str) -> dict[str, str]:
-    """Role -> column: explicit mapping first, then the common names; query and positive are required."""
-    out: dict[str, str] = {}
-    lower = {c.lower(): c for c in df_cols}
-    for role in ROLES:
-        want = mapping.get(role)
-        if want:
-            if want not in df_cols:
-                flag = {"query": "--query-col", "positive": "--positive-col", "instruction": "--instruction-col"}.get(
-                    role, f"columns.{role}"
-                )
-                raise UserError(f"{where}: no column {want!r} for the {role} (columns: {', '.join(df_cols)}); fix {flag}")
-            out[role] = want
-            continue
-        for guess in COLUMN_GUESSES[role]:
-            if guess in lower and lower[guess] not in out.values():
-                out[role] = lower[guess]
-                break
-    for role, flag in (("query", "--query-col"), ("positive", "--positive-col")):
-        if role not in out:
-            raise UserError(
-                f"{where}: no {role} column found (columns: {', '.join(df_cols)}); name it with {flag} COLUMN (or columns.{role} in the source spec)"
-            )
-    return out
 
 
 def _apply_filter(df, flt: dict[str, Any], where: str):
@@ -215,28 +191,10 @@ def _as_list(v: Any) -> list[str]:
 
 
 def _text(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, (list, dict)):
+    if v is None or isinstance(v, (list, dict)):
         return None
     s = str(v).strip()
     return s or None
-
-
-def _row_pair(rec: dict, cols: dict[str, str], name: str, split: str, row: int, q: str, pos: str) -> Pair:
-    """The pair of one table row (``row``: 0-based file row) with its query ``q`` and positive ``pos``."""
-    rid = _text(rec[cols["id"]]) if "id" in cols else None
-    return Pair(
-        query=q,
-        positive=pos,
-        source=name,
-        source_id=f"{name}:{split}:{rid if rid is not None else row}",
-        query_key=q,
-        row=row,
-        instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
-        negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
-        meta={"row": row},
-    )
 
 
 def _invalid_row(where: str, row: int, line_offset: int, cols: dict[str, str], bad: str) -> UserError:
@@ -252,13 +210,19 @@ def read_tabular(spec, fmt: str, name: str, split: str) -> SourceData:
     """Read a jsonl / parquet / csv / tsv / hf source into pairs, the whole table at once."""
     table = _Table(spec, fmt, name, split, whole=True)
     _, pairs, skipped = table.scan(keep=None)
+    return SourceData(name, split, pairs, *_known_positives(pairs), len(pairs), dict(table.cols), skipped)
+
+
+def _known_positives(pairs: Iterable[Pair]) -> tuple[list[str], dict[str, list[str]]]:
+    """The mining corpus (every distinct positive, in order) and each query's known positives."""
+    corpus: dict[str, None] = {}
     by_q: dict[str, list[str]] = {}
     for p in pairs:
+        corpus[p.positive] = None
         known = by_q.setdefault(p.query_key, [])
         if p.positive not in known:
             known.append(p.positive)
-    corpus = list(dict.fromkeys(p.positive for p in pairs))
-    return SourceData(name, split, pairs, corpus, by_q, len(pairs), dict(table.cols), skipped)
+    return list(corpus), by_q
 
 
 # -- BEIR -----------------------------------------------------------------------------------
@@ -439,7 +403,8 @@ class _Table:
             df = df.with_row_index("__row__", offset=offset)
             offset += height
             if self.cols is None:
-                self.cols = _resolve_columns([c for c in df.columns if c != "__row__"], dict(self.spec.columns), self.where)
+                names = [c for c in df.columns if c != "__row__"]
+                self.cols = resolve_columns(names, dict(self.spec.columns), COLUMN_GUESSES, ("query", "positive"), _FLAGS, self.where)
             cols = self.cols
             df = _apply_filter(df, dict(self.spec.filter), self.where)
             keep = ["__row__"] + sorted(set(cols.values()))
@@ -450,9 +415,21 @@ class _Table:
             yield df.with_columns((_present(df, cols["query"]) & _present(df, cols["positive"])).alias("__ok__"))
 
     def pair(self, row: int, rec: dict) -> Pair:
+        """The pair of one table row (``row``: 0-based file row)."""
         cols = self.cols
-        q, pos = _text(rec[cols["query"]]), _text(rec[cols["positive"]])
-        return _row_pair(rec, cols, self.name, self.split, row, q, pos)
+        q = _text(rec[cols["query"]])
+        rid = _text(rec[cols["id"]]) if "id" in cols else None
+        return Pair(
+            query=q,
+            positive=_text(rec[cols["positive"]]),
+            source=self.name,
+            source_id=f"{self.name}:{self.split}:{rid if rid is not None else row}",
+            query_key=q,
+            row=row,
+            instruction=_text(rec[cols["instruction"]]) if "instruction" in cols else None,
+            negatives=_as_list(rec[cols["negatives"]]) if "negatives" in cols else [],
+            meta={"row": row},
+        )
 
     def scan(self, keep: int | None) -> tuple[list[int], list[Pair], int]:
         """The file rows of the valid pairs, in order, the pairs built (``keep``: all of them with
@@ -507,15 +484,6 @@ class _Table:
     def mining(self) -> tuple[list[str], dict[str, list[str]]]:
         """The mining corpus (every distinct positive) and each query's known positives, read
         from the whole file again: only when mining asks for them."""
-        corpus: dict[str, None] = {}
-        by_q: dict[str, list[str]] = {}
-        for df in self.batches():
-            for rec in df.iter_rows(named=True):
-                if not rec["__ok__"]:
-                    continue
-                pr = self.pair(int(rec["__row__"]), rec)
-                corpus[pr.positive] = None
-                lst = by_q.setdefault(pr.query_key, [])
-                if pr.positive not in lst:
-                    lst.append(pr.positive)
-        return list(corpus), by_q
+        return _known_positives(
+            self.pair(int(rec["__row__"]), rec) for df in self.batches() for rec in df.iter_rows(named=True) if rec["__ok__"]
+        )

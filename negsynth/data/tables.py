@@ -16,6 +16,34 @@ from negsynth.errors import UserError
 FORMATS = ("auto", "hf", "jsonl", "parquet", "csv", "tsv", "beir")
 
 
+def resolve_columns(
+    cols: list[str], mapping: dict[str, str], guesses: dict[str, tuple[str, ...]], required: tuple[str, ...], flags: set[str], where: str
+) -> dict[str, str]:
+    """Role -> column of a table: the ``mapping`` given first, else the first of the role's
+    ``guesses`` present (case-insensitive; a column serves one role). A named column that is
+    absent, or a ``required`` role not found, is one line; ``flags``: the roles the command names
+    with ``--ROLE-col``."""
+
+    def fix(role: str) -> str:
+        return f"--{role}-col or columns.{role}" if role in flags else f"columns.{role}"
+
+    lower = {c.lower(): c for c in cols}
+    out: dict[str, str] = {}
+    for role, names in guesses.items():
+        if mapping.get(role):
+            if mapping[role] not in cols:
+                raise UserError(f"{where}: no column {mapping[role]!r} for {role} (columns: {', '.join(cols)}); fix {fix(role)}")
+            out[role] = mapping[role]
+            continue
+        found = next((lower[n] for n in names if n in lower and lower[n] not in out.values()), None)
+        if found is not None:
+            out[role] = found
+    for role in required:
+        if role not in out:
+            raise UserError(f"{where}: no {role} column (columns: {', '.join(cols)}); name it with {fix(role)}")
+    return out
+
+
 def read_frame(path: str, fmt: str, split: str | None):
     """Return ``(polars.DataFrame, line_offset)``: line_offset turns a 0-based row into a file line."""
     import polars as pl

@@ -176,7 +176,18 @@ def server_command(
     return [str(binary), *(word for pair in options.items() for word in pair), *cache, "--no-webui", *cfg.extra_args]
 
 
-class EmbeddedServer:
+class _Started:
+    """``with X(...) as x``: :meth:`start` on entry, :meth:`stop` on exit."""
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class EmbeddedServer(_Started):
     """Context manager: start one llama.cpp server, yield it, stop it. One slot unless
     ``serve.parallel`` asks for more (answers decoded together are not the answers decoded alone)."""
 
@@ -303,13 +314,6 @@ class EmbeddedServer:
             shutil.rmtree(self.slot_dir, ignore_errors=True)
             self.slot_dir = None
 
-    def __enter__(self) -> EmbeddedServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def fleet_llm_config(cfg: LLMConfig, url: str | None) -> LLMConfig:
     """``cfg`` with the fleet's space-separated ``url`` as its ``llm.endpoints`` (each server
@@ -345,7 +349,7 @@ def fleet_shape(cfg: ServeConfig, *, threads: int | None = None, cpus: int | Non
     return max(1, min(free // t, available_mib() // SERVER_MIB)), t
 
 
-class EmbeddedFleet:
+class EmbeddedFleet(_Started):
     """Context manager: start the servers, yield the fleet, stop them. ``threads``: a count the
     caller fixed (else :func:`fleet_shape`'s). ``log_dir``: for ``llama-server[-<i>].log``. ``pin``:
     this process is the servers' only client, so "pinned" may pin (else it means off)."""
@@ -468,13 +472,6 @@ class EmbeddedFleet:
         if self._watch is not None and self._watch is not threading.current_thread():
             self._watch.join(timeout=self.cfg.startup_timeout)
             self._watch = None
-
-    def __enter__(self) -> EmbeddedFleet:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def wait(self) -> int:
         """Block until every server has exited for good (``negsynth serve``); Ctrl-C stops them."""

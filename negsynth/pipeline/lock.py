@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -18,11 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from negsynth.errors import UserError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; the PID check below still names a live holder
-    fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".negsynth.lock"
 #: how long a held lock is retried before refusing (a holder may be letting go)
@@ -73,13 +69,13 @@ class _NoFlock(Exception):
     """The filesystem does not do flock (some network mounts)."""
 
 
-def _try_flock(path: Path, mode: int) -> int | None:
-    """An fd holding ``mode`` on ``path``, or None while someone else holds it (after RETRY_S)."""
+def _try_flock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path``, or None while someone else holds it (after RETRY_S)."""
     deadline = time.monotonic() + RETRY_S
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             if time.monotonic() >= deadline:
@@ -115,10 +111,10 @@ def _refuse(run_dir: Path, path: Path, info: dict | None) -> UserError:
 
 
 def _acquire(run_dir: Path, path: Path, warn: Callable[[str], None]) -> int | None:
-    """Take ``path`` exclusively -> its fd (None where flock is unavailable: PID-file rules)."""
+    """Take ``path`` exclusively -> its fd (None where the filesystem has no flock: PID-file rules)."""
     try:
-        fd = _try_flock(path, fcntl.LOCK_EX) if fcntl is not None else None
-        if fcntl is not None and fd is None:
+        fd = _try_flock(path)
+        if fd is None:
             raise _refuse(run_dir, path, _read_holder(path))
     except _NoFlock:
         fd = None

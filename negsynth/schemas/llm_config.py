@@ -17,9 +17,12 @@ class PriceConfig(Section):
     output_per_mtok: float = 0.0
 
 
-def _http_url(v: str) -> str:
+def _http_url(v: str, embedded: bool = False) -> str:
+    if embedded and v == "embedded":
+        return v
     if not v.startswith(("http://", "https://")):
-        raise ValueError("must be an http(s):// URL such as http://10.0.0.2:8000/v1")
+        either = "'embedded' or " if embedded else ""
+        raise ValueError(f"must be {either}an http(s):// URL such as http://127.0.0.1:8000/v1")
     return v.rstrip("/")
 
 
@@ -115,9 +118,7 @@ class LLMConfig(Section):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if v != "embedded" and not v.startswith(("http://", "https://")):
-            raise ValueError("must be 'embedded' or an http(s):// URL such as http://127.0.0.1:8000/v1")
-        return v.rstrip("/")
+        return _http_url(v, embedded=True)
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -160,14 +161,14 @@ class ServeConfig(Section):
     # "auto": one per core free when they start (os.sched_getaffinity minus the busy ones), at least 1
     servers: Literal["auto"] | int = "auto"
     # threads of each server; None: 1 (an answer is then computed the same way on every machine,
-    # whatever its cores and load); 0: the cores free when it starts (with servers = 1: the single
-    # multi-threaded server of before, whose answers change with the count it gets)
+    # whatever its cores and load); 0: the cores free when it starts (its answers then change
+    # with the count it gets)
     n_threads: int | None = Field(None, ge=0)
     startup_timeout: float = Field(180.0, gt=0)
     server_path: str | None = None  # a llama-server binary; default: beside the Python interpreter, then PATH
-    # llama-server slots decoded together (continuous batching; 1.3-1.8x the throughput at 2-8 slots,
-    # but an answer then depends on which requests share its batch, so runs stop repeating bit for
-    # bit); None: 1 slot, answers that repeat run to run (docs/llm_server.md)
+    # llama-server slots decoded together (continuous batching: more throughput, but an answer then
+    # depends on which requests share its batch, so runs stop repeating bit for bit); None: 1 slot,
+    # answers that repeat run to run (figures: docs/llm_server.md)
     parallel: int | None = Field(None, ge=1, le=256)
     # llama-server's prompt cache. An answer computed on a cached prefix is not the answer computed
     # on the whole prompt, so the plain cache ("on", or true) makes answers depend on what the
@@ -177,9 +178,8 @@ class ServeConfig(Section):
     # it serves the process that started the server (servers for other processes, `negsynth serve`
     # and Ray workers, run "off"). "off" (or false): every prompt evaluated whole.
     prompt_cache: Literal["off", "pinned", "on"] = "pinned"
-    # flags appended to the server's command line as given, e.g. ["--flash-attn", "on"] or
-    # ["--spec-type", "ngram-simple"] for llama-server (n-gram speculation measured 0.9x on the demo's
-    # requests: docs/llm_server.md); llama-server refuses a flag it does not know when it starts
+    # flags appended to llama-server's command line as given, e.g. ["--flash-attn", "on"]; it
+    # refuses a flag it does not know when it starts
     extra_args: list[str] = Field(default_factory=list)
 
     @field_validator("prompt_cache", mode="before")
