@@ -130,8 +130,6 @@ class RayEmbedder(Embedder):
     def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None, raw: bool = False) -> RayEmbedder:
         """``workers`` actors, each loading ``embedder_cfg`` (or a copy of ``embedder``), each with
         one CPU and a share of the cluster's GPUs."""
-        if workers < 1:
-            raise UserError(f"--workers {workers}: must be >= 1")
         ray = connect(address)
         cpus = float(ray.cluster_resources().get("CPU", 0))
         if cpus < workers:  # the actors beyond it would wait for a CPU forever

@@ -108,7 +108,7 @@ def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
 def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[tuple[StageContext, dict]]:
     """What a stage runs inside under ``--executor ray`` (its embedding on Ray actors, one embedded
     fleet per node); yields its context and what to add to its stats."""
-    if workers < 1:
+    if workers < 1:  # checked here, before any stage runs on Ray (ranks or embedding workers)
         raise UserError(f"--workers {workers}: must be >= 1")
     with contextlib.ExitStack() as stack:
         extra: dict[str, Any] = {}
