@@ -393,14 +393,14 @@ def print_verdicts(results: list[dict], task: str, args) -> None:
     the held-out queries' delta over base (each per query, seeds pooled; 95 % bootstrap CI; sign-flip
     p), the verdict of each seed's run, and whether the rules hold: never *better* where the labelled
     delta is significantly negative, *worse* there, the same sign whenever both are significant."""
-    from negsynth.evaluate import align, paired_test
+    from negsynth.evaluate import paired_test
 
     rows = []
     for arm in dict.fromkeys(r["arm"] for r in results if r.get("verdict")):
         rs = sorted((r for r in results if r["arm"] == arm and r.get("verdict")), key=lambda r: r["seed"])
         labelled = harness.paired(results, arm, "base", task, args.resamples)
-        qids, base = align([r["per_query"][OWN_BASE] for r in rs])
-        _, tuned = align([r["per_query"][OWN_TASK] for r in rs], qids)
+        qids, base = harness.align([r["per_query"][OWN_BASE] for r in rs])
+        _, tuned = harness.align([r["per_query"][OWN_TASK] for r in rs], qids)
         own = paired_test(tuned, base[:1], n_resamples=args.resamples, seed=0)
         words = [r["verdict"]["verdict"] for r in rs]
         sig = {k: (t["ci_low"] > 0) - (t["ci_high"] < 0) if t else 0 for k, t in (("labelled", labelled), ("own", own))}

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -234,7 +235,7 @@ def paired(results: list[dict], arm: str, ref: str, task: str, n_resamples: int 
     """``arm`` against ``ref`` on ``task``, query by query (each query's nDCG@10 averaged over an
     arm's seeds): mean difference, 95 % bootstrap CI over queries and seeds, two-sided sign-flip p
     (:func:`negsynth.evaluate.paired_test`); None where either has no per-query scores there."""
-    from negsynth.evaluate import align, paired_test
+    from negsynth.evaluate import paired_test
 
     def maps(a: str) -> list[dict]:
         return [r["per_query"][task] for r in sorted(results, key=lambda r: r["seed"]) if r["arm"] == a and task in r.get("per_query", {})]
@@ -245,6 +246,21 @@ def paired(results: list[dict], arm: str, ref: str, task: str, n_resamples: int 
     qids, b = align(theirs)
     _, a = align(mine, qids)
     return paired_test(a, b, n_resamples=n_resamples, seed=0)
+
+
+def align(per_query: Sequence[dict[str, float]], qids: Sequence[str] | None = None) -> tuple[list[str], Any]:
+    """``[seeds, queries]`` from per-seed ``{query id: score}`` maps, in ``qids`` order (default: the
+    sorted ids of the first map). A query missing from any seed is an error: the test is paired."""
+    import numpy as np
+
+    if not per_query:
+        raise ValueError("no per-query scores")
+    ids = list(qids) if qids is not None else sorted(per_query[0])
+    missing = [(i, q) for i, m in enumerate(per_query) for q in ids if q not in m]
+    if missing:
+        i, q = missing[0]
+        raise ValueError(f"seed #{i} has no score for query {q!r} ({len(missing)} missing): the arms must be scored on the same queries")
+    return ids, np.array([[m[q] for q in ids] for m in per_query], dtype=np.float64)
 
 
 def paired_cell(t: dict | None) -> str:

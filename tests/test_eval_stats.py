@@ -1,9 +1,12 @@
-"""The paired per-query significance tests (negsynth/evaluate/stats.py)."""
+"""The paired per-query significance tests (negsynth/evaluate/own_corpus.py) and the benchmarks' ``align``."""
 
 import numpy as np
 import pytest
+from helpers import load_benchmark
 
-from negsynth.evaluate.stats import align, paired_bootstrap_ci, paired_permutation_p, paired_test
+from negsynth.evaluate.own_corpus import paired_bootstrap_ci, paired_permutation_p, paired_test
+
+align = load_benchmark("harness").align
 
 
 def _scores(n=300, seed=0):

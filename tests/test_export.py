@@ -143,7 +143,7 @@ def test_export_dataset_and_model_load_back(run_dir, tmp_path):
     meta, text = front_matter(out / "model" / "README.md")
     assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["library_name"] == "sentence-transformers"
     assert meta["license"] == "cc-by-4.0"
-    assert "| STS12 | STS | cos_sim_spearman | 80.00 | 81.23 | +1.23 |" in text
+    assert "| STS12 | STS | cos_sim_spearman | 8 | 81.23 | 80.00 | +1.23 |" in text
     assert "`mean`" in text and "gpt-test" in text and "trust_remote_code" not in text
     # the anchors were built with the instruction template: the model gets it as its query prompt
     prompts = json.loads((out / "model" / "config_sentence_transformers.json").read_text())["prompts"]

@@ -1,16 +1,14 @@
 """Inference backends for a sentence-transformers encoder on CPU: ONNX Runtime and OpenVINO.
 
 Only the transformer backbone of ``model[0]`` is swapped for an exported ONNX graph; tokenisation,
-sentence-transformers' length-sorted batching, pooling and normalisation stay the library's, so
-the vectors differ from torch's by float rounding (``onnx``, ``openvino``), or by more for the
-faster ``onnx-int8`` (int8 weights) and ``openvino-bf16`` (bfloat16, on CPUs with AVX512_BF16 or
-AMX); figures in docs/benchmarks.md. ``auto``: OpenVINO, else ONNX Runtime, for a plain encoder on
-CPU, else torch.
-
-sentence-transformers' own ``backend="onnx"`` goes through optimum, which pins transformers below
-what this package runs on, so the backbone is exported here (``torch.onnx.export``), once per
-weights and library versions, under ``$NEGSYNTH_CACHE_DIR/onnx``. Only plain text encoders
-(MiniLM and models trained from it) are supported; anything else is a one-line error.
+batching, pooling and normalisation stay sentence-transformers', so the vectors differ from torch's
+by float rounding (``onnx``, ``openvino``), or by more for ``onnx-int8`` (int8 weights) and
+``openvino-bf16`` (bfloat16, on CPUs with AVX512_BF16 or AMX). ``auto``: OpenVINO, else ONNX
+Runtime, for a plain encoder on CPU, else torch. The backbone is exported with
+``torch.onnx.export`` (sentence-transformers' own ``backend="onnx"`` needs optimum, which pins an
+older transformers), once per weights and library versions, under ``$NEGSYNTH_CACHE_DIR/onnx``.
+Only plain text encoders (MiniLM and models trained from it) are supported; anything else is a
+one-line error.
 """
 
 from __future__ import annotations
@@ -26,13 +24,6 @@ from negsynth.errors import UserError
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
-#: what to install for each non-torch backend (named in the error when it is missing)
-INSTALL = {
-    "onnx": "pip install 'negsynth[onnx]'",
-    "onnx-int8": "pip install 'negsynth[onnx]'",
-    "openvino": "pip install 'negsynth[openvino]'",
-    "openvino-bf16": "pip install 'negsynth[openvino]'",
-}
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -47,13 +38,8 @@ def check_backend(backend: str) -> None:
         __import__(mod)
         __import__("onnx")
     except ImportError:
-        raise UserError(f"backend {backend!r} needs {mod} and onnx; run: {INSTALL[backend]}") from None
-
-
-def _cache_root() -> Path:
-    from negsynth.embed.hf import cache_dir
-
-    return cache_dir() / "onnx"
+        extra = backend.split("-")[0]
+        raise UserError(f"backend {backend!r} needs {mod} and onnx; run: pip install 'negsynth[{extra}]'") from None
 
 
 def _fingerprint(hf_model) -> str:
@@ -71,60 +57,45 @@ def _fingerprint(hf_model) -> str:
     return h.hexdigest()[:16]
 
 
-class _Wrapper:
-    """``forward(input_ids, attention_mask, token_type_ids)`` -> last hidden state, for the exporter."""
-
-    @staticmethod
-    def make(hf_model, names):
-        import torch
-
-        class W(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.m = hf_model
-
-            def forward(self, *args):
-                return self.m(**dict(zip(names, args))).last_hidden_state
-
-        return W()
-
-
-def export_onnx(st_model, *, quantize: bool = False, cache_dir: str | Path | None = None) -> Path:
-    """The ONNX file of ``st_model[0]``'s backbone (exported once, then cached); int8 weights with ``quantize``."""
+def export_onnx(st_model, *, quantize: bool = False) -> Path:
+    """The ONNX file of ``st_model[0]``'s backbone (exported once, then cached); int8 weights with
+    ``quantize``. Leaves the torch backbone in eval mode with eager attention."""
     import torch
 
-    tr = _text_transformer(st_model)
-    hf = tr.model
+    from negsynth.embed.hf import cache_dir
+
+    class Backbone(torch.nn.Module):  # positional inputs -> last hidden state, as the exporter calls it
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args):
+            return self.m(**dict(zip(names, args))).last_hidden_state
+
+    hf = _text_transformer(st_model).model
     names = [n for n in _INPUTS if n in st_model.preprocess(["a"])]
-    folder = Path(cache_dir) if cache_dir is not None else _cache_root() / _fingerprint(hf)
+    folder = cache_dir() / "onnx" / _fingerprint(hf)
     fp32 = folder / "model.onnx"
     if not fp32.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        # eager attention exports to plain MatMul/Softmax ops every runtime fuses well
-        impl = getattr(hf.config, "_attn_implementation", None)
-        if impl != "eager" and hasattr(hf, "set_attn_implementation"):
+        # eager attention exports to plain MatMul/Softmax ops every runtime fuses well (the torch
+        # backbone is replaced by the exported graph afterwards: its settings need no restoring)
+        if getattr(hf.config, "_attn_implementation", None) != "eager" and hasattr(hf, "set_attn_implementation"):
             hf.set_attn_implementation("eager")
         sample = st_model.preprocess(["a short text", "a somewhat longer text to pad the other one"])
         tmp = folder / f"model.{os.getpid()}.onnx.tmp"
-        was_training = hf.training
-        hf.eval()
-        try:
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the tracer's warnings about shape-dependent branches (dynamic axes cover them)
-                torch.onnx.export(
-                    _Wrapper.make(hf, names),
-                    tuple(sample[n].cpu() for n in names),
-                    str(tmp),
-                    input_names=names,
-                    output_names=["last_hidden_state"],
-                    dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "last_hidden_state"]},
-                    opset_version=17,
-                    dynamo=False,
-                )
-        finally:
-            hf.train(was_training)
-            if impl is not None and impl != "eager" and hasattr(hf, "set_attn_implementation"):
-                hf.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's warnings about shape-dependent branches (dynamic axes cover them)
+            torch.onnx.export(
+                Backbone(hf.eval()),
+                tuple(sample[n].cpu() for n in names),
+                str(tmp),
+                input_names=names,
+                output_names=["last_hidden_state"],
+                dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "last_hidden_state"]},
+                opset_version=17,
+                dynamo=False,
+            )
         os.replace(tmp, fp32)
         log.info("exported %s to %s", type(hf).__name__, fp32)
     if not quantize:
@@ -189,7 +160,7 @@ def _runner(path: Path, backend: str, threads: int):
     return lambda feed: sess.run(None, feed)[0]
 
 
-def available(backend: str) -> bool:
+def _available(backend: str) -> bool:
     try:
         check_backend(backend)
         return True
@@ -202,8 +173,7 @@ def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
     backend used. ``"auto"``: OpenVINO, else ONNX Runtime (whichever is installed) for a plain encoder
     on CPU (the same nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
     if backend == "auto":
-        # OpenVINO was the faster of the two exact fp32 runtimes in every interleaved rep (docs/benchmarks.md)
-        runtime = next((b for b in ("openvino", "onnx") if available(b)), None)
+        runtime = next((b for b in ("openvino", "onnx") if _available(b)), None)  # OpenVINO: the faster exact one
         if str(st_model.device) != "cpu" or runtime is None:
             return "torch"
         try:
@@ -231,12 +201,11 @@ def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
             super().__init__()
             self.config = config
             self.device = torch.device("cpu")
-            self.negsynth_backend = backend
 
         def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **_):
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
             given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-            if given.get("token_type_ids") is None:
-                given["token_type_ids"] = torch.zeros_like(input_ids)
             out = run({n: given[n].cpu().numpy() for n in names})
             return {"last_hidden_state": torch.from_numpy(out)}
 

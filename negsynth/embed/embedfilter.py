@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-# the decoder embedder's logger, as before EmbedFilter had a module of its own
-log = logging.getLogger("negsynth.embed.decoder")
+log = logging.getLogger("negsynth.embed.decoder")  # the decoder embedder's: its log lines say what it does
 
 #: EmbedFilter's Mistral-7B-Instruct-v0.3 runs keep V[128 : 128 + k] instead of the centred window
 #: (seed 004 App. A: "offset the whole indices until l_τ = 128"; code ``start_idx = 128``; SEED_SPEC §6)

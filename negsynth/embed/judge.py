@@ -1,10 +1,7 @@
 """A second opinion on false negatives: a cross-encoder reads (query, text) together.
 
 The embedder's own cosine (``score.fn_ratio``) is what the negatives were chosen by, so it is a
-weak check of itself: a negative that truly answers the query but is worded differently from the
-positive passes it. A cross-encoder sees both texts at once and is the usual rescoring step of
-hard-negative mining (sentence-transformers' ``mine_hard_negatives(cross_encoder=...)``,
-NV-Retriever, RLHN). :class:`CrossEncoderJudge` scores pairs with sentence-transformers'
+weak check of itself. :class:`CrossEncoderJudge` scores pairs with sentence-transformers'
 ``CrossEncoder`` (sigmoid scores in [0, 1] for one-label rerankers); :func:`judged_false_negatives`
 applies the positive-aware rule on those scores.
 

@@ -1,11 +1,9 @@
 """A lexical (BM25) index over a corpus and its fusion with dense scores, for hybrid candidates
 (``corpus.candidates = "hybrid"``: negatives BM25 finds that the embedder alone ranks low).
 
-BM25 ranks above a small dense model on many technical domains, and the two fused by reciprocal
-rank fusion (RRF, Cormack et al. 2009: ``sum 1 / (k + rank)``, ``k = 60``, nothing to tune) rank
-well above either. :func:`rrf` fuses one query's dense and lexical scores over a whole corpus;
-:class:`LexicalIndex` is ``bm25s`` (English stop words, no stemming) over texts read once, its
-index saved to a folder and loaded on the next run.
+:func:`rrf` fuses one query's dense and lexical scores over a whole corpus by reciprocal rank
+fusion (Cormack et al. 2009: ``sum 1 / (k + rank)``, ``k = 60``); :class:`LexicalIndex` is
+``bm25s`` (English stop words, no stemming), its index saved to a folder and loaded on the next run.
 
     index = LexicalIndex.build(texts, cache="runs/x/corpus/_index/bm25")
     fused = rrf(dense_scores, index.scores("a query"))

@@ -100,8 +100,7 @@ def mine_negatives(
     ds = datasets.Dataset.from_dict({"query": rows_q, "positive": rows_p})
     # ``range_max`` unset: the library's own window under a margin (10 x k candidates + the most
     # positives of one query), so a query keeps k negatives exactly where ``mine_hard_negatives``
-    # alone would keep them (the stock recipe's selection; once 4 x the positives, which kept a few
-    # queries whose positive ranks far down: no better on Cranfield-dev, docs/recipe.md)
+    # alone would keep them (the stock recipe's selection)
     extra = max(len(v) for v in known_positives.values()) if known_positives else 1
     range_max = range_max or range_min + 10 * k + extra
     n_corpus = len(set(corpus) | set(rows_p))
@@ -221,6 +220,17 @@ class TextStore:
         return self._blob[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
 
 
+def save_npy(path: Path, vectors: Any) -> None:
+    """Write ``vectors`` to the ``.npy`` file ``path`` under a temporary name first: a killed
+    write leaves no file a rerun would trust."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npy")
+    np.save(tmp, vectors)
+    tmp.replace(path)
+
+
 def encode_order(lengths: Any, model: Any = None) -> Any:
     """The order in which ``SentenceTransformer.encode`` embeds texts of these character
     ``lengths``: longest first (``np.argsort([-len(text) for text in inputs])``, the same sort),
@@ -291,10 +301,7 @@ class CorpusIndex:
                 list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             ).astype(np.float32)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp.npy")
-                np.save(tmp, emb)
-                tmp.replace(path)
+                save_npy(path, emb)
         if emb.shape[0] != len(texts):
             raise ValueError(f"{path}: holds {emb.shape[0]} vectors for {len(texts)} texts; delete it to re-embed")
         self.emb = emb

@@ -180,8 +180,8 @@ class SentenceTransformerEmbedder(Embedder):
 
         m = self.model
         runtime = {}
-        mod = {"openvino": "openvino", "openvino-bf16": "openvino", "onnx": "onnxruntime", "onnx-int8": "onnxruntime"}.get(self.backend)
-        if mod is not None:
+        if self.backend != "torch":
+            mod = "openvino" if self.backend.startswith("openvino") else "onnxruntime"
             runtime[mod] = getattr(__import__(mod), "__version__", "?")
         return {
             "kind": "sentence-transformers",

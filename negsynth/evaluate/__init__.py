@@ -11,8 +11,8 @@ Public API::
 """
 
 from negsynth.data.readers import EvalDataError
+from negsynth.evaluate.own_corpus import paired_test
 from negsynth.evaluate.runner import compare, evaluate, load_report, print_report, render_table, write_report
-from negsynth.evaluate.stats import align, paired_test
 from negsynth.evaluate.suite import TASKS, TaskSpec, UnknownTask, retrieval_task, select_tasks
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "EvalDataError",
     "TaskSpec",
     "UnknownTask",
-    "align",
     "compare",
     "evaluate",
     "load_report",

@@ -1,9 +1,5 @@
-"""What the two evaluation engines share: embedding texts once per run, and reading pair labels.
-
-:func:`encode_texts` is used by negsynth's own evaluator (:mod:`negsynth.evaluate.runner`) and by
-the mteb engine's encoder wrapper (:mod:`negsynth.evaluate.mteb_engine`), so both embed each
-distinct text once and in the same way.
-"""
+"""What the two evaluation engines (:mod:`~negsynth.evaluate.runner`,
+:mod:`~negsynth.evaluate.mteb_engine`) share: embedding texts, and reading STS and pair files."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from negsynth.data.readers import EvalDataError, read_tsv
+from negsynth.data.readers import EvalDataError, parse_floats, read_tsv
 from negsynth.evaluate.suite import TaskSpec
 
 
@@ -33,6 +29,13 @@ def encode_texts(embedder, texts: list[str], instruction: str | None, *, query: 
     if not keys:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     return np.stack([cache[k] for k in keys])
+
+
+def sts_pairs(spec: TaskSpec, path: Path) -> tuple[list[str], list[str], np.ndarray]:
+    """An STS file as (texts 1, texts 2, gold scores)."""
+    c = spec.columns
+    cols = read_tsv(path, (c["text1"], c["text2"], c["score"]))
+    return cols[c["text1"]], cols[c["text2"]], parse_floats(path, c["score"], cols[c["score"]])
 
 
 def pair_labels(spec: TaskSpec, path: Path) -> tuple[list[str], list[str], list[int]]:

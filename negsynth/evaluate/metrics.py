@@ -58,7 +58,7 @@ def retrieval_scores(
 
     Memory is ``query_chunk x len(corpus)`` floats at a time. Only queries with at least one
     relevant (gain > 0) document count, as in BEIR / MTEB. ``per_query``: also return
-    ``"per_query": {query id: nDCG@k}`` (the paired tests of :mod:`negsynth.evaluate.stats` need it;
+    ``"per_query": {query id: nDCG@k}`` (:func:`negsynth.evaluate.paired_test` needs it;
     the mean of these is the ``ndcg@k`` returned).
     """
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.data.readers import EvalDataError, read_beir
 from negsynth.errors import NegsynthError
+from negsynth.evaluate.encode import encode_texts, pair_labels, sts_pairs
 from negsynth.evaluate.suite import TASKS_BY_NAME, TaskSpec
 
 #: negsynth categories whose local files fill the MTEB task of the same name
@@ -53,16 +54,12 @@ def local_dataset(spec: TaskSpec, data_dir: Path) -> Any:
     """The ``task.dataset`` an MTEB task of ``spec``'s category expects, read from ``data_dir``."""
     from datasets import Dataset, DatasetDict
 
+    f = data_dir / spec.files[0]
     if spec.category == "STS":
-        f = data_dir / spec.files[0]
-        c = spec.columns
-        cols = read_tsv(f, (c["text1"], c["text2"], c["score"]))
-        gold = parse_floats(f, c["score"], cols[c["score"]])
-        return DatasetDict(
-            {"test": Dataset.from_dict({"sentence1": cols[c["text1"]], "sentence2": cols[c["text2"]], "score": gold.tolist()})}
-        )
+        t1, t2, gold = sts_pairs(spec, f)
+        return DatasetDict({"test": Dataset.from_dict({"sentence1": t1, "sentence2": t2, "score": gold.tolist()})})
     if spec.category == "Retr":
-        queries, corpus, qrels = read_beir(data_dir / spec.files[0], doc_title=spec.doc_title)
+        queries, corpus, qrels = read_beir(f, doc_title=spec.doc_title)
         split = {
             # documents as negsynth and BEIR read them ("title text"); mteb adds an empty title
             "corpus": Dataset.from_dict({"id": list(corpus), "title": [""] * len(corpus), "text": list(corpus.values())}),
@@ -72,9 +69,6 @@ def local_dataset(spec: TaskSpec, data_dir: Path) -> Any:
         }
         return {"default": {"test": split}}
     if spec.category == "Pair":
-        from negsynth.evaluate.encode import pair_labels
-
-        f = data_dir / spec.files[0]
         t1, t2, y = pair_labels(spec, f)
         return DatasetDict({"test": Dataset.from_dict({"sentence1": t1, "sentence2": t2, "labels": y})})
     raise ValueError(f"{spec.name}: category {spec.category} is not read from local files for mteb")
@@ -116,14 +110,12 @@ class _EmbedderEncoder:
         )
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
-        from negsynth.evaluate.encode import encode_texts
-
         texts = [t for batch in inputs for t in batch["text"]]
         spec = TASKS_BY_NAME.get(task_metadata.name)
         is_doc = prompt_type is not None and getattr(prompt_type, "value", str(prompt_type)) == "document"
         return encode_texts(self.embedder, texts, spec.instruction if spec is not None else None, query=not is_doc)
 
-    def similarity(self, a, b):
+    def similarity(self, a, b):  # both: part of mteb's EncoderProtocol, which it checks
         from sentence_transformers.util import cos_sim
 
         return cos_sim(a, b)
@@ -180,15 +172,10 @@ def evaluate_mteb(
     return results
 
 
-def _size(task) -> int | None:
-    """Pairs (STS) or queries (retrieval) of a locally filled task."""
+def _size(task) -> int:
+    """Pairs (STS, Pair) or queries (retrieval) of a task filled by :func:`local_dataset`."""
     ds = task.dataset
-    if isinstance(ds, dict) and "default" in ds:
-        return len(ds["default"]["test"]["queries"])
-    try:
-        return len(ds["test"])
-    except (KeyError, TypeError):
-        return None
+    return len(ds["default"]["test"]["queries"]) if "default" in ds else len(ds["test"])
 
 
 _TYPE_TO_CATEGORY = {"STS": "STS", "Retrieval": "Retr", "PairClassification": "Pair", "Classification": "Class", "Clustering": "Clust"}

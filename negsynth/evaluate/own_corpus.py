@@ -4,7 +4,7 @@ Each held-out query (written for one document the model never trained on) search
 corpus, as the team's search would; its document is the one relevant answer. Per query and per
 model: nDCG@10 (``1 / log2(rank + 1)`` within the top 10, else 0), recall@10 and recall@100. The
 tuned model against the base on the same queries: the mean difference of nDCG@10 with its paired
-bootstrap 95 % interval and sign-flip p (:func:`negsynth.evaluate.stats.paired_test`), in points.
+bootstrap 95 % interval and sign-flip p (:func:`paired_test`), in points.
 
 The rule (:func:`verdict`): *better* when the interval's lower end is above 0, *worse* when its
 upper end is below 0, else *no measurable change*. Then the general sets, when the suite ran: a
@@ -27,14 +27,92 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.evaluate.stats import paired_test
-
 #: a drop of more than this many points on the general sets' average is a regression
 AVERAGE_DROP = 1.0
 #: ... or of more than this many points on one of their categories (fewer tasks: noisier)
 CATEGORY_DROP = 2.0
 #: the per-query metrics, in the order they are reported; the verdict reads the first
 METRICS = ("ndcg@10", "recall@10", "recall@100")
+
+
+def _as_matrix(x) -> np.ndarray:
+    """``[seeds, queries]`` float64 from a vector (one seed) or a matrix."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 1:
+        raise ValueError(f"per-query scores must be [queries] or [seeds, queries], got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("per-query scores contain NaN or inf")
+    return a
+
+
+def paired_permutation_p(diff: Sequence[float] | np.ndarray, n_resamples: int = 10000, seed: int = 0) -> float:
+    """Two-sided sign-flip permutation p-value of ``mean(diff) != 0`` (``diff``: per-query A - B):
+    ``(1 + #{|mean(flipped)| >= |mean(observed)|}) / (1 + n_resamples)``; identical arms give 1."""
+    d = np.asarray(diff, dtype=np.float64)
+    if d.ndim != 1 or d.size == 0:
+        raise ValueError("diff must be a non-empty vector of per-query differences")
+    obs = abs(d.mean())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))  # ties with the observed statistic count as hits
+    for s in range(0, n_resamples, 1000):  # in blocks: memory is 1000 x n at a time
+        m = min(1000, n_resamples - s)
+        signs = rng.integers(0, 2, size=(m, d.size), dtype=np.int8) * 2 - 1
+        stats = np.abs(signs @ d) / d.size
+        hits += int(np.sum(stats >= obs - tol))
+    return (1 + hits) / (1 + n_resamples)
+
+
+def paired_bootstrap_ci(
+    a, b, n_resamples: int = 10000, seed: int = 0, level: float = 0.95, resample_seeds: bool = True
+) -> tuple[float, float]:
+    """Percentile CI of ``mean(A) - mean(B)`` over queries (per-query scores ``[seeds, queries]``).
+
+    Each resample draws the queries with replacement (the same draw for both arms: paired) and,
+    with ``resample_seeds``, each arm's seeds with replacement (an arm with one seed keeps it)."""
+    a, b = _as_matrix(a), _as_matrix(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"the arms were scored on different numbers of queries ({a.shape[1]} vs {b.shape[1]})")
+    rng = np.random.default_rng(seed)
+    n = a.shape[1]
+    out = np.empty(n_resamples)
+    for i in range(n_resamples):
+        q = rng.integers(0, n, size=n)
+        ra = a[rng.integers(0, a.shape[0], size=a.shape[0])] if resample_seeds and a.shape[0] > 1 else a
+        rb = b[rng.integers(0, b.shape[0], size=b.shape[0])] if resample_seeds and b.shape[0] > 1 else b
+        out[i] = ra[:, q].mean() - rb[:, q].mean()
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(out, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def paired_test(a, b, n_resamples: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
+    """Arm A vs arm B on the same queries: mean difference, its bootstrap CI and the permutation p
+    (deterministic given ``seed``).
+
+    ``a`` / ``b``: per-query scores, ``[queries]`` or ``[seeds, queries]`` (the columns in the same
+    query order for both). Seeds are pooled by averaging each query over them for the difference and
+    the p-value; the CI resamples seeds as well (see :func:`paired_bootstrap_ci`)."""
+    a, b = _as_matrix(a), _as_matrix(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"the arms were scored on different numbers of queries ({a.shape[1]} vs {b.shape[1]})")
+    diff = a.mean(axis=0) - b.mean(axis=0)
+    lo, hi = paired_bootstrap_ci(a, b, n_resamples=n_resamples, seed=seed, level=level)
+    return {
+        "mean_diff": float(diff.mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "level": level,
+        "p_value": paired_permutation_p(diff, n_resamples=n_resamples, seed=seed),
+        "queries": int(a.shape[1]),
+        "seeds_a": int(a.shape[0]),
+        "seeds_b": int(b.shape[0]),
+        "wins": int(np.sum(diff > 0)),
+        "losses": int(np.sum(diff < 0)),
+        "method": "two-sided sign-flip permutation over queries (seed means); percentile bootstrap CI over queries and seeds",
+    }
 
 
 def ranks_of(queries: np.ndarray, documents: np.ndarray, relevant: Sequence[int], chunk: int = 256) -> np.ndarray:
@@ -154,11 +232,10 @@ def corpus_vectors(
             pass
     vecs = np.concatenate([embedder.encode_documents(b) for b in batches()] or [np.zeros((0, embedder.dim), np.float32)])
     if path is not None:
+        from negsynth.embed.mining import save_npy
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, vecs)
-            tmp.replace(path)
+            save_npy(path, vecs)
         except OSError:
             pass  # a cache that cannot be written is skipped
     return vecs

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from negsynth.data.readers import EvalDataError, parse_floats, read_beir, read_tsv
+from negsynth.data.readers import EvalDataError, read_beir, read_tsv
 from negsynth.evaluate import cache as stored
-from negsynth.evaluate.encode import encode_texts, pair_labels
+from negsynth.evaluate.encode import encode_texts, pair_labels, sts_pairs
 from negsynth.evaluate.suite import CATEGORIES, EXTRA_CATEGORIES, TASKS_BY_NAME, TaskSpec, select_tasks
 
 SCHEMA = "negsynth.evaluate/1"
@@ -50,22 +50,18 @@ def _task_file(data_dir: Path | None, f: str) -> Path | None:
     return data_dir / f if data_dir is not None else None
 
 
-def _run_task(
-    embedder, spec: TaskSpec, data_dir: Path, quick: bool, seed: int, cache: dict | None = None, per_query: bool = False
-) -> tuple[dict, int, bool]:
+def _run_task(embedder, spec: TaskSpec, files: list[Path], quick: bool, seed: int, cache: dict, per_query: bool) -> tuple[dict, int, bool]:
+    """One task's metrics, its size (rows, or queries) and whether the quick suite cut it."""
     from negsynth.evaluate import metrics as M
 
     cap = spec.quick if quick else {}
-    files = [_task_file(data_dir, f) for f in spec.files]
     c = spec.columns
     ins = spec.instruction
 
     if spec.category == "STS":
-        cols = read_tsv(files[0], (c["text1"], c["text2"], c["score"]))
-        gold = parse_floats(files[0], c["score"], cols[c["score"]])
+        t1, t2, gold = sts_pairs(spec, files[0])
         idx = _subsample(len(gold), cap.get("rows"), seed)
-        t1 = [cols[c["text1"]][i] for i in idx]
-        t2 = [cols[c["text2"]][i] for i in idx]
+        t1, t2 = [t1[i] for i in idx], [t2[i] for i in idx]
         e = encode_texts(embedder, t1 + t2, ins, query=True, cache=cache)
         return M.sts_scores(e[: len(t1)], e[len(t1) :], gold[idx]), len(idx), len(idx) < len(gold)
 
@@ -130,18 +126,14 @@ def _run_task(
 
 
 def _summarise(tasks: dict[str, dict]) -> tuple[dict, float | None, dict]:
-    cats: dict[str, float] = {}
-    for cat in CATEGORIES:
-        vals = [t["main_score"] for t in tasks.values() if t["category"] == cat]
-        if vals:
-            cats[cat] = float(np.mean(vals))
+    """Mean main score per MTEB category, over all MTEB-category tasks, and per extra category."""
+
+    def means(cats: tuple[str, ...]) -> dict[str, float]:
+        by = {c: [t["main_score"] for t in tasks.values() if t["category"] == c] for c in cats}
+        return {c: float(np.mean(v)) for c, v in by.items() if v}
+
     mteb = [t["main_score"] for t in tasks.values() if t["category"] in CATEGORIES]
-    extra = {}
-    for cat in EXTRA_CATEGORIES:
-        vals = [t["main_score"] for t in tasks.values() if t["category"] == cat]
-        if vals:
-            extra[cat] = float(np.mean(vals))
-    return cats, (float(np.mean(mteb)) if mteb else None), extra
+    return means(CATEGORIES), (float(np.mean(mteb)) if mteb else None), means(EXTRA_CATEGORIES)
 
 
 def evaluate(
@@ -172,7 +164,7 @@ def evaluate(
 
     ``engine = "mteb"``: the MTEB tasks through the mteb library (:mod:`negsynth.evaluate.mteb_engine`).
     ``per_query``: retrieval tasks add ``{query id: nDCG@10}`` (for
-    :func:`negsynth.evaluate.stats.paired_test`). ``results_cache``: a folder where each task scored
+    :func:`negsynth.evaluate.paired_test`). ``results_cache``: a folder where each task scored
     for an embedder with an ``identity()`` is kept and looked up first (:mod:`negsynth.evaluate.cache`).
     """
     hub_names: list[str] = []
@@ -185,20 +177,35 @@ def evaluate(
         from negsynth.resources import default_data_dir
 
         data_dir = default_data_dir()
+    started = time.perf_counter(), time.process_time()
+    results: dict[str, dict] = {}
     by_path = bool(specs) and all(Path(f).is_absolute() for s in specs for f in s.files)  # folder tasks need no data dir
     if (data_dir is None or not Path(data_dir).is_dir()) and not hub_names and not by_path:
-        return _no_data_report(suite, data_dir, name, announce=announce, out=out)
-
-    data_dir = Path(data_dir) if data_dir is not None else None
-    quick = suite == "quick"
-    t_all, c_all = time.perf_counter(), time.process_time()
-    results: dict[str, dict] = {}
-    identity = embedder.identity() if results_cache is not None and hasattr(embedder, "identity") else None
-    if engine == "mteb":
-        specs = _score_through_mteb(embedder, specs, hub_names, data_dir, out=out, progress=progress, results=results)
-    run = _TaskRun(embedder, data_dir, quick, seed, per_query, identity, Path(results_cache) if identity is not None else None)
-    skipped = run.score_all(specs, f"evaluate {name}", progress, results)
-    report = _report(embedder, name, suite, engine, data_dir, seed, (t_all, c_all), results, skipped)
+        where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
+        reason = (
+            f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
+            "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data), "
+            "or, online, pip install 'negsynth[eval]' and use --engine mteb --tasks STSBenchmark,SciFact (MTEB's own copies)"
+        )
+        if announce:
+            print(reason, file=sys.stderr)
+        report = _report(embedder, name, suite, engine, None, seed, started, results, {}, [reason])
+    else:
+        data_dir = Path(data_dir) if data_dir is not None else None
+        identity = embedder.identity() if results_cache is not None and hasattr(embedder, "identity") else None
+        if engine == "mteb":
+            specs = _score_through_mteb(embedder, specs, hub_names, data_dir, out=out, progress=progress, results=results)
+        cache = Path(results_cache) if identity is not None else None
+        run = _TaskRun(embedder, data_dir, suite == "quick", seed, per_query, identity, cache)
+        skipped = run.score_all(specs, f"evaluate {name}", progress, results)
+        notes = []
+        if engine == "mteb":
+            notes.append(
+                "engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator"
+            )
+        if suite == "quick":
+            notes.append(f"quick suite: subsampled (seed {seed}); compare only with quick reports")
+        report = _report(embedder, name, suite, engine, data_dir, seed, started, results, skipped, notes)
     if out is not None:
         write_report(report, out)
     return report
@@ -214,24 +221,18 @@ def _report(
     started: tuple[float, float],
     results: dict[str, dict],
     skipped: dict[str, str],
+    notes: list[str],
 ) -> dict[str, Any]:
     """The report (module docstring) of the scored ``results``: category means, the average, the
-    notes a reader needs to compare it, and the wall and CPU time since ``started``."""
+    ``notes`` a reader needs to compare it, and the wall and CPU time since ``started``."""
     cats, avg, extra = _summarise(results)
-    notes = []
-    if engine == "mteb":
-        notes.append(
-            "engine mteb: the MTEB tasks are scored by the mteb library on their full test splits; the others by negsynth's evaluator"
-        )
-    if suite == "quick":
-        notes.append(f"quick suite: subsampled (seed {seed}); compare only with quick reports")
     return {
         "schema": SCHEMA,
         "embedder": name,
         "backend": getattr(embedder, "backend", None),
         "suite": suite,
         "engine": engine,
-        "data_dir": str(data_dir),
+        "data_dir": None if data_dir is None else str(data_dir),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started[0], 2),
         "cpu_seconds": round(time.process_time() - started[1], 2),
@@ -244,36 +245,6 @@ def _report(
         "skipped": skipped,
         "notes": notes,
     }
-
-
-def _no_data_report(suite: str, data_dir: str | Path | None, name: str, *, announce: bool, out: str | Path | None) -> dict[str, Any]:
-    """The empty report of a run with no evaluation data to read: its one line says where to get
-    some (printed unless the caller says it itself; the evaluate command fails with it)."""
-    where = f"no evaluation data at {data_dir}" if data_dir is not None else "no evaluation data found"
-    reason = (
-        f"evaluate: {where}; to see base vs trained, point NEGSYNTH_DATA_DIR (or evaluate.data_dir / --data-dir) "
-        "at a folder of STS/BEIR/TSV sets laid out as in docs/evaluate.md (e.g. the project's shared/data), "
-        "or, online, pip install 'negsynth[eval]' and use --engine mteb --tasks STSBenchmark,SciFact (MTEB's own copies)"
-    )
-    if announce:
-        print(reason, file=sys.stderr)
-    rep = {
-        "schema": SCHEMA,
-        "embedder": name,
-        "suite": suite,
-        "data_dir": None,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds": 0.0,
-        "tasks": {},
-        "categories": {},
-        "average": None,
-        "extra": {},
-        "skipped": {},
-        "notes": [reason],
-    }
-    if out is not None:
-        write_report(rep, out)
-    return rep
 
 
 def _score_through_mteb(
@@ -311,39 +282,30 @@ class _TaskRun:
         bar_cm = progress(title, len(specs), status="") if callable(progress) else contextlib.nullcontext(_NoBar(bool(progress)))
         with bar_cm as bar:
             for i, spec in enumerate(specs, 1):
-                head = f"[{i}/{len(specs)}] {spec.name}"
-                missing = [f for f in spec.files if _task_file(self.data_dir, f) is None or not _task_file(self.data_dir, f).exists()]
+                files = [_task_file(self.data_dir, f) for f in spec.files]
+                missing = [f for f, p in zip(spec.files, files, strict=True) if p is None or not p.exists()]
                 if missing:
                     skipped[spec.name] = f"missing {', '.join(missing)} under {self.data_dir}"
-                    bar.print(f"{head}: skipped ({skipped[spec.name]})")
-                    bar.update(advance=1, status="")
-                    continue
-                key = self._cache_key(spec)
-                hit = stored.load(self.results_cache, key) if key is not None else None
-                if hit is not None:
-                    results[spec.name] = hit
-                    bar.print(f"{head} ({spec.category}) {spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)")
-                    bar.update(advance=1, status="")
-                    continue
-                bar.update(status=f"{spec.name} ({spec.category})")
-                results[spec.name], line = self._score(spec)
-                if key is not None:
-                    stored.store(self.results_cache, key, results[spec.name])
-                bar.print(f"{head} ({spec.category}) {line}")
+                    line = f": skipped ({skipped[spec.name]})"
+                else:
+                    bar.update(status=f"{spec.name} ({spec.category})")
+                    line = f" ({spec.category}) " + self._score(spec, files, results)
+                bar.print(f"[{i}/{len(specs)}] {spec.name}{line}")
                 bar.update(advance=1, status="")
         return skipped
 
-    def _cache_key(self, spec: TaskSpec) -> str | None:
-        """The task's key in the results cache (its embedder, files and settings); None without one."""
-        if self.identity is None:
-            return None
-        files = [_task_file(self.data_dir, f) for f in spec.files]
-        return stored.task_key(self.identity, spec, files, quick=self.quick, seed=self.seed, per_query=self.per_query)
-
-    def _score(self, spec: TaskSpec) -> tuple[dict, str]:
-        """Run one task: its result entry for the report and its progress line (score, size, time)."""
+    def _score(self, spec: TaskSpec, files: list[Path], results: dict[str, dict]) -> str:
+        """Put one task's result entry for the report into ``results`` (from the results cache when
+        it holds one) and return its progress line (score, size, time)."""
+        key = None
+        if self.identity is not None:
+            key = stored.task_key(self.identity, spec, files, quick=self.quick, seed=self.seed, per_query=self.per_query)
+            hit = stored.load(self.results_cache, key)
+            if hit is not None:
+                results[spec.name] = hit
+                return f"{spec.main_metric}={100 * hit['main_score']:.2f} n={hit['n']} (cached)"
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics, n, sub = _run_task(self.embedder, spec, self.data_dir, self.quick, self.seed, self.encoded, self.per_query)
+        metrics, n, sub = _run_task(self.embedder, spec, files, self.quick, self.seed, self.encoded, self.per_query)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         pq = metrics.pop("per_query", None)
         entry = {
@@ -361,7 +323,10 @@ class _TaskRun:
         }
         if pq is not None:
             entry["per_query"] = pq
-        return entry, f"{spec.main_metric}={100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"
+        results[spec.name] = entry
+        if key is not None:
+            stored.store(self.results_cache, key, entry)
+        return f"{spec.main_metric}={100 * metrics[spec.main_metric]:.2f} n={n} {dt:.1f}s (cpu {cpu:.1f}s)"
 
 
 class _NoBar:

@@ -6,7 +6,8 @@ over a BEIR corpus), Pair (AP of cosine), Class (logistic-regression accuracy), 
 V-measure), and Triplet (cos(a, p) > cos(a, n); not an MTEB category, kept out of the averages).
 Queries get ``Instruct: {instruction}\nQuery: {text}`` when the embedder's ``instruct_queries`` is
 on; in symmetric tasks every input is a query, retrieval documents never get one. Instructions are
-E5 / LLM2Vec's where they have one for the set, else ours (``instruction_source="ours"``).
+E5 / LLM2Vec's where they have one for the set, else ours (Cranfield, MRPC, TREC, AGNews,
+TRECClustering and :func:`retrieval_task`'s generic one).
 
 Suites: ``full`` runs every default task on all rows; ``quick`` subsamples them (seed 0) to the
 ``quick`` caps, a CPU demo of about a minute whose figures compare only with other quick ones.
@@ -56,7 +57,6 @@ class TaskSpec:
     eval_mode: str = ""  # classification: "train_test" or "cv"
     quick: dict[str, int] = field(default_factory=dict)
     default: bool = True
-    instruction_source: str = "e5"
     note: str = ""
 
     @property
@@ -138,7 +138,6 @@ TASKS: tuple[TaskSpec, ...] = (
         "cranfield",
         "Given a question about aeronautics, retrieve scientific abstracts that answer the question",
         doc_title=False,
-        instruction_source="ours",
         note="graded qrels (gain 1-4); not an MTEB task; title repeated in text so text only",
     ),
     # --- Pair classification (AP of cosine) -----------------------------------------------
@@ -147,7 +146,6 @@ TASKS: tuple[TaskSpec, ...] = (
         "MRPC",
         "mrpc/test.tsv",
         "Retrieve sentences from news articles that are paraphrases of the given sentence",
-        instruction_source="ours",
         note="not an MTEB task",
     ),
     _entailment("SICK-E", "sickr/test_entailment.tsv", note="not an MTEB task"),
@@ -160,7 +158,6 @@ TASKS: tuple[TaskSpec, ...] = (
         "Classify the given question by the type of its expected answer",
         eval_mode="train_test",
         quick={"train": 1000},
-        instruction_source="ours",
         note="coarse labels (6); logistic regression fit on train, accuracy on test",
     ),
     _labelled(
@@ -169,7 +166,6 @@ TASKS: tuple[TaskSpec, ...] = (
         _AG_NEWS,
         "Classify the given news article into its topic",
         eval_mode="cv",
-        instruction_source="ours",
         note="no train split: stratified 5-fold CV (shuffle, seed 0) on the test split, mean accuracy",
     ),
     # --- Clustering (V-measure) --------------------------------------------------------------
@@ -179,7 +175,6 @@ TASKS: tuple[TaskSpec, ...] = (
         "Clust",
         _TREC,
         "Identify the type of answer the given question asks for",
-        instruction_source="ours",
         note="train+test, k = 6 coarse labels",
     ),
     # --- Triplets (accuracy; not in the MTEB average) ---------------------------------------
@@ -255,6 +250,5 @@ def retrieval_task(name: str, folder, *, instruction: str | None = None, doc_tit
         instruction or GENERIC_RETRIEVAL_INSTRUCTION,
         doc_title=doc_title,
         default=False,
-        instruction_source="e5" if instruction else "ours",
         note=note or f"BEIR folder {path}",
     )

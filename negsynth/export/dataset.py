@@ -10,7 +10,7 @@ from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.export.common import PARQUET, content_named, read_json, staged_folder, yaml_front
-from negsynth.export.provenance import describe_provenance, generators, provenance
+from negsynth.export.provenance import describe_provenance, provenance
 
 
 def _size_category(n: int) -> str:
@@ -29,14 +29,6 @@ def _flat_record(rec: dict) -> dict:
     return out
 
 
-def _write_parquet(rows: list[dict], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), str(path))
-
-
 def _score_filters(run_dir: Path) -> dict[str, Any]:
     st = read_json(run_dir / "score" / "stats.json") or {}
     keys = ("embedder", "policy", "fn_ratio", "too_easy_floor", "kept", "rejected", "rejects_by_reason", "negatives_dropped", "reordered")
@@ -45,10 +37,6 @@ def _score_filters(run_dir: Path) -> dict[str, Any]:
     if isinstance(clean, dict):
         out["clean"] = {k: v for k, v in clean.items() if isinstance(v, (int, float, str, bool)) or v is None}
     return out
-
-
-def _md_table(title: str, counts: dict) -> list[str]:
-    return [f"| {title} | rows |", "|---|---:|", *[f"| {k} | {v} |" for k, v in counts.items()], ""]
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -100,7 +88,6 @@ def export_dataset(
     with_shards: bool = False,
     ntuple: int | None = None,
     license: str = "unknown",
-    pretty_name: str | None = None,
     repo_id: str | None = None,
 ) -> dict:
     """Write ``out_dir`` as a dataset repo folder (module docstring). Returns a summary dict."""
@@ -125,9 +112,7 @@ def export_dataset(
         summary: dict[str, Any] = {"dataset": str(out_dir), "configs": {}, "default": default}
         configs = _write_configs(tmp, tables, default, summary["configs"])
         shard_counts = _write_stage_configs(run_dir, tmp, configs, summary["configs"]) if with_shards else {}
-        meta = _card_meta(
-            run_dir, card, configs, default, license=license, pretty_name=pretty_name, nt_stats=nt_stats, shard_counts=shard_counts
-        )
+        meta = _card_meta(run_dir, card, configs, default, license=license, nt_stats=nt_stats, shard_counts=shard_counts)
         (tmp / "README.md").write_text(
             yaml_front(meta) + _dataset_body(meta, card, summary).replace("REPO_ID", repo_id or "REPO_ID"), encoding="utf-8"
         )
@@ -195,6 +180,9 @@ def _write_configs(tmp: Path, tables: dict[str, Any], default: str, counts: dict
 def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: dict[str, int]) -> dict[str, int]:
     """``--with-shards``: each stage's Example records (``generate``, ``regenerate``, ``score``) as
     one more configuration, appended to ``configs``; returns records per stage (``counts`` too)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from negsynth.data.shards import read_stage
     from negsynth.schemas.records import Example
     from negsynth.stages import METHOD
@@ -206,7 +194,8 @@ def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: 
         recs = [_flat_record(r) for r in read_stage(run_dir / st)]
         if not recs:
             continue
-        _write_parquet(recs, tmp / st / PARQUET)
+        (tmp / st).mkdir()
+        pq.write_table(pa.Table.from_pylist(recs), str(tmp / st / PARQUET))
         file = content_named(tmp / st / PARQUET)
         configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{file}"}]})
         shard_counts[st] = len(recs)
@@ -221,14 +210,12 @@ def _card_meta(
     default: str,
     *,
     license: str,
-    pretty_name: str | None,
     nt_stats: dict | None,
     shard_counts: dict[str, int],
 ) -> dict[str, Any]:
     """The dataset card's front matter: what the Hub reads (licence, size, tags, configs) and,
     under ``negsynth``, how the data was made (provenance, schedule, composition, score filters)."""
     build = card.get("build", {}) or {}
-    gens = generators(run_dir)
     prov = provenance(run_dir)
     filters = _score_filters(run_dir)
     n_rows = int(card.get("rows") or 0)
@@ -237,14 +224,14 @@ def _card_meta(
     return {
         "license": license,
         "language": ["en"],
-        "pretty_name": pretty_name or f"negsynth training data ({run_dir.name})",
+        "pretty_name": f"negsynth training data ({run_dir.name})",
         "size_categories": [_size_category(n_rows)],
         "task_categories": ["sentence-similarity", "feature-extraction"],
         "tags": tags,
         "configs": configs,
         "negsynth": {
             "provenance": prov,
-            "generator_models": gens,
+            "generator_models": prov["generator_models"],
             "schedule": build.get("schedule"),
             "levels_by_phase": build.get("levels"),
             "batch_size": build.get("batch_size"),
@@ -332,5 +319,5 @@ def _dataset_body(meta: dict, card: dict, summary: dict) -> str:
     ]
     for key, title in (("per_phase", "phase"), ("per_level", "level"), ("per_task_type", "task_type"), ("per_source", "source")):
         if card.get(key):
-            lines += _md_table(title, card[key])
+            lines += [f"| {title} | rows |", "|---|---:|", *[f"| {k} | {v} |" for k, v in card[key].items()], ""]
     return "\n".join(lines) + "\n"

@@ -15,42 +15,24 @@ from negsynth.export.provenance import describe_provenance, provenance
 
 
 def _eval_table(report: dict | None, baseline: dict | None) -> list[str]:
+    """The evaluation report as the terminal's table (:func:`negsynth.evaluate.runner.table_rows`) in Markdown."""
+    import re
+
+    from negsynth.evaluate.runner import report_notes, table_rows
+
     if not report or not report.get("tasks"):
         return ["No evaluation report in the run (`negsynth evaluate` writes `RUN_DIR/evaluate/report.json`).", ""]
-    pct = lambda x: "-" if x is None else f"{100 * x:.2f}"  # noqa: E731
-    has_b = bool(baseline and baseline.get("tasks"))
-    head = f"| task | category | metric | {'baseline | ' if has_b else ''}this model |{' Δ |' if has_b else ''}"
+    baseline = baseline if baseline and baseline.get("tasks") else None
+    _, header, rows = table_rows(report, baseline)
     lines = [
         f"Offline mini-MTEB (`negsynth evaluate`, suite `{report.get('suite')}`), main score × 100"
-        + (f"; baseline `{baseline.get('model') or baseline.get('embedder')}`." if has_b else "."),
+        + (f"; baseline `{baseline.get('model') or baseline.get('embedder')}`." if baseline else "."),
         "",
-        head,
-        "|---|---|---|" + ("---:|" * (3 if has_b else 1)),
+        "| " + " | ".join(header) + " |",
+        "|---|---|---|" + "---:|" * (len(header) - 3),
     ]
-    bt = (baseline or {}).get("tasks", {})
-    for name, t in sorted(report["tasks"].items(), key=lambda kv: (kv[1].get("category", ""), kv[0])):
-        b = bt.get(name, {}).get("main_score") if has_b else None
-        row = f"| {name} | {t.get('category')} | {t.get('main_metric')} | "
-        if has_b:
-            d = None if b is None else t["main_score"] - b
-            row += f"{pct(b)} | {pct(t['main_score'])} | {'-' if d is None else f'{100 * d:+.2f}'} |"
-        else:
-            row += f"{pct(t['main_score'])} |"
-        lines.append(row)
-    for cat, v in report.get("categories", {}).items():
-        b = (baseline or {}).get("categories", {}).get(cat) if has_b else None
-        lines.append(
-            f"| **{cat} mean** | {cat} | | "
-            + (f"{pct(b)} | {pct(v)} | {'-' if b is None or v is None else f'{100 * (v - b):+.2f}'} |" if has_b else f"{pct(v)} |")
-        )
-    a, b = report.get("average"), (baseline or {}).get("average") if has_b else None
-    lines.append(
-        "| **Average** | | | "
-        + (f"{pct(b)} | **{pct(a)}** | {'-' if a is None or b is None else f'{100 * (a - b):+.2f}'} |" if has_b else f"**{pct(a)}** |")
-    )
-    if has_b and baseline.get("suite") != report.get("suite"):
-        lines.append(f"\nNote: suites differ ({report.get('suite')} vs {baseline.get('suite')}); deltas are not comparable.")
-    return lines + [""]
+    lines += ["| " + " | ".join(re.sub(r"\[/?(bold|green|red|white)\]", "", c) for c in row) + " |" for row in rows if row]
+    return [*lines, "", *report_notes(report, baseline), ""]
 
 
 def _verdict_lines(v: dict | None) -> list[str]:

@@ -9,33 +9,24 @@ from typing import Any
 from negsynth.export.common import examples_stage, read_json, records_by_stage
 
 
-def generators(run_dir: Path) -> dict[str, int]:
-    """Generator model -> examples, from the scored (else generated) records."""
-    from negsynth.data.shards import read_stage
-
-    folder = examples_stage(run_dir)
-    if folder is None:
-        return {}
-    c = Counter((r.get("model") or "unknown") for r in read_stage(folder))
-    return dict(c.most_common())
-
-
 def provenance(run_dir: Path) -> dict[str, Any]:
     """What made the examples, read from the records and the stages' stats: the stage that made
     each (``corpus``: queries written for a user's documents, the document the positive;
     ``regenerate``: a dataset's (query, positive) pairs; ``generate``: everything written by the
     LLM; any other stage of the method that makes examples), where the negatives came from
-    (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and scored, and the
-    corpora or source datasets."""
+    (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and scored, the
+    corpora or source datasets, and examples per record ``model`` (``generator_models``)."""
     folder = examples_stage(run_dir)
     origins: Counter = Counter()
     negatives: Counter = Counter()
     llms: Counter = Counter()
     sources: Counter = Counter()
     miners: Counter = Counter()
+    generators: Counter = Counter()
     for stage, r in records_by_stage(folder) if folder is not None else ():
         meta = r.get("meta") or {}
         model = str(r.get("model") or "")
+        generators[model or "unknown"] += 1
         mined = model.startswith("mined:")
         origins[stage] += 1
         if "query_model" in meta:  # the LLM wrote the query for a document (corpus)
@@ -57,6 +48,7 @@ def provenance(run_dir: Path) -> dict[str, Any]:
         "mining_embedder": dict(miners.most_common()),
         "score_embedder": score.get("embedder"),
         "sources": dict(sources.most_common()),
+        "generator_models": dict(generators.most_common()),
     }
 
 

@@ -43,20 +43,12 @@ def export_run(
         if "model" in parts:
             res["model"] = export_model(run_dir, out / "model", license=license, dataset_repo=push_repo if only is None else None)
     except OSError as e:
-        if e.filename is None or not _under(Path(e.filename), out):
+        if e.filename is None or not Path(e.filename).resolve().is_relative_to(out.resolve()):
             raise
         raise UserError(f"--out {out}: cannot write {e.filename} ({e.strerror or e}); free some space or choose another --out") from None
     if push_repo:
         res["pushed"] = push(out, push_repo, only=only)
     return res
-
-
-def _under(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
 
 
 def check_out(out: Path, parts: list[str]) -> None:

@@ -14,6 +14,7 @@ import negsynth.stages
 from negsynth.data.shards import ShardError, iter_jsonl, repair_hint
 from negsynth.errors import UserError
 from negsynth.schemas.records import Example
+from negsynth.stages.score.stats import level_stats
 
 
 def stage_order() -> tuple[str, ...]:
@@ -133,7 +134,6 @@ def _stats_files(folder: Path) -> list[dict]:
 def _pending(folder: Path) -> Counter:
     """Items of unfinished shards whose requests failed at the transport level: not rejected,
     a rerun retries them (see :data:`negsynth.pipeline.runner.PENDING`)."""
-    from negsynth.data.shards import iter_jsonl
     from negsynth.pipeline.runner import PENDING, rows_of
 
     out: Counter = Counter()
@@ -156,8 +156,7 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
         vc = df.get_column("task_type").drop_nulls().value_counts(sort=True)
         out["task_types"] = {r[0]: int(r[1]) for r in vc.iter_rows()}
     if folder is not None:
-        rej_files = _shards(folder / "rejects")
-        rej_files = [f for f in rej_files if f.stat().st_size > 0]
+        rej_files = [f for f in _shards(folder / "rejects") if f.stat().st_size > 0]
         if rej_files:
             df = collect_shards(scan_shards(rej_files, {"reason": pl.String}).select("reason"), rej_files)
             out["rejected"] = df.height
@@ -180,12 +179,8 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
             wall = [s["wall_time_s"] for s in stats if isinstance(s.get("wall_time_s"), (int, float))]
             if wall:
                 out["wall_time_s"] = round(sum(wall), 3)
-            if name == "score" and stats[0].get("embedder"):
-                out["embedder"] = stats[0]["embedder"]
-            if name == "score" and stats[0].get("judge"):
-                out["judge"] = stats[0]["judge"]  # what the false-negative judge flagged
-            if name == "score" and stats[0].get("clean"):
-                out["clean"] = stats[0]["clean"]  # near-duplicates / contamination dropped by score
+            if name == "score":  # its embedder, what the false-negative judge flagged, what cleaning dropped
+                out.update({k: stats[0][k] for k in ("embedder", "judge", "clean") if stats[0].get(k)})
             if name == "heldout":  # how many documents were set aside, or why none were
                 held = stats[0].get("heldout") or {}
                 out["held_out"] = {
@@ -246,14 +241,6 @@ def select_examples(neg, *, flag: str | None, level: int | None):
     hit = neg.filter(pl.col(flag) & (pl.lit(True) if level is None else pl.col("level") == level))
     keys = hit.select("_file", "_row").unique()
     return neg.join(keys, on=["_file", "_row"], how="semi")
-
-
-def score_stats(neg, *, level: int | None = None) -> dict[str, Any]:
-    """Per-level statistics over the per-negative frame (see :func:`score_frame`): the score
-    stage's own definition, so ``inspect`` and ``score/stats.json`` agree key for key."""
-    from negsynth.stages.score.stats import level_stats
-
-    return level_stats(neg, level=level)
 
 
 # ---------------------------------------------------------------------------- samples
@@ -344,7 +331,7 @@ def inspect_path(
     neg = score_frame(files, task_type=task_type) if files else None
     if neg is not None and neg.height:
         sel = select_examples(neg, flag=flag, level=level)
-        report["score"] = score_stats(sel, level=level)
+        report["score"] = level_stats(sel, level=level)  # score's own definition: inspect and score/stats.json agree
         report["score"]["negatives"] = "mined" if negatives_mined(files) else "llm"
         report["selection"]["matching"] = report["score"]["examples"]
         report["samples"] = pick_samples(sel, sample, seed)
