@@ -15,6 +15,7 @@ from negsynth.pipeline.llm_stage import (
     llm_session,
     summary_rows,
 )
+from negsynth.pipeline.manifest import read_json
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
 from negsynth.pipeline.stage import Stage, Summary
@@ -45,6 +46,7 @@ __all__ = [
     "llm_fingerprint",
     "llm_parts",
     "llm_session",
+    "read_json",
     "run_stage",
     "run_stages",
     "summary_rows",

@@ -3,10 +3,11 @@ and the run dir's record of them, so that a resumed run answers as its first ser
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from negsynth.pipeline.manifest import read_json
 
 #: the run dir's record of its first embedded servers (engine, threads per server, servers, prompt mode, build)
 SERVER_RECORD = "embedded-server.json"
@@ -15,10 +16,7 @@ ENGINE = "llama-server"
 
 def server_record(run_dir: Path) -> dict:
     """The run dir's :data:`SERVER_RECORD` ({} when there is none or it cannot be read)."""
-    try:
-        rec = json.loads((Path(run_dir) / SERVER_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    rec = read_json(Path(run_dir) / SERVER_RECORD)
     return rec if isinstance(rec, dict) else {}
 
 

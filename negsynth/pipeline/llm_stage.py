@@ -85,15 +85,6 @@ def stage_concurrency(ctx: StageContext, n_items: int) -> int:
     return max(1, n_items) if ctx.mode == "batch" else llm_config(ctx).total_concurrency
 
 
-def cache_error(e: CacheOpenError) -> UserError:
-    """The one line for a request cache that would not open: unreadable, or the disk refused."""
-    if isinstance(e.cause, OSError):
-        return storage_error(e.cause, e.path)
-    return UserError(
-        f"{e.path}: the request cache is unreadable ({e.cause}); move it away (its answers are then requested again) or restore it"
-    )
-
-
 @asynccontextmanager
 async def llm_session(
     ctx: StageContext,
@@ -143,8 +134,12 @@ async def llm_session(
             yield client
     except LLMFatalError as e:
         raise UserError(str(e)) from None
-    except CacheOpenError as e:
-        raise cache_error(e) from None
+    except CacheOpenError as e:  # the disk refused, or the cache is unreadable
+        if isinstance(e.cause, OSError):
+            raise storage_error(e.cause, e.path) from None
+        raise UserError(
+            f"{e.path}: the request cache is unreadable ({e.cause}); move it away (its answers are then requested again) or restore it"
+        ) from None
 
 
 def budget_gate(cfg: LLMConfig, budget: Budget) -> Callable[[ClientStats], str | None]:
@@ -408,13 +403,10 @@ class LLMStage(Stage, LLMTask):
             verdict = self.verdict if self.split == "whole" else None
             return ShardedRunner(ctx, self.name, self.out, concurrency=concurrency, verdict=verdict, **kw)
 
-        async def finished(it: WorkItem) -> Outcome:  # pragma: no cover - every shard is finished
-            raise AssertionError(it)
-
-        if not ctx.overwrite and not runner().has_work(len(items)):
-            return await runner().run(items, finished), None
-        if not self.uses_llm(ctx.cfg):  # the items need no LLM (mined negatives): the same shards, resume and stats, no session
-            self.begin(entry)
+        finished = not ctx.overwrite and not runner().has_work(len(items))
+        if finished or not self.uses_llm(ctx.cfg):  # or items that need no LLM (mined negatives): the same shards, no session
+            if not finished:
+                self.begin(entry)
             return await runner().run(items, lambda it: self.process(None, it)), None
         gate = budget_gate(ctx.cfg.llm, ctx.budget)
         # answers may share the cache's commits over 50 ms (a re-ask flushes first)

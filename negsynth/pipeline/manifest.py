@@ -31,6 +31,14 @@ def versions() -> dict[str, str]:
     return out
 
 
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, or None when it is missing or unreadable (torn, not JSON)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     p = Path(run_dir) / "manifest.json"
     if not p.exists():
@@ -41,10 +49,6 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"{p}: not valid JSON; restore it or start a new --run-dir") from None
 
 
-def stage_has_outputs(stage_dir: Path) -> bool:
-    return stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*"))
-
-
 #: in a stage folder: the entry its outputs are being made from, written before the first of them
 MADE_FROM = "_entry.json"
 #: manifest entry fields that are not part of what the outputs are made from
@@ -53,10 +57,7 @@ _NOT_MADE_FROM = ("updated", "outputs")
 
 def own_record(stage_dir: Path) -> dict[str, Any] | None:
     """The stage folder's own record of what its outputs are made from (:data:`MADE_FROM`), or None."""
-    try:
-        own = json.loads((Path(stage_dir) / MADE_FROM).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    own = read_json(Path(stage_dir) / MADE_FROM)
     return own if isinstance(own, dict) else None
 
 
@@ -79,7 +80,7 @@ def check_manifest(run_dir: Path, stage: str, entry: dict[str, Any], *, overwrit
     recover_swap(run_dir, stage)
     stage_dir = run_dir / stage
     old = made_from(run_dir, stage)
-    if old and stage_has_outputs(stage_dir) and not overwrite:
+    if old and not overwrite and stage_dir.is_dir() and any(stage_dir.glob("shard-*.jsonl*")):
         _refuse_changed(stage_dir, old, entry)
     if not begin:
         return
@@ -205,11 +206,7 @@ def begin_staging(run_dir: Path, stage: str, entry: dict[str, Any]) -> Path:
     """The folder an --overwrite writes to; a staging folder of the same job is resumed."""
     d = staging_dir(run_dir, stage)
     marker = d / "_overwrite.json"
-    try:
-        same = json.loads(marker.read_text(encoding="utf-8")) == entry
-    except (OSError, ValueError):
-        same = False
-    if not same:
+    if read_json(marker) != entry:
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)

@@ -111,8 +111,9 @@ def encode_batches_part(model, part: Part, batch_size: int) -> np.ndarray:
 
 
 class RayEmbedder(Embedder):
-    """An :class:`~negsynth.embed.base.Embedder` whose encoding runs on Ray actors, answering for the
-    embedder it stands for; ``encode*`` cut one call into one contiguous piece per actor."""
+    """The score stage's ``[embedder]`` on Ray actors, answering for the embedder it stands for
+    (its name, dimension, query format): it encodes through :meth:`encode_parts` alone, as
+    :func:`~negsynth.embed.base.encode_parts` calls it."""
 
     def __init__(self, ray, actors: list, info: dict):
         self._ray, self.actors = ray, actors
@@ -129,8 +130,6 @@ class RayEmbedder(Embedder):
     def start(cls, embedder_cfg, *, workers: int, address: str | None = None, embedder: Any = None, raw: bool = False) -> RayEmbedder:
         """``workers`` actors, each loading ``embedder_cfg`` (or a copy of ``embedder``), each with
         one CPU and a share of the cluster's GPUs."""
-        if workers < 1:
-            raise UserError(f"--workers {workers}: must be >= 1")
         ray = connect(address)
         cpus = float(ray.cluster_resources().get("CPU", 0))
         if cpus < workers:  # the actors beyond it would wait for a CPU forever
@@ -251,28 +250,8 @@ class RayEmbedder(Embedder):
                 yield done.pop(nxt)
                 nxt += 1
 
-    def _spread(self, how: str, texts: list[str], instructions, batch_size: int | None) -> np.ndarray:
-        n = min(len(self.actors), len(texts))
-        if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        cuts = np.linspace(0, len(texts), n + 1).astype(int)
-        parts = [(how, texts[a:b], None if instructions is None else instructions[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-        got = list(self.encode_parts(parts, batch_size=batch_size or 64))
-        return np.concatenate(got).astype(np.float32, copy=False)
-
-    def encode(self, texts: Sequence[str], *, batch_size: int | None = None, show_progress: bool = False) -> np.ndarray:
-        return self._spread("encode", list(texts), None, batch_size)
-
-    def encode_queries(self, texts: Sequence[str], instruction=None, **kw) -> np.ndarray:
-        texts = list(texts)
-        instr = [instruction] * len(texts) if instruction is None or isinstance(instruction, str) else list(instruction)
-        return self._spread("queries", texts, instr, kw.get("batch_size"))
-
-    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
-        return self._spread("documents", list(texts), None, kw.get("batch_size"))
-
-    def _encode(self, texts, *, batch_size, show_progress):  # encode is overridden: never called
-        raise NotImplementedError
+    def _encode(self, texts, *, batch_size, show_progress):
+        raise NotImplementedError("RayEmbedder encodes through encode_parts (negsynth.embed.base.encode_parts)")
 
 
 def _similarity_function():
@@ -307,10 +286,6 @@ class RaySentenceModel:
         import torch
 
         return torch.device("cpu")
-
-    @property
-    def devices(self) -> list[str]:
-        return self.dealer.devices
 
     def get_embedding_dimension(self) -> int:
         return int(self.dealer.dim)
@@ -398,19 +373,18 @@ class RayEmbedding:
         self.reporter, self.workers, self.address, self.given = reporter, workers, address, given
         self.made: list[RayEmbedder] = []
 
-    def embedder(self, embedder_cfg) -> RayEmbedder:
-        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=self.given)
+    def embedder(self, embedder_cfg, *, raw: bool = False) -> RayEmbedder:
+        """The actors of ``embedder_cfg`` (``raw``: the mining model's, for :meth:`mining_model`)."""
+        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, embedder=None if raw else self.given, raw=raw)
         self.made.append(emb)
-        self.reporter.info(f"embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
+        self.reporter.info(f"{'mining: ' if raw else ''}embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
         return emb
 
     def mining_model(self, embedder_cfg) -> RaySentenceModel:
         from negsynth.embed.mining import check_mining_embedder
 
         check_mining_embedder(embedder_cfg)  # before any actor starts
-        emb = RayEmbedder.start(embedder_cfg, workers=self.workers, address=self.address, raw=True)
-        self.made.append(emb)
-        self.reporter.info(f"mining: embedding on {self.workers} Ray worker(s) ({', '.join(emb.devices)})")
+        emb = self.embedder(embedder_cfg, raw=True)
         return RaySentenceModel(emb, emb.info)
 
     def close(self, nodes: list | None = None) -> None:

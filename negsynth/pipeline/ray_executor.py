@@ -108,7 +108,7 @@ def embeds_in_driver(stage: Stage, cfg: RunConfig) -> bool:
 def around(stage: Stage, ctx: StageContext, *, workers: int, address: str | None) -> Iterator[tuple[StageContext, dict]]:
     """What a stage runs inside under ``--executor ray`` (its embedding on Ray actors, one embedded
     fleet per node); yields its context and what to add to its stats."""
-    if workers < 1:
+    if workers < 1:  # checked here, before any stage runs on Ray (ranks or embedding workers)
         raise UserError(f"--workers {workers}: must be >= 1")
     with contextlib.ExitStack() as stack:
         extra: dict[str, Any] = {}
@@ -147,7 +147,9 @@ def run_ranks(stage: Stage, ctx: StageContext, *, workers: int, address: str | N
         for actor in (ledger, rates):
             if actor is not None:
                 ray.kill(actor)
-    stats = {**merge(parts), "executor": "ray", "workers": workers, **_budget_stats(ctx.budget, used)}
+    stats = {**merge(parts), "executor": "ray", "workers": workers}
+    if used is not None:  # the one budget every rank shared, and what they used of it
+        stats["budget"] = {**ctx.budget.limits(), "scope": SharedBudget.scope, "used": used}
     if embedded:
         stats["embedding_nodes"] = embedded
     staged = staging_dir(ctx.run_dir, stage.name)
@@ -219,13 +221,6 @@ def _wait_for_ranks(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: 
             f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
         ) from None
     return parts, used
-
-
-def _budget_stats(b: Budget, used: dict[str, Any] | None) -> dict:
-    """``budget`` in the stats: the one budget every rank shared and what they used of it."""
-    if used is None:
-        return {}
-    return {"budget": {**b.limits(), "scope": SharedBudget.scope, "used": used}}
 
 
 @contextlib.contextmanager

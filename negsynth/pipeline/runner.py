@@ -92,9 +92,13 @@ def rows_of(kind: str, row: dict) -> list[tuple[str, dict]]:
     return [(kind, row)]
 
 
+def _rejected_with(kind: str, row: dict, prefixes: tuple[str, ...]) -> bool:
+    return kind == "rej" and str(row.get("reason", "")).startswith(prefixes)
+
+
 def failed_with(kind: str, row: dict, prefixes: tuple[str, ...]) -> bool:
     """Whether one of the item's rejects has a reason starting with one of ``prefixes``."""
-    return any(k == "rej" and str(r.get("reason", "")).startswith(prefixes) for k, r in rows_of(kind, row))
+    return any(_rejected_with(k, r, prefixes) for k, r in rows_of(kind, row))
 
 
 @dataclass
@@ -127,31 +131,27 @@ class RunReport:
 
     def count(self, kind: str, row: dict) -> None:
         """Count one item: its row, or a ``MANY`` item's rows and usage (pending: its transport failures only)."""
-        if kind == MANY:
-            if failed_with(kind, row, PENDING):
-                for k, r in rows_of(kind, row):
-                    if k == "rej" and str(r.get("reason", "")).startswith(PENDING):
-                        self._count(k, r)
-                return
-            for k, r in rows_of(kind, row):
+        if kind != MANY:
+            return self._count(kind, row)
+        pending = failed_with(kind, row, PENDING)
+        for k, r in rows_of(kind, row):
+            if not pending or _rejected_with(k, r, PENDING):
                 self._count(k, r, usage=False)
+        if not pending:
             self.usage.update(row.get("usage") or {})
-            return
-        self._count(kind, row)
 
     def _count(self, kind: str, row: dict, *, usage: bool = True) -> None:
-        if kind == "rej" and str(row.get("reason", "")).startswith(PENDING):
+        if _rejected_with(kind, row, PENDING):
             self.pending += 1
             self.pending_reasons[row["reason"]] += 1
             return
         self.items += 1
-        if kind != "ok":
-            self.details.setdefault(row["reason"], str(row.get("detail") or "")[:160])
         if kind == "ok":
             self.valid += 1
         else:
             self.rejected += 1
             self.reasons[row["reason"]] += 1
+            self.details.setdefault(row["reason"], str(row.get("detail") or "")[:160])
         if usage:
             self.usage.update(row.get("usage") or {})
 

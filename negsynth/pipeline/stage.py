@@ -3,7 +3,6 @@ makes around it: inputs, reuse of finished work, the manifest before and after."
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple
@@ -16,6 +15,7 @@ from negsynth.pipeline.manifest import (
     damaged_outputs,
     describe_outputs,
     own_record,
+    read_json,
     read_manifest,
     record_manifest,
     swap_in,
@@ -107,15 +107,11 @@ def entry_of(made: str | dict[str, Any] | None) -> dict[str, Any] | None:
     return {"shard_size": None, "num_shards": 1, **(made if isinstance(made, dict) else {"config_hash": made})}
 
 
-def has_outputs(folder: Path) -> bool:
-    """Whether a stage folder holds outputs a later stage can read (not whether it is done)."""
-    return bool(list_shards(folder)) or (folder / "stats.json").is_file()
-
-
 def check_inputs(stage: Stage, ctx: StageContext) -> None:
     """One line naming the missing input and the command that makes it (one of several suffices)."""
     names = stage.inputs(ctx.cfg)
-    missing = [n for n in names if not has_outputs(ctx.run_dir / n)]
+    # outputs a later stage can read (not whether the stage is done): shards, or its stats
+    missing = [n for n in names if not (list_shards(ctx.run_dir / n) or (ctx.run_dir / n / "stats.json").is_file())]
     if len(missing) < len(names) or not names:
         return
     where = " or ".join(str(ctx.run_dir / n) for n in missing)
@@ -130,7 +126,7 @@ def up_to_date(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None) ->
     out = ctx.run_dir / stage.name
     if not any((out / f).exists() for f in stage.done_files):
         return None, ctx
-    stats = _read_stats(out / "stats.json")
+    stats = read_json(out / "stats.json")  # missing or torn: the stage runs and writes it again
     recorded = read_manifest(ctx.run_dir).get("stages", {}).get(stage.name) or {}
     if stats is not None and _finished_as_recorded(out, stage, stats) and same_entry(recorded, entry):
         if not repair_outputs(stage, ctx, recorded.get("outputs")):
@@ -228,13 +224,6 @@ def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
     if expected is None and isinstance(stats.get("inputs"), list):  # score: one output shard per input shard
         expected = len(stats["inputs"])
     return expected is None or len(list_shards(out)) == expected
-
-
-def _read_stats(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # missing or torn: the stage runs and writes it again
 
 
 def unfinished(stats: dict) -> bool:

@@ -88,14 +88,6 @@ class StageEstimate:
         self.prefix_tokens_max += n * attempts * prefix
 
 
-def worked_answer_tokens(msgs: list[dict[str, str]], tc: TokenCounter, fallback: int) -> int:
-    """The tokens of the worked example's answer (the last assistant turn)."""
-    for m in reversed(msgs):
-        if m["role"] == "assistant":
-            return tc.text(m["content"])
-    return fallback
-
-
 class Tally:
     """One stage's estimate in the making: :meth:`request` per request, :meth:`note` for what it rests on."""
 
@@ -123,8 +115,8 @@ class Tally:
     def request(self, msgs: list[dict[str, str]], *, answer_tokens: int | None = None, n: int = 1, items: int = 1) -> None:
         """``n`` requests of ``msgs`` for ``items`` work items; the answer as long as the worked example's
         unless ``answer_tokens`` says."""
-        if answer_tokens is None:
-            answer_tokens = worked_answer_tokens(msgs, self.tc, self.fallback)
+        if answer_tokens is None:  # the worked example's answer: the last assistant turn
+            answer_tokens = next((self.tc.text(m["content"]) for m in reversed(msgs) if m["role"] == "assistant"), self.fallback)
         self.est.items += items
         self.est.add(msgs, answer_tokens, self.tc, self.attempts, self.max_tokens, self.reask_tokens, n=n)
 

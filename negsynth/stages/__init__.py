@@ -77,15 +77,8 @@ def get(name: str) -> Stage:
 def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, stages: list[str] | None = None, **options: Any) -> dict[str, dict]:
     """Run ``stages`` (default ``cfg.pipeline.stages``) in order; returns each stage's stats. The
     ``options`` are :func:`~negsynth.pipeline.run_stages`'s: ``reporter``, ``overwrite``, ``budget``
-    (one for the whole run), ``executor``, ``verify``.
-
-    ``executor`` (:mod:`negsynth.pipeline.executor`, chosen once: ``negsynth run --executor``)
-    decides where each stage runs; by default this process. ``RayExecutor(workers)`` runs the
-    whole pipeline on Ray: each stage that splits (``Stage.split``) as that many ranks, Ray
-    tasks whose stats are summed here, with the run's one embedded server, one budget and the run
-    dir this process holds; a stage whose heavy work is embedding (score; regenerate with
-    ``negatives = "mined"``; corpus with its index) here with that encoding on that many Ray
-    workers; every other stage in this process.
+    (one for the whole run), ``executor`` (default this process; ``RayExecutor(workers)``: each
+    stage that splits as Ray ranks, each that embeds with its encoding on Ray workers), ``verify``.
 
     >>> from negsynth.stages import run_pipeline
     >>> run_pipeline(negsynth.load_config("demo.toml"), "runs/demo")          # doctest: +SKIP
@@ -95,11 +88,8 @@ def run_pipeline(cfg: RunConfig, run_dir: str | Path, *, stages: list[str] | Non
 
 
 async def arun_pipeline(cfg: RunConfig, run_dir: str | Path, **kwargs) -> dict[str, dict]:
-    """:func:`run_pipeline` (same keywords) for async code and notebooks: ``stats = await arun_pipeline(cfg, "runs/x")``.
-
-    The stages run in a worker thread, so the caller's event loop (Jupyter's, a web server's)
-    keeps running meanwhile. (``run_pipeline`` itself also works inside a running loop: it blocks
-    the cell until the run is done.)"""
+    """:func:`run_pipeline` (same keywords) in a worker thread, for async code and notebooks: the
+    caller's event loop keeps running (``stats = await arun_pipeline(cfg, "runs/x")``)."""
     import asyncio
 
     return await asyncio.to_thread(run_pipeline, cfg, run_dir, **kwargs)

@@ -48,11 +48,17 @@ def schema_failure(e: ValidationError) -> ValidationFailure:
     return ValidationFailure("schema", detail)
 
 
-def path_fingerprint(path: str) -> list:
-    """Names and sizes of an input's files, hidden ones left out as the readers leave them out."""
+def path_fingerprint(path: str, *, mtime: bool = False) -> list:
+    """Names and sizes of an input's files, hidden ones left out as the readers leave them out;
+    ``mtime``: with their modification times (a rewritten file of the same size differs)."""
     p = Path(path)
+
+    def stat(fp: Path) -> list:
+        st = fp.stat()
+        return [st.st_size, st.st_mtime_ns] if mtime else [st.st_size]
+
     if p.is_file():
-        return [p.name, p.stat().st_size]
+        return [p.name, *stat(p)]
     if p.is_dir():
         out = []
         for root, _, files in sorted(os.walk(p)):
@@ -60,6 +66,6 @@ def path_fingerprint(path: str) -> list:
                 continue
             for f in sorted(x for x in files if not x.startswith(".")):
                 fp = Path(root) / f
-                out.append([str(fp.relative_to(p)), fp.stat().st_size])
+                out.append([str(fp.relative_to(p)), *stat(fp)])
         return out
     return [path]  # a hub name

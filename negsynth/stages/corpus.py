@@ -20,7 +20,6 @@ import asyncio
 import math
 import random
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from negsynth import pipeline
@@ -28,7 +27,7 @@ from negsynth.data.corpus import CorpusData, read_corpus, sample_indices
 from negsynth.embed.cross_encoder import check_teacher_model, teacher_fields, teacher_scorer
 from negsynth.errors import UserError
 from negsynth.llm.client import LLMClient
-from negsynth.pipeline import Outcome, StageContext, Summary, Tally, WorkItem, config_hash
+from negsynth.pipeline import Outcome, StageContext, Tally, WorkItem, config_hash
 from negsynth.schemas.config import CorpusConfig, HeldoutConfig, RunConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import NUM_NEGATIVES, SYNTHETIC_SOURCE, Example, Reject
@@ -50,7 +49,7 @@ def load_corpora(ctx: StageContext) -> list[CorpusData]:
         {
             "inputs": [s.model_dump(mode="json") for s in cfg.inputs],
             "chunks": [cfg.chunk_tokens, cfg.chunk_overlap],
-            "files": [_stat(s.path) for s in cfg.inputs],
+            "files": [path_fingerprint(s.path, mtime=True) for s in cfg.inputs],
         }
     )
     if _LOADED.get("key") != key:
@@ -66,24 +65,6 @@ def load_corpora(ctx: StageContext) -> list[CorpusData]:
 
 #: the last :func:`load_corpora` read: its key and its corpora
 _LOADED: dict[str, Any] = {}
-
-
-def _stat(path: str) -> list:
-    """Names, sizes and modification times of an input's files: a rewritten file is read again."""
-    import os
-
-    p = Path(path)
-    if p.is_file():
-        st = p.stat()
-        return [str(p), st.st_size, st.st_mtime_ns]
-    if p.is_dir():
-        out: list = [str(p)]
-        for root, _, files in sorted(os.walk(p)):
-            for f in sorted(files):
-                st = (Path(root) / f).stat()
-                out.append([f, st.st_size, st.st_mtime_ns])
-        return out
-    return [path]
 
 
 def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
@@ -102,11 +83,6 @@ def check_size(cfg: CorpusConfig, corpora: list[CorpusData]) -> None:
             f"{c.path}: {c.count} document{'s' if c.count != 1 else ''}{why}; mining {NUM_NEGATIVES} negatives per query needs at least "
             f"{NUM_NEGATIVES + 1} documents in each corpus: add documents, or fix the ids (--ids row)"
         )
-
-
-def style_for(cfg: CorpusConfig, corpus: str, doc_id: str) -> str:
-    """The style of a document's request, drawn with the stage seed (the same on every rerun)."""
-    return cfg.styles[random.Random(f"{cfg.seed}:{corpus}:{doc_id}:style").randrange(len(cfg.styles))]
 
 
 def heldout_config(cfg: RunConfig) -> HeldoutConfig:
@@ -171,7 +147,7 @@ def plan_items(ctx: StageContext, corpora: list[CorpusData]) -> list[WorkItem]:
         start += c.count
         for pos, d in c.documents_at(wanted):
             c.positions[d.id] = pos
-            style = style_for(cfg, c.name, d.id)
+            style = cfg.styles[random.Random(f"{cfg.seed}:{c.name}:{d.id}:style").randrange(len(cfg.styles))]  # the same on every rerun
             for j in range(cfg.queries_per_doc):
                 payload = {"corpus": c.name, "corpus_index": ci, "doc_id": d.id, "query_index": j, "style": style, "document": d.text}
                 if not llm_writes(cfg):  # the no-LLM queries read the title (LLM payloads stay as they were)
@@ -188,12 +164,16 @@ def _failed_in_transit(fut: asyncio.Future) -> bool:
     return fut.result().value is None and str(fut.result().reason or "").startswith("transport_")
 
 
-def _tokenizer_of(ctx: StageContext):
-    from transformers import AutoTokenizer
+def embedder_tokenizer(cfg: RunConfig):
+    """The ``[embedder]``'s tokenizer, which cuts the prompts' documents; None (cut by words) when none loads."""
+    try:
+        from transformers import AutoTokenizer
 
-    from negsynth.embed.models import resolve_model
+        from negsynth.embed.models import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(ctx.cfg.embedder.model).path)
+        return AutoTokenizer.from_pretrained(resolve_model(cfg.embedder.model).path)
+    except Exception:
+        return None
 
 
 async def search_and_judge(
@@ -248,11 +228,8 @@ async def search_and_judge(
 # -- the stage ------------------------------------------------------------------------------
 class Corpus(pipeline.LLMStage):
     """Queries the LLM writes for a user's documents (or taken from them), with mined negatives.
-
-    An item is one query of a document; the document's one request (its ``messages``,
-    ``schema`` and ``parse``) is asked once, when its first item needs it, and its answer is
-    shared by the document's items (:meth:`answer`). The embedder, the tokenizer and the indexes
-    of one run are the bound stage's (:meth:`prepare_index`)."""
+    An item is one query; a document's one request is asked when its first item needs it and its
+    answer shared by the document's items (:meth:`answer`)."""
 
     name = NAME
     summary = "queries written for a user's documents, with negatives"
@@ -389,9 +366,8 @@ class Corpus(pipeline.LLMStage):
     # the run's embedder, tokenizer and indexes
     def prepare_index(self) -> None:
         """Load the embedder and build (or load) the index of every corpus with a sampled document
-        before the first request. The build holds the event loop (for as long as the corpus takes
-        to embed): with requests in flight, their answers waited unread, timed out and were paid
-        again, and a kill meanwhile lost the ones not yet committed to the cache."""
+        before the first request: the build holds the event loop, and answers in flight meanwhile
+        would time out unread and be paid again."""
         if self.prepared:
             return
         self.prepared = True
@@ -410,12 +386,9 @@ class Corpus(pipeline.LLMStage):
 
     def tokenizer(self):
         if self.tokens is False:
-            try:
-                # the model's own; --executor ray's stand-in holds none: the same one, loaded here
-                own = getattr(self.mining_model(), "tokenizer", None)
-                self.tokens = own if own is not None else _tokenizer_of(self.ctx)
-            except Exception:  # no embedder installed: cut by words
-                self.tokens = None
+            # the model's own; --executor ray's stand-in holds none: the same one, loaded here
+            own = getattr(self.mining_model(), "tokenizer", None)
+            self.tokens = own if own is not None else embedder_tokenizer(self.ctx.cfg)
         return self.tokens
 
     def index(self, ci: int):
@@ -477,8 +450,7 @@ class Corpus(pipeline.LLMStage):
                 tally.request(build_messages(p, cfg, cut_tokens(p["document"], None, cfg.doc_tokens)), items=0)
         tally.note("one request per sampled document (corpus.max_docs), the document cut to corpus.doc_tokens words")
 
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    report = staticmethod(report)
 
 
 STAGE = Corpus()

@@ -55,13 +55,9 @@ def _stock_rows(example: dict, candidates: str) -> bool:
 
 def resolve_schedule(cc, examples: list[dict], candidates: str = "dense") -> str:
     """``curriculum.schedule``, with ``auto`` resolved: ``stock`` when the stock recipe's rows can
-    be made of every example (:func:`_stock_rows`: labelled pairs with the 4 hardest mined negatives,
-    ``regenerate.negatives = "mined"``, and the corpus stage's queries): the stock recipe's rows and
-    training, which led negsynth's tuple path on SciFact-dev and Cranfield-dev with labels
-    (docs/recipe.md) and tied or led it without (Cranfield, a held-out domain: docs/corpus.md);
-    ``tuple`` (every row carries its 4 hardest negatives) for other mined negatives
-    (``curriculum.negatives = "mined"``, hybrid candidates, a teacher's); else ``curriculum``, the
-    method's order for LLM-graded negatives. ``candidates``: ``corpus.candidates``."""
+    be made of every example (:func:`_stock_rows`; why: docs/recipe.md), ``tuple`` (every row
+    carries its 4 hardest negatives) for other mined negatives, else ``curriculum``, the method's
+    order for LLM-graded negatives. ``candidates``: ``corpus.candidates``."""
     if cc.schedule != "auto":
         return cc.schedule
     models = [str(e.get("model") or "") for e in examples]
@@ -267,11 +263,8 @@ class Curriculum(Stage):
             }
         return config_hash(parts)
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    run = staticmethod(run)
+    report = staticmethod(report)
 
 
 STAGE = Curriculum()

@@ -19,13 +19,12 @@ held-out queries alone, the verdict alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from negsynth.data.shards import atomic_write_json
 from negsynth.embed import embedder_for
 from negsynth.errors import UserError
-from negsynth.pipeline import Stage, StageContext, Summary
+from negsynth.pipeline import Stage, StageContext, Summary, read_json
 from negsynth.schemas.config import EvaluateConfig
 from negsynth.stages.common import path_fingerprint
 from negsynth.stages.corpus_queries import STYLES
@@ -143,7 +142,7 @@ def held_out_ranks(ctx: StageContext, model: str, baseline: str | None) -> tuple
     from negsynth.evaluate.own_corpus import corpus_vectors, own_corpus, ranks_of
 
     folder = ctx.run_dir / "heldout"
-    stats = _read_json(folder / "stats.json")
+    stats = read_json(folder / "stats.json")
     if stats is None:
         return None, None
     if stats.get("skipped"):
@@ -225,13 +224,6 @@ def held_out_corpus(held: dict, queries: list[dict]) -> tuple[list | str, list[i
     return corpora, [where[(q["corpus"], q["doc_id"])] for q in queries]
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def report(stats: dict) -> list[Summary]:
     """The table of tasks, category means and average (with the baseline and the deltas), read
     back from the reports the stage wrote; skipped tasks and notes below it."""
@@ -264,11 +256,8 @@ class Evaluate(Stage):
     config = EvaluateConfig
     relaunch = "always"
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    run = staticmethod(run)
+    report = staticmethod(report)
 
 
 STAGE = Evaluate()

@@ -26,7 +26,7 @@ from negsynth.schemas.config import CorpusConfig, HeldoutConfig
 from negsynth.schemas.outputs import queries_schema
 from negsynth.schemas.records import HeldoutQuery
 from negsynth.stages.common import path_fingerprint, short_id
-from negsynth.stages.corpus import heldout_config, heldout_indices, load_corpora
+from negsynth.stages.corpus import embedder_tokenizer, heldout_config, heldout_indices, load_corpora
 from negsynth.stages.corpus_queries import build_messages, cut_tokens, make_validator
 
 NAME = "heldout"
@@ -118,16 +118,8 @@ class Heldout(pipeline.LLMStage):
         return self.cfg.seed  # the LLM's seed moved by heldout.seed: another draw than the corpus stage's
 
     def tokenizer(self):
-        """The embedder's tokenizer, as the corpus stage cuts its documents (words when none loads)."""
         if self.tokens is False:
-            try:
-                from transformers import AutoTokenizer
-
-                from negsynth.embed.models import resolve_model
-
-                self.tokens = AutoTokenizer.from_pretrained(resolve_model(self.ctx.cfg.embedder.model).path)
-            except Exception:
-                self.tokens = None
+            self.tokens = embedder_tokenizer(self.ctx.cfg)
         return self.tokens
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:

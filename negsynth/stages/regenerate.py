@@ -47,11 +47,6 @@ NOTES = {
 
 
 # -- planning -------------------------------------------------------------------------------
-def pair_key(query: str, positive: str) -> str:
-    """Dedup key: the normalised query and positive."""
-    return text_key(query) + "\x1f" + text_key(positive)
-
-
 def kind_for(spec: SourceSpec, name: str, cfg: RegenerateConfig) -> tuple[SourceKind, bool]:
     """The source's instructions / symmetry / task type after the spec's and run's overrides."""
     kind, known = source_kind(name, cfg.instructions, SourceKind((cfg.default_instruction,)))
@@ -106,7 +101,7 @@ def plan_items(ctx: StageContext, sources: list[tuple[SourceSpec, SourceData]]) 
                     st["skipped"][v.reason] += 1
                     break
             else:
-                key = pair_key(p.query, p.positive)
+                key = text_key(p.query) + "\x1f" + text_key(p.positive)  # dedup: the normalised pair
                 if cfg.dedup and key in seen:
                     st["duplicates"] += 1
                     continue
@@ -290,7 +285,7 @@ def pair_example(it: WorkItem, negatives: list[str], model: str, meta: dict[str,
     return Outcome(record=ex.model_dump(mode="json", exclude={"score"}))
 
 
-async def mined_item(_client: None, it: WorkItem, cfg: RegenerateConfig, model: str, teacher: Any = None) -> Outcome:
+async def mined_item(it: WorkItem, cfg: RegenerateConfig, model: str, teacher: Any = None) -> Outcome:
     """An example whose 4 graded negatives are mined ones (``regenerate.negatives = "mined"``).
     ``teacher``: async ``(query, positive, candidates) -> (kept indices, teacher fields)``."""
     p = it.payload
@@ -340,8 +335,7 @@ class Regenerate(pipeline.LLMStage):
         if cfg.mine or cfg.negatives == "mined":
             parts["embedder"] = ctx.cfg.embedder
         if cfg.negatives == "mined":
-            del parts["prompts"]
-            del parts["llm"]
+            del parts["prompts"], parts["llm"]
         return pipeline.item_entry(ctx, config_hash(parts), mine=cfg.mine)
 
     def check(self) -> None:
@@ -376,7 +370,7 @@ class Regenerate(pipeline.LLMStage):
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         if self.cfg.negatives == "mined":
             teacher = self.teach if self.cfg.teacher != "none" else None
-            return await mined_item(client, item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:top", teacher)
+            return await mined_item(item, self.cfg, f"mined:{self.ctx.cfg.embedder.model}:top", teacher)
         return await super().process(client, item)
 
     async def teach(self, query: str, positive: str, candidates: list[str]) -> tuple[list[int], dict[str, Any]]:

@@ -22,7 +22,7 @@ import sys
 import time
 
 from negsynth.errors import UserError
-from negsynth.pipeline import Stage, StageContext, Summary, config_hash
+from negsynth.pipeline import Stage, StageContext, Summary, config_hash, read_json
 from negsynth.schemas.train import TrainConfig
 
 NAME = "train"
@@ -101,10 +101,7 @@ def run(ctx: StageContext) -> dict:
 
 def _curriculum_build(ctx: StageContext) -> dict:
     """The curriculum's build statistics (its card), or {} when there is no card."""
-    try:
-        return json.loads((ctx.run_dir / "curriculum" / "card.json").read_text(encoding="utf-8")).get("build") or {}
-    except (OSError, ValueError):
-        return {}
+    return (read_json(ctx.run_dir / "curriculum" / "card.json") or {}).get("build") or {}
 
 
 def _stock_schedule(ctx: StageContext, tc):
@@ -162,10 +159,7 @@ def _resume_point(ctx: StageContext, tc):
     out = ctx.run_dir / NAME
     made_from = {"config_hash": STAGE.made_from(ctx)}
     marker = out / "_made_from.json"
-    try:
-        same = json.loads(marker.read_text(encoding="utf-8")) == made_from
-    except (OSError, ValueError):
-        same = False
+    same = read_json(marker) == made_from
     last = last_checkpoint(out) if same and not ctx.overwrite else None
     if last is not None:
         ctx.reporter.info(f"train: resuming from {last} (an interrupted run of the same config); --overwrite starts afresh")
@@ -231,10 +225,8 @@ class Train(Stage):
         return bool(cfg.train.resume)
 
     def made_from(self, ctx: StageContext) -> str:
-        """The hash of what the model is trained from: the train settings and the curriculum's card.
-        Where it trains (``train.device``) is left out, as ``"auto"`` always left the machine out: a
-        run dir made before that setting existed keeps its trained model (so does one made before
-        ``batch_sampler``, while it holds its default)."""
+        """The hash of what the model is trained from: the train settings (not where it trains) and
+        the curriculum's card; settings at their defaults keep an older run dir's hash."""
         from negsynth.schemas.config import added_at_default
 
         card = ctx.run_dir / "curriculum" / "card.json"
@@ -245,11 +237,8 @@ class Train(Stage):
             settings.pop("batch_sampler")
         return config_hash({"train": settings, "data": card.read_text() if card.exists() else None})
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
+    run = staticmethod(run)
+    report = staticmethod(report)
 
 
 STAGE = Train()

@@ -8,15 +8,11 @@ the interface of :class:`~negsynth.embed.cross_encoder.CrossEncoderJudge` (``nam
 a negative it says answers the query scores 1.0 against a positive of 1.0, so
 :func:`~negsynth.embed.cross_encoder.judged_false_negatives` flags it at any ``judge_ratio``.
 
-Every request goes through the run's LLM session: the request cache (a rerun of score pays for no
-judgement twice), re-asks of invalid answers, transport retries, the budget. An example whose
-judgement fails (invalid after the re-asks, or the transport gave up) is left unjudged: its
-negatives keep the embedder's verdict and it is counted in ``stats.json["judge"]["not_judged"]``.
-
-The ``--max-*`` budget counts every judgement request of the invocation (score opens one LLM
-session per block of examples). Once it is spent the judge sends nothing new, lets the requests in
-flight finish (their answers are cached) and raises :class:`~negsynth.llm.client.BudgetStop`: the
-block is not written, and a rerun judges it again from the cache, paying only for what is missing.
+Every request goes through the run's LLM session (cache, re-asks, retries, budget). An example
+whose judgement fails is left unjudged (the embedder's verdict stands; ``stats.json["judge"]
+["not_judged"]``). A spent ``--max-*`` budget (counted over every block of the invocation) lets
+the requests in flight finish and raises :class:`~negsynth.llm.errors.BudgetStop`: the block is
+not written, and a rerun judges it again from the cache.
 """
 
 from __future__ import annotations

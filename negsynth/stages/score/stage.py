@@ -15,7 +15,7 @@ from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_na
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
 from negsynth.llm.errors import BudgetStop, OutageStop
-from negsynth.pipeline import Stage, StageContext, Summary, Tally
+from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE, Example
 from negsynth.stages.score.embedding import embed_block
@@ -88,12 +88,6 @@ def run(ctx: StageContext) -> dict:
     return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
 
 
-def count_rows(path: Path) -> int:
-    """The number of records in a JSONL shard (its non-blank lines), without parsing them."""
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
 def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
     """The input shards grouped into consecutive blocks of ~``block_examples`` examples, from
     shard 0 whatever is already scored: a block is the unit of embedding (its texts are sorted
@@ -103,7 +97,8 @@ def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
     cur: list[int] = []
     size = 0
     for k, p in enumerate(paths):
-        n = count_rows(p)
+        with open(p, "rb") as f:  # its records: non-blank lines, not parsed
+            n = sum(1 for line in f if line.strip())
         if cur and size + n > block_examples:
             blocks.append(cur)
             cur, size = [], 0
@@ -180,8 +175,7 @@ def _finish(
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if cfg.judge_model == "llm":  # the --max-* budget applies to the LLM judge's requests
-        b = ctx.budget
-        stats["budget"] = {"max_requests": b.max_requests, "max_tokens": b.max_tokens, "max_cost": b.max_cost, "scope": b.scope}
+        stats["budget"] = ctx.budget.limits()
     return stats
 
 
@@ -470,14 +464,9 @@ class Score(Stage):
         shards = input_shards(ctx)
         return {"config_hash": scores_hash(ctx, shards, ev.fingerprint() if ev.texts else None), "inputs": len(shards)}
 
-    def run(self, ctx: StageContext) -> dict:
-        return run(ctx)
-
-    def report(self, stats: dict) -> list[Summary]:
-        return report(stats)
-
-    def estimate(self, ctx: StageContext, tally: Tally) -> None:
-        estimate(ctx, tally)
+    run = staticmethod(run)
+    report = staticmethod(report)
+    estimate = staticmethod(estimate)
 
 
 STAGE = Score()
