@@ -28,7 +28,6 @@ ns-pipeline-tuple      the default before ``stock``: the ``tuple`` builder (seed
                        batches, the order-keeping sampler, GradCache on CPU) and its wider window
 ns-pipeline-neardedup  ``score.dedup_labelled = "near"``: a dataset's near-identical pairs dropped too
 ns-pipeline-wide       ``regenerate.mining.range_max = 340`` instead of the library's ~44-60 candidates
-ns-pipeline-noeasy     ``score.easy_margin = 0.1``: queries the base model already solves dropped
 ns-pipeline-gc8        ``train.mini_batch_size = 8`` (GradCache: the same loss in 8-row chunks)
 ns-pipeline-b12        12 rows a batch (fewer than the stock sampler leaves on multi-positive queries)
 ns-pipeline-llm        LLM-graded negatives (``regenerate.negatives = "llm"``, the ``--llm-*`` options:
@@ -89,7 +88,6 @@ PIPELINE_ARMS = {
     "ns-pipeline-tuple": '[curriculum]\nschedule = "tuple"\n[regenerate.mining]\nrange_max = {tuple_range_max}\n',
     "ns-pipeline-neardedup": '[score]\ndedup_labelled = "near"\n',
     "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
-    "ns-pipeline-noeasy": "[score]\neasy_margin = 0.1\n",
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",
     LLM_ARM: '[regenerate]\nnegatives = "llm"\nmax_doc_chars = 400\nprompt_positive_chars = 1200\n[curriculum]\nschedule = "curriculum"\n',

@@ -19,8 +19,8 @@ def test_repetitions_rotate_the_arms_and_note_the_load():
 def test_run_files_layer_key_by_key():
     harness = load_benchmark("harness")
     base = {"train": {"batch_size": 32, "lr": 2e-5}, "corpus": {"inputs": [{"path": "a"}]}}
-    got = harness.layered(base, {"train": {"batch_size": 12}, "score": {"easy_margin": 0.1}})
-    assert got == {"train": {"batch_size": 12, "lr": 2e-5}, "corpus": {"inputs": [{"path": "a"}]}, "score": {"easy_margin": 0.1}}
+    got = harness.layered(base, {"train": {"batch_size": 12}, "score": {"dedup": False}})
+    assert got == {"train": {"batch_size": 12, "lr": 2e-5}, "corpus": {"inputs": [{"path": "a"}]}, "score": {"dedup": False}}
     assert base["train"]["batch_size"] == 32  # the protocol itself is left as it was
 
 

@@ -74,7 +74,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline": set(),
                 "ns-pipeline-neardedup": {"score"},
                 "ns-pipeline-wide": {"regenerate"},
-                "ns-pipeline-noeasy": {"score"},
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-b12": {"train"},
                 "ns-pipeline-reordered": {"curriculum", "train"},
@@ -82,7 +81,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
                 "ns-pipeline-llm": {"regenerate", "curriculum", "llm"},
             }[arm]
         ), (arm, changed)
-    assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and base.score.easy_margin is None
     gc8 = cfgs["ns-pipeline-gc8"].train  # its one line joins the protocol's [train] table
     assert gc8.mini_batch_size == 8 and base.train.mini_batch_size == "auto"
     assert gc8.model_copy(update={"mini_batch_size": "auto"}) == base.train
@@ -205,7 +203,7 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
         res("st-mined-4", 1, **same),
         res("ns-pipeline", 0, **same),
         res("ns-pipeline", 1, **same),
-        res("ns-pipeline-noeasy", 0, 0.05, test=False),
+        res("ns-pipeline-gc8", 0, 0.05, test=False),
     ]
     args = argparse.Namespace(
         dev_name="dom-dev",
@@ -222,18 +220,18 @@ def test_headline_is_a_paired_per_query_test_against_the_stock_recipe(capsys):
     harness = load_benchmark("harness")
     tie = harness.paired(results, "ns-pipeline", mod.STOCK_ARM, "dom-test", 2000)
     assert tie["seeds_a"] == tie["seeds_b"] == 2 and tie["queries"] == 150 and tie["p_value"] == 1.0 and tie["mean_diff"] == 0.0
-    lead = harness.paired(results, "ns-pipeline-noeasy", mod.STOCK_ARM, "dom-dev", 2000)
+    lead = harness.paired(results, "ns-pipeline-gc8", mod.STOCK_ARM, "dom-dev", 2000)
     assert lead["p_value"] < 0.01 and 0.04 < lead["mean_diff"] < 0.06
-    assert harness.paired(results, "ns-pipeline-noeasy", mod.STOCK_ARM, "dom-test", 2000) is None  # never evaluated on test
+    assert harness.paired(results, "ns-pipeline-gc8", mod.STOCK_ARM, "dom-test", 2000) is None  # never evaluated on test
     # the dev choice, and who is reported on test: base, the stock recipe, the default and the dev choice
-    assert mod.choose_on_dev(results, args) == "ns-pipeline-noeasy"
-    assert mod.report_arms(results, args) == ["base", "st-mined-4", "ns-pipeline", "ns-pipeline-noeasy"]
+    assert mod.choose_on_dev(results, args) == "ns-pipeline-gc8"
+    assert mod.report_arms(results, args) == ["base", "st-mined-4", "ns-pipeline", "ns-pipeline-gc8"]
     tied = [dict(r, scores={"dom-dev": 0.5}) for r in results]  # a tie keeps the default, whatever the order of the results
     assert mod.choose_on_dev(tied, args) == mod.choose_on_dev(tied[::-1], args) == "ns-pipeline"
     mod.print_table(results, args)
     out = capsys.readouterr().out
-    assert "Per query against st-mined-4" in out and "chosen on dom-dev: ns-pipeline-noeasy" in out
-    row = next(line for line in out.splitlines() if line.startswith("| ns-pipeline-noeasy |") and "[" in line)
+    assert "Per query against st-mined-4" in out and "chosen on dom-dev: ns-pipeline-gc8" in out
+    row = next(line for line in out.splitlines() if line.startswith("| ns-pipeline-gc8 |") and "[" in line)
     assert row.rstrip().endswith("| - |")  # no test figure for an arm the protocol did not report
 
 
@@ -276,12 +274,12 @@ def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tm
     args = mod.build_parser().parse_args(["--steps", "17"])
     args.split_from = "cranfield"
     cfgs = {}
-    for arm in ("ns-pipeline", "ns-pipeline-noeasy", "ns-pipeline-wide", "ns-pipeline-gc8"):
+    for arm in ("ns-pipeline", "ns-pipeline-neardedup", "ns-pipeline-wide", "ns-pipeline-gc8"):
         cfgs[arm] = _run_file(tmp_path, arm, mod.pipeline_toml(tmp_path / "data", args, 0, mod.PIPELINE_ARMS[arm]))
     for arm, cfg in cfgs.items():
         sets = cfg.score.decontam_sets
         assert isinstance(sets, list) and "cranfield" not in sets and {"scifact", "stsb"} <= set(sets), (arm, sets)
-    assert cfgs["ns-pipeline-noeasy"].score.easy_margin == 0.1 and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
+    assert cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near" and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     assert cfgs["ns-pipeline-gc8"].train.mini_batch_size == 8
     del args.split_from
     assert _run_file(tmp_path, "plain", mod.pipeline_toml(tmp_path / "data", args, 0)).score.decontam_sets == "auto"

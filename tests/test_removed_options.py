@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from negsynth.cli import app
-from negsynth.schemas.config import CorpusConfig, CurriculumConfig, EmbedderConfig, MiningConfig, RegenerateConfig
+from negsynth.schemas.config import CorpusConfig, CurriculumConfig, EmbedderConfig, MiningConfig, RegenerateConfig, ScoreConfig
 from negsynth.schemas.config_io import config_hash
 
 # (section, key, value as TOML, what the line names as removed, what it says to use instead)
@@ -45,6 +45,7 @@ REMOVED = [
     ("embedder", "backend", '"onnx-int8"', "backend = 'onnx-int8'", 'use "openvino"'),
     ("embedder", "reba_variant", '"code"', "reba_variant", "ReBA pools the paper's e_n"),
     ("generate", "worked_examples", '"fixed"', "worked_examples", 'the old default, "rotate"'),
+    ("score", "easy_margin", "0.1", "easy_margin", "no example is rejected as too easy"),
 ]
 
 
@@ -74,6 +75,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "regenerate.mining": "docs/recipe.md",
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",
+        "score.easy_margin": "docs/recipe.md",
     }
     doc = doc.get(f"{section}.{key}", doc.get(section, "docs/corpus.md"))
     assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line
@@ -123,6 +125,8 @@ PINNED = [
     (CurriculumConfig(schedule="tuple", epochs=2, instructions="off"), "fda436c5860bd4a1", "691e1969071040f5"),
     (EmbedderConfig(), "0cbb13c00d59742b", "83f4711d562968bc"),
     (EmbedderConfig(kind="decoder", model="m", method="echo"), "700ee96340985f60", "d29cca92c46021fc"),
+    (ScoreConfig(), "f2504d635d7eba62", "236571a81eaf073c"),
+    (ScoreConfig(policy="filter", judge_model="llm", dedup_threshold=None, decontam_sets=[]), "5cda3b569e353835", "221eaa21f377bfd9"),
 ]
 
 
@@ -140,6 +144,8 @@ PINNED = [
         "curriculum-set",
         "embedder",
         "embedder-set",
+        "score",
+        "score-set",
     ],
 )
 def test_the_sections_hash_as_before_the_options_left(section, as_value, in_parts):

@@ -347,22 +347,6 @@ def test_cli_score_prints_table_and_json(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "policy" in r.output and "annotate" in r.output
 
 
-def test_easiness_filter_rejects_examples_the_embedder_already_solves(tmp_path):
-    """score.easy_margin: cos_pos - hardest negative above it -> rejected as easy_query, counted."""
-    easy = example(1, negs=("e1", "e2", "e3", "e4"))
-    cos = {**HAND, "e1": 0.3, "e2": 0.2, "e3": 0.15, "e4": 0.12}  # pos 0.9: margin 0.6
-    write_generate(tmp_path, [[example(0), easy]])
-    stats = run_score(make_ctx(tmp_path, easy_margin=0.5), FakeEmbedder(cos))
-    assert [r["id"] for r in read_stage(tmp_path / "score")] == ["ex-0"]  # margin 0.9 - 0.86 = 0.04: kept
-    (rej,) = list(read_stage(tmp_path / "score" / "rejects"))
-    assert rej["reason"] == "easy_query" and "0.600 > score.easy_margin=0.5" in rej["detail"]
-    assert stats["rejects_by_reason"] == {"easy_query": 1}
-    # off by default: both kept
-    write_generate(tmp_path / "b", [[example(0), easy]])
-    run_score(make_ctx(tmp_path / "b"), FakeEmbedder(cos))
-    assert len(list(read_stage(tmp_path / "b" / "score"))) == 2
-
-
 # ---------------------------------------------------------------- false-negative judge
 
 

@@ -159,9 +159,6 @@ class ScoreConfig(Section):
         default_factory=lambda: ["false_negative"]
     )  # what `measured` removes
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
-    # easiness filter (NeMo Curator's retriever SDG): reject an example the embedder already solves
-    # by a wide margin, cos(q, pos) - max cos(q, neg) > easy_margin (reason "easy_query"); None = off
-    easy_margin: float | None = Field(None, ge=0.0, le=2.0)
     # false-negative judge (mine_hard_negatives' cross_encoder rescoring): a cross-encoder (folder or
     # hub name) scores (query, positive) and (query, negative) in [0, 1]; a negative it scores at or above
     # judge_ratio x the positive is a false negative too (flag judged_false_negative). "llm": the

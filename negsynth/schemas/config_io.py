@@ -72,7 +72,7 @@ def _allowed(model: type[BaseModel], loc: tuple) -> list[str]:
 #: "Options removed, and their figures")
 MEASURED = "measured no gain: docs/corpus.md"
 TRAIN_MEASURED = "measured no gain: docs/train.md"
-MINING_MEASURED = "measured no gain: docs/recipe.md"
+RECIPE_MEASURED = "measured no gain: docs/recipe.md"
 BACKEND_MEASURED = "measured no gain: docs/benchmarks.md"
 
 #: options taken out of the package: run-file key -> (the values removed, or None for the key itself;
@@ -98,7 +98,7 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
     ),
     "curriculum.schedule": (
         ("reverse", "random", "fixed:1", "fixed:2", "fixed:3", "fixed:4"),
-        "measured no gain: docs/recipe.md",
+        RECIPE_MEASURED,
         f"choose {SCHEDULES}",
     ),
     "curriculum.balance": (None, MEASURED, 'a pass is every example once (the old default, "examples"); delete the key'),
@@ -108,6 +108,7 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         MEASURED,
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
+    "score.easy_margin": (None, RECIPE_MEASURED, "no example is rejected as too easy (the old default, off); delete the key"),
     "llm.transport": (None, "every request goes through the openai SDK", "delete the key"),
     "embedder.padding_side": (None, "the decoder embedder's answers are the same on either side", "delete the key"),
     "embedder.devices": (None, "--executor ray --workers N spreads the embedding over devices", "delete the key"),
@@ -116,12 +117,12 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         "the embedded LLM is llama.cpp's llama-server only",
         "delete the key (build it: bash scripts/build_llama_server.sh)",
     ),
-    "regenerate.mining.strategy": (None, MINING_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
-    "regenerate.mining.bands": (None, MINING_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
-    "regenerate.mining.seed": (None, MINING_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
-    "corpus.mining.strategy": (None, MINING_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
-    "corpus.mining.bands": (None, MINING_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
-    "corpus.mining.seed": (None, MINING_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
+    "regenerate.mining.strategy": (None, RECIPE_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
+    "regenerate.mining.bands": (None, RECIPE_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
+    "regenerate.mining.seed": (None, RECIPE_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
+    "corpus.mining.strategy": (None, RECIPE_MEASURED, 'mined negatives are the hardest ones (the old default, "top"); delete the key'),
+    "corpus.mining.bands": (None, RECIPE_MEASURED, "it set the rank bands of the removed graded mining; delete the key"),
+    "corpus.mining.seed": (None, RECIPE_MEASURED, "it seeded the draws within the removed graded mining's bands; delete the key"),
     "train.hardness_mode": (None, TRAIN_MEASURED, "InfoNCE weighs every negative alike (the old default, off); delete the key"),
     "train.hardness_strength": (None, TRAIN_MEASURED, "it set the strength of the removed hardness weighting; delete the key"),
     "train.no_duplicates": (None, TRAIN_MEASURED, "every batch keeps each text once (the old default, true); delete the key"),

@@ -130,19 +130,6 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
     out = dict(row)
     out["negatives"] = [row["negatives"][i] for i in order]
     out["score"] = score
-    if cfg.easy_margin is not None and k:
-        margin = m["cos_pos"] - max(m["cos_neg"])
-        if margin > cfg.easy_margin:  # the embedder already ranks the positive far above every negative
-            detail = f"cos_pos {m['cos_pos']:.3f} - hardest negative {max(m['cos_neg']):.3f} = {margin:.3f} > score.easy_margin={cfg.easy_margin}"
-            return None, {
-                "id": row["id"],
-                "stage": NAME,
-                "reason": "easy_query",
-                "detail": detail,
-                "raw": None,
-                "input": out,
-                "usage": row.get("usage") or {},
-            }
     if cfg.policy in ("filter", "measured") and len(order) < cfg.min_negatives:
         causes = sorted({f for f in drop_flags(cfg) for i in range(k) if i not in order and m[f][i]})
         reason = "+".join(causes) or "too_few_negatives"
