@@ -26,7 +26,6 @@ ns-pipeline            negsynth's own stages with their defaults, end to end: ``
 ns-pipeline-reordered  the default's rows and trainer, the rows in the ``tuple`` builder's seeded order
 ns-pipeline-tuple      the default before ``stock``: the ``tuple`` builder (seeded passes in planned
                        batches, the order-keeping sampler, GradCache on CPU) and its wider window
-ns-pipeline-neardedup  ``score.dedup_labelled = "near"``: a dataset's near-identical pairs dropped too
 ns-pipeline-wide       ``regenerate.mining.range_max = 340`` instead of the library's ~44-60 candidates
 ns-pipeline-gc8        ``train.mini_batch_size = 8`` (GradCache: the same loss in 8-row chunks)
 ns-pipeline-b12        12 rows a batch (fewer than the stock sampler leaves on multi-positive queries)
@@ -86,7 +85,6 @@ PIPELINE_ARMS = {
     ),
     # the default before the stock schedule: the tuple builder and its window (10 x 4 + 4 x the most positives of a query)
     "ns-pipeline-tuple": '[curriculum]\nschedule = "tuple"\n[regenerate.mining]\nrange_max = {tuple_range_max}\n',
-    "ns-pipeline-neardedup": '[score]\ndedup_labelled = "near"\n',
     "ns-pipeline-wide": "[regenerate.mining]\nrange_max = 340\n",
     "ns-pipeline-gc8": "[train]\nmini_batch_size = 8\n",
     "ns-pipeline-b12": "[train]\nbatch_size = 12\n",

@@ -53,7 +53,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
     assert (
         base.regenerate.negatives == "mined" and base.train.grad_accum == 1 and base.curriculum.total_steps == 28 and base.train.seed == 1
     )
-    assert base.score.dedup_labelled == "exact" and cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near"
     assert base.regenerate.mining.range_max is None and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     # both arms mine at the training length, as the stock arm mines
     assert base.embedder.max_length == 128 and base.curriculum.schedule == "auto"
@@ -72,7 +71,6 @@ def test_pipeline_arms_are_valid_run_files_that_differ_only_where_they_say(tmp_p
             changed
             <= {
                 "ns-pipeline": set(),
-                "ns-pipeline-neardedup": {"score"},
                 "ns-pipeline-wide": {"regenerate"},
                 "ns-pipeline-gc8": {"train"},
                 "ns-pipeline-b12": {"train"},
@@ -274,12 +272,12 @@ def test_a_test_frac_dataset_is_not_decontaminated_against_its_own_query_file(tm
     args = mod.build_parser().parse_args(["--steps", "17"])
     args.split_from = "cranfield"
     cfgs = {}
-    for arm in ("ns-pipeline", "ns-pipeline-neardedup", "ns-pipeline-wide", "ns-pipeline-gc8"):
+    for arm in ("ns-pipeline", "ns-pipeline-wide", "ns-pipeline-gc8"):
         cfgs[arm] = _run_file(tmp_path, arm, mod.pipeline_toml(tmp_path / "data", args, 0, mod.PIPELINE_ARMS[arm]))
     for arm, cfg in cfgs.items():
         sets = cfg.score.decontam_sets
         assert isinstance(sets, list) and "cranfield" not in sets and {"scifact", "stsb"} <= set(sets), (arm, sets)
-    assert cfgs["ns-pipeline-neardedup"].score.dedup_labelled == "near" and cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
+    assert cfgs["ns-pipeline-wide"].regenerate.mining.range_max == 340
     assert cfgs["ns-pipeline-gc8"].train.mini_batch_size == 8
     del args.split_from
     assert _run_file(tmp_path, "plain", mod.pipeline_toml(tmp_path / "data", args, 0)).score.decontam_sets == "auto"

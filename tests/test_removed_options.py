@@ -46,6 +46,7 @@ REMOVED = [
     ("embedder", "reba_variant", '"code"', "reba_variant", "ReBA pools the paper's e_n"),
     ("generate", "worked_examples", '"fixed"', "worked_examples", 'the old default, "rotate"'),
     ("score", "easy_margin", "0.1", "easy_margin", "no example is rejected as too easy"),
+    ("score", "dedup_labelled", '"near"', "dedup_labelled", "a dataset's pairs go only as exact duplicates"),
 ]
 
 
@@ -76,6 +77,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "corpus.mining": "docs/recipe.md",
         "curriculum.schedule": "docs/recipe.md",
         "score.easy_margin": "docs/recipe.md",
+        "score.dedup_labelled": "docs/recipe.md",
     }
     doc = doc.get(f"{section}.{key}", doc.get(section, "docs/corpus.md"))
     assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line

@@ -171,10 +171,8 @@ class ScoreConfig(Section):
     # cleaning (negsynth.data.clean), see docs/score.md: near-duplicate examples and evaluation-set overlap
     dedup: bool = True  # drop later near-duplicates of a kept example (query AND positive match)
     dedup_threshold: float | None = Field(0.95, gt=0.0, le=1.0)  # cosine of raw texts; None: exact (normalised) only
-    # pairs read from a dataset (regenerate: source != "synthetic"): "exact" drops one only as an exact
-    # (normalised) duplicate — a dataset's near-identical pairs are distinct labels on purpose (SciFact's
-    # claim and its altered copy, cos ~0.99, same abstract); "near" applies dedup_threshold to them too
-    dedup_labelled: Literal["exact", "near"] = "exact"
+    # pairs read from a dataset (regenerate: source != "synthetic") go only as exact (normalised) duplicates:
+    # a dataset's near-identical pairs are distinct labels on purpose (SciFact's claim and its altered copy)
     decontam_sets: Literal["auto"] | list[str] = "auto"  # evaluation sets to decontaminate against; [] = off
     # None (default): normalised-equal matches only; 0.95 also catches near-verbatim copies but embeds every
     # evaluation text once per run dir (~57k with the shared data: seconds on a GPU, minutes or more on 2 CPU cores)

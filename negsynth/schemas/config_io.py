@@ -109,6 +109,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
     "score.easy_margin": (None, RECIPE_MEASURED, "no example is rejected as too easy (the old default, off); delete the key"),
+    "score.dedup_labelled": (
+        None,
+        RECIPE_MEASURED,
+        'a dataset\'s pairs go only as exact duplicates (the old default, "exact"); delete the key',
+    ),
     "llm.transport": (None, "every request goes through the openai SDK", "delete the key"),
     "embedder.padding_side": (None, "the decoder embedder's answers are the same on either side", "delete the key"),
     "embedder.devices": (None, "--executor ray --workers N spreads the embedding over devices", "delete the key"),

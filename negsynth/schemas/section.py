@@ -58,7 +58,7 @@ ADDED_FIELDS: dict[str, tuple[str, ...]] = {
 REMOVED_FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CorpusConfig": {"negatives": ("styles", "mined"), "max_doc_chars": ("max_query_chars", 1500)},
     "CurriculumConfig": {"incomplete_batches": ("instructions", "train")},
-    "ScoreConfig": {"easy_margin": ("min_negatives", None)},
+    "ScoreConfig": {"easy_margin": ("min_negatives", None), "dedup_labelled": ("dedup_threshold", "exact")},
     "LLMConfig": {"transport": ("tpm", "http1")},
     "GenerateConfig": {"worked_examples": ("few_shot", "rotate")},
     "EmbedderConfig": {"devices": ("device", None), "reba_variant": ("repeat", "paper"), "padding_side": ("repeat", None)},

@@ -74,8 +74,10 @@ def judge_fields_unhashed(cfg) -> set[str]:
 
 
 def scores_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerprint: str | None = None) -> str:
-    """Config + embedder + inputs (+ the evaluation texts decontaminated against, when any)."""
-    settings = ctx.cfg.score.model_dump(mode="json", exclude={"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)})
+    """Config (the removed fields at their old defaults, ``Section.hash_dump``) + embedder + inputs
+    (+ the evaluation texts decontaminated against, when any)."""
+    unhashed = {"block_examples", "decontam_data_dir", *judge_fields_unhashed(ctx.cfg.score)}
+    settings = {k: v for k, v in ctx.cfg.score.hash_dump().items() if k not in unhashed}
     parts: dict[str, Any] = {
         "score": {**settings, "inputs": list(input_stages(ctx.cfg))},  # "auto" as the stages it names
         "embedder": embedder_fingerprint(ctx.cfg.embedder),

@@ -310,7 +310,6 @@ def clean_stats(ctx: StageContext, sidecars: list[dict], ev: EvalTexts) -> dict[
     return {
         "dedup": cfg.dedup,
         "dedup_threshold": cfg.dedup_threshold if cfg.dedup else None,
-        "dedup_labelled": cfg.dedup_labelled if cfg.dedup and cfg.dedup_threshold is not None else None,
         "near_duplicate": c["near_duplicate"],
         "near_duplicate_exact": c["near_duplicate_exact"],
         "decontam_sets": cfg.decontam_sets,
@@ -365,7 +364,7 @@ def _near_duplicates(
     keys = {e: exact_key(examples[e]["query"], examples[e]["positive"]) for e in cand}
     qv = vecs16[pool["q"][cand]] if cleaner.dedup.uses_vectors else None
     pv = vecs16[pool["p"][cand]] if cleaner.dedup.uses_vectors else None
-    exact = [cfg.dedup_labelled == "exact" and examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
+    exact = [examples[e].get("source", SYNTHETIC_SOURCE) != SYNTHETIC_SOURCE for e in cand]
     found = cleaner.dedup.check_block([examples[e]["id"] for e in cand], [keys[e] for e in cand], qv, pv, exact_only=exact)
     return {e: d for e, d in zip(cand, found, strict=True) if d is not None}, keys
 

@@ -210,7 +210,7 @@ def clean_rows(stats: dict) -> list[tuple[str, str]]:
         return []
     if cl["dedup"]:
         how = f"query and positive cos >= {cl['dedup_threshold']}" if cl["dedup_threshold"] is not None else "exact only"
-        if cl["dedup_threshold"] is not None and cl.get("dedup_labelled") == "exact":
+        if cl["dedup_threshold"] is not None:
             how += "; dataset pairs exact only"
         dup = f"{cl['near_duplicate']} ({cl['near_duplicate_exact']} exact; {how})"
     else:
