@@ -41,8 +41,8 @@ mined-ce-mse        a cross-encoder teacher (``--teacher-model``: a hub name or 
 title-mined         the no-LLM floor: the document's title as its query (``corpus.queries = "title"``);
                     ``sentence-mined`` a sentence of its body; ``title-2k`` titles over 2,000 documents
                     (the known collapse: InfoNCE on queries too easy)
-mined-c224          the default on 224-token passages (``corpus.chunk_tokens = 224``, what ships) where
-                    every other arm reads whole documents (``chunk_tokens = 0``)
+mined-c224          the default on 224-token passages (``corpus.chunk_tokens = 224``) where every
+                    other arm reads whole documents (``chunk_tokens = 0``, the default)
 ==================  =========================================================================
 
 Each trained arm's run also writes the held-out set (``--heldout N`` documents, one query each,
@@ -138,10 +138,10 @@ OWN_TASK, OWN_BASE = "own-corpus", "own-corpus-base"
 
 
 def pipeline_toml(corpus_dir: Path, arm: dict, args, seed: int) -> dict:
-    """The arm's run file: the LLM, the corpus stage on ``corpus_dir`` (whole documents, as every
-    published figure was measured), score, curriculum and train, the arm's keys merged in."""
+    """The arm's run file: the LLM, the corpus stage on ``corpus_dir``, score, curriculum and
+    train, the arm's keys merged in."""
     own = {k: v for k, v in arm.items() if k not in ("curriculum", "train", "score", "mining")}
-    corpus = {"max_docs": args.max_docs, "seed": 0, "chunk_tokens": 0, **own, "inputs": [{"path": str(corpus_dir)}]}
+    corpus = {"max_docs": args.max_docs, "seed": 0, **own, "inputs": [{"path": str(corpus_dir)}]}
     if "mining" in arm:
         corpus["mining"] = arm["mining"]
     passes = {"epochs": 1} if args.steps is None else {"total_steps": args.steps}

@@ -241,10 +241,11 @@ def test_chunked_documents_are_counted_sampled_and_read_as_passages(tmp_path):
 
 def test_chunk_settings_are_checked():
     with pytest.raises(ValueError, match="chunk_overlap = 200: must be at most half"):
-        CorpusConfig(chunk_overlap=200)
+        CorpusConfig(chunk_tokens=224, chunk_overlap=200)
     with pytest.raises(ValueError, match="must be 0 .* or at least 16"):
         CorpusConfig(chunk_tokens=8, chunk_overlap=0)
-    assert CorpusConfig(chunk_tokens=0).chunk_tokens == 0
+    assert CorpusConfig().chunk_tokens == 0  # whole documents by default
+    assert CorpusConfig(chunk_overlap=200).chunk_overlap == 200  # read only where documents are split
     # the new settings stay out of the section's repr, which the stage's config hash reads
     assert not any(k in str(CorpusConfig(inputs=[CorpusSpec(path="x")])) for k in ("chunk", "glob", "ids"))
 
@@ -395,5 +396,7 @@ def test_the_config_hash_moves_only_where_passages_change_what_is_read(tmp_path)
     (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     assert digest() == short
     (folder / "long.md").write_text("# Long\n\n" + " ".join(f"word{i}" for i in range(300)) + "\n")
-    long_default, long_whole = digest(), digest(chunk_tokens=0)
-    assert long_default != long_whole and long_default != digest(chunk_tokens=128, chunk_overlap=16)
+    long_whole = digest()  # the default keeps documents whole: as an older run dir with chunk_tokens = 0
+    assert long_whole == digest(chunk_tokens=0) != short
+    long_split = digest(chunk_tokens=224)
+    assert long_split != long_whole and long_split != digest(chunk_tokens=128, chunk_overlap=16)

@@ -207,7 +207,7 @@ def corpus(
     chunk_tokens: Annotated[
         int | None,
         typer.Option(
-            "--chunk-tokens", min=0, help="split documents longer than N tokens into overlapping passages (default 224; 0: never)"
+            "--chunk-tokens", min=0, help="split documents longer than N tokens into overlapping passages (e.g. 224; default 0: never)"
         ),
     ] = None,
     columns: dict[str, str] | None = None,

@@ -358,10 +358,10 @@ class CorpusConfig(Section):
     min_query_chars: int = Field(8, ge=1)
     max_query_chars: int = Field(300, ge=10)
     # a document longer than chunk_tokens proxy tokens (\w+ runs and other non-space characters)
-    # is split into passages overlapping by chunk_overlap, each its own positive (0: never split);
-    # 224: a passage fits the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
-    # passages and all of Cranfield's (benchmarks/chunk_budget.py; 256: 96.3 %)
-    chunk_tokens: int = Field(224, ge=0, repr=False)
+    # is split into passages overlapping by chunk_overlap, each its own positive (0: never split,
+    # the default: whole documents led 224-token passages on the two dev domains, docs/corpus.md);
+    # 224 fits a passage to the prompt's doc_tokens (320 of MiniLM's tokens) for 99.6 % of SciFact's
+    chunk_tokens: int = Field(0, ge=0, repr=False)
     chunk_overlap: int = Field(32, ge=0, repr=False)
 
     @model_validator(mode="after")

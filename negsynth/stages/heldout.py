@@ -85,10 +85,11 @@ class Heldout(pipeline.LLMStage):
         parts = pipeline.llm_parts(ctx, NAME, "corpus", self.section(ctx.cfg))
         parts["inputs"] = [path_fingerprint(s.path) for s in cfg.inputs]
         parts["inputs_read"] = [s.model_dump(mode="json") for s in cfg.inputs]
-        parts["corpus"] = {
-            k: getattr(cfg, k) for k in ("few_shot", "doc_tokens", "min_query_chars", "max_query_chars", "chunk_tokens", "chunk_overlap")
-        }
-        parts["held_out"] = heldout_indices(ctx.cfg, sum(c.count for c in load_corpora(ctx)))[0]
+        parts["corpus"] = {k: getattr(cfg, k) for k in ("few_shot", "doc_tokens", "min_query_chars", "max_query_chars")}
+        corpora = load_corpora(ctx)
+        if any(c.chunked for c in corpora):  # as in the corpus stage: only where a document is split
+            parts["corpus"]["chunks"] = [cfg.chunk_tokens, cfg.chunk_overlap]
+        parts["held_out"] = heldout_indices(ctx.cfg, sum(c.count for c in corpora))[0]
         parts["tokenizer"] = ctx.cfg.embedder.model  # the prompt's document is cut with its tokens
         return pipeline.item_entry(ctx, config_hash(parts))
 
