@@ -17,12 +17,7 @@ def provenance(run_dir: Path) -> dict[str, Any]:
     (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and scored, the
     corpora or source datasets, and examples per record ``model`` (``generator_models``)."""
     folder = examples_stage(run_dir)
-    origins: Counter = Counter()
-    negatives: Counter = Counter()
-    llms: Counter = Counter()
-    sources: Counter = Counter()
-    miners: Counter = Counter()
-    generators: Counter = Counter()
+    origins, negatives, llms, sources, miners, generators = (Counter() for _ in range(6))
     for stage, r in records_by_stage(folder) if folder is not None else ():
         meta = r.get("meta") or {}
         model = str(r.get("model") or "")
