@@ -114,13 +114,13 @@ PINNED = [
             teacher="cross-encoder",
             teacher_model="m",
             teacher_k=3,
-            queries="sentence",
-            queries_per_doc=2,
+            queries="title",
+            queries_per_doc=1,
             candidates="hybrid",
             round_trip_k=5,
         ),
-        "455075f316f5c41a",
-        "47d3ed8e23fa22b7",
+        "d31d189fec4435c2",
+        "8efa4c99dc3bf086",
     ),
     (RegenerateConfig(), "d25c71042daa8066", "80cdbaeefd0c6e77"),
     (RegenerateConfig(negatives="mined", mine=20, teacher="cross-encoder", teacher_model="m"), "0ff5b20f93879ee4", "7e907706a2fc25ce"),
@@ -176,9 +176,9 @@ def test_the_whole_run_config_hashes_as_before():
     [
         ({}, "891884e32fa1bfac"),
         ({"teacher": "cross-encoder", "teacher_model": "m", "candidates": "hybrid"}, "042c8612bd78160a"),
-        ({"queries": "sentence", "queries_per_doc": 2}, "49265787a83b25a2"),
+        ({"queries": "title"}, "698eb77139c3c43e"),
     ],
-    ids=["defaults", "cross-encoder-hybrid", "sentence"],
+    ids=["defaults", "cross-encoder-hybrid", "title"],
 )
 def test_the_corpus_stages_digest_is_what_an_older_run_dir_recorded(tmp_path, monkeypatch, corpus, pinned):
     """The whole digest of a corpus run (section, LLM, prompts, documents, embedder)."""
