@@ -39,8 +39,8 @@ mined-ce-mse        a cross-encoder teacher (``--teacher-model``: a hub name or 
                     MarginMSE on its scores; ``-kl`` listwise KL; ``-k1`` keeps a query only when the
                     teacher prefers its document to its 4 mined negatives (``auto``: the ``own`` path)
 title-mined         the no-LLM floor: the document's title as its query (``corpus.queries = "title"``);
-                    ``sentence-mined`` a sentence of its body; ``title-2k`` titles over 2,000 documents
-                    (the known collapse: InfoNCE on queries too easy)
+                    ``title-2k`` titles over 2,000 documents (the known collapse: InfoNCE on queries
+                    too easy)
 mined-c224          the default on 224-token passages (``corpus.chunk_tokens = 224``) where every
                     other arm reads whole documents (``chunk_tokens = 0``, the default)
 ==================  =========================================================================
@@ -118,7 +118,6 @@ ARMS: dict[str, dict | None] = {
     "title-mined": {"queries": "title"},
     "title-2k": {"queries": "title", "max_docs": 2000},
     "mined-c224": {"chunk_tokens": 224},
-    "sentence-mined": {"queries": "sentence"},
     "mined-hybridcand": {"candidates": "hybrid"},
     "title-hybridcand": {"queries": "title", "candidates": "hybrid"},
     "mined-ce-mse": {**CE, "teacher_k": 0, "train": {"loss": "margin-mse"}},

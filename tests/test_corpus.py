@@ -555,33 +555,28 @@ def test_a_setting_added_later_leaves_older_run_dirs_hashes_alone():
     assert config_hash({"corpus": CorpusConfig(teacher_k=3)}) != config_hash({"corpus": cfg})
 
 
-@pytest.mark.parametrize("queries", ["title", "sentence"])
-def test_queries_from_the_documents_need_no_llm(tmp_path, minilm, queries):
-    """``corpus.queries = "title" | "sentence"``: the no-LLM floor. No request is sent (the LLM's
-    URL goes nowhere), every query is the document's title or a sentence of its body, the
-    document stays the positive and the negatives are mined as for LLM queries."""
+def test_title_queries_need_no_llm(tmp_path, minilm):
+    """``corpus.queries = "title"``: the no-LLM floor. No request is sent (the LLM's URL goes
+    nowhere), every query is the document's title, the document stays the positive and the
+    negatives are mined as for LLM queries."""
     folder = write_corpus(tmp_path)
-    qpd = 1 if queries == "title" else 2
     cfg = write_run_config(
         tmp_path,
         "http://127.0.0.1:9/v1",
-        corpus={"queries": queries, "queries_per_doc": qpd, "max_docs": 6, "mining": {"relative_margin": 0.0}},
+        corpus={"queries": "title", "queries_per_doc": 1, "max_docs": 6, "mining": {"relative_margin": 0.0}},
     )
     r = invoke("corpus", "-c", cfg, "-d", tmp_path / "run", "-i", folder, "--json")
     assert r.exit_code == 0, r.output
     stats = json.loads((tmp_path / "run" / "corpus" / "stats.json").read_text())
-    assert stats["items"] == 6 * qpd and stats["this_run"]["requests"] == 0
+    assert stats["items"] == 6 and stats["this_run"]["requests"] == 0
     recs = list(read_stage(tmp_path / "run" / "corpus"))
     by_id = {i: (t, x) for i, t, x in DOCS}
-    assert len(recs) == 6  # title: one per document; sentence: each document here has one sentence
+    assert len(recs) == 6  # one per document
     for rec in recs:
         title, text = by_id[rec["meta"]["doc_id"]]
-        assert rec["query"] == (title if queries == "title" else text)
+        assert rec["query"] == title
         assert rec["positive"].endswith(text) and len(rec["negatives"]) == 4 and not (rec.get("usage") or {}).get("prompt_tokens")
-        assert rec["meta"]["query_model"] == f"extract:{queries}"
-    if queries == "sentence":  # the second query of a one-sentence document: rejected with its reason
-        rejects = list(read_stage(tmp_path / "run" / "corpus" / "rejects"))
-        assert len(rejects) == 6 and {x["reason"] for x in rejects} == {"too_few_sentences"}
+        assert rec["meta"]["query_model"] == "extract:title"
 
 
 def test_title_queries_are_one_per_document():

@@ -351,8 +351,7 @@ class CorpusConfig(Section):
     candidates: Literal["dense", "hybrid"] = "dense"
     # where the queries come from: "llm" (the model writes them), or a floor that needs no LLM, the
     # baseline that shows what the LLM adds: "title" (the document's title; one query per document)
-    # or "sentence" (queries_per_doc distinct sentences of the document's body, drawn by seed)
-    queries: Literal["llm", "title", "sentence"] = "llm"
+    queries: Literal["llm", "title"] = "llm"
     mining: MiningConfig = MiningConfig()  # the positive-aware margin
     few_shot: bool = True
     min_query_chars: int = Field(8, ge=1)

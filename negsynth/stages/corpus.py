@@ -291,7 +291,7 @@ class Corpus(pipeline.LLMStage):
 
     def answer(self, client: LLMClient, it: WorkItem) -> asyncio.Future:
         """The one LLM answer of a document, shared by its items (requested once); with
-        ``corpus.queries`` other than ``llm``, the document's queries taken from its own text."""
+        ``corpus.queries = "title"``, the document's title as its query."""
         p = it.payload
         key = (p["corpus_index"], p["doc_id"])
         fut = self.answers.get(key)

@@ -1,11 +1,9 @@
 """The corpus stage's queries: the prompt asking the LLM for a document's queries, the validation
-of its answer, and the no-LLM sources (``corpus.queries = "title" | "sentence"``) shaped as an answer."""
+of its answer, and the no-LLM source (``corpus.queries = "title"``) shaped as an answer."""
 
 from __future__ import annotations
 
 import json
-import random
-import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -114,42 +112,16 @@ def make_validator(document: str, cfg: CorpusConfig):
 
 
 # -- queries without an LLM ------------------------------------------------------------------
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
 def llm_writes(cfg: CorpusConfig) -> bool:
     """Whether the LLM writes the queries (``corpus.queries = "llm"``), or they are taken from the text."""
     return cfg.queries == "llm"
 
 
 def extracted_queries(p: dict[str, Any], cfg: CorpusConfig) -> LLMResult:
-    """A document's queries without an LLM, shaped as the stage's LLM answer: ``title`` — its title;
-    ``sentence`` — ``queries_per_doc`` distinct sentences of its body within the query length
-    bounds, drawn with the stage seed. No validator runs: a copied sentence is what they are."""
-    n = cfg.queries_per_doc
+    """A document's query without an LLM (``corpus.queries = "title"``), shaped as the stage's LLM
+    answer: its title, the one query of the document. No validator runs: a copied title is what it is."""
     doc = p["document"]
-    if cfg.queries == "title":
-        title = " ".join(str(p.get("title") or "").split())
-        if not title or text_key(title) == text_key(doc):
-            return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
-        return LLMResult(([title[: cfg.max_query_chars]], [None]), None)
-    # the body: the text after a title that heads it ("Moon tides The moon's ..."), told from a text
-    # that merely opens with its title's word ("Vaccines expose ...") by the capital after it
-    title = str(p.get("title") or "").strip()
-    rest = doc[len(title) :].lstrip() if title and doc.lower().startswith(title.lower() + " ") else ""
-    body = rest if rest[:1].isupper() or rest[:1].isdigit() else doc
-    fits = [
-        x
-        for x in dict.fromkeys(" ".join(t.split()) for t in _SENTENCE_END.split(body))
-        if cfg.min_query_chars <= len(x) <= cfg.max_query_chars
-    ]
-    picked = random.Random(f"{cfg.seed}:{p['corpus']}:{p['doc_id']}:sentences").sample(fits, min(n, len(fits)))
-    if not picked:
-        return LLMResult(
-            None, None, "too_few_sentences", f"no sentence of {cfg.min_query_chars}-{cfg.max_query_chars} characters in the document"
-        )
-    missing = (
-        "too_few_sentences",
-        f"the document has {len(picked)} sentence(s) within the query length bounds, fewer than queries_per_doc={n}",
-    )
-    return LLMResult((picked + [""] * (n - len(picked)), [None] * len(picked) + [missing] * (n - len(picked))), None)
+    title = " ".join(str(p.get("title") or "").split())
+    if not title or text_key(title) == text_key(doc):
+        return LLMResult(None, None, "no_title", "the document has no title apart from its text (corpus.queries = 'title')")
+    return LLMResult(([title[: cfg.max_query_chars]], [None]), None)
