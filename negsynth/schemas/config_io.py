@@ -90,7 +90,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
     ),
     "corpus.negatives": (None, MEASURED, 'corpus always mines its negatives (the old default, "mined"); delete the key'),
     "corpus.max_doc_chars": (None, MEASURED, "it bounded the LLM-written negatives, which corpus no longer asks for; delete the key"),
-    "corpus.queries": (("llm+title", "llm+sentence", "sentence"), MEASURED, 'use "llm" (or "title" alone, the no-LLM floor)'),
+    "corpus.queries": (
+        ("llm+title", "llm+sentence", "sentence"),
+        "no measurement showed a gain: docs/corpus.md",  # the mixes tied; "sentence" was never measured to the end
+        'use "llm" (or "title" alone, the no-LLM floor)',
+    ),
     "curriculum.incomplete_batches": (
         None,
         MEASURED,
