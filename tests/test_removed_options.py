@@ -131,7 +131,11 @@ PINNED = [
     (EmbedderConfig(), "0cbb13c00d59742b", "83f4711d562968bc"),
     (EmbedderConfig(kind="decoder", model="m", method="echo"), "700ee96340985f60", "d29cca92c46021fc"),
     (ScoreConfig(), "f2504d635d7eba62", "236571a81eaf073c"),
-    (ScoreConfig(policy="filter", judge_model="llm", dedup_threshold=None, decontam_sets=[]), "5cda3b569e353835", "221eaa21f377bfd9"),
+    (
+        ScoreConfig(policy="filter", judge_model="cross-encoder/ms-marco-MiniLM-L6-v2", dedup_threshold=None, decontam_sets=[]),
+        "6d1b44803ca1a108",
+        "ca512eb33a9fdd28",
+    ),
 ]
 
 
