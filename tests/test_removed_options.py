@@ -47,6 +47,13 @@ REMOVED = [
     ("generate", "worked_examples", '"fixed"', "worked_examples", 'the old default, "rotate"'),
     ("score", "easy_margin", "0.1", "easy_margin", "no example is rejected as too easy"),
     ("score", "dedup_labelled", '"near"', "dedup_labelled", "a dataset's pairs go only as exact duplicates"),
+    (
+        "score",
+        "judge_model",
+        '"llm"',
+        "judge_model = 'llm'",
+        "use a cross-encoder (its folder or hub name) as the judge, or delete the key",
+    ),
 ]
 
 
@@ -78,6 +85,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "curriculum.schedule": "docs/recipe.md",
         "score.easy_margin": "docs/recipe.md",
         "score.dedup_labelled": "docs/recipe.md",
+        "score.judge_model": "docs/recipe.md",
     }
     doc = doc.get(f"{section}.{key}", doc.get(section, "docs/corpus.md"))
     assert f"[{section}] {named} was removed (measured no gain: {doc}); " in line and instead in line, line
