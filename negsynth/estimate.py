@@ -144,23 +144,13 @@ def _stages_to_estimate(cfg, stages: list[str] | None) -> list[str]:
 
 def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached: dict[str, int]) -> list[StageEstimate]:
     """Requests and tokens of each stage in ``names``, from its own estimator (``cached``: mean
-    completion tokens per stage). Another stage's plan an estimator asks for is counted aside."""
+    completion tokens per stage)."""
     from negsynth.prompts import reask_template
 
     cfg = ctx.cfg
     counts = {"attempts": cfg.llm.max_attempts, "max_tokens": cfg.llm.max_tokens, "reask_tokens": tc.text(reask_template())}
     fallback = min(cfg.llm.max_tokens, 256)
     by_name = {s.name: s for s in method()}
-    planned: dict[str, Any] = {}  # stage -> what its estimator returned in this estimate
-
-    def run_estimator(name: str, est: StageEstimate) -> None:
-        planned[name] = by_name[name].estimate(ctx, Tally(est, tc, fallback=fallback, planned=plan_of, **counts))
-
-    def plan_of(name: str, plan: bool) -> Any:
-        if name not in planned and plan:
-            run_estimator(name, StageEstimate(stage=name))  # aside: its counts are not this estimate's
-        return planned.get(name)
-
     ests: list[StageEstimate] = []
     for name in names:
         est = StageEstimate(stage=name)
@@ -169,7 +159,7 @@ def _count_stages(ctx: StageContext, names: list[str], tc: TokenCounter, cached:
             est.done = True
             est.basis.append("finished: a rerun reuses its outputs and sends nothing")
         else:
-            run_estimator(name, est)
+            by_name[name].estimate(ctx, Tally(est, tc, fallback=fallback, **counts))
         if name in cached and est.requests:
             est.completion_tokens = est.requests * min(cached[name], cfg.llm.max_tokens)
             est.basis.append(f"completion tokens: the mean of its answers in the run's request cache ({cached[name]} tokens)")

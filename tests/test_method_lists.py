@@ -97,8 +97,8 @@ def test_which_stages_call_the_llm_and_split_is_read_from_each_stage_under_the_c
 
     cfg = RunConfig()
     assert [s.name for s in METHOD if s.uses_llm(cfg)] == ["brainstorm", "generate", "regenerate", "corpus", "heldout"]
-    judged = RunConfig.model_validate({"score": {"judge_model": "llm"}, "regenerate": {"negatives": "mined"}})
-    assert [s.name for s in METHOD if s.uses_llm(judged)] == ["brainstorm", "generate", "corpus", "heldout", "score"]
+    mined = RunConfig.model_validate({"regenerate": {"negatives": "mined"}})
+    assert [s.name for s in METHOD if s.uses_llm(mined)] == ["brainstorm", "generate", "corpus", "heldout"]
     assert split_stages(METHOD, cfg) == ("generate", "regenerate", "corpus", "score")
 
 

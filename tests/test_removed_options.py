@@ -48,6 +48,13 @@ REMOVED = [
     ("generate", "worked_examples", '"fixed"', "worked_examples", 'the old default, "rotate"'),
     ("score", "easy_margin", "0.1", "easy_margin", "no example is rejected as too easy"),
     ("score", "dedup_labelled", '"near"', "dedup_labelled", "a dataset's pairs go only as exact duplicates"),
+    (
+        "score",
+        "judge_model",
+        '"llm"',
+        "judge_model = 'llm'",
+        "use a cross-encoder (its folder or hub name) as the judge, or delete the key",
+    ),
 ]
 
 
@@ -79,6 +86,7 @@ def test_a_removed_option_is_one_line_that_says_what_to_use_instead(tmp_path, se
         "curriculum.schedule": "docs/recipe.md",
         "score.easy_margin": "docs/recipe.md",
         "score.dedup_labelled": "docs/recipe.md",
+        "score.judge_model": "docs/recipe.md",
     }
     doc = doc.get(f"{section}.{key}", doc.get(section, "docs/corpus.md"))
     why = "no measurement showed a gain" if (section, key) == ("corpus", "queries") else "measured no gain"
@@ -133,7 +141,11 @@ PINNED = [
     (EmbedderConfig(), "0cbb13c00d59742b", "83f4711d562968bc"),
     (EmbedderConfig(kind="decoder", model="m", method="echo"), "700ee96340985f60", "d29cca92c46021fc"),
     (ScoreConfig(), "f2504d635d7eba62", "236571a81eaf073c"),
-    (ScoreConfig(policy="filter", judge_model="llm", dedup_threshold=None, decontam_sets=[]), "5cda3b569e353835", "221eaa21f377bfd9"),
+    (
+        ScoreConfig(policy="filter", judge_model="cross-encoder/ms-marco-MiniLM-L6-v2", dedup_threshold=None, decontam_sets=[]),
+        "6d1b44803ca1a108",
+        "ca512eb33a9fdd28",
+    ),
 ]
 
 

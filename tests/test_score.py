@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -417,124 +416,6 @@ def test_judge_refuses_an_embedding_model_and_loads_a_reranker(tmp_path):
     judge = CrossEncoderJudge.load(str(tmp_path / "ce"), device="cpu")
     pos, negs = judge.score_examples([{"query": "a cat", "positive": "a cat sleeping", "negatives": ["a dog", "a car"]}])
     assert pos.shape == (1,) and len(negs[0]) == 2 and all(0.0 <= x <= 1.0 for x in [pos[0], *negs[0]])
-
-
-def test_llm_judge_relabels_negatives_it_says_answer_the_query_cached_and_counted(tmp_path):
-    """score.judge_model = "llm": one validated JSON request per example through the run's LLM
-    session; a judged negative is dropped like a cosine false negative, a failed judgement leaves
-    the embedder's verdict, and a rerun is served from the request cache."""
-    import re
-
-    from fake_openai import FakeOpenAI, Reply
-
-    from negsynth.stages.score.llm_judge import judge_messages
-
-    seen: list[str] = []
-
-    def responder(req, n):
-        prompt = req["messages"][-1]["content"] if len(req["messages"]) == 1 else req["messages"][0]["content"]
-        seen.append(prompt)
-        if "Q bad" in prompt:
-            return Reply(content='{"answers_query": "no idea"}')  # invalid every time: not judged
-        cands = re.findall(r"^\[(\d+)\] (.*)$", prompt, flags=re.M)
-        if "Q again" in prompt and len(req["messages"]) == 1:
-            return Reply(content='{"answers_query": [false]}')  # wrong count: re-asked with the error
-        return Reply(content=json.dumps({"answers_query": [t == "n3" for _, t in cands]}))
-
-    write_generate(tmp_path, [[example(0), example(1, q="Q again"), example(2, q="Q bad")]])
-    with FakeOpenAI(responder) as srv:
-        ctx = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
-        ctx.cfg.llm.base_url, ctx.cfg.llm.max_attempts, ctx.cfg.llm.backoff_initial = srv.base_url, 2, 0.01
-        stats = run_score(ctx, FakeEmbedder(HAND))
-        assert len(seen) == 1 + 2 + 2  # one each; "Q again" re-asked once; "Q bad" re-asked once then given up
-        recs = {r["id"]: r for r in read_stage(tmp_path / "score")}
-        # ex-0 and ex-1: n2 (cosine) and n3 (LLM) dropped; ex-2 unjudged: only n2 dropped
-        assert recs["ex-0"]["negatives"] == ["n1", "n4"] and recs["ex-1"]["negatives"] == ["n1", "n4"]
-        assert recs["ex-2"]["negatives"] == ["n1", "n3", "n4"] and recs["ex-2"]["score"].get("judge") is None
-        assert recs["ex-0"]["score"]["judge"] == "llm"
-        assert stats["judge"] == {"model": "llm", "ratio": 0.95, "negatives": 8, "false_negatives": 2, "only_by_judge": 2, "not_judged": 1}
-        assert stats["throughput"]["judge_llm_requests"] == 5 and stats["throughput"]["judge_llm_cache_hits"] == 0
-        lines = "\n".join(" ".join(map(str, r)) for s in S.report(stats) for r in s.rows)
-        assert "1 examples not judged" in lines
-        # a rerun over the same outputs asks nothing new: every answer comes from the cache
-        again = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
-        again.cfg.llm.base_url, again.cfg.llm.max_attempts = srv.base_url, 2
-        stats2 = run_score(replace(again, overwrite=True), FakeEmbedder(HAND))
-        assert len(seen) == 5 and stats2["judge"] == stats["judge"] and stats2["throughput"]["judge_llm_cache_hits"] == 5
-    from negsynth.inspect import inspect_path
-
-    assert inspect_path(tmp_path)["stages"]["score"]["judge"]["false_negatives"] == 2  # inspect shows it too
-    assert "[3] n3" in judge_messages("q", "p", ["n1", "n2", "n3"])[0]["content"]
-    # the judge's LLM settings are part of the hash only while it is on
-    from negsynth.stages.score.inputs import input_shards, scores_hash
-
-    shards = input_shards(ctx)
-    other = make_ctx(tmp_path, policy="measured", min_negatives=2, judge_model="llm")
-    other.cfg.llm.model = "another-model"
-    assert scores_hash(ctx, shards) != scores_hash(other, shards)
-
-
-def test_llm_judge_honours_the_budget_stops_cleanly_and_a_rerun_pays_nothing_twice(tmp_path, monkeypatch):
-    """score --max-requests with score.judge_model = "llm": the budget counts the judge's requests
-    over every block; once spent, the block being judged is not written (its answers are cached),
-    score exits 3 with stopped_by, and a rerun finishes with each judgement requested once and the
-    same outputs as an uninterrupted run."""
-    import re
-
-    from fake_openai import FakeOpenAI, Reply
-    from helpers import write_run_config
-    from typer.testing import CliRunner
-
-    import negsynth.embed
-    from negsynth.cli import EXIT_BUDGET, app
-
-    monkeypatch.setattr(negsynth.embed, "load_embedder", lambda cfg: FakeEmbedder(HAND))
-
-    def responder(req, n):
-        cands = re.findall(r"^\[(\d+)\] (.*)$", req["messages"][-1]["content"], flags=re.M)
-        return Reply(content=json.dumps({"answers_query": [t == "n3" for _, t in cands]}))
-
-    shards = [[example(3 * k + i, q=f"Q{3 * k + i}") for i in range(3)] for k in range(2)]
-    score_cfg = {"judge_model": "llm", "policy": "measured", "min_negatives": 2, "dedup": False, "block_examples": 3}
-    runs = {}
-    with FakeOpenAI(responder) as srv:
-        for name in ("stopped", "whole"):
-            write_generate(tmp_path / name, shards)
-        cfg = write_run_config(tmp_path, srv.base_url, score=score_cfg)
-
-        def score(name: str, *extra: str):
-            return CliRunner().invoke(app, ["score", "-c", str(cfg), "-d", str(tmp_path / name), "-q", "--json", *extra])
-
-        r = score("stopped", "--max-requests", "4")
-        assert r.exit_code == EXIT_BUDGET, r.output
-        assert "stopped by budget max_requests=4: 3 items done and written" in r.stderr
-        assert len(srv.requests) == 4  # block 1's three, one of block 2's: the budget spans the blocks
-        st = json.loads((tmp_path / "stopped" / "score" / "stats.json").read_text())
-        assert st["stopped_by"] == "max_requests=4" and not st["complete"] and st["examples"] == 3
-        assert st["budget"]["max_requests"] == 4 and st["throughput"]["judge_llm_requests"] == 4
-        out = tmp_path / "stopped" / "score"
-        assert (out / "shard-00000.jsonl").exists() and not (out / "shard-00001.jsonl").exists()
-        r = score("stopped")
-        assert r.exit_code == 0, r.output
-        st = json.loads(r.stdout)
-        assert st["complete"] and st["stopped_by"] is None and st["examples"] == 6
-        assert st["throughput"]["judge_llm_requests"] == 2 and st["throughput"]["judge_llm_cache_hits"] == 1
-        assert len(srv.requests) == 6  # each example judged once over both runs
-        sent = Counter(json.dumps(q, sort_keys=True) for q in srv.requests)
-        assert max(sent.values()) == 1
-        assert score("whole").exit_code == 0
-        runs = {
-            name: {p.name: p.read_bytes() for p in sorted((tmp_path / name / "score").glob("shard-*.jsonl"))}
-            for name in ("stopped", "whole")
-        }
-    assert runs["stopped"] == runs["whole"] and len(runs["whole"]) == 2  # the same outputs as an uninterrupted run
-    ids = [r["id"] for r in read_stage(tmp_path / "stopped" / "score")]
-    assert sorted(ids) == sorted(f"ex-{i}" for i in range(6))  # every example once
-    # without the LLM judge the budget does nothing: no request, no stop
-    r = CliRunner().invoke(
-        app, ["score", "-d", str(tmp_path / "whole"), "-q", "--overwrite", "--max-requests", "0", "--set", "score.dedup=false"]
-    )
-    assert r.exit_code == 0, r.output
 
 
 def test_measurements_carry_the_records_spelling_everywhere():

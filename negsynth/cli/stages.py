@@ -53,7 +53,7 @@ def _emit_llm(stats: dict, json_mode: bool) -> None:
         raise typer.Exit(EXIT_PENDING)
     if stats.get("stopped_by"):
         typer.echo(
-            f"stopped by budget {stats['stopped_by']}: {stats.get('items', stats.get('input_examples', 0))} items done and written; "
+            f"stopped by budget {stats['stopped_by']}: {stats.get('items', 0)} items done and written; "
             "rerun the same command (with a larger budget) to continue",
             err=True,
         )
@@ -241,7 +241,7 @@ def corpus(
     _emit_llm(_execute("corpus", opts, ctx), opts.json_out)
 
 
-@stage_command(budgets=True, ray=True)
+@stage_command(ray=True)
 def score(
     opts: Options,
     embedder: Annotated[
@@ -252,11 +252,7 @@ def score(
     ] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="measured | annotate | reorder | filter (default score.policy)")] = None,
 ) -> None:
-    """Stage 3: measure cos(query, positive/negatives) with a local embedder, flag false negatives -> RUN_DIR/score/.
-
-    The --max-* budgets count the LLM judge's requests (score.judge_model = "llm"); with no LLM
-    judge score sends no request and they do nothing.
-    """
+    """Stage 3: measure cos(query, positive/negatives) with a local embedder, flag false negatives -> RUN_DIR/score/."""
     _run("score", opts, embedder_overrides(embedder) + config_sets("score", policy=policy or None))
 
 

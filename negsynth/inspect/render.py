@@ -66,10 +66,9 @@ def _print_stage_notes(name: str, s: dict[str, Any], console) -> None:
         console.print(f"{name} cleaning: {cl['near_duplicate']} near-duplicates dropped, {con}")
     j = s.get("judge")
     if j:
-        nj = f", {j['not_judged']} examples not judged" if j.get("not_judged") else ""
         console.print(
             f"{name} false-negative judge ({j['model']}): {j['false_negatives']} of {j['negatives']} negatives judged false "
-            f"({j['only_by_judge']} the cosine rule let through){nj}"
+            f"({j['only_by_judge']} the cosine rule let through)"
         )
 
     h = s.get("held_out")

@@ -3,18 +3,7 @@ nothing from its modules directly (``tests/test_layers.py``)."""
 
 from negsynth.pipeline.context import Budget, StageContext
 from negsynth.pipeline.executor import LocalExecutor, RayExecutor, executor_for, run_stage, run_stages
-from negsynth.pipeline.llm_stage import (
-    LLMStage,
-    LLMTask,
-    budget_gate,
-    cost_usd,
-    inputs_fingerprint,
-    item_entry,
-    llm_fingerprint,
-    llm_parts,
-    llm_session,
-    summary_rows,
-)
+from negsynth.pipeline.llm_stage import LLMStage, inputs_fingerprint, item_entry, llm_parts, summary_rows
 from negsynth.pipeline.manifest import read_json
 from negsynth.pipeline.progress import Reporter
 from negsynth.pipeline.runner import Outcome, RunReport, WorkItem, failure_message
@@ -25,7 +14,6 @@ from negsynth.schemas.config_io import config_hash
 __all__ = [
     "Budget",
     "LLMStage",
-    "LLMTask",
     "LocalExecutor",
     "Outcome",
     "RayExecutor",
@@ -36,16 +24,12 @@ __all__ = [
     "Summary",
     "Tally",
     "WorkItem",
-    "budget_gate",
     "config_hash",
-    "cost_usd",
     "executor_for",
     "failure_message",
     "inputs_fingerprint",
     "item_entry",
-    "llm_fingerprint",
     "llm_parts",
-    "llm_session",
     "read_json",
     "run_stage",
     "run_stages",

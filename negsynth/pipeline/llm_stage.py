@@ -1,4 +1,4 @@
-"""The LLM stages' one shape (:class:`LLMStage`; a request alone: :class:`LLMTask`) and its
+"""The LLM stages' one shape (:class:`LLMStage`) and its
 plumbing: what its outputs are made from, the LLM session, its stats."""
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ async def llm_session(
     *,
     stage: str,
     folder: Callable[[], Path] | None = None,
+    gate: Callable[[ClientStats], str | None],
     begin: Callable[[], None] | None = None,
-    gate: Callable[[ClientStats], str | None] | None = None,
     commit_window: float = 0.0,
 ):
     """A ready :class:`LLMClient` with the run dir's request cache, rate limiter and budget ``gate``.
@@ -124,7 +124,7 @@ async def llm_session(
             cache_path=cache_path,
             commit_window=0.0 if ctx.mode == "batch" else commit_window,
             rate_ledger=ctx.rate_ledger,
-            gate=gate or budget_gate(ctx.cfg.llm, ctx.budget),
+            gate=gate,
             ledger=ctx.budget if isinstance(ctx.budget, SharedBudget) else None,  # --executor ray: one budget for every rank
             on_wait=ctx.reporter.waiting,
             prepare=begin,
@@ -245,50 +245,19 @@ def summary_rows(stats: dict) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------- the shape
-class LLMTask:
-    """One JSON answer asked of the LLM per item: :meth:`messages`, :meth:`schema`, :meth:`parse`,
-    and :meth:`ask`, which re-asks with the parse's reason until valid or out of attempts."""
+class LLMStage(Stage):
+    """A stage whose items are answered by the LLM, one JSON answer per request. Subclass, set
+    ``name``, ``summary``, ``config`` and ``prompts`` (its prompt files' prefix), supply :meth:`plan`,
+    :meth:`messages`, :meth:`schema`, :meth:`parse` and :meth:`record`; ``STAGE = MyStage()``. Its
+    methods run on a copy bound to the run (:meth:`bind`): ``self.ctx``, ``self.cfg`` (its section),
+    ``self.out``. Every request goes through :meth:`ask`."""
 
+    prompts: ClassVar[str]
+    split = "ranks"
     #: the answer's name in the re-asks ("example", "queries", ...)
     output_name: ClassVar[str] = "output"
     #: the sampling temperature of its requests (None: ``llm.temperature``)
     temperature: ClassVar[float | None] = None
-
-    def messages(self, item: Any) -> list[dict[str, str]]:
-        raise NotImplementedError
-
-    def schema(self, item: Any) -> dict[str, Any] | None:
-        return None
-
-    def parse(self, item: Any, answer: Any) -> Any:
-        """The value of a parsed JSON answer, or raise ``ValidationFailure(reason, detail)``."""
-        raise NotImplementedError
-
-    def sample_index(self, item: Any) -> int:
-        """Which sample of the same request this item is (part of the request's cache key)."""
-        return 0
-
-    async def ask(self, client: LLMClient, item: Any) -> LLMResult:
-        """The item's answer: its value, or why every attempt failed (``reason``, ``detail``, ``raw``)."""
-        return await client.structured(
-            self.messages(item),
-            validate=lambda answer: self.parse(item, answer),
-            schema=self.schema(item),
-            name=self.output_name,
-            sample_index=self.sample_index(item),
-            temperature=self.temperature,
-            reask_template=reask_template(),
-        )
-
-
-class LLMStage(Stage, LLMTask):
-    """A stage whose items are answered by the LLM. Subclass, set ``name``, ``summary``, ``config``
-    and ``prompts`` (its prompt files' prefix), supply :meth:`plan`, :meth:`messages`,
-    :meth:`schema`, :meth:`parse` and :meth:`record`; ``STAGE = MyStage()``. Its methods run on a
-    copy bound to the run (:meth:`bind`): ``self.ctx``, ``self.cfg`` (its section), ``self.out``."""
-
-    prompts: ClassVar[str]
-    split = "ranks"
 
     ctx: StageContext
     cfg: Any
@@ -324,6 +293,16 @@ class LLMStage(Stage, LLMTask):
     def before(self, items: list[WorkItem]) -> None:
         """Work on the planned items before any is processed (regenerate's mining)."""
 
+    def messages(self, item: WorkItem) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def schema(self, item: WorkItem) -> dict[str, Any] | None:
+        return None
+
+    def parse(self, item: WorkItem, answer: Any) -> Any:
+        """The value of a parsed JSON answer, or raise ``ValidationFailure(reason, detail)``."""
+        raise NotImplementedError
+
     def record(self, item: WorkItem, value: Any, result: LLMResult) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -341,7 +320,20 @@ class LLMStage(Stage, LLMTask):
         return rej.model_dump(mode="json")
 
     def sample_index(self, item: WorkItem) -> int:
+        """Which sample of the same request this item is (part of the request's cache key)."""
         return int(item.payload.get("k", 0))
+
+    async def ask(self, client: LLMClient, item: WorkItem) -> LLMResult:
+        """The item's answer: its value, or why every attempt failed (``reason``, ``detail``, ``raw``)."""
+        return await client.structured(
+            self.messages(item),
+            validate=lambda answer: self.parse(item, answer),
+            schema=self.schema(item),
+            name=self.output_name,
+            sample_index=self.sample_index(item),
+            temperature=self.temperature,
+            reask_template=reask_template(),
+        )
 
     async def process(self, client: LLMClient | None, item: WorkItem) -> Outcome:
         """The item's record, or its reject."""
@@ -450,10 +442,8 @@ class LLMStage(Stage, LLMTask):
         if ctx.overwrite:
             begin_staging(ctx.run_dir, self.name, entry)
 
-    def estimate(self, ctx: StageContext, tally: Tally) -> list[dict[str, Any]]:
-        """One request per item, with the messages the run sends; returns the items' payloads."""
+    def estimate(self, ctx: StageContext, tally: Tally) -> None:
+        """One request per item, with the messages the run sends."""
         job = self.bind(ctx)
-        items = job.estimate_items(tally)
-        for it in items:
+        for it in job.estimate_items(tally):
             tally.request(job.messages(it))
-        return [it.payload for it in items]

@@ -90,8 +90,8 @@ class Stage:
     def report(self, stats: dict) -> list[Summary]:
         return []
 
-    def estimate(self, ctx: StageContext, tally: Tally) -> Any:
-        """Count its requests for ``negsynth estimate``; returns what later stages' estimators may read."""
+    def estimate(self, ctx: StageContext, tally: Tally) -> None:
+        """Count its requests for ``negsynth estimate``."""
         raise NotImplementedError(f"stage {self.name!r} calls the LLM but counts no requests: define {type(self).__name__}.estimate")
 
 

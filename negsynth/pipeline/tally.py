@@ -5,9 +5,7 @@ the requests it would send, counted before any is sent; :mod:`negsynth.estimate`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from negsynth.errors import UserError
 from negsynth.llm.prefix_pin import prefix_length
@@ -100,13 +98,11 @@ class Tally:
         max_tokens: int,
         reask_tokens: int,
         fallback: int,
-        planned: Callable[[str, bool], Any] | None = None,
     ):
         self.est, self.tc = est, tc
         self.attempts, self.max_tokens, self.reask_tokens = attempts, max_tokens, reask_tokens
         #: expected answer tokens where a request has no worked example (min(llm.max_tokens, 256))
         self.fallback = fallback
-        self._planned = planned
 
     @property
     def stage(self) -> str:
@@ -126,10 +122,6 @@ class Tally:
 
     def note(self, line: str) -> None:
         self.est.basis.append(line)
-
-    def planned(self, stage: str, *, plan: bool = False) -> Any:
-        """What ``stage``'s estimator returned in this estimate (``plan``: run it aside, uncounted, if need be)."""
-        return None if self._planned is None else self._planned(stage, plan)
 
     def no_inputs(self) -> UserError:
         """The one line for a stage with no inputs: the ways ``negsynth estimate`` takes them."""

@@ -161,9 +161,8 @@ class ScoreConfig(Section):
     min_negatives: int = Field(4, ge=1, le=4)  # filter: fewer kept -> score/rejects (curriculum needs 4)
     # false-negative judge (mine_hard_negatives' cross_encoder rescoring): a cross-encoder (folder or
     # hub name) scores (query, positive) and (query, negative) in [0, 1]; a negative it scores at or above
-    # judge_ratio x the positive is a false negative too (flag judged_false_negative). "llm": the
-    # configured LLM reads query, positive and negatives and says which negatives answer the query
-    # (RLHN-style relabelling; cached and re-asked like every LLM call). None = off
+    # judge_ratio x the positive is a false negative too (flag judged_false_negative). None = off
+    # ("llm", the LLM as judge, was removed: noise, docs/recipe.md)
     judge_model: str | None = None
     judge_ratio: float = Field(0.95, gt=0.0, le=1.0)
     judge_batch_size: int = Field(32, ge=1)
@@ -189,6 +188,13 @@ class ScoreConfig(Section):
             raise ValueError('needs at least one input stage, e.g. ["generate"]')
         if "score" in v:
             raise ValueError('score cannot read its own outputs; use e.g. ["generate", "regenerate"]')
+        return v
+
+    @field_validator("judge_model")
+    @classmethod
+    def _judge_model(cls, v: str | None) -> str | None:
+        if v == "llm":  # a run file's line comes from config_io.REMOVED
+            raise ValueError("the LLM judge was removed (measured no gain: docs/recipe.md); use a cross-encoder (folder or name), or none")
         return v
 
 

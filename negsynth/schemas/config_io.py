@@ -113,6 +113,11 @@ REMOVED: dict[str, tuple[tuple[str, ...] | None, str, str]] = {
         'it chose the llm-likelihood teacher\'s model; delete it (the teacher is regenerate.teacher = "cross-encoder")',
     ),
     "score.easy_margin": (None, RECIPE_MEASURED, "no example is rejected as too easy (the old default, off); delete the key"),
+    "score.judge_model": (
+        ("llm",),
+        RECIPE_MEASURED,
+        "use a cross-encoder (its folder or hub name) as the judge, or delete the key (no judge)",
+    ),
     "score.dedup_labelled": (
         None,
         RECIPE_MEASURED,

@@ -85,11 +85,6 @@ def scores_hash(ctx: StageContext, shards: list[tuple[str, Path]], eval_fingerpr
     }
     if eval_fingerprint is not None:
         parts["decontam"] = eval_fingerprint
-    if ctx.cfg.score.judge_model == "llm":  # the LLM and the judge's prompt shape the verdicts
-        from negsynth.pipeline import llm_fingerprint
-        from negsynth.prompts import templates_fingerprint
-
-        parts["judge_llm"] = {"llm": llm_fingerprint(ctx.cfg.llm), "prompts": templates_fingerprint("judge", "reask")}
     return config_hash(parts)
 
 

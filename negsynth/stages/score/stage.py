@@ -14,13 +14,11 @@ from negsynth.data.clean import Decontaminator, Deduplicator, EvalTexts, eval_ve
 from negsynth.data.shards import atomic_write_bytes, atomic_write_text, shard_name, write_jsonl
 from negsynth.embed.base import encode_parts
 from negsynth.errors import UserError
-from negsynth.llm.errors import BudgetStop, OutageStop
 from negsynth.pipeline import Stage, StageContext
 from negsynth.schemas.config import ScoreConfig
 from negsynth.schemas.records import SYNTHETIC_SOURCE, Example
 from negsynth.stages.score.embedding import embed_block
 from negsynth.stages.score.inputs import embedder_fingerprint, input_shards, input_stages, load_decontam_texts, read_examples, scores_hash
-from negsynth.stages.score.llm_judge import estimate
 from negsynth.stages.score.measure import NAME, PAPER_TABLE4, apply_policy, fn_threshold, measure_examples
 from negsynth.stages.score.shard import ShardOutcome
 from negsynth.stages.score.stats import level_stats, negatives_frame, report
@@ -63,29 +61,17 @@ def run(ctx: StageContext) -> dict:
     blocks = plan_blocks([p for _, p in shards], cfg.block_examples) if todo else []
     emb, judge = ctx.embedder, ctx.judge
     this_run = Counter()
-    stopped_by = None
     if todo:
         if emb is None:
             ctx.reporter.info(f"score: loading embedder ({ctx.cfg.embedder.kind}: {ctx.cfg.embedder.model}) ...")
             emb = ctx.load_embedder()
-        if judge is None and cfg.judge_model == "llm":
-            from negsynth.stages.score.llm_judge import LLMJudge
-
-            judge = LLMJudge(ctx)
-        elif judge is None and cfg.judge_model is not None:
+        if judge is None and cfg.judge_model is not None:
             from negsynth.embed.cross_encoder import CrossEncoderJudge
 
             ctx.reporter.info(f"score: loading the false-negative judge ({cfg.judge_model}) ...")
             judge = CrossEncoderJudge.load(cfg.judge_model, device=ctx.cfg.embedder.device, batch_size=cfg.judge_batch_size)
-        try:
-            _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
-        except BudgetStop as e:
-            if isinstance(e, OutageStop):
-                raise
-            # the LLM judge spent a --max-* budget: the shards written so far are kept, the
-            # judgements of the unfinished block are in the request cache for the rerun
-            stopped_by = e.reason
-    return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev, stopped_by)
+        _score_shards(ctx, emb, shards, blocks, todo, this_run, ev, judge)
+    return _finish(ctx, t_start, h, emb, shards, todo, this_run, ev)
 
 
 def plan_blocks(paths: list[Path], block_examples: int) -> list[list[int]]:
@@ -131,15 +117,10 @@ def _score_shards(
             cleaner.dedup.close()
 
 
-def _finish(
-    ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts, stopped_by: str | None = None
-) -> dict:
-    """The stage's stats over every shard (this run's and earlier ones); when a budget stopped
-    it (``stopped_by``), over the shards finished so far."""
+def _finish(ctx: StageContext, t_start: float, h: str, emb, shards, todo: list[int], this_run: Counter, ev: EvalTexts) -> dict:
+    """The stage's stats over every shard (this run's and earlier ones)."""
     cfg = ctx.cfg.score
     done = range(len(shards))
-    if stopped_by is not None:
-        done = [k for k in done if (ctx.run_dir / NAME / shard_name(k)).exists()]
     sidecars = [_load_sidecar(ctx, k) for k in done]
     stats: dict[str, Any] = {
         "stage": NAME,
@@ -166,16 +147,14 @@ def _finish(
             {"stage": shards[k][0], "shard": shards[k][1].name, "out": shard_name(k), "examples": sc.get("examples", len(sc["cos_pos"]))}
             for k, sc in zip(done, sidecars, strict=True)
         ],
-        "shards_scored_this_run": len(todo) if stopped_by is None else len([k for k in todo if k in done]),
+        "shards_scored_this_run": len(todo),
         "throughput": _throughput(this_run, emb),
         "config_hash": h,
-        "complete": stopped_by is None,
-        "stopped_by": stopped_by,
+        "complete": True,
+        "stopped_by": None,
         "wall_time_s": round(time.perf_counter() - t_start, 3),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    if cfg.judge_model == "llm":  # the --max-* budget applies to the LLM judge's requests
-        stats["budget"] = ctx.budget.limits()
     return stats
 
 
@@ -184,20 +163,16 @@ def _judge_stats(cfg, sidecars: list[dict]) -> dict | None:
     embedder's cosine rule had let through (its own contribution)."""
     if cfg.judge_model is None and not any("judged_false_negative" in s for s in sidecars):
         return None
-    judged = flagged = only = not_judged = 0
+    judged = flagged = only = 0
     for sc in sidecars:
         for j, cp, cn in zip(sc.get("judged_false_negative") or [], sc["cos_pos"], sc["cos_neg"], strict=False):
-            if j is None:  # the LLM judge's answer failed for this example
-                not_judged += 1
+            if j is None:  # a contaminated example: not judged
                 continue
             judged += len(j)
             flagged += sum(j)
             thr = float(fn_threshold(cp, cfg.fn_ratio))
             only += sum(v and not c >= thr for v, c in zip(j, cn, strict=True))
-    out = {"model": cfg.judge_model, "ratio": cfg.judge_ratio, "negatives": judged, "false_negatives": flagged, "only_by_judge": only}
-    if cfg.judge_model == "llm":
-        out["not_judged"] = not_judged  # examples whose judgement failed (kept the embedder's verdict)
-    return out
+    return {"model": cfg.judge_model, "ratio": cfg.judge_ratio, "negatives": judged, "false_negatives": flagged, "only_by_judge": only}
 
 
 def _throughput(c: Counter, emb) -> dict:
@@ -214,7 +189,6 @@ def _throughput(c: Counter, emb) -> dict:
         "unique_texts_per_s": round(c["unique_texts"] / max(c["embed_s"], 1e-9), 2),
         "device": getattr(emb, "device", "?") if emb is not None else "?",
         **({"judge_pairs": c["judge_pairs"], "judge_s": round(c["judge_s"], 3)} if c.get("judge_pairs") else {}),
-        **({"judge_llm_requests": c["judge_requests"], "judge_llm_cache_hits": c["judge_cache_hits"]} if "judge_requests" in c else {}),
     }
 
 
@@ -333,17 +307,10 @@ def _judge_block(ctx: StageContext, judge, examples: list[dict], per_ex: list[di
     t0 = time.perf_counter()
     idx = [e for e in range(len(examples)) if contam[e] is None]
     ctx.reporter.info(f"score: judging {len(idx)} examples' negatives with {judge.name} ...")
-    try:
-        pos, negs = judge.score_examples([examples[e] for e in idx])
-    finally:  # counted also when a budget stopped it
-        if hasattr(judge, "requests"):  # the LLM judge: what it sent and what the cache answered
-            this_run["judge_requests"], this_run["judge_cache_hits"] = judge.requests, judge.cache_hits
+    pos, negs = judge.score_examples([examples[e] for e in idx])
     ratio = ctx.cfg.score.judge_ratio
     for e, p, ns in zip(idx, pos, negs, strict=True):
         m = per_ex[e]
-        if p is None or ns is None:  # an LLM judgement that failed: the embedder's verdict stands
-            this_run["judge_not_judged"] += 1
-            continue
         jp, jn = round(float(p), 6), [round(float(x), 6) for x in ns]
         verdict = judged_false_negatives(jp, jn, ratio)
         m.update(judge=judge.name, judge_pos=jp, judge_neg=jn, judged_false_negative=verdict)
@@ -450,9 +417,6 @@ class Score(Stage):
     def inputs(self, cfg) -> tuple[str, ...]:
         return input_stages(cfg)
 
-    def uses_llm(self, cfg) -> bool:
-        return cfg.score.judge_model == "llm"
-
     def embeds(self, cfg) -> bool:
         return True
 
@@ -465,7 +429,6 @@ class Score(Stage):
 
     run = staticmethod(run)
     report = staticmethod(report)
-    estimate = staticmethod(estimate)
 
 
 STAGE = Score()

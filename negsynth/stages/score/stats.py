@@ -187,8 +187,7 @@ def report(stats: dict) -> list[Summary]:
             (
                 "false-negative judge",
                 f"{j['model']}: {j['false_negatives']} of {j['negatives']} negatives >= {j['ratio']} x the positive "
-                f"({j['only_by_judge']} the cosine rule let through)"
-                + (f"; {j['not_judged']} examples not judged" if j.get("not_judged") else ""),
+                f"({j['only_by_judge']} the cosine rule let through)",
             )
         )
     rows += clean_rows(stats)
