@@ -248,7 +248,7 @@ def test_no_input_is_one_line(tmp_path):
     assert r.exit_code == 2 and "missing.jsonl" in r.output
 
 
-def test_negsynth_run_from_one_toml(tmp_path, minilm):
+def test_negsynth_run_from_one_toml(tmp_path, minilm, monkeypatch):
     """`negsynth run` takes the corpus path from one run file through score and curriculum."""
     folder = write_big_corpus(tmp_path)
     with FakeOpenAI(lambda req, n: answer(req, n)) as srv:
@@ -263,6 +263,22 @@ def test_negsynth_run_from_one_toml(tmp_path, minilm):
         assert r.exit_code == 0, r.output
     cur = json.loads((tmp_path / "run" / "curriculum" / "stats.json").read_text())
     assert cur["rows"] > 0 and cur["schedule"] == "stock"  # the stock recipe's rows, mined again by mine_hard_negatives
+    # built again: the library's embeddings come from the run dir's cache, the rows are the same
+    assert list((tmp_path / "run" / "cache" / "mine-embeddings").glob("*/corpus_embeddings_*.npy"))
+    rows = (tmp_path / "run" / "curriculum" / "train.parquet").read_bytes()
+    from sentence_transformers import SentenceTransformer
+
+    encoded: list[int] = []
+    real = SentenceTransformer.encode
+
+    def counting(self, sentences, *a, **kw):
+        encoded.append(1 if isinstance(sentences, str) else len(sentences))
+        return real(self, sentences, *a, **kw)
+
+    monkeypatch.setattr(SentenceTransformer, "encode", counting)
+    r = invoke("curriculum", "-c", cfg, "-d", tmp_path / "run", "--overwrite", "--json")
+    assert r.exit_code == 0, r.output
+    assert sum(encoded) == 0 and (tmp_path / "run" / "curriculum" / "train.parquet").read_bytes() == rows
 
 
 def test_bad_options_are_one_line(tmp_path):
