@@ -84,7 +84,7 @@ def library_negatives(ctx: StageContext, examples: list[dict]) -> tuple[list[dic
 
     from negsynth.schemas.records import NUM_NEGATIVES
     from negsynth.stages.corpus import load_corpora
-    from negsynth.stages.regenerate import miner
+    from negsynth.stages.regenerate import run_miner
 
     todo: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(examples):
@@ -96,10 +96,9 @@ def library_negatives(ctx: StageContext, examples: list[dict]) -> tuple[list[dic
             f"curriculum: the corpus stage's examples come from corpus {missing[0]!r}, which corpus.inputs no longer reads; "
             'rerun `negsynth corpus`, or set curriculum.schedule = "tuple" to train its own negatives'
         )
-    # the library's embeddings kept in the run dir, as regenerate keeps them: a curriculum built
-    # again (other settings, --overwrite) does not embed the corpus again
-    emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
-    mine = miner(ctx.cfg.corpus.mining, NUM_NEGATIVES, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
+    # the library's embeddings kept in the run dir: a curriculum built again (other settings,
+    # --overwrite) does not embed the corpus again
+    mine = run_miner(ctx, ctx.cfg.corpus.mining, NUM_NEGATIVES)
     model = ctx.load_mining_model()
     out, left_out = list(examples), set()
     for name, idx in todo.items():

@@ -144,6 +144,13 @@ def miner(opts: MiningConfig, k: int, **encoding: Any) -> Callable[..., dict[str
     return partial(mine_negatives, k=k, **opts.model_dump(include=MINING_OPTIONS), **encoding)
 
 
+def run_miner(ctx: StageContext, opts: MiningConfig, k: int) -> Callable[..., dict[str, dict[str, Any]]]:
+    """:func:`miner` with the run's embedder batch size and the library's embeddings kept in the run
+    dir per embedder (``cache/mine-embeddings/``): mining the same texts again embeds nothing."""
+    cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
+    return miner(opts, k, batch_size=ctx.cfg.embedder.batch_size, cache_folder=cache)
+
+
 def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple[SourceSpec, SourceData]]) -> dict[str, Any]:
     """Fill ``payload["mined"]`` for every item (cached per source in ``regenerate/_mined/``)."""
     cfg = ctx.cfg.regenerate
@@ -175,9 +182,7 @@ def mine_for_items(ctx: StageContext, items: list[WorkItem], sources: list[tuple
                 ctx.reporter.info(f"mining {k} negatives per pair with the embedder ({ctx.cfg.embedder.model}) ...")
                 model = ctx.load_mining_model()
             known = {q: data.positives_by_query.get(q, []) for q in queries}
-            emb_cache = ctx.run_dir / "cache" / "mine-embeddings" / config_hash({"embedder": ctx.cfg.embedder})
-            mine = miner(cfg.mining, k, batch_size=ctx.cfg.embedder.batch_size, cache_folder=emb_cache)
-            found = mine(model, queries, known, data.corpus)
+            found = run_miner(ctx, cfg.mining, k)(model, queries, known, data.corpus)
             atomic_write_json(path, found)
         short = 0
         for it in mine_items:
