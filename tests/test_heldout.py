@@ -103,3 +103,26 @@ def test_estimate_counts_the_held_out_requests_beside_the_training_ones(tmp_path
     assert r.exit_code == 0, r.output
     est = json.loads(r.stdout)["stages"]
     assert est["heldout"]["requests"] == 8 and est["corpus"]["requests"] == 40 - 8  # the training sample less the held-out documents
+
+
+def test_the_chunk_settings_enter_the_held_out_digest_only_where_a_document_is_split(tmp_path):
+    """As in the corpus stage: short documents keep one digest whatever the chunk settings (a run dir
+    made under the old 224-token default resumes); a split document makes them count."""
+    import shutil
+
+    from negsynth.pipeline.context import StageContext
+    from negsynth.stages.heldout import STAGE
+
+    folder = write_big_corpus(tmp_path, n=120)
+
+    def digest(**corpus) -> str:
+        cfg = config(corpus={"inputs": [{"path": str(folder)}], **corpus})
+        return STAGE.made_from(StageContext(cfg=cfg, run_dir=tmp_path / "run"))["config_hash"]
+
+    assert digest() == digest(chunk_tokens=224) == digest(chunk_tokens=64, chunk_overlap=8)
+    long = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines()]
+    long[0]["text"] = " ".join(f"word{i}" for i in range(400))
+    shutil.rmtree(folder)
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in long))
+    assert digest() != digest(chunk_tokens=224) != digest(chunk_tokens=128, chunk_overlap=16)
