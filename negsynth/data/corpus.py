@@ -65,6 +65,8 @@ TABLE_SUFFIXES = {
 }
 #: a folder's document files read per batch
 _FILES_PER_BATCH = 64
+_SUPPORTED = ".txt, .md, .rst, .html, .pdf, .jsonl(.gz), .csv(.gz), .tsv(.gz), .parquet"
+_UNSUPPORTED_FIX = "convert it to JSONL with a 'text' field (or .txt / .md / .pdf), or narrow the glob"
 
 
 def file_format(p: Path) -> str | None:
@@ -266,19 +268,11 @@ def folder_parts(folder: Path, glob: str | None) -> tuple[list[Part], dict[str, 
         fmt = file_format(p)
         if fmt is None:
             if glob:
-                raise UserError(f"{p}: picked by glob {glob!r} but {_kind(p)!r} is no corpus file type; {_unsupported_fix(p)}")
+                raise UserError(f"{p}: picked by glob {glob!r} but {_kind(p)!r} is no corpus file type; {_UNSUPPORTED_FIX}")
             other[_kind(p)] += 1
             continue
         parts.append(Part(str(p), fmt, rel.as_posix()))
     return parts, dict(sorted(other.items()))
-
-
-def _unsupported_fix(p: Path) -> str:
-    return "convert it to JSONL with a 'text' field (or .txt / .md / .pdf), or narrow the glob"
-
-
-def _supported() -> str:
-    return ".txt, .md, .rst, .html, .pdf, .jsonl(.gz), .csv(.gz), .tsv(.gz), .parquet"
 
 
 def read_corpus(spec, chunk_tokens: int = 0, chunk_overlap: int = 0) -> CorpusData:
@@ -342,7 +336,7 @@ def _input_parts(spec, fmt: str, path: str, file_fmt: str) -> tuple[list[Part], 
     if not parts:
         found = ", ".join(f"{k} ×{v}" for k, v in skipped_files.items()) or "no files"
         raise UserError(
-            f"{folder}: no corpus files here ({found}{f' for glob {glob!r}' if glob else ''}); it reads {_supported()}: convert the documents to one of them, e.g. JSONL with a 'text' field"
+            f"{folder}: no corpus files here ({found}{f' for glob {glob!r}' if glob else ''}); it reads {_SUPPORTED}: convert the documents to one of them, e.g. JSONL with a 'text' field"
         )
     return parts, skipped_files
 
@@ -453,9 +447,7 @@ def _corpus_format(path: str) -> str:
     if fmt in DOCUMENT_SUFFIXES.values():
         return fmt
     if p.exists() and fmt is None and p.suffix.lower() not in (".json",):
-        raise UserError(
-            f"{p}: unknown file type {_kind(p)!r}; the corpus stage reads {_supported()} or a folder of them; {_unsupported_fix(p)}"
-        )
+        raise UserError(f"{p}: unknown file type {_kind(p)!r}; the corpus stage reads {_SUPPORTED} or a folder of them; {_UNSUPPORTED_FIX}")
     return detect_format(path)
 
 
