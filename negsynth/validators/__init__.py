@@ -49,12 +49,6 @@ _META = re.compile(
 _PLACEHOLDER = re.compile(r"^(\.\.\.|…|n/?a|none|null|tbd|todo|(document|doc|negative|passage|text|label|string)\s*\d*)$", re.I)
 
 
-def check_count(negatives: Sequence[str], k: int = NUM_NEGATIVES) -> Verdict:
-    if len(negatives) != k:
-        return Verdict(False, "wrong_negative_count", f"'negatives' must hold exactly {k} items, got {len(negatives)}")
-    return KEEP
-
-
 def check_nonempty(fields: dict[str, str]) -> Verdict:
     for name, text in fields.items():
         if not isinstance(text, str) or not text.strip():
@@ -119,9 +113,8 @@ def check_meta(fields: dict[str, str]) -> Verdict:
 
 def check_example(query: str, positive: str, negatives: Sequence[str], *, min_chars: int = 2, max_chars: int = 6000) -> Verdict:
     """All example checks in order; the first failure wins."""
-    v = check_count(negatives)
-    if not v.keep:
-        return v
+    if len(negatives) != NUM_NEGATIVES:
+        return Verdict(False, "wrong_negative_count", f"'negatives' must hold exactly {NUM_NEGATIVES} items, got {len(negatives)}")
     fields = {"query": query, "positive": positive, **{f"negative {i + 1}": n for i, n in enumerate(negatives)}}
     for v in (
         check_nonempty(fields),
