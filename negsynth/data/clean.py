@@ -24,7 +24,6 @@ import csv
 import hashlib
 import io
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +33,6 @@ import numpy as np
 
 from negsynth.data.text import text_key
 from negsynth.errors import NegsynthError
-
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 #: float32 screening may be off by ~1e-6 for unit float16 vectors; candidates within this margin are re-checked in float64
 SCREEN_MARGIN = 1e-4
@@ -325,7 +322,7 @@ _TEXT_ROLES = ("text1", "text2", "text", "anchor", "positive", "negative")
 
 def _read_tsv_texts(path: Path, columns: list[str]):
     """``(column, line number, text)`` for the named columns of a headed TSV."""
-    from negsynth.data.readers import EvalDataError
+    from negsynth.data.readers import EvalDataError  # also lifts csv's field size limit
 
     try:
         with path.open(encoding="utf-8", newline="") as fh:
