@@ -305,14 +305,15 @@ def _mining_corpus(path: str) -> list[str]:
     return [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
-def select(pairs: list[Pair], limit: int | None, seed: int | None) -> list[Pair]:
-    """At most ``limit`` pairs: a seeded random sample kept in file order (``seed`` None or < 0: the first ones)."""
-    if limit is None or limit >= len(pairs):
-        return list(pairs)
+def select(items: list, limit: int | None, seed: int | None) -> list:
+    """At most ``limit`` of ``items`` (pairs, or their file rows): a seeded random sample kept in
+    order (``seed`` None or < 0: the first ones)."""
+    if limit is None or limit >= len(items):
+        return list(items)
     if seed is None or seed < 0:
-        return pairs[:limit]
-    idx = sorted(random.Random(f"{seed}:select").sample(range(len(pairs)), limit))
-    return [pairs[i] for i in idx]
+        return items[:limit]
+    idx = sorted(random.Random(f"{seed}:select").sample(range(len(items)), limit))
+    return [items[i] for i in idx]
 
 
 def load_source(spec) -> SourceData:
@@ -363,16 +364,9 @@ def read_tabular_stream(spec, fmt: str, name: str, split: str) -> SourceData:
     first = spec.seed < 0
     valid, pairs, skipped = table.scan(keep=spec.limit if first else 0)
     if not first:
-        pairs = table.read_rows(_picked_rows(valid, spec.limit, spec.seed))
+        pairs = table.read_rows(select(valid, spec.limit, spec.seed))  # the rows of the pairs select picks: valid is in file order
     # total_rows: the valid pairs of the file (with seed < 0, those read before the limit was met)
     return SourceData(name, split, pairs, None, None, len(valid), dict(table.cols), skipped, mining_loader=table.mining)
-
-
-def _picked_rows(valid: list[int], limit: int, seed: int) -> list[int]:
-    """The file rows of the pairs :func:`select` picks among the ``valid`` ones, in file order."""
-    if limit >= len(valid):
-        return sorted(valid)
-    return sorted(valid[i] for i in random.Random(f"{seed}:select").sample(range(len(valid)), limit))
 
 
 class _Table:
