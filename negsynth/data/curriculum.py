@@ -88,6 +88,12 @@ def to_example(obj, i: int):
         raise CurriculumError(f"curriculum: example #{i} (id={obj.get('id', '?')!r}) field {loc!r}: {msg}; fix that record") from None
 
 
+def anchor_of(ex, instruction_template: str | None) -> str:
+    """A row's anchor: the query in ``instruction_template`` with the example's task, or bare."""
+    task = ex.task.strip()
+    return instruction_template.format(instruction=task, query=ex.query) if instruction_template and task else ex.query
+
+
 def teacher_label(ex, use_mined: bool = False) -> list[float] | None:
     """The teacher's scores of ``ex``'s positive and of each of its negatives as they stand now,
     ``[positive, negative_1, ...]``, or None when it has none that line up.
@@ -173,12 +179,8 @@ def _usable_examples(examples: Iterable, needed: int, use_mined: bool, instructi
         if len(negs) < needed:
             stats["skipped_few_negatives"] += 1
             continue
-        if instruction_template and ex.task.strip():
-            anchor = instruction_template.format(instruction=ex.task.strip(), query=ex.query)
-        else:
-            anchor = ex.query
         keys = (text_key(ex.query), text_key(ex.positive), [text_key(n) for n in negs])
-        pool.append(_Usable(ex, negs, anchor, *keys, teacher_label(ex, use_mined)))
+        pool.append(_Usable(ex, negs, anchor_of(ex, instruction_template), *keys, teacher_label(ex, use_mined)))
     return pool
 
 

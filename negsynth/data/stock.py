@@ -20,7 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, teacher_label, to_example
+from negsynth.data.curriculum import DEFAULT_TEMPLATE, CurriculumError, CurriculumRows, anchor_of, teacher_label, to_example
 from negsynth.data.text import text_key
 
 
@@ -72,11 +72,7 @@ def ntuple_rows(
             stats["skipped_few_negatives"] += 1
             continue
         negs = negs[:n]
-        anchor = (
-            instruction_template.format(instruction=ex.task.strip(), query=ex.query)
-            if instruction_template and ex.task.strip()
-            else ex.query
-        )
+        anchor = anchor_of(ex, instruction_template)
         keys = [text_key(t) for t in (anchor, ex.positive, *negs)]
         if len(set(keys)) < len(keys):
             stats["skipped_self_duplicate"] += 1
