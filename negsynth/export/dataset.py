@@ -152,36 +152,36 @@ def _scored_ntuple_tables(run_dir: Path, build: dict, ntuple: int) -> tuple[dict
 
 
 def _write_configs(tmp: Path, tables: dict[str, Any], default: str, counts: dict[str, int]) -> list[dict]:
-    """Write each table as ``tmp/NAME/`` (one content-named parquet file), the default
-    configuration first, and return the card's ``configs`` entries; ``counts`` gets each one's rows."""
-    import pyarrow.parquet as pq
-
+    """Write each table (:func:`_write_config`), the default configuration first, and return the
+    card's ``configs`` entries; ``counts`` gets each one's rows."""
     configs: list[dict] = []
     order = [default, *[c for c in TEXT_CONFIGS if c != default], "metadata", "ntuple_metadata"]
     for name in order:
         if name not in tables:
             continue
-        (tmp / name).mkdir()
         # without the source file's schema metadata: its "huggingface" features list every
         # column of the curriculum, and datasets would read them back into a text-only config
-        pq.write_table(tables[name].replace_schema_metadata(None), str(tmp / name / PARQUET))
-        file = content_named(tmp / name / PARQUET)
-        configs.append(
-            {
-                "config_name": name,
-                "data_files": [{"split": "train", "path": f"{name}/{file}"}],
-                **({"default": True} if name == default else {}),
-            }
-        )
+        configs.append(_write_config(tmp, name, tables[name].replace_schema_metadata(None)))
+        if name == default:
+            configs[-1]["default"] = True
         counts[name] = tables[name].num_rows
     return configs
+
+
+def _write_config(tmp: Path, name: str, table) -> dict:
+    """Write ``table`` as ``tmp/NAME/`` (one content-named parquet file); its card ``configs`` entry."""
+    import pyarrow.parquet as pq
+
+    (tmp / name).mkdir()
+    pq.write_table(table, str(tmp / name / PARQUET))
+    file = content_named(tmp / name / PARQUET)
+    return {"config_name": name, "data_files": [{"split": "train", "path": f"{name}/{file}"}]}
 
 
 def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: dict[str, int]) -> dict[str, int]:
     """``--with-shards``: each stage's Example records (``generate``, ``regenerate``, ``score``) as
     one more configuration, appended to ``configs``; returns records per stage (``counts`` too)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from negsynth.data.shards import read_stage
     from negsynth.schemas.records import Example
@@ -194,10 +194,7 @@ def _write_stage_configs(run_dir: Path, tmp: Path, configs: list[dict], counts: 
         recs = [_flat_record(r) for r in read_stage(run_dir / st)]
         if not recs:
             continue
-        (tmp / st).mkdir()
-        pq.write_table(pa.Table.from_pylist(recs), str(tmp / st / PARQUET))
-        file = content_named(tmp / st / PARQUET)
-        configs.append({"config_name": st, "data_files": [{"split": "train", "path": f"{st}/{file}"}]})
+        configs.append(_write_config(tmp, st, pa.Table.from_pylist(recs)))
         shard_counts[st] = len(recs)
         counts[st] = len(recs)
     return shard_counts
