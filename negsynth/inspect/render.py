@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from negsynth.stages.score.stats import fmt_pct
+
 
 def render(report: dict[str, Any], console) -> None:
     """Print the report as rich tables (and panels for samples)."""
@@ -143,11 +145,11 @@ def _print_score(sc: dict[str, Any], sel: dict[str, Any], console) -> None:
             str(lv["n"]),
             _f(lv["mean"]),
             _f(lv["median"]),
-            _pct(lv["false_negative_rate"]),
-            _pct(lv["too_easy_rate"]),
+            fmt_pct(lv["false_negative_rate"]),
+            fmt_pct(lv["too_easy_rate"]),
         )
     console.print(t)
-    by_type = "false negatives by task type: " + ", ".join(f"{k} {_pct(v)}" for k, v in sc["false_negative_rate_by_task_type"].items())
+    by_type = "false negatives by task type: " + ", ".join(f"{k} {fmt_pct(v)}" for k, v in sc["false_negative_rate_by_task_type"].items())
     if mined:  # the bands are the retriever's own ranks: no LLM order to check them against
         console.print(by_type)
     else:
@@ -205,7 +207,3 @@ def _clip(s: str, n: int = 300) -> str:
 
 def _f(x, nd: int = 3) -> str:
     return "" if x is None else f"{x:.{nd}f}"
-
-
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f}%"

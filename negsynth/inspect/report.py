@@ -166,12 +166,10 @@ def stage_summary(name: str, files: list[Path], folder: Path | None) -> dict[str
                 tok.update({k: v for k, v in (s.get("tokens") or {}).items() if isinstance(v, (int, float))})
             if tok:
                 out["tokens"] = dict(tok)
-            cost = [s["estimated_cost_usd"] for s in stats if isinstance(s.get("estimated_cost_usd"), (int, float))]
-            if cost:
-                out["estimated_cost_usd"] = round(sum(cost), 6)
-            wall = [s["wall_time_s"] for s in stats if isinstance(s.get("wall_time_s"), (int, float))]
-            if wall:
-                out["wall_time_s"] = round(sum(wall), 3)
+            for key, digits in (("estimated_cost_usd", 6), ("wall_time_s", 3)):
+                vals = [s[key] for s in stats if isinstance(s.get(key), (int, float))]
+                if vals:
+                    out[key] = round(sum(vals), digits)
             if name == "score":  # its embedder, what the false-negative judge flagged, what cleaning dropped
                 out.update({k: stats[0][k] for k in ("embedder", "judge", "clean") if stats[0].get(k)})
             if name == "heldout":  # how many documents were set aside, or why none were
