@@ -1,19 +1,10 @@
 """The ``negsynth`` command: one subcommand per stage, plus ``run``, ``serve``, ``inspect`` and more.
 
-Every stage command is a declaration: its own options, the shared ones (:class:`Options`, declared
-once and added by :func:`stage_command`) and one call to
-:func:`negsynth.pipeline.stage.run_stage`. ``--config FILE.toml`` (default: the built-in
-embedded-LLM config), ``--run-dir DIR`` and ``--set section.key=value`` work everywhere. Errors
-raised on purpose (:class:`negsynth.errors.NegsynthError`) end with one line on stderr and their
-exit code, in one place (:func:`guarded`); ``--json`` prints machine-readable stats on stdout.
-
-The package, by responsibility: :mod:`~negsynth.cli.options` (the app, the shared options and
-the decorators that declare a command), :mod:`~negsynth.cli.overrides` (options as ``--set``
-overrides of the config), :mod:`~negsynth.cli.guard` (exit codes, errors and signals as one
-line), :mod:`~negsynth.cli.stages` (the stage commands and ``run``) and
-:mod:`~negsynth.cli.tools` (``estimate``, ``serve``, ``config``, ``inspect``,
-``export``). Importing it registers every command on :data:`app`, in that order; it exports
-the app, the exit codes and the entry point.
+:mod:`~negsynth.cli.options`: the app, the shared options and the decorators that declare a
+command; :mod:`~negsynth.cli.overrides`: options as ``--set`` overrides; :mod:`~negsynth.cli.guard`:
+exit codes, one-line errors, signals; :mod:`~negsynth.cli.stages`: the stage commands and ``run``;
+:mod:`~negsynth.cli.tools`: ``estimate``, ``serve``, ``config``, ``inspect``, ``export``. Importing
+the package registers every command on :data:`app`, in that order.
 """
 
 from __future__ import annotations

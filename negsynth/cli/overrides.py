@@ -22,9 +22,7 @@ def toml_value(v: Any) -> str:
 
 
 def config_sets(section: str, **values: Any) -> list[str]:
-    """The ``--set`` overrides of ``section`` for the options a user gave (None: not given), each
-    value serialised as TOML (:func:`toml_value`), so a path or name with a quote or a backslash in
-    it arrives as typed."""
+    """The ``--set`` overrides of ``section`` for the options a user gave (None: not given)."""
     return [f"{section}.{key}={toml_value(v)}" for key, v in values.items() if v is not None]
 
 
