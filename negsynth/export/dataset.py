@@ -46,14 +46,10 @@ TEXT_CONFIGS = ("triplet", "ntuple", "pair")
 
 
 def _configs_from_curriculum(table) -> dict[str, Any]:
-    """The curriculum's rows (a pyarrow table) as text-only configurations and their metadata:
-    ``triplet`` (anchor, positive, negative: graded rows as they are, n-tuple rows with their
-    hardest negative), ``ntuple`` (anchor, positive, negative_1..K; n-tuple rows only), ``pair``
-    (each distinct anchor, positive once, first occurrence first) and ``metadata`` (the other
-    columns, row for row beside the default configuration). Rows with a teacher's scores keep
-    them as ``label`` beside the texts of ``ntuple`` (``[positive, negative_1..K]``) and
-    ``triplet`` (``[positive, negative]``): sentence-transformers' layout for ``MarginMSELoss`` and
-    ``DistillKLDivLoss``."""
+    """The curriculum's rows (a pyarrow table) as the tables ``triplet`` (n-tuple rows with their
+    hardest negative), ``ntuple`` (n-tuple rows only), ``pair`` (each distinct pair once, first
+    occurrence first) and ``metadata``; a teacher's ``label`` is cut to ``[positive, negative]``
+    for ``triplet`` (layouts: docs/train.md)."""
     import pyarrow as pa
 
     from negsynth.data.stock import text_columns
