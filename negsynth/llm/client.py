@@ -258,9 +258,7 @@ class LLMClient(OutageWatch):
     async def chat(self, payload: dict, *, sample_index: int = 0) -> dict:
         """Send one request (or serve it from the cache): ``{"text", "finish_reason", "usage", "cached"}``."""
         key, body = request_key_and_body(payload, sample_index)
-        if self.cache is None:
-            key = None
-        if key is not None:
+        if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 self.stats.cache_hits += 1
@@ -270,7 +268,7 @@ class LLMClient(OutageWatch):
         sent = self._sent
         try:
             if self.transport is not None:
-                result = await self.transport.submit(key or request_key_and_body(payload, sample_index)[0], payload)
+                result = await self.transport.submit(key, payload)
                 self.consecutive_failures = 0
                 return {**result, "cached": False}  # the batch transport stored it in the cache
             async with self._sem:
@@ -283,7 +281,7 @@ class LLMClient(OutageWatch):
             raise
         finally:
             self._trial_done(trial)
-        if key is not None:
+        if self.cache is not None:
             self.cache_answer(key, result)
         return {**result, "cached": False}
 
