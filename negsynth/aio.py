@@ -1,11 +1,8 @@
 """Run a coroutine to completion from synchronous code, whether or not an event loop is running.
 
-The stages are synchronous functions that drive their LLM requests with asyncio. Called from a
-plain script, :func:`run_sync` is ``asyncio.run``. Called where a loop is already running in this
-thread — a Jupyter notebook, an async web handler — ``asyncio.run`` refuses; there the coroutine
-runs on a fresh loop in a worker thread and the caller blocks until it is done (its result
-returned, its exception raised, KeyboardInterrupt included), so ``run_pipeline(...)`` in a
-notebook cell behaves as in a script.
+Where one runs in this thread (a Jupyter notebook, an async web handler) ``asyncio.run`` refuses;
+there the coroutine runs on a fresh loop in a worker thread and the caller blocks until it is done,
+so ``run_pipeline(...)`` in a notebook cell behaves as in a script.
 """
 
 from __future__ import annotations
@@ -19,13 +16,8 @@ T = TypeVar("T")
 
 
 def _quiet_cancelled_connect(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """Drop the one error CPython < 3.12 logs when a connect is cancelled as it completes.
-
-    A Ctrl-C landing while a socket connect is in flight cancels the connect's future; the
-    selector callback then calls ``set_result`` on it and asyncio logs ``InvalidStateError`` with
-    a traceback (fixed upstream in 3.12, which checks ``fut.done()`` first). Nothing is lost —
-    the request was being cancelled anyway — so it is not shown; every other error still is.
-    """
+    """Drop the ``InvalidStateError`` traceback CPython < 3.12 logs when a Ctrl-C cancels a socket
+    connect as it completes (fixed in 3.12); nothing is lost, every other error is still shown."""
     handle = context.get("handle")
     if isinstance(context.get("exception"), asyncio.InvalidStateError) and "_sock_connect_cb" in repr(handle):
         return

@@ -7,7 +7,6 @@ The report (also ``--json``): ``stages`` (records, shards, rejects by reason, to
 time per stage folder), ``task_types`` (records per task type), ``score`` (the per-level cosine and
 flag statistics of ``score``, over the selected examples), ``selection`` and ``samples``. Filters
 (``--task-type``, ``--flag false_negative|too_easy|non_monotonic``, ``--level``) select examples.
-Shards are read with polars, only the columns a number needs; texts only for the samples.
 
 :mod:`~negsynth.inspect.report` builds the report, :mod:`~negsynth.inspect.render` prints it,
 :mod:`~negsynth.inspect.plots` draws its figures.
