@@ -10,12 +10,9 @@ from negsynth.export.common import examples_stage, read_json, records_by_stage
 
 
 def provenance(run_dir: Path) -> dict[str, Any]:
-    """What made the examples, read from the records and the stages' stats: the stage that made
-    each (``corpus``: queries written for a user's documents, the document the positive;
-    ``regenerate``: a dataset's (query, positive) pairs; ``generate``: everything written by the
-    LLM; any other stage of the method that makes examples), where the negatives came from
-    (``mined`` / ``llm`` / ``mixed``), the LLM(s), the embedder that mined and scored, the
-    corpora or source datasets, and examples per record ``model`` (``generator_models``)."""
+    """What made the examples, read from the records and score's stats: examples per stage that
+    made them (``origin``), per kind of negatives (``mined`` / ``llm`` / ``mixed``), per LLM, mining
+    embedder, source and record ``model`` (``generator_models``), and the scoring embedder."""
     folder = examples_stage(run_dir)
     origins, negatives, llms, sources, miners, generators = (Counter() for _ in range(6))
     for stage, r in records_by_stage(folder) if folder is not None else ():
