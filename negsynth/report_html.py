@@ -86,9 +86,7 @@ def _rejects(path: Path, stages: dict, limit: int) -> list[dict]:
     run_dir, _ = resolve(path)
     out: list[dict] = []
     for name in stages:
-        folder = (run_dir / name) if run_dir else (path if path.is_dir() else None)
-        if folder is None:
-            continue
+        folder = run_dir / name if run_dir else path  # a stage folder (never a shard: see write_html)
         recs = (rec for f in sorted((folder / "rejects").glob("shard-*.jsonl")) for rec in iter_jsonl(f, tolerate_truncated_tail=True))
         out += [_reject_item(rec, name) for rec in islice(recs, limit)]
     return out
