@@ -10,14 +10,7 @@ from negsynth.inspect.report import collect_shards, example_stage, level_word, n
 
 
 def write_plots(path: str | Path, out_dir: str | Path, *, task_type: str | None = None) -> list[Path]:
-    """PNG figures of the scored examples under ``path`` -> list of files written.
-
-    * ``cos_by_level.png``: distribution (violin + box) of cos(q, neg) per LLM level next to
-      cos(q, pos), with each level's mean and MGH Table 4's means (another embedder) for reference;
-    * ``flags_by_level.png``: false-negative and too-easy rate per level, one bar group per task type;
-    * ``task_type_mix.png``: examples per task type;
-    * ``kendall_tau.png``: histogram of the per-example Kendall tau.
-    """
+    """PNG figures of the examples under ``path`` (each ``_plot_*``'s; docs/score.md, "inspect") -> the files written."""
     try:
         import matplotlib
     except ImportError:
