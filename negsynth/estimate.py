@@ -1,11 +1,8 @@
-"""What a run will cost before a request is sent: ``negsynth estimate``.
+"""What a run will cost before a request is sent: ``negsynth estimate`` (docs/configuration.md).
 
-Each stage that calls the LLM counts the requests its run would send with their actual prompts
-(:meth:`Stage.estimate <negsynth.pipeline.stage.Stage.estimate>`, stand-ins where its inputs do not
-exist yet); this module turns them into requests, tokens (tiktoken, else characters / 4), wall time
-(``--rps``, ``--latency``, ``llm.rpm`` / ``llm.tpm``, or the embedded LLM timed here) and USD,
-expected and with every re-ask used. A finished stage costs nothing; an interrupted one is
-estimated whole (an upper bound).
+Each LLM stage counts the requests its run would send (:meth:`Stage.estimate
+<negsynth.pipeline.stage.Stage.estimate>`); this module turns them into tokens, wall time and USD,
+expected and with every re-ask used. A finished stage costs nothing.
 """
 
 from __future__ import annotations
