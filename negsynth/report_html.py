@@ -1,10 +1,5 @@
-"""``negsynth inspect RUN_DIR --html OUT.html``: the inspect report as one self-contained page.
-
-Everything is inline (CSS, JS, the data as JSON, the plots as base64 PNG): no network, open it from
-disk or mail it. It holds the stage tables, the task-type mix, the per-level score table, reject
-reasons, the plots and a sample browser filtered by task type, level, flag and reject reason; the
-filters live in the URL fragment (``OUT.html#task_type=sts&flag=false_negative&level=1``), so a
-view can be bookmarked or shared.
+"""``negsynth inspect RUN_DIR --html OUT.html``: the inspect report as one self-contained page
+(CSS, JS, the data and the plots inline; what it shows: docs/score.md, "HTML report").
 """
 
 from __future__ import annotations
