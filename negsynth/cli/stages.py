@@ -60,13 +60,9 @@ def _emit_llm(stats: dict, json_mode: bool) -> None:
         raise typer.Exit(EXIT_BUDGET)
 
 
-def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> dict:
+def _run(name: str, opts: Options, extra_sets: list[str] | None = None) -> None:
     """Run stage ``name`` under the command's options and report its stats (exit code included)."""
-
-    ctx = opts.context(extra_sets)
-    stats = _execute(name, opts, ctx)
-    _emit_llm(stats, opts.json_out)
-    return stats
+    _emit_llm(_execute(name, opts, opts.context(extra_sets)), opts.json_out)
 
 
 def _execute(name: str, opts: Options, ctx) -> dict:
