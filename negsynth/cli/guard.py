@@ -5,7 +5,9 @@ for an error raised on purpose, an environment failure or an interrupt (:func:`g
 
 from __future__ import annotations
 
+import errno
 import functools
+import signal
 import sys
 
 import typer
@@ -54,8 +56,6 @@ def guarded(fn):
 
 def _os_error_line(e: OSError) -> str:
     """One line for an OSError that reached the top: the file, the reason and the fix."""
-    import errno
-
     where = e.filename or "a file in the run dir"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"cannot write {where}: {e.strerror}; free some space and rerun the same command to resume"
@@ -68,8 +68,6 @@ _TERMINATED = False
 
 
 def _ignore_signals() -> None:
-    import signal
-
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             signal.signal(sig, signal.SIG_IGN)
@@ -84,8 +82,6 @@ def _sigterm(signum, frame) -> None:
     KeyboardInterrupt from a SIGTERM handler instead would tear the loop down mid-callback and
     print its tasks' tracebacks. So SIGTERM is turned into that SIGINT."""
     global _TERMINATED
-    import signal
-
     _TERMINATED = True
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler) and handler is not _sigterm:
@@ -97,8 +93,6 @@ def _sigterm(signum, frame) -> None:
 def run_app(app: typer.Typer) -> None:
     """Run ``app`` as the console entry point: SIGTERM unwinds like Ctrl-C, and an interrupt
     outside a command ends in one line and exit code 130 (143 after SIGTERM)."""
-    import signal
-
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         app()
