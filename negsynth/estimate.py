@@ -8,6 +8,7 @@ expected and with every re-ask used. A finished stage costs nothing.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ def _cached_answer_tokens(run_dir: Path) -> dict[str, int]:
     """Per stage, the mean completion tokens of its answers among the first 5,000 in the run's
     request cache (an answer that names no ``"stage"`` is not counted)."""
     import sqlite3
-    from collections import defaultdict
 
     path = run_dir / "cache" / "llm.sqlite"
     if not path.is_file():

@@ -5,12 +5,11 @@ kill a real run at an exact point and check that a rerun resumes. Unset, a crash
 from __future__ import annotations
 
 import os
+import signal
 
 _CRASH_AT = os.environ.get("NEGSYNTH_CRASH_AT") or None
 
 
 def crash_point(name: str) -> None:
     if _CRASH_AT is not None and _CRASH_AT == name:
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)

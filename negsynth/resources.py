@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from negsynth.errors import NegsynthError
@@ -46,8 +47,6 @@ def sample_corpus() -> Path:
 
 def default_data_dir() -> Path | None:
     """The shared benchmark data folder: $NEGSYNTH_DATA_DIR, else ../shared/data beside the repo."""
-    import os
-
     env = os.environ.get("NEGSYNTH_DATA_DIR")
     if env:
         return Path(env)

@@ -4,6 +4,7 @@ matter, content-named data files and the staging folder that replaces ``OUT/data
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -22,8 +23,6 @@ def content_named(path: Path) -> str:
     name, config and a hash of its card's ``configs`` (the data files' *relative* paths), so two
     exports whose files had the same names were one cache entry: loading the second gave the first
     one's rows, silently. A name that changes with the content makes each export its own entry."""
-    import hashlib
-
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     named = path.with_name(f"{path.stem}-{digest}{path.suffix}")
     path.rename(named)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -16,8 +17,6 @@ from negsynth.export.provenance import describe_provenance, provenance
 
 def _eval_table(report: dict | None, baseline: dict | None) -> list[str]:
     """The evaluation report as the terminal's table (:func:`negsynth.evaluate.runner.table_rows`) in Markdown."""
-    import re
-
     from negsynth.evaluate.runner import report_notes, table_rows
 
     if not report or not report.get("tasks"):

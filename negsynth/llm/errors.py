@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 from negsynth.errors import NegsynthError
 from negsynth.schemas.config import LLMConfig
@@ -220,8 +221,6 @@ def tls_message(url: str, detail: str) -> str:
 def redirect_message(base_url: str, url: str, status: int, location: str | None) -> str:
     """One line for a redirect answered to ``url`` (never followed: a 301/302/303 would turn the POST
     into a GET, and the key is never sent to another host), naming the ``llm.base_url`` to set."""
-    from urllib.parse import urljoin, urlsplit
-
     if not location:
         return f"llm.base_url={base_url} answered a {status} redirect without a Location; fix llm.base_url"
     new = urljoin(url, location)
