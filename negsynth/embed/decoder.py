@@ -1,23 +1,6 @@
-"""Zero-shot sentence embeddings from a decoder-only LLM (SEED_SPEC §3, §4, §6).
-
-A causal LM lets token *i* see only tokens ``<= i``, so plain pooling of its states is weak. The
-methods here work around that without training:
-
-``mean`` / ``last``
-    Pooling of the final hidden states over the text tokens.
-``prompteol``
-    ``This sentence: "{text}" means in one word:"``, pooled at the final prompt token
-    (:data:`PROMPTEOL_TEMPLATES`).
-``echo``
-    The text twice; only the *second* copy plus EOS is pooled, since each of its tokens has seen
-    the whole text. Default: the echo paper's query / document templates (:data:`ECHO_TEMPLATES`).
-``reba``
-    The text repeated ``k`` times plus backward attention: all layers' and heads' attention fused
-    by symmetrise-and-max (:func:`fuse_attentions`), the last layer's states re-weighted by it
-    (:func:`reba_weights`).
-``embedfilter``
-    An echo (mean) or PromptEOL (last) embedding projected onto the middle band of right
-    singular vectors of the unembedding matrix (:mod:`negsynth.embed.embedfilter`).
+"""Zero-shot sentence embeddings from a decoder-only LLM (SEED_SPEC §3, §4, §6): ``mean``,
+``last``, ``prompteol``, ``echo``, ``reba`` and ``embedfilter`` (inputs and pooled positions:
+docs/zeroshot.md).
 
 A template is tokenised in one go with character offsets; a token belongs to a ``{text}`` slot
 when its span overlaps the slot, so the pooled positions are exact for any fast tokenizer. Each
@@ -77,7 +60,7 @@ class Tokenized:
 
 
 class DecoderEmbedder(Embedder):
-    """Zero-shot embeddings from a decoder LLM; the methods are in the module docstring.
+    """Zero-shot embeddings from a decoder LLM (methods: docs/zeroshot.md).
 
     Build it from a config (:meth:`from_config`) or around any transformers decoder and its fast
     tokenizer::
@@ -331,8 +314,7 @@ class DecoderEmbedder(Embedder):
             hidden = out.last_hidden_state.to(self.pool_dtype).masked_fill(~mask.bool()[..., None], 0.0)
             if kind == "reba":
                 fused = fuse_attentions(out.attentions, mask).to(self.pool_dtype)
-                w = reba_weights(fused, batch["first"].to(dev), mask, pooling)
-                emb = torch.einsum("bl,bld->bd", w, hidden) / w.sum(dim=1, keepdim=True).clamp_min(1e-30)
+                emb = pool(hidden, reba_weights(fused, batch["first"].to(dev), mask, pooling), "mean")
             else:
                 emb = pool(hidden, batch["pool"].to(dev), pooling)
         return self.project(emb.cpu().numpy().astype(np.float64))

@@ -9,7 +9,6 @@ import re
 
 from negsynth.prompts.embedding import ECHO_TEMPLATES, PROMPTEOL_TEMPLATES
 
-_SLOT = re.compile(r"\{text\}")
 _ANY_SLOT = re.compile(r"\{text\}|\{instruction\}")
 
 
@@ -25,7 +24,7 @@ def resolve_prompteol_template(template: str, method: str, model_type: str | Non
         else:
             template = "prompteol"
     out = PROMPTEOL_TEMPLATES.get(template, template)
-    if len(_SLOT.findall(out)) != 1 or "{instruction}" in out:
+    if out.count("{text}") != 1 or "{instruction}" in out:
         raise ValueError(f"prompteol_template needs exactly one {{text}} slot (or a name: {sorted(PROMPTEOL_TEMPLATES)}), got {template!r}")
     return out
 
@@ -44,7 +43,7 @@ def resolve_echo_templates(template: str, doc_template: str | None = None) -> tu
     if doc_template is not None:
         doc = ECHO_TEMPLATES[doc_template][1] if doc_template in ECHO_TEMPLATES else doc_template
     for name, t, max_ins in (("echo_template", query, 1), ("echo_doc_template", doc, 0)):
-        if len(_SLOT.findall(t)) != 2 or t.count("{instruction}") > max_ins:
+        if t.count("{text}") != 2 or t.count("{instruction}") > max_ins:
             raise ValueError(
                 f"{name} needs two {{text}} slots"
                 + (" and at most one {instruction}" if max_ins else " and no {instruction}")

@@ -79,7 +79,7 @@ def load_decoder(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     cls = AutoModelForCausalLM if causal_lm else AutoModel
-    kw = {"dtype": dt} if dt is not None else {}
+    kw = {"dtype": dt}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     m = cls.from_pretrained(path, **kw).to(dev)
