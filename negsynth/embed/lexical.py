@@ -71,11 +71,9 @@ class LexicalIndex:
 def ranks(scores) -> Any:
     """1-based rank of each item by descending score, ties broken by position (deterministic)."""
     import numpy as np
+    from scipy.stats import rankdata
 
-    order = np.lexsort((np.arange(len(scores)), -np.asarray(scores)))
-    out = np.empty(len(scores), dtype=np.int64)
-    out[order] = np.arange(1, len(scores) + 1)
-    return out
+    return rankdata(-np.asarray(scores), method="ordinal")
 
 
 def rrf(dense, lexical, k: int = RRF_K) -> Any:
