@@ -1,22 +1,11 @@
 """ATA pooling for embedding training (mean, cls and last are sentence-transformers' own ``Pooling``).
 
-:class:`EmbeddingPooling` is a sentence-transformers ``Module``, so ``modules.json`` records it and
-``SentenceTransformer(path, trust_remote_code=True)`` reloads it. It reads ``token_embeddings``
-``[B, n, d]`` and ``attention_mask`` ``[B, n]`` (left or right padding) and writes
-``sentence_embedding`` ``[B, d]``.
-
-**ATA** (anchor-token-aware pooling, SEED_SPEC §2.2-2.3): token j's score is the attention it
-*receives* from every real query position i in the final layer, averaged over heads,
-``s_j = mean_h Σ_i A^h_{i,j}``; ``w = s / Σ_P s`` over the pooled set P and ``e = Σ_j w_j h_j``.
-``ata_pool = "embed_mask"`` (LLM2Vec's ``embed_mask``) leaves an E5 prefix ``Instruct: …\nQuery: ``
-and the leading special tokens out of P (they still attend); ``"all"`` pools every real token
-(how a model saved before ``embed_mask`` was trained, and loads).
-
-SDPA and flash kernels never materialise ``A``, so a forward pre-hook on the backbone's final
-self-attention keeps that layer's input (and RoPE's cos/sin), and the pooling recomputes
-``softmax(q kᵀ · scaling + mask)`` through the layer's own projections (LoRA included), RoPE and
-GQA, in float32, causal only where the layer still is (:mod:`negsynth.train.bidirectional`). One
-extra ``[B, H, n, n]`` product, no parameters; ``tests/test_train.py`` checks it against eager
+**ATA** (anchor-token-aware pooling, SEED_SPEC §2.2-2.3; docs/train.md): token j's weight is the
+final-layer attention it receives from every real position, averaged over heads, normalised over
+the pooled set (``ata_pool``: ``"embed_mask"`` leaves an E5 prefix ``Instruct: …\nQuery: `` out,
+``"all"`` pools every real token). SDPA and flash kernels never materialise the attention, so a
+forward pre-hook keeps the final self-attention's input and the pooling recomputes its
+probabilities (:func:`recompute_attention_probs`); ``tests/test_train.py`` checks it against eager
 ``output_attentions``.
 """
 
@@ -228,15 +217,9 @@ def _backbone_of(model) -> nn.Module:
 
 
 class EmbeddingPooling(Module):
-    """Parameter-free pooling: ``mode`` in ``mean`` | ``last`` | ``ata``.
-
-    - ``mean``: average of the real tokens.
-    - ``last``: the last real token (decoders; build the tokenizer to append EOS, see trainer).
-    - ``ata``: anchor-token-aware weighted mean from the final layer's attention (module docstring).
-
-    For ``ata`` the module must know the backbone: ``on_model_ready`` (called by
-    ``SentenceTransformer`` on construction and reload) installs the capture hook; call
-    :meth:`bind` yourself if you append the module to an already-built model.
+    """Parameter-free pooling of ``token_embeddings`` (left or right padding): ``mode`` ``mean``,
+    ``last`` (the last real token) or ``ata``. For ``ata``, ``on_model_ready`` (construction and
+    reload) hooks the backbone; call :meth:`bind` when appending it to an already-built model.
     """
 
     config_file_name = "config.json"

@@ -1,19 +1,11 @@
-"""The batch sampler that keeps a curriculum's order and never puts a text twice in a batch.
-
-MultipleNegativesRankingLoss treats every other text of a batch as a negative, so a text twice in
-a batch (the same positive for two queries) is a *false* in-batch negative. sentence-transformers'
-``NoDuplicatesBatchSampler`` avoids that but shuffles, which would erase a curriculum.
-:class:`CurriculumBatchSampler` keeps both guarantees for any dataset: rows are taken in order, each
-into the earliest open batch that holds none of its texts (:func:`negsynth.data.text.text_key`),
-batches never mix segments (the ``batch`` or ``phase`` column, :func:`batch_segments`), and a row
-repeating its own text is skipped. On a curriculum from :func:`negsynth.data.curriculum.build_curriculum`
-the batches are exactly ``[0..B), [B..2B), ...``.
-
-Under data parallelism (world size W) it plans the *global* batches of ``batch_size * W`` rows as
-one process would and yields each one's W consecutive slices; accelerate deals slice r to rank r,
-so every rank is in the same phase at every step and the union of the slices is the one-process
-batch (docs/scale.md). :func:`curriculum_batch_sampler` gives what
-``SentenceTransformerTrainingArguments(batch_sampler=...)`` takes.
+"""The batch sampler that keeps a curriculum's order and never puts a text twice in a batch
+(a text twice is a false in-batch negative for MNRL; sentence-transformers' ``NoDuplicatesBatchSampler``
+avoids it but shuffles). Rows are taken in order, each into the earliest open batch that holds none
+of its texts (:func:`negsynth.data.text.text_key`); batches never mix segments
+(:func:`batch_segments`), and a row repeating its own text is skipped. On a built curriculum the
+batches are exactly ``[0..B), [B..2B), ...``. Under data parallelism (world size W) it plans the
+global batches of ``batch_size * W`` rows and yields each one's W consecutive slices, one per rank
+(docs/scale.md).
 """
 
 from __future__ import annotations
