@@ -1,19 +1,7 @@
-"""Train an embedding model on the curriculum with the sentence-transformers trainer.
-
-Input: rows in training order (:func:`~negsynth.train.sampler.load_rows`), columns ``anchor, positive``
-and ``negative`` or ``negative_1..K`` (+ ``phase``, ``level``, ``batch``, ``label``). Output: a
-SentenceTransformer folder (``output_dir/final``).
-
-The stock :class:`SentenceTransformerTrainer` brings checkpoints, resume, logging, accumulation,
-warmup and mixed precision; the curriculum's order survives because the batch sampler is passed
-as a class in ``SentenceTransformerTrainingArguments.batch_sampler``
-(:func:`~negsynth.train.sampler.curriculum_batch_sampler`), so no trainer subclass is needed. On
-resume the trainer skips the consumed batches, which lands on the next curriculum batch.
-
-Example::
-
-    from negsynth.train import TrainConfig, train
-    out = train("curriculum.parquet", TrainConfig(pooling="ata", batch_size=64, output_dir="runs/mgh"))
+"""Train an embedding model on the curriculum with the stock ``SentenceTransformerTrainer``
+(docs/train.md). The curriculum's order survives because the batch sampler is passed as a class in
+``SentenceTransformerTrainingArguments.batch_sampler`` (no trainer subclass); on resume the trainer
+skips the consumed batches, which lands on the next curriculum batch.
 """
 
 from __future__ import annotations
@@ -315,10 +303,6 @@ _DISTILL_KEYS = ("distill_weight", "distill_temperature", "distill_teacher_tempe
 _ANGLE_KEYS = ("infonce_weight", "angle_weight", "angle_scale")
 
 
-def _pick(config: TrainConfig, *names: str) -> dict:
-    return {n: getattr(config, n) for n in names}
-
-
 def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
     """The loss ``config`` names, at the model family's temperature, gathering in-batch negatives
     across devices under data parallelism: a distillation loss on the teacher's scores; AnglE +
@@ -342,11 +326,13 @@ def _training_loss(config: TrainConfig, model, per_device: int, distill: bool):
             raise ValueError(
                 f"train.loss = {config.loss!r} does not take the AnglE + InfoNCE weights; set angle_weight = 0 and infonce_weight = 1"
             )
-        return make_distill_loss(model, config.loss, temperature=temperature, gather_across_devices=gather, **_pick(config, *_DISTILL_KEYS))
+        return make_distill_loss(
+            model, config.loss, temperature=temperature, gather_across_devices=gather, **config.model_dump(include=set(_DISTILL_KEYS))
+        )
     if angle:
         from negsynth.train.loss import make_angle_infonce_loss
 
-        return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **_pick(config, *_ANGLE_KEYS))
+        return make_angle_infonce_loss(model, temperature, gather_across_devices=gather, **config.model_dump(include=set(_ANGLE_KEYS)))
     return make_loss(model, temperature, gather_across_devices=gather, mini_batch_size=mini_batch)
 
 
@@ -427,17 +413,12 @@ def make_trainer(dataset, config: TrainConfig, model=None, progress=None):
 def train(dataset, config: TrainConfig | dict | None = None, *, progress=None) -> str:
     """Train on the ordered curriculum and return the folder of the final SentenceTransformer.
 
-    ``dataset``: the rows in training order, anything :func:`~negsynth.train.sampler.load_rows`
-    reads (a ``datasets.Dataset``, a dict of columns, a parquet path, a run or curriculum dir). ``config``: :class:`TrainConfig` or a dict of its fields. The final model is
-    saved to ``<output_dir>/final`` (with LoRA: the adapter plus its base-model reference), the
-    checkpoints to ``<output_dir>/checkpoint-<step>``, the step log (loss, lr, phase, level) to
-    ``<output_dir>/final/train_log.json``. Each checkpoint is sealed once whole
-    (:data:`~negsynth.train.checkpoints.SEAL`); ``resume=True`` continues from the latest sealed one.
-
-    ``progress``: show steps, loss and ETA on a bar instead of the trainer's log dicts on stdout;
-    a context manager factory ``progress(description, total, status=..., completed=...)`` yielding
-    a bar with ``update(advance=0, **fields)``, e.g. ``Reporter().progress`` of
-    :mod:`negsynth.pipeline.progress`. Default: the trainer's own output.
+    ``dataset``: anything :func:`~negsynth.train.sampler.load_rows` reads; ``config``: a
+    :class:`TrainConfig` or a dict of its fields. Writes ``<output_dir>/final`` (with LoRA: the
+    adapter), sealed ``<output_dir>/checkpoint-<step>`` folders (``resume=True`` continues from the
+    latest) and ``final/train_log.json`` (loss, lr, phase, level per step). ``progress``: a bar
+    factory as :func:`~negsynth.train.callbacks.progress_callback` takes, instead of the trainer's
+    log dicts on stdout.
     """
     config = config if isinstance(config, TrainConfig) else TrainConfig(**(config or {}))
     trainer, model = make_trainer(dataset, config, progress=progress)
