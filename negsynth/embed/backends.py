@@ -137,23 +137,16 @@ def _runner(path: Path, backend: str, threads: int):
     return lambda feed: compiled(feed)[0]
 
 
-def _available(backend: str) -> bool:
-    try:
-        check_backend(backend)
-        return True
-    except UserError:
-        return False
-
-
 def use_backend(st_model, backend: str, *, threads: int | None = None) -> str:
     """Swap ``st_model[0]``'s backbone for ``backend`` in place (``"torch"``: no change); returns the
     backend used. ``"auto"``: OpenVINO, when it is installed, for a plain encoder on CPU (the same
     nDCG@10 as torch to 4 decimals, faster: docs/benchmarks.md), else torch."""
     if backend == "auto":
-        if str(st_model.device) != "cpu" or not _available("openvino"):
+        if str(st_model.device) != "cpu":
             return "torch"
         try:
-            _text_transformer(st_model)
+            check_backend("openvino")  # installed
+            _text_transformer(st_model)  # a plain encoder
         except UserError:
             return "torch"
         backend = "openvino"

@@ -71,10 +71,6 @@ class DecoderEmbedder(Embedder):
     The arguments are :class:`~negsynth.schemas.config.EmbedderConfig`'s fields of the same names;
     ``model_name`` names the model in :attr:`name` and the SVD cache. A non-default template shows
     in :attr:`name` as ``[name]`` or ``[custom]``.
-
-    ReBA follows Algorithm 1 (symmetrise, max over layers and heads, pads zeroed first); ``mean``
-    is paper eq. 5; ``last`` is the paper's e_n (the last token of the first copy). Copies are
-    joined with one space.
     """
 
     def __init__(

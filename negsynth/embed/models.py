@@ -100,7 +100,7 @@ def hub_id(name: str) -> str | None:
 
 
 @quiet_loading()
-def load_sentence_transformer(name: str = "default", *, device: str = "auto", max_length: int | None = None, what: str = "embedder.model"):
+def load_sentence_transformer(name: str = "default", *, device: str = "auto", max_length: int | None = None):
     """A raw ``SentenceTransformer`` for ``name`` (mining, benchmarks): no negsynth wrapper."""
     try:
         from sentence_transformers import SentenceTransformer
@@ -108,10 +108,10 @@ def load_sentence_transformer(name: str = "default", *, device: str = "auto", ma
         raise UserError("this needs sentence-transformers and torch; run: pip install 'negsynth[embed]'") from None
     from negsynth.embed.base import resolve_device
 
-    ref = resolve_model(name, what=what)
+    ref = resolve_model(name, what="embedder.model")
     if ref.is_decoder:
         raise UserError(
-            f'{what} {name!r} is a decoder LLM; this step needs a sentence-transformers encoder (decoder embedders: embedder.kind = "decoder")'
+            f'embedder.model {name!r} is a decoder LLM; this step needs a sentence-transformers encoder (decoder embedders: embedder.kind = "decoder")'
         )
     model = SentenceTransformer(ref.path, device=resolve_device(device), local_files_only=ref.local)
     if max_length:

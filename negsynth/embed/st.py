@@ -107,11 +107,8 @@ class SentenceTransformerEmbedder(Embedder):
         instruct_queries: bool = False,
         backend: str = "torch",
     ) -> SentenceTransformerEmbedder:
-        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name).
-
-        ``backend``: ``"torch"`` (SDPA attention), or ``"openvino"`` / ``"openvino-bf16"`` on CPU
-        (:mod:`negsynth.embed.backends`: the backbone exported once to ONNX); ``"auto"``: OpenVINO
-        where it applies and is installed, else torch. The one used is ``.backend``."""
+        """Load ``model`` ("default" = bundled all-MiniLM-L6-v2, a folder, or a hub name) on
+        ``backend`` (:func:`~negsynth.embed.backends.use_backend`; the one used is ``.backend``)."""
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
