@@ -10,6 +10,7 @@ sealed (the trainer's own rotation would remove old checkpoints first).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 #: written into checkpoint-N once the trainer has saved everything in it: the files and their sizes
@@ -18,10 +19,8 @@ SEAL = "negsynth_checkpoint.json"
 
 def checkpoint_step(path: Path) -> int | None:
     """N of a ``checkpoint-N`` folder; None for any other name."""
-    name = path.name
-    if not name.startswith("checkpoint-") or not name[len("checkpoint-") :].isdigit():
-        return None
-    return int(name[len("checkpoint-") :])
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(m.group(1)) if m else None
 
 
 def _sealed(path: Path) -> bool:

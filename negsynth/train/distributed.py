@@ -36,16 +36,6 @@ def is_main_process() -> bool:
     return data_parallel_world()[1] == 0
 
 
-def _cpu_ddp_if_no_gpu() -> None:
-    """On a machine without a GPU, accelerate treats torchrun's LOCAL_RANK as a GPU launch and falls
-    back to *no* distribution (every rank would train alone on all the data); ACCELERATE_USE_CPU
-    makes the trainer's PartialState pick MULTI_CPU with the gloo backend."""
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
-
-
 _announced = False
 
 
@@ -57,11 +47,13 @@ def init_launched_group() -> None:
 
     if dist.is_initialized():
         return
-    _cpu_ddp_if_no_gpu()
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
     else:
+        # without a GPU, accelerate takes torchrun's LOCAL_RANK for a GPU launch and falls back to no
+        # distribution (every rank alone on all the data); this makes its PartialState pick MULTI_CPU
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
         dist.init_process_group("gloo")
 
 
