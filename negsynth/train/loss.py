@@ -116,22 +116,12 @@ def make_distill_loss(
     distill_teacher_temperature: float | None = None,
     gather_across_devices: bool = False,
 ):
-    """The loss of ``train.loss`` = ``kind`` (one of :data:`DISTILL_LOSSES`), from
-    sentence-transformers' own classes, fed ``(anchor, positive, negative_1..K)`` columns and a
-    ``label`` of the teacher's scores ``[positive, negative_1..K]`` per row:
-
-    * ``margin-mse``: ``MarginMSELoss`` — the student's margins ``s(q, pos) - s(q, neg_i)`` regress
-      on the teacher's (Hofstätter et al.; GPL's loss);
-    * ``distill-kl``: ``DistillKLDivLoss`` — KL between the teacher's and the student's softmax over
-      ``[pos, neg_1..K]`` (listwise), the student's cosines over ``distill_temperature`` (None: the
-      library's default, 1.0), the teacher's scores over ``distill_teacher_temperature`` (None: the
-      same); the library scales the loss by the student temperature squared;
-    * ``mnrl+distill-kl``: InfoNCE (:func:`make_loss`, scale ``1/temperature``) +
-      ``distill_weight`` x the KL term, one forward pass (:class:`WeightedSumLoss`).
-
-    The student's score is the cosine, as for InfoNCE (the library's default is the dot product,
-    the same for a model that normalises, like MiniLM); the teacher's scores come as written (a
-    cross-encoder's logits)."""
+    """The loss of ``train.loss`` = ``kind`` (one of :data:`DISTILL_LOSSES`, docs/train.md) from
+    sentence-transformers' ``MarginMSELoss`` / ``DistillKLDivLoss`` (+ InfoNCE through
+    :class:`WeightedSumLoss` for ``mnrl+distill-kl``), fed ``(anchor, positive, negative_1..K)``
+    and a ``label`` of the teacher's scores ``[positive, negative_1..K]`` per row. The student's
+    score is the cosine (the library's default is the dot product); the teacher's scores come as
+    written (a cross-encoder's logits)."""
     from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MarginMSELoss
     from sentence_transformers.util import pairwise_cos_sim
 
