@@ -18,7 +18,7 @@ from negsynth.pipeline.llm_stage import LLMStage
 from negsynth.pipeline.lock import hold
 from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.runner import storage_error
+from negsynth.pipeline.runner import storing
 from negsynth.pipeline.stage import (
     Stage,
     check_inputs,
@@ -134,11 +134,8 @@ def run_stage(
 
 def write_stats(stage: Stage, ctx: StageContext, stats: dict) -> None:
     folder = staging_dir(ctx.run_dir, stage.name) if stats.get("overwrite_pending") else ctx.run_dir / stage.name
-    path = folder / "stats.json"
-    try:
-        atomic_write_json(path, stats)
-    except OSError as e:
-        raise storage_error(e, path) from None
+    with storing(folder / "stats.json"):
+        atomic_write_json(folder / "stats.json", stats)
 
 
 def print_report(stage: Stage, ctx: StageContext, stats: dict) -> None:

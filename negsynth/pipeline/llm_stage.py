@@ -21,7 +21,7 @@ from negsynth.llm.errors import LLMFatalError
 from negsynth.llm.session import CacheOpenError, open_client
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import begin_outputs, begin_staging
-from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error
+from negsynth.pipeline.runner import Outcome, RunReport, ShardedRunner, WorkItem, storage_error, storing
 from negsynth.pipeline.stage import Stage, Summary, entry_of, finish_overwrite
 from negsynth.pipeline.tally import Tally
 from negsynth.prompts import reask_template, templates_fingerprint
@@ -421,19 +421,15 @@ class LLMStage(Stage):
         outputs are made from; an ``--overwrite`` writes to a staging folder, swapped in at the end."""
         ctx, d = self.ctx, self.ctx.run_dir / self.name
         if ctx.overwrite:
-            try:
+            with storing(ctx.run_dir):
                 self.out = begin_staging(ctx.run_dir, self.name, entry)
-            except OSError as e:
-                raise storage_error(e, ctx.run_dir) from None
             return
         for sub in (d, d / "rejects", d / "_shards"):
             if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
                 raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
-        try:
+        with storing(d):
             d.mkdir(parents=True, exist_ok=True)
             begin_outputs(d, entry)
-        except OSError as e:
-            raise storage_error(e, d) from None
 
     def prepare(self, ctx: StageContext) -> None:
         """``--executor ray``: the plan, :meth:`before` and the ``--overwrite`` staging folder, once

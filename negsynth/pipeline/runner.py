@@ -13,7 +13,8 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,15 @@ def storage_error(e: OSError, what: Path | str) -> UserError:
     else:
         fix = "check the disk and rerun the same command to resume"
     return UserError(f"cannot write {where}: {e.strerror or e}; {fix}")
+
+
+@contextmanager
+def storing(what: Path | str) -> Iterator[None]:
+    """An ``OSError`` in the block raised as :func:`storage_error` naming ``what``."""
+    try:
+        yield
+    except OSError as e:
+        raise storage_error(e, what) from None
 
 
 @dataclass
@@ -247,15 +257,13 @@ class ShardedRunner:
             "reasons": dict(reasons),
             "usage": dict(usage),
         }
-        try:
+        with storing(self._final(s)):
             write_jsonl(self.dir / "rejects" / shard_name(s), rejects)
             atomic_write_json(self.dir / "_shards" / f"{s:05d}.json", stats)
             crash_point("before_final")
             write_jsonl(self._final(s), records)  # its presence marks the shard done: written last
             crash_point("after_final")
             self._partial(s).unlink(missing_ok=True)
-        except OSError as e:
-            raise storage_error(e, self._final(s)) from None
 
     def has_work(self, n_items: int) -> bool:
         """Whether a shard this worker owns is unfinished."""
@@ -265,10 +273,8 @@ class ShardedRunner:
     async def run(self, items: Sequence[WorkItem], process: Callable[[WorkItem], Awaitable[Outcome]]) -> RunReport:
         """Every item of this worker's shards through ``process``, ``concurrency`` at a time."""
         t0 = time.monotonic()
-        try:
+        with storing(self.dir):
             self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise storage_error(e, self.dir) from None
         mine = self._mine(len(items))
         run = _RunState(RunReport(stage=self.stage, shards_total=len(mine)))
         for s in mine:
@@ -374,13 +380,11 @@ class ShardedRunner:
         """Append one item's outcome to its shard's partial file and count it; the last finishes the shard."""
         s = it.index // self.shard_size
         kind, row = out.entry()  # one line, whatever the item gave: a kill never leaves half of it
-        try:
+        with storing(self._partial(s)):
             w = run.writers.get(s)
             if w is None:
                 w = run.writers[s] = PartialWriter(self._partial(s))
             w.write({"i": it.index, "k": kind, "r": row})
-        except OSError as e:
-            raise storage_error(e, self._partial(s)) from None
         run.state[s][it.index] = (kind, row)
         run.remaining[s] -= 1
         run.rep.count(kind, row)

@@ -20,7 +20,7 @@ from negsynth.pipeline.manifest import (
     record_manifest,
     swap_in,
 )
-from negsynth.pipeline.runner import storage_error
+from negsynth.pipeline.runner import storage_error, storing
 from negsynth.pipeline.tally import Tally
 from negsynth.schemas.config import RunConfig
 from negsynth.schemas.records import Record
@@ -157,10 +157,8 @@ def repair_outputs(stage: Stage, ctx: StageContext, recorded: dict[str, Any] | N
     for rel in bad:
         name = rel.rsplit("/", 1)[-1]
         for p in (out / name, out / "rejects" / name):  # a shard and its rejects are made together
-            try:
+            with storing(p):
                 p.unlink(missing_ok=True)
-            except OSError as e:
-                raise storage_error(e, p) from None
     return True
 
 
@@ -183,10 +181,9 @@ def check_writable(stage_dir: Path) -> None:
 def check_manifest_entry(stage: Stage, ctx: StageContext, entry: dict[str, Any], *, begin: bool) -> None:
     """Refuse outputs made from another config unless ``--overwrite``; ``begin``: note what the
     outputs are made from (an LLM stage does it itself once its checks passed)."""
-    try:  # the stage folder is written here, first: a read-only one is met before any work
+    # the stage folder is written here, first: a read-only one is met before any work
+    with storing(ctx.run_dir / stage.name):
         check_manifest(ctx.run_dir, stage.name, entry, overwrite=ctx.overwrite and not stage.keeps_on_change(ctx.cfg), begin=begin)
-    except OSError as e:
-        raise storage_error(e, ctx.run_dir / stage.name) from None
 
 
 def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | None, stats: dict) -> None:
@@ -197,10 +194,8 @@ def record_finished(stage: Stage, ctx: StageContext, entry: dict[str, Any] | Non
     own = own_record(out)  # the entry the stage began its outputs with (an item stage adds its item count)
     if own is not None and same_entry(own, entry):
         entry = own
-    try:
+    with storing(ctx.run_dir / "manifest.json"):
         record_manifest(ctx.run_dir, stage.name, entry, outputs=describe_outputs(out))
-    except OSError as e:
-        raise storage_error(e, ctx.run_dir / "manifest.json") from None
 
 
 def finish_overwrite(ctx: StageContext, name: str, staged: Path, stats: dict) -> None:
@@ -208,10 +203,8 @@ def finish_overwrite(ctx: StageContext, name: str, staged: Path, stats: dict) ->
     if not finished_stats(stats):
         stats["overwrite_pending"] = f"the previous outputs in {ctx.run_dir / name} are kept; the new ones wait in {staged}"
         return
-    try:
+    with storing(ctx.run_dir / name):
         swap_in(ctx.run_dir, name, staged)
-    except OSError as e:
-        raise storage_error(e, ctx.run_dir / name) from None
 
 
 def _finished_as_recorded(out: Path, stage: Stage, stats: dict) -> bool:
