@@ -92,14 +92,10 @@ def heldout_config(cfg: RunConfig) -> HeldoutConfig:
 
 
 def heldout_indices(cfg: RunConfig, total: int) -> tuple[list[int], str | None]:
-    """The held-out documents of a corpus of ``total`` documents (every input's in a row, as the
-    sample counts them), sorted, and why there are none (None: there are some).
-
-    ``min(heldout.queries, floor(heldout.share * sampled))`` of them, ``sampled`` the documents the
-    corpus stage samples (``corpus.max_docs`` of ``total``); none below ``heldout.min_queries``.
-    They are drawn with ``heldout.seed`` over all ``total`` documents, one after another, so a
-    smaller set is the start of a larger one: arms sampling other training documents of the same
-    corpus share their held-out documents (those of the smaller set)."""
+    """The held-out documents of a corpus of ``total`` documents (every input's in a row), sorted,
+    and why there are none (None: there are some): ``min(heldout.queries, floor(heldout.share *
+    sampled))``, drawn one after another with ``heldout.seed``, so a smaller set is the start of a
+    larger one (arms sampling other training documents share their held-out documents)."""
     h = heldout_config(cfg)
     if h.queries == 0:
         return [], "heldout.queries = 0: no held-out set, no verdict"

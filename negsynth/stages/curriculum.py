@@ -73,13 +73,10 @@ def remines(cfg, examples: list[dict]) -> bool:
 
 
 def library_negatives(ctx: StageContext, examples: list[dict]) -> tuple[list[dict], int]:
-    """The examples with the corpus stage's mined again as the stock recipe mines them, and the
-    count left out: sentence-transformers' ``mine_hard_negatives`` (through
-    :func:`~negsynth.embed.mining.mine_negatives`, as ``regenerate`` mines labelled pairs) over
-    each query's own corpus, read again from ``corpus.inputs``, with ``[embedder]`` and
-    ``corpus.mining`` (4 negatives, the relative margin 0.05, the library's candidate window). A
-    query left with fewer than 4 is left out, as the library leaves its row out (the corpus stage
-    searched the whole corpus and kept it); other examples pass as they are."""
+    """The examples with the corpus stage's mined again as the stock recipe mines them
+    (``mine_hard_negatives`` over each query's own corpus, read again from ``corpus.inputs``, with
+    ``[embedder]`` and ``corpus.mining``), and the count left out: a query left with fewer than 4
+    negatives, as the library leaves its row out. Other examples pass as they are."""
     from collections import defaultdict
 
     from negsynth.schemas.records import NUM_NEGATIVES

@@ -8,13 +8,10 @@ Out: ``RUN_DIR/evaluate/report.json`` (and ``baseline.json``), ``verdict.json`` 
      the verdict, per query too), ``summary.json`` = ``stats.json``; its summary (:func:`report`)
      is the table of tasks and categories with the delta against the baseline, and the verdict's line.
 
-``evaluate.model`` and ``evaluate.baseline`` choose the models (the ``evaluate`` command's
-``--model`` and ``--baseline`` set them). The verdict (:mod:`negsynth.evaluate.own_corpus`): each
-held-out query searches the whole corpus the held-out set was drawn from, with the model and its
-baseline encoded alike; the baseline's document vectors are kept in the evaluation cache. With no
-evaluation data and no held-out queries the stage is skipped, its stats saying where to get some
-(``negsynth run`` ends its pipeline with that line; the ``evaluate`` command fails with it); with
-held-out queries alone, the verdict alone.
+The verdict (:mod:`negsynth.evaluate.own_corpus`, docs/evaluate.md): each held-out query
+searches the whole corpus its set was drawn from, with the model and its baseline. With no
+evaluation data and no held-out queries the stage is skipped, its stats' ``reason`` saying where
+to get some; with held-out queries alone, the verdict alone.
 """
 
 from __future__ import annotations

@@ -105,12 +105,10 @@ def _curriculum_build(ctx: StageContext) -> dict:
 
 
 def _stock_schedule(ctx: StageContext, tc):
-    """``tc`` for a ``stock`` curriculum (rows in input order, once, no batches planned): trained as
-    sentence-transformers' stock recipe trains ``mine_hard_negatives``' rows — its ``NO_DUPLICATES``
-    sampler (an order-keeping sampler would train them in input order, unshuffled), one forward pass
-    per batch where ``mini_batch_size`` is ``"auto"`` (a set chunk size stays: GradCache is the same
-    loss), and ``curriculum.total_steps`` as the step count where ``train.max_steps`` is unset. With
-    these the model is the stock recipe's, bit for bit (tests/test_train_stock_equivalence.py)."""
+    """``tc`` for a ``stock`` curriculum, trained as sentence-transformers' stock recipe trains
+    ``mine_hard_negatives``' rows: the ``NO_DUPLICATES`` sampler, one forward pass per batch where
+    ``mini_batch_size`` is ``"auto"``, ``curriculum.total_steps`` where ``train.max_steps`` is
+    unset: the stock recipe's model, bit for bit (tests/test_train_stock_equivalence.py)."""
     build = _curriculum_build(ctx)
     if build.get("schedule") != "stock":
         return tc
@@ -123,12 +121,9 @@ def _stock_schedule(ctx: StageContext, tc):
 
 
 def _curriculum_batch(ctx: StageContext, tc):
-    """``tc`` with the curriculum's batch size where the curriculum chose a smaller one than asked
-    (too few examples filled no batch of distinct texts of the configured size): the rows are
-    packed for that size, and a larger batch would put a text twice in one batch. Not under
-    ``train.batch_sampler = "shuffled"``: that sampler (sentence-transformers' ``NO_DUPLICATES``)
-    batches the rows itself, leaving a batch short rather than repeating a text, as the stock
-    recipe does with the configured size."""
+    """``tc`` with the curriculum's batch size where it chose a smaller one than asked (too few
+    examples to fill one of distinct texts): the rows are packed for it. Not under
+    ``train.batch_sampler = "shuffled"``, which batches the rows itself."""
     if tc.batch_sampler == "shuffled":
         return tc
     build = _curriculum_build(ctx)

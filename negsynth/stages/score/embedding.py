@@ -14,16 +14,9 @@ def embed_block(
     embedder, examples: list[dict], *, batch_size: int, reporter, label: str, raw: bool = False
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Embed the texts of ``examples``, each distinct text once -> (cos_pos [N], cos_neg list per example, info).
-
-    Texts are sorted by length (longest first) once over the whole block and fed to the
-    embedder in chunks of ``8 * batch_size`` (one progress step per chunk); the embedder's own
-    per-call sort (sentence-transformers') then sees sorted input and changes nothing.
-
-    ``raw``: also embed each query as written (as a document, no instruction; the same pool row
-    when that is how queries are embedded anyway) and return ``info["pool"]`` = the pool texts,
-    vectors and per-example rows (``q`` raw query, ``p`` positive, ``n`` negatives), for
-    :mod:`negsynth.data.clean`.
-    """
+    Texts are sorted longest first over the whole block, then fed in chunks of ``8 * batch_size``.
+    ``raw``: also embed each query as written (as a document) and return ``info["pool"]`` (pool
+    texts, vectors, per-example rows ``q``, ``p``, ``n``) for :mod:`negsynth.data.clean`."""
     shared = shares_query_pool(embedder)
     # pools: key -> row; a query key is its formatted text (shared pool) or ("q", text, task)
     doc_index: dict[Any, int] = {}

@@ -66,9 +66,7 @@ class ShardOutcome:
         """The shard's ``_shards/XXXXX.json``: the measurements of its scored examples in the LLM's
         order (``per_ex``), its counts, and what cleaning removed. ``judged``: a false-negative
         judge ran, so its verdicts are kept too."""
-        reasons: Counter = Counter()
-        for r in self.rejects:
-            reasons[r["reason"]] += 1
+        reasons = Counter(r["reason"] for r in self.rejects)
         ms = [per_ex[e] for e in self.scored]
         return {
             "embedder": embedder,

@@ -37,14 +37,9 @@ def _load_sidecar(ctx: StageContext, k: int) -> dict:
 
 
 def run(ctx: StageContext) -> dict:
-    """Score every input example; return the stats (``run_stage`` writes ``score/stats.json``).
-
-    ``ctx.load_embedder()``: the ``[embedder]`` (one a caller holds in ``ctx.embedder``; under
-    ``--executor ray`` a proxy whose encoding runs on Ray workers, everything else staying in this
-    process, in input order).
-    ``ctx.judge``: a :class:`~negsynth.embed.cross_encoder.CrossEncoderJudge` (or anything with ``name``
-    and ``score_examples``) instead of loading ``score.judge_model``.
-    """
+    """Score every input example; return the stats. ``ctx.judge``: anything with ``name`` and
+    ``score_examples`` (a :class:`~negsynth.embed.cross_encoder.CrossEncoderJudge`) instead of
+    loading ``score.judge_model``."""
     t_start = time.perf_counter()
     cfg = ctx.cfg.score
     shards = input_shards(ctx)
@@ -371,13 +366,8 @@ def _score_block(
     write: set[int] | None = None,
 ) -> None:
     """Embed one block of input shards together, clean, then write each shard's outputs (those in
-    ``write``, when given: the others are finished and come out the same).
-
-    Per example, in input order: contaminated -> dropped; else the policy; an example the policy
-    keeps is then checked against the examples kept so far (earlier shards and blocks included)
-    and dropped as a near-duplicate or added to them. Only examples that end in an output shard
-    count as kept, so a duplicate of an example the policy rejected still gets its chance.
-    """
+    ``write``, when given: the others are finished and come out the same). An example the policy
+    keeps is checked against those kept so far: a duplicate of a rejected one still gets its chance."""
     t0 = time.perf_counter()
     cfg = ctx.cfg.score
     examples = [r for _, rows in block for r in rows]

@@ -57,22 +57,9 @@ def negatives_frame(sidecars: list[dict]):
 
 
 def level_stats(neg, *, level: int | None = None) -> dict[str, Any]:
-    """Statistics per LLM level over a per-negative frame — the one definition that score's
-    ``stats.json`` and ``negsynth inspect`` share.
-
-    ``neg`` has one row per (example, negative): ``_file``, ``_row`` (together the example),
-    ``task_type``, ``cos_pos``, ``cos_neg``, ``level`` (the LLM's, 1 = claimed hardest), ``false_negative``,
-    ``too_easy``, ``monotonic``, ``kendall_tau`` (the records' own names). ``level`` restricts the level table to one level.
-
-    Keys: ``examples``; ``cos_pos`` {mean, median}; ``levels``: one entry per level with ``n``,
-    ``mean``, ``median``, ``gap_to_pos`` (mean cos_pos - mean cos_neg), ``false_negative_rate``,
-    ``too_easy_rate`` and ``paper_mean`` (MGH Table 4); ``levels_decreasing`` (the means fall
-    strictly from level 1 to 4, MGH's claim); ``monotonic_pct``; ``kendall_tau_mean``;
-    ``kendall_tau_undefined``; ``false_negative_rate`` / ``too_easy_rate`` over all negatives;
-    ``by_task_type`` (examples, cos_pos_mean, monotonic_pct, kendall_tau_mean, false_negative_rate
-    and per-level mean / false_negative_rate / too_easy_rate) and
-    ``false_negative_rate_by_task_type``.
-    """
+    """Statistics per LLM level over a per-negative frame (:func:`negatives_frame`'s columns; ``_file``
+    and ``_row`` together name the example) — the one definition that score's ``stats.json`` and
+    ``negsynth inspect`` share; its keys are listed in docs/score.md. ``level``: one level only."""
     import polars as pl
 
     ex = neg.unique(subset=["_file", "_row"], keep="first", maintain_order=True)
