@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from negsynth.data.shards import atomic_write_json
 from negsynth.pipeline.manifest import read_json
 
 #: the run dir's record of its first embedded servers (engine, threads per server, servers, prompt mode, build)
@@ -18,6 +19,13 @@ def server_record(run_dir: Path) -> dict:
     """The run dir's :data:`SERVER_RECORD` ({} when there is none or it cannot be read)."""
     rec = read_json(Path(run_dir) / SERVER_RECORD)
     return rec if isinstance(rec, dict) else {}
+
+
+def keep_record(run_dir: Path, **record) -> None:
+    """Write the run dir's :data:`SERVER_RECORD` (its first servers) unless it has one."""
+    path = Path(run_dir) / SERVER_RECORD
+    if not path.exists():
+        atomic_write_json(path, {"engine": ENGINE, **record})
 
 
 def kept_threads(run_dir: Path) -> int | None:
@@ -86,7 +94,6 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
     if cfg.llm.base_url != "embedded" or not needed:
         yield None
         return
-    from negsynth.data.shards import atomic_write_json
     from negsynth.llm.server import EmbeddedFleet
 
     kept = None if cfg.serve.n_threads is not None else kept_threads(run_dir)
@@ -110,9 +117,7 @@ def llm_endpoint(cfg, run_dir: Path, reporter, *, needed: bool = True, in_proces
             "(a build for other CPU instructions writes other text)"
         )
     with fleet:
-        if not (Path(run_dir) / SERVER_RECORD).exists():
-            record = {"engine": ENGINE, "threads": fleet.threads, "servers": len(fleet), "prompt": fleet.prompt_mode}
-            atomic_write_json(Path(run_dir) / SERVER_RECORD, {**record, "build": build} if build else record)
+        keep_record(run_dir, threads=fleet.threads, servers=len(fleet), prompt=fleet.prompt_mode, **({"build": build} if build else {}))
         rss = [r for r in fleet.rss_mib() if r is not None]
         mem = f" ({max(rss):.0f} MiB resident per server at start)" if rss and len(fleet) > 1 else ""
         reporter.info(f"embedded LLM ready at {', '.join(fleet.urls)}{mem}")

@@ -39,6 +39,11 @@ def raise_cause(e: Exception):
     raise e
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of ``e``'s message, or its type's name."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def ray_get(ray, refs):
     """``ray.get``, with a worker's negsynth error raised as itself."""
     try:

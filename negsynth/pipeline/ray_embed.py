@@ -20,7 +20,7 @@ import numpy as np
 from negsynth.embed.base import Embedder, Part, encode_part, shares_query_pool
 from negsynth.errors import UserError
 from negsynth.pipeline.context import StageContext
-from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_get
+from negsynth.pipeline.ray_connect import connect, first_line, import_ray, raise_cause, ray_get
 
 #: how often Ray restarts one embedding actor that died
 MAX_RESTARTS = 3
@@ -185,8 +185,7 @@ class RayEmbedder(Embedder):
 
     @staticmethod
     def _failed(e: BaseException | None, why: str = "") -> UserError:
-        first = (str(e).strip().splitlines() or [""])[0] if e is not None else ""
-        first = first or (type(e).__name__ if e is not None else "lost")
+        first = first_line(e) if e is not None else "lost"
         return UserError(
             f"--executor ray: an embedding worker failed ({first}){why}; finished shards are kept, rerun the same command to resume"
         )

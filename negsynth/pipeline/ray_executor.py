@@ -19,7 +19,7 @@ from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, SharedBudget, StageContext
 from negsynth.pipeline.manifest import staging_dir
 from negsynth.pipeline.progress import Reporter
-from negsynth.pipeline.ray_connect import connect, import_ray, raise_cause, ray_address
+from negsynth.pipeline.ray_connect import connect, first_line, import_ray, raise_cause, ray_address
 from negsynth.pipeline.ray_embed import ray_embedding
 from negsynth.pipeline.stage import Stage, finish_overwrite, splits
 from negsynth.schemas.config import RunConfig, run_config_class
@@ -216,9 +216,8 @@ def _wait_for_ranks(ray, refs: list, ledger: Any, stage: Stage, *, max_retries: 
     except ray.exceptions.RayTaskError as e:
         raise_cause(e)
     except ray.exceptions.RayError as e:  # a rank died more often than Ray retries it, or the cluster went away
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
-            f"{stage.name}: a Ray worker failed after {max_retries} retries ({first}); finished shards are kept, rerun the same command to resume"
+            f"{stage.name}: a Ray worker failed after {max_retries} retries ({first_line(e)}); finished shards are kept, rerun the same command to resume"
         ) from None
     return parts, used
 

@@ -58,7 +58,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from negsynth.llm.server import llama_server_binary
-    from negsynth.pipeline.embedded import ENGINE, kept_threads
+    from negsynth.pipeline.embedded import keep_record, kept_threads
 
     cfg = ctx.cfg
     llama_server_binary(cfg.serve)  # none built here: one line naming the build script, before any node starts
@@ -80,12 +80,7 @@ def node_fleets(stage, ctx, ray, *, nodes: list[str] | None = None) -> Iterator[
         urls = [u for s in started for u in s["urls"]]
         for s in started:
             ctx.reporter.info(f"node {s['node'][:8]}: {s['describe']} at {', '.join(s['urls'])}")
-        from negsynth.data.shards import atomic_write_json
-        from negsynth.pipeline.embedded import SERVER_RECORD
-
-        record = Path(ctx.run_dir) / SERVER_RECORD
-        if not record.exists():
-            atomic_write_json(record, {"engine": ENGINE, "threads": threads or (cfg.serve.n_threads or 1), "servers": len(urls)})
+        keep_record(ctx.run_dir, threads=threads or (cfg.serve.n_threads or 1), servers=len(urls))
         yield " ".join(urls)
     finally:
         for f in fleets:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from negsynth.data.shards import ShardError, iter_jsonl, list_shards
+from negsynth.data.shards import ShardError, list_shards, read_stage
 from negsynth.errors import UserError
 from negsynth.llm.errors import ValidationFailure
 from negsynth.schemas.records import first_problem
@@ -22,12 +22,10 @@ def short_id(prefix: str, *parts: object, n: int = 16) -> str:
 
 def read_stage_records(run_dir: Path, stage: str, *, hint: str) -> Iterator[dict]:
     folder = Path(run_dir) / stage
-    shards = list_shards(folder)
-    if not shards:
+    if not list_shards(folder):
         raise UserError(f"{folder}: no finished shards; {hint}")
     try:
-        for p in shards:
-            yield from iter_jsonl(p)
+        yield from read_stage(folder)
     except ShardError as e:
         raise UserError(str(e)) from None
 
