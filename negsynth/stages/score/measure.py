@@ -137,14 +137,10 @@ def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) 
             f"level {i + 1} ({'+'.join(f for f in FLAGS if m[f][i])}, cos {m['cos_neg'][i]:.3f})" for i in range(k) if i not in order
         )
         detail = f"{len(order)} of {k} negatives kept, score.min_negatives={cfg.min_negatives}; dropped: {dropped or 'none'}; cos_pos {m['cos_pos']:.3f}"
-        reject = {
-            "id": row["id"],
-            "stage": NAME,
-            "reason": reason,
-            "detail": detail,
-            "raw": None,
-            "input": out,
-            "usage": row.get("usage") or {},
-        }
-        return None, reject
+        return None, reject(out, reason, detail)
     return out, None
+
+
+def reject(row: dict, reason: str, detail: str) -> dict:
+    """A :class:`~negsynth.schemas.records.Reject` of the score stage for ``row``."""
+    return {"id": row["id"], "stage": NAME, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}

@@ -8,12 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from negsynth.stages.score.measure import NAME
-
-
-def reject(row: dict, reason: str, detail: str) -> dict:
-    """A :class:`~negsynth.schemas.records.Reject` of the score stage for ``row``."""
-    return {"id": row["id"], "stage": NAME, "reason": reason, "detail": detail, "raw": None, "input": row, "usage": row.get("usage") or {}}
+from negsynth.stages.score.measure import reject
 
 
 @dataclass
