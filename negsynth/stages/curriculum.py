@@ -4,14 +4,8 @@ In:  ``RUN_DIR/<curriculum.input>/`` (default ``score``) :class:`Example` shards
 Out: ``RUN_DIR/curriculum/`` — ``dataset/`` (HF ``save_to_disk``), ``train.parquet``,
      ``card.json`` / ``card.md`` (composition), ``stats.json`` (written by ``run_stage``).
 
-Columns: ``anchor`` (instruction-formatted query), ``positive``, ``negative`` (the example's
-negative at the row's level; ``negative_1..4``, hardest first, with a ``tuple`` schedule), ``level``
-(1 = hardest … 4 = easiest; 0 = every level), ``phase``, ``batch``, ``task_type``, ``example_id``,
-``source``. Rows are in training order: never shuffle them. ``schedule = "auto"`` (the default)
-is resolved by :func:`resolve_schedule`; under ``stock`` the corpus stage's examples are mined
-again the stock recipe's way (:func:`library_negatives`).
-The rules (phases, disjoint groups, no duplicate text per batch) are in
-:mod:`negsynth.data.curriculum`.
+Rows are in training order: never shuffle them. Their columns and rules (phases, disjoint
+groups, no duplicate text per batch) are in docs/curriculum.md and :mod:`negsynth.data.curriculum`.
 """
 
 from __future__ import annotations

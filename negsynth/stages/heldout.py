@@ -3,15 +3,11 @@
 In: ``[corpus] inputs`` (the documents the corpus stage reads), ``[heldout]``, ``[llm]``. Out:
 ``RUN_DIR/heldout/shard-XXXXX.jsonl``, one record per held-out document (``id``, ``query``,
 ``corpus``, ``doc_id``, ``style``, ``model``, ``usage``); ``rejects/`` with each reason;
-``stats.json``. ``evaluate`` searches the whole corpus with each query, base and tuned model, and
-says whether the tuned model finds the document better (docs/evaluate.md).
+``stats.json``; ``evaluate`` gives its verdict on them (docs/evaluate.md).
 
 The documents are :func:`~negsynth.stages.corpus.heldout_indices` (the corpus stage's sample
-leaves the same ones out). One request per document asks for one query in a style drawn from
-``heldout.styles`` with ``heldout.seed``, with the corpus stage's prompt and validator and the
-LLM's seed moved by ``heldout.seed``; no round trip and no mining: no embedder, and so nothing of
-the model being judged, chooses which queries count. Its records are no examples (``score`` does
-not read them).
+leaves them out); one request each, with the corpus stage's prompt and validator and no embedder,
+so nothing of the model being judged chooses which queries count.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@ Out: ``RUN_DIR/train/final/`` (a SentenceTransformer folder; reload with
      (written by ``run_stage``).
 
 ``train.output_dir`` is ignored here (the run dir decides). A rerun of an interrupted train
-continues from its latest whole checkpoint (one every ``train.save_steps`` steps, sealed once
-written) when the config and the curriculum are those it was made from (``train/_made_from.json``):
-the same steps on the same batches as an uninterrupted run. ``--overwrite`` starts afresh, and so
-does a changed config or curriculum. ``train.resume = true`` (or a checkpoint folder) resumes even
-then and makes a changed config an error instead of a retrain (``keeps_on_change``).
+continues from its latest whole checkpoint (:func:`_resume_point`); ``train.resume`` resumes even
+after a config change and refuses the change instead of retraining (``keeps_on_change``).
 """
 
 from __future__ import annotations
