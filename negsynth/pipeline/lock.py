@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from negsynth.errors import UserError
+from negsynth.pipeline.manifest import read_json
 
 LOCK_NAME = ".negsynth.lock"
 #: how long a held lock is retried before refusing (a holder may be letting go)
@@ -39,10 +40,7 @@ def _me() -> dict:
 
 
 def _read_holder(path: Path) -> dict | None:
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none yet, empty or half-written: no holder to name
-        return None
+    info = read_json(path)  # None: none yet, empty or half-written, so no holder to name
     return info if isinstance(info, dict) and "pid" in info else None
 
 
@@ -89,15 +87,12 @@ def _try_flock(path: Path) -> int | None:
             raise
         # a holder that lets go removes the file: make sure the path still names what we locked
         try:
-            st = os.stat(path)
+            same = os.path.samestat(os.stat(path), os.fstat(fd))
         except FileNotFoundError:
-            os.close(fd)
-            continue
-        fst = os.fstat(fd)
-        if (st.st_ino, st.st_dev) != (fst.st_ino, fst.st_dev):
-            os.close(fd)
-            continue
-        return fd
+            same = False
+        if same:
+            return fd
+        os.close(fd)
 
 
 def _write_info(fd: int) -> None:
@@ -140,7 +135,7 @@ def _acquire(run_dir: Path, path: Path, warn: Callable[[str], None]) -> int | No
 
 def _release(path: Path, fd: int | None) -> None:
     try:
-        if fd is None or (os.stat(path).st_ino, os.stat(path).st_dev) == (os.fstat(fd).st_ino, os.fstat(fd).st_dev):
+        if fd is None or os.path.samestat(os.stat(path), os.fstat(fd)):
             path.unlink()  # while still holding it: a waiter that opened this file sees it gone and retries
     except OSError:
         pass
