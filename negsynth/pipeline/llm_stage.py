@@ -203,9 +203,9 @@ def llm_stats(ctx: StageContext, stage: str, rep: RunReport, client: LLMClient |
     else:
         stats["this_run"] = client.stats.as_dict()
         stats["this_run"]["cost_usd"] = round(cost_usd(cfg, client.stats.prompt_tokens, client.stats.completion_tokens), 6)
-        if client.limiter is not None and hasattr(client.limiter, "as_dict"):
+        if client.limiter is not None:
             stats["this_run"]["rate_limiter"] = client.limiter.as_dict()
-        if client.transport is not None and hasattr(client.transport, "as_dict"):
+        if client.transport is not None:  # the Batch API's
             stats["this_run"]["batch"] = client.transport.as_dict()
         if client.router is not None:  # requests per endpoint URL (never a key)
             stats["this_run"].update(client.router.as_dict())
