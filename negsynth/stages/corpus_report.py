@@ -8,7 +8,7 @@ from typing import Any
 
 from negsynth import pipeline
 from negsynth.data.corpus import CorpusData
-from negsynth.data.shards import iter_jsonl, list_shards
+from negsynth.data.shards import read_stage
 from negsynth.pipeline import StageContext, Summary
 
 #: rank buckets of the round-trip histogram in stats.json
@@ -21,20 +21,17 @@ def describe(folder: Path) -> dict[str, Any]:
     lengths: list[int] = []
     ranks: list[int] = []
     labels: list[list[float]] = []
-    for path in list_shards(folder):
-        for r in iter_jsonl(path):
-            if r.get("meta", {}).get("teacher_label"):
-                labels.append(r["meta"]["teacher_label"])
-            styles[r.get("attributes", {}).get("style", "?")] += 1
-            lengths.append(len(r["query"].split()))
-            if "round_trip_rank" in r.get("meta", {}):
-                ranks.append(r["meta"]["round_trip_rank"])
-    rej_dir = folder / "rejects"
-    for path in list_shards(rej_dir) if rej_dir.is_dir() else []:
-        for r in iter_jsonl(path):
-            rank = (r.get("input") or {}).get("round_trip_rank")
-            if rank is not None:
-                ranks.append(rank)
+    for r in read_stage(folder):
+        if r.get("meta", {}).get("teacher_label"):
+            labels.append(r["meta"]["teacher_label"])
+        styles[r.get("attributes", {}).get("style", "?")] += 1
+        lengths.append(len(r["query"].split()))
+        if "round_trip_rank" in r.get("meta", {}):
+            ranks.append(r["meta"]["round_trip_rank"])
+    for r in read_stage(folder / "rejects"):
+        rank = (r.get("input") or {}).get("round_trip_rank")
+        if rank is not None:
+            ranks.append(rank)
     out: dict[str, Any] = {"query_styles": dict(sorted(styles.items()))}
     if lengths:
         s = sorted(lengths)

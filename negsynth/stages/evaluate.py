@@ -185,14 +185,13 @@ def held_out_ranks(ctx: StageContext, model: str, baseline: str | None) -> tuple
 
 def trained_on(run_dir: Path, docs: set[tuple[str, str]]) -> int:
     """How many of ``docs`` (corpus, document id) are the positive of a corpus example of the run."""
-    from negsynth.data.shards import iter_jsonl, list_shards
+    from negsynth.data.shards import read_stage
 
     seen = set()
-    for p in list_shards(run_dir / "corpus"):
-        for r in iter_jsonl(p):
-            key = ((r.get("meta") or {}).get("corpus"), (r.get("meta") or {}).get("doc_id"))
-            if key in docs:
-                seen.add(key)
+    for r in read_stage(run_dir / "corpus"):
+        key = ((r.get("meta") or {}).get("corpus"), (r.get("meta") or {}).get("doc_id"))
+        if key in docs:
+            seen.add(key)
     return len(seen)
 
 
