@@ -193,10 +193,8 @@ def run_stages(
             if isinstance(st.get("this_run"), dict) and not st.get("reused"):
                 budget = budget.after(st["this_run"])
             if unfinished(st):
-                if st.get("stopped_by"):
-                    reporter.warn(f"{stage.name} stopped by budget {st['stopped_by']}; later stages not run")
-                else:
-                    reporter.warn(f"{stage.name} did not finish; later stages not run")
+                why = f"stopped by budget {st['stopped_by']}" if st.get("stopped_by") else "did not finish"
+                reporter.warn(f"{stage.name} {why}; later stages not run")
                 break
             if llm_idx and i == llm_idx[-1]:
                 stack.close()  # the LLM is no longer needed: free its cores for scoring and training
