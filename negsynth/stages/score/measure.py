@@ -96,11 +96,7 @@ def drop_flags(cfg: ScoreConfig) -> list[str]:
 
 
 def apply_policy(row: dict, m: dict[str, Any], cfg: ScoreConfig, embedder: str) -> tuple[dict | None, dict | None]:
-    """One example + its measurements (LLM order) -> (scored record, None) or (None, reject).
-
-    ``m`` holds python values for this example: ``cos_pos`` float, ``cos_neg`` / ``false_negative``
-    / ``too_easy`` lists, ``kendall_tau`` float or None, ``monotonic`` bool.
-    """
+    """One example and its :func:`measure_examples` values (LLM order) -> (scored record, None) or (None, reject)."""
     k = len(m["cos_neg"])
     order = list(range(k))
     if cfg.policy == "reorder":
