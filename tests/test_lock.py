@@ -95,3 +95,28 @@ def test_the_lock_is_reentrant_in_one_process(tmp_path):
             pass
         assert (rd / LOCK_NAME).exists()
     assert not (rd / LOCK_NAME).exists()
+
+
+def test_the_lock_is_released_when_a_nested_holder_leaves_last(tmp_path):
+    """A stage's worker thread that asks again and leaves after the run's own hold: the last to
+    leave releases the run dir, whichever took it."""
+    import threading
+
+    rd = tmp_path / "run"
+    entered, outer_left = threading.Event(), threading.Event()
+
+    def nested():
+        with hold(rd):
+            entered.set()
+            outer_left.wait(30)
+
+    with hold(rd):
+        t = threading.Thread(target=nested)
+        t.start()
+        assert entered.wait(30)
+    assert (rd / LOCK_NAME).exists()  # the nested holder still holds it
+    outer_left.set()
+    t.join(30)
+    assert not (rd / LOCK_NAME).exists()
+    with other_process_holds(rd):  # and another process can take it
+        pass

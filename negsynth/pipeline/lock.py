@@ -157,27 +157,20 @@ def hold(run_dir: str | Path, *, warn: Callable[[str], None] | None = None) -> I
         mine = _held.get(key)
         if mine is not None:
             mine[1] += 1
-    if mine is not None:
-        try:
-            yield path
-        finally:
-            with _mutex:
-                mine[1] -= 1
-        return
-    fd = _acquire(run_dir, path, warn)
-    with _mutex:
-        _held[key] = [fd, 1]
+    if mine is None:
+        fd = _acquire(run_dir, path, warn)
+        with _mutex:
+            _held[key] = mine = [fd, 1]
     try:
         yield path
     finally:
-        with _mutex:
-            entry = _held[key]
-            entry[1] -= 1
-            last = entry[1] == 0
+        with _mutex:  # the last holder to leave releases it, whichever thread took it
+            mine[1] -= 1
+            last = mine[1] == 0
             if last:
                 del _held[key]
         if last:
-            _release(path, fd)
+            _release(path, mine[0])
             if created:
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()  # only if it is still empty
