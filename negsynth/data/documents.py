@@ -1,7 +1,7 @@
 """One document of a user's corpus (:mod:`negsynth.data.corpus`): the :class:`Document` record,
 reading a file that is one document (text, Markdown, reStructuredText, HTML, PDF; extracted PDF
 and HTML text kept in a bounded cache), and splitting a long document into passages by a cheap
-token proxy (see the corpus module's docstring, **Chunks**)."""
+token proxy (docs/corpus.md, "Long documents become passages")."""
 
 from __future__ import annotations
 
