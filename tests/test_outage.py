@@ -330,7 +330,8 @@ def test_unwritable_stage_folder_is_one_line(tmp_path, rd):
             r = generate(outage_config(tmp_path, srv.base_url), rd)
     finally:
         os.chmod(rd / "generate", 0o755)
-    assert r.exit_code == 2 and "not writable" in one_line(r)
+    line = one_line(r)
+    assert r.exit_code == 2 and line.startswith(f"error: cannot write {rd / 'generate'}") and "make it writable" in line
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

@@ -424,9 +424,6 @@ class LLMStage(Stage):
             with storing(ctx.run_dir):
                 self.out = begin_staging(ctx.run_dir, self.name, entry)
             return
-        for sub in (d, d / "rejects", d / "_shards"):
-            if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
-                raise UserError(f"{sub}: not writable; fix its permissions (chmod u+w) or use another --run-dir")
         with storing(d):
             d.mkdir(parents=True, exist_ok=True)
             begin_outputs(d, entry)
