@@ -119,3 +119,15 @@ def test_in_jupyter_the_bar_leaves_stderr_alone_and_ends_with_one_plain_line(cap
     assert sys.stderr is before
     assert "a library's own line on stderr" in capsys.readouterr().err
     assert "train: 3/3 loss 0.2500" in shown.get()
+
+
+def test_a_line_with_brackets_reaches_the_user_as_written(capsys):
+    """Messages carry paths, config keys and install commands: rich markup must not eat them."""
+    rep = Reporter()
+    rep.warn("evaluate: no data; pip install 'negsynth[eval]'")
+    rep.info("reading runs/[demo]/corpus")
+    rep.waiting("the server at [::1] went away", True)
+    err = capsys.readouterr().err
+    assert "pip install 'negsynth[eval]'" in err
+    assert "runs/[demo]/corpus" in err
+    assert "[::1]" in err

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 
 from negsynth.cli.guard import EXIT_BUDGET, EXIT_PENDING
 from negsynth.cli.options import (
@@ -414,7 +415,7 @@ def run(
     stopped = next((s for s in out.values() if unfinished(s)), None)
     if stopped is not None:
         _emit_llm({**stopped, "stages": out}, opts.json_out)
-    ctx.reporter.info(f"[bold green]done[/]: outputs in {opts.run_dir}/")
+    ctx.reporter.info(f"[bold green]done[/]: outputs in {escape(str(opts.run_dir))}/", styled=True)
     verdict = (out.get("evaluate") or {}).get("verdict")
     if verdict:  # did it help? the run's last line (its held-out documents)
         ctx.reporter.info(verdict["line"].replace("[", "\\["))

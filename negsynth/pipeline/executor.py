@@ -10,6 +10,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from rich.markup import escape
+
 from negsynth.data.shards import atomic_write_json
 from negsynth.errors import UserError
 from negsynth.pipeline.context import Budget, StageContext
@@ -186,7 +188,7 @@ def run_stages(
 
         for i, stage in enumerate(stages):
             ctx = StageContext(cfg=cfg, run_dir=run_dir, overwrite=overwrite, reporter=reporter, budget=budget, verify=verify)
-            reporter.info(f"[bold]== {stage.name}[/]")
+            reporter.info(f"[bold]== {escape(stage.name)}[/]", styled=True)
             out[stage.name] = st = run_stage(stage, ctx, executor=executor, start_llm=start_llm)
             if st.get("skipped"):  # evaluate with no data to read: the line says where to get some
                 reporter.warn(st.get("reason", f"{stage.name} skipped"))

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -36,17 +37,18 @@ class Reporter:
         self.json_mode = json_mode
         self.console = report_console(stderr=True)
 
-    def info(self, msg: str) -> None:
+    def info(self, msg: str, *, styled: bool = False) -> None:
+        """A line on stderr, as written (``styled``: ``msg`` is rich markup, its own values escaped)."""
         if not self.quiet:
-            self.console.print(msg)
+            self.console.print(msg if styled else escape(msg))
 
     def warn(self, msg: str) -> None:
         # shown even with --quiet (on stderr), never in --json stdout
-        self.console.print(f"[yellow]warning:[/] {msg}")
+        self.console.print(f"[yellow]warning:[/] {escape(msg)}")
 
     def waiting(self, line: str, waiting: bool) -> None:
         """The LLM server went away (``waiting``) or came back: a line on stderr, and the bar says so."""
-        self.console.print(f"[yellow]{'waiting' if waiting else 'resumed'}:[/] {line}")
+        self.console.print(f"[yellow]{'waiting' if waiting else 'resumed'}:[/] {escape(line)}")
         bar = getattr(self, "_bar", None)
         if bar is not None:
             bar.label("waiting for the LLM server" if waiting else None)
